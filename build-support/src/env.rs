@@ -1,0 +1,135 @@
+//! Reading configuration variables, with a record of every name consulted.
+//!
+//! Build scripts must tell Cargo about every variable they read (`rerun-if-env-changed`), and error
+//! messages must name every variable that could have changed the outcome. [`Env`] does both: each
+//! lookup is recorded, and the record is available to [`crate::emit::Emitter::rerun_if_env_changed`]
+//! and to the "not found" reports.
+//!
+//! For a variable `NAME`, the target-specific spelling `<TARGET>_NAME` is tried first (the target
+//! triple upper-cased with `-` and `.` turned into `_`, e.g. `X86_64_UNKNOWN_LINUX_GNU_NCCL_HOME`),
+//! then `NAME` itself. Empty values count as unset.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+/// A variable that was found set: the exact name that matched, and its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Var {
+    /// The spelling that was set (possibly the target-prefixed one).
+    pub name: String,
+    /// Its value.
+    pub value: String,
+}
+
+impl Var {
+    /// The value as a path.
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(&self.value)
+    }
+}
+
+impl std::fmt::Display for Var {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}={}", self.name, self.value)
+    }
+}
+
+enum Source {
+    Process,
+    Map(BTreeMap<String, String>),
+}
+
+/// A view of the environment that records which names were read.
+pub struct Env {
+    target_prefix: Option<String>,
+    source: Source,
+    read: RefCell<Vec<String>>,
+}
+
+impl Env {
+    /// The real process environment. In a build script the target triple comes from `TARGET`;
+    /// at run time there is no target prefix.
+    pub fn process() -> Self {
+        let target = std::env::var("TARGET").ok();
+        Env { target_prefix: target.map(|t| target_prefix(&t)), source: Source::Process, read: RefCell::default() }
+    }
+
+    /// A fixed set of variables, for tests. `target` is the triple whose prefixed names are tried.
+    pub fn from_pairs<'a>(target: Option<&str>, pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        let map = pairs.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+        Env { target_prefix: target.map(target_prefix), source: Source::Map(map), read: RefCell::default() }
+    }
+
+    fn raw(&self, name: &str) -> Option<String> {
+        self.note(name);
+        let value = match &self.source {
+            Source::Process => std::env::var(name).ok(),
+            Source::Map(map) => map.get(name).cloned(),
+        };
+        value.filter(|v| !v.is_empty())
+    }
+
+    fn note(&self, name: &str) {
+        let mut read = self.read.borrow_mut();
+        if !read.iter().any(|n| n == name) {
+            read.push(name.to_string());
+        }
+    }
+
+    /// Looks `name` up, target-prefixed spelling first.
+    pub fn get(&self, name: &str) -> Option<Var> {
+        let prefixed = self.target_prefix.as_ref().map(|p| format!("{p}_{name}"));
+        prefixed
+            .into_iter()
+            .chain(std::iter::once(name.to_string()))
+            .find_map(|n| self.raw(&n).map(|value| Var { name: n, value }))
+    }
+
+    /// True when `name` is set to `1`, `true`, `yes` or `on` (any case).
+    pub fn flag(&self, name: &str) -> bool {
+        self.get(name)
+            .is_some_and(|v| matches!(v.value.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
+    }
+
+    /// Every spelling consulted so far, in first-read order.
+    pub fn names_read(&self) -> Vec<String> {
+        self.read.borrow().clone()
+    }
+}
+
+/// `x86_64-unknown-linux-gnu` → `X86_64_UNKNOWN_LINUX_GNU`.
+fn target_prefix(target: &str) -> String {
+    target.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_spelling_wins_and_both_are_recorded() {
+        let env = Env::from_pairs(
+            Some("x86_64-unknown-linux-gnu"),
+            [("NCCL_HOME", "/plain"), ("X86_64_UNKNOWN_LINUX_GNU_NCCL_HOME", "/target")],
+        );
+        let v = env.get("NCCL_HOME").unwrap();
+        assert_eq!(v.name, "X86_64_UNKNOWN_LINUX_GNU_NCCL_HOME");
+        assert_eq!(v.value, "/target");
+        assert_eq!(env.names_read(), ["X86_64_UNKNOWN_LINUX_GNU_NCCL_HOME"]);
+        assert_eq!(env.get("NCCL_LIB_DIR"), None);
+        assert_eq!(
+            env.names_read(),
+            ["X86_64_UNKNOWN_LINUX_GNU_NCCL_HOME", "X86_64_UNKNOWN_LINUX_GNU_NCCL_LIB_DIR", "NCCL_LIB_DIR"]
+        );
+    }
+
+    #[test]
+    fn empty_values_are_unset_and_flags_parse() {
+        let env = Env::from_pairs(None, [("A", ""), ("B", "Yes"), ("C", "0")]);
+        assert_eq!(env.get("A"), None);
+        assert!(env.flag("B"));
+        assert!(!env.flag("C"));
+        assert!(!env.flag("D"));
+    }
+}

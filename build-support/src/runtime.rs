@@ -1,0 +1,364 @@
+//! Loading NCCL or NVSHMEM at run time, and the errors both -sys crates report.
+//!
+//! [`Binding::load`] walks the run-time search order of [`crate::locate`] and keeps the first
+//! library that loads *and* reports a version through its own table. When
+//! nothing does, [`LoadError`] lists every attempt and how to fix it. [`MissingFunction`] is the
+//! error for a function that the loaded library does not export, naming the version that added it.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use crate::env::Env;
+use crate::locate::{Locator, RuntimeCandidate, Spec, SETUP_COMMAND};
+use crate::version::Version;
+
+/// A loaded library's function table (`A`, the bindgen-generated struct), with where it came
+/// from and its run-time version. Dereferences to the table.
+pub struct Library<A> {
+    api: A,
+    path: PathBuf,
+    place: String,
+    version: Version,
+    name: &'static str,
+    since: fn(&str) -> Option<&'static str>,
+}
+
+impl<A> std::ops::Deref for Library<A> {
+    type Target = A;
+    fn deref(&self) -> &A {
+        &self.api
+    }
+}
+
+impl<A> Library<A> {
+    /// The file (or soname) that was opened; `(linked)` for a build-time link.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The search step that found it (e.g. "`python3` wheel /…/nvidia/nccl").
+    pub fn place(&self) -> &str {
+        &self.place
+    }
+
+    /// The version the loaded library reports about itself.
+    pub fn version(&self) -> Version {
+        self.version
+    }
+
+    /// Turns one dynamically resolved function (a field of the table) into a `Result` that names
+    /// the function and the version that added it. Use through [`crate::function!`].
+    pub fn resolve<'a, F>(
+        &self,
+        field: &'a Result<F, libloading::Error>,
+        function: &'static str,
+    ) -> Result<&'a F, MissingFunction> {
+        field.as_ref().map_err(|_| MissingFunction {
+            library: self.name,
+            function,
+            since: (self.since)(function),
+            loaded: self.version.to_string(),
+        })
+    }
+}
+
+/// Resolves one function of a loaded [`Library`]:
+/// `function!(lib, ncclAllReduce)` is `Result<&unsafe extern "C" fn(..), MissingFunction>`.
+#[macro_export]
+macro_rules! function {
+    ($lib:expr, $name:ident) => {{
+        let lib = $lib;
+        lib.resolve(&lib.$name, stringify!($name))
+    }};
+}
+
+/// How to make a function table from an open library, and how to ask it its version.
+pub struct Binding<A> {
+    /// The library's description (search places, names).
+    pub spec: &'static Spec,
+    /// The directory the build found the library in (baked into the -sys crate; may be empty).
+    pub build_lib_dir: &'static str,
+    /// The bindgen constructor (`Nccl::from_library`).
+    pub from_library: unsafe fn(libloading::Library) -> Result<A, libloading::Error>,
+    /// Reads the version through the table; an `Err` rejects the candidate (e.g. a foreign library
+    /// that happens to have the same file name).
+    pub version: fn(&A) -> Result<Version, String>,
+    /// The first library version that exports a function, when known.
+    pub since: fn(&str) -> Option<&'static str>,
+    /// True with the -sys crate's `link` feature: the library is already part of the process.
+    pub linked: bool,
+}
+
+/// A library loaded on first use, once per process; later calls return the same table or a clone
+/// of the same error. Each -sys crate holds one in a `static`.
+pub struct LazyLibrary<A> {
+    binding: Binding<A>,
+    cell: OnceLock<Result<Library<A>, LoadError>>,
+}
+
+impl<A> LazyLibrary<A> {
+    /// A library to be loaded by `binding`.
+    pub const fn new(binding: Binding<A>) -> Self {
+        LazyLibrary { binding, cell: OnceLock::new() }
+    }
+
+    /// Loads on first call.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Binding::load`].
+    pub unsafe fn get(&self) -> Result<&Library<A>, LoadError> {
+        // SAFETY: forwarded from this function's contract.
+        self.cell.get_or_init(|| unsafe { self.binding.load() }).as_ref().map_err(Clone::clone)
+    }
+}
+
+impl<A> Binding<A> {
+    /// Loads along the run-time search order, or from the process itself when `linked` (the
+    /// -sys crate's `link` feature, where the linker already loaded the library).
+    ///
+    /// # Safety
+    ///
+    /// Loading a shared library runs its initialisers; `from_library` must be the bindgen
+    /// constructor matching the library's headers. NCCL's and NVSHMEM's initialisers are sound to
+    /// run from any thread.
+    pub unsafe fn load(&self) -> Result<Library<A>, LoadError> {
+        let make = |lib: libloading::Library| -> Result<(A, Version), String> {
+            // SAFETY: forwarded from this function's contract.
+            let api = unsafe { (self.from_library)(lib) }.map_err(|e| e.to_string())?;
+            let version = (self.version)(&api)?;
+            Ok((api, version))
+        };
+        let finish = |(api, version): (A, Version), path: PathBuf, place: String| Library {
+            api,
+            path,
+            place,
+            version,
+            name: self.spec.name,
+            since: self.since,
+        };
+        if self.linked {
+            let made = make(libloading::os::unix::Library::this().into()).map_err(|error| LoadError {
+                name: self.spec.name,
+                attempts: vec![Attempt { place: "linked at build time".into(), path: "(this process)".into(), error }],
+                vars: vec![],
+                hint: self.spec.install_hint,
+                stopped_by_variable: false,
+            })?;
+            return Ok(finish(made, "(linked)".into(), "linked at build time".into()));
+        }
+        let build_dir = (!self.build_lib_dir.is_empty()).then(|| Path::new(self.build_lib_dir));
+        // SAFETY: forwarded from this function's contract.
+        let (made, path, place) = unsafe { open(self.spec, build_dir, make) }?;
+        Ok(finish(made, path, place))
+    }
+}
+
+/// Declares a -sys crate's loader: `pub fn library()` over a `static` [`LazyLibrary`].
+///
+/// `declare_library!(Nccl, NCCL, build_lib_dir, version_fn, since_fn, linked_probe)`: the bindgen
+/// table type, the [`crate::locate::Spec`], the directory the build used, the function that reads
+/// the version through the table, the `since` lookup, and an `extern` function of the library that
+/// the `link` feature references so the linker keeps the library.
+#[macro_export]
+macro_rules! declare_library {
+    ($api:ident, $spec:path, $build_lib_dir:expr, $version:path, $since:path, $probe:path) => {
+        /// # Safety
+        ///
+        /// `lib` must be the library whose headers generated the table.
+        unsafe fn __from_library(lib: ::libloading::Library) -> ::std::result::Result<$api, ::libloading::Error> {
+            // SAFETY: forwarded from this function's contract.
+            unsafe { $api::from_library(lib) }
+        }
+
+        static __LIBRARY: $crate::runtime::LazyLibrary<$api> =
+            $crate::runtime::LazyLibrary::new($crate::runtime::Binding {
+                spec: &$spec,
+                build_lib_dir: $build_lib_dir,
+                from_library: __from_library,
+                version: $version,
+                since: $since,
+                linked: cfg!(feature = "link"),
+            });
+
+        #[doc = concat!("The ", stringify!($api), " library, loaded on first use along the run-time search order")]
+        /// (or, with the `link` feature, the copy linked into the process).
+        ///
+        /// Loading happens once per process; later calls return the same table or a clone of the
+        /// same error. Resolve functions with [`function!`](crate::function).
+        pub fn library() -> ::std::result::Result<&'static $crate::runtime::Library<$api>, $crate::runtime::LoadError> {
+            #[cfg(feature = "link")]
+            ::std::hint::black_box($probe as *const ());
+            // SAFETY: the NVIDIA libraries' initialisers only set up internal state and may run on
+            // any thread; `__from_library` builds the table generated from this library's headers.
+            unsafe { __LIBRARY.get() }
+        }
+    };
+}
+
+/// One failed attempt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    /// The search step.
+    pub place: String,
+    /// What was opened.
+    pub path: PathBuf,
+    /// Why it was not used.
+    pub error: String,
+}
+
+/// The library could not be loaded. `Display` gives the full report.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoadError {
+    /// Library display name.
+    pub name: &'static str,
+    /// Every attempt, in order.
+    pub attempts: Vec<Attempt>,
+    /// Variables consulted.
+    pub vars: Vec<String>,
+    /// Install advice.
+    pub hint: &'static str,
+    /// True when an explicit variable stopped the search.
+    pub stopped_by_variable: bool,
+}
+
+impl fmt::Display for LoadError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "could not load the {} library. Tried, in order:", self.name)?;
+        for (i, a) in self.attempts.iter().enumerate() {
+            writeln!(f, "  {}. {} ({}): {}", i + 1, a.path.display(), a.place, a.error)?;
+        }
+        if self.stopped_by_variable {
+            writeln!(f, "The search stopped at a path named by a variable; fix or unset it.")?;
+        }
+        writeln!(f, "Variables consulted: {}", self.vars.join(", "))?;
+        write!(f, "To fix: in this repository run `{SETUP_COMMAND}`; elsewhere {}.", self.hint)
+    }
+}
+
+impl std::error::Error for LoadError {}
+
+/// Opens the first candidate that loads and that `make` accepts; returns `make`'s value with the
+/// path and search step.
+///
+/// # Safety
+///
+/// Loading a shared library runs its initialisers; the caller names (through `spec`) a library
+/// whose initialisers are sound to run from any thread at any time.
+unsafe fn open<T>(
+    spec: &Spec,
+    build_lib_dir: Option<&Path>,
+    make: impl Fn(libloading::Library) -> Result<T, String>,
+) -> Result<(T, PathBuf, String), LoadError> {
+    let env = Env::process();
+    let locator = Locator::new(&env);
+    let mut attempts = Vec::new();
+    let early = locator.runtime_candidates_early(spec, build_lib_dir);
+    // SAFETY: forwarded from this function's contract.
+    let mut outcome = unsafe { try_all(&early, &make, &mut attempts) };
+    if let Outcome::Exhausted = outcome {
+        // Only now is Python started: the early candidates all failed.
+        let late = locator.runtime_candidates_late(spec);
+        // SAFETY: forwarded from this function's contract.
+        outcome = unsafe { try_all(&late, &make, &mut attempts) };
+    }
+    match outcome {
+        Outcome::Found(loaded) => Ok(loaded),
+        Outcome::Stopped | Outcome::Exhausted => Err(LoadError {
+            name: spec.name,
+            attempts,
+            vars: env.names_read(),
+            hint: spec.install_hint,
+            stopped_by_variable: matches!(outcome, Outcome::Stopped),
+        }),
+    }
+}
+
+enum Outcome<T> {
+    Found((T, PathBuf, String)),
+    /// A candidate named by a variable failed: the search ends there.
+    Stopped,
+    /// Every candidate failed.
+    Exhausted,
+}
+
+/// Tries candidates in order.
+///
+/// # Safety
+///
+/// As for [`open`].
+unsafe fn try_all<T>(
+    candidates: &[RuntimeCandidate],
+    make: &impl Fn(libloading::Library) -> Result<T, String>,
+    attempts: &mut Vec<Attempt>,
+) -> Outcome<T> {
+    for c in candidates {
+        // SAFETY: the caller vouches for the library's initialisers (see `open`).
+        let result = unsafe { libloading::Library::new(&c.path) }
+            .map_err(|e| e.to_string())
+            .and_then(make);
+        match result {
+            Ok(value) => return Outcome::Found((value, c.path.clone(), c.place.clone())),
+            Err(error) => {
+                attempts.push(Attempt { place: c.place.clone(), path: c.path.clone(), error });
+                if c.explicit {
+                    return Outcome::Stopped;
+                }
+            }
+        }
+    }
+    Outcome::Exhausted
+}
+
+/// A function that the loaded library does not export.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingFunction {
+    /// Library display name.
+    pub library: &'static str,
+    /// The C function name.
+    pub function: &'static str,
+    /// The first library version that has it, when known.
+    pub since: Option<&'static str>,
+    /// The loaded library's version.
+    pub loaded: String,
+}
+
+impl fmt::Display for MissingFunction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "the loaded {} {} does not export `{}`", self.library, self.loaded, self.function)?;
+        match self.since {
+            Some(v) => write!(f, "; it needs {} ≥ {v}", self.library),
+            None => write!(f, "; a different {} version is needed", self.library),
+        }
+    }
+}
+
+impl std::error::Error for MissingFunction {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::locate::NCCL;
+
+    #[test]
+    fn missing_function_names_the_version() {
+        let e = MissingFunction { library: "NCCL", function: "ncclCommShrink", since: Some("2.27.3"), loaded: "2.19.3".into() };
+        assert_eq!(e.to_string(), "the loaded NCCL 2.19.3 does not export `ncclCommShrink`; it needs NCCL ≥ 2.27.3");
+    }
+
+    #[test]
+    fn load_error_lists_attempts() {
+        let e = LoadError {
+            name: NCCL.name,
+            attempts: vec![Attempt { place: "NCCL_SYS_LIBRARY=/x".into(), path: "/x".into(), error: "no file".into() }],
+            vars: vec!["NCCL_SYS_LIBRARY".into()],
+            hint: NCCL.install_hint,
+            stopped_by_variable: true,
+        };
+        let text = e.to_string();
+        assert!(text.starts_with("could not load the NCCL library. Tried, in order:\n  1. /x (NCCL_SYS_LIBRARY=/x): no file\n"));
+        assert!(text.contains("stopped at a path named by a variable"));
+        assert!(text.contains("./dev.sh setup"));
+    }
+}
