@@ -30,7 +30,9 @@ fn struct_versions(include: &std::path::Path) -> Result<(String, u32), String> {
             .filter_map(|l| l.trim().strip_prefix("typedef ")?.strip_suffix(&format!(" {alias};")))
             .find_map(|target| target.rsplit_once("_v")?.1.parse::<u32>().ok())
             .ok_or_else(|| format!("no `typedef <name>_vN {alias};` in {}", files.join(", ")))?;
-        out.push_str(&format!("/// Version number `N` of `{alias}` (`_vN`); its version word is `(N << 16) + sizeof`.\n"));
+        out.push_str(&format!(
+            "/// Version number `N` of `{alias}` (`_vN`); its version word is `(N << 16) + sizeof`.\n"
+        ));
         out.push_str(&format!("pub const {constant}: i32 = {suffix};\n"));
         if *alias == "nvshmemx_init_args_t" {
             args_version = suffix;
@@ -42,35 +44,40 @@ fn struct_versions(include: &std::path::Path) -> Result<(String, u32), String> {
 fn main() -> std::process::ExitCode {
     // Version 2 of nvshmemx_init_args_t (NVSHMEM 3.8) has a `cuda_device_id` field to initialise.
     println!("cargo::rustc-check-cfg=cfg(nvshmem_init_args_v2)");
-    SysBuild { spec: &NVSHMEM, support: &NVSHMEM_SUPPORT, read_version: nvshmem_header_version, snapshot: "snapshot/bindings.rs" }
-        .run(|ctx| {
-            let library = ctx.install.library.as_ref().ok_or("NVSHMEM install without a library file")?;
-            let exports = exported_functions(library)?;
-            let mut builder = bindgen_builder(
-                ctx,
-                "#include <nvshmem_host.h>\n#include <bootstrap_device_host/nvshmem_uniqueid.h>\n",
-                "Nvshmem",
-            );
-            // nvshmemid_* are internal hooks; the public API is nvshmem_* and nvshmemx_*.
-            let public = |n: &&String| n.starts_with("nvshmem_") || n.starts_with("nvshmemx_");
-            for name in exports.iter().filter(public).filter(|n| !NEVER_BIND.contains(&n.as_str())) {
-                builder = builder.allowlist_function(format!("^{name}$"));
-            }
-            let bindings = builder
-                .allowlist_type("nvshmem.*")
-                .allowlist_var("NVSHMEM.*")
-                .allowlist_var("UNIQUEID_.*")
-                // The init flags live in an anonymous-looking `enum flags`; bind them as plain constants.
-                .allowlist_type("flags")
-                .constified_enum("flags")
-                .prepend_enum_name(false)
-                .generate()
-                .map_err(|e| format!("bindgen failed on nvshmem_host.h: {e}"))?
-                .to_string();
-            let (constants, args_version) = struct_versions(&ctx.install.include_dir)?;
-            if args_version >= 2 {
-                println!("cargo::rustc-cfg=nvshmem_init_args_v2");
-            }
-            Ok(format!("{bindings}\n{constants}"))
-        })
+    SysBuild {
+        spec: &NVSHMEM,
+        support: &NVSHMEM_SUPPORT,
+        read_version: nvshmem_header_version,
+        snapshot: "snapshot/bindings.rs",
+    }
+    .run(|ctx| {
+        let library = ctx.install.library.as_ref().ok_or("NVSHMEM install without a library file")?;
+        let exports = exported_functions(library)?;
+        let mut builder = bindgen_builder(
+            ctx,
+            "#include <nvshmem_host.h>\n#include <bootstrap_device_host/nvshmem_uniqueid.h>\n",
+            "Nvshmem",
+        );
+        // nvshmemid_* are internal hooks; the public API is nvshmem_* and nvshmemx_*.
+        let public = |n: &&String| n.starts_with("nvshmem_") || n.starts_with("nvshmemx_");
+        for name in exports.iter().filter(public).filter(|n| !NEVER_BIND.contains(&n.as_str())) {
+            builder = builder.allowlist_function(format!("^{name}$"));
+        }
+        let bindings = builder
+            .allowlist_type("nvshmem.*")
+            .allowlist_var("NVSHMEM.*")
+            .allowlist_var("UNIQUEID_.*")
+            // The init flags live in an anonymous-looking `enum flags`; bind them as plain constants.
+            .allowlist_type("flags")
+            .constified_enum("flags")
+            .prepend_enum_name(false)
+            .generate()
+            .map_err(|e| format!("bindgen failed on nvshmem_host.h: {e}"))?
+            .to_string();
+        let (constants, args_version) = struct_versions(&ctx.install.include_dir)?;
+        if args_version >= 2 {
+            println!("cargo::rustc-cfg=nvshmem_init_args_v2");
+        }
+        Ok(format!("{bindings}\n{constants}"))
+    })
 }

@@ -88,8 +88,7 @@ impl Env {
 
     /// True when `name` is set to `1`, `true`, `yes` or `on` (any case).
     pub fn flag(&self, name: &str) -> bool {
-        self.get(name)
-            .is_some_and(|v| matches!(v.value.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
+        self.get(name).is_some_and(|v| matches!(v.value.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
     }
 
     /// Every spelling consulted so far, in first-read order.

@@ -40,7 +40,7 @@ pub const SETUP_COMMAND: &str = "./dev.sh setup";
 pub const PREFIX_VAR: &str = "GPUCOMM_PREFIX";
 
 /// What to look for: one library's file names and conventional places.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub struct Spec {
     /// Display name ("NCCL").
     pub name: &'static str,
@@ -69,11 +69,7 @@ pub const CUDA: Spec = Spec {
     header: "cuda_runtime.h",
     libraries: &[],
     wheel_dirs: &["cu13", "cuda_runtime"],
-    system: &[
-        ("/usr/local/cuda/include", ""),
-        ("/opt/cuda/include", ""),
-        ("/usr/include", ""),
-    ],
+    system: &[("/usr/local/cuda/include", ""), ("/opt/cuda/include", ""), ("/usr/include", "")],
     install_hint: "pip install nvidia-cuda-runtime nvidia-cuda-crt nvidia-cuda-cccl nvidia-cuda-nvcc nvidia-nvvm \
                    (CUDA 13 wheels), or install the CUDA toolkit and set CUDA_HOME",
 };
@@ -145,32 +141,29 @@ pub struct Probe {
 /// Nothing usable was found; the `Display` text is the full report.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NotFound {
-    /// Display name of the library.
-    pub name: &'static str,
-    /// What was required.
-    pub wanted: String,
+    /// What was looked for.
+    pub spec: &'static Spec,
     /// Every place looked at, in order.
     pub probes: Vec<Probe>,
     /// Every variable consulted.
     pub vars: Vec<String>,
-    /// Install advice.
-    pub hint: &'static str,
     /// Set when an explicit variable stopped the search.
     pub stopped_by: Option<String>,
 }
 
 impl fmt::Display for NotFound {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (name, wanted) = (self.spec.name, wanted(self.spec));
         match &self.stopped_by {
-            Some(var) => writeln!(f, "{} not found where {var} points ({}).", self.name, self.wanted)?,
-            None => writeln!(f, "{} not found ({}).", self.name, self.wanted)?,
+            Some(var) => writeln!(f, "{name} not found where {var} points ({wanted}).")?,
+            None => writeln!(f, "{name} not found ({wanted}).")?,
         }
         writeln!(f, "Searched, in order:")?;
         for (i, p) in self.probes.iter().enumerate() {
             writeln!(f, "  {}. {}: {}", i + 1, p.place, p.reason)?;
         }
         writeln!(f, "Variables consulted: {}", self.vars.join(", "))?;
-        writeln!(f, "To fix: in this repository run `{SETUP_COMMAND}`; elsewhere {}.", self.hint)?;
+        writeln!(f, "To fix: in this repository run `{SETUP_COMMAND}`; elsewhere {}.", self.spec.install_hint)?;
         write!(f, "Point the build at an install with the variables above (see build-support/README.md).")
     }
 }
@@ -221,13 +214,14 @@ impl<'e> Locator<'e> {
 
     /// The `nvidia` package directories of the interpreter chosen for `spec`, with its name.
     pub fn nvidia_dirs(&self, spec: &Spec) -> (String, NvidiaDirs) {
-        let python = self
-            .env
-            .get(&format!("{}_SYS_PYTHON", spec.var))
-            .map(|v| v.value)
-            .unwrap_or_else(|| "python3".to_string());
-        let answer =
-            self.python_answers.borrow_mut().entry(python.clone()).or_insert_with(|| python::nvidia_dirs(&python)).clone();
+        let python =
+            self.env.get(&format!("{}_SYS_PYTHON", spec.var)).map(|v| v.value).unwrap_or_else(|| "python3".to_string());
+        let answer = self
+            .python_answers
+            .borrow_mut()
+            .entry(python.clone())
+            .or_insert_with(|| python::nvidia_dirs(&python))
+            .clone();
         (python, answer)
     }
 
@@ -304,7 +298,7 @@ impl<'e> Locator<'e> {
     }
 
     /// Finds headers and library for the build.
-    pub fn find(&self, spec: &Spec) -> Result<Install, NotFound> {
+    pub fn find(&self, spec: &'static Spec) -> Result<Install, NotFound> {
         let mut probes = Vec::new();
         let early = self.places_before_python(spec);
         for place in early {
@@ -329,15 +323,8 @@ impl<'e> Locator<'e> {
         Err(self.not_found(spec, probes, None))
     }
 
-    fn not_found(&self, spec: &Spec, probes: Vec<Probe>, stopped_by: Option<String>) -> NotFound {
-        NotFound {
-            name: spec.name,
-            wanted: wanted(spec),
-            probes,
-            vars: self.env.names_read(),
-            hint: spec.install_hint,
-            stopped_by,
-        }
+    fn not_found(&self, spec: &'static Spec, probes: Vec<Probe>, stopped_by: Option<String>) -> NotFound {
+        NotFound { spec, probes, vars: self.env.names_read(), stopped_by }
     }
 
     /// The first library files to try at run time, in order: `X_SYS_LIBRARY`, the explicit
@@ -538,11 +525,16 @@ mod tests {
         );
         let err = Locator::new(&env).find(&NVSHMEM).unwrap_err();
         let text = err.to_string();
-        assert!(text.starts_with("NVSHMEM not found (header nvshmem_host.h and library libnvshmem_host.so.3"), "{text}");
+        assert!(
+            text.starts_with("NVSHMEM not found (header nvshmem_host.h and library libnvshmem_host.so.3"),
+            "{text}"
+        );
         assert!(text.contains("project prefix (GPUCOMM_PREFIX)"), "{text}");
         assert!(text.contains("`/nonexistent/python` NVIDIA wheels: could not run"), "{text}");
         assert!(text.contains("/usr/include/nvshmem_13 + /usr/lib/x86_64-linux-gnu/nvshmem/13"), "{text}");
-        for var in ["X86_64_UNKNOWN_LINUX_GNU_NVSHMEM_HOME", "NVSHMEM_HOME", "NVSHMEM_INCLUDE_DIR", "NVSHMEM_SYS_PYTHON"] {
+        for var in
+            ["X86_64_UNKNOWN_LINUX_GNU_NVSHMEM_HOME", "NVSHMEM_HOME", "NVSHMEM_INCLUDE_DIR", "NVSHMEM_SYS_PYTHON"]
+        {
             assert!(err.vars.iter().any(|v| v == var), "{var} missing from {:?}", err.vars);
         }
         assert!(text.contains("pip install nvidia-nvshmem-cu13"), "{text}");
@@ -579,13 +571,14 @@ mod tests {
         touch(&home.join("lib/libnccl.so.2"));
         let build = tmp.path().join("build");
         touch(&build.join("libnccl.so.2"));
-        let env = Env::from_pairs(
-            None,
-            [("NCCL_SYS_LIBRARY", "/x/libnccl.so.2"), ("NCCL_HOME", home.to_str().unwrap())],
-        );
+        let env =
+            Env::from_pairs(None, [("NCCL_SYS_LIBRARY", "/x/libnccl.so.2"), ("NCCL_HOME", home.to_str().unwrap())]);
         let c = Locator::new(&env).runtime_candidates_early(&NCCL, Some(&build));
         let paths: Vec<_> = c.iter().map(|c| c.path.clone()).collect();
-        assert_eq!(paths, [PathBuf::from("/x/libnccl.so.2"), home.join("lib/libnccl.so.2"), build.join("libnccl.so.2")]);
+        assert_eq!(
+            paths,
+            [PathBuf::from("/x/libnccl.so.2"), home.join("lib/libnccl.so.2"), build.join("libnccl.so.2")]
+        );
         assert_eq!(c.iter().map(|c| c.explicit).collect::<Vec<_>>(), [true, true, false]);
     }
 

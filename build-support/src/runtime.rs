@@ -295,9 +295,7 @@ unsafe fn try_all<T>(
 ) -> Outcome<T> {
     for c in candidates {
         // SAFETY: the caller vouches for the library's initialisers (see `open`).
-        let result = unsafe { libloading::Library::new(&c.path) }
-            .map_err(|e| e.to_string())
-            .and_then(make);
+        let result = unsafe { libloading::Library::new(&c.path) }.map_err(|e| e.to_string()).and_then(make);
         match result {
             Ok(value) => return Outcome::Found((value, c.path.clone(), c.place.clone())),
             Err(error) => {
@@ -343,7 +341,12 @@ mod tests {
 
     #[test]
     fn missing_function_names_the_version() {
-        let e = MissingFunction { library: "NCCL", function: "ncclCommShrink", since: Some("2.27.3"), loaded: "2.19.3".into() };
+        let e = MissingFunction {
+            library: "NCCL",
+            function: "ncclCommShrink",
+            since: Some("2.27.3"),
+            loaded: "2.19.3".into(),
+        };
         assert_eq!(e.to_string(), "the loaded NCCL 2.19.3 does not export `ncclCommShrink`; it needs NCCL ≥ 2.27.3");
     }
 
@@ -357,7 +360,9 @@ mod tests {
             stopped_by_variable: true,
         };
         let text = e.to_string();
-        assert!(text.starts_with("could not load the NCCL library. Tried, in order:\n  1. /x (NCCL_SYS_LIBRARY=/x): no file\n"));
+        assert!(text.starts_with(
+            "could not load the NCCL library. Tried, in order:\n  1. /x (NCCL_SYS_LIBRARY=/x): no file\n"
+        ));
         assert!(text.contains("stopped at a path named by a variable"));
         assert!(text.contains("./dev.sh setup"));
     }

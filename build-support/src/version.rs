@@ -190,7 +190,11 @@ fn read(path: &Path) -> Result<String, String> {
 pub fn nccl_header_version(include_dir: &Path) -> Result<Version, String> {
     let file = include_dir.join("nccl.h");
     let d = scan_defines(&read(&file)?);
-    Ok(Version::new(define_num(&d, "NCCL_MAJOR", &file)?, define_num(&d, "NCCL_MINOR", &file)?, define_num(&d, "NCCL_PATCH", &file)?))
+    Ok(Version::new(
+        define_num(&d, "NCCL_MAJOR", &file)?,
+        define_num(&d, "NCCL_MINOR", &file)?,
+        define_num(&d, "NCCL_PATCH", &file)?,
+    ))
 }
 
 /// NVSHMEM's vendor version (`NVSHMEM_VENDOR_{MAJOR,MINOR,PATCH}_VERSION`), from the first of the
@@ -220,7 +224,9 @@ mod tests {
 
     #[test]
     fn defines_are_scanned() {
-        let d = scan_defines("#define NCCL_MAJOR 2\n#  define NCCL_MINOR 28 // c\n#define F(x) x\n#define EMPTY\n#defineX 1\n");
+        let d = scan_defines(
+            "#define NCCL_MAJOR 2\n#  define NCCL_MINOR 28 // c\n#define F(x) x\n#define EMPTY\n#defineX 1\n",
+        );
         assert_eq!(d.get("NCCL_MAJOR").unwrap(), "2");
         assert_eq!(d.get("NCCL_MINOR").unwrap(), "28");
         assert_eq!(d.get("EMPTY").unwrap(), "");
@@ -256,8 +262,11 @@ mod tests {
     #[test]
     fn header_versions_are_read_from_files() {
         let tmp = tempfile::tempdir().unwrap();
-        std::fs::write(tmp.path().join("nccl.h"), "#define NCCL_MAJOR 2\n#define NCCL_MINOR 28\n#define NCCL_PATCH 9\n")
-            .unwrap();
+        std::fs::write(
+            tmp.path().join("nccl.h"),
+            "#define NCCL_MAJOR 2\n#define NCCL_MINOR 28\n#define NCCL_PATCH 9\n",
+        )
+        .unwrap();
         assert_eq!(nccl_header_version(tmp.path()).unwrap(), Version::new(2, 28, 9));
         std::fs::create_dir_all(tmp.path().join("non_abi")).unwrap();
         std::fs::write(

@@ -1,1 +1,55 @@
+//! Small helpers the lessons share, so that each example file shows only its lesson.
 
+use std::error::Error;
+use std::fmt;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaStream};
+use nccl::launch::RankInfo;
+
+/// Why there is no GPU to run on.
+#[derive(Debug)]
+pub enum NoGpu {
+    /// `libcuda.so.1` (the NVIDIA driver's library) could not be loaded.
+    NoDriver,
+    /// The driver loaded but reports no device (or failed to initialise).
+    NoDevice(String),
+}
+
+impl fmt::Display for NoGpu {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NoGpu::NoDriver => write!(
+                f,
+                "no CUDA driver: libcuda.so.1 could not be loaded, so this machine has no usable NVIDIA GPU; \
+                 run the GPU parts on a GPU machine"
+            ),
+            NoGpu::NoDevice(why) => {
+                write!(f, "no GPU: the CUDA driver is installed but reports no usable device ({why})")
+            }
+        }
+    }
+}
+
+impl Error for NoGpu {}
+
+/// Number of CUDA devices, or why there are none. Fast on machines without a driver: it only
+/// tries to load `libcuda.so.1`.
+pub fn cuda_devices() -> Result<usize, NoGpu> {
+    // SAFETY: only attempts to dlopen the driver library, as cudarc does on first use.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(NoGpu::NoDriver);
+    }
+    match CudaContext::device_count() {
+        Ok(n) if n > 0 => Ok(n as usize),
+        Ok(_) => Err(NoGpu::NoDevice("device count is 0".into())),
+        Err(e) => Err(NoGpu::NoDevice(e.to_string())),
+    }
+}
+
+/// Opens the GPU this rank should use (its local rank, see [`RankInfo::device_ordinal`]) and
+/// returns its default stream.
+pub fn rank_stream(info: &RankInfo) -> Result<Arc<CudaStream>, Box<dyn Error>> {
+    let ordinal = info.device_ordinal(cuda_devices()?)?;
+    Ok(CudaContext::new(ordinal)?.default_stream())
+}

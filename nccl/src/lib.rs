@@ -1,1 +1,66 @@
+//! Safe, idiomatic NCCL for Rust, on top of [cudarc](cudarc) buffers and streams.
+//!
+//! * [`Comm`]: a communicator, created with [`Comm::init_rank`] (one process or thread per GPU,
+//!   all sharing a [`UniqueId`]) or [`Comm::init_all`] (one process driving several GPUs).
+//! * Collectives on [`Comm`] ([`all_reduce`](Comm::all_reduce), [`all_gather`](Comm::all_gather),
+//!   [`reduce_scatter`](Comm::reduce_scatter), [`broadcast_in_place`](Comm::broadcast_in_place))
+//!   that check every length, rank and device before NCCL sees them, and take cudarc buffers
+//!   (`CudaSlice`, views) through cudarc's stream-ordering protocol.
+//! * [`group`]: several calls issued as one, with every buffer kept alive and its stream
+//!   bookkeeping deferred until NCCL has enqueued the work.
+//! * [`Error`]: NCCL's code with `ncclGetErrorString` and `ncclGetLastError`, or a precise
+//!   description of the argument that was refused.
+//!
+//! The library is loaded at run time (see `nccl-sys` for the search order); [`version`] says which
+//! one was found. A function the loaded NCCL lacks is an error naming the version that added it.
+//!
+//! ```no_run
+//! use cudarc::driver::CudaContext;
+//!
+//! let stream = CudaContext::new(0)?.default_stream();
+//! let id = nccl::UniqueId::new()?;
+//! let comm = nccl::Comm::init_rank(stream.clone(), &id, 0, 1)?;
+//! let send = stream.clone_htod(&[1.0f32, 2.0, 3.0])?;
+//! let mut recv = stream.alloc_zeros::<f32>(3)?;
+//! comm.all_reduce(&send, &mut recv, nccl::ReduceOp::SUM)?;
+//! assert_eq!(stream.clone_dtoh(&recv)?, [1.0, 2.0, 3.0]);
+//! comm.finalize().map_err(|(_, e)| e)?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+#![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod coll;
+mod comm;
+mod error;
+mod group;
+mod types;
+mod unique_id;
+
+pub use comm::Comm;
+pub use error::{Error, Result, ResultCode};
+pub use group::{group, Group};
+pub use types::{DataType, NcclType, ReduceOp};
+pub use unique_id::UniqueId;
+
+/// The raw bindings this crate is built on.
+pub use nccl_sys as sys;
+
+/// Starting multi-GPU jobs: rank discovery from launcher variables (torchrun, Slurm, Open MPI,
+/// PMI), the TCP rendezvous that hands rank 0's unique id to every rank, and the local spawner
+/// (`--nproc N`). Shared with the `nvshmem` crate: one implementation, one set of types.
+pub use gpucomm_support::launch;
+
+pub use nccl_sys::Version;
+
+/// The version of the NCCL library loaded at run time (`ncclGetVersion`); loads it if needed.
+#[doc(alias = "ncclGetVersion")]
+pub fn version() -> Result<Version> {
+    error::lib_version()
+}
+
+/// The version of the `nccl.h` this crate was compiled against.
+pub fn header_version() -> Version {
+    // The build script wrote a well-formed version; the fallback never triggers in practice.
+    nccl_sys::HEADER_VERSION.parse().unwrap_or(Version::new(0, 0, 0))
+}

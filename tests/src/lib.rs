@@ -1,1 +1,70 @@
+//! Helpers shared by the test suites: finding GPUs, skipping honestly, and running one test as
+//! several processes.
+//!
+//! GPU tests are `#[ignore]`d so that CPU-only machines (CI) report them as ignored, never as
+//! passed. The GPU bundle runs them with `--include-ignored`; a test that still cannot run there
+//! (too few GPUs) calls [`skip`], which records it in `$GPUCOMM_SKIP_LOG` so the bundle counts it
+//! as skipped.
 
+use std::io::Write;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaStream};
+use gpucomm_support::launch::{self, RankInfo};
+
+/// Records that `test` did not run, and why.
+pub fn skip(test: &str, reason: &str) {
+    eprintln!("SKIPPED {test}: {reason}");
+    if let Some(path) = std::env::var_os("GPUCOMM_SKIP_LOG") {
+        if let Ok(mut f) = std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            let _ = writeln!(f, "{test}: {reason}");
+        }
+    }
+}
+
+/// Number of CUDA devices, 0 when there is no driver.
+pub fn device_count() -> usize {
+    // SAFETY: only tries to dlopen the driver library.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return 0;
+    }
+    CudaContext::device_count().map(|n| n.max(0) as usize).unwrap_or(0)
+}
+
+/// One stream per device for the first `n` devices, or `None` after [`skip`]ping `test`.
+pub fn require_gpus(test: &str, n: usize) -> Option<Vec<Arc<CudaStream>>> {
+    let have = device_count();
+    if have < n {
+        skip(test, &format!("needs {n} GPUs, found {have}"));
+        return None;
+    }
+    Some((0..n).map(|i| CudaContext::new(i).expect("open CUDA device").default_stream()).collect())
+}
+
+/// True in a process started by [`multi_process`].
+fn is_child() -> bool {
+    std::env::var_os("GPUCOMM_SPAWNED").is_some()
+}
+
+/// Runs `body` as `nproc` processes, one per GPU: the test binary re-runs itself (only `test`)
+/// through the local spawner, and each child gets its rank from the launcher variables. The
+/// parent fails if any child fails. Skipped (not run) with fewer GPUs than processes.
+pub fn multi_process(test: &str, nproc: usize, body: impl FnOnce(RankInfo, Arc<CudaStream>)) {
+    if is_child() {
+        let info = RankInfo::from_env().expect("launcher variables");
+        let ordinal = info.device_ordinal(device_count()).expect("a GPU for this rank");
+        let stream = CudaContext::new(ordinal).expect("open CUDA device").default_stream();
+        body(info, stream);
+        return;
+    }
+    let have = device_count();
+    if have < nproc {
+        skip(test, &format!("needs {nproc} GPUs, found {have}"));
+        return;
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let args: Vec<std::ffi::OsString> =
+        ["--exact", test, "--include-ignored", "--nocapture", "--test-threads=1"].iter().map(Into::into).collect();
+    let outcome = launch::spawn_local(nproc, &exe, &args, &[], std::time::Duration::from_secs(5)).expect("spawn ranks");
+    assert!(outcome.success(), "{test}: {:?}", outcome.first_failure);
+}

@@ -12,7 +12,8 @@ use object::{Object, ObjectSymbol, SymbolKind};
 /// Names of the defined, global function symbols in `library`'s dynamic symbol table.
 pub fn exported_functions(library: &Path) -> Result<BTreeSet<String>, String> {
     let data = std::fs::read(library).map_err(|e| format!("cannot read {}: {e}", library.display()))?;
-    let file = object::File::parse(&*data).map_err(|e| format!("{} is not a readable object file: {e}", library.display()))?;
+    let file =
+        object::File::parse(&*data).map_err(|e| format!("{} is not a readable object file: {e}", library.display()))?;
     let names = file
         .dynamic_symbols()
         .filter(|s| s.is_definition() && s.is_global() && s.kind() == SymbolKind::Text)

@@ -162,6 +162,9 @@ mod tests {
         assert_eq!(nvcc.image_kind(), "-fatbin");
         assert_eq!(nvcc.common, ["-std=c++17", "-ccbin", "g++-12"]);
         let err = nvcc.module(Path::new("a.cu"), Path::new("a.fatbin")).unwrap_err();
-        assert!(err.starts_with("could not run `/opt/x/nvcc -std=c++17 -ccbin g++-12 -gencode=arch=compute_80,code=sm_80"), "{err}");
+        assert!(
+            err.starts_with("could not run `/opt/x/nvcc -std=c++17 -ccbin g++-12 -gencode=arch=compute_80,code=sm_80"),
+            "{err}"
+        );
     }
 }

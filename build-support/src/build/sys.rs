@@ -153,8 +153,9 @@ impl SysBuild {
     }
 
     fn use_snapshot(&self, snapshot: &Path, out_dir: &Path, out: &mut Emitter<std::io::Stdout>) -> Result<(), String> {
-        let text = std::fs::read_to_string(snapshot)
-            .map_err(|e| format!("DOCS_RS is set but the bindings snapshot {} is unreadable: {e}", snapshot.display()))?;
+        let text = std::fs::read_to_string(snapshot).map_err(|e| {
+            format!("DOCS_RS is set but the bindings snapshot {} is unreadable: {e}", snapshot.display())
+        })?;
         let version: Version = text
             .lines()
             .next()
@@ -178,7 +179,8 @@ pub fn check_snapshot(generated: &str, snapshot: &Path) -> Result<(), String> {
     if std::env::var_os("UPDATE_SNAPSHOTS").is_some_and(|v| v == "1") {
         return std::fs::write(snapshot, generated).map_err(|e| format!("cannot write {}: {e}", snapshot.display()));
     }
-    let committed = std::fs::read_to_string(snapshot).map_err(|e| format!("cannot read {}: {e}", snapshot.display()))?;
+    let committed =
+        std::fs::read_to_string(snapshot).map_err(|e| format!("cannot read {}: {e}", snapshot.display()))?;
     if committed == generated {
         return Ok(());
     }

@@ -1,0 +1,205 @@
+//! [`run_main`]: the `main` of every multi-rank example.
+
+use std::error::Error;
+use std::ffi::OsString;
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use super::env::RankInfo;
+use super::spawn::{spawn_local, SpawnError, SPAWNED_VAR};
+
+/// The flag that makes [`run_main`] start copies of the program: `--nproc N` or `--nproc=N`.
+pub const NPROC_FLAG: &str = "--nproc";
+
+/// How long ranks get to stop after `SIGTERM` when a sibling failed under `--nproc`.
+const GRACE: Duration = Duration::from_secs(5);
+
+/// Exit code for command-line mistakes.
+const USAGE: u8 = 2;
+
+/// Runs `body` as one rank of a job, or starts the job first.
+///
+/// * With `--nproc N` (or `--nproc=N`) among the arguments (before any `--`), and not itself
+///   started by the spawner (`GPUCOMM_SPAWNED` unset): starts `N` copies of the current executable
+///   through [`spawn_local`], with the same arguments minus the flag, and returns their combined
+///   exit code ([`Outcome::exit_code`](crate::launch::Outcome::exit_code)). `body` does not run in
+///   this process.
+/// * Otherwise: reads [`RankInfo::from_env`] and runs `body` with it.
+///
+/// Errors are printed to stderr as `error: {e}`, followed by one `caused by:` line per source, and
+/// turn into a failing exit code (2 for a bad `--nproc` value).
+///
+/// ```no_run
+/// use gpucomm_support::launch::{run_main, Options, Rendezvous};
+///
+/// fn main() -> std::process::ExitCode {
+///     run_main(|info| {
+///         let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
+///         let id = rendezvous.broadcast(|| Ok(b"an id made by rank 0".to_vec()))?;
+///         println!("rank {} of {} got {:?}", info.rank, info.world_size, id);
+///         Ok(())
+///     })
+/// }
+/// ```
+pub fn run_main<F>(body: F) -> ExitCode
+where
+    F: FnOnce(RankInfo) -> Result<(), Box<dyn Error>>,
+{
+    let args: Vec<OsString> = std::env::args_os().skip(1).collect();
+    let (nproc, rest) = match split_nproc(&args) {
+        Ok(split) => split,
+        Err(error) => {
+            report(&error);
+            return ExitCode::from(USAGE);
+        }
+    };
+    if let Some(nproc) = nproc {
+        if std::env::var_os(SPAWNED_VAR).is_none() {
+            return spawn_copies(nproc, &rest);
+        }
+    }
+    let info = match RankInfo::from_env() {
+        Ok(info) => info,
+        Err(error) => {
+            report(&error);
+            return ExitCode::FAILURE;
+        }
+    };
+    match body(info) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            report(error.as_ref());
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn spawn_copies(nproc: usize, args: &[OsString]) -> ExitCode {
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(error) => {
+            report(&SpawnError::CurrentExe { error });
+            return ExitCode::FAILURE;
+        }
+    };
+    match spawn_local(nproc, &exe, args, &[], GRACE) {
+        Ok(outcome) if outcome.success() => ExitCode::SUCCESS,
+        Ok(outcome) => {
+            report_line(&format!("error: {outcome}"));
+            exit_code(outcome.exit_code())
+        }
+        Err(error) => {
+            report(&error);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A process exit code for an `i32` status: itself when in `1..=255`, else 1 (0 stays success).
+fn exit_code(code: i32) -> ExitCode {
+    match u8::try_from(code) {
+        Ok(0) => ExitCode::SUCCESS,
+        Ok(code) => ExitCode::from(code),
+        Err(_) => ExitCode::FAILURE,
+    }
+}
+
+/// Takes `--nproc N` / `--nproc=N` out of `args` (not after a `--`).
+fn split_nproc(args: &[OsString]) -> Result<(Option<usize>, Vec<OsString>), SpawnError> {
+    let mut nproc = None;
+    let mut rest = Vec::with_capacity(args.len());
+    let mut iter = args.iter();
+    while let Some(arg) = iter.next() {
+        if arg == "--" {
+            rest.push(arg.clone());
+            rest.extend(iter.cloned());
+            break;
+        }
+        let value = if arg == NPROC_FLAG {
+            iter.next().map(|value| value.to_string_lossy().into_owned())
+        } else if let Some(value) = arg.to_str().and_then(|a| a.strip_prefix("--nproc=")) {
+            Some(value.to_string())
+        } else {
+            rest.push(arg.clone());
+            continue;
+        };
+        let Some(value) = value else {
+            return Err(bad_args(format!(
+                "{NPROC_FLAG} needs a value: the number of processes to start, e.g. --nproc 2"
+            )));
+        };
+        if nproc.is_some() {
+            return Err(bad_args(format!("{NPROC_FLAG} is given more than once")));
+        }
+        match value.trim().parse::<usize>() {
+            Ok(n) if n > 0 => nproc = Some(n),
+            _ => return Err(bad_args(format!("{NPROC_FLAG} expects a positive integer, got {value:?}"))),
+        }
+    }
+    Ok((nproc, rest))
+}
+
+fn bad_args(message: String) -> SpawnError {
+    SpawnError::BadArgs { message }
+}
+
+/// Prints `error: {e}` and the chain of sources.
+fn report(error: &dyn Error) {
+    let mut text = format!("error: {error}");
+    let mut source = error.source();
+    // A bound, in case a source chain loops.
+    for _ in 0..32 {
+        let Some(cause) = source else { break };
+        text.push_str(&format!("\n  caused by: {cause}"));
+        source = cause.source();
+    }
+    report_line(&text);
+}
+
+/// Writes one line to stderr, ignoring failures (there is nowhere else to report them).
+fn report_line(text: &str) {
+    let _ = writeln!(std::io::stderr().lock(), "{text}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<OsString> {
+        list.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn nproc_is_taken_out() {
+        let (n, rest) = split_nproc(&args(&["a", "--nproc", "2", "b"])).unwrap();
+        assert_eq!((n, rest), (Some(2), args(&["a", "b"])));
+        let (n, rest) = split_nproc(&args(&["--nproc=4", "-x"])).unwrap();
+        assert_eq!((n, rest), (Some(4), args(&["-x"])));
+        let (n, rest) = split_nproc(&args(&["x", "--", "--nproc", "2"])).unwrap();
+        assert_eq!((n, rest), (None, args(&["x", "--", "--nproc", "2"])));
+        assert_eq!(split_nproc(&args(&[])).unwrap(), (None, vec![]));
+    }
+
+    #[test]
+    fn bad_nproc_values_are_clear_errors() {
+        for (list, expected) in [
+            (&["--nproc"][..], "--nproc needs a value"),
+            (&["--nproc", "0"][..], "--nproc expects a positive integer, got \"0\""),
+            (&["--nproc=abc"][..], "--nproc expects a positive integer, got \"abc\""),
+            (&["--nproc", "-1"][..], "--nproc expects a positive integer, got \"-1\""),
+            (&["--nproc=2", "--nproc", "3"][..], "--nproc is given more than once"),
+        ] {
+            let message = split_nproc(&args(list)).unwrap_err().to_string();
+            assert!(message.starts_with(expected), "{list:?}: {message}");
+        }
+    }
+
+    #[test]
+    fn exit_codes() {
+        assert_eq!(exit_code(0), ExitCode::SUCCESS);
+        assert_eq!(exit_code(3), ExitCode::from(3));
+        assert_eq!(exit_code(300), ExitCode::FAILURE);
+        assert_eq!(exit_code(-1), ExitCode::FAILURE);
+    }
+}

@@ -1,0 +1,460 @@
+//! Finding this process's rank from the variables its launcher set.
+
+mod error;
+mod slurm;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+
+pub use error::EnvError;
+
+/// The variable that replaces every family's job token.
+pub const JOB_TOKEN_VAR: &str = "GPUCOMM_JOB_TOKEN";
+
+/// The port used when neither `MASTER_PORT` nor a job token is available (the c10d default).
+pub const DEFAULT_PORT: u16 = 29500;
+
+/// The launcher family whose variables gave the rank.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Launcher {
+    /// `RANK`, `WORLD_SIZE`, … as set by `torchrun` (or by hand).
+    Torchrun,
+    /// `SLURM_PROCID`, … as set by `srun`.
+    Slurm,
+    /// `OMPI_COMM_WORLD_*` as set by Open MPI's `mpirun`.
+    OpenMpi,
+    /// `PMI_RANK`, `PMI_SIZE` as set by MPICH's Hydra `mpiexec` and other PMI launchers.
+    Pmi,
+    /// No launcher: a single process.
+    Single,
+}
+
+impl fmt::Display for Launcher {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Launcher::Torchrun => "torchrun-style variables",
+            Launcher::Slurm => "Slurm (srun) variables",
+            Launcher::OpenMpi => "Open MPI (mpirun) variables",
+            Launcher::Pmi => "PMI (MPICH / Hydra mpiexec) variables",
+            Launcher::Single => "no launcher (single process)",
+        })
+    }
+}
+
+/// Where rank 0 listens for the rendezvous.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Master {
+    /// Host name or IP address (`MASTER_ADDR`).
+    pub addr: String,
+    /// TCP port (`MASTER_PORT`).
+    pub port: u16,
+}
+
+impl Master {
+    /// The port derived from a job token when `MASTER_PORT` is not set: 64-bit FNV-1a of the
+    /// token's UTF-8 bytes, modulo 10000, plus 20000 (so in `20000..=29999`). Every rank of a job
+    /// sees the same token, so every rank derives the same port.
+    pub fn port_for_token(token: &str) -> u16 {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in token.bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        // `hash % 10_000` is below 10_000, so the sum fits in a u16.
+        20_000 + (hash % 10_000) as u16
+    }
+}
+
+impl fmt::Display for Master {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.addr.contains(':') && !self.addr.starts_with('[') {
+            write!(f, "[{}]:{}", self.addr, self.port)
+        } else {
+            write!(f, "{}:{}", self.addr, self.port)
+        }
+    }
+}
+
+/// This process's place in the job, as told by its launcher.
+///
+/// # Rules
+///
+/// | Family ([`Launcher`]) | Rank, world size | Local rank, local world size | Job token |
+/// |---|---|---|---|
+/// | `Torchrun` | `RANK`, `WORLD_SIZE` | `LOCAL_RANK`, `LOCAL_WORLD_SIZE` | `TORCHELASTIC_RUN_ID` |
+/// | `OpenMpi` | `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_SIZE` | `PMIX_NAMESPACE`, else `OMPI_MCA_ess_base_jobid` |
+/// | `Pmi` (MPICH / Hydra) | `PMI_RANK`, `PMI_SIZE` | `MPI_LOCALRANKID`, `MPI_LOCALNRANKS` | none |
+/// | `Slurm` (`srun`) | `SLURM_PROCID`, `SLURM_STEP_NUM_TASKS` else `SLURM_NTASKS` | `SLURM_LOCALID`, this node's entry of `SLURM_STEP_TASKS_PER_NODE` else `SLURM_NTASKS_PER_NODE` (picked with `SLURM_NODEID`) | `SLURM_JOB_ID` + `SLURM_STEP_ID` |
+///
+/// Rules, in order:
+///
+/// * Empty values count as unset; surrounding whitespace is ignored.
+/// * A family is *present* when its rank or world-size variable is set (Slurm: when `SLURM_PROCID`
+///   is set, i.e. inside a task started by `srun`; an allocation alone does not count). A present
+///   family must be complete and valid, or [`RankInfo::from_vars`] fails naming the variables.
+/// * The local pair is required when the world size is above 1 (it picks the GPU); with a world
+///   size of 1 a missing local pair means local rank 0 of 1. This holds for PMI too: Hydra sets
+///   `MPI_LOCALRANKID` / `MPI_LOCALNRANKS`, and guessing them on a multi-process job could put two
+///   ranks on one GPU.
+/// * Precedence: torchrun-style > Open MPI > PMI > Slurm (torchrun or `mpirun` inside a Slurm
+///   allocation is normal). The other present families are only compared with the chosen one: if a
+///   complete one reports the same world size but a different rank, that is an
+///   [`EnvError::Conflict`]; if it is incomplete or malformed it is ignored.
+/// * No family present: [`Launcher::Single`], rank 0 of 1, no master.
+/// * `GPUCOMM_JOB_TOKEN`, when set, replaces the family's job token.
+/// * Master (every family but `Single`): address `MASTER_ADDR`, else (Slurm) the first host of
+///   `SLURM_STEP_NODELIST` / `SLURM_JOB_NODELIST`, else `127.0.0.1` when all ranks are on this node
+///   (`local_world_size == world_size`), else none. Port `MASTER_PORT`, else
+///   [`Master::port_for_token`] of the job token, else 29500.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RankInfo {
+    /// Global rank, `0..world_size`.
+    pub rank: usize,
+    /// Number of processes in the job.
+    pub world_size: usize,
+    /// Rank among the processes on this node, `0..local_world_size`; picks the GPU.
+    pub local_rank: usize,
+    /// Number of processes on this node.
+    pub local_world_size: usize,
+    /// Where rank 0 listens; `None` for a single process, or a multi-node job without
+    /// `MASTER_ADDR` (see [`RankInfo::master_or_err`]).
+    pub master: Option<Master>,
+    /// The family that gave the rank.
+    pub launcher: Launcher,
+    /// A string every rank of this job shares and other jobs do not (used to turn away stray
+    /// processes at the rendezvous, and to derive a port).
+    pub job_token: Option<String>,
+}
+
+impl RankInfo {
+    /// A lone process: rank 0 of 1, no master.
+    pub fn single() -> RankInfo {
+        RankInfo {
+            rank: 0,
+            world_size: 1,
+            local_rank: 0,
+            local_world_size: 1,
+            master: None,
+            launcher: Launcher::Single,
+            job_token: None,
+        }
+    }
+
+    /// Reads the process environment (see [`RankInfo`] for the rules).
+    /// Values that are not valid Unicode are read lossily and then fail to parse.
+    pub fn from_env() -> Result<RankInfo, EnvError> {
+        RankInfo::from_vars(|name| std::env::var_os(name).map(|value| value.to_string_lossy().into_owned()))
+    }
+
+    /// Like [`RankInfo::from_env`], with the variables given by `lookup` (for tests and for
+    /// programs that keep their configuration elsewhere).
+    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<RankInfo, EnvError> {
+        let vars = Vars { lookup: &lookup };
+        let families = [torchrun(&vars), open_mpi(&vars), pmi(&vars), slurm_family(&vars)];
+        let mut present = families.into_iter().flatten();
+        let Some(chosen) = present.next() else {
+            let mut info = RankInfo::single();
+            info.job_token = vars.get(JOB_TOKEN_VAR);
+            return Ok(info);
+        };
+        let chosen = chosen?;
+        for other in present.flatten() {
+            if other.world.value == chosen.world.value && other.rank.value != chosen.rank.value {
+                return Err(EnvError::Conflict {
+                    chosen: chosen.rank.to_string(),
+                    other: other.rank.to_string(),
+                    world_size: chosen.world.value,
+                });
+            }
+        }
+        let job_token = vars.get(JOB_TOKEN_VAR).or(chosen.token);
+        let addr = match vars.get("MASTER_ADDR") {
+            Some(addr) => Some(addr),
+            None => match chosen.host {
+                Some(host) => Some(host),
+                None if chosen.local_world == chosen.world.value => Some("127.0.0.1".to_string()),
+                None => None,
+            },
+        };
+        let port = match vars.get("MASTER_PORT") {
+            Some(value) => parse_port(&value)
+                .ok_or_else(|| invalid("MASTER_PORT", value, "a TCP port number between 1 and 65535"))?,
+            None => job_token.as_deref().map_or(DEFAULT_PORT, Master::port_for_token),
+        };
+        Ok(RankInfo {
+            rank: chosen.rank.value,
+            world_size: chosen.world.value,
+            local_rank: chosen.local_rank,
+            local_world_size: chosen.local_world,
+            master: addr.map(|addr| Master { addr, port }),
+            launcher: chosen.launcher,
+            job_token,
+        })
+    }
+
+    /// The CUDA device this process should use, given how many are visible:
+    /// the local rank when it is below `device_count`; device 0 when exactly one device is visible
+    /// (one GPU per process, e.g. `CUDA_VISIBLE_DEVICES` set per rank); an error otherwise.
+    pub fn device_ordinal(&self, device_count: usize) -> Result<usize, EnvError> {
+        if device_count == 0 {
+            Err(EnvError::NoDevice)
+        } else if self.local_rank < device_count {
+            Ok(self.local_rank)
+        } else if device_count == 1 {
+            Ok(0)
+        } else {
+            Err(EnvError::NotEnoughDevices { local_rank: self.local_rank, device_count })
+        }
+    }
+
+    /// The rendezvous address, or [`EnvError::NoMaster`] naming the variables to set.
+    pub fn master_or_err(&self) -> Result<&Master, EnvError> {
+        self.master.as_ref().ok_or(EnvError::NoMaster {
+            launcher: self.launcher,
+            world_size: self.world_size,
+            local_world_size: self.local_world_size,
+        })
+    }
+}
+
+impl fmt::Display for RankInfo {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rank {} of {} (local {} of {}) from {}",
+            self.rank, self.world_size, self.local_rank, self.local_world_size, self.launcher
+        )?;
+        if let Some(master) = &self.master {
+            write!(f, ", rendezvous at {master}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The variable lookup, with empty values treated as unset.
+struct Vars<'a> {
+    lookup: &'a dyn Fn(&str) -> Option<String>,
+}
+
+impl Vars<'_> {
+    fn get(&self, name: &str) -> Option<String> {
+        (self.lookup)(name).map(|value| value.trim().to_string()).filter(|value| !value.is_empty())
+    }
+
+    /// The first of `names` that is set.
+    fn first(&self, names: &[&'static str]) -> Option<(&'static str, String)> {
+        names.iter().find_map(|&name| self.get(name).map(|value| (name, value)))
+    }
+}
+
+/// A parsed count, remembering where it came from for error messages.
+struct Num {
+    name: &'static str,
+    raw: String,
+    value: usize,
+}
+
+impl Num {
+    fn parse(name: &'static str, raw: String) -> Result<Num, EnvError> {
+        match raw.parse::<usize>() {
+            Ok(value) => Ok(Num { name, raw, value }),
+            Err(_) => Err(EnvError::NotANumber { name: name.to_string(), value: raw }),
+        }
+    }
+}
+
+impl fmt::Display for Num {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}={}", self.name, self.raw)
+    }
+}
+
+/// What one family says, before the master is resolved.
+struct Found {
+    launcher: Launcher,
+    rank: Num,
+    world: Num,
+    local_rank: usize,
+    local_world: usize,
+    token: Option<String>,
+    /// A host to use as master when `MASTER_ADDR` is unset (Slurm's first node).
+    host: Option<String>,
+}
+
+fn invalid(name: &str, value: String, expected: &str) -> EnvError {
+    EnvError::InvalidValue { name: name.to_string(), value, expected: expected.to_string() }
+}
+
+fn parse_port(value: &str) -> Option<u16> {
+    value.parse::<u16>().ok().filter(|&port| port != 0)
+}
+
+fn names(list: &[&str]) -> Vec<String> {
+    list.iter().map(|name| name.to_string()).collect()
+}
+
+/// The rank and world-size pair of a family: `None` when neither is set.
+fn global_pair(
+    vars: &Vars,
+    launcher: Launcher,
+    rank: &'static str,
+    world: &[&'static str],
+    world_desc: &str,
+) -> Option<Result<(Num, Num), EnvError>> {
+    let r = vars.get(rank);
+    let w = vars.first(world);
+    match (r, w) {
+        (None, None) => None,
+        (Some(_), None) => {
+            Some(Err(EnvError::Incomplete { launcher, set: names(&[rank]), missing: vec![world_desc.to_string()] }))
+        }
+        (None, Some((name, _))) => {
+            Some(Err(EnvError::Incomplete { launcher, set: names(&[name]), missing: names(&[rank]) }))
+        }
+        (Some(r), Some((name, w))) => Some(Num::parse(rank, r).and_then(|r| Ok((r, Num::parse(name, w)?)))),
+    }
+}
+
+/// Checks a family's numbers and builds its [`Found`].
+fn check(
+    launcher: Launcher,
+    (rank, world): (Num, Num),
+    local: Option<(Num, Num)>,
+    missing_local: &[&str],
+) -> Result<Found, EnvError> {
+    if world.value == 0 {
+        return Err(EnvError::ZeroSize { name: world.name.to_string() });
+    }
+    if rank.value >= world.value {
+        return Err(EnvError::RankOutOfRange { rank: rank.to_string(), world_size: world.to_string() });
+    }
+    let (local_rank, local_world) = match local {
+        Some((local_rank, local_world)) => {
+            if local_world.value == 0 {
+                return Err(EnvError::ZeroSize { name: local_world.name.to_string() });
+            }
+            if local_rank.value >= local_world.value {
+                return Err(EnvError::LocalRankOutOfRange {
+                    local_rank: local_rank.to_string(),
+                    local_world_size: local_world.to_string(),
+                });
+            }
+            if local_world.value > world.value {
+                return Err(EnvError::LocalSizeTooLarge {
+                    local_world_size: local_world.to_string(),
+                    world_size: world.to_string(),
+                });
+            }
+            (local_rank.value, local_world.value)
+        }
+        None if world.value == 1 => (0, 1),
+        None => {
+            return Err(EnvError::Incomplete {
+                launcher,
+                set: vec![rank.name.to_string(), world.name.to_string()],
+                missing: names(missing_local),
+            })
+        }
+    };
+    Ok(Found { launcher, rank, world, local_rank, local_world, token: None, host: None })
+}
+
+/// The local pair of a family whose two local variables are plain counts.
+fn local_pair(
+    vars: &Vars,
+    launcher: Launcher,
+    rank: &'static str,
+    size: &'static str,
+) -> Result<Option<(Num, Num)>, EnvError> {
+    match (vars.get(rank), vars.get(size)) {
+        (None, None) => Ok(None),
+        (Some(_), None) => Err(EnvError::Incomplete { launcher, set: names(&[rank]), missing: names(&[size]) }),
+        (None, Some(_)) => Err(EnvError::Incomplete { launcher, set: names(&[size]), missing: names(&[rank]) }),
+        (Some(r), Some(s)) => Ok(Some((Num::parse(rank, r)?, Num::parse(size, s)?))),
+    }
+}
+
+/// A family made of four plain counts.
+fn simple_family(
+    vars: &Vars,
+    launcher: Launcher,
+    [rank, world, local_rank, local_world]: [&'static str; 4],
+) -> Option<Result<Found, EnvError>> {
+    let global = global_pair(vars, launcher, rank, &[world], world);
+    Some(global?.and_then(|global| {
+        let local = local_pair(vars, launcher, local_rank, local_world)?;
+        check(launcher, global, local, &[local_rank, local_world])
+    }))
+}
+
+fn torchrun(vars: &Vars) -> Option<Result<Found, EnvError>> {
+    let found = simple_family(vars, Launcher::Torchrun, ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"])?;
+    Some(
+        found.map(|found| Found { token: vars.get("TORCHELASTIC_RUN_ID").map(|id| format!("torchrun-{id}")), ..found }),
+    )
+}
+
+fn open_mpi(vars: &Vars) -> Option<Result<Found, EnvError>> {
+    let found = simple_family(
+        vars,
+        Launcher::OpenMpi,
+        ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"],
+    )?;
+    let token = vars.first(&["PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"]).map(|(_, id)| format!("ompi-{id}"));
+    Some(found.map(|found| Found { token, ..found }))
+}
+
+fn pmi(vars: &Vars) -> Option<Result<Found, EnvError>> {
+    simple_family(vars, Launcher::Pmi, ["PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"])
+}
+
+fn slurm_family(vars: &Vars) -> Option<Result<Found, EnvError>> {
+    vars.get("SLURM_PROCID")?;
+    Some(slurm(vars))
+}
+
+const SLURM_TASKS: [&str; 2] = ["SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"];
+const SLURM_PER_NODE: [&str; 2] = ["SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"];
+
+fn slurm(vars: &Vars) -> Result<Found, EnvError> {
+    let launcher = Launcher::Slurm;
+    let global = global_pair(vars, launcher, "SLURM_PROCID", &SLURM_TASKS, "SLURM_NTASKS (or SLURM_STEP_NUM_TASKS)")
+        .unwrap_or_else(|| Err(EnvError::Incomplete { launcher, set: vec![], missing: names(&["SLURM_PROCID"]) }))?;
+    let node = match vars.get("SLURM_NODEID") {
+        Some(raw) => Some(Num::parse("SLURM_NODEID", raw)?.value),
+        None => None,
+    };
+    let local_rank = vars.get("SLURM_LOCALID");
+    let per_node = vars.first(&SLURM_PER_NODE);
+    let local = match (local_rank, per_node) {
+        (None, None) => None,
+        (Some(_), None) => {
+            return Err(EnvError::Incomplete {
+                launcher,
+                set: names(&["SLURM_LOCALID"]),
+                missing: names(&["SLURM_STEP_TASKS_PER_NODE (or SLURM_NTASKS_PER_NODE)"]),
+            })
+        }
+        (None, Some((name, _))) => {
+            return Err(EnvError::Incomplete { launcher, set: names(&[name]), missing: names(&["SLURM_LOCALID"]) })
+        }
+        (Some(local_rank), Some((name, spec))) => {
+            let count = slurm::tasks_on_node(&spec, node).map_err(|expected| invalid(name, spec.clone(), &expected))?;
+            Some((Num::parse("SLURM_LOCALID", local_rank)?, Num { name, raw: spec, value: count }))
+        }
+    };
+    let found =
+        check(launcher, global, local, &["SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE (or SLURM_NTASKS_PER_NODE)"])?;
+    let host = match vars.first(&["SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"]) {
+        Some((name, list)) => Some(
+            slurm::first_host(&list).ok_or_else(|| invalid(name, list, "a Slurm hostlist such as gpu[03-07,09]"))?,
+        ),
+        None => None,
+    };
+    let token = vars.get("SLURM_JOB_ID").map(|job| match vars.get("SLURM_STEP_ID") {
+        Some(step) => format!("slurm-{job}.{step}"),
+        None => format!("slurm-{job}"),
+    });
+    Ok(Found { token, host, ..found })
+}

@@ -1,0 +1,263 @@
+use std::collections::HashMap;
+
+use super::*;
+
+fn parse(pairs: &[(&str, &str)]) -> Result<RankInfo, EnvError> {
+    let map: HashMap<String, String> = pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    RankInfo::from_vars(|name| map.get(name).cloned())
+}
+
+fn message(pairs: &[(&str, &str)]) -> String {
+    match parse(pairs) {
+        Ok(info) => panic!("expected an error, got {info:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+const TORCH_R1: [(&str, &str); 4] =
+    [("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2")];
+
+#[test]
+fn no_launcher_is_a_single_process() {
+    let info = parse(&[]).unwrap();
+    assert_eq!(info, RankInfo::single());
+    assert_eq!(info.launcher, Launcher::Single);
+    // Empty values count as unset; MASTER_* are not needed by a single process.
+    let info = parse(&[("RANK", ""), ("MASTER_PORT", "junk"), ("GPUCOMM_JOB_TOKEN", "t")]).unwrap();
+    assert_eq!((info.rank, info.world_size, info.master), (0, 1, None));
+    assert_eq!(info.job_token.as_deref(), Some("t"));
+}
+
+#[test]
+fn torchrun_variables() {
+    let mut vars = TORCH_R1.to_vec();
+    vars.extend([("MASTER_ADDR", "10.0.0.7"), ("MASTER_PORT", "1234"), ("TORCHELASTIC_RUN_ID", "abc")]);
+    let info = parse(&vars).unwrap();
+    assert_eq!(
+        info,
+        RankInfo {
+            rank: 1,
+            world_size: 2,
+            local_rank: 1,
+            local_world_size: 2,
+            master: Some(Master { addr: "10.0.0.7".into(), port: 1234 }),
+            launcher: Launcher::Torchrun,
+            job_token: Some("torchrun-abc".into()),
+        }
+    );
+    assert_eq!(
+        info.to_string(),
+        "rank 1 of 2 (local 1 of 2) from torchrun-style variables, rendezvous at 10.0.0.7:1234"
+    );
+    vars.push(("GPUCOMM_JOB_TOKEN", "override"));
+    assert_eq!(parse(&vars).unwrap().job_token.as_deref(), Some("override"));
+}
+
+#[test]
+fn single_node_defaults_to_loopback_and_token_port() {
+    let info = parse(&TORCH_R1).unwrap();
+    assert_eq!(info.master, Some(Master { addr: "127.0.0.1".into(), port: DEFAULT_PORT }));
+    let mut vars = TORCH_R1.to_vec();
+    vars.push(("GPUCOMM_JOB_TOKEN", "job-42"));
+    let port = parse(&vars).unwrap().master.unwrap().port;
+    assert_eq!(port, Master::port_for_token("job-42"));
+    assert!((20000..=29999).contains(&port));
+    // FNV-1a 64 of the empty string is the offset basis 0xcbf29ce484222325.
+    assert_eq!(Master::port_for_token(""), 20000 + (0xcbf2_9ce4_8422_2325u64 % 10000) as u16);
+    assert_ne!(Master::port_for_token("job-42"), Master::port_for_token("job-43"));
+}
+
+#[test]
+fn torchrun_partial_and_bad_values() {
+    assert_eq!(
+        message(&[("RANK", "0")]),
+        "RANK is set but WORLD_SIZE is not (torchrun-style variables: set the missing variables, or unset the others)"
+    );
+    assert!(message(&[("WORLD_SIZE", "2")]).starts_with("WORLD_SIZE is set but RANK is not"));
+    assert!(message(&[("RANK", "0"), ("WORLD_SIZE", "abc")]).starts_with("WORLD_SIZE=abc is not a number"));
+    assert!(message(&[("RANK", "-1"), ("WORLD_SIZE", "2")]).starts_with("RANK=-1 is negative"));
+    assert!(message(&[("RANK", "0"), ("WORLD_SIZE", "0")]).starts_with("WORLD_SIZE=0"));
+    assert!(message(&[("RANK", "2"), ("WORLD_SIZE", "2")]).starts_with("RANK=2 is out of range for WORLD_SIZE=2"));
+    let m = message(&[("RANK", "1"), ("WORLD_SIZE", "2")]);
+    assert!(m.starts_with("RANK and WORLD_SIZE are set but LOCAL_RANK and LOCAL_WORLD_SIZE are not"), "{m}");
+    assert!(message(&[("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0")])
+        .starts_with("LOCAL_RANK is set but LOCAL_WORLD_SIZE is not"));
+    let bad_local = [("RANK", "1"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "2"), ("LOCAL_WORLD_SIZE", "2")];
+    assert!(message(&bad_local).starts_with("LOCAL_RANK=2 is out of range for LOCAL_WORLD_SIZE=2"));
+    let too_many = [("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "3")];
+    assert!(message(&too_many).starts_with("LOCAL_WORLD_SIZE=3 is larger than WORLD_SIZE=2"));
+    // World size 1 needs no local pair.
+    let info = parse(&[("RANK", "0"), ("WORLD_SIZE", "1")]).unwrap();
+    assert_eq!((info.local_rank, info.local_world_size), (0, 1));
+}
+
+#[test]
+fn master_port_must_be_a_port() {
+    for bad in ["abc", "0", "65536", "-5"] {
+        let mut vars = TORCH_R1.to_vec();
+        vars.push(("MASTER_PORT", bad));
+        let m = message(&vars);
+        assert!(m.starts_with(&format!("MASTER_PORT={bad} is not valid")), "{m}");
+    }
+}
+
+#[test]
+fn multi_node_without_master_addr_has_no_master() {
+    let vars = [("RANK", "3"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "2")];
+    let info = parse(&vars).unwrap();
+    assert_eq!(info.master, None);
+    let m = info.master_or_err().unwrap_err().to_string();
+    assert!(m.contains("MASTER_ADDR is not set") && m.contains("4 processes, 2 on this node"), "{m}");
+    let mut vars = vars.to_vec();
+    vars.push(("MASTER_ADDR", "node0"));
+    assert_eq!(parse(&vars).unwrap().master_or_err().unwrap(), &Master { addr: "node0".into(), port: DEFAULT_PORT });
+}
+
+#[test]
+fn slurm_variables() {
+    let vars = [
+        ("SLURM_PROCID", "3"),
+        ("SLURM_NTASKS", "6"),
+        ("SLURM_LOCALID", "1"),
+        ("SLURM_NTASKS_PER_NODE", "2(x3)"),
+        ("SLURM_JOB_NODELIST", "gpu[03-07,09],login1"),
+        ("SLURM_JOB_ID", "777"),
+        ("SLURM_STEP_ID", "2"),
+    ];
+    let info = parse(&vars).unwrap();
+    assert_eq!((info.rank, info.world_size, info.local_rank, info.local_world_size), (3, 6, 1, 2));
+    assert_eq!(info.launcher, Launcher::Slurm);
+    assert_eq!(info.job_token.as_deref(), Some("slurm-777.2"));
+    let port = Master::port_for_token("slurm-777.2");
+    assert_eq!(info.master, Some(Master { addr: "gpu03".into(), port }));
+
+    // The step's variables win over the job's; SLURM_NODEID picks this node's entry.
+    let step = [
+        ("SLURM_PROCID", "4"),
+        ("SLURM_NTASKS", "6"),
+        ("SLURM_STEP_NUM_TASKS", "5"),
+        ("SLURM_LOCALID", "0"),
+        ("SLURM_NTASKS_PER_NODE", "2"),
+        ("SLURM_STEP_TASKS_PER_NODE", "2(x2),1"),
+        ("SLURM_NODEID", "2"),
+        ("SLURM_JOB_NODELIST", "gpu[03-07,09]"),
+        ("SLURM_STEP_NODELIST", "n[1-2]x"),
+        ("MASTER_PORT", "4000"),
+    ];
+    let info = parse(&step).unwrap();
+    assert_eq!((info.rank, info.world_size, info.local_rank, info.local_world_size), (4, 5, 0, 1));
+    assert_eq!(info.master, Some(Master { addr: "n1x".into(), port: 4000 }));
+
+    // MASTER_ADDR wins over the node list.
+    let mut with_addr = vars.to_vec();
+    with_addr.push(("MASTER_ADDR", "10.1.1.1"));
+    assert_eq!(parse(&with_addr).unwrap().master.unwrap().addr, "10.1.1.1");
+}
+
+#[test]
+fn slurm_partial_and_bad_values() {
+    assert!(message(&[("SLURM_PROCID", "0")])
+        .starts_with("SLURM_PROCID is set but SLURM_NTASKS (or SLURM_STEP_NUM_TASKS) is not"));
+    let m = message(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_LOCALID", "0")]);
+    assert!(
+        m.starts_with("SLURM_LOCALID is set but SLURM_STEP_TASKS_PER_NODE (or SLURM_NTASKS_PER_NODE) is not"),
+        "{m}"
+    );
+    let m = message(&[
+        ("SLURM_PROCID", "0"),
+        ("SLURM_NTASKS", "2"),
+        ("SLURM_LOCALID", "0"),
+        ("SLURM_NTASKS_PER_NODE", "2(3)"),
+    ]);
+    assert!(m.starts_with("SLURM_NTASKS_PER_NODE=2(3) is not valid"), "{m}");
+    let bad_list = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1"), ("SLURM_JOB_NODELIST", "gpu[1-")];
+    assert!(message(&bad_list).starts_with("SLURM_JOB_NODELIST=gpu[1- is not valid"));
+    // An allocation without a task (no SLURM_PROCID) is not a launcher.
+    assert_eq!(parse(&[("SLURM_NTASKS", "4"), ("SLURM_JOB_ID", "1")]).unwrap().launcher, Launcher::Single);
+}
+
+#[test]
+fn open_mpi_variables() {
+    let vars = [
+        ("OMPI_COMM_WORLD_RANK", "1"),
+        ("OMPI_COMM_WORLD_SIZE", "2"),
+        ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+        ("PMIX_NAMESPACE", "prterun-host-123@1"),
+        ("OMPI_MCA_ess_base_jobid", "99"),
+    ];
+    let info = parse(&vars).unwrap();
+    assert_eq!((info.rank, info.world_size, info.local_rank, info.local_world_size), (1, 2, 1, 2));
+    assert_eq!(info.launcher, Launcher::OpenMpi);
+    assert_eq!(info.job_token.as_deref(), Some("ompi-prterun-host-123@1"));
+    assert_eq!(info.master.unwrap().addr, "127.0.0.1");
+    assert_eq!(parse(&vars[..4]).unwrap().job_token, None);
+    assert!(message(&vars[..1]).starts_with("OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not"));
+}
+
+#[test]
+fn pmi_local_rule() {
+    let full = [("PMI_RANK", "1"), ("PMI_SIZE", "2"), ("MPI_LOCALRANKID", "1"), ("MPI_LOCALNRANKS", "2")];
+    let info = parse(&full).unwrap();
+    assert_eq!((info.rank, info.world_size, info.local_rank, info.local_world_size), (1, 2, 1, 2));
+    assert_eq!(info.launcher, Launcher::Pmi);
+    // Without the local pair: fine for one process, an error for more.
+    let info = parse(&[("PMI_RANK", "0"), ("PMI_SIZE", "1")]).unwrap();
+    assert_eq!((info.local_rank, info.local_world_size), (0, 1));
+    let m = message(&full[..2]);
+    assert!(m.starts_with("PMI_RANK and PMI_SIZE are set but MPI_LOCALRANKID and MPI_LOCALNRANKS are not"), "{m}");
+}
+
+#[test]
+fn precedence_and_conflicts() {
+    let slurm = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")];
+    // torchrun inside a Slurm allocation with a different world size: torchrun wins.
+    let mut vars = TORCH_R1.to_vec();
+    vars.extend(slurm);
+    assert_eq!(parse(&vars).unwrap().launcher, Launcher::Torchrun);
+    // Open MPI > PMI > Slurm.
+    let ompi = [("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "1")];
+    let pmi = [("PMI_RANK", "0"), ("PMI_SIZE", "1")];
+    let all: Vec<_> = ompi.iter().chain(&pmi).chain(&slurm).copied().collect();
+    assert_eq!(parse(&all).unwrap().launcher, Launcher::OpenMpi);
+    assert_eq!(parse(&all[2..]).unwrap().launcher, Launcher::Pmi);
+    // Same world size, different ranks: a conflict.
+    let mut conflict = TORCH_R1.to_vec();
+    conflict[0] = ("RANK", "0");
+    conflict[2] = ("LOCAL_RANK", "0");
+    conflict.extend([
+        ("OMPI_COMM_WORLD_RANK", "1"),
+        ("OMPI_COMM_WORLD_SIZE", "2"),
+        ("OMPI_COMM_WORLD_LOCAL_RANK", "1"),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE", "2"),
+    ]);
+    assert!(message(&conflict).starts_with("RANK=0 but OMPI_COMM_WORLD_RANK=1 (same world size 2)"));
+    // Same ranks agree; an incomplete lower family is ignored.
+    let mut agree = TORCH_R1.to_vec();
+    agree.extend([("PMI_RANK", "1"), ("PMI_SIZE", "2"), ("MPI_LOCALRANKID", "1"), ("MPI_LOCALNRANKS", "2")]);
+    assert_eq!(parse(&agree).unwrap().launcher, Launcher::Torchrun);
+    let mut stray = TORCH_R1.to_vec();
+    stray.push(("PMI_RANK", "x"));
+    assert_eq!(parse(&stray).unwrap().rank, 1);
+}
+
+#[test]
+fn device_ordinal_rules() {
+    let mut info = RankInfo::single();
+    info.local_rank = 1;
+    info.local_world_size = 2;
+    assert_eq!(info.device_ordinal(2), Ok(1));
+    assert_eq!(info.device_ordinal(1), Ok(0));
+    assert_eq!(info.device_ordinal(0), Err(EnvError::NoDevice));
+    assert!(info.device_ordinal(0).unwrap_err().to_string().starts_with("no CUDA device visible"));
+    info.local_rank = 3;
+    let m = info.device_ordinal(2).unwrap_err().to_string();
+    assert!(m.starts_with("local rank 3 has no GPU of its own: only 2 CUDA devices are visible"), "{m}");
+}
+
+#[test]
+fn launcher_and_master_display() {
+    assert_eq!(Launcher::Torchrun.to_string(), "torchrun-style variables");
+    assert_eq!(Master { addr: "::1".into(), port: 5 }.to_string(), "[::1]:5");
+    assert_eq!(Master { addr: "h".into(), port: 5 }.to_string(), "h:5");
+}

@@ -1,0 +1,319 @@
+//! Starting N ranks on this machine, torchrun-style, and stopping them all when one fails.
+
+mod process;
+mod relay;
+#[cfg(test)]
+mod tests;
+
+use std::ffi::OsString;
+use std::fmt;
+use std::fs::File;
+use std::hash::{BuildHasher, Hasher};
+use std::io::{self, Read};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use relay::Sink;
+
+/// Set (to `1`) in every spawned rank; [`run_main`](crate::launch::run_main) does not spawn again
+/// when it sees it.
+pub const SPAWNED_VAR: &str = "GPUCOMM_SPAWNED";
+
+/// Variables every spawned rank gets, overriding the caller's environment and `extra_env`: they
+/// turn off NVLink multicast (NVLS) in NCCL, NVSHMEM and PyTorch symmetric memory.
+pub const SAFETY_VARS: [(&str, &str); 3] =
+    [("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")];
+
+/// Variables of other launchers, removed from the ranks' environment so that they cannot
+/// contradict the torchrun-style variables the spawner sets.
+const FOREIGN_VARS: [&str; 11] = [
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+    "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "TORCHELASTIC_RUN_ID",
+];
+
+/// How often the spawner checks on its children.
+const POLL: Duration = Duration::from_millis(10);
+
+/// How long the spawner waits for output still in flight once every child has exited (a
+/// grandchild may hold the pipe open; its output is then left behind).
+const RELAY_LINGER: Duration = Duration::from_secs(2);
+
+/// How the ranks ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// Every rank's exit status, in rank order.
+    pub statuses: Vec<(usize, ExitStatus)>,
+    /// The first rank seen failing (non-zero exit or a signal) and how, e.g.
+    /// `(1, "exited with code 3")`. Ranks stopped by the spawner afterwards do not count.
+    pub first_failure: Option<(usize, String)>,
+}
+
+impl Outcome {
+    /// True when every rank exited with status 0.
+    pub fn success(&self) -> bool {
+        self.first_failure.is_none() && self.statuses.iter().all(|(_, status)| status.success())
+    }
+
+    /// 0 on success; else the first failed rank's exit code, or 1 if a signal ended it.
+    pub fn exit_code(&self) -> i32 {
+        if self.success() {
+            return 0;
+        }
+        let failed = self.first_failure.as_ref().map(|(rank, _)| *rank);
+        self.statuses
+            .iter()
+            .find(|(rank, _)| Some(*rank) == failed)
+            .and_then(|(_, status)| status.code())
+            .filter(|&code| code != 0)
+            .unwrap_or(1)
+    }
+}
+
+impl fmt::Display for Outcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.first_failure {
+            None if self.success() => write!(f, "all {} ranks exited successfully", self.statuses.len()),
+            None => f.write_str("some ranks failed"),
+            Some((rank, how)) => write!(f, "rank {rank} {how}; the other ranks were stopped"),
+        }
+    }
+}
+
+/// Why the ranks could not be started.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum SpawnError {
+    /// `nproc` was 0.
+    NoProcesses,
+    /// Bad command-line use of [`run_main`](crate::launch::run_main) (`--nproc`).
+    BadArgs {
+        /// What is wrong.
+        message: String,
+    },
+    /// No free port could be found for `MASTER_PORT`.
+    FreePort {
+        /// The OS error.
+        error: io::Error,
+    },
+    /// A rank could not be started (the ranks already started were killed).
+    Spawn {
+        /// The rank.
+        rank: usize,
+        /// The program.
+        program: PathBuf,
+        /// The OS error.
+        error: io::Error,
+    },
+    /// The state of a rank could not be read (the other ranks were killed).
+    Wait {
+        /// The rank.
+        rank: usize,
+        /// The OS error.
+        error: io::Error,
+    },
+    /// The path of the running program is unknown (for `--nproc`).
+    CurrentExe {
+        /// The OS error.
+        error: io::Error,
+    },
+}
+
+impl fmt::Display for SpawnError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            SpawnError::NoProcesses => f.write_str("asked to start 0 processes; start at least 1"),
+            SpawnError::BadArgs { message } => f.write_str(message),
+            SpawnError::FreePort { error } => {
+                write!(f, "could not find a free port on 127.0.0.1 for MASTER_PORT: {error}")
+            }
+            SpawnError::Spawn { rank, program, error } => {
+                write!(f, "could not start rank {rank} ({}): {error}", program.display())
+            }
+            SpawnError::Wait { rank, error } => write!(f, "could not check on rank {rank}: {error}"),
+            SpawnError::CurrentExe { error } => {
+                write!(f, "cannot find this program's executable to start copies of it: {error}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for SpawnError {}
+
+/// Starts `nproc` copies of `program` on this machine and waits for all of them.
+///
+/// Rank `i` gets `RANK=i`, `WORLD_SIZE=nproc`, `LOCAL_RANK=i`, `LOCAL_WORLD_SIZE=nproc`,
+/// `MASTER_ADDR=127.0.0.1`, `MASTER_PORT=<a free port>`, `GPUCOMM_JOB_TOKEN=<random hex>` and
+/// `GPUCOMM_SPAWNED=1`; then `extra_env`; then [`SAFETY_VARS`], which nothing overrides. The rest
+/// of the environment is inherited, except other launchers' rank variables (`OMPI_COMM_WORLD_*`,
+/// `PMI_RANK`, `SLURM_PROCID`, …), which would contradict these. Standard input is closed.
+///
+/// Every line a rank prints is re-printed on the parent's stdout or stderr as `[rank N] line`.
+/// When a rank fails (non-zero exit or a signal) the others get `SIGTERM`, and `SIGKILL` after
+/// `grace`. On Linux the ranks also get `SIGTERM` if the spawner itself dies. Ctrl-C in a terminal
+/// reaches every rank directly (they stay in the terminal's process group).
+pub fn spawn_local(
+    nproc: usize,
+    program: &Path,
+    args: &[OsString],
+    extra_env: &[(String, String)],
+    grace: Duration,
+) -> Result<Outcome, SpawnError> {
+    spawn_to(nproc, program, args, extra_env, grace, [Sink::Stdout, Sink::Stderr])
+}
+
+/// [`spawn_local`] with the output sent to `sinks` (stdout's, stderr's).
+pub(crate) fn spawn_to(
+    nproc: usize,
+    program: &Path,
+    args: &[OsString],
+    extra_env: &[(String, String)],
+    grace: Duration,
+    [out, err]: [Sink; 2],
+) -> Result<Outcome, SpawnError> {
+    if nproc == 0 {
+        return Err(SpawnError::NoProcesses);
+    }
+    let port = free_port().map_err(|error| SpawnError::FreePort { error })?;
+    let token = job_token();
+    let (done, relays_finished) = mpsc::channel::<()>();
+    let mut children: Vec<Child> = Vec::with_capacity(nproc);
+    for rank in 0..nproc {
+        let mut command = Command::new(program);
+        command.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+        for name in FOREIGN_VARS {
+            command.env_remove(name);
+        }
+        let (rank_text, size_text) = (rank.to_string(), nproc.to_string());
+        command
+            .env("RANK", &rank_text)
+            .env("WORLD_SIZE", &size_text)
+            .env("LOCAL_RANK", &rank_text)
+            .env("LOCAL_WORLD_SIZE", &size_text)
+            .env("MASTER_ADDR", "127.0.0.1")
+            .env("MASTER_PORT", port.to_string())
+            .env(crate::launch::JOB_TOKEN_VAR, &token)
+            .env(SPAWNED_VAR, "1");
+        command.envs(extra_env.iter().map(|(k, v)| (k, v)));
+        command.envs(SAFETY_VARS);
+        process::stop_with_parent(&mut command);
+        let started = command.spawn().and_then(|mut child| {
+            let prefix = format!("[rank {rank}] ");
+            let pipes = (child.stdout.take(), child.stderr.take());
+            children.push(child);
+            if let Some(pipe) = pipes.0 {
+                relay::start(pipe, prefix.clone(), out.clone(), done.clone())?;
+            }
+            if let Some(pipe) = pipes.1 {
+                relay::start(pipe, prefix, err.clone(), done.clone())?;
+            }
+            Ok(())
+        });
+        if let Err(error) = started {
+            kill_all(&mut children);
+            return Err(SpawnError::Spawn { rank, program: program.to_path_buf(), error });
+        }
+    }
+    drop(done);
+    let outcome = supervise(&mut children, grace);
+    // Every relay thread drops its sender when its pipe closes: wait for that, briefly.
+    let linger = Instant::now() + RELAY_LINGER;
+    while relays_finished.recv_timeout(linger.saturating_duration_since(Instant::now())).is_ok() {}
+    outcome
+}
+
+/// Polls the children until all have exited, stopping the rest after the first failure.
+fn supervise(children: &mut [Child], grace: Duration) -> Result<Outcome, SpawnError> {
+    let mut statuses: Vec<Option<ExitStatus>> = vec![None; children.len()];
+    let mut first_failure: Option<(usize, String)> = None;
+    let mut stopping_since: Option<Instant> = None;
+    let mut killed = false;
+    loop {
+        for (rank, child) in children.iter_mut().enumerate() {
+            if statuses[rank].is_some() {
+                continue;
+            }
+            match child.try_wait() {
+                Ok(Some(status)) => {
+                    statuses[rank] = Some(status);
+                    if !status.success() && first_failure.is_none() {
+                        first_failure = Some((rank, process::describe(status)));
+                    }
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    kill_all(children);
+                    return Err(SpawnError::Wait { rank, error });
+                }
+            }
+        }
+        let running = || children_running(&statuses);
+        if running().next().is_none() {
+            break;
+        }
+        if first_failure.is_some() && stopping_since.is_none() {
+            for rank in running().collect::<Vec<_>>() {
+                process::terminate(&mut children[rank]);
+            }
+            stopping_since = Some(Instant::now());
+        }
+        if let Some(since) = stopping_since {
+            if !killed && since.elapsed() >= grace {
+                for rank in running().collect::<Vec<_>>() {
+                    let _ = children[rank].kill();
+                }
+                killed = true;
+            }
+        }
+        std::thread::sleep(POLL);
+    }
+    let statuses = statuses.into_iter().enumerate().filter_map(|(rank, s)| s.map(|s| (rank, s))).collect();
+    Ok(Outcome { statuses, first_failure })
+}
+
+fn children_running(statuses: &[Option<ExitStatus>]) -> impl Iterator<Item = usize> + '_ {
+    statuses.iter().enumerate().filter(|(_, s)| s.is_none()).map(|(rank, _)| rank)
+}
+
+/// Kills and reaps every child (error paths).
+fn kill_all(children: &mut [Child]) {
+    for child in children.iter_mut() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// A port that was free a moment ago on 127.0.0.1.
+fn free_port() -> io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// 32 hex digits from `/dev/urandom`; where that cannot be read, from the standard library's
+/// randomly keyed hasher, the process id and the time.
+fn job_token() -> String {
+    let mut bytes = [0u8; 16];
+    let random = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
+    if random.is_err() {
+        for (index, half) in bytes.chunks_mut(8).enumerate() {
+            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+            hasher.write_u32(std::process::id());
+            hasher.write_usize(index);
+            hasher.write_u128(
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
+            );
+            half.copy_from_slice(&hasher.finish().to_le_bytes());
+        }
+    }
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}

@@ -1,0 +1,170 @@
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::launch::{run_main, Options, Rendezvous};
+
+/// Set by [`ranks_rendezvous_across_processes`] for its children: the folder for their results.
+const CHILD_DIR: &str = "GPUCOMM_TEST_CHILD_DIR";
+
+struct Captured {
+    out: Arc<Mutex<Vec<u8>>>,
+    err: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Captured {
+    fn new() -> Captured {
+        Captured { out: Arc::default(), err: Arc::default() }
+    }
+    fn sinks(&self) -> [Sink; 2] {
+        [Sink::Buffer(self.out.clone()), Sink::Buffer(self.err.clone())]
+    }
+    fn out(&self) -> String {
+        String::from_utf8_lossy(&self.out.lock().unwrap()).into_owned()
+    }
+    fn err(&self) -> String {
+        String::from_utf8_lossy(&self.err.lock().unwrap()).into_owned()
+    }
+}
+
+fn sh(nproc: usize, script: &str, extra: &[(String, String)], grace: Duration, captured: &Captured) -> Outcome {
+    let args = [OsString::from("-c"), OsString::from(script)];
+    spawn_to(nproc, Path::new("/bin/sh"), &args, extra, grace, captured.sinks()).unwrap()
+}
+
+#[test]
+fn output_is_prefixed_and_variables_are_set() {
+    let captured = Captured::new();
+    let script = "echo hello from $RANK of $WORLD_SIZE local $LOCAL_RANK of $LOCAL_WORLD_SIZE; \
+                  echo oops >&2; \
+                  echo vars $NCCL_NVLS_ENABLE $NVSHMEM_DISABLE_NVLS $TORCH_SYMM_MEM_DISABLE_MULTICAST \
+                  $GPUCOMM_SPAWNED $MASTER_ADDR $MY_VAR; \
+                  echo port $MASTER_PORT token $GPUCOMM_JOB_TOKEN";
+    let extra = [("NCCL_NVLS_ENABLE".to_string(), "1".to_string()), ("MY_VAR".to_string(), "mine".to_string())];
+    let outcome = sh(2, script, &extra, Duration::from_secs(1), &captured);
+    assert!(outcome.success(), "{outcome}");
+    assert_eq!(outcome.exit_code(), 0);
+    assert_eq!(outcome.statuses.len(), 2);
+    assert_eq!(outcome.to_string(), "all 2 ranks exited successfully");
+    let out = captured.out();
+    for rank in 0..2 {
+        assert!(out.contains(&format!("[rank {rank}] hello from {rank} of 2 local {rank} of 2\n")), "{out}");
+        // The safety variables win over extra_env.
+        assert!(out.contains(&format!("[rank {rank}] vars 0 1 1 1 127.0.0.1 mine\n")), "{out}");
+        assert!(captured.err().contains(&format!("[rank {rank}] oops\n")));
+    }
+    // Both ranks got the same port and token.
+    let ports: Vec<&str> = out.lines().filter(|l| l.contains("] port ")).map(|l| &l[9..]).collect();
+    assert_eq!(ports.len(), 2);
+    assert_eq!(ports[0], ports[1], "{out}");
+    assert!(out.lines().all(|l| l.starts_with("[rank 0] ") || l.starts_with("[rank 1] ")));
+}
+
+#[test]
+fn one_failure_stops_the_others_quickly() {
+    let captured = Captured::new();
+    let started = Instant::now();
+    let script = "if [ \"$RANK\" = 1 ]; then echo failing; exit 3; fi; exec sleep 30";
+    let outcome = sh(3, script, &[], Duration::from_secs(5), &captured);
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    assert!(!outcome.success());
+    assert_eq!(outcome.first_failure, Some((1, "exited with code 3".to_string())));
+    assert_eq!(outcome.exit_code(), 3);
+    assert_eq!(outcome.to_string(), "rank 1 exited with code 3; the other ranks were stopped");
+    for (rank, status) in &outcome.statuses {
+        if *rank != 1 {
+            use std::os::unix::process::ExitStatusExt;
+            assert_eq!(status.signal(), Some(libc::SIGTERM), "rank {rank}");
+        }
+    }
+    assert!(captured.out().contains("[rank 1] failing\n"));
+}
+
+#[test]
+fn survivors_of_sigterm_are_killed_after_the_grace_period() {
+    let captured = Captured::new();
+    let started = Instant::now();
+    // `trap '' TERM` makes the shell, and the sleep it execs, ignore SIGTERM. Rank 0 fails only
+    // once rank 1 has set that up.
+    let dir = tempfile::tempdir().unwrap();
+    let script = "trap '' TERM; \
+                  if [ \"$RANK\" = 0 ]; then while [ ! -e \"$READY_DIR/ready\" ]; do sleep 0.02; done; exit 1; fi; \
+                  touch \"$READY_DIR/ready\"; exec sleep 30";
+    let extra = [("READY_DIR".to_string(), dir.path().to_string_lossy().into_owned())];
+    let outcome = sh(2, script, &extra, Duration::from_millis(300), &captured);
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    assert_eq!(outcome.first_failure, Some((0, "exited with code 1".to_string())));
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(outcome.statuses[1].1.signal(), Some(libc::SIGKILL));
+}
+
+#[test]
+fn a_signal_is_reported_as_such() {
+    let captured = Captured::new();
+    let outcome = sh(1, "kill -KILL $$", &[], Duration::from_secs(1), &captured);
+    assert_eq!(outcome.first_failure, Some((0, "was killed by signal 9 (SIGKILL)".to_string())));
+    assert_eq!(outcome.exit_code(), 1);
+}
+
+#[test]
+fn spawn_errors() {
+    let missing = Path::new("/nonexistent/gpucomm-test-program");
+    match spawn_to(2, missing, &[], &[], Duration::from_secs(1), Captured::new().sinks()) {
+        Err(e @ SpawnError::Spawn { rank: 0, .. }) => {
+            assert!(e.to_string().starts_with("could not start rank 0 (/nonexistent/gpucomm-test-program)"))
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(spawn_local(0, missing, &[], &[], Duration::ZERO), Err(SpawnError::NoProcesses)));
+}
+
+#[test]
+fn job_tokens_are_random_hex() {
+    let (a, b) = (job_token(), job_token());
+    assert_eq!(a.len(), 32);
+    assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+    assert_ne!(a, b);
+}
+
+/// Parent half of the cross-process test: three copies of this test binary, each running only
+/// [`child_rank`], meet through a real rendezvous.
+#[test]
+fn ranks_rendezvous_across_processes() {
+    let dir = tempfile::tempdir().unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let args: Vec<OsString> =
+        ["launch::spawn::tests::child_rank", "--exact", "--nocapture", "--test-threads=1"].map(OsString::from).into();
+    let extra = [
+        (CHILD_DIR.to_string(), dir.path().to_string_lossy().into_owned()),
+        ("GPUCOMM_RENDEZVOUS_TIMEOUT".to_string(), "20".to_string()),
+    ];
+    let captured = Captured::new();
+    let outcome = spawn_to(3, &exe, &args, &extra, Duration::from_secs(2), captured.sinks()).unwrap();
+    assert!(outcome.success(), "{outcome}\nstdout:\n{}\nstderr:\n{}", captured.out(), captured.err());
+    let results: Vec<String> =
+        (0..3).map(|rank| std::fs::read_to_string(dir.path().join(format!("rank{rank}"))).unwrap()).collect();
+    assert!(results.iter().all(|r| r == &results[0]), "{results:?}");
+    assert_eq!(results[0].lines().count(), 2);
+    assert!(captured.out().contains("child rank 2 of 3 done"), "{}", captured.out());
+}
+
+/// Child half: does nothing unless started by [`ranks_rendezvous_across_processes`].
+#[test]
+fn child_rank() {
+    let Some(dir) = std::env::var_os(CHILD_DIR) else { return };
+    let code = run_main(|info| {
+        let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
+        let first = rendezvous.broadcast(|| Ok(std::process::id().to_be_bytes().repeat(32)))?;
+        let second = rendezvous.broadcast(|| Ok(std::env::var(crate::launch::JOB_TOKEN_VAR).unwrap().into_bytes()))?;
+        rendezvous.barrier()?;
+        let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let text = format!("{}\n{}\n", hex(&first), hex(&second));
+        std::fs::write(Path::new(&dir).join(format!("rank{}", info.rank)), text)?;
+        println!("child rank {} of {} done", info.rank, info.world_size);
+        Ok(())
+    });
+    assert_eq!(code, ExitCode::SUCCESS);
+}

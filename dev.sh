@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# Developer entry point. Every command first runs `setup`, which is idempotent (a second run is a
+# fast no-op) and installs what a fresh Debian machine lacks:
+#   - Debian packages: libclang-dev (bindgen), g++ (nvcc's host compiler, C layout checks),
+#     python3 + pip (to fetch NVIDIA's wheels), pkg-config, ca-certificates;
+#   - the NVIDIA wheels pinned to the GPU machine's versions, into the git-ignored project-local
+#     prefix .deps/py (no CUDA install needed; no GPU needed).
+#
+#   ./dev.sh run      set up, then run the first tutorial example (versions, GPUs, a small all-reduce)
+#   ./dev.sh test     set up, then run every test (CPU-only machines skip GPU tests, counted as ignored)
+#   ./dev.sh lint     rustfmt check and clippy with warnings denied
+#   ./dev.sh setup    only install the dependencies
+#   ./dev.sh bundle   build the GPU bundle (bundle/, with bundle/run.sh); see CONTRIBUTING.md
+set -euo pipefail
+cd "$(dirname "$0")"
+ROOT=$PWD
+PREFIX=$ROOT/.deps
+WHEELS=(
+    nvidia-nccl-cu13==2.28.9
+    nvidia-nvshmem-cu13==3.4.5
+    nvidia-cuda-runtime==13.0.96
+    nvidia-cuda-cccl==13.0.85
+    nvidia-cuda-crt==13.0.88
+    nvidia-cuda-nvcc==13.0.88
+    nvidia-nvvm==13.0.88
+)
+
+say() { printf 'dev.sh: %s\n' "$*" >&2; }
+die() { say "$*"; exit 1; }
+
+as_root() {
+    if [ "$(id -u)" = 0 ]; then "$@"
+    elif command -v sudo >/dev/null; then sudo "$@"
+    else die "need root to run: $* (install these packages, or run as root)"; fi
+}
+
+have_libclang() {
+    compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || compgen -G '/usr/lib/*/libclang*.so*' >/dev/null \
+        || { [ -n "${LIBCLANG_PATH:-}" ] && compgen -G "$LIBCLANG_PATH/libclang*.so*" >/dev/null; }
+}
+
+setup_system() {
+    local pkgs=()
+    have_libclang || pkgs+=(libclang-dev)
+    command -v c++ >/dev/null || pkgs+=(g++)
+    command -v cc >/dev/null || pkgs+=(gcc)
+    command -v python3 >/dev/null || pkgs+=(python3)
+    python3 -m pip --version >/dev/null 2>&1 || pkgs+=(python3-pip)
+    [ -e /etc/ssl/certs/ca-certificates.crt ] || pkgs+=(ca-certificates)
+    [ ${#pkgs[@]} -eq 0 ] && return 0
+    command -v apt-get >/dev/null || die "missing ${pkgs[*]} and no apt-get to install them"
+    say "installing Debian packages: ${pkgs[*]}"
+    local log; log=$(mktemp)
+    if ! { as_root apt-get update -qq && DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq --no-install-recommends "${pkgs[@]}"; } >"$log" 2>&1; then
+        die "apt-get could not install ${pkgs[*]}: $(grep -E '^(E|W):' "$log" | head -1 || tail -1 "$log")"
+    fi
+    rm -f "$log"
+}
+
+setup_rust() {
+    command -v cargo >/dev/null && return 0
+    [ -x "$HOME/.cargo/bin/cargo" ] && { export PATH="$HOME/.cargo/bin:$PATH"; return 0; }
+    command -v curl >/dev/null || as_root apt-get install -y -qq curl >/dev/null
+    say "installing the Rust toolchain with rustup"
+    curl -sSf https://sh.rustup.rs | sh -s -- -y -q --profile minimal --component clippy,rustfmt >/dev/null \
+        || die "could not install Rust with rustup (https://rustup.rs)"
+    export PATH="$HOME/.cargo/bin:$PATH"
+}
+
+setup_wheels() {
+    local stamp=$PREFIX/py/.gpucomm-wheels want
+    want=$(printf '%s\n' "${WHEELS[@]}")
+    [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && return 0
+    say "installing the pinned NVIDIA wheels into .deps/py (about 370 MB download)"
+    rm -rf "$PREFIX/py"
+    mkdir -p "$PREFIX"
+    local log; log=$(mktemp)
+    if ! python3 -m pip install --disable-pip-version-check --no-input -q --no-deps --target "$PREFIX/py" "${WHEELS[@]}" >"$log" 2>&1; then
+        local why; why=$(grep -E 'ERROR|Error|error' "$log" | tail -1)
+        rm -rf "$PREFIX/py"
+        die "could not install the NVIDIA wheels from the package index: ${why:-$(tail -1 "$log")} (network access to PyPI, or PIP_INDEX_URL, is needed)"
+    fi
+    rm -f "$log"
+    printf '%s\n' "${WHEELS[@]}" >"$stamp"
+}
+
+setup() {
+    setup_system
+    setup_rust
+    setup_wheels
+    export GPUCOMM_PREFIX=$PREFIX
+}
+
+bundle() {
+    setup
+    bash tools/bundle.sh
+}
+
+cmd=${1:-}
+shift || true
+case "$cmd" in
+    setup) setup ;;
+    run) setup; exec cargo run -q -p gpucomm-examples --example 01-hello -- "$@" ;;
+    test) setup; exec cargo test --workspace "$@" ;;
+    lint) setup; cargo fmt --all -- --check && exec cargo clippy --workspace --all-targets -- -D warnings ;;
+    bundle) bundle ;;
+    *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+esac

@@ -1,0 +1,243 @@
+//! The crate's error type, and NCCL result codes as a newtype.
+
+use std::ffi::CStr;
+use std::fmt;
+
+use nccl_sys::{ncclComm_t, ncclResult_t};
+
+/// An NCCL result code (`ncclResult_t`), kept as the raw number: a newer library can return codes
+/// this crate's headers do not list (2.30 added `ncclTimeout`), and a Rust enum cannot hold them.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[doc(alias = "ncclResult_t")]
+pub struct ResultCode(pub u32);
+
+impl ResultCode {
+    /// `ncclSuccess`.
+    pub const SUCCESS: Self = Self(0);
+    /// `ncclUnhandledCudaError`: a CUDA call inside NCCL failed.
+    pub const UNHANDLED_CUDA_ERROR: Self = Self(1);
+    /// `ncclSystemError`: a system call failed (socket, memory, …).
+    pub const SYSTEM_ERROR: Self = Self(2);
+    /// `ncclInternalError`: an NCCL bug or a corrupted state.
+    pub const INTERNAL_ERROR: Self = Self(3);
+    /// `ncclInvalidArgument`: the call had no effect; the communicator stays usable.
+    pub const INVALID_ARGUMENT: Self = Self(4);
+    /// `ncclInvalidUsage`: the API was used wrongly (e.g. mismatched calls across ranks).
+    pub const INVALID_USAGE: Self = Self(5);
+    /// `ncclRemoteError`: a peer failed or went away.
+    pub const REMOTE_ERROR: Self = Self(6);
+    /// `ncclInProgress`: a nonblocking operation has not finished.
+    pub const IN_PROGRESS: Self = Self(7);
+    /// `ncclTimeout` (NCCL ≥ 2.30.3).
+    pub const TIMEOUT: Self = Self(8);
+
+    /// The C name, or `None` for a code this crate does not know.
+    pub fn name(self) -> Option<&'static str> {
+        const NAMES: [&str; 9] = [
+            "ncclSuccess",
+            "ncclUnhandledCudaError",
+            "ncclSystemError",
+            "ncclInternalError",
+            "ncclInvalidArgument",
+            "ncclInvalidUsage",
+            "ncclRemoteError",
+            "ncclInProgress",
+            "ncclTimeout",
+        ];
+        NAMES.get(self.0 as usize).copied()
+    }
+
+    /// True for codes after which the communicator must be aborted and re-created (NCCL user
+    /// guide, "Communicators"): every failure except `InvalidArgument` and `InProgress`.
+    pub fn is_fatal(self) -> bool {
+        !matches!(self, Self::SUCCESS | Self::INVALID_ARGUMENT | Self::IN_PROGRESS)
+    }
+}
+
+impl From<ncclResult_t> for ResultCode {
+    fn from(rc: ncclResult_t) -> Self {
+        Self(rc.0)
+    }
+}
+
+impl fmt::Debug for ResultCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.name() {
+            Some(n) => write!(f, "{n}({})", self.0),
+            None => write!(f, "ResultCode({})", self.0),
+        }
+    }
+}
+
+impl fmt::Display for ResultCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// Everything that can go wrong in this crate.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An NCCL call returned an error code.
+    #[error("{call} failed with {code}: {message}{}", detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default())]
+    Nccl {
+        /// The C function.
+        call: &'static str,
+        /// Its result code.
+        code: ResultCode,
+        /// `ncclGetErrorString(code)`.
+        message: String,
+        /// `ncclGetLastError(comm)`, read right after the failure, when NCCL had something to say.
+        detail: Option<String>,
+    },
+    /// The NCCL library could not be loaded (the message lists every place tried).
+    #[error(transparent)]
+    Load(Box<nccl_sys::LoadError>),
+    /// The loaded NCCL lacks a function (the message names the version that added it).
+    #[error(transparent)]
+    MissingFunction(#[from] nccl_sys::MissingFunction),
+    /// A CUDA driver call failed.
+    #[error("CUDA driver error: {0}")]
+    Cuda(#[from] cudarc::driver::DriverError),
+    /// A buffer has the wrong number of elements for the call.
+    #[error("{what} has {got} elements but the call needs {expected}")]
+    LengthMismatch {
+        /// Which buffer.
+        what: &'static str,
+        /// Elements the call needs.
+        expected: usize,
+        /// Elements the buffer has.
+        got: usize,
+    },
+    /// A rank (root, peer, own rank) outside `0..size`.
+    #[error("{what} {rank} is out of range for {size} ranks")]
+    InvalidRank {
+        /// Which rank ("root", "peer", "rank").
+        what: &'static str,
+        /// The rank given.
+        rank: usize,
+        /// The communicator size.
+        size: usize,
+    },
+    /// A buffer or stream on another device than the communicator's.
+    #[error("{what} is on CUDA device {got} but the communicator uses device {expected}")]
+    WrongDevice {
+        /// Which argument.
+        what: &'static str,
+        /// The communicator's device.
+        expected: usize,
+        /// The argument's device.
+        got: usize,
+    },
+    /// A direct call on a communicator while a group is open on this thread: NCCL would defer it
+    /// to the end of the group, after this call had already released its buffers.
+    #[error("a group is open on this thread: issue calls inside it through the `Group` handle")]
+    InsideGroup,
+    /// A feature the loaded library is too old for.
+    #[error("{what} needs NCCL ≥ {needed}, but the loaded library is {loaded}")]
+    Unsupported {
+        /// The feature.
+        what: &'static str,
+        /// The version that introduced it.
+        needed: &'static str,
+        /// The loaded version.
+        loaded: String,
+    },
+    /// Exchanging the unique id with the other ranks failed.
+    #[error(transparent)]
+    Rendezvous(Box<crate::launch::RendezvousError>),
+    /// Any other invalid argument, described.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+}
+
+impl From<nccl_sys::LoadError> for Error {
+    fn from(e: nccl_sys::LoadError) -> Self {
+        Error::Load(Box::new(e))
+    }
+}
+
+impl From<crate::launch::RendezvousError> for Error {
+    fn from(e: crate::launch::RendezvousError) -> Self {
+        Error::Rendezvous(Box::new(e))
+    }
+}
+
+/// Shorthand for this crate's results.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The loaded library, as this crate's error type.
+pub(crate) fn lib() -> Result<&'static nccl_sys::Library<nccl_sys::Nccl>> {
+    Ok(nccl_sys::library()?)
+}
+
+/// The loaded library's version.
+pub(crate) fn lib_version() -> Result<nccl_sys::Version> {
+    Ok(lib()?.version())
+}
+
+/// Turns a result code into `Ok` or a full [`Error::Nccl`] (with NCCL's own strings).
+pub(crate) fn check(call: &'static str, rc: ncclResult_t, comm: Option<ncclComm_t>) -> Result<()> {
+    if rc == ncclResult_t::ncclSuccess {
+        return Ok(());
+    }
+    let code = ResultCode::from(rc);
+    let (message, detail) = match lib() {
+        Ok(lib) => (error_string(lib, rc), comm.and_then(|c| last_error(lib, c))),
+        Err(_) => (String::from("(NCCL library unavailable for the message)"), None),
+    };
+    Err(Error::Nccl { call, code, message, detail })
+}
+
+fn error_string(lib: &nccl_sys::Library<nccl_sys::Nccl>, rc: ncclResult_t) -> String {
+    let Ok(f) = nccl_sys::function!(lib, ncclGetErrorString) else { return String::new() };
+    // SAFETY: ncclGetErrorString returns a pointer to a static NUL-terminated string for any code.
+    let ptr = unsafe { f(rc) };
+    if ptr.is_null() {
+        return String::new();
+    }
+    // SAFETY: non-null, NUL-terminated, static (see above).
+    unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
+}
+
+fn last_error(lib: &nccl_sys::Library<nccl_sys::Nccl>, comm: ncclComm_t) -> Option<String> {
+    let f = nccl_sys::function!(lib, ncclGetLastError).ok()?;
+    // SAFETY: `comm` is a live communicator (callers pass the one the failing call used) or null,
+    // which NCCL accepts; the returned string is owned by NCCL and copied before the next call.
+    let ptr = unsafe { f(comm) };
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: non-null and NUL-terminated per NCCL's contract.
+    let text = unsafe { CStr::from_ptr(ptr) }.to_string_lossy().trim().to_string();
+    (!text.is_empty()).then_some(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_have_names_and_unknown_codes_survive() {
+        assert_eq!(format!("{}", ResultCode::INVALID_ARGUMENT), "ncclInvalidArgument(4)");
+        assert_eq!(format!("{:?}", ResultCode(42)), "ResultCode(42)");
+        assert_eq!(ResultCode(42).name(), None);
+        assert!(ResultCode::REMOTE_ERROR.is_fatal());
+        assert!(ResultCode(42).is_fatal());
+        assert!(!ResultCode::INVALID_ARGUMENT.is_fatal());
+    }
+
+    #[test]
+    fn errors_display_their_parts() {
+        let e = Error::Nccl {
+            call: "ncclAllReduce",
+            code: ResultCode::INVALID_USAGE,
+            message: "invalid usage".into(),
+            detail: Some("peer mismatch".into()),
+        };
+        assert_eq!(e.to_string(), "ncclAllReduce failed with ncclInvalidUsage(5): invalid usage (peer mismatch)");
+        let e = Error::LengthMismatch { what: "recv buffer", expected: 8, got: 4 };
+        assert_eq!(e.to_string(), "recv buffer has 4 elements but the call needs 8");
+    }
+}

@@ -1,0 +1,90 @@
+//! The token that lets PEs bootstrap without MPI or a launcher plugin.
+
+use std::fmt;
+
+use nvshmem_sys::{function, nvshmemx_uniqueid_t};
+
+use crate::error::{check, lib, Error, Result};
+
+/// Identifies one NVSHMEM job before it starts (`nvshmemx_uniqueid_t`): PE 0 creates it with
+/// [`UniqueId::new`] and every other PE must receive the same bytes before
+/// [`crate::Runtime::init`].
+#[derive(Clone, Copy)]
+#[doc(alias = "nvshmemx_uniqueid_t")]
+pub struct UniqueId(pub(crate) nvshmemx_uniqueid_t);
+
+impl UniqueId {
+    /// Number of bytes in an id (the whole versioned struct).
+    pub const BYTES: usize = std::mem::size_of::<nvshmemx_uniqueid_t>();
+
+    /// A fresh id (`nvshmemx_get_uniqueid`); needs no GPU. The bootstrap listens on the interface
+    /// chosen by `NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME` (default: the first usable one).
+    #[doc(alias = "nvshmemx_get_uniqueid")]
+    pub fn new() -> Result<Self> {
+        let f = function!(lib()?, nvshmemx_get_uniqueid)?;
+        let mut id = nvshmemx_uniqueid_t::initializer();
+        // SAFETY: `id` is an initialised id (version word set), which the call fills in.
+        check("nvshmemx_get_uniqueid", unsafe { f(&mut id) })?;
+        Ok(Self(id))
+    }
+
+    /// The id as bytes (version word in native byte order, then the contents), to send to the
+    /// other PEs.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(Self::BYTES);
+        out.extend_from_slice(&self.0.version.to_ne_bytes());
+        out.extend(self.0.internal.iter().map(|&c| c as u8));
+        out
+    }
+
+    /// An id received from PE 0. Fails unless `bytes` has exactly [`Self::BYTES`] bytes and the
+    /// version word matches this library's headers.
+    pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
+        if bytes.len() != Self::BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "an NVSHMEM unique id has {} bytes, got {}",
+                Self::BYTES,
+                bytes.len()
+            )));
+        }
+        let mut id = nvshmemx_uniqueid_t::initializer();
+        let (version, internal) = bytes.split_at(4);
+        let version = i32::from_ne_bytes([version[0], version[1], version[2], version[3]]);
+        if version != id.version {
+            return Err(Error::InvalidArgument(format!(
+                "unique id version word {version:#x} does not match this build's {:#x} (different NVSHMEM release?)",
+                id.version
+            )));
+        }
+        for (dst, &src) in id.internal.iter_mut().zip(internal) {
+            *dst = src as std::os::raw::c_char;
+        }
+        Ok(Self(id))
+    }
+}
+
+impl fmt::Debug for UniqueId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "UniqueId(version {:#x}, …)", self.0.version)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_round_trip_and_are_checked() {
+        let mut id = nvshmemx_uniqueid_t::initializer();
+        id.internal[0] = 5;
+        id.internal[123] = -1;
+        let bytes = UniqueId(id).to_bytes();
+        assert_eq!(bytes.len(), 128);
+        let back = UniqueId::from_bytes(&bytes).unwrap();
+        assert_eq!(back.to_bytes(), bytes);
+        assert!(UniqueId::from_bytes(&bytes[..127]).unwrap_err().to_string().contains("has 128 bytes, got 127"));
+        let mut wrong = bytes.clone();
+        wrong[2] ^= 1;
+        assert!(UniqueId::from_bytes(&wrong).unwrap_err().to_string().contains("version word"));
+    }
+}
