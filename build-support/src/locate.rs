@@ -20,7 +20,7 @@
 //! an explicit variable (1, 2) are binding: if they lack the library, the search stops with an error
 //! instead of silently using something else.
 //!
-//! At run time ([`Locator::runtime_candidates`]) the order is: `X_SYS_LIBRARY` (a file), `X_LIB_DIR`,
+//! At run time ([`Locator::runtime_candidates_early`], then [`Locator::runtime_candidates_late`]) the order is: `X_SYS_LIBRARY` (a file), `X_LIB_DIR`,
 //! `X_HOME`, the directory the build used, the project-local prefix, the Python wheels, and finally
 //! the bare soname (`libnccl.so.2`), which the dynamic loader resolves through `LD_LIBRARY_PATH` and
 //! the ldconfig cache.

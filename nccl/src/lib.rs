@@ -1,4 +1,4 @@
-//! Safe, idiomatic NCCL for Rust, on top of [cudarc](cudarc) buffers and streams.
+//! Safe, idiomatic NCCL for Rust, on top of [cudarc] buffers and streams.
 //!
 //! * [`Comm`]: a communicator, created with [`Comm::init_rank`] (one process or thread per GPU,
 //!   all sharing a [`UniqueId`]) or [`Comm::init_all`] (one process driving several GPUs).

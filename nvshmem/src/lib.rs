@@ -1,4 +1,4 @@
-//! Safe NVSHMEM for Rust, on top of [cudarc](cudarc) streams.
+//! Safe NVSHMEM for Rust, on top of [cudarc] streams.
 //!
 //! * [`Runtime`]: the process's PE, started with [`Runtime::init`] from a [`UniqueId`] that PE 0
 //!   created and shared (by [`launch::Rendezvous`](crate::launch), MPI, a file, …); consumed by
