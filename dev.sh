@@ -8,7 +8,7 @@
 #
 #   ./dev.sh run      set up, then run the first tutorial example (versions, GPUs, a small all-reduce)
 #   ./dev.sh test     set up, then run every test (CPU-only machines skip GPU tests, counted as ignored)
-#   ./dev.sh lint     rustfmt check and clippy with warnings denied
+#   ./dev.sh lint     rustfmt check, clippy and rustdoc with warnings denied
 #   ./dev.sh setup    only install the dependencies
 #   ./dev.sh bundle   build the GPU bundle (bundle/, with bundle/run.sh); see CONTRIBUTING.md
 set -euo pipefail
@@ -102,7 +102,12 @@ case "$cmd" in
     setup) setup ;;
     run) setup; exec cargo run -q -p gpucomm-examples --example 01-hello -- "$@" ;;
     test) setup; exec cargo test --workspace "$@" ;;
-    lint) setup; cargo fmt --all -- --check && exec cargo clippy --workspace --all-targets -- -D warnings ;;
+    lint)
+        setup
+        cargo fmt --all -- --check
+        cargo clippy --workspace --all-targets -- -D warnings
+        RUSTDOCFLAGS="-D warnings" exec cargo doc --workspace --no-deps -q
+        ;;
     bundle) bundle ;;
     *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

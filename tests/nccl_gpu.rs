@@ -102,6 +102,36 @@ fn collectives_deliver_the_right_values_on_each_rank() {
     }
 }
 
+/// One process, two GPUs: an in-place sum of `rank + 1` in type `T`, which must give exactly 3.
+fn sum_is_three<T: nccl::NcclType + Copy>(comms: &[Comm], from_f32: fn(f32) -> T, to_f32: fn(T) -> f32) {
+    let mut bufs: Vec<_> =
+        comms.iter().map(|c| c.stream().clone_htod(&vec![from_f32((c.rank() + 1) as f32); 4096]).unwrap()).collect();
+    group(|g| {
+        for (c, b) in comms.iter().zip(bufs.iter_mut()) {
+            g.all_reduce_in_place(c, b, ReduceOp::SUM)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    for (c, b) in comms.iter().zip(&bufs) {
+        let host = c.stream().clone_dtoh(b).unwrap();
+        assert!(host.iter().all(|&v| to_f32(v) == 3.0), "{}: rank {}", std::any::type_name::<T>(), c.rank());
+    }
+}
+
+#[test]
+#[ignore = "needs 2 GPUs: run by the GPU bundle (./dev.sh bundle)"]
+fn reduced_precision_types_all_reduce() {
+    let Some(comms) = two_comms("reduced_precision_types_all_reduce") else { return };
+    sum_is_three(&comms, half::f16::from_f32, half::f16::to_f32);
+    sum_is_three(&comms, half::bf16::from_f32, half::bf16::to_f32);
+    sum_is_three(&comms, float8::F8E4M3::from_f32, |v| v.to_f32());
+    sum_is_three(&comms, float8::F8E5M2::from_f32, |v| v.to_f32());
+    sum_is_three(&comms, |v| v as i8, |v| v as f32);
+    sum_is_three(&comms, |v| v as u64, |v| v as f32);
+    sum_is_three(&comms, |v| v as f64, |v| v as f32);
+}
+
 #[test]
 #[ignore = "needs 2 GPUs: run by the GPU bundle (./dev.sh bundle)"]
 fn bad_arguments_are_refused_and_lose_nothing() {

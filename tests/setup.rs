@@ -10,20 +10,30 @@ use gpucomm_support::locate::{Locator, CUDA};
 
 const WORKSPACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 
+/// Runs cargo on this workspace in a separate target directory (so the main build's fingerprints
+/// stay intact), one such build at a time (they share that directory's compiled dependencies).
+fn cargo(args: &[&str], envs: &[(&str, &std::ffi::OsStr)]) -> std::process::Output {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let (subcommand, rest) = args.split_first().expect("a cargo subcommand");
+    Command::new(env!("CARGO"))
+        .arg(subcommand)
+        .arg("--manifest-path")
+        .arg(Path::new(WORKSPACE).join("Cargo.toml"))
+        .args(rest)
+        .env("CARGO_TARGET_DIR", Path::new(WORKSPACE).join("target/setup-checks"))
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap()
+}
+
 /// `cargo check -p nccl-sys` with `NCCL_HOME` pointing at an empty directory must stop with the
 /// missing-library report (every place searched, the variables, the setup command), not a linker
-/// or bindgen crash. A separate target directory keeps the main build's fingerprints intact.
+/// or bindgen crash.
 #[test]
 fn empty_nccl_home_gives_the_missing_library_message() {
     let empty = tempfile::tempdir().unwrap();
-    let target = Path::new(WORKSPACE).join("target/missing-library-check");
-    let out = Command::new(env!("CARGO"))
-        .args(["check", "-q", "-p", "nccl-sys", "--manifest-path"])
-        .arg(Path::new(WORKSPACE).join("Cargo.toml"))
-        .env("CARGO_TARGET_DIR", &target)
-        .env("NCCL_HOME", empty.path())
-        .output()
-        .unwrap();
+    let out = cargo(&["check", "-q", "-p", "nccl-sys"], &[("NCCL_HOME", empty.path().as_os_str())]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "the build must fail:\n{stderr}");
     let home = empty.path().display();
@@ -36,6 +46,22 @@ fn empty_nccl_home_gives_the_missing_library_message() {
         assert!(stderr.contains(&needle), "missing {needle:?} in:\n{stderr}");
     }
     assert!(!stderr.contains("panicked") && !stderr.contains("linking with"), "{stderr}");
+}
+
+/// The `link` feature links `libnccl.so.2` at build time (the wheels ship only the versioned name)
+/// and `library()` then reads the functions from the process: the loading tests pass that way too,
+/// with the dynamic loader pointed at the wheel's directory.
+#[test]
+fn link_feature_builds_and_loads_from_the_process() {
+    let lib_dir = std::ffi::OsString::from(nccl_sys::BUILD_LIB_DIR);
+    let out = cargo(
+        &["test", "-q", "-p", "nccl-sys", "--features", "link", "--test", "load", "--", "--nocapture"],
+        &[("LD_LIBRARY_PATH", &lib_dir)],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(&format!("loaded NCCL {} (", nccl_sys::HEADER_VERSION)), "{stdout}");
+    assert!(stdout.contains("from (linked)"), "{stdout}");
 }
 
 /// At run time, a wrong `NCCL_SYS_LIBRARY` stops the search with a report naming it. Loading is

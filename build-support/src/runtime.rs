@@ -155,15 +155,42 @@ impl<A> Binding<A> {
     }
 }
 
-/// Declares a -sys crate's loader: `pub fn library()` over a `static` [`LazyLibrary`].
+/// Declares what every -sys crate exposes: the bindings generated into `$OUT_DIR/bindings.rs`, the
+/// build facts baked in by `build::SysBuild` (`HEADER_VERSION`, `BUILD_LIB_DIR`, `INCLUDE_DIR`,
+/// `CUDA_INCLUDE_DIR`), the re-exported loading types, and `pub fn library()` over a `static`
+/// [`LazyLibrary`].
 ///
-/// `declare_library!(Nccl, NCCL, build_lib_dir, version_fn, since_fn, linked_probe)`: the bindgen
-/// table type, the [`crate::locate::Spec`], the directory the build used, the function that reads
+/// `sys_crate!(Nccl, NCCL, "NCCL", version_fn, since_fn, linked_probe)`: the bindgen table
+/// type, the [`crate::locate::Spec`], the variable prefix the build used, the function that reads
 /// the version through the table, the `since` lookup, and an `extern` function of the library that
 /// the `link` feature references so the linker keeps the library.
 #[macro_export]
-macro_rules! declare_library {
-    ($api:ident, $spec:path, $build_lib_dir:expr, $version:path, $since:path, $probe:path) => {
+macro_rules! sys_crate {
+    ($api:ident, $spec:path, $var:literal, $version:path, $since:path, $probe:path) => {
+        #[allow(missing_docs, dead_code, clippy::all, clippy::undocumented_unsafe_blocks)]
+        mod bindings {
+            include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
+        }
+
+        pub use bindings::*;
+        pub use $crate::function;
+        pub use $crate::runtime::{Library, LoadError, MissingFunction};
+        pub use $crate::version::Version;
+
+        #[doc = concat!("Version of the ", $var, " headers the bindings were generated from, e.g. `\"2.28.9\"`.")]
+        pub const HEADER_VERSION: &str = env!(concat!($var, "_SYS_HEADER_VERSION"));
+
+        #[doc = concat!("The directory the build found the ", $var, " library in (empty for docs.rs builds); ")]
+        /// tried at run time after the explicit variables.
+        pub const BUILD_LIB_DIR: &str = env!(concat!($var, "_SYS_BUILD_LIB_DIR"));
+
+        #[doc = concat!("The ", $var, " include directory the bindings were generated from (empty for docs.rs ")]
+        /// builds): compile device code against these headers.
+        pub const INCLUDE_DIR: &str = env!(concat!($var, "_SYS_INCLUDE_DIR"));
+
+        /// The CUDA include directory the build used (empty for docs.rs builds).
+        pub const CUDA_INCLUDE_DIR: &str = env!(concat!($var, "_SYS_CUDA_INCLUDE_DIR"));
+
         /// # Safety
         ///
         /// `lib` must be the library whose headers generated the table.
@@ -175,14 +202,14 @@ macro_rules! declare_library {
         static __LIBRARY: $crate::runtime::LazyLibrary<$api> =
             $crate::runtime::LazyLibrary::new($crate::runtime::Binding {
                 spec: &$spec,
-                build_lib_dir: $build_lib_dir,
+                build_lib_dir: BUILD_LIB_DIR,
                 from_library: __from_library,
                 version: $version,
                 since: $since,
                 linked: cfg!(feature = "link"),
             });
 
-        #[doc = concat!("The ", stringify!($api), " library, loaded on first use along the run-time search order")]
+        #[doc = concat!("The ", $var, " library, loaded on first use along the run-time search order")]
         /// (or, with the `link` feature, the copy linked into the process).
         ///
         /// Loading happens once per process; later calls return the same table or a clone of the

@@ -340,3 +340,33 @@ fn options_and_rank_info_are_checked() {
     let message = Rendezvous::connect(&info(2, 2, 1), &options(1.0)).unwrap_err().to_string();
     assert!(message.contains("rank=2 is out of range for world_size=2"), "{message}");
 }
+
+/// The process side of [`a_killed_rank_0_process_fails_its_client`]: rank 0 of 2 on the port in
+/// `GPUCOMM_TEST_RANK0_PORT`, which joins and then waits to be killed. Ignored when run directly.
+#[test]
+#[ignore = "helper process started by a_killed_rank_0_process_fails_its_client"]
+fn rank_0_process_that_waits_to_be_killed() {
+    let Some(port) = std::env::var("GPUCOMM_TEST_RANK0_PORT").ok().and_then(|p| p.parse().ok()) else { return };
+    let _rv = connect(0, 2, port, 30.0).unwrap();
+    println!("joined");
+    thread::sleep(Duration::from_secs(60));
+}
+
+#[test]
+fn a_killed_rank_0_process_fails_its_client() {
+    let port = free_port();
+    let mut rank0 = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "rank_0_process_that_waits_to_be_killed", "--ignored", "--nocapture"])
+        .env("GPUCOMM_TEST_RANK0_PORT", port.to_string())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut rv = connect(1, 2, port, 20.0).unwrap();
+    rank0.kill().unwrap(); // SIGKILL: the kernel closes rank 0's sockets, nothing is sent
+    rank0.wait().unwrap();
+    let started = Instant::now();
+    let err = rv.broadcast(|| Err("only rank 0 makes".into())).unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+    assert!(matches!(err, RendezvousError::MasterGone { .. }), "{err}");
+    assert!(err.to_string().starts_with(&format!("rank 0 at 127.0.0.1:{port} went away during")), "{err}");
+}

@@ -32,31 +32,9 @@
 //! (checked by bindgen's layout assertions at compile time) so it can be passed to a kernel by value.
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 
-#[allow(missing_docs, dead_code, clippy::all, clippy::undocumented_unsafe_blocks)]
-mod bindings {
-    include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
-}
 mod since;
 
-pub use bindings::*;
-pub use gpucomm_support::function;
-pub use gpucomm_support::runtime::{Library, LoadError, MissingFunction};
-pub use gpucomm_support::version::Version;
 pub use since::since;
-
-/// Version of the `nccl.h` this crate was generated from, e.g. `"2.28.9"`.
-pub const HEADER_VERSION: &str = env!("NCCL_SYS_HEADER_VERSION");
-
-/// The directory the build found `libnccl` in (empty for docs.rs builds); tried at run time after
-/// the explicit variables.
-pub const BUILD_LIB_DIR: &str = env!("NCCL_SYS_BUILD_LIB_DIR");
-
-/// The directory holding the `nccl.h` the bindings were generated from (empty for docs.rs builds):
-/// compile device code that uses the NCCL device API against these headers.
-pub const INCLUDE_DIR: &str = env!("NCCL_SYS_INCLUDE_DIR");
-
-/// The CUDA include directory the build used (empty for docs.rs builds).
-pub const CUDA_INCLUDE_DIR: &str = env!("NCCL_SYS_CUDA_INCLUDE_DIR");
 
 #[cfg(feature = "link")]
 extern "C" {
@@ -76,4 +54,4 @@ fn version_of(api: &Nccl) -> Result<Version, String> {
     Version::from_nccl_code(code.into()).ok_or_else(|| format!("ncclGetVersion gave an invalid version {code}"))
 }
 
-gpucomm_support::declare_library!(Nccl, gpucomm_support::locate::NCCL, BUILD_LIB_DIR, version_of, since, linked_probe);
+gpucomm_support::sys_crate!(Nccl, gpucomm_support::locate::NCCL, "NCCL", version_of, since, linked_probe);

@@ -10,9 +10,10 @@
 use std::ffi::c_void;
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
-use nccl_sys::{cudaStream_t, function};
+use nccl_sys::{cudaStream_t, function, ncclResult_t, Library, MissingFunction, Nccl};
 
 use crate::error::{check, lib, Error, Result};
+use crate::types::check_type;
 use crate::{Comm, NcclType, ReduceOp};
 
 /// Where stream guards go once NCCL has accepted a call.
@@ -42,6 +43,31 @@ fn times(len: usize, ranks: usize) -> Result<usize> {
 }
 
 impl Comm {
+    /// Resolves an NCCL function for a call on elements of type `T`, checking that the loaded
+    /// library knows `T`'s data type.
+    fn resolve<T: NcclType, F: Copy + 'static>(
+        &self,
+        get: impl FnOnce(&'static Library<Nccl>) -> std::result::Result<&'static F, MissingFunction>,
+    ) -> Result<F> {
+        let lib = lib()?;
+        check_type::<T>(lib.version())?;
+        Ok(*get(lib)?)
+    }
+
+    /// After NCCL returned: hands the stream guards to the sink, then turns `rc` into a result.
+    fn finish<'a, const N: usize>(
+        &'a self,
+        sink: &mut impl Sink<'a>,
+        call: &'static str,
+        rc: ncclResult_t,
+        guards: [SyncOnDrop<'a>; N],
+    ) -> Result<()> {
+        for guard in guards {
+            sink.keep(guard);
+        }
+        check(call, rc, Some(self.as_raw()))
+    }
+
     fn raw_stream(&self) -> cudaStream_t {
         self.stream().cu_stream() as cudaStream_t
     }
@@ -119,7 +145,7 @@ impl Comm {
         expect_len("recv buffer", send.len(), recv.len())?;
         self.check_device("send buffer", send)?;
         self.check_device("recv buffer", recv)?;
-        let f = function!(lib()?, ncclAllReduce)?;
+        let f = self.resolve::<T, _>(|lib| function!(lib, ncclAllReduce))?;
         let (src, src_guard) = send.device_ptr(self.stream());
         let (dst, dst_guard) = recv.device_ptr_mut(self.stream());
         // SAFETY: both buffers hold `send.len()` elements of `T` (checked), live on this
@@ -136,9 +162,7 @@ impl Comm {
                 self.raw_stream(),
             )
         };
-        sink.keep(src_guard);
-        sink.keep(dst_guard);
-        check("ncclAllReduce", rc, Some(self.as_raw()))
+        self.finish(sink, "ncclAllReduce", rc, [src_guard, dst_guard])
     }
 
     pub(crate) fn enqueue_all_reduce_in_place<'a, T: NcclType>(
@@ -148,7 +172,7 @@ impl Comm {
         op: ReduceOp,
     ) -> Result<()> {
         self.check_device("buffer", buf)?;
-        let f = function!(lib()?, ncclAllReduce)?;
+        let f = self.resolve::<T, _>(|lib| function!(lib, ncclAllReduce))?;
         let len = buf.len();
         let (ptr, guard) = buf.device_ptr_mut(self.stream());
         // SAFETY: one buffer of `len` elements on this device serves as input and output, which
@@ -156,8 +180,7 @@ impl Comm {
         let rc = unsafe {
             f(ptr as *const c_void, ptr as *mut c_void, len, T::DATA_TYPE.0, op.0, self.as_raw(), self.raw_stream())
         };
-        sink.keep(guard);
-        check("ncclAllReduce", rc, Some(self.as_raw()))
+        self.finish(sink, "ncclAllReduce", rc, [guard])
     }
 
     pub(crate) fn enqueue_broadcast_in_place<'a, T: NcclType>(
@@ -168,7 +191,7 @@ impl Comm {
     ) -> Result<()> {
         let root = self.check_rank("root", root)?;
         self.check_device("buffer", buf)?;
-        let f = function!(lib()?, ncclBroadcast)?;
+        let f = self.resolve::<T, _>(|lib| function!(lib, ncclBroadcast))?;
         let len = buf.len();
         let (ptr, guard) = buf.device_ptr_mut(self.stream());
         // SAFETY: in-place broadcast of `len` elements on this device; `root` is in range; the
@@ -176,8 +199,7 @@ impl Comm {
         let rc = unsafe {
             f(ptr as *const c_void, ptr as *mut c_void, len, T::DATA_TYPE.0, root, self.as_raw(), self.raw_stream())
         };
-        sink.keep(guard);
-        check("ncclBroadcast", rc, Some(self.as_raw()))
+        self.finish(sink, "ncclBroadcast", rc, [guard])
     }
 
     pub(crate) fn enqueue_all_gather<'a, T: NcclType>(
@@ -189,7 +211,7 @@ impl Comm {
         expect_len("recv buffer", times(send.len(), self.size())?, recv.len())?;
         self.check_device("send buffer", send)?;
         self.check_device("recv buffer", recv)?;
-        let f = function!(lib()?, ncclAllGather)?;
+        let f = self.resolve::<T, _>(|lib| function!(lib, ncclAllGather))?;
         let (src, src_guard) = send.device_ptr(self.stream());
         let (dst, dst_guard) = recv.device_ptr_mut(self.stream());
         // SAFETY: `send` holds `send.len()` elements and `recv` exactly `size()` times as many
@@ -197,9 +219,7 @@ impl Comm {
         let rc = unsafe {
             f(src as *const c_void, dst as *mut c_void, send.len(), T::DATA_TYPE.0, self.as_raw(), self.raw_stream())
         };
-        sink.keep(src_guard);
-        sink.keep(dst_guard);
-        check("ncclAllGather", rc, Some(self.as_raw()))
+        self.finish(sink, "ncclAllGather", rc, [src_guard, dst_guard])
     }
 
     pub(crate) fn enqueue_reduce_scatter<'a, T: NcclType>(
@@ -212,7 +232,7 @@ impl Comm {
         expect_len("send buffer", times(recv.len(), self.size())?, send.len())?;
         self.check_device("send buffer", send)?;
         self.check_device("recv buffer", recv)?;
-        let f = function!(lib()?, ncclReduceScatter)?;
+        let f = self.resolve::<T, _>(|lib| function!(lib, ncclReduceScatter))?;
         let count = recv.len();
         let (src, src_guard) = send.device_ptr(self.stream());
         let (dst, dst_guard) = recv.device_ptr_mut(self.stream());
@@ -221,9 +241,7 @@ impl Comm {
         let rc = unsafe {
             f(src as *const c_void, dst as *mut c_void, count, T::DATA_TYPE.0, op.0, self.as_raw(), self.raw_stream())
         };
-        sink.keep(src_guard);
-        sink.keep(dst_guard);
-        check("ncclReduceScatter", rc, Some(self.as_raw()))
+        self.finish(sink, "ncclReduceScatter", rc, [src_guard, dst_guard])
     }
 
     pub(crate) fn enqueue_send<'a, T: NcclType>(
@@ -234,13 +252,12 @@ impl Comm {
     ) -> Result<()> {
         let peer = self.check_rank("peer", peer)?;
         self.check_device("send buffer", send)?;
-        let f = function!(lib()?, ncclSend)?;
+        let f = self.resolve::<T, _>(|lib| function!(lib, ncclSend))?;
         let (src, guard) = send.device_ptr(self.stream());
         // SAFETY: `send` holds `send.len()` elements on this device, `peer` is in range, and the
         // buffer stays borrowed until the sink releases the guard after enqueue.
         let rc = unsafe { f(src as *const c_void, send.len(), T::DATA_TYPE.0, peer, self.as_raw(), self.raw_stream()) };
-        sink.keep(guard);
-        check("ncclSend", rc, Some(self.as_raw()))
+        self.finish(sink, "ncclSend", rc, [guard])
     }
 
     pub(crate) fn enqueue_recv<'a, T: NcclType>(
@@ -251,13 +268,12 @@ impl Comm {
     ) -> Result<()> {
         let peer = self.check_rank("peer", peer)?;
         self.check_device("recv buffer", recv)?;
-        let f = function!(lib()?, ncclRecv)?;
+        let f = self.resolve::<T, _>(|lib| function!(lib, ncclRecv))?;
         let len = recv.len();
         let (dst, guard) = recv.device_ptr_mut(self.stream());
         // SAFETY: NCCL writes at most `len` elements (the count passed) into a buffer of `len`
         // elements on this device, borrowed until the sink releases the guard.
         let rc = unsafe { f(dst as *mut c_void, len, T::DATA_TYPE.0, peer, self.as_raw(), self.raw_stream()) };
-        sink.keep(guard);
-        check("ncclRecv", rc, Some(self.as_raw()))
+        self.finish(sink, "ncclRecv", rc, [guard])
     }
 }

@@ -134,13 +134,13 @@ pub enum Error {
     /// to the end of the group, after this call had already released its buffers.
     #[error("a group is open on this thread: issue calls inside it through the `Group` handle")]
     InsideGroup,
-    /// A feature the loaded library is too old for.
+    /// A feature (or element type) the loaded library is too old for.
     #[error("{what} needs NCCL ≥ {needed}, but the loaded library is {loaded}")]
     Unsupported {
         /// The feature.
         what: &'static str,
         /// The version that introduced it.
-        needed: &'static str,
+        needed: String,
         /// The loaded version.
         loaded: String,
     },

@@ -1,7 +1,7 @@
 //! Element types and reduction operators.
 
 use cudarc::driver::DeviceRepr;
-use nccl_sys::{ncclDataType_t, ncclRedOp_t};
+use nccl_sys::{ncclDataType_t, ncclRedOp_t, Version};
 
 mod sealed {
     pub trait Sealed {}
@@ -17,6 +17,7 @@ mod sealed {
 /// | `i64`, `u64` | `ncclInt64`, `ncclUint64` |
 /// | `f32`, `f64` | `ncclFloat32`, `ncclFloat64` |
 /// | `half::f16`, `half::bf16` (feature `f16`) | `ncclFloat16`, `ncclBfloat16` |
+/// | `float8::F8E4M3`, `float8::F8E5M2` (feature `f8`, NCCL ≥ 2.24) | `ncclFloat8e4m3`, `ncclFloat8e5m2` |
 ///
 /// There is deliberately no `bool` (no NCCL reduction means anything for it) and no `char` (4
 /// bytes in Rust, and arbitrary bytes are not valid `char`s).
@@ -24,6 +25,9 @@ mod sealed {
 pub trait NcclType: DeviceRepr + sealed::Sealed {
     /// The matching NCCL data type.
     const DATA_TYPE: DataType;
+    /// The first NCCL release with this data type; calls with an older loaded library fail with
+    /// [`crate::Error::Unsupported`] instead of reaching NCCL.
+    const SINCE: Version = Version::new(2, 18, 1);
 }
 
 /// An NCCL data type (`ncclDataType_t`), as a newtype over the C value.
@@ -39,10 +43,11 @@ impl DataType {
 }
 
 macro_rules! nccl_type {
-    ($($t:ty => $c:ident),* $(,)?) => {$(
+    ($($t:ty => $c:ident $(since $since:expr)?),* $(,)?) => {$(
         impl sealed::Sealed for $t {}
         impl NcclType for $t {
             const DATA_TYPE: DataType = DataType(ncclDataType_t::$c);
+            $(const SINCE: Version = $since;)?
         }
     )*};
 }
@@ -60,6 +65,27 @@ nccl_type!(
 
 #[cfg(feature = "f16")]
 nccl_type!(half::f16 => ncclFloat16, half::bf16 => ncclBfloat16);
+
+// Headers older than 2.24 have no FP8 types at all: the cfg comes from the header version that
+// nccl-sys found (see build.rs).
+#[cfg(all(feature = "f8", nccl_2_24))]
+nccl_type!(
+    float8::F8E4M3 => ncclFloat8e4m3 since Version::new(2, 24, 3),
+    float8::F8E5M2 => ncclFloat8e5m2 since Version::new(2, 24, 3),
+);
+
+/// `Ok` when the loaded library knows `T`'s data type.
+pub(crate) fn check_type<T: NcclType>(loaded: Version) -> crate::Result<()> {
+    if loaded >= T::SINCE {
+        Ok(())
+    } else {
+        Err(crate::Error::Unsupported {
+            what: std::any::type_name::<T>(),
+            needed: T::SINCE.to_string(),
+            loaded: loaded.to_string(),
+        })
+    }
+}
 
 /// A reduction operator (`ncclRedOp_t`): a newtype over the C value, because NCCL also hands out
 /// dynamic operator ids (PreMulSum) that no closed enum could hold.
@@ -99,6 +125,8 @@ mod tests {
         fn size_of_nccl(t: DataType) -> usize {
             match t.0 {
                 ncclDataType_t::ncclInt8 | ncclDataType_t::ncclUint8 => 1,
+                #[cfg(nccl_2_24)]
+                ncclDataType_t::ncclFloat8e4m3 | ncclDataType_t::ncclFloat8e5m2 => 1,
                 ncclDataType_t::ncclFloat16 | ncclDataType_t::ncclBfloat16 => 2,
                 ncclDataType_t::ncclInt32 | ncclDataType_t::ncclUint32 | ncclDataType_t::ncclFloat32 => 4,
                 ncclDataType_t::ncclInt64 | ncclDataType_t::ncclUint64 | ncclDataType_t::ncclFloat64 => 8,
@@ -121,5 +149,25 @@ mod tests {
             check::<half::f16>();
             check::<half::bf16>();
         }
+        #[cfg(all(feature = "f8", nccl_2_24))]
+        {
+            check::<float8::F8E4M3>();
+            check::<float8::F8E5M2>();
+        }
+    }
+
+    #[test]
+    fn types_newer_than_the_loaded_library_are_refused() {
+        struct Fp8Like;
+        impl sealed::Sealed for Fp8Like {}
+        // SAFETY: test-only type, never sent to the device.
+        unsafe impl DeviceRepr for Fp8Like {}
+        impl NcclType for Fp8Like {
+            const DATA_TYPE: DataType = DataType(ncclDataType_t::ncclUint8);
+            const SINCE: Version = Version::new(2, 24, 3);
+        }
+        assert!(check_type::<Fp8Like>(Version::new(2, 24, 3)).is_ok());
+        let err = check_type::<Fp8Like>(Version::new(2, 23, 4)).unwrap_err();
+        assert!(err.to_string().ends_with("Fp8Like needs NCCL ≥ 2.24.3, but the loaded library is 2.23.4"), "{err}");
     }
 }

@@ -36,32 +36,10 @@
 //! `DEP_NVSHMEM_ROOT` are published like in `nccl-sys`.
 #![allow(non_camel_case_types, non_snake_case, non_upper_case_globals)]
 
-#[allow(missing_docs, dead_code, clippy::all, clippy::undocumented_unsafe_blocks)]
-mod bindings {
-    include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
-}
 mod init_attr;
 mod since;
 
-pub use bindings::*;
-pub use gpucomm_support::function;
-pub use gpucomm_support::runtime::{Library, LoadError, MissingFunction};
-pub use gpucomm_support::version::Version;
 pub use since::since;
-
-/// Vendor version of the NVSHMEM headers this crate was generated from, e.g. `"3.4.5"`.
-pub const HEADER_VERSION: &str = env!("NVSHMEM_SYS_HEADER_VERSION");
-
-/// The directory the build found `libnvshmem_host` in (empty for docs.rs builds).
-pub const BUILD_LIB_DIR: &str = env!("NVSHMEM_SYS_BUILD_LIB_DIR");
-
-/// The NVSHMEM include directory the build used (empty for docs.rs builds): compile device code
-/// (`nvshmem.h`, `nvshmemx.h`) against these headers, and device-link it with the
-/// `libnvshmem_device.a` of the same release.
-pub const INCLUDE_DIR: &str = env!("NVSHMEM_SYS_INCLUDE_DIR");
-
-/// The CUDA include directory the build used (empty for docs.rs builds).
-pub const CUDA_INCLUDE_DIR: &str = env!("NVSHMEM_SYS_CUDA_INCLUDE_DIR");
 
 #[cfg(feature = "link")]
 extern "C" {
@@ -82,11 +60,4 @@ fn version_of(api: &Nvshmem) -> Result<Version, String> {
     Ok(Version::new(part(major)?, part(minor)?, part(patch)?))
 }
 
-gpucomm_support::declare_library!(
-    Nvshmem,
-    gpucomm_support::locate::NVSHMEM,
-    BUILD_LIB_DIR,
-    version_of,
-    since,
-    linked_probe
-);
+gpucomm_support::sys_crate!(Nvshmem, gpucomm_support::locate::NVSHMEM, "NVSHMEM", version_of, since, linked_probe);
