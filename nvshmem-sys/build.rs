@@ -6,8 +6,11 @@ use gpucomm_support::build::{bindgen_builder, exports::exported_functions, SysBu
 use gpucomm_support::locate::NVSHMEM;
 use gpucomm_support::version::{nvshmem_header_version, NVSHMEM_SUPPORT};
 
-/// Exported, but never bound: NVLink multicast can take shared GPUs out of service.
-const NEVER_BIND: &[&str] = &["nvshmemx_mc_ptr"];
+/// Exported, but never bound: the NVLink multicast functions (`_mc_` in the name, such as the
+/// multicast pointer query), because multicast can take shared GPUs out of service.
+fn is_multicast(name: &str) -> bool {
+    name.contains("_mc_")
+}
 
 /// Versioned attribute structs whose version word is `(N << 16) + sizeof`, with N the `_vN` suffix
 /// of the struct the typedef names. Read from the headers so the initializers follow the release.
@@ -60,7 +63,7 @@ fn main() -> std::process::ExitCode {
         );
         // nvshmemid_* are internal hooks; the public API is nvshmem_* and nvshmemx_*.
         let public = |n: &&String| n.starts_with("nvshmem_") || n.starts_with("nvshmemx_");
-        for name in exports.iter().filter(public).filter(|n| !NEVER_BIND.contains(&n.as_str())) {
+        for name in exports.iter().filter(public).filter(|n| !is_multicast(n)) {
             builder = builder.allowlist_function(format!("^{name}$"));
         }
         let bindings = builder
