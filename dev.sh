@@ -2,7 +2,7 @@
 # Developer entry point. Every command first runs `setup`, which is idempotent (a second run is a
 # fast no-op) and installs what a fresh Debian machine lacks:
 #   - Debian packages: libclang-dev (bindgen), g++ (nvcc's host compiler, C layout checks),
-#     python3 + pip (to fetch NVIDIA's wheels), pkg-config, ca-certificates;
+#     python3 + pip (to fetch NVIDIA's wheels), ca-certificates; Rust (rustup) if cargo is missing;
 #   - the NVIDIA wheels pinned to the GPU machine's versions, into the git-ignored project-local
 #     prefix .deps/py (no CUDA install needed; no GPU needed).
 #
@@ -35,8 +35,11 @@ as_root() {
 }
 
 have_libclang() {
-    compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null || compgen -G '/usr/lib/*/libclang*.so*' >/dev/null \
-        || { [ -n "${LIBCLANG_PATH:-}" ] && compgen -G "$LIBCLANG_PATH/libclang*.so*" >/dev/null; }
+    # bindgen needs libclang itself and clang's resource headers (stddef.h, …). libclang-cpp, which
+    # some images carry without the rest, is not enough.
+    { compgen -G '/usr/lib/llvm-*/lib/libclang.so*' || compgen -G '/usr/lib/*/libclang-[0-9]*.so*' \
+        || [ -n "${LIBCLANG_PATH:-}" ]; } >/dev/null \
+        && compgen -G '/usr/lib/llvm-*/lib/clang/*/include/stddef.h' >/dev/null
 }
 
 setup_system() {
@@ -109,5 +112,5 @@ case "$cmd" in
         RUSTDOCFLAGS="-D warnings" exec cargo doc --workspace --no-deps -q
         ;;
     bundle) bundle ;;
-    *) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

@@ -192,6 +192,16 @@ fn init_rank_checks_its_arguments() {
     assert!(err.to_string().contains("nranks must be between 1 and"), "{err}");
     let twice = Comm::init_all(&[streams[0].clone(), streams[0].clone()]).unwrap_err();
     assert!(twice.to_string().contains("two streams are on CUDA device 0"), "{twice}");
+    // Creation inside a group would only be recorded until the group ends.
+    let inside = group(|_| Comm::init_rank(streams[0].clone(), &id, 0, 1).map(drop));
+    assert!(matches!(inside, Err(Error::InsideGroup)), "{inside:?}");
+    // A one-rank communicator works, and finalize inside a group hands it back.
+    let comm = Comm::init_rank(streams[0].clone(), &nccl::UniqueId::new().unwrap(), 0, 1).unwrap();
+    let comm = match group(|_| Ok(comm.finalize())).unwrap() {
+        Err((comm, Error::InsideGroup)) => comm,
+        other => panic!("expected the communicator back with InsideGroup, got {:?}", other.err()),
+    };
+    comm.finalize().map_err(|(_, e)| e).unwrap();
 }
 
 #[test]

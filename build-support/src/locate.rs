@@ -207,11 +207,6 @@ impl<'e> Locator<'e> {
         Locator { env, python_answers: RefCell::default() }
     }
 
-    /// The environment this locator reads.
-    pub fn env(&self) -> &Env {
-        self.env
-    }
-
     /// The `nvidia` package directories of the interpreter chosen for `spec`, with its name.
     pub fn nvidia_dirs(&self, spec: &Spec) -> (String, NvidiaDirs) {
         let python =

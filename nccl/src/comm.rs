@@ -21,7 +21,8 @@ use crate::UniqueId;
 /// communicator back if it fails. [`Comm::abort`] stops outstanding work (after a failure). If a
 /// `Comm` is simply dropped, it is destroyed (`ncclCommDestroy`, which also finalizes) when it is
 /// healthy and no panic is unwinding; otherwise it is aborted, so that a failed job does not hang
-/// waiting for peers that are gone. `Drop` never panics; errors there are ignored.
+/// waiting for peers that are gone (inside a [`crate::group`] closure it is leaked instead, with a
+/// message). `Drop` never panics; errors there are ignored.
 #[doc(alias = "ncclComm_t")]
 pub struct Comm {
     raw: ncclComm_t,
@@ -59,6 +60,7 @@ impl Comm {
     /// call it with the same `id` and `nranks`; it returns once all have joined.
     #[doc(alias = "ncclCommInitRank")]
     pub fn init_rank(stream: Arc<CudaStream>, id: &UniqueId, rank: usize, nranks: usize) -> Result<Self> {
+        outside_group()?;
         let n = nonzero("nranks", nranks)?;
         if rank >= nranks {
             return Err(Error::InvalidRank { what: "rank", rank, size: nranks });
@@ -98,6 +100,7 @@ impl Comm {
     /// differ. Drive the communicators together through [`crate::group`].
     #[doc(alias = "ncclCommInitAll")]
     pub fn init_all(streams: &[Arc<CudaStream>]) -> Result<Vec<Self>> {
+        outside_group()?;
         let n = nonzero("the number of streams", streams.len())?;
         let devices: Vec<usize> = streams.iter().map(|s| s.context().ordinal()).collect();
         for (i, d) in devices.iter().enumerate() {
@@ -209,6 +212,7 @@ impl Comm {
     #[doc(alias = "ncclCommDestroy")]
     pub fn finalize(self) -> std::result::Result<(), (Self, Error)> {
         let run = || -> Result<()> {
+            outside_group()?;
             let lib = lib()?;
             let finalize = function!(lib, ncclCommFinalize)?;
             let destroy = function!(lib, ncclCommDestroy)?;
@@ -239,6 +243,16 @@ impl Comm {
     }
 }
 
+/// Creating and finalising communicators inside a [`crate::group`] would only be recorded until the
+/// group ends, while this crate needs their results at once.
+fn outside_group() -> Result<()> {
+    if crate::group::is_open() {
+        Err(Error::InsideGroup)
+    } else {
+        Ok(())
+    }
+}
+
 fn abort_raw(raw: ncclComm_t) {
     if let Ok(f) = lib().and_then(|l| Ok(function!(l, ncclCommAbort)?)) {
         // SAFETY: `raw` is a live communicator that nothing else owns. The result is ignored:
@@ -249,6 +263,11 @@ fn abort_raw(raw: ncclComm_t) {
 
 impl Drop for Comm {
     fn drop(&mut self) {
+        if crate::group::is_open() {
+            // NCCL would only record the destroy until the group ends; leaking is the safe choice.
+            eprintln!("nccl: a Comm dropped inside nccl::group is leaked; drop communicators outside groups");
+            return;
+        }
         let healthy = !std::thread::panicking() && self.async_error().is_ok();
         let destroy = lib().ok().and_then(|l| function!(l, ncclCommDestroy).ok());
         match destroy {

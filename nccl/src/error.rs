@@ -130,9 +130,10 @@ pub enum Error {
         /// The argument's device.
         got: usize,
     },
-    /// A direct call on a communicator while a group is open on this thread: NCCL would defer it
-    /// to the end of the group, after this call had already released its buffers.
-    #[error("a group is open on this thread: issue calls inside it through the `Group` handle")]
+    /// A direct call (collective, init, finalize, nested group) while a group is open on this
+    /// thread: NCCL would defer it to the end of the group, after this call had already released
+    /// its buffers or needed its result.
+    #[error("a group is open on this thread: issue collectives inside it through the `Group` handle, and create, finalize or nest outside it")]
     InsideGroup,
     /// A feature (or element type) the loaded library is too old for.
     #[error("{what} needs NCCL ≥ {needed}, but the loaded library is {loaded}")]

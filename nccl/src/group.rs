@@ -188,3 +188,24 @@ impl Comm {
         call(&mut Immediate)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! Group bookkeeping needs the NCCL library but no GPU: an empty group is a no-op for NCCL.
+    use super::*;
+
+    #[test]
+    fn groups_return_values_refuse_nesting_and_always_end() {
+        assert_eq!(group(|_| Ok(7)).unwrap(), 7);
+        assert!(!is_open());
+        assert!(matches!(group(|_| group(|_| Ok(()))), Err(Error::InsideGroup)));
+        assert!(!is_open(), "the outer group ended although its closure failed");
+        let err = group(|_| -> Result<()> { Err(Error::InvalidArgument("from the closure".into())) }).unwrap_err();
+        assert_eq!(err.to_string(), "invalid argument: from the closure");
+        let panicked = std::panic::catch_unwind(|| group(|_| -> Result<()> { panic!("inside the group") }));
+        assert!(panicked.is_err());
+        assert!(!is_open(), "a panic inside the closure still ends the group");
+        // NCCL agrees that no group is open: a new one starts and ends cleanly.
+        group(|_| Ok(())).unwrap();
+    }
+}

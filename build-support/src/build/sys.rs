@@ -31,8 +31,6 @@ pub struct Context<'a> {
     pub install: Install,
     /// Version read from its headers.
     pub version: Version,
-    /// `OUT_DIR`.
-    pub out_dir: PathBuf,
 }
 
 /// The description of one -sys crate's build.
@@ -146,7 +144,7 @@ impl SysBuild {
             ));
         }
 
-        let ctx = Context { env, cuda, install, version, out_dir: out_dir.clone() };
+        let ctx = Context { env, cuda, install, version };
         let bindings = generate(&ctx)?;
         let text = format!("{FIRST_LINE}{version}\n{bindings}");
         std::fs::write(out_dir.join("bindings.rs"), text).map_err(|e| format!("cannot write bindings.rs: {e}"))
