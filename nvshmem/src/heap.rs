@@ -11,6 +11,10 @@ use nvshmem_sys::{cudaStream_t, function};
 use crate::error::{lib, Error, Result};
 use crate::Runtime;
 
+/// Names of the two transfer directions, as they appear in errors.
+const PUT: &str = "put";
+const GET: &str = "get";
+
 /// A buffer of `len` elements of `T` at the same symmetric address on every PE
 /// (`nvshmem_malloc`). Borrowing the [`Runtime`] ties it to NVSHMEM's lifetime.
 ///
@@ -100,11 +104,23 @@ impl<'rt, T> Symmetric<'rt, T> {
         Ok(())
     }
 
-    fn check_range(&self, what: &'static str, offset: usize, count: usize) -> Result<()> {
+    /// Checks one transfer of `count` elements at `offset` with `pe` on `stream`, and returns the
+    /// PE as C wants it, the symmetric address of element `offset`, and the byte count.
+    fn transfer(
+        &self,
+        what: &'static str,
+        offset: usize,
+        count: usize,
+        pe: usize,
+        stream: &CudaStream,
+    ) -> Result<(i32, u64, usize)> {
         match offset.checked_add(count) {
-            Some(end) if end <= self.len => Ok(()),
-            _ => Err(Error::OutOfBounds { what, got: offset.saturating_add(count), available: self.len }),
+            Some(end) if end <= self.len => {}
+            _ => return Err(Error::OutOfBounds { what, got: offset.saturating_add(count), available: self.len }),
         }
+        let pe = self.rt.check_pe(if what == PUT { "destination pe" } else { "source pe" }, pe)?;
+        self.rt.check_stream(stream)?;
+        Ok((pe, self.ptr + (offset * size_of::<T>()) as u64, count * size_of::<T>()))
     }
 }
 
@@ -114,12 +130,8 @@ impl<T: DeviceRepr> Symmetric<'_, T> {
     /// a barrier or quiet on the stream.
     #[doc(alias = "nvshmemx_putmem_on_stream")]
     pub fn put_on_stream(&self, offset: usize, src: &impl DevicePtr<T>, pe: usize, stream: &CudaStream) -> Result<()> {
-        self.check_range("put", offset, src.len())?;
-        let pe = self.rt.check_pe("destination pe", pe)?;
-        self.rt.check_stream(stream)?;
+        let (pe, dst, bytes) = self.transfer(PUT, offset, src.len(), pe, stream)?;
         let f = function!(lib()?, nvshmemx_putmem_on_stream)?;
-        let bytes = src.len() * size_of::<T>();
-        let dst = self.ptr + (offset * size_of::<T>()) as u64;
         let (src_ptr, _guard) = src.device_ptr(stream);
         // SAFETY: the destination range [offset, offset + src.len()) lies inside this symmetric
         // buffer (checked) on every PE; the source holds `bytes` bytes on this device and stays
@@ -138,12 +150,8 @@ impl<T: DeviceRepr> Symmetric<'_, T> {
         pe: usize,
         stream: &CudaStream,
     ) -> Result<()> {
-        self.check_range("get", offset, dst.len())?;
-        let pe = self.rt.check_pe("source pe", pe)?;
-        self.rt.check_stream(stream)?;
+        let (pe, src, bytes) = self.transfer(GET, offset, dst.len(), pe, stream)?;
         let f = function!(lib()?, nvshmemx_getmem_on_stream)?;
-        let bytes = dst.len() * size_of::<T>();
-        let src = self.ptr + (offset * size_of::<T>()) as u64;
         let (dst_ptr, _guard) = dst.device_ptr_mut(stream);
         // SAFETY: the source range lies inside this symmetric buffer (checked); the destination
         // holds `bytes` bytes on this device, borrowed until the guard records after the enqueue.

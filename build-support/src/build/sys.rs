@@ -111,20 +111,14 @@ impl SysBuild {
         let version = (self.read_version)(&install.include_dir)?;
         self.support.check(version, env.flag(self.support.skip_var))?;
 
-        out.version_cfgs(self.support, version);
-        out.metadata("version_number", version.code());
-        out.metadata("version", version);
+        let lib_dir = install.lib_dir.clone().unwrap_or_default();
+        self.publish(out, version, &lib_dir, &install.include_dir, &cuda.include_dir);
         out.metadata("include", install.include_dir.display());
         out.metadata("cuda_include", cuda.include_dir.display());
         if let Some(root) = &install.root {
             out.metadata("root", root.display());
         }
-        let lib_dir = install.lib_dir.clone().unwrap_or_default();
         out.metadata("lib_dir", lib_dir.display());
-        out.line("rustc-env", format!("{var}_SYS_BUILD_LIB_DIR={}", lib_dir.display()));
-        out.line("rustc-env", format!("{var}_SYS_HEADER_VERSION={version}"));
-        out.line("rustc-env", format!("{var}_SYS_INCLUDE_DIR={}", install.include_dir.display()));
-        out.line("rustc-env", format!("{var}_SYS_CUDA_INCLUDE_DIR={}", cuda.include_dir.display()));
 
         if std::env::var_os("CARGO_FEATURE_LINK").is_some() {
             let file = install.library.as_ref().and_then(|l| l.file_name()).ok_or("no library file to link")?;
@@ -150,6 +144,19 @@ impl SysBuild {
         std::fs::write(out_dir.join("bindings.rs"), text).map_err(|e| format!("cannot write bindings.rs: {e}"))
     }
 
+    /// The facts both paths publish: version cfgs and metadata, and the values baked into the
+    /// crate with `rustc-env` (read back by `sys_crate!`).
+    fn publish(&self, out: &mut Emitter<std::io::Stdout>, version: Version, lib: &Path, include: &Path, cuda: &Path) {
+        let var = self.spec.var;
+        out.version_cfgs(self.support, version);
+        out.metadata("version_number", version.code());
+        out.metadata("version", version);
+        out.line("rustc-env", format!("{var}_SYS_HEADER_VERSION={version}"));
+        out.line("rustc-env", format!("{var}_SYS_BUILD_LIB_DIR={}", lib.display()));
+        out.line("rustc-env", format!("{var}_SYS_INCLUDE_DIR={}", include.display()));
+        out.line("rustc-env", format!("{var}_SYS_CUDA_INCLUDE_DIR={}", cuda.display()));
+    }
+
     fn use_snapshot(&self, snapshot: &Path, out_dir: &Path, out: &mut Emitter<std::io::Stdout>) -> Result<(), String> {
         let text = std::fs::read_to_string(snapshot).map_err(|e| {
             format!("DOCS_RS is set but the bindings snapshot {} is unreadable: {e}", snapshot.display())
@@ -160,13 +167,9 @@ impl SysBuild {
             .and_then(|l| l.strip_prefix(FIRST_LINE))
             .ok_or_else(|| format!("{} does not start with `{FIRST_LINE}`", snapshot.display()))?
             .parse()?;
-        out.version_cfgs(self.support, version);
-        out.metadata("version_number", version.code());
-        out.metadata("version", version);
-        for key in ["BUILD_LIB_DIR", "INCLUDE_DIR", "CUDA_INCLUDE_DIR"] {
-            out.line("rustc-env", format!("{}_SYS_{key}=", self.spec.var));
-        }
-        out.line("rustc-env", format!("{}_SYS_HEADER_VERSION={version}", self.spec.var));
+        // No install was probed: the directories are empty.
+        let none = Path::new("");
+        self.publish(out, version, none, none, none);
         std::fs::write(out_dir.join("bindings.rs"), text).map_err(|e| format!("cannot write bindings.rs: {e}"))
     }
 }
