@@ -1,8 +1,8 @@
 //! Re-derives the NCCL version cfgs (`nccl_2_28`, …) from the header version that `nccl-sys`
 //! published (`DEP_NCCL_VERSION_NUMBER`), so this crate gates on the same facts.
 
-use gpucomm_support::emit::Emitter;
-use gpucomm_support::version::{Version, NCCL_SUPPORT};
+use gpucomm_build_support::emit::Emitter;
+use gpucomm_build_support::version::{Version, NCCL_SUPPORT};
 
 fn main() {
     let mut out = Emitter::stdout();

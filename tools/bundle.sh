@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
-# Builds the GPU bundle: every GPU test binary and example, stripped, into bundle/ (git-ignored),
-# with bundle/run.sh (a copy of tools/gpu-run.sh) that runs them on the GPU machine.
+# Builds the GPU bundle into bundle/ (git-ignored): every test binary of the `gpucomm-tests`
+# package (each file in tests/tests/ is a GPU suite), every example of `gpucomm-examples`, and the
+# `gpucomm` tool when the workspace has it, all stripped, plus bundle/run.sh (tools/gpu-run.sh)
+# and bundle/examples.tsv, which says how run.sh starts each lesson. Nothing here lists test or
+# example names: cargo's JSON output says what was built, and the lessons' launch modes come from
+# `[package.metadata.bundle]` in examples/Cargo.toml (default: the spawner).
 # Called by `./dev.sh bundle`. Prints the bundle's size and the build time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,35 +12,38 @@ cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 start=$(date +%s)
 rm -rf bundle
-mkdir -p bundle/tests bundle/examples
+mkdir -p bundle/tests bundle/examples bundle/bin
 
-# Test binaries: the GPU suites of the tests crate and the library-loading tests of the -sys
-# crates (the latter check that the GPU machine's wheels are found through python3).
-cargo test --profile bundle --no-run --message-format=json -p gpucomm-tests -p nccl-sys -p nvshmem-sys --tests 2>/dev/null \
-    | python3 -c '
-import json, sys, shutil, os
-# workspace folder -> test targets to keep (None: all)
-wanted = {
-    "tests": {"nccl_sys_gpu", "nvshmem_sys_gpu", "nccl_gpu", "nvshmem_gpu"},
-    "nccl-sys": {"load"},
-    "nvshmem-sys": {"load"},
-}
+bins=(-p gpucomm-examples --examples)
+cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; sys.exit(0 if any(p["name"]=="gpucomm" for p in json.load(sys.stdin)["packages"]) else 1)' \
+    && bins+=(-p gpucomm --bins)
+{
+    cargo test --profile bundle --no-run --message-format=json -p gpucomm-tests --tests
+    cargo build --profile bundle --message-format=json "${bins[@]}"
+} | python3 -c '
+import json, os, shutil, sys
 for line in sys.stdin:
     msg = json.loads(line)
     if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
         continue
-    pkg = os.path.basename(os.path.dirname(msg["manifest_path"]))
-    name = msg["target"]["name"]
-    if name in wanted.get(pkg, set()):
-        dest = f"bundle/tests/{pkg}--{name}"
+    kind = msg["target"]["kind"][0]
+    folder = {"test": "tests", "example": "examples", "bin": "bin"}.get(kind)
+    if folder:
+        dest = f"bundle/{folder}/{msg[\"target\"][\"name\"]}"
         shutil.copy(msg["executable"], dest)
-        print("test binary:", dest)
+        print(f"{folder[:-1]:8} {dest}")
 '
-cargo build --profile bundle -q -p gpucomm-examples --examples
-for f in examples/*.rs; do
-    name=$(basename "$f" .rs)
-    cp "target/bundle/examples/$name" bundle/examples/
-done
+# How run.sh starts each lesson: one line per (example, mode), the arguments after the mode.
+cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, os, sys
+pkg = next(p for p in json.load(sys.stdin)["packages"] if p["name"] == "gpucomm-examples")
+conf = (pkg.get("metadata") or {}).get("bundle") or {}
+runs, args = conf.get("runs", {}), conf.get("args", {})
+with open("bundle/examples.tsv", "w") as out:
+    for t in sorted(t["name"] for t in pkg["targets"] if "example" in t["kind"]):
+        for mode in runs.get(t, ["spawner"]):
+            out.write("\t".join([t, mode] + args.get(t, [])) + "\n")
+'
 cp tools/gpu-run.sh bundle/run.sh
 chmod +x bundle/run.sh
 end=$(date +%s)

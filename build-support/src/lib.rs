@@ -1,4 +1,4 @@
-//! Shared support for the `nccl-sys` / `nvshmem-sys` / `nccl` / `nvshmem` crates.
+//! Build and load support for the `nccl-sys` and `nvshmem-sys` crates.
 //!
 //! * At **build time** (feature `build`): finding the CUDA, NCCL and NVSHMEM installs
 //!   ([`locate`]), reading their versions from the headers and turning them into cumulative cfgs
@@ -6,8 +6,6 @@
 //!   with `nvcc` (`build`, behind the `build` feature).
 //! * At **run time**: loading `libnccl.so.2` / `libnvshmem_host.so.3` along the same search order,
 //!   with reports that list every place tried ([`runtime`]).
-//! * For **starting jobs**: this process's rank from launcher variables, a TCP rendezvous that
-//!   hands rank 0's unique id to every rank, and a local spawner ([`launch`]).
 //!
 //! The search order, every variable and its meaning are documented in [`locate`] and in this
 //! crate's README. Nothing here probes GPUs: builds work on machines without one.
@@ -16,7 +14,6 @@
 
 pub mod emit;
 pub mod env;
-pub mod launch;
 pub mod locate;
 pub mod python;
 pub mod runtime;

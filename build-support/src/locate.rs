@@ -9,10 +9,11 @@
 //!
 //! 1. `X_INCLUDE_DIR` and `X_LIB_DIR` — explicit directories.
 //! 2. `X_HOME` — a root with `include/` and `lib/` (or `lib64/`).
-//! 3. The project-local prefix `GPUCOMM_PREFIX` (set by this repository's `.cargo/config.toml` to
-//!    `.deps`; `./dev.sh setup` installs the pinned wheels there): `$GPUCOMM_PREFIX/py/nvidia/<wheel>/`.
+//! 3. A project-local prefix `GPUCOMM_PREFIX` holding pip-installed wheels:
+//!    `$GPUCOMM_PREFIX/py/nvidia/<wheel>/`.
 //! 4. The NVIDIA wheels of a Python interpreter: `X_SYS_PYTHON`, else `python3`, is asked for
 //!    `nvidia.__path__` ([`crate::python`]); `<dir>/<wheel>/` is tried for each answer.
+//!    `X_SYS_NO_PYTHON=1` turns this step off (no interpreter is started).
 //! 5. CUDA-style roots and system folders (`/usr/local/cuda`, `/usr/include` + the multiarch lib dir,
 //!    distro NVSHMEM folders such as `/usr/lib/x86_64-linux-gnu/nvshmem/13`).
 //!
@@ -20,10 +21,11 @@
 //! an explicit variable (1, 2) are binding: if they lack the library, the search stops with an error
 //! instead of silently using something else.
 //!
-//! At run time ([`Locator::runtime_candidates_early`], then [`Locator::runtime_candidates_late`]) the order is: `X_SYS_LIBRARY` (a file), `X_LIB_DIR`,
-//! `X_HOME`, the directory the build used, the project-local prefix, the Python wheels, and finally
-//! the bare soname (`libnccl.so.2`), which the dynamic loader resolves through `LD_LIBRARY_PATH` and
-//! the ldconfig cache.
+//! At run time ([`Locator::runtime_candidates_early`], then [`Locator::runtime_candidates_late`]) the
+//! order is: `X_SYS_LIBRARY` (a file), `X_LIB_DIR`, `X_HOME`, the directory the build used, the
+//! project-local prefix, the bare soname (`libnccl.so.2`), which the dynamic loader resolves through
+//! `LD_LIBRARY_PATH`, rpaths and the ldconfig cache, and only as the last resort the Python wheels
+//! (which starts `python3`; `X_SYS_NO_PYTHON=1` turns that step off).
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -32,9 +34,6 @@ use std::path::{Path, PathBuf};
 
 use crate::env::Env;
 use crate::python::{self, NvidiaDirs};
-
-/// The command that installs the pinned wheels into this repository's project-local prefix.
-pub const SETUP_COMMAND: &str = "./dev.sh setup";
 
 /// Name of the variable that holds the project-local prefix.
 pub const PREFIX_VAR: &str = "GPUCOMM_PREFIX";
@@ -58,6 +57,8 @@ pub struct Spec {
     pub system: &'static [(&'static str, &'static str)],
     /// How to install it, shown when nothing was found.
     pub install_hint: &'static str,
+    /// The crate whose documentation lists the variables (shown in reports).
+    pub docs: &'static str,
 }
 
 /// The CUDA toolkit headers (and `nvcc` next to them). No library is needed: the driver library is
@@ -72,6 +73,7 @@ pub const CUDA: Spec = Spec {
     system: &[("/usr/local/cuda/include", ""), ("/opt/cuda/include", ""), ("/usr/include", "")],
     install_hint: "pip install nvidia-cuda-runtime nvidia-cuda-crt nvidia-cuda-cccl nvidia-cuda-nvcc nvidia-nvvm \
                    (CUDA 13 wheels), or install the CUDA toolkit and set CUDA_HOME",
+    docs: "gpucomm-build-support",
 };
 
 /// NCCL: `nccl.h` and `libnccl.so.2`.
@@ -91,6 +93,7 @@ pub const NCCL: Spec = Spec {
     ],
     install_hint: "pip install nvidia-nccl-cu13 (or nvidia-nccl-cu12), or apt install libnccl-dev, \
                    or set NCCL_HOME to an NCCL build",
+    docs: "nccl-sys",
 };
 
 /// NVSHMEM: `nvshmem_host.h` and `libnvshmem_host.so.3`.
@@ -112,6 +115,7 @@ pub const NVSHMEM: Spec = Spec {
     ],
     install_hint: "pip install nvidia-nvshmem-cu13 (or nvidia-nvshmem-cu12), or apt install libnvshmem3-dev-cuda-13, \
                    or set NVSHMEM_HOME to an NVSHMEM install",
+    docs: "nvshmem-sys",
 };
 
 /// A found install.
@@ -163,8 +167,12 @@ impl fmt::Display for NotFound {
             writeln!(f, "  {}. {}: {}", i + 1, p.place, p.reason)?;
         }
         writeln!(f, "Variables consulted: {}", self.vars.join(", "))?;
-        writeln!(f, "To fix: in this repository run `{SETUP_COMMAND}`; elsewhere {}.", self.spec.install_hint)?;
-        write!(f, "Point the build at an install with the variables above (see build-support/README.md).")
+        writeln!(f, "To fix: {}.", self.spec.install_hint)?;
+        write!(
+            f,
+            "Point the build at an install with the variables above (the `{}` crate documentation lists them).",
+            self.spec.docs
+        )
     }
 }
 
@@ -189,6 +197,8 @@ pub struct RuntimeCandidate {
     pub path: PathBuf,
     /// Named by a variable: if it fails, loading stops there.
     pub explicit: bool,
+    /// Set when the step could not offer a file (the reason); it is reported, not tried.
+    pub unavailable: Option<String>,
 }
 
 /// Runs the search for a set of variables; caches Python answers.
@@ -208,9 +218,14 @@ impl<'e> Locator<'e> {
     }
 
     /// The `nvidia` package directories of the interpreter chosen for `spec`, with its name.
+    /// With `X_SYS_NO_PYTHON` set, no interpreter is started and the answer says why.
     pub fn nvidia_dirs(&self, spec: &Spec) -> (String, NvidiaDirs) {
         let python =
             self.env.get(&format!("{}_SYS_PYTHON", spec.var)).map(|v| v.value).unwrap_or_else(|| "python3".to_string());
+        let off = format!("{}_SYS_NO_PYTHON", spec.var);
+        if self.env.flag(&off) {
+            return (python, NvidiaDirs::NoInterpreter(format!("not asked: {off} is set")));
+        }
         let answer = self
             .python_answers
             .borrow_mut()
@@ -323,12 +338,13 @@ impl<'e> Locator<'e> {
     }
 
     /// The first library files to try at run time, in order: `X_SYS_LIBRARY`, the explicit
-    /// directories, `build_lib_dir` (the directory the build used), the project prefix. When all of
-    /// them fail, continue with [`Self::runtime_candidates_late`], which starts Python.
+    /// directories, `build_lib_dir` (the directory the build used), the project prefix, then the
+    /// bare sonames through the dynamic loader. When all of them fail, continue with
+    /// [`Self::runtime_candidates_late`], the last resort, which starts Python.
     pub fn runtime_candidates_early(&self, spec: &Spec, build_lib_dir: Option<&Path>) -> Vec<RuntimeCandidate> {
         let mut out = Vec::new();
         if let Some(v) = self.env.get(&format!("{}_SYS_LIBRARY", spec.var)) {
-            out.push(RuntimeCandidate { place: v.to_string(), path: v.path(), explicit: true });
+            out.push(RuntimeCandidate { place: v.to_string(), path: v.path(), explicit: true, unavailable: None });
         }
         for place in self.places_before_python(spec) {
             push_lib_candidates(spec, &place, place.explicit.is_some(), &mut out);
@@ -347,23 +363,51 @@ impl<'e> Locator<'e> {
             push_lib_candidates(spec, &place, false, &mut build);
             out.splice(pos..pos, build);
         }
+        out.extend(spec.libraries.iter().map(|name| RuntimeCandidate {
+            place: format!("dynamic loader search path (LD_LIBRARY_PATH, rpath, ldconfig) for {name}"),
+            path: PathBuf::from(name),
+            explicit: false,
+            unavailable: None,
+        }));
         out
     }
 
-    /// The run-time candidates after the early ones: the Python wheels and the bare sonames.
+    /// The last resort at run time: the Python wheels (this starts the interpreter, unless
+    /// `X_SYS_NO_PYTHON` is set, in which case the answer is one failed attempt saying so).
     pub fn runtime_candidates_late(&self, spec: &Spec) -> Vec<RuntimeCandidate> {
-        let mut ignored = Vec::new();
+        let (python, answer) = self.nvidia_dirs(spec);
+        let last_resort = |what: String| format!("last resort: {what} (set {}_SYS_NO_PYTHON=1 to skip)", spec.var);
+        let dirs = match answer {
+            NvidiaDirs::Found(dirs) => dirs,
+            NvidiaDirs::NoPackage(why) | NvidiaDirs::NoInterpreter(why) => {
+                return vec![RuntimeCandidate {
+                    place: last_resort(format!("`{python}` NVIDIA wheels")),
+                    path: PathBuf::from(python),
+                    explicit: false,
+                    unavailable: Some(why),
+                }]
+            }
+        };
         let mut out = Vec::new();
-        for place in self.places_from_python(spec, &mut ignored) {
-            if place.explicit.is_none() && place.root.is_some() {
+        for dir in dirs {
+            for wheel in spec.wheel_dirs {
+                let root = dir.join(wheel);
+                let place = wheel_place(last_resort(format!("`{python}` wheel {}", root.display())), root);
                 push_lib_candidates(spec, &place, false, &mut out);
             }
         }
-        out.extend(spec.libraries.iter().map(|name| RuntimeCandidate {
-            place: format!("dynamic loader search path (LD_LIBRARY_PATH, ldconfig) for {name}"),
-            path: PathBuf::from(name),
-            explicit: false,
-        }));
+        if out.is_empty() {
+            out.push(RuntimeCandidate {
+                place: last_resort(format!("`{python}` NVIDIA wheels")),
+                path: PathBuf::from(python),
+                explicit: false,
+                unavailable: Some(format!(
+                    "no {} in its `nvidia/{}` folders",
+                    spec.libraries[0],
+                    spec.wheel_dirs.join("|")
+                )),
+            });
+        }
         out
     }
 }
@@ -419,13 +463,14 @@ fn check_place(spec: &Spec, place: &Place) -> Result<Install, String> {
 
 fn push_lib_candidates(spec: &Spec, place: &Place, explicit: bool, out: &mut Vec<RuntimeCandidate>) {
     match find_library(spec, &place.lib) {
-        Some(path) => out.push(RuntimeCandidate { place: place.label.clone(), path, explicit }),
+        Some(path) => out.push(RuntimeCandidate { place: place.label.clone(), path, explicit, unavailable: None }),
         // An explicit place without the library is kept as a failing candidate so that loading
         // stops there with a precise message.
         None if explicit => out.push(RuntimeCandidate {
             place: place.label.clone(),
             path: place.lib.first().cloned().unwrap_or_default().join(spec.libraries[0]),
             explicit,
+            unavailable: None,
         }),
         None => {}
     }
@@ -491,7 +536,9 @@ mod tests {
         let text = err.to_string();
         assert!(text.contains("NCCL not found where NCCL_HOME points"), "{text}");
         assert!(text.contains(&format!("no nccl.h in {}", empty.join("include").display())), "{text}");
-        assert!(text.contains("./dev.sh setup"), "{text}");
+        assert!(text.contains("To fix: pip install nvidia-nccl-cu13"), "{text}");
+        assert!(text.contains("the `nccl-sys` crate documentation lists them"), "{text}");
+        assert!(!text.contains("dev.sh"), "{text}");
     }
 
     #[test]
@@ -552,11 +599,20 @@ mod tests {
         assert!(install.origin.contains("wheel"), "{}", install.origin);
         assert_eq!(install.lib_dir.unwrap(), site.join("nvidia/nccl/lib"));
 
-        // At run time the same wheel is a candidate, followed by the bare sonames.
+        // At run time the wheel is the last resort, after the sonames, and says so.
         let locator = Locator::new(&env);
+        let early = locator.runtime_candidates_early(&NCCL, None);
+        assert_eq!(early.last().unwrap().path, PathBuf::from("libnccl.so"));
         let late = locator.runtime_candidates_late(&NCCL);
         assert_eq!(late[0].path, site.join("nvidia/nccl/lib/libnccl.so.2"));
-        assert_eq!(late.last().unwrap().path, PathBuf::from("libnccl.so"));
+        assert!(late[0].place.starts_with("last resort: "), "{}", late[0].place);
+        assert!(late[0].place.ends_with("(set NCCL_SYS_NO_PYTHON=1 to skip)"), "{}", late[0].place);
+
+        // NCCL_SYS_NO_PYTHON turns the step off: no interpreter runs, and the report says why.
+        let env = Env::from_pairs(None, [("NCCL_SYS_PYTHON", "/nonexistent/python"), ("NCCL_SYS_NO_PYTHON", "1")]);
+        let late = Locator::new(&env).runtime_candidates_late(&NCCL);
+        assert_eq!(late.len(), 1);
+        assert_eq!(late[0].unavailable.as_deref(), Some("not asked: NCCL_SYS_NO_PYTHON is set"));
     }
 
     #[test]
@@ -572,9 +628,15 @@ mod tests {
         let paths: Vec<_> = c.iter().map(|c| c.path.clone()).collect();
         assert_eq!(
             paths,
-            [PathBuf::from("/x/libnccl.so.2"), home.join("lib/libnccl.so.2"), build.join("libnccl.so.2")]
+            [
+                PathBuf::from("/x/libnccl.so.2"),
+                home.join("lib/libnccl.so.2"),
+                build.join("libnccl.so.2"),
+                PathBuf::from("libnccl.so.2"),
+                PathBuf::from("libnccl.so")
+            ]
         );
-        assert_eq!(c.iter().map(|c| c.explicit).collect::<Vec<_>>(), [true, true, false]);
+        assert_eq!(c.iter().map(|c| c.explicit).collect::<Vec<_>>(), [true, true, false, false, false]);
     }
 
     #[test]

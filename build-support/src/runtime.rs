@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use crate::env::Env;
-use crate::locate::{Locator, RuntimeCandidate, Spec, SETUP_COMMAND};
+use crate::locate::{Locator, RuntimeCandidate, Spec};
 use crate::version::Version;
 
 /// A loaded library's function table (`A`, the bindgen-generated struct), with where it came
@@ -84,6 +84,8 @@ pub struct Binding<A> {
     /// Reads the version through the table; an `Err` rejects the candidate (e.g. a foreign library
     /// that happens to have the same file name).
     pub version: fn(&A) -> Result<Version, String>,
+    /// The oldest supported release: an older library is refused at load, naming both versions.
+    pub min: Version,
     /// The first library version that exports a function, when known.
     pub since: fn(&str) -> Option<&'static str>,
     /// True with the -sys crate's `link` feature: the library is already part of the process.
@@ -128,6 +130,12 @@ impl<A> Binding<A> {
             // SAFETY: forwarded from this function's contract.
             let api = unsafe { (self.from_library)(lib) }.map_err(|e| e.to_string())?;
             let version = (self.version)(&api)?;
+            if version < self.min {
+                return Err(format!(
+                    "{} {version} is older than {}, the oldest release these bindings support",
+                    self.spec.name, self.min
+                ));
+            }
             Ok((api, version))
         };
         let finish = |(api, version): (A, Version), path: PathBuf, place: String| Library {
@@ -144,6 +152,7 @@ impl<A> Binding<A> {
                 attempts: vec![Attempt { place: "linked at build time".into(), path: "(this process)".into(), error }],
                 vars: vec![],
                 hint: self.spec.install_hint,
+                docs: self.spec.docs,
                 stopped_by_variable: false,
             })?;
             return Ok(finish(made, "(linked)".into(), "linked at build time".into()));
@@ -160,13 +169,14 @@ impl<A> Binding<A> {
 /// `CUDA_INCLUDE_DIR`), the re-exported loading types, and `pub fn library()` over a `static`
 /// [`LazyLibrary`].
 ///
-/// `sys_crate!(Nccl, NCCL, "NCCL", version_fn, since_fn, linked_probe)`: the bindgen table
-/// type, the [`crate::locate::Spec`], the variable prefix the build used, the function that reads
-/// the version through the table, the `since` lookup, and an `extern` function of the library that
-/// the `link` feature references so the linker keeps the library.
+/// `sys_crate!(Nccl, NCCL, NCCL_SUPPORT, "NCCL", version_fn, since_fn, linked_probe)`: the bindgen
+/// table type, the [`crate::locate::Spec`], the [`crate::version::Support`] range (its minimum is
+/// enforced at load), the variable prefix the build used, the function that reads the version
+/// through the table, the `since` lookup, and an `extern` function of the library that the `link`
+/// feature references so the linker keeps the library.
 #[macro_export]
 macro_rules! sys_crate {
-    ($api:ident, $spec:path, $var:literal, $version:path, $since:path, $probe:path) => {
+    ($api:ident, $spec:path, $support:path, $var:literal, $version:path, $since:path, $probe:path) => {
         #[allow(missing_docs, dead_code, clippy::all, clippy::undocumented_unsafe_blocks)]
         mod bindings {
             include!(concat!(env!("OUT_DIR"), "/bindings.rs"));
@@ -205,6 +215,7 @@ macro_rules! sys_crate {
                 build_lib_dir: BUILD_LIB_DIR,
                 from_library: __from_library,
                 version: $version,
+                min: $support.min,
                 since: $since,
                 linked: cfg!(feature = "link"),
             });
@@ -246,6 +257,8 @@ pub struct LoadError {
     pub vars: Vec<String>,
     /// Install advice.
     pub hint: &'static str,
+    /// The crate whose documentation lists the variables.
+    pub docs: &'static str,
     /// True when an explicit variable stopped the search.
     pub stopped_by_variable: bool,
 }
@@ -260,7 +273,11 @@ impl fmt::Display for LoadError {
             writeln!(f, "The search stopped at a path named by a variable; fix or unset it.")?;
         }
         writeln!(f, "Variables consulted: {}", self.vars.join(", "))?;
-        write!(f, "To fix: in this repository run `{SETUP_COMMAND}`; elsewhere {}.", self.hint)
+        write!(
+            f,
+            "To fix: {}, or name the library with the variables above (the `{}` crate documentation lists them).",
+            self.hint, self.docs
+        )
     }
 }
 
@@ -285,7 +302,7 @@ unsafe fn open<T>(
     // SAFETY: forwarded from this function's contract.
     let mut outcome = unsafe { try_all(&early, &make, &mut attempts) };
     if let Outcome::Exhausted = outcome {
-        // Only now is Python started: the early candidates all failed.
+        // The last resort, and only now is Python started: the early candidates all failed.
         let late = locator.runtime_candidates_late(spec);
         // SAFETY: forwarded from this function's contract.
         outcome = unsafe { try_all(&late, &make, &mut attempts) };
@@ -297,6 +314,7 @@ unsafe fn open<T>(
             attempts,
             vars: env.names_read(),
             hint: spec.install_hint,
+            docs: spec.docs,
             stopped_by_variable: matches!(outcome, Outcome::Stopped),
         }),
     }
@@ -321,6 +339,10 @@ unsafe fn try_all<T>(
     attempts: &mut Vec<Attempt>,
 ) -> Outcome<T> {
     for c in candidates {
+        if let Some(why) = &c.unavailable {
+            attempts.push(Attempt { place: c.place.clone(), path: c.path.clone(), error: why.clone() });
+            continue;
+        }
         // SAFETY: the caller vouches for the library's initialisers (see `open`).
         let result = unsafe { libloading::Library::new(&c.path) }.map_err(|e| e.to_string()).and_then(make);
         match result {
@@ -384,6 +406,7 @@ mod tests {
             attempts: vec![Attempt { place: "NCCL_SYS_LIBRARY=/x".into(), path: "/x".into(), error: "no file".into() }],
             vars: vec!["NCCL_SYS_LIBRARY".into()],
             hint: NCCL.install_hint,
+            docs: NCCL.docs,
             stopped_by_variable: true,
         };
         let text = e.to_string();
@@ -391,6 +414,7 @@ mod tests {
             "could not load the NCCL library. Tried, in order:\n  1. /x (NCCL_SYS_LIBRARY=/x): no file\n"
         ));
         assert!(text.contains("stopped at a path named by a variable"));
-        assert!(text.contains("./dev.sh setup"));
+        assert!(text.ends_with("(the `nccl-sys` crate documentation lists them)."), "{text}");
+        assert!(!text.contains("dev.sh"), "{text}");
     }
 }

@@ -7,7 +7,7 @@
 //! # Loading
 //!
 //! By default `libnccl.so.2` is loaded at run time by [`library()`], along the search order of
-//! `gpucomm_support::locate` (`NCCL_SYS_LIBRARY`, `NCCL_LIB_DIR`, `NCCL_HOME`, the directory the
+//! `gpucomm_build_support::locate` (`NCCL_SYS_LIBRARY`, `NCCL_LIB_DIR`, `NCCL_HOME`, the directory the
 //! build used, the project prefix, `python3`'s NVIDIA wheels, then the soname). With the `link`
 //! feature the library is linked at build time instead and [`library()`] reads the same table from
 //! the process.
@@ -54,4 +54,12 @@ fn version_of(api: &Nccl) -> Result<Version, String> {
     Version::from_nccl_code(code.into()).ok_or_else(|| format!("ncclGetVersion gave an invalid version {code}"))
 }
 
-gpucomm_support::sys_crate!(Nccl, gpucomm_support::locate::NCCL, "NCCL", version_of, since, linked_probe);
+gpucomm_build_support::sys_crate!(
+    Nccl,
+    gpucomm_build_support::locate::NCCL,
+    gpucomm_build_support::version::NCCL_SUPPORT,
+    "NCCL",
+    version_of,
+    since,
+    linked_probe
+);

@@ -49,7 +49,7 @@ pub use nccl_sys as sys;
 /// Starting multi-GPU jobs: rank discovery from launcher variables (torchrun, Slurm, Open MPI,
 /// PMI), the TCP rendezvous that hands rank 0's unique id to every rank, and the local spawner
 /// (`--nproc N`). Shared with the `nvshmem` crate: one implementation, one set of types.
-pub use gpucomm_support::launch;
+pub use gpucomm_launch as launch;
 
 pub use nccl_sys::Version;
 

@@ -60,4 +60,12 @@ fn version_of(api: &Nvshmem) -> Result<Version, String> {
     Ok(Version::new(part(major)?, part(minor)?, part(patch)?))
 }
 
-gpucomm_support::sys_crate!(Nvshmem, gpucomm_support::locate::NVSHMEM, "NVSHMEM", version_of, since, linked_probe);
+gpucomm_build_support::sys_crate!(
+    Nvshmem,
+    gpucomm_build_support::locate::NVSHMEM,
+    gpucomm_build_support::version::NVSHMEM_SUPPORT,
+    "NVSHMEM",
+    version_of,
+    since,
+    linked_probe
+);

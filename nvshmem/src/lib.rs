@@ -46,7 +46,7 @@ pub use nvshmem_sys as sys;
 /// Starting multi-GPU jobs: rank discovery from launcher variables (torchrun, Slurm, Open MPI,
 /// PMI), the TCP rendezvous that hands PE 0's unique id to every PE, and the local spawner
 /// (`--nproc N`). Shared with the `nccl` crate: one implementation, one set of types.
-pub use gpucomm_support::launch;
+pub use gpucomm_launch as launch;
 
 pub use nvshmem_sys::Version;
 

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
-use gpucomm_support::launch::{self, RankInfo};
+use gpucomm_launch::{self as launch, RankInfo};
 
 /// Records that `test` did not run, and why.
 pub fn skip(test: &str, reason: &str) {

@@ -59,7 +59,7 @@ pub fn bindgen_builder(ctx: &Context<'_>, wrapper: &str, lib_struct: &str) -> bi
         .clang_arg(format!("-I{}", ctx.install.include_dir.display()))
         .clang_arg(format!("-I{}", cuda_inc.display()))
         .clang_arg(format!("-I{}", cuda_inc.join("cccl").display()))
-        .rust_target(bindgen::RustTarget::stable(82, 0).unwrap_or_default())
+        .rust_target(rust_target())
         .default_enum_style(bindgen::EnumVariation::NewType { is_bitfield: false, is_global: false })
         .derive_default(true)
         .derive_debug(true)
@@ -70,6 +70,17 @@ pub fn bindgen_builder(ctx: &Context<'_>, wrapper: &str, lib_struct: &str) -> bi
         .wrap_unsafe_ops(true)
         .formatter(bindgen::Formatter::Prettyplease)
         .parse_callbacks(Box::new(bindgen::CargoCallbacks::new()))
+}
+
+/// bindgen's Rust target: the building crate's `rust-version` (Cargo passes it to build scripts as
+/// `CARGO_PKG_RUST_VERSION`), so the generated code uses no feature newer than the crate promises.
+fn rust_target() -> bindgen::RustTarget {
+    let declared = std::env::var("CARGO_PKG_RUST_VERSION").unwrap_or_default();
+    let minor = declared.split('.').nth(1).and_then(|m| m.parse().ok());
+    match minor.map(|m| bindgen::RustTarget::stable(m, 0)) {
+        Some(Ok(target)) => target,
+        _ => panic!("the crate's rust-version {declared:?} is not a Rust release bindgen accepts (1.x)"),
+    }
 }
 
 impl SysBuild {

@@ -5,13 +5,13 @@ use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::launch::env::{EnvError, Master};
+use crate::env::{EnvError, Master};
 
 /// A rendezvous failure. Every message says which side saw what, and what to check.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum RendezvousError {
-    /// The [`RankInfo`](crate::launch::RankInfo) cannot be used (no master address, rank out of range).
+    /// The [`RankInfo`](crate::RankInfo) cannot be used (no master address, rank out of range).
     Env(EnvError),
     /// The [`Options`](super::Options) are invalid (e.g. `GPUCOMM_RENDEZVOUS_TIMEOUT=abc`).
     BadOptions {
@@ -117,7 +117,7 @@ pub enum RendezvousError {
     TooLarge {
         /// The byte count.
         len: usize,
-        /// The limit ([`MAX_DATA`](crate::launch::wire::MAX_DATA)).
+        /// The limit ([`MAX_DATA`](crate::wire::MAX_DATA)).
         max: usize,
     },
     /// An earlier operation on this [`Rendezvous`](super::Rendezvous) failed; the ranks are no

@@ -6,8 +6,8 @@ use std::net::{TcpStream, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
 use super::{deadline_after, master_error, read_with_timeout, RendezvousError};
-use crate::launch::env::Master;
-use crate::launch::wire::{FrameError, Message};
+use crate::env::Master;
+use crate::wire::{FrameError, Message};
 
 const FIRST_BACKOFF: Duration = Duration::from_millis(20);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);

@@ -23,7 +23,7 @@ const USAGE: u8 = 2;
 /// * With `--nproc N` (or `--nproc=N`) among the arguments (before any `--`), and not itself
 ///   started by the spawner (`GPUCOMM_SPAWNED` unset): starts `N` copies of the current executable
 ///   through [`spawn_local`], with the same arguments minus the flag, and returns their combined
-///   exit code ([`Outcome::exit_code`](crate::launch::Outcome::exit_code)). `body` does not run in
+///   exit code ([`Outcome::exit_code`](crate::Outcome::exit_code)). `body` does not run in
 ///   this process.
 /// * Otherwise: reads [`RankInfo::from_env`] and runs `body` with it.
 ///
@@ -31,7 +31,7 @@ const USAGE: u8 = 2;
 /// turn into a failing exit code (2 for a bad `--nproc` value).
 ///
 /// ```no_run
-/// use gpucomm_support::launch::{run_main, Options, Rendezvous};
+/// use gpucomm_launch::{run_main, Options, Rendezvous};
 ///
 /// fn main() -> std::process::ExitCode {
 ///     run_main(|info| {

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 pub use error::RendezvousError;
 
-use crate::launch::env::{EnvError, Master, RankInfo};
-use crate::launch::wire::{self, FrameError, Message, MAX_DATA};
+use crate::env::{EnvError, Master, RankInfo};
+use crate::wire::{self, FrameError, Message, MAX_DATA};
 
 /// The variable holding the rendezvous timeout in seconds (fractions allowed).
 pub const TIMEOUT_VAR: &str = "GPUCOMM_RENDEZVOUS_TIMEOUT";
@@ -81,7 +81,7 @@ impl Options {
 /// every other rank connects, says hello (job token, rank, world size) and waits until rank 0 has
 /// heard from all of them. After that, [`Rendezvous::broadcast`] and [`Rendezvous::barrier`] can
 /// be called any number of times, by every rank in the same order. The bytes on the wire are
-/// described in [`wire`](crate::launch::wire).
+/// described in [`wire`](crate::wire).
 ///
 /// * **Where rank 0 listens:** on `MASTER_ADDR` itself when it is an IP address of this machine
 ///   (so `127.0.0.1` keeps the rendezvous local); on all interfaces (`0.0.0.0`, or `::` for an IPv6

@@ -5,8 +5,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, Tc
 use std::time::{Duration, Instant};
 
 use super::{clip, deadline_after, Peer, RendezvousError};
-use crate::launch::env::Master;
-use crate::launch::wire::{frame_len, Message};
+use crate::env::Master;
+use crate::wire::{frame_len, Message};
 
 /// How long rank 0 sleeps when nothing happened, between polls of its sockets.
 const POLL: Duration = Duration::from_millis(2);

@@ -51,7 +51,7 @@
 //! # Example
 //!
 //! ```no_run
-//! use gpucomm_support::launch::{run_main, Options, Rendezvous};
+//! use gpucomm_launch::{run_main, Options, Rendezvous};
 //!
 //! fn main() -> std::process::ExitCode {
 //!     run_main(|info| {

@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::*;
-use crate::launch::{run_main, Options, Rendezvous};
+use crate::{run_main, Options, Rendezvous};
 
 /// Set by [`ranks_rendezvous_across_processes`] for its children: the folder for their results.
 const CHILD_DIR: &str = "GPUCOMM_TEST_CHILD_DIR";
@@ -136,7 +136,7 @@ fn ranks_rendezvous_across_processes() {
     let dir = tempfile::tempdir().unwrap();
     let exe = std::env::current_exe().unwrap();
     let args: Vec<OsString> =
-        ["launch::spawn::tests::child_rank", "--exact", "--nocapture", "--test-threads=1"].map(OsString::from).into();
+        ["spawn::tests::child_rank", "--exact", "--nocapture", "--test-threads=1"].map(OsString::from).into();
     let extra = [
         (CHILD_DIR.to_string(), dir.path().to_string_lossy().into_owned()),
         ("GPUCOMM_RENDEZVOUS_TIMEOUT".to_string(), "20".to_string()),
@@ -158,7 +158,7 @@ fn child_rank() {
     let code = run_main(|info| {
         let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
         let first = rendezvous.broadcast(|| Ok(std::process::id().to_be_bytes().repeat(32)))?;
-        let second = rendezvous.broadcast(|| Ok(std::env::var(crate::launch::JOB_TOKEN_VAR).unwrap().into_bytes()))?;
+        let second = rendezvous.broadcast(|| Ok(std::env::var(crate::JOB_TOKEN_VAR).unwrap().into_bytes()))?;
         rendezvous.barrier()?;
         let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
         let text = format!("{}\n{}\n", hex(&first), hex(&second));

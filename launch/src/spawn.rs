@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use relay::Sink;
 
-/// Set (to `1`) in every spawned rank; [`run_main`](crate::launch::run_main) does not spawn again
+/// Set (to `1`) in every spawned rank; [`run_main`](crate::run_main) does not spawn again
 /// when it sees it.
 pub const SPAWNED_VAR: &str = "GPUCOMM_SPAWNED";
 
@@ -97,7 +97,7 @@ impl fmt::Display for Outcome {
 pub enum SpawnError {
     /// `nproc` was 0.
     NoProcesses,
-    /// Bad command-line use of [`run_main`](crate::launch::run_main) (`--nproc`).
+    /// Bad command-line use of [`run_main`](crate::run_main) (`--nproc`).
     BadArgs {
         /// What is wrong.
         message: String,
@@ -203,7 +203,7 @@ pub(crate) fn spawn_to(
             .env("LOCAL_WORLD_SIZE", &size_text)
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
-            .env(crate::launch::JOB_TOKEN_VAR, &token)
+            .env(crate::JOB_TOKEN_VAR, &token)
             .env(SPAWNED_VAR, "1");
         command.envs(extra_env.iter().map(|(k, v)| (k, v)));
         command.envs(SAFETY_VARS);

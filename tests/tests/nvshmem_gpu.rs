@@ -1,7 +1,7 @@
 //! The safe `nvshmem` crate on real GPUs, two processes: symmetric allocation, puts and gets to
 //! the peer with values checked, and the exact error for each kind of bad input.
 
-use gpucomm_support::launch::{Options, Rendezvous};
+use gpucomm_launch::{Options, Rendezvous};
 use gpucomm_tests::multi_process;
 use nvshmem::{Error, Runtime};
 

@@ -6,7 +6,7 @@
 use std::ffi::c_void;
 
 use cudarc::driver::DevicePtr;
-use gpucomm_support::launch::{Options, Rendezvous};
+use gpucomm_launch::{Options, Rendezvous};
 use gpucomm_tests::multi_process;
 use nvshmem_sys::{function, nvshmemx_init_attr_t, nvshmemx_uniqueid_t, NVSHMEMX_INIT_WITH_UNIQUEID};
 

@@ -5,8 +5,8 @@ use std::net::{TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use gpucomm_support::launch::wire::Message;
-use gpucomm_support::launch::{Launcher, Master, Options, RankInfo, Rendezvous, RendezvousError};
+use gpucomm_launch::wire::Message;
+use gpucomm_launch::{Launcher, Master, Options, RankInfo, Rendezvous, RendezvousError};
 
 const TOKEN: &str = "test-job";
 

@@ -2,7 +2,7 @@
 //! exact error for each kind of bad input (after which the communicator still works).
 
 use cudarc::driver::{CudaSlice, CudaStream};
-use gpucomm_support::launch::{Options, Rendezvous};
+use gpucomm_launch::{Options, Rendezvous};
 use gpucomm_tests::{multi_process, require_gpus};
 use nccl::{group, Comm, Error, ReduceOp};
 use std::sync::Arc;

@@ -1,0 +1,141 @@
+//! Taking buffer pointers for one call on one stream, safely inside a graph capture too.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{result, sys, CudaContext, CudaStream, DevicePtr, DevicePtrMut, DriverError, SyncOnDrop};
+
+use crate::capture::{is_capturing, relaxed};
+
+/// The call being prepared on this thread, so that a tracked buffer reached through cudarc's
+/// `DevicePtr` (which only sees `&CudaStream`) can still remember the call's `Arc<CudaStream>`.
+pub(crate) struct Call {
+    pub(crate) stream: Arc<CudaStream>,
+    pub(crate) capturing: bool,
+    probe: Option<sys::CUstream>,
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Call>> = const { RefCell::new(None) };
+}
+
+/// The call in progress on this thread whose stream (or capture probe) is `stream`.
+pub(crate) fn current(stream: &CudaStream) -> Option<Call> {
+    CURRENT.with(|c| {
+        let c = c.borrow();
+        let call = c.as_ref()?;
+        let ours = call.stream.cu_stream() == stream.cu_stream() || call.probe == Some(stream.cu_stream());
+        ours.then(|| Call { stream: call.stream.clone(), capturing: call.capturing, probe: call.probe })
+    })
+}
+
+/// Takes the device pointers of the buffers of one call (a collective, a put) on one stream.
+///
+/// Outside a capture, [`Access::read`] and [`Access::write`] are cudarc's
+/// `device_ptr`/`device_ptr_mut`: the stream waits for earlier uses on other streams, and the
+/// returned guards record this use when dropped — drop them only after the work is enqueued.
+/// Inside a capture, cudarc's waits would invalidate it, so ordinary cudarc buffers hand out their
+/// pointer without waiting (through a private, idle helper stream) and record nothing; buffers with
+/// a [`StreamTracker`](crate::StreamTracker) wait for earlier work on the host instead. Whether the
+/// stream is capturing is asked at most once per `Access`, and only when a buffer needs to know.
+pub struct Access<'s> {
+    stream: &'s Arc<CudaStream>,
+    capturing: Cell<Option<bool>>,
+}
+
+impl<'s> Access<'s> {
+    /// An access for a call on `stream`.
+    pub fn new(stream: &'s Arc<CudaStream>) -> Self {
+        Access { stream, capturing: Cell::new(None) }
+    }
+
+    /// The call's stream.
+    pub fn stream(&self) -> &'s Arc<CudaStream> {
+        self.stream
+    }
+
+    /// Whether the stream is being captured (asked once, then remembered).
+    pub fn capturing(&self) -> Result<bool, DriverError> {
+        if let Some(c) = self.capturing.get() {
+            return Ok(c);
+        }
+        let c = is_capturing(self.stream)?;
+        self.capturing.set(Some(c));
+        Ok(c)
+    }
+
+    /// cudarc only waits and records while it manages synchronisation; otherwise its buffers can
+    /// be used directly and nothing needs to know about captures.
+    fn needs_capture_check(&self) -> bool {
+        self.stream.context().is_managing_stream_synchronization()
+    }
+
+    /// The pointer of `buf` for reading on the call's stream, and the guard to drop after enqueue.
+    pub fn read<'a, T>(
+        &'a self,
+        buf: &'a impl DevicePtr<T>,
+    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError> {
+        self.take(|stream| buf.device_ptr(stream))
+    }
+
+    /// The pointer of `buf` for writing on the call's stream, and the guard to drop after enqueue.
+    pub fn write<'a, T>(
+        &'a self,
+        buf: &'a mut impl DevicePtrMut<T>,
+    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError> {
+        self.take(|stream| buf.device_ptr_mut(stream))
+    }
+
+    fn take<'a>(
+        &'a self,
+        get: impl FnOnce(&'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>),
+    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError> {
+        let capturing = self.needs_capture_check() && self.capturing()?;
+        let probe = if capturing { Some(probe(self.stream.context())?) } else { None };
+        let call = Call { stream: self.stream.clone(), capturing, probe: probe.map(|p| p.cu_stream()) };
+        let _restore = Restore(CURRENT.with(|c| c.replace(Some(call))));
+        let taken = match probe {
+            // The helper stream is idle and never captured: cudarc's wait lands there, harmlessly,
+            // and the guard is dropped unrecorded (captured work has not run yet).
+            Some(probe) => {
+                let (ptr, guard) = get(probe);
+                std::mem::forget(guard);
+                (ptr, SyncOnDrop::Record(None))
+            }
+            None => get(self.stream),
+        };
+        Ok(taken)
+    }
+}
+
+/// Puts back the call that was in progress before (none, unless calls nest), on every path.
+struct Restore(Option<Call>);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        CURRENT.with(|c| *c.borrow_mut() = self.0.take());
+    }
+}
+
+/// One idle, never-captured helper stream per context, for taking pointers during captures. It
+/// lives as long as the process (a handful of bytes per GPU).
+fn probe(ctx: &Arc<CudaContext>) -> Result<&'static CudaStream, DriverError> {
+    static PROBES: Mutex<Option<HashMap<usize, &'static CudaStream>>> = Mutex::new(None);
+    let mut probes = PROBES.lock().unwrap_or_else(|e| e.into_inner());
+    let map = probes.get_or_insert_with(HashMap::new);
+    let key = ctx.cu_ctx() as usize;
+    if let Some(p) = map.get(&key) {
+        return Ok(p);
+    }
+    let stream = relaxed(|| {
+        ctx.bind_to_thread()?;
+        let raw = result::stream::create(result::stream::StreamKind::NonBlocking)?;
+        // SAFETY: `raw` is a stream of this context that nothing else owns; it is never destroyed
+        // (leaked below), so the wrapper can never outlive it.
+        Ok(unsafe { ctx.wrap_borrowed_stream(raw) })
+    })?;
+    let leaked: &'static Arc<CudaStream> = Box::leak(Box::new(stream));
+    map.insert(key, leaked);
+    Ok(leaked)
+}
