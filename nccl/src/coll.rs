@@ -12,7 +12,7 @@ use std::ffi::c_void;
 use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use nccl_sys::{cudaStream_t, function, ncclResult_t, Library, MissingFunction, Nccl};
 
-use crate::error::{check, lib, Error, Result};
+use crate::error::{lib, Error, Result};
 use crate::types::check_type;
 use crate::{Comm, NcclType, ReduceOp};
 
@@ -65,7 +65,7 @@ impl Comm {
         for guard in guards {
             sink.keep(guard);
         }
-        check(call, rc, Some(self.as_raw()))
+        self.settle(call, rc)
     }
 
     fn raw_stream(&self) -> cudaStream_t {

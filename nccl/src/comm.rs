@@ -1,12 +1,12 @@
 //! Communicators: creation, queries and teardown.
 
-use std::ptr;
+use std::ptr::{self, NonNull};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
-use nccl_sys::{function, ncclComm_t};
+use nccl_sys::{ncclComm, ncclComm_t, ncclResult_t};
 
-use crate::error::{check, lib, Error, Result};
+use crate::error::{call, check, Error, Result};
 use crate::UniqueId;
 
 /// One rank's membership in a group of GPUs that run collectives together (`ncclComm_t`).
@@ -25,7 +25,7 @@ use crate::UniqueId;
 /// message). `Drop` never panics; errors there are ignored.
 #[doc(alias = "ncclComm_t")]
 pub struct Comm {
-    raw: ncclComm_t,
+    raw: NonNull<ncclComm>,
     stream: Arc<CudaStream>,
     rank: usize,
     size: usize,
@@ -65,13 +65,12 @@ impl Comm {
         if rank >= nranks {
             return Err(Error::InvalidRank { what: "rank", rank, size: nranks });
         }
-        let f = function!(lib()?, ncclCommInitRank)?;
         // NCCL creates the communicator on the current device.
         stream.context().bind_to_thread()?;
         let mut raw: ncclComm_t = ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer; `id` is a full ncclUniqueId passed by value; `rank`
         // and `n` were checked to be in range; the stream's context is current on this thread.
-        check("ncclCommInitRank", unsafe { f(&mut raw, n, id.0, rank as i32) }, None)?;
+        unsafe { call!(ncclCommInitRank(&mut raw, n, id.0, rank as i32)) }?;
         Self::adopt(raw, stream)
     }
 
@@ -113,12 +112,11 @@ impl Comm {
         let devlist =
             devices.iter().map(|&d| i32::try_from(d).map_err(|_| Error::InvalidArgument(format!("device {d}"))));
         let devlist = devlist.collect::<Result<Vec<i32>>>()?;
-        let f = function!(lib()?, ncclCommInitAll)?;
         streams[0].context().bind_to_thread()?;
         let mut raws: Vec<ncclComm_t> = vec![ptr::null_mut(); streams.len()];
         // SAFETY: `raws` has room for `n` communicators, `devlist` holds `n` distinct device
         // ordinals that cudarc opened.
-        check("ncclCommInitAll", unsafe { f(raws.as_mut_ptr(), n, devlist.as_ptr()) }, None)?;
+        unsafe { call!(ncclCommInitAll(raws.as_mut_ptr(), n, devlist.as_ptr())) }?;
         let mut comms = Vec::with_capacity(raws.len());
         for (i, (raw, stream)) in raws.iter().zip(streams).enumerate() {
             match Self::adopt(*raw, stream.clone()) {
@@ -136,22 +134,38 @@ impl Comm {
         Ok(comms)
     }
 
+    /// Takes ownership of a communicator created outside this crate (by C or C++ code, another
+    /// binding, a framework), so that the safe API can drive it. Rank, size and device are queried
+    /// from NCCL; the communicator must live on `stream`'s device, which becomes its default
+    /// stream. It is finalized or aborted by this `Comm` unless given back with [`Comm::into_raw`].
+    ///
+    /// # Safety
+    ///
+    /// `raw` must be a live communicator that nothing else will destroy, finalize or abort while
+    /// this `Comm` owns it, and that no other thread operates while this `Comm` does.
+    pub unsafe fn from_raw(raw: ncclComm_t, stream: Arc<CudaStream>) -> Result<Self> {
+        Self::adopt(raw, stream)
+    }
+
+    /// Gives up ownership without finalizing or destroying: the caller becomes responsible for the
+    /// returned communicator (the inverse of [`Comm::from_raw`]).
+    pub fn into_raw(self) -> ncclComm_t {
+        let raw = self.as_raw();
+        std::mem::forget(self);
+        raw
+    }
+
     /// Takes ownership of a communicator NCCL created, checking that it lives on the stream's device.
     fn adopt(raw: ncclComm_t, stream: Arc<CudaStream>) -> Result<Self> {
-        if raw.is_null() {
-            return Err(Error::InvalidArgument("NCCL returned a null communicator".into()));
-        }
-        let lib = lib()?;
+        let raw = NonNull::new(raw).ok_or(Error::NullCommunicator)?;
+        let c = raw.as_ptr();
         let (mut rank, mut size, mut device) = (0, 0, 0);
-        let queried = (|| {
-            // SAFETY: `raw` is a live communicator; each call writes one int.
-            unsafe {
-                check("ncclCommUserRank", function!(lib, ncclCommUserRank)?(raw, &mut rank), Some(raw))?;
-                check("ncclCommCount", function!(lib, ncclCommCount)?(raw, &mut size), Some(raw))?;
-                check("ncclCommCuDevice", function!(lib, ncclCommCuDevice)?(raw, &mut device), Some(raw))?;
-            }
-            Ok::<_, Error>(())
-        })();
+        // SAFETY: `c` is a live communicator; each call writes one int through a live local.
+        let queried = unsafe {
+            call!(ncclCommUserRank(c, &mut rank), comm = c)
+                .and_then(|()| call!(ncclCommCount(c, &mut size), comm = c))
+                .and_then(|()| call!(ncclCommCuDevice(c, &mut device), comm = c))
+        };
         let comm = Comm { raw, stream, rank: rank as usize, size: size as usize, device: device as usize };
         queried?;
         let expected = comm.stream.context().ordinal();
@@ -191,18 +205,25 @@ impl Comm {
 
     /// The raw handle, for `nccl-sys` calls this crate does not wrap. It stays owned by `self`.
     pub fn as_raw(&self) -> ncclComm_t {
-        self.raw
+        self.raw.as_ptr()
     }
 
     /// The error state of asynchronous operations (`ncclCommGetAsyncError`): `Ok` while healthy.
     #[doc(alias = "ncclCommGetAsyncError")]
     pub fn async_error(&self) -> Result<()> {
-        let f = function!(lib()?, ncclCommGetAsyncError)?;
-        let mut state = nccl_sys::ncclResult_t::ncclSuccess;
+        let raw = self.as_raw();
+        let mut state = ncclResult_t::ncclSuccess;
         // SAFETY: live communicator; the out-pointer is a newtype over an integer, so any value
         // NCCL writes is a valid `ncclResult_t`.
-        check("ncclCommGetAsyncError", unsafe { f(self.raw, &mut state) }, Some(self.raw))?;
-        check("asynchronous operation", state, Some(self.raw))
+        unsafe { call!(ncclCommGetAsyncError(raw, &mut state), comm = raw) }?;
+        check("asynchronous operation", state, Some(raw))
+    }
+
+    /// Called with the result code of every call that enqueues work on this communicator: `Ok`
+    /// once NCCL has really enqueued it, so that the callers may release their stream bookkeeping
+    /// (the buffers' "in use until here" guards) only then.
+    pub(crate) fn settle(&self, call: &'static str, rc: ncclResult_t) -> Result<()> {
+        check(call, rc, Some(self.as_raw()))
     }
 
     /// Flushes outstanding operations and releases the communicator (`ncclCommFinalize` then
@@ -213,14 +234,9 @@ impl Comm {
     pub fn finalize(self) -> std::result::Result<(), (Self, Error)> {
         let run = || -> Result<()> {
             outside_group()?;
-            let lib = lib()?;
-            let finalize = function!(lib, ncclCommFinalize)?;
-            let destroy = function!(lib, ncclCommDestroy)?;
-            // SAFETY: `self.raw` is live and owned; after a successful destroy it is forgotten below.
-            unsafe {
-                check("ncclCommFinalize", finalize(self.raw), Some(self.raw))?;
-                check("ncclCommDestroy", destroy(self.raw), None)
-            }
+            let raw = self.as_raw();
+            // SAFETY: `raw` is live and owned; after a successful destroy `self` is forgotten below.
+            unsafe { call!(ncclCommFinalize(raw), comm = raw).and_then(|()| call!(ncclCommDestroy(raw))) }
         };
         match run() {
             Ok(()) => {
@@ -235,11 +251,9 @@ impl Comm {
     /// error or to unblock a hung job. Peers should abort theirs too.
     #[doc(alias = "ncclCommAbort")]
     pub fn abort(self) -> Result<()> {
-        let f = function!(lib()?, ncclCommAbort)?;
-        let raw = self.raw;
-        std::mem::forget(self);
-        // SAFETY: `raw` was live and owned, and `self` is forgotten so nothing uses it afterwards.
-        check("ncclCommAbort", unsafe { f(raw) }, None)
+        let raw = self.into_raw();
+        // SAFETY: `raw` was live and owned, and `self` is consumed so nothing uses it afterwards.
+        unsafe { call!(ncclCommAbort(raw)) }
     }
 }
 
@@ -254,10 +268,9 @@ fn outside_group() -> Result<()> {
 }
 
 fn abort_raw(raw: ncclComm_t) {
-    if let Ok(f) = lib().and_then(|l| Ok(function!(l, ncclCommAbort)?)) {
-        // SAFETY: `raw` is a live communicator that nothing else owns. The result is ignored:
-        // this runs on cleanup paths that cannot report.
-        let _ = unsafe { f(raw) };
+    // SAFETY: `raw` is a live communicator that nothing else owns.
+    if let Err(e) = unsafe { call!(ncclCommAbort(raw)) } {
+        log::warn!("nccl: aborting a communicator during cleanup failed: {e}");
     }
 }
 
@@ -265,18 +278,17 @@ impl Drop for Comm {
     fn drop(&mut self) {
         if crate::group::is_open() {
             // NCCL would only record the destroy until the group ends; leaking is the safe choice.
-            eprintln!("nccl: a Comm dropped inside nccl::group is leaked; drop communicators outside groups");
+            log::warn!("nccl: a Comm dropped inside nccl::group is leaked; drop communicators outside groups");
             return;
         }
-        let healthy = !std::thread::panicking() && self.async_error().is_ok();
-        let destroy = lib().ok().and_then(|l| function!(l, ncclCommDestroy).ok());
-        match destroy {
-            Some(f) if healthy => {
-                // SAFETY: `self.raw` is live and owned, and is not used after drop. Errors cannot
-                // be reported from Drop; `finalize` is the checked path.
-                let _ = unsafe { f(self.raw) };
-            }
-            _ => abort_raw(self.raw),
+        let raw = self.as_raw();
+        if std::thread::panicking() || self.async_error().is_err() {
+            return abort_raw(raw);
+        }
+        // SAFETY: `raw` is live and owned, and is not used after drop. `finalize` is the checked
+        // path; here a failure can only be logged.
+        if let Err(e) = unsafe { call!(ncclCommDestroy(raw)) } {
+            log::warn!("nccl: destroying a dropped communicator failed: {e}");
         }
     }
 }

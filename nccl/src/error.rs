@@ -151,6 +151,9 @@ pub enum Error {
     /// Any other invalid argument, described.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+    /// NCCL reported success but handed back a null communicator, or a null handle was adopted.
+    #[error("null communicator handle")]
+    NullCommunicator,
 }
 
 impl From<nccl_sys::LoadError> for Error {
@@ -177,6 +180,36 @@ pub(crate) fn lib() -> Result<&'static nccl_sys::Library<nccl_sys::Nccl>> {
 pub(crate) fn lib_version() -> Result<nccl_sys::Version> {
     Ok(lib()?.version())
 }
+
+/// Resolves one NCCL function in the loaded library: a missing one is [`Error::MissingFunction`],
+/// naming the version that added it.
+macro_rules! resolve {
+    ($name:ident) => {
+        $crate::error::lib().and_then(|lib| Ok(*::nccl_sys::function!(lib, $name)?))
+    };
+}
+
+/// One NCCL call as one expression: resolves the function ([`resolve!`]), calls it, and turns the
+/// result code into `Ok` or [`Error::Nccl`] carrying `ncclGetErrorString` and, when `comm = …` names
+/// the communicator, `ncclGetLastError`. It must stand inside an `unsafe` block whose `// SAFETY:`
+/// comment vouches for the arguments:
+///
+/// ```ignore
+/// // SAFETY: `raw` is a live communicator; the out-pointer is a live local.
+/// unsafe { call!(ncclCommCount(raw, &mut n), comm = raw) }?;
+/// ```
+macro_rules! call {
+    ($name:ident($($arg:expr),* $(,)?) $(, comm = $comm:expr)?) => {
+        match $crate::error::resolve!($name) {
+            Ok(f) => $crate::error::check(stringify!($name), f($($arg),*), $crate::error::call!(@comm $($comm)?)),
+            Err(e) => Err(e),
+        }
+    };
+    (@comm $comm:expr) => { Some($comm) };
+    (@comm) => { None };
+}
+
+pub(crate) use {call, resolve};
 
 /// Turns a result code into `Ok` or a full [`Error::Nccl`] (with NCCL's own strings).
 pub(crate) fn check(call: &'static str, rc: ncclResult_t, comm: Option<ncclComm_t>) -> Result<()> {

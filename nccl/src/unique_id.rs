@@ -4,7 +4,7 @@ use std::fmt;
 
 use nccl_sys::ncclUniqueId;
 
-use crate::error::{check, lib, Error, Result};
+use crate::error::{call, Error, Result};
 
 /// Identifies one communicator before it exists (`ncclUniqueId`): rank 0 creates it with
 /// [`UniqueId::new`] and every other rank must receive the same 128 bytes (through
@@ -21,11 +21,10 @@ impl UniqueId {
     /// will connect to (see `NCCL_SOCKET_IFNAME`).
     #[doc(alias = "ncclGetUniqueId")]
     pub fn new() -> Result<Self> {
-        let f = nccl_sys::function!(lib()?, ncclGetUniqueId)?;
         let mut id = ncclUniqueId { internal: [0; Self::BYTES] };
         // SAFETY: ncclGetUniqueId writes one ncclUniqueId through the pointer, which points at a
         // live local of that type.
-        check("ncclGetUniqueId", unsafe { f(&mut id) }, None)?;
+        unsafe { call!(ncclGetUniqueId(&mut id)) }?;
         Ok(Self(id))
     }
 
