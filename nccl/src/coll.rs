@@ -65,7 +65,7 @@ impl Comm {
         for guard in guards {
             sink.keep(guard);
         }
-        self.settle(call, rc)
+        self.settle(call, rc, self.stream())
     }
 
     fn raw_stream(&self) -> cudaStream_t {

@@ -219,10 +219,11 @@ impl Comm {
         check("asynchronous operation", state, Some(raw))
     }
 
-    /// Called with the result code of every call that enqueues work on this communicator: `Ok`
-    /// once NCCL has really enqueued it, so that the callers may release their stream bookkeeping
+    /// Called with the result code of every call that enqueues work on this communicator, and the
+    /// stream the work went to (for a group: once per communicator in it, after `ncclGroupEnd`):
+    /// `Ok` once NCCL has really enqueued it, so that callers release their stream bookkeeping
     /// (the buffers' "in use until here" guards) only then.
-    pub(crate) fn settle(&self, call: &'static str, rc: ncclResult_t) -> Result<()> {
+    pub(crate) fn settle(&self, call: &'static str, rc: ncclResult_t, _stream: &CudaStream) -> Result<()> {
         check(call, rc, Some(self.as_raw()))
     }
 
