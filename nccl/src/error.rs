@@ -97,8 +97,9 @@ pub enum Error {
     /// The loaded NCCL lacks a function (the message names the version that added it).
     #[error(transparent)]
     MissingFunction(#[from] nccl_sys::MissingFunction),
-    /// A CUDA driver call failed.
-    #[error("CUDA driver error: {0}")]
+    /// A CUDA driver call failed. Displayed as cudarc's own message, once: the error is
+    /// transparent, so an error chain does not repeat it.
+    #[error(transparent)]
     Cuda(#[from] cudarc::driver::DriverError),
     /// A buffer has the wrong number of elements for the call.
     #[error("{what} has {got} elements but the call needs {expected}")]
@@ -130,6 +131,94 @@ pub enum Error {
         /// The argument's device.
         got: usize,
     },
+    /// A count (ranks of a communicator, streams, unique ids, excluded ranks) outside what the
+    /// call accepts.
+    #[error("{what} must be between 1 and {max}, got {got}")]
+    InvalidCount {
+        /// What was counted ("nranks", "the number of streams", …).
+        what: &'static str,
+        /// The largest value accepted.
+        max: usize,
+        /// The value given.
+        got: usize,
+    },
+    /// A value that C receives as an `int` but that does not fit in one (a colour, a config field).
+    #[error("{what} is {value}, more than the largest C int ({})", i32::MAX)]
+    TooLarge {
+        /// The argument or config field.
+        what: &'static str,
+        /// The value given.
+        value: u64,
+    },
+    /// Two streams of [`crate::Comm::init_all`] on the same device: each rank needs its own.
+    #[error("two streams are on CUDA device {device}; each rank needs its own device")]
+    DuplicateDevice {
+        /// The device ordinal given twice.
+        device: usize,
+    },
+    /// A rank listed twice (the excluded ranks of [`crate::Comm::shrink`]).
+    #[error("rank {rank} is listed twice")]
+    DuplicateRank {
+        /// The rank.
+        rank: usize,
+    },
+    /// [`crate::Comm::shrink`] called by a rank that excludes itself: excluded ranks must not call
+    /// it (NCCL's rule); they release their communicator instead.
+    #[error("rank {rank} excludes itself from the shrunk communicator; excluded ranks must not call shrink")]
+    ShrinkExcludesSelf {
+        /// This rank.
+        rank: usize,
+    },
+    /// Bytes that are not a unique id ([`crate::UniqueId::from_bytes`]).
+    #[error("a unique id has {} bytes, got {got}", crate::UniqueId::BYTES)]
+    UniqueIdLength {
+        /// The number of bytes given.
+        got: usize,
+    },
+    /// A config field that the loaded NCCL is too old for: NCCL would silently ignore it, so this
+    /// crate refuses it.
+    #[error("config field {field} needs NCCL ≥ {needed}, but the loaded library is {loaded}")]
+    UnsupportedConfigField {
+        /// The `ncclConfig_t` field.
+        field: &'static str,
+        /// The first release that reads it.
+        needed: nccl_sys::Version,
+        /// The loaded library's version.
+        loaded: nccl_sys::Version,
+    },
+    /// A string config field with a NUL byte inside, which C cannot see past.
+    #[error("config field {field} contains a NUL byte")]
+    NulInString {
+        /// The `ncclConfig_t` field.
+        field: &'static str,
+    },
+    /// An [`AbortHandle`](crate::AbortHandle) was asked of a blocking communicator: a blocking
+    /// NCCL call cannot be interrupted, so NCCL supports aborting from another thread only for
+    /// nonblocking communicators ([`Config::blocking`](crate::Config::blocking)`(false)`).
+    #[error("an abort handle needs a nonblocking communicator (Config::blocking(false))")]
+    NeedsNonblocking,
+    /// Work on the communicator did not complete within its timeout (a peer that never arrived,
+    /// or died): the communicator was aborted, and every later call on it fails with
+    /// [`Error::Aborted`].
+    #[error("{what} did not complete within {after:?}; the communicator was aborted")]
+    Timeout {
+        /// The NCCL call (or wait) that was overdue.
+        what: &'static str,
+        /// The timeout that expired.
+        after: std::time::Duration,
+    },
+    /// The communicator was aborted (by its timeout, an [`AbortHandle`](crate::AbortHandle), or
+    /// after a failure): nothing can be done with it any more; create a new one.
+    #[error("the communicator was aborted")]
+    Aborted,
+    /// A length times the number of ranks overflows `usize`.
+    #[error("{len} elements × {ranks} ranks overflows")]
+    CountOverflow {
+        /// The per-rank element count.
+        len: usize,
+        /// The number of ranks.
+        ranks: usize,
+    },
     /// A direct call (collective, init, finalize, nested group) while a group is open on this
     /// thread: NCCL would defer it to the end of the group, after this call had already released
     /// its buffers or needed its result.
@@ -148,9 +237,6 @@ pub enum Error {
     /// Exchanging the unique id with the other ranks failed.
     #[error(transparent)]
     Rendezvous(Box<crate::launch::RendezvousError>),
-    /// Any other invalid argument, described.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
     /// NCCL reported success but handed back a null communicator, or a null handle was adopted.
     #[error("null communicator handle")]
     NullCommunicator,
@@ -209,7 +295,16 @@ macro_rules! call {
     (@comm) => { None };
 }
 
-pub(crate) use {call, resolve};
+/// [`call!`] without the check, for calls where `ncclInProgress` is an answer rather than an error
+/// (nonblocking communicators): resolves the function and calls it, giving the raw result code, or
+/// the error that the function is missing. Inside an `unsafe` block, like [`call!`].
+macro_rules! call_rc {
+    ($name:ident($($arg:expr),* $(,)?)) => {
+        $crate::error::resolve!($name).map(|f| f($($arg),*))
+    };
+}
+
+pub(crate) use {call, call_rc, resolve};
 
 /// Turns a result code into `Ok` or a full [`Error::Nccl`] (with NCCL's own strings).
 pub(crate) fn check(call: &'static str, rc: ncclResult_t, comm: Option<ncclComm_t>) -> Result<()> {
