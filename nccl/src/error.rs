@@ -368,5 +368,18 @@ mod tests {
         assert_eq!(e.to_string(), "ncclAllReduce failed with ncclInvalidUsage(5): invalid usage (peer mismatch)");
         let e = Error::LengthMismatch { what: "recv buffer", expected: 8, got: 4 };
         assert_eq!(e.to_string(), "recv buffer has 4 elements but the call needs 8");
+        let e = Error::Timeout { what: "ncclAllReduce", after: std::time::Duration::from_secs(3) };
+        assert_eq!(e.to_string(), "ncclAllReduce did not complete within 3s; the communicator was aborted");
+        assert_eq!(Error::DuplicateDevice { device: 0 }.to_string(), "two streams are on CUDA device 0; each rank needs its own device");
+    }
+
+    #[test]
+    fn a_cuda_error_appears_once_in_a_chain() {
+        use cudarc::driver::{sys::CUresult, DriverError};
+        // Transparent: the error *is* cudarc's (same message), with no source repeating it.
+        // (Formatting a DriverError needs the CUDA driver, so only the chain is checked here.)
+        let e = Error::from(DriverError(CUresult::CUDA_ERROR_INVALID_VALUE));
+        assert!(std::error::Error::source(&e).is_none(), "the CUDA error would be printed twice");
+        assert!(matches!(e, Error::Cuda(DriverError(CUresult::CUDA_ERROR_INVALID_VALUE))));
     }
 }
