@@ -322,6 +322,11 @@ impl Config {
     /// and returns [`Error::Timeout`]. See [`Comm::set_timeout`](crate::Comm::set_timeout), which
     /// changes it later, and the [`Comm`](crate::Comm) docs. Pair it with `blocking(false)`: a
     /// blocking NCCL call cannot be interrupted.
+    ///
+    /// It bounds the creation too: every rank must have joined within `timeout`. Where creation
+    /// may take longer (many ranks, slow start-up), create without a timeout and call
+    /// [`Comm::set_timeout`](crate::Comm::set_timeout) afterwards, or bound the creation on its own
+    /// with [`PendingComm::wait`](crate::PendingComm::wait).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = Some(timeout);
         self
