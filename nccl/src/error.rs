@@ -47,6 +47,23 @@ impl ResultCode {
         NAMES.get(self.0 as usize).copied()
     }
 
+    /// NCCL's description of this code (`ncclGetErrorString`), or a note saying the library
+    /// could not be loaded to ask.
+    #[doc(alias = "ncclGetErrorString")]
+    pub fn message(self) -> String {
+        let Ok(f) = resolve!(ncclGetErrorString) else {
+            return String::from("(NCCL library unavailable for the message)");
+        };
+        // SAFETY: ncclGetErrorString returns a pointer to a static NUL-terminated string for any
+        // code, known or not.
+        let ptr = unsafe { f(ncclResult_t(self.0)) };
+        if ptr.is_null() {
+            return String::new();
+        }
+        // SAFETY: non-null, NUL-terminated, static (see above).
+        unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
+    }
+
     /// True for codes after which the communicator must be aborted and re-created (NCCL user
     /// guide, "Communicators"): every failure except `InvalidArgument` and `InProgress`.
     pub fn is_fatal(self) -> bool {
@@ -312,28 +329,15 @@ pub(crate) fn check(call: &'static str, rc: ncclResult_t, comm: Option<ncclComm_
         return Ok(());
     }
     let code = ResultCode::from(rc);
-    let (message, detail) = match lib() {
-        Ok(lib) => (error_string(lib, rc), comm.and_then(|c| last_error(lib, c))),
-        Err(_) => (String::from("(NCCL library unavailable for the message)"), None),
-    };
-    Err(Error::Nccl { call, code, message, detail })
+    Err(Error::Nccl { call, code, message: code.message(), detail: comm.and_then(last_error) })
 }
 
-fn error_string(lib: &nccl_sys::Library<nccl_sys::Nccl>, rc: ncclResult_t) -> String {
-    let Ok(f) = nccl_sys::function!(lib, ncclGetErrorString) else { return String::new() };
-    // SAFETY: ncclGetErrorString returns a pointer to a static NUL-terminated string for any code.
-    let ptr = unsafe { f(rc) };
-    if ptr.is_null() {
-        return String::new();
-    }
-    // SAFETY: non-null, NUL-terminated, static (see above).
-    unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
-}
-
-fn last_error(lib: &nccl_sys::Library<nccl_sys::Nccl>, comm: ncclComm_t) -> Option<String> {
-    let f = nccl_sys::function!(lib, ncclGetLastError).ok()?;
-    // SAFETY: `comm` is a live communicator (callers pass the one the failing call used) or null,
-    // which NCCL accepts; the returned string is owned by NCCL and copied before the next call.
+/// `ncclGetLastError(comm)`: NCCL's last error message (NCCL keeps one per process; `comm` may be
+/// null), or `None` when there is none or the library cannot be loaded.
+pub(crate) fn last_error(comm: ncclComm_t) -> Option<String> {
+    let f = resolve!(ncclGetLastError).ok()?;
+    // SAFETY: `comm` is a live communicator or null, both of which NCCL accepts (it does not use
+    // the argument); the returned string is owned by NCCL and copied below before any other call.
     let ptr = unsafe { f(comm) };
     if ptr.is_null() {
         return None;
@@ -371,6 +375,15 @@ mod tests {
         let e = Error::Timeout { what: "ncclAllReduce", after: std::time::Duration::from_secs(3) };
         assert_eq!(e.to_string(), "ncclAllReduce did not complete within 3s; the communicator was aborted");
         assert_eq!(Error::DuplicateDevice { device: 0 }.to_string(), "two streams are on CUDA device 0; each rank needs its own device");
+    }
+
+    #[test]
+    fn messages_come_from_the_library() {
+        // Needs the NCCL library (loaded without a GPU), not a device.
+        assert!(ResultCode::INVALID_ARGUMENT.message().starts_with("invalid argument"));
+        assert_eq!(ResultCode(42).message(), "unknown result code");
+        let e = check("ncclAllReduce", ncclResult_t(5), None).unwrap_err();
+        assert!(e.to_string().starts_with("ncclAllReduce failed with ncclInvalidUsage(5): invalid usage"), "{e}");
     }
 
     #[test]

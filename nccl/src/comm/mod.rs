@@ -256,6 +256,14 @@ impl Comm {
         check("ncclCommGetAsyncError", self.async_state()?, Some(raw))
     }
 
+    /// NCCL's last error message (`ncclGetLastError`), for a failure this crate did not already
+    /// report with its [`Error::Nccl`] detail. NCCL keeps one message per process, not per
+    /// communicator.
+    #[doc(alias = "ncclGetLastError")]
+    pub fn last_error(&self) -> Option<String> {
+        crate::error::last_error(self.as_raw())
+    }
+
     /// NCCL's asynchronous state of this communicator (`ncclCommGetAsyncError`), as the raw code.
     fn async_state(&self) -> Result<ncclResult_t> {
         let raw = self.as_raw();
