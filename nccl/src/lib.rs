@@ -45,7 +45,7 @@ mod unique_id;
 
 #[cfg(nccl_2_27)]
 pub use comm::{CtaPolicy, ShrinkFlags};
-pub use comm::{AbortHandle, AbortStatus, Comm, Config, PendingComm};
+pub use comm::{AbortHandle, AbortStatus, Comm, Config, Finalizing, PendingComm};
 pub use error::{Error, Result, ResultCode};
 pub use group::{group, Group};
 pub use types::{DataType, NcclType, ReduceOp};

@@ -106,21 +106,24 @@ fn nonblocking_creation_is_in_progress_until_every_rank_joined() {
     }
     // Collectives on nonblocking communicators: NCCL answers "in progress" while it connects the
     // ranks (first call); every rank must see the full sum.
-    let sums = thread::scope(|s| {
+    let (sums, comms): (Vec<_>, Vec<_>) = thread::scope(|s| {
         let handles: Vec<_> = comms
             .into_iter()
             .map(|comm| {
                 s.spawn(move || {
                     comm.context().bind_to_thread().unwrap();
-                    let sums = [all_reduce_value(&comm, comm.rank() as i64 + 1), all_reduce_value(&comm, 10)];
-                    comm.finalize().map_err(|(_, e)| e).unwrap();
-                    sums
+                    ([all_reduce_value(&comm, comm.rank() as i64 + 1), all_reduce_value(&comm, 10)], comm)
                 })
             })
             .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+        handles.into_iter().map(|h| h.join().unwrap()).unzip()
     });
     assert!(sums.iter().all(|s| *s == [sum_of(0..n), 10 * n as i64]), "{sums:?}");
+    // Finalizing is collective too: one thread starts every rank's, then waits for all.
+    let finalizing: Vec<_> = comms.into_iter().map(|c| c.start_finalize().map_err(|(_, e)| e).unwrap()).collect();
+    for f in finalizing {
+        f.wait(Some(GENEROUS)).map_err(|(_, e)| e).unwrap();
+    }
 }
 
 #[test]

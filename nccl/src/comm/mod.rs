@@ -32,6 +32,7 @@ pub use config::CtaPolicy;
 pub use config::Config;
 pub use create::PendingComm;
 pub use health::{AbortHandle, AbortStatus};
+pub use teardown::Finalizing;
 
 use config::ConfigStrings;
 use health::Health;
