@@ -75,7 +75,8 @@ fn main() -> std::process::ExitCode {
                 Err(e) => return report(comm, step, started.elapsed(), e),
             }
         }
-        Err(format!("rank {rank}: all {STEPS} steps succeeded, but rank {leaver} should have left at step {LEAVE_AT}").into())
+        Err(format!("rank {rank}: all {STEPS} steps succeeded, but rank {leaver} should have left at step {LEAVE_AT}")
+            .into())
     })
 }
 

@@ -374,7 +374,10 @@ mod tests {
         assert_eq!(e.to_string(), "recv buffer has 4 elements but the call needs 8");
         let e = Error::Timeout { what: "ncclAllReduce", after: std::time::Duration::from_secs(3) };
         assert_eq!(e.to_string(), "ncclAllReduce did not complete within 3s; the communicator was aborted");
-        assert_eq!(Error::DuplicateDevice { device: 0 }.to_string(), "two streams are on CUDA device 0; each rank needs its own device");
+        assert_eq!(
+            Error::DuplicateDevice { device: 0 }.to_string(),
+            "two streams are on CUDA device 0; each rank needs its own device"
+        );
     }
 
     #[test]

@@ -43,9 +43,9 @@ mod group;
 mod types;
 mod unique_id;
 
+pub use comm::{AbortHandle, AbortStatus, Comm, Config, Finalizing, PendingComm};
 #[cfg(nccl_2_27)]
 pub use comm::{CtaPolicy, ShrinkFlags};
-pub use comm::{AbortHandle, AbortStatus, Comm, Config, Finalizing, PendingComm};
 pub use error::{Error, Result, ResultCode};
 pub use group::{group, Group};
 pub use types::{DataType, NcclType, ReduceOp};

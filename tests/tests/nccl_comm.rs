@@ -74,13 +74,27 @@ fn all_reduce_value(comm: &Comm, value: i64) -> i64 {
     host[0]
 }
 
+/// Runs `body` on one thread per communicator (its device bound) and returns the results in
+/// the same order.
+fn each<T: Send>(comms: Vec<Comm>, body: impl Fn(Comm) -> T + Sync) -> Vec<T> {
+    thread::scope(|s| {
+        let body = &body;
+        let handles: Vec<_> = comms
+            .into_iter()
+            .map(|comm| {
+                s.spawn(move || {
+                    comm.context().bind_to_thread().expect("bind the rank's device");
+                    body(comm)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a rank panicked")).collect()
+    })
+}
+
 /// Finalizes communicators on one thread per communicator (finalize is collective).
 fn finalize_all(comms: Vec<Comm>) {
-    thread::scope(|s| {
-        for comm in comms {
-            s.spawn(move || comm.finalize().map_err(|(_, e)| e).unwrap());
-        }
-    });
+    each(comms, |comm| comm.finalize().map_err(|(_, e)| e).unwrap());
 }
 
 #[test]
@@ -106,18 +120,10 @@ fn nonblocking_creation_is_in_progress_until_every_rank_joined() {
     }
     // Collectives on nonblocking communicators: NCCL answers "in progress" while it connects the
     // ranks (first call); every rank must see the full sum.
-    let (sums, comms): (Vec<_>, Vec<_>) = thread::scope(|s| {
-        let handles: Vec<_> = comms
+    let (sums, comms): (Vec<_>, Vec<_>) =
+        each(comms, |comm| ([all_reduce_value(&comm, comm.rank() as i64 + 1), all_reduce_value(&comm, 10)], comm))
             .into_iter()
-            .map(|comm| {
-                s.spawn(move || {
-                    comm.context().bind_to_thread().unwrap();
-                    ([all_reduce_value(&comm, comm.rank() as i64 + 1), all_reduce_value(&comm, 10)], comm)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).unzip()
-    });
+            .unzip();
     assert!(sums.iter().all(|s| *s == [sum_of(0..n), 10 * n as i64]), "{sums:?}");
     // Finalizing is collective too: one thread starts every rank's, then waits for all.
     let finalizing: Vec<_> = comms.into_iter().map(|c| c.start_finalize().map_err(|(_, e)| e).unwrap()).collect();
@@ -169,42 +175,33 @@ fn split_into_uneven_colours_and_no_colour() {
     let n = streams.len();
     for blocking in [true, false] {
         let comms = world(&streams, &Config::new().blocking(blocking).timeout(GENEROUS));
-        let comms = thread::scope(|s| {
-            let handles: Vec<_> = comms
-                .into_iter()
-                .map(|world| {
-                    s.spawn(move || {
-                        world.context().bind_to_thread().unwrap();
-                        let r = world.rank();
-                        // Uneven: rank 0 alone, every other rank together, on a stream of its own.
-                        let side = world.context().new_stream().unwrap();
-                        let color = if r == 0 { 0 } else { 1 };
-                        let lone = world.split(Some(color), r as i32, None, Some(side.clone())).unwrap().unwrap();
-                        assert!(Arc::ptr_eq(lone.stream(), &side), "the child uses the stream it was given");
-                        assert_eq!(lone.is_nonblocking(), !blocking, "the child inherits the blocking mode");
-                        let (size, rank, sum) = if r == 0 { (1, 0, 1) } else { (n - 1, r - 1, sum_of(1..n)) };
-                        assert_eq!((lone.size(), lone.rank()), (size, rank), "world rank {r}");
-                        assert_eq!(all_reduce_value(&lone, r as i64 + 1), sum, "world rank {r}");
-                        // No colour for the last rank; the others in reverse order (by key).
-                        let color = (r != n - 1).then_some(7);
-                        let config = Config::new().blocking(blocking);
-                        let rest = world.split(color, -(r as i32), Some(&config), None).unwrap();
-                        match rest {
-                            None => assert_eq!(r, n - 1, "only the rank without colour gets no communicator"),
-                            Some(rest) => {
-                                assert_eq!((rest.size(), rest.rank()), (n - 1, n - 2 - r), "world rank {r}");
-                                assert_eq!(all_reduce_value(&rest, r as i64 + 1), sum_of(0..n - 1));
-                                rest.finalize().map_err(|(_, e)| e).unwrap();
-                            }
-                        }
-                        lone.finalize().map_err(|(_, e)| e).unwrap();
-                        // The parent still works after its splits.
-                        assert_eq!(all_reduce_value(&world, 1), n as i64);
-                        world
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+        let comms = each(comms, |world| {
+            let r = world.rank();
+            // Uneven: rank 0 alone, every other rank together, on a stream of its own.
+            let side = world.context().new_stream().unwrap();
+            let color = if r == 0 { 0 } else { 1 };
+            let lone = world.split(Some(color), r as i32, None, Some(side.clone())).unwrap().unwrap();
+            assert!(Arc::ptr_eq(lone.stream(), &side), "the child uses the stream it was given");
+            assert_eq!(lone.is_nonblocking(), !blocking, "the child inherits the blocking mode");
+            let (size, rank, sum) = if r == 0 { (1, 0, 1) } else { (n - 1, r - 1, sum_of(1..n)) };
+            assert_eq!((lone.size(), lone.rank()), (size, rank), "world rank {r}");
+            assert_eq!(all_reduce_value(&lone, r as i64 + 1), sum, "world rank {r}");
+            // No colour for the last rank; the others in reverse order (by key).
+            let color = (r != n - 1).then_some(7);
+            let config = Config::new().blocking(blocking);
+            let rest = world.split(color, -(r as i32), Some(&config), None).unwrap();
+            match rest {
+                None => assert_eq!(r, n - 1, "only the rank without colour gets no communicator"),
+                Some(rest) => {
+                    assert_eq!((rest.size(), rest.rank()), (n - 1, n - 2 - r), "world rank {r}");
+                    assert_eq!(all_reduce_value(&rest, r as i64 + 1), sum_of(0..n - 1));
+                    rest.finalize().map_err(|(_, e)| e).unwrap();
+                }
+            }
+            lone.finalize().map_err(|(_, e)| e).unwrap();
+            // The parent still works after its splits.
+            assert_eq!(all_reduce_value(&world, 1), n as i64);
+            world
         });
         finalize_all(comms);
     }
@@ -219,41 +216,32 @@ fn shrink_excluding_the_last_rank() {
     let n = streams.len();
     for flags in [ShrinkFlags::DEFAULT, ShrinkFlags::ABORT] {
         let comms = world(&streams, &Config::new());
-        let parents = thread::scope(|s| {
-            let handles: Vec<_> = comms
-                .into_iter()
-                .map(|parent| {
-                    s.spawn(move || {
-                        parent.context().bind_to_thread().unwrap();
-                        let r = parent.rank();
-                        assert_eq!(all_reduce_value(&parent, 1), n as i64);
-                        if r == n - 1 {
-                            return parent; // excluded: does not call shrink
-                        }
-                        // Refused before NCCL sees them; the real shrink below still works.
-                        let refused = [
-                            parent.shrink(&[r], flags, None, None).unwrap_err(),
-                            parent.shrink(&[n], flags, None, None).unwrap_err(),
-                            parent.shrink(&[n - 1, n - 1], flags, None, None).unwrap_err(),
-                            parent.shrink(&[], flags, None, None).unwrap_err(),
-                        ];
-                        assert!(matches!(refused[0], Error::ShrinkExcludesSelf { rank } if rank == r), "{refused:?}");
-                        assert!(matches!(refused[1], Error::InvalidRank { what: "excluded rank", .. }), "{refused:?}");
-                        assert!(matches!(refused[2], Error::DuplicateRank { rank } if rank == n - 1), "{refused:?}");
-                        assert!(matches!(refused[3], Error::InvalidCount { got: 0, .. }), "{refused:?}");
-                        let child = parent.shrink(&[n - 1], flags, None, None).unwrap();
-                        assert_eq!((child.size(), child.rank()), (n - 1, r));
-                        assert_eq!(all_reduce_value(&child, r as i64 + 1), sum_of(0..n - 1));
-                        child.finalize().map_err(|(_, e)| e).unwrap();
-                        parent
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+        let parents = each(comms, |parent| {
+            let r = parent.rank();
+            assert_eq!(all_reduce_value(&parent, 1), n as i64);
+            if r == n - 1 {
+                return parent; // excluded: does not call shrink
+            }
+            // Refused before NCCL sees them; the real shrink below still works.
+            let refused = [
+                parent.shrink(&[r], flags, None, None).unwrap_err(),
+                parent.shrink(&[n], flags, None, None).unwrap_err(),
+                parent.shrink(&[n - 1, n - 1], flags, None, None).unwrap_err(),
+                parent.shrink(&[], flags, None, None).unwrap_err(),
+            ];
+            assert!(matches!(refused[0], Error::ShrinkExcludesSelf { rank } if rank == r), "{refused:?}");
+            assert!(matches!(refused[1], Error::InvalidRank { what: "excluded rank", .. }), "{refused:?}");
+            assert!(matches!(refused[2], Error::DuplicateRank { rank } if rank == n - 1), "{refused:?}");
+            assert!(matches!(refused[3], Error::InvalidCount { got: 0, .. }), "{refused:?}");
+            let child = parent.shrink(&[n - 1], flags, None, None).unwrap();
+            assert_eq!((child.size(), child.rank()), (n - 1, r));
+            assert_eq!(all_reduce_value(&child, r as i64 + 1), sum_of(0..n - 1));
+            child.finalize().map_err(|(_, e)| e).unwrap();
+            parent
         });
         if flags == ShrinkFlags::ABORT {
             // The parent's work was aborted by the shrink: abort the parents, as after a failure.
-            parents.into_iter().for_each(|p| p.abort().unwrap());
+            each(parents, |p| p.abort().unwrap());
         } else {
             finalize_all(parents);
         }
@@ -267,28 +255,19 @@ fn revoke_stops_collectives_but_not_split() {
     let Some(streams) = all_gpus(test).filter(|_| loaded_at_least(test, Version::new(2, 28, 7))) else { return };
     let n = streams.len();
     let comms = world(&streams, &Config::new());
-    let children = thread::scope(|s| {
-        let handles: Vec<_> = comms
-            .into_iter()
-            .map(|comm| {
-                s.spawn(move || {
-                    comm.context().bind_to_thread().unwrap();
-                    assert_eq!(all_reduce_value(&comm, 1), n as i64);
-                    comm.revoke().unwrap();
-                    let mut buf = comm.stream().clone_htod(&[1i64; 16]).unwrap();
-                    match comm.all_reduce_in_place(&mut buf, ReduceOp::SUM) {
-                        Err(Error::Nccl { call: "ncclAllReduce", code: ResultCode::INVALID_USAGE, .. }) => {}
-                        other => panic!("a collective on a revoked communicator: {other:?}"),
-                    }
-                    // Split still works on a revoked communicator, and teardown only destroys.
-                    let child = comm.split(Some(0), comm.rank() as i32, None, None).unwrap().unwrap();
-                    comm.finalize().map_err(|(_, e)| e).unwrap();
-                    assert_eq!(all_reduce_value(&child, child.rank() as i64 + 1), sum_of(0..n));
-                    child
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+    let children = each(comms, |comm| {
+        assert_eq!(all_reduce_value(&comm, 1), n as i64);
+        comm.revoke().unwrap();
+        let mut buf = comm.stream().clone_htod(&[1i64; 16]).unwrap();
+        match comm.all_reduce_in_place(&mut buf, ReduceOp::SUM) {
+            Err(Error::Nccl { call: "ncclAllReduce", code: ResultCode::INVALID_USAGE, .. }) => {}
+            other => panic!("a collective on a revoked communicator: {other:?}"),
+        }
+        // Split still works on a revoked communicator, and teardown only destroys.
+        let child = comm.split(Some(0), comm.rank() as i32, None, None).unwrap().unwrap();
+        comm.finalize().map_err(|(_, e)| e).unwrap();
+        assert_eq!(all_reduce_value(&child, child.rank() as i64 + 1), sum_of(0..n));
+        child
     });
     finalize_all(children);
 }
@@ -299,20 +278,14 @@ fn lonely_collective(test: &str, config: Config, hang: impl Fn(Comm) + Sync) {
     let Some(streams) = require_gpus(test, 2) else { return };
     let comms = world(&streams, &config);
     let done = Barrier::new(2);
-    thread::scope(|s| {
-        let (hang, done) = (&hang, &done);
-        for comm in comms {
-            s.spawn(move || {
-                comm.context().bind_to_thread().unwrap();
-                assert_eq!(all_reduce_value(&comm, 1), 2, "warm-up");
-                if comm.rank() == 0 {
-                    hang(comm);
-                    done.wait();
-                } else {
-                    done.wait();
-                    comm.abort().unwrap();
-                }
-            });
+    each(comms, |comm| {
+        assert_eq!(all_reduce_value(&comm, 1), 2, "warm-up");
+        if comm.rank() == 0 {
+            hang(comm);
+            done.wait();
+        } else {
+            done.wait();
+            comm.abort().unwrap();
         }
     });
 }

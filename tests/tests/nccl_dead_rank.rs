@@ -94,10 +94,7 @@ fn survive(test: &str, warm_up: usize) {
         // Nothing is left hanging on the survivor's stream.
         let freed = Instant::now();
         stream.synchronize().unwrap();
-        println!(
-            "repetition {repetition}: {err} after {took:?}; stream free {:?} later",
-            freed.elapsed()
-        );
+        println!("repetition {repetition}: {err} after {took:?}; stream free {:?} later", freed.elapsed());
     }
     next.kill();
     // The survivor still works: a one-rank communicator on the same GPU.

@@ -96,7 +96,9 @@ impl PendingComm {
                 (rc, "ncclCommInitRankConfig")
             }
             #[cfg(nccl_2_23)]
-            Ids::Many(ids) => (start_scalable(&mut raw, n, ids, rank, nranks, &mut raw_config)?, "ncclCommInitRankScalable"),
+            Ids::Many(ids) => {
+                (start_scalable(&mut raw, n, ids, rank, nranks, &mut raw_config)?, "ncclCommInitRankScalable")
+            }
         };
         match NonNull::new(raw) {
             None => {
@@ -106,7 +108,9 @@ impl PendingComm {
             Some(raw) => {
                 let comm = Comm::unready(raw, stream, rank, nranks, settings);
                 match rc {
-                    ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => Ok(PendingComm { comm: Some(comm), call }),
+                    ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => {
+                        Ok(PendingComm { comm: Some(comm), call })
+                    }
                     failed => {
                         // NCCL keeps a failed communicator allocated (with its error state) for the
                         // caller to abort: `Comm`'s drop would try to finalize it.

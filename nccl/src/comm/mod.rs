@@ -27,9 +27,9 @@ use crate::error::{call, check, Error, Result};
 
 #[cfg(nccl_2_27)]
 pub use child::ShrinkFlags;
+pub use config::Config;
 #[cfg(nccl_2_27)]
 pub use config::CtaPolicy;
-pub use config::Config;
 pub use create::PendingComm;
 pub use health::{AbortHandle, AbortStatus};
 pub use teardown::Finalizing;
