@@ -170,7 +170,8 @@ impl Comm {
     /// from NCCL; the communicator must live on `stream`'s device, which becomes its default
     /// stream. It is finalized or aborted by this `Comm` unless given back with [`Comm::into_raw`].
     /// Its blocking mode is unknown to this crate, so [`Comm::abort_handle`] refuses it; calls that
-    /// NCCL answers with "in progress" are still polled to completion.
+    /// NCCL answers with "in progress" are still polled to completion. On error the communicator
+    /// is left untouched, still the caller's.
     ///
     /// # Safety
     ///
