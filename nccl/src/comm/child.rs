@@ -111,10 +111,9 @@ impl Comm {
     #[cfg(nccl_2_28_7)]
     #[cfg_attr(docsrs, doc(cfg(nccl_2_28_7)))]
     pub fn revoke(&self) -> Result<()> {
-        self.health.check()?;
+        let raw = self.live_raw()?;
         outside_group()?;
         self.context().bind_to_thread()?;
-        let raw = self.as_raw();
         let flags = nccl_sys::NCCL_REVOKE_DEFAULT as i32;
         // SAFETY: `raw` is live and owned; the flags are the only value NCCL accepts.
         let rc = unsafe { call_rc!(ncclCommRevoke(raw, flags)) }?;
@@ -133,7 +132,7 @@ impl Comm {
         stream: Option<Arc<CudaStream>>,
         start: impl FnOnce(nccl_sys::ncclComm_t, *mut nccl_sys::ncclComm_t, *mut ncclConfig_t) -> Result<ncclResult_t>,
     ) -> Result<Option<Comm>> {
-        self.health.check()?;
+        let parent = self.live_raw()?;
         outside_group()?;
         let stream = stream.unwrap_or_else(|| self.stream.clone());
         let got = stream.context().ordinal();
@@ -145,7 +144,7 @@ impl Comm {
         let config_ptr = raw_config.as_mut().map_or(ptr::null_mut(), |c| c.as_mut_ptr());
         self.context().bind_to_thread()?;
         let slot = Box::new(AtomicPtr::<ncclComm>::new(ptr::null_mut()));
-        let rc = start(self.as_raw(), slot.as_ptr(), config_ptr)?;
+        let rc = start(parent, slot.as_ptr(), config_ptr)?;
         let done = self.complete(call, rc);
         // NCCL is done with the slot when the call finished synchronously, the parent became
         // ready, or the parent was aborted (which joins NCCL's background thread).

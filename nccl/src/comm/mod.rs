@@ -253,9 +253,17 @@ impl Comm {
     /// nonblocking operation is under way), [`Error::Aborted`] after an abort.
     #[doc(alias = "ncclCommGetAsyncError")]
     pub fn async_error(&self) -> Result<()> {
-        self.health.check()?;
-        let raw = self.as_raw();
+        let raw = self.live_raw()?;
         check("ncclCommGetAsyncError", self.async_state()?, Some(raw))
+    }
+
+    /// The handle for an NCCL call, or [`Error::Aborted`] (after carrying out a pending abort
+    /// request) once the communicator is aborted. Crate code takes the handle through this before
+    /// every call whose NCCL entry point does not itself refuse a null communicator (the
+    /// enqueuing calls do; registration and windows do not): one atomic load.
+    pub(crate) fn live_raw(&self) -> Result<ncclComm_t> {
+        self.health.check()?;
+        Ok(self.raw.as_ptr())
     }
 
     /// NCCL's last error message (`ncclGetLastError`), for a failure this crate did not already

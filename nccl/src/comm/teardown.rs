@@ -97,13 +97,12 @@ impl Comm {
 
     /// The `ncclCommFinalize` call, leaving `ncclInProgress` to the caller's polling.
     fn begin_finalize(&self) -> Result<()> {
-        self.health.check()?;
+        let raw = self.live_raw()?;
         outside_group()?;
         if self.revoked.get() {
             return Ok(());
         }
         self.context().bind_to_thread()?;
-        let raw = self.as_raw();
         // SAFETY: `raw` is live and owned, and no NCCL call on it is in flight.
         let rc = unsafe { call_rc!(ncclCommFinalize(raw)) }?;
         match rc {
@@ -115,9 +114,8 @@ impl Comm {
     /// `ncclCommDestroy`, after which the communicator counts as closed whatever NCCL returned:
     /// the handle may be freed, so nothing may touch it again.
     fn destroy(&self) -> Result<()> {
-        self.health.check()?;
+        let raw = self.live_raw()?;
         self.context().bind_to_thread()?;
-        let raw = self.as_raw();
         // SAFETY: `raw` is live and owned, NCCL has finished with it (finalized or revoked), and
         // it is never used again (closed below).
         let destroyed = unsafe { call!(ncclCommDestroy(raw)) };
