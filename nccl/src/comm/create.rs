@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::CudaStream;
-use nccl_sys::{ncclComm_t, ncclResult_t, ncclUniqueId};
+use nccl_sys::{ncclComm_t, ncclResult_t};
 
 use super::{c_count, outside_group, Comm, Config, Settings};
 use crate::error::{call, call_rc, check, lib_version, Error, Result};
@@ -164,7 +164,7 @@ fn start_scalable(
     if ids.is_empty() || ids.len() > nranks {
         return Err(Error::InvalidCount { what: "the number of unique ids", max: nranks, got: ids.len() });
     }
-    let mut list: Vec<ncclUniqueId> = ids.iter().map(|id| id.0).collect();
+    let mut list: Vec<nccl_sys::ncclUniqueId> = ids.iter().map(|id| id.0).collect();
     // SAFETY: `raw` is a valid out-pointer; `list` holds `ids.len()` (1 ≤ len ≤ nranks, checked,
     // so it fits an int) ids, which NCCL copies during the call; `rank` < `n`; config as for
     // ncclCommInitRankConfig above.
