@@ -182,7 +182,8 @@ impl Nvcc {
         &self.program
     }
 
-    /// How it was found (`NVCC=/opt/cuda/bin/nvcc`, `PATH`, the CUDA install's origin).
+    /// How it was found: `NVCC=/opt/cuda/bin/nvcc`, `PATH`, or `the CUDA install of <where the
+    /// CUDA search found it>`.
     pub fn found_via(&self) -> &str {
         &self.found_via
     }
@@ -388,7 +389,7 @@ fn find_program(env: &Env, cuda: Option<&Install>) -> Result<(PathBuf, String), 
     match cuda.and_then(|c| Some((c, cuda_root(c)?))) {
         Some((install, root)) => {
             let candidate = root.join("bin/nvcc");
-            let place = format!("the CUDA toolkit found via {}", install.origin);
+            let place = format!("the CUDA install of {}", install.origin);
             if candidate.is_file() {
                 return Ok((candidate, place));
             }
@@ -501,7 +502,7 @@ mod tests {
         let expected = format!(
             "nvcc not found. Searched, in order:\n  \
              1. NVCC: not set\n  \
-             2. the CUDA toolkit found via CUDA_HOME=/opt/cuda: no {}/bin/nvcc\n  \
+             2. the CUDA install of CUDA_HOME=/opt/cuda: no {}/bin/nvcc\n  \
              3. PATH (/nonexistent/a:/nonexistent/b): no nvcc in any of its directories\n\
              Variables consulted: CUDA_ARCHS, NVCC, PATH\n",
             tmp.path().display()

@@ -25,7 +25,7 @@ pub enum CuError {
         stopped_by: Option<String>,
     },
     /// nvcc was found but could not be started.
-    #[error("could not start nvcc {} (found via {found_via}): {error}\ncommand: {command}", program.display())]
+    #[error("could not start nvcc {} ({found_via}): {error}\ncommand: {command}", program.display())]
     NvccNotRunnable {
         /// The binary.
         program: PathBuf,
@@ -189,14 +189,8 @@ impl fmt::Display for CompileError {
         for line in self.error_lines() {
             writeln!(f, "{line}")?;
         }
-        writeln!(
-            f,
-            "nvcc {} (found via {}) failed on {} ({})",
-            self.nvcc.display(),
-            self.found_via,
-            self.source_file.display(),
-            self.status
-        )?;
+        writeln!(f, "nvcc failed on {} ({})", self.source_file.display(), self.status)?;
+        writeln!(f, "nvcc: {} ({})", self.nvcc.display(), self.found_via)?;
         writeln!(f, "command: {}", self.command)?;
         write!(f, "--- nvcc output ---\n{}", self.output.trim_end())
     }

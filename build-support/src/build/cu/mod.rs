@@ -320,8 +320,10 @@ impl Kernels {
         let out_dir = PathBuf::from(env.cargo_var("OUT_DIR").ok_or(CuError::NoOutDir)?);
         let crate_dir = env.cargo_var("CARGO_MANIFEST_DIR").map(PathBuf::from);
         let requests = self.named_requests(crate_dir.as_deref())?;
+        let mut declared = std::collections::BTreeSet::new();
         for (_, r) in &requests {
             out.rerun_if_changed(&r.source);
+            declared.insert(r.source.clone());
         }
         let rust_file = out_dir.join(&self.rust_file);
         let skipped = if env.get("DOCS_RS").is_some() {
@@ -383,7 +385,6 @@ impl Kernels {
 
         let mut images = Vec::with_capacity(plans.len());
         let mut first_error = None;
-        let mut seen = std::collections::BTreeSet::new();
         for (plan, outcome) in plans.into_iter().zip(outcomes) {
             let o = match outcome {
                 Ok(o) => o,
@@ -396,7 +397,7 @@ impl Kernels {
                 out.warning(w);
             }
             for input in &o.inputs {
-                if seen.insert(input.clone()) {
+                if declared.insert(input.clone()) {
                     out.rerun_if_changed(input);
                 }
             }
