@@ -147,7 +147,7 @@ fn plain_images_dependencies_rebuilds_and_embedding() {
         rust.contains(&format!(
             "/// The plain CUDA image of `kernels/scale.cu`: a cubin for sm_90, for `cuModuleLoadData`.\n\
              pub static SCALE: &[u8] = &GpucommAlignedImage(*include_bytes!({:?})).0;\n",
-            krate.path("out/gpucomm-cu/SCALE.cubin").to_str().unwrap()
+            krate.path("out/gpucomm-cu/kernels/SCALE.cubin").to_str().unwrap()
         )),
         "{rust}"
     );
@@ -236,11 +236,29 @@ fn nccl_headers_found_by_search_without_dep_variables() {
     }
 }
 
-/// An install without what a flavour needs is named, with where its directory came from.
+/// A missing install, or one without what a flavour needs, is named, with where its directory
+/// came from.
 #[test]
-fn incomplete_installs_are_named() {
+fn missing_or_incomplete_installs_are_named() {
     let krate = Crate::new();
     krate.write("kernels/k.cu", FILL);
+    // A prefix with the compiler wheels only: nvcc is found, NCCL is not.
+    let only_cuda = krate.path("prefix/py/nvidia");
+    std::fs::create_dir_all(&only_cuda).unwrap();
+    std::os::unix::fs::symlink(Path::new(&prefix()).join("py/nvidia/cu13"), only_cuda.join("cu13")).unwrap();
+    let env = krate.env(&[("GPUCOMM_PREFIX", krate.path("prefix").to_str().unwrap())]);
+    let err = Kernels::new().nccl("kernels/k.cu").build_with(&env, &mut Emitter::new(Vec::new())).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.starts_with(
+            "NCCL device API kernels need the headers of the NCCL install that nccl-sys found; none was passed on \
+             (DEP_NCCL_INCLUDE is not set: the crate does not depend on nccl-sys directly) and the search found none.\n\
+             NCCL not found (header nccl.h and library libnccl.so.2 or libnccl.so).\nSearched, in order:\n"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("NCCL_SYS_NO_PYTHON is set"), "{text}");
+
     let old = krate.path("nccl-2.27/include");
     std::fs::create_dir_all(&old).unwrap();
     let env = krate.env(&[("DEP_NCCL_INCLUDE", old.to_str().unwrap())]);
@@ -301,7 +319,10 @@ fn compile_errors_name_file_line_and_nvcc() {
         "{cargo}"
     );
     // No image and no stamp were left behind for the failed file.
-    assert!(!krate.path("out/gpucomm-cu/BAD.cubin").exists() && !krate.path("out/gpucomm-cu/BAD.stamp").exists());
+    assert!(
+        !krate.path("out/gpucomm-cu/kernels/BAD.cubin").exists()
+            && !krate.path("out/gpucomm-cu/kernels/BAD.stamp").exists()
+    );
 
     let err =
         Kernels::new().cuda("kernels/uses_header.cu").build_with(&env, &mut Emitter::new(Vec::new())).unwrap_err();
@@ -381,7 +402,8 @@ fn skipping_gives_empty_images() {
     }
 }
 
-/// Several architectures give one fatbin, and `ARCHS` lists them.
+/// Several architectures give one fatbin, and `ARCHS` lists them. (With another generated file
+/// name, whose images have their own folder.)
 #[test]
 fn several_archs_give_a_fatbin() {
     let krate = Crate::new();
@@ -389,10 +411,12 @@ fn several_archs_give_a_fatbin() {
     let env = krate.env(&[("CUDA_ARCHS", "90,80")]);
     let built = Kernels::new()
         .cuda("kernels/fill.cu")
+        .rust_file("more_kernels.rs")
         .build_with(&env, &mut Emitter::new(Vec::new()))
         .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(built.rust_file, krate.path("out/more_kernels.rs"));
     let path = built.images[0].image.clone().unwrap();
-    assert_eq!(path.extension().unwrap(), "fatbin");
+    assert_eq!(path, krate.path("out/gpucomm-cu/more_kernels/FILL.fatbin"));
     // The fatbin magic, 0xBA55ED50 little-endian.
     assert!(std::fs::read(&path).unwrap().starts_with(&[0x50, 0xed, 0x55, 0xba]));
     let rust = std::fs::read_to_string(&built.rust_file).unwrap();

@@ -9,7 +9,7 @@
 //! #[repr(C, align(16))]
 //! struct GpucommAlignedImage<T: ?Sized>(T);
 //! /// The NCCL device API image of `kernels/one_shot.cu`: a cubin for sm_90 (…).
-//! pub static ONE_SHOT: &[u8] = &GpucommAlignedImage(*include_bytes!("/…/out/gpucomm-cu/ONE_SHOT.cubin")).0;
+//! pub static ONE_SHOT: &[u8] = &GpucommAlignedImage(*include_bytes!("/…/out/gpucomm-cu/kernels/ONE_SHOT.cubin")).0;
 //! ```
 //!
 //! The images are `static`s (one copy in the binary however often they are used), 16-byte aligned

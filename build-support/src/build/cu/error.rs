@@ -212,6 +212,10 @@ impl CuError {
             let more = if i == last { " (full report below)" } else { "" };
             out.warning(&format!("{line}{more}"));
         }
-        eprintln!("\nerror: {self}\n");
+        match self {
+            // Already `path:line: error: …`.
+            CuError::Compile(_) => eprintln!("\n{self}\n"),
+            _ => eprintln!("\nerror: {self}\n"),
+        }
     }
 }

@@ -157,7 +157,8 @@ use flavour::Installs;
 /// The file generated in `OUT_DIR` unless [`Kernels::rust_file`] says otherwise.
 pub const DEFAULT_RUST_FILE: &str = "kernels.rs";
 
-/// The subdirectory of `OUT_DIR` that holds images, objects, dependency files and stamps.
+/// The subdirectory of `OUT_DIR` that holds images, objects, dependency files and stamps, in one
+/// folder per generated Rust file (so that two builders in one build script never share images).
 const IMAGE_DIR: &str = "gpucomm-cu";
 
 /// Names the generated file uses itself.
@@ -373,7 +374,7 @@ impl Kernels {
         let used: Vec<Flavour> = requests.iter().map(|(_, r)| r.flavour).collect();
         let installs = Installs::resolve(env, &locator, &used)?;
 
-        let dir = out_dir.join(IMAGE_DIR);
+        let dir = out_dir.join(IMAGE_DIR).join(Path::new(&self.rust_file).file_stem().unwrap_or_default());
         std::fs::create_dir_all(&dir).map_err(|error| CuError::Io {
             action: "cannot create",
             path: dir.clone(),
@@ -396,11 +397,6 @@ impl Kernels {
             for w in &o.warnings {
                 out.warning(w);
             }
-            for input in &o.inputs {
-                if declared.insert(input.clone()) {
-                    out.rerun_if_changed(input);
-                }
-            }
             images.push(BuiltImage {
                 name: plan.name,
                 flavour: plan.flavour,
@@ -410,8 +406,15 @@ impl Kernels {
                 rebuilt: o.rebuilt,
             });
         }
+        // A failed build script always reruns: the (long) dependency list would only bury the
+        // report in Cargo's output.
         if let Some(e) = first_error {
             return Err(e);
+        }
+        for input in images.iter().flat_map(|i| &i.inputs) {
+            if declared.insert(input.clone()) {
+                out.rerun_if_changed(input);
+            }
         }
         let archs = nvcc.archs().to_vec();
         self.write_rust_file(&rust_file, &archs, &images, crate_dir.as_deref(), None)?;
