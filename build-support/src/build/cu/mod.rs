@@ -139,6 +139,7 @@ mod error;
 mod flavour;
 mod stamp;
 
+use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -216,12 +217,17 @@ pub struct BuiltImage {
     pub rebuilt: bool,
 }
 
-/// One image's plan.
-struct Planned {
+/// A requested image, named, with an absolute source path.
+struct Image {
     name: String,
     flavour: Flavour,
     source: PathBuf,
-    image: PathBuf,
+}
+
+/// One image's compilation.
+struct Planned {
+    image: Image,
+    path: PathBuf,
     stamp: PathBuf,
     nvcc: Nvcc,
     job: Job,
@@ -320,169 +326,133 @@ impl Kernels {
     fn build_inner<W: Write>(&self, env: &Env, out: &mut Emitter<W>) -> Result<Built, CuError> {
         let out_dir = PathBuf::from(env.cargo_var("OUT_DIR").ok_or(CuError::NoOutDir)?);
         let crate_dir = env.cargo_var("CARGO_MANIFEST_DIR").map(PathBuf::from);
-        let requests = self.named_requests(crate_dir.as_deref())?;
-        let mut declared = std::collections::BTreeSet::new();
-        for (_, r) in &requests {
-            out.rerun_if_changed(&r.source);
-            declared.insert(r.source.clone());
+        let images = self.named_images(crate_dir.as_deref())?;
+        for image in &images {
+            out.rerun_if_changed(&image.source);
         }
         let rust_file = out_dir.join(&self.rust_file);
-        let skipped = if env.get("DOCS_RS").is_some() {
-            Some("DOCS_RS is set".to_string())
-        } else if env.flag("GPUCOMM_SKIP_CU") {
-            Some("GPUCOMM_SKIP_CU is set".to_string())
-        } else {
-            None
+        let embed = |archs: &[Arch], built: &[BuiltImage], skipped: Option<&str>| {
+            embed::write_if_changed(&rust_file, &embed::rust_source(archs, built, crate_dir.as_deref(), skipped)?)
         };
-        if let Some(reason) = skipped {
+        if let Some(reason) = skip_reason(env) {
             let archs = crate::build::nvcc::archs_from(env)?;
             out.warning(&format!(
                 "{} .cu file(s) not compiled ({reason}): the images in {} are empty",
-                requests.len(),
+                images.len(),
                 rust_file.display()
             ));
-            let images: Vec<BuiltImage> = requests
-                .into_iter()
-                .map(|(name, r)| BuiltImage {
-                    name,
-                    flavour: r.flavour,
-                    source: r.source,
-                    image: None,
-                    inputs: vec![],
-                    rebuilt: false,
-                })
-                .collect();
-            self.write_rust_file(&rust_file, &archs, &images, crate_dir.as_deref(), Some(&reason))?;
-            return Ok(Built { rust_file, archs, skipped: Some(reason), images });
+            let built: Vec<BuiltImage> = images.into_iter().map(|i| i.built(None, vec![], false)).collect();
+            embed(&archs, &built, Some(&reason))?;
+            return Ok(Built { rust_file, archs, skipped: Some(reason), images: built });
         }
-        if let Some((_, missing)) = requests.iter().find(|(_, r)| !r.source.is_file()) {
+        if let Some(missing) = images.iter().find(|i| !i.source.is_file()) {
             return Err(CuError::SourceMissing { path: missing.source.clone() });
         }
 
-        let locator = Locator::new(env);
-        let cuda = locator.find(&CUDA).ok();
-        let mut nvcc = Nvcc::locate(env, cuda.as_ref())?;
-        if let Some(runner) = &self.runner {
-            nvcc.set_runner(runner.clone());
-        }
-        for dir in &self.includes {
-            nvcc.include(&absolute(crate_dir.as_deref(), dir));
-        }
-        for flag in &self.flags {
-            nvcc.flag(flag.clone());
-        }
-        let used: Vec<Flavour> = requests.iter().map(|(_, r)| r.flavour).collect();
-        let installs = Installs::resolve(env, &locator, &used)?;
-
+        let nvcc = self.nvcc(env, crate_dir.as_deref())?;
+        let flavours: Vec<Flavour> = images.iter().map(|i| i.flavour).collect();
+        let installs = Installs::resolve(env, &Locator::new(env), &flavours)?;
         let dir = out_dir.join(IMAGE_DIR).join(Path::new(&self.rust_file).file_stem().unwrap_or_default());
         std::fs::create_dir_all(&dir).map_err(|error| CuError::Io {
             action: "cannot create",
             path: dir.clone(),
             error,
         })?;
-        let plans: Vec<Planned> =
-            requests.into_iter().map(|(name, r)| plan(&nvcc, &installs, &dir, name, r.flavour, r.source)).collect();
+        let plans: Vec<Planned> = images.into_iter().map(|i| plan(&nvcc, &installs, &dir, i)).collect();
         let outcomes = in_parallel(&plans, jobs(env), build_one);
 
-        let mut images = Vec::with_capacity(plans.len());
-        let mut first_error = None;
+        let mut built = Vec::with_capacity(plans.len());
         for (plan, outcome) in plans.into_iter().zip(outcomes) {
-            let o = match outcome {
-                Ok(o) => o,
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                    continue;
-                }
-            };
-            for w in &o.warnings {
+            // The first error in the order given; a failed build script always reruns, so the
+            // (long) dependency list would only bury the report in Cargo's output.
+            let outcome = outcome?;
+            for w in &outcome.warnings {
                 out.warning(w);
             }
-            images.push(BuiltImage {
-                name: plan.name,
-                flavour: plan.flavour,
-                source: plan.source,
-                image: Some(plan.image),
-                inputs: o.inputs,
-                rebuilt: o.rebuilt,
-            });
+            built.push(plan.image.built(Some(plan.path), outcome.inputs, outcome.rebuilt));
         }
-        // A failed build script always reruns: the (long) dependency list would only bury the
-        // report in Cargo's output.
-        if let Some(e) = first_error {
-            return Err(e);
-        }
-        for input in images.iter().flat_map(|i| &i.inputs) {
-            if declared.insert(input.clone()) {
+        let mut declared: BTreeSet<&Path> = built.iter().map(|i| i.source.as_path()).collect();
+        for input in built.iter().flat_map(|i| &i.inputs) {
+            if declared.insert(input) {
                 out.rerun_if_changed(input);
             }
         }
         let archs = nvcc.archs().to_vec();
-        self.write_rust_file(&rust_file, &archs, &images, crate_dir.as_deref(), None)?;
-        Ok(Built { rust_file, archs, skipped: None, images })
+        embed(&archs, &built, None)?;
+        Ok(Built { rust_file, archs, skipped: None, images: built })
+    }
+
+    /// nvcc with the builder's include directories, flags and runner.
+    fn nvcc(&self, env: &Env, crate_dir: Option<&Path>) -> Result<Nvcc, CuError> {
+        let cuda = Locator::new(env).find(&CUDA).ok();
+        let mut nvcc = Nvcc::locate(env, cuda.as_ref())?;
+        if let Some(runner) = &self.runner {
+            nvcc.set_runner(runner.clone());
+        }
+        for dir in &self.includes {
+            nvcc.include(&absolute(crate_dir, dir));
+        }
+        for flag in &self.flags {
+            nvcc.flag(flag.clone());
+        }
+        Ok(nvcc)
     }
 
     /// The requests with their constant names and absolute sources; names checked.
-    fn named_requests(&self, crate_dir: Option<&Path>) -> Result<Vec<(String, Request)>, CuError> {
-        let mut named: Vec<(String, Request)> = Vec::with_capacity(self.images.len());
+    fn named_images(&self, crate_dir: Option<&Path>) -> Result<Vec<Image>, CuError> {
+        let mut images: Vec<Image> = Vec::with_capacity(self.images.len());
         for r in &self.images {
             let source = absolute(crate_dir, &r.source);
             let name = r.name.clone().unwrap_or_else(|| constant_name(&source));
             if !is_identifier(&name) || RESERVED.contains(&name.as_str()) {
                 return Err(CuError::InvalidName { name, source_file: source });
             }
-            if let Some((_, first)) = named.iter().find(|(n, _)| *n == name) {
+            if let Some(first) = images.iter().find(|i| i.name == name) {
                 return Err(CuError::DuplicateName { name, first: first.source.clone(), second: source });
             }
-            named.push((name, Request { name: None, flavour: r.flavour, source }));
+            images.push(Image { name, flavour: r.flavour, source });
         }
-        Ok(named)
+        Ok(images)
     }
+}
 
-    fn write_rust_file(
-        &self,
-        path: &Path,
-        archs: &[Arch],
-        images: &[BuiltImage],
-        crate_dir: Option<&Path>,
-        skipped: Option<&str>,
-    ) -> Result<(), CuError> {
-        let embedded: Vec<embed::Embedded<'_>> = images
-            .iter()
-            .map(|i| embed::Embedded {
-                name: &i.name,
-                flavour: i.flavour,
-                shown_source: crate_dir
-                    .and_then(|d| i.source.strip_prefix(d).ok())
-                    .unwrap_or(&i.source)
-                    .display()
-                    .to_string(),
-                image: i.image.as_deref(),
-            })
-            .collect();
-        embed::write_if_changed(path, &embed::rust_source(archs, &embedded, skipped)?)
+impl Image {
+    fn built(self, image: Option<PathBuf>, inputs: Vec<PathBuf>, rebuilt: bool) -> BuiltImage {
+        BuiltImage { name: self.name, flavour: self.flavour, source: self.source, image, inputs, rebuilt }
+    }
+}
+
+/// Why compilation is skipped, if it is: docs.rs, or `GPUCOMM_SKIP_CU`.
+fn skip_reason(env: &Env) -> Option<String> {
+    if env.get("DOCS_RS").is_some() {
+        Some("DOCS_RS is set".to_string())
+    } else if env.flag("GPUCOMM_SKIP_CU") {
+        Some("GPUCOMM_SKIP_CU is set".to_string())
+    } else {
+        None
     }
 }
 
 /// The compilation of one image.
-fn plan(nvcc: &Nvcc, installs: &Installs, dir: &Path, name: String, flavour: Flavour, source: PathBuf) -> Planned {
-    let image = dir.join(format!("{name}.{}", nvcc.image_extension()));
-    let stamp = dir.join(format!("{name}.stamp"));
-    let inputs = installs.inputs(flavour);
+fn plan(nvcc: &Nvcc, installs: &Installs, dir: &Path, image: Image) -> Planned {
+    let path = dir.join(format!("{}.{}", image.name, nvcc.image_extension()));
+    let stamp = dir.join(format!("{}.stamp", image.name));
+    let inputs = installs.inputs(image.flavour);
     let mut nvcc = nvcc.clone();
     if let Some(include) = inputs.include {
         nvcc.include(include);
     }
     let job = match inputs.device_lib {
-        Some(lib) => nvcc.device_linked_job(&source, &[lib], &dir.join(format!("{name}.o")), &image),
-        None => nvcc.module_job(&source, &image),
+        Some(lib) => nvcc.device_linked_job(&image.source, &[lib], &dir.join(format!("{}.o", image.name)), &path),
+        None => nvcc.module_job(&image.source, &path),
     };
-    Planned { name, flavour, source, image, stamp, nvcc, job }
+    Planned { image, path, stamp, nvcc, job }
 }
 
 /// Compiles one image unless it is up to date.
 fn build_one(plan: &Planned) -> Result<Outcome, CuError> {
     let commands = plan.nvcc.describe(&plan.job);
-    if let Some(inputs) = stamp::up_to_date(&plan.stamp, &plan.image, &commands) {
+    if let Some(inputs) = stamp::up_to_date(&plan.stamp, &plan.path, &commands) {
         return Ok(Outcome { inputs, warnings: vec![], rebuilt: false });
     }
     stamp::remove(&plan.stamp)?;
