@@ -424,6 +424,16 @@ fn several_archs_give_a_fatbin() {
     assert!(rust.contains("a fatbin for sm_80, sm_90"), "{rust}");
 }
 
+/// No files: no nvcc needed (none is there), and the generated file compiles without warnings.
+#[test]
+fn no_files_need_no_nvcc() {
+    let krate = Crate::new();
+    let env = krate.env(&[("NVCC", "/nonexistent/nvcc")]);
+    let built = Kernels::new().build_with(&env, &mut Emitter::new(Vec::new())).unwrap_or_else(|e| panic!("{e}"));
+    assert!(built.images.is_empty() && built.skipped.is_none());
+    assert_eq!(run_with_kernels(&krate, &built.rust_file, &[]), "[90] true\n");
+}
+
 /// A `.cu` file that does not exist is named before nvcc is looked for.
 #[test]
 fn missing_source_is_named() {

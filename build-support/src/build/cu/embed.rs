@@ -48,14 +48,15 @@ pub(super) fn rust_source(
         None => out.push_str(
             "/// `true`: the `.cu` files were compiled (`false` with `GPUCOMM_SKIP_CU=1` or on docs.rs,\n\
              /// where every image is empty).\n\
-             pub const COMPILED: bool = true;\n\n\
-             #[repr(C, align(16))]\n\
-             struct GpucommAlignedImage<T: ?Sized>(T);\n",
+             pub const COMPILED: bool = true;\n",
         ),
         Some(reason) => out.push_str(&format!(
             "/// `false`: the `.cu` files were not compiled ({reason}); every image is empty.\n\
              pub const COMPILED: bool = false;\n"
         )),
+    }
+    if images.iter().any(|i| i.image.is_some()) {
+        out.push_str("\n#[repr(C, align(16))]\nstruct GpucommAlignedImage<T: ?Sized>(T);\n");
     }
     for image in images {
         let load = match image.flavour {

@@ -348,6 +348,12 @@ impl Kernels {
         if let Some(missing) = images.iter().find(|i| !i.source.is_file()) {
             return Err(CuError::SourceMissing { path: missing.source.clone() });
         }
+        if images.is_empty() {
+            // Nothing to compile (kernels behind features, say): no nvcc needed.
+            let archs = crate::build::nvcc::archs_from(env)?;
+            embed(&archs, &[], None)?;
+            return Ok(Built { rust_file, archs, skipped: None, images: vec![] });
+        }
 
         let nvcc = self.nvcc(env, crate_dir.as_deref())?;
         let flavours: Vec<Flavour> = images.iter().map(|i| i.flavour).collect();
