@@ -16,7 +16,13 @@ pub struct Progress {
 impl Progress {
     /// A display for `total` steps.
     pub fn new(label: impl Into<String>, total: usize) -> Self {
-        Progress { label: label.into(), total, done: 0, started: Instant::now(), shown: std::io::stderr().is_terminal() }
+        Progress {
+            label: label.into(),
+            total,
+            done: 0,
+            started: Instant::now(),
+            shown: std::io::stderr().is_terminal(),
+        }
     }
 
     /// Marks one more step done, now working on `what`.
@@ -48,7 +54,7 @@ impl Progress {
 
 fn render(label: &str, done: usize, total: usize, secs: u64, what: &str) -> String {
     const WIDTH: usize = 20;
-    let filled = if total == 0 { WIDTH } else { done * WIDTH / total };
+    let filled = (done * WIDTH).checked_div(total).unwrap_or(WIDTH);
     format!("{label}  [{}{}]  {done}/{total}  {secs} s  {what}", "#".repeat(filled), ".".repeat(WIDTH - filled))
 }
 

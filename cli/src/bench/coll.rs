@@ -8,21 +8,21 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "snake_case")]
 #[value(rename_all = "snake_case")]
 pub enum Collective {
-    /// `all_reduce_perf`.
+    /// As nccl-tests' all_reduce_perf.
     AllReduce,
-    /// `all_gather_perf`.
+    /// As all_gather_perf (out-of-place only for now).
     AllGather,
-    /// `reduce_scatter_perf`.
+    /// As reduce_scatter_perf (out-of-place only for now).
     ReduceScatter,
-    /// `broadcast_perf`.
+    /// As broadcast_perf (in-place only for now).
     Broadcast,
-    /// `reduce_perf`.
+    /// As reduce_perf (not wired yet: the nccl crate has no reduce).
     Reduce,
-    /// `alltoall_perf`.
+    /// As alltoall_perf (not wired yet: the nccl crate has no all_to_all).
     #[value(name = "alltoall", alias = "all_to_all")]
     #[serde(rename = "alltoall")]
     AllToAll,
-    /// `sendrecv_perf`.
+    /// As sendrecv_perf: send to rank+1, receive from rank−1 (out-of-place).
     #[value(name = "sendrecv", alias = "send_recv")]
     #[serde(rename = "sendrecv")]
     SendRecv,

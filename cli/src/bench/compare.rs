@@ -29,7 +29,10 @@ pub fn read_nccl_tests(path: &Path, coll: Collective) -> Result<Vec<Run>> {
     let found: Vec<String> = runs.iter().map(|r| r.collective.to_string()).collect();
     let runs: Vec<Run> = runs.into_iter().filter(|r| r.collective == coll).collect();
     if runs.is_empty() {
-        return Err(CliError::BadInput { path: path.into(), why: format!("no {coll} run in it (it has {})", found.join(", ")) });
+        return Err(CliError::BadInput {
+            path: path.into(),
+            why: format!("no {coll} run in it (it has {})", found.join(", ")),
+        });
     }
     Ok(runs)
 }
@@ -38,7 +41,10 @@ pub fn read_nccl_tests(path: &Path, coll: Collective) -> Result<Vec<Run>> {
 pub fn read_gpucomm(path: &Path) -> Result<Vec<Run>> {
     let text = CliError::read_input("gpucomm bench result", path)?;
     if text.trim_start().starts_with('{') {
-        let bad = |e: serde_json::Error| CliError::BadInput { path: path.into(), why: format!("not a gpucomm bench --json result: {e}") };
+        let bad = |e: serde_json::Error| CliError::BadInput {
+            path: path.into(),
+            why: format!("not a gpucomm bench --json result: {e}"),
+        };
         let v: serde_json::Value = serde_json::from_str(&text).map_err(bad)?;
         let run = v.get("run").cloned().unwrap_or(v);
         return Ok(vec![serde_json::from_value(run).map_err(bad)?]);
@@ -91,7 +97,11 @@ pub struct Side {
 impl Side {
     fn of<'a>(measures: impl Iterator<Item = &'a Measure>) -> Option<Side> {
         let m: Vec<&Measure> = measures.collect();
-        Some(Side { runs: m.len(), time_us: Stat::of(m.iter().map(|m| m.time_us).collect())?, busbw: Stat::of(m.iter().map(|m| m.busbw).collect())? })
+        Some(Side {
+            runs: m.len(),
+            time_us: Stat::of(m.iter().map(|m| m.time_us).collect())?,
+            busbw: Stat::of(m.iter().map(|m| m.busbw).collect())?,
+        })
     }
 }
 
@@ -133,7 +143,9 @@ fn lines(rust: &[Run], c: &[Run], pick: fn(&Row) -> Option<&Measure>) -> Vec<Lin
     let mut sizes: Vec<u64> = rust.iter().chain(c).flat_map(|r| r.rows.iter().map(|row| row.size)).collect();
     sizes.sort_unstable();
     sizes.dedup();
-    let side = |runs: &[Run], size: u64| Side::of(runs.iter().flat_map(|r| r.rows.iter()).filter(|row| row.size == size).filter_map(pick));
+    let side = |runs: &[Run], size: u64| {
+        Side::of(runs.iter().flat_map(|r| r.rows.iter()).filter(|row| row.size == size).filter_map(pick))
+    };
     sizes
         .into_iter()
         .map(|size| {
@@ -171,15 +183,23 @@ impl Comparison {
     /// The goals' verdicts on `lines`.
     fn goals(lines: &[Line]) -> Vec<String> {
         let mut out = Vec::new();
-        let big: Vec<(u64, f64)> = lines.iter().filter(|l| l.size >= LARGE).filter_map(|l| Some((l.size, l.ratio?))).collect();
+        let big: Vec<(u64, f64)> =
+            lines.iter().filter(|l| l.size >= LARGE).filter_map(|l| Some((l.size, l.ratio?))).collect();
         if let Some(&(size, worst)) = big.iter().min_by(|a, b| a.1.total_cmp(&b.1)) {
             let met = if worst >= RATIO_GOAL { "met" } else { "NOT met" };
-            out.push(format!("busbw ratio Rust/C from 1 MiB up: lowest {worst:.3} (at {}) — goal ≥ {RATIO_GOAL}: {met}", human_bytes(size)));
+            out.push(format!(
+                "busbw ratio Rust/C from 1 MiB up: lowest {worst:.3} (at {}) — goal ≥ {RATIO_GOAL}: {met}",
+                human_bytes(size)
+            ));
         }
-        let small: Vec<(u64, f64)> = lines.iter().filter(|l| l.size < LARGE).filter_map(|l| Some((l.size, l.dt_us?))).collect();
+        let small: Vec<(u64, f64)> =
+            lines.iter().filter(|l| l.size < LARGE).filter_map(|l| Some((l.size, l.dt_us?))).collect();
         if let Some(&(size, worst)) = small.iter().max_by(|a, b| a.1.total_cmp(&b.1)) {
             let met = if worst <= TIME_GOAL_US { "met" } else { "NOT met" };
-            out.push(format!("time Rust − C below 1 MiB: largest {worst:+.2} µs (at {}) — goal ≤ +{TIME_GOAL_US} µs: {met}", human_bytes(size)));
+            out.push(format!(
+                "time Rust − C below 1 MiB: largest {worst:+.2} µs (at {}) — goal ≤ +{TIME_GOAL_US} µs: {met}",
+                human_bytes(size)
+            ));
         }
         out
     }
@@ -203,7 +223,10 @@ impl Comparison {
                 continue;
             }
             let _ = writeln!(s, "\n### {name} (median [min–max] over runs)\n");
-            let _ = writeln!(s, "| size | Rust time (µs) | C time (µs) | Δt (µs) | Rust busbw (GB/s) | C busbw (GB/s) | ratio |");
+            let _ = writeln!(
+                s,
+                "| size | Rust time (µs) | C time (µs) | Δt (µs) | Rust busbw (GB/s) | C busbw (GB/s) | ratio |"
+            );
             let _ = writeln!(s, "|---:|---:|---:|---:|---:|---:|---:|");
             for l in lines.iter() {
                 let side = |x: &Option<Side>, f: fn(&Side) -> String| x.as_ref().map_or("—".to_string(), f);
@@ -231,7 +254,12 @@ impl Comparison {
     pub fn plot(&self, path: &Path) -> Result<()> {
         let curve = |label: &str, pick: fn(&Line) -> Option<f64>| Curve {
             label: label.to_string(),
-            points: self.out_of_place.iter().filter(|l| l.size > 0).filter_map(|l| Some((l.size as f64, pick(l)?))).collect(),
+            points: self
+                .out_of_place
+                .iter()
+                .filter(|l| l.size > 0)
+                .filter_map(|l| Some((l.size as f64, pick(l)?)))
+                .collect(),
         };
         let curves = [
             curve("gpucomm (Rust)", |l| Some(l.rust.as_ref()?.busbw.median)),
@@ -264,18 +292,22 @@ pub fn run(args: &CompareArgs) -> Result<()> {
         let text = CliError::read_input("nccl-tests log", p)?;
         c.extend(nccltests::parse(p, &text)?);
     }
-    let mut colls: Vec<Collective> = rust.iter().map(|r| r.collective).filter(|k| c.iter().any(|r| r.collective == *k)).collect();
+    let mut colls: Vec<Collective> =
+        rust.iter().map(|r| r.collective).filter(|k| c.iter().any(|r| r.collective == *k)).collect();
     colls.sort_by_key(|k| k.name());
     colls.dedup();
     if colls.is_empty() {
-        return Err(CliError::Usage("no collective appears in both the gpucomm results and the nccl-tests logs".into()));
+        return Err(CliError::Usage(
+            "no collective appears in both the gpucomm results and the nccl-tests logs".into(),
+        ));
     }
     if let Some(p) = &args.plot {
         plot::check_writable(&plot_path(p, colls[0], colls.len() > 1))?;
     }
     let comparisons: Vec<Comparison> = colls.iter().map(|&k| Comparison::new(k, &rust, &c)).collect();
     if args.json {
-        let doc = serde_json::to_string_pretty(&comparisons).map_err(|source| CliError::Json { what: "the comparison".into(), source })?;
+        let doc = serde_json::to_string_pretty(&comparisons)
+            .map_err(|source| CliError::Json { what: "the comparison".into(), source })?;
         println!("{doc}");
     } else {
         for cmp in &comparisons {
@@ -376,6 +408,9 @@ mod tests {
     #[test]
     fn one_plot_per_collective_when_there_are_several() {
         assert_eq!(plot_path(Path::new("d/busbw.svg"), Collective::SendRecv, false), PathBuf::from("d/busbw.svg"));
-        assert_eq!(plot_path(Path::new("d/busbw.svg"), Collective::SendRecv, true), PathBuf::from("d/busbw-sendrecv.svg"));
+        assert_eq!(
+            plot_path(Path::new("d/busbw.svg"), Collective::SendRecv, true),
+            PathBuf::from("d/busbw-sendrecv.svg")
+        );
     }
 }

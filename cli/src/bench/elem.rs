@@ -35,10 +35,18 @@ impl Op {
                 return Err(CliError::BadChoice {
                     what: "-o",
                     value: text.into(),
-                    why: "PreMulSum is not wired into gpucomm bench yet (the nccl crate has no ncclRedOpCreatePreMulSum)".into(),
+                    why:
+                        "PreMulSum is not wired into gpucomm bench yet (the nccl crate has no ncclRedOpCreatePreMulSum)"
+                            .into(),
                 })
             }
-            _ => return Err(CliError::BadChoice { what: "-o", value: text.into(), why: "expected sum, prod, max, min or avg".into() }),
+            _ => {
+                return Err(CliError::BadChoice {
+                    what: "-o",
+                    value: text.into(),
+                    why: "expected sum, prod, max, min or avg".into(),
+                })
+            }
         })
     }
 
@@ -105,7 +113,11 @@ impl DType {
             "float" | "float32" | "fp32" => DType::F32,
             "double" | "float64" | "fp64" => DType::F64,
             "f8e4m3" | "f8e5m2" => {
-                return Err(CliError::BadChoice { what: "-d", value: text.into(), why: "FP8 is not wired into gpucomm bench yet".into() })
+                return Err(CliError::BadChoice {
+                    what: "-d",
+                    value: text.into(),
+                    why: "FP8 is not wired into gpucomm bench yet".into(),
+                })
             }
             _ => {
                 return Err(CliError::BadChoice {
@@ -119,7 +131,9 @@ impl DType {
 }
 
 /// An element the bench can move, fill and check.
-pub trait Elem: NcclType + ValidAsZeroBits + Copy + PartialEq + Send + Sync + std::fmt::Debug + Unpin + 'static {
+pub trait Elem:
+    NcclType + ValidAsZeroBits + Copy + PartialEq + Send + Sync + std::fmt::Debug + Unpin + 'static
+{
     /// nccl-tests' name.
     const NAME: &'static str;
     /// The test pattern: small whole numbers, exact in every type.

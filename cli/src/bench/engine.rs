@@ -127,7 +127,8 @@ struct Bench<'r, T: Elem> {
 fn run_typed<T: Elem>(ranks: &Ranks, spec: &Spec, emit: &mut dyn FnMut(&Row)) -> Result<Run> {
     let elem = size_of::<T>();
     let len = (spec.max / elem as u64) as usize;
-    let bufs = ranks.comms().iter().map(|c| Buffers::<T>::new(c.stream(), len.max(1))).collect::<Result<Vec<_>, _>>()?;
+    let bufs =
+        ranks.comms().iter().map(|c| Buffers::<T>::new(c.stream(), len.max(1))).collect::<Result<Vec<_>, _>>()?;
     let mut b = Bench { ranks, spec, bufs, len };
     let world = ranks.world();
     let (out_ok, in_ok) = nccl_ops::variants(spec.coll);
@@ -187,7 +188,7 @@ impl<T: Elem> Bench<'_, T> {
     fn call(&self, counts: Counts, in_place: bool, iter: u32) -> Call {
         // nccl-tests moves the window through the buffers from one call to the next.
         let total = counts.send.max(counts.recv);
-        let steps = if total > 0 { (self.len / total).max(1) } else { 1 };
+        let steps = self.len.checked_div(total).unwrap_or(1).max(1);
         let shift = total * (iter as usize % steps);
         Call { coll: self.spec.coll, op: self.spec.op.nccl(), root: self.spec.root, counts, shift, in_place }
     }

@@ -54,7 +54,10 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     }
     if spawned || info.launcher != Launcher::Single {
         if let (Some(n), false) = (args.nproc, spawned) {
-            return Err(CliError::Usage(format!("--nproc {n} starts its own ranks, but this process is already rank {} of a job ({})", info.rank, info.launcher)));
+            return Err(CliError::Usage(format!(
+                "--nproc {n} starts its own ranks, but this process is already rank {} of a job ({})",
+                info.rank, info.launcher
+            )));
         }
         return match run_rank(args, &spec, &info)? {
             Some(done) => present(args, &spec, reference.as_deref(), done),
@@ -95,7 +98,13 @@ struct Done {
     printer: Printer,
 }
 
-fn header(args: &BenchArgs, spec: &Spec, gpus_per_process: usize, mode: String, devices: Vec<DeviceLine>) -> Result<Header> {
+fn header(
+    args: &BenchArgs,
+    spec: &Spec,
+    gpus_per_process: usize,
+    mode: String,
+    devices: Vec<DeviceLine>,
+) -> Result<Header> {
     Ok(Header {
         collective: spec.coll,
         nccl_headers: nccl::header_version().code(),
@@ -262,7 +271,11 @@ fn child_args(args: impl IntoIterator<Item = OsString>) -> Vec<OsString> {
 
 /// Starts `nproc` ranks of this command and prints what rank 0 reports as it comes.
 fn spawn_ranks(args: &BenchArgs, nproc: usize) -> Result<Done> {
-    let dir = tempfile::tempdir().map_err(|source| CliError::Io { what: "creating a temporary directory in", path: std::env::temp_dir(), source })?;
+    let dir = tempfile::tempdir().map_err(|source| CliError::Io {
+        what: "creating a temporary directory in",
+        path: std::env::temp_dir(),
+        source,
+    })?;
     let events = dir.path().join("events.jsonl");
     let exe = std::env::current_exe().map_err(|error| gpucomm_launch::SpawnError::CurrentExe { error })?;
     let child_args = child_args(std::env::args_os().skip(1));
@@ -314,7 +327,8 @@ mod tests {
 
     #[test]
     fn nproc_is_taken_out_for_the_ranks() {
-        let args: Vec<OsString> = ["all_reduce", "--nproc", "2", "-b", "8", "--nproc=4", "--json"].iter().map(OsString::from).collect();
+        let args: Vec<OsString> =
+            ["all_reduce", "--nproc", "2", "-b", "8", "--nproc=4", "--json"].iter().map(OsString::from).collect();
         let got: Vec<String> = child_args(args).into_iter().map(|a| a.into_string().unwrap()).collect();
         assert_eq!(got, ["all_reduce", "-b", "8", "--json"]);
     }

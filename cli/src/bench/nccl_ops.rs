@@ -63,7 +63,8 @@ impl<T: Elem> Buffers<T> {
 
     /// The windows one call uses: `counts.send` / `counts.recv` elements from element `shift`.
     pub fn views(&mut self, counts: Counts, shift: usize) -> nccl::Result<(CudaView<'_, T>, CudaViewMut<'_, T>)> {
-        let out_of_range = || nccl::Error::InvalidArgument(format!("window {shift}+{counts:?} outside the bench buffers"));
+        let out_of_range =
+            || nccl::Error::InvalidArgument(format!("window {shift}+{counts:?} outside the bench buffers"));
         let send = self.send.try_slice(shift..shift + counts.send).ok_or_else(out_of_range)?;
         let recv = self.recv.try_slice_mut(shift..shift + counts.recv).ok_or_else(out_of_range)?;
         Ok((send, recv))
@@ -172,7 +173,10 @@ const RECORD: usize = 1024;
 
 /// Every rank's `value`, in rank order, exchanged as JSON through an all-gather of fixed-size
 /// records (NCCL is the only all-to-all channel a launched job is sure to have).
-pub fn gather_json<V: serde::Serialize + serde::de::DeserializeOwned>(comm: &Comm, value: &V) -> crate::error::Result<Vec<V>> {
+pub fn gather_json<V: serde::Serialize + serde::de::DeserializeOwned>(
+    comm: &Comm,
+    value: &V,
+) -> crate::error::Result<Vec<V>> {
     use crate::error::CliError;
     let json = |source| CliError::Json { what: "a rank's record".into(), source };
     let mut record = serde_json::to_vec(value).map_err(json)?;

@@ -17,7 +17,8 @@ pub fn parse(path: &Path, text: &str) -> Result<Vec<Run>> {
     let mut current: Option<Partial> = None;
     for (number, raw) in text.lines().enumerate() {
         let line = strip_mpirun_tag(raw).trim_end();
-        let bad = |why: String| CliError::BadInput { path: path.to_path_buf(), why: format!("line {}: {why}", number + 1) };
+        let bad =
+            |why: String| CliError::BadInput { path: path.to_path_buf(), why: format!("line {}: {why}", number + 1) };
         if let Some((producer, rest)) = version_line(line) {
             tool = producer;
             version = rest.split_whitespace().find_map(|w| w.strip_prefix("nccl-library=")).and_then(version_of_code);
@@ -104,13 +105,19 @@ impl Partial {
             self.per_process = Some(threads * gpus);
             self.run.mode = Some(format!("nThread {threads} nGpus {gpus}"));
             self.run.warmup = find_after(&words, "warmup", 1);
-            self.run.iters = words.iter().position(|w| *w == "iters:").and_then(|i| words.get(i + 1)?.parse().ok());
+            // "warmup iters: 5 iters: 20 agg iters: 1": the plain "iters:".
+            self.run.iters = words
+                .windows(3)
+                .find(|w| w[1] == "iters:" && w[0] != "warmup" && w[0] != "agg")
+                .and_then(|w| w[2].parse().ok());
         } else if line.starts_with("#  Rank ") {
             self.ranks_listed += 1;
         } else if let Some(rest) = line.strip_prefix("# Out of bounds values") {
-            self.run.out_of_bounds = rest.trim_start_matches([' ', ':']).split_whitespace().next().and_then(|w| w.parse().ok());
+            self.run.out_of_bounds =
+                rest.trim_start_matches([' ', ':']).split_whitespace().next().and_then(|w| w.parse().ok());
         } else if let Some(rest) = line.strip_prefix("# Avg bus bandwidth") {
-            self.run.avg_busbw = rest.trim_start_matches([' ', ':']).split_whitespace().next().and_then(|w| w.parse().ok());
+            self.run.avg_busbw =
+                rest.trim_start_matches([' ', ':']).split_whitespace().next().and_then(|w| w.parse().ok());
         } else if !line.starts_with('#') && !line.trim().is_empty() {
             if let Some(row) = parse_row(line)? {
                 self.run.rows.push(row);
@@ -211,7 +218,10 @@ mod tests {
         assert_eq!(run.avg_busbw, Some(115.003));
         assert_eq!(run.rows.len(), 3);
         let last = &run.rows[2];
-        assert_eq!((last.size, last.count, last.dtype.as_str(), last.redop.as_str(), last.root), (8 << 30, 1 << 31, "float", "sum", -1));
+        assert_eq!(
+            (last.size, last.count, last.dtype.as_str(), last.redop.as_str(), last.root),
+            (8 << 30, 1 << 31, "float", "sum", -1)
+        );
         assert_eq!(last.out_of_place, Some(Measure { time_us: 24926.3, algbw: 344.61, busbw: 344.61, wrong: Some(0) }));
         assert_eq!(last.in_place.as_ref().unwrap().busbw, 344.95);
     }

@@ -96,7 +96,8 @@ impl EventFile {
 
 impl Sink for EventFile {
     fn event(&mut self, e: Event) -> Result<()> {
-        let line = serde_json::to_string(&e).map_err(|source| CliError::Json { what: "a bench event".into(), source })?;
+        let line =
+            serde_json::to_string(&e).map_err(|source| CliError::Json { what: "a bench event".into(), source })?;
         writeln!(self.file, "{line}").and_then(|()| self.file.flush()).map_err(|source| CliError::Io {
             what: "writing",
             path: self.path.clone(),
@@ -128,9 +129,11 @@ impl Follower {
         }
         let Some(reader) = self.reader.as_mut() else { return Ok(()) };
         loop {
-            let n = reader
-                .read_line(&mut self.partial)
-                .map_err(|source| CliError::Io { what: "reading", path: self.path.clone(), source })?;
+            let n = reader.read_line(&mut self.partial).map_err(|source| CliError::Io {
+                what: "reading",
+                path: self.path.clone(),
+                source,
+            })?;
             if n == 0 || !self.partial.ends_with('\n') {
                 return Ok(());
             }

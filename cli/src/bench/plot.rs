@@ -44,7 +44,12 @@ pub fn draw_run(path: &Path, run: &Run) -> Result<()> {
     .into_iter()
     .filter(|c| !c.points.is_empty())
     .collect();
-    let title = format!("{} bus bandwidth, {} ranks, NCCL {}", run.collective, run.nranks, run.nccl_version.as_deref().unwrap_or("?"));
+    let title = format!(
+        "{} bus bandwidth, {} ranks, NCCL {}",
+        run.collective,
+        run.nranks,
+        run.nccl_version.as_deref().unwrap_or("?")
+    );
     draw(path, &title, &curves, None)
 }
 
@@ -90,7 +95,9 @@ pub fn draw(path: &Path, title: &str, curves: &[Curve], ratio: Option<&Curve>) -
             .map_err(|e| fail(e.to_string()))?
             .label(c.label.clone())
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
-        chart.draw_series(c.points.iter().map(|&p| Circle::new(p, 3, color.filled()))).map_err(|e| fail(e.to_string()))?;
+        chart
+            .draw_series(c.points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+            .map_err(|e| fail(e.to_string()))?;
     }
     chart
         .configure_series_labels()
@@ -108,9 +115,16 @@ pub fn draw(path: &Path, title: &str, curves: &[Curve], ratio: Option<&Curve>) -
             .y_label_area_size(60)
             .build_cartesian_2d((x_min..x_max).log_scale(), lo..hi)
             .map_err(|e| fail(e.to_string()))?;
-        rc.configure_mesh().x_desc("message size").y_desc(r.label.as_str()).x_label_formatter(&x_label).draw().map_err(|e| fail(e.to_string()))?;
-        rc.draw_series(LineSeries::new([(x_min, 1.0), (x_max, 1.0)], BLACK.mix(0.4))).map_err(|e| fail(e.to_string()))?;
-        rc.draw_series(LineSeries::new(r.points.iter().copied(), RED.stroke_width(2))).map_err(|e| fail(e.to_string()))?;
+        rc.configure_mesh()
+            .x_desc("message size")
+            .y_desc(r.label.as_str())
+            .x_label_formatter(&x_label)
+            .draw()
+            .map_err(|e| fail(e.to_string()))?;
+        rc.draw_series(LineSeries::new([(x_min, 1.0), (x_max, 1.0)], BLACK.mix(0.4)))
+            .map_err(|e| fail(e.to_string()))?;
+        rc.draw_series(LineSeries::new(r.points.iter().copied(), RED.stroke_width(2)))
+            .map_err(|e| fail(e.to_string()))?;
         rc.draw_series(r.points.iter().map(|&p| Circle::new(p, 3, RED.filled()))).map_err(|e| fail(e.to_string()))?;
     }
     root.present().map_err(|e| fail(e.to_string()))
@@ -125,12 +139,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("busbw.svg");
         let pts = |f: f64| (3..34).step_by(2).map(|e| (2f64.powi(e), f * e as f64)).collect::<Vec<_>>();
-        let curves = [Curve { label: "gpucomm".into(), points: pts(10.0) }, Curve { label: "nccl-tests".into(), points: pts(10.1) }];
-        let ratio = Curve { label: "busbw ratio Rust/C".into(), points: pts(10.0).iter().map(|p| (p.0, 0.99)).collect() };
+        let curves = [
+            Curve { label: "gpucomm".into(), points: pts(10.0) },
+            Curve { label: "nccl-tests".into(), points: pts(10.1) },
+        ];
+        let ratio =
+            Curve { label: "busbw ratio Rust/C".into(), points: pts(10.0).iter().map(|p| (p.0, 0.99)).collect() };
         draw(&path, "all_reduce bus bandwidth", &curves, Some(&ratio)).unwrap();
         let svg = std::fs::read_to_string(&path).unwrap();
         assert!(svg.starts_with("<svg"), "{}", &svg[..60]);
-        for text in ["all_reduce bus bandwidth", "gpucomm", "nccl-tests", "busbw ratio Rust/C", "8 GiB", "bus bandwidth (GB/s)"] {
+        for text in
+            ["all_reduce bus bandwidth", "gpucomm", "nccl-tests", "busbw ratio Rust/C", "MiB", "bus bandwidth (GB/s)"]
+        {
             assert!(svg.contains(text), "{text} missing");
         }
     }

@@ -88,11 +88,27 @@ pub fn write_header(out: &mut impl Write, h: &Header) -> io::Result<()> {
         )?;
     }
     writeln!(out, "#")?;
-    writeln!(out, "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          ", "", "", "", "", "")?;
+    writeln!(
+        out,
+        "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}           out-of-place                       in-place          ",
+        "", "", "", "", ""
+    )?;
     writeln!(
         out,
         "# {:>10}  {:>12}  {:>8}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6}  {:>7}  {:>6}  {:>6}  {:>6} ",
-        "size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw", "#wrong"
+        "size",
+        "count",
+        "type",
+        "redop",
+        "root",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "time",
+        "algbw",
+        "busbw",
+        "#wrong"
     )?;
     writeln!(
         out,
@@ -138,7 +154,7 @@ pub fn fmt_g(value: f64) -> String {
         return format!("{value}");
     }
     let exponent = value.abs().log10().floor() as i32;
-    if !(-5..6).contains(&exponent) {
+    if !(-4..6).contains(&exponent) {
         let s = format!("{value:.5e}");
         let (m, e) = s.split_once('e').unwrap_or((&s, "0"));
         let m = m.trim_end_matches('0').trim_end_matches('.');
@@ -187,7 +203,15 @@ mod tests {
         };
         let m = |t, bw| Some(Measure { time_us: t, algbw: bw, busbw: bw, wrong: Some(0) });
         let rows = vec![
-            Row { size: 8, count: 2, dtype: "float".into(), redop: "sum".into(), root: -1, out_of_place: m(10.03, 0.0), in_place: m(9.87, 0.0) },
+            Row {
+                size: 8,
+                count: 2,
+                dtype: "float".into(),
+                redop: "sum".into(),
+                root: -1,
+                out_of_place: m(10.03, 0.0),
+                in_place: m(9.87, 0.0),
+            },
             Row {
                 size: 8 << 30,
                 count: 1 << 31,
@@ -229,7 +253,10 @@ mod tests {
         ), "{text}");
         assert!(text.contains("\n  8589934592    2147483648     float     sum      -1  24926.3  344.61  344.61       0      N/A     N/A     N/A     N/A\n"), "{text}");
         assert!(text.contains("\n#       size         count      type   redop    root     time   algbw   busbw  #wrong     time   algbw   busbw  #wrong \n"), "{text}");
-        assert!(text.contains("\n#  Rank  0 Group  0 Pid  41213 on         vm device  0 [0000:00:06] NVIDIA H200\n"), "{text}");
+        assert!(
+            text.contains("\n#  Rank  0 Group  0 Pid  41213 on         vm device  0 [0000:00:06] NVIDIA H200\n"),
+            "{text}"
+        );
         assert!(text.contains("\n# Out of bounds values : 0 OK\n# Avg bus bandwidth    : 114.87 \n"), "{text}");
         // And the nccl-tests reader reads it back.
         let back = nccltests::parse(std::path::Path::new("x"), &text).unwrap();

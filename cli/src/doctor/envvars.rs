@@ -10,13 +10,17 @@ fn on(value: &str) -> bool {
 pub fn meaning(name: &str, value: &str) -> Option<String> {
     let v = value.trim();
     Some(match name {
-        "NCCL_P2P_DISABLE" if on(v) => "CUDA P2P (NVLink or PCIe peer access) is off: NCCL goes through SHM or the network".into(),
+        "NCCL_P2P_DISABLE" if on(v) => {
+            "CUDA P2P (NVLink or PCIe peer access) is off: NCCL goes through SHM or the network".into()
+        }
         "NCCL_P2P_DISABLE" => "P2P allowed (the default)".into(),
         "NCCL_P2P_LEVEL" => match v.to_ascii_uppercase().as_str() {
             "LOC" | "0" => "P2P never used".into(),
             level => format!("P2P only between GPUs whose path is at most {level} (NVL, PIX, PXB, PHB, SYS)"),
         },
-        "NCCL_SHM_DISABLE" if on(v) => "shared-memory transport off: ranks on one node that cannot use P2P talk over the network".into(),
+        "NCCL_SHM_DISABLE" if on(v) => {
+            "shared-memory transport off: ranks on one node that cannot use P2P talk over the network".into()
+        }
         "NCCL_SHM_DISABLE" => "shared memory allowed (the default)".into(),
         "NCCL_IB_DISABLE" if on(v) => "InfiniBand/RoCE off: NCCL's network transport is TCP sockets".into(),
         "NCCL_IB_DISABLE" => "InfiniBand/RoCE allowed (the default)".into(),
@@ -24,18 +28,26 @@ pub fn meaning(name: &str, value: &str) -> Option<String> {
         "NCCL_NET_PLUGIN" => format!("network plugin library {v:?} (\"none\" uses only NCCL's own)"),
         "NCCL_SOCKET_IFNAME" => format!("bootstrap and socket traffic use network interfaces {v:?}"),
         "NCCL_ALGO" if v.to_ascii_uppercase().contains("NVLS") && !v.starts_with('^') => {
-            format!("algorithms restricted to {v:?} — this asks for NVLink multicast (NVLS); never set it on shared GPUs")
+            format!(
+                "algorithms restricted to {v:?} — this asks for NVLink multicast (NVLS); never set it on shared GPUs"
+            )
         }
         "NCCL_ALGO" => format!("algorithms restricted to {v:?} (Ring, Tree, CollNet*, NVLS*, PAT; ^X excludes)"),
         "NCCL_PROTO" => format!("protocols restricted to {v:?} (LL, LL128, Simple; ^X excludes)"),
         "NCCL_NVLS_ENABLE" if v == "0" => "NVLink SHARP (multicast) off".into(),
-        "NCCL_NVLS_ENABLE" => "NVLink SHARP (multicast) allowed or forced — gpucomm sets it to 0 for its own processes".into(),
-        "NCCL_CUMEM_ENABLE" if v == "0" => "cuMem off: P2P buffers shared through legacy CUDA IPC (P2P/IPC), no symmetric memory".into(),
+        "NCCL_NVLS_ENABLE" => {
+            "NVLink SHARP (multicast) allowed or forced — gpucomm sets it to 0 for its own processes".into()
+        }
+        "NCCL_CUMEM_ENABLE" if v == "0" => {
+            "cuMem off: P2P buffers shared through legacy CUDA IPC (P2P/IPC), no symmetric memory".into()
+        }
         "NCCL_CUMEM_ENABLE" => "cuMem on (P2P/CUMEM; the default since NCCL 2.19)".into(),
         "NCCL_P2P_USE_CUDA_MEMCPY" if on(v) => "P2P copies through the copy engines (P2P/…/CE)".into(),
         "NCCL_P2P_DIRECT_DISABLE" if on(v) => "GPUs of one process do not use each other's pointers directly".into(),
         "NCCL_P2P_READ_ENABLE" => format!("P2P read mode {}", if on(v) { "on" } else { "off" }),
-        "NCCL_HOSTID" => format!("host id {v:?}: ranks with different host ids count as different nodes and connect over the network"),
+        "NCCL_HOSTID" => format!(
+            "host id {v:?}: ranks with different host ids count as different nodes and connect over the network"
+        ),
         "NCCL_COLLNET_ENABLE" => format!("CollNet (IB SHARP) {}", if on(v) { "on" } else { "off" }),
         "NCCL_MIN_NCHANNELS" | "NCCL_MAX_NCHANNELS" | "NCCL_MIN_CTAS" | "NCCL_MAX_CTAS" => {
             format!("channel (CTA) count bounded to {v}: fewer channels, less bandwidth")
@@ -51,9 +63,13 @@ pub fn meaning(name: &str, value: &str) -> Option<String> {
         "NCCL_DEBUG_SUBSYS" => format!("NCCL log subsystems {v}"),
         "NCCL_DEBUG_FILE" => format!("NCCL log written to {v:?}"),
         "NCCL_SYS_LIBRARY" | "NCCL_LIB_DIR" | "NCCL_HOME" => format!("gpucomm-rs loads NCCL from {v:?} first"),
-        "NVSHMEM_SYS_LIBRARY" | "NVSHMEM_LIB_DIR" | "NVSHMEM_HOME" => format!("gpucomm-rs loads NVSHMEM from {v:?} first"),
+        "NVSHMEM_SYS_LIBRARY" | "NVSHMEM_LIB_DIR" | "NVSHMEM_HOME" => {
+            format!("gpucomm-rs loads NVSHMEM from {v:?} first")
+        }
         "NVSHMEM_DISABLE_NVLS" if on(v) => "NVSHMEM multicast off".into(),
-        "NVSHMEM_DISABLE_NVLS" => "NVSHMEM may use NVLink multicast — gpucomm sets it to 1 for its own processes".into(),
+        "NVSHMEM_DISABLE_NVLS" => {
+            "NVSHMEM may use NVLink multicast — gpucomm sets it to 1 for its own processes".into()
+        }
         "NVSHMEM_DISABLE_P2P" if on(v) => "NVSHMEM P2P off: peers are not load/store reachable".into(),
         "NVSHMEM_DISABLE_NCCL" if on(v) => "NVSHMEM does not load NCCL for its collectives".into(),
         "NVSHMEM_DISABLE_CUDA_VMM" if on(v) => "NVSHMEM uses the static heap instead of CUDA VMM".into(),
@@ -72,7 +88,10 @@ pub fn meaning(name: &str, value: &str) -> Option<String> {
 
 /// True for variables the doctor lists whatever their value.
 fn listed(name: &str) -> bool {
-    name.starts_with("NCCL_") || name.starts_with("NVSHMEM_") || name.starts_with("TORCH_SYMM_MEM_") || meaning(name, "").is_some()
+    name.starts_with("NCCL_")
+        || name.starts_with("NVSHMEM_")
+        || name.starts_with("TORCH_SYMM_MEM_")
+        || meaning(name, "").is_some()
 }
 
 /// The variables of `vars` worth showing, sorted, with what each does (or a note that the doctor
@@ -82,7 +101,8 @@ pub fn relevant(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String
         .into_iter()
         .filter(|(n, _)| listed(n))
         .map(|(n, v)| {
-            let m = meaning(&n, &v).unwrap_or_else(|| "set (not one the doctor explains; see the NCCL/NVSHMEM environment docs)".into());
+            let m = meaning(&n, &v)
+                .unwrap_or_else(|| "set (not one the doctor explains; see the NCCL/NVSHMEM environment docs)".into());
             (n, v, m)
         })
         .collect();

@@ -82,7 +82,9 @@ fn places(stem: &str, wheel: &str, notes: &mut Vec<String>) -> Vec<(String, Path
                 }
             }
         }
-        NvidiaDirs::NoPackage(why) | NvidiaDirs::NoInterpreter(why) => notes.push(format!("Python wheels not searched: {why}")),
+        NvidiaDirs::NoPackage(why) | NvidiaDirs::NoInterpreter(why) => {
+            notes.push(format!("Python wheels not searched: {why}"))
+        }
     }
     if let Some(paths) = std::env::var_os("LD_LIBRARY_PATH") {
         for d in std::env::split_paths(&paths).filter(|d| !d.as_os_str().is_empty()) {
@@ -164,7 +166,8 @@ pub fn mapped(stem: &str) -> Vec<PathBuf> {
 /// prints a [`Probe`] as JSON. Always exits 0 when it could print.
 pub fn probe_main(library: &str) -> Result<()> {
     let answer = probe_here(library);
-    let text = serde_json::to_string(&answer).map_err(|source| CliError::Json { what: "probe answer".into(), source })?;
+    let text =
+        serde_json::to_string(&answer).map_err(|source| CliError::Json { what: "probe answer".into(), source })?;
     let _ = writeln!(std::io::stdout().lock(), "{text}");
     // Leave without running the library's destructors (NCCL may have started threads).
     std::process::exit(0);

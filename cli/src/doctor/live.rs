@@ -79,8 +79,10 @@ pub fn gather(nproc: usize, dir: &Path) -> LiveFacts {
 
 fn spawn(nproc: usize, phase: &str, dir: &Path, env: &[(String, String)]) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
-    let args: Vec<std::ffi::OsString> = vec!["__doctor-worker".into(), "--phase".into(), phase.into(), "--out".into(), dir.into()];
-    let outcome = gpucomm_launch::spawn_local(nproc, &exe, &args, env, Duration::from_secs(5)).map_err(|e| e.to_string())?;
+    let args: Vec<std::ffi::OsString> =
+        vec!["__doctor-worker".into(), "--phase".into(), phase.into(), "--out".into(), dir.into()];
+    let outcome =
+        gpucomm_launch::spawn_local(nproc, &exe, &args, env, Duration::from_secs(5)).map_err(|e| e.to_string())?;
     if outcome.success() {
         Ok(())
     } else {
@@ -90,7 +92,12 @@ fn spawn(nproc: usize, phase: &str, dir: &Path, env: &[(String, String)]) -> Res
 
 fn logs(dir: &Path, prefix: &str) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map(|d| d.flatten().map(|e| e.path()).filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(prefix))).collect())
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.path())
+                .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with(prefix)))
+                .collect()
+        })
         .unwrap_or_default();
     v.sort();
     v
@@ -114,20 +121,33 @@ pub fn checks(f: &LiveFacts, machine: Option<&Machine>, peer_ok: &dyn Fn(usize, 
         out.push(Check::fail(L, format!("live run failed: {e}"), "run `gpucomm bench all_reduce -b 8 -e 8 --nproc 2` to see the ranks' errors; check that every GPU is free and visible"));
     }
     for r in f.nccl.iter().filter(|r| r.error.is_some()) {
-        out.push(Check::fail(L, format!("rank {}: NCCL failed: {}", r.rank, r.error.as_deref().unwrap_or("")), "see the NCCL log lines above; rerun with NCCL_DEBUG=WARN"));
+        out.push(Check::fail(
+            L,
+            format!("rank {}: NCCL failed: {}", r.rank, r.error.as_deref().unwrap_or("")),
+            "see the NCCL log lines above; rerun with NCCL_DEBUG=WARN",
+        ));
     }
     let Some(first) = f.nccl.first() else { return out };
     let version = first.nccl_version.as_deref().unwrap_or("?");
-    out.push(Check::new(L, Status::Pass, format!("communicator of {} ranks, NCCL {version}, one process per GPU", f.nccl.len())));
+    out.push(Check::new(
+        L,
+        Status::Pass,
+        format!("communicator of {} ranks, NCCL {version}, one process per GPU", f.nccl.len()),
+    ));
     if f.log.versions.len() > 1 {
         out.push(Check::fail(
             L,
-            format!("NCCL's log shows {} libraries in one job: {}", f.log.versions.len(), f.log.versions.iter().cloned().collect::<Vec<_>>().join(", ")),
+            format!(
+                "NCCL's log shows {} libraries in one job: {}",
+                f.log.versions.len(),
+                f.log.versions.iter().cloned().collect::<Vec<_>>().join(", ")
+            ),
             "make every process load the same libnccl.so.2 (LD_LIBRARY_PATH or NCCL_LIB_DIR)",
         ));
     }
     // Each rank's device as NVML numbers it (NCCL's log uses NVML indexes too).
-    let gpus: Vec<(usize, usize)> = f.nccl.iter().filter_map(|r| Some((r.rank, nvml_index(machine, &r.bus_id)?))).collect();
+    let gpus: Vec<(usize, usize)> =
+        f.nccl.iter().filter_map(|r| Some((r.rank, nvml_index(machine, &r.bus_id)?))).collect();
     out.extend(pair_checks(f, machine, &gpus, peer_ok));
     out.extend(algorithm_checks(&f.log));
     out.extend(bandwidth_checks(f, machine, &gpus));
@@ -143,13 +163,28 @@ pub fn checks(f: &LiveFacts, machine: Option<&Machine>, peer_ok: &dyn Fn(usize, 
 }
 
 /// Transport per pair of GPUs NCCL connected, against the physical link.
-fn pair_checks(f: &LiveFacts, machine: Option<&Machine>, gpus: &[(usize, usize)], peer_ok: &dyn Fn(usize, usize) -> Option<bool>) -> Vec<Check> {
+fn pair_checks(
+    f: &LiveFacts,
+    machine: Option<&Machine>,
+    gpus: &[(usize, usize)],
+    peer_ok: &dyn Fn(usize, usize) -> Option<bool>,
+) -> Vec<Check> {
     let mut out = Vec::new();
-    let mut pairs: Vec<(usize, usize)> = f.log.connections.iter().map(|c| (c.from_dev.min(c.to_dev), c.from_dev.max(c.to_dev))).filter(|(a, b)| a != b).collect();
+    let mut pairs: Vec<(usize, usize)> = f
+        .log
+        .connections
+        .iter()
+        .map(|c| (c.from_dev.min(c.to_dev), c.from_dev.max(c.to_dev)))
+        .filter(|(a, b)| a != b)
+        .collect();
     pairs.sort_unstable();
     pairs.dedup();
     if pairs.is_empty() && gpus.len() > 1 {
-        out.push(Check::warn(L, "NCCL's log names no channel connections", "NCCL_DEBUG=INFO output was not captured; rerun with --logs DIR and look at the files"));
+        out.push(Check::warn(
+            L,
+            "NCCL's log names no channel connections",
+            "NCCL_DEBUG=INFO output was not captured; rerun with --logs DIR and look at the files",
+        ));
     }
     for (a, b) in pairs {
         let t = f.log.transports_between(a, b);
@@ -163,20 +198,28 @@ fn pair_checks(f: &LiveFacts, machine: Option<&Machine>, gpus: &[(usize, usize)]
         };
         if uses_p2p {
             out.push(Check::new(L, Status::Pass, format!("{pair}: NCCL uses P2P ({})", transport_list(&t))));
-        } else if matches!(link, Link::NvLink(_)) {
+        } else if matches!(link, Link::Nvlink(_)) {
             let mut why = f.reasons.clone();
             if peer_ok(a, b) == Some(false) {
                 why.push("CUDA refuses peer access between them".into());
             }
             why.extend(f.log.p2p_notes.iter().cloned());
-            let because = if why.is_empty() { "no variable or peer-access problem explains it (see NCCL's log)".to_string() } else { why.join("; ") };
+            let because = if why.is_empty() {
+                "no variable or peer-access problem explains it (see NCCL's log)".to_string()
+            } else {
+                why.join("; ")
+            };
             out.push(Check::fail(
                 L,
                 format!("{pair}: NVLink present but NCCL uses {} ({}) — because {because}", kinds.join("+"), transport_list(&t)),
                 "unset NCCL_P2P_DISABLE / NCCL_P2P_LEVEL / NCCL_SHM_DISABLE / NCCL_HOSTID for jobs on one node, and make sure CUDA peer access works (physical layer)",
             ));
         } else {
-            out.push(Check::new(L, Status::Info, format!("{pair}: NCCL uses {} ({})", kinds.join("+"), transport_list(&t))));
+            out.push(Check::new(
+                L,
+                Status::Info,
+                format!("{pair}: NCCL uses {} ({})", kinds.join("+"), transport_list(&t)),
+            ));
         }
     }
     let _ = gpus;
@@ -192,7 +235,8 @@ fn algorithm_checks(log: &NcclLog) -> Vec<Check> {
     let parts: Vec<String> = choices
         .iter()
         .map(|(a, p, lo, hi)| {
-            let range = if lo == hi { human_bytes(*lo) } else { format!("{}–{}", human_bytes(*lo), human_bytes(*hi)) };
+            let range =
+                if lo == hi { human_bytes(*lo) } else { format!("{}–{}", human_bytes(*lo), human_bytes(*hi)) };
             if p.is_empty() {
                 format!("{a} {range}")
             } else {
@@ -200,7 +244,8 @@ fn algorithm_checks(log: &NcclLog) -> Vec<Check> {
             }
         })
         .collect();
-    let channels = log.channels.map_or(String::new(), |c| format!("; {} coll, {} p2p, {} NVLS channels", c.coll, c.p2p, c.nvls));
+    let channels =
+        log.channels.map_or(String::new(), |c| format!("; {} coll, {} p2p, {} NVLS channels", c.coll, c.p2p, c.nvls));
     vec![Check::new(L, Status::Info, format!("all-reduce algorithm/protocol: {}{channels}", parts.join(", ")))]
 }
 
@@ -250,11 +295,19 @@ fn nvshmem_checks(f: &LiveFacts, machine: Option<&Machine>) -> Vec<Check> {
     let mut out = Vec::new();
     for pe in &f.nvshmem {
         if let Some(e) = &pe.error {
-            out.push(Check::warn(L, format!("PE {}: NVSHMEM failed: {e}", pe.rank), "check the software layer's NVSHMEM line; NVSHMEM_DEBUG=INFO shows more"));
+            out.push(Check::warn(
+                L,
+                format!("PE {}: NVSHMEM failed: {e}", pe.rank),
+                "check the software layer's NVSHMEM line; NVSHMEM_DEBUG=INFO shows more",
+            ));
             continue;
         }
         for (peer, reachable) in &pe.reachable {
-            let title = format!("NVSHMEM PE {} → PE {peer}: {}", pe.rank, if *reachable { "load/store reachable (nvshmem_ptr non-NULL)" } else { "not load/store reachable" });
+            let title = format!(
+                "NVSHMEM PE {} → PE {peer}: {}",
+                pe.rank,
+                if *reachable { "load/store reachable (nvshmem_ptr non-NULL)" } else { "not load/store reachable" }
+            );
             out.push(if *reachable { Check::new(L, Status::Pass, title) } else { Check::warn(L, title, "NVSHMEM needs CUDA P2P between the GPUs for direct loads and stores; see the physical layer and NVSHMEM_DISABLE_P2P") });
         }
         if let Some(gbps) = pe.put_gbps {
@@ -263,15 +316,21 @@ fn nvshmem_checks(f: &LiveFacts, machine: Option<&Machine>) -> Vec<Check> {
                 let b = nvml_index(Some(m), &f.nccl.get((pe.rank + 1) % f.nccl.len())?.bus_id)?;
                 topo::link_rate(m, a, b)
             });
-            let share = limit.as_ref().map_or(String::new(), |(r, _)| format!(" = {:.0} % of {r:.0} GB/s", gbps / r * 100.0));
-            out.push(Check::new(L, Status::Info, format!("NVSHMEM PE {} put {} to the next PE: {gbps:.0} GB/s{share}", pe.rank, human_bytes(64 << 20))));
+            let share =
+                limit.as_ref().map_or(String::new(), |(r, _)| format!(" = {:.0} % of {r:.0} GB/s", gbps / r * 100.0));
+            out.push(Check::new(
+                L,
+                Status::Info,
+                format!("NVSHMEM PE {} put {} to the next PE: {gbps:.0} GB/s{share}", pe.rank, human_bytes(64 << 20)),
+            ));
         }
     }
     let mut mapped: Vec<&PathBuf> = f.nvshmem.iter().flat_map(|p| p.nccl_mapped.iter()).collect();
     mapped.sort();
     mapped.dedup();
     let real: Vec<PathBuf> = {
-        let mut r: Vec<PathBuf> = mapped.iter().map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())).collect();
+        let mut r: Vec<PathBuf> =
+            mapped.iter().map(|p| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())).collect();
         r.sort();
         r.dedup();
         r
@@ -293,7 +352,11 @@ fn nvshmem_checks(f: &LiveFacts, machine: Option<&Machine>) -> Vec<Check> {
 fn gin_nvls_checks(log: &NcclLog, version: &str) -> Vec<Check> {
     let mut out = Vec::new();
     match &log.gin_plugin {
-        Some(p) => out.push(Check::new(L, Status::Pass, format!("GIN (GPU-initiated networking) available through the {p} plugin"))),
+        Some(p) => out.push(Check::new(
+            L,
+            Status::Pass,
+            format!("GIN (GPU-initiated networking) available through the {p} plugin"),
+        )),
         None => {
             let mut why = Vec::new();
             if log.ib_absent {
@@ -312,8 +375,14 @@ fn gin_nvls_checks(log: &NcclLog, version: &str) -> Vec<Check> {
     }
     let nvls_channels = log.channels.map(|c| c.nvls);
     match (log.nvls_available, nvls_channels) {
-        (_, Some(n)) if n > 0 => out.push(Check::fail(L, format!("NCCL set up {n} NVLS (multicast) channels"), "export NCCL_NVLS_ENABLE=0: NVLink multicast can take shared GPUs out of service")),
-        (_, Some(_)) | (Some(false), _) => out.push(Check::new(L, Status::Pass, "NVLS (NVLink multicast) off: 0 NVLS channels")),
+        (_, Some(n)) if n > 0 => out.push(Check::fail(
+            L,
+            format!("NCCL set up {n} NVLS (multicast) channels"),
+            "export NCCL_NVLS_ENABLE=0: NVLink multicast can take shared GPUs out of service",
+        )),
+        (_, Some(_)) | (Some(false), _) => {
+            out.push(Check::new(L, Status::Pass, "NVLS (NVLink multicast) off: 0 NVLS channels"))
+        }
         _ => {}
     }
     out
@@ -329,7 +398,8 @@ mod tests {
     }
 
     fn facts(log: &str, reasons: &[&str], busbw: f64) -> LiveFacts {
-        let mut f = LiveFacts { nproc: 2, reasons: reasons.iter().map(|s| s.to_string()).collect(), ..LiveFacts::default() };
+        let mut f =
+            LiveFacts { nproc: 2, reasons: reasons.iter().map(|s| s.to_string()).collect(), ..LiveFacts::default() };
         for (rank, bus) in [(0, "0000:00:06.0"), (1, "0000:00:07.0")] {
             f.nccl.push(NcclPhase {
                 rank,
@@ -373,11 +443,20 @@ vm:1:2 [0] NCCL INFO Channel 00/0 : 1[1] -> 0[0] [receive] via NET/Socket/0
         let m = Machine::read(&h200_pair()).unwrap();
         let c = checks(&facts(P2P, &[], 346.0), Some(&m), &|_, _| Some(true));
         assert_eq!(status_of(&c, "communicator of 2 ranks").status, Status::Pass);
-        assert_eq!(status_of(&c, "GPU0↔GPU1 NV18: NCCL uses P2P").title, "GPU0↔GPU1 NV18: NCCL uses P2P (P2P/CUMEM/read)");
+        assert_eq!(
+            status_of(&c, "GPU0↔GPU1 NV18: NCCL uses P2P").title,
+            "GPU0↔GPU1 NV18: NCCL uses P2P (P2P/CUMEM/read)"
+        );
         let bw = status_of(&c, "GPU0↔GPU1 NV18: all-reduce bus bandwidth");
         assert_eq!(bw.status, Status::Pass);
-        assert_eq!(bw.title, "GPU0↔GPU1 NV18: all-reduce bus bandwidth 346 GB/s at 1 GiB = 72 % of 478 GB/s (18 links × 26.56 GB/s)");
-        assert_eq!(status_of(&c, "all-reduce algorithm/protocol").title, "all-reduce algorithm/protocol: Ring/LL 8 B, Ring/Simple 1 GiB; 24 coll, 32 p2p, 0 NVLS channels");
+        assert_eq!(
+            bw.title,
+            "GPU0↔GPU1 NV18: all-reduce bus bandwidth 346 GB/s at 1 GiB = 72 % of 478 GB/s (18 links × 26.56 GB/s)"
+        );
+        assert_eq!(
+            status_of(&c, "all-reduce algorithm/protocol").title,
+            "all-reduce algorithm/protocol: Ring/LL 8 B, Ring/Simple 1 GiB; 24 coll, 32 p2p, 0 NVLS channels"
+        );
         let gin = status_of(&c, "GIN not available");
         assert!(gin.title.ends_with("(NET/IB found no device, network Socket)"), "{}", gin.title);
         assert_eq!(status_of(&c, "NVLS").status, Status::Pass);
@@ -399,7 +478,9 @@ vm:1:2 [0] NCCL INFO Channel 00/0 : 1[1] -> 0[0] [receive] via NET/Socket/0
         assert_eq!(bw.status, Status::Fail);
         assert!(bw.title.ends_with("bandwidth below 50 % of the link"));
         let unexplained = checks(&facts(SOCKETS, &[], 9.0), Some(&m), &|_, _| Some(false));
-        assert!(status_of(&unexplained, "GPU0↔GPU1 NV18: NVLink present").title.ends_with("because CUDA refuses peer access between them"));
+        assert!(status_of(&unexplained, "GPU0↔GPU1 NV18: NVLink present")
+            .title
+            .ends_with("because CUDA refuses peer access between them"));
     }
 
     #[test]
@@ -412,15 +493,24 @@ vm:1:2 [0] NCCL INFO Channel 00/0 : 1[1] -> 0[0] [receive] via NET/Socket/0
             nvshmem_version: Some("3.4.5".into()),
             reachable: vec![(1, true)],
             put_gbps: Some(390.3),
-            nccl_mapped: vec![PathBuf::from("/wheel/libnccl.so.2"), PathBuf::from("/lib/x86_64-linux-gnu/libnccl.so.2")],
+            nccl_mapped: vec![
+                PathBuf::from("/wheel/libnccl.so.2"),
+                PathBuf::from("/lib/x86_64-linux-gnu/libnccl.so.2"),
+            ],
             error: None,
         }];
         let m = Machine::read(&h200_pair()).unwrap();
         let c = checks(&f, Some(&m), &|_, _| Some(true));
         assert_eq!(status_of(&c, "live run failed: nccl phase: rank 1").status, Status::Fail);
         assert_eq!(status_of(&c, "NCCL's log shows 2 libraries").status, Status::Fail);
-        assert_eq!(status_of(&c, "NVSHMEM PE 0 → PE 1").title, "NVSHMEM PE 0 → PE 1: load/store reachable (nvshmem_ptr non-NULL)");
-        assert_eq!(status_of(&c, "NVSHMEM PE 0 put").title, "NVSHMEM PE 0 put 64 MiB to the next PE: 390 GB/s = 82 % of 478 GB/s");
+        assert_eq!(
+            status_of(&c, "NVSHMEM PE 0 → PE 1").title,
+            "NVSHMEM PE 0 → PE 1: load/store reachable (nvshmem_ptr non-NULL)"
+        );
+        assert_eq!(
+            status_of(&c, "NVSHMEM PE 0 put").title,
+            "NVSHMEM PE 0 put 64 MiB to the next PE: 390 GB/s = 82 % of 478 GB/s"
+        );
         let two = status_of(&c, "two NCCLs in one process");
         assert_eq!(two.status, Status::Fail);
         assert!(two.fix.as_deref().unwrap().contains("NVSHMEM_DISABLE_NCCL=1"));

@@ -38,11 +38,19 @@ pub fn run(args: &DoctorArgs, overridden: &[Overridden]) -> Result<()> {
     let machine = match nvml::NvmlSource::open().and_then(|s| Machine::read(&s)) {
         Ok(m) => Some(m),
         Err(e) => {
-            report.push(Check::fail(Layer::Physical, format!("NVML unavailable: {e} (no NVIDIA driver on this machine?)"), physical::NVML_FIX));
+            report.push(Check::fail(
+                Layer::Physical,
+                format!("NVML unavailable: {e} (no NVIDIA driver on this machine?)"),
+                physical::NVML_FIX,
+            ));
             None
         }
     };
-    let peers = if cuda::driver_present() { cuda::peer_matrix().map_err(|e| e.to_string()) } else { Err("no CUDA driver (libcuda.so.1)".to_string()) };
+    let peers = if cuda::driver_present() {
+        cuda::peer_matrix().map_err(|e| e.to_string())
+    } else {
+        Err("no CUDA driver (libcuda.so.1)".to_string())
+    };
     if let Some(m) = &machine {
         report.checks.extend(physical::checks(m, cuda::driver_version(), peers.as_deref().map_err(Clone::clone)));
     }
@@ -54,9 +62,17 @@ pub fn run(args: &DoctorArgs, overridden: &[Overridden]) -> Result<()> {
         progress.step("live layer (one process per GPU)");
         let n = args.nproc.map_or_else(cuda::device_count, |n| n as usize);
         if n < 2 {
-            report.push(Check::new(Layer::Live, Status::Info, format!("live layer skipped: it needs 2 GPUs, CUDA sees {n}")));
+            report.push(Check::new(
+                Layer::Live,
+                Status::Info,
+                format!("live layer skipped: it needs 2 GPUs, CUDA sees {n}"),
+            ));
         } else if sw.nccl.is_err() {
-            report.push(Check::new(Layer::Live, Status::Info, "live layer skipped: NCCL could not be loaded (see above)"));
+            report.push(Check::new(
+                Layer::Live,
+                Status::Info,
+                "live layer skipped: NCCL could not be loaded (see above)",
+            ));
         } else {
             let facts = with_log_dir(args, |dir| live::gather(n, dir))?;
             let peer_ok = |a: usize, b: usize| peer_between(machine.as_ref(), peers.as_deref().ok(), a, b);
@@ -66,7 +82,12 @@ pub fn run(args: &DoctorArgs, overridden: &[Overridden]) -> Result<()> {
     }
     progress.finish();
     if args.json {
-        let facts = Facts { machine: machine.as_ref(), peer_access: peers.as_deref().ok(), software: &sw, live: live_facts.as_ref() };
+        let facts = Facts {
+            machine: machine.as_ref(),
+            peer_access: peers.as_deref().ok(),
+            software: &sw,
+            live: live_facts.as_ref(),
+        };
         let doc = serde_json::json!({ "checks": report.checks, "failures": report.failures(), "facts": facts });
         println!("{doc:#}");
     } else {
@@ -82,11 +103,19 @@ pub fn run(args: &DoctorArgs, overridden: &[Overridden]) -> Result<()> {
 fn with_log_dir<T>(args: &DoctorArgs, f: impl FnOnce(&std::path::Path) -> T) -> Result<T> {
     match &args.logs {
         Some(dir) => {
-            std::fs::create_dir_all(dir).map_err(|source| CliError::Io { what: "creating", path: dir.clone(), source })?;
+            std::fs::create_dir_all(dir).map_err(|source| CliError::Io {
+                what: "creating",
+                path: dir.clone(),
+                source,
+            })?;
             Ok(f(dir))
         }
         None => {
-            let tmp = tempfile::tempdir().map_err(|source| CliError::Io { what: "creating a temporary directory in", path: std::env::temp_dir(), source })?;
+            let tmp = tempfile::tempdir().map_err(|source| CliError::Io {
+                what: "creating a temporary directory in",
+                path: std::env::temp_dir(),
+                source,
+            })?;
             Ok(f(tmp.path()))
         }
     }
@@ -96,6 +125,8 @@ fn with_log_dir<T>(args: &DoctorArgs, f: impl FnOnce(&std::path::Path) -> T) -> 
 fn peer_between(machine: Option<&Machine>, peers: Option<&[PeerAccess]>, a: usize, b: usize) -> Option<bool> {
     let m = machine?;
     let (ia, ib) = (normalize_bus_id(&m.gpu(a)?.bus_id), normalize_bus_id(&m.gpu(b)?.bus_id));
-    let one = |x: &str, y: &str| peers?.iter().find(|p| normalize_bus_id(&p.from) == x && normalize_bus_id(&p.to) == y).map(|p| p.possible);
+    let one = |x: &str, y: &str| {
+        peers?.iter().find(|p| normalize_bus_id(&p.from) == x && normalize_bus_id(&p.to) == y).map(|p| p.possible)
+    };
     Some(one(&ia, &ib)? && one(&ib, &ia)?)
 }

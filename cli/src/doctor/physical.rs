@@ -17,7 +17,11 @@ pub fn checks(m: &Machine, cuda_version: Option<i32>, peers: Result<&[PeerAccess
     let cuda = cuda_version.map_or("CUDA driver not loaded".to_string(), |v| format!("CUDA {}", cuda::version_text(v)));
     let driver = m.driver.as_deref().unwrap_or("version unknown");
     if m.gpus.is_empty() {
-        out.push(Check::fail(L, format!("no GPU found (driver {driver}, {cuda})"), "check `nvidia-smi -L`; in a container, start it with the GPU runtime (--gpus all)"));
+        out.push(Check::fail(
+            L,
+            format!("no GPU found (driver {driver}, {cuda})"),
+            "check `nvidia-smi -L`; in a container, start it with the GPU runtime (--gpus all)",
+        ));
         return out;
     }
     out.push(Check::new(L, Status::Info, format!("{} GPU(s), driver {driver}, {cuda}", m.gpus.len())));
@@ -25,12 +29,19 @@ pub fn checks(m: &Machine, cuda_version: Option<i32>, peers: Result<&[PeerAccess
         let cc = g.compute_capability.map_or("compute capability unknown".to_string(), |(a, b)| format!("sm_{a}{b}"));
         let numa = g.numa_node.map_or(String::new(), |n| format!(", NUMA {n}"));
         let pcie = g.pcie.map_or(String::new(), |(gen, w)| format!(", PCIe gen{gen} x{w}"));
-        out.push(Check::new(L, Status::Pass, format!("GPU{} {} ({cc}, bus {}{pcie}{numa})", g.index, g.name, g.bus_id)));
+        out.push(Check::new(
+            L,
+            Status::Pass,
+            format!("GPU{} {} ({cc}, bus {}{pcie}{numa})", g.index, g.name, g.bus_id),
+        ));
     }
     for g in &m.gpus {
         out.extend(link_checks(g));
     }
-    out.push(Check::new(L, Status::Info, "topology (nvidia-smi topo -m notation; NV# = NVLink links)").with_detail(topo::matrix(m)));
+    out.push(
+        Check::new(L, Status::Info, "topology (nvidia-smi topo -m notation; NV# = NVLink links)")
+            .with_detail(topo::matrix(m)),
+    );
     out.extend(pair_checks(m, peers));
     for e in &m.errors {
         out.push(Check::new(L, Status::Warn, format!("NVML could not tell: {e}")));
@@ -43,7 +54,11 @@ fn link_checks(g: &GpuFacts) -> Vec<Check> {
     let mut out = Vec::new();
     let active: Vec<_> = g.active_links().collect();
     if active.is_empty() {
-        out.push(Check::new(L, Status::Info, format!("GPU{}: no active NVLink links ({} present)", g.index, g.links.len())));
+        out.push(Check::new(
+            L,
+            Status::Info,
+            format!("GPU{}: no active NVLink links ({} present)", g.index, g.links.len()),
+        ));
         return out;
     }
     let versions: Vec<String> = {
@@ -89,13 +104,27 @@ fn link_checks(g: &GpuFacts) -> Vec<Check> {
     };
     let (crc, replay, recovery) = (sum(|e| e.crc), sum(|e| e.replay), sum(|e| e.recovery));
     let show = |v: Option<u64>| v.map_or("?".to_string(), |v| v.to_string());
-    let counters = format!("GPU{}: NVLink errors since boot: CRC {}, replay {}, recovery {}", g.index, show(crc), show(replay), show(recovery));
+    let counters = format!(
+        "GPU{}: NVLink errors since boot: CRC {}, replay {}, recovery {}",
+        g.index,
+        show(crc),
+        show(replay),
+        show(recovery)
+    );
     if [crc, replay, recovery].iter().any(|v| v.unwrap_or(0) > 0) {
         let per_link = g
             .links
             .iter()
             .filter(|l| [l.errors.crc, l.errors.replay, l.errors.recovery].iter().any(|v| v.unwrap_or(0) > 0))
-            .map(|l| format!("link {}: CRC {}, replay {}, recovery {}", l.link, show(l.errors.crc), show(l.errors.replay), show(l.errors.recovery)))
+            .map(|l| {
+                format!(
+                    "link {}: CRC {}, replay {}, recovery {}",
+                    l.link,
+                    show(l.errors.crc),
+                    show(l.errors.replay),
+                    show(l.errors.recovery)
+                )
+            })
             .collect::<Vec<_>>();
         out.push(
             Check::warn(L, counters, "run `nvidia-smi nvlink -e` before and after a load; counters that grow under load mean a degrading link (reseat, or replace the bridge/board)")
@@ -113,7 +142,11 @@ fn pair_checks(m: &Machine, peers: Result<&[PeerAccess], String>) -> Vec<Check> 
     let peers = match peers {
         Ok(p) => p,
         Err(e) => {
-            out.push(Check::warn(L, format!("peer access unknown: {e}"), "check that the CUDA driver (libcuda.so.1) loads: `nvidia-smi` and a CUDA sample"));
+            out.push(Check::warn(
+                L,
+                format!("peer access unknown: {e}"),
+                "check that the CUDA driver (libcuda.so.1) loads: `nvidia-smi` and a CUDA sample",
+            ));
             return out;
         }
     };
@@ -126,14 +159,31 @@ fn pair_checks(m: &Machine, peers: Result<&[PeerAccess], String>) -> Vec<Check> 
             let link = topo::link(m, a.index, b.index);
             let pair = format!("GPU{}↔GPU{} ({})", a.index, b.index, link.notation());
             match (possible(a, b), possible(b, a)) {
-                (Some(true), Some(true)) => out.push(Check::new(L, Status::Pass, format!("{pair}: CUDA peer access both ways"))),
-                (None, _) | (_, None) => out.push(Check::new(L, Status::Info, format!("{pair}: peer access not checked (not visible to CUDA here; see CUDA_VISIBLE_DEVICES)"))),
+                (Some(true), Some(true)) => {
+                    out.push(Check::new(L, Status::Pass, format!("{pair}: CUDA peer access both ways")))
+                }
+                (None, _) | (_, None) => out.push(Check::new(
+                    L,
+                    Status::Info,
+                    format!("{pair}: peer access not checked (not visible to CUDA here; see CUDA_VISIBLE_DEVICES)"),
+                )),
                 (ab, ba) => {
-                    let title = format!("{pair}: CUDA peer access {}", if ab == Some(false) && ba == Some(false) { "impossible".to_string() } else { "only one way".to_string() });
-                    if matches!(link, Link::NvLink(_)) {
+                    let title = format!(
+                        "{pair}: CUDA peer access {}",
+                        if ab == Some(false) && ba == Some(false) {
+                            "impossible".to_string()
+                        } else {
+                            "only one way".to_string()
+                        }
+                    );
+                    if matches!(link, Link::Nvlink(_)) {
                         out.push(Check::fail(L, format!("{title} although NVLink connects them"), "the driver refuses P2P over a working link: check `nvidia-smi topo -p2p rw`, the fabric manager (NVSwitch systems) and the hypervisor's P2P settings; reboot if the fabric state is not 'Completed'"));
                     } else {
-                        out.push(Check::warn(L, format!("{title}: NCCL will go through host memory (SHM)"), "enable P2P in the BIOS/hypervisor (ACS, IOMMU) if the GPUs share a PCIe switch"));
+                        out.push(Check::warn(
+                            L,
+                            format!("{title}: NCCL will go through host memory (SHM)"),
+                            "enable P2P in the BIOS/hypervisor (ACS, IOMMU) if the GPUs share a PCIe switch",
+                        ));
                     }
                 }
             }
@@ -166,10 +216,14 @@ mod tests {
         let c = checks(&m, Some(13000), Ok(&p));
         let t = titles(&c);
         assert_eq!(t[0], (Status::Info, "2 GPU(s), driver 580.65.06, CUDA 13.0".to_string()));
-        assert_eq!(t[1], (Status::Pass, "GPU0 NVIDIA H200 (sm_90, bus 0000:00:06.0, PCIe gen5 x16, NUMA 0)".to_string()));
+        assert_eq!(
+            t[1],
+            (Status::Pass, "GPU0 NVIDIA H200 (sm_90, bus 0000:00:06.0, PCIe gen5 x16, NUMA 0)".to_string())
+        );
         assert!(t.contains(&(
             Status::Pass,
-            "GPU0: 18/18 NVLink links up, NVLink 4, 26.56 GB/s each, 478 GB/s per direction; far end NVSwitch".to_string()
+            "GPU0: 18/18 NVLink links up, NVLink 4, 26.56 GB/s each, 478 GB/s per direction; far end NVSwitch"
+                .to_string()
         )));
         assert!(t.contains(&(Status::Pass, "GPU1: NVLink errors since boot: CRC 0, replay 0, recovery 0".to_string())));
         assert!(t.contains(&(Status::Pass, "GPU0↔GPU1 (NV18): CUDA peer access both ways".to_string())));
@@ -188,7 +242,12 @@ mod tests {
         let c = checks(&m, None, Ok(&p));
         let fails: Vec<&Check> = c.iter().filter(|c| c.status == Status::Fail).collect();
         assert_eq!(fails.len(), 2, "{:#?}", titles(&c));
-        assert!(fails[0].title.starts_with("GPU0: 17/18 NVLink links up") && fails[0].title.ends_with("link(s) 3 down: degraded"), "{}", fails[0].title);
+        assert!(
+            fails[0].title.starts_with("GPU0: 17/18 NVLink links up")
+                && fails[0].title.ends_with("link(s) 3 down: degraded"),
+            "{}",
+            fails[0].title
+        );
         assert!(fails[0].fix.as_deref().unwrap().contains("nvidia-smi nvlink -s"));
         assert_eq!(fails[1].title, "GPU0↔GPU1 (NV17): CUDA peer access impossible although NVLink connects them");
         let warn = c.iter().find(|c| c.status == Status::Warn).unwrap();
@@ -208,7 +267,8 @@ mod tests {
         let m = Machine::read(&fake).unwrap();
         let p = peers(false);
         let c = checks(&m, Some(13000), Ok(&p));
-        assert!(c.iter().any(|c| c.status == Status::Warn && c.title == "GPU0↔GPU1 (SYS): CUDA peer access impossible: NCCL will go through host memory (SHM)"));
+        assert!(c.iter().any(|c| c.status == Status::Warn
+            && c.title == "GPU0↔GPU1 (SYS): CUDA peer access impossible: NCCL will go through host memory (SHM)"));
         assert!(c.iter().any(|c| c.title == "GPU1: no active NVLink links (1 present)"));
         let none = Machine::read(&FakeSource::default()).unwrap();
         let c = checks(&none, None, Err("no driver".into()));

@@ -50,10 +50,18 @@ pub struct SoftwareFacts {
 /// Loads the libraries and looks around.
 pub fn gather(overridden: &[Overridden]) -> SoftwareFacts {
     let nccl = nccl_sys::library()
-        .map(|l| Loaded { path: l.path().to_path_buf(), version: l.version().to_string(), place: l.place().to_string() })
+        .map(|l| Loaded {
+            path: l.path().to_path_buf(),
+            version: l.version().to_string(),
+            place: l.place().to_string(),
+        })
         .map_err(|e| e.to_string());
     let nvshmem = nvshmem_sys::library()
-        .map(|l| Loaded { path: l.path().to_path_buf(), version: l.version().to_string(), place: l.place().to_string() })
+        .map(|l| Loaded {
+            path: l.path().to_path_buf(),
+            version: l.version().to_string(),
+            place: l.place().to_string(),
+        })
         .map_err(|e| e.to_string());
     let mut notes = Vec::new();
     let mut nccl_copies = libs::find_copies(NCCL_STEM, "nccl", &mut notes);
@@ -89,7 +97,8 @@ pub fn gather(overridden: &[Overridden]) -> SoftwareFacts {
 /// The environment as the user set it: the safety variables this process changed are shown with
 /// their original values (or left out when they were unset).
 fn user_env(overridden: &[Overridden]) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = std::env::vars().filter(|(n, _)| !overridden.iter().any(|o| o.name == n)).collect();
+    let mut env: Vec<(String, String)> =
+        std::env::vars().filter(|(n, _)| !overridden.iter().any(|o| o.name == n)).collect();
     env.extend(overridden.iter().filter_map(|o| Some((o.name.to_string(), o.was.clone()?))));
     env.sort();
     env
@@ -113,10 +122,18 @@ fn copy_lines(copies: &[LibCopy]) -> Vec<String> {
 pub fn checks(f: &SoftwareFacts) -> Vec<Check> {
     let mut out = Vec::new();
     match &f.nccl {
-        Ok(l) => out.push(Check::new(L, Status::Pass, format!("NCCL {} loaded from {} (found by: {})", l.version, l.path.display(), l.place))),
+        Ok(l) => out.push(Check::new(
+            L,
+            Status::Pass,
+            format!("NCCL {} loaded from {} (found by: {})", l.version, l.path.display(), l.place),
+        )),
         Err(e) => out.push(
-            Check::fail(L, "NCCL could not be loaded", "pip install nvidia-nccl-cu13 (or -cu12), or set NCCL_LIB_DIR to the directory that holds libnccl.so.2")
-                .with_detail(e.lines().map(str::to_string)),
+            Check::fail(
+                L,
+                "NCCL could not be loaded",
+                "pip install nvidia-nccl-cu13 (or -cu12), or set NCCL_LIB_DIR to the directory that holds libnccl.so.2",
+            )
+            .with_detail(e.lines().map(str::to_string)),
         ),
     }
     match &f.nvshmem {
@@ -129,7 +146,14 @@ pub fn checks(f: &SoftwareFacts) -> Vec<Check> {
     out.extend(copies_check(f));
     out.extend(soname_check(f));
     if !f.nvshmem_copies.is_empty() {
-        out.push(Check::new(L, Status::Info, format!("{} NVSHMEM host library copies on this machine", f.nvshmem_copies.len())).with_detail(copy_lines(&f.nvshmem_copies)));
+        out.push(
+            Check::new(
+                L,
+                Status::Info,
+                format!("{} NVSHMEM host library copies on this machine", f.nvshmem_copies.len()),
+            )
+            .with_detail(copy_lines(&f.nvshmem_copies)),
+        );
     }
     match f.cuda_driver {
         Some(v) => out.push(Check::new(L, Status::Pass, format!("CUDA driver supports CUDA {} (cuDriverGetVersion = {v})", cuda::version_text(v)))),
@@ -149,7 +173,14 @@ fn copies_check(f: &SoftwareFacts) -> Option<Check> {
     let versions: BTreeSet<&str> = f.nccl_copies.iter().filter_map(|c| c.version.as_deref()).collect();
     let lines = copy_lines(&f.nccl_copies);
     if versions.len() <= 1 {
-        return Some(Check::new(L, Status::Pass, format!("{} NCCL copy/copies on this machine, one version", f.nccl_copies.len())).with_detail(lines));
+        return Some(
+            Check::new(
+                L,
+                Status::Pass,
+                format!("{} NCCL copy/copies on this machine, one version", f.nccl_copies.len()),
+            )
+            .with_detail(lines),
+        );
     }
     let loaded = match &f.nccl {
         Ok(l) => format!("your process loaded {} ({})", l.version, l.path.display()),
@@ -172,19 +203,20 @@ fn soname_check(f: &SoftwareFacts) -> Option<Check> {
         (Some(path), v) => format!("{} ({})", path.display(), v.as_deref().unwrap_or("version unknown")),
         (None, _) => format!("nothing ({})", p.error.as_deref().unwrap_or("not found")),
     };
-    let title = format!("a process that opens libnccl.so.2 by name, as NVSHMEM's host library does for itself, gets {got}");
+    let title =
+        format!("a process that opens libnccl.so.2 by name, as NVSHMEM's host library does for itself, gets {got}");
     let Ok(loaded) = &f.nccl else { return Some(Check::new(L, Status::Info, title)) };
+    let dir = loaded.path.parent().map_or(String::from("<dir>"), |d| d.display().to_string());
+    let fix = format!("create the NCCL communicator (or call nccl::version()) before starting NVSHMEM, or export LD_LIBRARY_PATH={dir}:$LD_LIBRARY_PATH");
     match &p.path {
         Some(path) if same_file(path, &loaded.path) => Some(Check::new(L, Status::Pass, title)),
         Some(_) if p.version.as_deref() == Some(loaded.version.as_str()) => Some(Check::new(L, Status::Pass, format!("{title}: the same version"))),
-        _ => {
-            let dir = loaded.path.parent().map_or(String::from("<dir>"), |d| d.display().to_string());
-            Some(Check::warn(
-                L,
-                format!("{title}, not the NCCL {} your process loaded: a process that starts NVSHMEM before NCCL holds two NCCLs", loaded.version),
-                format!("create the NCCL communicator (or call nccl::version()) before starting NVSHMEM, or export LD_LIBRARY_PATH={dir}:$LD_LIBRARY_PATH"),
-            ))
-        }
+        Some(_) => Some(Check::warn(
+            L,
+            format!("{title}, not the NCCL {} your process loaded: a process that starts NVSHMEM before NCCL holds two NCCLs", loaded.version),
+            fix,
+        )),
+        None => Some(Check::warn(L, format!("{title}: NVSHMEM started before NCCL finds no NCCL for its collectives"), fix)),
     }
 }
 
@@ -192,7 +224,11 @@ fn env_checks(f: &SoftwareFacts) -> Vec<Check> {
     let mut out = Vec::new();
     let get = |name: &str| f.env.iter().find(|(n, _)| n == name).map(|(_, v)| v.clone());
     for reason in envvars::transport_reasons(get) {
-        out.push(Check::warn(L, format!("set in your environment: {reason}"), "unset it unless you mean to keep NCCL off NVLink / shared memory"));
+        out.push(Check::warn(
+            L,
+            format!("set in your environment: {reason}"),
+            "unset it unless you mean to keep NCCL off NVLink / shared memory",
+        ));
     }
     let relevant = envvars::relevant(f.env.iter().cloned());
     let lines: Vec<String> = relevant.iter().map(|(n, v, m)| format!("{n}={v} — {m}")).collect();
@@ -211,7 +247,10 @@ fn env_checks(f: &SoftwareFacts) -> Vec<Check> {
         out.push(Check::new(
             L,
             Status::Info,
-            format!("NVLink multicast stays off in gpucomm's own processes; your environment does not set {}", unsafe_now.join(" ")),
+            format!(
+                "NVLink multicast stays off in gpucomm's own processes; your environment does not set {}",
+                unsafe_now.join(" ")
+            ),
         ));
     }
     out
@@ -242,7 +281,8 @@ mod tests {
     #[test]
     fn the_gpu_machine_two_nccls() {
         let c = checks(&facts());
-        let find = |start: &str| c.iter().find(|c| c.title.starts_with(start)).unwrap_or_else(|| panic!("{start}: {c:#?}"));
+        let find =
+            |start: &str| c.iter().find(|c| c.title.starts_with(start)).unwrap_or_else(|| panic!("{start}: {c:#?}"));
         assert_eq!(find("NCCL 2.28.9 loaded").status, Status::Pass);
         let nvshmem = find("NVSHMEM could not be loaded");
         assert_eq!((nvshmem.status, nvshmem.detail.len()), (Status::Warn, 2));
@@ -252,14 +292,20 @@ mod tests {
         assert_eq!(two.detail[1], "2.28.3   /lib/x86_64-linux-gnu/libnccl.so.2  (ldconfig cache)");
         let soname = find("a process that opens libnccl.so.2");
         assert_eq!(soname.status, Status::Warn);
-        assert!(soname.title.contains("gets /lib/x86_64-linux-gnu/libnccl.so.2 (2.28.3), not the NCCL 2.28.9"), "{}", soname.title);
+        assert!(
+            soname.title.contains("gets /lib/x86_64-linux-gnu/libnccl.so.2 (2.28.3), not the NCCL 2.28.9"),
+            "{}",
+            soname.title
+        );
         assert!(soname.fix.as_deref().unwrap().contains("LD_LIBRARY_PATH=/sp/nvidia/nccl/lib:"));
         assert_eq!(find("CUDA driver").title, "CUDA driver supports CUDA 13.0 (cuDriverGetVersion = 13000)");
         let p2p = find("set in your environment: NCCL_P2P_DISABLE=1");
         assert_eq!(p2p.status, Status::Warn);
         let env = find("environment:");
         assert_eq!(env.detail.len(), 2);
-        assert!(find("NVLink multicast stays off").title.ends_with("does not set NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1"));
+        assert!(find("NVLink multicast stays off")
+            .title
+            .ends_with("does not set NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1"));
     }
 
     #[test]
@@ -278,7 +324,10 @@ mod tests {
 
     #[test]
     fn safety_vars_show_as_the_user_had_them() {
-        let over = [Overridden { name: "NCCL_NVLS_ENABLE", was: Some("1".into()), now: "0" }, Overridden { name: "NVSHMEM_DISABLE_NVLS", was: None, now: "1" }];
+        let over = [
+            Overridden { name: "NCCL_NVLS_ENABLE", was: Some("1".into()), now: "0" },
+            Overridden { name: "NVSHMEM_DISABLE_NVLS", was: None, now: "1" },
+        ];
         let env = user_env(&over);
         assert!(env.contains(&("NCCL_NVLS_ENABLE".to_string(), "1".to_string())));
         assert!(!env.iter().any(|(n, _)| n == "NVSHMEM_DISABLE_NVLS"));

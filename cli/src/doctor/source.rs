@@ -264,7 +264,8 @@ mod tests {
     fn bus_ids_normalise() {
         assert_eq!(normalize_bus_id("00000000:00:06.0"), "0000:00:06.0");
         assert_eq!(normalize_bus_id("0000:C0:00.0"), "0000:c0:00.0");
-        assert_eq!(normalize_bus_id("00000001:00:06.0"), "00000001:00:06.0");
+        assert_eq!(normalize_bus_id("00000001:00:06.0"), "0001:00:06.0");
+        assert_eq!(normalize_bus_id("10000:00:06.0"), "10000:00:06.0");
     }
 
     #[test]
@@ -276,6 +277,13 @@ mod tests {
         assert_eq!(m.gpus.len(), 2);
         assert_eq!(m.driver, None);
         assert_eq!(m.paths[0][1], None);
-        assert_eq!(m.errors, ["driver version: Not supported", "PCIe path GPU0-GPU1: Not supported", "PCIe path GPU1-GPU0: Not supported"]);
+        assert_eq!(
+            m.errors,
+            [
+                "driver version: Not supported",
+                "PCIe path GPU0-GPU1: Not supported",
+                "PCIe path GPU1-GPU0: Not supported"
+            ]
+        );
     }
 }

@@ -9,7 +9,7 @@ pub enum Link {
     /// The same GPU.
     Same,
     /// `n` NVLink links (direct, or each GPU's links into the same NVSwitch fabric).
-    NvLink(u32),
+    Nvlink(u32),
     /// PCIe only, through this path.
     Pcie(PathLevel),
     /// Not known.
@@ -21,7 +21,7 @@ impl Link {
     pub fn notation(self) -> String {
         match self {
             Link::Same => "X".into(),
-            Link::NvLink(n) => format!("NV{n}"),
+            Link::Nvlink(n) => format!("NV{n}"),
             Link::Pcie(p) => p.notation().into(),
             Link::Unknown => "?".into(),
         }
@@ -57,11 +57,11 @@ pub fn link(m: &Machine, a: usize, b: usize) -> Link {
     let (Some(ga), Some(gb)) = (m.gpu(a), m.gpu(b)) else { return Link::Unknown };
     let direct = direct_links(ga, gb).max(direct_links(gb, ga));
     if direct > 0 {
-        return Link::NvLink(direct);
+        return Link::Nvlink(direct);
     }
     let through_switch = switch_links(m, ga).min(switch_links(m, gb));
     if through_switch > 0 {
-        return Link::NvLink(through_switch);
+        return Link::Nvlink(through_switch);
     }
     match m.paths.get(a).and_then(|row| row.get(b)).copied().flatten() {
         Some(p) => Link::Pcie(p),
@@ -109,12 +109,13 @@ fn pcie_lane_gbps(generation: u32) -> Option<f64> {
 pub fn link_rate(m: &Machine, a: usize, b: usize) -> Option<(f64, String)> {
     let (ga, gb) = (m.gpu(a)?, m.gpu(b)?);
     match link(m, a, b) {
-        Link::NvLink(n) => {
+        Link::Nvlink(n) => {
             let speed = ga.nvlink_speed_mbps.or(gb.nvlink_speed_mbps)? as f64 / 1000.0;
             Some((n as f64 * speed, format!("{n} links × {speed:.2} GB/s")))
         }
         Link::Pcie(_) => {
-            let rate = |g: &GpuFacts| g.pcie.and_then(|(generation, width)| Some(pcie_lane_gbps(generation)? * width as f64));
+            let rate =
+                |g: &GpuFacts| g.pcie.and_then(|(generation, width)| Some(pcie_lane_gbps(generation)? * width as f64));
             let (ra, rb) = (rate(ga)?, rate(gb)?);
             let (g, w) = if ra <= rb { ga.pcie? } else { gb.pcie? };
             Some((ra.min(rb), format!("PCIe gen{g} x{w}")))
@@ -132,7 +133,7 @@ mod tests {
     #[test]
     fn nvswitch_pair_is_nv18_at_478() {
         let m = Machine::read(&h200_pair()).unwrap();
-        assert_eq!(link(&m, 0, 1), Link::NvLink(18));
+        assert_eq!(link(&m, 0, 1), Link::Nvlink(18));
         assert_eq!(link(&m, 1, 1), Link::Same);
         assert_eq!(matrix(&m), ["      GPU0   GPU1   NUMA", "GPU0  X      NV18   0", "GPU1  NV18   X      0"]);
         let (rate, how) = link_rate(&m, 0, 1).unwrap();
@@ -164,7 +165,7 @@ mod tests {
             paths: vec![(0, 2, PathLevel::Multiple), (0, 1, PathLevel::Single)],
         };
         let m = Machine::read(&fake).unwrap();
-        assert_eq!(link(&m, 0, 1), Link::NvLink(3));
+        assert_eq!(link(&m, 0, 1), Link::Nvlink(3));
         assert_eq!(link(&m, 0, 2), Link::Pcie(PathLevel::Multiple));
         assert_eq!(link(&m, 2, 1), Link::Pcie(PathLevel::System));
         assert_eq!(

@@ -143,7 +143,9 @@ fn nccl_phase(info: &RankInfo, ordinal: usize, rendezvous: &mut Rendezvous) -> N
             Ok(run
                 .rows
                 .iter()
-                .filter_map(|r| r.out_of_place.as_ref().map(|m| Point { bytes: r.size, time_us: m.time_us, busbw: m.busbw }))
+                .filter_map(|r| {
+                    r.out_of_place.as_ref().map(|m| Point { bytes: r.size, time_us: m.time_us, busbw: m.busbw })
+                })
                 .collect())
         };
         let swept = sweep(Collective::AllReduce).and_then(|ar| Ok((ar, sweep(Collective::SendRecv)?)));
