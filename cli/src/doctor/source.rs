@@ -1,5 +1,5 @@
 //! Where the physical facts come from: a [`GpuSource`] (NVML on a real machine, a
-//! [`FakeSource`] in tests), read into one [`Machine`] snapshot.
+//! `FakeSource` in tests), read into one [`Machine`] snapshot.
 
 use serde::Serialize;
 
@@ -106,7 +106,7 @@ impl GpuFacts {
 #[error("{0}")]
 pub struct SourceError(pub String);
 
-/// Read access to GPUs, links and PCIe topology. [`crate::doctor::nvml::Nvml`] is the real one.
+/// Read access to GPUs, links and PCIe topology. [`crate::doctor::nvml::NvmlSource`] is the real one.
 pub trait GpuSource {
     /// The driver's version string (`580.65.06`).
     fn driver_version(&self) -> Result<String, SourceError>;
