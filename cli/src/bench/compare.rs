@@ -250,23 +250,25 @@ impl Comparison {
         s
     }
 
-    /// Both out-of-place curves (medians) and their ratio, into an SVG file.
+    /// Both curves (medians) and their ratio, into an SVG file: out-of-place, or in-place when
+    /// only that variant has both tools (broadcast).
     pub fn plot(&self, path: &Path) -> Result<()> {
+        let both = |lines: &[Line]| lines.iter().any(|l| l.rust.is_some() && l.c.is_some());
+        let (variant, lines) = if both(&self.out_of_place) || !both(&self.in_place) {
+            ("out-of-place", &self.out_of_place)
+        } else {
+            ("in-place", &self.in_place)
+        };
         let curve = |label: &str, pick: fn(&Line) -> Option<f64>| Curve {
             label: label.to_string(),
-            points: self
-                .out_of_place
-                .iter()
-                .filter(|l| l.size > 0)
-                .filter_map(|l| Some((l.size as f64, pick(l)?)))
-                .collect(),
+            points: lines.iter().filter(|l| l.size > 0).filter_map(|l| Some((l.size as f64, pick(l)?))).collect(),
         };
         let curves = [
             curve("gpucomm (Rust)", |l| Some(l.rust.as_ref()?.busbw.median)),
             curve("nccl-tests (C)", |l| Some(l.c.as_ref()?.busbw.median)),
         ];
         let ratio = curve("busbw ratio Rust/C", |l| l.ratio);
-        let title = format!("{} out-of-place bus bandwidth, {} ranks", self.collective, self.nranks.0);
+        let title = format!("{} {variant} bus bandwidth, {} ranks", self.collective, self.nranks.0);
         plot::draw(path, &title, &curves, (!ratio.points.is_empty()).then_some(&ratio))
     }
 }

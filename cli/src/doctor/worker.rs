@@ -23,8 +23,8 @@ use crate::error::{CliError, Result};
 /// A worker that has not finished by then gives up (a hung NCCL must not hang the doctor).
 const DEADLINE: Duration = Duration::from_secs(180);
 
-/// Sizes of the doctor's sweeps: 8 B to 1 GiB.
-const SIZES: (u64, u64, u64) = (8, 1 << 30, 16);
+/// Sizes of the doctor's sweeps: 8 B to 1 GiB, ×8.
+const SIZES: (u64, u64, u64) = (8, 1 << 30, 8);
 
 /// Bytes NVSHMEM puts per call.
 const PUT_BYTES: usize = 64 << 20;
