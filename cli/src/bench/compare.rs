@@ -330,29 +330,19 @@ mod tests {
     use crate::bench::results::Tool;
 
     fn run(tool: Tool, rows: &[(u64, f64, f64)]) -> Run {
-        Run {
-            tool,
-            collective: Collective::AllReduce,
-            nranks: 2,
-            nccl_version: Some("2.28.9".into()),
-            mode: None,
-            warmup: Some(5),
-            iters: Some(20),
-            rows: rows
-                .iter()
-                .map(|&(size, t, bw)| Row {
-                    size,
-                    count: size / 4,
-                    dtype: "float".into(),
-                    redop: "sum".into(),
-                    root: -1,
-                    out_of_place: Some(Measure { time_us: t, algbw: bw, busbw: bw, wrong: Some(0) }),
-                    in_place: None,
-                })
-                .collect(),
-            avg_busbw: None,
-            out_of_bounds: Some(0),
-        }
+        let rows = rows
+            .iter()
+            .map(|&(size, t, bw)| Row {
+                size,
+                count: size / 4,
+                dtype: "float".into(),
+                redop: "sum".into(),
+                root: -1,
+                out_of_place: Some(Measure { time_us: t, algbw: bw, busbw: bw, wrong: Some(0) }),
+                in_place: None,
+            })
+            .collect();
+        Run::sample(tool, rows)
     }
 
     #[test]

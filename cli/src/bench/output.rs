@@ -11,6 +11,8 @@ use serde::{Deserialize, Serialize};
 use super::results::{Row, Run};
 use super::table::{self, Header};
 use crate::error::{CliError, Result};
+use crate::progress::Progress;
+use crate::units::human_bytes;
 
 /// The variable that tells a spawned rank 0 where to write its events.
 pub const EVENTS_VAR: &str = "GPUCOMM_BENCH_EVENTS";
@@ -37,6 +39,8 @@ pub trait Sink {
 /// final report needs.
 pub struct Printer {
     json: bool,
+    /// With `--json` nothing is printed until the end: a progress line shows the sizes done.
+    progress: Option<Progress>,
     /// The header, once seen.
     pub header: Option<Header>,
     /// The run, once done.
@@ -46,7 +50,7 @@ pub struct Printer {
 impl Printer {
     /// A printer for the table (`json == false`) or for one JSON document at the end.
     pub fn new(json: bool) -> Self {
-        Printer { json, header: None, run: None }
+        Printer { json, progress: None, header: None, run: None }
     }
 }
 
@@ -59,17 +63,26 @@ impl Sink for Printer {
         let mut out = std::io::stdout().lock();
         match e {
             Event::Header(h) => {
-                if !self.json {
+                if self.json {
+                    let sizes =
+                        std::iter::successors(Some(h.min_bytes), |s| s.checked_mul(h.factor).filter(|n| *n > *s))
+                            .take_while(|s| *s <= h.max_bytes)
+                            .count();
+                    self.progress = Some(Progress::new(format!("bench {}", h.collective), sizes));
+                } else {
                     table::write_header(&mut out, &h).map_err(stdout_error)?;
                 }
                 self.header = Some(h);
             }
-            Event::Row(r) => {
-                if !self.json {
-                    table::write_row(&mut out, &r).map_err(stdout_error)?;
-                }
-            }
+            Event::Row(r) => match (self.json, self.progress.as_mut()) {
+                (_, Some(p)) => p.step(&human_bytes(r.size)),
+                (false, None) => table::write_row(&mut out, &r).map_err(stdout_error)?,
+                (true, None) => {}
+            },
             Event::Done(run) => {
+                if let Some(p) = self.progress.take() {
+                    p.finish();
+                }
                 if !self.json {
                     table::write_footer(&mut out, &run).map_err(stdout_error)?;
                 }

@@ -95,3 +95,22 @@ impl Run {
         }
     }
 }
+
+#[cfg(test)]
+impl Run {
+    /// An all-reduce run of 2 ranks on NCCL 2.28.9 with these rows (tests).
+    pub fn sample(tool: Tool, rows: Vec<Row>) -> Run {
+        Run {
+            tool,
+            collective: Collective::AllReduce,
+            nranks: 2,
+            nccl_version: Some("2.28.9".into()),
+            mode: None,
+            warmup: Some(5),
+            iters: Some(20),
+            avg_busbw: Some(Run::mean_busbw(&rows)),
+            rows,
+            out_of_bounds: Some(0),
+        }
+    }
+}

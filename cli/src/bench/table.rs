@@ -222,18 +222,7 @@ mod tests {
                 in_place: None,
             },
         ];
-        let run = Run {
-            tool: Tool::Gpucomm,
-            collective: Collective::AllReduce,
-            nranks: 2,
-            nccl_version: Some("2.28.9".into()),
-            mode: None,
-            warmup: Some(5),
-            iters: Some(20),
-            avg_busbw: Some(Run::mean_busbw(&rows)),
-            rows,
-            out_of_bounds: Some(0),
-        };
+        let run = Run::sample(Tool::Gpucomm, rows);
         (header, run)
     }
 

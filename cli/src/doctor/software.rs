@@ -47,22 +47,18 @@ pub struct SoftwareFacts {
     pub notes: Vec<String>,
 }
 
+/// What a -sys crate's loader gave.
+fn loaded<A>(
+    lib: Result<&gpucomm_build_support::runtime::Library<A>, gpucomm_build_support::runtime::LoadError>,
+) -> Result<Loaded, String> {
+    lib.map(|l| Loaded { path: l.path().to_path_buf(), version: l.version().to_string(), place: l.place().to_string() })
+        .map_err(|e| e.to_string())
+}
+
 /// Loads the libraries and looks around.
 pub fn gather(overridden: &[Overridden]) -> SoftwareFacts {
-    let nccl = nccl_sys::library()
-        .map(|l| Loaded {
-            path: l.path().to_path_buf(),
-            version: l.version().to_string(),
-            place: l.place().to_string(),
-        })
-        .map_err(|e| e.to_string());
-    let nvshmem = nvshmem_sys::library()
-        .map(|l| Loaded {
-            path: l.path().to_path_buf(),
-            version: l.version().to_string(),
-            place: l.place().to_string(),
-        })
-        .map_err(|e| e.to_string());
+    let nccl = loaded(nccl_sys::library());
+    let nvshmem = loaded(nvshmem_sys::library());
     let mut notes = Vec::new();
     let mut nccl_copies = libs::find_copies(NCCL_STEM, "nccl", &mut notes);
     if let Ok(l) = &nccl {
