@@ -12,6 +12,7 @@ use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, 
 use nccl::{Comm, ReduceOp};
 
 use super::coll::{Collective, Counts};
+use crate::error::{CliError, Result};
 use super::elem::Elem;
 
 /// A stream for one GPU's bench work, on which every buffer of the bench lives.
@@ -62,9 +63,8 @@ impl<T: Elem> Buffers<T> {
     }
 
     /// The windows one call uses: `counts.send` / `counts.recv` elements from element `shift`.
-    pub fn views(&mut self, counts: Counts, shift: usize) -> nccl::Result<(CudaView<'_, T>, CudaViewMut<'_, T>)> {
-        let out_of_range =
-            || nccl::Error::InvalidArgument(format!("window {shift}+{counts:?} outside the bench buffers"));
+    pub fn views(&mut self, counts: Counts, shift: usize) -> Result<(CudaView<'_, T>, CudaViewMut<'_, T>)> {
+        let out_of_range = || CliError::Usage(format!("window {shift}+{counts:?} outside the bench buffers"));
         let send = self.send.try_slice(shift..shift + counts.send).ok_or_else(out_of_range)?;
         let recv = self.recv.try_slice_mut(shift..shift + counts.recv).ok_or_else(out_of_range)?;
         Ok((send, recv))
@@ -88,16 +88,16 @@ pub struct Call {
     pub in_place: bool,
 }
 
-fn not_wired(call: &Call) -> nccl::Error {
+fn not_wired(call: &Call) -> CliError {
     let variant = if call.in_place { "in-place" } else { "out-of-place" };
-    nccl::Error::InvalidArgument(format!("{variant} {} is not wired into gpucomm bench yet", call.coll))
+    CliError::Collective { name: call.coll.to_string(), why: format!("{variant} is not wired into gpucomm bench yet") }
 }
 
 /// Enqueues one call on `comm` (one process per GPU).
-pub fn issue<T: Elem>(comm: &Comm, call: &Call, bufs: &mut Buffers<T>) -> nccl::Result<()> {
+pub fn issue<T: Elem>(comm: &Comm, call: &Call, bufs: &mut Buffers<T>) -> Result<()> {
     let (send, mut recv) = bufs.views(call.counts, call.shift)?;
     let (rank, n) = (comm.rank(), comm.size());
-    match (call.coll, call.in_place) {
+    Ok(match (call.coll, call.in_place) {
         (Collective::AllReduce, false) => comm.all_reduce(&send, &mut recv, call.op),
         (Collective::AllReduce, true) => comm.all_reduce_in_place(&mut recv, call.op),
         (Collective::AllGather, false) => comm.all_gather(&send, &mut recv),
@@ -107,15 +107,18 @@ pub fn issue<T: Elem>(comm: &Comm, call: &Call, bufs: &mut Buffers<T>) -> nccl::
             g.send(comm, &send, (rank + 1) % n)?;
             g.recv(comm, &mut recv, (rank + n - 1) % n)
         }),
-        _ => Err(not_wired(call)),
-    }
+        _ => return Err(not_wired(call)),
+    }?)
 }
 
 /// Enqueues one call on every communicator of this process, in one group (`-g N`).
-pub fn issue_group<T: Elem>(comms: &[Comm], call: &Call, bufs: &mut [Buffers<T>]) -> nccl::Result<()> {
-    let mut views = bufs.iter_mut().map(|b| b.views(call.counts, call.shift)).collect::<nccl::Result<Vec<_>>>()?;
+pub fn issue_group<T: Elem>(comms: &[Comm], call: &Call, bufs: &mut [Buffers<T>]) -> Result<()> {
+    if !matches!(variants(call.coll), (true, _) if !call.in_place) && !matches!(variants(call.coll), (_, true) if call.in_place) {
+        return Err(not_wired(call));
+    }
+    let mut views = bufs.iter_mut().map(|b| b.views(call.counts, call.shift)).collect::<Result<Vec<_>>>()?;
     let views = &mut views;
-    nccl::group(move |g| {
+    Ok(nccl::group(move |g| {
         for (comm, (send, recv)) in comms.iter().zip(views.iter_mut()) {
             let (rank, n) = (comm.rank(), comm.size());
             match (call.coll, call.in_place) {
@@ -128,11 +131,11 @@ pub fn issue_group<T: Elem>(comms: &[Comm], call: &Call, bufs: &mut [Buffers<T>]
                     g.send(comm, send, (rank + 1) % n)?;
                     g.recv(comm, recv, (rank + n - 1) % n)?;
                 }
-                _ => return Err(not_wired(call)),
+                _ => unreachable!("refused above"),
             }
         }
         Ok(())
-    })
+    })?)
 }
 
 /// Sums `values` over every rank of `comm` (the bench's averages and wrong-element totals);
