@@ -72,25 +72,34 @@ impl<'s> Access<'s> {
     }
 
     /// The pointer of `buf` for reading on the call's stream, and the guard to drop after enqueue.
-    pub fn read<'a, T>(
-        &'a self,
-        buf: &'a impl DevicePtr<T>,
-    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError> {
+    ///
+    /// The guard borrows the buffer and the stream, not the `Access`, so guards of several calls
+    /// can be kept together until their work is enqueued (a group).
+    pub fn read<'a, T>(&self, buf: &'a impl DevicePtr<T>) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError>
+    where
+        's: 'a,
+    {
         self.take(|stream| buf.device_ptr(stream))
     }
 
     /// The pointer of `buf` for writing on the call's stream, and the guard to drop after enqueue.
     pub fn write<'a, T>(
-        &'a self,
+        &self,
         buf: &'a mut impl DevicePtrMut<T>,
-    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError> {
+    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError>
+    where
+        's: 'a,
+    {
         self.take(|stream| buf.device_ptr_mut(stream))
     }
 
     fn take<'a>(
-        &'a self,
+        &self,
         get: impl FnOnce(&'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>),
-    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError> {
+    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError>
+    where
+        's: 'a,
+    {
         let capturing = self.needs_capture_check() && self.capturing()?;
         let probe = if capturing { Some(probe(self.stream.context())?) } else { None };
         let call = Call { stream: self.stream.clone(), capturing, probe: probe.map(|p| p.cu_stream()) };
