@@ -75,7 +75,10 @@ impl<'s> Access<'s> {
     ///
     /// The guard borrows the buffer and the stream, not the `Access`, so guards of several calls
     /// can be kept together until their work is enqueued (a group).
-    pub fn read<'a, T>(&self, buf: &'a impl DevicePtr<T>) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError>
+    pub fn read<'a, T>(
+        &self,
+        buf: &'a (impl DevicePtr<T> + ?Sized),
+    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError>
     where
         's: 'a,
     {
@@ -85,7 +88,7 @@ impl<'s> Access<'s> {
     /// The pointer of `buf` for writing on the call's stream, and the guard to drop after enqueue.
     pub fn write<'a, T>(
         &self,
-        buf: &'a mut impl DevicePtrMut<T>,
+        buf: &'a mut (impl DevicePtrMut<T> + ?Sized),
     ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError>
     where
         's: 'a,
