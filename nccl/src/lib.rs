@@ -2,12 +2,20 @@
 //!
 //! * [`Comm`]: a communicator, created with [`Comm::init_rank`] (one process or thread per GPU,
 //!   all sharing a [`UniqueId`]) or [`Comm::init_all`] (one process driving several GPUs).
-//! * Collectives on [`Comm`] ([`all_reduce`](Comm::all_reduce), [`all_gather`](Comm::all_gather),
-//!   [`reduce_scatter`](Comm::reduce_scatter), [`broadcast_in_place`](Comm::broadcast_in_place))
-//!   that check every length, rank and device before NCCL sees them, and take cudarc buffers
-//!   (`CudaSlice`, views) through cudarc's stream-ordering protocol.
-//! * [`group`]: several calls issued as one, with every buffer kept alive and its stream
-//!   bookkeeping deferred until NCCL has enqueued the work.
+//! * [`Collectives`]: every NCCL collective and point-to-point call, written once for every
+//!   target — a communicator on its own stream (`comm.all_reduce(..)`), on another stream of its
+//!   device (`comm.on(&stream).all_reduce(..)`), or recorded in a [`group`]
+//!   (`g.with(&comm).all_reduce(..)`). Every length, root, peer, count and device is checked before
+//!   NCCL sees it; buffers are cudarc's (`CudaSlice`, views) or [`MemBuffer`], taken through the
+//!   stream-ordering protocol of `gpucomm-ordering`, which also works inside CUDA graph capture.
+//! * [`group`]: several calls issued as one, all or nothing: nothing launches unless every call in
+//!   it was accepted, and every buffer stays borrowed until NCCL has enqueued the work.
+//!   [`simulate`] asks NCCL for the group's estimated time instead.
+//! * [`MemBuffer`]: memory from `ncclMemAlloc`, the recommended buffer type (zero-cost ordering on
+//!   one stream, registration- and window-ready); [`Registration`] and [`Window`] make buffers
+//!   known to a communicator, for as long as it lives.
+//! * [`ReduceOp`] (NCCL's operators) and [`PreMulSum`] (a custom operator tied to its
+//!   communicator).
 //! * [`Error`]: NCCL's code with `ncclGetErrorString` and `ncclGetLastError`, or a precise
 //!   description of the argument that was refused.
 //!
@@ -20,6 +28,7 @@
 //! let stream = CudaContext::new(0)?.default_stream();
 //! let id = nccl::UniqueId::new()?;
 //! let comm = nccl::Comm::init_rank(stream.clone(), &id, 0, 1)?;
+//! use nccl::Collectives;
 //! let send = stream.clone_htod(&[1.0f32, 2.0, 3.0])?;
 //! let mut recv = stream.alloc_zeros::<f32>(3)?;
 //! comm.all_reduce(&send, &mut recv, nccl::ReduceOp::SUM)?;
@@ -30,18 +39,38 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod call;
 mod coll;
 mod comm;
 mod error;
 mod group;
+mod mem;
+mod op;
+mod register;
+mod target;
 mod types;
 mod unique_id;
 
+pub use coll::{Collectives, Root};
 pub use comm::Comm;
 pub use error::{Error, Result, ResultCode};
-pub use group::{group, Group};
+pub use group::{group, Group, Member};
+#[cfg(nccl_2_22)]
+pub use group::{simulate, Simulated};
+pub use mem::MemBuffer;
+pub use op::{PreMulSum, Reduction};
+pub use register::Registration;
+#[cfg(nccl_2_27)]
+pub use register::{register_windows, Window, WindowFlags};
+pub use target::OnStream;
 pub use types::{DataType, NcclType, ReduceOp};
 pub use unique_id::UniqueId;
+
+/// `use nccl::prelude::*;` brings the [`Collectives`] trait into scope, whose methods are the
+/// communication calls, and the types every call names.
+pub mod prelude {
+    pub use crate::{Collectives, ReduceOp, Root};
+}
 
 /// The raw bindings this crate is built on.
 pub use nccl_sys as sys;

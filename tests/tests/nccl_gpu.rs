@@ -4,7 +4,7 @@
 use cudarc::driver::{CudaSlice, CudaStream};
 use gpucomm_launch::{Options, Rendezvous};
 use gpucomm_tests::{multi_process, require_gpus};
-use nccl::{group, Comm, Error, ReduceOp};
+use nccl::{group, Collectives, Comm, Error, ReduceOp};
 use std::sync::Arc;
 
 fn upload(streams: &[Arc<CudaStream>], f: impl Fn(usize) -> Vec<f32>) -> Vec<CudaSlice<f32>> {
@@ -33,7 +33,7 @@ fn collectives_deliver_the_right_values_on_each_rank() {
     let mut recvs = upload(&streams, |_| vec![0.0; n]);
     group(|g| {
         for ((c, s), r) in comms.iter().zip(&sends).zip(recvs.iter_mut()) {
-            g.all_reduce(c, s, r, ReduceOp::SUM)?;
+            g.with(c).all_reduce(s, r, ReduceOp::SUM)?;
         }
         Ok(())
     })
@@ -47,7 +47,7 @@ fn collectives_deliver_the_right_values_on_each_rank() {
     let mut gathered = upload(&streams, |_| vec![-1.0; 2 * n]);
     group(|g| {
         for ((c, s), r) in comms.iter().zip(&sends).zip(gathered.iter_mut()) {
-            g.all_gather(c, s, r)?;
+            g.with(c).all_gather(s, r)?;
         }
         Ok(())
     })
@@ -61,7 +61,7 @@ fn collectives_deliver_the_right_values_on_each_rank() {
     let mut blocks = upload(&streams, |_| vec![0.0; n]);
     group(|g| {
         for ((c, s), r) in comms.iter().zip(&sends).zip(blocks.iter_mut()) {
-            g.reduce_scatter(c, s, r, ReduceOp::MAX)?;
+            g.with(c).reduce_scatter(s, r, ReduceOp::MAX)?;
         }
         Ok(())
     })
@@ -74,7 +74,7 @@ fn collectives_deliver_the_right_values_on_each_rank() {
     let mut bufs = upload(&streams, |r| vec![(r * 7) as f32; n]);
     group(|g| {
         for (c, b) in comms.iter().zip(bufs.iter_mut()) {
-            g.broadcast_in_place(c, b, 1)?;
+            g.with(c).broadcast_in_place(b, 1)?;
         }
         Ok(())
     })
@@ -88,8 +88,8 @@ fn collectives_deliver_the_right_values_on_each_rank() {
     let mut got = upload(&streams, |_| vec![0.0; n]);
     group(|g| {
         for (r, ((c, s), d)) in comms.iter().zip(&sends).zip(got.iter_mut()).enumerate() {
-            g.send(c, s, 1 - r)?;
-            g.recv(c, d, 1 - r)?;
+            g.with(c).send(s, 1 - r)?;
+            g.with(c).recv(d, 1 - r)?;
         }
         Ok(())
     })
@@ -108,7 +108,7 @@ fn sum_is_three<T: nccl::NcclType + Copy>(comms: &[Comm], from_f32: fn(f32) -> T
         comms.iter().map(|c| c.stream().clone_htod(&vec![from_f32((c.rank() + 1) as f32); 4096]).unwrap()).collect();
     group(|g| {
         for (c, b) in comms.iter().zip(bufs.iter_mut()) {
-            g.all_reduce_in_place(c, b, ReduceOp::SUM)?;
+            g.with(c).all_reduce_in_place(b, ReduceOp::SUM)?;
         }
         Ok(())
     })
@@ -170,7 +170,7 @@ fn bad_arguments_are_refused_and_lose_nothing() {
     let mut bufs = vec![s0.clone_htod(&[2.0f32; 8]).unwrap(), s1.clone_htod(&[3.0f32; 8]).unwrap()];
     group(|g| {
         for (c, b) in comms.iter().zip(bufs.iter_mut()) {
-            g.all_reduce_in_place(c, b, ReduceOp::PROD)?;
+            g.with(c).all_reduce_in_place(b, ReduceOp::PROD)?;
         }
         Ok(())
     })
