@@ -158,6 +158,12 @@ impl Call {
         self.name
     }
 
+    /// True for calls NCCL carries out as sends and receives (its point-to-point planner).
+    pub(crate) fn is_point_to_point(&self) -> bool {
+        matches!(self.entry, Entry::Send(..) | Entry::Recv(..))
+            || matches!(self.name, "ncclAlltoAll" | "ncclGather" | "ncclScatter")
+    }
+
     /// The communicator the call goes to.
     pub(crate) fn comm(&self) -> ncclComm_t {
         self.comm

@@ -205,6 +205,15 @@ pub enum Error {
         /// How many calls were refused.
         refused: usize,
     },
+    /// A point-to-point call (send, receive, or all-to-all, gather and scatter, which NCCL turns
+    /// into sends and receives) in a [`crate::simulate`]d group. NCCL (2.28) leaves simulated
+    /// point-to-point operations queued on the communicator, where a later group would launch
+    /// them with buffers nobody borrows any more, so such groups are refused.
+    #[error("{call} cannot be simulated: NCCL keeps simulated point-to-point operations queued for a later launch")]
+    NotSimulable {
+        /// The C function.
+        call: &'static str,
+    },
     /// A buffer's uses could not be ordered: its last use is part of a CUDA graph capture that is
     /// still open on another stream. (CUDA failures while ordering are [`Error::Cuda`].)
     #[error(transparent)]

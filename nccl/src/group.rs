@@ -56,6 +56,7 @@ impl Drop for Open {
 /// The calls of one group, recorded while its closure runs. Not `Send` (nor `Sync`): NCCL
 /// requires one thread to issue all operations of a group.
 pub struct Group<'a> {
+    _one_thread: PhantomData<*const ()>,
     calls: RefCell<Vec<Call>>,
     /// Each (communicator, stream) pair with calls, to settle after the end.
     settle: RefCell<Vec<(&'a Comm, &'a Arc<CudaStream>)>>,
@@ -64,7 +65,6 @@ pub struct Group<'a> {
     /// The recorded calls' stream guards, released after the group is settled.
     guards: RefCell<Vec<SyncOnDrop<'a>>>,
     refused: Cell<usize>,
-    _one_thread: PhantomData<*const ()>,
 }
 
 impl std::fmt::Debug for Group<'_> {
@@ -95,12 +95,12 @@ impl std::fmt::Debug for Member<'_, '_> {
 impl<'a> Group<'a> {
     fn new() -> Self {
         Group {
+            _one_thread: PhantomData,
             calls: RefCell::new(Vec::new()),
             settle: RefCell::new(Vec::new()),
             accesses: RefCell::new(Vec::new()),
             guards: RefCell::new(Vec::new()),
             refused: Cell::new(0),
-            _one_thread: PhantomData,
         }
     }
 
@@ -169,7 +169,26 @@ impl<'a> Group<'a> {
                 settled = s;
             }
         }
-        issued.and(settled)
+        issued.and(settled).and_then(|()| self.join_streams())
+    }
+
+    /// A buffer read by calls on two streams of one device in the same group is used by both
+    /// streams at once once the group launches, but its ordering state (a cudarc event, a
+    /// [`StreamTracker`](gpucomm_ordering::StreamTracker)) can name only one of them as the last
+    /// user. So when a group's calls went to several streams of a device, each of those streams
+    /// waits for the others' work: whichever one a buffer names, later uses wait for the whole
+    /// group. Groups on one stream per device (the usual case) skip this.
+    fn join_streams(&mut self) -> Result<()> {
+        let pairs = self.settle.get_mut();
+        for (i, (_, a)) in pairs.iter().enumerate() {
+            for (j, (_, b)) in pairs.iter().enumerate() {
+                let same_device = a.context().cu_ctx() == b.context().cu_ctx();
+                if i != j && same_device && !same_stream(a, b) {
+                    a.join(b)?;
+                }
+            }
+        }
+        Ok(())
     }
 }
 
@@ -203,6 +222,7 @@ fn run<'a, R>(
     f: impl FnOnce(&mut Group<'a>) -> Result<R>,
     name: &'static str,
     end: impl FnOnce() -> ncclResult_t,
+    simulated: bool,
 ) -> Result<R> {
     if is_open() {
         return Err(Error::InsideGroup);
@@ -215,6 +235,11 @@ fn run<'a, R>(
     let refused = group.refused.get();
     if refused > 0 {
         return Err(Error::GroupRefused { refused });
+    }
+    if simulated {
+        if let Some(c) = group.calls.get_mut().iter().find(|c| c.is_point_to_point()) {
+            return Err(Error::NotSimulable { call: c.name() });
+        }
     }
     group.launch(name, end)?;
     // `group` is dropped here: the stream guards record "in use until here" after the settling.
@@ -252,7 +277,7 @@ fn run<'a, R>(
 pub fn group<'a, R>(f: impl FnOnce(&mut Group<'a>) -> Result<R>) -> Result<R> {
     let end = resolve!(ncclGroupEnd)?;
     // SAFETY: `Group::launch` calls this once, on this thread, after its ncclGroupStart.
-    run(f, "ncclGroupEnd", || unsafe { end() })
+    run(f, "ncclGroupEnd", || unsafe { end() }, false)
 }
 
 #[cfg(nccl_2_22)]
@@ -271,6 +296,10 @@ pub struct Simulated<R> {
 /// Like [`group`], but ends the group with `ncclGroupSimulateEnd` (NCCL ≥ 2.22.3): NCCL picks the
 /// algorithms and estimates the group's time without launching anything (with blocking
 /// communicators). Checks, borrows and ordering are the same as for [`group`].
+///
+/// Only collectives can be simulated (all-reduce, broadcast, reduce, all-gather, reduce-scatter):
+/// a group with a point-to-point call is refused with [`Error::NotSimulable`] and launches
+/// nothing, because NCCL leaves simulated sends and receives queued for the next group.
 #[cfg(nccl_2_22)]
 #[cfg_attr(docsrs, doc(cfg(nccl_2_22)))]
 #[doc(alias = "ncclGroupSimulateEnd")]
@@ -279,7 +308,7 @@ pub fn simulate<'a, R>(f: impl FnOnce(&mut Group<'a>) -> Result<R>) -> Result<Si
     let mut info = sim_info();
     // SAFETY: `Group::launch` calls this once, on this thread, after its ncclGroupStart; `info`
     // is initialised as NCCL_SIM_INFO_INITIALIZER prescribes and outlives the call.
-    let value = run(f, "ncclGroupSimulateEnd", || unsafe { end(&mut info) })?;
+    let value = run(f, "ncclGroupSimulateEnd", || unsafe { end(&mut info) }, true)?;
     let micros = f64::from(info.estimatedTime);
     Ok(Simulated { value, estimated_time: (micros >= 0.0).then(|| Duration::from_secs_f64(micros * 1e-6)) })
 }
