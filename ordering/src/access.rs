@@ -42,12 +42,13 @@ pub(crate) fn current(stream: &CudaStream) -> Option<Call> {
 pub struct Access<'s> {
     stream: &'s Arc<CudaStream>,
     capturing: Cell<Option<bool>>,
+    probe: Cell<Option<&'static CudaStream>>,
 }
 
 impl<'s> Access<'s> {
     /// An access for a call on `stream`.
     pub fn new(stream: &'s Arc<CudaStream>) -> Self {
-        Access { stream, capturing: Cell::new(None) }
+        Access { stream, capturing: Cell::new(None), probe: Cell::new(None) }
     }
 
     /// The call's stream.
@@ -63,6 +64,16 @@ impl<'s> Access<'s> {
         let c = is_capturing(self.stream)?;
         self.capturing.set(Some(c));
         Ok(c)
+    }
+
+    /// The helper stream for taking pointers during a capture (looked up once per `Access`).
+    fn probe(&self) -> Result<&'static CudaStream, DriverError> {
+        if let Some(p) = self.probe.get() {
+            return Ok(p);
+        }
+        let p = probe(self.stream.context())?;
+        self.probe.set(Some(p));
+        Ok(p)
     }
 
     /// cudarc only waits and records while it manages synchronisation; otherwise its buffers can
@@ -104,7 +115,7 @@ impl<'s> Access<'s> {
         's: 'a,
     {
         let capturing = self.needs_capture_check() && self.capturing()?;
-        let probe = if capturing { Some(probe(self.stream.context())?) } else { None };
+        let probe = if capturing { Some(self.probe()?) } else { None };
         let call = Call { stream: self.stream.clone(), capturing, probe: probe.map(|p| p.cu_stream()) };
         let _restore = Restore(CURRENT.with(|c| c.replace(Some(call))));
         let taken = match probe {
