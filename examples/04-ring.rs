@@ -18,8 +18,8 @@
 //! has seen every block, in order r−1, r−2, …`, and a non-zero exit status if any block arrived
 //! wrong.
 
-use nccl::launch::{run_main, Options, Rendezvous};
-use nccl::{Collectives, Comm};
+use nccl::launch::run_main;
+use nccl::Collectives;
 
 /// Elements per block: an odd number, nothing special about it.
 const COUNT: usize = 100_003;
@@ -31,9 +31,7 @@ fn block_of(rank: usize) -> f32 {
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
-        let stream = gpucomm_examples::rank_stream(&info)?;
-        let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
-        let comm = Comm::from_rendezvous(stream.clone(), &mut rendezvous)?;
+        let (stream, comm) = gpucomm_examples::rank_comm(&info)?;
         let (rank, size) = (comm.rank(), comm.size());
         let (right, left) = ((rank + 1) % size, (rank + size - 1) % size);
 

@@ -19,8 +19,8 @@
 //! What you should see, once per rank: the three averages (AVG, PreMulSum with a host scalar,
 //! PreMulSum with a device scalar), equal, and a non-zero exit status if they are not.
 
-use nccl::launch::{run_main, Options, Rendezvous};
-use nccl::{Collectives, Comm, MemBuffer, PreMulSum, ReduceOp};
+use nccl::launch::run_main;
+use nccl::{Collectives, MemBuffer, PreMulSum, ReduceOp};
 
 /// Gradient elements per rank.
 const COUNT: usize = 1 << 20;
@@ -32,9 +32,7 @@ fn gradient(rank: usize, i: usize) -> f32 {
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
-        let stream = gpucomm_examples::rank_stream(&info)?;
-        let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
-        let comm = Comm::from_rendezvous(stream.clone(), &mut rendezvous)?;
+        let (stream, comm) = gpucomm_examples::rank_comm(&info)?;
         let (rank, size) = (comm.rank(), comm.size());
         let grads: Vec<f32> = (0..COUNT).map(|i| gradient(rank, i)).collect();
         // The mean over ranks of `(r + 1) × k` is `(size + 1) / 2 × k`.

@@ -9,10 +9,11 @@
 //! [`gpucomm_ordering::Access`] and issues or records it.
 
 use cudarc::driver::{DevicePtr, DevicePtrMut, SyncOnDrop};
+use gpucomm_ordering::Access;
 
 use crate::call::{Call, Kind};
 use crate::error::{Error, Result};
-use crate::op::Reduction;
+use crate::op::{OpUse, Reduction};
 use crate::target::{Plan, Target};
 use crate::NcclType;
 
@@ -79,6 +80,53 @@ fn unused<'b>() -> SyncOnDrop<'b> {
     SyncOnDrop::Record(None)
 }
 
+/// The guard of the operator's device scalar, if any.
+fn op_guard<'b, T>(op: &Option<OpUse<'b, T>>, access: &Access<'b>) -> Result<SyncOnDrop<'b>> {
+    match op {
+        Some(op) => op.guard(access),
+        None => Ok(unused()),
+    }
+}
+
+/// The end of every call with a send and a receive buffer (lengths already checked): both on the
+/// communicator's device, then `kind` over `count` elements from `send` to `recv`.
+fn two_buffers<'b, T: NcclType>(
+    p: Plan<'_, 'b>,
+    kind: Kind,
+    count: usize,
+    send: &'b impl DevicePtr<T>,
+    recv: &'b mut impl DevicePtrMut<T>,
+    op: Option<OpUse<'b, T>>,
+) -> Result<()> {
+    p.check_device("send buffer", send)?;
+    p.check_device("recv buffer", &*recv)?;
+    let call = Call::new::<T>(kind, count, p.comm, p.stream)?;
+    p.submit(|a| {
+        let (s, gs) = a.read(send)?;
+        let (r, gr) = a.write(recv)?;
+        Ok((call.buffers(s, r), [gs, gr, op_guard(&op, a)?]))
+    })
+}
+
+/// The end of every in-place call: `buf` on the communicator's device, then `kind` over `count`
+/// elements, reading at `send` bytes into `buf` and writing at `recv` bytes into it (`None`: no
+/// receive buffer, passed to NCCL as null).
+fn one_buffer<'b, T: NcclType>(
+    p: Plan<'_, 'b>,
+    kind: Kind,
+    count: usize,
+    buf: &'b mut impl DevicePtrMut<T>,
+    (send, recv): (u64, Option<u64>),
+    op: Option<OpUse<'b, T>>,
+) -> Result<()> {
+    p.check_device("buffer", &*buf)?;
+    let call = Call::new::<T>(kind, count, p.comm, p.stream)?;
+    p.submit(|a| {
+        let (b, g) = a.write(buf)?;
+        Ok((call.buffers(b + send, recv.map_or(0, |r| b + r)), [g, op_guard(&op, a)?]))
+    })
+}
+
 /// NCCL's communication calls, on every kind of target: a [`Comm`](crate::Comm) (its own
 /// stream), [`Comm::on`](crate::Comm::on) (another stream of its device), and a
 /// [`Member`](crate::Member) of a [`group`](crate::group) (recorded, launched when the group
@@ -111,15 +159,8 @@ pub trait Collectives<'b>: Target<'b> {
     ) -> Result<()> {
         self.dispatch(|p| {
             expect_len("recv buffer", send.len(), recv.len())?;
-            p.check_device("send buffer", send)?;
-            p.check_device("recv buffer", &*recv)?;
             let op = op.resolve(p.comm)?;
-            let call = Call::new::<T>(Kind::AllReduce(op.raw()), send.len(), p.comm, p.stream)?;
-            p.submit(|a| {
-                let (s, gs) = a.read(send)?;
-                let (r, gr) = a.write(recv)?;
-                Ok((call.buffers(s, r), [gs, gr, op.guard(a)?]))
-            })
+            two_buffers(p, Kind::AllReduce(op.raw()), send.len(), send, recv, Some(op))
         })
     }
 
@@ -131,13 +172,8 @@ pub trait Collectives<'b>: Target<'b> {
         op: impl Reduction<'b, T>,
     ) -> Result<()> {
         self.dispatch(|p| {
-            p.check_device("buffer", &*buf)?;
             let op = op.resolve(p.comm)?;
-            let call = Call::new::<T>(Kind::AllReduce(op.raw()), buf.len(), p.comm, p.stream)?;
-            p.submit(|a| {
-                let (b, g) = a.write(buf)?;
-                Ok((call.buffers(b, b), [g, op.guard(a)?]))
-            })
+            one_buffer(p, Kind::AllReduce(op.raw()), buf.len(), buf, (0, Some(0)), Some(op))
         })
     }
 
@@ -177,12 +213,7 @@ pub trait Collectives<'b>: Target<'b> {
     fn broadcast_in_place<T: NcclType>(self, buf: &'b mut impl DevicePtrMut<T>, root: usize) -> Result<()> {
         self.dispatch(|p| {
             let root = p.check_rank("root", root)?;
-            p.check_device("buffer", &*buf)?;
-            let call = Call::new::<T>(Kind::Broadcast(root), buf.len(), p.comm, p.stream)?;
-            p.submit(|a| {
-                let (b, g) = a.write(buf)?;
-                Ok((call.buffers(b, b), [g]))
-            })
+            one_buffer(p, Kind::Broadcast(root), buf.len(), buf, (0, Some(0)), None)
         })
     }
 
@@ -228,14 +259,10 @@ pub trait Collectives<'b>: Target<'b> {
     ) -> Result<()> {
         self.dispatch(|p| {
             let root_rank = p.check_rank("root", root)?;
-            p.check_device("buffer", &*buf)?;
             let op = op.resolve(p.comm)?;
-            let call = Call::new::<T>(Kind::Reduce(op.raw(), root_rank), buf.len(), p.comm, p.stream)?;
-            let at_root = root == p.comm.rank();
-            p.submit(|a| {
-                let (b, g) = a.write(buf)?;
-                Ok((call.buffers(b, if at_root { b } else { 0 }), [g, op.guard(a)?]))
-            })
+            // Off the root, NCCL takes a null receive buffer: the buffer is only read there.
+            let recv = (root == p.comm.rank()).then_some(0);
+            one_buffer(p, Kind::Reduce(op.raw(), root_rank), buf.len(), buf, (0, recv), Some(op))
         })
     }
 
@@ -245,14 +272,7 @@ pub trait Collectives<'b>: Target<'b> {
     fn all_gather<T: NcclType>(self, send: &'b impl DevicePtr<T>, recv: &'b mut impl DevicePtrMut<T>) -> Result<()> {
         self.dispatch(|p| {
             expect_len("recv buffer", times("send buffer", send.len(), p.comm.size())?, recv.len())?;
-            p.check_device("send buffer", send)?;
-            p.check_device("recv buffer", &*recv)?;
-            let call = Call::new::<T>(Kind::AllGather, send.len(), p.comm, p.stream)?;
-            p.submit(|a| {
-                let (s, gs) = a.read(send)?;
-                let (r, gr) = a.write(recv)?;
-                Ok((call.buffers(s, r), [gs, gr]))
-            })
+            two_buffers(p, Kind::AllGather, send.len(), send, recv, None)
         })
     }
 
@@ -263,13 +283,8 @@ pub trait Collectives<'b>: Target<'b> {
     fn all_gather_in_place<T: NcclType>(self, buf: &'b mut impl DevicePtrMut<T>) -> Result<()> {
         self.dispatch(|p| {
             let count = blocks("buffer", buf.len(), p.comm.size())?;
-            p.check_device("buffer", &*buf)?;
-            let call = Call::new::<T>(Kind::AllGather, count, p.comm, p.stream)?;
-            let offset = block_offset::<T>(p.comm.rank(), count);
-            p.submit(|a| {
-                let (b, g) = a.write(buf)?;
-                Ok((call.buffers(b + offset, b), [g]))
-            })
+            let own = block_offset::<T>(p.comm.rank(), count);
+            one_buffer(p, Kind::AllGather, count, buf, (own, Some(0)), None)
         })
     }
 
@@ -284,15 +299,8 @@ pub trait Collectives<'b>: Target<'b> {
     ) -> Result<()> {
         self.dispatch(|p| {
             expect_len("send buffer", times("recv buffer", recv.len(), p.comm.size())?, send.len())?;
-            p.check_device("send buffer", send)?;
-            p.check_device("recv buffer", &*recv)?;
             let op = op.resolve(p.comm)?;
-            let call = Call::new::<T>(Kind::ReduceScatter(op.raw()), recv.len(), p.comm, p.stream)?;
-            p.submit(|a| {
-                let (s, gs) = a.read(send)?;
-                let (r, gr) = a.write(recv)?;
-                Ok((call.buffers(s, r), [gs, gr, op.guard(a)?]))
-            })
+            two_buffers(p, Kind::ReduceScatter(op.raw()), recv.len(), send, recv, Some(op))
         })
     }
 
@@ -308,14 +316,9 @@ pub trait Collectives<'b>: Target<'b> {
     ) -> Result<()> {
         self.dispatch(|p| {
             let count = blocks("buffer", buf.len(), p.comm.size())?;
-            p.check_device("buffer", &*buf)?;
+            let own = block_offset::<T>(p.comm.rank(), count);
             let op = op.resolve(p.comm)?;
-            let call = Call::new::<T>(Kind::ReduceScatter(op.raw()), count, p.comm, p.stream)?;
-            let offset = block_offset::<T>(p.comm.rank(), count);
-            p.submit(|a| {
-                let (b, g) = a.write(buf)?;
-                Ok((call.buffers(b, b + offset), [g, op.guard(a)?]))
-            })
+            one_buffer(p, Kind::ReduceScatter(op.raw()), count, buf, (0, Some(own)), Some(op))
         })
     }
 
@@ -329,14 +332,7 @@ pub trait Collectives<'b>: Target<'b> {
         self.dispatch(|p| {
             expect_len("recv buffer", send.len(), recv.len())?;
             let count = blocks("send buffer", send.len(), p.comm.size())?;
-            p.check_device("send buffer", send)?;
-            p.check_device("recv buffer", &*recv)?;
-            let call = Call::new::<T>(Kind::AlltoAll, count, p.comm, p.stream)?;
-            p.submit(|a| {
-                let (s, gs) = a.read(send)?;
-                let (r, gr) = a.write(recv)?;
-                Ok((call.buffers(s, r), [gs, gr]))
-            })
+            two_buffers(p, Kind::AlltoAll, count, send, recv, None)
         })
     }
 
@@ -356,14 +352,7 @@ pub trait Collectives<'b>: Target<'b> {
         self.dispatch(|p| {
             let root = p.check_rank("root", root)?;
             expect_len("recv buffer", times("send buffer", send.len(), p.comm.size())?, recv.len())?;
-            p.check_device("send buffer", send)?;
-            p.check_device("recv buffer", &*recv)?;
-            let call = Call::new::<T>(Kind::Gather(root), send.len(), p.comm, p.stream)?;
-            p.submit(|a| {
-                let (s, gs) = a.read(send)?;
-                let (r, gr) = a.write(recv)?;
-                Ok((call.buffers(s, r), [gs, gr]))
-            })
+            two_buffers(p, Kind::Gather(root), send.len(), send, recv, None)
         })
     }
 
@@ -382,14 +371,7 @@ pub trait Collectives<'b>: Target<'b> {
         self.dispatch(|p| {
             let root = p.check_rank("root", root)?;
             expect_len("send buffer", times("recv buffer", recv.len(), p.comm.size())?, send.len())?;
-            p.check_device("send buffer", send)?;
-            p.check_device("recv buffer", &*recv)?;
-            let call = Call::new::<T>(Kind::Scatter(root), recv.len(), p.comm, p.stream)?;
-            p.submit(|a| {
-                let (s, gs) = a.read(send)?;
-                let (r, gr) = a.write(recv)?;
-                Ok((call.buffers(s, r), [gs, gr]))
-            })
+            two_buffers(p, Kind::Scatter(root), recv.len(), send, recv, None)
         })
     }
 

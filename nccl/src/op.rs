@@ -25,7 +25,7 @@ mod sealed {
     pub trait Sealed {}
 }
 
-use sealed::OpUse;
+pub(crate) use sealed::OpUse;
 
 /// A reduction operator for elements of type `T`: a built-in [`ReduceOp`] (any communicator, any
 /// type) or a [`&PreMulSum`](PreMulSum) (only its communicator and its type). Sealed.
@@ -100,25 +100,10 @@ impl<'a, T: NcclType> PreMulSum<'a, T> {
     #[doc(alias = "ncclRedOpCreatePreMulSum")]
     #[doc(alias = "ncclScalarHostImmediate")]
     pub fn host(comm: &'a Comm, scalar: T) -> Result<Self> {
-        check_type::<T>(lib_version()?)?;
         let mut value = scalar;
-        let mut raw = ncclRedOp_t(0);
-        let c = comm.as_raw();
-        // SAFETY: with ncclScalarHostImmediate NCCL reads one element of the data type from the
-        // pointer before returning; it points at a live local of type `T`, whose size matches
-        // `T::DATA_TYPE` (sealed trait). `raw` is a live out-pointer; `c` a live communicator.
-        unsafe {
-            call!(
-                ncclRedOpCreatePreMulSum(
-                    &mut raw,
-                    (&mut value as *mut T).cast::<c_void>(),
-                    T::DATA_TYPE.raw(),
-                    ncclScalarResidence_t::ncclScalarHostImmediate,
-                    c,
-                ),
-                comm = c
-            )
-        }?;
+        let scalar_ptr = (&mut value as *mut T).cast::<c_void>();
+        // SAFETY: NCCL reads one `T` from the pointer before returning; it points at a live local.
+        let raw = unsafe { create::<T>(comm, scalar_ptr, ncclScalarResidence_t::ncclScalarHostImmediate) }?;
         Ok(PreMulSum { comm, raw, scalar: None })
     }
 
@@ -130,7 +115,6 @@ impl<'a, T: NcclType> PreMulSum<'a, T> {
     #[doc(alias = "ncclRedOpCreatePreMulSum")]
     #[doc(alias = "ncclScalarDevice")]
     pub fn device(comm: &'a Comm, scalar: &'a impl DevicePtr<T>) -> Result<Self> {
-        check_type::<T>(lib_version()?)?;
         if scalar.len() != 1 {
             return Err(Error::LengthMismatch { what: "PreMulSum scalar", expected: 1, got: scalar.len() });
         }
@@ -139,29 +123,36 @@ impl<'a, T: NcclType> PreMulSum<'a, T> {
             return Err(Error::WrongDevice { what: "PreMulSum scalar", expected: comm.device(), got });
         }
         let access = Access::new(comm.stream());
-        let (ptr, guard) = access.read(scalar)?;
+        let (ptr, _guard) = access.read(scalar)?;
         comm.context().check_err()?;
-        let mut raw = ncclRedOp_t(0);
-        let c = comm.as_raw();
-        // SAFETY: with ncclScalarDevice NCCL keeps the pointer and reads one element of the data
-        // type from it while each collective using the operator runs. It points at a one-element
-        // buffer of `T` on the communicator's device (checked), borrowed for 'a, the operator's
-        // lifetime; each call using the operator takes its own read access to it (`OpUse::guard`).
-        unsafe {
-            call!(
-                ncclRedOpCreatePreMulSum(
-                    &mut raw,
-                    ptr as *mut c_void,
-                    T::DATA_TYPE.raw(),
-                    ncclScalarResidence_t::ncclScalarDevice,
-                    c,
-                ),
-                comm = c
-            )
-        }?;
-        drop(guard);
+        // SAFETY: NCCL keeps the pointer and reads one `T` from it while each collective using the
+        // operator runs. It points at a one-element buffer of `T` on the communicator's device
+        // (checked), borrowed for 'a, the operator's lifetime; each call using the operator takes
+        // its own read access to it (`OpUse::guard`).
+        let raw = unsafe { create::<T>(comm, ptr as *mut c_void, ncclScalarResidence_t::ncclScalarDevice) }?;
         Ok(PreMulSum { comm, raw, scalar: Some(scalar) })
     }
+}
+
+/// `ncclRedOpCreatePreMulSum` for elements of type `T` on `comm`.
+///
+/// # Safety
+///
+/// `scalar` points at one `T`: on the host, readable until this returns, for
+/// `ncclScalarHostImmediate`; on `comm`'s device, readable by every collective that uses the
+/// operator until it has run, for `ncclScalarDevice`.
+unsafe fn create<T: NcclType>(
+    comm: &Comm,
+    scalar: *mut c_void,
+    residence: ncclScalarResidence_t,
+) -> Result<ncclRedOp_t> {
+    check_type::<T>(lib_version()?)?;
+    let mut raw = ncclRedOp_t(0);
+    let c = comm.as_raw();
+    // SAFETY: `raw` is a live out-pointer; `c` a live communicator; the scalar is as this
+    // function's contract says, of the size of `T::DATA_TYPE` (sealed trait).
+    unsafe { call!(ncclRedOpCreatePreMulSum(&mut raw, scalar, T::DATA_TYPE.raw(), residence, c), comm = c) }?;
+    Ok(raw)
 }
 
 impl<'a, T> PreMulSum<'a, T> {

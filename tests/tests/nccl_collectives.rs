@@ -401,58 +401,50 @@ fn check_every_type(l: &Local) {
     check_ops::<float8::F8E5M2>(l);
 }
 
+/// An in-place all-reduce on every local rank, each with its own operator.
+fn all_reduce_each<T: NcclType>(
+    l: &Local,
+    bufs: &mut [impl cudarc::driver::DevicePtrMut<T>],
+    ops: &[PreMulSum<'_, T>],
+) {
+    group(|g| {
+        for ((c, b), op) in l.comms.iter().zip(bufs.iter_mut()).zip(ops) {
+            g.with(c).all_reduce_in_place(b, op)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+}
+
 /// PreMulSum with a host scalar (f32 and i32) and a device scalar (a cudarc buffer and a
 /// MemBuffer), one operator per communicator.
 fn check_premulsum(l: &Local) {
     let n = l.size();
     let s = |i| sum_v(n, i);
+    let values = |r| (0..M).map(|i| v(r, i)).collect();
 
     let host: Vec<_> = l.comms.iter().map(|c| PreMulSum::host(c, 2.0f32).unwrap()).collect();
-    let mut bufs = l.up(|r| (0..M).map(|i| v(r, i)).collect());
-    group(|g| {
-        for ((c, b), op) in l.comms.iter().zip(bufs.iter_mut()).zip(&host) {
-            g.with(c).all_reduce_in_place(b, op)?;
-        }
-        Ok(())
-    })
-    .unwrap();
+    let mut bufs = l.up(values);
+    all_reduce_each(l, &mut bufs, &host);
     l.expect("PreMulSum host scalar 2 (f32)", &bufs, |_, i| Some(2.0 * s(i)));
 
     let host_i: Vec<_> = l.comms.iter().map(|c| PreMulSum::host(c, 3i32).unwrap()).collect();
     let mut ints = l.up(|r| (0..M as i32).map(|i| r as i32 + i).collect());
-    group(|g| {
-        for ((c, b), op) in l.comms.iter().zip(ints.iter_mut()).zip(&host_i) {
-            g.with(c).all_reduce_in_place(b, op)?;
-        }
-        Ok(())
-    })
-    .unwrap();
+    all_reduce_each(l, &mut ints, &host_i);
     let rank_sum = (n * (n - 1) / 2) as i32;
     l.expect("PreMulSum host scalar 3 (i32)", &ints, |_, i| Some(3 * (rank_sum + n as i32 * i as i32)));
 
     let scalars = l.up(|_| vec![0.5f32]);
     let device: Vec<_> = l.comms.iter().zip(&scalars).map(|(c, x)| PreMulSum::device(c, x).unwrap()).collect();
-    let mut bufs = l.up(|r| (0..M).map(|i| v(r, i)).collect());
-    group(|g| {
-        for ((c, b), op) in l.comms.iter().zip(bufs.iter_mut()).zip(&device) {
-            g.with(c).all_reduce_in_place(b, op)?;
-        }
-        Ok(())
-    })
-    .unwrap();
+    let mut bufs = l.up(values);
+    all_reduce_each(l, &mut bufs, &device);
     l.expect("PreMulSum device scalar 0.5 (cudarc buffer)", &bufs, |_, i| Some(0.5 * s(i)));
     drop(device);
 
     let mem_scalars: Vec<_> = l.comms.iter().map(|c| MemBuffer::from_host(c.stream(), &[4.0f32]).unwrap()).collect();
     let device: Vec<_> = l.comms.iter().zip(&mem_scalars).map(|(c, x)| PreMulSum::device(c, x).unwrap()).collect();
-    let mut bufs = l.up(|r| (0..M).map(|i| v(r, i)).collect());
-    group(|g| {
-        for ((c, b), op) in l.comms.iter().zip(bufs.iter_mut()).zip(&device) {
-            g.with(c).all_reduce_in_place(b, op)?;
-        }
-        Ok(())
-    })
-    .unwrap();
+    let mut bufs = l.up(values);
+    all_reduce_each(l, &mut bufs, &device);
     l.expect("PreMulSum device scalar 4 (MemBuffer)", &bufs, |_, i| Some(4.0 * s(i)));
     for op in device {
         op.destroy().map_err(|(_, e)| e).unwrap();
