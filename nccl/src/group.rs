@@ -57,22 +57,27 @@ impl Drop for Open {
 /// requires one thread to issue all operations of a group.
 pub struct Group<'a> {
     _one_thread: PhantomData<*const ()>,
-    calls: RefCell<Vec<Call>>,
+    recorded: RefCell<Recorded<'a>>,
+}
+
+/// What a group has recorded so far.
+#[derive(Default)]
+struct Recorded<'a> {
+    calls: Vec<Call>,
     /// Each (communicator, stream) pair with calls, to settle after the end.
-    settle: RefCell<Vec<(&'a Comm, &'a Arc<CudaStream>)>>,
+    settle: Vec<(&'a Comm, &'a Arc<CudaStream>)>,
     /// One access per stream: a stream's capture state is asked at most once per group.
-    accesses: RefCell<Vec<Access<'a>>>,
+    accesses: Vec<Access<'a>>,
     /// The recorded calls' stream guards, released after the group is settled.
-    guards: RefCell<Vec<SyncOnDrop<'a>>>,
-    refused: Cell<usize>,
+    guards: Vec<SyncOnDrop<'a>>,
+    /// Calls refused inside the group.
+    refused: usize,
 }
 
 impl std::fmt::Debug for Group<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Group")
-            .field("calls", &self.calls.borrow().len())
-            .field("refused", &self.refused.get())
-            .finish()
+        let recorded = self.recorded.borrow();
+        f.debug_struct("Group").field("calls", &recorded.calls.len()).field("refused", &recorded.refused).finish()
     }
 }
 
@@ -94,14 +99,7 @@ impl std::fmt::Debug for Member<'_, '_> {
 
 impl<'a> Group<'a> {
     fn new() -> Self {
-        Group {
-            _one_thread: PhantomData,
-            calls: RefCell::new(Vec::new()),
-            settle: RefCell::new(Vec::new()),
-            accesses: RefCell::new(Vec::new()),
-            guards: RefCell::new(Vec::new()),
-            refused: Cell::new(0),
-        }
+        Group { _one_thread: PhantomData, recorded: RefCell::new(Recorded::default()) }
     }
 
     /// `comm` as a member of this group, on its own stream: `g.with(&comm).all_reduce(..)`.
@@ -117,24 +115,22 @@ impl<'a> Group<'a> {
         stream: &'a Arc<CudaStream>,
         take: impl FnOnce(&Access<'a>) -> Result<(Call, [SyncOnDrop<'a>; N])>,
     ) -> Result<()> {
-        let (call, guards) = {
-            let mut accesses = self.accesses.borrow_mut();
-            let i = match accesses.iter().position(|a| same_stream(a.stream(), stream)) {
-                Some(i) => i,
-                None => {
-                    accesses.push(Access::new(stream));
-                    accesses.len() - 1
-                }
-            };
-            take(&accesses[i])?
+        let mut recorded = self.recorded.borrow_mut();
+        let accesses = &mut recorded.accesses;
+        let i = match accesses.iter().position(|a| same_stream(a.stream(), stream)) {
+            Some(i) => i,
+            None => {
+                accesses.push(Access::new(stream));
+                accesses.len() - 1
+            }
         };
+        let (call, guards) = take(&accesses[i])?;
         // cudarc records failed waits in the context instead of returning them.
         stream.context().check_err()?;
-        self.calls.borrow_mut().push(call);
-        self.guards.borrow_mut().extend(guards);
-        let mut settle = self.settle.borrow_mut();
-        if !settle.iter().any(|(c, s)| c.as_raw() == comm.as_raw() && same_stream(s, stream)) {
-            settle.push((comm, stream));
+        recorded.calls.push(call);
+        recorded.guards.extend(guards);
+        if !recorded.settle.iter().any(|(c, s)| c.as_raw() == comm.as_raw() && same_stream(s, stream)) {
+            recorded.settle.push((comm, stream));
         }
         Ok(())
     }
@@ -143,14 +139,14 @@ impl<'a> Group<'a> {
     /// or `ncclGroupSimulateEnd` and is named `name`), then settles each communicator's work; the
     /// guards are released afterwards, when the group is dropped.
     fn launch(&mut self, name: &'static str, end: impl FnOnce() -> ncclResult_t) -> Result<()> {
-        let calls = self.calls.get_mut();
-        if calls.is_empty() {
+        let recorded = self.recorded.get_mut();
+        if recorded.calls.is_empty() {
             return Ok(());
         }
         // SAFETY: no NCCL group is open on this thread (this crate opens them only here).
         unsafe { call!(ncclGroupStart()) }?;
         let mut issued = Ok(());
-        for c in calls.iter() {
+        for c in recorded.calls.iter() {
             // SAFETY: each call was built by a `Collectives` method, whose checks make its pointers
             // valid for its count, type and ranks on its communicator's device; the buffers are
             // borrowed for 'a and their guards are held by `self` until after the settling below.
@@ -163,25 +159,26 @@ impl<'a> Group<'a> {
         }
         let rc = end();
         let mut settled = Ok(());
-        for (comm, stream) in self.settle.get_mut().iter() {
+        for (comm, stream) in recorded.settle.iter() {
             let s = comm.settle(name, rc, stream);
             if settled.is_ok() {
                 settled = s;
             }
         }
-        issued.and(settled).and_then(|()| self.join_streams())
+        issued.and(settled).and_then(|()| recorded.join_streams())
     }
+}
 
+impl Recorded<'_> {
     /// A buffer read by calls on two streams of one device in the same group is used by both
     /// streams at once once the group launches, but its ordering state (a cudarc event, a
     /// [`StreamTracker`](gpucomm_ordering::StreamTracker)) can name only one of them as the last
     /// user. So when a group's calls went to several streams of a device, each of those streams
     /// waits for the others' work: whichever one a buffer names, later uses wait for the whole
     /// group. Groups on one stream per device (the usual case) skip this.
-    fn join_streams(&mut self) -> Result<()> {
-        let pairs = self.settle.get_mut();
-        for (i, (_, a)) in pairs.iter().enumerate() {
-            for (j, (_, b)) in pairs.iter().enumerate() {
+    fn join_streams(&self) -> Result<()> {
+        for (i, (_, a)) in self.settle.iter().enumerate() {
+            for (j, (_, b)) in self.settle.iter().enumerate() {
                 let same_device = a.context().cu_ctx() == b.context().cu_ctx();
                 if i != j && same_device && !same_stream(a, b) {
                     a.join(b)?;
@@ -206,7 +203,7 @@ impl<'a> Target<'a> for Member<'_, 'a> {
         let result = check_stream(self.comm, self.stream)
             .and_then(|()| body(Plan::recorded(self.comm, self.stream, self.group)));
         if result.is_err() {
-            self.group.refused.set(self.group.refused.get() + 1);
+            self.group.recorded.borrow_mut().refused += 1;
         }
         result
     }
@@ -232,12 +229,12 @@ fn run<'a, R>(
         let _open = Open::enter();
         f(&mut group)
     }?;
-    let refused = group.refused.get();
-    if refused > 0 {
-        return Err(Error::GroupRefused { refused });
+    let recorded = group.recorded.get_mut();
+    if recorded.refused > 0 {
+        return Err(Error::GroupRefused { refused: recorded.refused });
     }
     if simulated {
-        if let Some(c) = group.calls.get_mut().iter().find(|c| c.is_point_to_point()) {
+        if let Some(c) = recorded.calls.iter().find(|c| c.is_point_to_point()) {
             return Err(Error::NotSimulable { call: c.name() });
         }
     }
@@ -346,7 +343,7 @@ mod tests {
     #[test]
     fn a_refused_call_that_the_closure_ignores_still_stops_the_group() {
         let err = group(|g| {
-            g.refused.set(1);
+            g.recorded.borrow_mut().refused = 1;
             Ok(())
         })
         .unwrap_err();
