@@ -1,5 +1,5 @@
 //! Every NCCL communication call — collectives and point-to-point — written once, for every
-//! target: a communicator on its own stream, [`Comm::on`] another stream, or a [`crate::Member`]
+//! target: a communicator on its own stream, [`crate::Comm::on`] another stream, or a [`crate::Member`]
 //! of a [`crate::group`].
 //!
 //! Each method checks what NCCL does not (buffer lengths, × the number of ranks where the call

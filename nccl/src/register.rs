@@ -209,6 +209,11 @@ impl Comm {
     /// every rank calls it. See [`Window`].
     #[doc(alias = "ncclCommWindowRegister")]
     pub fn register_window<T>(&self, buf: MemBuffer<T>, flags: WindowFlags) -> Result<Window<'_, T>> {
+        // Inside a group closure the other communicators' registrations come later: this one
+        // would wait for them forever. Several communicators register through `register_windows`.
+        if crate::group::is_open() {
+            return Err(Error::InsideGroup);
+        }
         check_device(self, "window buffer", &buf)?;
         let mut raw = std::ptr::null_mut();
         let rc = register_raw(self, &buf, flags, &mut raw)?;
