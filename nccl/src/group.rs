@@ -143,7 +143,8 @@ impl<'a> Group<'a> {
         if recorded.calls.is_empty() {
             return Ok(());
         }
-        // SAFETY: no NCCL group is open on this thread (this crate opens them only here).
+        // SAFETY: no NCCL group is open on this thread: this crate opens NCCL groups only in its own
+        // functions, which end them before returning.
         unsafe { call!(ncclGroupStart()) }?;
         let mut issued = Ok(());
         for c in recorded.calls.iter() {

@@ -24,11 +24,11 @@
 //!
 //! ```no_run
 //! use cudarc::driver::CudaContext;
+//! use nccl::Collectives; // the communication calls
 //!
 //! let stream = CudaContext::new(0)?.default_stream();
 //! let id = nccl::UniqueId::new()?;
 //! let comm = nccl::Comm::init_rank(stream.clone(), &id, 0, 1)?;
-//! use nccl::Collectives;
 //! let send = stream.clone_htod(&[1.0f32, 2.0, 3.0])?;
 //! let mut recv = stream.alloc_zeros::<f32>(3)?;
 //! comm.all_reduce(&send, &mut recv, nccl::ReduceOp::SUM)?;

@@ -249,7 +249,8 @@ pub fn register_windows<'c, T>(
         check_device(w.comm, "window buffer", &*w.buf)?;
     }
     let end = crate::error::resolve!(ncclGroupEnd)?;
-    // SAFETY: no NCCL group is open on this thread (this crate opens them only in its own scopes).
+    // SAFETY: no NCCL group is open on this thread: this crate opens NCCL groups only in its own
+    // functions, which end them before returning.
     unsafe { call!(ncclGroupStart()) }?;
     let mut registered = Ok(());
     for w in windows.iter_mut() {
