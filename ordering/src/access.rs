@@ -142,13 +142,23 @@ impl Drop for Restore {
 }
 
 /// One idle, never-captured helper stream per context, for taking pointers during captures. It
-/// lives as long as the process (a handful of bytes per GPU).
+/// lives as long as the process (a handful of bytes per GPU). The last one this thread used is
+/// remembered, so that captured calls skip the shared map.
 fn probe(ctx: &Arc<CudaContext>) -> Result<&'static CudaStream, DriverError> {
+    thread_local! {
+        static LAST: Cell<Option<(usize, &'static CudaStream)>> = const { Cell::new(None) };
+    }
     static PROBES: Mutex<Option<HashMap<usize, &'static CudaStream>>> = Mutex::new(None);
+    let key = ctx.cu_ctx() as usize;
+    if let Some((k, p)) = LAST.with(Cell::get) {
+        if k == key {
+            return Ok(p);
+        }
+    }
     let mut probes = PROBES.lock().unwrap_or_else(|e| e.into_inner());
     let map = probes.get_or_insert_with(HashMap::new);
-    let key = ctx.cu_ctx() as usize;
-    if let Some(p) = map.get(&key) {
+    if let Some(&p) = map.get(&key) {
+        LAST.with(|l| l.set(Some((key, p))));
         return Ok(p);
     }
     let stream = relaxed(|| {
@@ -160,5 +170,6 @@ fn probe(ctx: &Arc<CudaContext>) -> Result<&'static CudaStream, DriverError> {
     })?;
     let leaked: &'static Arc<CudaStream> = Box::leak(Box::new(stream));
     map.insert(key, leaked);
+    LAST.with(|l| l.set(Some((key, leaked))));
     Ok(leaked)
 }
