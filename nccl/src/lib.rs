@@ -44,8 +44,11 @@ mod coll;
 mod comm;
 mod error;
 mod group;
+// ncclMemAlloc and ncclCommRegister appeared in NCCL 2.19.
+#[cfg(nccl_2_19)]
 mod mem;
 mod op;
+#[cfg(nccl_2_19)]
 mod register;
 mod target;
 mod types;
@@ -57,8 +60,10 @@ pub use error::{Error, Result, ResultCode};
 pub use group::{group, Group, Member};
 #[cfg(nccl_2_22)]
 pub use group::{simulate, Simulated};
+#[cfg(nccl_2_19)]
 pub use mem::MemBuffer;
 pub use op::{PreMulSum, Reduction};
+#[cfg(nccl_2_19)]
 pub use register::Registration;
 #[cfg(nccl_2_27)]
 pub use register::{register_windows, Window, WindowFlags};

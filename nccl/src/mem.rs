@@ -34,6 +34,7 @@ use crate::error::{call, Error, Result};
 /// Freeing it ([`MemBuffer::free`] or drop) first waits for its last use to finish, on that
 /// stream only, then calls `ncclMemFree`.
 #[doc(alias = "ncclMemAlloc")]
+#[cfg_attr(docsrs, doc(cfg(nccl_2_19)))]
 pub struct MemBuffer<T> {
     ptr: CUdeviceptr,
     len: usize,

@@ -40,6 +40,7 @@ fn check_device<T>(comm: &Comm, what: &'static str, buf: &impl DeviceSlice<T>) -
 /// rank, so it needs no group in single-process multi-GPU use.) Memory from
 /// [`MemBuffer`](crate::MemBuffer) (`ncclMemAlloc`) is what NCCL registers best.
 #[doc(alias = "ncclCommRegister")]
+#[cfg_attr(docsrs, doc(cfg(nccl_2_19)))]
 pub struct Registration<'c, T, B: DevicePtrMut<T>> {
     comm: &'c Comm,
     handle: *mut c_void,
