@@ -17,7 +17,7 @@
 //! `world rank 2 of 4 → rank 1 of 2 in the even half: half sum 4 (ranks 0, 2), world sum 10`.
 
 use nccl::launch::{run_main, Options, Rendezvous};
-use nccl::{Comm, ReduceOp};
+use nccl::{Collectives, Comm, ReduceOp};
 
 const COUNT: usize = 1 << 16;
 

@@ -32,7 +32,7 @@
 use std::time::{Duration, Instant};
 
 use nccl::launch::{run_main, Options, Rendezvous};
-use nccl::{Comm, Config, Error, ReduceOp};
+use nccl::{Collectives, Comm, Config, Error, ReduceOp};
 
 const COUNT: usize = 1 << 16;
 const STEPS: usize = 6;

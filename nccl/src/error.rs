@@ -228,14 +228,6 @@ pub enum Error {
     /// after a failure): nothing can be done with it any more; create a new one.
     #[error("the communicator was aborted")]
     Aborted,
-    /// A length times the number of ranks overflows `usize`.
-    #[error("{len} elements × {ranks} ranks overflows")]
-    CountOverflow {
-        /// The per-rank element count.
-        len: usize,
-        /// The number of ranks.
-        ranks: usize,
-    },
     /// A direct call (collective, init, finalize, nested group) while a group is open on this
     /// thread: NCCL would defer it to the end of the group, after this call had already released
     /// its buffers or needed its result.
@@ -257,6 +249,70 @@ pub enum Error {
     /// NCCL reported success but handed back a null communicator, or a null handle was adopted.
     #[error("null communicator handle")]
     NullCommunicator,
+    // The data path.
+    /// A call or allocation of zero elements. NCCL silently skips empty collectives, which hides
+    /// length bugs (an in-place all-gather on a buffer shorter than the number of ranks, a buffer
+    /// never resized), so this crate refuses them: skip the call instead.
+    #[error("{call} with a count of zero: nothing would move (skip the call instead)")]
+    ZeroCount {
+        /// The C function.
+        call: &'static str,
+    },
+    /// A length multiplied by the number of ranks (or a byte size) does not fit in `usize`.
+    #[error("{what}: {count} × {factor} overflows")]
+    CountOverflow {
+        /// Which length.
+        what: &'static str,
+        /// The length.
+        count: usize,
+        /// What it is multiplied by: the communicator size, or an element size.
+        factor: usize,
+    },
+    /// A buffer that the call splits into one block per rank has a length that is not a multiple
+    /// of the number of ranks.
+    #[error("{what} has {len} elements, which do not split into {ranks} equal blocks")]
+    NotDivisible {
+        /// Which buffer.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+        /// The communicator size.
+        ranks: usize,
+    },
+    /// [`crate::Root::Rank`] named this rank: the root must pass its buffer with
+    /// [`crate::Root::Here`].
+    #[error("{call}: root {rank} is this rank, which must pass its buffer with Root::Here")]
+    RootWithoutBuffer {
+        /// The C function.
+        call: &'static str,
+        /// This rank.
+        rank: usize,
+    },
+    /// A custom reduction operator ([`crate::PreMulSum`]) used with a communicator other than the
+    /// one it was created for: NCCL's operator ids are per communicator.
+    #[error("a custom reduction operator can only be used with the communicator it was created for")]
+    ForeignOp,
+    /// The closure given to [`crate::group`] returned `Ok`, but calls inside it were refused (their
+    /// errors went to the closure, which ignored them). A group is all or nothing, so nothing in
+    /// it was launched.
+    #[error("{refused} call(s) in the group were refused, so nothing in it was launched")]
+    GroupRefused {
+        /// How many calls were refused.
+        refused: usize,
+    },
+    /// A point-to-point call (send, receive, or all-to-all, gather and scatter, which NCCL turns
+    /// into sends and receives) in a [`crate::simulate`]d group. NCCL (2.28) leaves simulated
+    /// point-to-point operations queued on the communicator, where a later group would launch
+    /// them with buffers nobody borrows any more, so such groups are refused.
+    #[error("{call} cannot be simulated: NCCL keeps simulated point-to-point operations queued for a later launch")]
+    NotSimulable {
+        /// The C function.
+        call: &'static str,
+    },
+    /// A buffer's uses could not be ordered: its last use is part of a CUDA graph capture that is
+    /// still open on another stream. (CUDA failures while ordering are [`Error::Cuda`].)
+    #[error(transparent)]
+    Ordering(gpucomm_ordering::OrderError),
 }
 
 impl From<nccl_sys::LoadError> for Error {

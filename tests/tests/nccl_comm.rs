@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaStream;
 use gpucomm_tests::{device_count, require_gpus, skip};
-use nccl::{AbortStatus, Comm, Config, Error, PendingComm, ReduceOp, ResultCode, UniqueId, Version};
+use nccl::{AbortStatus, Collectives, Comm, Config, Error, PendingComm, ReduceOp, ResultCode, UniqueId, Version};
 
 /// Long enough never to fire on a healthy machine; short enough to end a broken test.
 const GENEROUS: Duration = Duration::from_secs(60);

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaContext;
 use gpucomm_tests::require_gpus;
-use nccl::{Comm, Config, Error, PendingComm, ReduceOp, UniqueId};
+use nccl::{Collectives, Comm, Config, Error, PendingComm, ReduceOp, UniqueId};
 
 const TIMEOUT: Duration = Duration::from_secs(3);
 const REPETITIONS: usize = 10;

@@ -62,7 +62,7 @@ impl Spec {
             return Err(CliError::SizeRange(format!("-b {} is larger than -e {}", self.min, self.max)));
         }
         if let Some(why) = nccl_ops::missing(self.coll) {
-            return Err(CliError::Collective { name: self.coll.name().into(), why: why.into() });
+            return Err(CliError::Collective { name: self.coll.name().into(), why });
         }
         Ok(())
     }
@@ -249,52 +249,72 @@ impl<T: Elem> Bench<'_, T> {
     fn check(&mut self, counts: Counts, in_place: bool) -> Result<u64> {
         let comms = self.ranks.comms();
         for (comm, bufs) in comms.iter().zip(self.bufs.iter_mut()) {
-            fill::<T>(comm, bufs, counts, in_place)?;
+            fill::<T>(comm, bufs, self.spec, counts, in_place)?;
         }
         self.start(counts, in_place, 0)?;
         self.complete()?;
         let mut wrong = 0u64;
         for (comm, bufs) in comms.iter().zip(self.bufs.iter_mut()) {
-            wrong += count_wrong::<T>(comm, bufs, self.spec, counts)?;
+            wrong += count_wrong::<T>(comm, bufs, self.spec, counts, in_place)?;
         }
         Ok(self.sum(&[wrong as f64])?[0] as u64)
     }
 }
 
-/// Writes this rank's pattern into the input window (at shift 0) and zeroes the output.
-fn fill<T: Elem>(comm: &Comm, bufs: &mut Buffers<T>, counts: Counts, in_place: bool) -> Result<()> {
+/// Writes this rank's pattern into the input window (at shift 0) and zeroes the output. In place,
+/// the one buffer holds the input as NCCL expects it: all-gather's input is this rank's block of
+/// the output (so block `rank` holds the rank's `count` input elements), the others use the whole
+/// buffer as input.
+fn fill<T: Elem>(comm: &Comm, bufs: &mut Buffers<T>, spec: &Spec, counts: Counts, in_place: bool) -> Result<()> {
     let stream = comm.stream();
-    let window = |what: &str| CliError::Usage(format!("{what} window outside the bench buffers"));
-    let mut recv = bufs.recv.try_slice_mut(0..counts.recv).ok_or_else(|| window("output"))?;
+    let rank = comm.rank();
+    let c = counts.param.max(1);
+    let (_, mut recv) = bufs.views(counts, 0, in_place)?;
     stream.memset_zeros(&mut recv)?;
-    let n_in = if in_place { counts.recv } else { counts.send };
-    let input: Vec<T> = (0..n_in).map(|i| T::pattern(comm.rank(), i)).collect();
     if in_place {
+        let gather = spec.coll == Collective::AllGather;
+        let input: Vec<T> = (0..recv.len()).map(|i| T::pattern(rank, if gather { i % c } else { i })).collect();
         stream.memcpy_htod(&input, &mut recv)?;
     } else {
-        let mut send = bufs.send.try_slice_mut(0..counts.send).ok_or_else(|| window("input"))?;
+        let input: Vec<T> = (0..counts.send).map(|i| T::pattern(rank, i)).collect();
+        let mut send = bufs
+            .send
+            .try_slice_mut(0..counts.send)
+            .ok_or_else(|| CliError::Usage("input window outside the bench buffers".into()))?;
         stream.memcpy_htod(&input, &mut send)?;
     }
     Ok(())
 }
 
-/// The output elements of this rank that differ from the prediction.
-fn count_wrong<T: Elem>(comm: &Comm, bufs: &mut Buffers<T>, spec: &Spec, counts: Counts) -> Result<u64> {
+/// The output elements of this rank that differ from the prediction. Elements NCCL does not
+/// define (a non-root's output of reduce, the other blocks of an in-place reduce-scatter) are not
+/// checked.
+fn count_wrong<T: Elem>(
+    comm: &Comm,
+    bufs: &mut Buffers<T>,
+    spec: &Spec,
+    counts: Counts,
+    in_place: bool,
+) -> Result<u64> {
     let (rank, n) = (comm.rank(), comm.size());
-    let (_, recv) = bufs.views(counts, 0)?;
+    let (_, recv) = bufs.views(counts, 0, in_place)?;
     let got = comm.stream().clone_dtoh(&recv)?;
-    let c = counts.param;
-    let want = |i: usize| -> T {
+    let c = counts.param.max(1);
+    let root = rank == spec.root;
+    let want = |i: usize| -> Option<T> {
         match spec.coll {
-            Collective::AllReduce => reduced(spec.op, n, i),
-            Collective::AllGather => T::pattern(i / c.max(1), i % c.max(1)),
-            Collective::ReduceScatter => reduced(spec.op, n, rank * c + i),
-            Collective::Broadcast => T::pattern(spec.root, i),
-            Collective::SendRecv => T::pattern((rank + n - 1) % n, i),
-            Collective::Reduce | Collective::AllToAll => T::pattern(rank, i),
+            Collective::AllReduce => Some(reduced(spec.op, n, i)),
+            Collective::AllGather => Some(T::pattern(i / c, i % c)),
+            Collective::ReduceScatter if in_place => (i / c == rank).then(|| reduced(spec.op, n, i)),
+            Collective::ReduceScatter => Some(reduced(spec.op, n, rank * c + i)),
+            Collective::Broadcast => Some(T::pattern(spec.root, i)),
+            Collective::Reduce if root => Some(reduced(spec.op, n, i)),
+            Collective::Reduce => in_place.then(|| T::pattern(rank, i)),
+            Collective::AllToAll => Some(T::pattern(i / c, rank * c + i % c)),
+            Collective::SendRecv => Some(T::pattern((rank + n - 1) % n, i)),
         }
     };
-    Ok(got.iter().enumerate().filter(|(i, g)| !T::close(**g, want(*i))).count() as u64)
+    Ok(got.iter().enumerate().filter(|(i, g)| want(*i).is_some_and(|w| !T::close(**g, w))).count() as u64)
 }
 
 #[cfg(test)]

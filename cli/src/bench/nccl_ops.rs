@@ -1,19 +1,18 @@
 //! Every call the bench makes into the `nccl` crate, in one place, so that they can follow the
 //! crate's API as it grows (more collectives, a stream per call, `MemBuffer`).
 //!
-//! Wired today: all_reduce (out-of-place and in-place), all_gather and reduce_scatter
-//! (out-of-place), broadcast (in-place), sendrecv (out-of-place, `ncclSend`/`ncclRecv` in a group).
-//! Not yet: reduce, alltoall, out-of-place broadcast, in-place all_gather / reduce_scatter /
-//! sendrecv (they need aliasing views or calls the crate does not have yet); [`missing`] says so.
+//! Every collective the bench knows, out of place and in place where NCCL has both: all_reduce,
+//! broadcast, reduce, all_gather, reduce_scatter, alltoall (out of place), sendrecv (out of place,
+//! `ncclSend`/`ncclRecv` in a group).
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError};
-use nccl::{Comm, ReduceOp};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DriverError};
+use nccl::{Collectives, Comm, ReduceOp, Root};
 
 use super::coll::{Collective, Counts};
-use crate::error::{CliError, Result};
 use super::elem::Elem;
+use crate::error::{CliError, Result};
 
 /// A stream for one GPU's bench work, on which every buffer of the bench lives.
 ///
@@ -29,23 +28,20 @@ pub fn rank_stream(ordinal: usize) -> Result<Arc<CudaStream>, DriverError> {
     ctx.new_stream()
 }
 
-/// Whether the bench can run `coll` out-of-place and in-place with today's `nccl` crate.
+/// Whether the bench can run `coll` out-of-place and in-place: every collective has both, except
+/// all-to-all and sendrecv, which NCCL has only out of place.
 pub fn variants(coll: Collective) -> (bool, bool) {
     match coll {
-        Collective::AllReduce => (true, true),
-        Collective::AllGather | Collective::ReduceScatter | Collective::SendRecv => (true, false),
-        Collective::Broadcast => (false, true),
-        Collective::Reduce | Collective::AllToAll => (false, false),
+        Collective::AllToAll | Collective::SendRecv => (true, false),
+        _ => (true, true),
     }
 }
 
-/// Why `coll` cannot be run at all yet, if so.
-pub fn missing(coll: Collective) -> Option<&'static str> {
-    match coll {
-        Collective::Reduce => Some("the nccl crate has no reduce yet (ncclReduce); it comes with the crate's next collectives"),
-        Collective::AllToAll => Some("the nccl crate has no all_to_all yet (ncclAlltoAll, NCCL ≥ 2.28); it comes with the crate's next collectives"),
-        _ => None,
-    }
+/// Why `coll` cannot be run at all, if so: all-to-all needs a loaded NCCL ≥ 2.28.3.
+pub fn missing(coll: Collective) -> Option<String> {
+    let loaded = nccl::version().ok()?;
+    (coll == Collective::AllToAll && loaded < nccl::Version::new(2, 28, 3))
+        .then(|| format!("ncclAlltoAll needs NCCL ≥ 2.28.3; the loaded library is {loaded}"))
 }
 
 /// One rank's send and receive buffers, each large enough for the largest size at any shift.
@@ -62,11 +58,21 @@ impl<T: Elem> Buffers<T> {
         Ok(Buffers { send: stream.alloc_zeros(len)?, recv: stream.alloc_zeros(len)? })
     }
 
-    /// The windows one call uses: `counts.send` / `counts.recv` elements from element `shift`.
-    pub fn views(&mut self, counts: Counts, shift: usize) -> Result<(CudaView<'_, T>, CudaViewMut<'_, T>)> {
+    /// The windows one call uses: `counts.send` / `counts.recv` elements from element `shift`
+    /// (out of place), or one window of the larger of the two in the receive buffer (in place,
+    /// as nccl-tests does: all-gather's input is the rank's block of its output, reduce-scatter's
+    /// output the rank's block of its input).
+    pub fn views(
+        &mut self,
+        counts: Counts,
+        shift: usize,
+        in_place: bool,
+    ) -> Result<(CudaView<'_, T>, CudaViewMut<'_, T>)> {
         let out_of_range = || CliError::Usage(format!("window {shift}+{counts:?} outside the bench buffers"));
-        let send = self.send.try_slice(shift..shift + counts.send).ok_or_else(out_of_range)?;
-        let recv = self.recv.try_slice_mut(shift..shift + counts.recv).ok_or_else(out_of_range)?;
+        let (send_len, recv_len) =
+            if in_place { (0, counts.send.max(counts.recv)) } else { (counts.send, counts.recv) };
+        let send = self.send.try_slice(shift..shift + send_len).ok_or_else(out_of_range)?;
+        let recv = self.recv.try_slice_mut(shift..shift + recv_len).ok_or_else(out_of_range)?;
         Ok((send, recv))
     }
 }
@@ -78,7 +84,7 @@ pub struct Call {
     pub coll: Collective,
     /// The reduction.
     pub op: ReduceOp,
-    /// Root of broadcast.
+    /// Root of broadcast and reduce.
     pub root: usize,
     /// Element counts.
     pub counts: Counts,
@@ -88,51 +94,65 @@ pub struct Call {
     pub in_place: bool,
 }
 
-fn not_wired(call: &Call) -> CliError {
-    let variant = if call.in_place { "in-place" } else { "out-of-place" };
-    CliError::Collective { name: call.coll.to_string(), why: format!("{variant} is not wired into gpucomm bench yet") }
+/// Issues one call on `target` (a communicator, or a member of a group; `here` says whether this
+/// rank is the root): the one place that maps the bench's collectives to the `nccl` crate. Sendrecv is a send to rank + 1 and a receive from
+/// rank − 1, which NCCL needs in one group: `pair` issues them together.
+fn one<'b, C: Collectives<'b>, T: Elem>(
+    target: C,
+    here: bool,
+    call: &Call,
+    send: &'b CudaView<'_, T>,
+    recv: &'b mut CudaViewMut<'_, T>,
+    pair: impl FnOnce(&'b CudaView<'_, T>, &'b mut CudaViewMut<'_, T>) -> nccl::Result<()>,
+) -> nccl::Result<()> {
+    let (op, root) = (call.op, call.root);
+    match (call.coll, call.in_place) {
+        (Collective::AllReduce, false) => target.all_reduce(send, recv, op),
+        (Collective::AllReduce, true) => target.all_reduce_in_place(recv, op),
+        (Collective::Broadcast, false) => {
+            let from: Root<&dyn DevicePtr<T>> = if here { Root::Here(send) } else { Root::Rank(root) };
+            target.broadcast(from, recv)
+        }
+        (Collective::Broadcast, true) => target.broadcast_in_place(recv, root),
+        (Collective::Reduce, false) => {
+            let to: Root<&mut dyn DevicePtrMut<T>> = if here { Root::Here(recv) } else { Root::Rank(root) };
+            target.reduce(send, to, op)
+        }
+        (Collective::Reduce, true) => target.reduce_in_place(recv, op, root),
+        (Collective::AllGather, false) => target.all_gather(send, recv),
+        (Collective::AllGather, true) => target.all_gather_in_place(recv),
+        (Collective::ReduceScatter, false) => target.reduce_scatter(send, recv, op),
+        (Collective::ReduceScatter, true) => target.reduce_scatter_in_place(recv, op),
+        (Collective::AllToAll, false) => target.all_to_all(send, recv),
+        (Collective::SendRecv, false) => pair(send, recv),
+        _ => unreachable!("variants() refuses the rest before any call"),
+    }
 }
 
 /// Enqueues one call on `comm` (one process per GPU).
 pub fn issue<T: Elem>(comm: &Comm, call: &Call, bufs: &mut Buffers<T>) -> Result<()> {
-    let (send, mut recv) = bufs.views(call.counts, call.shift)?;
+    let (send, mut recv) = bufs.views(call.counts, call.shift, call.in_place)?;
     let (rank, n) = (comm.rank(), comm.size());
-    Ok(match (call.coll, call.in_place) {
-        (Collective::AllReduce, false) => comm.all_reduce(&send, &mut recv, call.op),
-        (Collective::AllReduce, true) => comm.all_reduce_in_place(&mut recv, call.op),
-        (Collective::AllGather, false) => comm.all_gather(&send, &mut recv),
-        (Collective::ReduceScatter, false) => comm.reduce_scatter(&send, &mut recv, call.op),
-        (Collective::Broadcast, true) => comm.broadcast_in_place(&mut recv, call.root),
-        (Collective::SendRecv, false) => nccl::group(|g| {
-            g.send(comm, &send, (rank + 1) % n)?;
-            g.recv(comm, &mut recv, (rank + n - 1) % n)
-        }),
-        _ => return Err(not_wired(call)),
-    }?)
+    Ok(one(comm, rank == call.root, call, &send, &mut recv, |send, recv| {
+        nccl::group(|g| {
+            g.with(comm).send(send, (rank + 1) % n)?;
+            g.with(comm).recv(recv, (rank + n - 1) % n)
+        })
+    })?)
 }
 
 /// Enqueues one call on every communicator of this process, in one group (`-g N`).
 pub fn issue_group<T: Elem>(comms: &[Comm], call: &Call, bufs: &mut [Buffers<T>]) -> Result<()> {
-    if !matches!(variants(call.coll), (true, _) if !call.in_place) && !matches!(variants(call.coll), (_, true) if call.in_place) {
-        return Err(not_wired(call));
-    }
-    let mut views = bufs.iter_mut().map(|b| b.views(call.counts, call.shift)).collect::<Result<Vec<_>>>()?;
-    let views = &mut views;
-    Ok(nccl::group(move |g| {
+    let mut views =
+        bufs.iter_mut().map(|b| b.views(call.counts, call.shift, call.in_place)).collect::<Result<Vec<_>>>()?;
+    Ok(nccl::group(|g| {
         for (comm, (send, recv)) in comms.iter().zip(views.iter_mut()) {
             let (rank, n) = (comm.rank(), comm.size());
-            match (call.coll, call.in_place) {
-                (Collective::AllReduce, false) => g.all_reduce(comm, send, recv, call.op)?,
-                (Collective::AllReduce, true) => g.all_reduce_in_place(comm, recv, call.op)?,
-                (Collective::AllGather, false) => g.all_gather(comm, send, recv)?,
-                (Collective::ReduceScatter, false) => g.reduce_scatter(comm, send, recv, call.op)?,
-                (Collective::Broadcast, true) => g.broadcast_in_place(comm, recv, call.root)?,
-                (Collective::SendRecv, false) => {
-                    g.send(comm, send, (rank + 1) % n)?;
-                    g.recv(comm, recv, (rank + n - 1) % n)?;
-                }
-                _ => unreachable!("refused above"),
-            }
+            let member = g.with(comm);
+            one(member, rank == call.root, call, send, recv, |send, recv| {
+                member.send(send, (rank + 1) % n)?;
+                member.recv(recv, (rank + n - 1) % n)
+            })?;
         }
         Ok(())
     })?)
