@@ -154,6 +154,34 @@ pub enum Error {
     /// NCCL reported success but handed back a null communicator, or a null handle was adopted.
     #[error("null communicator handle")]
     NullCommunicator,
+    // The device API.
+    /// NVLink multicast was requested; this crate never requests it (it can take shared GPUs out of
+    /// service).
+    #[error("NVLink multicast (multimem/NVLS) was requested; this crate never requests it")]
+    MulticastRefused,
+    /// GIN (GPU-initiated networking) was requested but NCCL could not provide it: it needs a
+    /// GIN-capable network (InfiniBand with GPUDirect), which this machine does not offer to NCCL.
+    #[error("GIN is not available on this machine (needs a GIN-capable network such as InfiniBand with GPUDirect); NCCL said {code}{}", detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default())]
+    GinUnavailable {
+        /// NCCL's result code.
+        code: ResultCode,
+        /// `ncclGetLastError`, when NCCL had something to say.
+        detail: Option<String>,
+    },
+    /// A device-communicator requirement does not fit NCCL's `int`.
+    #[error("{what} = {value} is more than NCCL accepts")]
+    RequirementTooLarge {
+        /// Which requirement.
+        what: &'static str,
+        /// The value given.
+        value: u32,
+    },
+    /// A resource buffer's alignment is not a power of two.
+    #[error("resource buffer alignment {align} is not a power of two")]
+    ResourceAlignment {
+        /// The alignment given.
+        align: usize,
+    },
 }
 
 impl From<nccl_sys::LoadError> for Error {
@@ -179,6 +207,16 @@ pub(crate) fn lib() -> Result<&'static nccl_sys::Library<nccl_sys::Nccl>> {
 /// The loaded library's version.
 pub(crate) fn lib_version() -> Result<nccl_sys::Version> {
     Ok(lib()?.version())
+}
+
+/// `Ok` when the loaded library is at least `needed`, else [`Error::Unsupported`] naming `what`.
+pub(crate) fn require(needed: nccl_sys::Version, what: &'static str) -> Result<()> {
+    let loaded = lib_version()?;
+    if loaded >= needed {
+        Ok(())
+    } else {
+        Err(Error::Unsupported { what, needed: needed.to_string(), loaded: loaded.to_string() })
+    }
 }
 
 /// Resolves one NCCL function in the loaded library: a missing one is [`Error::MissingFunction`],

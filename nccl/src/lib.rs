@@ -32,6 +32,7 @@
 
 mod coll;
 mod comm;
+pub mod device;
 mod error;
 mod group;
 mod types;
