@@ -15,8 +15,10 @@
 //! machine without one is an [`Error::GinUnavailable`].
 
 use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
 
-use cudarc::driver::DeviceRepr;
+use cudarc::driver::{CudaContext, CudaModule, DeviceRepr};
 use nccl_sys::{
     ncclDevComm, ncclDevCommRequirements, ncclDevResourceHandle_t, ncclDevResourceRequirements, ncclTeam_t,
 };
@@ -303,6 +305,38 @@ impl Drop for DevComm<'_> {
             log::warn!("nccl: ncclDevCommDestroy failed: {e}");
         }
     }
+}
+
+/// The value a kernel takes as an `ncclWindow_t` parameter, borrowed from a
+/// [`Window`](crate::Window) ([`Window::arg`](crate::Window::arg)) so that it cannot outlive it.
+#[repr(transparent)]
+#[derive(Clone, Copy, Debug)]
+pub struct WindowArg<'w> {
+    raw: nccl_sys::ncclWindow_t,
+    _window: PhantomData<&'w ()>,
+}
+
+// SAFETY: `#[repr(transparent)]` over `ncclWindow_t`, a pointer to NCCL's device-visible window
+// descriptor, which kernels take by value.
+unsafe impl DeviceRepr for WindowArg<'_> {}
+
+impl<T> crate::Window<'_, T> {
+    /// The kernel argument for this window (`ncclWindow_t` by value), valid while the window
+    /// lives.
+    pub fn arg(&self) -> WindowArg<'_> {
+        WindowArg { raw: self.as_raw(), _window: PhantomData }
+    }
+}
+
+/// Loads a module of kernels (a cubin or fat binary, e.g. one that
+/// `gpucomm_build_support::build` compiled and the crate embedded) on `ctx`'s device, after
+/// checking that a cubin was built for that GPU: a cubin for another architecture is
+/// [`Error::KernelImage`] naming both, instead of the driver's `CUDA_ERROR_NO_BINARY_FOR_GPU`.
+pub fn load_module(ctx: &Arc<CudaContext>, image: &[u8]) -> Result<Arc<CudaModule>> {
+    let (major, minor) = ctx.compute_capability()?;
+    gpucomm_build_support::cubin::check_arch(image, major as u32, minor as u32)
+        .map_err(|reason| Error::KernelImage { reason })?;
+    Ok(ctx.load_module(cudarc::nvrtc::Ptx::from_binary(image.to_vec()))?)
 }
 
 impl Comm {

@@ -176,6 +176,12 @@ pub enum Error {
         /// The value given.
         value: u32,
     },
+    /// A kernel image cannot run on this GPU (built for another architecture, or not an image).
+    #[error("{reason}")]
+    KernelImage {
+        /// What is wrong, naming the image's and the device's architectures.
+        reason: String,
+    },
     /// A resource buffer's alignment is not a power of two.
     #[error("resource buffer alignment {align} is not a power of two")]
     ResourceAlignment {

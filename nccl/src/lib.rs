@@ -32,6 +32,8 @@
 
 mod coll;
 mod comm;
+#[cfg(nccl_2_28)]
+#[cfg_attr(docsrs, doc(cfg(nccl_2_28)))]
 pub mod device;
 mod error;
 mod group;
