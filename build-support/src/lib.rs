@@ -13,6 +13,7 @@
 #![doc = include_str!("../README.md")]
 #![deny(missing_docs)]
 
+pub mod cubin;
 pub mod emit;
 pub mod env;
 pub mod locate;

@@ -1,5 +1,15 @@
 //! Small helpers the lessons share, so that each example file shows only its lesson.
 
+pub mod bench;
+pub mod lsa;
+
+/// The lessons' CUDA kernels (`examples/kernels/*.cu`), compiled by `build.rs` into module images
+/// for `cuModuleLoadData`: `STEP` (plain CUDA), `LSA_ALLREDUCE` (NCCL device API),
+/// `NVSHMEM_ALLREDUCE` (NVSHMEM, device-linked).
+pub mod kernels {
+    include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+}
+
 use std::error::Error;
 use std::fmt;
 use std::sync::Arc;

@@ -313,6 +313,50 @@ pub enum Error {
     /// still open on another stream. (CUDA failures while ordering are [`Error::Cuda`].)
     #[error(transparent)]
     Ordering(gpucomm_ordering::OrderError),
+    /// A view of elements `start..end` of a buffer of `len` elements: empty or past the end.
+    #[error("view {start}..{end} of a buffer of {len} elements is empty or past its end")]
+    ViewOutOfRange {
+        /// First element.
+        start: usize,
+        /// One past the last element.
+        end: usize,
+        /// The buffer's length.
+        len: usize,
+    },
+    // The device API.
+    /// NVLink multicast was requested; this crate never requests it (it can take shared GPUs out of
+    /// service).
+    #[error("NVLink multicast (multimem/NVLS) was requested; this crate never requests it")]
+    MulticastRefused,
+    /// GIN (GPU-initiated networking) was requested but NCCL could not provide it: it needs a
+    /// GIN-capable network (InfiniBand with GPUDirect), which this machine does not offer to NCCL.
+    #[error("GIN is not available on this machine (needs a GIN-capable network such as InfiniBand with GPUDirect); NCCL said {code}{}", detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default())]
+    GinUnavailable {
+        /// NCCL's result code.
+        code: ResultCode,
+        /// `ncclGetLastError`, when NCCL had something to say.
+        detail: Option<String>,
+    },
+    /// A device-communicator requirement does not fit NCCL's `int`.
+    #[error("{what} = {value} is more than NCCL accepts")]
+    RequirementTooLarge {
+        /// Which requirement.
+        what: &'static str,
+        /// The value given.
+        value: u32,
+    },
+    /// A kernel image cannot run on this GPU (built for another architecture, or not an image).
+    #[error("{reason}")]
+    KernelImage {
+        /// What is wrong, naming the image's and the device's architectures.
+        reason: String,
+    },
+    /// A resource buffer's alignment is not a power of two.
+    #[error("resource buffer alignment {align} is not a power of two")]
+    ResourceAlignment {
+        /// The alignment given.
+        align: usize,
+    },
 }
 
 impl From<nccl_sys::LoadError> for Error {
@@ -338,6 +382,16 @@ pub(crate) fn lib() -> Result<&'static nccl_sys::Library<nccl_sys::Nccl>> {
 /// The loaded library's version.
 pub(crate) fn lib_version() -> Result<nccl_sys::Version> {
     Ok(lib()?.version())
+}
+
+/// `Ok` when the loaded library is at least `needed`, else [`Error::Unsupported`] naming `what`.
+pub(crate) fn require(needed: nccl_sys::Version, what: &'static str) -> Result<()> {
+    let loaded = lib_version()?;
+    if loaded >= needed {
+        Ok(())
+    } else {
+        Err(Error::Unsupported { what, needed: needed.to_string(), loaded: loaded.to_string() })
+    }
 }
 
 /// Resolves one NCCL function in the loaded library: a missing one is [`Error::MissingFunction`],

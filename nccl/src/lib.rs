@@ -48,6 +48,9 @@
 mod call;
 mod coll;
 mod comm;
+#[cfg(nccl_2_28)]
+#[cfg_attr(docsrs, doc(cfg(nccl_2_28)))]
+pub mod device;
 mod error;
 mod group;
 // ncclMemAlloc and ncclCommRegister appeared in NCCL 2.19.
@@ -69,7 +72,7 @@ pub use group::{group, Group, Member};
 #[cfg(nccl_2_22)]
 pub use group::{simulate, Simulated};
 #[cfg(nccl_2_19)]
-pub use mem::MemBuffer;
+pub use mem::{MemBuffer, MemView, MemViewMut};
 pub use op::{PreMulSum, Reduction};
 #[cfg(nccl_2_19)]
 pub use register::Registration;

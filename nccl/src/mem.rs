@@ -4,6 +4,7 @@
 use std::ffi::c_void;
 use std::fmt;
 use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
 use std::sync::Arc;
 
 use cudarc::driver::{sys::CUdeviceptr, CudaStream, DeviceRepr, ValidAsZeroBits};
@@ -44,6 +45,28 @@ pub struct MemBuffer<T> {
 }
 
 gpucomm_ordering::tracked_device_ptr!([T] MemBuffer<T>, |b| (b.ptr, b.len, &b.tracker, &b.home));
+
+/// A read-only view of part of a [`MemBuffer`] ([`MemBuffer::slice`]): a cudarc
+/// [`DevicePtr`](cudarc::driver::DevicePtr) ordered with the buffer's own stream tracking.
+#[derive(Debug)]
+pub struct MemView<'a, T> {
+    buf: &'a MemBuffer<T>,
+    ptr: CUdeviceptr,
+    len: usize,
+}
+
+gpucomm_ordering::tracked_device_ptr!(read ['a, T] MemView<'a, T>, |v| (v.ptr, v.len, &v.buf.tracker, &v.buf.home));
+
+/// A writable view of part of a [`MemBuffer`] ([`MemBuffer::slice_mut`]): a cudarc
+/// [`DevicePtrMut`](cudarc::driver::DevicePtrMut) ordered with the buffer's own stream tracking.
+#[derive(Debug)]
+pub struct MemViewMut<'a, T> {
+    buf: &'a mut MemBuffer<T>,
+    ptr: CUdeviceptr,
+    len: usize,
+}
+
+gpucomm_ordering::tracked_device_ptr!(['a, T] MemViewMut<'a, T>, |v| (v.ptr, v.len, &v.buf.tracker, &v.buf.home));
 
 impl<T> fmt::Debug for MemBuffer<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -132,6 +155,39 @@ impl<T> MemBuffer<T> {
     /// The stream-ordering state of the buffer.
     pub fn tracker(&self) -> &StreamTracker {
         &self.tracker
+    }
+
+    /// Elements `range` of the buffer, read-only (like cudarc's `CudaSlice::slice`). The view
+    /// shares the buffer's stream ordering. An empty range or one past the end is
+    /// [`Error::ViewOutOfRange`].
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<MemView<'_, T>> {
+        let (ptr, len) = self.sub(range)?;
+        Ok(MemView { buf: self, ptr, len })
+    }
+
+    /// Elements `range` of the buffer, writable (like cudarc's `CudaSlice::slice_mut`).
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<MemViewMut<'_, T>> {
+        let (ptr, len) = self.sub(range)?;
+        Ok(MemViewMut { buf: self, ptr, len })
+    }
+
+    /// The address and length of `range`, checked.
+    fn sub(&self, range: impl RangeBounds<usize>) -> Result<(CUdeviceptr, usize)> {
+        let start = match range.start_bound() {
+            Bound::Included(&s) => s,
+            Bound::Excluded(&s) => s.saturating_add(1),
+            Bound::Unbounded => 0,
+        };
+        let end = match range.end_bound() {
+            Bound::Included(&e) => e.saturating_add(1),
+            Bound::Excluded(&e) => e,
+            Bound::Unbounded => self.len,
+        };
+        if start >= end || end > self.len {
+            return Err(Error::ViewOutOfRange { start, end, len: self.len });
+        }
+        // In bounds of an allocation of `len` elements, so the offset fits.
+        Ok((self.ptr + (start * size_of::<T>()) as CUdeviceptr, end - start))
     }
 
     /// Waits for the buffer's last use to finish (on that stream only), then frees it
