@@ -46,7 +46,8 @@ with open("bundle/examples.tsv", "w") as out:
 '
 cp tools/gpu-run.sh bundle/run.sh
 cp tools/gpu-nccl-tests.sh bundle/gpu-nccl-tests.sh
-chmod +x bundle/run.sh bundle/gpu-nccl-tests.sh
+cp cli/gpu/*.sh bundle/
+chmod +x bundle/*.sh
 # The reference benchmark's source, built on the GPU machine for side-by-side runs.
 if compgen -G '../shared/ref/nccl-tests-*.tar.gz' >/dev/null; then
     mkdir -p bundle/ref && cp ../shared/ref/nccl-tests-*.tar.gz bundle/ref/

@@ -27,16 +27,16 @@ ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
 MAXBYTES=${MAXBYTES:-8G}
 read -r -a COLLS <<<"${COLLS:-all_reduce all_gather reduce_scatter broadcast sendrecv}"
-REF=${REF:-}
-for c in "$HERE/../../../shared/ref" "$HERE/../../shared/ref" "$HERE/../shared/ref" /work/shared/ref; do
-    [ -z "$REF" ] && [ -f "$c/nccl-tests-2.19.6.tar.gz" ] && REF=$c
+BUILDER=
+for c in "$HERE/gpu-nccl-tests.sh" "$HERE/../../tools/gpu-nccl-tests.sh"; do
+    [ -z "$BUILDER" ] && [ -f "$c" ] && BUILDER=$c
 done
 GPUCOMM=${GPUCOMM:-}
 for c in "$HERE/bin/gpucomm" "$HERE/../bin/gpucomm" "$HERE/../../bin/gpucomm" "$(command -v gpucomm 2>/dev/null)"; do
     [ -z "$GPUCOMM" ] && [ -n "$c" ] && [ -x "$c" ] && GPUCOMM=$c
 done
 [ -x "${GPUCOMM:-}" ] || { echo "gpucomm binary not found: set GPUCOMM=/path/to/gpucomm"; exit 2; }
-[ -f "$REF/nccl-tests-2.19.6.tar.gz" ] || { echo "nccl-tests-2.19.6.tar.gz not found: set REF=<shared/ref>"; exit 2; }
+[ -n "$BUILDER" ] || { echo "gpu-nccl-tests.sh (the nccl-tests builder) not found next to this script"; exit 2; }
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 [ "$NGPU" -ge 2 ] || { echo "needs 2 or more GPUs, found $NGPU"; exit 2; }
 
@@ -45,16 +45,11 @@ mkdir -p "$LOGS"/{mpirun,g} "$OUTDIR"/bench/{mpirun,g}
 passed=0 failed=0
 note() { printf '%s\n' "$*" | tee -a "$OUTDIR/summary.txt"; }
 
-# One NCCL for both tools: the python3 wheel's (the system's older libnccl.so.2 is in the ldconfig cache).
+# One NCCL for both tools: the python3 wheel's (the system's older libnccl.so.2 is in the ldconfig
+# cache); the builder links nccl-tests against it and names a folder to put first on the library path.
 SP=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))')
 WHEEL=$SP/nvidia/nccl/lib
-NCCLHOME=$(mktemp -d /tmp/ncclhome.XXXX)
-mkdir -p "$NCCLHOME/lib"
-ln -sf "$SP/nvidia/nccl/include" "$NCCLHOME/include"
-ln -sf "$WHEEL/libnccl.so.2" "$NCCLHOME/lib/libnccl.so"
-ln -sf "$WHEEL/libnccl.so.2" "$NCCLHOME/lib/libnccl.so.2"
 export NCCL_LIB_DIR=$WHEEL
-export LD_LIBRARY_PATH=$NCCLHOME/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 [ -d "$SP/nvidia/nvshmem/lib" ] && export NVSHMEM_LIB_DIR=$SP/nvidia/nvshmem/lib
 
 {
@@ -67,14 +62,8 @@ export LD_LIBRARY_PATH=$NCCLHOME/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 # Build nccl-tests twice in parallel (about 40 s): MPI=1 for the mpirun runs, MPI=0 for -g (as
 # gpu-machine.md §3's baseline was built).
-BUILD=$(mktemp -d /tmp/nccl-tests.XXXX)
-build() { # MPI value
-    mkdir -p "$BUILD/mpi$1" && tar xzf "$REF/nccl-tests-2.19.6.tar.gz" -C "$BUILD/mpi$1" &&
-        make -C "$BUILD/mpi$1/nccl-tests" -j8 MPI="$1" MPI_HOME=/usr/lib/x86_64-linux-gnu/openmpi NCCL_HOME="$NCCLHOME" \
-            CUDA_HOME=/usr/local/cuda NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" >"$LOGS/nccl-tests-build-mpi$1.log" 2>&1
-}
-build 1 & b1=$!
-build 0 & b0=$!
+MPI=1 bash "$BUILDER" >"$LOGS/nccl-tests-build-mpi1.log" 2>&1 & b1=$!
+MPI=0 bash "$BUILDER" >"$LOGS/nccl-tests-build-mpi0.log" 2>&1 & b0=$!
 ok=1
 wait $b1 || ok=0
 wait $b0 || ok=0
@@ -84,8 +73,9 @@ if [ "$ok" -ne 1 ]; then
     note "0 passed, 1 failed"
     exit 1
 fi
-NT=$BUILD/mpi1/nccl-tests/build
-NT0=$BUILD/mpi0/nccl-tests/build
+read -r NT LIB < <(tail -1 "$LOGS/nccl-tests-build-mpi1.log")
+read -r NT0 _ < <(tail -1 "$LOGS/nccl-tests-build-mpi0.log")
+export LD_LIBRARY_PATH=$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 XS=()
 for v in "${SAFETY_VARS[@]}" PATH LD_LIBRARY_PATH NCCL_LIB_DIR NVSHMEM_LIB_DIR; do XS+=(-x "$v"); done
