@@ -1,0 +1,362 @@
+//! One-sided operations on a stream: puts and gets (blocking and `_nbi`), puts with a signal,
+//! signal updates and waits, quiet, and the world barrier and sync.
+//!
+//! Every call checks its arguments first (lengths, PE, the stream's and the buffers' device),
+//! binds the PE's CUDA context, takes the buffers' pointers through
+//! [`gpucomm_ordering::Access`] (so that uses on other streams are waited for, and capture into a
+//! CUDA graph works), and only then enqueues the NVSHMEM operation.
+//!
+//! # Completion and ordering
+//!
+//! An operation enqueued on a stream starts when the stream reaches it. A blocking put or get
+//! (`*_on_stream`) has finished with its local buffer when the stream moves past it; a `_nbi`
+//! one may still be reading or writing until a [`Runtime::quiet_on_stream`] on the same stream.
+//! Remote completion — the data visible at the other PE — needs a quiet (for the PE that issued
+//! it) and a synchronisation with the other PE: a barrier ([`Runtime::barrier_all_on_stream`],
+//! [`crate::Team::barrier_on_stream`]) or a signal the other PE waits for
+//! ([`Runtime::signal_wait_until_on_stream`]). NVSHMEM has no on-stream fence
+//! (`nvshmem_fence` orders host-initiated operations only): on a stream, a put with a signal is
+//! the way to deliver data and a flag in order.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice};
+use gpucomm_ordering::Access;
+use nvshmem_sys::{nvshmemi_cmp_type, nvshmemx_signal_op_t};
+
+use crate::error::{call, Error, Result};
+use crate::{Runtime, SymmetricMemory};
+
+/// How a signal word is updated (`NVSHMEM_SIGNAL_SET`, `NVSHMEM_SIGNAL_ADD`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[doc(alias = "nvshmemx_signal_op_t")]
+pub enum SignalOp {
+    /// Store the value (`NVSHMEM_SIGNAL_SET`).
+    #[doc(alias = "NVSHMEM_SIGNAL_SET")]
+    Set,
+    /// Add the value (`NVSHMEM_SIGNAL_ADD`).
+    #[doc(alias = "NVSHMEM_SIGNAL_ADD")]
+    Add,
+}
+
+impl SignalOp {
+    /// The C constant.
+    pub fn raw(self) -> i32 {
+        let op = match self {
+            SignalOp::Set => nvshmemx_signal_op_t::NVSHMEM_SIGNAL_SET,
+            SignalOp::Add => nvshmemx_signal_op_t::NVSHMEM_SIGNAL_ADD,
+        };
+        op.0 as i32
+    }
+}
+
+/// A comparison for waits (`NVSHMEM_CMP_*`): the wait ends when `signal <cmp> value` holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[doc(alias = "nvshmemi_cmp_type")]
+pub enum Cmp {
+    /// `==` (`NVSHMEM_CMP_EQ`).
+    #[doc(alias = "NVSHMEM_CMP_EQ")]
+    Eq,
+    /// `!=` (`NVSHMEM_CMP_NE`).
+    #[doc(alias = "NVSHMEM_CMP_NE")]
+    Ne,
+    /// `>` (`NVSHMEM_CMP_GT`).
+    #[doc(alias = "NVSHMEM_CMP_GT")]
+    Gt,
+    /// `>=` (`NVSHMEM_CMP_GE`).
+    #[doc(alias = "NVSHMEM_CMP_GE")]
+    Ge,
+    /// `<` (`NVSHMEM_CMP_LT`).
+    #[doc(alias = "NVSHMEM_CMP_LT")]
+    Lt,
+    /// `<=` (`NVSHMEM_CMP_LE`).
+    #[doc(alias = "NVSHMEM_CMP_LE")]
+    Le,
+}
+
+impl Cmp {
+    /// The C constant.
+    pub fn raw(self) -> i32 {
+        let cmp = match self {
+            Cmp::Eq => nvshmemi_cmp_type::NVSHMEM_CMP_EQ,
+            Cmp::Ne => nvshmemi_cmp_type::NVSHMEM_CMP_NE,
+            Cmp::Gt => nvshmemi_cmp_type::NVSHMEM_CMP_GT,
+            Cmp::Ge => nvshmemi_cmp_type::NVSHMEM_CMP_GE,
+            Cmp::Lt => nvshmemi_cmp_type::NVSHMEM_CMP_LT,
+            Cmp::Le => nvshmemi_cmp_type::NVSHMEM_CMP_LE,
+        };
+        cmp.0 as i32
+    }
+}
+
+/// `Ok` when a buffer has the length the call needs.
+pub(crate) fn expect_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(Error::LengthMismatch { what, expected, got })
+    }
+}
+
+/// A signal is one `u64` of symmetric memory.
+fn check_signal(signal: &impl SymmetricMemory<u64>) -> Result<()> {
+    expect_len("signal", 1, signal.len())
+}
+
+impl Runtime {
+    /// The checks every transfer shares: the local buffer's length and device, the PE, the
+    /// stream's device; then binds the context. Returns the PE and the stream as C wants them.
+    fn transfer<T>(
+        &self,
+        symmetric_len: usize,
+        local: &impl DeviceSlice<T>,
+        pe: usize,
+        stream: &CudaStream,
+    ) -> Result<(i32, nvshmem_sys::cudaStream_t)> {
+        expect_len("local buffer", symmetric_len, local.len())?;
+        self.check_device("local buffer", local.stream().context().ordinal())?;
+        let pe = self.check_pe("pe", pe)?;
+        Ok((pe, self.enqueue_on(stream)?))
+    }
+
+    /// Copies `src` (local device memory of the same length) into `pe`'s copy of `dst`, in stream
+    /// order (`nvshmemx_putmem_on_stream`). `src` may be reused once the stream is past the put;
+    /// the data is visible at `pe` after a barrier (or quiet + signal).
+    #[doc(alias = "nvshmemx_putmem_on_stream")]
+    pub fn put_on_stream<T: DeviceRepr>(
+        &self,
+        dst: &impl SymmetricMemory<T>,
+        src: &impl DevicePtr<T>,
+        pe: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
+        let access = Access::new(stream);
+        let (d, _d) = access.read(dst)?;
+        let (s, _s) = access.read(src)?;
+        // SAFETY: `dst` is symmetric, so the same range exists on `pe`; both ranges hold
+        // `src.len()` elements (checked), the source on this device (checked); both stay borrowed
+        // until the guards record after the enqueue; `pe` is in range; the context is current.
+        unsafe { call!(nvshmemx_putmem_on_stream(d as *mut c_void, s as *const c_void, dst.num_bytes(), pe, raw)) }
+    }
+
+    /// [`Runtime::put_on_stream`] without waiting for local completion
+    /// (`nvshmemx_putmem_nbi_on_stream`): `src` must not be written until a
+    /// [`Runtime::quiet_on_stream`] on the same stream.
+    #[doc(alias = "nvshmemx_putmem_nbi_on_stream")]
+    pub fn put_nbi_on_stream<T: DeviceRepr>(
+        &self,
+        dst: &impl SymmetricMemory<T>,
+        src: &impl DevicePtr<T>,
+        pe: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
+        let access = Access::new(stream);
+        let (d, _d) = access.read(dst)?;
+        let (s, _s) = access.read(src)?;
+        // SAFETY: as for `put_on_stream`; the source stays in use until a quiet on this stream,
+        // which the stream tracker and cudarc's events cover as a use on this stream.
+        unsafe { call!(nvshmemx_putmem_nbi_on_stream(d as *mut c_void, s as *const c_void, dst.num_bytes(), pe, raw)) }
+    }
+
+    /// Copies `pe`'s copy of `src` into `dst` (local device memory of the same length), in stream
+    /// order (`nvshmemx_getmem_on_stream`). `dst` holds the data once the stream is past the get.
+    #[doc(alias = "nvshmemx_getmem_on_stream")]
+    pub fn get_on_stream<T: DeviceRepr>(
+        &self,
+        dst: &mut impl DevicePtrMut<T>,
+        src: &impl SymmetricMemory<T>,
+        pe: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let (pe, raw) = self.transfer(src.len(), dst, pe, stream)?;
+        let bytes = src.num_bytes();
+        let access = Access::new(stream);
+        let (s, _s) = access.read(src)?;
+        let (d, _d) = access.write(dst)?;
+        // SAFETY: `src` is symmetric, so the range exists on `pe`; `dst` holds as many elements
+        // (checked) on this device (checked); both stay borrowed until the guards record after
+        // the enqueue; `pe` is in range; the context is current.
+        unsafe { call!(nvshmemx_getmem_on_stream(d as *mut c_void, s as *const c_void, bytes, pe, raw)) }
+    }
+
+    /// [`Runtime::get_on_stream`] without waiting for completion (`nvshmemx_getmem_nbi_on_stream`):
+    /// `dst` holds the data after a [`Runtime::quiet_on_stream`] on the same stream.
+    #[doc(alias = "nvshmemx_getmem_nbi_on_stream")]
+    pub fn get_nbi_on_stream<T: DeviceRepr>(
+        &self,
+        dst: &mut impl DevicePtrMut<T>,
+        src: &impl SymmetricMemory<T>,
+        pe: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let (pe, raw) = self.transfer(src.len(), dst, pe, stream)?;
+        let bytes = src.num_bytes();
+        let access = Access::new(stream);
+        let (s, _s) = access.read(src)?;
+        let (d, _d) = access.write(dst)?;
+        // SAFETY: as for `get_on_stream`.
+        unsafe { call!(nvshmemx_getmem_nbi_on_stream(d as *mut c_void, s as *const c_void, bytes, pe, raw)) }
+    }
+
+    /// Puts `src` into `pe`'s copy of `dst`, then updates `pe`'s copy of `signal` with `op` and
+    /// `value`, in that order: once `pe` sees the signal change, the data is there
+    /// (`nvshmemx_putmem_signal_on_stream`). `signal` is one `u64` of symmetric memory (e.g.
+    /// `signals.slice(i..i + 1)?`).
+    #[doc(alias = "nvshmemx_putmem_signal_on_stream")]
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_signal_on_stream<T: DeviceRepr>(
+        &self,
+        dst: &impl SymmetricMemory<T>,
+        src: &impl DevicePtr<T>,
+        signal: &impl SymmetricMemory<u64>,
+        value: u64,
+        op: SignalOp,
+        pe: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        check_signal(signal)?;
+        let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
+        let access = Access::new(stream);
+        let (d, _d) = access.read(dst)?;
+        let (s, _s) = access.read(src)?;
+        let (sig, _sig) = access.read(signal)?;
+        // SAFETY: as for `put_on_stream`; `signal` is one symmetric u64 (checked); `op` is one of
+        // NVSHMEM's signal operations.
+        unsafe {
+            call!(nvshmemx_putmem_signal_on_stream(
+                d as *mut c_void,
+                s as *const c_void,
+                dst.num_bytes(),
+                sig as *mut u64,
+                value,
+                op.raw(),
+                pe,
+                raw
+            ))
+        }
+    }
+
+    /// [`Runtime::put_signal_on_stream`] without waiting for local completion
+    /// (`nvshmemx_putmem_signal_nbi_on_stream`): `src` must not be written until a quiet.
+    #[doc(alias = "nvshmemx_putmem_signal_nbi_on_stream")]
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_signal_nbi_on_stream<T: DeviceRepr>(
+        &self,
+        dst: &impl SymmetricMemory<T>,
+        src: &impl DevicePtr<T>,
+        signal: &impl SymmetricMemory<u64>,
+        value: u64,
+        op: SignalOp,
+        pe: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        check_signal(signal)?;
+        let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
+        let access = Access::new(stream);
+        let (d, _d) = access.read(dst)?;
+        let (s, _s) = access.read(src)?;
+        let (sig, _sig) = access.read(signal)?;
+        // SAFETY: as for `put_signal_on_stream`.
+        unsafe {
+            call!(nvshmemx_putmem_signal_nbi_on_stream(
+                d as *mut c_void,
+                s as *const c_void,
+                dst.num_bytes(),
+                sig as *mut u64,
+                value,
+                op.raw(),
+                pe,
+                raw
+            ))
+        }
+    }
+
+    /// Updates `pe`'s copy of `signal` with `op` and `value`, in stream order
+    /// (`nvshmemx_signal_op_on_stream`).
+    #[doc(alias = "nvshmemx_signal_op_on_stream")]
+    pub fn signal_op_on_stream(
+        &self,
+        signal: &impl SymmetricMemory<u64>,
+        value: u64,
+        op: SignalOp,
+        pe: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        check_signal(signal)?;
+        let pe = self.check_pe("pe", pe)?;
+        let raw = self.enqueue_on(stream)?;
+        let access = Access::new(stream);
+        let (sig, _sig) = access.read(signal)?;
+        // SAFETY: `signal` is one symmetric u64 (checked), `pe` is in range, the stream is on this
+        // device (checked) and its context current.
+        unsafe { call!(nvshmemx_signal_op_on_stream(sig as *mut u64, value, op.raw(), pe, raw)) }
+    }
+
+    /// Makes `stream` wait until this PE's `signal` satisfies `signal <cmp> value`
+    /// (`nvshmemx_signal_wait_until_on_stream`). The host does not block; work enqueued after it
+    /// on the stream runs once the condition holds, and sees the data of every put-with-signal
+    /// that set it.
+    #[doc(alias = "nvshmemx_signal_wait_until_on_stream")]
+    pub fn signal_wait_until_on_stream(
+        &self,
+        signal: &impl SymmetricMemory<u64>,
+        cmp: Cmp,
+        value: u64,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        check_signal(signal)?;
+        let raw = self.enqueue_on(stream)?;
+        let access = Access::new(stream);
+        let (sig, _sig) = access.read(signal)?;
+        // SAFETY: `signal` is one symmetric u64 of this PE (checked), `cmp` one of NVSHMEM's
+        // comparisons; the stream is on this device (checked) and its context current.
+        unsafe { call!(nvshmemx_signal_wait_until_on_stream(sig as *mut u64, cmp.raw(), value, raw)) }
+    }
+
+    /// Completes, in stream order, every NVSHMEM operation this PE issued on `stream` before it
+    /// (`nvshmemx_quiet_on_stream`): local buffers of `_nbi` operations may be reused, and puts
+    /// are delivered.
+    #[doc(alias = "nvshmemx_quiet_on_stream")]
+    #[doc(alias = "nvshmem_quiet")]
+    #[doc(alias = "nvshmem_fence")]
+    pub fn quiet_on_stream(&self, stream: &CudaStream) -> Result<()> {
+        let raw = self.enqueue_on(stream)?;
+        // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
+        unsafe { call!(nvshmemx_quiet_on_stream(raw)) }
+    }
+
+    /// Enqueues a barrier over all PEs on `stream` (`nvshmemx_barrier_all_on_stream`): when it
+    /// completes, every PE's earlier operations on its stream, puts included, are complete and
+    /// visible. Collective.
+    #[doc(alias = "nvshmemx_barrier_all_on_stream")]
+    pub fn barrier_all_on_stream(&self, stream: &CudaStream) -> Result<()> {
+        let raw = self.enqueue_on(stream)?;
+        // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
+        unsafe { call!(nvshmemx_barrier_all_on_stream(raw)) }
+    }
+
+    /// Enqueues a synchronisation of all PEs on `stream` (`nvshmemx_sync_all_on_stream`): a
+    /// rendezvous only, which completes no outstanding operations (use a barrier for that).
+    /// Collective.
+    #[doc(alias = "nvshmemx_sync_all_on_stream")]
+    pub fn sync_all_on_stream(&self, stream: &CudaStream) -> Result<()> {
+        let raw = self.enqueue_on(stream)?;
+        // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
+        unsafe { call!(nvshmemx_sync_all_on_stream(raw)) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signal_ops_and_comparisons_map_to_nvshmems_constants() {
+        assert_eq!((SignalOp::Set.raw(), SignalOp::Add.raw()), (9, 10));
+        let cmps = [Cmp::Eq, Cmp::Ne, Cmp::Gt, Cmp::Le, Cmp::Lt, Cmp::Ge].map(Cmp::raw);
+        assert_eq!(cmps, [0, 1, 2, 3, 4, 5]);
+    }
+}
