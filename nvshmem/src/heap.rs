@@ -331,6 +331,11 @@ impl<'a, T> SymmetricSlice<'a, T> {
         self.len == 0
     }
 
+    /// The local address of the range ([`Symmetric::device_address`]).
+    pub fn device_address(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
     /// Elements `range` of this slice ([`Symmetric::slice`]).
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<SymmetricSlice<'a, T>> {
         let (start, end) = bounds(range, self.len)?;
