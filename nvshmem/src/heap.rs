@@ -381,6 +381,18 @@ impl<T> std::fmt::Debug for PeerView<'_, T> {
     }
 }
 
+impl<T> PeerView<'_, T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty range.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
 tracked_device_ptr!(['v, T] PeerView<'v, T>, |b| (b.ptr, b.len, b.tracker, b.home));
 
 /// Memory on the symmetric heap — a [`Symmetric`] buffer or a [`SymmetricSlice`] of one — which
