@@ -342,7 +342,7 @@ pub(crate) fn check(call: &'static str, status: i32) -> Result<()> {
 /// [`Error::MissingFunction`], naming the version that added it.
 macro_rules! resolve {
     ($name:ident) => {
-        $crate::error::lib().and_then(|lib| Ok(*::nvshmem_sys::function!(lib, $name)?))
+        $crate::error::lib().and_then(|lib| Ok(*lib.resolve(&lib.$name, stringify!($name))?))
     };
 }
 

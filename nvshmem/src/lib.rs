@@ -65,7 +65,7 @@ pub use heap::{Element, HeapLimit, PeerView, Symmetric, SymmetricMemory, Symmetr
 pub use module::{cubin_arch, Kernel, KernelArgs, Module};
 pub use nccl::NcclUse;
 pub use register::Registration;
-pub use rma::{Cmp, SignalOp};
+pub use rma::{Cmp, Pending, SignalOp};
 pub use runtime::{init_status, Info, Runtime};
 pub use team::Team;
 pub use unique_id::UniqueId;

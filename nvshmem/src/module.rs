@@ -32,9 +32,13 @@ const DEVICE_LIB_VERSION: &str = "nvshmemi_device_lib_version_d";
 /// A module of kernels that use NVSHMEM device calls, loaded into the PE's context and
 /// registered with NVSHMEM (`nvshmemx_cumodule_init`). Dropping it waits for the device, then
 /// unregisters (`nvshmemx_cumodule_finalize`) and unloads it.
+#[doc(alias = "nvshmemx_cumodule_finalize")]
+#[doc(alias = "cuModuleUnload")]
 pub struct Module<'rt> {
     raw: NonNull<sys::CUmod_st>,
     rt: &'rt Runtime,
+    /// Set once `nvshmemx_cumodule_init` succeeded: only then is there something to finalize.
+    registered: bool,
 }
 
 impl std::fmt::Debug for Module<'_> {
@@ -97,9 +101,8 @@ impl Runtime {
             Err(e) => return Err(e.into()),
         };
         let raw = NonNull::new(raw).ok_or(Error::Cuda(DriverError(sys::cudaError_enum::CUDA_ERROR_INVALID_HANDLE)))?;
-        // From here on, dropping `module` unloads it (the finalize before is harmless on a module
-        // NVSHMEM never saw).
-        let module = Module { raw, rt: self };
+        // From here on, dropping `module` unloads it.
+        let mut module = Module { raw, rt: self, registered: false };
         let name = CString::new(DEVICE_LIB_VERSION).map_err(|_| Error::NotNvshmemModule)?;
         // SAFETY: live module; the name is NUL-terminated.
         match unsafe { result::module::get_global(module.as_raw(), name) } {
@@ -110,6 +113,7 @@ impl Runtime {
         // SAFETY: NVSHMEM is initialised; the module is live, loaded in the current context and
         // device-linked against NVSHMEM's device library (checked).
         unsafe { call!(nvshmemx_cumodule_init(module.as_raw() as nvshmem_sys::CUmodule) => status) }?;
+        module.registered = true;
         Ok(module)
     }
 }
@@ -141,10 +145,13 @@ impl Drop for Module<'_> {
         if let Err(e) = ctx.synchronize() {
             log::warn!("nvshmem: synchronising before unloading a module failed: {e}");
         }
-        // SAFETY: the module is live and registered (or was never seen by NVSHMEM, which then
-        // reports an error that is only logged); the context is current after synchronize.
-        if let Err(e) = unsafe { call!(nvshmemx_cumodule_finalize(self.as_raw() as nvshmem_sys::CUmodule) => status) } {
-            log::warn!("nvshmem: nvshmemx_cumodule_finalize failed: {e}");
+        if self.registered {
+            // SAFETY: the module is live and registered with NVSHMEM; the context is current
+            // after synchronize.
+            let finalized = unsafe { call!(nvshmemx_cumodule_finalize(self.as_raw() as nvshmem_sys::CUmodule) => status) };
+            if let Err(e) = finalized {
+                log::warn!("nvshmem: nvshmemx_cumodule_finalize failed: {e}");
+            }
         }
         // SAFETY: the module is live and nothing runs in it any more; it is unloaded once.
         if let Err(e) = unsafe { result::module::unload(self.as_raw()) } {

@@ -61,15 +61,24 @@ pub(crate) fn disabled() -> bool {
     config::flag("NVSHMEM_DISABLE_NCCL")
 }
 
-/// Loads the NCCL the `nccl` crate would load, for the rest of the process. `Err` is the search
-/// report's first line.
+/// Loads the NCCL the `nccl` crate would load, for the rest of the process. `Err` summarises the
+/// search: how many places were tried, and why the last one failed.
 pub(crate) fn preload_for_nvshmem() -> Result<(), String> {
     let build_dir = (!BUILD_LIB_DIR.is_empty()).then(|| std::path::Path::new(BUILD_LIB_DIR));
     // SAFETY: NCCL's initialisers only set up internal state and may run on any thread;
     // `version_of` calls nothing but ncclGetVersion.
     match unsafe { preload(&NCCL, build_dir, NCCL_SUPPORT.min, version_of) } {
         Ok(_) => Ok(()),
-        Err(e) => Err(e.to_string().lines().next().unwrap_or("NCCL not found").to_string()),
+        Err(e) => Err(match e.attempts.last() {
+            Some(last) => format!(
+                "no usable NCCL: {} places tried, the last {} ({}): {}",
+                e.attempts.len(),
+                last.path.display(),
+                last.place,
+                last.error
+            ),
+            None => "no usable NCCL: nothing to try".to_string(),
+        }),
     }
 }
 

@@ -9,8 +9,14 @@
 //! # Completion and ordering
 //!
 //! An operation enqueued on a stream starts when the stream reaches it. A blocking put or get
-//! (`*_on_stream`) has finished with its local buffer when the stream moves past it; a `_nbi`
-//! one may still be reading or writing until a [`Runtime::quiet_on_stream`] on the same stream.
+//! (`*_on_stream`) has finished with its local buffer when the stream moves past it. A `_nbi` one
+//! hands its copy to one of NVSHMEM's internal streams and returns a [`Pending`] handle that
+//! borrows the local buffer: the buffer is in use until the handle enqueues
+//! `nvshmemx_quiet_on_stream` ([`Pending::quiet`], or its drop), which makes the stream wait for
+//! the internal copy. That is also why the local side of a `_nbi` operation must be symmetric
+//! memory: its free is collective and quiesces NVSHMEM first, so no copy can outlive it, and its
+//! stream tracker orders later uses after the quiet.
+//!
 //! Remote completion — the data visible at the other PE — needs a quiet (for the PE that issued
 //! it) and a synchronisation with the other PE: a barrier ([`Runtime::barrier_all_on_stream`],
 //! [`crate::Team::barrier_on_stream`]) or a signal the other PE waits for
@@ -142,23 +148,25 @@ impl Runtime {
     }
 
     /// [`Runtime::put_on_stream`] without waiting for local completion
-    /// (`nvshmemx_putmem_nbi_on_stream`): `src` must not be written until a
-    /// [`Runtime::quiet_on_stream`] on the same stream.
+    /// (`nvshmemx_putmem_nbi_on_stream`). The source is symmetric memory, borrowed by the returned
+    /// [`Pending`] until it enqueues the quiet that completes the put (see the module docs).
     #[doc(alias = "nvshmemx_putmem_nbi_on_stream")]
-    pub fn put_nbi_on_stream<T: DeviceRepr>(
-        &self,
+    pub fn put_nbi_on_stream<'a, T: DeviceRepr>(
+        &'a self,
         dst: &impl SymmetricMemory<T>,
-        src: &impl DevicePtr<T>,
+        src: &'a impl SymmetricMemory<T>,
         pe: usize,
-        stream: &Arc<CudaStream>,
-    ) -> Result<()> {
+        stream: &'a Arc<CudaStream>,
+    ) -> Result<Pending<'a>> {
         let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
         let access = Access::new(stream);
         let (d, _d) = access.read(dst)?;
         let (s, _s) = access.read(src)?;
-        // SAFETY: as for `put_on_stream`; the source stays in use until a quiet on this stream,
-        // which the stream tracker and cudarc's events cover as a use on this stream.
-        unsafe { call!(nvshmemx_putmem_nbi_on_stream(d as *mut c_void, s as *const c_void, dst.num_bytes(), pe, raw)) }
+        // SAFETY: as for `put_on_stream`; NVSHMEM reads the source on an internal stream until a
+        // quiet on this stream, which the returned handle enqueues while it still borrows `src`,
+        // and `src` is symmetric, so it cannot be freed before NVSHMEM is quiesced.
+        unsafe { call!(nvshmemx_putmem_nbi_on_stream(d as *mut c_void, s as *const c_void, dst.num_bytes(), pe, raw)) }?;
+        Ok(Pending { rt: self, stream, done: false })
     }
 
     /// Copies `pe`'s copy of `src` into `dst` (local device memory of the same length), in stream
@@ -182,23 +190,28 @@ impl Runtime {
         unsafe { call!(nvshmemx_getmem_on_stream(d as *mut c_void, s as *const c_void, bytes, pe, raw)) }
     }
 
-    /// [`Runtime::get_on_stream`] without waiting for completion (`nvshmemx_getmem_nbi_on_stream`):
-    /// `dst` holds the data after a [`Runtime::quiet_on_stream`] on the same stream.
+    /// [`Runtime::get_on_stream`] without waiting for completion (`nvshmemx_getmem_nbi_on_stream`).
+    /// The destination is symmetric memory, borrowed by the returned [`Pending`]: it holds the
+    /// data once the stream is past the quiet the handle enqueues.
     #[doc(alias = "nvshmemx_getmem_nbi_on_stream")]
-    pub fn get_nbi_on_stream<T: DeviceRepr>(
-        &self,
-        dst: &mut impl DevicePtrMut<T>,
+    pub fn get_nbi_on_stream<'a, T: DeviceRepr>(
+        &'a self,
+        dst: &'a mut impl SymmetricMemory<T>,
         src: &impl SymmetricMemory<T>,
         pe: usize,
-        stream: &Arc<CudaStream>,
-    ) -> Result<()> {
+        stream: &'a Arc<CudaStream>,
+    ) -> Result<Pending<'a>> {
         let (pe, raw) = self.transfer(src.len(), dst, pe, stream)?;
         let bytes = src.num_bytes();
         let access = Access::new(stream);
         let (s, _s) = access.read(src)?;
         let (d, _d) = access.write(dst)?;
-        // SAFETY: as for `get_on_stream`.
-        unsafe { call!(nvshmemx_getmem_nbi_on_stream(d as *mut c_void, s as *const c_void, bytes, pe, raw)) }
+        // SAFETY: as for `get_on_stream`; NVSHMEM writes the destination on an internal stream
+        // until a quiet on this stream, which the returned handle enqueues while it still borrows
+        // `dst` exclusively, and `dst` is symmetric, so it cannot be freed before NVSHMEM is
+        // quiesced.
+        unsafe { call!(nvshmemx_getmem_nbi_on_stream(d as *mut c_void, s as *const c_void, bytes, pe, raw)) }?;
+        Ok(Pending { rt: self, stream, done: false })
     }
 
     /// Puts `src` into `pe`'s copy of `dst`, then updates `pe`'s copy of `signal` with `op` and
@@ -240,26 +253,27 @@ impl Runtime {
     }
 
     /// [`Runtime::put_signal_on_stream`] without waiting for local completion
-    /// (`nvshmemx_putmem_signal_nbi_on_stream`): `src` must not be written until a quiet.
+    /// (`nvshmemx_putmem_signal_nbi_on_stream`). The source is symmetric memory, borrowed by the
+    /// returned [`Pending`] until it enqueues the quiet that completes the put.
     #[doc(alias = "nvshmemx_putmem_signal_nbi_on_stream")]
     #[allow(clippy::too_many_arguments)]
-    pub fn put_signal_nbi_on_stream<T: DeviceRepr>(
-        &self,
+    pub fn put_signal_nbi_on_stream<'a, T: DeviceRepr>(
+        &'a self,
         dst: &impl SymmetricMemory<T>,
-        src: &impl DevicePtr<T>,
+        src: &'a impl SymmetricMemory<T>,
         signal: &impl SymmetricMemory<u64>,
         value: u64,
         op: SignalOp,
         pe: usize,
-        stream: &Arc<CudaStream>,
-    ) -> Result<()> {
+        stream: &'a Arc<CudaStream>,
+    ) -> Result<Pending<'a>> {
         check_signal(signal)?;
         let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
         let access = Access::new(stream);
         let (d, _d) = access.read(dst)?;
         let (s, _s) = access.read(src)?;
         let (sig, _sig) = access.read(signal)?;
-        // SAFETY: as for `put_signal_on_stream`.
+        // SAFETY: as for `put_signal_on_stream` and `put_nbi_on_stream`.
         unsafe {
             call!(nvshmemx_putmem_signal_nbi_on_stream(
                 d as *mut c_void,
@@ -271,7 +285,8 @@ impl Runtime {
                 pe,
                 raw
             ))
-        }
+        }?;
+        Ok(Pending { rt: self, stream, done: false })
     }
 
     /// Updates `pe`'s copy of `signal` with `op` and `value`, in stream order
@@ -346,6 +361,43 @@ impl Runtime {
         let raw = self.enqueue_on(stream)?;
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
         unsafe { call!(nvshmemx_sync_all_on_stream(raw)) }
+    }
+}
+
+/// A `_nbi` operation in flight: it borrows the operation's local buffer until it enqueues
+/// `nvshmemx_quiet_on_stream` on the operation's stream ([`Pending::quiet`], or when dropped, in
+/// which case a failure is only logged). After that the stream, and everything ordered after it,
+/// sees the operation complete.
+#[must_use = "the operation completes, and its local buffer is free again, only after the quiet this handle enqueues"]
+pub struct Pending<'a> {
+    rt: &'a Runtime,
+    stream: &'a CudaStream,
+    done: bool,
+}
+
+impl std::fmt::Debug for Pending<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending").field("stream", &self.stream.cu_stream()).finish()
+    }
+}
+
+impl Pending<'_> {
+    /// Enqueues `nvshmemx_quiet_on_stream` on the operation's stream (which also completes every
+    /// other operation this PE issued there).
+    #[doc(alias = "nvshmemx_quiet_on_stream")]
+    pub fn quiet(mut self) -> Result<()> {
+        self.done = true;
+        self.rt.quiet_on_stream(self.stream)
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            if let Err(e) = self.rt.quiet_on_stream(self.stream) {
+                log::warn!("nvshmem: the quiet completing a non-blocking operation failed: {e}");
+            }
+        }
     }
 }
 

@@ -365,8 +365,7 @@ impl Drop for Runtime {
 
 /// The address of a function of the host library, to find the library's file (`dladdr`).
 pub(crate) fn host_library_dir() -> Option<std::path::PathBuf> {
-    let lib = lib().ok()?;
-    let f = nvshmem_sys::function!(lib, nvshmemx_init_status).ok()?;
-    let path = nccl::object_path(*f as *const c_void)?;
+    let f = crate::error::resolve!(nvshmemx_init_status).ok()?;
+    let path = nccl::object_path(f as *const c_void)?;
     path.parent().map(|d| d.to_path_buf())
 }

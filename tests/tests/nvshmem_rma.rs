@@ -36,19 +36,24 @@ fn puts_and_gets_on_sub_ranges_with_every_check() {
         let buf = rt.alloc::<i32>(2 * COUNT).unwrap();
         let src = stream.clone_htod(&values(me, 0..2 * COUNT)).unwrap();
 
-        // First half with a blocking put, second half with a non-blocking one, then quiet.
+        // First half with a blocking put from cudarc memory, second half with a non-blocking one
+        // from symmetric memory, completed by the quiet its handle enqueues.
+        let mut sym_src = rt.alloc::<i32>(2 * COUNT).unwrap();
+        stream.memcpy_dtod(&src, &mut sym_src).unwrap();
         rt.put_on_stream(&buf.slice(..COUNT).unwrap(), &src.slice(..COUNT), next, &stream).unwrap();
-        rt.put_nbi_on_stream(&buf.slice(COUNT..).unwrap(), &src.slice(COUNT..), next, &stream).unwrap();
-        rt.quiet_on_stream(&stream).unwrap();
+        let half = sym_src.slice(COUNT..).unwrap();
+        rt.put_nbi_on_stream(&buf.slice(COUNT..).unwrap(), &half, next, &stream).unwrap().quiet().unwrap();
         rt.barrier_all_on_stream(&stream).unwrap();
         assert_eq!(stream.clone_dtoh(&buf).unwrap(), values(prev, 0..2 * COUNT), "PE {me}: puts from PE {prev}");
 
-        // The next PE's buffer holds our values: get them back, in two halves.
-        let mut back = stream.alloc_zeros::<i32>(2 * COUNT).unwrap();
-        rt.get_on_stream(&mut back.slice_mut(..COUNT), &buf.slice(..COUNT).unwrap(), next, &stream).unwrap();
-        rt.get_nbi_on_stream(&mut back.slice_mut(COUNT..), &buf.slice(COUNT..).unwrap(), next, &stream).unwrap();
-        rt.quiet_on_stream(&stream).unwrap();
-        assert_eq!(stream.clone_dtoh(&back).unwrap(), values(me, 0..2 * COUNT), "PE {me}: gets from PE {next}");
+        // The next PE's buffer holds our values: get them back, blocking into cudarc memory and
+        // non-blocking into symmetric memory.
+        let mut back = stream.alloc_zeros::<i32>(COUNT).unwrap();
+        rt.get_on_stream(&mut back, &buf.slice(..COUNT).unwrap(), next, &stream).unwrap();
+        assert_eq!(stream.clone_dtoh(&back).unwrap(), values(me, 0..COUNT), "PE {me}: get from PE {next}");
+        let mut sym_back = rt.alloc_zeroed::<i32>(COUNT).unwrap();
+        rt.get_nbi_on_stream(&mut sym_back, &buf.slice(COUNT..).unwrap(), next, &stream).unwrap().quiet().unwrap();
+        assert_eq!(stream.clone_dtoh(&sym_back).unwrap(), values(me, COUNT..2 * COUNT), "PE {me}: get_nbi from PE {next}");
 
         // Refused before NVSHMEM: ranges past the end, PEs out of range, lengths that differ,
         // streams and buffers of another GPU.
@@ -60,7 +65,7 @@ fn puts_and_gets_on_sub_ranges_with_every_check() {
             Err(Error::InvalidPe { what: "pe", pe, n_pes }) => assert_eq!((pe, n_pes), (n, n)),
             other => panic!("expected InvalidPe, got {other:?}"),
         }
-        match rt.get_on_stream(&mut back.slice_mut(..COUNT), &buf, next, &stream) {
+        match rt.get_on_stream(&mut back, &buf, next, &stream) {
             Err(Error::LengthMismatch { what: "local buffer", expected, got }) => assert_eq!((expected, got), (2 * COUNT, COUNT)),
             other => panic!("expected LengthMismatch, got {other:?}"),
         }
@@ -81,6 +86,8 @@ fn puts_and_gets_on_sub_ranges_with_every_check() {
             assert_eq!(stream.clone_dtoh(&buf).unwrap(), expected, "PE {me}: put with a foreign context current");
         }
         rt.barrier_all_on_stream(&stream).unwrap();
+        sym_back.free().map_err(|(_, e)| e).unwrap();
+        sym_src.free().map_err(|(_, e)| e).unwrap();
         buf.free().map_err(|(_, e)| e).unwrap();
         rt.finalize().map_err(|(_, e)| e).unwrap();
         println!("PE {me}: puts and gets with PE {next} and PE {prev} correct, bad input refused");
@@ -97,11 +104,12 @@ fn signals_deliver_data_in_order() {
         let data = rt.alloc::<i32>(2 * COUNT).unwrap();
         let signals = rt.alloc_zeroed::<u64>(4).unwrap();
         let sig = |k: usize| signals.slice(k..k + 1).unwrap();
-        let src = stream.clone_htod(&values(me, 0..2 * COUNT)).unwrap();
+        let mut src = rt.alloc::<i32>(2 * COUNT).unwrap();
+        stream.memcpy_htod(&values(me, 0..2 * COUNT), &mut src).unwrap();
 
         // Put with a signal set to 42; the stream waits for the previous PE's signal.
         let first = data.slice(..COUNT).unwrap();
-        rt.put_signal_on_stream(&first, &src.slice(..COUNT), &sig(0), 42, SignalOp::Set, next, &stream).unwrap();
+        rt.put_signal_on_stream(&first, &src.slice(..COUNT).unwrap(), &sig(0), 42, SignalOp::Set, next, &stream).unwrap();
         rt.signal_wait_until_on_stream(&sig(0), Cmp::Eq, 42, &stream).unwrap();
         assert_eq!(stream.clone_dtoh(&first).unwrap(), values(prev, 0..COUNT), "PE {me}: data behind signal 0");
 
@@ -111,15 +119,15 @@ fn signals_deliver_data_in_order() {
         }
         rt.signal_wait_until_on_stream(&sig(1), Cmp::Ge, 15, &stream).unwrap();
 
-        // Two non-blocking puts with signal additions, then quiet; the second half is complete
-        // once the signal reaches 2.
+        // Two non-blocking puts with signal additions, each completed by its handle's quiet; the
+        // second half is complete once the signal reaches 2.
         let second = data.slice(COUNT..).unwrap();
         let (a, b) = (second.slice(..COUNT / 2).unwrap(), second.slice(COUNT / 2..).unwrap());
-        rt.put_signal_nbi_on_stream(&a, &src.slice(COUNT..COUNT + COUNT / 2), &sig(2), 1, SignalOp::Add, next, &stream)
-            .unwrap();
-        rt.put_signal_nbi_on_stream(&b, &src.slice(COUNT + COUNT / 2..), &sig(2), 1, SignalOp::Add, next, &stream)
-            .unwrap();
-        rt.quiet_on_stream(&stream).unwrap();
+        let (src_a, src_b) = (src.slice(COUNT..COUNT + COUNT / 2).unwrap(), src.slice(COUNT + COUNT / 2..).unwrap());
+        let pending_a = rt.put_signal_nbi_on_stream(&a, &src_a, &sig(2), 1, SignalOp::Add, next, &stream).unwrap();
+        let pending_b = rt.put_signal_nbi_on_stream(&b, &src_b, &sig(2), 1, SignalOp::Add, next, &stream).unwrap();
+        pending_a.quiet().unwrap();
+        drop(pending_b);
         rt.signal_wait_until_on_stream(&sig(2), Cmp::Eq, 2, &stream).unwrap();
         assert_eq!(stream.clone_dtoh(&second).unwrap(), values(prev, COUNT..2 * COUNT), "PE {me}: data behind signal 2");
 
@@ -134,6 +142,7 @@ fn signals_deliver_data_in_order() {
             other => panic!("expected LengthMismatch, got {other:?}"),
         }
         rt.barrier_all_on_stream(&stream).unwrap();
+        src.free().map_err(|(_, e)| e).unwrap();
         signals.free().map_err(|(_, e)| e).unwrap();
         data.free().map_err(|(_, e)| e).unwrap();
         rt.finalize().map_err(|(_, e)| e).unwrap();
