@@ -19,8 +19,8 @@
 //! What you should see, once per PE:
 //! `PE 0 of 2: 8 rounds of the ring, every slot held the token of the right PE`.
 
-use nvshmem::launch::{run_main, Options, Rendezvous};
-use nvshmem::{Cmp, Runtime, SignalOp};
+use nvshmem::launch::run_main;
+use nvshmem::{Cmp, SignalOp};
 
 const COUNT: usize = 1 << 16;
 const ROUNDS: usize = 8;
@@ -32,9 +32,8 @@ fn value(origin: usize, i: usize) -> u64 {
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
-        let stream = gpucomm_examples::rank_stream(&info)?;
-        let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
-        let rt = Runtime::from_rendezvous(stream.clone(), &mut rendezvous)?;
+        // The GPU, the rendezvous and NVSHMEM's start, as in lesson 3.
+        let (stream, rt) = gpucomm_examples::nvshmem_runtime(&info)?;
         let (me, n) = (rt.my_pe(), rt.n_pes());
         let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
 

@@ -18,17 +18,15 @@
 //! What you should see, once per PE, e.g. with 2 PEs:
 //! `PE 0 of 2: world sum 3 correct; even team (PE 0 of 1): max 1 correct, xor correct`.
 
-use nvshmem::launch::{run_main, Options, Rendezvous};
+use nvshmem::launch::run_main;
 use nvshmem::ops::{Max, Sum, Xor};
-use nvshmem::Runtime;
 
 const COUNT: usize = 1 << 20;
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
-        let stream = gpucomm_examples::rank_stream(&info)?;
-        let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
-        let rt = Runtime::from_rendezvous(stream.clone(), &mut rendezvous)?;
+        // The GPU, the rendezvous and NVSHMEM's start, as in lesson 3.
+        let (stream, rt) = gpucomm_examples::nvshmem_runtime(&info)?;
         let (me, n) = (rt.my_pe(), rt.n_pes());
         let world = rt.world()?;
 

@@ -23,8 +23,7 @@
 //! `PE 0 of 2: kernel of 264 blocks × 256 threads put 1048576 values to PE 1; received PE 1's, all correct`.
 
 use cudarc::driver::LaunchConfig;
-use nvshmem::launch::{run_main, Options, Rendezvous};
-use nvshmem::Runtime;
+use nvshmem::launch::run_main;
 
 /// The device-linked cubin that build.rs made from `kernels/nvshmem_ring.cu`.
 const RING: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/nvshmem_ring.cubin"));
@@ -38,9 +37,8 @@ fn value(pe: usize, i: usize) -> i32 {
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
-        let stream = gpucomm_examples::rank_stream(&info)?;
-        let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
-        let rt = Runtime::from_rendezvous(stream.clone(), &mut rendezvous)?;
+        // The GPU, the rendezvous and NVSHMEM's start, as in lesson 3.
+        let (stream, rt) = gpucomm_examples::nvshmem_runtime(&info)?;
         let (me, n) = (rt.my_pe(), rt.n_pes());
 
         let module = rt.load_module(RING)?;

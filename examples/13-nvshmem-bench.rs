@@ -36,7 +36,7 @@ use std::time::Instant;
 
 use cudarc::driver::sys::CUevent_flags;
 use cudarc::driver::{CudaStream, LaunchConfig};
-use nvshmem::launch::{run_main, Options, Rendezvous};
+use nvshmem::launch::run_main;
 use nvshmem::sys::function;
 use nvshmem::{Runtime, Symmetric};
 
@@ -62,91 +62,85 @@ enum Way {
     Raw,
 }
 
-fn put(
-    rt: &Runtime,
-    way: Way,
-    dst: &Symmetric<u8>,
-    src: &Symmetric<u8>,
+/// Puts of `src` into the next PE's `dst`, on `stream`.
+struct Puts<'a> {
+    rt: &'a Runtime,
+    dst: &'a Symmetric<'a, u8>,
+    src: &'a Symmetric<'a, u8>,
     pe: usize,
-    stream: &Arc<CudaStream>,
-) -> Res<()> {
-    match way {
-        Way::Safe => rt.put_on_stream(dst, src, pe, stream)?,
-        Way::Raw => {
-            let f = function!(nvshmem::sys::library()?, nvshmemx_putmem_on_stream)?;
-            // SAFETY: both buffers are live symmetric allocations of `dst.len()` bytes on this PE's
-            // device, `pe` is in range, the stream belongs to this device, whose context the
-            // runtime bound; this is the raw call the safe one wraps.
-            unsafe {
-                f(
-                    dst.device_address() as *mut c_void,
-                    src.device_address() as *const c_void,
-                    dst.len(),
-                    pe as i32,
-                    stream.cu_stream() as nvshmem::sys::cudaStream_t,
-                )
-            };
-        }
-    }
-    Ok(())
+    stream: &'a Arc<CudaStream>,
 }
 
-/// GB/s of `TIMED` puts of the whole buffer after `WARMUP` ones, every PE at once.
-fn bandwidth(
-    rt: &Runtime,
-    way: Way,
-    dst: &Symmetric<u8>,
-    src: &Symmetric<u8>,
-    pe: usize,
-    stream: &Arc<CudaStream>,
-) -> Res<f64> {
-    rt.barrier_all_on_stream(stream)?;
-    for _ in 0..WARMUP {
-        put(rt, way, dst, src, pe, stream)?;
-    }
-    rt.quiet_on_stream(stream)?;
-    rt.barrier_all_on_stream(stream)?;
-    let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-    for _ in 0..TIMED {
-        put(rt, way, dst, src, pe, stream)?;
-    }
-    rt.quiet_on_stream(stream)?;
-    let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
-    let seconds = f64::from(start.elapsed_ms(&end)?) / 1e3;
-    Ok((TIMED * dst.len()) as f64 / seconds / 1e9)
-}
-
-/// Median host time of one small put, in µs (batches of `BATCH` calls, the stream drained between
-/// batches so that the queue never fills).
-fn host_cost(
-    rt: &Runtime,
-    way: Way,
-    dst: &Symmetric<u8>,
-    src: &Symmetric<u8>,
-    pe: usize,
-    stream: &Arc<CudaStream>,
-) -> Res<f64> {
-    let (dst, src) = (dst.slice(..SMALL)?, src.slice(..SMALL)?);
-    let raw = function!(nvshmem::sys::library()?, nvshmemx_putmem_on_stream)?;
-    let (d, s) = (dst.device_address(), src.device_address());
-    let mut per_call = Vec::with_capacity(BATCHES);
-    for _ in 0..BATCHES {
-        stream.synchronize()?;
-        let t = Instant::now();
-        for _ in 0..BATCH {
-            match way {
-                Way::Safe => rt.put_on_stream(&dst, &src, pe, stream)?,
-                // SAFETY: as in `put`, for `SMALL` bytes.
-                Way::Raw => unsafe {
-                    raw(d as *mut c_void, s as *const c_void, SMALL, pe as i32, stream.cu_stream() as _)
-                },
+impl Puts<'_> {
+    /// One put of `bytes` bytes.
+    fn put(&self, way: Way, bytes: usize) -> Res<()> {
+        let (dst, src) = (self.dst.slice(..bytes)?, self.src.slice(..bytes)?);
+        match way {
+            Way::Safe => self.rt.put_on_stream(&dst, &src, self.pe, self.stream)?,
+            Way::Raw => {
+                let f = function!(nvshmem::sys::library()?, nvshmemx_putmem_on_stream)?;
+                // SAFETY: both ranges are live symmetric memory of `bytes` bytes on this PE's
+                // device, `pe` is in range, the stream belongs to this device, whose context the
+                // runtime bound; this is the raw call the safe one wraps.
+                unsafe {
+                    f(
+                        dst.device_address() as *mut c_void,
+                        src.device_address() as *const c_void,
+                        bytes,
+                        self.pe as i32,
+                        self.stream.cu_stream() as nvshmem::sys::cudaStream_t,
+                    )
+                };
             }
         }
-        per_call.push(t.elapsed().as_secs_f64() * 1e6 / BATCH as f64);
+        Ok(())
     }
-    stream.synchronize()?;
-    per_call.sort_by(f64::total_cmp);
-    Ok(per_call[BATCHES / 2])
+
+    /// GB/s of `TIMED` puts of the whole buffer after `WARMUP` ones, every PE at once.
+    fn bandwidth(&self, way: Way) -> Res<f64> {
+        let (rt, stream, bytes) = (self.rt, self.stream, self.dst.len());
+        rt.barrier_all_on_stream(stream)?;
+        for _ in 0..WARMUP {
+            self.put(way, bytes)?;
+        }
+        rt.quiet_on_stream(stream)?;
+        rt.barrier_all_on_stream(stream)?;
+        let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        for _ in 0..TIMED {
+            self.put(way, bytes)?;
+        }
+        rt.quiet_on_stream(stream)?;
+        let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let seconds = f64::from(start.elapsed_ms(&end)?) / 1e3;
+        Ok((TIMED * bytes) as f64 / seconds / 1e9)
+    }
+
+    /// Median host time of one `SMALL`-byte put, in µs: batches of `BATCH` calls, the stream
+    /// drained between batches so that its queue never fills. The raw calls resolve the function
+    /// and the addresses once, outside the timed loop.
+    fn host_cost(&self, way: Way) -> Res<f64> {
+        let (dst, src) = (self.dst.slice(..SMALL)?, self.src.slice(..SMALL)?);
+        let raw = function!(nvshmem::sys::library()?, nvshmemx_putmem_on_stream)?;
+        let (d, s, pe, stream) = (dst.device_address(), src.device_address(), self.pe, self.stream);
+        let mut per_call = Vec::with_capacity(BATCHES);
+        for _ in 0..BATCHES {
+            stream.synchronize()?;
+            let t = Instant::now();
+            for _ in 0..BATCH {
+                match way {
+                    Way::Safe => self.rt.put_on_stream(&dst, &src, pe, stream)?,
+                    // SAFETY: as in `put`, for `SMALL` bytes.
+                    Way::Raw => unsafe {
+                        raw(d as *mut c_void, s as *const c_void, SMALL, pe as i32, stream.cu_stream() as _)
+                    },
+                }
+            }
+            per_call.push(t.elapsed().as_secs_f64() * 1e6 / BATCH as f64);
+        }
+        stream.synchronize()?;
+        per_call.sort_by(f64::total_cmp);
+        Ok(per_call[BATCHES / 2])
+    }
 }
 
 /// Half round trip of the device ping-pong, in µs (host wall clock of the whole kernel).
@@ -185,9 +179,8 @@ fn ping_pong(rt: &Runtime, stream: &Arc<CudaStream>) -> Res<f64> {
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
-        let stream = gpucomm_examples::rank_stream(&info)?;
-        let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
-        let rt = Runtime::from_rendezvous(stream.clone(), &mut rendezvous)?;
+        // The GPU, the rendezvous and NVSHMEM's start, as in lesson 3.
+        let (stream, rt) = gpucomm_examples::nvshmem_runtime(&info)?;
         let (me, n) = (rt.my_pe(), rt.n_pes());
         let next = (me + 1) % n;
 
@@ -197,10 +190,12 @@ fn main() -> std::process::ExitCode {
         stream.memcpy_htod(&pattern(me).collect::<Vec<_>>(), &mut src)?;
 
         // Interleaved, twice each; the better of the two runs of each way is reported.
+        let puts = Puts { rt: &rt, dst: &dst, src: &src, pe: next, stream: &stream };
+        let ways = [Way::Raw, Way::Safe];
         let mut bw = [0.0f64; 2];
         for _ in 0..2 {
-            for (k, way) in [Way::Raw, Way::Safe].into_iter().enumerate() {
-                bw[k] = bw[k].max(bandwidth(&rt, way, &dst, &src, next, &stream)?);
+            for (k, way) in ways.into_iter().enumerate() {
+                bw[k] = bw[k].max(puts.bandwidth(way)?);
             }
         }
         rt.barrier_all_on_stream(&stream)?;
@@ -209,8 +204,8 @@ fn main() -> std::process::ExitCode {
             return Err(format!("PE {me}: the 256 MiB buffer from PE {prev} is wrong").into());
         }
         let mut cost = [0.0f64; 2];
-        for (k, way) in [Way::Raw, Way::Safe].into_iter().enumerate() {
-            cost[k] = host_cost(&rt, way, &dst, &src, next, &stream)?;
+        for (k, way) in ways.into_iter().enumerate() {
+            cost[k] = puts.host_cost(way)?;
         }
         rt.barrier_all_on_stream(&stream)?;
         let half_rtt = ping_pong(&rt, &stream)?;

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
-use nccl::launch::RankInfo;
+use nccl::launch::{Options, RankInfo, Rendezvous};
 
 /// Why there is no GPU to run on.
 #[derive(Debug)]
@@ -52,4 +52,14 @@ pub fn cuda_devices() -> Result<usize, NoGpu> {
 pub fn rank_stream(info: &RankInfo) -> Result<Arc<CudaStream>, Box<dyn Error>> {
     let ordinal = info.device_ordinal(cuda_devices()?)?;
     Ok(CudaContext::new(ordinal)?.default_stream())
+}
+
+/// Starts NVSHMEM on this rank the way lesson 3 shows step by step: the rank's GPU, the
+/// rendezvous, and a runtime started from the unique id that rank 0 creates. Returns the GPU's
+/// default stream and the runtime.
+pub fn nvshmem_runtime(info: &RankInfo) -> Result<(Arc<CudaStream>, nvshmem::Runtime), Box<dyn Error>> {
+    let stream = rank_stream(info)?;
+    let mut rendezvous = Rendezvous::connect(info, &Options::from_env()?)?;
+    let rt = nvshmem::Runtime::from_rendezvous(stream.clone(), &mut rendezvous)?;
+    Ok((stream, rt))
 }

@@ -1,7 +1,6 @@
 //! The crate's error type, NVSHMEM status codes as a newtype, and the one-expression FFI call
 //! macros.
 
-use std::fmt;
 use std::path::PathBuf;
 
 /// An NVSHMEM status (`nvshmemx_status`), kept as the raw number so that codes a newer library
@@ -13,37 +12,52 @@ pub struct Status(pub i32);
 impl Status {
     /// `NVSHMEMX_SUCCESS`.
     pub const SUCCESS: Self = Self(0);
-
-    /// The C name, or `None` for a code this crate does not know.
-    pub fn name(self) -> Option<&'static str> {
-        const NAMES: [&str; 8] = [
-            "NVSHMEMX_SUCCESS",
-            "NVSHMEMX_ERROR_INVALID_VALUE",
-            "NVSHMEMX_ERROR_OUT_OF_MEMORY",
-            "NVSHMEMX_ERROR_NOT_SUPPORTED",
-            "NVSHMEMX_ERROR_SYMMETRY",
-            "NVSHMEMX_ERROR_GPU_NOT_SELECTED",
-            "NVSHMEMX_ERROR_COLLECTIVE_LAUNCH_FAILED",
-            "NVSHMEMX_ERROR_INTERNAL",
-        ];
-        usize::try_from(self.0).ok().and_then(|i| NAMES.get(i)).copied()
-    }
 }
 
-impl fmt::Debug for Status {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.name() {
-            Some(n) => write!(f, "{n}({})", self.0),
-            None => write!(f, "Status({})", self.0),
+/// For a newtype over a C code whose values index a table of C names: `name()`, and `Debug` /
+/// `Display` as `NAME(value)` (or `Type(value)` for values the table does not know).
+macro_rules! named_code {
+    ($ty:ident, [$($name:literal),* $(,)?]) => {
+        impl $ty {
+            /// The C name, or `None` for a value this crate does not know.
+            pub fn name(self) -> Option<&'static str> {
+                const NAMES: &[&str] = &[$($name),*];
+                usize::try_from(self.0).ok().and_then(|i| NAMES.get(i)).copied()
+            }
         }
-    }
+
+        impl ::std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                match self.name() {
+                    Some(n) => write!(f, "{n}({})", self.0),
+                    None => write!(f, concat!(stringify!($ty), "({})"), self.0),
+                }
+            }
+        }
+
+        impl ::std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                ::std::fmt::Debug::fmt(self, f)
+            }
+        }
+    };
 }
 
-impl fmt::Display for Status {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self, f)
-    }
-}
+pub(crate) use named_code;
+
+named_code!(
+    Status,
+    [
+        "NVSHMEMX_SUCCESS",
+        "NVSHMEMX_ERROR_INVALID_VALUE",
+        "NVSHMEMX_ERROR_OUT_OF_MEMORY",
+        "NVSHMEMX_ERROR_NOT_SUPPORTED",
+        "NVSHMEMX_ERROR_SYMMETRY",
+        "NVSHMEMX_ERROR_GPU_NOT_SELECTED",
+        "NVSHMEMX_ERROR_COLLECTIVE_LAUNCH_FAILED",
+        "NVSHMEMX_ERROR_INTERNAL",
+    ]
+);
 
 /// Everything that can go wrong in this crate. Arguments are checked before NVSHMEM is called, so
 /// every variant but [`Error::Status`], [`Error::Cuda`] and the loading errors means NVSHMEM was

@@ -96,34 +96,18 @@ impl InitStatus {
     pub const LIMITED_MPG: Self = Self(3);
     /// `NVSHMEM_STATUS_FULL_MPG`: several PEs share a GPU.
     pub const FULL_MPG: Self = Self(4);
-
-    /// The C name, or `None` for a value this crate does not know.
-    pub fn name(self) -> Option<&'static str> {
-        const NAMES: [&str; 5] = [
-            "NVSHMEM_STATUS_NOT_INITIALIZED",
-            "NVSHMEM_STATUS_IS_BOOTSTRAPPED",
-            "NVSHMEM_STATUS_IS_INITIALIZED",
-            "NVSHMEM_STATUS_LIMITED_MPG",
-            "NVSHMEM_STATUS_FULL_MPG",
-        ];
-        usize::try_from(self.0).ok().and_then(|i| NAMES.get(i)).copied()
-    }
 }
 
-impl std::fmt::Debug for InitStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self.name() {
-            Some(n) => write!(f, "{n}({})", self.0),
-            None => write!(f, "InitStatus({})", self.0),
-        }
-    }
-}
-
-impl std::fmt::Display for InitStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        std::fmt::Debug::fmt(self, f)
-    }
-}
+error::named_code!(
+    InitStatus,
+    [
+        "NVSHMEM_STATUS_NOT_INITIALIZED",
+        "NVSHMEM_STATUS_IS_BOOTSTRAPPED",
+        "NVSHMEM_STATUS_IS_INITIALIZED",
+        "NVSHMEM_STATUS_LIMITED_MPG",
+        "NVSHMEM_STATUS_FULL_MPG",
+    ]
+);
 
 /// The version of the NVSHMEM library loaded at run time (`nvshmemx_vendor_get_version_info`);
 /// loads it if needed. Needs no GPU and no initialisation.

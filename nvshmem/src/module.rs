@@ -148,7 +148,8 @@ impl Drop for Module<'_> {
         if self.registered {
             // SAFETY: the module is live and registered with NVSHMEM; the context is current
             // after synchronize.
-            let finalized = unsafe { call!(nvshmemx_cumodule_finalize(self.as_raw() as nvshmem_sys::CUmodule) => status) };
+            let finalized =
+                unsafe { call!(nvshmemx_cumodule_finalize(self.as_raw() as nvshmem_sys::CUmodule) => status) };
             if let Err(e) = finalized {
                 log::warn!("nvshmem: nvshmemx_cumodule_finalize failed: {e}");
             }

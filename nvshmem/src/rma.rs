@@ -126,6 +126,96 @@ impl Runtime {
         Ok((pe, self.enqueue_on(stream)?))
     }
 
+    /// Checks and enqueues `nvshmemx_putmem_on_stream` or its `_nbi` variant.
+    fn putmem<T>(
+        &self,
+        nbi: bool,
+        dst: &impl SymmetricMemory<T>,
+        src: &impl DevicePtr<T>,
+        pe: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
+        let access = Access::new(stream);
+        let (d, _d) = access.read(dst)?;
+        let (s, _s) = access.read(src)?;
+        let (d, s, bytes) = (d as *mut c_void, s as *const c_void, dst.num_bytes());
+        // SAFETY: `dst` is symmetric, so the same range exists on `pe`; both ranges hold
+        // `src.len()` elements (checked), the source on this device (checked); both stay borrowed
+        // until the guards record after the enqueue; `pe` is in range; the context is current.
+        // For `_nbi`, NVSHMEM reads the source on an internal stream until a quiet on this stream:
+        // the caller hands out a `Pending` that borrows `src` (symmetric, so never freed before
+        // NVSHMEM is quiesced) until it enqueues that quiet.
+        unsafe {
+            if nbi {
+                call!(nvshmemx_putmem_nbi_on_stream(d, s, bytes, pe, raw))
+            } else {
+                call!(nvshmemx_putmem_on_stream(d, s, bytes, pe, raw))
+            }
+        }
+    }
+
+    /// Checks and enqueues `nvshmemx_getmem_on_stream` or its `_nbi` variant.
+    fn getmem<T>(
+        &self,
+        nbi: bool,
+        dst: &mut impl DevicePtrMut<T>,
+        src: &impl SymmetricMemory<T>,
+        pe: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let (pe, raw) = self.transfer(src.len(), dst, pe, stream)?;
+        let bytes = src.num_bytes();
+        let access = Access::new(stream);
+        let (s, _s) = access.read(src)?;
+        let (d, _d) = access.write(dst)?;
+        let (d, s) = (d as *mut c_void, s as *const c_void);
+        // SAFETY: `src` is symmetric, so the range exists on `pe`; `dst` holds as many elements
+        // (checked) on this device (checked); both stay borrowed until the guards record after
+        // the enqueue; `pe` is in range; the context is current. For `_nbi`, NVSHMEM writes the
+        // destination on an internal stream until a quiet on this stream: the caller hands out a
+        // `Pending` that borrows `dst` exclusively (symmetric, so never freed before NVSHMEM is
+        // quiesced) until it enqueues that quiet.
+        unsafe {
+            if nbi {
+                call!(nvshmemx_getmem_nbi_on_stream(d, s, bytes, pe, raw))
+            } else {
+                call!(nvshmemx_getmem_on_stream(d, s, bytes, pe, raw))
+            }
+        }
+    }
+
+    /// Checks and enqueues `nvshmemx_putmem_signal_on_stream` or its `_nbi` variant.
+    #[allow(clippy::too_many_arguments)]
+    fn putmem_signal<T>(
+        &self,
+        nbi: bool,
+        dst: &impl SymmetricMemory<T>,
+        src: &impl DevicePtr<T>,
+        signal: &impl SymmetricMemory<u64>,
+        value: u64,
+        op: SignalOp,
+        pe: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        check_signal(signal)?;
+        let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
+        let access = Access::new(stream);
+        let (d, _d) = access.read(dst)?;
+        let (s, _s) = access.read(src)?;
+        let (sig, _sig) = access.read(signal)?;
+        let (d, s, bytes, sig) = (d as *mut c_void, s as *const c_void, dst.num_bytes(), sig as *mut u64);
+        // SAFETY: as for `putmem`; `signal` is one symmetric u64 (checked), `op` one of NVSHMEM's
+        // signal operations.
+        unsafe {
+            if nbi {
+                call!(nvshmemx_putmem_signal_nbi_on_stream(d, s, bytes, sig, value, op.raw(), pe, raw))
+            } else {
+                call!(nvshmemx_putmem_signal_on_stream(d, s, bytes, sig, value, op.raw(), pe, raw))
+            }
+        }
+    }
+
     /// Copies `src` (local device memory of the same length) into `pe`'s copy of `dst`, in stream
     /// order (`nvshmemx_putmem_on_stream`). `src` may be reused once the stream is past the put;
     /// the data is visible at `pe` after a barrier (or quiet + signal).
@@ -137,14 +227,7 @@ impl Runtime {
         pe: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
-        let access = Access::new(stream);
-        let (d, _d) = access.read(dst)?;
-        let (s, _s) = access.read(src)?;
-        // SAFETY: `dst` is symmetric, so the same range exists on `pe`; both ranges hold
-        // `src.len()` elements (checked), the source on this device (checked); both stay borrowed
-        // until the guards record after the enqueue; `pe` is in range; the context is current.
-        unsafe { call!(nvshmemx_putmem_on_stream(d as *mut c_void, s as *const c_void, dst.num_bytes(), pe, raw)) }
+        self.putmem(false, dst, src, pe, stream)
     }
 
     /// [`Runtime::put_on_stream`] without waiting for local completion
@@ -158,14 +241,7 @@ impl Runtime {
         pe: usize,
         stream: &'a Arc<CudaStream>,
     ) -> Result<Pending<'a>> {
-        let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
-        let access = Access::new(stream);
-        let (d, _d) = access.read(dst)?;
-        let (s, _s) = access.read(src)?;
-        // SAFETY: as for `put_on_stream`; NVSHMEM reads the source on an internal stream until a
-        // quiet on this stream, which the returned handle enqueues while it still borrows `src`,
-        // and `src` is symmetric, so it cannot be freed before NVSHMEM is quiesced.
-        unsafe { call!(nvshmemx_putmem_nbi_on_stream(d as *mut c_void, s as *const c_void, dst.num_bytes(), pe, raw)) }?;
+        self.putmem(true, dst, src, pe, stream)?;
         Ok(Pending { rt: self, stream, done: false })
     }
 
@@ -179,15 +255,7 @@ impl Runtime {
         pe: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let (pe, raw) = self.transfer(src.len(), dst, pe, stream)?;
-        let bytes = src.num_bytes();
-        let access = Access::new(stream);
-        let (s, _s) = access.read(src)?;
-        let (d, _d) = access.write(dst)?;
-        // SAFETY: `src` is symmetric, so the range exists on `pe`; `dst` holds as many elements
-        // (checked) on this device (checked); both stay borrowed until the guards record after
-        // the enqueue; `pe` is in range; the context is current.
-        unsafe { call!(nvshmemx_getmem_on_stream(d as *mut c_void, s as *const c_void, bytes, pe, raw)) }
+        self.getmem(false, dst, src, pe, stream)
     }
 
     /// [`Runtime::get_on_stream`] without waiting for completion (`nvshmemx_getmem_nbi_on_stream`).
@@ -201,16 +269,7 @@ impl Runtime {
         pe: usize,
         stream: &'a Arc<CudaStream>,
     ) -> Result<Pending<'a>> {
-        let (pe, raw) = self.transfer(src.len(), dst, pe, stream)?;
-        let bytes = src.num_bytes();
-        let access = Access::new(stream);
-        let (s, _s) = access.read(src)?;
-        let (d, _d) = access.write(dst)?;
-        // SAFETY: as for `get_on_stream`; NVSHMEM writes the destination on an internal stream
-        // until a quiet on this stream, which the returned handle enqueues while it still borrows
-        // `dst` exclusively, and `dst` is symmetric, so it cannot be freed before NVSHMEM is
-        // quiesced.
-        unsafe { call!(nvshmemx_getmem_nbi_on_stream(d as *mut c_void, s as *const c_void, bytes, pe, raw)) }?;
+        self.getmem(true, dst, src, pe, stream)?;
         Ok(Pending { rt: self, stream, done: false })
     }
 
@@ -230,26 +289,7 @@ impl Runtime {
         pe: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        check_signal(signal)?;
-        let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
-        let access = Access::new(stream);
-        let (d, _d) = access.read(dst)?;
-        let (s, _s) = access.read(src)?;
-        let (sig, _sig) = access.read(signal)?;
-        // SAFETY: as for `put_on_stream`; `signal` is one symmetric u64 (checked); `op` is one of
-        // NVSHMEM's signal operations.
-        unsafe {
-            call!(nvshmemx_putmem_signal_on_stream(
-                d as *mut c_void,
-                s as *const c_void,
-                dst.num_bytes(),
-                sig as *mut u64,
-                value,
-                op.raw(),
-                pe,
-                raw
-            ))
-        }
+        self.putmem_signal(false, dst, src, signal, value, op, pe, stream)
     }
 
     /// [`Runtime::put_signal_on_stream`] without waiting for local completion
@@ -267,25 +307,7 @@ impl Runtime {
         pe: usize,
         stream: &'a Arc<CudaStream>,
     ) -> Result<Pending<'a>> {
-        check_signal(signal)?;
-        let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
-        let access = Access::new(stream);
-        let (d, _d) = access.read(dst)?;
-        let (s, _s) = access.read(src)?;
-        let (sig, _sig) = access.read(signal)?;
-        // SAFETY: as for `put_signal_on_stream` and `put_nbi_on_stream`.
-        unsafe {
-            call!(nvshmemx_putmem_signal_nbi_on_stream(
-                d as *mut c_void,
-                s as *const c_void,
-                dst.num_bytes(),
-                sig as *mut u64,
-                value,
-                op.raw(),
-                pe,
-                raw
-            ))
-        }?;
+        self.putmem_signal(true, dst, src, signal, value, op, pe, stream)?;
         Ok(Pending { rt: self, stream, done: false })
     }
 

@@ -7,13 +7,13 @@ mod nvshmem_support;
 
 use gpucomm_tests::multi_process;
 use nvshmem::Error;
-use nvshmem_support::{grid, pes, start, OTHER_ARCH, PLAIN, RING};
+use nvshmem_support::{grid, pes, start, value, OTHER_ARCH, PLAIN, RING};
 
 const COUNT: usize = 1 << 16;
 
-/// What the test kernels write: PE `pe`'s value at `i` in round `round`.
-fn ring_value(pe: usize, i: usize, round: i32) -> i32 {
-    (pe as i32 + 1) * 1_000_000 + round * 100_000 + i as i32
+/// What PE `pe` sends at `i` in plain-launch round `round`.
+fn round_value(pe: usize, i: usize, round: i32) -> i32 {
+    value(pe, i) + round * 10_000_000
 }
 
 #[test]
@@ -23,45 +23,52 @@ fn nvshmem_kernels_with_plain_and_collective_launches() {
         let (_rdzv, rt) = start(&info, &stream);
         let (me, n) = (rt.my_pe(), rt.n_pes());
         let prev = (me + n - 1) % n;
-        let expected = |round| (0..COUNT).map(|i| ring_value(prev, i, round)).collect::<Vec<_>>();
+        let expected = |round| (0..COUNT).map(|i| round_value(prev, i, round)).collect::<Vec<_>>();
 
         let module = rt.load_module(RING).unwrap();
         let plain = module.kernel("ring_put_plain").unwrap();
-        let synced = module.kernel("ring_put_synced").unwrap();
-        assert!(matches!(module.kernel("no_such_kernel"), Err(Error::KernelNotFound { name }) if name == "no_such_kernel"));
+        let synced = module.kernel("ring_put").unwrap();
+        assert!(
+            matches!(module.kernel("no_such_kernel"), Err(Error::KernelNotFound { name }) if name == "no_such_kernel")
+        );
         let mut dst = rt.alloc_zeroed::<i32>(COUNT).unwrap();
         let len = COUNT as i32;
+        let plain_round = |dst: &mut nvshmem::Symmetric<'_, i32>, round: i32| {
+            let src = stream.clone_htod(&(0..COUNT).map(|i| round_value(me, i, round)).collect::<Vec<_>>()).unwrap();
+            // SAFETY: ring_put_plain(int *dst, const int *src, int n) reads `n` elements of `src`
+            // and writes `n` of the next PE's `dst`, which both hold.
+            unsafe {
+                plain.launch(grid(64), &stream, |a| {
+                    a.buffer_mut(dst)?.buffer(&src)?.value(len)?;
+                    Ok(())
+                })
+            }
+            .unwrap();
+            // The barrier on the stream completes the device's puts everywhere.
+            rt.barrier_all_on_stream(&stream).unwrap();
+            assert_eq!(stream.clone_dtoh(&*dst).unwrap(), expected(round), "PE {me}: plain launch, round {round}");
+            rt.barrier_all_on_stream(&stream).unwrap();
+        };
+        plain_round(&mut dst, 1);
 
-        // Plain launch; the barrier on the stream completes the device's puts.
-        // SAFETY: ring_put_plain(int *dst, int n, int round) writes `n` elements of the next PE's
-        // `dst`, which holds them.
-        unsafe {
-            plain.launch(grid(64), &stream, |a| {
-                a.buffer_mut(&mut dst)?.value(len)?.value(1i32)?;
-                Ok(())
-            })
-        }
-        .unwrap();
-        rt.barrier_all_on_stream(&stream).unwrap();
-        assert_eq!(stream.clone_dtoh(&dst).unwrap(), expected(1), "PE {me}: plain launch");
-        rt.barrier_all_on_stream(&stream).unwrap();
-
-        // Collective launch of as many blocks as can be resident; the kernel checks on the device.
+        // Lesson 12's kernel with a collective launch of as many blocks as can be resident; it
+        // checks what arrived on the device.
         let most = synced.max_collective_blocks(256, 0).unwrap();
         assert!(most >= 1);
         let blocks = most.min(COUNT as u64 / 256) as u32;
+        let mine = stream.clone_htod(&(0..COUNT).map(|i| value(me, i)).collect::<Vec<_>>()).unwrap();
         let mut errors = stream.alloc_zeros::<i32>(1).unwrap();
-        // SAFETY: ring_put_synced(int *dst, int n, int round, int *errors) writes `n` elements of
-        // the next PE's `dst` and one int of `errors`.
+        // SAFETY: ring_put(int *inbox, const int *mine, int n, int *errors) writes `n` elements of
+        // the next PE's `inbox`, reads `n` of `mine` and writes one int of `errors`.
         unsafe {
             synced.launch_collective(grid(blocks), &stream, |a| {
-                a.buffer_mut(&mut dst)?.value(len)?.value(2i32)?.buffer_mut(&mut errors)?;
+                a.buffer_mut(&mut dst)?.buffer(&mine)?.value(len)?.buffer_mut(&mut errors)?;
                 Ok(())
             })
         }
         .unwrap();
         assert_eq!(stream.clone_dtoh(&errors).unwrap(), [0], "PE {me}: mismatches seen by the kernel");
-        assert_eq!(stream.clone_dtoh(&dst).unwrap(), expected(2), "PE {me}: collective launch");
+        assert_eq!(stream.clone_dtoh(&dst).unwrap(), (0..COUNT).map(|i| value(prev, i)).collect::<Vec<_>>());
 
         // A grid that cannot be co-resident is refused before launching (on every PE alike).
         let too_many = u32::try_from(most + 1).unwrap();
@@ -85,7 +92,9 @@ fn nvshmem_kernels_with_plain_and_collective_launches() {
             (major * 10 + minor) as u32
         };
         match rt.load_module(OTHER_ARCH) {
-            Err(Error::WrongArchitecture { module: None, device, arch }) => assert_eq!((device, arch), (rt.device(), device_arch)),
+            Err(Error::WrongArchitecture { module: None, device, arch }) => {
+                assert_eq!((device, arch), (rt.device(), device_arch))
+            }
             other => panic!("expected WrongArchitecture from the driver, got {other:?}"),
         }
         let mut sm80 = RING.to_vec();
@@ -99,16 +108,7 @@ fn nvshmem_kernels_with_plain_and_collective_launches() {
 
         // Everything still works: one more plain round.
         rt.barrier_all_on_stream(&stream).unwrap();
-        // SAFETY: as above.
-        unsafe {
-            plain.launch(grid(64), &stream, |a| {
-                a.buffer_mut(&mut dst)?.value(len)?.value(3i32)?;
-                Ok(())
-            })
-        }
-        .unwrap();
-        rt.barrier_all_on_stream(&stream).unwrap();
-        assert_eq!(stream.clone_dtoh(&dst).unwrap(), expected(3), "PE {me}: plain launch after the refusals");
+        plain_round(&mut dst, 3);
 
         rt.barrier_all_on_stream(&stream).unwrap();
         dst.free().map_err(|(_, e)| e).unwrap();

@@ -53,12 +53,18 @@ fn puts_and_gets_on_sub_ranges_with_every_check() {
         assert_eq!(stream.clone_dtoh(&back).unwrap(), values(me, 0..COUNT), "PE {me}: get from PE {next}");
         let mut sym_back = rt.alloc_zeroed::<i32>(COUNT).unwrap();
         rt.get_nbi_on_stream(&mut sym_back, &buf.slice(COUNT..).unwrap(), next, &stream).unwrap().quiet().unwrap();
-        assert_eq!(stream.clone_dtoh(&sym_back).unwrap(), values(me, COUNT..2 * COUNT), "PE {me}: get_nbi from PE {next}");
+        assert_eq!(
+            stream.clone_dtoh(&sym_back).unwrap(),
+            values(me, COUNT..2 * COUNT),
+            "PE {me}: get_nbi from PE {next}"
+        );
 
         // Refused before NVSHMEM: ranges past the end, PEs out of range, lengths that differ,
         // streams and buffers of another GPU.
         match buf.slice(COUNT..2 * COUNT + 1) {
-            Err(Error::OutOfBounds { start, end, len }) => assert_eq!((start, end, len), (COUNT, 2 * COUNT + 1, 2 * COUNT)),
+            Err(Error::OutOfBounds { start, end, len }) => {
+                assert_eq!((start, end, len), (COUNT, 2 * COUNT + 1, 2 * COUNT))
+            }
             other => panic!("expected OutOfBounds, got {other:?}"),
         }
         match rt.put_on_stream(&buf.slice(..COUNT).unwrap(), &src.slice(..COUNT), n, &stream) {
@@ -66,14 +72,22 @@ fn puts_and_gets_on_sub_ranges_with_every_check() {
             other => panic!("expected InvalidPe, got {other:?}"),
         }
         match rt.get_on_stream(&mut back, &buf, next, &stream) {
-            Err(Error::LengthMismatch { what: "local buffer", expected, got }) => assert_eq!((expected, got), (2 * COUNT, COUNT)),
+            Err(Error::LengthMismatch { what: "local buffer", expected, got }) => {
+                assert_eq!((expected, got), (2 * COUNT, COUNT))
+            }
             other => panic!("expected LengthMismatch, got {other:?}"),
         }
         let elsewhere = stream_elsewhere(rt.device());
         if elsewhere.context().ordinal() != rt.device() {
-            assert!(matches!(rt.put_on_stream(&buf, &src, next, &elsewhere), Err(Error::WrongDevice { what: "stream", .. })));
+            assert!(matches!(
+                rt.put_on_stream(&buf, &src, next, &elsewhere),
+                Err(Error::WrongDevice { what: "stream", .. })
+            ));
             let foreign = elsewhere.alloc_zeros::<i32>(2 * COUNT).unwrap();
-            assert!(matches!(rt.put_on_stream(&buf, &foreign, next, &stream), Err(Error::WrongDevice { what: "local buffer", .. })));
+            assert!(matches!(
+                rt.put_on_stream(&buf, &foreign, next, &stream),
+                Err(Error::WrongDevice { what: "local buffer", .. })
+            ));
             // A put issued while the other GPU's context is current binds this PE's context.
             elsewhere.context().bind_to_thread().unwrap();
             rt.barrier_all_on_stream(&stream).unwrap();
@@ -109,7 +123,8 @@ fn signals_deliver_data_in_order() {
 
         // Put with a signal set to 42; the stream waits for the previous PE's signal.
         let first = data.slice(..COUNT).unwrap();
-        rt.put_signal_on_stream(&first, &src.slice(..COUNT).unwrap(), &sig(0), 42, SignalOp::Set, next, &stream).unwrap();
+        rt.put_signal_on_stream(&first, &src.slice(..COUNT).unwrap(), &sig(0), 42, SignalOp::Set, next, &stream)
+            .unwrap();
         rt.signal_wait_until_on_stream(&sig(0), Cmp::Eq, 42, &stream).unwrap();
         assert_eq!(stream.clone_dtoh(&first).unwrap(), values(prev, 0..COUNT), "PE {me}: data behind signal 0");
 
@@ -129,7 +144,11 @@ fn signals_deliver_data_in_order() {
         pending_a.quiet().unwrap();
         drop(pending_b);
         rt.signal_wait_until_on_stream(&sig(2), Cmp::Eq, 2, &stream).unwrap();
-        assert_eq!(stream.clone_dtoh(&second).unwrap(), values(prev, COUNT..2 * COUNT), "PE {me}: data behind signal 2");
+        assert_eq!(
+            stream.clone_dtoh(&second).unwrap(),
+            values(prev, COUNT..2 * COUNT),
+            "PE {me}: data behind signal 2"
+        );
 
         // A signal this PE sets on itself.
         rt.signal_op_on_stream(&sig(3), 7, SignalOp::Set, me, &stream).unwrap();
@@ -222,7 +241,11 @@ fn kernel_collective_and_put_on_three_streams_need_no_synchronisation() {
             let bases: i32 = (0..n as i32).map(|pe| rep * 100 + pe).sum();
             let got = put_stream.clone_dtoh(&dst).unwrap();
             if let Some(i) = (0..COUNT).find(|&i| got[i] != n as i32 * i as i32 + bases) {
-                panic!("PE {me}, repetition {rep}: element {i} from PE {prev} is {}, expected {}", got[i], n as i32 * i as i32 + bases);
+                panic!(
+                    "PE {me}, repetition {rep}: element {i} from PE {prev} is {}, expected {}",
+                    got[i],
+                    n as i32 * i as i32 + bases
+                );
             }
         }
         rt.barrier_all_on_stream(&put_stream).unwrap();

@@ -44,7 +44,13 @@ fn identity_info_and_the_nccl_nvshmem_uses() {
             NcclUse::Loaded { path, version } => {
                 assert_eq!(*version, nccl.version(), "NVSHMEM got NCCL {version}, nccl-sys {}", nccl.version());
                 let canonical = |p: &Path| p.canonicalize().unwrap_or_else(|_| p.to_path_buf());
-                assert_eq!(canonical(path), canonical(nccl.path()), "NVSHMEM: {}, nccl-sys: {}", path.display(), nccl.path().display());
+                assert_eq!(
+                    canonical(path),
+                    canonical(nccl.path()),
+                    "NVSHMEM: {}, nccl-sys: {}",
+                    path.display(),
+                    nccl.path().display()
+                );
             }
             other => panic!("PE {me}: NVSHMEM should use NCCL, got {other:?}"),
         }
@@ -56,7 +62,13 @@ fn identity_info_and_the_nccl_nvshmem_uses() {
         assert_eq!((node.my_pe(), node.n_pes()), (me, n));
         let shared = rt.shared().unwrap();
         assert!(shared.my_pe() < shared.n_pes() && shared.n_pes() <= n, "{shared:?}");
-        println!("PE {me}: {} ({:?}), NCCL {}, shared team of {}", about.name, about.spec_version, about.nccl, shared.n_pes());
+        println!(
+            "PE {me}: {} ({:?}), NCCL {}, shared team of {}",
+            about.name,
+            about.spec_version,
+            about.nccl,
+            shared.n_pes()
+        );
         drop((world, node, shared));
         // An id that is never used: NVSHMEM is not reached.
         let mut bytes = nvshmem::sys::nvshmemx_uniqueid_t::initializer().version.to_ne_bytes().to_vec();
@@ -77,7 +89,10 @@ fn bad_input_is_refused_and_the_process_keeps_working() {
 
         // A second runtime: refused before the rendezvous, and without disturbing the first.
         assert!(matches!(Runtime::from_rendezvous(stream.clone(), &mut rdzv), Err(Error::AlreadyInitialized)));
-        assert!(matches!(Runtime::with_bootstrap(stream.clone(), Bootstrap::Environment), Err(Error::AlreadyInitialized)));
+        assert!(matches!(
+            Runtime::with_bootstrap(stream.clone(), Bootstrap::Environment),
+            Err(Error::AlreadyInitialized)
+        ));
         still_works(&rt, &stream, "after a second runtime");
 
         // Allocations NVSHMEM must not see: zero bytes, overflowing sizes, bad alignments, more

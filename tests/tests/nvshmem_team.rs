@@ -124,11 +124,19 @@ fn collectives_over_teams() {
         stream.memcpy_htod(&(0..LEN).map(|i| (me * LEN + i) as i32).collect::<Vec<_>>(), &mut src).unwrap();
         world.broadcast_on_stream(&mut dst.slice(..LEN).unwrap(), &src, root, &stream).unwrap();
         let got = stream.clone_dtoh(&dst.slice(..LEN).unwrap()).unwrap();
-        assert_eq!(got, (0..LEN).map(|i| (root * LEN + i) as i32).collect::<Vec<_>>(), "PE {me}: broadcast from {root}");
+        assert_eq!(
+            got,
+            (0..LEN).map(|i| (root * LEN + i) as i32).collect::<Vec<_>>(),
+            "PE {me}: broadcast from {root}"
+        );
 
         // fcollect: block q of the result is PE q's source.
         world.fcollect_on_stream(&mut dst, &src, &stream).unwrap();
-        assert_eq!(stream.clone_dtoh(&dst).unwrap(), (0..n * LEN).map(|i| i as i32).collect::<Vec<_>>(), "PE {me}: fcollect");
+        assert_eq!(
+            stream.clone_dtoh(&dst).unwrap(),
+            (0..n * LEN).map(|i| i as i32).collect::<Vec<_>>(),
+            "PE {me}: fcollect"
+        );
 
         // alltoall: block j of PE i's source lands in block i of PE j's destination.
         let block = LEN / 2;
@@ -146,7 +154,9 @@ fn collectives_over_teams() {
             Err(Error::InvalidPe { what: "root", .. })
         ));
         match world.fcollect_on_stream(&mut dst.slice(..LEN).unwrap(), &src, &stream) {
-            Err(Error::LengthMismatch { what: "destination", expected, got }) => assert_eq!((expected, got), (n * LEN, LEN)),
+            Err(Error::LengthMismatch { what: "destination", expected, got }) => {
+                assert_eq!((expected, got), (n * LEN, LEN))
+            }
             other => panic!("expected LengthMismatch, got {other:?}"),
         }
         let uneven = a2a_src.slice(..n * block - 1).unwrap();
@@ -155,7 +165,9 @@ fn collectives_over_teams() {
             other => panic!("expected NotDivisible, got {other:?}"),
         }
         match world.reduce_on_stream(Sum, &mut dst, &src, &stream) {
-            Err(Error::LengthMismatch { what: "destination", expected, got }) => assert_eq!((expected, got), (LEN, n * LEN)),
+            Err(Error::LengthMismatch { what: "destination", expected, got }) => {
+                assert_eq!((expected, got), (LEN, n * LEN))
+            }
             other => panic!("expected LengthMismatch, got {other:?}"),
         }
         // …and the team still works.
