@@ -148,7 +148,6 @@ impl Runtime {
     /// ```
     #[doc(alias = "nvshmemx_hostlib_init_attr")]
     #[doc(alias = "nvshmemx_set_attr_uniqueid_args")]
-    #[doc(alias = "nvshmemx_set_attr_mpi_comm_args")]
     pub fn with_bootstrap(stream: Arc<CudaStream>, bootstrap: Bootstrap<'_>) -> Result<Self> {
         let expected = bootstrap.expected_pes()?;
         let lib = lib()?;
