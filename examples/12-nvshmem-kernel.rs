@@ -5,7 +5,7 @@
 //!   `examples/kernels/nvshmem_ring.cu`. Such code is compiled with relocatable device code and
 //!   device-linked against NVSHMEM's `libnvshmem_device.a` into one cubin — this package's
 //!   `build.rs` does it with `gpucomm_build_support`'s `nvcc` helper, for `CUDA_ARCHS` (default
-//!   sm_90) — and embedded with `include_bytes!`;
+//!   sm_90) — and embedded as `gpucomm_examples::kernels::NVSHMEM_RING`;
 //! * [`nvshmem::Runtime::load_module`] loads the cubin and registers it with NVSHMEM
 //!   (`nvshmemx_cumodule_init`); a cubin for another GPU, or one not linked with NVSHMEM, is
 //!   refused with a clear error;
@@ -26,7 +26,7 @@ use cudarc::driver::LaunchConfig;
 use nvshmem::launch::run_main;
 
 /// The device-linked cubin that build.rs made from `kernels/nvshmem_ring.cu`.
-const RING: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/nvshmem_ring.cubin"));
+const RING: &[u8] = gpucomm_examples::kernels::NVSHMEM_RING;
 const COUNT: usize = 1 << 20;
 const THREADS: u32 = 256;
 

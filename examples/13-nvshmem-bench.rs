@@ -41,7 +41,7 @@ use nvshmem::sys::function;
 use nvshmem::{Runtime, Symmetric};
 
 /// The device-linked cubin that build.rs made from `kernels/nvshmem_bench.cu`.
-const BENCH: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/nvshmem_bench.cubin"));
+const BENCH: &[u8] = gpucomm_examples::kernels::NVSHMEM_BENCH;
 
 const BYTES: usize = 256 << 20;
 const WARMUP: usize = 3;

@@ -63,3 +63,8 @@ pub fn nvshmem_runtime(info: &RankInfo) -> Result<(Arc<CudaStream>, nvshmem::Run
     let rt = nvshmem::Runtime::from_rendezvous(stream.clone(), &mut rendezvous)?;
     Ok((stream, rt))
 }
+
+/// The lessons' kernels, compiled by `build.rs` (device-linked NVSHMEM module images).
+pub mod kernels {
+    include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+}

@@ -39,7 +39,7 @@ fn expect_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
 }
 
 fn times(len: usize, ranks: usize) -> Result<usize> {
-    len.checked_mul(ranks).ok_or_else(|| Error::InvalidArgument(format!("{len} elements × {ranks} ranks overflows")))
+    len.checked_mul(ranks).ok_or(Error::CountOverflow { len, ranks })
 }
 
 impl Comm {

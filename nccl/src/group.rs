@@ -200,8 +200,8 @@ mod tests {
         assert!(!is_open());
         assert!(matches!(group(|_| group(|_| Ok(()))), Err(Error::InsideGroup)));
         assert!(!is_open(), "the outer group ended although its closure failed");
-        let err = group(|_| -> Result<()> { Err(Error::InvalidArgument("from the closure".into())) }).unwrap_err();
-        assert_eq!(err.to_string(), "invalid argument: from the closure");
+        let err = group(|_| -> Result<()> { Err(Error::DuplicateRank { rank: 3 }) }).unwrap_err();
+        assert_eq!(err.to_string(), "rank 3 is listed twice");
         let panicked = std::panic::catch_unwind(|| group(|_| -> Result<()> { panic!("inside the group") }));
         assert!(panicked.is_err());
         assert!(!is_open(), "a panic inside the closure still ends the group");

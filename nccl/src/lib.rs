@@ -1,7 +1,13 @@
 //! Safe, idiomatic NCCL for Rust, on top of [cudarc] buffers and streams.
 //!
 //! * [`Comm`]: a communicator, created with [`Comm::init_rank`] (one process or thread per GPU,
-//!   all sharing a [`UniqueId`]) or [`Comm::init_all`] (one process driving several GPUs).
+//!   all sharing a [`UniqueId`]) or [`Comm::init_all`] (one process driving several GPUs), with
+//!   options through a [`Config`] ([`Comm::init_rank_config`]), or from another one
+//!   ([`Comm::split`], [`Comm::shrink`]).
+//! * Nonblocking communicators and timeouts: a [`Config`] with `blocking(false)` and a
+//!   [`timeout`](Config::timeout) turns a peer that never arrives, or dies, into
+//!   [`Error::Timeout`] and an aborted communicator; an [`AbortHandle`] lets a watchdog thread
+//!   abort one.
 //! * Collectives on [`Comm`] ([`all_reduce`](Comm::all_reduce), [`all_gather`](Comm::all_gather),
 //!   [`reduce_scatter`](Comm::reduce_scatter), [`broadcast_in_place`](Comm::broadcast_in_place))
 //!   that check every length, rank and device before NCCL sees them, and take cudarc buffers
@@ -37,7 +43,9 @@ mod group;
 mod types;
 mod unique_id;
 
-pub use comm::Comm;
+pub use comm::{AbortHandle, AbortStatus, Comm, Config, Finalizing, PendingComm};
+#[cfg(nccl_2_27)]
+pub use comm::{CtaPolicy, ShrinkFlags};
 pub use error::{Error, Result, ResultCode};
 pub use group::{group, Group};
 pub use types::{DataType, NcclType, ReduceOp};

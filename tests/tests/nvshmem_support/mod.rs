@@ -9,12 +9,17 @@ use cudarc::nvrtc::Ptx;
 use gpucomm_launch::{Options, RankInfo, Rendezvous};
 use nvshmem::Runtime;
 
+/// The images `build.rs` compiled.
+mod kernels {
+    include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+}
+
 /// Plain kernels: `copy_ints(const int *src, int *out, int n)`,
 /// `fill_slowly(int *buf, int n, int base, long long spin)`.
-pub const PLAIN: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/plain.cubin"));
+pub const PLAIN: &[u8] = kernels::PLAIN;
 /// NVSHMEM kernels, device-linked: lesson 12's `ring_put(int *inbox, const int *mine, int n,
 /// int *errors)` (collective launch) and `ring_put_plain(int *dst, const int *src, int n)`.
-pub const RING: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/nvshmem_kernels.cubin"));
+pub const RING: &[u8] = kernels::NVSHMEM_KERNELS;
 /// The plain kernels for other GPUs only (sm_80 and sm_100, no PTX).
 pub const OTHER_ARCH: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/other_arch.fatbin"));
 
