@@ -14,6 +14,9 @@
 //! * the one-shot algorithm for small messages: each rank copies its input into its half of a
 //!   double-buffered staging area in the window, one barrier says "all inputs are staged", then
 //!   each rank loads every peer's input and sums it. One barrier and one NVLink hop per call.
+//! * the LL ("low latency") variant, NCCL's trick for the smallest messages: no barrier at all —
+//!   each rank stores its input into every peer's window as 8-byte words of data plus a flag (the
+//!   call number), and a peer knows a word has arrived when its flag matches.
 //! * checking a custom collective: against a host reference and against `ncclAllReduce`, for f32
 //!   and bf16, odd element counts included (1, 3, 1000, 1000003).
 //! * timing it beside `ncclAllReduce`, eagerly and replayed from a CUDA graph.
@@ -22,12 +25,13 @@
 //! `cargo run --release -p gpucomm-examples --example 14-lsa-one-shot -- --nproc 2`
 //! (or under `mpirun -np 2` / torchrun-style variables, like lesson 2).
 //!
-//! What you should see: one `correct` line per (type, count) on every rank, then on rank 0 a table
-//! of µs per call for sizes 8 B – 256 KiB: the one-shot kernel and `ncclAllReduce`, eager and from
-//! a graph. On 2×H200 the one-shot kernel is expected to beat `ncclAllReduce` at these sizes.
+//! What you should see: one `correct` line per (algorithm, type, count) on every rank, then on rank
+//! 0 a table of µs per call for sizes 8 B – 256 KiB: LL (up to 64 KiB), one-shot and
+//! `ncclAllReduce`, eager and from a graph. On 2×H200 both kernels beat `ncclAllReduce` on plain
+//! buffers at these sizes (lesson 18 compares with NCCL's own symmetric-memory kernels too).
 
 use gpucomm_examples::bench::{self, BoxError};
-use gpucomm_examples::lsa::{Element, LsaAllReduce};
+use gpucomm_examples::lsa::{Element, LsaAllReduce, LL_MAX_BYTES};
 use nccl::launch::{run_main, Options, Rendezvous};
 use nccl::{Collectives, Comm, MemBuffer, ReduceOp};
 
@@ -53,7 +57,8 @@ fn main() -> std::process::ExitCode {
 }
 
 /// Rank r contributes (r + 1) × (i mod 13): small integers, exact in both types, so the sums must
-/// equal the host reference and `ncclAllReduce` bit for bit.
+/// equal the host reference and `ncclAllReduce` bit for bit. Checked for one-shot and, where the
+/// message fits, LL.
 fn check<T: Element + PartialEq + std::fmt::Debug + cudarc::driver::ValidAsZeroBits>(
     lsa: &LsaAllReduce<'_>,
     count: usize,
@@ -90,18 +95,25 @@ fn check<T: Element + PartialEq + std::fmt::Debug + cudarc::driver::ValidAsZeroB
     Ok(())
 }
 
-/// µs per call, one-shot beside `ncclAllReduce` on the same buffers, eager and from a graph.
+/// µs per call, LL and one-shot beside `ncclAllReduce` on the same buffers, eager and from a graph
+/// (`NaN`: the message is too large for LL).
 fn time(lsa: &LsaAllReduce<'_>) -> Result<(), BoxError> {
     let comm = lsa.comm();
     let stream = comm.stream();
     let mut scratch = MemBuffer::<f32>::zeroed(stream, 1)?;
     if comm.rank() == 0 {
-        println!("\n| size | one-shot eager (µs) | ncclAllReduce eager (µs) | one-shot graph (µs) | ncclAllReduce graph (µs) |");
-        println!("|---:|---:|---:|---:|---:|");
+        println!("\n| size | LL eager | one-shot eager | ncclAllReduce eager | LL graph | one-shot graph | ncclAllReduce graph |");
+        println!("|---:|---:|---:|---:|---:|---:|---:|");
     }
     for bytes in [8usize, 64, 512, 4 << 10, 32 << 10, 256 << 10] {
         let send = MemBuffer::<f32>::zeroed(stream, bytes / 4)?;
         let mut recv = MemBuffer::<f32>::zeroed(stream, bytes / 4)?;
+        let (mut ll_eager, mut ll_graph) = (f64::NAN, f64::NAN);
+        if bytes <= LL_MAX_BYTES {
+            let mut ll = || lsa.ll(stream, &send, &mut recv);
+            ll_eager = bench::eager(comm, &mut scratch, 20, 200, &mut ll)?;
+            ll_graph = bench::graph(comm, &mut scratch, stream, 100, 20, &mut ll)?;
+        }
         let mut ours = || lsa.one_shot(stream, &send, &mut recv);
         let ours_eager = bench::eager(comm, &mut scratch, 20, 200, &mut ours)?;
         let ours_graph = bench::graph(comm, &mut scratch, stream, 100, 20, &mut ours)?;
@@ -109,10 +121,8 @@ fn time(lsa: &LsaAllReduce<'_>) -> Result<(), BoxError> {
         let nccl_eager = bench::eager(comm, &mut scratch, 20, 200, &mut theirs)?;
         let nccl_graph = bench::graph(comm, &mut scratch, stream, 100, 20, &mut theirs)?;
         if comm.rank() == 0 {
-            println!(
-                "| {} | {ours_eager:.2} | {nccl_eager:.2} | {ours_graph:.2} | {nccl_graph:.2} |",
-                bench::size_label(bytes)
-            );
+            let label = bench::size_label(bytes);
+            println!("| {label} | {ll_eager:.2} | {ours_eager:.2} | {nccl_eager:.2} | {ll_graph:.2} | {ours_graph:.2} | {nccl_graph:.2} |");
         }
     }
     Ok(())

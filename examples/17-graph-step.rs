@@ -5,8 +5,9 @@
 //!   **CUDA graph** and replaying it removes the per-launch host cost, which dominates for small
 //!   messages;
 //! * a custom communication kernel can live inside the graph like any other: here a "compute"
-//!   kernel produces this rank's values, the one-shot LSA all-reduce of lesson 14 sums them across
-//!   ranks, and an "epilogue" kernel turns the sum into a mean (`examples/kernels/step.cu`);
+//!   kernel produces this rank's values, the LSA all-reduce of lesson 14 (LL up to 64 KiB,
+//!   one-shot above) sums them across ranks, and an "epilogue" kernel turns the sum into a mean
+//!   (`examples/kernels/step.cu`);
 //! * why that works: the LSA barrier keeps its state on the device, so a replay synchronises with
 //!   the peers' replays; the buffers are [`nccl::MemBuffer`]s, whose stream ordering never waits on
 //!   an event during a capture (cudarc's `CudaSlice` would, and the capture would fail);
@@ -25,7 +26,7 @@ use std::sync::Arc;
 use cudarc::driver::{CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use gpucomm_examples::bench::{self, BoxError};
 use gpucomm_examples::kernels;
-use gpucomm_examples::lsa::LsaAllReduce;
+use gpucomm_examples::lsa::{LsaAllReduce, LL_MAX_BYTES};
 use nccl::launch::{run_main, Options, Rendezvous};
 use nccl::{Comm, MemBuffer};
 
@@ -82,7 +83,11 @@ impl Step<'_, '_> {
             // `step` one, on this device, borrowed until the launch is enqueued.
             unsafe { launch.launch(cfg) }?;
         }
-        self.lsa.one_shot(stream, &b.x, &mut b.sum)?;
+        if n * 4 <= LL_MAX_BYTES {
+            self.lsa.ll(stream, &b.x, &mut b.sum)?;
+        } else {
+            self.lsa.one_shot(stream, &b.x, &mut b.sum)?;
+        }
         let scale = 1.0 / comm.size() as f32;
         let (sum, _sum) = b.sum.device_ptr(stream);
         let (y, _y) = b.y.device_ptr_mut(stream);

@@ -8,6 +8,10 @@
 #
 #   bash bundle/run.sh [FILTER]   # FILTER: only tests binaries / lessons whose name contains it
 #
+# TEST_TIMEOUT (default 600) and LESSON_TIMEOUT (default 300) bound each test binary and each
+# lesson process, in seconds. With $OUT set, the summary there is kept current after every line,
+# so a run cut short still reports what finished.
+#
 # NCCL and NVSHMEM: the wheels of the machine's python3 are named explicitly (NCCL_LIB_DIR,
 # NVSHMEM_LIB_DIR), because the dynamic loader would find the system's older libnccl.so.2 first.
 # Multicast must stay off: exported here, and passed on to every child, mpirun ranks included.
@@ -26,7 +30,10 @@ passed=0 failed=0 skipped=0
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 [ "$NGPU" -ge 1 ] || NGPU=1
 
-note() { printf '%s\n' "$*" | tee -a "$LOGS/summary.txt"; }
+note() {
+    printf '%s\n' "$*" | tee -a "$LOGS/summary.txt"
+    if [ -n "${OUT:-}" ]; then cp "$LOGS/summary.txt" "$OUT/summary.txt"; fi
+}
 
 wheel_dir() {
     python3 -c "import nvidia, os, sys
@@ -52,7 +59,7 @@ for t in "$HERE"/tests/*; do
     name=$(basename "$t")
     [[ "$name" == *"$FILTER"* ]] || continue
     log="$LOGS/$name.log"
-    timeout 600 "$t" --include-ignored --test-threads=1 >"$log" 2>&1
+    timeout "${TEST_TIMEOUT:-600}" "$t" --include-ignored --test-threads=1 >"$log" 2>&1
     rc=$?
     line=$(grep -E '^test result:' "$log" | tail -1)
     p=$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<<"$line")
@@ -75,11 +82,11 @@ passed=$((passed - skipped))
 
 # 2. Lessons, each in the modes bundle/examples.tsv lists. Each run is one pass or failure; every
 #    process runs under `timeout` so that a hang fails the check instead of the whole run.
-T="timeout 300"
+T="timeout ${LESSON_TIMEOUT:-300}"
 check() {
     local name=$1 rc
     shift
-    "$@" >"$LOGS/$name.log" 2>&1
+    "$@" </dev/null >"$LOGS/$name.log" 2>&1
     rc=$?
     if [ "$rc" -eq 0 ]; then
         passed=$((passed + 1))

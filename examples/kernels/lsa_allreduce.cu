@@ -2,13 +2,18 @@
 // NVLink), for the custom-kernel lessons 14-18. Compiled by build.rs into a cubin; launched from
 // Rust through cudarc with an `nccl::DevComm` and an `nccl::Window` as arguments.
 //
-// Two algorithms, both summing elements of type T:
+// Three algorithms, all summing elements of type T:
 //
 // * one-shot (small messages): every rank stages its input in a symmetric window, one LSA barrier
 //   says "everyone's input is staged", then every rank loads all peers' staged inputs over NVLink
 //   and writes the sum to its own output. The staging area has two slots used alternately (by a
 //   per-CTA call counter kept in the window), so a rank may start the next call while a slower
 //   peer still reads the previous slot: one barrier per call instead of two.
+// * LL one-shot (the smallest messages): no barrier at all. Each rank stores its input straight into
+//   every peer's window as 8-byte words carrying 4 bytes of data and a 4-byte flag (the call
+//   number); a peer knows a word has arrived when its flag matches, since an aligned 8-byte store
+//   lands whole. One NVLink crossing per call, like NCCL's LL protocol. Two slots again, by call
+//   parity, so a rank can be one call ahead of a peer.
 // * two-shot (larger messages): input and output both live in symmetric windows. After a barrier,
 //   rank r reduces its 1/N share of the elements by loading it from every peer (reduce-scatter)
 //   and stores the result into every peer's output (all-gather); a second barrier makes the stores
@@ -141,6 +146,87 @@ __device__ void oneshot(ncclDevComm comm, ncclWindow_t win, size_t base, size_t 
   if (threadIdx.x == 0) *counter = call + 1;
 }
 
+// The LL one-shot: counters shared with `oneshot` (at `base`), then for each (slot, source rank) a
+// region of `region` bytes at `ll_off` + (slot × MAX_PEERS + source) × `region`, holding one
+// 8-byte (data, flag) pair per 4-byte word of the message.
+template <typename T>
+__device__ __forceinline__ uint32_t load_word(const T* src, size_t count, size_t w) {
+  constexpr size_t per = 4 / sizeof(T);
+  uint32_t word = 0;
+  T* parts = reinterpret_cast<T*>(&word);
+#pragma unroll
+  for (size_t k = 0; k < per; k++)
+    if (w * per + k < count) parts[k] = src[w * per + k];
+  return word;
+}
+
+template <typename T>
+__device__ __forceinline__ void store_word(T* dst, size_t count, size_t w, uint32_t word) {
+  constexpr size_t per = 4 / sizeof(T);
+  const T* parts = reinterpret_cast<const T*>(&word);
+#pragma unroll
+  for (size_t k = 0; k < per; k++)
+    if (w * per + k < count) dst[w * per + k] = parts[k];
+}
+
+template <typename T>
+__device__ __forceinline__ uint32_t add_word(uint32_t a, uint32_t b) {
+  constexpr int per = 4 / sizeof(T);
+  const T* x = reinterpret_cast<const T*>(&a);
+  const T* y = reinterpret_cast<const T*>(&b);
+  uint32_t out;
+  T* z = reinterpret_cast<T*>(&out);
+#pragma unroll
+  for (int k = 0; k < per; k++) z[k] = narrow<T>(widen(x[k]) + widen(y[k]));
+  return out;
+}
+
+template <typename T>
+__device__ void ll_oneshot(ncclDevComm comm, ncclWindow_t win, size_t base, size_t ll_off, size_t region,
+                           const T* send, T* recv, size_t count) {
+  __shared__ uint32_t call;
+  uint32_t* counter = (uint32_t*)ncclGetLocalPointer(win, base) + blockIdx.x;
+  if (threadIdx.x == 0) call = *counter;
+  __syncthreads();
+  const uint32_t flag = call + 1;  // never 0, the window's initial contents
+  const int n = comm.lsaSize, me = comm.lsaRank;
+  const size_t words = (count * sizeof(T) + 3) / 4;
+  const size_t per = (words + gridDim.x - 1) / gridDim.x;
+  const size_t wb = min(words, per * blockIdx.x), we = min(words, wb + per);
+  const size_t slot = ll_off + (size_t)(call & 1) * MAX_PEERS * region;
+  // Push this rank's words to every peer, data and flag in one 8-byte store.
+  uint2* to[MAX_PEERS];
+#pragma unroll
+  for (int p = 0; p < MAX_PEERS; p++)
+    to[p] = (p < n && p != me) ? (uint2*)ncclGetLsaPointer(win, slot + (size_t)me * region, p) : nullptr;
+  for (size_t w = wb + threadIdx.x; w < we; w += blockDim.x) {
+    const uint32_t data = load_word(send, count, w);
+#pragma unroll
+    for (int p = 0; p < MAX_PEERS; p++)
+      if (to[p]) asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(to[p] + w), "r"(data), "r"(flag) : "memory");
+  }
+  // Pull the peers' words from this rank's own window as they arrive, and sum.
+  const uint2* from[MAX_PEERS];
+#pragma unroll
+  for (int p = 0; p < MAX_PEERS; p++)
+    from[p] = (p < n && p != me) ? (const uint2*)ncclGetLocalPointer(win, slot + (size_t)p * region) : nullptr;
+  for (size_t w = wb + threadIdx.x; w < we; w += blockDim.x) {
+    uint32_t acc = load_word(send, count, w);
+#pragma unroll
+    for (int p = 0; p < MAX_PEERS; p++) {
+      if (!from[p]) continue;
+      uint32_t data, got;
+      do {
+        asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(data), "=r"(got) : "l"(from[p] + w) : "memory");
+      } while (got != flag);
+      acc = add_word<T>(acc, data);
+    }
+    store_word(recv, count, w, acc);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) *counter = call + 1;
+}
+
 // Two-shot over `send` and `recv` windows (byte offsets `send_off`, `recv_off`): rank r reduces
 // the elements of its share of each CTA chunk and stores the result on every rank.
 template <typename T>
@@ -214,6 +300,11 @@ __device__ void twoshot(ncclDevComm comm, ncclWindow_t send_win, size_t send_off
       lsa_oneshot_sum_##SUFFIX(ncclDevComm comm, ncclWindow_t win, size_t base, size_t slot_bytes,     \
                                const T* send, T* recv, size_t count) {                                \
     oneshot<T>(comm, win, base, slot_bytes, send, recv, count);                                        \
+  }                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(512)                                                  \
+      lsa_ll_sum_##SUFFIX(ncclDevComm comm, ncclWindow_t win, size_t base, size_t ll_off, size_t region,  \
+                          const T* send, T* recv, size_t count) {                                     \
+    ll_oneshot<T>(comm, win, base, ll_off, region, send, recv, count);                                 \
   }                                                                                                    \
   extern "C" __global__ void __launch_bounds__(512)                                                  \
       lsa_twoshot_sum_##SUFFIX(ncclDevComm comm, ncclWindow_t send_win, size_t send_off,               \

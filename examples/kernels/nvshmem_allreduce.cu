@@ -14,6 +14,7 @@
 #include <nvshmem.h>
 #include <nvshmemx.h>
 #include <stdint.h>
+#include <cuda_bf16.h>
 
 extern "C" __global__ void ring_put_signal(int* dst, const int* src, size_t n, uint64_t* signal, uint64_t round) {
   const int me = nvshmem_my_pe(), npes = nvshmem_n_pes();
@@ -26,33 +27,45 @@ extern "C" __global__ void ring_put_signal(int* dst, const int* src, size_t n, u
   __syncthreads();
 }
 
-// `staging`: symmetric, 2 slots of `slot_elems` floats. `flags`: symmetric, gridDim.x × npes
+// `staging`: symmetric, 2 slots of `slot_elems` elements. `flags`: symmetric, gridDim.x × npes
 // uint64 signals. `calls`: local, one counter per CTA. At most 8 PEs.
-extern "C" __global__ void __launch_bounds__(512)
-    oneshot_sum_f32(const float* send, float* recv, size_t n, float* staging, size_t slot_elems, uint64_t* flags,
-                    uint32_t* calls) {
+template <typename T>
+__device__ void oneshot_sum(const T* send, T* recv, size_t n, T* staging, size_t slot_elems, uint64_t* flags,
+                            uint32_t* calls) {
   const int me = nvshmem_my_pe(), npes = nvshmem_n_pes();
   __shared__ uint32_t call;
   if (threadIdx.x == 0) call = calls[blockIdx.x] + 1;
   __syncthreads();
-  const size_t per = ((n + gridDim.x - 1) / gridDim.x + 3) / 4 * 4;
+  const size_t per = ((n + gridDim.x - 1) / gridDim.x + 7) / 8 * 8;
   const size_t begin = min(n, per * blockIdx.x), end = min(n, begin + per);
-  float* slot = staging + (call & 1) * slot_elems;
+  T* slot = staging + (call & 1) * slot_elems;
   for (size_t i = begin + threadIdx.x; i < end; i += blockDim.x) slot[i] = send[i];
   __syncthreads();
   uint64_t* mine = flags + (size_t)blockIdx.x * npes;
   if (threadIdx.x < npes && threadIdx.x != me) {
     __threadfence_system();  // the staged share is visible before the signal
     nvshmemx_signal_op(mine + me, call, NVSHMEM_SIGNAL_SET, threadIdx.x);
+    nvshmem_signal_wait_until(mine + threadIdx.x, NVSHMEM_CMP_GE, call);
   }
-  if (threadIdx.x < npes && threadIdx.x != me) nvshmem_signal_wait_until(mine + threadIdx.x, NVSHMEM_CMP_GE, call);
   __syncthreads();
-  const float* peer[8];
-  for (int p = 0; p < npes && p < 8; p++) peer[p] = (const float*)nvshmem_ptr(slot, p);
+  const T* peer[8];
+  for (int p = 0; p < npes && p < 8; p++) peer[p] = (const T*)nvshmem_ptr(slot, p);
   for (size_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
     float acc = 0.0f;
-    for (int p = 0; p < npes && p < 8; p++) acc += peer[p][i];
-    recv[i] = acc;
+    for (int p = 0; p < npes && p < 8; p++) acc += (float)peer[p][i];
+    recv[i] = (T)acc;
   }
   if (threadIdx.x == 0) calls[blockIdx.x] = call;
+}
+
+extern "C" __global__ void __launch_bounds__(512)
+    oneshot_sum_f32(const float* send, float* recv, size_t n, float* staging, size_t slot_elems, uint64_t* flags,
+                    uint32_t* calls) {
+  oneshot_sum<float>(send, recv, n, staging, slot_elems, flags, calls);
+}
+
+extern "C" __global__ void __launch_bounds__(512)
+    oneshot_sum_bf16(const __nv_bfloat16* send, __nv_bfloat16* recv, size_t n, __nv_bfloat16* staging,
+                     size_t slot_elems, uint64_t* flags, uint32_t* calls) {
+  oneshot_sum<__nv_bfloat16>(send, recv, n, staging, slot_elems, flags, calls);
 }

@@ -16,6 +16,11 @@ pub const MAX_CTAS: u32 = 32;
 const THREADS: u32 = 512;
 /// Bytes of the per-CTA call counters at the start of the staging window (see the kernel).
 const CTRL_BYTES: usize = 4096;
+/// The largest message of the LL one-shot kernel, and the most ranks the kernels handle.
+pub const LL_MAX_BYTES: usize = 64 << 10;
+const MAX_PEERS: usize = 8;
+/// Bytes of one LL region (one source rank, one slot): an 8-byte pair per 4-byte word.
+const LL_REGION: usize = 2 * LL_MAX_BYTES;
 
 /// An element type the kernels are compiled for (`lsa_*_sum_<suffix>`).
 pub trait Element: NcclType {
@@ -40,7 +45,8 @@ pub struct LsaAllReduce<'c> {
     dev: DevComm<'c>,
     staging: Window<'c, u8>,
     max_bytes: usize,
-    module: Arc<cudarc::driver::CudaModule>,
+    /// `lsa_<algorithm>_sum_<type>` for each algorithm and type, looked up once.
+    kernels: Vec<(String, CudaFunction)>,
 }
 
 impl<'c> LsaAllReduce<'c> {
@@ -59,10 +65,17 @@ impl<'c> LsaAllReduce<'c> {
         if dev.lsa_size() > 8 {
             return Err("the kernels support LSA teams of up to 8 ranks".into());
         }
-        let buf = MemBuffer::<u8>::zeroed(comm.stream(), CTRL_BYTES + 2 * max_bytes)?;
+        let buf = MemBuffer::<u8>::zeroed(comm.stream(), CTRL_BYTES + 2 * max_bytes + 2 * MAX_PEERS * LL_REGION)?;
         let staging = comm.register_window(buf, WindowFlags::COLL_SYMMETRIC)?;
         let module = nccl::device::load_module(comm.context(), kernels::LSA_ALLREDUCE)?;
-        Ok(LsaAllReduce { comm, dev, staging, max_bytes, module })
+        let mut kernels = Vec::new();
+        for algorithm in ["oneshot", "twoshot", "ll"] {
+            for suffix in [f32::SUFFIX, half::bf16::SUFFIX, half::f16::SUFFIX] {
+                let name = format!("lsa_{algorithm}_sum_{suffix}");
+                kernels.push((name.clone(), module.load_function(&name)?));
+            }
+        }
+        Ok(LsaAllReduce { comm, dev, staging, max_bytes, kernels })
     }
 
     /// The communicator.
@@ -70,8 +83,11 @@ impl<'c> LsaAllReduce<'c> {
         self.comm
     }
 
-    fn kernel<T: Element>(&self, algorithm: &str) -> Result<CudaFunction, BoxError> {
-        Ok(self.module.load_function(&format!("lsa_{algorithm}_sum_{}", T::SUFFIX))?)
+    fn kernel<T: Element>(&self, algorithm: &str) -> Result<&CudaFunction, BoxError> {
+        let wanted = |name: &str| {
+            name.strip_prefix("lsa_").and_then(|n| n.strip_prefix(algorithm)).and_then(|n| n.strip_prefix("_sum_")) == Some(T::SUFFIX)
+        };
+        self.kernels.iter().find(|(name, _)| wanted(name)).map(|(_, f)| f).ok_or_else(|| format!("no kernel lsa_{algorithm}_sum_{}", T::SUFFIX).into())
     }
 
     /// CTAs for a message: about 8 KiB per CTA for one-shot, 512 KiB for two-shot.
@@ -102,7 +118,7 @@ impl<'c> LsaAllReduce<'c> {
         let (dst, _write) = recv.device_ptr_mut(stream);
         let win = self.staging.arg();
         let (base, slot) = (0usize, self.max_bytes);
-        let mut launch = stream.launch_builder(&kernel);
+        let mut launch = stream.launch_builder(kernel);
         launch.arg(self.dev.arg()).arg(&win).arg(&base).arg(&slot).arg(&src).arg(&dst).arg(&count);
         let cfg = LaunchConfig {
             grid_dim: (Self::ctas(bytes, 8 << 10), 1, 1),
@@ -115,6 +131,37 @@ impl<'c> LsaAllReduce<'c> {
         // window holds CTRL_BYTES + 2 × max_bytes ≥ CTRL_BYTES + 2 × `bytes`; the grid has at most
         // MAX_CTAS CTAs, the LSA barriers of `dev`; every rank launches the same kernel with the
         // same count and grid (the lessons call this in lockstep on every rank).
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// LL one-shot all-reduce (sum) of `send` into `recv` on `stream`, for messages of at most
+    /// [`LL_MAX_BYTES`]: no barrier, data and flags in 8-byte words (see the kernel).
+    pub fn ll<T: Element>(
+        &self,
+        stream: &Arc<CudaStream>,
+        send: &impl DevicePtr<T>,
+        recv: &mut impl DevicePtrMut<T>,
+    ) -> Result<(), BoxError> {
+        let count = send.len();
+        let bytes = count * size_of::<T>();
+        if recv.len() != count || bytes > LL_MAX_BYTES || count == 0 {
+            return Err(format!("LL: {count} → {} elements, {bytes} of at most {LL_MAX_BYTES} bytes", recv.len()).into());
+        }
+        let kernel = self.kernel::<T>("ll")?;
+        let (src, _read) = send.device_ptr(stream);
+        let (dst, _write) = recv.device_ptr_mut(stream);
+        let win = self.staging.arg();
+        let (base, ll_off, region) = (0usize, CTRL_BYTES + 2 * self.max_bytes, LL_REGION);
+        let mut launch = stream.launch_builder(kernel);
+        launch.arg(self.dev.arg()).arg(&win).arg(&base).arg(&ll_off).arg(&region).arg(&src).arg(&dst).arg(&count);
+        let cfg = LaunchConfig { grid_dim: (Self::ctas(bytes, 8 << 10), 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        // SAFETY: the kernel takes (ncclDevComm, ncclWindow_t, size_t, size_t, size_t, const T*,
+        // T*, size_t), matching the arguments pushed; `send` and `recv` hold `count` elements on this
+        // device, borrowed until the launch is enqueued; the window holds the counters at 0 and
+        // 2 × MAX_PEERS regions of LL_REGION bytes from `ll_off`, each room for the 8-byte pairs of
+        // LL_MAX_BYTES ≥ `bytes`; the LSA team has at most MAX_PEERS ranks (checked in `new`); every
+        // rank launches the same kernel with the same count and grid.
         unsafe { launch.launch(cfg) }?;
         Ok(())
     }
@@ -140,7 +187,7 @@ impl<'c> LsaAllReduce<'c> {
         let (_, _write) = recv.buffer().device_ptr(stream);
         let (send_win, recv_win) = (send.arg(), recv.arg());
         let (send_off, recv_off) = (send_at * size_of::<T>(), recv_at * size_of::<T>());
-        let mut launch = stream.launch_builder(&kernel);
+        let mut launch = stream.launch_builder(kernel);
         launch.arg(self.dev.arg()).arg(&send_win).arg(&send_off).arg(&recv_win).arg(&recv_off).arg(&count);
         let bytes = count * size_of::<T>();
         let cfg = LaunchConfig {

@@ -269,6 +269,8 @@ impl<'rt, T> Symmetric<'rt, T> {
     /// If waiting fails, nothing is freed and the buffer comes back with the error, so that the
     /// caller can retry (every PE must still free it, in the same order).
     #[doc(alias = "nvshmem_free")]
+    // The buffer comes back on failure, as fallible teardown does throughout the family.
+    #[allow(clippy::result_large_err)]
     pub fn free(mut self) -> std::result::Result<(), (Self, Error)> {
         let freed = (|| -> Result<()> {
             self.tracker.synchronize()?;

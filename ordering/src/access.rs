@@ -1,6 +1,6 @@
 //! Taking buffer pointers for one call on one stream, safely inside a graph capture too.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
@@ -10,24 +10,28 @@ use crate::capture::{is_capturing, relaxed};
 
 /// The call being prepared on this thread, so that a tracked buffer reached through cudarc's
 /// `DevicePtr` (which only sees `&CudaStream`) can still remember the call's `Arc<CudaStream>`.
-pub(crate) struct Call {
-    pub(crate) stream: Arc<CudaStream>,
-    pub(crate) capturing: bool,
+/// It points at the `Arc` the [`Access`] borrows, which outlives the call: set by `Access::take`
+/// around one `device_ptr` call, and put back before it returns.
+#[derive(Clone, Copy)]
+struct Call {
+    stream: *const Arc<CudaStream>,
+    capturing: bool,
     probe: Option<sys::CUstream>,
 }
 
 thread_local! {
-    static CURRENT: RefCell<Option<Call>> = const { RefCell::new(None) };
+    static CURRENT: Cell<Option<Call>> = const { Cell::new(None) };
 }
 
-/// The call in progress on this thread whose stream (or capture probe) is `stream`.
-pub(crate) fn current(stream: &CudaStream) -> Option<Call> {
-    CURRENT.with(|c| {
-        let c = c.borrow();
-        let call = c.as_ref()?;
-        let ours = call.stream.cu_stream() == stream.cu_stream() || call.probe == Some(stream.cu_stream());
-        ours.then(|| Call { stream: call.stream.clone(), capturing: call.capturing, probe: call.probe })
-    })
+/// Runs `f` with the stream of the call in progress on this thread whose stream (or capture
+/// probe) is `stream`, and whether it is being captured; `None` when there is no such call.
+pub(crate) fn with_current<R>(stream: &CudaStream, f: impl FnOnce(&Arc<CudaStream>, bool) -> R) -> Option<R> {
+    let call = CURRENT.with(Cell::get)?;
+    // SAFETY: `call.stream` points at the `Arc` borrowed by the `Access` whose `take` set it; the
+    // value is reset before `take` returns, so the borrow is still alive while it is set.
+    let arc = unsafe { &*call.stream };
+    let ours = arc.cu_stream() == stream.cu_stream() || call.probe == Some(stream.cu_stream());
+    ours.then(|| f(arc, call.capturing))
 }
 
 /// Takes the device pointers of the buffers of one call (a collective, a put) on one stream.
@@ -116,7 +120,7 @@ impl<'s> Access<'s> {
     {
         let capturing = self.needs_capture_check() && self.capturing()?;
         let probe = if capturing { Some(self.probe()?) } else { None };
-        let call = Call { stream: self.stream.clone(), capturing, probe: probe.map(|p| p.cu_stream()) };
+        let call = Call { stream: self.stream, capturing, probe: probe.map(|p| p.cu_stream()) };
         let _restore = Restore(CURRENT.with(|c| c.replace(Some(call))));
         let taken = match probe {
             // The helper stream is idle and never captured: cudarc's wait lands there, harmlessly,
@@ -137,7 +141,7 @@ struct Restore(Option<Call>);
 
 impl Drop for Restore {
     fn drop(&mut self) {
-        CURRENT.with(|c| *c.borrow_mut() = self.0.take());
+        CURRENT.with(|c| c.set(self.0));
     }
 }
 

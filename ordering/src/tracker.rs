@@ -1,6 +1,7 @@
 //! The last-use tracker for device memory that has no cudarc events.
 
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{sys, CudaEvent, CudaStream, DriverError, SyncOnDrop};
@@ -65,7 +66,23 @@ enum Last {
 /// streams is waited for on the host instead, and the capture leaves the tracker's state alone.
 pub struct StreamTracker {
     last: Mutex<Last>,
+    /// The fast path: the raw handle of the last stream, tagged (`handle | 1`, see [`tag`]), when
+    /// that stream belongs to the home context; 0 otherwise. Written under the lock; while it
+    /// names a stream, `last` holds that stream's `Arc`, so no other stream can have its handle.
+    fast: AtomicUsize,
+    /// Bumped before and after every change of `fast` (odd while changing): a reader that sees
+    /// the same even value before and after its comparison knows the stream it matched was held
+    /// alive throughout (a seqlock).
+    version: AtomicUsize,
+    /// The context of the stream the tracker was created on.
+    home: Arc<cudarc::driver::CudaContext>,
     event: CudaEvent,
+}
+
+/// A stream's handle as [`StreamTracker::fast`] stores it: never 0 (the legacy default stream's
+/// handle is 0), and stream handles are even, so tagging keeps them distinct.
+fn tag(stream: &CudaStream) -> usize {
+    stream.cu_stream() as usize | 1
 }
 
 impl fmt::Debug for StreamTracker {
@@ -85,7 +102,36 @@ fn same(a: &CudaStream, b: &CudaStream) -> bool {
 impl StreamTracker {
     /// A tracker for memory whose first use (its allocation, or its first write) is on `home`.
     pub fn new(home: &Arc<CudaStream>) -> Result<Self, DriverError> {
-        Ok(StreamTracker { last: Mutex::new(Last::Stream(home.clone())), event: home.context().new_event(None)? })
+        Ok(StreamTracker {
+            last: Mutex::new(Last::Stream(home.clone())),
+            fast: AtomicUsize::new(tag(home)),
+            version: AtomicUsize::new(0),
+            home: home.context().clone(),
+            event: home.context().new_event(None)?,
+        })
+    }
+
+    /// True when `stream` is certainly the stream of the last use: no lock, no driver call.
+    /// (Concurrent uses through `&self` are reads, which may overlap on two streams anyway.)
+    #[inline]
+    fn same_as_last(&self, stream: &CudaStream) -> bool {
+        let before = self.version.load(Ordering::SeqCst);
+        let hit = self.fast.load(Ordering::SeqCst) == tag(stream) && Arc::ptr_eq(stream.context(), &self.home);
+        hit && before % 2 == 0 && self.version.load(Ordering::SeqCst) == before
+    }
+
+    /// Sets the last use, keeping the fast path in step (call with the lock held).
+    fn set_last(&self, last: &mut Last, to: Last) {
+        let fast = match &to {
+            Last::Stream(s) if Arc::ptr_eq(s.context(), &self.home) => tag(s),
+            _ => 0,
+        };
+        self.version.fetch_add(1, Ordering::SeqCst);
+        self.fast.store(fast, Ordering::SeqCst);
+        // The previous stream may be destroyed from here on; readers that matched it see the
+        // version change and take the slow path.
+        *last = to;
+        self.version.fetch_add(1, Ordering::SeqCst);
     }
 
     fn lock(&self) -> MutexGuard<'_, Last> {
@@ -97,6 +143,9 @@ impl StreamTracker {
     /// tracker then remembers `stream` as the last user. `capturing` is whether `stream` is being
     /// captured, when the caller already knows it (else it is asked only if the stream changed).
     pub fn use_on(&self, stream: &Arc<CudaStream>, capturing: Option<bool>) -> Result<(), OrderError> {
+        if self.same_as_last(stream) {
+            return Ok(());
+        }
         let mut last = self.lock();
         if let Last::Stream(s) = &*last {
             if same(s, stream) {
@@ -110,10 +159,10 @@ impl StreamTracker {
         self.mark_end(&last)?;
         if capturing {
             relaxed(|| self.event.synchronize())?;
-            *last = Last::Event;
+            self.set_last(&mut last, Last::Event);
         } else {
             stream.wait(&self.event)?;
-            *last = Last::Stream(stream.clone());
+            self.set_last(&mut last, Last::Stream(stream.clone()));
         }
         Ok(())
     }
@@ -151,8 +200,12 @@ impl StreamTracker {
     /// stream alive, so the use is ordered by the tracker's event, recorded after the use by the
     /// returned guard. CUDA errors are recorded in the context, as cudarc does in its own guards.
     pub fn device_ptr_guard<'a>(&'a self, stream: &'a CudaStream) -> SyncOnDrop<'a> {
-        if let Some(call) = access::current(stream) {
-            stream.context().record_err(self.use_on(&call.stream, Some(call.capturing)).map_err(to_driver));
+        if self.same_as_last(stream) {
+            return SyncOnDrop::Record(None);
+        }
+        let in_call = access::with_current(stream, |arc, capturing| self.use_on(arc, Some(capturing)));
+        if let Some(ordered) = in_call {
+            stream.context().record_err(ordered.map_err(to_driver));
             return SyncOnDrop::Record(None);
         }
         let mut last = self.lock();
@@ -171,7 +224,7 @@ impl StreamTracker {
             stream.wait(&self.event)?;
             Ok::<_, OrderError>(true)
         })();
-        *last = Last::Event;
+        self.set_last(&mut last, Last::Event);
         match ordered {
             Ok(true) if stream.context().is_managing_stream_synchronization() => {
                 SyncOnDrop::Record(Some((&self.event, stream)))

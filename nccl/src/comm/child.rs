@@ -2,12 +2,10 @@
 //! NCCL ≥ 2.27), and revoke (`ncclCommRevoke`, NCCL ≥ 2.28.7), which prepares a communicator for
 //! them after a failure.
 //!
-//! A nonblocking split or shrink writes the child's handle from NCCL's background thread when it
-//! finishes, through the out-pointer given to the call. So the slot lives on the heap and is freed
-//! only once NCCL is known to be done with it: the parent left "in progress", the call finished
-//! synchronously, or the parent was aborted (`ncclCommAbort` joins the background thread). If none
-//! of that can be known (the parent failed mid-way), the 8-byte slot is leaked rather than freed
-//! under NCCL's feet.
+//! NCCL writes the child's handle from the split's background job, through the out-pointer given to
+//! the call. So the slot lives on the heap, owned by the parent, and is freed only with the parent:
+//! after the parent is destroyed or aborted, no job of it can write any more. (A slot freed as soon
+//! as the split had returned corrupted the heap on the GPU machine.)
 
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicPtr, Ordering};
@@ -144,16 +142,16 @@ impl Comm {
         let config_ptr = raw_config.as_mut().map_or(ptr::null_mut(), |c| c.as_mut_ptr());
         self.context().bind_to_thread()?;
         let slot = Box::new(AtomicPtr::<ncclComm>::new(ptr::null_mut()));
-        let rc = start(parent, slot.as_ptr(), config_ptr)?;
+        let (cell, out): (*const AtomicPtr<ncclComm>, _) = (&*slot, slot.as_ptr());
+        self.child_slots.borrow_mut().push(slot);
+        let rc = start(parent, out, config_ptr)?;
         let done = self.complete(call, rc);
-        // NCCL is done with the slot when the call finished synchronously, the parent became
-        // ready, or the parent was aborted (which joins NCCL's background thread).
         if rc == ncclResult_t::ncclInProgress && done.is_err() && !self.health.is_closed() {
-            Box::leak(slot);
             return done.map(|()| None);
         }
-        let child = NonNull::new(slot.load(Ordering::Acquire));
-        drop(slot);
+        // SAFETY: `cell` is the slot the parent owns (pushed above, boxed, never removed before the
+        // parent is gone); NCCL writes it with a release store, read here with an acquire load.
+        let child = NonNull::new(unsafe { &*cell }.load(Ordering::Acquire));
         let Some(mut child) = child.map(|raw| Comm::unready(raw, stream, 0, 0, settings)) else {
             return done.map(|()| None);
         };

@@ -95,6 +95,12 @@ pub struct Comm {
     watch: RefCell<Watch>,
     /// Strings NCCL keeps pointers to (`commName`), alive as long as the communicator.
     _strings: Option<Arc<ConfigStrings>>,
+    /// The out-pointers given to `ncclCommSplit`/`ncclCommShrink`, which NCCL's background job
+    /// writes: kept until this communicator is gone (fields drop after `Drop::drop` has destroyed
+    /// or aborted it), so that no late write can land in freed memory. Boxed: NCCL holds their
+    /// addresses while the vector grows.
+    #[allow(clippy::vec_box)]
+    child_slots: RefCell<Vec<Box<std::sync::atomic::AtomicPtr<ncclComm>>>>,
 }
 
 // SAFETY: NCCL's thread-safety rules allow a communicator to be used from any thread as long as
@@ -141,6 +147,7 @@ impl Comm {
             revoked: Cell::new(false),
             watch: RefCell::new(Watch::new(settings.timeout)),
             _strings: settings.strings,
+            child_slots: RefCell::default(),
         }
     }
 
