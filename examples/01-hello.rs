@@ -19,7 +19,7 @@
 use std::process::ExitCode;
 
 use gpucomm_examples::cuda_devices;
-use nccl::{Comm, ReduceOp};
+use nccl::{Collectives, Comm, ReduceOp};
 
 fn main() -> ExitCode {
     match run() {
@@ -71,7 +71,7 @@ fn run() -> Result<(), Box<dyn std::error::Error>> {
     // Every communicator's call goes into one group; NCCL launches them together at its end.
     nccl::group(|g| {
         for (comm, buf) in comms.iter().zip(buffers.iter_mut()) {
-            g.all_reduce_in_place(comm, buf, ReduceOp::SUM)?;
+            g.with(comm).all_reduce_in_place(buf, ReduceOp::SUM)?;
         }
         Ok(())
     })?;

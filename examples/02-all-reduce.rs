@@ -23,7 +23,7 @@
 //! `rank 0 of 2 on GPU 0: all-reduce of 1048576 floats correct (every element 3)`.
 
 use nccl::launch::{run_main, Options, Rendezvous};
-use nccl::{Comm, ReduceOp};
+use nccl::{Collectives, Comm, ReduceOp};
 
 const COUNT: usize = 1 << 20;
 

@@ -45,6 +45,12 @@ with open("bundle/examples.tsv", "w") as out:
             out.write("\t".join([t, mode] + args.get(t, [])) + "\n")
 '
 cp tools/gpu-run.sh bundle/run.sh
-chmod +x bundle/run.sh
+cp tools/gpu-nccl-tests.sh bundle/gpu-nccl-tests.sh
+cp cli/gpu/*.sh bundle/
+chmod +x bundle/*.sh
+# The reference benchmark's source, built on the GPU machine for side-by-side runs.
+if compgen -G '../shared/ref/nccl-tests-*.tar.gz' >/dev/null; then
+    mkdir -p bundle/ref && cp ../shared/ref/nccl-tests-*.tar.gz bundle/ref/
+fi
 end=$(date +%s)
 echo "bundle: $(du -sh bundle | cut -f1) in $(find bundle -type f | wc -l) files; built in $((end - start)) s"

@@ -63,11 +63,7 @@ impl Env {
 
     fn raw(&self, name: &str) -> Option<String> {
         self.note(name);
-        let value = match &self.source {
-            Source::Process => std::env::var(name).ok(),
-            Source::Map(map) => map.get(name).cloned(),
-        };
-        value.filter(|v| !v.is_empty())
+        self.cargo_var(name)
     }
 
     fn note(&self, name: &str) {
@@ -84,6 +80,23 @@ impl Env {
             .into_iter()
             .chain(std::iter::once(name.to_string()))
             .find_map(|n| self.raw(&n).map(|value| Var { name: n, value }))
+    }
+
+    /// Looks up exactly `name`, without the target-prefixed spelling, and records it: for variables
+    /// that other programs read under their plain name (`PATH`, nvcc's `NVCC_APPEND_FLAGS`).
+    pub fn get_exact(&self, name: &str) -> Option<Var> {
+        self.raw(name).map(|value| Var { name: name.to_string(), value })
+    }
+
+    /// A variable that Cargo itself sets for build scripts (`OUT_DIR`, `CARGO_MANIFEST_DIR`,
+    /// `NUM_JOBS`, `DEP_<LINKS>_<KEY>`): exact name, not recorded, since Cargo already knows when
+    /// it changes.
+    pub fn cargo_var(&self, name: &str) -> Option<String> {
+        let value = match &self.source {
+            Source::Process => std::env::var(name).ok(),
+            Source::Map(map) => map.get(name).cloned(),
+        };
+        value.filter(|v| !v.is_empty())
     }
 
     /// True when `name` is set to `1`, `true`, `yes` or `on` (any case).
@@ -121,6 +134,17 @@ mod tests {
             env.names_read(),
             ["X86_64_UNKNOWN_LINUX_GNU_NCCL_HOME", "X86_64_UNKNOWN_LINUX_GNU_NCCL_LIB_DIR", "NCCL_LIB_DIR"]
         );
+    }
+
+    #[test]
+    fn exact_and_cargo_lookups() {
+        let env = Env::from_pairs(
+            Some("x86_64-unknown-linux-gnu"),
+            [("PATH", "/bin"), ("X86_64_UNKNOWN_LINUX_GNU_PATH", "/target"), ("OUT_DIR", "/out")],
+        );
+        assert_eq!(env.get_exact("PATH").unwrap().value, "/bin");
+        assert_eq!(env.cargo_var("OUT_DIR").as_deref(), Some("/out"));
+        assert_eq!(env.names_read(), ["PATH"]);
     }
 
     #[test]

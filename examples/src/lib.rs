@@ -1,11 +1,21 @@
 //! Small helpers the lessons share, so that each example file shows only its lesson.
 
+pub mod bench;
+pub mod lsa;
+
+/// The lessons' CUDA kernels (`examples/kernels/*.cu`), compiled by `build.rs` into module images
+/// for `cuModuleLoadData`: `STEP` (plain CUDA), `LSA_ALLREDUCE` (NCCL device API),
+/// `NVSHMEM_ALLREDUCE` (NVSHMEM, device-linked).
+pub mod kernels {
+    include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+}
+
 use std::error::Error;
 use std::fmt;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
-use nccl::launch::RankInfo;
+use nccl::launch::{Options, RankInfo, Rendezvous};
 
 /// Why there is no GPU to run on.
 #[derive(Debug)]
@@ -52,4 +62,13 @@ pub fn cuda_devices() -> Result<usize, NoGpu> {
 pub fn rank_stream(info: &RankInfo) -> Result<Arc<CudaStream>, Box<dyn Error>> {
     let ordinal = info.device_ordinal(cuda_devices()?)?;
     Ok(CudaContext::new(ordinal)?.default_stream())
+}
+
+/// The start of every one-process-per-GPU lesson after lesson 2 (which shows it step by step):
+/// this rank's GPU and its default stream, the rendezvous, and a communicator over every rank.
+pub fn rank_comm(info: &RankInfo) -> Result<(Arc<CudaStream>, nccl::Comm), Box<dyn Error>> {
+    let stream = rank_stream(info)?;
+    let mut rendezvous = Rendezvous::connect(info, &Options::from_env()?)?;
+    let comm = nccl::Comm::from_rendezvous(stream.clone(), &mut rendezvous)?;
+    Ok((stream, comm))
 }

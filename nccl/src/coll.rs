@@ -1,32 +1,49 @@
-//! Collectives and point-to-point calls, with every argument NCCL does not check verified first:
-//! buffer lengths (× the number of ranks where the call needs it), ranks, and devices.
+//! Every NCCL communication call — collectives and point-to-point — written once, for every
+//! target: a communicator on its own stream, [`crate::Comm::on`] another stream, or a [`crate::Member`]
+//! of a [`crate::group`].
 //!
-//! Each call follows cudarc's stream protocol: the buffers' pointers are taken with
-//! `device_ptr(&stream)` / `device_ptr_mut(&stream)` (the stream first waits for earlier writers
-//! of the buffer), and the returned guards, which record "in use until here" on drop, go to a
-//! [`Sink`] only after NCCL returned. Outside a group the sink drops them at once (the kernel is
-//! enqueued); inside a [`crate::Group`] it keeps them until after `ncclGroupEnd`.
+//! Each method checks what NCCL does not (buffer lengths, × the number of ranks where the call
+//! needs it, zero counts, overflow, roots and peers, the device of every buffer and of the stream,
+//! the element type against the loaded library, a custom operator against the communicator),
+//! builds a [`Call`], and hands it to its target, which takes the buffers' pointers through
+//! [`gpucomm_ordering::Access`] and issues or records it.
 
-use std::ffi::c_void;
+use cudarc::driver::{DevicePtr, DevicePtrMut, SyncOnDrop};
+use gpucomm_ordering::Access;
 
-use cudarc::driver::{DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
-use nccl_sys::{cudaStream_t, function, ncclResult_t, Library, MissingFunction, Nccl};
+use crate::call::{Call, Kind};
+use crate::error::{Error, Result};
+use crate::op::{OpUse, Reduction};
+use crate::target::{Plan, Target};
+use crate::NcclType;
 
-use crate::error::{lib, Error, Result};
-use crate::types::check_type;
-use crate::{Comm, NcclType, ReduceOp};
-
-/// Where stream guards go once NCCL has accepted a call.
-pub(crate) trait Sink<'a> {
-    fn keep(&mut self, guard: SyncOnDrop<'a>);
+/// The root of a rooted call, as this rank sees it: either this rank, with the buffer only the
+/// root uses, or another rank (and no buffer).
+///
+/// ```no_run
+/// # use nccl::{Collectives, Root, ReduceOp};
+/// # fn demo(comm: &nccl::Comm, send: &cudarc::driver::CudaSlice<f32>, recv: &mut cudarc::driver::CudaSlice<f32>) -> nccl::Result<()> {
+/// let root = 1;
+/// // Only the root has a receive buffer; the others name the root.
+/// comm.reduce(send, if comm.rank() == root { Root::Here(recv) } else { Root::Rank(root) }, ReduceOp::SUM)?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub enum Root<B> {
+    /// This rank is the root; the buffer only the root uses.
+    Here(B),
+    /// Another rank is the root. Naming this rank is [`Error::RootWithoutBuffer`].
+    Rank(usize),
 }
 
-/// Outside groups: the work is already enqueued, so the guards can record right away.
-pub(crate) struct Immediate;
-
-impl<'a> Sink<'a> for Immediate {
-    fn keep(&mut self, guard: SyncOnDrop<'a>) {
-        drop(guard);
+impl<B> Root<B> {
+    /// The root's rank as NCCL takes it, and the buffer when this rank is the root.
+    fn resolve(self, plan: &Plan<'_, '_>, call: &'static str) -> Result<(i32, Option<B>)> {
+        match self {
+            Root::Here(buf) => plan.check_rank("root", plan.comm.rank()).map(|r| (r, Some(buf))),
+            Root::Rank(rank) if rank == plan.comm.rank() => Err(Error::RootWithoutBuffer { call, rank }),
+            Root::Rank(rank) => plan.check_rank("root", rank).map(|r| (r, None)),
+        }
     }
 }
 
@@ -38,242 +55,356 @@ fn expect_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
     }
 }
 
-fn times(len: usize, ranks: usize) -> Result<usize> {
-    len.checked_mul(ranks).ok_or_else(|| Error::InvalidArgument(format!("{len} elements × {ranks} ranks overflows")))
+/// `count × ranks`, the length of a buffer holding one block per rank.
+fn times(what: &'static str, count: usize, ranks: usize) -> Result<usize> {
+    count.checked_mul(ranks).ok_or(Error::CountOverflow { what, count, factor: ranks })
 }
 
-impl Comm {
-    /// Resolves an NCCL function for a call on elements of type `T`, checking that the loaded
-    /// library knows `T`'s data type.
-    fn resolve<T: NcclType, F: Copy + 'static>(
-        &self,
-        get: impl FnOnce(&'static Library<Nccl>) -> std::result::Result<&'static F, MissingFunction>,
-    ) -> Result<F> {
-        let lib = lib()?;
-        check_type::<T>(lib.version())?;
-        Ok(*get(lib)?)
+/// The block length when `len` elements are split into one block per rank.
+fn blocks(what: &'static str, len: usize, ranks: usize) -> Result<usize> {
+    if len % ranks == 0 {
+        Ok(len / ranks)
+    } else {
+        Err(Error::NotDivisible { what, len, ranks })
     }
+}
 
-    /// After NCCL returned: hands the stream guards to the sink, then turns `rc` into a result.
-    fn finish<'a, const N: usize>(
-        &'a self,
-        sink: &mut impl Sink<'a>,
-        call: &'static str,
-        rc: ncclResult_t,
-        guards: [SyncOnDrop<'a>; N],
-    ) -> Result<()> {
-        for guard in guards {
-            sink.keep(guard);
-        }
-        self.settle(call, rc, self.stream())
+/// Byte offset of block `index` of `count` elements of `T`. The block lies inside a buffer that
+/// exists, so it cannot overflow.
+fn block_offset<T>(index: usize, count: usize) -> u64 {
+    (index * count * size_of::<T>()) as u64
+}
+
+/// A guard for a buffer the call does not use.
+fn unused<'b>() -> SyncOnDrop<'b> {
+    SyncOnDrop::Record(None)
+}
+
+/// The guard of the operator's device scalar, if any.
+fn op_guard<'b, T>(op: &Option<OpUse<'b, T>>, access: &Access<'b>) -> Result<SyncOnDrop<'b>> {
+    match op {
+        Some(op) => op.guard(access),
+        None => Ok(unused()),
     }
+}
 
-    fn raw_stream(&self) -> cudaStream_t {
-        self.stream().cu_stream() as cudaStream_t
-    }
+/// The end of every call with a send and a receive buffer (lengths already checked): both on the
+/// communicator's device, then `kind` over `count` elements from `send` to `recv`.
+fn two_buffers<'b, T: NcclType>(
+    p: Plan<'_, 'b>,
+    kind: Kind,
+    count: usize,
+    send: &'b impl DevicePtr<T>,
+    recv: &'b mut impl DevicePtrMut<T>,
+    op: Option<OpUse<'b, T>>,
+) -> Result<()> {
+    p.check_device("send buffer", send)?;
+    p.check_device("recv buffer", &*recv)?;
+    let call = Call::new::<T>(kind, count, p.comm, p.stream)?;
+    p.submit(|a| {
+        let (s, gs) = a.read(send)?;
+        let (r, gr) = a.write(recv)?;
+        Ok((call.buffers(s, r), [gs, gr, op_guard(&op, a)?]))
+    })
+}
 
-    fn check_device<T>(&self, what: &'static str, buf: &impl DeviceSlice<T>) -> Result<()> {
-        let got = buf.stream().context().ordinal();
-        if got == self.device() {
-            Ok(())
-        } else {
-            Err(Error::WrongDevice { what, expected: self.device(), got })
-        }
-    }
+/// The end of every in-place call: `buf` on the communicator's device, then `kind` over `count`
+/// elements, reading at `send` bytes into `buf` and writing at `recv` bytes into it (`None`: no
+/// receive buffer, passed to NCCL as null).
+fn one_buffer<'b, T: NcclType>(
+    p: Plan<'_, 'b>,
+    kind: Kind,
+    count: usize,
+    buf: &'b mut impl DevicePtrMut<T>,
+    (send, recv): (u64, Option<u64>),
+    op: Option<OpUse<'b, T>>,
+) -> Result<()> {
+    p.check_device("buffer", &*buf)?;
+    let call = Call::new::<T>(kind, count, p.comm, p.stream)?;
+    p.submit(|a| {
+        let (b, g) = a.write(buf)?;
+        Ok((call.buffers(b + send, recv.map_or(0, |r| b + r)), [g, op_guard(&op, a)?]))
+    })
+}
 
-    fn check_rank(&self, what: &'static str, rank: usize) -> Result<i32> {
-        if rank < self.size() {
-            Ok(rank as i32)
-        } else {
-            Err(Error::InvalidRank { what, rank, size: self.size() })
-        }
-    }
-
-    /// Reduces `send` across all ranks with `op` and writes the result to `recv` on every rank
-    /// (`ncclAllReduce`). Both buffers must have the same length and live on this communicator's
-    /// device. Enqueued on [`Comm::stream`].
+/// NCCL's communication calls, on every kind of target: a [`Comm`](crate::Comm) (its own
+/// stream), [`Comm::on`](crate::Comm::on) (another stream of its device), and a
+/// [`Member`](crate::Member) of a [`group`](crate::group) (recorded, launched when the group
+/// ends). Bring it into scope with `use nccl::Collectives;` (or `use nccl::prelude::*;`).
+///
+/// Buffers are cudarc's [`DevicePtr`] / [`DevicePtrMut`] types: [`CudaSlice`](cudarc::driver::CudaSlice)
+/// and its views, and this crate's [`MemBuffer`](crate::MemBuffer) (the recommended type: see its
+/// documentation). Their pointers are taken through [`gpucomm_ordering::Access`], so every call
+/// is ordered after earlier uses of its buffers on other streams, and works inside a CUDA graph
+/// capture. Every buffer, and the stream, must be on the communicator's device.
+///
+/// Each method returns once NCCL has enqueued the work (direct calls) or recorded the call (in a
+/// group). A refused call has no effect on any buffer and leaves the communicator usable. Every
+/// rank must make the same calls in the same order, with matching counts.
+///
+/// The buffers are borrowed for `'b`: the call for direct targets, the whole group for a
+/// [`Member`](crate::Member), so that no buffer can be moved, freed or written before NCCL has
+/// enqueued the work that uses it.
+///
+/// Sealed: implemented by this crate's targets only.
+pub trait Collectives<'b>: Target<'b> {
+    /// Reduces `send` across all ranks with `op` into `recv` on every rank (`ncclAllReduce`).
+    /// Both buffers have the same length.
     #[doc(alias = "ncclAllReduce")]
-    pub fn all_reduce<T: NcclType>(
-        &self,
-        send: &impl DevicePtr<T>,
-        recv: &mut impl DevicePtrMut<T>,
-        op: ReduceOp,
+    fn all_reduce<T: NcclType>(
+        self,
+        send: &'b impl DevicePtr<T>,
+        recv: &'b mut impl DevicePtrMut<T>,
+        op: impl Reduction<'b, T>,
     ) -> Result<()> {
-        self.direct(|s| self.enqueue_all_reduce(s, send, recv, op))
+        self.dispatch(|p| {
+            expect_len("recv buffer", send.len(), recv.len())?;
+            let op = op.resolve(p.comm)?;
+            two_buffers(p, Kind::AllReduce(op.raw()), send.len(), send, recv, Some(op))
+        })
     }
 
-    /// [`Comm::all_reduce`] with one buffer as both input and output.
+    /// [`all_reduce`](Self::all_reduce) with `buf` as both input and output.
     #[doc(alias = "ncclAllReduce")]
-    pub fn all_reduce_in_place<T: NcclType>(&self, buf: &mut impl DevicePtrMut<T>, op: ReduceOp) -> Result<()> {
-        self.direct(|s| self.enqueue_all_reduce_in_place(s, buf, op))
+    fn all_reduce_in_place<T: NcclType>(
+        self,
+        buf: &'b mut impl DevicePtrMut<T>,
+        op: impl Reduction<'b, T>,
+    ) -> Result<()> {
+        self.dispatch(|p| {
+            let op = op.resolve(p.comm)?;
+            one_buffer(p, Kind::AllReduce(op.raw()), buf.len(), buf, (0, Some(0)), Some(op))
+        })
     }
 
-    /// Copies `root`'s `buf` into `buf` on every other rank (`ncclBroadcast`, in place). Every
-    /// rank passes a buffer of the same length.
+    /// Copies the root's `send` into `recv` on every rank (`ncclBroadcast`). The root passes
+    /// `Root::Here(&send)` (of `recv`'s length), the others `Root::Rank(root)`.
+    #[doc(alias = "ncclBroadcast")]
+    fn broadcast<T: NcclType>(
+        self,
+        send: Root<&'b dyn DevicePtr<T>>,
+        recv: &'b mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        self.dispatch(|p| {
+            let (root, send) = send.resolve(&p, "ncclBroadcast")?;
+            if let Some(send) = send {
+                expect_len("recv buffer", send.len(), recv.len())?;
+                p.check_device("send buffer", send)?;
+            }
+            p.check_device("recv buffer", &*recv)?;
+            let call = Call::new::<T>(Kind::Broadcast(root), recv.len(), p.comm, p.stream)?;
+            p.submit(|a| {
+                let (r, gr) = a.write(recv)?;
+                // Off the root NCCL does not read the send buffer; passing the receive buffer
+                // there is what the in-place `ncclBcast` does.
+                let (s, gs) = match send {
+                    Some(send) => a.read(send)?,
+                    None => (r, unused()),
+                };
+                Ok((call.buffers(s, r), [gs, gr]))
+            })
+        })
+    }
+
+    /// Copies the root's `buf` into `buf` on every other rank (`ncclBroadcast` in place, as the
+    /// deprecated `ncclBcast`). Every rank passes a buffer of the same length.
     #[doc(alias = "ncclBroadcast")]
     #[doc(alias = "ncclBcast")]
-    pub fn broadcast_in_place<T: NcclType>(&self, buf: &mut impl DevicePtrMut<T>, root: usize) -> Result<()> {
-        self.direct(|s| self.enqueue_broadcast_in_place(s, buf, root))
+    fn broadcast_in_place<T: NcclType>(self, buf: &'b mut impl DevicePtrMut<T>, root: usize) -> Result<()> {
+        self.dispatch(|p| {
+            let root = p.check_rank("root", root)?;
+            one_buffer(p, Kind::Broadcast(root), buf.len(), buf, (0, Some(0)), None)
+        })
     }
 
-    /// Gathers every rank's `send` into `recv`, ordered by rank (`ncclAllGather`):
-    /// `recv.len()` must be `send.len() × size()`.
-    #[doc(alias = "ncclAllGather")]
-    pub fn all_gather<T: NcclType>(&self, send: &impl DevicePtr<T>, recv: &mut impl DevicePtrMut<T>) -> Result<()> {
-        self.direct(|s| self.enqueue_all_gather(s, send, recv))
-    }
-
-    /// Reduces `send` across ranks and leaves block `rank()` of the result in `recv`
-    /// (`ncclReduceScatter`): `send.len()` must be `recv.len() × size()`.
-    #[doc(alias = "ncclReduceScatter")]
-    pub fn reduce_scatter<T: NcclType>(
-        &self,
-        send: &impl DevicePtr<T>,
-        recv: &mut impl DevicePtrMut<T>,
-        op: ReduceOp,
+    /// Reduces `send` across all ranks with `op` into the root's receive buffer (`ncclReduce`).
+    /// The root passes `Root::Here(&mut recv)` (of `send`'s length), the others
+    /// `Root::Rank(root)`.
+    #[doc(alias = "ncclReduce")]
+    fn reduce<T: NcclType>(
+        self,
+        send: &'b impl DevicePtr<T>,
+        recv: Root<&'b mut dyn DevicePtrMut<T>>,
+        op: impl Reduction<'b, T>,
     ) -> Result<()> {
-        self.direct(|s| self.enqueue_reduce_scatter(s, send, recv, op))
+        self.dispatch(|p| {
+            let (root, recv) = recv.resolve(&p, "ncclReduce")?;
+            if let Some(recv) = &recv {
+                expect_len("recv buffer", send.len(), recv.len())?;
+                p.check_device("recv buffer", &**recv)?;
+            }
+            p.check_device("send buffer", send)?;
+            let op = op.resolve(p.comm)?;
+            let call = Call::new::<T>(Kind::Reduce(op.raw(), root), send.len(), p.comm, p.stream)?;
+            p.submit(|a| {
+                let (s, gs) = a.read(send)?;
+                // NCCL: "recvbuff may be NULL on all calls except for root device".
+                let (r, gr) = match recv {
+                    Some(recv) => a.write(recv)?,
+                    None => (0, unused()),
+                };
+                Ok((call.buffers(s, r), [gs, gr, op.guard(a)?]))
+            })
+        })
     }
 
-    pub(crate) fn enqueue_all_reduce<'a, T: NcclType>(
-        &'a self,
-        sink: &mut impl Sink<'a>,
-        send: &'a impl DevicePtr<T>,
-        recv: &'a mut impl DevicePtrMut<T>,
-        op: ReduceOp,
-    ) -> Result<()> {
-        expect_len("recv buffer", send.len(), recv.len())?;
-        self.check_device("send buffer", send)?;
-        self.check_device("recv buffer", recv)?;
-        let f = self.resolve::<T, _>(|lib| function!(lib, ncclAllReduce))?;
-        let (src, src_guard) = send.device_ptr(self.stream());
-        let (dst, dst_guard) = recv.device_ptr_mut(self.stream());
-        // SAFETY: both buffers hold `send.len()` elements of `T` (checked), live on this
-        // communicator's device (checked), and stay borrowed until the guards are released by the
-        // sink after NCCL enqueued the work; `T::DATA_TYPE` matches `T`'s size (sealed trait).
-        let rc = unsafe {
-            f(
-                src as *const c_void,
-                dst as *mut c_void,
-                send.len(),
-                T::DATA_TYPE.0,
-                op.0,
-                self.as_raw(),
-                self.raw_stream(),
-            )
-        };
-        self.finish(sink, "ncclAllReduce", rc, [src_guard, dst_guard])
-    }
-
-    pub(crate) fn enqueue_all_reduce_in_place<'a, T: NcclType>(
-        &'a self,
-        sink: &mut impl Sink<'a>,
-        buf: &'a mut impl DevicePtrMut<T>,
-        op: ReduceOp,
-    ) -> Result<()> {
-        self.check_device("buffer", buf)?;
-        let f = self.resolve::<T, _>(|lib| function!(lib, ncclAllReduce))?;
-        let len = buf.len();
-        let (ptr, guard) = buf.device_ptr_mut(self.stream());
-        // SAFETY: one buffer of `len` elements on this device serves as input and output, which
-        // NCCL supports; it stays borrowed until the sink releases the guard after enqueue.
-        let rc = unsafe {
-            f(ptr as *const c_void, ptr as *mut c_void, len, T::DATA_TYPE.0, op.0, self.as_raw(), self.raw_stream())
-        };
-        self.finish(sink, "ncclAllReduce", rc, [guard])
-    }
-
-    pub(crate) fn enqueue_broadcast_in_place<'a, T: NcclType>(
-        &'a self,
-        sink: &mut impl Sink<'a>,
-        buf: &'a mut impl DevicePtrMut<T>,
+    /// [`reduce`](Self::reduce) with `buf` as input on every rank and as output on the root
+    /// (`ncclReduce` in place). Other ranks' buffers are only read.
+    #[doc(alias = "ncclReduce")]
+    fn reduce_in_place<T: NcclType>(
+        self,
+        buf: &'b mut impl DevicePtrMut<T>,
+        op: impl Reduction<'b, T>,
         root: usize,
     ) -> Result<()> {
-        let root = self.check_rank("root", root)?;
-        self.check_device("buffer", buf)?;
-        let f = self.resolve::<T, _>(|lib| function!(lib, ncclBroadcast))?;
-        let len = buf.len();
-        let (ptr, guard) = buf.device_ptr_mut(self.stream());
-        // SAFETY: in-place broadcast of `len` elements on this device; `root` is in range; the
-        // buffer stays borrowed until the guard is released after enqueue.
-        let rc = unsafe {
-            f(ptr as *const c_void, ptr as *mut c_void, len, T::DATA_TYPE.0, root, self.as_raw(), self.raw_stream())
-        };
-        self.finish(sink, "ncclBroadcast", rc, [guard])
+        self.dispatch(|p| {
+            let root_rank = p.check_rank("root", root)?;
+            let op = op.resolve(p.comm)?;
+            // Off the root, NCCL takes a null receive buffer: the buffer is only read there.
+            let recv = (root == p.comm.rank()).then_some(0);
+            one_buffer(p, Kind::Reduce(op.raw(), root_rank), buf.len(), buf, (0, recv), Some(op))
+        })
     }
 
-    pub(crate) fn enqueue_all_gather<'a, T: NcclType>(
-        &'a self,
-        sink: &mut impl Sink<'a>,
-        send: &'a impl DevicePtr<T>,
-        recv: &'a mut impl DevicePtrMut<T>,
-    ) -> Result<()> {
-        expect_len("recv buffer", times(send.len(), self.size())?, recv.len())?;
-        self.check_device("send buffer", send)?;
-        self.check_device("recv buffer", recv)?;
-        let f = self.resolve::<T, _>(|lib| function!(lib, ncclAllGather))?;
-        let (src, src_guard) = send.device_ptr(self.stream());
-        let (dst, dst_guard) = recv.device_ptr_mut(self.stream());
-        // SAFETY: `send` holds `send.len()` elements and `recv` exactly `size()` times as many
-        // (checked), both on this device and borrowed until the sink releases the guards.
-        let rc = unsafe {
-            f(src as *const c_void, dst as *mut c_void, send.len(), T::DATA_TYPE.0, self.as_raw(), self.raw_stream())
-        };
-        self.finish(sink, "ncclAllGather", rc, [src_guard, dst_guard])
+    /// Gathers every rank's `send` into `recv`, ordered by rank (`ncclAllGather`): `recv` holds
+    /// `send.len() × size()` elements.
+    #[doc(alias = "ncclAllGather")]
+    fn all_gather<T: NcclType>(self, send: &'b impl DevicePtr<T>, recv: &'b mut impl DevicePtrMut<T>) -> Result<()> {
+        self.dispatch(|p| {
+            expect_len("recv buffer", times("send buffer", send.len(), p.comm.size())?, recv.len())?;
+            two_buffers(p, Kind::AllGather, send.len(), send, recv, None)
+        })
     }
 
-    pub(crate) fn enqueue_reduce_scatter<'a, T: NcclType>(
-        &'a self,
-        sink: &mut impl Sink<'a>,
-        send: &'a impl DevicePtr<T>,
-        recv: &'a mut impl DevicePtrMut<T>,
-        op: ReduceOp,
-    ) -> Result<()> {
-        expect_len("send buffer", times(recv.len(), self.size())?, send.len())?;
-        self.check_device("send buffer", send)?;
-        self.check_device("recv buffer", recv)?;
-        let f = self.resolve::<T, _>(|lib| function!(lib, ncclReduceScatter))?;
-        let count = recv.len();
-        let (src, src_guard) = send.device_ptr(self.stream());
-        let (dst, dst_guard) = recv.device_ptr_mut(self.stream());
-        // SAFETY: `send` holds exactly `size()` × `recv.len()` elements (checked), both buffers are
-        // on this device and borrowed until the sink releases the guards.
-        let rc = unsafe {
-            f(src as *const c_void, dst as *mut c_void, count, T::DATA_TYPE.0, op.0, self.as_raw(), self.raw_stream())
-        };
-        self.finish(sink, "ncclReduceScatter", rc, [src_guard, dst_guard])
+    /// [`all_gather`](Self::all_gather) in place: `buf` holds one block per rank, and this rank's
+    /// contribution is its own block, `buf[rank × n .. (rank + 1) × n]` with `n = buf.len() /
+    /// size()` (NCCL's rule `sendbuff == recvbuff + rank × sendcount`).
+    #[doc(alias = "ncclAllGather")]
+    fn all_gather_in_place<T: NcclType>(self, buf: &'b mut impl DevicePtrMut<T>) -> Result<()> {
+        self.dispatch(|p| {
+            let count = blocks("buffer", buf.len(), p.comm.size())?;
+            let own = block_offset::<T>(p.comm.rank(), count);
+            one_buffer(p, Kind::AllGather, count, buf, (own, Some(0)), None)
+        })
     }
 
-    pub(crate) fn enqueue_send<'a, T: NcclType>(
-        &'a self,
-        sink: &mut impl Sink<'a>,
-        send: &'a impl DevicePtr<T>,
-        peer: usize,
+    /// Reduces `send` across all ranks with `op` and leaves block `rank()` of the result in
+    /// `recv` (`ncclReduceScatter`): `send` holds `recv.len() × size()` elements.
+    #[doc(alias = "ncclReduceScatter")]
+    fn reduce_scatter<T: NcclType>(
+        self,
+        send: &'b impl DevicePtr<T>,
+        recv: &'b mut impl DevicePtrMut<T>,
+        op: impl Reduction<'b, T>,
     ) -> Result<()> {
-        let peer = self.check_rank("peer", peer)?;
-        self.check_device("send buffer", send)?;
-        let f = self.resolve::<T, _>(|lib| function!(lib, ncclSend))?;
-        let (src, guard) = send.device_ptr(self.stream());
-        // SAFETY: `send` holds `send.len()` elements on this device, `peer` is in range, and the
-        // buffer stays borrowed until the sink releases the guard after enqueue.
-        let rc = unsafe { f(src as *const c_void, send.len(), T::DATA_TYPE.0, peer, self.as_raw(), self.raw_stream()) };
-        self.finish(sink, "ncclSend", rc, [guard])
+        self.dispatch(|p| {
+            expect_len("send buffer", times("recv buffer", recv.len(), p.comm.size())?, send.len())?;
+            let op = op.resolve(p.comm)?;
+            two_buffers(p, Kind::ReduceScatter(op.raw()), recv.len(), send, recv, Some(op))
+        })
     }
 
-    pub(crate) fn enqueue_recv<'a, T: NcclType>(
-        &'a self,
-        sink: &mut impl Sink<'a>,
-        recv: &'a mut impl DevicePtrMut<T>,
-        peer: usize,
+    /// [`reduce_scatter`](Self::reduce_scatter) in place: `buf` holds one block per rank, and
+    /// this rank's block of the result is left in its own block, `buf[rank × n .. (rank + 1) ×
+    /// n]` with `n = buf.len() / size()` (NCCL's rule `recvbuff == sendbuff + rank ×
+    /// recvcount`); the other blocks are unspecified afterwards.
+    #[doc(alias = "ncclReduceScatter")]
+    fn reduce_scatter_in_place<T: NcclType>(
+        self,
+        buf: &'b mut impl DevicePtrMut<T>,
+        op: impl Reduction<'b, T>,
     ) -> Result<()> {
-        let peer = self.check_rank("peer", peer)?;
-        self.check_device("recv buffer", recv)?;
-        let f = self.resolve::<T, _>(|lib| function!(lib, ncclRecv))?;
-        let len = recv.len();
-        let (dst, guard) = recv.device_ptr_mut(self.stream());
-        // SAFETY: NCCL writes at most `len` elements (the count passed) into a buffer of `len`
-        // elements on this device, borrowed until the sink releases the guard.
-        let rc = unsafe { f(dst as *mut c_void, len, T::DATA_TYPE.0, peer, self.as_raw(), self.raw_stream()) };
-        self.finish(sink, "ncclRecv", rc, [guard])
+        self.dispatch(|p| {
+            let count = blocks("buffer", buf.len(), p.comm.size())?;
+            let own = block_offset::<T>(p.comm.rank(), count);
+            let op = op.resolve(p.comm)?;
+            one_buffer(p, Kind::ReduceScatter(op.raw()), count, buf, (0, Some(own)), Some(op))
+        })
+    }
+
+    /// Sends block `j` of `send` to rank `j` and receives rank `i`'s block for this rank into
+    /// block `i` of `recv` (`ncclAlltoAll`, NCCL ≥ 2.28.3). Both buffers hold one block per rank
+    /// (the same length, a multiple of `size()`).
+    #[cfg(nccl_2_28)]
+    #[cfg_attr(docsrs, doc(cfg(nccl_2_28)))]
+    #[doc(alias = "ncclAlltoAll")]
+    fn all_to_all<T: NcclType>(self, send: &'b impl DevicePtr<T>, recv: &'b mut impl DevicePtrMut<T>) -> Result<()> {
+        self.dispatch(|p| {
+            expect_len("recv buffer", send.len(), recv.len())?;
+            let count = blocks("send buffer", send.len(), p.comm.size())?;
+            two_buffers(p, Kind::AlltoAll, count, send, recv, None)
+        })
+    }
+
+    /// Gathers every rank's `send` into the root's `recv`, ordered by rank (`ncclGather`, NCCL ≥
+    /// 2.28.3). Every rank passes a `recv` of `send.len() × size()` elements; NCCL writes only
+    /// the root's. (Other ranks need one too: with symmetric windows NCCL's copy-engine path
+    /// addresses the root's buffer through each rank's own.)
+    #[cfg(nccl_2_28)]
+    #[cfg_attr(docsrs, doc(cfg(nccl_2_28)))]
+    #[doc(alias = "ncclGather")]
+    fn gather<T: NcclType>(
+        self,
+        send: &'b impl DevicePtr<T>,
+        recv: &'b mut impl DevicePtrMut<T>,
+        root: usize,
+    ) -> Result<()> {
+        self.dispatch(|p| {
+            let root = p.check_rank("root", root)?;
+            expect_len("recv buffer", times("send buffer", send.len(), p.comm.size())?, recv.len())?;
+            two_buffers(p, Kind::Gather(root), send.len(), send, recv, None)
+        })
+    }
+
+    /// Sends block `i` of the root's `send` to rank `i`'s `recv` (`ncclScatter`, NCCL ≥ 2.28.3).
+    /// Every rank passes a `send` of `recv.len() × size()` elements; NCCL reads only the root's
+    /// (see [`gather`](Self::gather) for why the others need one).
+    #[cfg(nccl_2_28)]
+    #[cfg_attr(docsrs, doc(cfg(nccl_2_28)))]
+    #[doc(alias = "ncclScatter")]
+    fn scatter<T: NcclType>(
+        self,
+        send: &'b impl DevicePtr<T>,
+        recv: &'b mut impl DevicePtrMut<T>,
+        root: usize,
+    ) -> Result<()> {
+        self.dispatch(|p| {
+            let root = p.check_rank("root", root)?;
+            expect_len("send buffer", times("recv buffer", recv.len(), p.comm.size())?, send.len())?;
+            two_buffers(p, Kind::Scatter(root), recv.len(), send, recv, None)
+        })
+    }
+
+    /// Sends `buf` to `peer` (`ncclSend`), which must post a matching [`recv`](Self::recv) of the
+    /// same length and type. A direct send blocks the stream until the peer receives; pair sends
+    /// with receives in a [`group`](crate::group) (rings, exchanges) or they deadlock.
+    #[doc(alias = "ncclSend")]
+    fn send<T: NcclType>(self, buf: &'b impl DevicePtr<T>, peer: usize) -> Result<()> {
+        self.dispatch(|p| {
+            let peer = p.check_rank("peer", peer)?;
+            p.check_device("send buffer", buf)?;
+            let call = Call::new::<T>(Kind::Send(peer), buf.len(), p.comm, p.stream)?;
+            p.submit(|a| {
+                let (s, g) = a.read(buf)?;
+                Ok((call.buffers(s, 0), [g]))
+            })
+        })
+    }
+
+    /// Receives `buf.len()` elements from `peer` into `buf` (`ncclRecv`); the peer must post a
+    /// matching [`send`](Self::send).
+    #[doc(alias = "ncclRecv")]
+    fn recv<T: NcclType>(self, buf: &'b mut impl DevicePtrMut<T>, peer: usize) -> Result<()> {
+        self.dispatch(|p| {
+            let peer = p.check_rank("peer", peer)?;
+            p.check_device("recv buffer", &*buf)?;
+            let call = Call::new::<T>(Kind::Recv(peer), buf.len(), p.comm, p.stream)?;
+            p.submit(|a| {
+                let (r, g) = a.write(buf)?;
+                Ok((call.buffers(0, r), [g]))
+            })
+        })
     }
 }
+
+impl<'b, X: Target<'b>> Collectives<'b> for X {}

@@ -47,6 +47,23 @@ impl ResultCode {
         NAMES.get(self.0 as usize).copied()
     }
 
+    /// NCCL's description of this code (`ncclGetErrorString`), or a note saying the library
+    /// could not be loaded to ask.
+    #[doc(alias = "ncclGetErrorString")]
+    pub fn message(self) -> String {
+        let Ok(f) = resolve!(ncclGetErrorString) else {
+            return String::from("(NCCL library unavailable for the message)");
+        };
+        // SAFETY: ncclGetErrorString returns a pointer to a static NUL-terminated string for any
+        // code, known or not.
+        let ptr = unsafe { f(ncclResult_t(self.0)) };
+        if ptr.is_null() {
+            return String::new();
+        }
+        // SAFETY: non-null, NUL-terminated, static (see above).
+        unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
+    }
+
     /// True for codes after which the communicator must be aborted and re-created (NCCL user
     /// guide, "Communicators"): every failure except `InvalidArgument` and `InProgress`.
     pub fn is_fatal(self) -> bool {
@@ -97,8 +114,9 @@ pub enum Error {
     /// The loaded NCCL lacks a function (the message names the version that added it).
     #[error(transparent)]
     MissingFunction(#[from] nccl_sys::MissingFunction),
-    /// A CUDA driver call failed.
-    #[error("CUDA driver error: {0}")]
+    /// A CUDA driver call failed. Displayed as cudarc's own message, once: the error is
+    /// transparent, so an error chain does not repeat it.
+    #[error(transparent)]
     Cuda(#[from] cudarc::driver::DriverError),
     /// A buffer has the wrong number of elements for the call.
     #[error("{what} has {got} elements but the call needs {expected}")]
@@ -130,6 +148,86 @@ pub enum Error {
         /// The argument's device.
         got: usize,
     },
+    /// A count (ranks of a communicator, streams, unique ids, excluded ranks) outside what the
+    /// call accepts.
+    #[error("{what} must be between 1 and {max}, got {got}")]
+    InvalidCount {
+        /// What was counted ("nranks", "the number of streams", …).
+        what: &'static str,
+        /// The largest value accepted.
+        max: usize,
+        /// The value given.
+        got: usize,
+    },
+    /// A value that C receives as an `int` but that does not fit in one (a colour, a config field).
+    #[error("{what} is {value}, more than the largest C int ({})", i32::MAX)]
+    TooLarge {
+        /// The argument or config field.
+        what: &'static str,
+        /// The value given.
+        value: u64,
+    },
+    /// Two streams of [`crate::Comm::init_all`] on the same device: each rank needs its own.
+    #[error("two streams are on CUDA device {device}; each rank needs its own device")]
+    DuplicateDevice {
+        /// The device ordinal given twice.
+        device: usize,
+    },
+    /// A rank listed twice (the excluded ranks of [`crate::Comm::shrink`]).
+    #[error("rank {rank} is listed twice")]
+    DuplicateRank {
+        /// The rank.
+        rank: usize,
+    },
+    /// [`crate::Comm::shrink`] called by a rank that excludes itself: excluded ranks must not call
+    /// it (NCCL's rule); they release their communicator instead.
+    #[error("rank {rank} excludes itself from the shrunk communicator; excluded ranks must not call shrink")]
+    ShrinkExcludesSelf {
+        /// This rank.
+        rank: usize,
+    },
+    /// Bytes that are not a unique id ([`crate::UniqueId::from_bytes`]).
+    #[error("a unique id has {} bytes, got {got}", crate::UniqueId::BYTES)]
+    UniqueIdLength {
+        /// The number of bytes given.
+        got: usize,
+    },
+    /// A config field that the loaded NCCL is too old for: NCCL would silently ignore it, so this
+    /// crate refuses it.
+    #[error("config field {field} needs NCCL ≥ {needed}, but the loaded library is {loaded}")]
+    UnsupportedConfigField {
+        /// The `ncclConfig_t` field.
+        field: &'static str,
+        /// The first release that reads it.
+        needed: nccl_sys::Version,
+        /// The loaded library's version.
+        loaded: nccl_sys::Version,
+    },
+    /// A string config field with a NUL byte inside, which C cannot see past.
+    #[error("config field {field} contains a NUL byte")]
+    NulInString {
+        /// The `ncclConfig_t` field.
+        field: &'static str,
+    },
+    /// An [`AbortHandle`](crate::AbortHandle) was asked of a blocking communicator: a blocking
+    /// NCCL call cannot be interrupted, so NCCL supports aborting from another thread only for
+    /// nonblocking communicators ([`Config::blocking`](crate::Config::blocking)`(false)`).
+    #[error("an abort handle needs a nonblocking communicator (Config::blocking(false))")]
+    NeedsNonblocking,
+    /// Work on the communicator did not complete within its timeout (a peer that never arrived,
+    /// or died): the communicator was aborted, and every later call on it fails with
+    /// [`Error::Aborted`].
+    #[error("{what} did not complete within {after:?}; the communicator was aborted")]
+    Timeout {
+        /// The NCCL call (or wait) that was overdue.
+        what: &'static str,
+        /// The timeout that expired.
+        after: std::time::Duration,
+    },
+    /// The communicator was aborted (by its timeout, an [`AbortHandle`](crate::AbortHandle), or
+    /// after a failure): nothing can be done with it any more; create a new one.
+    #[error("the communicator was aborted")]
+    Aborted,
     /// A direct call (collective, init, finalize, nested group) while a group is open on this
     /// thread: NCCL would defer it to the end of the group, after this call had already released
     /// its buffers or needed its result.
@@ -148,12 +246,117 @@ pub enum Error {
     /// Exchanging the unique id with the other ranks failed.
     #[error(transparent)]
     Rendezvous(Box<crate::launch::RendezvousError>),
-    /// Any other invalid argument, described.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
     /// NCCL reported success but handed back a null communicator, or a null handle was adopted.
     #[error("null communicator handle")]
     NullCommunicator,
+    // The data path.
+    /// A call or allocation of zero elements. NCCL silently skips empty collectives, which hides
+    /// length bugs (an in-place all-gather on a buffer shorter than the number of ranks, a buffer
+    /// never resized), so this crate refuses them: skip the call instead.
+    #[error("{call} with a count of zero: nothing would move (skip the call instead)")]
+    ZeroCount {
+        /// The C function.
+        call: &'static str,
+    },
+    /// A length multiplied by the number of ranks (or a byte size) does not fit in `usize`.
+    #[error("{what}: {count} × {factor} overflows")]
+    CountOverflow {
+        /// Which length.
+        what: &'static str,
+        /// The length.
+        count: usize,
+        /// What it is multiplied by: the communicator size, or an element size.
+        factor: usize,
+    },
+    /// A buffer that the call splits into one block per rank has a length that is not a multiple
+    /// of the number of ranks.
+    #[error("{what} has {len} elements, which do not split into {ranks} equal blocks")]
+    NotDivisible {
+        /// Which buffer.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+        /// The communicator size.
+        ranks: usize,
+    },
+    /// [`crate::Root::Rank`] named this rank: the root must pass its buffer with
+    /// [`crate::Root::Here`].
+    #[error("{call}: root {rank} is this rank, which must pass its buffer with Root::Here")]
+    RootWithoutBuffer {
+        /// The C function.
+        call: &'static str,
+        /// This rank.
+        rank: usize,
+    },
+    /// A custom reduction operator ([`crate::PreMulSum`]) used with a communicator other than the
+    /// one it was created for: NCCL's operator ids are per communicator.
+    #[error("a custom reduction operator can only be used with the communicator it was created for")]
+    ForeignOp,
+    /// The closure given to [`crate::group`] returned `Ok`, but calls inside it were refused (their
+    /// errors went to the closure, which ignored them). A group is all or nothing, so nothing in
+    /// it was launched.
+    #[error("{refused} call(s) in the group were refused, so nothing in it was launched")]
+    GroupRefused {
+        /// How many calls were refused.
+        refused: usize,
+    },
+    /// A point-to-point call (send, receive, or all-to-all, gather and scatter, which NCCL turns
+    /// into sends and receives) in a [`crate::simulate`]d group. NCCL (2.28) leaves simulated
+    /// point-to-point operations queued on the communicator, where a later group would launch
+    /// them with buffers nobody borrows any more, so such groups are refused.
+    #[error("{call} cannot be simulated: NCCL keeps simulated point-to-point operations queued for a later launch")]
+    NotSimulable {
+        /// The C function.
+        call: &'static str,
+    },
+    /// A buffer's uses could not be ordered: its last use is part of a CUDA graph capture that is
+    /// still open on another stream. (CUDA failures while ordering are [`Error::Cuda`].)
+    #[error(transparent)]
+    Ordering(gpucomm_ordering::OrderError),
+    /// A view of elements `start..end` of a buffer of `len` elements: empty or past the end.
+    #[error("view {start}..{end} of a buffer of {len} elements is empty or past its end")]
+    ViewOutOfRange {
+        /// First element.
+        start: usize,
+        /// One past the last element.
+        end: usize,
+        /// The buffer's length.
+        len: usize,
+    },
+    // The device API.
+    /// NVLink multicast was requested; this crate never requests it (it can take shared GPUs out of
+    /// service).
+    #[error("NVLink multicast (multimem/NVLS) was requested; this crate never requests it")]
+    MulticastRefused,
+    /// GIN (GPU-initiated networking) was requested but NCCL could not provide it: it needs a
+    /// GIN-capable network (InfiniBand with GPUDirect), which this machine does not offer to NCCL.
+    #[error("GIN is not available on this machine (needs a GIN-capable network such as InfiniBand with GPUDirect); NCCL said {code}{}", detail.as_deref().map(|d| format!(": {d}")).unwrap_or_default())]
+    GinUnavailable {
+        /// NCCL's result code.
+        code: ResultCode,
+        /// `ncclGetLastError`, when NCCL had something to say.
+        detail: Option<String>,
+    },
+    /// A device-communicator requirement does not fit NCCL's `int`.
+    #[error("{what} = {value} is more than NCCL accepts")]
+    RequirementTooLarge {
+        /// Which requirement.
+        what: &'static str,
+        /// The value given.
+        value: u32,
+    },
+    /// A kernel image cannot run on this GPU (built for another architecture, or not an image).
+    #[error("{reason}")]
+    KernelImage {
+        /// What is wrong, naming the image's and the device's architectures.
+        reason: String,
+    },
+    /// A resource buffer's alignment is not a power of two.
+    #[error("resource buffer alignment {align} is not a power of two")]
+    ResourceAlignment {
+        /// The alignment given.
+        align: usize,
+    },
 }
 
 impl From<nccl_sys::LoadError> for Error {
@@ -179,6 +382,16 @@ pub(crate) fn lib() -> Result<&'static nccl_sys::Library<nccl_sys::Nccl>> {
 /// The loaded library's version.
 pub(crate) fn lib_version() -> Result<nccl_sys::Version> {
     Ok(lib()?.version())
+}
+
+/// `Ok` when the loaded library is at least `needed`, else [`Error::Unsupported`] naming `what`.
+pub(crate) fn require(needed: nccl_sys::Version, what: &'static str) -> Result<()> {
+    let loaded = lib_version()?;
+    if loaded >= needed {
+        Ok(())
+    } else {
+        Err(Error::Unsupported { what, needed: needed.to_string(), loaded: loaded.to_string() })
+    }
 }
 
 /// Resolves one NCCL function in the loaded library: a missing one is [`Error::MissingFunction`],
@@ -209,7 +422,16 @@ macro_rules! call {
     (@comm) => { None };
 }
 
-pub(crate) use {call, resolve};
+/// [`call!`] without the check, for calls where `ncclInProgress` is an answer rather than an error
+/// (nonblocking communicators): resolves the function and calls it, giving the raw result code, or
+/// the error that the function is missing. Inside an `unsafe` block, like [`call!`].
+macro_rules! call_rc {
+    ($name:ident($($arg:expr),* $(,)?)) => {
+        $crate::error::resolve!($name).map(|f| f($($arg),*))
+    };
+}
+
+pub(crate) use {call, call_rc, resolve};
 
 /// Turns a result code into `Ok` or a full [`Error::Nccl`] (with NCCL's own strings).
 pub(crate) fn check(call: &'static str, rc: ncclResult_t, comm: Option<ncclComm_t>) -> Result<()> {
@@ -217,28 +439,15 @@ pub(crate) fn check(call: &'static str, rc: ncclResult_t, comm: Option<ncclComm_
         return Ok(());
     }
     let code = ResultCode::from(rc);
-    let (message, detail) = match lib() {
-        Ok(lib) => (error_string(lib, rc), comm.and_then(|c| last_error(lib, c))),
-        Err(_) => (String::from("(NCCL library unavailable for the message)"), None),
-    };
-    Err(Error::Nccl { call, code, message, detail })
+    Err(Error::Nccl { call, code, message: code.message(), detail: comm.and_then(last_error) })
 }
 
-fn error_string(lib: &nccl_sys::Library<nccl_sys::Nccl>, rc: ncclResult_t) -> String {
-    let Ok(f) = nccl_sys::function!(lib, ncclGetErrorString) else { return String::new() };
-    // SAFETY: ncclGetErrorString returns a pointer to a static NUL-terminated string for any code.
-    let ptr = unsafe { f(rc) };
-    if ptr.is_null() {
-        return String::new();
-    }
-    // SAFETY: non-null, NUL-terminated, static (see above).
-    unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
-}
-
-fn last_error(lib: &nccl_sys::Library<nccl_sys::Nccl>, comm: ncclComm_t) -> Option<String> {
-    let f = nccl_sys::function!(lib, ncclGetLastError).ok()?;
-    // SAFETY: `comm` is a live communicator (callers pass the one the failing call used) or null,
-    // which NCCL accepts; the returned string is owned by NCCL and copied before the next call.
+/// `ncclGetLastError(comm)`: NCCL's last error message (NCCL keeps one per process; `comm` may be
+/// null), or `None` when there is none or the library cannot be loaded.
+pub(crate) fn last_error(comm: ncclComm_t) -> Option<String> {
+    let f = resolve!(ncclGetLastError).ok()?;
+    // SAFETY: `comm` is a live communicator or null, both of which NCCL accepts (it does not use
+    // the argument); the returned string is owned by NCCL and copied below before any other call.
     let ptr = unsafe { f(comm) };
     if ptr.is_null() {
         return None;
@@ -273,5 +482,30 @@ mod tests {
         assert_eq!(e.to_string(), "ncclAllReduce failed with ncclInvalidUsage(5): invalid usage (peer mismatch)");
         let e = Error::LengthMismatch { what: "recv buffer", expected: 8, got: 4 };
         assert_eq!(e.to_string(), "recv buffer has 4 elements but the call needs 8");
+        let e = Error::Timeout { what: "ncclAllReduce", after: std::time::Duration::from_secs(3) };
+        assert_eq!(e.to_string(), "ncclAllReduce did not complete within 3s; the communicator was aborted");
+        assert_eq!(
+            Error::DuplicateDevice { device: 0 }.to_string(),
+            "two streams are on CUDA device 0; each rank needs its own device"
+        );
+    }
+
+    #[test]
+    fn messages_come_from_the_library() {
+        // Needs the NCCL library (loaded without a GPU), not a device.
+        assert!(ResultCode::INVALID_ARGUMENT.message().starts_with("invalid argument"));
+        assert_eq!(ResultCode(42).message(), "unknown result code");
+        let e = check("ncclAllReduce", ncclResult_t(5), None).unwrap_err();
+        assert!(e.to_string().starts_with("ncclAllReduce failed with ncclInvalidUsage(5): invalid usage"), "{e}");
+    }
+
+    #[test]
+    fn a_cuda_error_appears_once_in_a_chain() {
+        use cudarc::driver::{sys::CUresult, DriverError};
+        // Transparent: the error *is* cudarc's (same message), with no source repeating it.
+        // (Formatting a DriverError needs the CUDA driver, so only the chain is checked here.)
+        let e = Error::from(DriverError(CUresult::CUDA_ERROR_INVALID_VALUE));
+        assert!(std::error::Error::source(&e).is_none(), "the CUDA error would be printed twice");
+        assert!(matches!(e, Error::Cuda(DriverError(CUresult::CUDA_ERROR_INVALID_VALUE))));
     }
 }

@@ -1,83 +1,270 @@
-//! Groups: several NCCL calls issued as one (`ncclGroupStart` … `ncclGroupEnd`).
+//! Groups: several NCCL calls issued as one (`ncclGroupStart` … `ncclGroupEnd`), all or nothing.
 //!
-//! Between the start and the outermost end NCCL only *records* calls; the kernels are enqueued
-//! when the group ends. So buffers given to calls inside a group must stay alive, and the stream
-//! events that mark "this buffer is in use until here" may only be recorded, after the end. The
-//! closure-scoped [`group`] enforces both: calls are issued through a [`Group`] handle that
-//! borrows every buffer for the whole `group` call and keeps cudarc's stream guards until after
-//! `ncclGroupEnd` returns. Direct [`Comm`] calls on a thread that has a group open are refused
-//! ([`Error::InsideGroup`]), and groups cannot nest.
+//! Between the start and the end of a group NCCL only records calls; the kernels are enqueued when
+//! the group ends. This crate goes one step further: the closure given to [`group`] only *checks
+//! and records* calls (with their buffers' pointers and stream guards), and NCCL sees none of them
+//! until the closure has returned `Ok` with every call accepted. Then the whole group is issued
+//! between `ncclGroupStart` and `ncclGroupEnd`, each communicator's calls are settled, and only
+//! then are the stream guards released. A closure that fails, or a call refused inside it, launches
+//! nothing — in single-process multi-GPU use, a half-launched group would leave the other GPUs
+//! waiting forever for a peer that never joins.
+//!
+//! Every buffer given to a [`Member`] stays borrowed until [`group`] returns, so no buffer can be
+//! moved, freed or written before the kernels that use it are enqueued. Direct calls on a thread
+//! that has a group open are refused ([`Error::InsideGroup`]), and groups do not nest.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
+use std::sync::Arc;
+#[cfg(nccl_2_22)]
+use std::time::Duration;
 
-use cudarc::driver::{DevicePtr, DevicePtrMut, SyncOnDrop};
-use nccl_sys::function;
+use cudarc::driver::{CudaStream, SyncOnDrop};
+use gpucomm_ordering::Access;
+use nccl_sys::ncclResult_t;
 
-use crate::coll::{Immediate, Sink};
-use crate::error::{check, lib, Error, Result};
-use crate::{Comm, NcclType, ReduceOp};
+use crate::call::Call;
+use crate::error::{call, check, resolve, Error, Result};
+use crate::target::{check_stream, Plan, Target};
+use crate::Comm;
 
 thread_local! {
     static OPEN: Cell<bool> = const { Cell::new(false) };
 }
 
-/// True while this thread is inside [`group`].
+/// True while this thread runs the closure of a [`group`].
 pub(crate) fn is_open() -> bool {
     OPEN.with(Cell::get)
 }
 
-/// The handle through which calls join an open group. Not `Send`: NCCL requires one thread to
-/// issue all operations of a group.
-pub struct Group<'a> {
-    guards: Vec<SyncOnDrop<'a>>,
-    _one_thread: PhantomData<*const ()>,
-}
+/// Marks the group open for the closure's run, and closed again on every path out (panics too).
+struct Open;
 
-impl<'a> Sink<'a> for Group<'a> {
-    fn keep(&mut self, guard: SyncOnDrop<'a>) {
-        self.guards.push(guard);
+impl Open {
+    fn enter() -> Self {
+        OPEN.with(|o| o.set(true));
+        Open
     }
 }
 
-/// Ends the group on every path out of [`group`], panics included.
-struct EndOnDrop {
-    end: Option<unsafe extern "C" fn() -> nccl_sys::ncclResult_t>,
+impl Drop for Open {
+    fn drop(&mut self) {
+        OPEN.with(|o| o.set(false));
+    }
 }
 
-impl EndOnDrop {
-    fn end(&mut self) -> Result<()> {
-        OPEN.with(|o| o.set(false));
-        match self.end.take() {
-            // SAFETY: this thread called ncclGroupStart successfully and has not ended the group.
-            Some(f) => check("ncclGroupEnd", unsafe { f() }, None),
-            None => Ok(()),
+/// The calls of one group, recorded while its closure runs. Not `Send` (nor `Sync`): NCCL
+/// requires one thread to issue all operations of a group.
+pub struct Group<'a> {
+    _one_thread: PhantomData<*const ()>,
+    recorded: RefCell<Recorded<'a>>,
+}
+
+/// What a group has recorded so far.
+#[derive(Default)]
+struct Recorded<'a> {
+    calls: Vec<Call>,
+    /// Each (communicator, stream) pair with calls, to settle after the end.
+    settle: Vec<(&'a Comm, &'a Arc<CudaStream>)>,
+    /// One access per stream: a stream's capture state is asked at most once per group.
+    accesses: Vec<Access<'a>>,
+    /// The recorded calls' stream guards, released after the group is settled.
+    guards: Vec<SyncOnDrop<'a>>,
+    /// Calls refused inside the group.
+    refused: usize,
+}
+
+impl std::fmt::Debug for Group<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let recorded = self.recorded.borrow();
+        f.debug_struct("Group").field("calls", &recorded.calls.len()).field("refused", &recorded.refused).finish()
+    }
+}
+
+/// A communicator taking part in a group, on its own stream or another one ([`Member::on`]):
+/// every method of [`crate::Collectives`] records a call in the group. Get one with
+/// [`Group::with`].
+#[derive(Clone, Copy)]
+pub struct Member<'g, 'a> {
+    group: &'g Group<'a>,
+    comm: &'a Comm,
+    stream: &'a Arc<CudaStream>,
+}
+
+impl std::fmt::Debug for Member<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Member").field("comm", self.comm).field("stream", &self.stream.cu_stream()).finish()
+    }
+}
+
+impl<'a> Group<'a> {
+    fn new() -> Self {
+        Group { _one_thread: PhantomData, recorded: RefCell::new(Recorded::default()) }
+    }
+
+    /// `comm` as a member of this group, on its own stream: `g.with(&comm).all_reduce(..)`.
+    pub fn with(&self, comm: &'a Comm) -> Member<'_, 'a> {
+        Member { group: self, comm, stream: comm.stream() }
+    }
+
+    /// Records one call: takes its pointers through this group's access for `stream`, and keeps the
+    /// call and its guards until the group is launched.
+    pub(crate) fn record<const N: usize>(
+        &self,
+        comm: &'a Comm,
+        stream: &'a Arc<CudaStream>,
+        take: impl FnOnce(&Access<'a>) -> Result<(Call, [SyncOnDrop<'a>; N])>,
+    ) -> Result<()> {
+        let mut recorded = self.recorded.borrow_mut();
+        let accesses = &mut recorded.accesses;
+        let i = match accesses.iter().position(|a| same_stream(a.stream(), stream)) {
+            Some(i) => i,
+            None => {
+                accesses.push(Access::new(stream));
+                accesses.len() - 1
+            }
+        };
+        let (call, guards) = take(&accesses[i])?;
+        // cudarc records failed waits in the context instead of returning them.
+        stream.context().check_err()?;
+        recorded.calls.push(call);
+        recorded.guards.extend(guards);
+        if !recorded.settle.iter().any(|(c, s)| c.as_raw() == comm.as_raw() && same_stream(s, stream)) {
+            recorded.settle.push((comm, stream));
+        }
+        Ok(())
+    }
+
+    /// Issues every recorded call between `ncclGroupStart` and `end` (which calls `ncclGroupEnd`
+    /// or `ncclGroupSimulateEnd` and is named `name`), then settles each communicator's work; the
+    /// guards are released afterwards, when the group is dropped.
+    fn launch(&mut self, name: &'static str, end: impl FnOnce() -> ncclResult_t) -> Result<()> {
+        let recorded = self.recorded.get_mut();
+        if recorded.calls.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: no NCCL group is open on this thread: this crate opens NCCL groups only in its own
+        // functions, which end them before returning.
+        unsafe { call!(ncclGroupStart()) }?;
+        let mut issued = Ok(());
+        for c in recorded.calls.iter() {
+            // SAFETY: each call was built by a `Collectives` method, whose checks make its pointers
+            // valid for its count, type and ranks on its communicator's device; the buffers are
+            // borrowed for 'a and their guards are held by `self` until after the settling below.
+            let rc = unsafe { c.issue() };
+            if rc != ncclResult_t::ncclSuccess {
+                // NCCL remembers the error and ends the group without launching it.
+                issued = check(c.name(), rc, Some(c.comm()));
+                break;
+            }
+        }
+        let rc = end();
+        let mut settled = Ok(());
+        for (comm, stream) in recorded.settle.iter() {
+            let s = comm.settle(name, rc, stream);
+            if settled.is_ok() {
+                settled = s;
+            }
+        }
+        issued.and(settled).and_then(|()| recorded.join_streams())
+    }
+}
+
+impl Recorded<'_> {
+    /// A buffer read by calls on two streams of one device in the same group is used by both
+    /// streams at once once the group launches, but its ordering state (a cudarc event, a
+    /// [`StreamTracker`](gpucomm_ordering::StreamTracker)) can name only one of them as the last
+    /// user. So when a group's calls went to several streams of a device, each of those streams
+    /// waits for the others' work: whichever one a buffer names, later uses wait for the whole
+    /// group. Groups on one stream per device (the usual case) skip this.
+    fn join_streams(&self) -> Result<()> {
+        for (i, (_, a)) in self.settle.iter().enumerate() {
+            for (j, (_, b)) in self.settle.iter().enumerate() {
+                let same_device = a.context().cu_ctx() == b.context().cu_ctx();
+                if i != j && same_device && !same_stream(a, b) {
+                    a.join(b)?;
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+impl<'g, 'a> Member<'g, 'a> {
+    /// This member with its calls enqueued on `stream` (of the communicator's device, checked by
+    /// each call) instead of the communicator's own stream.
+    pub fn on(self, stream: &'a Arc<CudaStream>) -> Self {
+        Member { stream, ..self }
+    }
+}
+
+impl<'a> Target<'a> for Member<'_, 'a> {
+    #[inline]
+    fn dispatch(self, body: impl FnOnce(Plan<'_, 'a>) -> Result<()>) -> Result<()> {
+        let result = check_stream(self.comm, self.stream)
+            .and_then(|()| body(Plan::recorded(self.comm, self.stream, self.group)));
+        if result.is_err() {
+            self.group.recorded.borrow_mut().refused += 1;
+        }
+        result
+    }
+}
+
+fn same_stream(a: &CudaStream, b: &CudaStream) -> bool {
+    a.cu_stream() == b.cu_stream() && a.context().cu_ctx() == b.context().cu_ctx()
+}
+
+/// Runs `f`, then, if it returned `Ok` and every call in it was accepted, launches its calls as one
+/// NCCL group ended by `end` (see [`Group::launch`]), and returns `f`'s value.
+fn run<'a, R>(
+    f: impl FnOnce(&mut Group<'a>) -> Result<R>,
+    name: &'static str,
+    end: impl FnOnce() -> ncclResult_t,
+    simulated: bool,
+) -> Result<R> {
+    if is_open() {
+        return Err(Error::InsideGroup);
+    }
+    let mut group = Group::new();
+    let value = {
+        let _open = Open::enter();
+        f(&mut group)
+    }?;
+    let recorded = group.recorded.get_mut();
+    if recorded.refused > 0 {
+        return Err(Error::GroupRefused { refused: recorded.refused });
+    }
+    if simulated {
+        if let Some(c) = recorded.calls.iter().find(|c| c.is_point_to_point()) {
+            return Err(Error::NotSimulable { call: c.name() });
         }
     }
+    group.launch(name, end)?;
+    // `group` is dropped here: the stream guards record "in use until here" after the settling.
+    Ok(value)
 }
 
-impl Drop for EndOnDrop {
-    fn drop(&mut self) {
-        // Only reached without an explicit end when unwinding; the error cannot be reported.
-        let _ = self.end();
-    }
-}
-
-/// Runs `f` inside one NCCL group (`ncclGroupStart` / `ncclGroupEnd`) and returns its value.
+/// Runs `f` as one NCCL group (`ncclGroupStart` / `ncclGroupEnd`) and returns its value.
 ///
 /// Use it to drive several communicators from one thread (single-process multi-GPU, as created by
-/// [`Comm::init_all`]) and to pair sends with receives. Every buffer passed to the [`Group`] stays
-/// borrowed until `group` returns, and its stream guards are released only after NCCL enqueued
-/// the work, so no buffer can be freed or reused before the kernels that use it exist.
+/// [`Comm::init_all`]), to pair sends with receives, and to fuse several collectives into one
+/// launch. Calls join the group through [`Group::with`]: `g.with(&comm).all_reduce(..)`.
 ///
-/// If `f` fails, the group is still ended (NCCL has no way to cancel recorded calls) and `f`'s
-/// error is returned. An error from `ncclGroupEnd` applies to every communicator in the group.
+/// **All or nothing**: the calls are checked and recorded while `f` runs and launched together
+/// after it returns. If `f` returns an error, or any call inside it was refused (even if `f`
+/// ignored that error: [`Error::GroupRefused`]), nothing is launched. An error from
+/// `ncclGroupEnd` applies to every communicator in the group.
+///
+/// Every buffer passed to the group stays borrowed until `group` returns, and its stream guards
+/// are released only after NCCL has enqueued the work. Inside `f`, direct calls on a communicator
+/// are refused ([`Error::InsideGroup`]), as is a nested group.
 ///
 /// ```no_run
+/// use nccl::{Collectives, ReduceOp};
 /// # fn demo(comms: &[nccl::Comm], bufs: &mut [cudarc::driver::CudaSlice<f32>]) -> nccl::Result<()> {
 /// nccl::group(|g| {
 ///     for (comm, buf) in comms.iter().zip(bufs.iter_mut()) {
-///         g.all_reduce_in_place(comm, buf, nccl::ReduceOp::SUM)?;
+///         g.with(comm).all_reduce_in_place(buf, ReduceOp::SUM)?;
 ///     }
 ///     Ok(())
 /// })
@@ -86,126 +273,91 @@ impl Drop for EndOnDrop {
 #[doc(alias = "ncclGroupStart")]
 #[doc(alias = "ncclGroupEnd")]
 pub fn group<'a, R>(f: impl FnOnce(&mut Group<'a>) -> Result<R>) -> Result<R> {
-    if is_open() {
-        return Err(Error::InsideGroup);
-    }
-    let lib = lib()?;
-    let start = function!(lib, ncclGroupStart)?;
-    let end = *function!(lib, ncclGroupEnd)?;
-    // Declared before the end guard so that it is dropped after it: the stream guards inside are
-    // released only once the group has ended.
-    let mut handle = Group { guards: Vec::new(), _one_thread: PhantomData };
-    // SAFETY: no group is open on this thread (checked above), so this starts the outermost one.
-    check("ncclGroupStart", unsafe { start() }, None)?;
-    OPEN.with(|o| o.set(true));
-    let mut ender = EndOnDrop { end: Some(end) };
-    let value = f(&mut handle);
-    let ended = ender.end();
-    drop(handle);
-    let value = value?;
-    ended.map(|()| value)
+    let end = resolve!(ncclGroupEnd)?;
+    // SAFETY: `Group::launch` calls this once, on this thread, after its ncclGroupStart.
+    run(f, "ncclGroupEnd", || unsafe { end() }, false)
 }
 
-impl<'a> Group<'a> {
-    /// [`Comm::all_reduce`] inside the group.
-    #[doc(alias = "ncclAllReduce")]
-    pub fn all_reduce<T: NcclType>(
-        &mut self,
-        comm: &'a Comm,
-        send: &'a impl DevicePtr<T>,
-        recv: &'a mut impl DevicePtrMut<T>,
-        op: ReduceOp,
-    ) -> Result<()> {
-        comm.enqueue_all_reduce(self, send, recv, op)
-    }
-
-    /// [`Comm::all_reduce_in_place`] inside the group.
-    #[doc(alias = "ncclAllReduce")]
-    pub fn all_reduce_in_place<T: NcclType>(
-        &mut self,
-        comm: &'a Comm,
-        buf: &'a mut impl DevicePtrMut<T>,
-        op: ReduceOp,
-    ) -> Result<()> {
-        comm.enqueue_all_reduce_in_place(self, buf, op)
-    }
-
-    /// [`Comm::broadcast_in_place`] inside the group.
-    #[doc(alias = "ncclBroadcast")]
-    pub fn broadcast_in_place<T: NcclType>(
-        &mut self,
-        comm: &'a Comm,
-        buf: &'a mut impl DevicePtrMut<T>,
-        root: usize,
-    ) -> Result<()> {
-        comm.enqueue_broadcast_in_place(self, buf, root)
-    }
-
-    /// [`Comm::all_gather`] inside the group.
-    #[doc(alias = "ncclAllGather")]
-    pub fn all_gather<T: NcclType>(
-        &mut self,
-        comm: &'a Comm,
-        send: &'a impl DevicePtr<T>,
-        recv: &'a mut impl DevicePtrMut<T>,
-    ) -> Result<()> {
-        comm.enqueue_all_gather(self, send, recv)
-    }
-
-    /// [`Comm::reduce_scatter`] inside the group.
-    #[doc(alias = "ncclReduceScatter")]
-    pub fn reduce_scatter<T: NcclType>(
-        &mut self,
-        comm: &'a Comm,
-        send: &'a impl DevicePtr<T>,
-        recv: &'a mut impl DevicePtrMut<T>,
-        op: ReduceOp,
-    ) -> Result<()> {
-        comm.enqueue_reduce_scatter(self, send, recv, op)
-    }
-
-    /// Sends `send` to `peer` (`ncclSend`); the peer must post a matching [`Group::recv`].
-    #[doc(alias = "ncclSend")]
-    pub fn send<T: NcclType>(&mut self, comm: &'a Comm, send: &'a impl DevicePtr<T>, peer: usize) -> Result<()> {
-        comm.enqueue_send(self, send, peer)
-    }
-
-    /// Receives into `recv` from `peer` (`ncclRecv`); the peer must post a matching [`Group::send`]
-    /// of the same length.
-    #[doc(alias = "ncclRecv")]
-    pub fn recv<T: NcclType>(&mut self, comm: &'a Comm, recv: &'a mut impl DevicePtrMut<T>, peer: usize) -> Result<()> {
-        comm.enqueue_recv(self, recv, peer)
-    }
+#[cfg(nccl_2_22)]
+#[cfg_attr(docsrs, doc(cfg(nccl_2_22)))]
+/// What [`simulate`] returns: the closure's value and NCCL's estimate of the group's time.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Simulated<R> {
+    /// The closure's value.
+    pub value: R,
+    /// NCCL's estimate of how long the group would take on the GPU, or `None` when NCCL gave none
+    /// (a group of only sends and receives; a nonblocking communicator, with which NCCL runs the
+    /// group instead of simulating it).
+    pub estimated_time: Option<Duration>,
 }
 
-impl Comm {
-    /// Runs one call outside any group: NCCL enqueues the kernel before the call returns, so the
-    /// stream guards are released at once.
-    pub(crate) fn direct(&self, call: impl FnOnce(&mut Immediate) -> Result<()>) -> Result<()> {
-        if is_open() {
-            return Err(Error::InsideGroup);
-        }
-        call(&mut Immediate)
+/// Like [`group`], but ends the group with `ncclGroupSimulateEnd` (NCCL ≥ 2.22.3): NCCL picks the
+/// algorithms and estimates the group's time without launching anything (with blocking
+/// communicators). Checks, borrows and ordering are the same as for [`group`].
+///
+/// Only collectives can be simulated (all-reduce, broadcast, reduce, all-gather, reduce-scatter):
+/// a group with a point-to-point call is refused with [`Error::NotSimulable`] and launches
+/// nothing, because NCCL leaves simulated sends and receives queued for the next group.
+#[cfg(nccl_2_22)]
+#[cfg_attr(docsrs, doc(cfg(nccl_2_22)))]
+#[doc(alias = "ncclGroupSimulateEnd")]
+pub fn simulate<'a, R>(f: impl FnOnce(&mut Group<'a>) -> Result<R>) -> Result<Simulated<R>> {
+    let end = resolve!(ncclGroupSimulateEnd)?;
+    let mut info = sim_info();
+    // SAFETY: `Group::launch` calls this once, on this thread, after its ncclGroupStart; `info`
+    // is initialised as NCCL_SIM_INFO_INITIALIZER prescribes and outlives the call.
+    let value = run(f, "ncclGroupSimulateEnd", || unsafe { end(&mut info) }, true)?;
+    let micros = f64::from(info.estimatedTime);
+    Ok(Simulated { value, estimated_time: (micros >= 0.0).then(|| Duration::from_secs_f64(micros * 1e-6)) })
+}
+
+/// NCCL_SIM_INFO_INITIALIZER.
+#[cfg(nccl_2_22)]
+fn sim_info() -> nccl_sys::ncclSimInfo_t {
+    nccl_sys::ncclSimInfo_t {
+        size: size_of::<nccl_sys::ncclSimInfo_t>(),
+        magic: 0x7468_5283,
+        version: nccl_sys::NCCL_VERSION_CODE,
+        estimatedTime: nccl_sys::NCCL_UNDEF_FLOAT as f32,
     }
 }
 
 #[cfg(test)]
 mod tests {
-    //! Group bookkeeping needs the NCCL library but no GPU: an empty group is a no-op for NCCL.
+    //! Group bookkeeping needs neither a GPU nor the NCCL library: an empty group calls no NCCL.
     use super::*;
 
     #[test]
-    fn groups_return_values_refuse_nesting_and_always_end() {
+    fn groups_return_values_refuse_nesting_and_always_close() {
         assert_eq!(group(|_| Ok(7)).unwrap(), 7);
         assert!(!is_open());
         assert!(matches!(group(|_| group(|_| Ok(()))), Err(Error::InsideGroup)));
-        assert!(!is_open(), "the outer group ended although its closure failed");
-        let err = group(|_| -> Result<()> { Err(Error::InvalidArgument("from the closure".into())) }).unwrap_err();
-        assert_eq!(err.to_string(), "invalid argument: from the closure");
+        assert!(!is_open(), "the outer group closed although its closure failed");
+        let err = group(|_| -> Result<()> { Err(Error::ForeignOp) }).unwrap_err();
+        assert!(matches!(err, Error::ForeignOp), "{err}");
         let panicked = std::panic::catch_unwind(|| group(|_| -> Result<()> { panic!("inside the group") }));
         assert!(panicked.is_err());
-        assert!(!is_open(), "a panic inside the closure still ends the group");
-        // NCCL agrees that no group is open: a new one starts and ends cleanly.
+        assert!(!is_open(), "a panic inside the closure still closes the group");
         group(|_| Ok(())).unwrap();
+    }
+
+    #[test]
+    fn a_refused_call_that_the_closure_ignores_still_stops_the_group() {
+        let err = group(|g| {
+            g.recorded.borrow_mut().refused = 1;
+            Ok(())
+        })
+        .unwrap_err();
+        assert_eq!(err.to_string(), "1 call(s) in the group were refused, so nothing in it was launched");
+    }
+
+    #[test]
+    #[cfg(nccl_2_22)]
+    fn the_simulation_info_is_initialised_as_nccl_requires() {
+        let info = sim_info();
+        assert_eq!(info.size, 24);
+        assert_eq!(info.magic, 0x74685283);
+        assert_eq!(info.version, nccl_sys::NCCL_VERSION_CODE);
+        assert_eq!(info.estimatedTime, -1.0);
     }
 }

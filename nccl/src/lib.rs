@@ -1,13 +1,27 @@
 //! Safe, idiomatic NCCL for Rust, on top of [cudarc] buffers and streams.
 //!
 //! * [`Comm`]: a communicator, created with [`Comm::init_rank`] (one process or thread per GPU,
-//!   all sharing a [`UniqueId`]) or [`Comm::init_all`] (one process driving several GPUs).
-//! * Collectives on [`Comm`] ([`all_reduce`](Comm::all_reduce), [`all_gather`](Comm::all_gather),
-//!   [`reduce_scatter`](Comm::reduce_scatter), [`broadcast_in_place`](Comm::broadcast_in_place))
-//!   that check every length, rank and device before NCCL sees them, and take cudarc buffers
-//!   (`CudaSlice`, views) through cudarc's stream-ordering protocol.
-//! * [`group`]: several calls issued as one, with every buffer kept alive and its stream
-//!   bookkeeping deferred until NCCL has enqueued the work.
+//!   all sharing a [`UniqueId`]) or [`Comm::init_all`] (one process driving several GPUs), with
+//!   options through a [`Config`] ([`Comm::init_rank_config`]), or from another one
+//!   ([`Comm::split`], [`Comm::shrink`]).
+//! * Nonblocking communicators and timeouts: a [`Config`] with `blocking(false)` and a
+//!   [`timeout`](Config::timeout) turns a peer that never arrives, or dies, into
+//!   [`Error::Timeout`] and an aborted communicator; an [`AbortHandle`] lets a watchdog thread
+//!   abort one.
+//! * [`Collectives`]: every NCCL collective and point-to-point call, written once for every
+//!   target — a communicator on its own stream (`comm.all_reduce(..)`), on another stream of its
+//!   device (`comm.on(&stream).all_reduce(..)`), or recorded in a [`group`]
+//!   (`g.with(&comm).all_reduce(..)`). Every length, root, peer, count and device is checked before
+//!   NCCL sees it; buffers are cudarc's (`CudaSlice`, views) or [`MemBuffer`], taken through the
+//!   stream-ordering protocol of `gpucomm-ordering`, which also works inside CUDA graph capture.
+//! * [`group`]: several calls issued as one, all or nothing: nothing launches unless every call in
+//!   it was accepted, and every buffer stays borrowed until NCCL has enqueued the work.
+//!   [`simulate`] asks NCCL for the group's estimated time instead.
+//! * [`MemBuffer`]: memory from `ncclMemAlloc`, the recommended buffer type (zero-cost ordering on
+//!   one stream, registration- and window-ready); [`Registration`] and [`Window`] make buffers
+//!   known to a communicator, for as long as it lives.
+//! * [`ReduceOp`] (NCCL's operators) and [`PreMulSum`] (a custom operator tied to its
+//!   communicator).
 //! * [`Error`]: NCCL's code with `ncclGetErrorString` and `ncclGetLastError`, or a precise
 //!   description of the argument that was refused.
 //!
@@ -16,6 +30,7 @@
 //!
 //! ```no_run
 //! use cudarc::driver::CudaContext;
+//! use nccl::Collectives; // the communication calls
 //!
 //! let stream = CudaContext::new(0)?.default_stream();
 //! let id = nccl::UniqueId::new()?;
@@ -30,18 +45,48 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod call;
 mod coll;
 mod comm;
+#[cfg(nccl_2_28)]
+#[cfg_attr(docsrs, doc(cfg(nccl_2_28)))]
+pub mod device;
 mod error;
 mod group;
+// ncclMemAlloc and ncclCommRegister appeared in NCCL 2.19.
+#[cfg(nccl_2_19)]
+mod mem;
+mod op;
+#[cfg(nccl_2_19)]
+mod register;
+mod target;
 mod types;
 mod unique_id;
 
-pub use comm::Comm;
+pub use coll::{Collectives, Root};
+pub use comm::{AbortHandle, AbortStatus, Comm, Config, Finalizing, PendingComm};
+#[cfg(nccl_2_27)]
+pub use comm::{CtaPolicy, ShrinkFlags};
 pub use error::{Error, Result, ResultCode};
-pub use group::{group, Group};
+pub use group::{group, Group, Member};
+#[cfg(nccl_2_22)]
+pub use group::{simulate, Simulated};
+#[cfg(nccl_2_19)]
+pub use mem::{MemBuffer, MemView, MemViewMut};
+pub use op::{PreMulSum, Reduction};
+#[cfg(nccl_2_19)]
+pub use register::Registration;
+#[cfg(nccl_2_27)]
+pub use register::{register_windows, Window, WindowFlags};
+pub use target::OnStream;
 pub use types::{DataType, NcclType, ReduceOp};
 pub use unique_id::UniqueId;
+
+/// `use nccl::prelude::*;` brings the [`Collectives`] trait into scope, whose methods are the
+/// communication calls, and the types every call names.
+pub mod prelude {
+    pub use crate::{Collectives, ReduceOp, Root};
+}
 
 /// The raw bindings this crate is built on.
 pub use nccl_sys as sys;

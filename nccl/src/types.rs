@@ -22,7 +22,7 @@ mod sealed {
 /// There is deliberately no `bool` (no NCCL reduction means anything for it) and no `char` (4
 /// bytes in Rust, and arbitrary bytes are not valid `char`s).
 #[doc(alias = "ncclDataType_t")]
-pub trait NcclType: DeviceRepr + sealed::Sealed {
+pub trait NcclType: DeviceRepr + sealed::Sealed + 'static {
     /// The matching NCCL data type.
     const DATA_TYPE: DataType;
     /// The first NCCL release with this data type; calls with an older loaded library fail with

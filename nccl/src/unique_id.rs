@@ -35,9 +35,7 @@ impl UniqueId {
 
     /// An id received from rank 0. Fails unless `bytes` has exactly [`Self::BYTES`] bytes.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let bytes: &[u8; Self::BYTES] = bytes.try_into().map_err(|_| {
-            Error::InvalidArgument(format!("a unique id has {} bytes, got {}", Self::BYTES, bytes.len()))
-        })?;
+        let bytes: &[u8; Self::BYTES] = bytes.try_into().map_err(|_| Error::UniqueIdLength { got: bytes.len() })?;
         Ok(Self(ncclUniqueId { internal: bytes.map(|b| b as std::os::raw::c_char) }))
     }
 }
@@ -71,6 +69,8 @@ mod tests {
         assert_eq!(id.to_bytes(), raw);
         assert_eq!(format!("{id:?}"), "UniqueId(ab000000…)");
         let err = UniqueId::from_bytes(&raw[..100]).unwrap_err();
-        assert_eq!(err.to_string(), "invalid argument: a unique id has 128 bytes, got 100");
+        assert!(matches!(err, Error::UniqueIdLength { got: 100 }), "{err:?}");
+        assert_eq!(err.to_string(), "a unique id has 128 bytes, got 100");
+        assert!(matches!(UniqueId::from_bytes(&[0; 129]), Err(Error::UniqueIdLength { got: 129 })));
     }
 }

@@ -1,32 +1,23 @@
-//! The `.cu` helper of build-support, with nothing but the pinned wheels: a plain module and an
-//! NVSHMEM module device-linked against the wheel's `libnvshmem_device.a`.
+//! NVSHMEM kernels built by `gpucomm_build_support::build::cu` with nothing but the pinned wheels,
+//! against the headers and `libnvshmem_device.a` of the install this crate was built with, passed
+//! the way a dependent's build script gets them (`DEP_NVSHMEM_INCLUDE`, `DEP_NVSHMEM_LIB_DIR`).
 
 use std::path::Path;
 
-use gpucomm_build_support::build::nvcc::Nvcc;
+use gpucomm_build_support::build::cu::{Flavour, Kernels};
+use gpucomm_build_support::emit::Emitter;
 use gpucomm_build_support::env::Env;
-use gpucomm_build_support::locate::{Locator, CUDA};
 
-/// The `.cu` helper builds loadable modules with nothing but the pinned wheels: a plain kernel,
-/// and an NVSHMEM kernel compiled with relocatable device code and device-linked against the
-/// wheel's `libnvshmem_device.a` into one self-contained cubin (the recipe NVSHMEM needs).
+/// The NVSHMEM flavour compiles with relocatable device code and device-links against the wheel's
+/// `libnvshmem_device.a` into one self-contained cubin (the recipe NVSHMEM needs): it exports the
+/// kernel and the device library's version symbol, which `nvshmemx_cumodule_init` looks for after
+/// loading. The device library and headers are inputs Cargo is told about.
 #[test]
-fn nvcc_builds_plain_and_nvshmem_modules() {
-    let env = Env::process();
-    let cuda = Locator::new(&env).find(&CUDA).unwrap_or_else(|e| panic!("{e}"));
+fn nvshmem_kernel_is_device_linked_into_one_image() {
     let dir = tempfile::tempdir().unwrap();
-    let mut nvcc = Nvcc::locate(&env, Some(&cuda)).unwrap();
-
-    let plain = dir.path().join("scale.cu");
-    std::fs::write(&plain, "extern \"C\" __global__ void scale(float *x, float a) { x[threadIdx.x] *= a; }\n").unwrap();
-    let cubin = dir.path().join("scale.cubin");
-    nvcc.module(&plain, &cubin).unwrap_or_else(|e| panic!("{e}"));
-    let image = std::fs::read(&cubin).unwrap();
-    assert!(image.starts_with(b"\x7fELF") && contains(&image, b"scale"));
-
-    let shmem = dir.path().join("ring.cu");
+    let source = dir.path().join("ring.cu");
     std::fs::write(
-        &shmem,
+        &source,
         "#include <nvshmem.h>\n#include <nvshmemx.h>\n\
          extern \"C\" __global__ void ring_put(int *dst, int value) {\n\
              int me = nvshmem_my_pe();\n\
@@ -34,15 +25,34 @@ fn nvcc_builds_plain_and_nvshmem_modules() {
          }\n",
     )
     .unwrap();
-    nvcc.include(Path::new(nvshmem_sys::INCLUDE_DIR));
-    let device_lib = Path::new(nvshmem_sys::BUILD_LIB_DIR).join("libnvshmem_device.a");
-    let linked = dir.path().join("ring.cubin");
-    nvcc.device_linked_module(&shmem, &[&device_lib], &dir.path().join("ring.o"), &linked)
-        .unwrap_or_else(|e| panic!("{e}"));
-    let image = std::fs::read(&linked).unwrap();
-    assert!(image.starts_with(b"\x7fELF") && contains(&image, b"ring_put"));
-    // The device library's state is linked in: nvshmemx_cumodule_init looks for it after loading.
-    assert!(contains(&image, b"nvshmemi_device_lib_version_d"), "not device-linked with libnvshmem_device.a");
+    let prefix = std::env::var("GPUCOMM_PREFIX").expect("GPUCOMM_PREFIX (set by .cargo/config.toml)");
+    let env = Env::from_pairs(
+        None,
+        [
+            ("OUT_DIR", dir.path().to_str().unwrap()),
+            ("GPUCOMM_PREFIX", prefix.as_str()),
+            ("DEP_NVSHMEM_INCLUDE", nvshmem_sys::INCLUDE_DIR),
+            ("DEP_NVSHMEM_LIB_DIR", nvshmem_sys::BUILD_LIB_DIR),
+        ],
+    );
+    let mut out = Emitter::new(Vec::new());
+    let built = Kernels::new().nvshmem(&source).build_with(&env, &mut out).unwrap_or_else(|e| panic!("{e}"));
+    let image = &built.images[0];
+    assert_eq!((image.name.as_str(), image.flavour), ("RING", Flavour::Nvshmem));
+    let bytes = std::fs::read(image.image.as_ref().unwrap()).unwrap();
+    assert!(bytes.starts_with(b"\x7fELF"));
+    assert!(contains(&bytes, b"ring_put\0"), "kernel symbol missing");
+    assert!(contains(&bytes, b"nvshmemi_device_lib_version_d\0"), "not device-linked with libnvshmem_device.a");
+
+    let device_lib = std::fs::canonicalize(Path::new(nvshmem_sys::BUILD_LIB_DIR).join("libnvshmem_device.a")).unwrap();
+    let nvshmem_h = std::fs::canonicalize(Path::new(nvshmem_sys::INCLUDE_DIR).join("nvshmem.h")).unwrap();
+    let cargo = String::from_utf8(out.into_inner()).unwrap();
+    for input in [&device_lib, &nvshmem_h] {
+        assert!(image.inputs.contains(input), "{} missing from {:?}", input.display(), image.inputs);
+        assert!(cargo.contains(&format!("cargo::rerun-if-changed={}\n", input.display())), "{cargo}");
+    }
+    let rust = std::fs::read_to_string(&built.rust_file).unwrap();
+    assert!(rust.contains("for `cuModuleLoadData`, then `nvshmemx_cumodule_init` before any launch."), "{rust}");
 }
 
 fn contains(haystack: &[u8], needle: &[u8]) -> bool {

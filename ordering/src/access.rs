@@ -42,12 +42,13 @@ pub(crate) fn current(stream: &CudaStream) -> Option<Call> {
 pub struct Access<'s> {
     stream: &'s Arc<CudaStream>,
     capturing: Cell<Option<bool>>,
+    probe: Cell<Option<&'static CudaStream>>,
 }
 
 impl<'s> Access<'s> {
     /// An access for a call on `stream`.
     pub fn new(stream: &'s Arc<CudaStream>) -> Self {
-        Access { stream, capturing: Cell::new(None) }
+        Access { stream, capturing: Cell::new(None), probe: Cell::new(None) }
     }
 
     /// The call's stream.
@@ -65,6 +66,16 @@ impl<'s> Access<'s> {
         Ok(c)
     }
 
+    /// The helper stream for taking pointers during a capture (looked up once per `Access`).
+    fn probe(&self) -> Result<&'static CudaStream, DriverError> {
+        if let Some(p) = self.probe.get() {
+            return Ok(p);
+        }
+        let p = probe(self.stream.context())?;
+        self.probe.set(Some(p));
+        Ok(p)
+    }
+
     /// cudarc only waits and records while it manages synchronisation; otherwise its buffers can
     /// be used directly and nothing needs to know about captures.
     fn needs_capture_check(&self) -> bool {
@@ -72,27 +83,39 @@ impl<'s> Access<'s> {
     }
 
     /// The pointer of `buf` for reading on the call's stream, and the guard to drop after enqueue.
+    ///
+    /// The guard borrows the buffer and the stream, not the `Access`, so guards of several calls
+    /// can be kept together until their work is enqueued (a group).
     pub fn read<'a, T>(
-        &'a self,
-        buf: &'a impl DevicePtr<T>,
-    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError> {
+        &self,
+        buf: &'a (impl DevicePtr<T> + ?Sized),
+    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError>
+    where
+        's: 'a,
+    {
         self.take(|stream| buf.device_ptr(stream))
     }
 
     /// The pointer of `buf` for writing on the call's stream, and the guard to drop after enqueue.
     pub fn write<'a, T>(
-        &'a self,
-        buf: &'a mut impl DevicePtrMut<T>,
-    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError> {
+        &self,
+        buf: &'a mut (impl DevicePtrMut<T> + ?Sized),
+    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError>
+    where
+        's: 'a,
+    {
         self.take(|stream| buf.device_ptr_mut(stream))
     }
 
     fn take<'a>(
-        &'a self,
+        &self,
         get: impl FnOnce(&'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>),
-    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError> {
+    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError>
+    where
+        's: 'a,
+    {
         let capturing = self.needs_capture_check() && self.capturing()?;
-        let probe = if capturing { Some(probe(self.stream.context())?) } else { None };
+        let probe = if capturing { Some(self.probe()?) } else { None };
         let call = Call { stream: self.stream.clone(), capturing, probe: probe.map(|p| p.cu_stream()) };
         let _restore = Restore(CURRENT.with(|c| c.replace(Some(call))));
         let taken = match probe {
@@ -119,13 +142,23 @@ impl Drop for Restore {
 }
 
 /// One idle, never-captured helper stream per context, for taking pointers during captures. It
-/// lives as long as the process (a handful of bytes per GPU).
+/// lives as long as the process (a handful of bytes per GPU). The last one this thread used is
+/// remembered, so that captured calls skip the shared map.
 fn probe(ctx: &Arc<CudaContext>) -> Result<&'static CudaStream, DriverError> {
+    thread_local! {
+        static LAST: Cell<Option<(usize, &'static CudaStream)>> = const { Cell::new(None) };
+    }
     static PROBES: Mutex<Option<HashMap<usize, &'static CudaStream>>> = Mutex::new(None);
+    let key = ctx.cu_ctx() as usize;
+    if let Some((k, p)) = LAST.with(Cell::get) {
+        if k == key {
+            return Ok(p);
+        }
+    }
     let mut probes = PROBES.lock().unwrap_or_else(|e| e.into_inner());
     let map = probes.get_or_insert_with(HashMap::new);
-    let key = ctx.cu_ctx() as usize;
-    if let Some(p) = map.get(&key) {
+    if let Some(&p) = map.get(&key) {
+        LAST.with(|l| l.set(Some((key, p))));
         return Ok(p);
     }
     let stream = relaxed(|| {
@@ -137,5 +170,6 @@ fn probe(ctx: &Arc<CudaContext>) -> Result<&'static CudaStream, DriverError> {
     })?;
     let leaked: &'static Arc<CudaStream> = Box::leak(Box::new(stream));
     map.insert(key, leaked);
+    LAST.with(|l| l.set(Some((key, leaked))));
     Ok(leaked)
 }

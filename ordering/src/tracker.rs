@@ -201,12 +201,32 @@ fn to_driver(e: OrderError) -> DriverError {
 /// buffer type that holds a [`StreamTracker`], so cudarc copies, cudarc kernels and the
 /// communication calls all order themselves against it.
 ///
-/// `tracked_device_ptr!(MemBuffer<T>, |b| (b.ptr, b.len, &b.tracker, &b.home))` where the closure
-/// returns the device address, the length in elements, the tracker and the buffer's home stream
-/// (reported by `DeviceSlice::stream`).
+/// `tracked_device_ptr!([T] MemBuffer<T>, |b| (b.ptr, b.len, &b.tracker, &b.home))` where the
+/// closure returns the device address, the length in elements, the tracker and the buffer's home
+/// stream (reported by `DeviceSlice::stream`). With `read` in front
+/// (`tracked_device_ptr!(read ['a, T] View<'a, T>, |v| …)`) only `DeviceSlice` and `DevicePtr` are
+/// implemented: for shared views, which must not be written through.
 #[macro_export]
 macro_rules! tracked_device_ptr {
+    (read [$($gen:tt)*] $ty:ty, |$b:ident| $parts:expr) => {
+        $crate::tracked_device_ptr!(@slice [$($gen)*] $ty, |$b| $parts);
+        $crate::tracked_device_ptr!(@read [$($gen)*] $ty, |$b| $parts);
+    };
     ([$($gen:tt)*] $ty:ty, |$b:ident| $parts:expr) => {
+        $crate::tracked_device_ptr!(@slice [$($gen)*] $ty, |$b| $parts);
+        $crate::tracked_device_ptr!(@read [$($gen)*] $ty, |$b| $parts);
+        impl<$($gen)*> ::cudarc::driver::DevicePtrMut<T> for $ty {
+            fn device_ptr_mut<'__a>(
+                &'__a mut self,
+                stream: &'__a ::cudarc::driver::CudaStream,
+            ) -> (::cudarc::driver::sys::CUdeviceptr, ::cudarc::driver::SyncOnDrop<'__a>) {
+                let $b = &*self;
+                let parts = $parts;
+                (parts.0, parts.2.device_ptr_guard(stream))
+            }
+        }
+    };
+    (@slice [$($gen:tt)*] $ty:ty, |$b:ident| $parts:expr) => {
         impl<$($gen)*> ::cudarc::driver::DeviceSlice<T> for $ty {
             fn len(&self) -> usize {
                 let $b = self;
@@ -217,22 +237,14 @@ macro_rules! tracked_device_ptr {
                 $parts.3
             }
         }
+    };
+    (@read [$($gen:tt)*] $ty:ty, |$b:ident| $parts:expr) => {
         impl<$($gen)*> ::cudarc::driver::DevicePtr<T> for $ty {
-            fn device_ptr<'a>(
-                &'a self,
-                stream: &'a ::cudarc::driver::CudaStream,
-            ) -> (::cudarc::driver::sys::CUdeviceptr, ::cudarc::driver::SyncOnDrop<'a>) {
+            fn device_ptr<'__a>(
+                &'__a self,
+                stream: &'__a ::cudarc::driver::CudaStream,
+            ) -> (::cudarc::driver::sys::CUdeviceptr, ::cudarc::driver::SyncOnDrop<'__a>) {
                 let $b = self;
-                let parts = $parts;
-                (parts.0, parts.2.device_ptr_guard(stream))
-            }
-        }
-        impl<$($gen)*> ::cudarc::driver::DevicePtrMut<T> for $ty {
-            fn device_ptr_mut<'a>(
-                &'a mut self,
-                stream: &'a ::cudarc::driver::CudaStream,
-            ) -> (::cudarc::driver::sys::CUdeviceptr, ::cudarc::driver::SyncOnDrop<'a>) {
-                let $b = &*self;
                 let parts = $parts;
                 (parts.0, parts.2.device_ptr_guard(stream))
             }

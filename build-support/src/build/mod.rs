@@ -1,6 +1,8 @@
 //! Build-script side (feature `build`): the shared flow of the -sys build scripts, the common
-//! bindgen setup, `nvcc` compilation and reading a library's exported symbols.
+//! bindgen setup, compiling `.cu` files into embedded kernel images ([`cu`], on top of [`nvcc`])
+//! and reading a library's exported symbols.
 
+pub mod cu;
 pub mod exports;
 pub mod nvcc;
 mod sys;

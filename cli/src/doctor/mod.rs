@@ -1,0 +1,132 @@
+//! `gpucomm doctor`: physical, software and live checks, each ✓/✗ with a fix for every ✗.
+
+pub mod envvars;
+pub mod libs;
+pub mod live;
+pub mod nvml;
+pub mod physical;
+pub mod report;
+pub mod software;
+pub mod source;
+pub mod topo;
+pub mod worker;
+
+use serde::Serialize;
+
+use self::report::{Check, Layer, Report, Status};
+use self::source::{normalize_bus_id, Machine};
+use crate::cli::DoctorArgs;
+use crate::cuda::{self, PeerAccess};
+use crate::error::{CliError, Result};
+use crate::progress::Progress;
+use crate::safety::Overridden;
+
+/// Everything the doctor saw, for `--json`.
+#[derive(Serialize)]
+struct Facts<'a> {
+    machine: Option<&'a Machine>,
+    peer_access: Option<&'a [PeerAccess]>,
+    software: &'a software::SoftwareFacts,
+    live: Option<&'a live::LiveFacts>,
+}
+
+/// Runs `gpucomm doctor`.
+pub fn run(args: &DoctorArgs, overridden: &[Overridden]) -> Result<()> {
+    let mut report = Report::default();
+    let mut progress = Progress::new("doctor", if args.skip_live { 2 } else { 3 });
+    progress.note("physical layer (NVML, CUDA)");
+    let machine = match nvml::NvmlSource::open().and_then(|s| Machine::read(&s)) {
+        Ok(m) => Some(m),
+        Err(e) => {
+            report.push(Check::fail(
+                Layer::Physical,
+                format!("NVML unavailable: {e} (no NVIDIA driver on this machine?)"),
+                physical::NVML_FIX,
+            ));
+            None
+        }
+    };
+    let peers = if cuda::driver_present() {
+        cuda::peer_matrix().map_err(|e| e.to_string())
+    } else {
+        Err("no CUDA driver (libcuda.so.1)".to_string())
+    };
+    if let Some(m) = &machine {
+        report.checks.extend(physical::checks(m, cuda::driver_version(), peers.as_deref().map_err(Clone::clone)));
+    }
+    progress.step("software layer (libraries, environment)");
+    let sw = software::gather(overridden);
+    report.checks.extend(software::checks(&sw));
+    let mut live_facts = None;
+    if !args.skip_live {
+        progress.step("live layer (one process per GPU)");
+        let n = args.nproc.map_or_else(cuda::device_count, |n| n as usize);
+        if n < 2 {
+            report.push(Check::new(
+                Layer::Live,
+                Status::Info,
+                format!("live layer skipped: it needs 2 GPUs, CUDA sees {n}"),
+            ));
+        } else if sw.nccl.is_err() {
+            report.push(Check::new(
+                Layer::Live,
+                Status::Info,
+                "live layer skipped: NCCL could not be loaded (see above)",
+            ));
+        } else {
+            let facts = with_log_dir(args, |dir| live::gather(n, dir))?;
+            let peer_ok = |a: usize, b: usize| peer_between(machine.as_ref(), peers.as_deref().ok(), a, b);
+            report.checks.extend(live::checks(&facts, machine.as_ref(), &peer_ok));
+            live_facts = Some(facts);
+        }
+    }
+    progress.finish();
+    if args.json {
+        let facts = Facts {
+            machine: machine.as_ref(),
+            peer_access: peers.as_deref().ok(),
+            software: &sw,
+            live: live_facts.as_ref(),
+        };
+        let doc = serde_json::json!({ "checks": report.checks, "failures": report.failures(), "facts": facts });
+        println!("{doc:#}");
+    } else {
+        print!("{}", report.render());
+    }
+    match report.failures() {
+        0 => Ok(()),
+        n => Err(CliError::DoctorFailed(n)),
+    }
+}
+
+/// Runs `f` with the directory for logs: `--logs DIR` (created, kept) or a temporary one.
+fn with_log_dir<T>(args: &DoctorArgs, f: impl FnOnce(&std::path::Path) -> T) -> Result<T> {
+    match &args.logs {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).map_err(|source| CliError::Io {
+                what: "creating",
+                path: dir.clone(),
+                source,
+            })?;
+            Ok(f(dir))
+        }
+        None => {
+            let tmp = tempfile::tempdir().map_err(|source| CliError::Io {
+                what: "creating a temporary directory in",
+                path: std::env::temp_dir(),
+                source,
+            })?;
+            Ok(f(tmp.path()))
+        }
+    }
+}
+
+/// Whether CUDA allows peer access both ways between the NVML GPUs `a` and `b`.
+fn peer_between(machine: Option<&Machine>, peers: Option<&[PeerAccess]>, a: usize, b: usize) -> Option<bool> {
+    let m = machine?;
+    let (ia, ib) = (normalize_bus_id(&m.gpu(a)?.bus_id), normalize_bus_id(&m.gpu(b)?.bus_id));
+    let one = |x: &str, y: &str| {
+        peers?.iter().find(|p| normalize_bus_id(&p.from) == x && normalize_bus_id(&p.to) == y).map(|p| p.possible)
+    };
+    Some(one(&ia, &ib)? && one(&ib, &ia)?)
+}

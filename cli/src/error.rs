@@ -1,0 +1,158 @@
+//! Everything that can stop a `gpucomm` command, and the exit status each one gives.
+
+use std::path::PathBuf;
+
+/// Exit status: the command ran and found a problem (a ✗ in `doctor`, wrong elements in `bench`).
+pub const EXIT_FOUND_PROBLEM: u8 = 1;
+/// Exit status: bad command line or unusable input file (clap's own usage errors are 2 as well).
+pub const EXIT_USAGE: u8 = 2;
+/// Exit status: the run itself failed (NCCL, CUDA, a rank, the file system).
+pub const EXIT_RUN_FAILED: u8 = 3;
+
+/// Why a command stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// A size option that does not parse.
+    #[error("{flag} {value:?}: {why}")]
+    BadSize {
+        /// The option (`-b`, `-e`).
+        flag: &'static str,
+        /// What was given.
+        value: String,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// `-b` larger than `-e`, or a zero size with a factor.
+    #[error("invalid size range: {0}")]
+    SizeRange(String),
+    /// A collective the bench does not know, or cannot run yet.
+    #[error("collective {name:?}: {why}")]
+    Collective {
+        /// What was asked for.
+        name: String,
+        /// Why it cannot run.
+        why: String,
+    },
+    /// A data type or reduction operator that is unknown or not usable with this collective.
+    #[error("{what} {value:?}: {why}")]
+    BadChoice {
+        /// `-d` or `-o`.
+        what: &'static str,
+        /// What was given.
+        value: String,
+        /// The accepted values or the reason.
+        why: String,
+    },
+    /// Options that cannot be used together, or a mode this machine cannot run.
+    #[error("{0}")]
+    Usage(String),
+    /// An input file (an nccl-tests log, a bench JSON) that cannot be read.
+    #[error("cannot read {what} {}: {source}", path.display())]
+    ReadInput {
+        /// What the file is.
+        what: &'static str,
+        /// Its path.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An input file that was read but holds no usable results.
+    #[error("{}: {why}", path.display())]
+    BadInput {
+        /// Its path.
+        path: PathBuf,
+        /// What is wrong with it.
+        why: String,
+    },
+    /// An output file (`--plot`, `--out`) that cannot be written.
+    #[error("cannot write {what} {}: {why}", path.display())]
+    WriteOutput {
+        /// What the file is.
+        what: &'static str,
+        /// Its path.
+        path: PathBuf,
+        /// The reason.
+        why: String,
+    },
+    /// An NCCL call failed.
+    #[error(transparent)]
+    Nccl(#[from] nccl::Error),
+    /// A CUDA driver call failed.
+    #[error("CUDA driver error")]
+    Cuda(#[source] cudarc::driver::DriverError),
+    /// The launcher variables are inconsistent.
+    #[error(transparent)]
+    Launch(#[from] gpucomm_launch::EnvError),
+    /// The rendezvous between the ranks failed.
+    #[error(transparent)]
+    Rendezvous(#[from] gpucomm_launch::RendezvousError),
+    /// The ranks could not be started.
+    #[error(transparent)]
+    Spawn(#[from] gpucomm_launch::SpawnError),
+    /// A rank failed.
+    #[error("{0}")]
+    RanksFailed(gpucomm_launch::Outcome),
+    /// A file of the run (results, logs) could not be read or written.
+    #[error("{what} {}", path.display())]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Results exchanged between processes do not parse.
+    #[error("{what}")]
+    Json {
+        /// Which data.
+        what: String,
+        /// The parser's error.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// Validation (`-c`) found wrong elements.
+    #[error("{0} wrong elements found by validation")]
+    WrongResults(u64),
+    /// `doctor` found at least one ✗.
+    #[error("doctor found {0} problem(s)")]
+    DoctorFailed(usize),
+}
+
+impl From<cudarc::driver::DriverError> for CliError {
+    fn from(e: cudarc::driver::DriverError) -> Self {
+        CliError::Cuda(e)
+    }
+}
+
+impl CliError {
+    /// The process exit status for this error.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            CliError::BadSize { .. }
+            | CliError::SizeRange(_)
+            | CliError::Collective { .. }
+            | CliError::BadChoice { .. }
+            | CliError::Usage(_)
+            | CliError::ReadInput { .. }
+            | CliError::BadInput { .. }
+            | CliError::WriteOutput { .. } => EXIT_USAGE,
+            CliError::WrongResults(_) | CliError::DoctorFailed(_) => EXIT_FOUND_PROBLEM,
+            CliError::RanksFailed(outcome) => match u8::try_from(outcome.exit_code()) {
+                Ok(0) | Err(_) => EXIT_RUN_FAILED,
+                Ok(code) => code,
+            },
+            _ => EXIT_RUN_FAILED,
+        }
+    }
+
+    /// Reads `path` as the input file `what`.
+    pub fn read_input(what: &'static str, path: &std::path::Path) -> Result<String, CliError> {
+        std::fs::read_to_string(path).map_err(|source| CliError::ReadInput { what, path: path.to_path_buf(), source })
+    }
+}
+
+/// Shorthand for this crate's results.
+pub type Result<T, E = CliError> = std::result::Result<T, E>;

@@ -1,0 +1,229 @@
+//! The `gpucomm` binary on a machine without GPUs (CI): help, every command-line error path and
+//! its exit status, `compare` end to end, and the doctor's report when no driver is installed.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn gpucomm(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gpucomm")).args(args).env_remove("NCCL_NVLS_ENABLE").output().expect("run gpucomm")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs `args`, expects exit status `code` and `needle` in stderr.
+fn fails_with(args: &[&str], code: i32, needle: &str) {
+    let out = gpucomm(args);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{args:?}: {err}");
+    assert!(err.contains(needle), "{args:?}: expected {needle:?} in:\n{err}");
+}
+
+/// True when the NVIDIA driver is installed here (then the no-driver expectations do not hold).
+fn driver_present() -> bool {
+    [
+        "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+        "/usr/lib64/libcuda.so.1",
+        "/lib/x86_64-linux-gnu/libcuda.so.1",
+        "/usr/local/nvidia/lib64/libcuda.so.1",
+    ]
+    .iter()
+    .any(|p| Path::new(p).exists())
+}
+
+#[test]
+fn help_reads_well() {
+    let out = gpucomm(&["--help"]);
+    assert!(out.status.success());
+    let help = text(&out.stdout);
+    for word in ["doctor", "bench", "compare", "NCCL_NVLS_ENABLE=0"] {
+        assert!(help.contains(word), "{word} not in --help:\n{help}");
+    }
+    assert!(!help.contains("__doctor-worker"), "internal subcommands stay hidden");
+    let bench = text(&gpucomm(&["bench", "--help"]).stdout);
+    for word in [
+        "-b, --minbytes <SIZE>",
+        "-e, --maxbytes <SIZE>",
+        "-f, --stepfactor",
+        "-n, --iters",
+        "-w, --warmup_iters",
+        "-c, --check",
+        "-g, --ngpus",
+        "--nproc",
+        "--plot",
+        "--compare",
+        "2(n−1)/n",
+    ] {
+        assert!(bench.contains(word), "{word} not in bench --help:\n{bench}");
+    }
+    let doctor = text(&gpucomm(&["doctor", "--help"]).stdout);
+    assert!(doctor.contains("--skip-live") && doctor.contains("Exit status"), "{doctor}");
+}
+
+#[test]
+fn bench_command_line_errors() {
+    fails_with(&["bench", "-b", "8X"], 2, "error: -b \"8X\": unknown unit: use K, M, G or T");
+    fails_with(&["bench", "-e", "lots"], 2, "error: -e \"lots\": expected a number");
+    fails_with(&["bench", "-b", "1M", "-e", "1K"], 2, "error: invalid size range: -b 1048576 is larger than -e 1024");
+    fails_with(&["bench", "-b", "0"], 2, "-b must be at least 1 byte");
+    fails_with(&["bench", "hypercube"], 2, "invalid value 'hypercube'");
+    fails_with(&["bench", "reduce"], 2, "error: collective \"reduce\": the nccl crate has no reduce yet");
+    fails_with(&["bench", "alltoall"], 2, "no all_to_all yet (ncclAlltoAll");
+    fails_with(&["bench", "-d", "float128"], 2, "error: -d \"float128\": expected int8, uint8");
+    fails_with(&["bench", "-o", "xor"], 2, "error: -o \"xor\": expected sum, prod, max, min or avg");
+    fails_with(&["bench", "-o", "mulsum"], 2, "PreMulSum is not wired");
+    fails_with(&["bench", "-f", "1"], 2, "invalid value '1' for '--stepfactor");
+    fails_with(&["bench", "-n", "0"], 2, "invalid value '0' for '--iters");
+    fails_with(&["bench", "-c", "2"], 2, "invalid value '2' for '--check");
+    fails_with(&["bench", "-g", "2", "--nproc", "2"], 2, "cannot be used with");
+    fails_with(
+        &["bench", "--compare", "/nonexistent/all_reduce.log"],
+        2,
+        "error: cannot read nccl-tests log /nonexistent/all_reduce.log: ",
+    );
+    fails_with(
+        &["bench", "--plot", "/nonexistent/dir/busbw.svg"],
+        2,
+        "error: cannot write plot /nonexistent/dir/busbw.svg: ",
+    );
+    fails_with(&["bench", "-g", "4096"], 2, "error: -g 4096 needs 4096 GPUs, CUDA sees");
+}
+
+#[test]
+fn compare_log_of_another_collective_is_refused_before_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("ag.log");
+    std::fs::write(&log, "# Collective test starting: all_gather_perf\n          32             4     float    none      -1    13.05    0.00    0.00       0    13.00    0.00    0.00       0\n").unwrap();
+    fails_with(&["bench", "--compare", log.to_str().unwrap()], 2, "no all_reduce run in it (it has all_gather)");
+    std::fs::write(&log, "nothing useful\n").unwrap();
+    fails_with(&["bench", "--compare", log.to_str().unwrap()], 2, "no nccl-tests results found");
+}
+
+#[test]
+fn safety_variables_are_enforced_and_reported() {
+    let out = Command::new(env!("CARGO_BIN_EXE_gpucomm"))
+        .args(["bench", "-b", "8X"])
+        .env("NCCL_NVLS_ENABLE", "1")
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("note: gpucomm never enables NVLink multicast: using NCCL_NVLS_ENABLE=0 (was \"1\")"),
+        "{err}"
+    );
+}
+
+const C_LOG: &str = "\
+# nccl-tests version 2.19.6 nccl-headers=22809 nccl-library=22809
+# Collective test starting: all_reduce_perf
+# nThread 1 nGpus 1 minBytes 8 maxBytes 8589934592 step: 4(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0 unalign: 0
+#  Rank  0 Group  0 Pid  41213 on         vm device  0 [0000:00:06] NVIDIA H200
+#  Rank  1 Group  0 Pid  41214 on         vm device  1 [0000:00:07] NVIDIA H200
+           8             2     float     sum      -1    10.03    0.00    0.00       0     9.87    0.00    0.00       0
+  8589934592    2147483648     float     sum      -1  24926.3  344.61  344.61       0  24902.1  344.95  344.95       0
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 172.39 
+# Collective test concluded: all_reduce_perf
+";
+
+const RUST_TABLE: &str = "\
+# gpucomm bench version 0.1.0 nccl-headers=22809 nccl-library=22809
+# Collective test starting: all_reduce_perf
+# nThread 1 nGpus 1 minBytes 8 maxBytes 8589934592 step: 4(factor) warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0 unalign: 0
+#  Rank  0 Group  0 Pid  41215 on         vm device  0 [0000:00:06] NVIDIA H200
+#  Rank  1 Group  0 Pid  41216 on         vm device  1 [0000:00:07] NVIDIA H200
+           8             2     float     sum      -1     9.90    0.00    0.00       0     9.80    0.00    0.00       0
+  8589934592    2147483648     float     sum      -1  24900.0  344.97  344.97       0  24890.0  345.12  345.12       0
+# Out of bounds values : 0 OK
+# Avg bus bandwidth    : 172.5 
+# Collective test concluded: all_reduce_perf
+";
+
+#[test]
+fn compare_end_to_end() {
+    let dir = tempfile::tempdir().unwrap();
+    let (c, r, svg) = (dir.path().join("c.log"), dir.path().join("r.txt"), dir.path().join("busbw.svg"));
+    std::fs::write(&c, C_LOG).unwrap();
+    std::fs::write(&r, RUST_TABLE).unwrap();
+    let out = gpucomm(&[
+        "compare",
+        "--rust",
+        r.to_str().unwrap(),
+        "--nccl-tests",
+        c.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+    ]);
+    let table = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        table.contains(
+            "## all_reduce: gpucomm (1 run(s), 2 ranks, NCCL 2.28.9) vs nccl-tests (1 run(s), 2 ranks, NCCL 2.28.9)"
+        ),
+        "{table}"
+    );
+    assert!(table.contains("| 8 GiB | 24900.00 | 24926.30 | -26.30 | 344.97 | 344.61 | 1.001 |"), "{table}");
+    assert!(table.contains("### in-place"), "{table}");
+    assert!(table.contains("goal ≥ 0.99: met"), "{table}");
+    assert!(std::fs::read_to_string(&svg).unwrap().contains("nccl-tests (C)"));
+    let out = gpucomm(&["compare", "--json", "--rust", r.to_str().unwrap(), "--nccl-tests", c.to_str().unwrap()]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("compare --json is JSON");
+    assert_eq!(v[0]["collective"], "all_reduce");
+    assert_eq!(v[0]["out_of_place"][1]["size"], 8u64 << 30);
+    // Nothing in common.
+    std::fs::write(&c, C_LOG.replace("all_reduce_perf", "all_gather_perf")).unwrap();
+    let out = gpucomm(&["compare", "--rust", r.to_str().unwrap(), "--nccl-tests", c.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("no collective appears in both"));
+    fails_with(
+        &["compare", "--rust", "/nonexistent.json", "--nccl-tests", c.to_str().unwrap()],
+        2,
+        "cannot read gpucomm bench result /nonexistent.json",
+    );
+    fails_with(&["compare", "--nccl-tests", c.to_str().unwrap()], 2, "--rust <FILE>");
+}
+
+#[test]
+fn doctor_without_a_driver_says_so_and_fails() {
+    if driver_present() {
+        eprintln!("SKIPPED: an NVIDIA driver is installed here; this test covers machines without one");
+        return;
+    }
+    let out = gpucomm(&["doctor"]);
+    let report = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(report.contains("✗ NVML unavailable: "), "{report}");
+    assert!(report.contains("fix: install the NVIDIA driver (it ships libnvidia-ml.so.1)"), "{report}");
+    assert!(report.contains("✗ no CUDA driver: libcuda.so.1 cannot be loaded"), "{report}");
+    assert!(report.contains("live layer skipped: it needs 2 GPUs, CUDA sees 0"), "{report}");
+    assert!(text(&out.stderr).contains("error: doctor found"), "{}", text(&out.stderr));
+    let out = gpucomm(&["doctor", "--json", "--skip-live"]);
+    assert_eq!(out.status.code(), Some(1));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor --json is JSON");
+    let checks = v["checks"].as_array().unwrap();
+    let nvml = checks.iter().find(|c| c["title"].as_str().unwrap().starts_with("NVML unavailable")).unwrap();
+    assert_eq!((nvml["layer"].as_str(), nvml["status"].as_str()), (Some("physical"), Some("fail")));
+    assert!(nvml["fix"].as_str().unwrap().contains("libnvidia-ml.so.1"));
+    assert!(v["failures"].as_u64().unwrap() >= 2);
+    assert!(v["facts"]["software"]["env"].is_array());
+    fails_with(&["doctor", "--nproc", "1"], 2, "invalid value '1' for '--nproc");
+}
+
+#[test]
+fn bench_without_a_gpu_is_a_clear_usage_error() {
+    if driver_present() {
+        eprintln!("SKIPPED: an NVIDIA driver is installed here");
+        return;
+    }
+    fails_with(&["bench", "-b", "8", "-e", "8"], 2, "error: no GPU found (CUDA reports 0 devices)");
+}
+
+#[test]
+fn probe_reports_a_missing_library_as_json() {
+    let out = gpucomm(&["__probe-nccl", "/nonexistent/libnccl.so.2"]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["path"].is_null());
+    assert!(v["error"].as_str().unwrap().contains("/nonexistent/libnccl.so.2"));
+}

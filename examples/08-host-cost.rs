@@ -1,0 +1,318 @@
+//! # Lesson 8 — what a safe call costs on the host
+//!
+//! What it teaches:
+//! * how to measure host time per call honestly: one binary, the raw `nccl-sys` call and the safe
+//!   call on the same buffers, interleaved in batches and repeated, reporting medians (small
+//!   collectives vary by microseconds between runs and machines);
+//! * what the safe API adds to a 256-byte all-reduce (the raw `ncclAllReduce` itself costs a few
+//!   microseconds of host time): eagerly, while capturing into a CUDA graph, and per call inside a
+//!   group of 16;
+//! * why [`nccl::MemBuffer`] is the recommended buffer type: it remembers the stream of its last
+//!   use, so on one stream ordering it costs a lock and a comparison;
+//! * what cudarc's own stream protocol costs on its [`CudaSlice`](cudarc::driver::CudaSlice)
+//!   (measured separately, without NCCL) and why a safe call cannot skip it.
+//!
+//! How to run it (2 GPUs, one process each):
+//! `cargo run --release -p gpucomm-examples --example 08-host-cost -- --nproc 2`.
+//!
+//! What you should see, once per rank: a table of median nanoseconds per call (raw, safe, and
+//! the difference) for MemBuffer and CudaSlice, eager / captured / grouped, the cost of cudarc's
+//! protocol alone, and a check that every measured call computed the right sum (the program exits
+//! non-zero otherwise). Timing figures are printed, never judged: they depend on the machine.
+
+use std::error::Error;
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::{sys, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use nccl::launch::{run_main, Options, Rendezvous};
+use nccl::sys::{cudaStream_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
+use nccl::{Collectives, Comm, MemBuffer, ReduceOp};
+
+/// 256 bytes of f32.
+const ELEMS: usize = 64;
+/// Calls timed back to back between two stream synchronisations.
+const BATCH: usize = 32;
+/// Batches per cell, interleaved across cells.
+const REPS: usize = 30;
+/// Calls per group in the grouped rows.
+const GROUP: usize = 16;
+
+type AllReduceFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    ncclDataType_t,
+    ncclRedOp_t,
+    nccl::sys::ncclComm_t,
+    cudaStream_t,
+) -> ncclResult_t;
+
+/// The raw `nccl-sys` entry points, resolved once.
+struct Raw {
+    all_reduce: AllReduceFn,
+    group_start: unsafe extern "C" fn() -> ncclResult_t,
+    group_end: unsafe extern "C" fn() -> ncclResult_t,
+    comm: nccl::sys::ncclComm_t,
+    stream: cudaStream_t,
+}
+
+impl Raw {
+    /// One raw all-reduce of `ELEMS` floats from `send` to `recv`.
+    fn all_reduce(&self, send: u64, recv: u64) -> Result<(), Box<dyn Error>> {
+        // SAFETY: `send` and `recv` are device addresses of buffers of ELEMS floats on the
+        // communicator's device, alive for the whole program; the communicator and stream are live.
+        let rc = unsafe {
+            (self.all_reduce)(
+                send as *const c_void,
+                recv as *mut c_void,
+                ELEMS,
+                ncclDataType_t::ncclFloat32,
+                ncclRedOp_t::ncclSum,
+                self.comm,
+                self.stream,
+            )
+        };
+        ok("ncclAllReduce", rc)
+    }
+
+    /// `GROUP` raw all-reduces into `recvs` between ncclGroupStart and ncclGroupEnd.
+    fn group(&self, send: u64, recvs: &[u64]) -> Result<(), Box<dyn Error>> {
+        // SAFETY: plain group brackets on this thread, around calls as in `all_reduce`.
+        ok("ncclGroupStart", unsafe { (self.group_start)() })?;
+        let calls: Result<(), Box<dyn Error>> = recvs.iter().try_for_each(|&r| self.all_reduce(send, r));
+        // SAFETY: closes the group opened above.
+        let rc = unsafe { (self.group_end)() };
+        calls?;
+        ok("ncclGroupEnd", rc)
+    }
+}
+
+/// A raw result code as a `Result`.
+fn ok(call: &str, rc: ncclResult_t) -> Result<(), Box<dyn Error>> {
+    if rc == ncclResult_t::ncclSuccess {
+        Ok(())
+    } else {
+        Err(format!("raw {call} returned {}", rc.0).into())
+    }
+}
+
+/// Nanoseconds `f` took.
+fn timed(f: impl FnOnce() -> Result<(), Box<dyn Error>>) -> Result<u64, Box<dyn Error>> {
+    let start = Instant::now();
+    f()?;
+    Ok(start.elapsed().as_nanos() as u64)
+}
+
+fn median(samples: &mut [u64]) -> u64 {
+    samples.sort_unstable();
+    samples[samples.len() / 2]
+}
+
+/// One row of the table: raw and safe samples (ns per call).
+#[derive(Default)]
+struct Cell {
+    raw: Vec<u64>,
+    safe: Vec<u64>,
+}
+
+/// The buffers of one row: one send buffer and `GROUP` receive buffers, as cudarc or NCCL memory.
+struct Buffers<B> {
+    name: &'static str,
+    send: B,
+    recvs: Vec<B>,
+    send_addr: u64,
+    recv_addrs: Vec<u64>,
+}
+
+impl<B: DevicePtr<f32> + DevicePtrMut<f32>> Buffers<B> {
+    fn new(
+        name: &'static str,
+        stream: &Arc<CudaStream>,
+        make: impl Fn(&[f32]) -> Result<B, Box<dyn Error>>,
+    ) -> Result<Self, Box<dyn Error>> {
+        let send = make(&[1.0; ELEMS])?;
+        let mut recvs = (0..GROUP).map(|_| make(&[0.0; ELEMS])).collect::<Result<Vec<_>, _>>()?;
+        // The addresses for the raw calls, taken once (the guards just record a use here).
+        let send_addr = send.device_ptr(stream).0;
+        let recv_addrs = recvs.iter_mut().map(|r| r.device_ptr_mut(stream).0).collect();
+        stream.synchronize()?;
+        Ok(Buffers { name, send, recvs, send_addr, recv_addrs })
+    }
+
+    /// The receive buffers `which` hold the sum of `size` ones.
+    fn check(&self, stream: &Arc<CudaStream>, size: usize, which: &[usize], after: &str) -> Result<(), Box<dyn Error>> {
+        for &i in which {
+            let host = stream.clone_dtoh(&self.recvs[i])?;
+            if host.iter().any(|&x| x != size as f32) {
+                return Err(
+                    format!("{} buffer {i} after {after}: got {:?}, expected {size}", self.name, &host[..4]).into()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Zeroes every receive buffer.
+    fn zero(&mut self, stream: &Arc<CudaStream>) -> Result<(), Box<dyn Error>> {
+        for r in self.recvs.iter_mut() {
+            stream.memset_zeros(r)?;
+        }
+        Ok(())
+    }
+
+    /// Eager calls: a batch of raw calls, then a batch of safe ones.
+    fn eager(&mut self, raw: &Raw, comm: &Comm, cell: &mut Cell) -> Result<(), Box<dyn Error>> {
+        comm.stream().synchronize()?;
+        for _ in 0..BATCH {
+            cell.raw.push(timed(|| raw.all_reduce(self.send_addr, self.recv_addrs[0]))?);
+        }
+        comm.stream().synchronize()?;
+        for _ in 0..BATCH {
+            let (send, recv) = (&self.send, &mut self.recvs[0]);
+            cell.safe.push(timed(|| Ok(comm.all_reduce(send, recv, ReduceOp::SUM)?))?);
+        }
+        Ok(())
+    }
+
+    /// The same, while the stream is captured into a graph (one graph per batch; the last one of
+    /// each kind is kept for a replay check).
+    fn captured(&mut self, raw: &Raw, comm: &Comm, cell: &mut Cell) -> Result<[CudaGraph; 2], Box<dyn Error>> {
+        let stream = comm.stream();
+        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+        stream.begin_capture(mode)?;
+        for _ in 0..BATCH {
+            cell.raw.push(timed(|| raw.all_reduce(self.send_addr, self.recv_addrs[1]))?);
+        }
+        let raw_graph = stream.end_capture(sys::CUgraphInstantiate_flags(0))?.ok_or("empty raw capture")?;
+        stream.begin_capture(mode)?;
+        for _ in 0..BATCH {
+            let (send, recv) = (&self.send, &mut self.recvs[2]);
+            cell.safe.push(timed(|| Ok(comm.all_reduce(send, recv, ReduceOp::SUM)?))?);
+        }
+        let safe_graph = stream.end_capture(sys::CUgraphInstantiate_flags(0))?.ok_or("empty safe capture")?;
+        Ok([raw_graph, safe_graph])
+    }
+
+    /// Groups of `GROUP` calls, timed per group and divided by `GROUP`.
+    fn grouped(&mut self, raw: &Raw, comm: &Comm, cell: &mut Cell) -> Result<(), Box<dyn Error>> {
+        comm.stream().synchronize()?;
+        cell.raw.push(timed(|| raw.group(self.send_addr, &self.recv_addrs))? / GROUP as u64);
+        comm.stream().synchronize()?;
+        let (send, recvs) = (&self.send, &mut self.recvs);
+        let ns = timed(|| {
+            Ok(nccl::group(|g| {
+                for recv in recvs.iter_mut() {
+                    g.with(comm).all_reduce(send, recv, ReduceOp::SUM)?;
+                }
+                Ok(())
+            })?)
+        })?;
+        cell.safe.push(ns / GROUP as u64);
+        Ok(())
+    }
+}
+
+/// One batch of every cell (eager, captured, grouped) for one kind of buffer; returns the graphs
+/// captured.
+fn measure<B: DevicePtr<f32> + DevicePtrMut<f32>>(
+    bufs: &mut Buffers<B>,
+    raw: &Raw,
+    comm: &Comm,
+    cells: &mut [Cell; 3],
+) -> Result<[CudaGraph; 2], Box<dyn Error>> {
+    bufs.eager(raw, comm, &mut cells[0])?;
+    let graphs = bufs.captured(raw, comm, &mut cells[1])?;
+    bufs.grouped(raw, comm, &mut cells[2])?;
+    Ok(graphs)
+}
+
+fn main() -> std::process::ExitCode {
+    run_main(|info| {
+        let device_stream = gpucomm_examples::rank_stream(&info)?;
+        // A stream of our own (the default stream cannot be captured). Creating it also turns on
+        // cudarc's multi-stream mode: from now on every CudaSlice is ordered with events.
+        let stream = device_stream.context().new_stream()?;
+        let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
+        let comm = Comm::from_rendezvous(stream.clone(), &mut rendezvous)?;
+        let (rank, size) = (comm.rank(), comm.size());
+        let lib = nccl::sys::library()?;
+        let raw = Raw {
+            all_reduce: *nccl::sys::function!(lib, ncclAllReduce)?,
+            group_start: *nccl::sys::function!(lib, ncclGroupStart)?,
+            group_end: *nccl::sys::function!(lib, ncclGroupEnd)?,
+            comm: comm.as_raw(),
+            stream: stream.cu_stream() as cudaStream_t,
+        };
+
+        let mut mem = Buffers::new("MemBuffer", &stream, |h| Ok(MemBuffer::from_host(&stream, h)?))?;
+        let mut plain: Buffers<CudaSlice<f32>> = Buffers::new("CudaSlice", &stream, |h| Ok(stream.clone_htod(h)?))?;
+        // Warm-up: NCCL connects at the first collective.
+        comm.all_reduce(&mem.send, &mut mem.recvs[0], ReduceOp::SUM)?;
+        stream.synchronize()?;
+
+        let mut mem_cells: [Cell; 3] = Default::default();
+        let mut plain_cells: [Cell; 3] = Default::default();
+        // The graphs of the last batch are kept for a replay check; the others are dropped at once.
+        let mut graphs = Vec::new();
+        for _ in 0..REPS {
+            graphs = Vec::from(measure(&mut mem, &raw, &comm, &mut mem_cells)?);
+            graphs.extend(measure(&mut plain, &raw, &comm, &mut plain_cells)?);
+        }
+        stream.synchronize()?;
+        let all: Vec<usize> = (0..GROUP).collect();
+        mem.check(&stream, size, &all, "eager and grouped calls")?;
+        plain.check(&stream, size, &all, "eager and grouped calls")?;
+
+        // Replay the last captured graphs (raw calls into buffer 1, safe ones into buffer 2, both
+        // kinds of buffer) into zeroed buffers.
+        mem.zero(&stream)?;
+        plain.zero(&stream)?;
+        for graph in &graphs {
+            graph.launch()?;
+        }
+        stream.synchronize()?;
+        mem.check(&stream, size, &[1, 2], "a graph replay")?;
+        plain.check(&stream, size, &[1, 2], "a graph replay")?;
+        drop(graphs);
+
+        // cudarc's own protocol on a CudaSlice, without NCCL: the waits and records one
+        // all-reduce's two buffers cost (read: 1 wait + 1 record; write: 2 waits + 1 record).
+        let mut protocol = Vec::with_capacity(REPS * BATCH);
+        for _ in 0..REPS * BATCH {
+            let (send, recv) = (&plain.send, &mut plain.recvs[0]);
+            protocol.push(timed(|| {
+                let (_, read) = send.device_ptr(&stream);
+                let (_, write) = recv.device_ptr_mut(&stream);
+                drop((read, write));
+                Ok(())
+            })?);
+        }
+        stream.synchronize()?;
+
+        println!("rank {rank} of {size}: host time per 256-byte all_reduce, median ns ({REPS} batches of {BATCH} calls per cell, interleaved; groups of {GROUP}: time per group / {GROUP})");
+        println!("  {:<10} {:<9} {:>12} {:>10} {:>9}", "buffers", "scope", "raw nccl-sys", "safe nccl", "overhead");
+        for (name, cells) in [("MemBuffer", &mut mem_cells), ("CudaSlice", &mut plain_cells)] {
+            for (scope, cell) in ["eager", "capture", "group"].iter().zip(cells.iter_mut()) {
+                let (raw_ns, safe_ns) = (median(&mut cell.raw), median(&mut cell.safe));
+                println!("  {name:<10} {scope:<9} {raw_ns:>12} {safe_ns:>10} {:>+9}", safe_ns as i64 - raw_ns as i64);
+            }
+        }
+        println!(
+            "  cudarc's protocol alone on the two CudaSlices of one all_reduce (3 stream waits + 2 event records, no NCCL): {} ns",
+            median(&mut protocol)
+        );
+        println!(
+            "  Why a safe call pays it on CudaSlice: cudarc's copies, kernels and its Drop (the free) order themselves by those \
+             events, so a call that skipped them would let cudarc overwrite or free memory NCCL still uses. Under a capture the \
+             waits go to an idle helper stream (the capture stays valid) but are still made. MemBuffer, which remembers its last \
+             stream, needs none of it on one stream."
+        );
+        println!(
+            "rank {rank}: every measured call computed the right sum ({size}), eager, grouped and replayed from graphs"
+        );
+        comm.finalize().map_err(|(_, e)| e)?;
+        Ok(())
+    })
+}

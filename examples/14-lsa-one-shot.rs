@@ -1,0 +1,119 @@
+//! # Lesson 14 — your own all-reduce kernel over NCCL's device API (one-shot, LSA)
+//!
+//! What it teaches:
+//! * NCCL ≥ 2.28 lets your own CUDA kernels talk to other GPUs: a **symmetric window**
+//!   ([`nccl::Window`], memory from [`nccl::MemBuffer`] registered on every rank) can be loaded from
+//!   and stored to directly over NVLink from any rank of the **LSA team** ("load/store accessible");
+//!   an **LSA barrier** (`ncclLsaBarrierSession` in the kernel) synchronises the ranks' CTAs;
+//!   a **device communicator** ([`nccl::device::DevComm`]) carries both to the kernel by value.
+//! * the kernel is CUDA C++ in `examples/kernels/lsa_allreduce.cu`; `examples/build.rs` compiles
+//!   it with build-support (no CUDA install needed: the pinned nvcc wheels) and embeds the cubin;
+//!   cudarc launches it with the `DevComm` and `Window` as arguments — read
+//!   `examples/src/lsa.rs` (`LsaAllReduce::new` and `one_shot`) beside this file: that is the
+//!   whole host side, shared with lessons 15–18.
+//! * the one-shot algorithm for small messages: each rank copies its input into its half of a
+//!   double-buffered staging area in the window, one barrier says "all inputs are staged", then
+//!   each rank loads every peer's input and sums it. One barrier and one NVLink hop per call.
+//! * checking a custom collective: against a host reference and against `ncclAllReduce`, for f32
+//!   and bf16, odd element counts included (1, 3, 1000, 1000003).
+//! * timing it beside `ncclAllReduce`, eagerly and replayed from a CUDA graph.
+//!
+//! How to run it (2 or more GPUs, one process per GPU):
+//! `cargo run --release -p gpucomm-examples --example 14-lsa-one-shot -- --nproc 2`
+//! (or under `mpirun -np 2` / torchrun-style variables, like lesson 2).
+//!
+//! What you should see: one `correct` line per (type, count) on every rank, then on rank 0 a table
+//! of µs per call for sizes 8 B – 256 KiB: the one-shot kernel and `ncclAllReduce`, eager and from
+//! a graph. On 2×H200 the one-shot kernel is expected to beat `ncclAllReduce` at these sizes.
+
+use gpucomm_examples::bench::{self, BoxError};
+use gpucomm_examples::lsa::{Element, LsaAllReduce};
+use nccl::launch::{run_main, Options, Rendezvous};
+use nccl::{Collectives, Comm, MemBuffer, ReduceOp};
+
+/// The largest message checked (1000003 f32), which sizes the staging window.
+const MAX_BYTES: usize = 1_000_003 * 4;
+
+fn main() -> std::process::ExitCode {
+    run_main(|info| {
+        let ctx = cudarc::driver::CudaContext::new(info.device_ordinal(gpucomm_examples::cuda_devices()?)?)?;
+        // A stream of our own: the legacy default stream cannot be captured into a graph.
+        let stream = ctx.new_stream()?;
+        let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
+        let comm = Comm::from_rendezvous(stream, &mut rendezvous)?;
+        // Collective: every rank creates the device communicator and registers the staging window.
+        let lsa = LsaAllReduce::new(&comm, MAX_BYTES)?;
+        for count in [1usize, 3, 1000, 1_000_003] {
+            check::<f32>(&lsa, count, |v| v as f32)?;
+            check::<half::bf16>(&lsa, count, |v| half::bf16::from_f32(v as f32))?;
+        }
+        time(&lsa)?;
+        Ok(())
+    })
+}
+
+/// Rank r contributes (r + 1) × (i mod 13): small integers, exact in both types, so the sums must
+/// equal the host reference and `ncclAllReduce` bit for bit.
+fn check<T: Element + PartialEq + std::fmt::Debug + cudarc::driver::ValidAsZeroBits>(
+    lsa: &LsaAllReduce<'_>,
+    count: usize,
+    from: impl Fn(u32) -> T,
+) -> Result<(), BoxError> {
+    let comm = lsa.comm();
+    let (stream, rank, n) = (comm.stream(), comm.rank() as u32, comm.size() as u32);
+    let host: Vec<T> = (0..count as u32).map(|i| from((rank + 1) * (i % 13))).collect();
+    let expected: Vec<T> = (0..count as u32).map(|i| from(n * (n + 1) / 2 * (i % 13))).collect();
+    let send = MemBuffer::from_host(stream, &host)?;
+    let mut ours = MemBuffer::<T>::zeroed(stream, count)?;
+    let mut theirs = MemBuffer::<T>::zeroed(stream, count)?;
+    // Twice, so that both staging slots are used.
+    lsa.one_shot(stream, &send, &mut ours)?;
+    lsa.one_shot(stream, &send, &mut ours)?;
+    comm.all_reduce(&send, &mut theirs, ReduceOp::SUM)?;
+    let (ours, theirs) = (stream.clone_dtoh(&ours)?, stream.clone_dtoh(&theirs)?);
+    if let Some(i) = (0..count).find(|&i| ours[i] != expected[i]) {
+        return Err(format!(
+            "rank {rank}: {} × {count}: element {i} is {:?}, expected {:?}",
+            T::SUFFIX,
+            ours[i],
+            expected[i]
+        )
+        .into());
+    }
+    if ours != theirs {
+        return Err(format!("rank {rank}: {} × {count}: differs from ncclAllReduce", T::SUFFIX).into());
+    }
+    println!(
+        "rank {rank}: one-shot {} all-reduce of {count} elements correct (matches host and ncclAllReduce)",
+        T::SUFFIX
+    );
+    Ok(())
+}
+
+/// µs per call, one-shot beside `ncclAllReduce` on the same buffers, eager and from a graph.
+fn time(lsa: &LsaAllReduce<'_>) -> Result<(), BoxError> {
+    let comm = lsa.comm();
+    let stream = comm.stream();
+    let mut scratch = MemBuffer::<f32>::zeroed(stream, 1)?;
+    if comm.rank() == 0 {
+        println!("\n| size | one-shot eager (µs) | ncclAllReduce eager (µs) | one-shot graph (µs) | ncclAllReduce graph (µs) |");
+        println!("|---:|---:|---:|---:|---:|");
+    }
+    for bytes in [8usize, 64, 512, 4 << 10, 32 << 10, 256 << 10] {
+        let send = MemBuffer::<f32>::zeroed(stream, bytes / 4)?;
+        let mut recv = MemBuffer::<f32>::zeroed(stream, bytes / 4)?;
+        let mut ours = || lsa.one_shot(stream, &send, &mut recv);
+        let ours_eager = bench::eager(comm, &mut scratch, 20, 200, &mut ours)?;
+        let ours_graph = bench::graph(comm, &mut scratch, stream, 100, 20, &mut ours)?;
+        let mut theirs = || Ok(comm.all_reduce(&send, &mut recv, ReduceOp::SUM)?);
+        let nccl_eager = bench::eager(comm, &mut scratch, 20, 200, &mut theirs)?;
+        let nccl_graph = bench::graph(comm, &mut scratch, stream, 100, 20, &mut theirs)?;
+        if comm.rank() == 0 {
+            println!(
+                "| {} | {ours_eager:.2} | {nccl_eager:.2} | {ours_graph:.2} | {nccl_graph:.2} |",
+                bench::size_label(bytes)
+            );
+        }
+    }
+    Ok(())
+}

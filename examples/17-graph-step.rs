@@ -1,0 +1,128 @@
+//! # Lesson 17 — a whole step in one CUDA graph: compute, custom all-reduce, epilogue
+//!
+//! What it teaches:
+//! * training and inference loops repeat the same sequence of kernels; capturing it once into a
+//!   **CUDA graph** and replaying it removes the per-launch host cost, which dominates for small
+//!   messages;
+//! * a custom communication kernel can live inside the graph like any other: here a "compute"
+//!   kernel produces this rank's values, the one-shot LSA all-reduce of lesson 14 sums them across
+//!   ranks, and an "epilogue" kernel turns the sum into a mean (`examples/kernels/step.cu`);
+//! * why that works: the LSA barrier keeps its state on the device, so a replay synchronises with
+//!   the peers' replays; the buffers are [`nccl::MemBuffer`]s, whose stream ordering never waits on
+//!   an event during a capture (cudarc's `CudaSlice` would, and the capture would fail);
+//! * the step number is on the device too, so every replay computes new values, and the result of
+//!   the last replay is checked exactly;
+//! * the per-step time, eager (three launches per step) against replayed from the graph.
+//!
+//! How to run it (2 or more GPUs): `cargo run --release -p gpucomm-examples --example
+//! 17-graph-step -- --nproc 2`.
+//!
+//! What you should see, on every rank: `1000 graph replays correct`, then on rank 0 the µs per step
+//! for 4 KiB and 256 KiB messages, eager and from the graph.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use gpucomm_examples::bench::{self, BoxError};
+use gpucomm_examples::kernels;
+use gpucomm_examples::lsa::LsaAllReduce;
+use nccl::launch::{run_main, Options, Rendezvous};
+use nccl::{Comm, MemBuffer};
+
+const REPLAYS: usize = 1000;
+
+fn main() -> std::process::ExitCode {
+    run_main(|info| {
+        let ctx = cudarc::driver::CudaContext::new(info.device_ordinal(gpucomm_examples::cuda_devices()?)?)?;
+        let stream = ctx.new_stream()?;
+        let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
+        let comm = Comm::from_rendezvous(stream, &mut rendezvous)?;
+        let lsa = LsaAllReduce::new(&comm, 256 << 10)?;
+        let module = nccl::device::load_module(comm.context(), kernels::STEP)?;
+        let step =
+            Step { lsa: &lsa, produce: module.load_function("produce")?, epilogue: module.load_function("epilogue")? };
+        let mut scratch = MemBuffer::<f32>::zeroed(comm.stream(), 1)?;
+        if comm.rank() == 0 {
+            println!("| message | eager step (µs) | graph step (µs) |\n|---:|---:|---:|");
+        }
+        for bytes in [4usize << 10, 256 << 10] {
+            step.run(bytes / 4, &mut scratch)?;
+        }
+        Ok(())
+    })
+}
+
+struct Step<'a, 'c> {
+    lsa: &'a LsaAllReduce<'c>,
+    produce: CudaFunction,
+    epilogue: CudaFunction,
+}
+
+/// The buffers of one step.
+struct Buffers {
+    x: MemBuffer<f32>,
+    sum: MemBuffer<f32>,
+    y: MemBuffer<f32>,
+    step: MemBuffer<f32>,
+}
+
+impl Step<'_, '_> {
+    /// Enqueues one step on `stream`: produce → all-reduce → epilogue.
+    fn enqueue(&self, stream: &Arc<CudaStream>, b: &mut Buffers) -> Result<(), BoxError> {
+        let comm = self.lsa.comm();
+        let n = b.x.len();
+        let cfg = LaunchConfig::for_num_elems(n as u32);
+        let rank = comm.rank() as f32;
+        {
+            let (x, _x) = b.x.device_ptr_mut(stream);
+            let (step, _s) = b.step.device_ptr(stream);
+            let mut launch = stream.launch_builder(&self.produce);
+            launch.arg(&x).arg(&n).arg(&rank).arg(&step);
+            // SAFETY: `produce(float*, size_t, float, const float*)`; `x` holds `n` floats and
+            // `step` one, on this device, borrowed until the launch is enqueued.
+            unsafe { launch.launch(cfg) }?;
+        }
+        self.lsa.one_shot(stream, &b.x, &mut b.sum)?;
+        let scale = 1.0 / comm.size() as f32;
+        let (sum, _sum) = b.sum.device_ptr(stream);
+        let (y, _y) = b.y.device_ptr_mut(stream);
+        let (step, _s) = b.step.device_ptr_mut(stream);
+        let mut launch = stream.launch_builder(&self.epilogue);
+        launch.arg(&sum).arg(&y).arg(&n).arg(&scale).arg(&step);
+        // SAFETY: `epilogue(const float*, float*, size_t, float, float*)`; `sum` and `y` hold `n`
+        // floats and `step` one, on this device, borrowed until the launch is enqueued.
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+
+    fn run(&self, n: usize, scratch: &mut MemBuffer<f32>) -> Result<(), BoxError> {
+        let comm = self.lsa.comm();
+        let stream = comm.stream();
+        let zeros = || MemBuffer::<f32>::zeroed(stream, n);
+        let mut b = Buffers { x: zeros()?, sum: zeros()?, y: zeros()?, step: MemBuffer::zeroed(stream, 1)? };
+
+        // Eager: three launches per step.
+        let eager = bench::eager(comm, scratch, 10, 200, || self.enqueue(stream, &mut b))?;
+
+        // The same step captured once, then replayed.
+        let mut reset = MemBuffer::<f32>::zeroed(stream, 1)?;
+        std::mem::swap(&mut b.step, &mut reset);
+        let graph = bench::graph(comm, scratch, stream, 1, REPLAYS - 1, || self.enqueue(stream, &mut b))?;
+
+        // One capture launch + REPLAYS - 1 timed replays: the step counter is REPLAYS, and the last
+        // replay computed with step REPLAYS - 1. The mean over ranks of (r + 1)(i mod 7) + s is
+        // (N + 1)/2 (i mod 7) + s.
+        let ranks = comm.size() as f32;
+        let y = stream.clone_dtoh(&b.y)?;
+        let last = (REPLAYS - 1) as f32;
+        let wrong = (0..n).find(|&i| (y[i] - ((ranks + 1.0) / 2.0 * (i % 7) as f32 + last)).abs() > 1e-3);
+        if let Some(i) = wrong {
+            return Err(format!("rank {}: element {i} after {REPLAYS} replays is {}", comm.rank(), y[i]).into());
+        }
+        println!("rank {}: {REPLAYS} graph replays correct ({} floats per step)", comm.rank(), n);
+        if comm.rank() == 0 {
+            println!("| {} | {eager:.2} | {graph:.2} |", bench::size_label(n * 4));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,58 @@
+// NVSHMEM device code for lesson 16 and the benchmark of lesson 18. Compiled with relocatable
+// device code and device-linked with libnvshmem_device.a into one cubin (build.rs), loaded with
+// nvshmemx_cumodule_init, launched collectively (every CTA of every PE resident at once: the CTAs
+// wait for each other).
+//
+// * ring_put_signal: PE p puts `n` ints to PE p+1 together with a signal (one call per CTA,
+//   nvshmemx_int_put_signal_nbi_block), then waits for the signal from PE p-1: a ring step with no
+//   host involvement and no barrier.
+// * oneshot_sum_f32: a one-shot all-reduce over nvshmem_ptr loads, the NVSHMEM twin of the LSA
+//   one-shot kernel: each CTA stages its share of the input in one of two symmetric slots,
+//   announces it to every peer with a signal carrying the call number, waits for every peer's
+//   signal, then loads the peers' staged shares directly over NVLink (nvshmem_ptr) and sums.
+
+#include <nvshmem.h>
+#include <nvshmemx.h>
+#include <stdint.h>
+
+extern "C" __global__ void ring_put_signal(int* dst, const int* src, size_t n, uint64_t* signal, uint64_t round) {
+  const int me = nvshmem_my_pe(), npes = nvshmem_n_pes();
+  const int next = (me + 1) % npes;
+  // Each CTA sends its share; the signal counts CTAs (one add per CTA).
+  const size_t per = (n + gridDim.x - 1) / gridDim.x;
+  const size_t begin = min(n, per * blockIdx.x), end = min(n, begin + per);
+  nvshmemx_int_put_signal_nbi_block(dst + begin, src + begin, end - begin, signal, 1, NVSHMEM_SIGNAL_ADD, next);
+  if (threadIdx.x == 0) nvshmem_signal_wait_until(signal, NVSHMEM_CMP_GE, round * gridDim.x);
+  __syncthreads();
+}
+
+// `staging`: symmetric, 2 slots of `slot_elems` floats. `flags`: symmetric, gridDim.x × npes
+// uint64 signals. `calls`: local, one counter per CTA. At most 8 PEs.
+extern "C" __global__ void __launch_bounds__(512)
+    oneshot_sum_f32(const float* send, float* recv, size_t n, float* staging, size_t slot_elems, uint64_t* flags,
+                    uint32_t* calls) {
+  const int me = nvshmem_my_pe(), npes = nvshmem_n_pes();
+  __shared__ uint32_t call;
+  if (threadIdx.x == 0) call = calls[blockIdx.x] + 1;
+  __syncthreads();
+  const size_t per = ((n + gridDim.x - 1) / gridDim.x + 3) / 4 * 4;
+  const size_t begin = min(n, per * blockIdx.x), end = min(n, begin + per);
+  float* slot = staging + (call & 1) * slot_elems;
+  for (size_t i = begin + threadIdx.x; i < end; i += blockDim.x) slot[i] = send[i];
+  __syncthreads();
+  uint64_t* mine = flags + (size_t)blockIdx.x * npes;
+  if (threadIdx.x < npes && threadIdx.x != me) {
+    __threadfence_system();  // the staged share is visible before the signal
+    nvshmemx_signal_op(mine + me, call, NVSHMEM_SIGNAL_SET, threadIdx.x);
+  }
+  if (threadIdx.x < npes && threadIdx.x != me) nvshmem_signal_wait_until(mine + threadIdx.x, NVSHMEM_CMP_GE, call);
+  __syncthreads();
+  const float* peer[8];
+  for (int p = 0; p < npes && p < 8; p++) peer[p] = (const float*)nvshmem_ptr(slot, p);
+  for (size_t i = begin + threadIdx.x; i < end; i += blockDim.x) {
+    float acc = 0.0f;
+    for (int p = 0; p < npes && p < 8; p++) acc += peer[p][i];
+    recv[i] = acc;
+  }
+  if (threadIdx.x == 0) calls[blockIdx.x] = call;
+}

@@ -1,0 +1,159 @@
+//! The host side of the LSA all-reduce kernels in `examples/kernels/lsa_allreduce.cu`, shared by
+//! lessons 14–18: creating the device communicator and the staging window once, and launching the
+//! one-shot and two-shot kernels with cudarc.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use nccl::device::{DevComm, DevCommRequirements};
+use nccl::{Comm, MemBuffer, NcclType, Window, WindowFlags};
+
+use crate::bench::BoxError;
+use crate::kernels;
+
+/// CTAs of a launch at most (one LSA barrier each), and threads per CTA.
+pub const MAX_CTAS: u32 = 32;
+const THREADS: u32 = 512;
+/// Bytes of the per-CTA call counters at the start of the staging window (see the kernel).
+const CTRL_BYTES: usize = 4096;
+
+/// An element type the kernels are compiled for (`lsa_*_sum_<suffix>`).
+pub trait Element: NcclType {
+    /// The kernel name suffix.
+    const SUFFIX: &'static str;
+}
+
+impl Element for f32 {
+    const SUFFIX: &'static str = "f32";
+}
+impl Element for half::bf16 {
+    const SUFFIX: &'static str = "bf16";
+}
+impl Element for half::f16 {
+    const SUFFIX: &'static str = "f16";
+}
+
+/// The kernels and what they need on one rank: a device communicator with one LSA barrier per
+/// CTA, and (for one-shot) a double-buffered staging window.
+pub struct LsaAllReduce<'c> {
+    comm: &'c Comm,
+    dev: DevComm<'c>,
+    staging: Window<'c, u8>,
+    max_bytes: usize,
+    module: Arc<cudarc::driver::CudaModule>,
+}
+
+impl<'c> LsaAllReduce<'c> {
+    /// Collective over `comm`: creates the device communicator and a staging window for one-shot
+    /// messages of up to `max_bytes` bytes, and loads the kernels.
+    pub fn new(comm: &'c Comm, max_bytes: usize) -> Result<Self, BoxError> {
+        let dev = DevComm::new(comm, &DevCommRequirements::default().lsa_barriers(MAX_CTAS))?;
+        if dev.lsa_size() != comm.size() {
+            return Err(format!(
+                "every rank must reach every other by loads and stores; the LSA team has {} of {} ranks",
+                dev.lsa_size(),
+                comm.size()
+            )
+            .into());
+        }
+        if dev.lsa_size() > 8 {
+            return Err("the kernels support LSA teams of up to 8 ranks".into());
+        }
+        let buf = MemBuffer::<u8>::zeroed(comm.stream(), CTRL_BYTES + 2 * max_bytes)?;
+        let staging = comm.register_window(buf, WindowFlags::COLL_SYMMETRIC)?;
+        let module = nccl::device::load_module(comm.context(), kernels::LSA_ALLREDUCE)?;
+        Ok(LsaAllReduce { comm, dev, staging, max_bytes, module })
+    }
+
+    /// The communicator.
+    pub fn comm(&self) -> &'c Comm {
+        self.comm
+    }
+
+    fn kernel<T: Element>(&self, algorithm: &str) -> Result<CudaFunction, BoxError> {
+        Ok(self.module.load_function(&format!("lsa_{algorithm}_sum_{}", T::SUFFIX))?)
+    }
+
+    /// CTAs for a message: about 8 KiB per CTA for one-shot, 512 KiB for two-shot.
+    fn ctas(bytes: usize, per_cta: usize) -> u32 {
+        bytes.div_ceil(per_cta).clamp(1, MAX_CTAS as usize) as u32
+    }
+
+    /// One-shot all-reduce (sum) of `send` into `recv` on `stream`: any device buffers of the
+    /// communicator's device, the same length on every rank, at most `max_bytes`.
+    pub fn one_shot<T: Element>(
+        &self,
+        stream: &Arc<CudaStream>,
+        send: &impl DevicePtr<T>,
+        recv: &mut impl DevicePtrMut<T>,
+    ) -> Result<(), BoxError> {
+        let count = send.len();
+        let bytes = count * size_of::<T>();
+        if recv.len() != count || bytes > self.max_bytes || count == 0 {
+            return Err(format!(
+                "one-shot: {count} → {} elements, {bytes} of at most {} bytes",
+                recv.len(),
+                self.max_bytes
+            )
+            .into());
+        }
+        let kernel = self.kernel::<T>("oneshot")?;
+        let (src, _read) = send.device_ptr(stream);
+        let (dst, _write) = recv.device_ptr_mut(stream);
+        let win = self.staging.arg();
+        let (base, slot) = (0usize, self.max_bytes);
+        let mut launch = stream.launch_builder(&kernel);
+        launch.arg(self.dev.arg()).arg(&win).arg(&base).arg(&slot).arg(&src).arg(&dst).arg(&count);
+        let cfg = LaunchConfig {
+            grid_dim: (Self::ctas(bytes, 8 << 10), 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the kernel takes (ncclDevComm, ncclWindow_t, size_t, size_t, const T*, T*,
+        // size_t), matching the arguments pushed; `send` and `recv` hold `count` elements on this
+        // device and stay borrowed (their guards alive) until the launch is enqueued; the staging
+        // window holds CTRL_BYTES + 2 × max_bytes ≥ CTRL_BYTES + 2 × `bytes`; the grid has at most
+        // MAX_CTAS CTAs, the LSA barriers of `dev`; every rank launches the same kernel with the
+        // same count and grid (the lessons call this in lockstep on every rank).
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+
+    /// Two-shot all-reduce (sum) of `count` elements from `send` (window, element offset
+    /// `send_at`) into `recv` (window, element offset `recv_at`) on `stream`.
+    pub fn two_shot<T: Element>(
+        &self,
+        stream: &Arc<CudaStream>,
+        send: &Window<'c, T>,
+        send_at: usize,
+        recv: &mut Window<'c, T>,
+        recv_at: usize,
+        count: usize,
+    ) -> Result<(), BoxError> {
+        let fits = |w: &Window<'c, T>, at: usize| at.checked_add(count).is_some_and(|end| end <= w.buffer().len());
+        if count == 0 || !fits(send, send_at) || !fits(recv, recv_at) {
+            return Err(format!("two-shot: {count} elements do not fit the windows at {send_at} / {recv_at}").into());
+        }
+        let kernel = self.kernel::<T>("twoshot")?;
+        // Order the windows' memory on `stream` (their trackers), then pass the handles.
+        let (_, _read) = send.buffer().device_ptr(stream);
+        let (_, _write) = recv.buffer().device_ptr(stream);
+        let (send_win, recv_win) = (send.arg(), recv.arg());
+        let (send_off, recv_off) = (send_at * size_of::<T>(), recv_at * size_of::<T>());
+        let mut launch = stream.launch_builder(&kernel);
+        launch.arg(self.dev.arg()).arg(&send_win).arg(&send_off).arg(&recv_win).arg(&recv_off).arg(&count);
+        let bytes = count * size_of::<T>();
+        let cfg = LaunchConfig {
+            grid_dim: (Self::ctas(bytes, 512 << 10), 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the kernel takes (ncclDevComm, ncclWindow_t, size_t, ncclWindow_t, size_t,
+        // size_t), matching the arguments pushed; both windows hold the `count` elements from the
+        // given offsets on every rank (same sizes on every rank: the lessons allocate them alike),
+        // are borrowed until the launch is enqueued, and were ordered on `stream` above; the grid
+        // has at most MAX_CTAS CTAs; every rank launches the same kernel with the same arguments.
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+}

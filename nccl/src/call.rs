@@ -1,0 +1,197 @@
+//! One NCCL communication call, checked and ready to issue: the single place that calls NCCL's
+//! collectives and point-to-point functions.
+//!
+//! Every method of [`crate::Collectives`] checks its arguments, takes its buffers' pointers, and
+//! produces a [`Call`]: a plain, copyable description (function, pointers, count, data type,
+//! operator, root or peer, communicator, stream). A direct call issues it at once; a
+//! [`crate::group`] records it and issues all of its calls between `ncclGroupStart` and
+//! `ncclGroupEnd`, after its closure has returned. Either way [`Call::issue`] is the only code that
+//! passes buffer pointers to NCCL.
+
+use std::ffi::{c_int, c_void};
+
+use cudarc::driver::{sys::CUdeviceptr, CudaStream};
+use nccl_sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
+
+use crate::error::{resolve, Error, Result};
+use crate::types::check_type;
+use crate::{Comm, NcclType};
+
+/// `ncclAllReduce`, `ncclReduceScatter`: (send, recv, count, type, op, comm, stream).
+type ReducingFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    ncclDataType_t,
+    ncclRedOp_t,
+    ncclComm_t,
+    cudaStream_t,
+) -> ncclResult_t;
+/// `ncclReduce`: (send, recv, count, type, op, root, comm, stream).
+type ReduceFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    ncclDataType_t,
+    ncclRedOp_t,
+    c_int,
+    ncclComm_t,
+    cudaStream_t,
+) -> ncclResult_t;
+/// `ncclBroadcast`, `ncclGather`, `ncclScatter`: (send, recv, count, type, root, comm, stream).
+type RootedFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    ncclDataType_t,
+    c_int,
+    ncclComm_t,
+    cudaStream_t,
+) -> ncclResult_t;
+/// `ncclAllGather`, `ncclAlltoAll`: (send, recv, count, type, comm, stream).
+type PlainFn =
+    unsafe extern "C" fn(*const c_void, *mut c_void, usize, ncclDataType_t, ncclComm_t, cudaStream_t) -> ncclResult_t;
+/// `ncclSend`: (send, count, type, peer, comm, stream).
+type SendFn =
+    unsafe extern "C" fn(*const c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
+/// `ncclRecv`: (recv, count, type, peer, comm, stream).
+type RecvFn = unsafe extern "C" fn(*mut c_void, usize, ncclDataType_t, c_int, ncclComm_t, cudaStream_t) -> ncclResult_t;
+
+/// The NCCL function of a call, resolved in the loaded library, with the arguments only its
+/// shape has. Functions of the same C signature share a shape.
+#[derive(Clone, Copy)]
+enum Entry {
+    Reducing(ReducingFn, ncclRedOp_t),
+    Reduce(ReduceFn, ncclRedOp_t, c_int),
+    Rooted(RootedFn, c_int),
+    Plain(PlainFn),
+    Send(SendFn, c_int),
+    Recv(RecvFn, c_int),
+}
+
+/// Resolves `ncclX` and wraps it with `make`, giving `(name, entry)`: a function the loaded
+/// library lacks is [`crate::Error::MissingFunction`], naming the version that added it.
+macro_rules! entry {
+    ($name:ident, $make:expr) => {{
+        let f = resolve!($name)?;
+        (stringify!($name), $make(f))
+    }};
+}
+
+/// Which NCCL function a call goes to, with its operator, root or peer (all already checked).
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Kind {
+    AllReduce(ncclRedOp_t),
+    Broadcast(c_int),
+    Reduce(ncclRedOp_t, c_int),
+    AllGather,
+    ReduceScatter(ncclRedOp_t),
+    #[cfg(nccl_2_28)]
+    AlltoAll,
+    #[cfg(nccl_2_28)]
+    Gather(c_int),
+    #[cfg(nccl_2_28)]
+    Scatter(c_int),
+    Send(c_int),
+    Recv(c_int),
+}
+
+/// One NCCL call, every argument checked: what [`Call::issue`] passes to NCCL. Copyable, so a
+/// group can record it and issue it later; the buffers it points to are kept borrowed (and their
+/// stream guards kept) by whoever holds it until the call has been settled.
+#[derive(Clone, Copy)]
+pub(crate) struct Call {
+    name: &'static str,
+    entry: Entry,
+    send: CUdeviceptr,
+    recv: CUdeviceptr,
+    count: usize,
+    dtype: ncclDataType_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+}
+
+impl Call {
+    /// Resolves the function for `kind` on elements of type `T` (refusing a type the loaded
+    /// library does not know, and a zero count), for `count` elements on `comm`, enqueued on
+    /// `stream`. The buffer
+    /// pointers are added with [`Call::buffers`] once taken.
+    pub(crate) fn new<T: NcclType>(kind: Kind, count: usize, comm: &Comm, stream: &CudaStream) -> Result<Self> {
+        let (name, entry) = match kind {
+            Kind::AllReduce(op) => entry!(ncclAllReduce, |f| Entry::Reducing(f, op)),
+            Kind::ReduceScatter(op) => entry!(ncclReduceScatter, |f| Entry::Reducing(f, op)),
+            Kind::Reduce(op, root) => entry!(ncclReduce, |f| Entry::Reduce(f, op, root)),
+            Kind::Broadcast(root) => entry!(ncclBroadcast, |f| Entry::Rooted(f, root)),
+            #[cfg(nccl_2_28)]
+            Kind::Gather(root) => entry!(ncclGather, |f| Entry::Rooted(f, root)),
+            #[cfg(nccl_2_28)]
+            Kind::Scatter(root) => entry!(ncclScatter, |f| Entry::Rooted(f, root)),
+            Kind::AllGather => entry!(ncclAllGather, Entry::Plain),
+            #[cfg(nccl_2_28)]
+            Kind::AlltoAll => entry!(ncclAlltoAll, Entry::Plain),
+            Kind::Send(peer) => entry!(ncclSend, |f| Entry::Send(f, peer)),
+            Kind::Recv(peer) => entry!(ncclRecv, |f| Entry::Recv(f, peer)),
+        };
+        if count == 0 {
+            return Err(Error::ZeroCount { call: name });
+        }
+        check_type::<T>(crate::error::lib_version()?)?;
+        Ok(Call {
+            name,
+            entry,
+            send: 0,
+            recv: 0,
+            count,
+            dtype: T::DATA_TYPE.raw(),
+            comm: comm.as_raw(),
+            stream: stream.cu_stream() as cudaStream_t,
+        })
+    }
+
+    /// The call with its buffers' device addresses (0 for a buffer the function does not use).
+    pub(crate) fn buffers(self, send: CUdeviceptr, recv: CUdeviceptr) -> Self {
+        Call { send, recv, ..self }
+    }
+
+    /// The C function's name, for errors and [`Comm::settle`].
+    pub(crate) fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// True for calls NCCL carries out as sends and receives (its point-to-point planner).
+    pub(crate) fn is_point_to_point(&self) -> bool {
+        matches!(self.entry, Entry::Send(..) | Entry::Recv(..))
+            || matches!(self.name, "ncclAlltoAll" | "ncclGather" | "ncclScatter")
+    }
+
+    /// The communicator the call goes to.
+    pub(crate) fn comm(&self) -> ncclComm_t {
+        self.comm
+    }
+
+    /// Hands the call to NCCL and returns its result code. Outside a group NCCL has enqueued the
+    /// work when this returns; inside one it has recorded it until `ncclGroupEnd`.
+    ///
+    /// # Safety
+    ///
+    /// The call must have been built by one of [`crate::Collectives`]' methods, whose checks make
+    /// every pointer valid for the count, type and rank the call names, on the communicator's
+    /// device; the buffers must stay borrowed, and their stream guards kept, until the call is
+    /// settled (after `ncclGroupEnd` in a group); the communicator must be alive.
+    pub(crate) unsafe fn issue(&self) -> ncclResult_t {
+        let (send, recv) = (self.send as *const c_void, self.recv as *mut c_void);
+        let (n, t, c, s) = (self.count, self.dtype, self.comm, self.stream);
+        // SAFETY: forwarded from this function's contract; each function gets the arguments of its
+        // C signature (the `Entry` shapes are the bindgen signatures, checked by the compiler).
+        unsafe {
+            match self.entry {
+                Entry::Reducing(f, op) => f(send, recv, n, t, op, c, s),
+                Entry::Reduce(f, op, root) => f(send, recv, n, t, op, root, c, s),
+                Entry::Rooted(f, root) => f(send, recv, n, t, root, c, s),
+                Entry::Plain(f) => f(send, recv, n, t, c, s),
+                Entry::Send(f, peer) => f(send, n, t, peer, c, s),
+                Entry::Recv(f, peer) => f(recv, n, t, peer, c, s),
+            }
+        }
+    }
+}

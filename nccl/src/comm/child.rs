@@ -1,0 +1,187 @@
+//! Communicators made from a communicator: split (`ncclCommSplit`), shrink (`ncclCommShrink`,
+//! NCCL ≥ 2.27), and revoke (`ncclCommRevoke`, NCCL ≥ 2.28.7), which prepares a communicator for
+//! them after a failure.
+//!
+//! A nonblocking split or shrink writes the child's handle from NCCL's background thread when it
+//! finishes, through the out-pointer given to the call. So the slot lives on the heap and is freed
+//! only once NCCL is known to be done with it: the parent left "in progress", the call finished
+//! synchronously, or the parent was aborted (`ncclCommAbort` joins the background thread). If none
+//! of that can be known (the parent failed mid-way), the 8-byte slot is leaked rather than freed
+//! under NCCL's feet.
+
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+use nccl_sys::{ncclComm, ncclConfig_t, ncclResult_t};
+
+use super::{c_int, outside_group, Comm, Config};
+use crate::error::{call_rc, lib_version, Error, Result};
+
+impl Comm {
+    /// Splits this communicator (`ncclCommSplit`): ranks that pass the same `color` form a new
+    /// communicator, ordered by `key` (ties by their rank here); `None` (`NCCL_SPLIT_NOCOLOR`)
+    /// takes part in the split without joining any new communicator and gets `Ok(None)`.
+    /// Collective: every rank of this communicator must call it, with no NCCL operation of its own
+    /// outstanding.
+    ///
+    /// `config` sets the child's options; `None` makes it inherit this communicator's (NCCL's and
+    /// this crate's: blocking mode and timeout). The child's default stream is `stream`, or this
+    /// communicator's when `None`; it must be on the same device. A nonblocking split is polled to
+    /// completion, bounded by this communicator's timeout.
+    ///
+    /// ```no_run
+    /// # fn demo(world: &nccl::Comm) -> nccl::Result<()> {
+    /// // Even and odd ranks, each half ordered as in the world.
+    /// let half = world.split(Some((world.rank() % 2) as u32), world.rank() as i32, None, None)?;
+    /// # Ok(()) }
+    /// ```
+    #[doc(alias = "ncclCommSplit")]
+    #[doc(alias = "NCCL_SPLIT_NOCOLOR")]
+    pub fn split(
+        &self,
+        color: Option<u32>,
+        key: i32,
+        config: Option<&Config>,
+        stream: Option<Arc<CudaStream>>,
+    ) -> Result<Option<Comm>> {
+        let c_color = match color {
+            Some(c) => c_int("color", u64::from(c))?,
+            None => nccl_sys::NCCL_SPLIT_NOCOLOR,
+        };
+        let child = self.make_child("ncclCommSplit", config, stream, |parent, slot, config| {
+            // SAFETY: `parent` is live and ready; `slot` stays valid until NCCL is done with it
+            // (module docs); `config` is null or built from NCCL_CONFIG_INITIALIZER with its
+            // strings kept alive by the child.
+            unsafe { call_rc!(ncclCommSplit(parent, c_color, key, slot, config)) }
+        })?;
+        match (color, child) {
+            (Some(_), None) => Err(Error::NullCommunicator),
+            (_, child) => Ok(child),
+        }
+    }
+
+    /// Makes a communicator of every rank but `exclude` (`ncclCommShrink`, NCCL ≥ 2.27): ranks are
+    /// renumbered to stay contiguous. Called by every rank that stays (excluded ranks must not
+    /// call it: [`Error::ShrinkExcludesSelf`]), with no NCCL operation outstanding unless `flags`
+    /// is [`ShrinkFlags::ABORT`], which first aborts whatever is still running on this
+    /// communicator — the way to drop ranks that failed. `config` and `stream` as for
+    /// [`Comm::split`].
+    #[doc(alias = "ncclCommShrink")]
+    #[cfg(nccl_2_27)]
+    #[cfg_attr(docsrs, doc(cfg(nccl_2_27)))]
+    pub fn shrink(
+        &self,
+        exclude: &[usize],
+        flags: ShrinkFlags,
+        config: Option<&Config>,
+        stream: Option<Arc<CudaStream>>,
+    ) -> Result<Comm> {
+        super::c_count("the number of excluded ranks", exclude.len())?;
+        for (i, &rank) in exclude.iter().enumerate() {
+            if rank >= self.size() {
+                return Err(Error::InvalidRank { what: "excluded rank", rank, size: self.size() });
+            }
+            if exclude[..i].contains(&rank) {
+                return Err(Error::DuplicateRank { rank });
+            }
+        }
+        if exclude.contains(&self.rank()) {
+            return Err(Error::ShrinkExcludesSelf { rank: self.rank() });
+        }
+        // In range, so each fits an int; NCCL sorts the list in place during the call.
+        let mut list: Vec<i32> = exclude.iter().map(|&r| r as i32).collect();
+        let count = list.len() as i32;
+        let child = self.make_child("ncclCommShrink", config, stream, |parent, slot, config| {
+            // SAFETY: `parent` is live and ready; `list` holds `count` distinct ranks of it, not
+            // this one (checked), and is writable; `slot` and `config` as for ncclCommSplit.
+            unsafe { call_rc!(ncclCommShrink(parent, list.as_mut_ptr(), count, slot, config, flags.0)) }
+        })?;
+        child.ok_or(Error::NullCommunicator)
+    }
+
+    /// Stops every operation in flight on this communicator without freeing it
+    /// (`ncclCommRevoke`, NCCL ≥ 2.28.7); polled until NCCL reports it quiet. Afterwards new
+    /// collectives fail (`ncclInvalidUsage`), while [`Comm::split`], [`Comm::shrink`] and
+    /// teardown still work ([`Comm::finalize`] then only destroys, as NCCL forbids finalizing a
+    /// revoked communicator). Local: each rank revokes its own. Children of a revoked communicator
+    /// never share its resources.
+    #[doc(alias = "ncclCommRevoke")]
+    #[cfg(nccl_2_28_7)]
+    #[cfg_attr(docsrs, doc(cfg(nccl_2_28_7)))]
+    pub fn revoke(&self) -> Result<()> {
+        let raw = self.live_raw()?;
+        outside_group()?;
+        self.context().bind_to_thread()?;
+        let flags = nccl_sys::NCCL_REVOKE_DEFAULT as i32;
+        // SAFETY: `raw` is live and owned; the flags are the only value NCCL accepts.
+        let rc = unsafe { call_rc!(ncclCommRevoke(raw, flags)) }?;
+        if rc == ncclResult_t::ncclSuccess || rc == ncclResult_t::ncclInProgress {
+            self.revoked.set(true);
+        }
+        self.complete("ncclCommRevoke", rc)
+    }
+
+    /// The part split and shrink share: checks, the call (`start`, given the parent, the slot and
+    /// the config), waiting for NCCL, and adopting the child.
+    fn make_child(
+        &self,
+        call: &'static str,
+        config: Option<&Config>,
+        stream: Option<Arc<CudaStream>>,
+        start: impl FnOnce(nccl_sys::ncclComm_t, *mut nccl_sys::ncclComm_t, *mut ncclConfig_t) -> Result<ncclResult_t>,
+    ) -> Result<Option<Comm>> {
+        let parent = self.live_raw()?;
+        outside_group()?;
+        let stream = stream.unwrap_or_else(|| self.stream.clone());
+        let got = stream.context().ordinal();
+        if got != self.device() {
+            return Err(Error::WrongDevice { what: "the child's stream", expected: self.device(), got });
+        }
+        let mut raw_config = config.map(|c| c.to_raw(lib_version()?)).transpose()?;
+        let settings = self.child_settings(config, raw_config.as_ref().map(|c| c.strings()));
+        let config_ptr = raw_config.as_mut().map_or(ptr::null_mut(), |c| c.as_mut_ptr());
+        self.context().bind_to_thread()?;
+        let slot = Box::new(AtomicPtr::<ncclComm>::new(ptr::null_mut()));
+        let rc = start(parent, slot.as_ptr(), config_ptr)?;
+        let done = self.complete(call, rc);
+        // NCCL is done with the slot when the call finished synchronously, the parent became
+        // ready, or the parent was aborted (which joins NCCL's background thread).
+        if rc == ncclResult_t::ncclInProgress && done.is_err() && !self.health.is_closed() {
+            Box::leak(slot);
+            return done.map(|()| None);
+        }
+        let child = NonNull::new(slot.load(Ordering::Acquire));
+        drop(slot);
+        let Some(mut child) = child.map(|raw| Comm::unready(raw, stream, 0, 0, settings)) else {
+            return done.map(|()| None);
+        };
+        // A child of a failed or aborted parent is aborted, never finalized: its peers may be gone.
+        match done.and_then(|()| child.await_ready(call, None)).and_then(|()| child.identify()) {
+            Ok(()) => Ok(Some(child)),
+            Err(e) => {
+                child.health.abort_quietly();
+                Err(e)
+            }
+        }
+    }
+}
+
+/// How [`Comm::shrink`] treats the parent (`NCCL_SHRINK_*`).
+#[cfg(nccl_2_27)]
+#[cfg_attr(docsrs, doc(cfg(nccl_2_27)))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ShrinkFlags(i32);
+
+#[cfg(nccl_2_27)]
+impl ShrinkFlags {
+    /// A healthy parent with nothing outstanding; with `shrinkShare` the child reuses its
+    /// resources (`NCCL_SHRINK_DEFAULT`).
+    #[doc(alias = "NCCL_SHRINK_DEFAULT")]
+    pub const DEFAULT: Self = Self(nccl_sys::NCCL_SHRINK_DEFAULT as i32);
+    /// After an error: abort every operation still outstanding on the parent first, share
+    /// nothing with it (`NCCL_SHRINK_ABORT`).
+    #[doc(alias = "NCCL_SHRINK_ABORT")]
+    pub const ABORT: Self = Self(nccl_sys::NCCL_SHRINK_ABORT as i32);
+}

@@ -1,0 +1,339 @@
+//! Who may abort a communicator, and when; waiting for NCCL with a deadline.
+//!
+//! NCCL's rule for aborting from another thread (user guide, "Fault Tolerance"): the communicator
+//! must be nonblocking, and no thread may be inside another NCCL call on it while
+//! `ncclCommAbort` runs. The owner of a [`Comm`] can be inside NCCL at any moment it is not
+//! waiting inside this crate, so the state below tells the two apart:
+//!
+//! * `LIVE`: the owner may be inside an NCCL call. An [`AbortHandle`] only leaves a request
+//!   (`REQUESTED`), which the owner carries out at its next call into this crate.
+//! * `PARKED`: the owner is waiting between two polls inside this crate ([`Comm::wait`], or a
+//!   call NCCL answered with "in progress"), guaranteed outside NCCL. An [`AbortHandle`] may abort
+//!   right away (`ABORTING`); the owner, waking up, cannot leave `PARKED` and waits for `CLOSED`.
+//! * `CLOSED`: aborted or destroyed (or given away with [`Comm::into_raw`]); the handle is gone.
+//!
+//! Every transition out of `LIVE`/`REQUESTED` except `LIVE → REQUESTED` is the owner's, and
+//! every transition out of `PARKED` except `PARKED → LIVE` is a handle's, so `ncclCommAbort` can
+//! never run while the owner is inside NCCL, and runs at most once.
+
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::CudaContext;
+use nccl_sys::{ncclComm, ncclResult_t};
+
+use super::Comm;
+use crate::error::{call, check, Error, Result};
+
+const LIVE: u8 = 0;
+const PARKED: u8 = 1;
+const REQUESTED: u8 = 2;
+const ABORTING: u8 = 3;
+const CLOSED: u8 = 4;
+
+/// The abort state of one communicator, shared by its [`Comm`] and its [`AbortHandle`]s.
+pub(crate) struct Health {
+    state: AtomicU8,
+    raw: NonNull<ncclComm>,
+    /// Bound before `ncclCommAbort`, which may run on a thread that never used this device.
+    context: Arc<CudaContext>,
+}
+
+// SAFETY: `raw` is only passed to `ncclCommAbort`, and only by whoever moved `state` to
+// `ABORTING`, which the protocol above allows exactly once and only while the owner is outside
+// NCCL; everything else is atomics and an `Arc<CudaContext>` (itself `Send + Sync`).
+unsafe impl Send for Health {}
+// SAFETY: as above; shared access goes through the atomic state.
+unsafe impl Sync for Health {}
+
+impl Health {
+    pub(crate) fn new(raw: NonNull<ncclComm>, context: Arc<CudaContext>) -> Self {
+        Health { state: AtomicU8::new(LIVE), raw, context }
+    }
+
+    /// True once aborted, destroyed or given away: the handle must not be used.
+    pub(crate) fn is_closed(&self) -> bool {
+        self.state.load(Ordering::Acquire) >= ABORTING
+    }
+
+    /// The owner's check before (and after) it uses the communicator: carries out a pending abort
+    /// request, and refuses an aborted communicator. One atomic load when healthy.
+    pub(crate) fn check(&self) -> Result<()> {
+        match self.state.load(Ordering::Acquire) {
+            LIVE => Ok(()),
+            REQUESTED => {
+                self.abort_quietly();
+                Err(Error::Aborted)
+            }
+            _ => Err(Error::Aborted),
+        }
+    }
+
+    /// The owner aborts (`ncclCommAbort`): `Ok(true)` if this call did, `Ok(false)` if the
+    /// communicator was already closed. The communicator is closed afterwards even when NCCL
+    /// reports a failure: it must not be used again either way.
+    pub(crate) fn abort(&self) -> Result<bool> {
+        let mut state = self.state.load(Ordering::Acquire);
+        loop {
+            if state != LIVE && state != REQUESTED {
+                return Ok(false);
+            }
+            match self.state.compare_exchange(state, ABORTING, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
+                Err(now) => state = now,
+            }
+        }
+        let result = self.call_abort();
+        self.state.store(CLOSED, Ordering::Release);
+        result.map(|()| true)
+    }
+
+    /// [`Health::abort`] where the caller has nothing to report a failure to.
+    pub(crate) fn abort_quietly(&self) {
+        if let Err(e) = self.abort() {
+            log::warn!("nccl: aborting a communicator failed: {e}");
+        }
+    }
+
+    /// The owner has destroyed the communicator or given it away: handles must leave it alone.
+    pub(crate) fn detach(&self) {
+        self.state.store(CLOSED, Ordering::Release);
+    }
+
+    fn call_abort(&self) -> Result<()> {
+        self.context.bind_to_thread()?;
+        let raw = self.raw.as_ptr();
+        // SAFETY: the caller moved the state to ABORTING, which only happens once and only while
+        // the owner is outside NCCL (module docs), so the handle is live and nothing else uses it.
+        unsafe { call!(ncclCommAbort(raw)) }
+    }
+
+    /// The owner is about to wait without calling NCCL: handles may abort from now on.
+    fn park(&self) -> Result<()> {
+        match self.state.compare_exchange(LIVE, PARKED, Ordering::AcqRel, Ordering::Acquire) {
+            Ok(_) => Ok(()),
+            // REQUESTED (carried out by `check`) or CLOSED.
+            Err(_) => {
+                self.check()?;
+                Err(Error::Aborted)
+            }
+        }
+    }
+
+    /// The owner stops waiting. If a handle aborted meanwhile, waits until it has finished, so
+    /// that the caller's `Err(Aborted)` means the communicator's work is stopped.
+    fn unpark(&self) -> Result<()> {
+        if self.state.compare_exchange(PARKED, LIVE, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            return Ok(());
+        }
+        while self.state.load(Ordering::Acquire) != CLOSED {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        Err(Error::Aborted)
+    }
+}
+
+/// A handle that aborts a communicator from another thread (a watchdog): obtained with
+/// [`Comm::abort_handle`], `Send + Sync + Clone`, usable while the [`Comm`] is in use elsewhere.
+///
+/// NCCL allows `ncclCommAbort` from another thread only for nonblocking communicators and only
+/// while no thread is inside another NCCL call on the communicator (user guide, "Fault
+/// Tolerance"). So [`AbortHandle::abort`] aborts at once when the owning thread is waiting inside
+/// this crate — in [`Comm::wait`], or polling a call NCCL answered with "in progress", which is
+/// where a thread facing a dead peer waits — and otherwise leaves a request that the owner
+/// carries out at its next call into the communicator. A thread blocked in the stream's own
+/// `synchronize` (or a cudarc copy) on a hung stream is outside both: wait through
+/// [`Comm::wait`] instead.
+///
+/// Aborting one communicator does not abort its peers: every surviving rank must abort its own
+/// (NCCL's rule), which each rank's timeout or watchdog does. With `splitShare`/`shrinkShare`,
+/// aborting a parent can make children that share its resources unusable too.
+#[derive(Clone)]
+pub struct AbortHandle {
+    health: Arc<Health>,
+}
+
+impl std::fmt::Debug for AbortHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AbortHandle").field("closed", &self.is_closed()).finish()
+    }
+}
+
+/// What [`AbortHandle::abort`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum AbortStatus {
+    /// The communicator was aborted by this call (its owner was waiting inside this crate, and
+    /// now returns [`Error::Aborted`]).
+    Aborted,
+    /// The owner was busy (possibly inside NCCL); it aborts at its next call into the
+    /// communicator, which then returns [`Error::Aborted`].
+    Requested,
+    /// Already aborted, destroyed, or given away with [`Comm::into_raw`]: nothing done.
+    Closed,
+}
+
+impl AbortHandle {
+    /// Aborts the communicator (`ncclCommAbort`) as soon as NCCL's rules allow: now if its owner
+    /// is waiting inside this crate, otherwise at the owner's next call (see [`AbortHandle`]).
+    /// An `Err` is NCCL's or CUDA's report from `ncclCommAbort`; the communicator is closed anyway.
+    #[doc(alias = "ncclCommAbort")]
+    pub fn abort(&self) -> Result<AbortStatus> {
+        let state = &self.health.state;
+        loop {
+            let now = state.load(Ordering::Acquire);
+            let (next, status) = match now {
+                PARKED => (ABORTING, AbortStatus::Aborted),
+                LIVE => (REQUESTED, AbortStatus::Requested),
+                REQUESTED => return Ok(AbortStatus::Requested),
+                _ => return Ok(AbortStatus::Closed),
+            };
+            if state.compare_exchange(now, next, Ordering::AcqRel, Ordering::Acquire).is_err() {
+                continue;
+            }
+            if next == ABORTING {
+                let result = self.health.call_abort();
+                state.store(CLOSED, Ordering::Release);
+                result?;
+            }
+            return Ok(status);
+        }
+    }
+
+    /// True once the communicator is aborted, destroyed or given away.
+    pub fn is_closed(&self) -> bool {
+        self.health.is_closed()
+    }
+}
+
+/// Pauses between polls: yields at first (a nonblocking enqueue usually finishes within
+/// microseconds), then sleeps, up to a millisecond.
+#[derive(Default)]
+struct Backoff(u32);
+
+impl Backoff {
+    fn pause(&mut self) {
+        self.0 = self.0.saturating_add(1);
+        match self.0.checked_sub(64) {
+            None | Some(0) => std::thread::yield_now(),
+            Some(n) => std::thread::sleep(Duration::from_micros(u64::from(n).clamp(20, 1000))),
+        }
+    }
+}
+
+/// A deadline: when it expires, and the timeout it came from (for the message).
+#[derive(Clone, Copy)]
+struct Deadline {
+    at: Instant,
+    after: Duration,
+}
+
+impl Deadline {
+    fn after(timeout: Option<Duration>) -> Option<Self> {
+        let after = timeout?;
+        Some(Deadline { at: Instant::now().checked_add(after)?, after })
+    }
+}
+
+impl Comm {
+    /// Hands out an [`AbortHandle`] for a watchdog thread. Nonblocking communicators only
+    /// ([`Error::NeedsNonblocking`] otherwise): a blocking NCCL call cannot be interrupted.
+    pub fn abort_handle(&self) -> Result<AbortHandle> {
+        if !self.nonblocking {
+            return Err(Error::NeedsNonblocking);
+        }
+        Ok(AbortHandle { health: self.health.clone() })
+    }
+
+    /// Waits until everything this communicator enqueued has finished: NCCL no longer reports an
+    /// operation in progress, the work on [`Comm::stream`] enqueued so far is done, and so is the
+    /// work the timeout watch recorded on other streams. Polls `ncclCommGetAsyncError`, so an
+    /// asynchronous NCCL error comes back as [`Error::Nccl`] instead of a hang.
+    ///
+    /// Bounded by `timeout` and by the communicator's own timeout, measured per call from its
+    /// enqueue: when either expires, the communicator is **aborted** and the result is
+    /// [`Error::Timeout`] (NCCL offers no way to cancel one collective). With neither, it waits
+    /// as long as it takes, but an [`AbortHandle`] can still end the wait ([`Error::Aborted`]).
+    /// Polling costs up to a millisecond of latency compared with a stream synchronize.
+    #[doc(alias = "ncclCommGetAsyncError")]
+    pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
+        self.health.check()?;
+        let marker = self.stream.record_event(None)?;
+        let bound = Deadline::after(timeout);
+        self.poll("Comm::wait", bound, |comm| {
+            if !comm.nccl_ready("ncclCommGetAsyncError")? {
+                return Ok(false);
+            }
+            let mut watch = comm.watch.borrow_mut();
+            if let Some(late) = watch.overdue()? {
+                drop(watch);
+                return Err(comm.time_out(late.call, late.after));
+            }
+            Ok(marker.try_is_complete()? && watch.all_done()?)
+        })
+    }
+
+    /// What to do with the result code of a call that acts on this communicator: `Ok` for
+    /// success, polling for `ncclInProgress` (bounded by the communicator's timeout), the error
+    /// otherwise.
+    pub(super) fn complete(&self, call: &'static str, rc: ncclResult_t) -> Result<()> {
+        match rc {
+            ncclResult_t::ncclSuccess => Ok(()),
+            ncclResult_t::ncclInProgress => self.poll(call, Deadline::after(self.timeout()), |c| c.nccl_ready(call)),
+            _ => check(call, rc, Some(self.as_raw())),
+        }
+    }
+
+    /// Polls until the communicator is out of `ncclInProgress`, for `call`: bounded by the
+    /// communicator's timeout unless `timeout` says otherwise.
+    pub(super) fn await_ready(&self, call: &'static str, timeout: Option<Duration>) -> Result<()> {
+        self.poll(call, Deadline::after(timeout.or(self.timeout())), |c| c.nccl_ready(call))
+    }
+
+    /// One poll of NCCL's state: `Ok(true)` ready, `Ok(false)` still in progress, or the failure
+    /// (named after `call`, the operation that was in progress).
+    pub(super) fn nccl_ready(&self, call: &'static str) -> Result<bool> {
+        match self.async_state()? {
+            ncclResult_t::ncclSuccess => Ok(true),
+            ncclResult_t::ncclInProgress => Ok(false),
+            failed => {
+                // `check` turns the failure code into its error, with NCCL's detail.
+                check(call, failed, Some(self.as_raw()))?;
+                Ok(true)
+            }
+        }
+    }
+
+    /// Polls `ready` until it says so, parked between polls so that an [`AbortHandle`] can abort;
+    /// at `deadline` the communicator is aborted and the result is [`Error::Timeout`].
+    fn poll(
+        &self,
+        what: &'static str,
+        deadline: Option<Deadline>,
+        mut ready: impl FnMut(&Self) -> Result<bool>,
+    ) -> Result<()> {
+        let mut backoff = Backoff::default();
+        loop {
+            self.health.check()?;
+            if ready(self)? {
+                return Ok(());
+            }
+            if let Some(d) = deadline {
+                if Instant::now() >= d.at {
+                    return Err(self.time_out(what, d.after));
+                }
+            }
+            self.health.park()?;
+            backoff.pause();
+            self.health.unpark()?;
+        }
+    }
+
+    /// Aborts after a timeout and says so.
+    pub(super) fn time_out(&self, what: &'static str, after: Duration) -> Error {
+        self.health.abort_quietly();
+        Error::Timeout { what, after }
+    }
+}

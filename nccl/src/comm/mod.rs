@@ -1,0 +1,383 @@
+//! Communicators: what one is, and the calls every communicator call goes through.
+//!
+//! * [`config`]: the `ncclConfig_t` builder.
+//! * [`create`]: creation (`ncclCommInitRank*`, `ncclCommInitAll`) and the not-yet-ready
+//!   [`PendingComm`].
+//! * [`child`]: split, shrink, revoke.
+//! * [`health`]: who may abort a communicator and when ([`AbortHandle`]), polling with deadlines.
+//! * [`watch`]: the opt-in timeout's record of enqueued work.
+//! * [`teardown`]: finalize, abort, drop.
+
+mod child;
+mod config;
+mod create;
+mod health;
+mod teardown;
+mod watch;
+
+use std::cell::{Cell, RefCell};
+use std::ptr::NonNull;
+use std::sync::Arc;
+use std::time::Duration;
+
+use cudarc::driver::{CudaContext, CudaStream};
+use nccl_sys::{ncclComm, ncclComm_t, ncclResult_t};
+
+use crate::error::{call, check, Error, Result};
+
+#[cfg(nccl_2_27)]
+pub use child::ShrinkFlags;
+pub use config::Config;
+#[cfg(nccl_2_27)]
+pub use config::CtaPolicy;
+pub use create::PendingComm;
+pub use health::{AbortHandle, AbortStatus};
+pub use teardown::Finalizing;
+
+use config::ConfigStrings;
+use health::Health;
+use watch::Watch;
+
+/// One rank's membership in a group of GPUs that run collectives together (`ncclComm_t`).
+///
+/// A communicator is bound to one CUDA device and has a default stream on which its collectives
+/// are enqueued. It is `Send` but not `Sync`: NCCL allows using a communicator from any thread, one
+/// thread at a time.
+///
+/// # Creating one
+///
+/// [`Comm::init_rank`] / [`Comm::init_rank_config`] (one process or thread per GPU, all sharing a
+/// [`UniqueId`](crate::UniqueId)), [`Comm::init_rank_scalable`] (several ids, for large jobs),
+/// [`Comm::from_rendezvous`] (rank discovery and id exchange done for you), [`Comm::init_all`] (one
+/// process driving several GPUs), or from an existing communicator with [`Comm::split`] and
+/// [`Comm::shrink`]. A [`Config`] sets NCCL's options and this crate's [timeout](Config::timeout).
+///
+/// # Nonblocking communicators, timeouts, dead peers
+///
+/// With [`Config::blocking`]`(false)` no NCCL call blocks the host: a call that NCCL answers with
+/// "in progress" is polled (`ncclCommGetAsyncError`) until NCCL has really done it, and only then
+/// does this crate report success and release the buffers' stream bookkeeping. What may wait for
+/// a peer can then be bounded:
+///
+/// * **A timeout** ([`Config::timeout`], [`Comm::set_timeout`]): every call must be enqueued, and
+///   the work it enqueued must finish, within the timeout; otherwise the communicator is aborted
+///   and the call, or the next [`Comm::wait`], returns [`Error::Timeout`]. This is how a job
+///   survives a peer that never arrives or dies (PyTorch's watchdog does the same).
+/// * **[`Comm::wait`]**: waits for everything the communicator enqueued, polling NCCL's error
+///   state, the timeout and abort requests. Wait with it rather than with the stream's own
+///   `synchronize`, which no timeout or abort can interrupt.
+/// * **[`AbortHandle`]**: a `Send + Sync` handle that a watchdog thread uses to abort a hung
+///   communicator.
+///
+/// After an abort, every call on the communicator returns [`Error::Aborted`], [`Comm::finalize`]
+/// too, and dropping it does nothing more.
+///
+/// # Teardown
+///
+/// Prefer [`Comm::finalize`], which flushes outstanding work, reports errors, and hands the
+/// communicator back if it fails. [`Comm::abort`] stops outstanding work (after a failure). If a
+/// `Comm` is simply dropped, it is finalized and destroyed when it is healthy and no panic is
+/// unwinding; otherwise it is aborted, so that a failed job does not hang waiting for peers that
+/// are gone (inside a [`crate::group`] closure it is leaked instead, with a message). `Drop` never
+/// panics; failures there are logged through the `log` crate.
+#[doc(alias = "ncclComm_t")]
+pub struct Comm {
+    raw: NonNull<ncclComm>,
+    /// The abort state, shared with [`AbortHandle`]s.
+    health: Arc<Health>,
+    stream: Arc<CudaStream>,
+    rank: usize,
+    size: usize,
+    device: usize,
+    nonblocking: bool,
+    /// Set once `ncclCommRevoke` was called: NCCL then refuses `ncclCommFinalize`.
+    revoked: Cell<bool>,
+    watch: RefCell<Watch>,
+    /// Strings NCCL keeps pointers to (`commName`), alive as long as the communicator.
+    _strings: Option<Arc<ConfigStrings>>,
+}
+
+// SAFETY: NCCL's thread-safety rules allow a communicator to be used from any thread as long as
+// one thread at a time operates it (NCCL user guide, "Thread safety"). `Comm` is not `Sync` (its
+// `Cell`/`RefCell` fields make sure of that), so `&Comm` cannot be shared across threads, and
+// moving it hands over exclusive use. The other fields (`Arc<Health>`, cudarc streams, events) are
+// `Send`.
+unsafe impl Send for Comm {}
+
+impl std::fmt::Debug for Comm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Comm")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("device", &self.device)
+            .field("nonblocking", &self.nonblocking)
+            .field("aborted", &self.health.is_closed())
+            .finish()
+    }
+}
+
+/// What a new communicator takes from the config it was created with, besides NCCL's own fields.
+#[derive(Clone, Default)]
+pub(crate) struct Settings {
+    nonblocking: bool,
+    timeout: Option<Duration>,
+    strings: Option<Arc<ConfigStrings>>,
+}
+
+impl Comm {
+    /// Wraps a communicator NCCL handed out, before it is known to be ready: `rank`, `size` and the
+    /// device are the requested ones until [`Comm::identify`] asks NCCL. From here on the handle is
+    /// owned, so every failure path aborts it (through `Drop` or explicitly).
+    fn unready(raw: NonNull<ncclComm>, stream: Arc<CudaStream>, rank: usize, size: usize, settings: Settings) -> Self {
+        let device = stream.context().ordinal();
+        Comm {
+            raw,
+            health: Arc::new(Health::new(raw, stream.context().clone())),
+            stream,
+            rank,
+            size,
+            device,
+            nonblocking: settings.nonblocking,
+            revoked: Cell::new(false),
+            watch: RefCell::new(Watch::new(settings.timeout)),
+            _strings: settings.strings,
+        }
+    }
+
+    /// Asks NCCL for rank, size and device (`ncclCommUserRank`, `ncclCommCount`,
+    /// `ncclCommCuDevice`) once the communicator is ready, and checks that it lives on its stream's
+    /// device.
+    fn identify(&mut self) -> Result<()> {
+        let c = self.as_raw();
+        let (mut rank, mut size, mut device) = (0, 0, 0);
+        // SAFETY: `c` is a live, ready communicator; each call writes one int through a live local.
+        unsafe {
+            call!(ncclCommUserRank(c, &mut rank), comm = c)?;
+            call!(ncclCommCount(c, &mut size), comm = c)?;
+            call!(ncclCommCuDevice(c, &mut device), comm = c)?;
+        }
+        // NCCL reports non-negative ints; the clamp only keeps a broken library from wrapping.
+        (self.rank, self.size, self.device) = (rank.max(0) as usize, size.max(0) as usize, device.max(0) as usize);
+        let expected = self.stream.context().ordinal();
+        if self.device != expected {
+            return Err(Error::WrongDevice { what: "the communicator NCCL created", expected, got: self.device });
+        }
+        Ok(())
+    }
+
+    /// Takes ownership of a communicator created outside this crate (by C or C++ code, another
+    /// binding, a framework), so that the safe API can drive it. Rank, size and device are queried
+    /// from NCCL; the communicator must live on `stream`'s device, which becomes its default
+    /// stream. It is finalized or aborted by this `Comm` unless given back with [`Comm::into_raw`].
+    /// Its blocking mode is unknown to this crate, so [`Comm::abort_handle`] refuses it; calls that
+    /// NCCL answers with "in progress" are still polled to completion. On error the communicator
+    /// is left untouched, still the caller's.
+    ///
+    /// # Safety
+    ///
+    /// `raw` must be a live, ready communicator that nothing else will destroy, finalize or abort
+    /// while this `Comm` owns it, and that no other thread operates while this `Comm` does.
+    pub unsafe fn from_raw(raw: ncclComm_t, stream: Arc<CudaStream>) -> Result<Self> {
+        let raw = NonNull::new(raw).ok_or(Error::NullCommunicator)?;
+        let mut comm = Comm::unready(raw, stream, 0, 0, Settings::default());
+        match comm.identify() {
+            Ok(()) => Ok(comm),
+            Err(e) => {
+                // Not ours after all: hand it back untouched.
+                comm.health.detach();
+                Err(e)
+            }
+        }
+    }
+
+    /// Gives up ownership without finalizing or destroying: the caller becomes responsible for the
+    /// returned communicator (the inverse of [`Comm::from_raw`]). [`AbortHandle`]s of this
+    /// communicator do nothing afterwards. Null if the communicator was aborted.
+    pub fn into_raw(self) -> ncclComm_t {
+        let raw = self.as_raw();
+        self.health.detach();
+        raw
+    }
+
+    /// This rank (`ncclCommUserRank`).
+    #[doc(alias = "ncclCommUserRank")]
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks (`ncclCommCount`).
+    #[doc(alias = "ncclCommCount")]
+    pub fn size(&self) -> usize {
+        self.size
+    }
+
+    /// The CUDA device ordinal (`ncclCommCuDevice`).
+    #[doc(alias = "ncclCommCuDevice")]
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
+    /// The default stream collectives are enqueued on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    /// The CUDA context of the communicator's device.
+    pub fn context(&self) -> &Arc<CudaContext> {
+        self.stream.context()
+    }
+
+    /// True for a communicator created nonblocking ([`Config::blocking`]`(false)`).
+    pub fn is_nonblocking(&self) -> bool {
+        self.nonblocking
+    }
+
+    /// True once the communicator was aborted (by its timeout, an [`AbortHandle`] or a failure).
+    pub fn is_aborted(&self) -> bool {
+        self.health.is_closed()
+    }
+
+    /// The raw handle, for `nccl-sys` calls this crate does not wrap. It stays owned by `self`.
+    /// Null once the communicator was aborted (NCCL refuses a null communicator with
+    /// `ncclInvalidArgument`; a freed one would be undefined behaviour).
+    pub fn as_raw(&self) -> ncclComm_t {
+        if self.health.is_closed() {
+            std::ptr::null_mut()
+        } else {
+            self.raw.as_ptr()
+        }
+    }
+
+    /// The error state of asynchronous operations (`ncclCommGetAsyncError`): `Ok` while healthy,
+    /// [`Error::Nccl`] with NCCL's code once something failed (including `ncclInProgress` while a
+    /// nonblocking operation is under way), [`Error::Aborted`] after an abort.
+    #[doc(alias = "ncclCommGetAsyncError")]
+    pub fn async_error(&self) -> Result<()> {
+        let raw = self.live_raw()?;
+        check("ncclCommGetAsyncError", self.async_state()?, Some(raw))
+    }
+
+    /// The handle for an NCCL call, or [`Error::Aborted`] (after carrying out a pending abort
+    /// request) once the communicator is aborted. Crate code takes the handle through this before
+    /// every call whose NCCL entry point does not itself refuse a null communicator (the
+    /// enqueuing calls do; registration and windows do not): one atomic load.
+    pub(crate) fn live_raw(&self) -> Result<ncclComm_t> {
+        self.health.check()?;
+        Ok(self.raw.as_ptr())
+    }
+
+    /// NCCL's last error message (`ncclGetLastError`), for a failure this crate did not already
+    /// report with its [`Error::Nccl`] detail. NCCL keeps one message per process, not per
+    /// communicator.
+    #[doc(alias = "ncclGetLastError")]
+    pub fn last_error(&self) -> Option<String> {
+        crate::error::last_error(self.as_raw())
+    }
+
+    /// NCCL's asynchronous state of this communicator (`ncclCommGetAsyncError`), as the raw code.
+    fn async_state(&self) -> Result<ncclResult_t> {
+        let raw = self.as_raw();
+        let mut state = ncclResult_t::ncclSuccess;
+        // SAFETY: live communicator (callers checked `health` first); the out-pointer is a newtype
+        // over an integer, so any value NCCL writes is a valid `ncclResult_t`.
+        unsafe { call!(ncclCommGetAsyncError(raw, &mut state), comm = raw) }?;
+        Ok(state)
+    }
+
+    /// Called with the result code of every call that enqueues work on this communicator, and the
+    /// stream the work went to (for a group: once per communicator in it, after `ncclGroupEnd`).
+    ///
+    /// `Ok` once NCCL has really enqueued the work, so that callers release their stream
+    /// bookkeeping (the buffers' "in use until here" guards) only then: `ncclInProgress` (a
+    /// nonblocking communicator still connecting or enqueuing) is polled until NCCL reports
+    /// success, a failure, or the communicator's timeout, which aborts it and gives
+    /// [`Error::Timeout`]. After an abort, [`Error::Aborted`] whatever `rc` says (NCCL saw a null
+    /// communicator). With a timeout set, the work is then recorded for the watch (an event on
+    /// `stream`); without one this costs two branches.
+    pub(crate) fn settle(&self, call: &'static str, rc: ncclResult_t, stream: &CudaStream) -> Result<()> {
+        self.health.check()?;
+        if rc != ncclResult_t::ncclSuccess {
+            self.complete(call, rc)?;
+        }
+        let overdue = self.watch.borrow_mut().enqueued(call, stream)?;
+        match overdue {
+            None => Ok(()),
+            Some(late) => Err(self.time_out(late.call, late.after)),
+        }
+    }
+
+    /// The timeout of this communicator ([`Config::timeout`], [`Comm::set_timeout`]).
+    pub fn timeout(&self) -> Option<Duration> {
+        self.watch.borrow().timeout()
+    }
+
+    /// Sets or clears the timeout: from now on, a call that NCCL does not complete, or whose
+    /// enqueued work does not finish, within `timeout` aborts the communicator and returns
+    /// [`Error::Timeout`] (from the call, from a later call, or from [`Comm::wait`]). Work enqueued
+    /// before the timeout was set is not watched.
+    ///
+    /// While a timeout is set, each enqueuing call records one CUDA event on its stream (none while
+    /// the stream is being captured into a CUDA graph: captured work runs when the graph is
+    /// launched, outside this communicator's view). A blocking communicator can still block inside
+    /// NCCL where no timeout reaches (a peer that never arrives at the first collective, whose
+    /// connections NCCL makes lazily): use nonblocking communicators where peers may die.
+    pub fn set_timeout(&self, timeout: Option<Duration>) {
+        self.watch.borrow_mut().set_timeout(timeout);
+    }
+
+    /// The settings a child communicator gets: from `config` when one is given, else the parent's
+    /// (NCCL then copies the parent's `ncclConfig_t`, string pointers included).
+    fn child_settings(&self, config: Option<&Config>, strings: Option<Arc<ConfigStrings>>) -> Settings {
+        match config {
+            Some(config) => config.settings(strings),
+            None => Settings { nonblocking: self.nonblocking, timeout: self.timeout(), strings: self._strings.clone() },
+        }
+    }
+}
+
+/// Creating, splitting and finalising communicators inside a [`crate::group`] would only be
+/// recorded until the group ends, while this crate needs their results at once.
+fn outside_group() -> Result<()> {
+    if crate::group::is_open() {
+        Err(Error::InsideGroup)
+    } else {
+        Ok(())
+    }
+}
+
+/// A count C receives as a positive `int` (ranks, streams, ids).
+fn c_count(what: &'static str, n: usize) -> Result<i32> {
+    match i32::try_from(n) {
+        Ok(v) if v > 0 => Ok(v),
+        _ => Err(Error::InvalidCount { what, max: i32::MAX as usize, got: n }),
+    }
+}
+
+/// A value C receives as an `int`.
+fn c_int(what: &'static str, value: u64) -> Result<i32> {
+    i32::try_from(value).map_err(|_| Error::TooLarge { what, value })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn communicators_are_send() {
+        fn send<T: Send>() {}
+        send::<Comm>();
+        send::<PendingComm>();
+    }
+
+    #[test]
+    fn counts_and_ints_are_checked() {
+        assert_eq!(c_count("nranks", 4).unwrap(), 4);
+        let err = c_count("nranks", 0).unwrap_err();
+        assert!(matches!(err, Error::InvalidCount { what: "nranks", got: 0, .. }), "{err:?}");
+        assert_eq!(err.to_string(), "nranks must be between 1 and 2147483647, got 0");
+        assert!(matches!(c_count("nranks", 1 << 31), Err(Error::InvalidCount { .. })));
+        assert_eq!(c_int("color", 7).unwrap(), 7);
+        let err = c_int("color", 1 << 31).unwrap_err();
+        assert_eq!(err.to_string(), "color is 2147483648, more than the largest C int (2147483647)");
+    }
+}

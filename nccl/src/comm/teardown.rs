@@ -1,0 +1,151 @@
+//! Ending a communicator: finalize (blocking, or started and polled) + destroy, abort, and what
+//! `Drop` does.
+
+use std::time::Duration;
+
+use nccl_sys::ncclResult_t;
+
+use super::{outside_group, Comm};
+use crate::error::{call, call_rc, check, Error, Result};
+
+/// A communicator whose finalize NCCL is carrying out ([`Comm::start_finalize`]): what lets one
+/// thread finalize several nonblocking communicators (one per GPU) at once, as finalizing is
+/// collective. [`wait`](Finalizing::wait) completes it and destroys the communicator. Dropped
+/// unfinished, the communicator is destroyed if NCCL has finished, aborted otherwise.
+#[must_use = "call `wait` to finish the finalize and destroy the communicator"]
+#[derive(Debug)]
+pub struct Finalizing {
+    comm: Option<Comm>,
+}
+
+impl Finalizing {
+    /// True once NCCL has flushed everything (one `ncclCommGetAsyncError` poll); an `Err` if the
+    /// finalize failed.
+    #[doc(alias = "ncclCommGetAsyncError")]
+    pub fn is_done(&self) -> Result<bool> {
+        let comm = self.comm.as_ref().ok_or(Error::Aborted)?;
+        comm.health.check()?;
+        comm.nccl_ready("ncclCommFinalize")
+    }
+
+    /// Waits for the finalize, then destroys the communicator (`ncclCommDestroy`). Bounded by
+    /// `timeout`, or else the communicator's own; when that expires the communicator is aborted.
+    /// On failure the communicator comes back with the error, as from [`Comm::finalize`].
+    #[doc(alias = "ncclCommDestroy")]
+    // The project's teardown convention hands the object back on failure; the size of the error
+    // variant does not matter for a call made once per communicator.
+    #[allow(clippy::result_large_err)]
+    pub fn wait(mut self, timeout: Option<Duration>) -> std::result::Result<(), (Comm, Error)> {
+        let Some(comm) = self.comm.take() else { return Ok(()) };
+        match comm.await_ready("ncclCommFinalize", timeout).and_then(|()| comm.destroy()) {
+            Ok(()) => Ok(()),
+            Err(e) => Err((comm, e)),
+        }
+    }
+}
+
+impl Drop for Finalizing {
+    fn drop(&mut self) {
+        let Some(comm) = self.comm.take() else { return };
+        // Never block in drop: destroy only what NCCL has finished with.
+        match comm.nccl_ready("ncclCommFinalize") {
+            Ok(true) => {
+                if let Err(e) = comm.destroy() {
+                    log::warn!("nccl: destroying a finalized communicator failed: {e}");
+                }
+            }
+            _ => comm.health.abort_quietly(),
+        }
+    }
+}
+
+impl Comm {
+    /// Flushes outstanding operations and releases the communicator (`ncclCommFinalize` then
+    /// `ncclCommDestroy`). Collective within the node: every rank must finalize. A nonblocking
+    /// finalize is polled to completion, bounded by the communicator's timeout (which aborts it);
+    /// [`Comm::start_finalize`] lets one thread finalize several communicators. On failure the
+    /// communicator is handed back with the error, so the caller can [`abort`](Self::abort) it;
+    /// after an abort that is [`Error::Aborted`] with a communicator that needs nothing more.
+    #[doc(alias = "ncclCommFinalize")]
+    #[doc(alias = "ncclCommDestroy")]
+    #[allow(clippy::result_large_err)] // see `Finalizing::wait`
+    pub fn finalize(self) -> std::result::Result<(), (Self, Error)> {
+        self.start_finalize()?.wait(None)
+    }
+
+    /// Starts finalizing (`ncclCommFinalize`) and returns without waiting for a nonblocking
+    /// communicator to finish (a blocking one has finished when this returns); complete it with
+    /// [`Finalizing::wait`]. After [`Comm::revoke`], which NCCL forbids finalizing after, only the
+    /// destroy remains to be done.
+    #[doc(alias = "ncclCommFinalize")]
+    #[allow(clippy::result_large_err)] // see `Finalizing::wait`
+    pub fn start_finalize(self) -> std::result::Result<Finalizing, (Self, Error)> {
+        match self.begin_finalize() {
+            Ok(()) => Ok(Finalizing { comm: Some(self) }),
+            Err(e) => Err((self, e)),
+        }
+    }
+
+    /// Stops outstanding operations and frees the communicator (`ncclCommAbort`); use after an
+    /// error or to unblock a hung job. Every other rank must abort its communicator too (NCCL's
+    /// rule). `Ok` also when it was already aborted; an `Err` is NCCL's report, after which the
+    /// communicator is freed anyway.
+    #[doc(alias = "ncclCommAbort")]
+    pub fn abort(self) -> Result<()> {
+        self.health.abort().map(drop)
+    }
+
+    /// The `ncclCommFinalize` call, leaving `ncclInProgress` to the caller's polling.
+    fn begin_finalize(&self) -> Result<()> {
+        let raw = self.live_raw()?;
+        outside_group()?;
+        if self.revoked.get() {
+            return Ok(());
+        }
+        self.context().bind_to_thread()?;
+        // SAFETY: `raw` is live and owned, and no NCCL call on it is in flight.
+        let rc = unsafe { call_rc!(ncclCommFinalize(raw)) }?;
+        match rc {
+            ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => Ok(()),
+            failed => check("ncclCommFinalize", failed, Some(raw)),
+        }
+    }
+
+    /// `ncclCommDestroy`, after which the communicator counts as closed whatever NCCL returned:
+    /// the handle may be freed, so nothing may touch it again.
+    fn destroy(&self) -> Result<()> {
+        let raw = self.live_raw()?;
+        self.context().bind_to_thread()?;
+        // SAFETY: `raw` is live and owned, NCCL has finished with it (finalized or revoked), and
+        // it is never used again (closed below).
+        let destroyed = unsafe { call!(ncclCommDestroy(raw)) };
+        self.health.detach();
+        destroyed
+    }
+}
+
+impl Drop for Comm {
+    fn drop(&mut self) {
+        if self.health.is_closed() {
+            return;
+        }
+        if crate::group::is_open() {
+            // NCCL would only record the teardown until the group ends; leaking is the safe choice.
+            log::warn!("nccl: a Comm dropped inside nccl::group is leaked; drop communicators outside groups");
+            return;
+        }
+        if std::thread::panicking() || self.async_error().is_err() {
+            return self.health.abort_quietly();
+        }
+        let closed = self
+            .begin_finalize()
+            .and_then(|()| self.await_ready("ncclCommFinalize", None))
+            .and_then(|()| self.destroy());
+        if let Err(e) = closed {
+            if !matches!(e, Error::Aborted) {
+                log::warn!("nccl: finalizing a dropped communicator failed ({e}); aborting it");
+            }
+            self.health.abort_quietly();
+        }
+    }
+}

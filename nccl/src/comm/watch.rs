@@ -1,0 +1,103 @@
+//! The opt-in timeout's view of enqueued work: one CUDA event per enqueued call, recorded on the
+//! call's stream right after NCCL enqueued it, with the time of the enqueue.
+//!
+//! A peer that dies after its connections were made leaves a collective's kernel spinning on the
+//! survivor's stream while NCCL still reports success (measured on the GPU machine: 30 s and
+//! more), so only the stream's progress can tell: a call whose event has not completed `timeout`
+//! after its enqueue is overdue, and the communicator is aborted. Calls are kept oldest first, so
+//! checking the oldest unfinished one is enough; finished ones are dropped from the front as they
+//! are seen, and their events reused. Nothing is recorded without a timeout.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaEvent, CudaStream};
+
+use crate::error::Result;
+
+/// A call whose work is still running after its timeout.
+pub(crate) struct Overdue {
+    /// The NCCL call.
+    pub(crate) call: &'static str,
+    /// The timeout it exceeded.
+    pub(crate) after: Duration,
+}
+
+struct Enqueued {
+    event: CudaEvent,
+    at: Instant,
+    call: &'static str,
+}
+
+pub(crate) struct Watch {
+    timeout: Option<Duration>,
+    /// Oldest first.
+    running: VecDeque<Enqueued>,
+    spare: Vec<CudaEvent>,
+}
+
+impl Watch {
+    pub(crate) fn new(timeout: Option<Duration>) -> Self {
+        Watch { timeout, running: VecDeque::new(), spare: Vec::new() }
+    }
+
+    pub(crate) fn timeout(&self) -> Option<Duration> {
+        self.timeout
+    }
+
+    /// A new timeout; clearing it forgets the work recorded so far.
+    pub(crate) fn set_timeout(&mut self, timeout: Option<Duration>) {
+        self.timeout = timeout;
+        if timeout.is_none() {
+            let events = self.running.drain(..).map(|e| e.event);
+            self.spare.extend(events);
+        }
+    }
+
+    /// After NCCL enqueued `call` on `stream`: records it (with a timeout set, and unless the
+    /// stream is being captured into a graph, whose work runs only when the graph is launched).
+    /// Reports an older call that is overdue instead, if there is one.
+    pub(crate) fn enqueued(&mut self, call: &'static str, stream: &CudaStream) -> Result<Option<Overdue>> {
+        if self.timeout.is_none() || gpucomm_ordering::is_capturing(stream)? {
+            return Ok(None);
+        }
+        if let Some(late) = self.overdue()? {
+            return Ok(Some(late));
+        }
+        let event = match self.spare.pop() {
+            Some(event) if event.context() == stream.context() => event,
+            _ => stream.context().new_event(None)?,
+        };
+        event.record(stream)?;
+        self.running.push_back(Enqueued { event, at: Instant::now(), call });
+        Ok(None)
+    }
+
+    /// Drops finished calls from the front; the oldest unfinished one once it is overdue.
+    pub(crate) fn overdue(&mut self) -> Result<Option<Overdue>> {
+        let Some(timeout) = self.timeout else { return Ok(None) };
+        while let Some(oldest) = self.running.front() {
+            if !oldest.event.try_is_complete()? {
+                let late = oldest.at.elapsed() >= timeout;
+                return Ok(late.then_some(Overdue { call: oldest.call, after: timeout }));
+            }
+            if let Some(done) = self.running.pop_front() {
+                self.spare.push(done.event);
+            }
+        }
+        Ok(None)
+    }
+
+    /// True when every recorded call has finished (on whatever stream it ran).
+    pub(crate) fn all_done(&mut self) -> Result<bool> {
+        let mut i = 0;
+        while i < self.running.len() {
+            if !self.running[i].event.try_is_complete()? {
+                i += 1;
+            } else if let Some(done) = self.running.remove(i) {
+                self.spare.push(done.event);
+            }
+        }
+        Ok(self.running.is_empty())
+    }
+}

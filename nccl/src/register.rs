@@ -1,0 +1,377 @@
+//! Buffers made known to a communicator: local registrations (`ncclCommRegister`) and symmetric
+//! windows (`ncclCommWindowRegister`), each tied to its communicator's lifetime by a borrow.
+
+use std::ffi::c_void;
+use std::fmt;
+use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
+use std::ops::{Deref, DerefMut};
+
+use cudarc::driver::{DevicePtrMut, DeviceSlice};
+use gpucomm_ordering::Access;
+
+use crate::error::{call, Error, Result};
+use crate::Comm;
+#[cfg(nccl_2_27)]
+use crate::MemBuffer;
+
+/// `buf`'s device must be the communicator's.
+fn check_device<T>(comm: &Comm, what: &'static str, buf: &impl DeviceSlice<T>) -> Result<()> {
+    let got = buf.stream().context().ordinal();
+    if got == comm.device() {
+        Ok(())
+    } else {
+        Err(Error::WrongDevice { what, expected: comm.device(), got })
+    }
+}
+
+/// A buffer registered with a communicator (`ncclCommRegister`, NCCL ≥ 2.19.1), so that NCCL can
+/// move data in and out of it directly, without copies through its internal buffers.
+///
+/// The registration owns the buffer and gives it back with [`Registration::deregister`]; in between
+/// the buffer is used through `&*reg` / `&mut *reg` ([`Deref`]) like any other. It borrows its
+/// communicator, so it cannot outlive it, and it is deregistered on drop.
+///
+/// Registration is a collective *contract*: NCCL uses registered buffers only when every rank of
+/// a call passes registered buffers, and mixing registered and unregistered buffers across ranks
+/// in one call is undefined in NCCL (user guide, "User Buffer Registration"). Register the
+/// corresponding buffer on every rank and use them in the same calls — the same kind of promise as
+/// every rank making matching calls. (`ncclCommRegister` itself only records the buffer on this
+/// rank, so it needs no group in single-process multi-GPU use.) Memory from
+/// [`MemBuffer`](crate::MemBuffer) (`ncclMemAlloc`) is what NCCL registers best.
+#[doc(alias = "ncclCommRegister")]
+#[cfg_attr(docsrs, doc(cfg(nccl_2_19)))]
+pub struct Registration<'c, T, B: DevicePtrMut<T>> {
+    comm: &'c Comm,
+    handle: *mut c_void,
+    /// Dropped only after a successful deregistration: NCCL may still use the memory otherwise.
+    buf: ManuallyDrop<B>,
+    _elements: PhantomData<T>,
+}
+
+impl<T, B: DevicePtrMut<T>> fmt::Debug for Registration<'_, T, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registration").field("comm", self.comm).field("handle", &self.handle).finish()
+    }
+}
+
+impl Comm {
+    /// Registers `buf` (any cudarc buffer on this communicator's device, or a
+    /// [`MemBuffer`](crate::MemBuffer)) with this communicator (`ncclCommRegister`). See
+    /// [`Registration`] for the contract across ranks.
+    #[doc(alias = "ncclCommRegister")]
+    pub fn register<T, B: DevicePtrMut<T>>(&self, mut buf: B) -> Result<Registration<'_, T, B>> {
+        check_device(self, "buffer", &buf)?;
+        if buf.len() == 0 {
+            return Err(Error::ZeroCount { call: "ncclCommRegister" });
+        }
+        let bytes = buf.num_bytes();
+        let mut handle: *mut c_void = std::ptr::null_mut();
+        {
+            let access = Access::new(self.stream());
+            let (ptr, _guard) = access.write(&mut buf)?;
+            self.context().check_err()?;
+            let c = self.as_raw();
+            // SAFETY: `ptr` points at `bytes` bytes of device memory on this communicator's device
+            // (checked), owned by the registration until it is deregistered; `handle` is a live
+            // out-pointer; `c` is a live communicator, borrowed by the registration.
+            unsafe { call!(ncclCommRegister(c, ptr as *mut c_void, bytes, &mut handle), comm = c) }?;
+        }
+        Ok(Registration { comm: self, handle, buf: ManuallyDrop::new(buf), _elements: PhantomData })
+    }
+}
+
+impl<'c, T, B: DevicePtrMut<T>> Registration<'c, T, B> {
+    /// The communicator the buffer is registered with.
+    pub fn comm(&self) -> &'c Comm {
+        self.comm
+    }
+
+    /// NCCL's registration handle (null when NCCL skipped the registration, e.g. with
+    /// `NCCL_LOCAL_REGISTER=0`).
+    pub fn as_raw(&self) -> *mut c_void {
+        self.handle
+    }
+
+    /// Deregisters the buffer (`ncclCommDeregister`) once its earlier uses have finished, and
+    /// gives it back. On failure the registration is handed back with the error.
+    #[doc(alias = "ncclCommDeregister")]
+    pub fn deregister(mut self) -> std::result::Result<B, (Self, Error)> {
+        match self.release() {
+            Ok(()) => {
+                // SAFETY: the buffer is taken once, and the registration is forgotten right after,
+                // so its `Drop` never sees the emptied `ManuallyDrop`.
+                let buf = unsafe { ManuallyDrop::take(&mut self.buf) };
+                std::mem::forget(self);
+                Ok(buf)
+            }
+            Err(e) => Err((self, e)),
+        }
+    }
+
+    /// Waits for the buffer's earlier uses to finish (kernels using the registration read NCCL's
+    /// state for it, which deregistering frees), then deregisters it.
+    fn release(&mut self) -> Result<()> {
+        {
+            // The communicator's stream waits for every earlier use of the buffer, on any stream.
+            let access = Access::new(self.comm.stream());
+            let _guard = access.write(&mut *self.buf)?;
+        }
+        self.comm.context().check_err()?;
+        self.comm.stream().synchronize()?;
+        let c = self.comm.as_raw();
+        // SAFETY: `handle` came from ncclCommRegister on `c`, which is alive (borrowed for 'c); it
+        // is deregistered once (`deregister` forgets the registration, `Drop` runs at most once);
+        // no work using the buffer is pending.
+        unsafe { call!(ncclCommDeregister(c, self.handle), comm = c) }
+    }
+}
+
+impl<T, B: DevicePtrMut<T>> Deref for Registration<'_, T, B> {
+    type Target = B;
+    fn deref(&self) -> &B {
+        &self.buf
+    }
+}
+
+impl<T, B: DevicePtrMut<T>> DerefMut for Registration<'_, T, B> {
+    fn deref_mut(&mut self) -> &mut B {
+        &mut self.buf
+    }
+}
+
+impl<T, B: DevicePtrMut<T>> Drop for Registration<'_, T, B> {
+    fn drop(&mut self) {
+        match self.release() {
+            // SAFETY: dropped once, here; the registration is gone afterwards.
+            Ok(()) => unsafe { ManuallyDrop::drop(&mut self.buf) },
+            // The communicator's destruction releases the registration; until then NCCL may use
+            // the memory, so it is leaked.
+            Err(e) => log::warn!("nccl: deregistering a dropped registration failed; its buffer is leaked: {e}"),
+        }
+    }
+}
+
+/// How a window is registered (`winFlags` of `ncclCommWindowRegister`).
+#[cfg(nccl_2_27)]
+#[cfg_attr(docsrs, doc(cfg(nccl_2_27)))]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WindowFlags(i32);
+
+#[cfg(nccl_2_27)]
+impl WindowFlags {
+    /// `NCCL_WIN_DEFAULT`: a window for NCCL's own use of the memory (zero-copy transfers).
+    #[doc(alias = "NCCL_WIN_DEFAULT")]
+    pub const DEFAULT: Self = WindowFlags(nccl_sys::NCCL_WIN_DEFAULT as i32);
+    /// `NCCL_WIN_COLL_SYMMETRIC`: every rank registers a window of the same size and uses it at the
+    /// same offsets in collectives, which lets NCCL use its symmetric-memory kernels.
+    #[doc(alias = "NCCL_WIN_COLL_SYMMETRIC")]
+    pub const COLL_SYMMETRIC: Self = WindowFlags(nccl_sys::NCCL_WIN_COLL_SYMMETRIC as i32);
+
+    /// The raw value.
+    pub fn raw(self) -> i32 {
+        self.0
+    }
+}
+
+/// A [`MemBuffer`] registered as a window of a communicator (`ncclCommWindowRegister`, NCCL ≥
+/// 2.27.3): memory NCCL maps on the other ranks of the node, for its symmetric kernels and for
+/// the device API (kernels that load and store peers' memory directly).
+///
+/// Only memory from NCCL's allocator (or CUDA VMM memory with the handle types NCCL needs, at a
+/// 4096-byte aligned offset) can become a window, hence a [`MemBuffer`], whose addresses satisfy
+/// that. The window owns the buffer (used through `&*window` / `&mut *window`, [`Deref`]) and
+/// gives it back with [`Window::deregister`]; it borrows its communicator, so it cannot outlive it.
+///
+/// Registering a window is collective: every rank of the communicator registers one (NCCL ends it
+/// with a barrier). One process driving several communicators registers them all at once with
+/// [`register_windows`]. Symmetric memory needs NCCL's cuMem support (`NCCL_CUMEM_ENABLE`, on by
+/// default); without it NCCL falls back to a local registration or none.
+#[cfg(nccl_2_27)]
+#[cfg_attr(docsrs, doc(cfg(nccl_2_27)))]
+#[doc(alias = "ncclCommWindowRegister")]
+pub struct Window<'c, T> {
+    comm: &'c Comm,
+    raw: nccl_sys::ncclWindow_t,
+    /// Dropped only after a successful deregistration: peers may have the memory mapped.
+    buf: ManuallyDrop<MemBuffer<T>>,
+}
+
+#[cfg(nccl_2_27)]
+impl<T> fmt::Debug for Window<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Window").field("comm", self.comm).field("raw", &self.raw).field("buf", &*self.buf).finish()
+    }
+}
+
+#[cfg(nccl_2_27)]
+impl Comm {
+    /// Registers `buf` as a window of this communicator (`ncclCommWindowRegister`). Collective:
+    /// every rank calls it. See [`Window`].
+    #[doc(alias = "ncclCommWindowRegister")]
+    pub fn register_window<T>(&self, buf: MemBuffer<T>, flags: WindowFlags) -> Result<Window<'_, T>> {
+        // Inside a group closure the other communicators' registrations come later: this one
+        // would wait for them forever. Several communicators register through `register_windows`.
+        if crate::group::is_open() {
+            return Err(Error::InsideGroup);
+        }
+        check_device(self, "window buffer", &buf)?;
+        let mut raw = std::ptr::null_mut();
+        let rc = register_raw(self, &buf, flags, &mut raw)?;
+        // Outside a group NCCL registers before returning; a nonblocking communicator fills `raw`
+        // in by the time it has settled.
+        self.settle("ncclCommWindowRegister", rc, self.stream())?;
+        Ok(Window { comm: self, raw, buf: ManuallyDrop::new(buf) })
+    }
+}
+
+/// Registers one window for each (communicator, buffer) pair, in one NCCL group: how one process
+/// that drives several communicators (one per GPU, [`Comm::init_all`]) registers a window on each,
+/// since each registration waits for the other ranks. The windows come back in the same order.
+/// On failure the windows already made are deregistered and the buffers freed.
+#[cfg(nccl_2_27)]
+#[cfg_attr(docsrs, doc(cfg(nccl_2_27)))]
+#[doc(alias = "ncclCommWindowRegister")]
+#[doc(alias = "ncclGroupStart")]
+#[doc(alias = "ncclGroupEnd")]
+pub fn register_windows<'c, T>(
+    pairs: impl IntoIterator<Item = (&'c Comm, MemBuffer<T>)>,
+    flags: WindowFlags,
+) -> Result<Vec<Window<'c, T>>> {
+    if crate::group::is_open() {
+        return Err(Error::InsideGroup);
+    }
+    let mut windows: Vec<Window<'c, T>> = pairs
+        .into_iter()
+        .map(|(comm, buf)| Window { comm, raw: std::ptr::null_mut(), buf: ManuallyDrop::new(buf) })
+        .collect();
+    // Checked before the group starts, so that a refused buffer leaves no group open.
+    for w in &windows {
+        check_device(w.comm, "window buffer", &*w.buf)?;
+    }
+    let end = crate::error::resolve!(ncclGroupEnd)?;
+    // SAFETY: no NCCL group is open on this thread: this crate opens NCCL groups only in its own
+    // functions, which end them before returning.
+    unsafe { call!(ncclGroupStart()) }?;
+    let mut registered = Ok(());
+    for w in windows.iter_mut() {
+        // NCCL fills `w.raw` when the group ends; `windows` is not resized before then.
+        if let Err(e) = register_raw(w.comm, &w.buf, flags, &mut w.raw) {
+            registered = Err(e);
+            break;
+        }
+    }
+    // SAFETY: this thread started the group above.
+    let rc = unsafe { end() };
+    let mut settled = Ok(());
+    for w in &windows {
+        let s = w.comm.settle("ncclGroupEnd", rc, w.comm.stream());
+        if settled.is_ok() {
+            settled = s;
+        }
+    }
+    // On failure, dropping the windows deregisters those NCCL made and frees the buffers.
+    registered.and(settled).map(|()| windows)
+}
+
+/// Calls `ncclCommWindowRegister` for `buf` (on the communicator's device: checked by the callers),
+/// which writes the window to `out` at once, or when the enclosing group ends or the communicator
+/// settles. Returns NCCL's result code.
+#[cfg(nccl_2_27)]
+fn register_raw<T>(
+    comm: &Comm,
+    buf: &MemBuffer<T>,
+    flags: WindowFlags,
+    out: &mut nccl_sys::ncclWindow_t,
+) -> Result<nccl_sys::ncclResult_t> {
+    let f = crate::error::resolve!(ncclCommWindowRegister)?;
+    // SAFETY: the buffer is `num_bytes` bytes of ncclMemAlloc memory (4096-byte aligned, as windows
+    // need) on the communicator's device, owned by the window until it is deregistered; `out` is
+    // live until NCCL fills it (the caller keeps it in place until settled); the communicator is
+    // alive and borrowed by the window.
+    Ok(unsafe { f(comm.as_raw(), buf.as_raw() as *mut c_void, buf.num_bytes(), out, flags.raw()) })
+}
+
+#[cfg(nccl_2_27)]
+impl<'c, T> Window<'c, T> {
+    /// The communicator the window belongs to.
+    pub fn comm(&self) -> &'c Comm {
+        self.comm
+    }
+
+    /// NCCL's window handle (`ncclWindow_t`), for the device API and kernels. Null when NCCL
+    /// registered nothing (no symmetric-memory support and local registration off). Valid while
+    /// the window lives.
+    pub fn as_raw(&self) -> nccl_sys::ncclWindow_t {
+        self.raw
+    }
+
+    /// The window's memory.
+    pub fn buffer(&self) -> &MemBuffer<T> {
+        &self.buf
+    }
+
+    /// The device address of the window's memory (the window's offset 0), for kernels.
+    pub fn as_ptr(&self) -> cudarc::driver::sys::CUdeviceptr {
+        self.buf.as_raw()
+    }
+
+    /// Deregisters the window (`ncclCommWindowDeregister`) once the buffer's last use has finished,
+    /// and gives the buffer back. On failure the window is handed back with the error.
+    #[doc(alias = "ncclCommWindowDeregister")]
+    // The buffer comes back on failure, as fallible teardown does throughout the crate.
+    #[allow(clippy::result_large_err)]
+    pub fn deregister(mut self) -> std::result::Result<MemBuffer<T>, (Self, Error)> {
+        match self.release() {
+            Ok(()) => {
+                self.raw = std::ptr::null_mut();
+                // SAFETY: the buffer is taken once, and the window is forgotten right after, so its
+                // `Drop` never sees the emptied `ManuallyDrop`.
+                let buf = unsafe { ManuallyDrop::take(&mut self.buf) };
+                std::mem::forget(self);
+                Ok(buf)
+            }
+            Err(e) => Err((self, e)),
+        }
+    }
+
+    fn release(&self) -> Result<()> {
+        if self.raw.is_null() {
+            return Ok(());
+        }
+        // Kernels using the window read its state, which deregistering frees.
+        self.buf.tracker().synchronize()?;
+        let c = self.comm.as_raw();
+        // SAFETY: `raw` came from ncclCommWindowRegister on `c`, which is alive (borrowed for 'c);
+        // it is deregistered once (nulled by `deregister`, `Drop` runs at most once); the buffer's
+        // last use has finished.
+        unsafe { call!(ncclCommWindowDeregister(c, self.raw), comm = c) }
+    }
+}
+
+#[cfg(nccl_2_27)]
+impl<T> Deref for Window<'_, T> {
+    type Target = MemBuffer<T>;
+    fn deref(&self) -> &MemBuffer<T> {
+        &self.buf
+    }
+}
+
+#[cfg(nccl_2_27)]
+impl<T> DerefMut for Window<'_, T> {
+    fn deref_mut(&mut self) -> &mut MemBuffer<T> {
+        &mut self.buf
+    }
+}
+
+#[cfg(nccl_2_27)]
+impl<T> Drop for Window<'_, T> {
+    fn drop(&mut self) {
+        match self.release() {
+            // SAFETY: dropped once, here; the window is gone afterwards.
+            Ok(()) => unsafe { ManuallyDrop::drop(&mut self.buf) },
+            // Peers may still have the memory mapped through the window: leak it.
+            Err(e) => log::warn!("nccl: deregistering a dropped window failed; its buffer is leaked: {e}"),
+        }
+    }
+}

@@ -1,0 +1,152 @@
+//! Where a call goes: a communicator and a stream, issued at once or recorded in a group.
+//!
+//! The communicator's own stream is the default ([`Comm`] itself is a target); [`Comm::on`] picks
+//! another stream of the same device for direct calls, [`crate::Member::on`] inside a group. All
+//! of them implement [`crate::Collectives`] through the crate-private [`Target`] trait, so that
+//! each collective is written once, in `coll.rs`, for every target.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, DeviceSlice, SyncOnDrop};
+use gpucomm_ordering::Access;
+
+use crate::call::Call;
+use crate::error::{Error, Result};
+use crate::group::{self, Group};
+use crate::Comm;
+
+/// A call being made: its communicator and stream, and the group recording it (none for a direct
+/// call). Public only inside a private module, so that [`crate::Collectives`] stays sealed.
+#[derive(Clone, Copy)]
+pub struct Plan<'g, 'b> {
+    pub(crate) comm: &'b Comm,
+    pub(crate) stream: &'b Arc<CudaStream>,
+    group: Option<&'g Group<'b>>,
+}
+
+/// Implemented by every handle that [`crate::Collectives`]' methods can be called on. Sealed: it
+/// lives in a private module.
+pub trait Target<'b>: Copy {
+    /// Admits the call (no direct call inside a group; a stream of the communicator's device) and
+    /// runs `body` with the call's plan. In a group, a refused call is counted, so that the group
+    /// launches nothing.
+    fn dispatch(self, body: impl FnOnce(Plan<'_, 'b>) -> Result<()>) -> Result<()>;
+}
+
+/// A communicator is a target on its own stream.
+impl<'b> Target<'b> for &'b Comm {
+    #[inline]
+    fn dispatch(self, body: impl FnOnce(Plan<'_, 'b>) -> Result<()>) -> Result<()> {
+        direct()?;
+        body(Plan { comm: self, stream: self.stream(), group: None })
+    }
+}
+
+/// A communicator on another stream of its device, for direct calls: see [`Comm::on`].
+#[derive(Clone, Copy, Debug)]
+pub struct OnStream<'b> {
+    comm: &'b Comm,
+    stream: &'b Arc<CudaStream>,
+}
+
+impl<'b> Target<'b> for OnStream<'b> {
+    #[inline]
+    fn dispatch(self, body: impl FnOnce(Plan<'_, 'b>) -> Result<()>) -> Result<()> {
+        direct()?;
+        check_stream(self.comm, self.stream)?;
+        body(Plan { comm: self.comm, stream: self.stream, group: None })
+    }
+}
+
+impl Comm {
+    /// This communicator with its calls enqueued on `stream` instead of [`Comm::stream`]: every
+    /// method of [`crate::Collectives`] is available on the returned handle, e.g.
+    /// `comm.on(&side).all_reduce(&send, &mut recv, ReduceOp::SUM)`. Frameworks use it to overlap
+    /// communication with computation on a stream of their own, and to capture calls into a CUDA
+    /// graph (the default stream cannot be captured).
+    ///
+    /// `stream` must belong to the communicator's device; each call checks it and returns
+    /// [`Error::WrongDevice`] otherwise. Buffers are ordered on that stream through cudarc's
+    /// protocol (or their [`gpucomm_ordering::StreamTracker`]), like on the default stream.
+    pub fn on<'b>(&'b self, stream: &'b Arc<CudaStream>) -> OnStream<'b> {
+        OnStream { comm: self, stream }
+    }
+}
+
+/// Direct calls are refused while a group is open on this thread: they would not be part of it.
+#[inline]
+fn direct() -> Result<()> {
+    if group::is_open() {
+        Err(Error::InsideGroup)
+    } else {
+        Ok(())
+    }
+}
+
+/// A stream other than the communicator's own must be on its device.
+#[inline]
+pub(crate) fn check_stream(comm: &Comm, stream: &Arc<CudaStream>) -> Result<()> {
+    if Arc::ptr_eq(stream, comm.stream()) {
+        return Ok(());
+    }
+    let got = stream.context().ordinal();
+    if got == comm.device() {
+        Ok(())
+    } else {
+        Err(Error::WrongDevice { what: "stream", expected: comm.device(), got })
+    }
+}
+
+impl<'g, 'b> Plan<'g, 'b> {
+    /// The plan of a call recorded in `group`.
+    pub(crate) fn recorded(comm: &'b Comm, stream: &'b Arc<CudaStream>, group: &'g Group<'b>) -> Self {
+        Plan { comm, stream, group: Some(group) }
+    }
+
+    /// `Ok` when `buf` lives on the communicator's device.
+    #[inline]
+    pub(crate) fn check_device<T>(&self, what: &'static str, buf: &(impl DeviceSlice<T> + ?Sized)) -> Result<()> {
+        let got = buf.stream().context().ordinal();
+        if got == self.comm.device() {
+            Ok(())
+        } else {
+            Err(Error::WrongDevice { what, expected: self.comm.device(), got })
+        }
+    }
+
+    /// `Ok(rank as i32)` when `rank` is one of the communicator's ranks.
+    #[inline]
+    pub(crate) fn check_rank(&self, what: &'static str, rank: usize) -> Result<i32> {
+        if rank < self.comm.size() {
+            // Communicator sizes are C ints, so every rank below one fits.
+            Ok(rank as i32)
+        } else {
+            Err(Error::InvalidRank { what, rank, size: self.comm.size() })
+        }
+    }
+
+    /// Takes the buffers' pointers with `take` (through an [`Access`] on the call's stream), then
+    /// issues the call: a direct call at once — NCCL, then [`Comm::settle`], then the stream guards
+    /// are released — and a grouped one by recording it (with its guards) until the group ends.
+    /// A CUDA error while ordering the buffers is returned here and nothing is issued.
+    #[inline]
+    pub(crate) fn submit<const N: usize>(
+        self,
+        take: impl FnOnce(&Access<'b>) -> Result<(Call, [SyncOnDrop<'b>; N])>,
+    ) -> Result<()> {
+        if let Some(group) = self.group {
+            return group.record(self.comm, self.stream, take);
+        }
+        let access = Access::new(self.stream);
+        let (call, guards) = take(&access)?;
+        // cudarc records failed waits in the context instead of returning them.
+        self.stream.context().check_err()?;
+        // SAFETY: `call` was built by a `Collectives` method, whose checks make its pointers valid
+        // for its count, type and ranks on this communicator's device; the buffers are borrowed
+        // for 'b and their guards are held until after `settle`.
+        let rc = unsafe { call.issue() };
+        let settled = self.comm.settle(call.name(), rc, self.stream);
+        drop(guards);
+        settled
+    }
+}
