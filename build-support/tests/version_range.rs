@@ -5,7 +5,8 @@
 //!
 //! 1. `cargo check` of the -sys crate and its safe crate against that release's headers, reading
 //!    the cfgs each build script gave from Cargo's JSON messages: they must be every minor from the
-//!    range's oldest up to the header's (`nccl_2_18` alone for 2.18.1), and the safe crate's the same;
+//!    range's oldest up to the header's (`nccl_2_18` alone for 2.18.1); a safe crate's build
+//!    script must give the same, plus patch-level cfgs (`nccl_2_28_7`) no newer than the header;
 //! 2. `cargo test` of the -sys crate's CPU tests (`load`, and for NVSHMEM `initializers`), which load
 //!    that release's library and compare the hand-written initializers with its C macros.
 //!
@@ -164,8 +165,8 @@ fn build_against(family: &Family, release: &Release) -> Result<Row, String> {
     Ok(Row { version: release.version, place: place(release), cfgs, check_seconds, loaded })
 }
 
-/// Checks the -sys crate and its safe crate and returns the -sys build script's cfgs, after
-/// comparing them with the header version. Cargo reports every build script's cfgs in its JSON
+/// Checks the -sys crate and its safe crate, compares their build scripts' cfgs with the header
+/// version and returns them (the -sys crate's, then the safe crate's patch-level ones). Cargo reports every build script's cfgs in its JSON
 /// messages, also for builds that were already fresh.
 fn check_cfgs(family: &Family, release: &Release) -> Result<Vec<String>, String> {
     let check = ["check", "--message-format=json-render-diagnostics", "-p", family.sys, "-p", family.safe];
@@ -177,12 +178,7 @@ fn check_cfgs(family: &Family, release: &Release) -> Result<Vec<String>, String>
     if header != release.version.to_string() {
         return Err(format!("the build used headers {header}, not {}", release.version));
     }
-    let prefix = format!("{}_", family.support.cfg_prefix);
-    let (version_cfgs, extra): (Vec<String>, Vec<String>) = sys
-        .cfgs
-        .iter()
-        .cloned()
-        .partition(|c| c.starts_with(&prefix) && c[prefix.len()..].starts_with(char::is_numeric));
+    let (version_cfgs, patches, extra) = classify(family.support, &sys.cfgs);
     let expected = cumulative_cfgs(family.support, release.version);
     if version_cfgs != expected {
         return Err(format!("cfgs {version_cfgs:?}, expected {expected:?}"));
@@ -191,13 +187,25 @@ fn check_cfgs(family: &Family, release: &Release) -> Result<Vec<String>, String>
     if extra != expected_extra {
         return Err(format!("other cfgs {extra:?}, expected {expected_extra:?}"));
     }
-    // A safe crate with a build script re-derives the version cfgs; they must agree.
+    // Patch-level cfgs (`nccl_2_28_7`: "header ≥ 2.28.7") must not exceed the header.
+    let patches_fit =
+        |krate: &str, patches: &[(String, Version)]| match patches.iter().find(|(_, v)| *v > release.version) {
+            Some((cfg, _)) => Err(format!("{krate} sets {cfg} for headers {}", release.version)),
+            None => Ok(()),
+        };
+    patches_fit(family.sys, &patches)?;
+    let mut cfgs = sys.cfgs.clone();
+    // A safe crate with a build script re-derives the minor cfgs (they must agree) and may add
+    // patch-level ones.
     if let Some(safe) = scripts.iter().find(|s| s.package == family.safe) {
-        if safe.cfgs != version_cfgs {
+        let (minors, patches, other) = classify(family.support, &safe.cfgs);
+        if minors != version_cfgs || !other.is_empty() {
             return Err(format!("{} has cfgs {:?}, {} has {version_cfgs:?}", family.safe, safe.cfgs, family.sys));
         }
+        patches_fit(family.safe, &patches)?;
+        cfgs.extend(patches.into_iter().map(|(cfg, _)| format!("{cfg} ({})", family.safe)));
     }
-    Ok(sys.cfgs.clone())
+    Ok(cfgs)
 }
 
 /// Runs the -sys crate's CPU tests, which load this release's library; returns their
@@ -215,6 +223,24 @@ fn load_tests(family: &Family, release: &Release) -> Result<String, String> {
         return Err(format!("the load test loaded a library outside {}: {loaded}", release.root.display()));
     }
     Ok(loaded.to_string())
+}
+
+/// Splits cfgs into minor-version cfgs (`nccl_2_28`), patch-version cfgs (`nccl_2_28_7`, with the
+/// version they stand for) and the rest, each in the order given.
+fn classify(support: &Support, cfgs: &[String]) -> (Vec<String>, Vec<(String, Version)>, Vec<String>) {
+    let (mut minors, mut patches, mut other) = (Vec::new(), Vec::new(), Vec::new());
+    for cfg in cfgs {
+        let numbers: Option<Vec<u32>> = cfg
+            .strip_prefix(support.cfg_prefix)
+            .and_then(|rest| rest.strip_prefix('_'))
+            .and_then(|rest| rest.split('_').map(str::parse).collect::<Result<_, _>>().ok());
+        match numbers.as_deref() {
+            Some([_, _]) => minors.push(cfg.clone()),
+            Some(&[major, minor, patch]) => patches.push((cfg.clone(), Version::new(major, minor, patch))),
+            _ => other.push(cfg.clone()),
+        }
+    }
+    (minors, patches, other)
 }
 
 /// The cfgs a header version must give: one per minor from the range's oldest up to its own,
