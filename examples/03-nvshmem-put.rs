@@ -34,7 +34,7 @@ fn main() -> std::process::ExitCode {
         let inbox = rt.alloc::<u64>(COUNT)?;
         let mine = stream.clone_htod(&(0..COUNT).map(|i| value(me, i)).collect::<Vec<_>>())?;
         let next = (me + 1) % n;
-        inbox.put_on_stream(0, &mine, next, &stream)?;
+        rt.put_on_stream(&inbox, &mine, next, &stream)?;
         rt.barrier_all_on_stream(&stream)?;
 
         let prev = (me + n - 1) % n;
@@ -43,8 +43,9 @@ fn main() -> std::process::ExitCode {
             return Err(format!("PE {me}: element {i} is {:#x}, expected {:#x}", got[i], value(prev, i)).into());
         }
         println!("PE {me} of {n}: received {COUNT} values from PE {prev}, all correct");
-        inbox.free()?;
-        rt.finalize()?;
+        // Teardown hands the object back with the error when it fails; here we just report it.
+        inbox.free().map_err(|(_, e)| e)?;
+        rt.finalize().map_err(|(_, e)| e)?;
         Ok(())
     })
 }

@@ -29,7 +29,8 @@ for line in sys.stdin:
     kind = msg["target"]["kind"][0]
     folder = {"test": "tests", "example": "examples", "bin": "bin"}.get(kind)
     if folder:
-        dest = f"bundle/{folder}/{msg[\"target\"][\"name\"]}"
+        name = msg["target"]["name"]
+        dest = f"bundle/{folder}/{name}"
         shutil.copy(msg["executable"], dest)
         print(f"{folder[:-1]:8} {dest}")
 '

@@ -130,12 +130,7 @@ impl<A> Binding<A> {
             // SAFETY: forwarded from this function's contract.
             let api = unsafe { (self.from_library)(lib) }.map_err(|e| e.to_string())?;
             let version = (self.version)(&api)?;
-            if version < self.min {
-                return Err(format!(
-                    "{} {version} is older than {}, the oldest release these bindings support",
-                    self.spec.name, self.min
-                ));
-            }
+            supported(self.spec, version, self.min)?;
             Ok((api, version))
         };
         let finish = |(api, version): (A, Version), path: PathBuf, place: String| Library {
@@ -162,6 +157,57 @@ impl<A> Binding<A> {
         let (made, path, place) = unsafe { open(self.spec, build_dir, make) }?;
         Ok(finish(made, path, place))
     }
+}
+
+/// `Err` (the message) for a library older than `min`, the oldest supported release.
+fn supported(spec: &Spec, version: Version, min: Version) -> Result<(), String> {
+    if version < min {
+        return Err(format!("{} {version} is older than {min}, the oldest release these bindings support", spec.name));
+    }
+    Ok(())
+}
+
+/// A library that [`preload`] opened and keeps loaded for the rest of the process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Preloaded {
+    /// The file that was opened (or the soname, left to the dynamic loader).
+    pub path: PathBuf,
+    /// The search step that found it.
+    pub place: String,
+    /// The version it reports about itself.
+    pub version: Version,
+}
+
+/// Opens the library of `spec` along the run-time search order that [`Binding::load`] walks
+/// (`build_lib_dir` standing for the directory the -sys crate's build used), skipping candidates
+/// that `version` rejects or that are older than `min`, and keeps it loaded for the rest of the
+/// process without binding anything.
+///
+/// This is how one crate makes *another* library's `dlopen` of the soname find the copy that the
+/// -sys crate of `spec` would load: glibc matches an already loaded object by its `SONAME`
+/// (NVSHMEM's host library opens `libnccl.so.2` by that name for its own collectives).
+///
+/// # Safety
+///
+/// As for [`Binding::load`]; `version` receives each opened candidate and may call into it.
+pub unsafe fn preload(
+    spec: &'static Spec,
+    build_lib_dir: Option<&Path>,
+    min: Version,
+    version: unsafe fn(&libloading::Library) -> Result<Version, String>,
+) -> Result<Preloaded, LoadError> {
+    let make = |lib: libloading::Library| -> Result<(libloading::Library, Version), String> {
+        // SAFETY: forwarded from this function's contract.
+        let v = unsafe { version(&lib) }?;
+        supported(spec, v, min)?;
+        Ok((lib, v))
+    };
+    // SAFETY: forwarded from this function's contract.
+    let ((lib, version), path, place) = unsafe { open(spec, build_lib_dir, make) }?;
+    // Kept for the life of the process: unloading would let a later dlopen of the soname find
+    // another copy, which is what the caller wants to prevent.
+    std::mem::forget(lib);
+    Ok(Preloaded { path, place, version })
 }
 
 /// Declares what every -sys crate exposes: the bindings generated into `$OUT_DIR/bindings.rs`, the
@@ -397,6 +443,35 @@ mod tests {
             loaded: "2.19.3".into(),
         };
         assert_eq!(e.to_string(), "the loaded NCCL 2.19.3 does not export `ncclCommShrink`; it needs NCCL ≥ 2.27.3");
+    }
+
+    /// A library every Linux process can load, described like NCCL or NVSHMEM.
+    static LIBM: Spec = Spec {
+        name: "libm",
+        var: "GPUCOMM_PRELOAD_TEST",
+        home_vars: &[],
+        header: "math.h",
+        libraries: &["libm.so.6"],
+        wheel_dirs: &[],
+        system: &[],
+        install_hint: "install glibc",
+        docs: "gpucomm-build-support",
+    };
+
+    unsafe fn fixed_version(_: &libloading::Library) -> Result<Version, String> {
+        Ok(Version::new(2, 28, 9))
+    }
+
+    #[test]
+    fn preload_walks_the_search_order_and_checks_the_minimum() {
+        // SAFETY: libm's initialisers are trivial; `fixed_version` does not call into it.
+        let got = unsafe { preload(&LIBM, None, Version::new(2, 18, 1), fixed_version) }.unwrap();
+        assert_eq!(got.path, PathBuf::from("libm.so.6"));
+        assert!(got.place.starts_with("dynamic loader search path"), "{}", got.place);
+        assert_eq!(got.version, Version::new(2, 28, 9));
+        // SAFETY: as above.
+        let err = unsafe { preload(&LIBM, None, Version::new(3, 0, 0), fixed_version) }.unwrap_err();
+        assert_eq!(err.attempts[0].error, "libm 2.28.9 is older than 3.0.0, the oldest release these bindings support");
     }
 
     #[test]

@@ -72,3 +72,13 @@ pub fn rank_comm(info: &RankInfo) -> Result<(Arc<CudaStream>, nccl::Comm), Box<d
     let comm = nccl::Comm::from_rendezvous(stream.clone(), &mut rendezvous)?;
     Ok((stream, comm))
 }
+
+/// Starts NVSHMEM on this rank the way lesson 3 shows step by step: the rank's GPU, the
+/// rendezvous, and a runtime started from the unique id that rank 0 creates. Returns the GPU's
+/// default stream and the runtime.
+pub fn nvshmem_runtime(info: &RankInfo) -> Result<(Arc<CudaStream>, nvshmem::Runtime), Box<dyn Error>> {
+    let stream = rank_stream(info)?;
+    let mut rendezvous = Rendezvous::connect(info, &Options::from_env()?)?;
+    let rt = nvshmem::Runtime::from_rendezvous(stream.clone(), &mut rendezvous)?;
+    Ok((stream, rt))
+}

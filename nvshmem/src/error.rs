@@ -1,6 +1,7 @@
-//! The crate's error type, and NVSHMEM status codes as a newtype.
+//! The crate's error type, NVSHMEM status codes as a newtype, and the one-expression FFI call
+//! macros.
 
-use std::fmt;
+use std::path::PathBuf;
 
 /// An NVSHMEM status (`nvshmemx_status`), kept as the raw number so that codes a newer library
 /// returns still fit.
@@ -11,39 +12,56 @@ pub struct Status(pub i32);
 impl Status {
     /// `NVSHMEMX_SUCCESS`.
     pub const SUCCESS: Self = Self(0);
-
-    /// The C name, or `None` for a code this crate does not know.
-    pub fn name(self) -> Option<&'static str> {
-        const NAMES: [&str; 8] = [
-            "NVSHMEMX_SUCCESS",
-            "NVSHMEMX_ERROR_INVALID_VALUE",
-            "NVSHMEMX_ERROR_OUT_OF_MEMORY",
-            "NVSHMEMX_ERROR_NOT_SUPPORTED",
-            "NVSHMEMX_ERROR_SYMMETRY",
-            "NVSHMEMX_ERROR_GPU_NOT_SELECTED",
-            "NVSHMEMX_ERROR_COLLECTIVE_LAUNCH_FAILED",
-            "NVSHMEMX_ERROR_INTERNAL",
-        ];
-        usize::try_from(self.0).ok().and_then(|i| NAMES.get(i)).copied()
-    }
 }
 
-impl fmt::Debug for Status {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.name() {
-            Some(n) => write!(f, "{n}({})", self.0),
-            None => write!(f, "Status({})", self.0),
+/// For a newtype over a C code whose values index a table of C names: `name()`, and `Debug` /
+/// `Display` as `NAME(value)` (or `Type(value)` for values the table does not know).
+macro_rules! named_code {
+    ($ty:ident, [$($name:literal),* $(,)?]) => {
+        impl $ty {
+            /// The C name, or `None` for a value this crate does not know.
+            pub fn name(self) -> Option<&'static str> {
+                const NAMES: &[&str] = &[$($name),*];
+                usize::try_from(self.0).ok().and_then(|i| NAMES.get(i)).copied()
+            }
         }
-    }
+
+        impl ::std::fmt::Debug for $ty {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                match self.name() {
+                    Some(n) => write!(f, "{n}({})", self.0),
+                    None => write!(f, concat!(stringify!($ty), "({})"), self.0),
+                }
+            }
+        }
+
+        impl ::std::fmt::Display for $ty {
+            fn fmt(&self, f: &mut ::std::fmt::Formatter<'_>) -> ::std::fmt::Result {
+                ::std::fmt::Debug::fmt(self, f)
+            }
+        }
+    };
 }
 
-impl fmt::Display for Status {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self, f)
-    }
-}
+pub(crate) use named_code;
 
-/// Everything that can go wrong in this crate.
+named_code!(
+    Status,
+    [
+        "NVSHMEMX_SUCCESS",
+        "NVSHMEMX_ERROR_INVALID_VALUE",
+        "NVSHMEMX_ERROR_OUT_OF_MEMORY",
+        "NVSHMEMX_ERROR_NOT_SUPPORTED",
+        "NVSHMEMX_ERROR_SYMMETRY",
+        "NVSHMEMX_ERROR_GPU_NOT_SELECTED",
+        "NVSHMEMX_ERROR_COLLECTIVE_LAUNCH_FAILED",
+        "NVSHMEMX_ERROR_INTERNAL",
+    ]
+);
+
+/// Everything that can go wrong in this crate. Arguments are checked before NVSHMEM is called, so
+/// every variant but [`Error::Status`], [`Error::Cuda`] and the loading errors means NVSHMEM was
+/// not reached and the process can carry on.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
@@ -61,17 +79,118 @@ pub enum Error {
     Load(Box<nvshmem_sys::LoadError>),
     /// The loaded NVSHMEM lacks a function (the message names the version that added it).
     #[error(transparent)]
-    MissingFunction(#[from] nvshmem_sys::MissingFunction),
+    MissingFunction(Box<nvshmem_sys::MissingFunction>),
     /// A CUDA driver call failed.
-    #[error("CUDA driver error: {0}")]
+    #[error(transparent)]
     Cuda(#[from] cudarc::driver::DriverError),
-    /// The symmetric heap could not provide the allocation.
-    #[error("nvshmem_malloc of {bytes} bytes failed (heap exhausted? raise NVSHMEM_SYMMETRIC_SIZE)")]
+    /// A buffer's last use is part of a CUDA graph capture still open on another stream, so a use
+    /// on this stream cannot be ordered after it (see `gpucomm_ordering::StreamTracker`).
+    #[error("the buffer was last used on a stream that is still being captured into a graph; end that capture first")]
+    CaptureOpen,
+    /// NVSHMEM is already running in this process: there is one [`crate::Runtime`] per process.
+    #[error("NVSHMEM is already initialised in this process (one Runtime per process)")]
+    AlreadyInitialized,
+    /// NVSHMEM was finalised, or failed to start, in this process. It keeps process-global state
+    /// that finalisation does not reset (NVIDIA/nvshmem#68), so it cannot start again.
+    #[error("NVSHMEM was finalised (or failed to start) in this process and cannot be initialised again")]
+    Finalized,
+    /// A PE count outside `1..=i32::MAX`.
+    #[error("the number of PEs must be between 1 and {}, got {got}", i32::MAX)]
+    InvalidPeCount {
+        /// The count given.
+        got: usize,
+    },
+    /// NVSHMEM started with another PE number or count than the caller asked for.
+    #[error("NVSHMEM started as PE {got_pe} of {got_n_pes}, but PE {pe} of {n_pes} was requested (another job's unique id?)")]
+    PeMismatch {
+        /// The PE requested.
+        pe: usize,
+        /// The PE count requested.
+        n_pes: usize,
+        /// `nvshmem_my_pe` after initialisation.
+        got_pe: usize,
+        /// `nvshmem_n_pes` after initialisation.
+        got_n_pes: usize,
+    },
+    /// `NVSHMEM_BOOTSTRAP` names another bootstrap than the one requested.
+    #[error("NVSHMEM_BOOTSTRAP={value} selects another bootstrap than {requested}: unset it, or start with Bootstrap::Environment")]
+    BootstrapConflict {
+        /// The bootstrap requested.
+        requested: &'static str,
+        /// The variable's value.
+        value: String,
+    },
+    /// NVSHMEM's bootstrap plugin for the requested launcher cannot be loaded (checked before
+    /// initialisation, so the reason is the dynamic loader's own).
+    #[error("NVSHMEM's bootstrap plugin {} cannot be loaded: {reason}", plugin.display())]
+    BootstrapPlugin {
+        /// The plugin file.
+        plugin: PathBuf,
+        /// `dlerror()`.
+        reason: String,
+    },
+    /// Unique-id bytes of the wrong length.
+    #[error("an NVSHMEM unique id has {expected} bytes, got {got}")]
+    UniqueIdLength {
+        /// [`crate::UniqueId::BYTES`].
+        expected: usize,
+        /// The length given.
+        got: usize,
+    },
+    /// Unique-id bytes from another NVSHMEM release.
+    #[error("unique id version word {got:#x} does not match this build's {expected:#x} (different NVSHMEM release?)")]
+    UniqueIdVersion {
+        /// This build's version word.
+        expected: i32,
+        /// The received version word.
+        got: i32,
+    },
+    /// A symmetric allocation of zero bytes (NVSHMEM would return no buffer).
+    #[error("symmetric allocations need at least one byte, got {len} elements of {elem_size} bytes")]
+    ZeroSize {
+        /// Elements requested.
+        len: usize,
+        /// Bytes per element.
+        elem_size: usize,
+    },
+    /// A byte count that does not fit in `usize`.
+    #[error("{len} elements of {elem_size} bytes overflow the address space")]
+    SizeOverflow {
+        /// Elements requested.
+        len: usize,
+        /// Bytes per element.
+        elem_size: usize,
+    },
+    /// An alignment that is not a power of two, or smaller than the element's.
+    #[error("alignment {align} is not a power of two of at least {min} bytes")]
+    InvalidAlignment {
+        /// The alignment given.
+        align: usize,
+        /// The element type's alignment.
+        min: usize,
+    },
+    /// The allocation cannot fit the symmetric heap's configured limit, so NVSHMEM (which can exit
+    /// the process or tear its heap down on such a request) was not asked.
+    #[error(
+        "{bytes} more bytes do not fit the symmetric heap: {in_use} bytes in use, limit {limit} bytes ({limit_from})"
+    )]
+    HeapExhausted {
+        /// Bytes requested.
+        bytes: usize,
+        /// Bytes of this process's live symmetric buffers.
+        in_use: usize,
+        /// The limit.
+        limit: usize,
+        /// Where the limit comes from (the variable, or the device's memory).
+        limit_from: &'static str,
+    },
+    /// NVSHMEM returned no buffer (heap exhausted or fragmented).
+    #[error("the symmetric heap could not provide {bytes} bytes")]
     OutOfMemory {
         /// Bytes requested.
         bytes: usize,
     },
-    /// A PE (processing element) outside `0..n_pes`.
+    /// A PE outside `0..n_pes` (of the world or of a team).
     #[error("{what} {pe} is out of range for {n_pes} PEs")]
     InvalidPe {
         /// Which PE argument.
@@ -81,15 +200,35 @@ pub enum Error {
         /// Number of PEs.
         n_pes: usize,
     },
-    /// A transfer that does not fit its buffers.
-    #[error("{what}: {got} elements do not fit {available} available")]
+    /// A sub-range that does not lie inside its buffer.
+    #[error("range {start}..{end} is out of bounds for a buffer of {len} elements")]
     OutOfBounds {
-        /// Which transfer.
+        /// First element.
+        start: usize,
+        /// One past the last element.
+        end: usize,
+        /// Elements in the buffer.
+        len: usize,
+    },
+    /// A buffer of the wrong length for the call.
+    #[error("{what} has {got} elements but the call needs {expected}")]
+    LengthMismatch {
+        /// Which buffer.
         what: &'static str,
-        /// Elements requested.
+        /// Elements the call needs.
+        expected: usize,
+        /// Elements the buffer has.
         got: usize,
-        /// Elements available.
-        available: usize,
+    },
+    /// A buffer that does not split into one equal block per PE.
+    #[error("{what} has {len} elements, which do not split into {parts} equal blocks")]
+    NotDivisible {
+        /// Which buffer.
+        what: &'static str,
+        /// Its length.
+        len: usize,
+        /// The number of blocks (PEs in the team).
+        parts: usize,
     },
     /// A buffer or stream on another device than the PE's.
     #[error("{what} is on CUDA device {got} but this PE uses device {expected}")]
@@ -101,15 +240,72 @@ pub enum Error {
         /// The argument's device.
         got: usize,
     },
-    /// NVSHMEM is already initialised in this process, or was finalised and cannot start again.
-    #[error("{0}")]
-    Runtime(&'static str),
+    /// A strided team split whose PEs do not all lie in the parent team.
+    #[error("team split <start {start}, stride {stride}, size {size}> does not fit a parent team of {n_pes} PEs")]
+    InvalidSplit {
+        /// First PE (in the parent).
+        start: usize,
+        /// Distance between PEs.
+        stride: usize,
+        /// Number of PEs.
+        size: usize,
+        /// Size of the parent team.
+        n_pes: usize,
+    },
+    /// A 2-D team split with an x range of zero.
+    #[error("a 2-D team split needs an x range of at least 1")]
+    ZeroXRange,
+    /// A module image that was not device-linked with NVSHMEM's device library.
+    #[error("the module is not device-linked with NVSHMEM's device library (no nvshmemi_device_lib_version_d): compile with `nvcc -rdc=true` and link with `nvcc -dlink … libnvshmem_device.a`")]
+    NotNvshmemModule,
+    /// A module built for a GPU architecture the device cannot run.
+    #[error("the module holds code for {} but device {device} is sm_{arch}", module.map(|m| format!("sm_{m}")).unwrap_or_else(|| "other architectures".into()))]
+    WrongArchitecture {
+        /// The module's architecture (`90` for sm_90), when the image says.
+        module: Option<u32>,
+        /// The device ordinal.
+        device: usize,
+        /// The device's compute capability as `major * 10 + minor`.
+        arch: u32,
+    },
+    /// A kernel name that is not in the module (or that contains a NUL byte).
+    #[error("the module has no kernel named `{name}`")]
+    KernelNotFound {
+        /// The name looked up.
+        name: String,
+    },
+    /// A collective launch whose blocks cannot all be resident on the device at once, which a
+    /// kernel that synchronises across blocks or PEs needs.
+    #[error("a collective launch of {blocks} blocks cannot be co-resident: at most {per_sm} per SM × {sms} SMs for {threads} threads and {shared_mem} bytes of shared memory per block")]
+    GridTooLarge {
+        /// Blocks in the grid.
+        blocks: u64,
+        /// Blocks of this shape one SM holds at once.
+        per_sm: u32,
+        /// SMs on the device.
+        sms: u32,
+        /// Threads per block.
+        threads: u32,
+        /// Dynamic shared memory per block.
+        shared_mem: u32,
+    },
+    /// A device that cannot launch cooperative kernels.
+    #[error("device {device} does not support cooperative launches")]
+    CooperativeUnsupported {
+        /// The device ordinal.
+        device: usize,
+    },
+    /// A kernel argument aligned to more than 8 bytes.
+    #[error("kernel arguments may be aligned to at most 8 bytes, got a {size}-byte value aligned to {align}")]
+    KernelArgument {
+        /// The value's size.
+        size: usize,
+        /// Its alignment.
+        align: usize,
+    },
     /// Exchanging the unique id with the other PEs failed.
     #[error(transparent)]
     Rendezvous(Box<crate::launch::RendezvousError>),
-    /// Any other invalid argument, described.
-    #[error("invalid argument: {0}")]
-    InvalidArgument(String),
 }
 
 impl From<nvshmem_sys::LoadError> for Error {
@@ -118,9 +314,24 @@ impl From<nvshmem_sys::LoadError> for Error {
     }
 }
 
+impl From<nvshmem_sys::MissingFunction> for Error {
+    fn from(e: nvshmem_sys::MissingFunction) -> Self {
+        Error::MissingFunction(Box::new(e))
+    }
+}
+
 impl From<crate::launch::RendezvousError> for Error {
     fn from(e: crate::launch::RendezvousError) -> Self {
         Error::Rendezvous(Box::new(e))
+    }
+}
+
+impl From<gpucomm_ordering::OrderError> for Error {
+    fn from(e: gpucomm_ordering::OrderError) -> Self {
+        match e {
+            gpucomm_ordering::OrderError::Cuda(e) => Error::Cuda(e),
+            gpucomm_ordering::OrderError::CaptureOpen => Error::CaptureOpen,
+        }
     }
 }
 
@@ -141,8 +352,48 @@ pub(crate) fn check(call: &'static str, status: i32) -> Result<()> {
     }
 }
 
+/// Resolves one NVSHMEM function in the loaded library: a missing one is
+/// [`Error::MissingFunction`], naming the version that added it.
+macro_rules! resolve {
+    ($name:ident) => {
+        $crate::error::lib().and_then(|lib| Ok(*lib.resolve(&lib.$name, stringify!($name))?))
+    };
+}
+
+/// One NVSHMEM call as one expression: resolves the function ([`resolve!`]) and calls it.
+///
+/// * `call!(f(args))` is `Result<R>` with `R` what the C function returns (`()` for `void`
+///   functions, a pointer, a PE number);
+/// * `call!(f(args) => status)` is for functions that return an `nvshmemx_status`: `Ok(())` for
+///   success, [`Error::Status`] naming `f` otherwise.
+///
+/// It must stand inside an `unsafe` block whose `// SAFETY:` comment vouches for the arguments:
+///
+/// ```ignore
+/// // SAFETY: NVSHMEM is initialised; `ptr` came from nvshmem_malloc and nothing uses it any more.
+/// unsafe { call!(nvshmem_free(ptr)) }?;
+/// ```
+macro_rules! call {
+    ($name:ident($($arg:expr),* $(,)?) => status) => {
+        match $crate::error::resolve!($name) {
+            Ok(f) => $crate::error::check(stringify!($name), f($($arg),*)),
+            Err(e) => Err(e),
+        }
+    };
+    ($name:ident($($arg:expr),* $(,)?)) => {
+        match $crate::error::resolve!($name) {
+            Ok(f) => Ok(f($($arg),*)),
+            Err(e) => Err(e),
+        }
+    };
+}
+
+pub(crate) use {call, resolve};
+
 #[cfg(test)]
 mod tests {
+    use std::error::Error as _;
+
     use super::*;
 
     #[test]
@@ -155,5 +406,33 @@ mod tests {
             "nvshmemx_hostlib_init_attr failed with NVSHMEMX_ERROR_INTERNAL(7) (set NVSHMEM_DEBUG=WARN for NVSHMEM's explanation)"
         );
         assert!(check("x", 0).is_ok());
+    }
+
+    #[test]
+    fn a_cuda_error_appears_once_in_the_chain() {
+        // (Formatting a DriverError asks the driver for its text, which needs libcuda: compare the
+        // structure instead.) `Cuda` is transparent, so the driver's text is the message itself
+        // and nothing below it repeats it; the ordering crate's wrapper is unwrapped.
+        let cuda = cudarc::driver::DriverError(cudarc::driver::sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE);
+        assert!(Error::from(cuda).source().is_none());
+        let ordered = Error::from(gpucomm_ordering::OrderError::Cuda(cuda));
+        assert!(matches!(ordered, Error::Cuda(e) if e == cuda));
+        assert!(matches!(Error::from(gpucomm_ordering::OrderError::CaptureOpen), Error::CaptureOpen));
+    }
+
+    #[test]
+    fn messages_name_the_facts() {
+        let e =
+            Error::HeapExhausted { bytes: 8, in_use: 1 << 30, limit: 1 << 30, limit_from: "NVSHMEM_SYMMETRIC_SIZE" };
+        assert_eq!(
+            e.to_string(),
+            "8 more bytes do not fit the symmetric heap: 1073741824 bytes in use, limit 1073741824 bytes (NVSHMEM_SYMMETRIC_SIZE)"
+        );
+        let e = Error::WrongArchitecture { module: Some(80), device: 1, arch: 90 };
+        assert_eq!(e.to_string(), "the module holds code for sm_80 but device 1 is sm_90");
+        assert_eq!(
+            Error::InvalidPeCount { got: 0 }.to_string(),
+            "the number of PEs must be between 1 and 2147483647, got 0"
+        );
     }
 }

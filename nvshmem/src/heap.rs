@@ -1,65 +1,210 @@
-//! Symmetric-heap buffers: collective allocation, explicit collective free, stream-ordered
-//! puts and gets to other PEs.
+//! Symmetric-heap buffers: collective allocation, explicit collective free, sub-ranges, peer
+//! views, and their part in cudarc's stream ordering.
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
+use std::ops::{Bound, RangeBounds};
+use std::ptr::NonNull;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice, SyncOnDrop};
-use nvshmem_sys::{cudaStream_t, function};
+use cudarc::driver::{sys::CUdeviceptr, CudaContext, CudaStream, DeviceRepr, ValidAsZeroBits};
+use gpucomm_ordering::{tracked_device_ptr, StreamTracker};
 
-use crate::error::{lib, Error, Result};
+use crate::config;
+use crate::error::{call, Error, Result};
 use crate::Runtime;
 
-/// Names of the two transfer directions, as they appear in errors.
-const PUT: &str = "put";
-const GET: &str = "get";
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// An element type for which every bit pattern is a valid value: plain integers and floats. Only
+/// these can be allocated without initialisation ([`Runtime::alloc`]), since the contents are
+/// whatever the heap held. Sealed.
+pub trait Element: DeviceRepr + sealed::Sealed {}
+
+macro_rules! element {
+    ($($t:ty),* $(,)?) => {$(
+        impl sealed::Sealed for $t {}
+        impl Element for $t {}
+    )*};
+}
+
+element!(i8, i16, i32, i64, isize, u8, u16, u32, u64, usize, f32, f64);
+#[cfg(feature = "f16")]
+element!(half::f16, half::bf16);
+
+/// Which symmetric heap NVSHMEM uses, and the limit allocations are checked against.
+///
+/// NVSHMEM's own failure modes on an oversized request are harsh: on the static heap a failing
+/// `nvshmem_calloc` exits the process, and on the dynamic heap a request the GPU cannot back
+/// tears the heap down. This crate therefore refuses, before calling NVSHMEM, any allocation that
+/// would take the bytes of this process's live symmetric buffers past [`HeapLimit::limit`]
+/// ([`Error::HeapExhausted`]). The check cannot see fragmentation, NVSHMEM's internal
+/// allocations, or memory that other allocators hold on the GPU; a request that passes it can
+/// still fail in NVSHMEM ([`Error::OutOfMemory`] for `nvshmem_malloc`). Every PE makes the same
+/// decision as long as the PEs have the same configuration and GPU model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HeapLimit {
+    /// True for the dynamic CUDA-VMM heap (the default on x86), false for the static heap
+    /// (`NVSHMEM_DISABLE_CUDA_VMM`).
+    pub dynamic: bool,
+    /// The most bytes of symmetric buffers this crate lets the process hold at once.
+    pub limit: usize,
+    /// Where the limit comes from.
+    pub limit_from: &'static str,
+}
+
+/// NVSHMEM's default `NVSHMEM_SYMMETRIC_SIZE`.
+const DEFAULT_SYMMETRIC_SIZE: usize = 1 << 30;
+/// NVSHMEM's default `NVSHMEM_MAX_MEMORY_PER_GPU`.
+const DEFAULT_MAX_MEMORY_PER_GPU: usize = 256 << 30;
+
+impl HeapLimit {
+    /// Reads the heap variables the way NVSHMEM does; the dynamic heap is also bounded by the
+    /// device's memory.
+    pub(crate) fn from_environment(ctx: &CudaContext) -> Result<Self> {
+        let sized = |name: &'static str, default: usize| match config::size(name) {
+            Some(Some(v)) => (v, name),
+            // An unreadable value makes NVSHMEM's own initialisation fail; the default is moot.
+            Some(None) | None => (default, name),
+        };
+        if config::flag("NVSHMEM_DISABLE_CUDA_VMM") {
+            let (limit, limit_from) = sized("NVSHMEM_SYMMETRIC_SIZE", DEFAULT_SYMMETRIC_SIZE);
+            return Ok(HeapLimit { dynamic: false, limit, limit_from });
+        }
+        let (limit, limit_from) = sized("NVSHMEM_MAX_MEMORY_PER_GPU", DEFAULT_MAX_MEMORY_PER_GPU);
+        let device = ctx.total_mem()?;
+        Ok(if device < limit {
+            HeapLimit { dynamic: true, limit: device, limit_from: "the device's memory" }
+        } else {
+            HeapLimit { dynamic: true, limit, limit_from }
+        })
+    }
+}
 
 /// A buffer of `len` elements of `T` at the same symmetric address on every PE
 /// (`nvshmem_malloc`). Borrowing the [`Runtime`] ties it to NVSHMEM's lifetime.
 ///
 /// # Collective allocation and free
 ///
-/// [`Runtime::alloc`] and [`Symmetric::free`] are collective and blocking: every PE must call
-/// them in the same order with the same sizes. Because the order of `Drop`s differs between PEs on
-/// error paths, dropping a buffer does **not** free it: it stays allocated until NVSHMEM is
-/// finalised (and a warning is printed). Free buffers explicitly with [`Symmetric::free`].
+/// [`Runtime::alloc`] (and the `_zeroed` / `_aligned` variants) and [`Symmetric::free`] are
+/// collective and blocking: every PE must call them in the same order with the same sizes.
+/// Because the order of `Drop`s differs between PEs on error paths, dropping a buffer does **not**
+/// free it: it stays allocated until NVSHMEM is finalised, and a warning goes to the `log` crate.
+/// Free buffers explicitly with [`Symmetric::free`].
 ///
 /// # Stream ordering
 ///
-/// The buffer implements cudarc's [`DevicePtr`]/[`DevicePtrMut`], so cudarc copies and NCCL
-/// collectives accept it, but it carries no stream events: order the streams that use it yourself
-/// (use one stream, or synchronise). NVSHMEM's own allocation and free are not ordered with your
-/// streams either, which is why [`Symmetric::free`] synchronises the device first.
+/// A `Symmetric` takes part in cudarc's stream protocol through a
+/// [`StreamTracker`](gpucomm_ordering::StreamTracker): it implements cudarc's
+/// [`DevicePtr`](cudarc::driver::DevicePtr) / [`DevicePtrMut`](cudarc::driver::DevicePtrMut), so
+/// cudarc copies and kernels, NCCL collectives and this crate's operations that touch it on
+/// different streams are ordered after each other without any synchronisation by you. Staying on
+/// one stream costs a lock and a comparison per use; changing streams records one event and makes
+/// the new stream wait for it. The tracker orders this process's streams only: what other PEs do
+/// to their copies is ordered by NVSHMEM's own means (signals, quiet, barriers).
+///
+/// Sub-ranges ([`Symmetric::slice`]) and peer views ([`Symmetric::peer`]) share the buffer's
+/// tracker.
 pub struct Symmetric<'rt, T> {
-    ptr: cudarc::driver::sys::CUdeviceptr,
+    ptr: NonNull<c_void>,
     len: usize,
     rt: &'rt Runtime,
+    tracker: StreamTracker,
     freed: bool,
     _elem: PhantomData<T>,
 }
 
+impl<T> std::fmt::Debug for Symmetric<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Symmetric").field("ptr", &self.ptr).field("len", &self.len).finish()
+    }
+}
+
+/// The three allocation functions.
+enum Alloc {
+    Malloc,
+    Calloc,
+    Align(usize),
+}
+
 impl Runtime {
-    /// Allocates `len` elements on the symmetric heap of every PE (`nvshmem_malloc`). Collective:
-    /// all PEs call it in the same order with the same `len`. The contents are uninitialised
-    /// device memory, so `T` must be valid for any bit pattern ([`DeviceRepr`] types are plain
-    /// numbers); write it before reading.
+    /// Allocates `len` elements on the symmetric heap of every PE (`nvshmem_malloc`).
+    /// Collective: all PEs call it in the same order with the same `len`. The contents are
+    /// whatever the heap held (hence [`Element`]: types valid for any bits).
+    ///
+    /// Refused before NVSHMEM is called: zero bytes ([`Error::ZeroSize`]) and sizes past the
+    /// heap's limit ([`Error::HeapExhausted`], see [`HeapLimit`]).
     #[doc(alias = "nvshmem_malloc")]
-    pub fn alloc<T: DeviceRepr>(&self, len: usize) -> Result<Symmetric<'_, T>> {
-        let bytes = len.checked_mul(size_of::<T>()).filter(|&b| b > 0).ok_or_else(|| {
-            Error::InvalidArgument(format!(
-                "symmetric allocations need 1 or more bytes, got {len} × {}",
-                size_of::<T>()
-            ))
-        })?;
-        let f = function!(lib()?, nvshmem_malloc)?;
-        self.context().bind_to_thread()?;
-        // SAFETY: NVSHMEM is initialised (the runtime exists) and its context is current.
-        let ptr = unsafe { f(bytes) };
-        if ptr.is_null() {
-            return Err(Error::OutOfMemory { bytes });
+    pub fn alloc<T: Element>(&self, len: usize) -> Result<Symmetric<'_, T>> {
+        self.allocate(len, Alloc::Malloc)
+    }
+
+    /// Allocates `len` zeroed elements on the symmetric heap of every PE (`nvshmem_calloc`).
+    /// Collective, like [`Runtime::alloc`].
+    #[doc(alias = "nvshmem_calloc")]
+    pub fn alloc_zeroed<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<Symmetric<'_, T>> {
+        self.allocate(len, Alloc::Calloc)
+    }
+
+    /// Allocates `len` elements aligned to `align` bytes on the symmetric heap of every PE
+    /// (`nvshmem_align`). `align` must be a power of two of at least `align_of::<T>()`.
+    /// Collective, like [`Runtime::alloc`].
+    #[doc(alias = "nvshmem_align")]
+    pub fn alloc_aligned<T: Element>(&self, len: usize, align: usize) -> Result<Symmetric<'_, T>> {
+        let min = align_of::<T>();
+        if !align.is_power_of_two() || align < min {
+            return Err(Error::InvalidAlignment { align, min });
         }
-        Ok(Symmetric { ptr: ptr as u64, len, rt: self, freed: false, _elem: PhantomData })
+        self.allocate(len, Alloc::Align(align))
+    }
+
+    fn allocate<T>(&self, len: usize, how: Alloc) -> Result<Symmetric<'_, T>> {
+        let elem_size = size_of::<T>();
+        let bytes = len.checked_mul(elem_size).ok_or(Error::SizeOverflow { len, elem_size })?;
+        if bytes == 0 {
+            return Err(Error::ZeroSize { len, elem_size });
+        }
+        let limit = self.info().heap;
+        let in_use = self.heap_in_use.get();
+        if bytes > limit.limit.saturating_sub(in_use) {
+            return Err(Error::HeapExhausted { bytes, in_use, limit: limit.limit, limit_from: limit.limit_from });
+        }
+        let tracker = StreamTracker::new(self.stream())?;
+        self.context().bind_to_thread()?;
+        // SAFETY: NVSHMEM is initialised (the runtime exists) and its context is current; the
+        // sizes are non-zero and within the heap's configured limit (checked above).
+        let ptr = unsafe {
+            match how {
+                Alloc::Malloc => call!(nvshmem_malloc(bytes)),
+                Alloc::Calloc => call!(nvshmem_calloc(len, elem_size)),
+                Alloc::Align(align) => call!(nvshmem_align(align, bytes)),
+            }
+        }?;
+        let ptr = NonNull::new(ptr).ok_or(Error::OutOfMemory { bytes })?;
+        self.heap_in_use.set(in_use + bytes);
+        Ok(Symmetric { ptr, len, rt: self, tracker, freed: false, _elem: PhantomData })
+    }
+}
+
+/// The resolved bounds of `range` within `len` elements, or [`Error::OutOfBounds`].
+fn bounds(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
+    let start = match range.start_bound() {
+        Bound::Included(&s) => s,
+        Bound::Excluded(&s) => s.saturating_add(1),
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(&e) => e.saturating_add(1),
+        Bound::Excluded(&e) => e,
+        Bound::Unbounded => len,
+    };
+    if start <= end && end <= len {
+        Ok((start, end))
+    } else {
+        Err(Error::OutOfBounds { start, end, len })
     }
 }
 
@@ -69,127 +214,210 @@ impl<'rt, T> Symmetric<'rt, T> {
         self.len
     }
 
-    /// True for a zero-length buffer (never: allocations have at least one byte).
+    /// Always false: allocations have at least one byte.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
-    /// The local address of the buffer (the same symmetric offset on every PE).
-    pub fn device_address(&self) -> cudarc::driver::sys::CUdeviceptr {
-        self.ptr
+    /// Size in bytes.
+    pub fn num_bytes(&self) -> usize {
+        self.len * size_of::<T>()
     }
 
-    /// An address through which this PE's kernels can load and store `pe`'s copy directly
-    /// (`nvshmem_ptr`), or `None` when `pe` is not reachable by loads and stores (no P2P path).
+    /// The runtime the buffer belongs to.
+    pub fn runtime(&self) -> &'rt Runtime {
+        self.rt
+    }
+
+    /// The local address of the buffer (the same symmetric offset on every PE). Prefer the cudarc
+    /// protocol ([`DevicePtr`](cudarc::driver::DevicePtr)), which orders the use on a stream.
+    pub fn device_address(&self) -> CUdeviceptr {
+        self.ptr.as_ptr() as CUdeviceptr
+    }
+
+    /// The whole buffer as a slice.
+    pub fn as_slice(&self) -> SymmetricSlice<'_, T> {
+        SymmetricSlice {
+            ptr: self.device_address(),
+            len: self.len,
+            tracker: &self.tracker,
+            rt: self.rt,
+            _elem: PhantomData,
+        }
+    }
+
+    /// Elements `range` of the buffer, on every PE: a symmetric sub-range that operations accept
+    /// wherever they accept the whole buffer. [`Error::OutOfBounds`] when the range does not lie
+    /// inside the buffer.
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<SymmetricSlice<'_, T>> {
+        self.as_slice().slice(range)
+    }
+
+    /// A view of `pe`'s copy of the buffer that this PE's kernels can load from and store to
+    /// directly (`nvshmem_ptr`), or `None` when `pe` is not reachable by loads and stores (no
+    /// peer-to-peer path). [`Error::InvalidPe`] when `pe` is out of range.
     #[doc(alias = "nvshmem_ptr")]
-    pub fn peer_address(&self, pe: usize) -> Result<Option<cudarc::driver::sys::CUdeviceptr>> {
-        let pe = self.rt.check_pe("pe", pe)?;
-        let f = function!(lib()?, nvshmem_ptr)?;
-        // SAFETY: `self.ptr` is a live symmetric address and `pe` is in range.
-        let p = unsafe { f(self.ptr as *const c_void, pe) };
-        Ok((!p.is_null()).then_some(p as u64))
+    pub fn peer(&self, pe: usize) -> Result<Option<PeerView<'_, T>>> {
+        self.as_slice().peer(pe)
     }
 
     /// Frees the buffer on every PE (`nvshmem_free`). Collective and blocking: every PE frees its
-    /// buffers in the same order. The device is synchronised first, because NVSHMEM's free does
-    /// not wait for work still queued on your streams.
+    /// buffers in the same order. It first waits for the streams that used the buffer (its
+    /// tracker), because NVSHMEM's free does not wait for work still queued on your streams; the
+    /// rest of the device is not waited for.
+    ///
+    /// If waiting fails, nothing is freed and the buffer comes back with the error, so that the
+    /// caller can retry (every PE must still free it, in the same order).
     #[doc(alias = "nvshmem_free")]
-    pub fn free(mut self) -> Result<()> {
-        let f = function!(lib()?, nvshmem_free)?;
-        self.rt.context().synchronize()?;
-        self.freed = true;
-        // SAFETY: the pointer came from nvshmem_malloc, no queued work can use it (device synced),
-        // and `self` is consumed so nothing refers to it afterwards.
-        unsafe { f(self.ptr as *mut c_void) };
-        Ok(())
-    }
-
-    /// Checks one transfer of `count` elements at `offset` with `pe` on `stream`, and returns the
-    /// PE as C wants it, the symmetric address of element `offset`, and the byte count.
-    fn transfer(
-        &self,
-        what: &'static str,
-        offset: usize,
-        count: usize,
-        pe: usize,
-        stream: &CudaStream,
-    ) -> Result<(i32, u64, usize)> {
-        match offset.checked_add(count) {
-            Some(end) if end <= self.len => {}
-            _ => return Err(Error::OutOfBounds { what, got: offset.saturating_add(count), available: self.len }),
+    pub fn free(mut self) -> std::result::Result<(), (Self, Error)> {
+        let freed = (|| -> Result<()> {
+            self.tracker.synchronize()?;
+            self.rt.context().bind_to_thread()?;
+            // SAFETY: the pointer came from nvshmem_malloc/calloc/align of this runtime; no queued
+            // work uses it (its streams were waited for); `self` is consumed on success, so nothing
+            // refers to it afterwards; the PE's context is current. If the function does not
+            // resolve, nothing is called and the buffer is handed back intact.
+            unsafe { call!(nvshmem_free(self.ptr.as_ptr())) }
+        })();
+        match freed {
+            Ok(()) => {
+                self.rt.heap_in_use.set(self.rt.heap_in_use.get() - self.num_bytes());
+                self.freed = true;
+                Ok(())
+            }
+            Err(e) => Err((self, e)),
         }
-        let pe = self.rt.check_pe(if what == PUT { "destination pe" } else { "source pe" }, pe)?;
-        self.rt.check_stream(stream)?;
-        Ok((pe, self.ptr + (offset * size_of::<T>()) as u64, count * size_of::<T>()))
-    }
-}
-
-impl<T: DeviceRepr> Symmetric<'_, T> {
-    /// Copies `src` (local device memory) into `pe`'s copy of this buffer, starting at element
-    /// `offset`, in stream order (`nvshmemx_putmem_on_stream`). The data is visible at `pe` after
-    /// a barrier or quiet on the stream.
-    #[doc(alias = "nvshmemx_putmem_on_stream")]
-    pub fn put_on_stream(&self, offset: usize, src: &impl DevicePtr<T>, pe: usize, stream: &CudaStream) -> Result<()> {
-        let (pe, dst, bytes) = self.transfer(PUT, offset, src.len(), pe, stream)?;
-        let f = function!(lib()?, nvshmemx_putmem_on_stream)?;
-        let (src_ptr, _guard) = src.device_ptr(stream);
-        // SAFETY: the destination range [offset, offset + src.len()) lies inside this symmetric
-        // buffer (checked) on every PE; the source holds `bytes` bytes on this device and stays
-        // borrowed until the guard records after the enqueue; `pe` is in range.
-        unsafe { f(dst as *mut c_void, src_ptr as *const c_void, bytes, pe, stream.cu_stream() as cudaStream_t) };
-        Ok(())
-    }
-
-    /// Copies `pe`'s copy of this buffer, from element `offset`, into `dst` (local device memory),
-    /// in stream order (`nvshmemx_getmem_on_stream`).
-    #[doc(alias = "nvshmemx_getmem_on_stream")]
-    pub fn get_on_stream(
-        &self,
-        offset: usize,
-        dst: &mut impl DevicePtrMut<T>,
-        pe: usize,
-        stream: &CudaStream,
-    ) -> Result<()> {
-        let (pe, src, bytes) = self.transfer(GET, offset, dst.len(), pe, stream)?;
-        let f = function!(lib()?, nvshmemx_getmem_on_stream)?;
-        let (dst_ptr, _guard) = dst.device_ptr_mut(stream);
-        // SAFETY: the source range lies inside this symmetric buffer (checked); the destination
-        // holds `bytes` bytes on this device, borrowed until the guard records after the enqueue.
-        unsafe { f(dst_ptr as *mut c_void, src as *const c_void, bytes, pe, stream.cu_stream() as cudaStream_t) };
-        Ok(())
     }
 }
 
 impl<T> Drop for Symmetric<'_, T> {
     fn drop(&mut self) {
         if !self.freed {
-            eprintln!(
+            log::warn!(
                 "nvshmem: a symmetric buffer of {} bytes was dropped without Symmetric::free; it stays allocated \
                  until NVSHMEM is finalised (freeing in Drop could break the collective free order)",
-                self.len * size_of::<T>()
+                self.num_bytes()
             );
         }
     }
 }
 
-impl<T> DeviceSlice<T> for Symmetric<'_, T> {
-    fn len(&self) -> usize {
+tracked_device_ptr!(['rt, T] Symmetric<'rt, T>, |b| (b.device_address(), b.len, &b.tracker, b.rt.stream()));
+
+/// A sub-range of a [`Symmetric`] buffer ([`Symmetric::slice`]): symmetric too, so operations
+/// accept it wherever they accept the whole buffer, and ordered by the buffer's tracker.
+pub struct SymmetricSlice<'a, T> {
+    ptr: CUdeviceptr,
+    len: usize,
+    tracker: &'a StreamTracker,
+    rt: &'a Runtime,
+    _elem: PhantomData<T>,
+}
+
+impl<T> std::fmt::Debug for SymmetricSlice<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SymmetricSlice").field("ptr", &self.ptr).field("len", &self.len).finish()
+    }
+}
+
+impl<'a, T> SymmetricSlice<'a, T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
         self.len
     }
 
-    fn stream(&self) -> &Arc<CudaStream> {
-        self.rt.stream()
+    /// True for an empty range.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The local address of the range ([`Symmetric::device_address`]).
+    pub fn device_address(&self) -> CUdeviceptr {
+        self.ptr
+    }
+
+    /// Elements `range` of this slice ([`Symmetric::slice`]).
+    pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<SymmetricSlice<'a, T>> {
+        let (start, end) = bounds(range, self.len)?;
+        let ptr = self.ptr + (start * size_of::<T>()) as CUdeviceptr;
+        Ok(SymmetricSlice { ptr, len: end - start, tracker: self.tracker, rt: self.rt, _elem: PhantomData })
+    }
+
+    /// A load/store view of `pe`'s copy of this range ([`Symmetric::peer`]).
+    #[doc(alias = "nvshmem_ptr")]
+    pub fn peer(&self, pe: usize) -> Result<Option<PeerView<'a, T>>> {
+        let pe = self.rt.check_pe("pe", pe)?;
+        // SAFETY: `self.ptr` lies inside a live symmetric allocation and `pe` is in range;
+        // nvshmem_ptr only computes an address.
+        let peer = unsafe { call!(nvshmem_ptr(self.ptr as *const c_void, pe)) }?;
+        Ok((!peer.is_null()).then(|| PeerView {
+            ptr: peer as CUdeviceptr,
+            len: self.len,
+            tracker: self.tracker,
+            home: self.rt.stream(),
+            _elem: PhantomData,
+        }))
     }
 }
 
-impl<T> DevicePtr<T> for Symmetric<'_, T> {
-    fn device_ptr<'a>(&'a self, _stream: &'a CudaStream) -> (cudarc::driver::sys::CUdeviceptr, SyncOnDrop<'a>) {
-        (self.ptr, SyncOnDrop::Record(None))
+tracked_device_ptr!(['v, T] SymmetricSlice<'v, T>, |b| (b.ptr, b.len, b.tracker, b.rt.stream()));
+
+/// Another PE's copy of a symmetric buffer (or range), mapped into this PE's address space by
+/// NVLink or PCIe peer-to-peer ([`Symmetric::peer`]). cudarc kernels and copies accept it
+/// ([`DevicePtr`](cudarc::driver::DevicePtr) / [`DevicePtrMut`](cudarc::driver::DevicePtrMut)); their
+/// uses are ordered with this process's other uses of the buffer. Nothing orders them with what
+/// the peer does to its copy: synchronise with the peer first (a barrier, a signal).
+pub struct PeerView<'a, T> {
+    ptr: CUdeviceptr,
+    len: usize,
+    tracker: &'a StreamTracker,
+    home: &'a Arc<CudaStream>,
+    _elem: PhantomData<T>,
+}
+
+impl<T> std::fmt::Debug for PeerView<'_, T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PeerView").field("ptr", &self.ptr).field("len", &self.len).finish()
     }
 }
 
-impl<T> DevicePtrMut<T> for Symmetric<'_, T> {
-    fn device_ptr_mut<'a>(&'a mut self, _stream: &'a CudaStream) -> (cudarc::driver::sys::CUdeviceptr, SyncOnDrop<'a>) {
-        (self.ptr, SyncOnDrop::Record(None))
+impl<T> PeerView<'_, T> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for an empty range.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+tracked_device_ptr!(['v, T] PeerView<'v, T>, |b| (b.ptr, b.len, b.tracker, b.home));
+
+/// Memory on the symmetric heap — a [`Symmetric`] buffer or a [`SymmetricSlice`] of one — which
+/// NVSHMEM can address on every PE. Sealed: only this crate's symmetric types implement it.
+pub trait SymmetricMemory<T>: cudarc::driver::DevicePtr<T> + cudarc::driver::DevicePtrMut<T> + sealed::Sealed {}
+
+impl<T> sealed::Sealed for Symmetric<'_, T> {}
+impl<T> SymmetricMemory<T> for Symmetric<'_, T> {}
+impl<T> sealed::Sealed for SymmetricSlice<'_, T> {}
+impl<T> SymmetricMemory<T> for SymmetricSlice<'_, T> {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_are_checked() {
+        assert_eq!(bounds(.., 8).unwrap(), (0, 8));
+        assert_eq!(bounds(2..5, 8).unwrap(), (2, 5));
+        assert_eq!(bounds(2..=7, 8).unwrap(), (2, 8));
+        assert_eq!(bounds(8.., 8).unwrap(), (8, 8));
+        assert!(matches!(bounds(5..20, 16), Err(Error::OutOfBounds { start: 5, end: 20, len: 16 })));
+        #[allow(clippy::reversed_empty_ranges)]
+        let reversed = 6..4;
+        assert!(matches!(bounds(reversed, 16), Err(Error::OutOfBounds { start: 6, end: 4, len: 16 })));
+        assert!(matches!(bounds(..=usize::MAX, 16), Err(Error::OutOfBounds { end: usize::MAX, .. })));
     }
 }

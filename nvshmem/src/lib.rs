@@ -1,16 +1,32 @@
 //! Safe NVSHMEM for Rust, on top of [cudarc] streams.
 //!
-//! * [`Runtime`]: the process's PE, started with [`Runtime::init`] from a [`UniqueId`] that PE 0
-//!   created and shared (by [`launch::Rendezvous`](crate::launch), MPI, a file, …); consumed by
-//!   [`Runtime::finalize`].
-//! * [`Symmetric`]: a buffer on the symmetric heap of every PE, allocated collectively with
-//!   [`Runtime::alloc`], freed collectively with [`Symmetric::free`], borrowed from the runtime so
-//!   it cannot outlive NVSHMEM. Puts and gets to other PEs are stream-ordered and bounds-checked.
-//! * [`Error`]: the failing call with its status, or a precise description of the refused argument.
+//! * [`Runtime`]: the process's PE, started from a [`UniqueId`] that PE 0 created and shared
+//!   ([`Runtime::init`], [`Runtime::from_rendezvous`]) or from the bootstrap plugins NVSHMEM ships
+//!   for launchers ([`Runtime::with_bootstrap`] with [`Bootstrap::Mpi`] under `mpirun`,
+//!   [`Bootstrap::Pmi`]); consumed by [`Runtime::finalize`]. [`Runtime::info`] reports the
+//!   library, the specification version, the heap limit and which NCCL NVSHMEM uses.
+//! * [`Symmetric`]: a buffer on the symmetric heap of every PE, allocated collectively
+//!   ([`Runtime::alloc`], [`Runtime::alloc_zeroed`], [`Runtime::alloc_aligned`]) and freed
+//!   collectively ([`Symmetric::free`]). It takes part in cudarc's stream ordering, so cudarc
+//!   kernels and copies, NCCL collectives and NVSHMEM operations on different streams are ordered
+//!   without explicit synchronisation. Sub-ranges ([`Symmetric::slice`]) and direct views of a
+//!   peer's copy ([`Symmetric::peer`], `nvshmem_ptr`) are checked.
+//! * One-sided operations on a stream ([`Runtime::put_on_stream`], [`Runtime::get_on_stream`], the
+//!   `_nbi` variants, [`Runtime::put_signal_on_stream`], [`Runtime::signal_op_on_stream`],
+//!   [`Runtime::signal_wait_until_on_stream`], [`Runtime::quiet_on_stream`],
+//!   [`Runtime::barrier_all_on_stream`]).
+//! * [`Team`]s ([`Runtime::world`], [`Runtime::shared`], [`Runtime::node`], splits) with barriers
+//!   and collectives on a stream: reductions over the (type, [`ops`]) pairs NVSHMEM defines,
+//!   broadcast, fcollect, alltoall.
+//! * [`Registration`] of local device memory for remote transports.
+//! * [`Module`]s of kernels that use NVSHMEM device calls, launched plainly or collectively.
+//! * [`Error`]: the failing call with its status, or a precise description of the refused
+//!   argument. Arguments are checked before C is called.
 //!
 //! Only the host library (`libnvshmem_host.so.3`) is loaded, at run time; NVSHMEM is started with
 //! `nvshmemx_hostlib_init_attr`, because the header-inline `nvshmem_init` family needs NVSHMEM's
-//! static device library. NVLink multicast (`nvshmemx_mc_ptr`) is never used.
+//! static device library. Every call that enqueues work binds the PE's CUDA context and checks
+//! the stream's device first. NVLink multicast (`nvshmemx_mc_ptr`) is never used.
 //!
 //! ```no_run
 //! use cudarc::driver::CudaContext;
@@ -20,24 +36,38 @@
 //! let rt = nvshmem::Runtime::init(stream.clone(), &nvshmem::UniqueId::new()?, 0, 1)?;
 //! let buf = rt.alloc::<i32>(4)?;
 //! let src = stream.clone_htod(&[1, 2, 3, 4])?;
-//! buf.put_on_stream(0, &src, 0, &stream)?;
+//! rt.put_on_stream(&buf, &src, 0, &stream)?;
 //! rt.barrier_all_on_stream(&stream)?;
 //! assert_eq!(stream.clone_dtoh(&buf)?, [1, 2, 3, 4]);
-//! buf.free()?;
-//! rt.finalize()?;
+//! buf.free().map_err(|(_, e)| e)?;
+//! rt.finalize().map_err(|(_, e)| e)?;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod bootstrap;
+mod config;
 mod error;
 mod heap;
+mod module;
+mod nccl;
+pub mod ops;
+mod register;
+mod rma;
 mod runtime;
+mod team;
 mod unique_id;
 
+pub use bootstrap::Bootstrap;
 pub use error::{Error, Result, Status};
-pub use heap::Symmetric;
-pub use runtime::Runtime;
+pub use heap::{Element, HeapLimit, PeerView, Symmetric, SymmetricMemory, SymmetricSlice};
+pub use module::{cubin_arch, Kernel, KernelArgs, Module};
+pub use nccl::NcclUse;
+pub use register::Registration;
+pub use rma::{Cmp, Pending, SignalOp};
+pub use runtime::{init_status, Info, Runtime};
+pub use team::Team;
 pub use unique_id::UniqueId;
 
 /// The raw bindings this crate is built on.
@@ -50,6 +80,35 @@ pub use gpucomm_launch as launch;
 
 pub use nvshmem_sys::Version;
 
+/// NVSHMEM's initialisation state (`nvshmemx_init_status`), kept as the raw number.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[doc(alias = "nvshmemx_init_status_t")]
+pub struct InitStatus(pub i32);
+
+impl InitStatus {
+    /// `NVSHMEM_STATUS_NOT_INITIALIZED`.
+    pub const NOT_INITIALIZED: Self = Self(0);
+    /// `NVSHMEM_STATUS_IS_BOOTSTRAPPED`: the PEs found each other, the heap is not set up yet.
+    pub const IS_BOOTSTRAPPED: Self = Self(1);
+    /// `NVSHMEM_STATUS_IS_INITIALIZED`: fully running.
+    pub const IS_INITIALIZED: Self = Self(2);
+    /// `NVSHMEM_STATUS_LIMITED_MPG`: several PEs share a GPU, with limits.
+    pub const LIMITED_MPG: Self = Self(3);
+    /// `NVSHMEM_STATUS_FULL_MPG`: several PEs share a GPU.
+    pub const FULL_MPG: Self = Self(4);
+}
+
+error::named_code!(
+    InitStatus,
+    [
+        "NVSHMEM_STATUS_NOT_INITIALIZED",
+        "NVSHMEM_STATUS_IS_BOOTSTRAPPED",
+        "NVSHMEM_STATUS_IS_INITIALIZED",
+        "NVSHMEM_STATUS_LIMITED_MPG",
+        "NVSHMEM_STATUS_FULL_MPG",
+    ]
+);
+
 /// The version of the NVSHMEM library loaded at run time (`nvshmemx_vendor_get_version_info`);
 /// loads it if needed. Needs no GPU and no initialisation.
 #[doc(alias = "nvshmemx_vendor_get_version_info")]
@@ -60,4 +119,32 @@ pub fn version() -> Result<Version> {
 /// The vendor version of the NVSHMEM headers this crate was compiled against.
 pub fn header_version() -> Version {
     nvshmem_sys::HEADER_VERSION.parse().unwrap_or(Version::new(0, 0, 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The status constants are the headers' values.
+    #[test]
+    fn init_statuses_match_the_headers() {
+        use nvshmem_sys::nvshmemx_init_status_t as C;
+        assert_eq!(InitStatus::NOT_INITIALIZED.0 as u32, C::NVSHMEM_STATUS_NOT_INITIALIZED.0);
+        assert_eq!(InitStatus::IS_BOOTSTRAPPED.0 as u32, C::NVSHMEM_STATUS_IS_BOOTSTRAPPED.0);
+        assert_eq!(InitStatus::IS_INITIALIZED.0 as u32, C::NVSHMEM_STATUS_IS_INITIALIZED.0);
+        assert_eq!(InitStatus::LIMITED_MPG.0 as u32, C::NVSHMEM_STATUS_LIMITED_MPG.0);
+        assert_eq!(InitStatus::FULL_MPG.0 as u32, C::NVSHMEM_STATUS_FULL_MPG.0);
+        assert_eq!(InitStatus(2).to_string(), "NVSHMEM_STATUS_IS_INITIALIZED(2)");
+        assert_eq!(InitStatus(9).to_string(), "InitStatus(9)");
+    }
+
+    /// The status query needs neither a GPU nor a runtime.
+    #[test]
+    fn nothing_is_initialised_before_a_runtime_starts() {
+        match init_status() {
+            Ok(status) => assert_eq!(status, InitStatus::NOT_INITIALIZED),
+            Err(Error::Load(e)) => eprintln!("no NVSHMEM library here: {e}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
 }

@@ -1,15 +1,20 @@
-//! The NVSHMEM runtime: a process-wide token created by initialisation and consumed by
-//! finalisation.
+//! The NVSHMEM runtime: a process-wide token created by initialisation (from a unique id, or from
+//! the bootstrap of a launcher) and consumed by finalisation.
 
+use std::cell::Cell;
+use std::ffi::{c_char, c_void, CStr};
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
-use nvshmem_sys::{function, nvshmemx_init_attr_t, NVSHMEMX_INIT_WITH_UNIQUEID};
+use nvshmem_sys::{cudaStream_t, nvshmemx_init_attr_t, NVSHMEMX_INIT_WITH_MPI_COMM, NVSHMEMX_INIT_WITH_UNIQUEID};
 
-use crate::error::{check, lib, Error, Result};
-use crate::UniqueId;
+use crate::bootstrap::Bootstrap;
+use crate::error::{call, lib, Error, Result};
+use crate::heap::HeapLimit;
+use crate::nccl::{self, NcclUse};
+use crate::{InitStatus, UniqueId, Version};
 
 /// NVSHMEM's process state: never started, running, or finished. NVSHMEM keeps process-global
 /// state and does not reset its bootstrap on finalize (NVIDIA/nvshmem#68), so one process gets
@@ -21,8 +26,8 @@ const FINISHED: u8 = 2;
 
 fn state_error(state: u8) -> Error {
     match state {
-        RUNNING => Error::Runtime("NVSHMEM is already initialised in this process"),
-        _ => Error::Runtime("NVSHMEM was finalised in this process and cannot be initialised again"),
+        RUNNING => Error::AlreadyInitialized,
+        _ => Error::Finalized,
     }
 }
 
@@ -34,12 +39,32 @@ fn check_state() -> Result<()> {
     }
 }
 
-/// This process's NVSHMEM processing element (PE). Created by [`Runtime::init`]; symmetric buffers
-/// borrow it, so they cannot outlive it, and [`Runtime::finalize`] consumes it.
+/// What NVSHMEM reports about itself once running, and what this crate set up around it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Info {
+    /// The library's name and version string, e.g. `"NVSHMEM v3.4.5"` (`nvshmem_info_get_name`).
+    pub name: String,
+    /// The OpenSHMEM specification version it implements, e.g. `(1, 3)`
+    /// (`nvshmem_info_get_version`).
+    pub spec_version: (u32, u32),
+    /// The vendor version of the loaded library (`nvshmemx_vendor_get_version_info`).
+    pub version: Version,
+    /// Which NCCL NVSHMEM uses for its collectives (see [`NcclUse`]).
+    pub nccl: NcclUse,
+    /// The symmetric heap's configured limit, which allocations are checked against.
+    pub heap: HeapLimit,
+}
+
+/// This process's NVSHMEM processing element (PE). Created by [`Runtime::init`],
+/// [`Runtime::from_rendezvous`] or [`Runtime::with_bootstrap`]; symmetric buffers, teams, modules
+/// and registrations borrow it, so none of them can outlive it, and [`Runtime::finalize`]
+/// consumes it.
 ///
-/// Only one `Runtime` exists per process at a time, and a finalised process cannot start NVSHMEM
-/// again. It is `Send` (NVSHMEM runs at `NVSHMEM_THREAD_SERIALIZED`: any thread, one at a time,
-/// and every call binds the PE's CUDA context first) but not `Sync`.
+/// Only one `Runtime` exists per process, and a finalised process cannot start NVSHMEM again:
+/// a second start is [`Error::AlreadyInitialized`] (or [`Error::Finalized`]) and the running
+/// runtime is not disturbed. It is `Send` (NVSHMEM runs at `NVSHMEM_THREAD_SERIALIZED`: any
+/// thread, one at a time, and every call binds the PE's CUDA context first) but not `Sync`.
 ///
 /// Dropping it finalises NVSHMEM after synchronising the device; [`Runtime::finalize`] does the
 /// same and reports CUDA errors.
@@ -47,58 +72,42 @@ pub struct Runtime {
     stream: Arc<CudaStream>,
     my_pe: usize,
     n_pes: usize,
-    _not_sync: PhantomData<std::cell::Cell<()>>,
+    info: Box<Info>,
+    /// Bytes of this process's symmetric buffers that are still allocated (leaked ones included).
+    pub(crate) heap_in_use: Cell<usize>,
+    _not_sync: PhantomData<Cell<()>>,
 }
 
 impl std::fmt::Debug for Runtime {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Runtime").field("my_pe", &self.my_pe).field("n_pes", &self.n_pes).finish()
+        f.debug_struct("Runtime")
+            .field("my_pe", &self.my_pe)
+            .field("n_pes", &self.n_pes)
+            .field("device", &self.device())
+            .finish()
     }
 }
 
+/// Reads NVSHMEM's state without changing it (`nvshmemx_init_status`); needs no runtime and no
+/// GPU.
+#[doc(alias = "nvshmemx_init_status")]
+pub fn init_status() -> Result<InitStatus> {
+    // SAFETY: nvshmemx_init_status only reads process state and may be called at any time.
+    Ok(InitStatus(unsafe { call!(nvshmemx_init_status()) }?))
+}
+
 impl Runtime {
-    /// Starts NVSHMEM as PE `rank` of `n_pes` through the unique-id bootstrap
+    /// Starts NVSHMEM as PE `pe` of `n_pes` through the unique-id bootstrap
     /// (`nvshmemx_set_attr_uniqueid_args` + `nvshmemx_hostlib_init_attr`), on the device of
     /// `stream`, which becomes the runtime's default stream. Collective over all PEs, which must
-    /// pass the same `id` and `n_pes`.
+    /// pass the same `id` and `n_pes`. The same as [`Runtime::with_bootstrap`] with
+    /// [`Bootstrap::UniqueId`].
     #[doc(alias = "nvshmemx_hostlib_init_attr")]
+    #[doc(alias = "nvshmemx_set_attr_uniqueid_args")]
     #[doc(alias = "nvshmemx_init_attr")]
     #[doc(alias = "nvshmem_init")]
-    pub fn init(stream: Arc<CudaStream>, id: &UniqueId, rank: usize, n_pes: usize) -> Result<Self> {
-        let npes = i32::try_from(n_pes).ok().filter(|&n| n > 0);
-        let npes = npes
-            .ok_or_else(|| Error::InvalidArgument(format!("n_pes must be between 1 and {}, got {n_pes}", i32::MAX)))?;
-        if rank >= n_pes {
-            return Err(Error::InvalidPe { what: "rank", pe: rank, n_pes });
-        }
-        let lib = lib()?;
-        let set_args = function!(lib, nvshmemx_set_attr_uniqueid_args)?;
-        let init = function!(lib, nvshmemx_hostlib_init_attr)?;
-        STATE.compare_exchange(NEVER, RUNNING, Ordering::AcqRel, Ordering::Acquire).map_err(state_error)?;
-        let started = (|| {
-            // NVSHMEM binds the PE to the current device; the context must exist before init.
-            stream.context().bind_to_thread()?;
-            let mut attr = nvshmemx_init_attr_t::initializer();
-            // SAFETY: `id` is a complete unique id that outlives the init call below (the attribute
-            // stores a pointer to it); `attr` is initialised like NVSHMEMX_INIT_ATTR_INITIALIZER.
-            check("nvshmemx_set_attr_uniqueid_args", unsafe { set_args(rank as i32, npes, &id.0, &mut attr) })?;
-            // SAFETY: `attr` is fully initialised, with the unique-id arguments set; the flag
-            // matches them; the PE's CUDA context is current on this thread.
-            check("nvshmemx_hostlib_init_attr", unsafe { init(NVSHMEMX_INIT_WITH_UNIQUEID as u32, &mut attr) })
-        })();
-        if let Err(e) = started {
-            STATE.store(NEVER, Ordering::Release);
-            return Err(e);
-        }
-        let mut rt = Runtime { stream, my_pe: 0, n_pes: 0, _not_sync: PhantomData };
-        let (my_pe, got_n) = rt.query()?;
-        if my_pe != rank || got_n != n_pes {
-            return Err(Error::InvalidArgument(format!(
-                "NVSHMEM started as PE {my_pe} of {got_n}, but PE {rank} of {n_pes} was requested (another job's id?)"
-            )));
-        }
-        (rt.my_pe, rt.n_pes) = (my_pe, got_n);
-        Ok(rt)
+    pub fn init(stream: Arc<CudaStream>, id: &UniqueId, pe: usize, n_pes: usize) -> Result<Self> {
+        Self::with_bootstrap(stream, Bootstrap::UniqueId { id, pe, n_pes })
     }
 
     /// Starts NVSHMEM on every PE of `rendezvous`: PE 0 creates the [`UniqueId`], the rendezvous
@@ -121,26 +130,130 @@ impl Runtime {
         Self::init(stream, &id, rendezvous.rank(), rendezvous.world_size())
     }
 
-    fn query(&self) -> Result<(usize, usize)> {
+    /// Starts NVSHMEM with the given bootstrap (see [`Bootstrap`]: a unique id, or the MPI / PMI
+    /// plugins NVSHMEM ships for launchers), on the device of `stream`, which becomes the runtime's
+    /// default stream. Collective over all PEs.
+    ///
+    /// Before NVSHMEM starts, the NCCL the `nccl` crate would load is loaded for it (see
+    /// [`NcclUse`]); [`Runtime::info`] says which one NVSHMEM got.
+    ///
+    /// ```no_run
+    /// // Under `mpirun -np 2`: NVSHMEM's MPI plugin forms the job from MPI_COMM_WORLD.
+    /// let info = nvshmem::launch::RankInfo::from_env()?;
+    /// let ordinal = info.device_ordinal(cudarc::driver::CudaContext::device_count()? as usize)?;
+    /// let stream = cudarc::driver::CudaContext::new(ordinal)?.default_stream();
+    /// let rt = nvshmem::Runtime::with_bootstrap(stream, nvshmem::Bootstrap::Mpi)?;
+    /// assert_eq!(rt.my_pe(), info.rank);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    #[doc(alias = "nvshmemx_hostlib_init_attr")]
+    #[doc(alias = "nvshmemx_set_attr_uniqueid_args")]
+    pub fn with_bootstrap(stream: Arc<CudaStream>, bootstrap: Bootstrap<'_>) -> Result<Self> {
+        let expected = bootstrap.expected_pes()?;
         let lib = lib()?;
-        let (my_pe, n_pes) = (function!(lib, nvshmem_my_pe)?, function!(lib, nvshmem_n_pes)?);
-        // SAFETY: NVSHMEM is initialised (this runtime exists); both calls only read state.
-        let (me, n) = unsafe { (my_pe(), n_pes()) };
-        let me = usize::try_from(me).map_err(|_| Error::InvalidArgument(format!("nvshmem_my_pe returned {me}")))?;
-        let n = usize::try_from(n).map_err(|_| Error::InvalidArgument(format!("nvshmem_n_pes returned {n}")))?;
-        Ok((me, n))
+        bootstrap.check_environment()?;
+        let heap = HeapLimit::from_environment(stream.context())?;
+        STATE.compare_exchange(NEVER, RUNNING, Ordering::AcqRel, Ordering::Acquire).map_err(state_error)?;
+        // NVSHMEM binds the PE to the current device; the context must exist before init.
+        let reached_c = Cell::new(false);
+        let started = (|| {
+            stream.context().bind_to_thread()?;
+            let nccl = if nccl::disabled() { Ok(()) } else { nccl::preload_for_nvshmem() };
+            let mut attr = nvshmemx_init_attr_t::initializer();
+            let (flags, attr_ptr) = match bootstrap {
+                Bootstrap::UniqueId { id, pe, n_pes } => {
+                    // SAFETY: `id` is a complete unique id that outlives the init call below (the
+                    // attribute stores a pointer to it); `attr` is initialised like
+                    // NVSHMEMX_INIT_ATTR_INITIALIZER; `expected_pes` checked that `pe < n_pes
+                    // <= i32::MAX`, so both casts are exact.
+                    unsafe {
+                        call!(nvshmemx_set_attr_uniqueid_args(pe as i32, n_pes as i32, &id.0, &mut attr) => status)
+                    }?;
+                    (NVSHMEMX_INIT_WITH_UNIQUEID, &mut attr as *mut nvshmemx_init_attr_t)
+                }
+                // No communicator given: the MPI plugin uses MPI_COMM_WORLD (and initialises MPI
+                // itself when the program has not).
+                Bootstrap::Mpi => (NVSHMEMX_INIT_WITH_MPI_COMM, &mut attr as *mut nvshmemx_init_attr_t),
+                // Flags 0 and no attributes: NVSHMEM_BOOTSTRAP (default PMI) picks the plugin; the
+                // plugin mode refuses attributes.
+                Bootstrap::Pmi | Bootstrap::Environment => (0, std::ptr::null_mut()),
+            };
+            reached_c.set(true);
+            // SAFETY: `attr_ptr` is null or points at the initialised `attr` (unique-id arguments
+            // set where the flag says so), which outlives the call; the PE's CUDA context is
+            // current on this thread.
+            unsafe { call!(nvshmemx_hostlib_init_attr(flags as u32, attr_ptr) => status) }?;
+            Ok::<_, Error>(nccl)
+        })();
+        let nccl_preload = match started {
+            Ok(n) => n,
+            Err(e) => {
+                // Once NVSHMEM has been entered its process state is no longer pristine.
+                STATE.store(if reached_c.get() { FINISHED } else { NEVER }, Ordering::Release);
+                return Err(e);
+            }
+        };
+        let placeholder =
+            Info { name: String::new(), spec_version: (0, 0), version: lib.version(), nccl: NcclUse::Disabled, heap };
+        let mut rt = Runtime {
+            stream,
+            my_pe: 0,
+            n_pes: 0,
+            info: Box::new(placeholder),
+            heap_in_use: Cell::new(0),
+            _not_sync: PhantomData,
+        };
+        // From here on, dropping `rt` finalises NVSHMEM.
+        // SAFETY: NVSHMEM is initialised; both calls only read its state.
+        let (me, n) = unsafe { (call!(nvshmem_my_pe())?, call!(nvshmem_n_pes())?) };
+        if me < 0 || me >= n {
+            return Err(Error::InvalidPe {
+                what: "the PE NVSHMEM reports",
+                pe: me.max(0) as usize,
+                n_pes: n.max(0) as usize,
+            });
+        }
+        (rt.my_pe, rt.n_pes) = (me as usize, n as usize);
+        if let Some((pe, n_pes)) = expected {
+            if (rt.my_pe, rt.n_pes) != (pe, n_pes) {
+                return Err(Error::PeMismatch { pe, n_pes, got_pe: rt.my_pe, got_n_pes: rt.n_pes });
+            }
+        }
+        rt.info.name = library_name()?;
+        rt.info.spec_version = spec_version()?;
+        rt.info.nccl = match (nccl::disabled(), nccl::in_process(), nccl_preload) {
+            (true, _, _) => NcclUse::Disabled,
+            (false, Some((path, version)), _) => NcclUse::Loaded { path, version },
+            (false, None, Err(reason)) => NcclUse::Missing { reason },
+            (false, None, Ok(())) => NcclUse::Missing { reason: "no libnccl.so.2 is loaded".into() },
+        };
+        Ok(rt)
     }
 
-    /// This PE's number (`nvshmem_my_pe`).
+    /// This PE's number in the world team (`nvshmem_my_pe`).
     #[doc(alias = "nvshmem_my_pe")]
     pub fn my_pe(&self) -> usize {
         self.my_pe
     }
 
-    /// Number of PEs (`nvshmem_n_pes`).
+    /// Number of PEs in the job (`nvshmem_n_pes`).
     #[doc(alias = "nvshmem_n_pes")]
     pub fn n_pes(&self) -> usize {
         self.n_pes
+    }
+
+    /// What NVSHMEM reports about itself, which NCCL it uses, and the heap's limit.
+    #[doc(alias = "nvshmem_info_get_name")]
+    #[doc(alias = "nvshmem_info_get_version")]
+    pub fn info(&self) -> &Info {
+        &self.info
+    }
+
+    /// NVSHMEM's current state (`nvshmemx_init_status`): [`InitStatus::IS_INITIALIZED`] while
+    /// the runtime is up.
+    #[doc(alias = "nvshmemx_init_status")]
+    pub fn init_status(&self) -> Result<InitStatus> {
+        init_status()
     }
 
     /// The runtime's default stream.
@@ -158,6 +271,7 @@ impl Runtime {
         self.context().ordinal()
     }
 
+    /// `pe` as C wants it, or [`Error::InvalidPe`].
     pub(crate) fn check_pe(&self, what: &'static str, pe: usize) -> Result<i32> {
         if pe < self.n_pes {
             Ok(pe as i32)
@@ -166,61 +280,91 @@ impl Runtime {
         }
     }
 
-    pub(crate) fn check_stream(&self, stream: &CudaStream) -> Result<()> {
-        let got = stream.context().ordinal();
-        if got == self.device() {
+    /// `Ok` when `ordinal` is the PE's device.
+    pub(crate) fn check_device(&self, what: &'static str, ordinal: usize) -> Result<()> {
+        if ordinal == self.device() {
             Ok(())
         } else {
-            Err(Error::WrongDevice { what: "stream", expected: self.device(), got })
+            Err(Error::WrongDevice { what, expected: self.device(), got: ordinal })
         }
     }
 
-    /// Enqueues a barrier over all PEs on `stream` (`nvshmemx_barrier_all_on_stream`): when it
-    /// completes, every PE's earlier operations on its stream, puts included, are complete and
-    /// visible.
-    #[doc(alias = "nvshmemx_barrier_all_on_stream")]
-    pub fn barrier_all_on_stream(&self, stream: &CudaStream) -> Result<()> {
-        self.check_stream(stream)?;
-        let f = function!(lib()?, nvshmemx_barrier_all_on_stream)?;
+    /// Prepares a call that enqueues work on `stream`: checks that the stream belongs to the PE's
+    /// device, makes the PE's context current (NVSHMEM resolves the legacy default stream, and
+    /// does its own CUDA calls, through the current context), and returns the stream as C wants it.
+    pub(crate) fn enqueue_on(&self, stream: &CudaStream) -> Result<cudaStream_t> {
+        self.check_device("stream", stream.context().ordinal())?;
         self.context().bind_to_thread()?;
-        // SAFETY: NVSHMEM is initialised; the stream belongs to the PE's device (checked).
-        unsafe { f(stream.cu_stream() as nvshmem_sys::cudaStream_t) };
-        Ok(())
+        Ok(stream.cu_stream() as cudaStream_t)
     }
 
-    /// Blocks the host until all PEs reach the barrier and all earlier operations are complete
-    /// (`nvshmem_barrier_all`). It does not wait for work queued on your own streams.
+    /// Blocks the host until all PEs reach the barrier and all earlier NVSHMEM operations are
+    /// complete (`nvshmem_barrier_all`). It does not wait for work queued on your own streams:
+    /// use [`Runtime::barrier_all_on_stream`] for that.
     #[doc(alias = "nvshmem_barrier_all")]
     pub fn barrier_all(&self) -> Result<()> {
-        let f = function!(lib()?, nvshmem_barrier_all)?;
         self.context().bind_to_thread()?;
         // SAFETY: NVSHMEM is initialised and the PE's context is current.
-        unsafe { f() };
-        Ok(())
+        unsafe { call!(nvshmem_barrier_all()) }
     }
 
     /// Finalises NVSHMEM (`nvshmemx_hostlib_finalize`) after waiting for all work on the PE's
-    /// device. Collective: every PE must finalise. Symmetric buffers borrow the runtime, so all of
-    /// them are gone by now.
+    /// device. Collective: every PE must finalise. Symmetric buffers, teams and modules borrow the
+    /// runtime, so all of them are gone by now. If waiting for the device fails, the runtime is
+    /// handed back with the error (dropping it then finalises without waiting).
     #[doc(alias = "nvshmemx_hostlib_finalize")]
     #[doc(alias = "nvshmem_finalize")]
-    pub fn finalize(self) -> Result<()> {
-        let synced = self.context().synchronize();
-        drop(self);
-        Ok(synced?)
+    pub fn finalize(self) -> std::result::Result<(), (Self, Error)> {
+        match self.context().synchronize() {
+            Ok(()) => {
+                drop(self);
+                Ok(())
+            }
+            Err(e) => Err((self, e.into())),
+        }
     }
+}
+
+/// `nvshmem_info_get_name`.
+fn library_name() -> Result<String> {
+    let mut name = [0 as c_char; nvshmem_sys::NVSHMEM_MAX_NAME_LEN as usize];
+    // SAFETY: NVSHMEM writes at most NVSHMEM_MAX_NAME_LEN bytes, NUL included, into the buffer.
+    unsafe { call!(nvshmem_info_get_name(name.as_mut_ptr())) }?;
+    // SAFETY: the buffer is NUL-terminated (NVSHMEM writes a C string; the last byte stays 0
+    // from the initialiser in any case).
+    let text = unsafe { CStr::from_ptr(name.as_ptr()) };
+    Ok(text.to_string_lossy().into_owned())
+}
+
+/// `nvshmem_info_get_version`.
+fn spec_version() -> Result<(u32, u32)> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: writes one int through each pointer to a live local.
+    unsafe { call!(nvshmem_info_get_version(&mut major, &mut minor)) }?;
+    Ok((major.max(0) as u32, minor.max(0) as u32))
 }
 
 impl Drop for Runtime {
     fn drop(&mut self) {
         // Pending kernels may still use the symmetric heap that finalize releases.
-        let _ = self.context().synchronize();
-        if let Ok(f) = lib().and_then(|l| Ok(function!(l, nvshmemx_hostlib_finalize)?)) {
-            let _ = self.context().bind_to_thread();
-            // SAFETY: NVSHMEM was initialised by this runtime, which is the only one, and is
-            // finalised exactly once here.
-            unsafe { f() };
+        if let Err(e) = self.context().synchronize() {
+            log::warn!("nvshmem: synchronising the device before finalising failed: {e}");
+        }
+        if let Err(e) = self.context().bind_to_thread() {
+            log::warn!("nvshmem: binding the PE's CUDA context before finalising failed: {e}");
+        }
+        // SAFETY: NVSHMEM was initialised by this runtime, which is the only one, and is
+        // finalised exactly once here.
+        if let Err(e) = unsafe { call!(nvshmemx_hostlib_finalize()) } {
+            log::warn!("nvshmem: finalising failed: {e}");
         }
         STATE.store(FINISHED, Ordering::Release);
     }
+}
+
+/// The address of a function of the host library, to find the library's file (`dladdr`).
+pub(crate) fn host_library_dir() -> Option<std::path::PathBuf> {
+    let f = crate::error::resolve!(nvshmemx_init_status).ok()?;
+    let path = nccl::object_path(f as *const c_void)?;
+    path.parent().map(|d| d.to_path_buf())
 }

@@ -2,9 +2,9 @@
 
 use std::fmt;
 
-use nvshmem_sys::{function, nvshmemx_uniqueid_t};
+use nvshmem_sys::nvshmemx_uniqueid_t;
 
-use crate::error::{check, lib, Error, Result};
+use crate::error::{call, Error, Result};
 
 /// Identifies one NVSHMEM job before it starts (`nvshmemx_uniqueid_t`): PE 0 creates it with
 /// [`UniqueId::new`] and every other PE must receive the same bytes before
@@ -21,10 +21,9 @@ impl UniqueId {
     /// chosen by `NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME` (default: the first usable one).
     #[doc(alias = "nvshmemx_get_uniqueid")]
     pub fn new() -> Result<Self> {
-        let f = function!(lib()?, nvshmemx_get_uniqueid)?;
         let mut id = nvshmemx_uniqueid_t::initializer();
         // SAFETY: `id` is an initialised id (version word set), which the call fills in.
-        check("nvshmemx_get_uniqueid", unsafe { f(&mut id) })?;
+        unsafe { call!(nvshmemx_get_uniqueid(&mut id) => status) }?;
         Ok(Self(id))
     }
 
@@ -41,20 +40,13 @@ impl UniqueId {
     /// version word matches this library's headers.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
         if bytes.len() != Self::BYTES {
-            return Err(Error::InvalidArgument(format!(
-                "an NVSHMEM unique id has {} bytes, got {}",
-                Self::BYTES,
-                bytes.len()
-            )));
+            return Err(Error::UniqueIdLength { expected: Self::BYTES, got: bytes.len() });
         }
         let mut id = nvshmemx_uniqueid_t::initializer();
         let (version, internal) = bytes.split_at(4);
         let version = i32::from_ne_bytes([version[0], version[1], version[2], version[3]]);
         if version != id.version {
-            return Err(Error::InvalidArgument(format!(
-                "unique id version word {version:#x} does not match this build's {:#x} (different NVSHMEM release?)",
-                id.version
-            )));
+            return Err(Error::UniqueIdVersion { expected: id.version, got: version });
         }
         for (dst, &src) in id.internal.iter_mut().zip(internal) {
             *dst = src as std::os::raw::c_char;
@@ -82,9 +74,13 @@ mod tests {
         assert_eq!(bytes.len(), 128);
         let back = UniqueId::from_bytes(&bytes).unwrap();
         assert_eq!(back.to_bytes(), bytes);
-        assert!(UniqueId::from_bytes(&bytes[..127]).unwrap_err().to_string().contains("has 128 bytes, got 127"));
+        assert!(matches!(UniqueId::from_bytes(&bytes[..127]), Err(Error::UniqueIdLength { expected: 128, got: 127 })));
         let mut wrong = bytes.clone();
         wrong[2] ^= 1;
-        assert!(UniqueId::from_bytes(&wrong).unwrap_err().to_string().contains("version word"));
+        let err = UniqueId::from_bytes(&wrong).unwrap_err();
+        assert!(
+            matches!(err, Error::UniqueIdVersion { expected, got } if expected == id.version && got == expected ^ (1 << 16))
+        );
+        assert!(err.to_string().contains("does not match this build's"), "{err}");
     }
 }

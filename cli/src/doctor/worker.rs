@@ -170,7 +170,7 @@ fn nvshmem_phase(info: &RankInfo, ordinal: usize, rendezvous: &mut Rendezvous) -
         let buf = rt.alloc::<u8>(PUT_BYTES).map_err(|e| chain(&e))?;
         let measured = (|| -> std::result::Result<(), String> {
             for pe in (0..n).filter(|&p| p != me) {
-                out.reachable.push((pe, buf.peer_address(pe).map_err(|e| chain(&e))?.is_some()));
+                out.reachable.push((pe, buf.peer(pe).map_err(|e| chain(&e))?.is_some()));
             }
             if n > 1 {
                 let src = stream.alloc_zeros::<u8>(PUT_BYTES).map_err(|e| e.to_string())?;
@@ -179,7 +179,7 @@ fn nvshmem_phase(info: &RankInfo, ordinal: usize, rendezvous: &mut Rendezvous) -
                     rt.barrier_all().map_err(|e| chain(&e))?;
                     let t = Instant::now();
                     for _ in 0..count {
-                        buf.put_on_stream(0, &src, peer, &stream).map_err(|e| chain(&e))?;
+                        rt.put_on_stream(&buf, &src, peer, &stream).map_err(|e| chain(&e))?;
                     }
                     rt.barrier_all_on_stream(&stream).map_err(|e| chain(&e))?;
                     stream.synchronize().map_err(|e| e.to_string())?;
@@ -192,10 +192,10 @@ fn nvshmem_phase(info: &RankInfo, ordinal: usize, rendezvous: &mut Rendezvous) -
             }
             Ok(())
         })();
-        let freed = buf.free().map_err(|e| chain(&e));
+        let freed = buf.free().map_err(|(_, e)| chain(&e));
         measured?;
         freed?;
-        rt.finalize().map_err(|e| chain(&e))
+        rt.finalize().map_err(|(_, e)| chain(&e))
     })();
     out.error = result.err();
     out

@@ -1,0 +1,245 @@
+//! # Lesson 13 — NVSHMEM: measuring puts, beside the C baseline
+//!
+//! What it teaches:
+//! * how to time stream work with CUDA events (bandwidth) and a whole kernel with the host clock
+//!   (latency), and to warm up first;
+//! * what the safe calls cost: the same put through the raw `nvshmem-sys` function and through
+//!   [`nvshmem::Runtime::put_on_stream`], interleaved, for bandwidth and for host time per call;
+//! * a device-side ping-pong (`examples/kernels/nvshmem_bench.cu`): one thread on each of PEs 0
+//!   and 1 bouncing a counter with `nvshmem_int_p` and `nvshmem_int_wait_until`.
+//!
+//! The reference figures are the C programs of the GPU machine's notes (`gpu-machine.md` §4,
+//! NVSHMEM 3.4.5, 2 × H200): `nvshmemx_putmem_on_stream` of 256 MiB with both PEs putting at
+//! once, 3 warm-up + 10 timed puts + quiet, CUDA events: 390.3 GB/s per PE; ping-pong of 10,000
+//! round trips in one kernel, host wall clock / iterations / 2: 1.23 µs. Goals: ≥ 0.98 × the C
+//! bandwidth, the C latency ± 0.05 µs, and at most 0.15 µs of host time per call over the raw call.
+//!
+//! How to run it (two GPUs; with more, PEs put to the next PE and only PEs 0 and 1 ping-pong):
+//! `cargo run --release -p gpucomm-examples --example 13-nvshmem-bench -- --nproc 2`.
+//!
+//! What you should see, from each PE: a markdown table, e.g.
+//!
+//! ```text
+//! | PE 0 | C baseline | raw nvshmem-sys | safe nvshmem | safe / goal |
+//! |---|---:|---:|---:|---|
+//! | putmem_on_stream 256 MiB, GB/s | 390.3 | 390.2 | 390.3 | 1.00 × C (goal ≥ 0.98) |
+//! | host time per 64-byte put, µs | — | 2.10 | 2.19 | +0.09 µs (goal ≤ +0.15) |
+//! | device p ping-pong, half round trip, µs | 1.23 | — | 1.23 | goal 1.23 ± 0.05 |
+//! ```
+//!
+//! The program fails only when a result is wrong (the data a put delivered, the ping-pong
+//! counter); the figures are reported, not enforced.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+use std::time::Instant;
+
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::{CudaStream, LaunchConfig};
+use nvshmem::launch::run_main;
+use nvshmem::sys::function;
+use nvshmem::{Runtime, Symmetric};
+
+/// The device-linked cubin that build.rs made from `kernels/nvshmem_bench.cu`.
+const BENCH: &[u8] = gpucomm_examples::kernels::NVSHMEM_BENCH;
+
+const BYTES: usize = 256 << 20;
+const WARMUP: usize = 3;
+const TIMED: usize = 10;
+const SMALL: usize = 64;
+const BATCH: usize = 256;
+const BATCHES: usize = 20;
+const ITERS: i32 = 10_000;
+const C_BANDWIDTH: f64 = 390.3;
+const C_HALF_RTT: f64 = 1.23;
+
+type Res<T> = Result<T, Box<dyn std::error::Error>>;
+
+/// One way of issuing `nvshmemx_putmem_on_stream`: through the safe crate or the raw function.
+#[derive(Clone, Copy)]
+enum Way {
+    Safe,
+    Raw,
+}
+
+/// Puts of `src` into the next PE's `dst`, on `stream`.
+struct Puts<'a> {
+    rt: &'a Runtime,
+    dst: &'a Symmetric<'a, u8>,
+    src: &'a Symmetric<'a, u8>,
+    pe: usize,
+    stream: &'a Arc<CudaStream>,
+}
+
+impl Puts<'_> {
+    /// One put of `bytes` bytes.
+    fn put(&self, way: Way, bytes: usize) -> Res<()> {
+        let (dst, src) = (self.dst.slice(..bytes)?, self.src.slice(..bytes)?);
+        match way {
+            Way::Safe => self.rt.put_on_stream(&dst, &src, self.pe, self.stream)?,
+            Way::Raw => {
+                let f = function!(nvshmem::sys::library()?, nvshmemx_putmem_on_stream)?;
+                // SAFETY: both ranges are live symmetric memory of `bytes` bytes on this PE's
+                // device, `pe` is in range, the stream belongs to this device, whose context the
+                // runtime bound; this is the raw call the safe one wraps.
+                unsafe {
+                    f(
+                        dst.device_address() as *mut c_void,
+                        src.device_address() as *const c_void,
+                        bytes,
+                        self.pe as i32,
+                        self.stream.cu_stream() as nvshmem::sys::cudaStream_t,
+                    )
+                };
+            }
+        }
+        Ok(())
+    }
+
+    /// GB/s of `TIMED` puts of the whole buffer after `WARMUP` ones, every PE at once.
+    fn bandwidth(&self, way: Way) -> Res<f64> {
+        let (rt, stream, bytes) = (self.rt, self.stream, self.dst.len());
+        rt.barrier_all_on_stream(stream)?;
+        for _ in 0..WARMUP {
+            self.put(way, bytes)?;
+        }
+        rt.quiet_on_stream(stream)?;
+        rt.barrier_all_on_stream(stream)?;
+        let start = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        for _ in 0..TIMED {
+            self.put(way, bytes)?;
+        }
+        rt.quiet_on_stream(stream)?;
+        let end = stream.record_event(Some(CUevent_flags::CU_EVENT_DEFAULT))?;
+        let seconds = f64::from(start.elapsed_ms(&end)?) / 1e3;
+        Ok((TIMED * bytes) as f64 / seconds / 1e9)
+    }
+
+    /// Median host time of one `SMALL`-byte put, in µs: batches of `BATCH` calls, the stream
+    /// drained between batches so that its queue never fills. The raw calls resolve the function
+    /// and the addresses once, outside the timed loop.
+    fn host_cost(&self, way: Way) -> Res<f64> {
+        let (dst, src) = (self.dst.slice(..SMALL)?, self.src.slice(..SMALL)?);
+        let raw = function!(nvshmem::sys::library()?, nvshmemx_putmem_on_stream)?;
+        let (d, s, pe, stream) = (dst.device_address(), src.device_address(), self.pe, self.stream);
+        let mut per_call = Vec::with_capacity(BATCHES);
+        for _ in 0..BATCHES {
+            stream.synchronize()?;
+            let t = Instant::now();
+            for _ in 0..BATCH {
+                match way {
+                    Way::Safe => self.rt.put_on_stream(&dst, &src, pe, stream)?,
+                    // SAFETY: as in `put`, for `SMALL` bytes.
+                    Way::Raw => unsafe {
+                        raw(d as *mut c_void, s as *const c_void, SMALL, pe as i32, stream.cu_stream() as _)
+                    },
+                }
+            }
+            per_call.push(t.elapsed().as_secs_f64() * 1e6 / BATCH as f64);
+        }
+        stream.synchronize()?;
+        per_call.sort_by(f64::total_cmp);
+        Ok(per_call[BATCHES / 2])
+    }
+}
+
+/// Half round trip of the device ping-pong, in µs (host wall clock of the whole kernel).
+fn ping_pong(rt: &Runtime, stream: &Arc<CudaStream>) -> Res<f64> {
+    let module = rt.load_module(BENCH)?;
+    let kernel = module.kernel("ping_pong")?;
+    let active = i32::from(rt.my_pe() < 2);
+    let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+    let mut result = 0.0;
+    // The first run warms up (module, first launch, peer mappings); the second is measured.
+    for _ in 0..2 {
+        let mut flag = rt.alloc_zeroed::<i32>(1)?;
+        rt.barrier_all_on_stream(stream)?;
+        stream.synchronize()?;
+        rt.barrier_all()?;
+        let t = Instant::now();
+        // SAFETY: the arguments match `ping_pong(int *flag, int iters, int active)`; the kernel
+        // touches one int of `flag` on this PE and on PE 1 - me.
+        unsafe {
+            kernel.launch_collective(cfg, stream, |a| {
+                a.buffer_mut(&mut flag)?.value(ITERS)?.value(active)?;
+                Ok(())
+            })
+        }?;
+        stream.synchronize()?;
+        result = t.elapsed().as_secs_f64() * 1e6 / f64::from(ITERS) / 2.0;
+        let last = stream.clone_dtoh(&flag)?[0];
+        if active == 1 && last != ITERS {
+            return Err(format!("PE {}: the ping-pong counter ended at {last}, expected {ITERS}", rt.my_pe()).into());
+        }
+        rt.barrier_all_on_stream(stream)?;
+        flag.free().map_err(|(_, e)| e)?;
+    }
+    Ok(result)
+}
+
+fn main() -> std::process::ExitCode {
+    run_main(|info| {
+        // The GPU, the rendezvous and NVSHMEM's start, as in lesson 3.
+        let (stream, rt) = gpucomm_examples::nvshmem_runtime(&info)?;
+        let (me, n) = (rt.my_pe(), rt.n_pes());
+        let next = (me + 1) % n;
+
+        let dst = rt.alloc::<u8>(BYTES)?;
+        let mut src = rt.alloc::<u8>(BYTES)?;
+        let pattern = |pe: usize| (0..BYTES).map(move |i| (i % 251) as u8 ^ pe as u8);
+        stream.memcpy_htod(&pattern(me).collect::<Vec<_>>(), &mut src)?;
+
+        // Interleaved, twice each; the better of the two runs of each way is reported.
+        let puts = Puts { rt: &rt, dst: &dst, src: &src, pe: next, stream: &stream };
+        let ways = [Way::Raw, Way::Safe];
+        let mut bw = [0.0f64; 2];
+        for _ in 0..2 {
+            for (k, way) in ways.into_iter().enumerate() {
+                bw[k] = bw[k].max(puts.bandwidth(way)?);
+            }
+        }
+        rt.barrier_all_on_stream(&stream)?;
+        let prev = (me + n - 1) % n;
+        if stream.clone_dtoh(&dst)?.into_iter().zip(pattern(prev)).any(|(a, b)| a != b) {
+            return Err(format!("PE {me}: the 256 MiB buffer from PE {prev} is wrong").into());
+        }
+        let mut cost = [0.0f64; 2];
+        for (k, way) in ways.into_iter().enumerate() {
+            cost[k] = puts.host_cost(way)?;
+        }
+        rt.barrier_all_on_stream(&stream)?;
+        let half_rtt = ping_pong(&rt, &stream)?;
+
+        let active = me < 2;
+        let mut table = format!(
+            "| PE {me} | C baseline | raw nvshmem-sys | safe nvshmem | safe / goal |\n|---|---:|---:|---:|---|\n"
+        );
+        table += &format!(
+            "| putmem_on_stream 256 MiB, GB/s | {C_BANDWIDTH:.1} | {:.1} | {:.1} | {:.3} × C (goal ≥ 0.98) |\n",
+            bw[0],
+            bw[1],
+            bw[1] / C_BANDWIDTH
+        );
+        table += &format!(
+            "| host time per {SMALL}-byte put, µs | — | {:.2} | {:.2} | {:+.2} µs (goal ≤ +0.15) |\n",
+            cost[0],
+            cost[1],
+            cost[1] - cost[0]
+        );
+        if active {
+            table += &format!(
+                "| device p ping-pong, half round trip, µs | {C_HALF_RTT:.2} | — | {half_rtt:.2} | goal {C_HALF_RTT:.2} ± 0.05 |\n"
+            );
+        }
+        let met = bw[1] >= 0.98 * C_BANDWIDTH
+            && cost[1] - cost[0] <= 0.15
+            && (!active || (half_rtt - C_HALF_RTT).abs() <= 0.05);
+        println!("{table}PE {me}: goals {}", if met { "met" } else { "missed (see the table)" });
+
+        rt.barrier_all_on_stream(&stream)?;
+        src.free().map_err(|(_, e)| e)?;
+        dst.free().map_err(|(_, e)| e)?;
+        rt.finalize().map_err(|(_, e)| e)?;
+        Ok(())
+    })
+}

@@ -1,0 +1,25 @@
+// Lesson 13: the device-side ping-pong of the NVSHMEM C baseline (gpu-machine.md §4).
+//
+// One thread on PE 0 and one on PE 1 bounce a counter: PE 0 writes i into PE 1's `flag`
+// (nvshmem_int_p) and waits until its own `flag` is i; PE 1 waits for i and writes it back.
+// `iters` round trips in one kernel; the host divides the kernel's wall time by iters and by 2.
+// Other PEs pass `active = 0` and return at once.
+#include <nvshmem.h>
+#include <nvshmemx.h>
+
+extern "C" __global__ void ping_pong(int *flag, int iters, int active) {
+    if (!active) {
+        return;
+    }
+    int me = nvshmem_my_pe();
+    int peer = 1 - me;
+    for (int i = 1; i <= iters; i++) {
+        if (me == 0) {
+            nvshmem_int_p(flag, i, peer);
+            nvshmem_int_wait_until(flag, NVSHMEM_CMP_EQ, i);
+        } else {
+            nvshmem_int_wait_until(flag, NVSHMEM_CMP_EQ, i);
+            nvshmem_int_p(flag, i, peer);
+        }
+    }
+}

@@ -1,0 +1,373 @@
+//! Kernels that use NVSHMEM device calls: loading a device-linked module, registering it with
+//! NVSHMEM, and launching its kernels (plainly, or collectively with every block co-resident).
+//!
+//! NVSHMEM device code must be compiled with relocatable device code and device-linked against
+//! `libnvshmem_device.a` into one self-contained image:
+//!
+//! ```text
+//! nvcc -arch=sm_90 -rdc=true -c kern.cu -o kern.o -I$NVSHMEM/include
+//! nvcc -arch=sm_90 -dlink -cubin kern.o $NVSHMEM/lib/libnvshmem_device.a -o kern.cubin
+//! ```
+//!
+//! (`gpucomm_build_support::build::nvcc::Nvcc::device_linked_module` does both from a build
+//! script.) [`Runtime::load_module`] loads the image into the PE's context, refuses one that was
+//! not device-linked or was built for another GPU, and runs `nvshmemx_cumodule_init` on it, which
+//! points the module's copy of NVSHMEM's device state at the running library. The kernels are
+//! `extern "C" __global__` functions found by name with [`Module::kernel`].
+
+use std::ffi::{c_void, CString};
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction, CUmodule};
+use cudarc::driver::{result, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, LaunchConfig, SyncOnDrop};
+use gpucomm_ordering::Access;
+
+use crate::error::{call, Error, Result};
+use crate::Runtime;
+
+/// The global that `libnvshmem_device.a` defines in every module device-linked against it.
+const DEVICE_LIB_VERSION: &str = "nvshmemi_device_lib_version_d";
+
+/// A module of kernels that use NVSHMEM device calls, loaded into the PE's context and
+/// registered with NVSHMEM (`nvshmemx_cumodule_init`). Dropping it waits for the device, then
+/// unregisters (`nvshmemx_cumodule_finalize`) and unloads it.
+#[doc(alias = "nvshmemx_cumodule_finalize")]
+#[doc(alias = "cuModuleUnload")]
+pub struct Module<'rt> {
+    raw: NonNull<sys::CUmod_st>,
+    rt: &'rt Runtime,
+    /// Set once `nvshmemx_cumodule_init` succeeded: only then is there something to finalize.
+    registered: bool,
+}
+
+impl std::fmt::Debug for Module<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Module").field("raw", &self.raw).finish()
+    }
+}
+
+/// The GPU architecture a cubin was built for (`90` for sm_90), read from its ELF header, or
+/// `None` for other images (fatbins, PTX). CUDA's ELF `e_flags` hold it in bits 0–7 up to ABI
+/// version 7 and in bits 8–15 from ABI version 8 (CUDA 12.8+).
+pub fn cubin_arch(image: &[u8]) -> Option<u32> {
+    const EM_CUDA: u16 = 190;
+    if image.len() < 52 || &image[..4] != b"\x7fELF" || image[4] != 2 {
+        return None;
+    }
+    if u16::from_le_bytes([image[18], image[19]]) != EM_CUDA {
+        return None;
+    }
+    let flags = u32::from_le_bytes([image[48], image[49], image[50], image[51]]);
+    Some(if image[8] >= 8 { (flags >> 8) & 0xff } else { flags & 0xff })
+}
+
+/// True when SASS for `module` runs on a device of compute capability `device` (both as
+/// `major * 10 + minor`): same major version, minor not newer than the device's.
+fn runs_on(module: u32, device: u32) -> bool {
+    module / 10 == device / 10 && module % 10 <= device % 10
+}
+
+impl Runtime {
+    /// Loads a module image (a cubin from `nvcc -dlink -cubin`, or a fatbin) into the PE's
+    /// context and registers it with NVSHMEM (`nvshmemx_cumodule_init`).
+    ///
+    /// Refused with [`Error::WrongArchitecture`] when the cubin was built for a GPU this device
+    /// cannot run (checked from its header before loading, and from the driver's
+    /// `CUDA_ERROR_NO_BINARY_FOR_GPU`), and with [`Error::NotNvshmemModule`] when it was not
+    /// device-linked against NVSHMEM's device library.
+    #[doc(alias = "nvshmemx_cumodule_init")]
+    #[doc(alias = "cuModuleLoadData")]
+    pub fn load_module(&self, image: &[u8]) -> Result<Module<'_>> {
+        let ctx = self.context();
+        let major = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
+        let minor = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
+        let arch = (major.max(0) * 10 + minor.max(0)) as u32;
+        let module_arch = cubin_arch(image);
+        let wrong = || Error::WrongArchitecture { module: module_arch, device: self.device(), arch };
+        if module_arch.is_some_and(|m| !runs_on(m, arch)) {
+            return Err(wrong());
+        }
+        // cuModuleLoadData reads PTX text up to a NUL: a terminated copy keeps it in bounds.
+        let mut owned = Vec::with_capacity(image.len() + 1);
+        owned.extend_from_slice(image);
+        owned.push(0);
+        ctx.bind_to_thread()?;
+        // SAFETY: the image is NUL-terminated (for PTX) and complete (for binaries); the PE's
+        // context is current.
+        let raw = match unsafe { result::module::load_data(owned.as_ptr() as *const c_void) } {
+            Ok(raw) => raw,
+            Err(DriverError(sys::cudaError_enum::CUDA_ERROR_NO_BINARY_FOR_GPU)) => return Err(wrong()),
+            Err(e) => return Err(e.into()),
+        };
+        let raw = NonNull::new(raw).ok_or(Error::Cuda(DriverError(sys::cudaError_enum::CUDA_ERROR_INVALID_HANDLE)))?;
+        // From here on, dropping `module` unloads it.
+        let mut module = Module { raw, rt: self, registered: false };
+        let name = CString::new(DEVICE_LIB_VERSION).map_err(|_| Error::NotNvshmemModule)?;
+        // SAFETY: live module; the name is NUL-terminated.
+        match unsafe { result::module::get_global(module.as_raw(), name) } {
+            Ok(_) => {}
+            Err(DriverError(sys::cudaError_enum::CUDA_ERROR_NOT_FOUND)) => return Err(Error::NotNvshmemModule),
+            Err(e) => return Err(e.into()),
+        }
+        // SAFETY: NVSHMEM is initialised; the module is live, loaded in the current context and
+        // device-linked against NVSHMEM's device library (checked).
+        unsafe { call!(nvshmemx_cumodule_init(module.as_raw() as nvshmem_sys::CUmodule) => status) }?;
+        module.registered = true;
+        Ok(module)
+    }
+}
+
+impl<'rt> Module<'rt> {
+    /// The raw module handle, for driver calls this crate does not wrap. It stays owned by `self`.
+    pub fn as_raw(&self) -> CUmodule {
+        self.raw.as_ptr()
+    }
+
+    /// The `extern "C" __global__` function `name` (`cuModuleGetFunction`).
+    #[doc(alias = "cuModuleGetFunction")]
+    pub fn kernel(&self, name: &str) -> Result<Kernel<'_, 'rt>> {
+        let missing = || Error::KernelNotFound { name: name.to_string() };
+        let c_name = CString::new(name).map_err(|_| missing())?;
+        // SAFETY: live module; the name is NUL-terminated.
+        match unsafe { result::module::get_function(self.as_raw(), c_name) } {
+            Ok(raw) => Ok(Kernel { raw, module: self }),
+            Err(DriverError(sys::cudaError_enum::CUDA_ERROR_NOT_FOUND)) => Err(missing()),
+            Err(e) => Err(e.into()),
+        }
+    }
+}
+
+impl Drop for Module<'_> {
+    fn drop(&mut self) {
+        let ctx = self.rt.context();
+        // Kernels of the module may still be running.
+        if let Err(e) = ctx.synchronize() {
+            log::warn!("nvshmem: synchronising before unloading a module failed: {e}");
+        }
+        if self.registered {
+            // SAFETY: the module is live and registered with NVSHMEM; the context is current
+            // after synchronize.
+            let finalized =
+                unsafe { call!(nvshmemx_cumodule_finalize(self.as_raw() as nvshmem_sys::CUmodule) => status) };
+            if let Err(e) = finalized {
+                log::warn!("nvshmem: nvshmemx_cumodule_finalize failed: {e}");
+            }
+        }
+        // SAFETY: the module is live and nothing runs in it any more; it is unloaded once.
+        if let Err(e) = unsafe { result::module::unload(self.as_raw()) } {
+            log::warn!("nvshmem: unloading a module failed: {e}");
+        }
+    }
+}
+
+/// A kernel of a [`Module`].
+pub struct Kernel<'m, 'rt> {
+    raw: CUfunction,
+    module: &'m Module<'rt>,
+}
+
+impl std::fmt::Debug for Kernel<'_, '_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Kernel").field("raw", &self.raw).finish()
+    }
+}
+
+/// The arguments of one kernel launch, in the kernel's parameter order. Buffers are taken through
+/// [`gpucomm_ordering::Access`], so the launch is ordered after their earlier uses on other
+/// streams (and works inside a graph capture); values are copied.
+pub struct KernelArgs<'s, 'b> {
+    access: &'s Access<'b>,
+    words: Vec<u64>,
+    starts: Vec<usize>,
+    guards: Vec<SyncOnDrop<'s>>,
+}
+
+impl<'s, 'b: 's> KernelArgs<'s, 'b> {
+    /// A device buffer the kernel reads (its address is passed).
+    pub fn buffer<T>(&mut self, buf: &'b impl DevicePtr<T>) -> Result<&mut Self> {
+        let (ptr, guard) = self.access.read(buf)?;
+        self.guards.push(guard);
+        self.value(ptr)
+    }
+
+    /// A device buffer the kernel writes (its address is passed).
+    pub fn buffer_mut<T>(&mut self, buf: &'b mut impl DevicePtrMut<T>) -> Result<&mut Self> {
+        let (ptr, guard) = self.access.write(buf)?;
+        self.guards.push(guard);
+        self.value(ptr)
+    }
+
+    /// A value passed by copy. Its alignment must be at most 8 bytes ([`Error::KernelArgument`]).
+    pub fn value<V: DeviceRepr>(&mut self, value: V) -> Result<&mut Self> {
+        let (size, align) = (size_of::<V>(), align_of::<V>());
+        if align > 8 {
+            return Err(Error::KernelArgument { size, align });
+        }
+        let start = self.words.len();
+        self.words.resize(start + size.div_ceil(8).max(1), 0);
+        // SAFETY: the destination has room for `size` bytes from `start` (just resized) and is
+        // 8-byte aligned, which is enough for `V`; `V: DeviceRepr` is plain data the kernel reads
+        // by copy.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                &value as *const V as *const u8,
+                self.words.as_mut_ptr().add(start) as *mut u8,
+                size,
+            )
+        };
+        self.starts.push(start);
+        Ok(self)
+    }
+}
+
+impl<'rt> Kernel<'_, 'rt> {
+    /// The raw function handle. It stays valid while the module is loaded.
+    pub fn as_raw(&self) -> CUfunction {
+        self.raw
+    }
+
+    /// How many blocks of `threads` threads with `shared_mem` bytes of dynamic shared memory can
+    /// be resident on the device at once (`cuOccupancyMaxActiveBlocksPerMultiprocessor` × SMs):
+    /// the largest grid [`Kernel::launch_collective`] accepts.
+    #[doc(alias = "nvshmemx_collective_launch_query_gridsize")]
+    #[doc(alias = "cuOccupancyMaxActiveBlocksPerMultiprocessor")]
+    pub fn max_collective_blocks(&self, threads: u32, shared_mem: u32) -> Result<u64> {
+        let (per_sm, sms) = self.residency(threads, shared_mem)?;
+        Ok(u64::from(per_sm) * u64::from(sms))
+    }
+
+    fn residency(&self, threads: u32, shared_mem: u32) -> Result<(u32, u32)> {
+        let ctx = self.module.rt.context();
+        ctx.bind_to_thread()?;
+        let sms = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let mut per_sm = 0;
+        let threads_int = i32::try_from(threads).unwrap_or(i32::MAX);
+        // SAFETY: live function of a loaded module; the out-pointer is a live local.
+        unsafe {
+            sys::cuOccupancyMaxActiveBlocksPerMultiprocessor(&mut per_sm, self.raw, threads_int, shared_mem as usize)
+        }
+        .result()?;
+        Ok((per_sm.max(0) as u32, sms.max(0) as u32))
+    }
+
+    /// Launches the kernel on `stream` (`cuLaunchKernel`) with the arguments `args` pushes.
+    /// Fine for kernels whose blocks do not wait for each other or for other PEs; kernels that
+    /// do (device-side barriers, waits, collectives) need [`Kernel::launch_collective`].
+    ///
+    /// # Safety
+    ///
+    /// The arguments must match the kernel's parameters in number, order and type, and the
+    /// kernel must stay within the buffers it is given (as for any CUDA kernel launch).
+    #[doc(alias = "cuLaunchKernel")]
+    pub unsafe fn launch<'b>(
+        &self,
+        cfg: LaunchConfig,
+        stream: &'b Arc<CudaStream>,
+        args: impl FnOnce(&mut KernelArgs<'_, 'b>) -> Result<()>,
+    ) -> Result<()> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.launch_with(false, cfg, stream, args) }
+    }
+
+    /// Launches the kernel cooperatively (`cuLaunchCooperativeKernel`) after checking that all
+    /// its blocks can be resident at once ([`Error::GridTooLarge`] otherwise, see
+    /// [`Kernel::max_collective_blocks`]): what kernels that synchronise across blocks or PEs need,
+    /// and what `nvshmemx_collective_launch` does for runtime-API kernels. Every PE launches it.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Kernel::launch`].
+    #[doc(alias = "nvshmemx_collective_launch")]
+    #[doc(alias = "cuLaunchCooperativeKernel")]
+    pub unsafe fn launch_collective<'b>(
+        &self,
+        cfg: LaunchConfig,
+        stream: &'b Arc<CudaStream>,
+        args: impl FnOnce(&mut KernelArgs<'_, 'b>) -> Result<()>,
+    ) -> Result<()> {
+        let rt = self.module.rt;
+        let cooperative = rt.context().attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COOPERATIVE_LAUNCH)?;
+        if cooperative == 0 {
+            return Err(Error::CooperativeUnsupported { device: rt.device() });
+        }
+        let (gx, gy, gz) = cfg.grid_dim;
+        let blocks = u64::from(gx) * u64::from(gy) * u64::from(gz);
+        let (bx, by, bz) = cfg.block_dim;
+        let threads = bx.saturating_mul(by).saturating_mul(bz);
+        let (per_sm, sms) = self.residency(threads, cfg.shared_mem_bytes)?;
+        if blocks > u64::from(per_sm) * u64::from(sms) {
+            return Err(Error::GridTooLarge { blocks, per_sm, sms, threads, shared_mem: cfg.shared_mem_bytes });
+        }
+        // SAFETY: forwarded from this function's contract; the grid fits (checked).
+        unsafe { self.launch_with(true, cfg, stream, args) }
+    }
+
+    /// # Safety
+    ///
+    /// As for [`Kernel::launch`].
+    unsafe fn launch_with<'b>(
+        &self,
+        cooperative: bool,
+        cfg: LaunchConfig,
+        stream: &'b Arc<CudaStream>,
+        args: impl FnOnce(&mut KernelArgs<'_, 'b>) -> Result<()>,
+    ) -> Result<()> {
+        self.module.rt.enqueue_on(stream)?;
+        let access = Access::new(stream);
+        let mut pushed = KernelArgs { access: &access, words: Vec::new(), starts: Vec::new(), guards: Vec::new() };
+        args(&mut pushed)?;
+        let base = pushed.words.as_mut_ptr();
+        // SAFETY: every start indexes into `words`, which is no longer resized.
+        let mut params: Vec<*mut c_void> =
+            pushed.starts.iter().map(|&i| unsafe { base.add(i) } as *mut c_void).collect();
+        let launch = if cooperative { result::launch_cooperative_kernel } else { result::launch_kernel };
+        // SAFETY: the function is live (its module is borrowed); `params` points at one value per
+        // kernel parameter (the caller's contract), alive until after the call; the stream is on
+        // the PE's device and its context current.
+        unsafe {
+            launch(self.raw, cfg.grid_dim, cfg.block_dim, cfg.shared_mem_bytes, stream.cu_stream(), &mut params)
+        }?;
+        // The guards record the buffers' use now that the kernel is enqueued.
+        drop(pushed);
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A 64-bit ELF header with CUDA's machine number, ABI version `abi` and flags `flags`.
+    fn header(abi: u8, flags: u32) -> Vec<u8> {
+        let mut h = vec![0u8; 64];
+        h[..4].copy_from_slice(b"\x7fELF");
+        h[4] = 2;
+        h[7] = 0x41;
+        h[8] = abi;
+        h[18..20].copy_from_slice(&190u16.to_le_bytes());
+        h[48..52].copy_from_slice(&flags.to_le_bytes());
+        h
+    }
+
+    #[test]
+    fn cubin_headers_name_their_architecture() {
+        // e_flags as nvcc 13.0 writes them (ABI version 8) for sm_90, sm_80 and sm_100.
+        assert_eq!(cubin_arch(&header(8, 0x0600_5a04)), Some(90));
+        assert_eq!(cubin_arch(&header(8, 0x0600_5004)), Some(80));
+        assert_eq!(cubin_arch(&header(8, 0x0600_6402)), Some(100));
+        // ABI version 7 (CUDA 12 and older): the architecture is the low byte.
+        assert_eq!(cubin_arch(&header(7, 0x0050_055a)), Some(90));
+        assert_eq!(cubin_arch(b"//\n// Generated by NVIDIA NVVM Compiler\n.version 8.0\n.target sm_90\n"), None);
+        assert_eq!(cubin_arch(&header(8, 0)[..40]), None);
+    }
+
+    #[test]
+    fn sass_runs_on_the_same_major_with_an_equal_or_newer_minor() {
+        assert!(runs_on(90, 90));
+        assert!(runs_on(80, 86));
+        assert!(!runs_on(86, 80));
+        assert!(!runs_on(80, 90));
+        assert!(!runs_on(90, 100));
+    }
+}

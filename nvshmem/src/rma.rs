@@ -1,0 +1,436 @@
+//! One-sided operations on a stream: puts and gets (blocking and `_nbi`), puts with a signal,
+//! signal updates and waits, quiet, and the world barrier and sync.
+//!
+//! Every call checks its arguments first (lengths, PE, the stream's and the buffers' device),
+//! binds the PE's CUDA context, takes the buffers' pointers through
+//! [`gpucomm_ordering::Access`] (so that uses on other streams are waited for, and capture into a
+//! CUDA graph works), and only then enqueues the NVSHMEM operation.
+//!
+//! # Completion and ordering
+//!
+//! An operation enqueued on a stream starts when the stream reaches it. A blocking put or get
+//! (`*_on_stream`) has finished with its local buffer when the stream moves past it. A `_nbi` one
+//! hands its copy to one of NVSHMEM's internal streams and returns a [`Pending`] handle that
+//! borrows the local buffer: the buffer is in use until the handle enqueues
+//! `nvshmemx_quiet_on_stream` ([`Pending::quiet`], or its drop), which makes the stream wait for
+//! the internal copy. That is also why the local side of a `_nbi` operation must be symmetric
+//! memory: its free is collective and quiesces NVSHMEM first, so no copy can outlive it, and its
+//! stream tracker orders later uses after the quiet.
+//!
+//! Remote completion — the data visible at the other PE — needs a quiet (for the PE that issued
+//! it) and a synchronisation with the other PE: a barrier ([`Runtime::barrier_all_on_stream`],
+//! [`crate::Team::barrier_on_stream`]) or a signal the other PE waits for
+//! ([`Runtime::signal_wait_until_on_stream`]). NVSHMEM has no on-stream fence
+//! (`nvshmem_fence` orders host-initiated operations only): on a stream, a put with a signal is
+//! the way to deliver data and a flag in order.
+
+use std::ffi::c_void;
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice};
+use gpucomm_ordering::Access;
+use nvshmem_sys::{nvshmemi_cmp_type, nvshmemx_signal_op_t};
+
+use crate::error::{call, Error, Result};
+use crate::{Runtime, SymmetricMemory};
+
+/// How a signal word is updated (`NVSHMEM_SIGNAL_SET`, `NVSHMEM_SIGNAL_ADD`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[doc(alias = "nvshmemx_signal_op_t")]
+pub enum SignalOp {
+    /// Store the value (`NVSHMEM_SIGNAL_SET`).
+    #[doc(alias = "NVSHMEM_SIGNAL_SET")]
+    Set,
+    /// Add the value (`NVSHMEM_SIGNAL_ADD`).
+    #[doc(alias = "NVSHMEM_SIGNAL_ADD")]
+    Add,
+}
+
+impl SignalOp {
+    /// The C constant.
+    pub fn raw(self) -> i32 {
+        let op = match self {
+            SignalOp::Set => nvshmemx_signal_op_t::NVSHMEM_SIGNAL_SET,
+            SignalOp::Add => nvshmemx_signal_op_t::NVSHMEM_SIGNAL_ADD,
+        };
+        op.0 as i32
+    }
+}
+
+/// A comparison for waits (`NVSHMEM_CMP_*`): the wait ends when `signal <cmp> value` holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[doc(alias = "nvshmemi_cmp_type")]
+pub enum Cmp {
+    /// `==` (`NVSHMEM_CMP_EQ`).
+    #[doc(alias = "NVSHMEM_CMP_EQ")]
+    Eq,
+    /// `!=` (`NVSHMEM_CMP_NE`).
+    #[doc(alias = "NVSHMEM_CMP_NE")]
+    Ne,
+    /// `>` (`NVSHMEM_CMP_GT`).
+    #[doc(alias = "NVSHMEM_CMP_GT")]
+    Gt,
+    /// `>=` (`NVSHMEM_CMP_GE`).
+    #[doc(alias = "NVSHMEM_CMP_GE")]
+    Ge,
+    /// `<` (`NVSHMEM_CMP_LT`).
+    #[doc(alias = "NVSHMEM_CMP_LT")]
+    Lt,
+    /// `<=` (`NVSHMEM_CMP_LE`).
+    #[doc(alias = "NVSHMEM_CMP_LE")]
+    Le,
+}
+
+impl Cmp {
+    /// The C constant.
+    pub fn raw(self) -> i32 {
+        let cmp = match self {
+            Cmp::Eq => nvshmemi_cmp_type::NVSHMEM_CMP_EQ,
+            Cmp::Ne => nvshmemi_cmp_type::NVSHMEM_CMP_NE,
+            Cmp::Gt => nvshmemi_cmp_type::NVSHMEM_CMP_GT,
+            Cmp::Ge => nvshmemi_cmp_type::NVSHMEM_CMP_GE,
+            Cmp::Lt => nvshmemi_cmp_type::NVSHMEM_CMP_LT,
+            Cmp::Le => nvshmemi_cmp_type::NVSHMEM_CMP_LE,
+        };
+        cmp.0 as i32
+    }
+}
+
+/// `Ok` when a buffer has the length the call needs.
+pub(crate) fn expect_len(what: &'static str, expected: usize, got: usize) -> Result<()> {
+    if expected == got {
+        Ok(())
+    } else {
+        Err(Error::LengthMismatch { what, expected, got })
+    }
+}
+
+/// A signal is one `u64` of symmetric memory.
+fn check_signal(signal: &impl SymmetricMemory<u64>) -> Result<()> {
+    expect_len("signal", 1, signal.len())
+}
+
+impl Runtime {
+    /// The checks every transfer shares: the local buffer's length and device, the PE, the
+    /// stream's device; then binds the context. Returns the PE and the stream as C wants them.
+    fn transfer<T>(
+        &self,
+        symmetric_len: usize,
+        local: &impl DeviceSlice<T>,
+        pe: usize,
+        stream: &CudaStream,
+    ) -> Result<(i32, nvshmem_sys::cudaStream_t)> {
+        expect_len("local buffer", symmetric_len, local.len())?;
+        self.check_device("local buffer", local.stream().context().ordinal())?;
+        let pe = self.check_pe("pe", pe)?;
+        Ok((pe, self.enqueue_on(stream)?))
+    }
+
+    /// Checks and enqueues `nvshmemx_putmem_on_stream` or its `_nbi` variant.
+    fn putmem<T>(
+        &self,
+        nbi: bool,
+        dst: &impl SymmetricMemory<T>,
+        src: &impl DevicePtr<T>,
+        pe: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
+        let access = Access::new(stream);
+        let (d, _d) = access.read(dst)?;
+        let (s, _s) = access.read(src)?;
+        let (d, s, bytes) = (d as *mut c_void, s as *const c_void, dst.num_bytes());
+        // SAFETY: `dst` is symmetric, so the same range exists on `pe`; both ranges hold
+        // `src.len()` elements (checked), the source on this device (checked); both stay borrowed
+        // until the guards record after the enqueue; `pe` is in range; the context is current.
+        // For `_nbi`, NVSHMEM reads the source on an internal stream until a quiet on this stream:
+        // the caller hands out a `Pending` that borrows `src` (symmetric, so never freed before
+        // NVSHMEM is quiesced) until it enqueues that quiet.
+        unsafe {
+            if nbi {
+                call!(nvshmemx_putmem_nbi_on_stream(d, s, bytes, pe, raw))
+            } else {
+                call!(nvshmemx_putmem_on_stream(d, s, bytes, pe, raw))
+            }
+        }
+    }
+
+    /// Checks and enqueues `nvshmemx_getmem_on_stream` or its `_nbi` variant.
+    fn getmem<T>(
+        &self,
+        nbi: bool,
+        dst: &mut impl DevicePtrMut<T>,
+        src: &impl SymmetricMemory<T>,
+        pe: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let (pe, raw) = self.transfer(src.len(), dst, pe, stream)?;
+        let bytes = src.num_bytes();
+        let access = Access::new(stream);
+        let (s, _s) = access.read(src)?;
+        let (d, _d) = access.write(dst)?;
+        let (d, s) = (d as *mut c_void, s as *const c_void);
+        // SAFETY: `src` is symmetric, so the range exists on `pe`; `dst` holds as many elements
+        // (checked) on this device (checked); both stay borrowed until the guards record after
+        // the enqueue; `pe` is in range; the context is current. For `_nbi`, NVSHMEM writes the
+        // destination on an internal stream until a quiet on this stream: the caller hands out a
+        // `Pending` that borrows `dst` exclusively (symmetric, so never freed before NVSHMEM is
+        // quiesced) until it enqueues that quiet.
+        unsafe {
+            if nbi {
+                call!(nvshmemx_getmem_nbi_on_stream(d, s, bytes, pe, raw))
+            } else {
+                call!(nvshmemx_getmem_on_stream(d, s, bytes, pe, raw))
+            }
+        }
+    }
+
+    /// Checks and enqueues `nvshmemx_putmem_signal_on_stream` or its `_nbi` variant.
+    #[allow(clippy::too_many_arguments)]
+    fn putmem_signal<T>(
+        &self,
+        nbi: bool,
+        dst: &impl SymmetricMemory<T>,
+        src: &impl DevicePtr<T>,
+        signal: &impl SymmetricMemory<u64>,
+        value: u64,
+        op: SignalOp,
+        pe: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        check_signal(signal)?;
+        let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
+        let access = Access::new(stream);
+        let (d, _d) = access.read(dst)?;
+        let (s, _s) = access.read(src)?;
+        let (sig, _sig) = access.read(signal)?;
+        let (d, s, bytes, sig) = (d as *mut c_void, s as *const c_void, dst.num_bytes(), sig as *mut u64);
+        // SAFETY: as for `putmem`; `signal` is one symmetric u64 (checked), `op` one of NVSHMEM's
+        // signal operations.
+        unsafe {
+            if nbi {
+                call!(nvshmemx_putmem_signal_nbi_on_stream(d, s, bytes, sig, value, op.raw(), pe, raw))
+            } else {
+                call!(nvshmemx_putmem_signal_on_stream(d, s, bytes, sig, value, op.raw(), pe, raw))
+            }
+        }
+    }
+
+    /// Copies `src` (local device memory of the same length) into `pe`'s copy of `dst`, in stream
+    /// order (`nvshmemx_putmem_on_stream`). `src` may be reused once the stream is past the put;
+    /// the data is visible at `pe` after a barrier (or quiet + signal).
+    #[doc(alias = "nvshmemx_putmem_on_stream")]
+    pub fn put_on_stream<T: DeviceRepr>(
+        &self,
+        dst: &impl SymmetricMemory<T>,
+        src: &impl DevicePtr<T>,
+        pe: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.putmem(false, dst, src, pe, stream)
+    }
+
+    /// [`Runtime::put_on_stream`] without waiting for local completion
+    /// (`nvshmemx_putmem_nbi_on_stream`). The source is symmetric memory, borrowed by the returned
+    /// [`Pending`] until it enqueues the quiet that completes the put (see the module docs).
+    #[doc(alias = "nvshmemx_putmem_nbi_on_stream")]
+    pub fn put_nbi_on_stream<'a, T: DeviceRepr>(
+        &'a self,
+        dst: &impl SymmetricMemory<T>,
+        src: &'a impl SymmetricMemory<T>,
+        pe: usize,
+        stream: &'a Arc<CudaStream>,
+    ) -> Result<Pending<'a>> {
+        self.putmem(true, dst, src, pe, stream)?;
+        Ok(Pending { rt: self, stream, done: false })
+    }
+
+    /// Copies `pe`'s copy of `src` into `dst` (local device memory of the same length), in stream
+    /// order (`nvshmemx_getmem_on_stream`). `dst` holds the data once the stream is past the get.
+    #[doc(alias = "nvshmemx_getmem_on_stream")]
+    pub fn get_on_stream<T: DeviceRepr>(
+        &self,
+        dst: &mut impl DevicePtrMut<T>,
+        src: &impl SymmetricMemory<T>,
+        pe: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.getmem(false, dst, src, pe, stream)
+    }
+
+    /// [`Runtime::get_on_stream`] without waiting for completion (`nvshmemx_getmem_nbi_on_stream`).
+    /// The destination is symmetric memory, borrowed by the returned [`Pending`]: it holds the
+    /// data once the stream is past the quiet the handle enqueues.
+    #[doc(alias = "nvshmemx_getmem_nbi_on_stream")]
+    pub fn get_nbi_on_stream<'a, T: DeviceRepr>(
+        &'a self,
+        dst: &'a mut impl SymmetricMemory<T>,
+        src: &impl SymmetricMemory<T>,
+        pe: usize,
+        stream: &'a Arc<CudaStream>,
+    ) -> Result<Pending<'a>> {
+        self.getmem(true, dst, src, pe, stream)?;
+        Ok(Pending { rt: self, stream, done: false })
+    }
+
+    /// Puts `src` into `pe`'s copy of `dst`, then updates `pe`'s copy of `signal` with `op` and
+    /// `value`, in that order: once `pe` sees the signal change, the data is there
+    /// (`nvshmemx_putmem_signal_on_stream`). `signal` is one `u64` of symmetric memory (e.g.
+    /// `signals.slice(i..i + 1)?`).
+    #[doc(alias = "nvshmemx_putmem_signal_on_stream")]
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_signal_on_stream<T: DeviceRepr>(
+        &self,
+        dst: &impl SymmetricMemory<T>,
+        src: &impl DevicePtr<T>,
+        signal: &impl SymmetricMemory<u64>,
+        value: u64,
+        op: SignalOp,
+        pe: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        self.putmem_signal(false, dst, src, signal, value, op, pe, stream)
+    }
+
+    /// [`Runtime::put_signal_on_stream`] without waiting for local completion
+    /// (`nvshmemx_putmem_signal_nbi_on_stream`). The source is symmetric memory, borrowed by the
+    /// returned [`Pending`] until it enqueues the quiet that completes the put.
+    #[doc(alias = "nvshmemx_putmem_signal_nbi_on_stream")]
+    #[allow(clippy::too_many_arguments)]
+    pub fn put_signal_nbi_on_stream<'a, T: DeviceRepr>(
+        &'a self,
+        dst: &impl SymmetricMemory<T>,
+        src: &'a impl SymmetricMemory<T>,
+        signal: &impl SymmetricMemory<u64>,
+        value: u64,
+        op: SignalOp,
+        pe: usize,
+        stream: &'a Arc<CudaStream>,
+    ) -> Result<Pending<'a>> {
+        self.putmem_signal(true, dst, src, signal, value, op, pe, stream)?;
+        Ok(Pending { rt: self, stream, done: false })
+    }
+
+    /// Updates `pe`'s copy of `signal` with `op` and `value`, in stream order
+    /// (`nvshmemx_signal_op_on_stream`).
+    #[doc(alias = "nvshmemx_signal_op_on_stream")]
+    pub fn signal_op_on_stream(
+        &self,
+        signal: &impl SymmetricMemory<u64>,
+        value: u64,
+        op: SignalOp,
+        pe: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        check_signal(signal)?;
+        let pe = self.check_pe("pe", pe)?;
+        let raw = self.enqueue_on(stream)?;
+        let access = Access::new(stream);
+        let (sig, _sig) = access.read(signal)?;
+        // SAFETY: `signal` is one symmetric u64 (checked), `pe` is in range, the stream is on this
+        // device (checked) and its context current.
+        unsafe { call!(nvshmemx_signal_op_on_stream(sig as *mut u64, value, op.raw(), pe, raw)) }
+    }
+
+    /// Makes `stream` wait until this PE's `signal` satisfies `signal <cmp> value`
+    /// (`nvshmemx_signal_wait_until_on_stream`). The host does not block; work enqueued after it
+    /// on the stream runs once the condition holds, and sees the data of every put-with-signal
+    /// that set it.
+    #[doc(alias = "nvshmemx_signal_wait_until_on_stream")]
+    pub fn signal_wait_until_on_stream(
+        &self,
+        signal: &impl SymmetricMemory<u64>,
+        cmp: Cmp,
+        value: u64,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        check_signal(signal)?;
+        let raw = self.enqueue_on(stream)?;
+        let access = Access::new(stream);
+        let (sig, _sig) = access.read(signal)?;
+        // SAFETY: `signal` is one symmetric u64 of this PE (checked), `cmp` one of NVSHMEM's
+        // comparisons; the stream is on this device (checked) and its context current.
+        unsafe { call!(nvshmemx_signal_wait_until_on_stream(sig as *mut u64, cmp.raw(), value, raw)) }
+    }
+
+    /// Completes, in stream order, every NVSHMEM operation this PE issued on `stream` before it
+    /// (`nvshmemx_quiet_on_stream`): local buffers of `_nbi` operations may be reused, and puts
+    /// are delivered.
+    #[doc(alias = "nvshmemx_quiet_on_stream")]
+    #[doc(alias = "nvshmem_quiet")]
+    #[doc(alias = "nvshmem_fence")]
+    pub fn quiet_on_stream(&self, stream: &CudaStream) -> Result<()> {
+        let raw = self.enqueue_on(stream)?;
+        // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
+        unsafe { call!(nvshmemx_quiet_on_stream(raw)) }
+    }
+
+    /// Enqueues a barrier over all PEs on `stream` (`nvshmemx_barrier_all_on_stream`): when it
+    /// completes, every PE's earlier operations on its stream, puts included, are complete and
+    /// visible. Collective.
+    #[doc(alias = "nvshmemx_barrier_all_on_stream")]
+    pub fn barrier_all_on_stream(&self, stream: &CudaStream) -> Result<()> {
+        let raw = self.enqueue_on(stream)?;
+        // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
+        unsafe { call!(nvshmemx_barrier_all_on_stream(raw)) }
+    }
+
+    /// Enqueues a synchronisation of all PEs on `stream` (`nvshmemx_sync_all_on_stream`): a
+    /// rendezvous only, which completes no outstanding operations (use a barrier for that).
+    /// Collective.
+    #[doc(alias = "nvshmemx_sync_all_on_stream")]
+    pub fn sync_all_on_stream(&self, stream: &CudaStream) -> Result<()> {
+        let raw = self.enqueue_on(stream)?;
+        // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
+        unsafe { call!(nvshmemx_sync_all_on_stream(raw)) }
+    }
+}
+
+/// A `_nbi` operation in flight: it borrows the operation's local buffer until it enqueues
+/// `nvshmemx_quiet_on_stream` on the operation's stream ([`Pending::quiet`], or when dropped, in
+/// which case a failure is only logged). After that the stream, and everything ordered after it,
+/// sees the operation complete.
+#[must_use = "the operation completes, and its local buffer is free again, only after the quiet this handle enqueues"]
+pub struct Pending<'a> {
+    rt: &'a Runtime,
+    stream: &'a CudaStream,
+    done: bool,
+}
+
+impl std::fmt::Debug for Pending<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending").field("stream", &self.stream.cu_stream()).finish()
+    }
+}
+
+impl Pending<'_> {
+    /// Enqueues `nvshmemx_quiet_on_stream` on the operation's stream (which also completes every
+    /// other operation this PE issued there).
+    #[doc(alias = "nvshmemx_quiet_on_stream")]
+    pub fn quiet(mut self) -> Result<()> {
+        self.done = true;
+        self.rt.quiet_on_stream(self.stream)
+    }
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            if let Err(e) = self.rt.quiet_on_stream(self.stream) {
+                log::warn!("nvshmem: the quiet completing a non-blocking operation failed: {e}");
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signal_ops_and_comparisons_map_to_nvshmems_constants() {
+        assert_eq!((SignalOp::Set.raw(), SignalOp::Add.raw()), (9, 10));
+        let cmps = [Cmp::Eq, Cmp::Ne, Cmp::Gt, Cmp::Le, Cmp::Lt, Cmp::Ge].map(Cmp::raw);
+        assert_eq!(cmps, [0, 1, 2, 3, 4, 5]);
+    }
+}

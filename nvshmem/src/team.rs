@@ -1,0 +1,361 @@
+//! Teams: the predefined ones, strided and 2-D splits, PE numbers within teams, and barriers,
+//! syncs and collectives over a team on a stream.
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaStream, DeviceRepr};
+use gpucomm_ordering::Access;
+use nvshmem_sys::{nvshmem_team_id_t, nvshmem_team_t};
+
+use crate::error::{call, Error, Result};
+use crate::ops::ReduceOp;
+use crate::rma::expect_len;
+use crate::{Runtime, SymmetricMemory};
+
+/// A set of PEs that run collectives together (`nvshmem_team_t`), borrowed from the [`Runtime`].
+///
+/// The predefined teams ([`Runtime::world`], [`Runtime::shared`], [`Runtime::node`]) live as long
+/// as NVSHMEM; teams made by [`Team::split_strided`] and [`Team::split_2d`] are destroyed
+/// (`nvshmem_team_destroy`) by [`Team::destroy`] or when dropped.
+///
+/// # Collective creation and destruction
+///
+/// Splitting is collective over the parent team and destroying is collective over the team:
+/// every member must do it, in the same order relative to the team's other collectives. Drop
+/// order differs between PEs on error paths, so a team dropped while a panic unwinds is leaked
+/// (with a warning through the `log` crate) instead of destroyed; otherwise, drop teams in the same
+/// order on every PE, or call [`Team::destroy`]. NVSHMEM has room for `NVSHMEM_MAX_TEAMS` teams
+/// (default 128, its internal ones included); a split beyond that fails with [`Error::Status`].
+///
+/// Work a team enqueued on a stream must be finished before the team is destroyed:
+/// `nvshmem_team_destroy` synchronises the device itself.
+pub struct Team<'rt> {
+    raw: nvshmem_team_t,
+    rt: &'rt Runtime,
+    my_pe: usize,
+    n_pes: usize,
+    owned: bool,
+}
+
+impl std::fmt::Debug for Team<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Team").field("raw", &self.raw).field("my_pe", &self.my_pe).field("n_pes", &self.n_pes).finish()
+    }
+}
+
+impl Runtime {
+    /// All PEs (`NVSHMEM_TEAM_WORLD`).
+    #[doc(alias = "NVSHMEM_TEAM_WORLD")]
+    pub fn world(&self) -> Result<Team<'_>> {
+        Team::adopt(self, nvshmem_team_id_t::NVSHMEM_TEAM_WORLD.0, false)
+    }
+
+    /// The PEs that share memory with this one and can load/store each other's heaps
+    /// (`NVSHMEM_TEAM_SHARED`).
+    #[doc(alias = "NVSHMEM_TEAM_SHARED")]
+    pub fn shared(&self) -> Result<Team<'_>> {
+        Team::adopt(self, nvshmem_team_id_t::NVSHMEM_TEAM_SHARED.0, false)
+    }
+
+    /// The PEs on this node (`NVSHMEMX_TEAM_NODE`).
+    #[doc(alias = "NVSHMEMX_TEAM_NODE")]
+    pub fn node(&self) -> Result<Team<'_>> {
+        Team::adopt(self, nvshmem_team_id_t::NVSHMEMX_TEAM_NODE.0, false)
+    }
+}
+
+/// Converts to C's int; values were checked against a team size, which fits an int.
+fn int(v: usize) -> i32 {
+    i32::try_from(v).unwrap_or(i32::MAX)
+}
+
+impl<'rt> Team<'rt> {
+    /// Wraps a valid team handle, reading this PE's number and the size.
+    fn adopt(rt: &'rt Runtime, raw: nvshmem_team_t, owned: bool) -> Result<Self> {
+        // SAFETY: `raw` is a valid team this PE belongs to (a predefined one, or one NVSHMEM
+        // just created); both calls only read it.
+        let (me, n) = unsafe { (call!(nvshmem_team_my_pe(raw))?, call!(nvshmem_team_n_pes(raw))?) };
+        let team = Team { raw, rt, my_pe: me.max(0) as usize, n_pes: n.max(0) as usize, owned };
+        if me < 0 || me >= n {
+            return Err(Error::InvalidPe { what: "the team PE NVSHMEM reports", pe: team.my_pe, n_pes: team.n_pes });
+        }
+        Ok(team)
+    }
+
+    /// This PE's number within the team (`nvshmem_team_my_pe`).
+    #[doc(alias = "nvshmem_team_my_pe")]
+    pub fn my_pe(&self) -> usize {
+        self.my_pe
+    }
+
+    /// Number of PEs in the team (`nvshmem_team_n_pes`).
+    #[doc(alias = "nvshmem_team_n_pes")]
+    pub fn n_pes(&self) -> usize {
+        self.n_pes
+    }
+
+    /// The raw handle, for `nvshmem-sys` calls this crate does not wrap. It stays owned by `self`.
+    pub fn as_raw(&self) -> nvshmem_team_t {
+        self.raw
+    }
+
+    /// The runtime the team belongs to.
+    pub fn runtime(&self) -> &'rt Runtime {
+        self.rt
+    }
+
+    /// The number in team `to` of the PE that is `pe` in this team
+    /// (`nvshmem_team_translate_pe`), or `None` when that PE is not a member of `to`.
+    /// [`Error::InvalidPe`] when `pe` is not a PE of this team.
+    #[doc(alias = "nvshmem_team_translate_pe")]
+    pub fn translate_pe(&self, pe: usize, to: &Team<'_>) -> Result<Option<usize>> {
+        let pe = self.check_pe("pe", pe)?;
+        // SAFETY: both teams are valid handles of this runtime and `pe` is a member of `self`.
+        let got = unsafe { call!(nvshmem_team_translate_pe(self.raw, pe, to.raw)) }?;
+        Ok(usize::try_from(got).ok())
+    }
+
+    fn check_pe(&self, what: &'static str, pe: usize) -> Result<i32> {
+        if pe < self.n_pes {
+            Ok(int(pe))
+        } else {
+            Err(Error::InvalidPe { what, pe, n_pes: self.n_pes })
+        }
+    }
+
+    /// Makes a team of the PEs `start, start + stride, …` (`size` of them, numbered in this
+    /// team) (`nvshmem_team_split_strided`). Collective over this team: every member calls it
+    /// with the same arguments; members outside the new team get `None`.
+    /// [`Error::InvalidSplit`] when the PEs do not all lie in this team.
+    #[doc(alias = "nvshmem_team_split_strided")]
+    pub fn split_strided(&self, start: usize, stride: usize, size: usize) -> Result<Option<Team<'rt>>> {
+        let last = size.checked_sub(1).and_then(|k| k.checked_mul(stride)).and_then(|d| d.checked_add(start));
+        if stride == 0 || !matches!(last, Some(l) if l < self.n_pes) {
+            return Err(Error::InvalidSplit { start, stride, size, n_pes: self.n_pes });
+        }
+        let mut new = nvshmem_team_id_t::NVSHMEM_TEAM_INVALID.0;
+        self.rt.context().bind_to_thread()?;
+        // SAFETY: `self.raw` is a valid team; start, stride and size describe PEs inside it
+        // (checked) and fit an int; no configuration is passed (mask 0); `new` is a live local.
+        unsafe {
+            call!(nvshmem_team_split_strided(
+                self.raw,
+                int(start),
+                int(stride),
+                int(size),
+                std::ptr::null(),
+                0,
+                &mut new
+            ) => status)
+        }?;
+        self.child(new)
+    }
+
+    /// Splits this team into a 2-D grid with `xrange` PEs per row (`nvshmem_team_split_2d`): the
+    /// first team holds this PE's row, the second its column. Collective over this team; an
+    /// `xrange` larger than the team is clamped to it. [`Error::ZeroXRange`] for `xrange == 0`.
+    #[doc(alias = "nvshmem_team_split_2d")]
+    pub fn split_2d(&self, xrange: usize) -> Result<(Option<Team<'rt>>, Option<Team<'rt>>)> {
+        if xrange == 0 {
+            return Err(Error::ZeroXRange);
+        }
+        let invalid = nvshmem_team_id_t::NVSHMEM_TEAM_INVALID.0;
+        let (mut x, mut y) = (invalid, invalid);
+        self.rt.context().bind_to_thread()?;
+        // SAFETY: `self.raw` is a valid team, `xrange` is at least 1 (NVSHMEM divides by it) and
+        // fits an int after clamping; no configurations (masks 0); both outputs are live locals.
+        unsafe {
+            call!(nvshmem_team_split_2d(
+                self.raw,
+                int(xrange.min(self.n_pes)),
+                std::ptr::null(),
+                0,
+                &mut x,
+                std::ptr::null(),
+                0,
+                &mut y
+            ) => status)
+        }?;
+        // Adopt both before reporting an error, so that neither leaks.
+        let (x, y) = (self.child(x), self.child(y));
+        Ok((x?, y?))
+    }
+
+    fn child(&self, raw: nvshmem_team_t) -> Result<Option<Team<'rt>>> {
+        if raw == nvshmem_team_id_t::NVSHMEM_TEAM_INVALID.0 {
+            return Ok(None);
+        }
+        Team::adopt(self.rt, raw, true).map(Some)
+    }
+
+    /// Destroys the team (`nvshmem_team_destroy`). Collective over its members (see the type's
+    /// documentation). Predefined teams are not destroyed: this only drops the handle. If NVSHMEM
+    /// cannot be reached (the context cannot be bound, the function is missing), nothing is
+    /// destroyed and the team comes back with the error.
+    #[doc(alias = "nvshmem_team_destroy")]
+    pub fn destroy(mut self) -> std::result::Result<(), (Self, Error)> {
+        if !self.owned {
+            return Ok(());
+        }
+        let destroyed = (|| {
+            self.rt.context().bind_to_thread()?;
+            // SAFETY: the team was created by a split and is destroyed once: `owned` is cleared
+            // below on success, so Drop does nothing; if the function does not resolve, nothing
+            // is called.
+            unsafe { call!(nvshmem_team_destroy(self.raw)) }
+        })();
+        match destroyed {
+            Ok(()) => {
+                self.owned = false;
+                Ok(())
+            }
+            Err(e) => Err((self, e)),
+        }
+    }
+
+    /// Enqueues a barrier over the team on `stream` (`nvshmemx_barrier_on_stream`): when it
+    /// completes, every member's earlier operations are complete and visible. Collective.
+    #[doc(alias = "nvshmemx_barrier_on_stream")]
+    pub fn barrier_on_stream(&self, stream: &CudaStream) -> Result<()> {
+        let raw = self.rt.enqueue_on(stream)?;
+        // SAFETY: valid team; the stream is on the PE's device (checked) and its context current.
+        unsafe { call!(nvshmemx_barrier_on_stream(self.raw, raw) => status) }
+    }
+
+    /// Enqueues a synchronisation of the team on `stream` (`nvshmemx_team_sync_on_stream`): a
+    /// rendezvous that completes no outstanding operations. Collective.
+    #[doc(alias = "nvshmemx_team_sync_on_stream")]
+    pub fn sync_on_stream(&self, stream: &CudaStream) -> Result<()> {
+        let raw = self.rt.enqueue_on(stream)?;
+        // SAFETY: valid team; the stream is on the PE's device (checked) and its context current.
+        unsafe { call!(nvshmemx_team_sync_on_stream(self.raw, raw) => status) }
+    }
+
+    /// Reduces `src` over the team with `op` and writes the result to `dst` on every member
+    /// (`nvshmemx_<type>_<op>_reduce_on_stream`): the all-reduce. Both are symmetric, of equal
+    /// length, and distinct (use [`Team::reduce_in_place_on_stream`] for one buffer). Only the
+    /// (type, operation) pairs NVSHMEM defines compile: see [`crate::ops`]. Collective.
+    pub fn reduce_on_stream<T, Op: ReduceOp<T>>(
+        &self,
+        op: Op,
+        dst: &mut impl SymmetricMemory<T>,
+        src: &impl SymmetricMemory<T>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        expect_len("destination", src.len(), dst.len())?;
+        let raw = self.rt.enqueue_on(stream)?;
+        let access = Access::new(stream);
+        let (s, _s) = access.read(src)?;
+        let (d, _d) = access.write(dst)?;
+        // SAFETY: both buffers are symmetric with `src.len()` elements (checked); `Op::reduce`
+        // calls the C function for exactly `T`; the stream is on this device, its context current.
+        unsafe { op.reduce(self.raw, d, s, src.len(), raw) }
+    }
+
+    /// [`Team::reduce_on_stream`] with one buffer as input and output.
+    pub fn reduce_in_place_on_stream<T, Op: ReduceOp<T>>(
+        &self,
+        op: Op,
+        buf: &mut impl SymmetricMemory<T>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let raw = self.rt.enqueue_on(stream)?;
+        let len = buf.len();
+        let access = Access::new(stream);
+        let (p, _p) = access.write(buf)?;
+        // SAFETY: one symmetric buffer of `len` elements as source and destination, which
+        // OpenSHMEM reductions allow; otherwise as for `reduce_on_stream`.
+        unsafe { op.reduce(self.raw, p, p, len, raw) }
+    }
+
+    /// Copies `src` of team PE `root` into `dst` on every member (`nvshmemx_broadcastmem_on_stream`).
+    /// Both symmetric, of equal length. Collective.
+    #[doc(alias = "nvshmemx_broadcastmem_on_stream")]
+    pub fn broadcast_on_stream<T: DeviceRepr>(
+        &self,
+        dst: &mut impl SymmetricMemory<T>,
+        src: &impl SymmetricMemory<T>,
+        root: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        expect_len("destination", src.len(), dst.len())?;
+        let root = self.check_pe("root", root)?;
+        let raw = self.rt.enqueue_on(stream)?;
+        let access = Access::new(stream);
+        let (s, _s) = access.read(src)?;
+        let (d, _d) = access.write(dst)?;
+        // SAFETY: both symmetric with `src.num_bytes()` bytes (checked); `root` is a member;
+        // the stream is on this device and its context current.
+        unsafe {
+            call!(nvshmemx_broadcastmem_on_stream(self.raw, d as *mut _, s as *const _, src.num_bytes(), root, raw) => status)
+        }
+    }
+
+    /// Concatenates every member's `src` into `dst`, in team order, on every member
+    /// (`nvshmemx_fcollectmem_on_stream`): `dst.len()` is `src.len() × n_pes()`. Collective.
+    #[doc(alias = "nvshmemx_fcollectmem_on_stream")]
+    pub fn fcollect_on_stream<T: DeviceRepr>(
+        &self,
+        dst: &mut impl SymmetricMemory<T>,
+        src: &impl SymmetricMemory<T>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let total = src
+            .len()
+            .checked_mul(self.n_pes)
+            .ok_or(Error::SizeOverflow { len: src.len(), elem_size: size_of::<T>() })?;
+        expect_len("destination", total, dst.len())?;
+        let raw = self.rt.enqueue_on(stream)?;
+        let access = Access::new(stream);
+        let (s, _s) = access.read(src)?;
+        let (d, _d) = access.write(dst)?;
+        // SAFETY: `src` holds `src.num_bytes()` bytes and `dst` n_pes times as many (checked), both
+        // symmetric; the stream is on this device and its context current.
+        unsafe {
+            call!(nvshmemx_fcollectmem_on_stream(self.raw, d as *mut _, s as *const _, src.num_bytes(), raw) => status)
+        }
+    }
+
+    /// Exchanges blocks: block `j` of `src` on member `i` lands in block `i` of `dst` on member `j`
+    /// (`nvshmemx_alltoallmem_on_stream`). Both symmetric, of equal length, split into `n_pes()`
+    /// equal blocks. Collective.
+    #[doc(alias = "nvshmemx_alltoallmem_on_stream")]
+    pub fn alltoall_on_stream<T: DeviceRepr>(
+        &self,
+        dst: &mut impl SymmetricMemory<T>,
+        src: &impl SymmetricMemory<T>,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        expect_len("destination", src.len(), dst.len())?;
+        if src.len() % self.n_pes != 0 {
+            return Err(Error::NotDivisible { what: "source", len: src.len(), parts: self.n_pes });
+        }
+        let block = src.num_bytes() / self.n_pes;
+        let raw = self.rt.enqueue_on(stream)?;
+        let access = Access::new(stream);
+        let (s, _s) = access.read(src)?;
+        let (d, _d) = access.write(dst)?;
+        // SAFETY: both symmetric with n_pes blocks of `block` bytes (checked); the stream is on
+        // this device and its context current.
+        unsafe { call!(nvshmemx_alltoallmem_on_stream(self.raw, d as *mut _, s as *const _, block, raw) => status) }
+    }
+}
+
+impl Drop for Team<'_> {
+    fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
+        if std::thread::panicking() {
+            log::warn!("nvshmem: team {} dropped during a panic is leaked (destroying is collective)", self.raw);
+            return;
+        }
+        if let Err(e) = self.rt.context().bind_to_thread() {
+            log::warn!("nvshmem: binding the PE's context to destroy team {} failed: {e}", self.raw);
+        }
+        // SAFETY: the team was created by a split and is destroyed exactly once, here.
+        if let Err(e) = unsafe { call!(nvshmem_team_destroy(self.raw)) } {
+            log::warn!("nvshmem: destroying team {} failed: {e}", self.raw);
+        }
+    }
+}

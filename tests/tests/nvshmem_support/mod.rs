@@ -1,0 +1,52 @@
+//! What the nvshmem suites share: how many PEs to run, starting a runtime, and the kernels that
+//! `build.rs` compiled. Included by each `nvshmem_*.rs` suite with `mod nvshmem_support;`.
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
+use cudarc::nvrtc::Ptx;
+use gpucomm_launch::{Options, RankInfo, Rendezvous};
+use nvshmem::Runtime;
+
+/// The images `build.rs` compiled.
+mod kernels {
+    include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+}
+
+/// Plain kernels: `copy_ints(const int *src, int *out, int n)`,
+/// `fill_slowly(int *buf, int n, int base, long long spin)`.
+pub const PLAIN: &[u8] = kernels::PLAIN;
+/// NVSHMEM kernels, device-linked: lesson 12's `ring_put(int *inbox, const int *mine, int n,
+/// int *errors)` (collective launch) and `ring_put_plain(int *dst, const int *src, int n)`.
+pub const RING: &[u8] = kernels::NVSHMEM_KERNELS;
+/// The plain kernels for other GPUs only (sm_80 and sm_100, no PTX).
+pub const OTHER_ARCH: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/other_arch.fatbin"));
+
+/// PEs per test: every GPU of the machine, at least 2.
+pub fn pes() -> usize {
+    gpucomm_tests::device_count().max(2)
+}
+
+/// Starts NVSHMEM on this rank through the rendezvous, which stays usable for other ids.
+pub fn start(info: &RankInfo, stream: &Arc<CudaStream>) -> (Rendezvous, Runtime) {
+    let mut rdzv = Rendezvous::connect(info, &Options::from_env().unwrap()).unwrap();
+    let rt = Runtime::from_rendezvous(stream.clone(), &mut rdzv).unwrap();
+    assert_eq!((rt.my_pe(), rt.n_pes()), (info.rank, info.world_size));
+    (rdzv, rt)
+}
+
+/// A kernel of the plain module, loaded through cudarc.
+pub fn plain_kernel(ctx: &Arc<CudaContext>, name: &str) -> CudaFunction {
+    ctx.load_module(Ptx::from_binary(PLAIN.to_vec())).unwrap().load_function(name).unwrap()
+}
+
+/// A one-dimensional launch of `blocks` blocks of 256 threads.
+pub fn grid(blocks: u32) -> LaunchConfig {
+    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 }
+}
+
+/// The value PE `pe` writes at index `i`.
+pub fn value(pe: usize, i: usize) -> i32 {
+    (pe as i32 + 1) * 1_000_000 + i as i32
+}
