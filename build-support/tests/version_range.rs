@@ -6,7 +6,8 @@
 //! 1. `cargo check` of the -sys crate and its safe crate against that release's headers, reading
 //!    the cfgs each build script gave from Cargo's JSON messages: they must be every minor from the
 //!    range's oldest up to the header's (`nccl_2_18` alone for 2.18.1); a safe crate's build
-//!    script must give the same, plus patch-level cfgs (`nccl_2_28_7`) no newer than the header;
+//!    script that re-derives them must give the same, and patch-level cfgs (`nccl_2_28_7`) no
+//!    newer than the header;
 //! 2. `cargo test` of the -sys crate's CPU tests (`load`, and for NVSHMEM `initializers`), which load
 //!    that release's library and compare the hand-written initializers with its C macros.
 //!
@@ -195,15 +196,16 @@ fn check_cfgs(family: &Family, release: &Release) -> Result<Vec<String>, String>
         };
     patches_fit(family.sys, &patches)?;
     let mut cfgs = sys.cfgs.clone();
-    // A safe crate with a build script re-derives the minor cfgs (they must agree) and may add
+    // A safe crate whose build script re-derives the minor cfgs must agree; it may add
     // patch-level ones.
     if let Some(safe) = scripts.iter().find(|s| s.package == family.safe) {
         let (minors, patches, other) = classify(family.support, &safe.cfgs);
-        if minors != version_cfgs || !other.is_empty() {
-            return Err(format!("{} has cfgs {:?}, {} has {version_cfgs:?}", family.safe, safe.cfgs, family.sys));
+        if !minors.is_empty() && minors != version_cfgs {
+            return Err(format!("{} has cfgs {minors:?}, {} has {version_cfgs:?}", family.safe, family.sys));
         }
         patches_fit(family.safe, &patches)?;
-        cfgs.extend(patches.into_iter().map(|(cfg, _)| format!("{cfg} ({})", family.safe)));
+        let own = patches.into_iter().map(|(cfg, _)| cfg).chain(other);
+        cfgs.extend(own.map(|cfg| format!("{cfg} ({})", family.safe)));
     }
     Ok(cfgs)
 }
