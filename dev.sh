@@ -4,7 +4,10 @@
 #   - Debian packages: libclang-dev (bindgen), g++ (nvcc's host compiler, C layout checks),
 #     python3 + pip (to fetch NVIDIA's wheels), ca-certificates; Rust (rustup) if cargo is missing;
 #   - the NVIDIA wheels pinned to the GPU machine's versions, into the git-ignored project-local
-#     prefix .deps/py (no CUDA install needed; no GPU needed).
+#     prefix .deps/py (no CUDA install needed; no GPU needed);
+#   - for `test` and `setup` also the oldest and newest supported NCCL and NVSHMEM releases
+#     (headers and shared libraries only), into .deps/versions: the version-range test compiles
+#     the -sys crates against each.
 #
 #   ./dev.sh run      set up, then run the first tutorial example (versions, GPUs, a small all-reduce)
 #   ./dev.sh test     set up, then run every test (CPU-only machines skip GPU tests, counted as ignored)
@@ -23,6 +26,15 @@ WHEELS=(
     nvidia-cuda-crt==13.0.88
     nvidia-cuda-nvcc==13.0.88
     nvidia-nvvm==13.0.88
+)
+# The ends of the supported ranges (gpucomm_build_support::version): the oldest and the newest
+# release the package index offers. build-support/tests/version_range.rs builds and loads the -sys
+# crates against each (and against the pins above) and checks that these ends are the ranges'.
+RANGE_WHEELS=(
+    nvidia-nccl-cu12==2.18.1
+    nvidia-nccl-cu13==2.32.3
+    nvidia-nvshmem-cu12==3.3.9
+    nvidia-nvshmem-cu13==3.8.0
 )
 
 say() { printf 'dev.sh: %s\n' "$*" >&2; }
@@ -87,6 +99,48 @@ setup_wheels() {
     printf '%s\n' "${WHEELS[@]}" >"$stamp"
 }
 
+# Each RANGE_WHEELS entry nvidia-<lib>-cuNN==<version> becomes .deps/versions/<lib>-<version> with
+# the wheel's include/ and its shared libraries (lib/*.so*: the library the loader opens, NVSHMEM's
+# bootstrap plugins next to it); device libraries and the wheel itself are not kept. One wheel at a
+# time, without pip's cache, so at most one wheel (~300 MB) lies on disk besides the result.
+setup_range_wheels() {
+    local dir=$PREFIX/versions want
+    want=$(printf '%s\n' "${RANGE_WHEELS[@]}")
+    [ -f "$dir/.gpucomm-wheels" ] && [ "$(cat "$dir/.gpucomm-wheels")" = "$want" ] && return 0
+    say "fetching the oldest and newest supported NCCL/NVSHMEM releases into .deps/versions (about 820 MB download)"
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    local wheel tmp log
+    tmp=$(mktemp -d)
+    log=$tmp/pip.log
+    for wheel in "${RANGE_WHEELS[@]}"; do
+        if ! python3 -m pip download --disable-pip-version-check --no-input -q --no-deps --no-cache-dir \
+            --only-binary=:all: -d "$tmp/whl" "$wheel" >"$log" 2>&1; then
+            local why; why=$(grep -E 'ERROR|Error|error' "$log" | tail -1)
+            rm -rf "$tmp" "$dir"
+            die "could not download $wheel: ${why:-$(tail -1 "$log")} (network access to PyPI, or PIP_INDEX_URL, is needed)"
+        fi
+        python3 - "$tmp"/whl/*.whl "$dir" <<'PY' || { rm -rf "$tmp" "$dir"; die "could not unpack $wheel"; }
+import fnmatch, os, re, shutil, sys, zipfile
+wheel, dest = sys.argv[1], sys.argv[2]
+lib, version = re.match(r"nvidia_(nccl|nvshmem)_cu\d+-([^-]+)-", os.path.basename(wheel)).groups()
+root, out = f"nvidia/{lib}/", os.path.join(dest, f"{lib}-{version}")
+with zipfile.ZipFile(wheel) as z:
+    for member in z.infolist():
+        rel = member.filename[len(root):] if member.filename.startswith(root) else None
+        if member.is_dir() or not rel or rel.endswith("__init__.py"):
+            continue
+        if rel.startswith("include/") or fnmatch.fnmatch(rel, "lib/*.so*"):
+            os.makedirs(os.path.dirname(os.path.join(out, rel)), exist_ok=True)
+            with z.open(member) as src, open(os.path.join(out, rel), "wb") as dst:
+                shutil.copyfileobj(src, dst)
+PY
+        rm -rf "$tmp/whl"
+    done
+    rm -rf "$tmp"
+    printf '%s\n' "${RANGE_WHEELS[@]}" >"$dir/.gpucomm-wheels"
+}
+
 setup() {
     setup_system
     setup_rust
@@ -102,9 +156,9 @@ bundle() {
 cmd=${1:-}
 shift || true
 case "$cmd" in
-    setup) setup ;;
+    setup) setup; setup_range_wheels ;;
     run) setup; exec cargo run -q -p gpucomm-examples --example 01-hello -- "$@" ;;
-    test) setup; exec cargo test --workspace "$@" ;;
+    test) setup; setup_range_wheels; exec cargo test --workspace "$@" ;;
     lint)
         setup
         cargo fmt --all -- --check
@@ -112,5 +166,5 @@ case "$cmd" in
         RUSTDOCFLAGS="-D warnings" exec cargo doc --workspace --no-deps -q
         ;;
     bundle) bundle ;;
-    *) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

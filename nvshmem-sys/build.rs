@@ -63,9 +63,11 @@ fn main() -> std::process::ExitCode {
         );
         // nvshmemid_* are internal hooks; the public API is nvshmem_* and nvshmemx_*.
         let public = |n: &&String| n.starts_with("nvshmem_") || n.starts_with("nvshmemx_");
-        for name in exports.iter().filter(public).filter(|n| !is_multicast(n)) {
-            builder = builder.allowlist_function(format!("^{name}$"));
-        }
+        // One alternation rather than one pattern per function: bindgen matches every declaration
+        // of the CUDA and NVSHMEM headers against its allowlist, and with hundreds of separate
+        // patterns that matching took most of this script's time (~8x slower).
+        let bound: Vec<&str> = exports.iter().filter(public).filter(|n| !is_multicast(n)).map(String::as_str).collect();
+        builder = builder.allowlist_function(bound.join("|"));
         let bindings = builder
             .allowlist_type("nvshmem.*")
             .allowlist_var("NVSHMEM.*")

@@ -1,8 +1,10 @@
 //! Library versions: read from the headers a build compiles against, compared with the supported
 //! range, and turned into cumulative `cfg`s (`nccl_2_28` means "NCCL ≥ 2.28").
 //!
-//! The supported ranges live here and nowhere else; the -sys crates, the safe crates' build scripts,
-//! the docs and CI all read them from [`NCCL_SUPPORT`] and [`NVSHMEM_SUPPORT`].
+//! The supported ranges live here; the -sys crates, the safe crates' build scripts and the run-time
+//! loader read them from [`NCCL_SUPPORT`] and [`NVSHMEM_SUPPORT`]. `./dev.sh` fetches the releases at
+//! both ends, and this crate's `tests/version_range.rs` builds against them and checks that they are
+//! these ranges' ends, so a range cannot claim more than was built.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -82,7 +84,9 @@ pub struct Support {
     pub skip_var: &'static str,
 }
 
-/// NCCL 2.18 … 2.32 (see `../shared/notes/nccl.md` §1 for what each brought).
+/// NCCL 2.18.1 … 2.32.x (see `../shared/notes/nccl.md` §1 for what each brought). The
+/// repository's `tests/version_range.rs` builds against both ends (2.18.1 and 2.32.3, the newest
+/// release) and fails when the releases it builds stop being this range's ends.
 pub const NCCL_SUPPORT: Support = Support {
     name: "NCCL",
     cfg_prefix: "nccl",
@@ -108,7 +112,8 @@ pub const NCCL_SUPPORT: Support = Support {
     skip_var: "NCCL_SYS_SKIP_VERSION_CHECK",
 };
 
-/// NVSHMEM 3.3 … 3.8 (`nvshmem_host.h` and the `hostlib` entry points).
+/// NVSHMEM 3.3.9 … 3.8.x (`nvshmem_host.h` and the `hostlib` entry points). Both ends (3.3.9 and
+/// 3.8.0) are built by `tests/version_range.rs`, as for NCCL.
 pub const NVSHMEM_SUPPORT: Support = Support {
     name: "NVSHMEM",
     cfg_prefix: "nvshmem",

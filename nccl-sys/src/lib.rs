@@ -19,6 +19,10 @@
 //!
 //! # Versions
 //!
+//! Supported headers and libraries: NCCL 2.18.1 … 2.32.3. The repository's tests compile this crate
+//! and `nccl-rs` against 2.18.1, 2.28.9 and 2.32.3 and load each library; older headers are
+//! refused, newer minors need `NCCL_SYS_SKIP_VERSION_CHECK=1`.
+//!
 //! [`HEADER_VERSION`] is the version of the headers compiled against; `library()?.version()` is
 //! the loaded library's. The build also sets cumulative cfgs `nccl_2_18` … `nccl_2_32` ("header ≥
 //! that version") and publishes `DEP_NCCL_VERSION_NUMBER` (e.g. `22809`), `DEP_NCCL_INCLUDE`,

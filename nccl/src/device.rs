@@ -277,7 +277,8 @@ impl<'comm> DevComm<'comm> {
 
     /// GIN contexts NCCL actually created (0 without a GIN-capable network).
     pub fn gin_contexts(&self) -> usize {
-        self.arg.0.ginContextCount.into()
+        // uint8_t in the 2.28.9 headers, uint32_t in 2.32.3: both widen losslessly.
+        self.arg.0.ginContextCount as usize
     }
 
     /// The handle of resource buffer `index` (in the order of

@@ -30,6 +30,10 @@
 //!
 //! # Versions
 //!
+//! Supported headers and libraries: NVSHMEM 3.3.9 … 3.8.0. The repository's tests compile this
+//! crate and `nvshmem` against 3.3.9, 3.4.5 and 3.8.0 and load each library; older headers are
+//! refused, newer minors need `NVSHMEM_SYS_SKIP_VERSION_CHECK=1`.
+//!
 //! [`HEADER_VERSION`] is the headers' vendor version; `library()?.version()` the loaded library's
 //! (`nvshmemx_vendor_get_version_info`). Cumulative cfgs `nvshmem_3_3` … `nvshmem_3_8` and
 //! `DEP_NVSHMEM_VERSION_NUMBER` (e.g. `30405`), `DEP_NVSHMEM_INCLUDE`, `DEP_NVSHMEM_LIB_DIR`,
