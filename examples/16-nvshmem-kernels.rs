@@ -45,7 +45,9 @@ fn main() -> std::process::ExitCode {
         let one_shot = OneShot::new(&rt)?;
         for count in [1usize, 3, 1000, MAX_COUNT] {
             one_shot.check::<f32>(&stream, &module.kernel("oneshot_sum_f32")?, count, |v| v as f32)?;
-            one_shot.check::<half::bf16>(&stream, &module.kernel("oneshot_sum_bf16")?, count, |v| half::bf16::from_f32(v as f32))?;
+            one_shot.check::<half::bf16>(&stream, &module.kernel("oneshot_sum_bf16")?, count, |v| {
+                half::bf16::from_f32(v as f32)
+            })?;
         }
         one_shot.free()?;
         Ok(())
@@ -134,7 +136,13 @@ impl<'rt> OneShot<'rt> {
         }
         let got = stream.clone_dtoh(&recv)?;
         if let Some(i) = (0..count).find(|&i| got[i] != expected[i]) {
-            return Err(format!("PE {me}: one-shot {} × {count}: element {i} is {:?}, expected {:?}", std::any::type_name::<T>(), got[i], expected[i]).into());
+            return Err(format!(
+                "PE {me}: one-shot {} × {count}: element {i} is {:?}, expected {:?}",
+                std::any::type_name::<T>(),
+                got[i],
+                expected[i]
+            )
+            .into());
         }
         println!("PE {me}: one-shot all-reduce over nvshmem_ptr of {count} {} correct", std::any::type_name::<T>());
         Ok(())

@@ -74,7 +74,12 @@ struct Row {
     busbw: f64,
 }
 
-fn run(comm: &Comm, rt: &nvshmem::Runtime, stream: &std::sync::Arc<CudaStream>, max: usize) -> Result<Vec<Row>, BoxError> {
+fn run(
+    comm: &Comm,
+    rt: &nvshmem::Runtime,
+    stream: &std::sync::Arc<CudaStream>,
+    max: usize,
+) -> Result<Vec<Row>, BoxError> {
     let n = comm.size();
     let lsa = LsaAllReduce::new(comm, ONE_SHOT_MAX)?;
     let count = max / 4;
@@ -102,14 +107,15 @@ fn run(comm: &Comm, rt: &nvshmem::Runtime, stream: &std::sync::Arc<CudaStream>, 
         let src = send.slice(..c)?;
         let plain_src = plain_send.slice(..c)?;
         let mut dst = plain_recv.slice_mut(..c)?;
-        let mut measure = |algorithm: &'static str, call: &mut dyn FnMut() -> Result<(), BoxError>| -> Result<(), BoxError> {
-            let eager = bench::eager(comm, &mut scratch, 5, iters, &mut *call)?;
-            let graph = bench::graph(comm, &mut scratch, stream, graph_iters, 10, &mut *call)?;
-            for (mode, us) in [("eager", eager), ("graph", graph)] {
-                rows.push(Row { bytes, algorithm, mode, us, busbw: bench::all_reduce_busbw(bytes, n, us) });
-            }
-            Ok(())
-        };
+        let mut measure =
+            |algorithm: &'static str, call: &mut dyn FnMut() -> Result<(), BoxError>| -> Result<(), BoxError> {
+                let eager = bench::eager(comm, &mut scratch, 5, iters, &mut *call)?;
+                let graph = bench::graph(comm, &mut scratch, stream, graph_iters, 10, &mut *call)?;
+                for (mode, us) in [("eager", eager), ("graph", graph)] {
+                    rows.push(Row { bytes, algorithm, mode, us, busbw: bench::all_reduce_busbw(bytes, n, us) });
+                }
+                Ok(())
+            };
         if bytes <= LL_MAX_BYTES {
             measure("LL", &mut || lsa.ll(stream, &src, &mut dst))?;
         }
@@ -155,12 +161,15 @@ fn print_table(rows: &[Row]) {
     let ours = ["LL", "one-shot", "nvshmem one-shot", "two-shot"];
     for mode in ["eager", "graph"] {
         println!("\n### {mode}: µs per all-reduce (f32 sum), 2 ranks\n");
-        println!("| size | LL | one-shot | NVSHMEM one-shot | two-shot | NCCL | NCCL symmetric | best ours / best NCCL |");
+        println!(
+            "| size | LL | one-shot | NVSHMEM one-shot | two-shot | NCCL | NCCL symmetric | best ours / best NCCL |"
+        );
         println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
         let mut sizes: Vec<usize> = rows.iter().map(|r| r.bytes).collect();
         sizes.dedup();
         for bytes in sizes {
-            let get = |a: &str| rows.iter().find(|r| r.bytes == bytes && r.mode == mode && r.algorithm == a).map(|r| r.us);
+            let get =
+                |a: &str| rows.iter().find(|r| r.bytes == bytes && r.mode == mode && r.algorithm == a).map(|r| r.us);
             let cell = |a: &str| get(a).map_or("—".to_string(), |v| format!("{v:.2}"));
             let best = |names: &[&str]| names.iter().filter_map(|a| get(a)).fold(f64::INFINITY, f64::min);
             let theirs = best(&["ncclAllReduce", "ncclAllReduce (symmetric windows)"]);

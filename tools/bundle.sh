@@ -46,7 +46,7 @@ with open("bundle/examples.tsv", "w") as out:
             out.write("\t".join([t, mode] + args.get(t, [])) + "\n")
 '
 cp tools/gpu-run.sh bundle/run.sh
-cp tools/gpu-nccl-tests.sh bundle/gpu-nccl-tests.sh
+cp tools/gpu-nccl-tests.sh tools/gpu-custom-bench.sh tools/custom-vs-nccl-tests.py bundle/
 cp cli/gpu/*.sh bundle/
 chmod +x bundle/*.sh
 # The reference benchmark's source, built on the GPU machine for side-by-side runs.

@@ -26,7 +26,9 @@ FACTOR=${FACTOR:-4}
 ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
 MAXBYTES=${MAXBYTES:-8G}
-read -r -a COLLS <<<"${COLLS:-all_reduce all_gather reduce_scatter broadcast sendrecv}"
+read -r -a COLLS <<<"${COLLS:-all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv}"
+# The one-process mode (-g NGPU) runs for these only (it takes as long again per collective).
+G_COLLS=" ${G_COLLS:-all_reduce} "
 BUILDER=
 for c in "$HERE/gpu-nccl-tests.sh" "$HERE/../../tools/gpu-nccl-tests.sh"; do
     [ -z "$BUILDER" ] && [ -f "$c" ] && BUILDER=$c
@@ -106,6 +108,7 @@ rust_run() { # mode coll rep
 for ((rep = 1; rep <= REPEATS; rep++)); do
     for coll in "${COLLS[@]}"; do
         for mode in mpirun g; do
+            [ "$mode" = g ] && [[ "$G_COLLS" != *" $coll "* ]] && continue
             echo "-- rep $rep/$REPEATS $mode $coll"
             if ((rep % 2)); then c_run "$mode" "$coll" "$rep"; rust_run "$mode" "$coll" "$rep"
             else rust_run "$mode" "$coll" "$rep"; c_run "$mode" "$coll" "$rep"; fi
@@ -124,6 +127,7 @@ done
 : >"$OUTDIR/summary.md"
 for mode in mpirun g; do
     for coll in "${COLLS[@]}"; do
+        [ "$mode" = g ] && [[ "$G_COLLS" != *" $coll "* ]] && continue
         rust=("$LOGS/$mode/$coll".rust.*.json)
         md=$OUTDIR/bench/$mode/$coll.md
         if "$GPUCOMM" compare --rust "${rust[@]}" --nccl-tests "$LOGS/$mode/$coll.c.log" --plot "$OUTDIR/bench/$mode/$coll.svg" >"$md" 2>"$md.err"; then

@@ -68,8 +68,6 @@ fn bench_command_line_errors() {
     fails_with(&["bench", "-b", "1M", "-e", "1K"], 2, "error: invalid size range: -b 1048576 is larger than -e 1024");
     fails_with(&["bench", "-b", "0"], 2, "-b must be at least 1 byte");
     fails_with(&["bench", "hypercube"], 2, "invalid value 'hypercube'");
-    fails_with(&["bench", "reduce"], 2, "error: collective \"reduce\": the nccl crate has no reduce yet");
-    fails_with(&["bench", "alltoall"], 2, "no all_to_all yet (ncclAlltoAll");
     fails_with(&["bench", "-d", "float128"], 2, "error: -d \"float128\": expected int8, uint8");
     fails_with(&["bench", "-o", "xor"], 2, "error: -o \"xor\": expected sum, prod, max, min or avg");
     fails_with(&["bench", "-o", "mulsum"], 2, "PreMulSum is not wired");

@@ -85,9 +85,14 @@ impl<'c> LsaAllReduce<'c> {
 
     fn kernel<T: Element>(&self, algorithm: &str) -> Result<&CudaFunction, BoxError> {
         let wanted = |name: &str| {
-            name.strip_prefix("lsa_").and_then(|n| n.strip_prefix(algorithm)).and_then(|n| n.strip_prefix("_sum_")) == Some(T::SUFFIX)
+            name.strip_prefix("lsa_").and_then(|n| n.strip_prefix(algorithm)).and_then(|n| n.strip_prefix("_sum_"))
+                == Some(T::SUFFIX)
         };
-        self.kernels.iter().find(|(name, _)| wanted(name)).map(|(_, f)| f).ok_or_else(|| format!("no kernel lsa_{algorithm}_sum_{}", T::SUFFIX).into())
+        self.kernels
+            .iter()
+            .find(|(name, _)| wanted(name))
+            .map(|(_, f)| f)
+            .ok_or_else(|| format!("no kernel lsa_{algorithm}_sum_{}", T::SUFFIX).into())
     }
 
     /// CTAs for a message: about 8 KiB per CTA for one-shot, 512 KiB for two-shot.
@@ -146,7 +151,9 @@ impl<'c> LsaAllReduce<'c> {
         let count = send.len();
         let bytes = count * size_of::<T>();
         if recv.len() != count || bytes > LL_MAX_BYTES || count == 0 {
-            return Err(format!("LL: {count} → {} elements, {bytes} of at most {LL_MAX_BYTES} bytes", recv.len()).into());
+            return Err(
+                format!("LL: {count} → {} elements, {bytes} of at most {LL_MAX_BYTES} bytes", recv.len()).into()
+            );
         }
         let kernel = self.kernel::<T>("ll")?;
         let (src, _read) = send.device_ptr(stream);
@@ -155,7 +162,11 @@ impl<'c> LsaAllReduce<'c> {
         let (base, ll_off, region) = (0usize, CTRL_BYTES + 2 * self.max_bytes, LL_REGION);
         let mut launch = stream.launch_builder(kernel);
         launch.arg(self.dev.arg()).arg(&win).arg(&base).arg(&ll_off).arg(&region).arg(&src).arg(&dst).arg(&count);
-        let cfg = LaunchConfig { grid_dim: (Self::ctas(bytes, 8 << 10), 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        let cfg = LaunchConfig {
+            grid_dim: (Self::ctas(bytes, 8 << 10), 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
         // SAFETY: the kernel takes (ncclDevComm, ncclWindow_t, size_t, size_t, size_t, const T*,
         // T*, size_t), matching the arguments pushed; `send` and `recv` hold `count` elements on this
         // device, borrowed until the launch is enqueued; the window holds the counters at 0 and

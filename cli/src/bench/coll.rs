@@ -10,15 +10,15 @@ use serde::{Deserialize, Serialize};
 pub enum Collective {
     /// As nccl-tests' all_reduce_perf.
     AllReduce,
-    /// As all_gather_perf (out-of-place only for now).
+    /// As all_gather_perf.
     AllGather,
-    /// As reduce_scatter_perf (out-of-place only for now).
+    /// As reduce_scatter_perf.
     ReduceScatter,
-    /// As broadcast_perf (in-place only for now).
+    /// As broadcast_perf.
     Broadcast,
-    /// As reduce_perf (not wired yet: the nccl crate has no reduce).
+    /// As reduce_perf.
     Reduce,
-    /// As alltoall_perf (not wired yet: the nccl crate has no all_to_all).
+    /// As alltoall_perf (out-of-place; NCCL ≥ 2.28.3).
     #[value(name = "alltoall", alias = "all_to_all")]
     #[serde(rename = "alltoall")]
     AllToAll,
