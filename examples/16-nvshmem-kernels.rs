@@ -42,7 +42,7 @@ fn main() -> std::process::ExitCode {
         let stream = rt.context().new_stream()?;
         let module = rt.load_module(kernels::NVSHMEM_ALLREDUCE)?;
         ring(&rt, &stream, &module.kernel("ring_put_signal")?)?;
-        let one_shot = OneShot::new(&rt)?;
+        let mut one_shot = OneShot::new(&rt, &stream)?;
         for count in [1usize, 3, 1000, MAX_COUNT] {
             one_shot.check::<f32>(&stream, &module.kernel("oneshot_sum_f32")?, count, |v| v as f32)?;
             one_shot.check::<half::bf16>(&stream, &module.kernel("oneshot_sum_bf16")?, count, |v| {
@@ -85,23 +85,28 @@ fn ring(rt: &Runtime, stream: &Arc<CudaStream>, kernel: &Kernel<'_, '_>) -> Resu
     Ok(())
 }
 
-/// The symmetric buffers of the one-shot kernel: two staging slots and one signal per (CTA, PE).
+/// What the one-shot kernel keeps across calls: on the symmetric heap two staging slots and one
+/// signal per (CTA, PE); locally the call counter (and a count of finished CTAs). Signals carry
+/// call numbers and are waited for with "≥", so the counter must only grow: it lives as long as
+/// the signals.
 struct OneShot<'rt> {
     rt: &'rt Runtime,
     staging: nvshmem::Symmetric<'rt, u8>,
     flags: nvshmem::Symmetric<'rt, u64>,
+    calls: cudarc::driver::CudaSlice<u32>,
 }
 
 impl<'rt> OneShot<'rt> {
-    fn new(rt: &'rt Runtime) -> Result<Self, BoxError> {
+    fn new(rt: &'rt Runtime, stream: &Arc<CudaStream>) -> Result<Self, BoxError> {
         let staging = rt.alloc_zeroed::<u8>(2 * MAX_COUNT * 4)?;
         let flags = rt.alloc_zeroed::<u64>(MAX_CTAS as usize * rt.n_pes())?;
-        Ok(OneShot { rt, staging, flags })
+        let calls = stream.alloc_zeros::<u32>(MAX_CTAS as usize)?;
+        Ok(OneShot { rt, staging, flags, calls })
     }
 
     /// PE r contributes (r + 1) × (i mod 13); the sum must equal the host reference exactly.
     fn check<T: nccl::NcclType + ValidAsZeroBits + PartialEq + std::fmt::Debug>(
-        &self,
+        &mut self,
         stream: &Arc<CudaStream>,
         kernel: &Kernel<'_, '_>,
         count: usize,
@@ -112,24 +117,23 @@ impl<'rt> OneShot<'rt> {
         let expected: Vec<T> = (0..count as u32).map(|i| from(n * (n + 1) / 2 * (i % 13))).collect();
         let send = stream.clone_htod(&host)?;
         let mut recv = stream.alloc_zeros::<T>(count)?;
-        // Per-CTA call counters: local memory, zero at the start, kept across calls.
-        let mut calls = stream.alloc_zeros::<u32>(MAX_CTAS as usize)?;
         let ctas = (count * size_of::<T>()).div_ceil(8 << 10).clamp(1, MAX_CTAS as usize) as u32;
         let cfg = LaunchConfig { grid_dim: (ctas, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
         let slot = MAX_COUNT * 4 / size_of::<T>();
         let mut staging = self.staging.slice(..)?;
         let mut flags = self.flags.slice(..)?;
+        let calls = &mut self.calls;
         // Twice, so that both staging slots and increasing call numbers are used.
         for _ in 0..2 {
             // SAFETY: the arguments match `oneshot_sum_<T>(const T *send, T *recv, size_t n, T
             // *staging, size_t slot_elems, uint64_t *flags, uint32_t *calls)`; `send` and `recv`
             // hold `count` ≤ `slot` elements, `staging` 2 × `slot` (symmetric), `flags` MAX_CTAS ×
-            // n_pes signals (symmetric), `calls` MAX_CTAS counters; `ctas` ≤ MAX_CTAS; every PE
+            // n_pes signals (symmetric), `calls` the two-word counter; `ctas` ≤ MAX_CTAS; every PE
             // launches the same grid with the same count.
             unsafe {
                 kernel.launch_collective(cfg, stream, |a| {
                     a.buffer(&send)?.buffer_mut(&mut recv)?.value(count)?;
-                    a.buffer_mut(&mut staging)?.value(slot)?.buffer_mut(&mut flags)?.buffer_mut(&mut calls)?;
+                    a.buffer_mut(&mut staging)?.value(slot)?.buffer_mut(&mut flags)?.buffer_mut(&mut *calls)?;
                     Ok(())
                 })
             }?;

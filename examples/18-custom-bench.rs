@@ -130,7 +130,7 @@ fn run(
                 // SAFETY: the arguments match `oneshot_sum_f32(const float *send, float *recv,
                 // size_t n, float *staging, size_t slot_elems, uint64_t *flags, uint32_t *calls)`;
                 // `src` and `dst` hold `c` ≤ `slot` floats, the symmetric staging 2 × `slot`, the
-                // symmetric flags NVSHMEM_CTAS × n_pes signals, `calls` NVSHMEM_CTAS counters; every
+                // symmetric flags NVSHMEM_CTAS × n_pes signals, `calls` the two-word counter; every
                 // PE launches the same grid with the same count.
                 unsafe {
                     shmem.launch_collective(cfg, stream, |a| {

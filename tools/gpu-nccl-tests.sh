@@ -14,7 +14,7 @@ set -euo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 HERE=$(cd "$(dirname "$0")" && pwd)
 MPI=${MPI:-1}
-tarball=$(ls "${REF:-/nonexistent}" "$HERE"/ref/nccl-tests-*.tar.gz "$HERE"/../../shared/ref/nccl-tests-*.tar.gz 2>/dev/null | grep tar.gz | head -1)
+tarball=$(ls "${REF:-/nonexistent}"/nccl-tests-*.tar.gz "$HERE"/ref/nccl-tests-*.tar.gz "$HERE"/../../shared/ref/nccl-tests-*.tar.gz 2>/dev/null | head -1 || true)
 [ -n "$tarball" ] || { echo "no nccl-tests tarball (set REF to the folder holding nccl-tests-*.tar.gz)" >&2; exit 2; }
 work=${NCCL_TESTS_WORK:-/tmp/gpucomm-nccl-tests}/mpi$MPI
 build=$work/nccl-tests/build

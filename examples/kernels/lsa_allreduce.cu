@@ -7,8 +7,8 @@
 // * one-shot (small messages): every rank stages its input in a symmetric window, one LSA barrier
 //   says "everyone's input is staged", then every rank loads all peers' staged inputs over NVLink
 //   and writes the sum to its own output. The staging area has two slots used alternately (by a
-//   per-CTA call counter kept in the window), so a rank may start the next call while a slower
-//   peer still reads the previous slot: one barrier per call instead of two.
+//   call counter kept in the window), so a rank may start the next call while a slower peer still
+//   reads the previous slot: one barrier per call instead of two.
 // * LL one-shot (the smallest messages): no barrier at all. Each rank stores its input straight into
 //   every peer's window as 8-byte words carrying 4 bytes of data and a 4-byte flag (the call
 //   number); a peer knows a word has arrived when its flag matches, since an aligned 8-byte store
@@ -112,17 +112,43 @@ __device__ __forceinline__ void sum_from_peers(const Peers<T>& in, T* out, size_
   }
 }
 
-// Window layout of the one-shot kernel: [call counters: one u32 per CTA, 4 KiB][slot 0][slot 1],
-// starting at `base`; a slot holds `count` elements.
+// Window layout of the one-shot kernel: [call counter, 4 KiB][slot 0][slot 1], starting at `base`;
+// a slot holds `count` elements.
 constexpr size_t CTRL_BYTES = 4096;
+
+// This rank's call counter (one per window, shared by the one-shot and LL kernels), and a count of
+// the CTAs that finished the current call. Every CTA of a launch reads the same call number; the
+// last CTA to finish advances it for the next launch (launches on one stream never overlap).
+// A number shared by all CTAs keeps slots and flags consistent whatever grid each call uses.
+struct Ctrl {
+  uint32_t call;
+  uint32_t done;
+};
+
+__device__ __forceinline__ uint32_t begin_call(ncclWindow_t win, size_t base) {
+  __shared__ uint32_t call;
+  if (threadIdx.x == 0) call = *(volatile uint32_t*)&((Ctrl*)ncclGetLocalPointer(win, base))->call;
+  __syncthreads();
+  return call;
+}
+
+__device__ __forceinline__ void end_call(ncclWindow_t win, size_t base, uint32_t call) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    Ctrl* ctrl = (Ctrl*)ncclGetLocalPointer(win, base);
+    __threadfence();
+    if (atomicAdd(&ctrl->done, 1) == gridDim.x - 1) {
+      ctrl->done = 0;
+      *(volatile uint32_t*)&ctrl->call = call + 1;
+      __threadfence();
+    }
+  }
+}
 
 template <typename T>
 __device__ void oneshot(ncclDevComm comm, ncclWindow_t win, size_t base, size_t slot_bytes,
                         const T* send, T* recv, size_t count) {
-  __shared__ uint32_t call;
-  uint32_t* counter = (uint32_t*)ncclGetLocalPointer(win, base) + blockIdx.x;
-  if (threadIdx.x == 0) call = *counter;
-  __syncthreads();
+  const uint32_t call = begin_call(win, base);
   const size_t slot = base + CTRL_BYTES + (call & 1) * slot_bytes;
   size_t begin, end;
   cta_share<T>(count, &begin, &end);
@@ -143,10 +169,10 @@ __device__ void oneshot(ncclDevComm comm, ncclWindow_t win, size_t base, size_t 
   bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
 
   sum_from_peers<T>(Peers<T>(win, slot, comm.lsaSize), recv, begin, end);
-  if (threadIdx.x == 0) *counter = call + 1;
+  end_call(win, base, call);
 }
 
-// The LL one-shot: counters shared with `oneshot` (at `base`), then for each (slot, source rank) a
+// The LL one-shot: the call counter shared with `oneshot` (at `base`), then for each (slot, source rank) a
 // region of `region` bytes at `ll_off` + (slot × MAX_PEERS + source) × `region`, holding one
 // 8-byte (data, flag) pair per 4-byte word of the message.
 template <typename T>
@@ -184,10 +210,7 @@ __device__ __forceinline__ uint32_t add_word(uint32_t a, uint32_t b) {
 template <typename T>
 __device__ void ll_oneshot(ncclDevComm comm, ncclWindow_t win, size_t base, size_t ll_off, size_t region,
                            const T* send, T* recv, size_t count) {
-  __shared__ uint32_t call;
-  uint32_t* counter = (uint32_t*)ncclGetLocalPointer(win, base) + blockIdx.x;
-  if (threadIdx.x == 0) call = *counter;
-  __syncthreads();
+  const uint32_t call = begin_call(win, base);
   const uint32_t flag = call + 1;  // never 0, the window's initial contents
   const int n = comm.lsaSize, me = comm.lsaRank;
   const size_t words = (count * sizeof(T) + 3) / 4;
@@ -223,8 +246,7 @@ __device__ void ll_oneshot(ncclDevComm comm, ncclWindow_t win, size_t base, size
     }
     store_word(recv, count, w, acc);
   }
-  __syncthreads();
-  if (threadIdx.x == 0) *counter = call + 1;
+  end_call(win, base, call);
 }
 
 // Two-shot over `send` and `recv` windows (byte offsets `send_off`, `recv_off`): rank r reduces

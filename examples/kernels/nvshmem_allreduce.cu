@@ -28,13 +28,15 @@ extern "C" __global__ void ring_put_signal(int* dst, const int* src, size_t n, u
 }
 
 // `staging`: symmetric, 2 slots of `slot_elems` elements. `flags`: symmetric, gridDim.x × npes
-// uint64 signals. `calls`: local, one counter per CTA. At most 8 PEs.
+// uint64 signals. `calls`: local, {call number, CTAs finished}: every CTA of a launch reads the same
+// call number, and the last CTA to finish advances it for the next launch, so slots and signals
+// stay consistent whatever grid each call uses. At most 8 PEs.
 template <typename T>
 __device__ void oneshot_sum(const T* send, T* recv, size_t n, T* staging, size_t slot_elems, uint64_t* flags,
                             uint32_t* calls) {
   const int me = nvshmem_my_pe(), npes = nvshmem_n_pes();
   __shared__ uint32_t call;
-  if (threadIdx.x == 0) call = calls[blockIdx.x] + 1;
+  if (threadIdx.x == 0) call = *(volatile uint32_t*)&calls[0] + 1;
   __syncthreads();
   const size_t per = ((n + gridDim.x - 1) / gridDim.x + 7) / 8 * 8;
   const size_t begin = min(n, per * blockIdx.x), end = min(n, begin + per);
@@ -55,7 +57,15 @@ __device__ void oneshot_sum(const T* send, T* recv, size_t n, T* staging, size_t
     for (int p = 0; p < npes && p < 8; p++) acc += (float)peer[p][i];
     recv[i] = (T)acc;
   }
-  if (threadIdx.x == 0) calls[blockIdx.x] = call;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&calls[1], 1) == gridDim.x - 1) {
+      calls[1] = 0;
+      *(volatile uint32_t*)&calls[0] = call;
+      __threadfence();
+    }
+  }
 }
 
 extern "C" __global__ void __launch_bounds__(512)

@@ -95,7 +95,8 @@ impl<'c> LsaAllReduce<'c> {
             .ok_or_else(|| format!("no kernel lsa_{algorithm}_sum_{}", T::SUFFIX).into())
     }
 
-    /// CTAs for a message: about 8 KiB per CTA for one-shot, 512 KiB for two-shot.
+    /// CTAs for a message of `bytes`: one per `per_cta` bytes (2 KiB for LL, 8 KiB for one-shot,
+    /// 64 KiB for two-shot: enough CTAs in flight to hide NVLink latency), at most MAX_CTAS.
     fn ctas(bytes: usize, per_cta: usize) -> u32 {
         bytes.div_ceil(per_cta).clamp(1, MAX_CTAS as usize) as u32
     }
@@ -119,6 +120,8 @@ impl<'c> LsaAllReduce<'c> {
             .into());
         }
         let kernel = self.kernel::<T>("oneshot")?;
+        // The staging window is used by one launch at a time: ordered on `stream` like any buffer.
+        let (_, _staging) = self.staging.buffer().device_ptr(stream);
         let (src, _read) = send.device_ptr(stream);
         let (dst, _write) = recv.device_ptr_mut(stream);
         let win = self.staging.arg();
@@ -156,6 +159,7 @@ impl<'c> LsaAllReduce<'c> {
             );
         }
         let kernel = self.kernel::<T>("ll")?;
+        let (_, _staging) = self.staging.buffer().device_ptr(stream);
         let (src, _read) = send.device_ptr(stream);
         let (dst, _write) = recv.device_ptr_mut(stream);
         let win = self.staging.arg();
@@ -163,7 +167,7 @@ impl<'c> LsaAllReduce<'c> {
         let mut launch = stream.launch_builder(kernel);
         launch.arg(self.dev.arg()).arg(&win).arg(&base).arg(&ll_off).arg(&region).arg(&src).arg(&dst).arg(&count);
         let cfg = LaunchConfig {
-            grid_dim: (Self::ctas(bytes, 8 << 10), 1, 1),
+            grid_dim: (Self::ctas(bytes, 2 << 10), 1, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };
@@ -202,7 +206,7 @@ impl<'c> LsaAllReduce<'c> {
         launch.arg(self.dev.arg()).arg(&send_win).arg(&send_off).arg(&recv_win).arg(&recv_off).arg(&count);
         let bytes = count * size_of::<T>();
         let cfg = LaunchConfig {
-            grid_dim: (Self::ctas(bytes, 512 << 10), 1, 1),
+            grid_dim: (Self::ctas(bytes, 64 << 10), 1, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: 0,
         };

@@ -158,13 +158,13 @@ pub fn issue_group<T: Elem>(comms: &[Comm], call: &Call, bufs: &mut [Buffers<T>]
     })?)
 }
 
-/// Sums `values` over every rank of `comm` (the bench's averages and wrong-element totals);
-/// also a barrier, since every rank waits for the result.
-pub fn sum_over_ranks(comm: &Comm, values: &[f64]) -> nccl::Result<Vec<f64>> {
+/// Sums `values` over every rank of `comm` (the bench's averages and wrong-element totals) in
+/// `scratch` (as long as `values`); also a barrier, since every rank waits for the result.
+pub fn sum_over_ranks(comm: &Comm, values: &[f64], scratch: &mut CudaSlice<f64>) -> nccl::Result<Vec<f64>> {
     let stream = comm.stream();
-    let mut buf = stream.clone_htod(values)?;
-    comm.all_reduce_in_place(&mut buf, ReduceOp::SUM)?;
-    Ok(stream.clone_dtoh(&buf)?)
+    stream.memcpy_htod(values, scratch)?;
+    comm.all_reduce_in_place(scratch, ReduceOp::SUM)?;
+    Ok(stream.clone_dtoh(scratch)?)
 }
 
 /// One communicator per process: rank 0's unique id reaches the others through `rendezvous`.

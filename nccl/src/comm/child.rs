@@ -48,7 +48,7 @@ impl Comm {
             Some(c) => c_int("color", u64::from(c))?,
             None => nccl_sys::NCCL_SPLIT_NOCOLOR,
         };
-        let child = self.make_child("ncclCommSplit", config, stream, |parent, slot, config| {
+        let child = self.make_child("ncclCommSplit", color.is_some(), config, stream, |parent, slot, config| {
             // SAFETY: `parent` is live and ready; `slot` stays valid until NCCL is done with it
             // (module docs); `config` is null or built from NCCL_CONFIG_INITIALIZER with its
             // strings kept alive by the child.
@@ -91,7 +91,7 @@ impl Comm {
         // In range, so each fits an int; NCCL sorts the list in place during the call.
         let mut list: Vec<i32> = exclude.iter().map(|&r| r as i32).collect();
         let count = list.len() as i32;
-        let child = self.make_child("ncclCommShrink", config, stream, |parent, slot, config| {
+        let child = self.make_child("ncclCommShrink", true, config, stream, |parent, slot, config| {
             // SAFETY: `parent` is live and ready; `list` holds `count` distinct ranks of it, not
             // this one (checked), and is writable; `slot` and `config` as for ncclCommSplit.
             unsafe { call_rc!(ncclCommShrink(parent, list.as_mut_ptr(), count, slot, config, flags.0)) }
@@ -122,10 +122,11 @@ impl Comm {
     }
 
     /// The part split and shrink share: checks, the call (`start`, given the parent, the slot and
-    /// the config), waiting for NCCL, and adopting the child.
+    /// the config), waiting for NCCL, and adopting the child (`expected`: this rank gets one).
     fn make_child(
         &self,
         call: &'static str,
+        expected: bool,
         config: Option<&Config>,
         stream: Option<Arc<CudaStream>>,
         start: impl FnOnce(nccl_sys::ncclComm_t, *mut nccl_sys::ncclComm_t, *mut ncclConfig_t) -> Result<ncclResult_t>,
@@ -151,7 +152,15 @@ impl Comm {
         }
         // SAFETY: `cell` is the slot the parent owns (pushed above, boxed, never removed before the
         // parent is gone); NCCL writes it with a release store, read here with an acquire load.
-        let child = NonNull::new(unsafe { &*cell }.load(Ordering::Acquire));
+        let slot = unsafe { &*cell };
+        // NCCL 2.28.9 can store the child from the split's job after the call has returned, even
+        // for a blocking parent (seen on the GPU machine): wait for it, within the timeout.
+        let deadline = std::time::Instant::now() + self.timeout().unwrap_or(std::time::Duration::from_secs(60));
+        while expected && done.is_ok() && slot.load(Ordering::Acquire).is_null() && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_micros(50));
+        }
+        let child = NonNull::new(slot.load(Ordering::Acquire));
         let Some(mut child) = child.map(|raw| Comm::unready(raw, stream, 0, 0, settings)) else {
             return done.map(|()| None);
         };
