@@ -44,7 +44,7 @@ def main(root):
             if os.path.exists(path):
                 theirs[(name, mode)] = nccl_tests(path)
     sizes = sorted({r["bytes"] for r in ours})
-    lines = ["# Custom all-reduce kernels vs nccl-tests 2.19.6 (same job, 2×H200, f32 sum, µs per call)", ""]
+    lines = ["# Custom all-reduce kernels vs nccl-tests 2.19.6 (2×H200, f32 sum, µs per call)", ""]
     series = {}
     for mode in ("eager", "graph"):
         lines += [f"## {mode}", "", "| size | best ours | µs | best nccl-tests | µs | ours / NCCL | faster |",

@@ -112,37 +112,31 @@ __device__ __forceinline__ void sum_from_peers(const Peers<T>& in, T* out, size_
   }
 }
 
-// Window layout of the one-shot kernel: [call counter, 4 KiB][slot 0][slot 1], starting at `base`;
+// Window layout of the one-shot kernel: [call counters, 4 KiB][slot 0][slot 1], starting at `base`;
 // a slot holds `count` elements.
 constexpr size_t CTRL_BYTES = 4096;
 
-// This rank's call counter (one per window, shared by the one-shot and LL kernels), and a count of
-// the CTAs that finished the current call. Every CTA of a launch reads the same call number; the
-// last CTA to finish advances it for the next launch (launches on one stream never overlap).
-// A number shared by all CTAs keeps slots and flags consistent whatever grid each call uses.
-struct Ctrl {
-  uint32_t call;
-  uint32_t done;
-};
+// Call counters: one u32 per possible CTA (MAX_CTAS, as in examples/src/lsa.rs), kept equal to the
+// number of launches so far. CTA b reads counter b; at the end CTA b advances counters b,
+// b + gridDim.x, b + 2·gridDim.x, ..., so every counter moves once per launch whatever grid each
+// call uses, and all CTAs of a launch agree on the call number. No atomics and no fence: each
+// counter has one writer per launch, and launches on one stream do not overlap. (A fence here
+// would wait for this CTA's stores to peers to complete, a full NVLink round trip per call.)
+constexpr unsigned MAX_CTAS = 32;
+static_assert(MAX_CTAS * sizeof(uint32_t) <= CTRL_BYTES, "call counters fit the control area");
 
 __device__ __forceinline__ uint32_t begin_call(ncclWindow_t win, size_t base) {
   __shared__ uint32_t call;
-  if (threadIdx.x == 0) call = *(volatile uint32_t*)&((Ctrl*)ncclGetLocalPointer(win, base))->call;
+  if (threadIdx.x == 0) call = ((volatile uint32_t*)ncclGetLocalPointer(win, base))[blockIdx.x];
   __syncthreads();
   return call;
 }
 
 __device__ __forceinline__ void end_call(ncclWindow_t win, size_t base, uint32_t call) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    Ctrl* ctrl = (Ctrl*)ncclGetLocalPointer(win, base);
-    __threadfence();
-    if (atomicAdd(&ctrl->done, 1) == gridDim.x - 1) {
-      ctrl->done = 0;
-      *(volatile uint32_t*)&ctrl->call = call + 1;
-      __threadfence();
-    }
-  }
+  volatile uint32_t* counters = (volatile uint32_t*)ncclGetLocalPointer(win, base);
+  // Every thread has read `call` (begin_call's barrier), so counter blockIdx.x may move.
+  for (unsigned c = blockIdx.x + threadIdx.x * gridDim.x; c < MAX_CTAS; c += blockDim.x * gridDim.x)
+    counters[c] = call + 1;
 }
 
 template <typename T>
