@@ -53,15 +53,30 @@ pub fn image_kind(image: &[u8]) -> Result<ImageKind, NotAnImage> {
     Err(NotAnImage)
 }
 
+/// The architecture a cubin was built for (`90` for sm_90), or `None` for any other image (fat
+/// binaries, PTX, or bytes that are no module at all).
+pub fn cubin_arch(image: &[u8]) -> Option<u32> {
+    match image_kind(image) {
+        Ok(ImageKind::Cubin { sm }) => Some(sm),
+        _ => None,
+    }
+}
+
+/// Whether machine code for `module` runs on a device of `device` (both as `major * 10 + minor`):
+/// the same major architecture, with a minor version no newer than the device's.
+pub fn runs_on(module: u32, device: u32) -> bool {
+    module / 10 == device / 10 && module % 10 <= device % 10
+}
+
 /// Checks that `image` can run on a device of compute capability `major.minor`: a cubin must have
-/// been built for exactly that SM (cubins do not run on other major architectures, and this
-/// family builds for exact targets); fat binaries and PTX are left to the driver. The error text
-/// names both architectures and the variable that chooses them at build time.
+/// been built for that major architecture and a minor no newer than the device's ([`runs_on`]);
+/// fat binaries and PTX are left to the driver. The error text names both architectures and the
+/// variable that chooses them at build time.
 pub fn check_arch(image: &[u8], major: u32, minor: u32) -> Result<ImageKind, String> {
     let kind = image_kind(image).map_err(|e| e.to_string())?;
     if let ImageKind::Cubin { sm } = kind {
         let device = major * 10 + minor;
-        if sm != device {
+        if !runs_on(sm, device) {
             return Err(format!(
                 "the kernel image was built for sm_{sm} but this GPU is sm_{device}; rebuild with CUDA_ARCHS={device} \
                  (or a list that includes it)"
@@ -104,5 +119,18 @@ mod tests {
         );
         assert!(check_arch(&elf(0x41, 0x0600_5a04), 9, 0).is_ok());
         assert!(check_arch(&FATBIN_MAGIC.to_le_bytes(), 9, 0).is_ok());
+        assert!(check_arch(&elf(0x41, 0x0600_5004), 8, 6).is_ok(), "sm_80 code runs on sm_86");
+        assert!(check_arch(&elf(0x41, 0x0600_5a04), 8, 6).is_err());
+    }
+
+    #[test]
+    fn machine_code_runs_on_the_same_major_with_an_equal_or_newer_minor() {
+        assert!(runs_on(90, 90));
+        assert!(runs_on(80, 86));
+        assert!(!runs_on(86, 80));
+        assert!(!runs_on(80, 90));
+        assert_eq!(cubin_arch(&elf(0x41, 0x0600_6402)), Some(100));
+        assert_eq!(cubin_arch(b"//\n.version 8.0\n.target sm_90\n"), None);
+        assert_eq!(cubin_arch(&elf(0x41, 0)[..40]), None);
     }
 }

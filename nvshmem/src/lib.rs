@@ -61,8 +61,9 @@ mod unique_id;
 
 pub use bootstrap::Bootstrap;
 pub use error::{Error, Result, Status};
+pub use gpucomm_build_support::cubin::cubin_arch;
 pub use heap::{Element, HeapLimit, PeerView, Symmetric, SymmetricMemory, SymmetricSlice};
-pub use module::{cubin_arch, Kernel, KernelArgs, Module};
+pub use module::{Kernel, KernelArgs, Module};
 pub use nccl::NcclUse;
 pub use register::Registration;
 pub use rma::{Cmp, Pending, SignalOp};
