@@ -220,7 +220,11 @@ fn load_tests(family: &Family, release: &Release) -> Result<String, String> {
     args.extend(["--", "--nocapture"]);
     let out = cargo(family, release, &args)?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let loaded = stdout.lines().find(|l| l.starts_with("loaded ")).ok_or("the load test printed no `loaded …` line")?;
+    // The line may follow libtest's `test <name> ... ` on the same line (tests run in parallel).
+    let loaded = stdout
+        .lines()
+        .find_map(|l| l.find("loaded ").map(|at| &l[at..]))
+        .ok_or("the load test printed no `loaded …` line")?;
     if !loaded.contains(&release.root.display().to_string()) {
         return Err(format!("the load test loaded a library outside {}: {loaded}", release.root.display()));
     }
