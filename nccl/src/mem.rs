@@ -4,7 +4,7 @@
 use std::ffi::c_void;
 use std::fmt;
 use std::marker::PhantomData;
-use std::ops::{Bound, RangeBounds};
+use std::ops::RangeBounds;
 use std::sync::Arc;
 
 use cudarc::driver::{sys::CUdeviceptr, CudaStream, DeviceRepr, ValidAsZeroBits};
@@ -173,17 +173,9 @@ impl<T> MemBuffer<T> {
 
     /// The address and length of `range`, checked.
     fn sub(&self, range: impl RangeBounds<usize>) -> Result<(CUdeviceptr, usize)> {
-        let start = match range.start_bound() {
-            Bound::Included(&s) => s,
-            Bound::Excluded(&s) => s.saturating_add(1),
-            Bound::Unbounded => 0,
-        };
-        let end = match range.end_bound() {
-            Bound::Included(&e) => e.saturating_add(1),
-            Bound::Excluded(&e) => e,
-            Bound::Unbounded => self.len,
-        };
-        if start >= end || end > self.len {
+        let (start, end) = gpucomm_ordering::range::resolve(range, self.len)
+            .map_err(|(start, end)| Error::ViewOutOfRange { start, end, len: self.len })?;
+        if start == end {
             return Err(Error::ViewOutOfRange { start, end, len: self.len });
         }
         // In bounds of an allocation of `len` elements, so the offset fits.

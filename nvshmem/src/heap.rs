@@ -3,7 +3,7 @@
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
-use std::ops::{Bound, RangeBounds};
+use std::ops::RangeBounds;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -191,21 +191,7 @@ impl Runtime {
 
 /// The resolved bounds of `range` within `len` elements, or [`Error::OutOfBounds`].
 fn bounds(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usize)> {
-    let start = match range.start_bound() {
-        Bound::Included(&s) => s,
-        Bound::Excluded(&s) => s.saturating_add(1),
-        Bound::Unbounded => 0,
-    };
-    let end = match range.end_bound() {
-        Bound::Included(&e) => e.saturating_add(1),
-        Bound::Excluded(&e) => e,
-        Bound::Unbounded => len,
-    };
-    if start <= end && end <= len {
-        Ok((start, end))
-    } else {
-        Err(Error::OutOfBounds { start, end, len })
-    }
+    gpucomm_ordering::range::resolve(range, len).map_err(|(start, end)| Error::OutOfBounds { start, end, len })
 }
 
 impl<'rt, T> Symmetric<'rt, T> {

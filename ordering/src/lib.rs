@@ -28,6 +28,7 @@
 
 mod access;
 mod capture;
+pub mod range;
 mod tracker;
 
 pub use access::Access;
