@@ -21,7 +21,7 @@
 //! two-shot is faster than one-shot.
 
 use gpucomm_examples::bench::{self, BoxError};
-use gpucomm_examples::lsa::{Element, LsaAllReduce};
+use gpucomm_examples::lsa::{self, Element, LsaAllReduce};
 use nccl::launch::{run_main, Options, Rendezvous};
 use nccl::{Collectives, Comm, MemBuffer, ReduceOp, Window, WindowFlags};
 
@@ -59,8 +59,7 @@ fn check<T: Element + PartialEq + std::fmt::Debug + cudarc::driver::ValidAsZeroB
 ) -> Result<(), BoxError> {
     let comm = lsa.comm();
     let (stream, rank, n) = (comm.stream(), comm.rank() as u32, comm.size() as u32);
-    let host: Vec<T> = (0..count as u32).map(|i| from((rank + 1) * (i % 13))).collect();
-    let expected: Vec<T> = (0..count as u32).map(|i| from(n * (n + 1) / 2 * (i % 13))).collect();
+    let (host, expected) = lsa::pattern(rank, n, count, from);
     // Inputs at an odd element offset (1) inside the window, to exercise unaligned heads.
     let mut send = window::<T>(comm, count + 1)?;
     let mut recv = window::<T>(comm, count + 1)?;
@@ -71,23 +70,7 @@ fn check<T: Element + PartialEq + std::fmt::Debug + cudarc::driver::ValidAsZeroB
     let mut theirs = MemBuffer::<T>::zeroed(stream, count)?;
     comm.all_reduce(&send.slice(1..)?, &mut theirs, ReduceOp::SUM)?;
     let theirs = stream.clone_dtoh(&theirs)?;
-    if let Some(i) = (0..count).find(|&i| ours[i] != expected[i]) {
-        return Err(format!(
-            "rank {rank}: {} × {count}: element {i} is {:?}, expected {:?}",
-            T::SUFFIX,
-            ours[i],
-            expected[i]
-        )
-        .into());
-    }
-    if ours != theirs {
-        return Err(format!("rank {rank}: {} × {count}: differs from ncclAllReduce", T::SUFFIX).into());
-    }
-    println!(
-        "rank {rank}: two-shot {} all-reduce of {count} elements correct (matches host and ncclAllReduce)",
-        T::SUFFIX
-    );
-    Ok(())
+    lsa::compare(rank as usize, "two-shot", &ours, &expected, &theirs)
 }
 
 fn crossover(lsa: &LsaAllReduce<'_>) -> Result<(), BoxError> {

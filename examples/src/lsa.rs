@@ -38,6 +38,44 @@ impl Element for half::f16 {
     const SUFFIX: &'static str = "f16";
 }
 
+/// The test pattern of lessons 14 and 15: rank `rank` of `n` contributes (rank + 1) × (i mod 13),
+/// small integers exact in every element type, so the sum is n(n + 1)/2 × (i mod 13) bit for bit.
+/// Returns this rank's input and the expected sum, `count` elements each.
+pub fn pattern<T>(rank: u32, n: u32, count: usize, from: impl Fn(u32) -> T) -> (Vec<T>, Vec<T>) {
+    let input = (0..count as u32).map(|i| from((rank + 1) * (i % 13))).collect();
+    let expected = (0..count as u32).map(|i| from(n * (n + 1) / 2 * (i % 13))).collect();
+    (input, expected)
+}
+
+/// Checks a kernel's all-reduce (`ours`) against the host reference and against `ncclAllReduce`
+/// (`theirs`) on the same input, naming the first wrong element; prints the verdict.
+pub fn compare<T: Element + PartialEq + std::fmt::Debug>(
+    rank: usize,
+    algorithm: &str,
+    ours: &[T],
+    expected: &[T],
+    theirs: &[T],
+) -> Result<(), BoxError> {
+    let count = ours.len();
+    if let Some(i) = (0..count).find(|&i| ours.get(i) != expected.get(i)) {
+        return Err(format!(
+            "rank {rank}: {} × {count}: element {i} is {:?}, expected {:?}",
+            T::SUFFIX,
+            ours[i],
+            expected.get(i)
+        )
+        .into());
+    }
+    if ours != theirs {
+        return Err(format!("rank {rank}: {} × {count}: differs from ncclAllReduce", T::SUFFIX).into());
+    }
+    println!(
+        "rank {rank}: {algorithm} {} all-reduce of {count} elements correct (matches host and ncclAllReduce)",
+        T::SUFFIX
+    );
+    Ok(())
+}
+
 /// The kernels and what they need on one rank: a device communicator with one LSA barrier per
 /// CTA, and (for one-shot) a double-buffered staging window.
 pub struct LsaAllReduce<'c> {
@@ -95,10 +133,11 @@ impl<'c> LsaAllReduce<'c> {
             .ok_or_else(|| format!("no kernel lsa_{algorithm}_sum_{}", T::SUFFIX).into())
     }
 
-    /// CTAs for a message of `bytes`: one per `per_cta` bytes (2 KiB for LL, 8 KiB for one-shot,
+    /// The launch of a message of `bytes`: one CTA of THREADS threads per `per_cta` bytes (2 KiB for LL, 8 KiB for one-shot,
     /// 64 KiB for two-shot: enough CTAs in flight to hide NVLink latency), at most MAX_CTAS.
-    fn ctas(bytes: usize, per_cta: usize) -> u32 {
-        bytes.div_ceil(per_cta).clamp(1, MAX_CTAS as usize) as u32
+    fn config(bytes: usize, per_cta: usize) -> LaunchConfig {
+        let ctas = bytes.div_ceil(per_cta).clamp(1, MAX_CTAS as usize) as u32;
+        LaunchConfig { grid_dim: (ctas, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
     }
 
     /// One-shot all-reduce (sum) of `send` into `recv` on `stream`: any device buffers of the
@@ -128,11 +167,7 @@ impl<'c> LsaAllReduce<'c> {
         let (base, slot) = (0usize, self.max_bytes);
         let mut launch = stream.launch_builder(kernel);
         launch.arg(self.dev.arg()).arg(&win).arg(&base).arg(&slot).arg(&src).arg(&dst).arg(&count);
-        let cfg = LaunchConfig {
-            grid_dim: (Self::ctas(bytes, 8 << 10), 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = Self::config(bytes, 8 << 10);
         // SAFETY: the kernel takes (ncclDevComm, ncclWindow_t, size_t, size_t, const T*, T*,
         // size_t), matching the arguments pushed; `send` and `recv` hold `count` elements on this
         // device and stay borrowed (their guards alive) until the launch is enqueued; the staging
@@ -166,11 +201,7 @@ impl<'c> LsaAllReduce<'c> {
         let (base, ll_off, region) = (0usize, CTRL_BYTES + 2 * self.max_bytes, LL_REGION);
         let mut launch = stream.launch_builder(kernel);
         launch.arg(self.dev.arg()).arg(&win).arg(&base).arg(&ll_off).arg(&region).arg(&src).arg(&dst).arg(&count);
-        let cfg = LaunchConfig {
-            grid_dim: (Self::ctas(bytes, 2 << 10), 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = Self::config(bytes, 2 << 10);
         // SAFETY: the kernel takes (ncclDevComm, ncclWindow_t, size_t, size_t, size_t, const T*,
         // T*, size_t), matching the arguments pushed; `send` and `recv` hold `count` elements on this
         // device, borrowed until the launch is enqueued; the window holds the counters at 0 and
@@ -205,11 +236,7 @@ impl<'c> LsaAllReduce<'c> {
         let mut launch = stream.launch_builder(kernel);
         launch.arg(self.dev.arg()).arg(&send_win).arg(&send_off).arg(&recv_win).arg(&recv_off).arg(&count);
         let bytes = count * size_of::<T>();
-        let cfg = LaunchConfig {
-            grid_dim: (Self::ctas(bytes, 64 << 10), 1, 1),
-            block_dim: (THREADS, 1, 1),
-            shared_mem_bytes: 0,
-        };
+        let cfg = Self::config(bytes, 64 << 10);
         // SAFETY: the kernel takes (ncclDevComm, ncclWindow_t, size_t, ncclWindow_t, size_t,
         // size_t), matching the arguments pushed; both windows hold the `count` elements from the
         // given offsets on every rank (same sizes on every rank: the lessons allocate them alike),
