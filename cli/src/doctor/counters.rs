@@ -87,7 +87,10 @@ pub fn checks(growth: &[LinkGrowth]) -> Vec<Check> {
             out.push(Check::new(
                 L,
                 Status::Pass,
-                format!("GPU{gpu}: NVLink error counters did not grow during the live load ({} links: {total})", links.len()),
+                format!(
+                    "GPU{gpu}: NVLink error counters did not grow during the live load ({} links: {total})",
+                    links.len()
+                ),
             ));
             continue;
         }

@@ -288,10 +288,21 @@ impl Verdict {
     fn new(what: String, pair: Option<String>, bytes: u64, gbps: f64, limit: Option<(f64, String)>) -> Verdict {
         let share = limit.as_ref().map(|(l, _)| gbps / l);
         let (limit_gbps, limit_how) = limit.map_or((None, None), |(l, how)| (Some(l), Some(how)));
-        Verdict { what, pair, bytes, gbps, limit_gbps, limit_how, share, low: share.is_some_and(|s| s < LOW_SHARE), cause: None }
+        Verdict {
+            what,
+            pair,
+            bytes,
+            gbps,
+            limit_gbps,
+            limit_how,
+            share,
+            low: share.is_some_and(|s| s < LOW_SHARE),
+            cause: None,
+        }
     }
 
-    /// `all-reduce bus bandwidth 350 GB/s at 1 GiB = 73 % of 478 GB/s (18 links × 26.56 GB/s)`.
+    /// `GPU0↔GPU1 NV18: NCCL all-reduce bus bandwidth 350 GB/s at 1 GiB = 73 % of 478 GB/s (18
+    /// links × 26.56 GB/s)`, and for a low one `— below 50 % of the link: <cause>`.
     fn text(&self) -> String {
         let pair = self.pair.as_ref().map_or(String::new(), |p| format!("{p}: "));
         let mut t = format!("{pair}{} {:.0} GB/s at {}", self.what, self.gbps, human_bytes(self.bytes));
@@ -346,7 +357,9 @@ pub fn verdicts(
     // Without a known limit, the first pair of the ring still names the GPUs.
     let ends = limit.as_ref().map(|l| (l.2, l.3)).or_else(|| Some((gpus.first()?.1, gpus.get(1)?.1)));
     if let Some(first) = f.nccl.iter().find(|r| r.error.is_none()) {
-        for (name, points) in [("NCCL all-reduce bus bandwidth", &first.all_reduce), ("NCCL send/recv bus bandwidth", &first.sendrecv)] {
+        for (name, points) in
+            [("NCCL all-reduce bus bandwidth", &first.all_reduce), ("NCCL send/recv bus bandwidth", &first.sendrecv)]
+        {
             let Some(p) = peak(points) else { continue };
             let lim = limit.as_ref().map(|l| (l.0, l.1.clone()));
             let mut v = Verdict::new(name.into(), ends.and_then(|(a, b)| pair(a, b)), p.bytes, p.busbw, lim);
@@ -358,8 +371,8 @@ pub fn verdicts(
     }
     for pe in f.nvshmem.iter().filter(|pe| pe.error.is_none()) {
         let Some(gbps) = pe.put_gbps else { continue };
-        let n = f.nvshmem.len().max(f.nccl.len()).max(1);
-        let peer = (pe.rank + 1) % n;
+        // The worker puts to the next PE.
+        let peer = (pe.rank + 1) % f.nproc.max(1);
         let gpu = |rank: usize| nvml_index(machine, &f.nccl.iter().find(|r| r.rank == rank)?.bus_id);
         let ab = gpu(pe.rank).zip(gpu(peer));
         let lim = machine.zip(ab).and_then(|(m, (a, b))| topo::link_rate(m, a, b));
@@ -385,7 +398,7 @@ fn nccl_cause(f: &LiveFacts, a: usize, b: usize, peer_ok: &dyn Fn(usize, usize) 
         return "NCCL's log names no transport between these GPUs (rerun with --logs DIR and read it)".into();
     }
     if t.iter().all(|(k, _)| *k == Transport::P2p) {
-        return format!("NCCL uses P2P ({}): other work on these GPUs (nvidia-smi), or clocks held low?", transport_list(&t));
+        return format!("NCCL uses P2P ({}): other work on these GPUs (nvidia-smi)?", transport_list(&t));
     }
     let mut kinds: Vec<&str> = t.iter().filter(|(k, _)| *k != Transport::P2p).map(|(k, _)| k.name()).collect();
     kinds.dedup();

@@ -164,8 +164,7 @@ impl GpuSource for NvmlSource {
         let max_links = count.map_or(MAX_LINKS, |n| n.min(MAX_LINKS as u64) as u32);
         let speeds = link_speeds(&d, max_links);
         // Links the GPU does not have answer "invalid argument" or "not supported": stop there.
-        let links: Vec<LinkFacts> =
-            (0..max_links).map_while(|l| link_facts(&d, l, speeds[l as usize]).ok()).collect();
+        let links: Vec<LinkFacts> = (0..max_links).map_while(|l| link_facts(&d, l, speeds[l as usize]).ok()).collect();
         let any_active = links.iter().any(|l| l.active);
         Ok(GpuFacts {
             index,
@@ -194,5 +193,59 @@ impl GpuSource for NvmlSource {
     fn nvlink_p2p(&self, a: usize, b: usize) -> Result<bool, SourceError> {
         let (da, db) = (self.device(a)?, self.device(b)?);
         Ok(da.p2p_status(&db, P2pCapabilitiesIndex::NvLink).map_err(err)? == P2pStatus::Ok)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn value(return_code: u32, value_type: u32, set: impl FnOnce(&mut raw::nvmlValue_t)) -> raw::nvmlFieldValue_t {
+        // SAFETY: plain C data, all-zero bytes are a valid value.
+        let mut v: raw::nvmlFieldValue_t = unsafe { std::mem::zeroed() };
+        v.fieldId = NVML_FI_DEV_NVLINK_GET_SPEED;
+        v.nvmlReturn = return_code;
+        v.valueType = value_type;
+        set(&mut v.value);
+        v
+    }
+
+    #[test]
+    fn field_values_are_read_by_their_type_and_errors_are_none() {
+        let ok = raw::nvmlReturn_enum_NVML_SUCCESS;
+        assert_eq!(
+            field_value(&value(ok, raw::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT, |u| u.uiVal = 26562)),
+            Some(26562)
+        );
+        assert_eq!(
+            field_value(&value(ok, raw::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, |u| u.ullVal = 1 << 40)),
+            Some(1 << 40)
+        );
+        assert_eq!(
+            field_value(&value(ok, raw::nvmlValueType_enum_NVML_VALUE_TYPE_SIGNED_LONG_LONG, |u| u.sllVal = -1)),
+            None
+        );
+        assert_eq!(
+            field_value(&value(ok, raw::nvmlValueType_enum_NVML_VALUE_TYPE_DOUBLE, |u| u.dVal = 18.0)),
+            Some(18)
+        );
+        assert_eq!(
+            field_value(&value(ok, raw::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_SHORT, |u| u.usVal = 7)),
+            Some(7)
+        );
+        let not_supported = raw::nvmlReturn_enum_NVML_ERROR_NOT_SUPPORTED;
+        assert_eq!(
+            field_value(&value(not_supported, raw::nvmlValueType_enum_NVML_VALUE_TYPE_UNSIGNED_INT, |u| u.uiVal = 5)),
+            None
+        );
+    }
+
+    #[test]
+    fn the_older_per_link_speed_fields_cover_links_0_to_11() {
+        assert_eq!(legacy_speed_field(0), Some(84));
+        assert_eq!(legacy_speed_field(5), Some(89));
+        assert_eq!(legacy_speed_field(6), Some(132));
+        assert_eq!(legacy_speed_field(11), Some(137));
+        assert_eq!(legacy_speed_field(12), None);
     }
 }

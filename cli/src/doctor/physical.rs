@@ -119,6 +119,7 @@ fn far_ends(m: &Machine, g: &GpuFacts, active: &[&LinkFacts]) -> String {
             _ => unnamed.push(l.remote_bus_id.clone().unwrap_or_else(|| "unknown".into())),
         }
     }
+    direct.sort();
     direct.dedup();
     unnamed.sort();
     unnamed.dedup();
@@ -270,17 +271,23 @@ mod tests {
         let m = Machine::read(&h200_vm()).unwrap();
         let p = peers(true);
         let c = checks(&m, Some(13000), Ok(&p));
-        assert!(t_has(
-            &c,
-            "GPU0: 18/18 NVLink links up, NVLink 4.0, 26.56 GB/s each, 478 GB/s per direction; far end GPU1 \
+        assert!(
+            t_has(
+                &c,
+                "GPU0: 18/18 NVLink links up, NVLink 4.0, 26.56 GB/s each, 478 GB/s per direction; far end GPU1 \
              (0000:00:07.0) (by NVML's NVLink P2P status; the driver names the far end ffffffff:ff:ff.0)"
-        ), "{:#?}", titles(&c));
+            ),
+            "{:#?}",
+            titles(&c)
+        );
         assert!(t_has(&c, "GPU1: 18/18 NVLink links up, NVLink 4.0, 26.56 GB/s each, 478 GB/s per direction; far end GPU0 (0000:00:06.0) (by NVML's"));
         // Without NVML's P2P answer, the topology alone.
         let mut fake = h200_vm();
         fake.nvlink_p2p = None;
         let c = checks(&Machine::read(&fake).unwrap(), Some(13000), Ok(&p));
-        assert!(c.iter().any(|c| c.title.ends_with("far end GPU1 (0000:00:07.0) (by the topology; the driver names the far end ffffffff:ff:ff.0)")));
+        assert!(c.iter().any(|c| c.title.ends_with(
+            "far end GPU1 (0000:00:07.0) (by the topology; the driver names the far end ffffffff:ff:ff.0)"
+        )));
         // A direct bridge names the GPU from the far end's own address; a lone GPU's dangling end says so.
         let fake = FakeSource {
             driver: None,
@@ -295,7 +302,11 @@ mod tests {
         };
         let c = checks(&Machine::read(&fake).unwrap(), None, Err("no driver".into()));
         assert!(t_has(&c, "GPU0: 4/4 NVLink links up, NVLink 4.0, 26.56 GB/s each, 106 GB/s per direction; far end GPU1 (0000:00:07.0)"));
-        assert!(c.iter().any(|c| c.title.ends_with("far end ffffffff:ff:ff.0 (no GPU of this machine)")), "{:#?}", titles(&c));
+        assert!(
+            c.iter().any(|c| c.title.ends_with("far end ffffffff:ff:ff.0 (no GPU of this machine)")),
+            "{:#?}",
+            titles(&c)
+        );
     }
 
     #[test]
@@ -304,8 +315,14 @@ mod tests {
         fake.gpus[0].links[0].speed_mbps = None;
         fake.gpus[1].links[17].speed_mbps = Some(25000);
         let c = checks(&Machine::read(&fake).unwrap(), None, Err("no driver".into()));
-        assert!(t_has(&c, "GPU0: 18/18 NVLink links up, NVLink 4.0, speed unknown (NVML gives no NVLink speed); far end"));
-        assert!(t_has(&c, "GPU1: 18/18 NVLink links up, NVLink 4.0, 25.00–26.56 GB/s per link, 477 GB/s per direction;"));
+        assert!(t_has(
+            &c,
+            "GPU0: 18/18 NVLink links up, NVLink 4.0, speed unknown (NVML gives no NVLink speed); far end"
+        ));
+        assert!(t_has(
+            &c,
+            "GPU1: 18/18 NVLink links up, NVLink 4.0, 25.00–26.56 GB/s per link, 477 GB/s per direction;"
+        ));
     }
 
     #[test]
