@@ -1,7 +1,8 @@
 # Sourced by the GPU bundle's runners (bundle/run.sh, bundle/sanitize.sh; copied to bundle/lib.sh
 # by tools/bundle.sh); $HERE is the bundle's folder. It sets NCCL_LIB_DIR / NVSHMEM_LIB_DIR to the
 # wheels of the machine's python3 (the dynamic loader would find the system's older libnccl.so.2
-# first), NGPU, and says what each lesson needs (bundle/lessons.tsv).
+# first), NGPU, and says what each lesson needs (bundle/lessons.tsv). Multicast stays off here too.
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 
 wheel_dir() {
     python3 -c "import nvidia, os, sys

@@ -40,14 +40,13 @@ pub fn direct_links(from: &GpuFacts, to: &GpuFacts) -> u32 {
         .count() as u32
 }
 
-/// Active links from `g` into an NVSwitch (links whose far end is a switch, or no GPU of `m`).
+/// Active links from `g` into an NVSwitch: links whose far end is a switch, or whose far end's
+/// address names no GPU of `m` (whatever type the driver gives it: a VM that hides the switches
+/// answers `ffffffff:ff:ff.0`), or no address at all.
 fn switch_links(m: &Machine, g: &GpuFacts) -> u32 {
-    let gpu_ids: Vec<String> = m.gpus.iter().map(|x| normalize_bus_id(&x.bus_id)).collect();
     g.active_links()
-        .filter(|l| match l.remote {
-            Some(Remote::Switch) => true,
-            Some(Remote::Gpu) => false,
-            _ => l.remote_bus_id.as_deref().is_some_and(|id| !gpu_ids.contains(&normalize_bus_id(id))),
+        .filter(|l| {
+            l.remote == Some(Remote::Switch) || l.remote_bus_id.as_deref().is_none_or(|id| m.gpu_at(id).is_none())
         })
         .count() as u32
 }
@@ -218,6 +217,10 @@ mod tests {
         assert_eq!(l.pairs[0].gpus, (0, 1));
         assert_eq!(l.pairs[0].link, "NV18");
         assert_eq!(l.pairs[0].how.as_deref(), Some("18 links × 26.56 GB/s"));
+        // The same when the driver calls the far end a GPU but gives no GPU's address.
+        let mut gpu_typed = h200_vm();
+        gpu_typed.gpus.iter_mut().flat_map(|g| g.links.iter_mut()).for_each(|l| l.remote = Some(Remote::Gpu));
+        assert_eq!(link(&Machine::read(&gpu_typed).unwrap(), 0, 1), Link::Nvlink(18));
         let mut no_p2p = h200_vm();
         no_p2p.nvlink_p2p = Some(false);
         let m = Machine::read(&no_p2p).unwrap();
