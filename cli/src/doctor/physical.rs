@@ -189,7 +189,9 @@ fn pair_checks(m: &Machine, peers: Result<&[PeerAccess], String>) -> Vec<Check> 
     for (i, a) in m.gpus.iter().enumerate() {
         for b in &m.gpus[i + 1..] {
             let link = topo::link(m, a.index, b.index);
-            let pair = format!("GPU{}↔GPU{} ({})", a.index, b.index, link.notation());
+            let limit = topo::link_rate(m, a.index, b.index)
+                .map_or(String::new(), |(rate, how)| format!(", {rate:.0} GB/s per direction: {how}"));
+            let pair = format!("GPU{}↔GPU{} ({}{limit})", a.index, b.index, link.notation());
             match (possible(a, b), possible(b, a)) {
                 (Some(true), Some(true)) => {
                     out.push(Check::new(L, Status::Pass, format!("{pair}: CUDA peer access both ways")))
@@ -346,7 +348,10 @@ mod tests {
             "GPU1: NVLink error counters since boot: CRC 0, replay 0, recovery 0 (history; their growth under the live load is the verdict)"
                 .to_string()
         )));
-        assert!(t.contains(&(Status::Pass, "GPU0↔GPU1 (NV18): CUDA peer access both ways".to_string())));
+        assert!(t.contains(&(
+            Status::Pass,
+            "GPU0↔GPU1 (NV18, 478 GB/s per direction: 18 links × 26.56 GB/s): CUDA peer access both ways".to_string()
+        )));
         let topo = c.iter().find(|c| c.title.starts_with("topology")).unwrap();
         assert_eq!(topo.detail[1], "GPU0  X      NV18   0");
         assert!(c.iter().all(|c| c.status != Status::Fail));
@@ -369,7 +374,7 @@ mod tests {
             fails[0].title
         );
         assert!(fails[0].fix.as_deref().unwrap().contains("nvidia-smi nvlink -s"));
-        assert_eq!(fails[1].title, "GPU0↔GPU1 (NV17): CUDA peer access impossible although NVLink connects them");
+        assert_eq!(fails[1].title, "GPU0↔GPU1 (NV17, 452 GB/s per direction: 17 links × 26.56 GB/s): CUDA peer access impossible although NVLink connects them");
         // Counters since boot are history: information, never a warning.
         assert!(c.iter().all(|c| c.status != Status::Warn), "{:#?}", titles(&c));
         assert!(t_has(&c, "GPU1: NVLink error counters since boot: CRC 0, replay 7, recovery 0 ("));
@@ -389,7 +394,7 @@ mod tests {
         let p = peers(false);
         let c = checks(&m, Some(13000), Ok(&p));
         assert!(c.iter().any(|c| c.status == Status::Warn
-            && c.title == "GPU0↔GPU1 (SYS): CUDA peer access impossible: NCCL will go through host memory (SHM)"));
+            && c.title == "GPU0↔GPU1 (SYS, 63 GB/s per direction: PCIe gen5 x16): CUDA peer access impossible: NCCL will go through host memory (SHM)"));
         assert!(c.iter().any(|c| c.title == "GPU1: no active NVLink links (1 present)"));
         let none = Machine::read(&FakeSource::default()).unwrap();
         let c = checks(&none, None, Err("no driver".into()));
