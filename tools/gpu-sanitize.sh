@@ -80,7 +80,7 @@ sanitize() {
     local name=$1 tool=$2 log rc counts errs procs
     shift 2
     log="$LOGS/$name.$tool.log"
-    timeout "${SANITIZE_TIMEOUT:-300}" "$SANITIZER" --tool "$tool" --target-processes all \
+    timeout -k 20 "${SANITIZE_TIMEOUT:-300}" "$SANITIZER" --tool "$tool" --target-processes all \
         --report-api-errors no --launch-timeout 120 "$@" </dev/null >"$log" 2>&1
     rc=$?
     runs=$((runs + 1))
