@@ -23,13 +23,11 @@ const COUNT: usize = 1 << 16;
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
+        gpucomm_examples::require_ranks(&info, 2)?;
         let stream = gpucomm_examples::rank_stream(&info)?;
         let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
         let world = Comm::from_rendezvous(stream.clone(), &mut rendezvous)?;
         let (rank, n) = (world.rank(), world.size());
-        if n < 2 {
-            return Err("this lesson needs at least 2 ranks: run it with --nproc 2 or more".into());
-        }
 
         // Colour = parity, key = world rank: the halves keep the world's order.
         let parity = rank % 2;

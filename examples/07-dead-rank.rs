@@ -42,6 +42,7 @@ const TIMEOUT: Duration = Duration::from_secs(3);
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
+        gpucomm_examples::require_ranks(&info, 2)?;
         let stream = gpucomm_examples::rank_stream(&info)?;
         let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
         // Nonblocking: no NCCL call ever blocks this thread. The timeout is set once everyone has
@@ -49,9 +50,6 @@ fn main() -> std::process::ExitCode {
         let comm = Comm::from_rendezvous_config(stream.clone(), &mut rendezvous, &Config::new().blocking(false))?;
         comm.set_timeout(Some(TIMEOUT));
         let (rank, n) = (comm.rank(), comm.size());
-        if n < 2 {
-            return Err("this lesson needs at least 2 ranks: run it with --nproc 2 or more".into());
-        }
         let leaver = n - 1;
         let expected = (n * (n + 1) / 2) as f32;
 

@@ -2,9 +2,10 @@
 # Builds the GPU bundle into bundle/ (git-ignored): every test binary of the `gpucomm-tests`
 # package (each file in tests/tests/ is a GPU suite), every example of `gpucomm-examples`, and the
 # `gpucomm` tool when the workspace has it, all stripped, plus bundle/run.sh (tools/gpu-run.sh)
-# and bundle/examples.tsv, which says how run.sh starts each lesson. Nothing here lists test or
-# example names: cargo's JSON output says what was built, and the lessons' launch modes come from
-# `[package.metadata.bundle]` in examples/Cargo.toml (default: the spawner).
+# with bundle/lib.sh and bundle/sanitize.sh, bundle/examples.tsv, which says how run.sh starts each
+# lesson, and bundle/lessons.tsv, what each lesson needs (GPUs, sanitizer tools). Nothing here lists test or
+# example names: cargo's JSON output says what was built, and the lessons' launch modes, minimum
+# GPUs and sanitizer tools come from `[package.metadata.bundle]` in examples/Cargo.toml.
 # Called by `./dev.sh bundle`. Prints the bundle's size and the build time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -45,7 +46,20 @@ with open("bundle/examples.tsv", "w") as out:
         for mode in runs.get(t, ["spawner"]):
             out.write("\t".join([t, mode] + args.get(t, [])) + "\n")
 '
+# What each lesson needs: one line per example, its minimum number of GPUs and the sanitizer tools
+# of `run.sh --sanitize` (comma-separated).
+cargo metadata --no-deps --format-version 1 | python3 -c '
+import json, sys
+pkg = next(p for p in json.load(sys.stdin)["packages"] if p["name"] == "gpucomm-examples")
+conf = (pkg.get("metadata") or {}).get("bundle") or {}
+gpus, tools = conf.get("min-gpus", {}), conf.get("sanitizers", {})
+with open("bundle/lessons.tsv", "w") as out:
+    for t in sorted(t["name"] for t in pkg["targets"] if "example" in t["kind"]):
+        out.write("\t".join([t, str(int(gpus.get(t, 1))), ",".join(tools.get(t, ["memcheck"]))]) + "\n")
+'
 cp tools/gpu-run.sh bundle/run.sh
+cp tools/gpu-lib.sh bundle/lib.sh
+cp tools/gpu-sanitize.sh bundle/sanitize.sh
 cp tools/gpu-nccl-tests.sh tools/gpu-custom-bench.sh tools/custom-vs-nccl-tests.py bundle/
 cp cli/gpu/*.sh bundle/
 chmod +x bundle/*.sh

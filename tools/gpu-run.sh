@@ -4,22 +4,33 @@
 # bundle/examples the way bundle/examples.tsv says (spawner, torchrun-style variables set by hand,
 # mpirun, the socket transport). Logs go to bundle/logs; when $OUT is set (the device tool), the
 # summary and a tarball of the logs are copied there. The last line is
-# `N passed, N failed, N skipped`.
+# `N passed, N failed, N skipped`. A lesson or mode that needs more GPUs than the machine has
+# (bundle/lessons.tsv, from `[package.metadata.bundle.min-gpus]`; the net-socket mode needs two
+# processes) is skipped and counted as skipped, with the reason.
 #
 #   bash bundle/run.sh [FILTER]   # FILTER: only tests binaries / lessons whose name contains it
+#   bash bundle/run.sh --sanitize [FILTER...]   # the compute-sanitizer mode: bundle/sanitize.sh
+#                                               # (also with GPUCOMM_SANITIZE=1)
 #
 # TEST_TIMEOUT (default 600) and LESSON_TIMEOUT (default 300) bound each test binary and each
 # lesson process, in seconds. With $OUT set, the summary there is kept current after every line,
 # so a run cut short still reports what finished.
 #
 # NCCL and NVSHMEM: the wheels of the machine's python3 are named explicitly (NCCL_LIB_DIR,
-# NVSHMEM_LIB_DIR), because the dynamic loader would find the system's older libnccl.so.2 first.
-# Multicast must stay off: exported here, and passed on to every child, mpirun ranks included.
+# NVSHMEM_LIB_DIR; bundle/lib.sh), because the dynamic loader would find the system's older
+# libnccl.so.2 first. Multicast must stay off: exported here, and passed on to every child, mpirun
+# ranks included.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 SAFETY_VARS=(NCCL_NVLS_ENABLE NVSHMEM_DISABLE_NVLS TORCH_SYMM_MEM_DISABLE_MULTICAST)
-FILTER=${1:-}
 HERE=$(cd "$(dirname "$0")" && pwd)
+if [ "${1:-}" = --sanitize ] || [ -n "${GPUCOMM_SANITIZE:-}" ]; then
+    [ "${1:-}" = --sanitize ] && shift
+    exec bash "$HERE/sanitize.sh" "$@"
+fi
+# shellcheck source=gpu-lib.sh
+source "$HERE/lib.sh"
+FILTER=${1:-}
 LOGS=$HERE/logs
 rm -rf "$LOGS"
 mkdir -p "$LOGS"
@@ -27,22 +38,11 @@ export GPUCOMM_SKIP_LOG=$LOGS/skipped.txt
 : >"$GPUCOMM_SKIP_LOG"
 export RUST_BACKTRACE=1
 passed=0 failed=0 skipped=0
-NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
-[ "$NGPU" -ge 1 ] || NGPU=1
 
 note() {
     printf '%s\n' "$*" | tee -a "$LOGS/summary.txt"
     if [ -n "${OUT:-}" ]; then cp "$LOGS/summary.txt" "$OUT/summary.txt"; fi
 }
-
-wheel_dir() {
-    python3 -c "import nvidia, os, sys
-for p in nvidia.__path__:
-    d = os.path.join(p, sys.argv[1], 'lib')
-    if os.path.isdir(d): print(d); break" "$1" 2>/dev/null
-}
-[ -n "${NCCL_LIB_DIR:-}" ] || { NCCL_LIB_DIR=$(wheel_dir nccl) && export NCCL_LIB_DIR; }
-[ -n "${NVSHMEM_LIB_DIR:-}" ] || { NVSHMEM_LIB_DIR=$(wheel_dir nvshmem) && export NVSHMEM_LIB_DIR; }
 
 {
     echo "== machine"
@@ -130,6 +130,12 @@ if [ -f "$HERE/examples.tsv" ]; then
     while IFS=$'\t' read -r -a row; do
         ex=${row[0]} mode=${row[1]} args=("${row[@]:2}")
         [[ "$ex" == *"$FILTER"* ]] || continue
+        need=$(gpus_needed "$ex" "$mode")
+        if [ "$need" -gt "$NGPU" ]; then
+            skipped=$((skipped + 1))
+            note "skip $ex-$mode: needs $need GPUs, this machine has $NGPU"
+            continue
+        fi
         bin=$HERE/examples/$ex
         case "$mode" in
             single) check "$ex-single" $T "$bin" "${args[@]}" ;;

@@ -205,6 +205,10 @@ fn doctor_without_a_driver_says_so_and_fails() {
     assert!(nvml["fix"].as_str().unwrap().contains("libnvidia-ml.so.1"));
     assert!(v["failures"].as_u64().unwrap() >= 2);
     assert!(v["facts"]["software"]["env"].is_array());
+    // The figures' places exist even when there is nothing to put in them.
+    assert_eq!(v["facts"]["limits"], serde_json::Value::Null);
+    assert_eq!(v["facts"]["bandwidth"], serde_json::json!([]));
+    assert_eq!(v["facts"]["nvlink_error_growth"], serde_json::Value::Null);
     fails_with(&["doctor", "--nproc", "1"], 2, "invalid value '1' for '--nproc");
 }
 

@@ -57,6 +57,20 @@ pub fn cuda_devices() -> Result<usize, NoGpu> {
     }
 }
 
+/// Refuses, before touching a GPU, a lesson that needs at least `n` ranks and was started with
+/// fewer (one process without `--nproc`, or a one-GPU machine), saying how to run it.
+pub fn require_ranks(info: &RankInfo, n: usize) -> Result<(), Box<dyn Error>> {
+    if info.world_size >= n {
+        return Ok(());
+    }
+    Err(format!(
+        "this lesson needs at least {n} ranks, one per GPU, and was started with {}: run it with --nproc {n} \
+         (or a launcher with {n} processes) on a machine with {n} GPUs",
+        info.world_size
+    )
+    .into())
+}
+
 /// Opens the GPU this rank should use (its local rank, see [`RankInfo::device_ordinal`]) and
 /// returns its default stream.
 pub fn rank_stream(info: &RankInfo) -> Result<Arc<CudaStream>, Box<dyn Error>> {

@@ -11,7 +11,7 @@ use super::envvars;
 use super::report::{Check, Layer, Status};
 use super::source::{normalize_bus_id, Machine};
 use super::topo::{self, Link};
-use super::worker::{result_path, NcclPhase, NvshmemPhase, Point};
+use super::worker::{result_path, NcclPhase, NvshmemPhase, Point, PUT_BYTES};
 use crate::ncclog::{NcclLog, Transport};
 use crate::units::human_bytes;
 
@@ -150,8 +150,11 @@ pub fn checks(f: &LiveFacts, machine: Option<&Machine>, peer_ok: &dyn Fn(usize, 
         f.nccl.iter().filter_map(|r| Some((r.rank, nvml_index(machine, &r.bus_id)?))).collect();
     out.extend(pair_checks(f, machine, &gpus, peer_ok));
     out.extend(algorithm_checks(&f.log));
-    out.extend(bandwidth_checks(f, machine, &gpus));
-    out.extend(nvshmem_checks(f, machine));
+    let (nccl_bw, nvshmem_bw): (Vec<Verdict>, Vec<Verdict>) =
+        verdicts(f, machine, peer_ok).into_iter().partition(|v| v.what.starts_with("NCCL"));
+    out.extend(nccl_bw.iter().map(|v| v.check("check the transport above; other jobs on these GPUs (nvidia-smi); a longer run: gpucomm bench all_reduce -b 1M -e 8G -f 4")));
+    out.extend(nvshmem_checks(f));
+    out.extend(nvshmem_bw.iter().map(|v| v.check("check the reachability lines above and other jobs on these GPUs (nvidia-smi); NVSHMEM_DEBUG=INFO shows the transports NVSHMEM chose")));
     out.extend(gin_nvls_checks(&f.log, version));
     let mut warnings = f.log.warnings.clone();
     warnings.sort();
@@ -199,19 +202,9 @@ fn pair_checks(
         if uses_p2p {
             out.push(Check::new(L, Status::Pass, format!("{pair}: NCCL uses P2P ({})", transport_list(&t))));
         } else if matches!(link, Link::Nvlink(_)) {
-            let mut why = f.reasons.clone();
-            if peer_ok(a, b) == Some(false) {
-                why.push("CUDA refuses peer access between them".into());
-            }
-            why.extend(f.log.p2p_notes.iter().cloned());
-            let because = if why.is_empty() {
-                "no variable or peer-access problem explains it (see NCCL's log)".to_string()
-            } else {
-                why.join("; ")
-            };
             out.push(Check::fail(
                 L,
-                format!("{pair}: NVLink present but NCCL uses {} ({}) — because {because}", kinds.join("+"), transport_list(&t)),
+                format!("{pair}: NVLink present but NCCL uses {} ({}) — because {}", kinds.join("+"), transport_list(&t), because(f, a, b, peer_ok)),
                 "unset NCCL_P2P_DISABLE / NCCL_P2P_LEVEL / NCCL_SHM_DISABLE / NCCL_HOSTID for jobs on one node, and make sure CUDA peer access works (physical layer)",
             ));
         } else {
@@ -222,8 +215,22 @@ fn pair_checks(
             ));
         }
     }
-    let _ = gpus;
     out
+}
+
+/// Why NCCL did not take P2P between GPUs `a` and `b`: the variables that steer it, CUDA's peer
+/// access, NCCL's own notes.
+fn because(f: &LiveFacts, a: usize, b: usize, peer_ok: &dyn Fn(usize, usize) -> Option<bool>) -> String {
+    let mut why = f.reasons.clone();
+    if peer_ok(a, b) == Some(false) {
+        why.push("CUDA refuses peer access between them".into());
+    }
+    why.extend(f.log.p2p_notes.iter().cloned());
+    if why.is_empty() {
+        "no variable or peer-access problem explains it (see NCCL's log)".to_string()
+    } else {
+        why.join("; ")
+    }
 }
 
 /// Algorithms and protocols per size from the TUNING lines.
@@ -254,44 +261,151 @@ fn peak(points: &[Point]) -> Option<&Point> {
     points.iter().max_by_key(|p| p.bytes)
 }
 
-/// Bus bandwidth at the largest size against the slowest link NCCL used.
-fn bandwidth_checks(f: &LiveFacts, machine: Option<&Machine>, gpus: &[(usize, usize)]) -> Vec<Check> {
-    let mut out = Vec::new();
-    let Some(m) = machine else { return out };
-    // The ring's links: each rank's GPU to the next rank's.
-    let mut limit: Option<(f64, String, String)> = None;
-    for (i, &(_, a)) in gpus.iter().enumerate() {
-        let Some(&(_, b)) = gpus.get((i + 1) % gpus.len()) else { continue };
-        if a == b {
-            continue;
+/// A measured bandwidth against the link's limit.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Verdict {
+    /// What was measured (`NCCL all-reduce bus bandwidth`, `NVSHMEM PE 0 → PE 1 put rate`).
+    pub what: String,
+    /// The GPUs and their link (`GPU0↔GPU1 NV18`), when known.
+    pub pair: Option<String>,
+    /// Message size, bytes.
+    pub bytes: u64,
+    /// Measured GB/s (1e9 B/s): bus bandwidth for NCCL, bytes put per second for NVSHMEM.
+    pub gbps: f64,
+    /// The link's raw rate per direction, GB/s.
+    pub limit_gbps: Option<f64>,
+    /// How the limit was derived (`18 links × 26.56 GB/s`).
+    pub limit_how: Option<String>,
+    /// `gbps / limit_gbps`.
+    pub share: Option<f64>,
+    /// Below half the limit.
+    pub low: bool,
+    /// For a low one: the cause, as far as the doctor can tell.
+    pub cause: Option<String>,
+}
+
+impl Verdict {
+    fn new(what: String, pair: Option<String>, bytes: u64, gbps: f64, limit: Option<(f64, String)>) -> Verdict {
+        let share = limit.as_ref().map(|(l, _)| gbps / l);
+        let (limit_gbps, limit_how) = limit.map_or((None, None), |(l, how)| (Some(l), Some(how)));
+        Verdict {
+            what,
+            pair,
+            bytes,
+            gbps,
+            limit_gbps,
+            limit_how,
+            share,
+            low: share.is_some_and(|s| s < LOW_SHARE),
+            cause: None,
         }
-        if let Some((rate, how)) = topo::link_rate(m, a, b) {
-            if limit.as_ref().is_none_or(|l| rate < l.0) {
-                limit = Some((rate, how, format!("GPU{a}↔GPU{b} {}", topo::link(m, a, b).notation())));
+    }
+
+    /// `GPU0↔GPU1 NV18: NCCL all-reduce bus bandwidth 350 GB/s at 1 GiB = 73 % of 478 GB/s (18
+    /// links × 26.56 GB/s)`, and for a low one `— below 50 % of the link: <cause>`.
+    fn text(&self) -> String {
+        let pair = self.pair.as_ref().map_or(String::new(), |p| format!("{p}: "));
+        let mut t = format!("{pair}{} {:.0} GB/s at {}", self.what, self.gbps, human_bytes(self.bytes));
+        match (self.share, self.limit_gbps, &self.limit_how) {
+            (Some(s), Some(l), Some(how)) => t += &format!(" = {:.0} % of {l:.0} GB/s ({how})", s * 100.0),
+            _ => t += " (no limit to compare with: the link's speed is unknown)",
+        }
+        if self.low {
+            t += &format!(" — below {:.0} % of the link", LOW_SHARE * 100.0);
+            if let Some(c) = &self.cause {
+                t += &format!(": {c}");
+            }
+        }
+        t
+    }
+
+    fn check(&self, fix: &str) -> Check {
+        match (self.low, self.share) {
+            (true, _) => Check::fail(L, self.text(), fix),
+            (false, Some(_)) => Check::new(L, Status::Pass, self.text()),
+            (false, None) => Check::new(L, Status::Info, self.text()),
+        }
+    }
+}
+
+/// Every bandwidth the live run measured, against the link's limit: NCCL's all-reduce and
+/// send/recv bus bandwidth at the largest size against the slowest link of the ring, and each
+/// PE's NVSHMEM put rate against the link to the PE it put to.
+pub fn verdicts(
+    f: &LiveFacts,
+    machine: Option<&Machine>,
+    peer_ok: &dyn Fn(usize, usize) -> Option<bool>,
+) -> Vec<Verdict> {
+    let mut out = Vec::new();
+    let gpus: Vec<(usize, usize)> =
+        f.nccl.iter().filter_map(|r| Some((r.rank, nvml_index(machine, &r.bus_id)?))).collect();
+    // The ring's links: each rank's GPU to the next rank's; the slowest sets the limit.
+    let mut limit: Option<(f64, String, usize, usize)> = None;
+    if let Some(m) = machine {
+        for (i, &(_, a)) in gpus.iter().enumerate() {
+            let Some(&(_, b)) = gpus.get((i + 1) % gpus.len()) else { continue };
+            if let Some((rate, how)) = topo::link_rate(m, a, b).filter(|_| a != b) {
+                if limit.as_ref().is_none_or(|l| rate < l.0) {
+                    limit = Some((rate, how, a, b));
+                }
             }
         }
     }
-    let Some((rate, how, pair)) = limit else { return out };
-    let first = &f.nccl[0];
-    for (name, points) in [("all-reduce", &first.all_reduce), ("send/recv", &first.sendrecv)] {
-        let Some(p) = peak(points) else { continue };
-        let share = p.busbw / rate;
-        let title = format!(
-            "{pair}: {name} bus bandwidth {:.0} GB/s at {} = {:.0} % of {rate:.0} GB/s ({how})",
-            p.busbw,
-            human_bytes(p.bytes),
-            share * 100.0
-        );
-        if share < LOW_SHARE {
-            out.push(Check::fail(L, format!("{title}: bandwidth below 50 % of the link"), "check the transport above, other jobs on these GPUs (nvidia-smi), and a longer run: gpucomm bench all_reduce -b 1M -e 8G -f 4"));
-        } else {
-            out.push(Check::new(L, Status::Pass, title));
+    let pair = |a: usize, b: usize| {
+        machine.map(|m| format!("GPU{}↔GPU{} {}", a.min(b), a.max(b), topo::link(m, a, b).notation()))
+    };
+    // Without a known limit, the first pair of the ring still names the GPUs.
+    let ends = limit.as_ref().map(|l| (l.2, l.3)).or_else(|| Some((gpus.first()?.1, gpus.get(1)?.1)));
+    if let Some(first) = f.nccl.iter().find(|r| r.error.is_none()) {
+        for (name, points) in
+            [("NCCL all-reduce bus bandwidth", &first.all_reduce), ("NCCL send/recv bus bandwidth", &first.sendrecv)]
+        {
+            let Some(p) = peak(points) else { continue };
+            let lim = limit.as_ref().map(|l| (l.0, l.1.clone()));
+            let mut v = Verdict::new(name.into(), ends.and_then(|(a, b)| pair(a, b)), p.bytes, p.busbw, lim);
+            if v.low {
+                v.cause = ends.map(|(a, b)| nccl_cause(f, a, b, peer_ok));
+            }
+            out.push(v);
         }
+    }
+    for pe in f.nvshmem.iter().filter(|pe| pe.error.is_none()) {
+        let Some(gbps) = pe.put_gbps else { continue };
+        // The worker puts to the next PE.
+        let peer = (pe.rank + 1) % f.nproc.max(1);
+        let gpu = |rank: usize| nvml_index(machine, &f.nccl.iter().find(|r| r.rank == rank)?.bus_id);
+        let ab = gpu(pe.rank).zip(gpu(peer));
+        let lim = machine.zip(ab).and_then(|(m, (a, b))| topo::link_rate(m, a, b));
+        let what = format!("NVSHMEM PE {} → PE {peer} put rate", pe.rank);
+        let mut v = Verdict::new(what, ab.and_then(|(a, b)| pair(a, b)), PUT_BYTES as u64, gbps, lim);
+        if v.low {
+            let reachable = pe.reachable.iter().find(|(p, _)| *p == peer).map(|r| r.1);
+            v.cause = Some(if reachable == Some(false) {
+                format!("PE {peer} is not load/store reachable, so the puts go through NVSHMEM's proxy thread")
+            } else {
+                "the peer is reachable over P2P: other work on these GPUs (nvidia-smi)?".into()
+            });
+        }
+        out.push(v);
     }
     out
 }
 
-fn nvshmem_checks(f: &LiveFacts, machine: Option<&Machine>) -> Vec<Check> {
+/// Why NCCL's bandwidth between GPUs `a` and `b` is low: the transport it took and why.
+fn nccl_cause(f: &LiveFacts, a: usize, b: usize, peer_ok: &dyn Fn(usize, usize) -> Option<bool>) -> String {
+    let t = f.log.transports_between(a, b);
+    if t.is_empty() {
+        return "NCCL's log names no transport between these GPUs (rerun with --logs DIR and read it)".into();
+    }
+    if t.iter().all(|(k, _)| *k == Transport::P2p) {
+        return format!("NCCL uses P2P ({}): other work on these GPUs (nvidia-smi)?", transport_list(&t));
+    }
+    let mut kinds: Vec<&str> = t.iter().filter(|(k, _)| *k != Transport::P2p).map(|(k, _)| k.name()).collect();
+    kinds.dedup();
+    format!("NCCL uses {} ({}) because {}", kinds.join("+"), transport_list(&t), because(f, a, b, peer_ok))
+}
+
+fn nvshmem_checks(f: &LiveFacts) -> Vec<Check> {
     let mut out = Vec::new();
     for pe in &f.nvshmem {
         if let Some(e) = &pe.error {
@@ -309,20 +423,6 @@ fn nvshmem_checks(f: &LiveFacts, machine: Option<&Machine>) -> Vec<Check> {
                 if *reachable { "load/store reachable (nvshmem_ptr non-NULL)" } else { "not load/store reachable" }
             );
             out.push(if *reachable { Check::new(L, Status::Pass, title) } else { Check::warn(L, title, "NVSHMEM needs CUDA P2P between the GPUs for direct loads and stores; see the physical layer and NVSHMEM_DISABLE_P2P") });
-        }
-        if let Some(gbps) = pe.put_gbps {
-            let limit = machine.and_then(|m| {
-                let a = nvml_index(Some(m), &f.nccl.get(pe.rank)?.bus_id)?;
-                let b = nvml_index(Some(m), &f.nccl.get((pe.rank + 1) % f.nccl.len())?.bus_id)?;
-                topo::link_rate(m, a, b)
-            });
-            let share =
-                limit.as_ref().map_or(String::new(), |(r, _)| format!(" = {:.0} % of {r:.0} GB/s", gbps / r * 100.0));
-            out.push(Check::new(
-                L,
-                Status::Info,
-                format!("NVSHMEM PE {} put {} to the next PE: {gbps:.0} GB/s{share}", pe.rank, human_bytes(64 << 20)),
-            ));
         }
     }
     let mut mapped: Vec<&PathBuf> = f.nvshmem.iter().flat_map(|p| p.nccl_mapped.iter()).collect();
@@ -447,11 +547,15 @@ vm:1:2 [0] NCCL INFO Channel 00/0 : 1[1] -> 0[0] [receive] via NET/Socket/0
             status_of(&c, "GPU0↔GPU1 NV18: NCCL uses P2P").title,
             "GPU0↔GPU1 NV18: NCCL uses P2P (P2P/CUMEM/read)"
         );
-        let bw = status_of(&c, "GPU0↔GPU1 NV18: all-reduce bus bandwidth");
+        let bw = status_of(&c, "GPU0↔GPU1 NV18: NCCL all-reduce bus bandwidth");
         assert_eq!(bw.status, Status::Pass);
         assert_eq!(
             bw.title,
-            "GPU0↔GPU1 NV18: all-reduce bus bandwidth 346 GB/s at 1 GiB = 72 % of 478 GB/s (18 links × 26.56 GB/s)"
+            "GPU0↔GPU1 NV18: NCCL all-reduce bus bandwidth 346 GB/s at 1 GiB = 72 % of 478 GB/s (18 links × 26.56 GB/s)"
+        );
+        assert_eq!(
+            status_of(&c, "GPU0↔GPU1 NV18: NCCL send/recv").title,
+            "GPU0↔GPU1 NV18: NCCL send/recv bus bandwidth 366 GB/s at 1 GiB = 77 % of 478 GB/s (18 links × 26.56 GB/s)"
         );
         assert_eq!(
             status_of(&c, "all-reduce algorithm/protocol").title,
@@ -474,9 +578,24 @@ vm:1:2 [0] NCCL INFO Channel 00/0 : 1[1] -> 0[0] [receive] via NET/Socket/0
             t.title,
             "GPU0↔GPU1 NV18: NVLink present but NCCL uses NET (NET/Socket/0) — because NCCL_P2P_DISABLE=1 (CUDA P2P … is off); NCCL_SHM_DISABLE=1 (shared-memory transport off)"
         );
-        let bw = status_of(&c, "GPU0↔GPU1 NV18: all-reduce bus bandwidth 9 GB/s");
+        let bw = status_of(&c, "GPU0↔GPU1 NV18: NCCL all-reduce bus bandwidth 9 GB/s");
         assert_eq!(bw.status, Status::Fail);
-        assert!(bw.title.ends_with("bandwidth below 50 % of the link"));
+        assert_eq!(
+            bw.title,
+            "GPU0↔GPU1 NV18: NCCL all-reduce bus bandwidth 9 GB/s at 1 GiB = 2 % of 478 GB/s (18 links × 26.56 GB/s) \
+             — below 50 % of the link: NCCL uses NET (NET/Socket/0) because NCCL_P2P_DISABLE=1 (CUDA P2P … is off); \
+             NCCL_SHM_DISABLE=1 (shared-memory transport off)"
+        );
+        let v = verdicts(&facts(SOCKETS, &reasons, 9.0), Some(&m), &|_, _| Some(true));
+        assert_eq!(v.len(), 2);
+        assert!(v.iter().all(|v| v.low && v.limit_gbps.is_some_and(|l| (l - 478.116).abs() < 1e-9)));
+        assert_eq!(v[1].what, "NCCL send/recv bus bandwidth");
+        assert!(v[1].cause.as_deref().unwrap().starts_with("NCCL uses NET (NET/Socket/0) because NCCL_P2P_DISABLE=1"));
+        let json = serde_json::to_value(&v[0]).unwrap();
+        assert_eq!(json["pair"], "GPU0↔GPU1 NV18");
+        assert_eq!(json["bytes"], 1u64 << 30);
+        assert_eq!(json["limit_how"], "18 links × 26.56 GB/s");
+        assert_eq!(json["low"], true);
         let unexplained = checks(&facts(SOCKETS, &[], 9.0), Some(&m), &|_, _| Some(false));
         assert!(status_of(&unexplained, "GPU0↔GPU1 NV18: NVLink present")
             .title
@@ -507,14 +626,63 @@ vm:1:2 [0] NCCL INFO Channel 00/0 : 1[1] -> 0[0] [receive] via NET/Socket/0
             status_of(&c, "NVSHMEM PE 0 → PE 1").title,
             "NVSHMEM PE 0 → PE 1: load/store reachable (nvshmem_ptr non-NULL)"
         );
+        let put = status_of(&c, "GPU0↔GPU1 NV18: NVSHMEM PE 0 → PE 1 put rate");
+        assert_eq!(put.status, Status::Pass);
         assert_eq!(
-            status_of(&c, "NVSHMEM PE 0 put").title,
-            "NVSHMEM PE 0 put 64 MiB to the next PE: 390 GB/s = 82 % of 478 GB/s"
+            put.title,
+            "GPU0↔GPU1 NV18: NVSHMEM PE 0 → PE 1 put rate 390 GB/s at 64 MiB = 82 % of 478 GB/s (18 links × 26.56 GB/s)"
         );
         let two = status_of(&c, "two NCCLs in one process");
         assert_eq!(two.status, Status::Fail);
         assert!(two.fix.as_deref().unwrap().contains("NVSHMEM_DISABLE_NCCL=1"));
         let nothing = checks(&LiveFacts::default(), None, &|_, _| None);
         assert!(nothing.is_empty());
+    }
+
+    #[test]
+    fn the_vms_hidden_switches_still_give_the_limit_and_a_slow_put_names_its_cause() {
+        let m = Machine::read(&super::super::source::fixtures::h200_vm()).unwrap();
+        let mut f = facts(P2P, &[], 346.0);
+        f.nvshmem = (0..2)
+            .map(|rank| NvshmemPhase {
+                rank,
+                reachable: vec![(1 - rank, rank == 0)],
+                put_gbps: Some(if rank == 0 { 379.0 } else { 12.0 }),
+                ..NvshmemPhase::default()
+            })
+            .collect();
+        let c = checks(&f, Some(&m), &|_, _| Some(true));
+        assert_eq!(status_of(&c, "GPU0↔GPU1 NV18: NCCL all-reduce bus bandwidth 346 GB/s").status, Status::Pass);
+        let slow = status_of(&c, "GPU0↔GPU1 NV18: NVSHMEM PE 1 → PE 0 put rate 12 GB/s");
+        assert_eq!(slow.status, Status::Fail);
+        assert!(
+            slow.title.ends_with("— below 50 % of the link: PE 0 is not load/store reachable, so the puts go through NVSHMEM's proxy thread"),
+            "{}",
+            slow.title
+        );
+    }
+
+    #[test]
+    fn without_a_known_speed_the_bandwidth_is_still_reported() {
+        let mut fake = super::super::source::fixtures::h200_pair();
+        for g in &mut fake.gpus {
+            for l in &mut g.links {
+                l.speed_mbps = None;
+            }
+        }
+        let m = Machine::read(&fake).unwrap();
+        let c = checks(&facts(P2P, &[], 346.0), Some(&m), &|_, _| Some(true));
+        let bw = status_of(&c, "GPU0↔GPU1 NV18: NCCL all-reduce bus bandwidth");
+        assert_eq!(bw.status, Status::Info);
+        assert_eq!(
+            bw.title,
+            "GPU0↔GPU1 NV18: NCCL all-reduce bus bandwidth 346 GB/s at 1 GiB (no limit to compare with: the link's speed is unknown)"
+        );
+        // No NVML at all: the figure alone.
+        let c = checks(&facts(P2P, &[], 346.0), None, &|_, _| None);
+        assert_eq!(
+            status_of(&c, "NCCL all-reduce").title,
+            "NCCL all-reduce bus bandwidth 346 GB/s at 1 GiB (no limit to compare with: the link's speed is unknown)"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! `gpucomm doctor`: physical, software and live checks, each ✓/✗ with a fix for every ✗.
 
+pub mod counters;
 pub mod envvars;
 pub mod libs;
 pub mod live;
@@ -25,9 +26,15 @@ use crate::safety::Overridden;
 #[derive(Serialize)]
 struct Facts<'a> {
     machine: Option<&'a Machine>,
+    /// Each GPU's and each pair's NVLink/PCIe limit, derived from `machine`.
+    limits: Option<topo::Limits>,
     peer_access: Option<&'a [PeerAccess]>,
     software: &'a software::SoftwareFacts,
     live: Option<&'a live::LiveFacts>,
+    /// The live run's bandwidths against the limits.
+    bandwidth: &'a [live::Verdict],
+    /// How much each link's error counters grew during the live run.
+    nvlink_error_growth: Option<&'a [counters::LinkGrowth]>,
 }
 
 /// Runs `gpucomm doctor`.
@@ -35,7 +42,8 @@ pub fn run(args: &DoctorArgs, overridden: &[Overridden]) -> Result<()> {
     let mut report = Report::default();
     let mut progress = Progress::new("doctor", if args.skip_live { 2 } else { 3 });
     progress.note("physical layer (NVML, CUDA)");
-    let machine = match nvml::NvmlSource::open().and_then(|s| Machine::read(&s)) {
+    let nvml = nvml::NvmlSource::open();
+    let machine = match nvml.as_ref().map_err(Clone::clone).and_then(|s| Machine::read(s)) {
         Ok(m) => Some(m),
         Err(e) => {
             report.push(Check::fail(
@@ -58,6 +66,8 @@ pub fn run(args: &DoctorArgs, overridden: &[Overridden]) -> Result<()> {
     let sw = software::gather(overridden);
     report.checks.extend(software::checks(&sw));
     let mut live_facts = None;
+    let mut bandwidth = Vec::new();
+    let mut growth = None;
     if !args.skip_live {
         progress.step("live layer (one process per GPU)");
         let n = args.nproc.map_or_else(cuda::device_count, |n| n as usize);
@@ -77,6 +87,15 @@ pub fn run(args: &DoctorArgs, overridden: &[Overridden]) -> Result<()> {
             let facts = with_log_dir(args, |dir| live::gather(n, dir))?;
             let peer_ok = |a: usize, b: usize| peer_between(machine.as_ref(), peers.as_deref().ok(), a, b);
             report.checks.extend(live::checks(&facts, machine.as_ref(), &peer_ok));
+            bandwidth = live::verdicts(&facts, machine.as_ref(), &peer_ok);
+            // The counters again, after the load: their growth is the verdict.
+            if let (Ok(source), Some(before)) = (&nvml, &machine) {
+                if let Ok(after) = Machine::read(source) {
+                    let g = counters::growth(before, &after);
+                    report.checks.extend(counters::checks(&g));
+                    growth = Some(g);
+                }
+            }
             live_facts = Some(facts);
         }
     }
@@ -84,9 +103,12 @@ pub fn run(args: &DoctorArgs, overridden: &[Overridden]) -> Result<()> {
     if args.json {
         let facts = Facts {
             machine: machine.as_ref(),
+            limits: machine.as_ref().map(topo::limits),
             peer_access: peers.as_deref().ok(),
             software: &sw,
             live: live_facts.as_ref(),
+            bandwidth: &bandwidth,
+            nvlink_error_growth: growth.as_deref(),
         };
         let doc = serde_json::json!({ "checks": report.checks, "failures": report.failures(), "facts": facts });
         println!("{doc:#}");

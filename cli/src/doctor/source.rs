@@ -44,6 +44,48 @@ pub enum Remote {
     Other,
 }
 
+/// An NVLink version as NVML reports it (`nvmlDeviceGetNvLinkVersion`): a value of the enum
+/// `nvmlNvlinkVersion_t`, not the version number — 6 is NVLink 4.0 (Hopper: H100, H200).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct NvlinkVersion(pub u32);
+
+impl NvlinkVersion {
+    /// NVIDIA's name for it (`"4.0"`), after the NVML API reference's `nvmlNvlinkVersion_t`
+    /// (`NVML_NVLINK_VERSION_1_0` = 1 … `NVML_NVLINK_VERSION_5_0` = 7); `None` for 0
+    /// (`NVML_NVLINK_VERSION_INVALID`) and for values newer than this table.
+    pub fn name(self) -> Option<&'static str> {
+        Some(match self.0 {
+            1 => "1.0",
+            2 => "2.0",
+            3 => "2.2",
+            4 => "3.0",
+            5 => "3.1",
+            6 => "4.0",
+            7 => "5.0",
+            _ => return None,
+        })
+    }
+}
+
+impl std::fmt::Display for NvlinkVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.name() {
+            Some(name) => write!(f, "NVLink {name}"),
+            None => write!(f, "NVLink of unknown version (NVML's enum value {})", self.0),
+        }
+    }
+}
+
+impl Serialize for NvlinkVersion {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut st = s.serialize_struct("NvlinkVersion", 2)?;
+        st.serialize_field("nvml_enum", &self.0)?;
+        st.serialize_field("name", &self.name())?;
+        st.end()
+    }
+}
+
 /// NVLink error counters of one link (`nvmlDeviceGetNvLinkErrorCounter`); `None` where the driver
 /// does not say.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -63,8 +105,10 @@ pub struct LinkFacts {
     pub link: u32,
     /// Up.
     pub active: bool,
-    /// NVLink version (4 for Hopper).
-    pub version: Option<u32>,
+    /// NVLink version.
+    pub version: Option<NvlinkVersion>,
+    /// Signalling rate per direction, MB/s (1e6 B/s): NVML's per-link speed field.
+    pub speed_mbps: Option<u64>,
     /// PCI bus id of the far end.
     pub remote_bus_id: Option<String>,
     /// What the far end is.
@@ -99,6 +143,18 @@ impl GpuFacts {
     pub fn active_links(&self) -> impl Iterator<Item = &LinkFacts> {
         self.links.iter().filter(|l| l.active)
     }
+
+    /// The speed of link `l`, MB/s: its own, else the GPU's common speed.
+    pub fn link_speed_mbps(&self, l: &LinkFacts) -> Option<u64> {
+        l.speed_mbps.or(self.nvlink_speed_mbps)
+    }
+
+    /// The NVLink limit of this GPU per direction, GB/s (1e9 B/s): the sum of its active links'
+    /// speeds. `None` without active links or when a link's speed is unknown.
+    pub fn nvlink_gbps(&self) -> Option<f64> {
+        let speeds: Option<Vec<u64>> = self.active_links().map(|l| self.link_speed_mbps(l)).collect();
+        speeds.filter(|s| !s.is_empty()).map(|s| s.iter().sum::<u64>() as f64 / 1000.0)
+    }
 }
 
 /// A failed query, with the reason as the source said it.
@@ -116,6 +172,10 @@ pub trait GpuSource {
     fn gpu(&self, index: usize) -> Result<GpuFacts, SourceError>;
     /// How GPUs `a` and `b` are connected on PCIe.
     fn path(&self, a: usize, b: usize) -> Result<PathLevel, SourceError>;
+    /// Whether the driver allows P2P over NVLink between GPUs `a` and `b`
+    /// (`nvmlDeviceGetP2PStatus` with `NVML_P2P_CAPS_INDEX_NVLINK`, what `nvidia-smi topo -p2p n`
+    /// shows): it names the GPU at the far end where the links' own far end is a switch or unknown.
+    fn nvlink_p2p(&self, a: usize, b: usize) -> Result<bool, SourceError>;
 }
 
 /// Everything read from a source.
@@ -127,6 +187,9 @@ pub struct Machine {
     pub gpus: Vec<GpuFacts>,
     /// `paths[a][b]`: PCIe path between GPUs (None on the diagonal or where unknown).
     pub paths: Vec<Vec<Option<PathLevel>>>,
+    /// `nvlink_p2p[a][b]`: whether the driver allows P2P over NVLink between them (None on the
+    /// diagonal or where NVML does not say).
+    pub nvlink_p2p: Vec<Vec<Option<bool>>>,
     /// Queries that failed, as `what: why`.
     pub errors: Vec<String>,
 }
@@ -156,12 +219,27 @@ impl Machine {
                     .collect()
             })
             .collect();
-        Ok(Machine { driver, gpus, paths, errors })
+        // Not knowing is normal here (GPUs without NVLink, old drivers): no error recorded.
+        let nvlink_p2p = (0..count)
+            .map(|a| (0..count).map(|b| if a == b { None } else { source.nvlink_p2p(a, b).ok() }).collect())
+            .collect();
+        Ok(Machine { driver, gpus, paths, nvlink_p2p, errors })
     }
 
     /// The GPU with NVML index `index`.
     pub fn gpu(&self, index: usize) -> Option<&GpuFacts> {
         self.gpus.iter().find(|g| g.index == index)
+    }
+
+    /// Whether the driver allows P2P over NVLink between GPUs `a` and `b`, if NVML said.
+    pub fn nvlink_p2p(&self, a: usize, b: usize) -> Option<bool> {
+        self.nvlink_p2p.get(a)?.get(b).copied().flatten()
+    }
+
+    /// The GPU of this machine at PCI address `bus`.
+    pub fn gpu_at(&self, bus: &str) -> Option<&GpuFacts> {
+        let bus = normalize_bus_id(bus);
+        self.gpus.iter().find(|g| normalize_bus_id(&g.bus_id) == bus)
     }
 }
 
@@ -188,6 +266,8 @@ pub struct FakeSource {
     pub default_path: Option<PathLevel>,
     /// Explicit paths, `(a, b, level)` (symmetric).
     pub paths: Vec<(usize, usize, PathLevel)>,
+    /// NVLink P2P status of every pair (None: "not supported" by NVML).
+    pub nvlink_p2p: Option<bool>,
 }
 
 #[cfg(test)]
@@ -212,6 +292,10 @@ impl GpuSource for FakeSource {
             .or(self.default_path)
             .ok_or_else(|| SourceError("Not supported".into()))
     }
+
+    fn nvlink_p2p(&self, _a: usize, _b: usize) -> Result<bool, SourceError> {
+        self.nvlink_p2p.ok_or_else(|| SourceError("Not supported".into()))
+    }
 }
 
 #[cfg(test)]
@@ -219,7 +303,8 @@ pub(crate) mod fixtures {
     //! Machines the tests share.
     use super::*;
 
-    /// A GPU with `links` active NVLink 4 links, all to `remote` (a GPU bus id or a switch).
+    /// A GPU with `links` NVLink 4.0 links at 26.562 GB/s (H100/H200), each to a GPU bus id or a
+    /// switch, up or down.
     pub fn gpu(index: usize, bus: &str, links: &[(Remote, &str, bool)]) -> GpuFacts {
         GpuFacts {
             index,
@@ -228,14 +313,15 @@ pub(crate) mod fixtures {
             compute_capability: Some((9, 0)),
             numa_node: Some(0),
             pcie: Some((5, 16)),
-            nvlink_speed_mbps: (!links.is_empty()).then_some(26562),
+            nvlink_speed_mbps: None,
             links: links
                 .iter()
                 .enumerate()
                 .map(|(i, (remote, id, active))| LinkFacts {
                     link: i as u32,
                     active: *active,
-                    version: Some(4),
+                    version: Some(NvlinkVersion(6)),
+                    speed_mbps: Some(26562),
                     remote_bus_id: Some(id.to_string()),
                     remote: Some(*remote),
                     errors: LinkErrors { crc: Some(0), replay: Some(0), recovery: Some(0) },
@@ -244,7 +330,7 @@ pub(crate) mod fixtures {
         }
     }
 
-    /// The GPU machine: two H200 whose 18 links each go to NVSwitches.
+    /// Two H200 whose 18 links each go to NVSwitches.
     pub fn h200_pair() -> FakeSource {
         let links: Vec<(Remote, &str, bool)> = (0..18).map(|_| (Remote::Switch, "0000:c0:00.0", true)).collect();
         FakeSource {
@@ -252,7 +338,21 @@ pub(crate) mod fixtures {
             gpus: vec![gpu(0, "0000:00:06.0", &links), gpu(1, "0000:00:07.0", &links)],
             default_path: Some(PathLevel::HostBridge),
             paths: vec![],
+            nvlink_p2p: Some(true),
         }
+    }
+
+    /// The GPU machine as its VM's driver describes it (2026-11): the NVSwitches are hidden, so
+    /// every link's far end is `ffffffff:ff:ff.0` of unknown type; NVML's P2P status says NVLink.
+    pub fn h200_vm() -> FakeSource {
+        let mut fake = h200_pair();
+        for g in &mut fake.gpus {
+            for l in &mut g.links {
+                l.remote = Some(Remote::Other);
+                l.remote_bus_id = Some("ffffffff:ff:ff.0".into());
+            }
+        }
+        fake
     }
 }
 

@@ -1,5 +1,8 @@
 //! The GPU×GPU matrix in `nvidia-smi topo -m` notation (X, NV#, PIX, PXB, PHB, NODE, SYS), and the
-//! raw per-direction rate of the link between two GPUs.
+//! raw per-direction rate of each GPU's NVLink links and of the link between two GPUs: the limits
+//! the live layer's bandwidth is measured against.
+
+use serde::Serialize;
 
 use super::source::{normalize_bus_id, GpuFacts, Machine, PathLevel, Remote};
 
@@ -29,7 +32,7 @@ impl Link {
 }
 
 /// Active links from `from` whose far end is `to`.
-fn direct_links(from: &GpuFacts, to: &GpuFacts) -> u32 {
+pub fn direct_links(from: &GpuFacts, to: &GpuFacts) -> u32 {
     let target = normalize_bus_id(&to.bus_id);
     from.active_links()
         .filter(|l| l.remote != Some(Remote::Switch))
@@ -37,19 +40,20 @@ fn direct_links(from: &GpuFacts, to: &GpuFacts) -> u32 {
         .count() as u32
 }
 
-/// Active links from `g` into an NVSwitch (links whose far end is a switch, or no GPU of `m`).
+/// Active links from `g` into an NVSwitch: links whose far end is a switch, or whose far end's
+/// address names no GPU of `m` (whatever type the driver gives it: a VM that hides the switches
+/// answers `ffffffff:ff:ff.0`), or no address at all.
 fn switch_links(m: &Machine, g: &GpuFacts) -> u32 {
-    let gpu_ids: Vec<String> = m.gpus.iter().map(|x| normalize_bus_id(&x.bus_id)).collect();
     g.active_links()
-        .filter(|l| match l.remote {
-            Some(Remote::Switch) => true,
-            Some(Remote::Gpu) => false,
-            _ => l.remote_bus_id.as_deref().is_some_and(|id| !gpu_ids.contains(&normalize_bus_id(id))),
+        .filter(|l| {
+            l.remote == Some(Remote::Switch) || l.remote_bus_id.as_deref().is_none_or(|id| m.gpu_at(id).is_none())
         })
         .count() as u32
 }
 
-/// How GPUs `a` and `b` (NVML indexes) are connected.
+/// How GPUs `a` and `b` (NVML indexes) are connected. Links into a switch, or to a far end the
+/// driver does not name, count as reaching every GPU that has such links too, unless NVML's
+/// NVLink P2P status says that this pair has no NVLink path.
 pub fn link(m: &Machine, a: usize, b: usize) -> Link {
     if a == b {
         return Link::Same;
@@ -60,7 +64,7 @@ pub fn link(m: &Machine, a: usize, b: usize) -> Link {
         return Link::Nvlink(direct);
     }
     let through_switch = switch_links(m, ga).min(switch_links(m, gb));
-    if through_switch > 0 {
+    if through_switch > 0 && m.nvlink_p2p(a, b) != Some(false) {
         return Link::Nvlink(through_switch);
     }
     match m.paths.get(a).and_then(|row| row.get(b)).copied().flatten() {
@@ -104,13 +108,19 @@ fn pcie_lane_gbps(generation: u32) -> Option<f64> {
     })
 }
 
+/// The slowest active link of `g`, MB/s; `None` when a link's speed is unknown.
+fn slowest_link_mbps(g: &GpuFacts) -> Option<u64> {
+    g.active_links().map(|l| g.link_speed_mbps(l)).collect::<Option<Vec<u64>>>()?.into_iter().min()
+}
+
 /// The raw per-direction rate between `a` and `b` in GB/s (1e9 B/s), and how it was derived:
-/// links × per-link speed for NVLink (`18 × 26.56 GB/s`), lanes × lane rate for PCIe.
+/// links × the slower end's per-link speed for NVLink (`18 links × 26.56 GB/s`), lanes × lane
+/// rate for PCIe.
 pub fn link_rate(m: &Machine, a: usize, b: usize) -> Option<(f64, String)> {
     let (ga, gb) = (m.gpu(a)?, m.gpu(b)?);
     match link(m, a, b) {
         Link::Nvlink(n) => {
-            let speed = ga.nvlink_speed_mbps.or(gb.nvlink_speed_mbps)? as f64 / 1000.0;
+            let speed = slowest_link_mbps(ga)?.min(slowest_link_mbps(gb)?) as f64 / 1000.0;
             Some((n as f64 * speed, format!("{n} links × {speed:.2} GB/s")))
         }
         Link::Pcie(_) => {
@@ -124,9 +134,64 @@ pub fn link_rate(m: &Machine, a: usize, b: usize) -> Option<(f64, String)> {
     }
 }
 
+/// One GPU's NVLink limit.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GpuLimit {
+    /// NVML index.
+    pub gpu: usize,
+    /// Active NVLink links.
+    pub links_up: usize,
+    /// Sum of their speeds, GB/s per direction (`None`: no link, or a speed unknown).
+    pub nvlink_gbps: Option<f64>,
+}
+
+/// The limit between two GPUs.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PairLimit {
+    /// NVML indexes.
+    pub gpus: (usize, usize),
+    /// The link (`NV18`, `PHB`).
+    pub link: String,
+    /// Raw rate per direction, GB/s.
+    pub gbps: Option<f64>,
+    /// How it was derived (`18 links × 26.56 GB/s`).
+    pub how: Option<String>,
+}
+
+/// Every GPU's and every pair's limit, for `--json`.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Limits {
+    /// Per GPU.
+    pub gpus: Vec<GpuLimit>,
+    /// Per pair of GPUs.
+    pub pairs: Vec<PairLimit>,
+}
+
+/// The limits of machine `m`.
+pub fn limits(m: &Machine) -> Limits {
+    let gpus = m
+        .gpus
+        .iter()
+        .map(|g| GpuLimit { gpu: g.index, links_up: g.active_links().count(), nvlink_gbps: g.nvlink_gbps() })
+        .collect();
+    let mut pairs = Vec::new();
+    for (i, a) in m.gpus.iter().enumerate() {
+        for b in &m.gpus[i + 1..] {
+            let rate = link_rate(m, a.index, b.index);
+            pairs.push(PairLimit {
+                gpus: (a.index, b.index),
+                link: link(m, a.index, b.index).notation(),
+                gbps: rate.as_ref().map(|r| r.0),
+                how: rate.map(|r| r.1),
+            });
+        }
+    }
+    Limits { gpus, pairs }
+}
+
 #[cfg(test)]
 mod tests {
-    use super::super::source::fixtures::{gpu, h200_pair};
+    use super::super::source::fixtures::{gpu, h200_pair, h200_vm};
     use super::super::source::{FakeSource, Machine, PathLevel, Remote};
     use super::*;
 
@@ -139,6 +204,44 @@ mod tests {
         let (rate, how) = link_rate(&m, 0, 1).unwrap();
         assert!((rate - 478.1).abs() < 0.1, "{rate}");
         assert_eq!(how, "18 links × 26.56 GB/s");
+    }
+
+    #[test]
+    fn hidden_switches_still_make_nv18_unless_nvml_says_no_nvlink_p2p() {
+        let m = Machine::read(&h200_vm()).unwrap();
+        assert_eq!(link(&m, 0, 1), Link::Nvlink(18));
+        let l = limits(&m);
+        assert_eq!(l.gpus.len(), 2);
+        assert_eq!((l.gpus[1].gpu, l.gpus[1].links_up), (1, 18));
+        assert!((l.gpus[0].nvlink_gbps.unwrap() - 478.116).abs() < 1e-9);
+        assert_eq!(l.pairs[0].gpus, (0, 1));
+        assert_eq!(l.pairs[0].link, "NV18");
+        assert_eq!(l.pairs[0].how.as_deref(), Some("18 links × 26.56 GB/s"));
+        // The same when the driver calls the far end a GPU but gives no GPU's address.
+        let mut gpu_typed = h200_vm();
+        gpu_typed.gpus.iter_mut().flat_map(|g| g.links.iter_mut()).for_each(|l| l.remote = Some(Remote::Gpu));
+        assert_eq!(link(&Machine::read(&gpu_typed).unwrap(), 0, 1), Link::Nvlink(18));
+        let mut no_p2p = h200_vm();
+        no_p2p.nvlink_p2p = Some(false);
+        let m = Machine::read(&no_p2p).unwrap();
+        assert_eq!(link(&m, 0, 1), Link::Pcie(PathLevel::HostBridge));
+    }
+
+    #[test]
+    fn the_slowest_link_and_unknown_speeds_set_the_limit() {
+        let mut fake = h200_pair();
+        fake.gpus[1].links[4].speed_mbps = Some(20000);
+        let m = Machine::read(&fake).unwrap();
+        assert_eq!(link_rate(&m, 0, 1).unwrap().1, "18 links × 20.00 GB/s");
+        assert!((m.gpus[1].nvlink_gbps().unwrap() - (17.0 * 26.562 + 20.0)).abs() < 1e-9);
+        fake.gpus[0].links[2].speed_mbps = None;
+        let m = Machine::read(&fake).unwrap();
+        assert_eq!(link_rate(&m, 0, 1), None);
+        assert_eq!(m.gpus[0].nvlink_gbps(), None);
+        // The GPU's common speed stands in for a link's own.
+        fake.gpus[0].nvlink_speed_mbps = Some(25000);
+        let m = Machine::read(&fake).unwrap();
+        assert_eq!(link_rate(&m, 0, 1).unwrap().1, "18 links × 20.00 GB/s");
     }
 
     #[test]
@@ -163,6 +266,7 @@ mod tests {
             gpus: vec![g0, g1, g2],
             default_path: Some(PathLevel::System),
             paths: vec![(0, 2, PathLevel::Multiple), (0, 1, PathLevel::Single)],
+            nvlink_p2p: None,
         };
         let m = Machine::read(&fake).unwrap();
         assert_eq!(link(&m, 0, 1), Link::Nvlink(3));
@@ -198,6 +302,7 @@ mod tests {
                 gpus: vec![gpu(0, "0000:01:00.0", &[]), gpu(1, "0000:02:00.0", &[])],
                 default_path: Some(level),
                 paths: vec![],
+                nvlink_p2p: None,
             };
             let m = Machine::read(&fake).unwrap();
             assert_eq!(link(&m, 0, 1).notation(), text);

@@ -27,7 +27,7 @@ const DEADLINE: Duration = Duration::from_secs(180);
 const SIZES: (u64, u64, u64) = (8, 1 << 30, 8);
 
 /// Bytes NVSHMEM puts per call.
-const PUT_BYTES: usize = 64 << 20;
+pub const PUT_BYTES: usize = 64 << 20;
 
 /// One point of a sweep.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]

@@ -1,0 +1,34 @@
+# Sourced by the GPU bundle's runners (bundle/run.sh, bundle/sanitize.sh; copied to bundle/lib.sh
+# by tools/bundle.sh); $HERE is the bundle's folder. It sets NCCL_LIB_DIR / NVSHMEM_LIB_DIR to the
+# wheels of the machine's python3 (the dynamic loader would find the system's older libnccl.so.2
+# first), NGPU, and says what each lesson needs (bundle/lessons.tsv). Multicast stays off here too.
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+
+wheel_dir() {
+    python3 -c "import nvidia, os, sys
+for p in nvidia.__path__:
+    d = os.path.join(p, sys.argv[1], 'lib')
+    if os.path.isdir(d): print(d); break" "$1" 2>/dev/null
+}
+[ -n "${NCCL_LIB_DIR:-}" ] || { NCCL_LIB_DIR=$(wheel_dir nccl) && export NCCL_LIB_DIR; }
+[ -n "${NVSHMEM_LIB_DIR:-}" ] || { NVSHMEM_LIB_DIR=$(wheel_dir nvshmem) && export NVSHMEM_LIB_DIR; }
+
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+[ "$NGPU" -ge 1 ] || NGPU=1
+
+# Column $2 of lesson $1 in bundle/lessons.tsv (2: minimum GPUs, 3: sanitizer tools).
+lesson_field() {
+    awk -F'\t' -v l="$1" -v c="$2" '$1 == l { print $c }' "$HERE/lessons.tsv" 2>/dev/null
+}
+
+# GPUs that lesson $1 needs in launch mode $2: the lesson's minimum
+# ([package.metadata.bundle.min-gpus]) and the mode's own (net-socket connects two processes).
+gpus_needed() {
+    local n mode=${2:-}
+    n=$(lesson_field "$1" 2)
+    n=${n:-1}
+    case "$mode" in
+        net-socket) [ "$n" -ge 2 ] || n=2 ;;
+    esac
+    echo "$n"
+}

@@ -1,0 +1,153 @@
+#!/usr/bin/env bash
+# The GPU bundle's compute-sanitizer mode (copied to bundle/sanitize.sh by tools/bundle.sh; also
+# `bash bundle/run.sh --sanitize [FILTER...]`, or GPUCOMM_SANITIZE=1 bash bundle/run.sh). Every
+# test binary in bundle/tests and every lesson in bundle/examples runs under compute-sanitizer's
+# memcheck; the lessons that launch their own kernels run under synccheck too (the tools per lesson
+# are in bundle/lessons.tsv, from `[package.metadata.bundle.sanitizers]` in examples/Cargo.toml).
+# One (binary, tool) pair is one run: it passes when the program succeeds and the sanitizer
+# counted 0 errors in every process. Per run it prints the errors found; then a summary line
+# `sanitizer: R runs, E errors (memcheck E1, synccheck E2)` and, last,
+# `N passed, N failed, N skipped`.
+#
+#   bash bundle/sanitize.sh [FILTER...]   # only binaries / lessons whose name contains a FILTER
+#
+# Each lesson runs once, in its spawner (or single-process) row of bundle/examples.tsv, with one
+# rank per GPU: the other launch modes start the same code. A lesson that needs more GPUs than the
+# machine has is skipped (counted, with the reason); tests that need more GPUs skip themselves
+# (listed under their binary). SANITIZE_TIMEOUT (default 300) bounds each run, in seconds; a run
+# cut short fails. Logs go to bundle/logs-sanitize; with $OUT set, the summary is kept current
+# there (sanitize-summary.txt) and the logs end up in $OUT/sanitize-logs.tar.gz. Slow: 30-60 s per
+# lesson with one rank; run it in parts with FILTERs when a command's time is bounded.
+#
+# compute-sanitizer's options, and why:
+# * --target-processes all: the spawner (`--nproc N`) and the tests' multi-process helper start
+#   child processes; every one of them is checked and prints its own ERROR SUMMARY (summed here).
+# * --report-api-errors no: NCCL probes the driver with CUDA calls that fail on purpose (about 240
+#   per communicator, e.g. peer-access probing in p2p.cc) and handles them; they are not memory
+#   errors, and this mode is about memory and synchronisation. Memory errors are all reported.
+# * --launch-timeout 120: a child process may take longer than the default 10 s to reach CUDA
+#   under the sanitizer (NCCL's and NVSHMEM's setup).
+# Nothing is suppressed or filtered: every `ERROR SUMMARY: N errors` line counts. Known ways for a
+# correct program to be reported, none seen so far on this project's binaries: NCCL may read user
+# buffers in 16-byte units past a size that is not a multiple of 16 (github.com/NVIDIA/nccl/issues/265);
+# a lesson with a timeout (07) may time out earlier when the sanitizer slows its collectives.
+# Multicast stays off (exported below and inherited by every child).
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=gpu-lib.sh
+source "$HERE/lib.sh"
+FILTERS=("$@")
+LOGS=$HERE/logs-sanitize
+rm -rf "$LOGS"
+mkdir -p "$LOGS"
+export RUST_BACKTRACE=1
+SANITIZER=${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
+[ -x "$SANITIZER" ] || SANITIZER=$(command -v compute-sanitizer || true)
+passed=0 failed=0 skipped=0 runs=0
+declare -A errors_by_tool=([memcheck]=0 [synccheck]=0)
+
+note() {
+    printf '%s\n' "$*" | tee -a "$LOGS/summary.txt"
+    if [ -n "${OUT:-}" ]; then cp "$LOGS/summary.txt" "$OUT/sanitize-summary.txt"; fi
+}
+
+wanted() {
+    local f
+    [ "${#FILTERS[@]}" -eq 0 ] && return 0
+    for f in "${FILTERS[@]}"; do [[ "$1" == *"$f"* ]] && return 0; done
+    return 1
+}
+
+if [ -z "$SANITIZER" ]; then
+    note "compute-sanitizer not found (set COMPUTE_SANITIZER=/path/to/compute-sanitizer)"
+    note "0 passed, 1 failed, 0 skipped"
+    exit 1
+fi
+{
+    echo "== machine"
+    nvidia-smi -L 2>&1
+    echo "GPUs: $NGPU"
+    echo "compute-sanitizer: $SANITIZER ($("$SANITIZER" --version 2>&1 | grep -i version | head -1))"
+    echo "NCCL_LIB_DIR=$NCCL_LIB_DIR"
+    echo "NVSHMEM_LIB_DIR=$NVSHMEM_LIB_DIR"
+    echo "safety: NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE NVSHMEM_DISABLE_NVLS=$NVSHMEM_DISABLE_NVLS TORCH_SYMM_MEM_DISABLE_MULTICAST=$TORCH_SYMM_MEM_DISABLE_MULTICAST"
+} | tee "$LOGS/machine.txt"
+
+# One run: `sanitize NAME TOOL COMMAND...`. Passes when the command exits 0 and every process's
+# ERROR SUMMARY says 0 errors; prints the first errors of a failed one.
+sanitize() {
+    local name=$1 tool=$2 log rc counts errs procs
+    shift 2
+    log="$LOGS/$name.$tool.log"
+    timeout -k 20 "${SANITIZE_TIMEOUT:-300}" "$SANITIZER" --tool "$tool" --target-processes all \
+        --report-api-errors no --launch-timeout 120 "$@" </dev/null >"$log" 2>&1
+    rc=$?
+    runs=$((runs + 1))
+    counts=$(grep -oE 'ERROR SUMMARY: [0-9]+ error' "$log" | grep -oE '[0-9]+')
+    procs=$(grep -c . <<<"$counts")
+    errs=$(awk '{ s += $1 } END { print s + 0 }' <<<"$counts")
+    errors_by_tool[$tool]=$((${errors_by_tool[$tool]:-0} + errs))
+    local what="$tool: $errs errors in $procs process(es)"
+    if [ "$rc" -eq 124 ]; then
+        what="$tool: cut short after ${SANITIZE_TIMEOUT:-300} s ($errs errors so far)"
+    elif [ "$procs" -eq 0 ]; then
+        what="$tool: no ERROR SUMMARY (the sanitizer did not finish)"
+    fi
+    if [ "$rc" -eq 0 ] && [ "$procs" -gt 0 ] && [ "$errs" -eq 0 ]; then
+        passed=$((passed + 1))
+        note "ok $name — $what"
+    else
+        failed=$((failed + 1))
+        note "FAIL $name — $what, exit $rc (see logs-sanitize/$name.$tool.log)"
+        { grep -E '^=+ +(Invalid|Barrier|Divergent|Program hit|Malloc|Race|Uninitialized|Error)' "$log" | sort | uniq -c | head -8
+          tail -3 "$log"; } | sed 's/^/    /' | tee -a "$LOGS/summary.txt"
+    fi
+}
+
+# 1. Test binaries, memcheck, one test at a time.
+for t in "$HERE"/tests/*; do
+    name=$(basename "$t")
+    wanted "$name" || continue
+    export GPUCOMM_SKIP_LOG=$LOGS/$name.skipped.txt
+    : >"$GPUCOMM_SKIP_LOG"
+    sanitize "$name" memcheck "$t" --include-ignored --test-threads=1
+    grep -E '^test result:' "$LOGS/$name.memcheck.log" | tail -1 | sed 's/^/    /' | tee -a "$LOGS/summary.txt"
+    sed 's/^/    skipped inside: /' "$GPUCOMM_SKIP_LOG" | tee -a "$LOGS/summary.txt"
+done
+unset GPUCOMM_SKIP_LOG
+
+# 2. Lessons, once each, under each of their tools.
+declare -A done_lesson=()
+if [ -f "$HERE/examples.tsv" ]; then
+    while IFS=$'\t' read -r -a row; do
+        ex=${row[0]} mode=${row[1]} args=("${row[@]:2}")
+        wanted "$ex" || continue
+        [ -z "${done_lesson[$ex]:-}" ] || continue
+        case "$mode" in
+            single) cmd=("$HERE/examples/$ex" "${args[@]}") ;;
+            spawner) cmd=("$HERE/examples/$ex" --nproc "$NGPU" "${args[@]}") ;;
+            *) continue ;;
+        esac
+        done_lesson[$ex]=1
+        need=$(gpus_needed "$ex" "$mode")
+        if [ "$need" -gt "$NGPU" ]; then
+            skipped=$((skipped + 1))
+            note "skip $ex: needs $need GPUs, this machine has $NGPU"
+            continue
+        fi
+        tools=$(lesson_field "$ex" 3)
+        for tool in ${tools//,/ }; do
+            sanitize "$ex" "$tool" "${cmd[@]}"
+        done
+    done <"$HERE/examples.tsv"
+fi
+
+total=$((errors_by_tool[memcheck] + errors_by_tool[synccheck]))
+note "sanitizer: $runs runs, $total errors (memcheck ${errors_by_tool[memcheck]}, synccheck ${errors_by_tool[synccheck]})"
+note "$passed passed, $failed failed, $skipped skipped"
+if [ -n "${OUT:-}" ]; then
+    cp "$LOGS/summary.txt" "$OUT/sanitize-summary.txt"
+    tar czf "$OUT/sanitize-logs.tar.gz" -C "$LOGS" .
+fi
+[ "$failed" -eq 0 ]
