@@ -65,10 +65,12 @@
 //! }
 //! ```
 
+mod deadline;
 mod entry;
 mod env;
 mod rendezvous;
 mod spawn;
+pub mod store;
 pub mod wire;
 
 pub use entry::{run_main, NPROC_FLAG};
