@@ -68,12 +68,15 @@
 mod deadline;
 mod entry;
 mod env;
+mod random;
 mod rendezvous;
 mod spawn;
 pub mod store;
-pub mod wire;
 
 pub use entry::{run_main, NPROC_FLAG};
-pub use env::{EnvError, Launcher, Master, RankInfo, DEFAULT_PORT, JOB_TOKEN_VAR};
-pub use rendezvous::{Options, Rendezvous, RendezvousError, DEFAULT_TIMEOUT, TIMEOUT_VAR};
+pub use env::{EnvError, JobIdentity, Launcher, Master, RankInfo, Torchelastic, DEFAULT_PORT, JOB_TOKEN_VAR};
+pub use rendezvous::{
+    JobKey, Options, Rendezvous, RendezvousError, StoreMode, DEFAULT_TIMEOUT, JOB_KEY_VAR, MAX_BROADCAST, MAX_TIMEOUT,
+    MIN_KEY_LEN, MIN_TIMEOUT, STORE_VAR, TIMEOUT_VAR,
+};
 pub use spawn::{spawn_local, Outcome, SpawnError, SAFETY_VARS, SPAWNED_VAR};

@@ -290,7 +290,7 @@ impl StoreClient {
         self.ping_by(self.deadline())
     }
 
-    fn ping_by(&mut self, deadline: Deadline) -> Result<(), StoreError> {
+    pub(crate) fn ping_by(&mut self, deadline: Deadline) -> Result<(), StoreError> {
         let nonce = std::process::id();
         self.send("PING", &Request::Ping { nonce }, deadline)?;
         let got = u32::from_le_bytes(self.read_array("PING", deadline)?);
