@@ -18,7 +18,7 @@ pub use options::{
 use crate::deadline::Deadline;
 use crate::env::{EnvError, RankInfo};
 use crate::store::ServerStats;
-use session::{Mode, Scope, Session};
+use session::{Mode, Plan, Scope, Session};
 
 /// The most bytes one [`Rendezvous::broadcast`] may carry (1 MiB less room for the framing).
 pub const MAX_BROADCAST: usize = (1 << 20) - 64;
@@ -114,11 +114,17 @@ impl Rendezvous {
         };
         let scope = Scope::new(identity);
         let instance = options.instance.unwrap_or_else(|| session::next_instance(&scope.hash, info.rank));
-        let seal = options.job_key.as_ref().map(|key| seal::Seal::new(key, &scope.hash));
-        let mode = Mode::resolve(options.store, info);
         let deadline = Deadline::after(options.timeout);
-        let mut s =
-            Session::open(info, master, mode, scope, instance, seal, options.timeout, &options.store_limits, deadline)?;
+        let mut s = Session::open(Plan {
+            info,
+            options,
+            master,
+            mode: Mode::resolve(options.store, info),
+            seal: options.job_key.as_ref().map(|key| seal::Seal::new(key, &scope.hash)),
+            scope,
+            instance,
+            deadline,
+        })?;
         if let Err(error) = join::join(&mut s, deadline) {
             s.failed = true;
             return Err(error);

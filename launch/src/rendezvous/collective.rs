@@ -42,9 +42,8 @@ fn encode(s: &Session, label: &str, bytes: &[u8]) -> Result<Vec<u8>, RendezvousE
     let Some(seal) = &s.seal else { return Ok([&[PLAIN], bytes].concat()) };
     let nonce = seal::nonce()
         .map_err(|error| RendezvousError::Io { context: "getting random bytes for a nonce".into(), error })?;
-    let sealed = seal
-        .seal(label, bytes, nonce)
-        .ok_or_else(|| RendezvousError::TooLarge { len: bytes.len(), max: MAX_BROADCAST })?;
+    let sealed =
+        seal.seal(label, bytes, nonce).ok_or(RendezvousError::TooLarge { len: bytes.len(), max: MAX_BROADCAST })?;
     Ok([&[SEALED], sealed.as_slice()].concat())
 }
 

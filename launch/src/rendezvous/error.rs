@@ -104,7 +104,7 @@ pub enum RendezvousError {
         /// The operation in progress.
         during: String,
         /// The failure.
-        error: StoreError,
+        error: Box<StoreError>,
     },
     /// Rank 0's closure for [`broadcast`](super::Rendezvous::broadcast) failed.
     Make {

@@ -6,12 +6,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::time::Duration;
 
 use super::record::{verified, Owner};
-use super::seal::Seal;
-use super::session::{connect_error, Keys, Scope};
+use super::session::{connect_error, Keys, Plan};
 use super::RendezvousError;
-use crate::deadline::Deadline;
 use crate::env::Master;
-use crate::store::{Limits, StoreClient, StoreServer};
+use crate::store::{StoreClient, StoreServer};
 
 /// How long a client waits before asking again when it reached a store that still serves rank
 /// 0's previous rendezvous.
@@ -19,24 +17,18 @@ const STALE_PAUSE: Duration = Duration::from_millis(50);
 
 /// Binds the master port (see [`listen`]) and starts a store whose owner record says which job,
 /// world size and rendezvous it serves.
-pub(super) fn serve(
-    master: &Master,
-    scope: &Scope,
-    world_size: usize,
-    instance: u64,
-    seal: Option<&Seal>,
-    limits: &Limits,
-) -> Result<StoreServer, RendezvousError> {
-    let listener = listen(master)?;
+pub(super) fn serve(plan: &Plan) -> Result<StoreServer, RendezvousError> {
+    let listener = listen(&plan.master)?;
     let mut owner = Owner {
-        scope: scope.hash.clone(),
-        source: scope.source.clone(),
-        world_size: world_size as u32,
-        instance,
+        scope: plan.scope.hash.clone(),
+        source: plan.scope.source.clone(),
+        world_size: plan.info.world_size as u32,
+        instance: plan.instance,
         tag: None,
     };
-    let record = owner.encode(seal, Keys::OWNER);
-    StoreServer::start(listener, limits.clone(), vec![(Keys::OWNER.as_bytes().to_vec(), record)])
+    let record = owner.encode(plan.seal.as_ref(), Keys::OWNER);
+    let initial = vec![(Keys::OWNER.as_bytes().to_vec(), record)];
+    StoreServer::start(listener, plan.options.store_limits.clone(), initial)
         .map_err(|error| RendezvousError::Io { context: "rank 0: starting the store".into(), error })
 }
 
@@ -71,21 +63,13 @@ pub(super) fn loopback(bound: SocketAddr) -> SocketAddr {
 
 /// Connects to rank 0's store and checks that it is this job's and serves this rendezvous;
 /// waits (reconnecting) while it still serves rank 0's previous one.
-#[allow(clippy::too_many_arguments)]
-pub(super) fn join(
-    master: &Master,
-    scope: &Scope,
-    world_size: usize,
-    instance: u64,
-    seal: Option<&Seal>,
-    timeout: Duration,
-    limits: &Limits,
-    deadline: Deadline,
-) -> Result<StoreClient, RendezvousError> {
+pub(super) fn join(plan: &Plan) -> Result<StoreClient, RendezvousError> {
+    let (master, deadline, instance) = (&plan.master, plan.deadline, plan.instance);
     loop {
-        let mut client = StoreClient::connect_by(&master.addr, master.port, deadline, timeout, limits.clone())
+        let limits = plan.options.store_limits.clone();
+        let mut client = StoreClient::connect_by(&master.addr, master.port, deadline, plan.options.timeout, limits)
             .map_err(|e| connect_error(master, e))?;
-        match check_owner(&mut client, master, scope, world_size, instance, seal, deadline)? {
+        match check_owner(&mut client, plan)? {
             Owned::Ours => return Ok(client),
             Owned::Earlier(theirs) => {
                 drop(client);
@@ -114,17 +98,12 @@ fn wrong(master: &Master, detail: String) -> RendezvousError {
     RendezvousError::WrongStore { master: master.clone(), detail }
 }
 
-fn check_owner(
-    client: &mut StoreClient,
-    master: &Master,
-    scope: &Scope,
-    world_size: usize,
-    instance: u64,
-    seal: Option<&Seal>,
-    deadline: Deadline,
-) -> Result<Owned, RendezvousError> {
+fn check_owner(client: &mut StoreClient, plan: &Plan) -> Result<Owned, RendezvousError> {
+    let (master, scope, deadline, instance) = (&plan.master, &plan.scope, plan.deadline, plan.instance);
+    let (world_size, seal) = (plan.info.world_size, plan.seal.as_ref());
     let during = "checking whose store it is";
-    let store_error = |error| RendezvousError::Store { master: master.clone(), during: during.into(), error };
+    let store_error =
+        |error| RendezvousError::Store { master: master.clone(), during: during.into(), error: Box::new(error) };
     if !client.check_by(&[Keys::OWNER], deadline).map_err(store_error)? {
         return Err(wrong(
             master,

@@ -10,10 +10,10 @@ use sha2::{Digest, Sha256};
 use super::host;
 use super::record::Claimant;
 use super::seal::{Seal, TAG_LEN};
-use super::{RendezvousError, StoreMode};
+use super::{Options, RendezvousError, StoreMode};
 use crate::deadline::Deadline;
 use crate::env::{Master, RankInfo};
-use crate::store::{Limits, ServerStats, StoreClient, StoreError, StoreServer};
+use crate::store::{ServerStats, StoreClient, StoreError, StoreServer};
 
 /// The first slice of a wait; slices double up to [`MAX_SLICE`], and the abort key is checked
 /// between them.
@@ -138,6 +138,19 @@ impl Keys {
     }
 }
 
+/// Everything a rank decided before it connects.
+pub(super) struct Plan<'a> {
+    pub(super) info: &'a RankInfo,
+    pub(super) options: &'a Options,
+    pub(super) master: Master,
+    pub(super) mode: Mode,
+    pub(super) scope: Scope,
+    pub(super) instance: u64,
+    pub(super) seal: Option<Seal>,
+    /// The end of the join.
+    pub(super) deadline: Deadline,
+}
+
 /// Why a wait ended without its keys.
 pub(super) enum Waited {
     TimedOut,
@@ -172,52 +185,36 @@ pub(super) struct Session {
 }
 
 impl Session {
-    /// Connects to the store of `mode`; rank 0 of [`Mode::Hosted`] starts it first.
-    pub(super) fn open(
-        info: &RankInfo,
-        master: Master,
-        mode: Mode,
-        scope: Scope,
-        instance: u64,
-        seal: Option<Seal>,
-        timeout: Duration,
-        limits: &Limits,
-        deadline: Deadline,
-    ) -> Result<Session, RendezvousError> {
-        let keys = Keys::new(&scope.hash, instance);
-        let (client, server) = match mode {
+    /// Connects to the store of `plan.mode`; rank 0 of [`Mode::Hosted`] starts it first.
+    pub(super) fn open(plan: Plan) -> Result<Session, RendezvousError> {
+        let (info, options, master) = (plan.info, plan.options, &plan.master);
+        let limits = &options.store_limits;
+        let connect = |host: &str, port: u16| {
+            StoreClient::connect_by(host, port, plan.deadline, options.timeout, limits.clone())
+                .map_err(|e| connect_error(master, e))
+        };
+        let (client, server) = match plan.mode {
             Mode::Hosted if info.rank == 0 => {
-                let server = host::serve(&master, &scope, info.world_size, instance, seal.as_ref(), limits)?;
+                let server = host::serve(&plan)?;
                 let addr = host::loopback(server.local_addr());
-                let client =
-                    StoreClient::connect_by(&addr.ip().to_string(), addr.port(), deadline, timeout, limits.clone())
-                        .map_err(|e| connect_error(&master, e))?;
-                (client, Some(server))
+                (connect(&addr.ip().to_string(), addr.port())?, Some(server))
             }
-            Mode::Hosted => {
-                let client =
-                    host::join(&master, &scope, info.world_size, instance, seal.as_ref(), timeout, limits, deadline)?;
-                (client, None)
-            }
-            Mode::Agent | Mode::External => {
-                let client = StoreClient::connect_by(&master.addr, master.port, deadline, timeout, limits.clone())
-                    .map_err(|e| connect_error(&master, e))?;
-                (client, None)
-            }
+            Mode::Hosted => (host::join(&plan)?, None),
+            Mode::Agent | Mode::External => (connect(&master.addr, master.port)?, None),
         };
         let me = Claimant::this_process(client.local_addr());
         Ok(Session {
             client,
-            keys,
-            scope,
-            seal,
+            keys: Keys::new(&plan.scope.hash, plan.instance),
+            scope: plan.scope,
+            seal: plan.seal,
             rank: info.rank,
             world_size: info.world_size,
-            master,
-            mode,
+            master: plan.master,
+            mode: plan.mode,
             me,
             server,
-            timeout,
+            timeout: options.timeout,
             acknowledged: 0,
             stale: Vec::new(),
             failed: false,
@@ -225,7 +222,7 @@ impl Session {
     }
 
     pub(super) fn store_error(&self, during: &str, error: StoreError) -> RendezvousError {
-        RendezvousError::Store { master: self.master.clone(), during: during.to_string(), error }
+        RendezvousError::Store { master: self.master.clone(), during: during.to_string(), error: Box::new(error) }
     }
 
     /// Waits until every key exists, checking the abort key between slices and at the end. Each
@@ -452,6 +449,6 @@ pub(super) fn connect_error(master: &Master, error: StoreError) -> RendezvousErr
         StoreError::Unreachable { waited, last_error, .. } => {
             RendezvousError::Unreachable { master: master.clone(), waited, last_error }
         }
-        error => RendezvousError::Store { master: master.clone(), during: "connecting".into(), error },
+        error => RendezvousError::Store { master: master.clone(), during: "connecting".into(), error: Box::new(error) },
     }
 }

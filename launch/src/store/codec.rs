@@ -146,6 +146,9 @@ impl Query {
     }
 }
 
+/// A key and its value.
+pub type Pair<'a> = (&'a [u8], &'a [u8]);
+
 /// One request, borrowing its keys and values from the bytes it was decoded from (or from the
 /// caller, for encoding).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -215,7 +218,7 @@ pub enum Request<'a> {
     /// `MULTI_SET`.
     MultiSet {
         /// The keys and their values.
-        pairs: Vec<(&'a [u8], &'a [u8])>,
+        pairs: Vec<Pair<'a>>,
     },
     /// `CANCEL_WAIT`.
     CancelWait,
@@ -465,7 +468,7 @@ impl<'a> Fields<'a, '_> {
         Ok(keys)
     }
 
-    fn pairs(&mut self) -> Result<Vec<(&'a [u8], &'a [u8])>, Stop> {
+    fn pairs(&mut self) -> Result<Vec<Pair<'a>>, Stop> {
         let count = self.len("key count", self.limits.max_keys_per_request)?;
         let mut pairs = Vec::with_capacity(count.min(self.buf.len() / (2 * LEN)));
         for _ in 0..count {
