@@ -193,14 +193,14 @@ impl StoreClient {
 
     /// `WAIT`: returns `true` once every key exists, or `false` when `timeout` passes first (the
     /// wait is then canceled with `CANCEL_WAIT`, as PyTorch's client does, and the connection
-    /// stays usable).
+    /// stays usable). The whole operation, cancellation included, is bounded by `timeout` plus
+    /// the client's [`timeout`](StoreClient::timeout).
     pub fn wait(&mut self, keys: &[&str], timeout: Duration) -> Result<bool, StoreError> {
-        let io = self.deadline();
+        let io = Deadline::after(timeout.saturating_add(self.timeout));
         self.wait_by(keys, Deadline::after(timeout), io)
     }
 
-    /// `WAIT` until `until`; requests and the cancellation get `io` (and, for the cancellation,
-    /// a fresh operation limit).
+    /// `WAIT` until `until`; the whole operation, cancellation included, ends by `io`.
     pub(crate) fn wait_by(&mut self, keys: &[&str], until: Deadline, io: Deadline) -> Result<bool, StoreError> {
         self.send("WAIT", &Request::Wait { keys: bytes_of(keys) }, io)?;
         match self.read_byte_by("WAIT", until.min(io)) {
@@ -210,11 +210,10 @@ impl StoreClient {
             Err(error) => return Err(error),
         }
         // Not ready in time: cancel. The store may have ended the wait just before.
-        let cancel = self.deadline();
-        self.send("CANCEL_WAIT", &Request::CancelWait, cancel)?;
-        match self.read_array::<1>("CANCEL_WAIT", cancel)?[0] {
+        self.send("CANCEL_WAIT", &Request::CancelWait, io)?;
+        match self.read_array::<1>("CANCEL_WAIT", io)?[0] {
             WAIT_CANCELED => Ok(false),
-            WAIT_STOP => match self.read_array::<1>("CANCEL_WAIT", cancel)?[0] {
+            WAIT_STOP => match self.read_array::<1>("CANCEL_WAIT", io)?[0] {
                 WAIT_CANCELED => Ok(true),
                 other => Err(self.protocol("CANCEL_WAIT", format!("reply byte {other}, expected 1"))),
             },
