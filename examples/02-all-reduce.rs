@@ -5,8 +5,10 @@
 //!   `--nproc N` spawner, torchrun-style variables, `mpirun`, `srun`); [`nccl::launch::run_main`]
 //!   reads the rank from whichever launcher started the process;
 //! * the local rank picks the GPU;
-//! * rank 0 creates the NCCL unique id and the rendezvous (TCP, at `MASTER_ADDR:MASTER_PORT`)
-//!   hands it to every rank: [`nccl::Comm::from_rendezvous`];
+//! * rank 0 creates the NCCL unique id and the rendezvous hands it to every rank
+//!   ([`nccl::Comm::from_rendezvous`]) through a TCPStore at `MASTER_ADDR:MASTER_PORT`: under
+//!   torchrun the one its agent hosts, otherwise one rank 0 hosts (with `GPUCOMM_JOB_KEY` set —
+//!   the spawner sets one — the id travels encrypted);
 //! * an all-reduce where rank `r` contributes `r + 1`, checked on every rank.
 //!
 //! How to run it (two GPUs):
@@ -14,6 +16,8 @@
 //! * by hand, in two shells: `RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2
 //!   MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 target/debug/examples/02-all-reduce`, and the same
 //!   with `RANK=1 LOCAL_RANK=1`;
+//! * `torchrun --nproc-per-node 2 --no-python target/debug/examples/02-all-reduce` (also with
+//!   `--standalone` or `--rdzv-backend c10d --rdzv-endpoint HOST:PORT`);
 //! * `mpirun -np 2 target/debug/examples/02-all-reduce` or `srun -n 2 --gpus-per-task=1 …`.
 //!
 //! Add `NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_DEBUG=INFO` to make NCCL use its network

@@ -15,7 +15,8 @@ start=$(date +%s)
 rm -rf bundle
 mkdir -p bundle/tests bundle/examples bundle/bin
 
-bins=(-p gpucomm-examples --examples)
+# The lessons, and the launch crate's store-interop example (for bundle/store-interop.sh).
+bins=(-p gpucomm-examples --examples -p gpucomm-launch --example store-interop)
 cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; sys.exit(0 if any(p["name"]=="gpucomm" for p in json.load(sys.stdin)["packages"]) else 1)' \
     && bins+=(-p gpucomm --bins)
 {
@@ -62,6 +63,9 @@ cp tools/gpu-lib.sh bundle/lib.sh
 cp tools/gpu-sanitize.sh bundle/sanitize.sh
 cp tools/gpu-nccl-tests.sh tools/gpu-custom-bench.sh tools/custom-vs-nccl-tests.py bundle/
 cp cli/gpu/*.sh bundle/
+# The store's interop check against PyTorch, and lesson 19's Python half.
+cp launch/gpu/store-interop.sh launch/gpu/store_interop.py bundle/
+mkdir -p bundle/python && cp examples/python/*.py bundle/python/
 chmod +x bundle/*.sh
 # The reference benchmark's source, built on the GPU machine for side-by-side runs.
 if compgen -G '../shared/ref/nccl-tests-*.tar.gz' >/dev/null; then

@@ -21,14 +21,17 @@ lesson_field() {
     awk -F'\t' -v l="$1" -v c="$2" '$1 == l { print $c }' "$HERE/lessons.tsv" 2>/dev/null
 }
 
-# GPUs that lesson $1 needs in launch mode $2: the lesson's minimum
-# ([package.metadata.bundle.min-gpus]) and the mode's own (net-socket connects two processes).
+# GPUs that lesson $1 needs in launch mode $2 (`mode` or `mode@N`): the largest of the lesson's
+# minimum ([package.metadata.bundle.min-gpus]), the mode's own (net-socket and one-agent torchrun
+# put one rank on each GPU) and N.
 gpus_needed() {
-    local n mode=${2:-}
+    local n mode=${2%@*} asked=1
+    [[ "${2:-}" == *@* ]] && asked=${2#*@}
     n=$(lesson_field "$1" 2)
     n=${n:-1}
     case "$mode" in
-        net-socket) [ "$n" -ge 2 ] || n=2 ;;
+        net-socket | torchrun | torchrun-c10d | torchrun-standalone) [ "$n" -ge 2 ] || n=2 ;;
     esac
+    [ "$asked" -gt "$n" ] && n=$asked
     echo "$n"
 }

@@ -2,11 +2,16 @@
 # The GPU bundle's runner (copied to bundle/run.sh by tools/bundle.sh). Runs on the GPU machine,
 # which has no Rust toolchain: every test binary in bundle/tests, then every lesson in
 # bundle/examples the way bundle/examples.tsv says (spawner, torchrun-style variables set by hand,
-# mpirun, the socket transport). Logs go to bundle/logs; when $OUT is set (the device tool), the
-# summary and a tarball of the logs are copied there. The last line is
-# `N passed, N failed, N skipped`. A lesson or mode that needs more GPUs than the machine has
-# (bundle/lessons.tsv, from `[package.metadata.bundle.min-gpus]`; the net-socket mode needs two
-# processes) is skipped and counted as skipped, with the reason.
+# mpirun, the socket transport, real torchrun with each rendezvous backend and as two agents, a
+# Python peer). Logs go to bundle/logs; when $OUT is set (the device tool), the summary and a
+# tarball of the logs are copied there. The last line is `N passed, N failed, N skipped`.
+#
+# A lesson or mode that needs more GPUs than the machine has is skipped and counted as skipped,
+# with the reason (gpus_needed in lib.sh): a lesson's minimum comes from bundle/lessons.tsv
+# (`[package.metadata.bundle.min-gpus]`); net-socket and the torchrun modes with one agent need 2
+# (one rank per GPU); `torchrun-2nodes` and the Python modes need 1 (both ranks share GPU 0, each
+# with its own NCCL_HOSTID, so NCCL connects them as two hosts); `mode@N` in examples.tsv asks for
+# more. TORCHRUN names torchrun (default: the one on PATH, else /opt/torch/.venv/bin/torchrun).
 #
 #   bash bundle/run.sh [FILTER]   # FILTER: only tests binaries / lessons whose name contains it
 #   bash bundle/run.sh --sanitize [FILTER...]   # the compute-sanitizer mode: bundle/sanitize.sh
@@ -91,6 +96,9 @@ check() {
     if [ "$rc" -eq 0 ]; then
         passed=$((passed + 1))
         note "ok $name"
+    elif [ "$rc" -eq "$SKIP" ]; then
+        skipped=$((skipped + 1))
+        note "skip $name: $(grep -h '^skipped: ' "$LOGS/$name.log" | tail -1 | sed 's/^skipped: //')"
     else
         failed=$((failed + 1))
         note "FAIL $name (exit $rc; see $name.log)"
@@ -117,6 +125,69 @@ with_mpirun() {
     $T mpirun -np "$NGPU" --allow-run-as-root --bind-to none --tag-output "${xs[@]}" "$@"
 }
 
+TORCHRUN=${TORCHRUN:-$(command -v torchrun || echo /opt/torch/.venv/bin/torchrun)}
+# Exit status of a mode that cannot run here; its last output line says why.
+SKIP=77
+
+have_torchrun() {
+    [ -x "$TORCHRUN" ] || { echo "skipped: torchrun not found (set TORCHRUN)"; return 1; }
+}
+
+# torchrun with one agent and one rank per GPU: the default (static) rendezvous, `c10d`, or
+# `--standalone`. Every rank is a client of the agent's TCPStore (TORCHELASTIC_USE_AGENT_STORE).
+with_torchrun() {
+    local backend=$1 port=$((20000 + RANDOM % 9000))
+    shift
+    have_torchrun || return $SKIP
+    local rdzv=()
+    case "$backend" in
+        static) rdzv=(--master-addr 127.0.0.1 --master-port "$port") ;;
+        c10d) rdzv=(--rdzv-backend c10d --rdzv-endpoint "127.0.0.1:$port") ;;
+        standalone) rdzv=(--standalone) ;;
+    esac
+    $T "$TORCHRUN" "${rdzv[@]}" --nproc-per-node "$NGPU" --no-python "$@"
+}
+
+# Two torchrun agents on this machine posing as two nodes, one rank each; NCCL_HOSTID differs, so
+# NCCL sees two hosts. With one GPU both ranks use GPU 0; with two, each agent gets its own.
+torchrun_2nodes() {
+    local port=$((20000 + RANDOM % 9000)) pids=() rc=0 n
+    have_torchrun || return $SKIP
+    for n in 0 1; do
+        NCCL_HOSTID=node$n CUDA_VISIBLE_DEVICES=$((n % NGPU)) NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET \
+            $T "$TORCHRUN" --nnodes 2 --node-rank $n --master-addr 127.0.0.1 --master-port "$port" \
+            --nproc-per-node 1 --no-python "$@" > >(sed "s/^/[node $n] /") 2>&1 &
+        pids+=($!)
+    done
+    for p in "${pids[@]}"; do wait "$p" || rc=1; done
+    return $rc
+}
+
+# Lesson 19: the Rust binary and examples/python/weight_sync_trainer.py in one communicator.
+# python-peer: the Rust side hosts the store; python-host: the trainer does. CuPy gets the
+# wheel's libnccl.so.2 preloaded (the same NCCL as the Rust side).
+python_pair() {
+    local who=$1 bin=$2 port=$((20000 + RANDOM % 9000)) trainer=$HERE/python/weight_sync_trainer.py rc=0
+    [ -f "$trainer" ] || { echo "skipped: $trainer not in the bundle"; return $SKIP; }
+    python3 -c 'import cupy, cupy.cuda.nccl, torch.distributed' 2>/dev/null \
+        || { echo "skipped: python3 lacks cupy (with NCCL) or torch"; return $SKIP; }
+    local gpu=$((1 % NGPU))
+    local rust=(env MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" NCCL_HOSTID=server $T "$bin" --device 0)
+    local py=(env MASTER_ADDR=127.0.0.1 MASTER_PORT="$port" NCCL_HOSTID=trainer LD_PRELOAD="$NCCL_LIB_DIR/libnccl.so.2"
+        $T python3 "$trainer" --device "$gpu")
+    if [ "$who" = rust ]; then
+        "${rust[@]}" > >(sed "s/^/[rust] /") 2>&1 &
+        local first=$!
+        "${py[@]}" > >(sed "s/^/[python] /") 2>&1 || rc=1
+    else
+        "${py[@]}" --host-store > >(sed "s/^/[python] /") 2>&1 &
+        local first=$!
+        "${rust[@]}" --join-store > >(sed "s/^/[rust] /") 2>&1 || rc=1
+    fi
+    wait "$first" || rc=1
+    return $rc
+}
+
 # Multi-node path on one host: no NVLink P2P, no shared memory, so NCCL must use its network
 # (socket) transport between the processes, as it would between nodes; the log must say so.
 net_socket() {
@@ -128,9 +199,9 @@ net_socket() {
 
 if [ -f "$HERE/examples.tsv" ]; then
     while IFS=$'\t' read -r -a row; do
-        ex=${row[0]} mode=${row[1]} args=("${row[@]:2}")
+        ex=${row[0]} mode=${row[1]%@*} args=("${row[@]:2}")
         [[ "$ex" == *"$FILTER"* ]] || continue
-        need=$(gpus_needed "$ex" "$mode")
+        need=$(gpus_needed "$ex" "${row[1]}")
         if [ "$need" -gt "$NGPU" ]; then
             skipped=$((skipped + 1))
             note "skip $ex-$mode: needs $need GPUs, this machine has $NGPU"
@@ -147,6 +218,16 @@ if [ -f "$HERE/examples.tsv" ]; then
                 grep -hE 'via NET/Socket|NET/Socket : Using' "$LOGS/$ex-net-socket.log" | head -4 | sed 's/^/    /' \
                     | tee -a "$LOGS/summary.txt"
                 ;;
+            torchrun) check "$ex-torchrun" with_torchrun static "$bin" "${args[@]}" ;;
+            torchrun-c10d) check "$ex-torchrun-c10d" with_torchrun c10d "$bin" "${args[@]}" ;;
+            torchrun-standalone) check "$ex-torchrun-standalone" with_torchrun standalone "$bin" "${args[@]}" ;;
+            torchrun-2nodes)
+                check "$ex-torchrun-2nodes" torchrun_2nodes "$bin" "${args[@]}"
+                grep -hE 'via NET/|nNodes' "$LOGS/$ex-torchrun-2nodes.log" | head -4 | sed 's/^/    /' \
+                    | tee -a "$LOGS/summary.txt"
+                ;;
+            python-peer) check "$ex-python-peer" python_pair rust "$bin" "${args[@]}" ;;
+            python-host) check "$ex-python-host" python_pair python "$bin" "${args[@]}" ;;
             *) note "FAIL $ex: unknown mode $mode in examples.tsv"; failed=$((failed + 1)) ;;
         esac
     done <"$HERE/examples.tsv"

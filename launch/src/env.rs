@@ -9,11 +9,38 @@ use std::fmt;
 
 pub use error::EnvError;
 
-/// The variable that replaces every family's job token.
+/// The variable that sets the job identity, replacing what the launcher's variables give.
 pub const JOB_TOKEN_VAR: &str = "GPUCOMM_JOB_TOKEN";
 
-/// The port used when neither `MASTER_PORT` nor a job token is available (the c10d default).
+/// The port used when neither `MASTER_PORT` nor a job identity is available (the c10d default).
 pub const DEFAULT_PORT: u16 = 29500;
+
+/// A string every rank of one job shares and other jobs do not: it keeps two jobs that meet at
+/// one store (or one port) apart. Not a secret — the job key is (see the crate's security
+/// section); the rendezvous never sends the identity itself, only a hash of it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct JobIdentity {
+    /// The identity, e.g. `slurm-4242.0` or `torchrun-5f3a…-attempt1`.
+    pub value: String,
+    /// The variables it came from, for messages (e.g. `SLURM_JOB_ID and SLURM_STEP_ID`).
+    pub source: &'static str,
+}
+
+/// What `torchrun` (torch.distributed.elastic) tells its workers besides the rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Torchelastic {
+    /// `TORCHELASTIC_RUN_ID` (`none` unless `--rdzv-id` or `--standalone` sets one).
+    pub run_id: String,
+    /// `TORCHELASTIC_RESTART_COUNT`: which attempt this is (0 first).
+    pub restart_count: u32,
+    /// `TORCHELASTIC_USE_AGENT_STORE=True`: the agent hosts a TCPStore at
+    /// `MASTER_ADDR:MASTER_PORT` and every worker, rank 0 included, is its client.
+    pub use_agent_store: bool,
+    /// `GROUP_RANK`: the rank of this worker's agent (node).
+    pub group_rank: Option<usize>,
+    /// `ROLE_RANK`: the rank among the workers of the same role.
+    pub role_rank: Option<usize>,
+}
 
 /// The launcher family whose variables gave the rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -52,9 +79,9 @@ pub struct Master {
 }
 
 impl Master {
-    /// The port derived from a job token when `MASTER_PORT` is not set: 64-bit FNV-1a of the
-    /// token's UTF-8 bytes, modulo 10000, plus 20000 (so in `20000..=29999`). Every rank of a job
-    /// sees the same token, so every rank derives the same port.
+    /// The port derived from a job identity when `MASTER_PORT` is not set: 64-bit FNV-1a of the
+    /// identity's UTF-8 bytes, modulo 10000, plus 20000 (so in `20000..=29999`). Every rank of a
+    /// job has the same identity, so every rank derives the same port.
     pub fn port_for_token(token: &str) -> u16 {
         let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
         for byte in token.bytes() {
@@ -80,12 +107,18 @@ impl fmt::Display for Master {
 ///
 /// # Rules
 ///
-/// | Family ([`Launcher`]) | Rank, world size | Local rank, local world size | Job token |
+/// | Family ([`Launcher`]) | Rank, world size | Local rank, local world size | Job identity |
 /// |---|---|---|---|
-/// | `Torchrun` | `RANK`, `WORLD_SIZE` | `LOCAL_RANK`, `LOCAL_WORLD_SIZE` | `TORCHELASTIC_RUN_ID` |
+/// | `Torchrun` | `RANK`, `WORLD_SIZE` | `LOCAL_RANK`, `LOCAL_WORLD_SIZE` | `TORCHELASTIC_RUN_ID` + `TORCHELASTIC_RESTART_COUNT`¹ |
 /// | `OpenMpi` | `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_SIZE` | `PMIX_NAMESPACE`, else `OMPI_MCA_ess_base_jobid` |
-/// | `Pmi` (MPICH / Hydra) | `PMI_RANK`, `PMI_SIZE` | `MPI_LOCALRANKID`, `MPI_LOCALNRANKS` | none |
+/// | `Pmi` (MPICH / Hydra) | `PMI_RANK`, `PMI_SIZE` | `MPI_LOCALRANKID`, `MPI_LOCALNRANKS` | none² |
 /// | `Slurm` (`srun`) | `SLURM_PROCID`, `SLURM_STEP_NUM_TASKS` else `SLURM_NTASKS` | `SLURM_LOCALID`, this node's entry of `SLURM_STEP_TASKS_PER_NODE` else `SLURM_NTASKS_PER_NODE` (picked with `SLURM_NODEID`) | `SLURM_JOB_ID` + `SLURM_STEP_ID` |
+///
+/// ¹ torchrun's run id is `none` unless `--rdzv-id` (or `--standalone`) sets one, the same for
+/// every job: it counts as an identity only under the agent's store
+/// (`TORCHELASTIC_USE_AGENT_STORE=True`, which is the job's own). ² MPICH's Hydra sets only
+/// `PMI_RANK`, `PMI_SIZE`, `PMI_FD` (or `PMI_PORT` + `PMI_ID`), `MPI_LOCALRANKID` and
+/// `MPI_LOCALNRANKS`, none of which names the job.
 ///
 /// Rules, in order:
 ///
@@ -102,11 +135,17 @@ impl fmt::Display for Master {
 ///   complete one reports the same world size but a different rank, that is an
 ///   [`EnvError::Conflict`]; if it is incomplete or malformed it is ignored.
 /// * No family present: [`Launcher::Single`], rank 0 of 1, no master.
-/// * `GPUCOMM_JOB_TOKEN`, when set, replaces the family's job token.
+/// * Job identity: `GPUCOMM_JOB_TOKEN` when set; else the family's (table above); else, inside a
+///   Slurm step (`SLURM_JOB_ID` and `SLURM_STEP_ID` set, as under `srun` or an `mpirun` that
+///   Slurm started), the step's ids; else none (set `GPUCOMM_JOB_TOKEN` to the same value on
+///   every rank, e.g. `mpiexec -genv GPUCOMM_JOB_TOKEN $(uuidgen) …`).
+/// * torchrun's other variables (`TORCHELASTIC_*`, `GROUP_RANK`, `ROLE_RANK`) are read into
+///   [`RankInfo::torchelastic`] when the torchrun-style family is chosen and
+///   `TORCHELASTIC_RUN_ID` or `TORCHELASTIC_USE_AGENT_STORE` is set.
 /// * Master (every family but `Single`): address `MASTER_ADDR`, else (Slurm) the first host of
 ///   `SLURM_STEP_NODELIST` / `SLURM_JOB_NODELIST`, else `127.0.0.1` when all ranks are on this node
 ///   (`local_world_size == world_size`), else none. Port `MASTER_PORT`, else
-///   [`Master::port_for_token`] of the job token, else 29500.
+///   [`Master::port_for_token`] of the job identity, else 29500.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RankInfo {
     /// Global rank, `0..world_size`.
@@ -122,9 +161,11 @@ pub struct RankInfo {
     pub master: Option<Master>,
     /// The family that gave the rank.
     pub launcher: Launcher,
-    /// A string every rank of this job shares and other jobs do not (used to turn away stray
-    /// processes at the rendezvous, and to derive a port).
-    pub job_token: Option<String>,
+    /// What keeps this job apart from others at a rendezvous (and derives a port when
+    /// `MASTER_PORT` is not set); `None` when nothing names the job.
+    pub job_identity: Option<JobIdentity>,
+    /// torchrun's other variables, when torchrun started this process.
+    pub torchelastic: Option<Torchelastic>,
 }
 
 impl RankInfo {
@@ -137,7 +178,8 @@ impl RankInfo {
             local_world_size: 1,
             master: None,
             launcher: Launcher::Single,
-            job_token: None,
+            job_identity: None,
+            torchelastic: None,
         }
     }
 
@@ -155,7 +197,7 @@ impl RankInfo {
         let mut present = families.into_iter().flatten();
         let Some(chosen) = present.next() else {
             let mut info = RankInfo::single();
-            info.job_token = vars.get(JOB_TOKEN_VAR);
+            info.job_identity = token_identity(&vars);
             return Ok(info);
         };
         let chosen = chosen?;
@@ -168,7 +210,20 @@ impl RankInfo {
                 });
             }
         }
-        let job_token = vars.get(JOB_TOKEN_VAR).or(chosen.token);
+        let torchelastic = match chosen.launcher {
+            Launcher::Torchrun => torchelastic(&vars)?,
+            _ => None,
+        };
+        let family_identity = match (&chosen.launcher, &torchelastic) {
+            // The run id is the same (`none`) for every job unless set: an identity only
+            // inside the agent's own store.
+            (Launcher::Torchrun, Some(t)) if t.run_id != "none" || t.use_agent_store => Some(JobIdentity {
+                value: format!("torchrun-{}-attempt{}", t.run_id, t.restart_count),
+                source: "TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT",
+            }),
+            _ => chosen.identity,
+        };
+        let job_identity = token_identity(&vars).or(family_identity).or_else(|| slurm_step(&vars));
         let addr = match vars.get("MASTER_ADDR") {
             Some(addr) => Some(addr),
             None => match chosen.host {
@@ -180,7 +235,7 @@ impl RankInfo {
         let port = match vars.get("MASTER_PORT") {
             Some(value) => parse_port(&value)
                 .ok_or_else(|| invalid("MASTER_PORT", value, "a TCP port number between 1 and 65535"))?,
-            None => job_token.as_deref().map_or(DEFAULT_PORT, Master::port_for_token),
+            None => job_identity.as_ref().map_or(DEFAULT_PORT, |id| Master::port_for_token(&id.value)),
         };
         Ok(RankInfo {
             rank: chosen.rank.value,
@@ -189,7 +244,8 @@ impl RankInfo {
             local_world_size: chosen.local_world,
             master: addr.map(|addr| Master { addr, port }),
             launcher: chosen.launcher,
-            job_token,
+            job_identity,
+            torchelastic,
         })
     }
 
@@ -277,7 +333,7 @@ struct Found {
     world: Num,
     local_rank: usize,
     local_world: usize,
-    token: Option<String>,
+    identity: Option<JobIdentity>,
     /// A host to use as master when `MASTER_ADDR` is unset (Slurm's first node).
     host: Option<String>,
 }
@@ -357,7 +413,7 @@ fn check(
             })
         }
     };
-    Ok(Found { launcher, rank, world, local_rank, local_world, token: None, host: None })
+    Ok(Found { launcher, rank, world, local_rank, local_world, identity: None, host: None })
 }
 
 /// The local pair of a family whose two local variables are plain counts.
@@ -389,10 +445,43 @@ fn simple_family(
 }
 
 fn torchrun(vars: &Vars) -> Option<Result<Found, EnvError>> {
-    let found = simple_family(vars, Launcher::Torchrun, ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"])?;
-    Some(
-        found.map(|found| Found { token: vars.get("TORCHELASTIC_RUN_ID").map(|id| format!("torchrun-{id}")), ..found }),
-    )
+    simple_family(vars, Launcher::Torchrun, ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"])
+}
+
+fn token_identity(vars: &Vars) -> Option<JobIdentity> {
+    vars.get(JOB_TOKEN_VAR).map(|value| JobIdentity { value, source: JOB_TOKEN_VAR })
+}
+
+/// The Slurm step this process runs in, whatever started it.
+fn slurm_step(vars: &Vars) -> Option<JobIdentity> {
+    let (job, step) = (vars.get("SLURM_JOB_ID")?, vars.get("SLURM_STEP_ID")?);
+    Some(JobIdentity { value: format!("slurm-{job}.{step}"), source: "SLURM_JOB_ID and SLURM_STEP_ID" })
+}
+
+/// torchrun's variables beyond the rank, when it set them.
+fn torchelastic(vars: &Vars) -> Result<Option<Torchelastic>, EnvError> {
+    let run_id = vars.get("TORCHELASTIC_RUN_ID");
+    let agent_store = vars.get("TORCHELASTIC_USE_AGENT_STORE");
+    if run_id.is_none() && agent_store.is_none() {
+        return Ok(None);
+    }
+    let number = |name: &'static str| -> Result<Option<usize>, EnvError> {
+        vars.get(name).map(|raw| Num::parse(name, raw).map(|n| n.value)).transpose()
+    };
+    let restart_count = match vars.get("TORCHELASTIC_RESTART_COUNT") {
+        None => 0,
+        Some(raw) => raw
+            .parse::<u32>()
+            .map_err(|_| EnvError::NotANumber { name: "TORCHELASTIC_RESTART_COUNT".into(), value: raw.clone() })?,
+    };
+    Ok(Some(Torchelastic {
+        run_id: run_id.unwrap_or_else(|| "none".to_string()),
+        restart_count,
+        // What torch.distributed checks: exactly "True".
+        use_agent_store: agent_store.as_deref() == Some("True"),
+        group_rank: number("GROUP_RANK")?,
+        role_rank: number("ROLE_RANK")?,
+    }))
 }
 
 fn open_mpi(vars: &Vars) -> Option<Result<Found, EnvError>> {
@@ -401,8 +490,11 @@ fn open_mpi(vars: &Vars) -> Option<Result<Found, EnvError>> {
         Launcher::OpenMpi,
         ["OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE"],
     )?;
-    let token = vars.first(&["PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"]).map(|(_, id)| format!("ompi-{id}"));
-    Some(found.map(|found| Found { token, ..found }))
+    let identity = vars.first(&["PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"]).map(|(name, id)| JobIdentity {
+        value: format!("ompi-{id}"),
+        source: if name == "PMIX_NAMESPACE" { "PMIX_NAMESPACE" } else { "OMPI_MCA_ess_base_jobid" },
+    });
+    Some(found.map(|found| Found { identity, ..found }))
 }
 
 fn pmi(vars: &Vars) -> Option<Result<Found, EnvError>> {
@@ -452,9 +544,9 @@ fn slurm(vars: &Vars) -> Result<Found, EnvError> {
         ),
         None => None,
     };
-    let token = vars.get("SLURM_JOB_ID").map(|job| match vars.get("SLURM_STEP_ID") {
-        Some(step) => format!("slurm-{job}.{step}"),
-        None => format!("slurm-{job}"),
+    let identity = vars.get("SLURM_JOB_ID").map(|job| match vars.get("SLURM_STEP_ID") {
+        Some(step) => JobIdentity { value: format!("slurm-{job}.{step}"), source: "SLURM_JOB_ID and SLURM_STEP_ID" },
+        None => JobIdentity { value: format!("slurm-{job}"), source: "SLURM_JOB_ID" },
     });
-    Ok(Found { token, host, ..found })
+    Ok(Found { identity, host, ..found })
 }

@@ -1,136 +1,87 @@
-//! The TCP rendezvous: [`Rendezvous`], its [`Options`] and errors.
+//! The rendezvous over a TCPStore: [`Rendezvous`], its [`Options`] and errors.
 
-mod accept;
+mod collective;
 mod error;
+mod host;
 mod join;
-
-use std::io::Write;
-use std::net::{SocketAddr, TcpStream};
-use std::time::{Duration, Instant};
+mod options;
+mod record;
+mod seal;
+mod session;
 
 pub use error::RendezvousError;
+pub use options::{
+    JobKey, Options, StoreMode, DEFAULT_TIMEOUT, JOB_KEY_VAR, MAX_TIMEOUT, MIN_KEY_LEN, MIN_TIMEOUT, STORE_VAR,
+    TIMEOUT_VAR,
+};
 
-use crate::env::{EnvError, Master, RankInfo};
-use crate::wire::{self, FrameError, Message, MAX_DATA};
+use crate::deadline::Deadline;
+use crate::env::{EnvError, RankInfo};
+use crate::store::ServerStats;
+use session::{Mode, Plan, Scope, Session};
 
-/// The variable holding the rendezvous timeout in seconds (fractions allowed).
-pub const TIMEOUT_VAR: &str = "GPUCOMM_RENDEZVOUS_TIMEOUT";
+/// The most bytes one [`Rendezvous::broadcast`] may carry (1 MiB less room for the framing).
+pub const MAX_BROADCAST: usize = (1 << 20) - 64;
 
-/// The timeout when [`TIMEOUT_VAR`] is not set.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Timeouts above this (30 days) are shortened to it.
-const MAX_TIMEOUT: Duration = Duration::from_secs(30 * 24 * 3600);
-
-/// Tokens longer than this are refused (they must fit in one hello).
-const MAX_TOKEN: usize = 4096;
-
-/// How a [`Rendezvous`] behaves.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Options {
-    /// The bound on every wait (joining, each broadcast, each barrier). Default 60 s.
-    pub timeout: Duration,
-    /// The job token every rank must present. Empty: use [`RankInfo::job_token`] (or no token).
-    pub token: String,
-}
-
-impl Default for Options {
-    fn default() -> Self {
-        Options { timeout: DEFAULT_TIMEOUT, token: String::new() }
-    }
-}
-
-impl Options {
-    /// The defaults, with the timeout from `GPUCOMM_RENDEZVOUS_TIMEOUT` (seconds) when set.
-    pub fn from_env() -> Result<Options, RendezvousError> {
-        Options::from_vars(|name| std::env::var_os(name).map(|value| value.to_string_lossy().into_owned()))
-    }
-
-    /// Like [`Options::from_env`], with the variables given by `lookup`.
-    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<Options, RendezvousError> {
-        let mut options = Options::default();
-        if let Some(value) = lookup(TIMEOUT_VAR).map(|v| v.trim().to_string()).filter(|v| !v.is_empty()) {
-            options.timeout = value
-                .parse::<f64>()
-                .ok()
-                .filter(|secs| *secs > 0.0)
-                .and_then(|secs| Duration::try_from_secs_f64(secs).ok())
-                .ok_or_else(|| RendezvousError::BadOptions {
-                    detail: format!("{TIMEOUT_VAR}={value} is not a positive number of seconds"),
-                })?;
-        }
-        Ok(options)
-    }
-
-    /// These options with another timeout.
-    pub fn with_timeout(mut self, timeout: Duration) -> Options {
-        self.timeout = timeout;
-        self
-    }
-
-    /// These options with another job token.
-    pub fn with_token(mut self, token: impl Into<String>) -> Options {
-        self.token = token.into();
-        self
-    }
-}
-
-/// A TCP rendezvous where rank 0 hands byte strings (NCCL / NVSHMEM unique ids) to every rank.
+/// The ranks of a job meeting at a TCPStore, so that rank 0 can hand byte strings (an NCCL or
+/// NVSHMEM unique id) to every rank.
 ///
-/// Rank 0 listens on the master port (the c10d store convention: `MASTER_ADDR:MASTER_PORT`);
-/// every other rank connects, says hello (job token, rank, world size) and waits until rank 0 has
-/// heard from all of them. After that, [`Rendezvous::broadcast`] and [`Rendezvous::barrier`] can
-/// be called any number of times, by every rank in the same order. The bytes on the wire are
-/// described in [`wire`](crate::wire).
+/// **Where the store is** ([`StoreMode`]): under torchrun (`TORCHELASTIC_USE_AGENT_STORE=True`)
+/// the agent's store at `MASTER_ADDR:MASTER_PORT`, of which every rank, rank 0 included, is a
+/// client; otherwise rank 0 hosts one there (a [`StoreServer`](crate::store::StoreServer), which
+/// PyTorch's `TCPStore(host, port, is_master=False)` can also use), or, with
+/// `GPUCOMM_STORE=external`, one that someone else hosts. Rank 0 listens on `MASTER_ADDR` itself
+/// when it is an IP address of this machine (so `127.0.0.1` keeps the store local), on every
+/// interface when it is a host name or an address this machine does not have.
 ///
-/// * **Where rank 0 listens:** on `MASTER_ADDR` itself when it is an IP address of this machine
-///   (so `127.0.0.1` keeps the rendezvous local); on all interfaces (`0.0.0.0`, or `::` for an IPv6
-///   address) when `MASTER_ADDR` is a host name, or an IP address this machine does not have (as
-///   behind NAT). Host names are resolved by the clients only.
-/// * **Time limits:** every wait is bounded by [`Options::timeout`] (60 s unless
-///   `GPUCOMM_RENDEZVOUS_TIMEOUT` says otherwise): clients retry connecting with backoff until
-///   then (rank 0 may start late), rank 0 accepts until then, and every later read or write gets
-///   the same limit.
-/// * **Stray connections:** rank 0 turns away connections with a bad hello (garbage, another
-///   protocol version, another job's token, another world size, a rank out of range or already
-///   taken), tells the client why, remembers the reason for its own timeout message, and keeps
-///   waiting for the real ranks.
-/// * **Failures** poison the [`Rendezvous`]: the ranks are out of step, and every later call
-///   returns [`RendezvousError::Poisoned`]. When rank 0 fails after the rendezvous it tells the
-///   clients (an `Abort` message) so they fail at once instead of at their timeout.
+/// **Keys.** Everything lives under `/gpucomm/v1/<scope>/<n>/`, where the scope is a hash of the
+/// job identity ([`RankInfo::job_identity`]; torchrun's includes the restart count, so a
+/// restarted job never reads the previous attempt's values) and `n` counts this process's
+/// rendezvous (the n-th successful `Rendezvous::connect` of every rank meets the n-th of the
+/// others; [`Options::instance`] sets it).
+///
+/// **Joining.** Each rank claims its rank with `COMPARE_SET` (a record naming its host, pid and
+/// address, with a MAC when the job has a key). A rank claimed twice fails the rendezvous on
+/// every rank, naming both claimants; a process that comes after every rank joined fails at
+/// once ("rendezvous already complete"). Rank 0 checks every claim (world size, key) and then
+/// releases the others. When rank 0 hosts the store, the others first check its owner record,
+/// so that a rank of another job (another identity, world size or key) fails at once.
+///
+/// **Operations.** After joining, [`broadcast`](Rendezvous::broadcast) and
+/// [`barrier`](Rendezvous::barrier) can be called any number of times, by every rank in the same
+/// order; each is bounded by [`Options::timeout`] as a whole, however slowly bytes arrive. A
+/// rank that gives up (a timeout, a failed check, rank 0's closure failing) writes an abort
+/// notice that every waiting rank sees within about 200 ms. A failure poisons the
+/// [`Rendezvous`]: every later call returns [`RendezvousError::Poisoned`].
+///
+/// **Rank 0's store outlives its last use**: dropping rank 0's `Rendezvous` waits (within the
+/// timeout) until every other rank has finished its last operation or closed its connection.
+///
+/// **Security**: see the crate's documentation. In short: with a job key (`GPUCOMM_JOB_KEY`) no
+/// process without it can read a broadcast value or take a rank unnoticed; without one, anyone
+/// who can reach the store can.
 #[derive(Debug)]
 pub struct Rendezvous {
     rank: usize,
     world_size: usize,
-    timeout: Duration,
-    seq: u32,
+    timeout: std::time::Duration,
+    seq: u64,
     poisoned: bool,
-    role: Role,
+    /// `None` for a single process (no network).
+    session: Option<Box<Session>>,
 }
 
-#[derive(Debug)]
-enum Role {
-    /// World size 1: no networking.
-    Alone,
-    /// Rank 0: one connection per other rank, in rank order.
-    Server(Vec<Peer>),
-    /// Every other rank: the connection to rank 0.
-    Client(TcpStream, Master),
-}
-
-/// Rank 0's connection to one client.
-#[derive(Debug)]
-struct Peer {
-    rank: usize,
-    addr: SocketAddr,
-    stream: TcpStream,
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session").field("mode", &self.mode).field("store", &self.client.addr()).finish_non_exhaustive()
+    }
 }
 
 impl Rendezvous {
-    /// Meets the other ranks. Returns once all `world_size` ranks have joined: rank 0 has accepted
-    /// everyone and every client has been welcomed. With a world size of 1 nothing touches the
-    /// network.
+    /// Meets the other ranks: returns once every rank has joined. With a world size of 1
+    /// nothing touches the network.
     pub fn connect(info: &RankInfo, options: &Options) -> Result<Rendezvous, RendezvousError> {
+        options.check()?;
         if info.world_size == 0 {
             return Err(EnvError::ZeroSize { name: "world_size".into() }.into());
         }
@@ -141,35 +92,46 @@ impl Rendezvous {
             }
             .into());
         }
-        if options.timeout.is_zero() {
-            return Err(RendezvousError::BadOptions { detail: "the timeout is zero".into() });
-        }
-        let timeout = options.timeout.min(MAX_TIMEOUT);
-        let new =
-            |role| Rendezvous { rank: info.rank, world_size: info.world_size, timeout, seq: 0, poisoned: false, role };
-        if info.world_size == 1 {
-            return Ok(new(Role::Alone));
-        }
-        let (Ok(rank), Ok(world)) = (u32::try_from(info.rank), u32::try_from(info.world_size)) else {
+        if u32::try_from(info.world_size).is_err() {
             return Err(RendezvousError::BadOptions { detail: format!("world size {} is too large", info.world_size) });
-        };
-        let master = info.master_or_err()?.clone();
-        let token = match (&options.token, &info.job_token) {
-            (token, _) if !token.is_empty() => token.clone(),
-            (_, Some(token)) => token.clone(),
-            (_, None) => String::new(),
-        };
-        if token.len() > MAX_TOKEN {
-            return Err(RendezvousError::BadOptions {
-                detail: format!("the job token is {} bytes long; the limit is {MAX_TOKEN}", token.len()),
-            });
         }
-        let role = if rank == 0 {
-            Role::Server(accept::accept_all(&master, info.world_size, &token, timeout)?)
-        } else {
-            Role::Client(join::join(&master, rank, world, &token, timeout)?, master)
+        let mut rendezvous = Rendezvous {
+            rank: info.rank,
+            world_size: info.world_size,
+            timeout: options.timeout,
+            seq: 0,
+            poisoned: false,
+            session: None,
         };
-        Ok(new(role))
+        if info.world_size == 1 {
+            return Ok(rendezvous);
+        }
+        let master = info.master_or_err()?.clone();
+        let identity = match (&options.token, &info.job_identity) {
+            (token, _) if !token.is_empty() => Some((token.as_str(), "Options::token")),
+            (_, Some(identity)) => Some((identity.value.as_str(), identity.source)),
+            (_, None) => None,
+        };
+        let scope = Scope::new(identity);
+        let instance = options.instance.unwrap_or_else(|| session::next_instance(&scope.hash, info.rank));
+        let deadline = Deadline::after(options.timeout);
+        let mut s = Session::open(Plan {
+            info,
+            options,
+            master,
+            mode: Mode::resolve(options.store, info),
+            seal: options.job_key.as_ref().map(|key| seal::Seal::new(key, &scope.hash)),
+            scope,
+            instance,
+            deadline,
+        })?;
+        if let Err(error) = join::join(&mut s, deadline) {
+            s.failed = true;
+            return Err(error);
+        }
+        session::count_instance(&s.scope.hash, info.rank, instance);
+        rendezvous.session = Some(Box::new(s));
+        Ok(rendezvous)
     }
 
     /// This process's rank.
@@ -182,19 +144,27 @@ impl Rendezvous {
         self.world_size
     }
 
-    /// Rank 0 calls `make` and sends its bytes (at most [`MAX_DATA`]) to every rank; the other
-    /// ranks ignore `make` and return the bytes they receive. Every rank returns the same bytes.
+    /// What rank 0's store has seen (connections, buffered bytes, accept errors, dropped
+    /// connections), when this process hosts it.
+    pub fn store_stats(&self) -> Option<ServerStats> {
+        self.session.as_ref().and_then(|s| s.stats())
+    }
+
+    /// Rank 0 calls `make` and sends its bytes (at most [`MAX_BROADCAST`]) to every rank; the
+    /// other ranks ignore `make` and return the bytes they receive. Every rank returns the same
+    /// bytes. With a job key the bytes travel encrypted.
     pub fn broadcast(&mut self, make: impl FnOnce() -> Result<Vec<u8>, String>) -> Result<Vec<u8>, RendezvousError> {
         let seq = self.start()?;
-        let during = format!("broadcast #{seq}");
-        let timeout = self.timeout;
-        let result = match &mut self.role {
-            Role::Alone => make_bytes(make),
-            Role::Server(peers) => serve_broadcast(peers, seq, make, &during),
-            Role::Client(stream, master) => match receive(stream, master, timeout, &during)? {
-                Message::Data { seq: got, bytes } if got == seq => Ok(bytes),
-                other => Err(unexpected(master, &during, &format!("broadcast data #{seq}"), other)),
-            },
+        let deadline = Deadline::after(self.timeout);
+        let result = match self.session.as_deref_mut() {
+            None => make().map_err(|reason| RendezvousError::Make { reason }).and_then(|bytes| {
+                if bytes.len() > MAX_BROADCAST {
+                    Err(RendezvousError::TooLarge { len: bytes.len(), max: MAX_BROADCAST })
+                } else {
+                    Ok(bytes)
+                }
+            }),
+            Some(s) => collective::broadcast(s, seq, make, deadline),
         };
         self.finish(result)
     }
@@ -202,189 +172,33 @@ impl Rendezvous {
     /// Returns once every rank has called `barrier` (as many times as this rank has).
     pub fn barrier(&mut self) -> Result<(), RendezvousError> {
         let seq = self.start()?;
-        let during = format!("barrier #{seq}");
-        let timeout = self.timeout;
-        let result = match &mut self.role {
-            Role::Alone => Ok(()),
-            Role::Server(peers) => serve_barrier(peers, seq, timeout, &during),
-            Role::Client(stream, master) => {
-                send_to_master(stream, master, &Message::BarrierArrive { seq }, &during)?;
-                match receive(stream, master, timeout, &during)? {
-                    Message::BarrierRelease { seq: got } if got == seq => Ok(()),
-                    other => Err(unexpected(master, &during, &format!("barrier release #{seq}"), other)),
-                }
-            }
+        let deadline = Deadline::after(self.timeout);
+        let result = match self.session.as_deref_mut() {
+            None => Ok(()),
+            Some(s) => collective::barrier(s, seq, deadline),
         };
         self.finish(result)
     }
 
-    fn start(&mut self) -> Result<u32, RendezvousError> {
+    fn start(&mut self) -> Result<u64, RendezvousError> {
         if self.poisoned {
             return Err(RendezvousError::Poisoned);
         }
-        // Poisoned until `finish` sees success, so an early `?` return leaves it poisoned.
+        // Poisoned until `finish` sees success, so an early return leaves it poisoned.
         self.poisoned = true;
         let seq = self.seq;
-        self.seq = self.seq.wrapping_add(1);
+        self.seq += 1;
         Ok(seq)
     }
 
     fn finish<T>(&mut self, result: Result<T, RendezvousError>) -> Result<T, RendezvousError> {
         self.poisoned = result.is_err();
+        if let Some(s) = self.session.as_deref_mut() {
+            match &result {
+                Ok(_) => s.acknowledged += 1,
+                Err(_) => s.failed = true,
+            }
+        }
         result
-    }
-}
-
-fn make_bytes(make: impl FnOnce() -> Result<Vec<u8>, String>) -> Result<Vec<u8>, RendezvousError> {
-    let bytes = make().map_err(|reason| RendezvousError::Make { reason })?;
-    if bytes.len() > MAX_DATA {
-        return Err(RendezvousError::TooLarge { len: bytes.len(), max: MAX_DATA });
-    }
-    Ok(bytes)
-}
-
-fn serve_broadcast(
-    peers: &mut [Peer],
-    seq: u32,
-    make: impl FnOnce() -> Result<Vec<u8>, String>,
-    during: &str,
-) -> Result<Vec<u8>, RendezvousError> {
-    let bytes = make_bytes(make).inspect_err(|e| abort_all(peers, &format!("{e} (during {during})")))?;
-    let frame = Message::Data { seq, bytes: bytes.clone() }.encode_frame();
-    let frame = frame.map_err(|e| RendezvousError::BadOptions { detail: e.to_string() })?;
-    for index in 0..peers.len() {
-        send_to_peer(&mut peers[index], &frame, during).inspect_err(|e| abort_all(peers, &e.to_string()))?;
-    }
-    Ok(bytes)
-}
-
-fn serve_barrier(peers: &mut [Peer], seq: u32, timeout: Duration, during: &str) -> Result<(), RendezvousError> {
-    let deadline = deadline_after(timeout);
-    for index in 0..peers.len() {
-        let peer = &mut peers[index];
-        let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-        let result = match read_with_timeout(&mut peer.stream, remaining) {
-            Ok(Message::BarrierArrive { seq: got }) if got == seq => Ok(()),
-            Ok(other) => Err(RendezvousError::Protocol {
-                peer: format!("rank {} at {}", peer.rank, peer.addr),
-                during: during.to_string(),
-                detail: format!("expected barrier arrival #{seq}, got {}", describe(&other)),
-            }),
-            Err(error) => Err(peer_error(peer, during, timeout, error)),
-        };
-        result.inspect_err(|e| abort_all(peers, &e.to_string()))?;
-    }
-    let frame = Message::BarrierRelease { seq }.encode_frame();
-    let frame = frame.map_err(|e| RendezvousError::BadOptions { detail: e.to_string() })?;
-    for index in 0..peers.len() {
-        send_to_peer(&mut peers[index], &frame, during).inspect_err(|e| abort_all(peers, &e.to_string()))?;
-    }
-    Ok(())
-}
-
-/// `now + timeout`, or `now` if that cannot be represented (timeouts are capped far below).
-fn deadline_after(timeout: Duration) -> Instant {
-    let now = Instant::now();
-    now.checked_add(timeout).unwrap_or(now)
-}
-
-fn read_with_timeout(stream: &mut TcpStream, timeout: Duration) -> Result<Message, FrameError> {
-    stream.set_read_timeout(Some(timeout.max(Duration::from_millis(1))))?;
-    wire::read_message(stream)
-}
-
-fn send_to_peer(peer: &mut Peer, frame: &[u8], during: &str) -> Result<(), RendezvousError> {
-    let timeout = peer.stream.write_timeout().ok().flatten().unwrap_or(DEFAULT_TIMEOUT);
-    peer.stream.write_all(frame).map_err(|e| peer_error(peer, during, timeout, FrameError::from(e)))
-}
-
-fn peer_error(peer: &Peer, during: &str, waited: Duration, error: FrameError) -> RendezvousError {
-    let during = during.to_string();
-    match error {
-        FrameError::Closed(detail) => RendezvousError::PeerGone { rank: peer.rank, peer: peer.addr, during, detail },
-        FrameError::TimedOut => RendezvousError::PeerTimeout { rank: peer.rank, peer: peer.addr, during, waited },
-        FrameError::Malformed(e) => RendezvousError::Protocol {
-            peer: format!("rank {} at {}", peer.rank, peer.addr),
-            during,
-            detail: e.to_string(),
-        },
-        FrameError::Io(error) => RendezvousError::Io {
-            context: format!("talking to rank {} at {} during {during}", peer.rank, peer.addr),
-            error,
-        },
-    }
-}
-
-/// Tells every client that rank 0 gives up; best effort, never blocks for long.
-fn abort_all(peers: &mut [Peer], reason: &str) {
-    let Ok(frame) = (Message::Abort { reason: clip(reason) }).encode_frame() else { return };
-    for peer in peers.iter_mut() {
-        let _ = peer.stream.set_write_timeout(Some(Duration::from_millis(500)));
-        let _ = peer.stream.write_all(&frame);
-    }
-}
-
-/// At most 8 KiB of `text`, cut at a character boundary (for reasons sent over the wire).
-pub(crate) fn clip(text: &str) -> String {
-    let mut end = text.len().min(8192);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    text[..end].to_string()
-}
-
-fn receive(
-    stream: &mut TcpStream,
-    master: &Master,
-    timeout: Duration,
-    during: &str,
-) -> Result<Message, RendezvousError> {
-    let message = read_with_timeout(stream, timeout).map_err(|e| master_error(master, during, timeout, e))?;
-    match message {
-        Message::Abort { reason } => Err(RendezvousError::Aborted { master: master.clone(), reason }),
-        other => Ok(other),
-    }
-}
-
-fn send_to_master(
-    stream: &mut TcpStream,
-    master: &Master,
-    message: &Message,
-    during: &str,
-) -> Result<(), RendezvousError> {
-    let frame = message.encode_frame().map_err(|e| RendezvousError::BadOptions { detail: e.to_string() })?;
-    let timeout = stream.write_timeout().ok().flatten().unwrap_or(DEFAULT_TIMEOUT);
-    stream.write_all(&frame).map_err(|e| master_error(master, during, timeout, FrameError::from(e)))
-}
-
-fn master_error(master: &Master, during: &str, waited: Duration, error: FrameError) -> RendezvousError {
-    let (master, during) = (master.clone(), during.to_string());
-    match error {
-        FrameError::Closed(detail) => RendezvousError::MasterGone { master, during, detail },
-        FrameError::TimedOut => RendezvousError::MasterTimeout { master, during, waited },
-        FrameError::Malformed(e) => {
-            RendezvousError::Protocol { peer: format!("rank 0 at {master}"), during, detail: e.to_string() }
-        }
-        FrameError::Io(error) => {
-            RendezvousError::Io { context: format!("talking to rank 0 at {master} during {during}"), error }
-        }
-    }
-}
-
-fn unexpected(master: &Master, during: &str, expected: &str, got: Message) -> RendezvousError {
-    RendezvousError::Protocol {
-        peer: format!("rank 0 at {master}"),
-        during: during.to_string(),
-        detail: format!("expected {expected}, got {}", describe(&got)),
-    }
-}
-
-/// A message kind with its sequence number, for error messages.
-fn describe(message: &Message) -> String {
-    match message {
-        Message::Data { seq, .. } | Message::BarrierArrive { seq } | Message::BarrierRelease { seq } => {
-            format!("{} #{seq}", message.name())
-        }
-        other => other.name().to_string(),
     }
 }

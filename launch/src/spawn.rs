@@ -7,15 +7,14 @@ mod tests;
 
 use std::ffi::OsString;
 use std::fmt;
-use std::fs::File;
-use std::hash::{BuildHasher, Hasher};
-use std::io::{self, Read};
+use std::io;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use crate::random;
 use relay::Sink;
 
 /// Set (to `1`) in every spawned rank; [`run_main`](crate::run_main) does not spawn again
@@ -27,9 +26,9 @@ pub const SPAWNED_VAR: &str = "GPUCOMM_SPAWNED";
 pub const SAFETY_VARS: [(&str, &str); 3] =
     [("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")];
 
-/// Variables of other launchers, removed from the ranks' environment so that they cannot
-/// contradict the torchrun-style variables the spawner sets.
-const FOREIGN_VARS: [&str; 11] = [
+/// Variables of other launchers (and a store choice meant for the spawner's own launcher),
+/// removed from the ranks' environment so that they cannot contradict what the spawner sets.
+const FOREIGN_VARS: [&str; 17] = [
     "OMPI_COMM_WORLD_RANK",
     "OMPI_COMM_WORLD_SIZE",
     "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -41,6 +40,12 @@ const FOREIGN_VARS: [&str; 11] = [
     "SLURM_PROCID",
     "SLURM_LOCALID",
     "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    crate::STORE_VAR,
 ];
 
 /// How often the spawner checks on its children.
@@ -128,6 +133,11 @@ pub enum SpawnError {
         /// The OS error.
         error: io::Error,
     },
+    /// No random bytes for the job key from the kernel.
+    Random {
+        /// The OS error.
+        error: io::Error,
+    },
 }
 
 impl fmt::Display for SpawnError {
@@ -145,6 +155,9 @@ impl fmt::Display for SpawnError {
             SpawnError::CurrentExe { error } => {
                 write!(f, "cannot find this program's executable to start copies of it: {error}")
             }
+            SpawnError::Random { error } => {
+                write!(f, "cannot get random bytes for the ranks' job key: {error}")
+            }
         }
     }
 }
@@ -154,10 +167,13 @@ impl std::error::Error for SpawnError {}
 /// Starts `nproc` copies of `program` on this machine and waits for all of them.
 ///
 /// Rank `i` gets `RANK=i`, `WORLD_SIZE=nproc`, `LOCAL_RANK=i`, `LOCAL_WORLD_SIZE=nproc`,
-/// `MASTER_ADDR=127.0.0.1`, `MASTER_PORT=<a free port>`, `GPUCOMM_JOB_TOKEN=<random hex>` and
-/// `GPUCOMM_SPAWNED=1`; then `extra_env`; then [`SAFETY_VARS`], which nothing overrides. The rest
-/// of the environment is inherited, except other launchers' rank variables (`OMPI_COMM_WORLD_*`,
-/// `PMI_RANK`, `SLURM_PROCID`, …), which would contradict these. Standard input is closed.
+/// `MASTER_ADDR=127.0.0.1`, `MASTER_PORT=<a free port>`, `GPUCOMM_JOB_TOKEN=<32 random hex
+/// digits>` (the job identity), `GPUCOMM_JOB_KEY=<64 random hex digits>` (the secret that
+/// protects the rendezvous: see the crate's security section) and `GPUCOMM_SPAWNED=1`; then
+/// `extra_env`; then [`SAFETY_VARS`], which nothing overrides. The rest of the environment is
+/// inherited, except other launchers' rank variables (`OMPI_COMM_WORLD_*`, `PMI_RANK`,
+/// `SLURM_PROCID`, torchrun's `TORCHELASTIC_*`, …) and `GPUCOMM_STORE`, which would contradict
+/// these. Standard input is closed.
 ///
 /// Every line a rank prints is re-printed on the parent's stdout or stderr as `[rank N] line`.
 /// When a rank fails (non-zero exit or a signal) the others get `SIGTERM`, and `SIGKILL` after
@@ -186,7 +202,8 @@ pub(crate) fn spawn_to(
         return Err(SpawnError::NoProcesses);
     }
     let port = free_port().map_err(|error| SpawnError::FreePort { error })?;
-    let token = job_token();
+    let token = random::hex(16).map_err(|error| SpawnError::Random { error })?;
+    let key = random::hex(32).map_err(|error| SpawnError::Random { error })?;
     let (done, relays_finished) = mpsc::channel::<()>();
     let mut children: Vec<Child> = Vec::with_capacity(nproc);
     for rank in 0..nproc {
@@ -204,6 +221,7 @@ pub(crate) fn spawn_to(
             .env("MASTER_ADDR", "127.0.0.1")
             .env("MASTER_PORT", port.to_string())
             .env(crate::JOB_TOKEN_VAR, &token)
+            .env(crate::JOB_KEY_VAR, &key)
             .env(SPAWNED_VAR, "1");
         command.envs(extra_env.iter().map(|(k, v)| (k, v)));
         command.envs(SAFETY_VARS);
@@ -297,23 +315,4 @@ fn kill_all(children: &mut [Child]) {
 /// A port that was free a moment ago on 127.0.0.1.
 fn free_port() -> io::Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
-}
-
-/// 32 hex digits from `/dev/urandom`; where that cannot be read, from the standard library's
-/// randomly keyed hasher, the process id and the time.
-fn job_token() -> String {
-    let mut bytes = [0u8; 16];
-    let random = File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut bytes));
-    if random.is_err() {
-        for (index, half) in bytes.chunks_mut(8).enumerate() {
-            let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-            hasher.write_u32(std::process::id());
-            hasher.write_usize(index);
-            hasher.write_u128(
-                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()),
-            );
-            half.copy_from_slice(&hasher.finish().to_le_bytes());
-        }
-    }
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

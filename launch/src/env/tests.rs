@@ -7,6 +7,11 @@ fn parse(pairs: &[(&str, &str)]) -> Result<RankInfo, EnvError> {
     RankInfo::from_vars(|name| map.get(name).cloned())
 }
 
+/// The identity's value.
+fn identity(info: &RankInfo) -> Option<&str> {
+    info.job_identity.as_ref().map(|id| id.value.as_str())
+}
+
 fn message(pairs: &[(&str, &str)]) -> String {
     match parse(pairs) {
         Ok(info) => panic!("expected an error, got {info:?}"),
@@ -25,13 +30,20 @@ fn no_launcher_is_a_single_process() {
     // Empty values count as unset; MASTER_* are not needed by a single process.
     let info = parse(&[("RANK", ""), ("MASTER_PORT", "junk"), ("GPUCOMM_JOB_TOKEN", "t")]).unwrap();
     assert_eq!((info.rank, info.world_size, info.master), (0, 1, None));
-    assert_eq!(info.job_token.as_deref(), Some("t"));
+    assert_eq!(info.job_identity, Some(JobIdentity { value: "t".into(), source: "GPUCOMM_JOB_TOKEN" }));
 }
 
 #[test]
 fn torchrun_variables() {
     let mut vars = TORCH_R1.to_vec();
-    vars.extend([("MASTER_ADDR", "10.0.0.7"), ("MASTER_PORT", "1234"), ("TORCHELASTIC_RUN_ID", "abc")]);
+    vars.extend([
+        ("MASTER_ADDR", "10.0.0.7"),
+        ("MASTER_PORT", "1234"),
+        ("TORCHELASTIC_RUN_ID", "abc"),
+        ("TORCHELASTIC_RESTART_COUNT", "2"),
+        ("GROUP_RANK", "0"),
+        ("ROLE_RANK", "1"),
+    ]);
     let info = parse(&vars).unwrap();
     assert_eq!(
         info,
@@ -42,7 +54,17 @@ fn torchrun_variables() {
             local_world_size: 2,
             master: Some(Master { addr: "10.0.0.7".into(), port: 1234 }),
             launcher: Launcher::Torchrun,
-            job_token: Some("torchrun-abc".into()),
+            job_identity: Some(JobIdentity {
+                value: "torchrun-abc-attempt2".into(),
+                source: "TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT"
+            }),
+            torchelastic: Some(Torchelastic {
+                run_id: "abc".into(),
+                restart_count: 2,
+                use_agent_store: false,
+                group_rank: Some(0),
+                role_rank: Some(1),
+            }),
         }
     );
     assert_eq!(
@@ -50,7 +72,47 @@ fn torchrun_variables() {
         "rank 1 of 2 (local 1 of 2) from torchrun-style variables, rendezvous at 10.0.0.7:1234"
     );
     vars.push(("GPUCOMM_JOB_TOKEN", "override"));
-    assert_eq!(parse(&vars).unwrap().job_token.as_deref(), Some("override"));
+    assert_eq!(identity(&parse(&vars).unwrap()), Some("override"));
+}
+
+#[test]
+fn torchruns_default_run_id_is_an_identity_only_under_the_agent_store() {
+    let mut vars = TORCH_R1.to_vec();
+    vars.extend([("TORCHELASTIC_RUN_ID", "none"), ("TORCHELASTIC_RESTART_COUNT", "0")]);
+    let info = parse(&vars).unwrap();
+    assert_eq!(info.job_identity, None);
+    assert!(!info.torchelastic.unwrap().use_agent_store);
+    vars.push(("TORCHELASTIC_USE_AGENT_STORE", "True"));
+    let info = parse(&vars).unwrap();
+    assert_eq!(identity(&info), Some("torchrun-none-attempt0"));
+    assert!(info.torchelastic.unwrap().use_agent_store);
+    // torch.distributed checks for exactly "True".
+    vars.pop();
+    vars.push(("TORCHELASTIC_USE_AGENT_STORE", "true"));
+    assert!(!parse(&vars).unwrap().torchelastic.unwrap().use_agent_store);
+    // Inside a Slurm step, the step names the job.
+    vars.extend([("SLURM_JOB_ID", "9"), ("SLURM_STEP_ID", "3")]);
+    let info = parse(&vars).unwrap();
+    assert_eq!(
+        info.job_identity,
+        Some(JobIdentity { value: "slurm-9.3".into(), source: "SLURM_JOB_ID and SLURM_STEP_ID" })
+    );
+    let mut bad = TORCH_R1.to_vec();
+    bad.extend([("TORCHELASTIC_RUN_ID", "x"), ("TORCHELASTIC_RESTART_COUNT", "-1")]);
+    assert!(message(&bad).starts_with("TORCHELASTIC_RESTART_COUNT=-1 is negative"));
+    bad.pop();
+    bad.push(("GROUP_RANK", "g"));
+    assert!(message(&bad).starts_with("GROUP_RANK=g is not a number"));
+}
+
+#[test]
+fn pmi_has_no_identity_of_its_own() {
+    let pmi =
+        [("PMI_RANK", "1"), ("PMI_SIZE", "2"), ("MPI_LOCALRANKID", "1"), ("MPI_LOCALNRANKS", "2"), ("PMI_FD", "5")];
+    assert_eq!(parse(&pmi).unwrap().job_identity, None);
+    let mut token = pmi.to_vec();
+    token.push(("GPUCOMM_JOB_TOKEN", "by-hand"));
+    assert_eq!(identity(&parse(&token).unwrap()), Some("by-hand"));
 }
 
 #[test]
@@ -127,7 +189,7 @@ fn slurm_variables() {
     let info = parse(&vars).unwrap();
     assert_eq!((info.rank, info.world_size, info.local_rank, info.local_world_size), (3, 6, 1, 2));
     assert_eq!(info.launcher, Launcher::Slurm);
-    assert_eq!(info.job_token.as_deref(), Some("slurm-777.2"));
+    assert_eq!(identity(&info), Some("slurm-777.2"));
     let port = Master::port_for_token("slurm-777.2");
     assert_eq!(info.master, Some(Master { addr: "gpu03".into(), port }));
 
@@ -189,9 +251,12 @@ fn open_mpi_variables() {
     let info = parse(&vars).unwrap();
     assert_eq!((info.rank, info.world_size, info.local_rank, info.local_world_size), (1, 2, 1, 2));
     assert_eq!(info.launcher, Launcher::OpenMpi);
-    assert_eq!(info.job_token.as_deref(), Some("ompi-prterun-host-123@1"));
+    assert_eq!(
+        info.job_identity,
+        Some(JobIdentity { value: "ompi-prterun-host-123@1".into(), source: "PMIX_NAMESPACE" })
+    );
     assert_eq!(info.master.unwrap().addr, "127.0.0.1");
-    assert_eq!(parse(&vars[..4]).unwrap().job_token, None);
+    assert_eq!(parse(&vars[..4]).unwrap().job_identity, None);
     assert!(message(&vars[..1]).starts_with("OMPI_COMM_WORLD_RANK is set but OMPI_COMM_WORLD_SIZE is not"));
 }
 

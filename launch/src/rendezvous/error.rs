@@ -1,11 +1,16 @@
 //! [`RendezvousError`]: everything that can go wrong while the ranks meet.
+//!
+//! No message ever contains the job key, and none contains the job identity itself (only the
+//! variables it came from and a hash).
 
 use std::fmt;
 use std::io;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::deadline::secs;
 use crate::env::{EnvError, Master};
+use crate::store::StoreError;
 
 /// A rendezvous failure. Every message says which side saw what, and what to check.
 #[derive(Debug)]
@@ -13,7 +18,7 @@ use crate::env::{EnvError, Master};
 pub enum RendezvousError {
     /// The [`RankInfo`](crate::RankInfo) cannot be used (no master address, rank out of range).
     Env(EnvError),
-    /// The [`Options`](super::Options) are invalid (e.g. `GPUCOMM_RENDEZVOUS_TIMEOUT=abc`).
+    /// The [`Options`](super::Options) are invalid; the message names the variable or field.
     BadOptions {
         /// What is wrong.
         detail: String,
@@ -25,99 +30,92 @@ pub enum RendezvousError {
         /// The OS error.
         error: io::Error,
     },
-    /// Rank 0: not every rank joined before the deadline.
-    TimedOut {
-        /// How long rank 0 waited (its timeout).
-        waited: Duration,
-        /// The job's world size.
-        world_size: usize,
-        /// The ranks that never joined.
-        missing: Vec<usize>,
-        /// The connections rank 0 turned away: reason and peer address.
-        rejected: Vec<String>,
-    },
-    /// A client could not reach rank 0 before the deadline.
-    Unreachable {
-        /// Where rank 0 should be listening.
+    /// `MASTER_ADDR` does not resolve (reported at once, not retried).
+    Resolve {
+        /// The store's address.
         master: Master,
-        /// How long the client tried.
+        /// The resolver's error.
+        error: String,
+    },
+    /// No store answered at the master address before the deadline.
+    Unreachable {
+        /// The store's address.
+        master: Master,
+        /// How long this rank tried.
         waited: Duration,
         /// The last connection error.
         last_error: String,
     },
-    /// Rank 0 turned this process away.
-    Rejected {
-        /// Rank 0's address.
+    /// The store at the master address is not this job's: another job's rank 0, a store
+    /// without a gpucomm owner record, another world size or key, or a rendezvous rank 0 has
+    /// already left.
+    WrongStore {
+        /// The store's address.
         master: Master,
-        /// Rank 0's reason.
-        reason: String,
+        /// What does not match, and what to do.
+        detail: String,
     },
-    /// Rank 0 gave up after the rendezvous and told the clients why.
+    /// This process's rank was already claimed by another process: the rendezvous is aborted
+    /// on every rank.
+    Duplicate {
+        /// The rank.
+        rank: usize,
+        /// The process that claimed it first.
+        first: String,
+        /// This process.
+        me: String,
+    },
+    /// Every rank had already joined when this process came (a second copy of a rank).
+    LateJoiner {
+        /// The rank.
+        rank: usize,
+        /// The process that holds it.
+        holder: String,
+    },
+    /// A record or value in the store is not what a process with this job's key wrote (an
+    /// impostor, or ranks started with different keys); the rendezvous is aborted.
+    Forged {
+        /// What failed to verify.
+        detail: String,
+    },
+    /// Another rank gave up and said why.
     Aborted {
-        /// Rank 0's address.
-        master: Master,
-        /// Rank 0's reason.
+        /// Its reason (which names it).
         reason: String,
     },
-    /// The connection to rank 0 closed: rank 0 exited, crashed or was killed.
-    MasterGone {
-        /// Rank 0's address.
+    /// A wait passed its deadline.
+    TimedOut {
+        /// The operation (`the rendezvous (joining)`, `broadcast #2`, `barrier #3`).
+        during: String,
+        /// The time limit.
+        waited: Duration,
+        /// Ranks known to be missing (empty when this rank cannot tell).
+        missing: Vec<usize>,
+        /// What this rank was waiting for.
+        waiting_for: String,
+        /// What rank 0's store saw (accept errors, dropped connections), when this process
+        /// hosts it.
+        store_notes: Vec<String>,
+    },
+    /// Talking to the store failed.
+    Store {
+        /// The store's address.
         master: Master,
         /// The operation in progress.
         during: String,
-        /// How the connection ended.
-        detail: String,
-    },
-    /// Rank 0 did not answer in time.
-    MasterTimeout {
-        /// Rank 0's address.
-        master: Master,
-        /// The operation in progress.
-        during: String,
-        /// How long this rank waited.
-        waited: Duration,
-    },
-    /// Rank 0: a client's connection closed.
-    PeerGone {
-        /// The client's rank.
-        rank: usize,
-        /// The client's address.
-        peer: SocketAddr,
-        /// The operation in progress.
-        during: String,
-        /// How the connection ended.
-        detail: String,
-    },
-    /// Rank 0: a client did not answer in time.
-    PeerTimeout {
-        /// The client's rank.
-        rank: usize,
-        /// The client's address.
-        peer: SocketAddr,
-        /// The operation in progress.
-        during: String,
-        /// How long rank 0 waited.
-        waited: Duration,
-    },
-    /// A peer sent something the protocol does not allow at this point.
-    Protocol {
-        /// Who sent it (`rank 0 at host:port`, `rank 3 at addr`).
-        peer: String,
-        /// The operation in progress.
-        during: String,
-        /// What was wrong.
-        detail: String,
+        /// The failure.
+        error: Box<StoreError>,
     },
     /// Rank 0's closure for [`broadcast`](super::Rendezvous::broadcast) failed.
     Make {
         /// The closure's error.
         reason: String,
     },
-    /// A broadcast's bytes exceed the wire limit.
+    /// A broadcast's bytes exceed [`MAX_BROADCAST`](super::MAX_BROADCAST).
     TooLarge {
         /// The byte count.
         len: usize,
-        /// The limit ([`MAX_DATA`](crate::wire::MAX_DATA)).
+        /// The limit.
         max: usize,
     },
     /// An earlier operation on this [`Rendezvous`](super::Rendezvous) failed; the ranks are no
@@ -132,11 +130,6 @@ pub enum RendezvousError {
     },
 }
 
-/// `3s`, `2.5s`, `0.25s`.
-pub(crate) fn secs(d: Duration) -> String {
-    format!("{}s", (d.as_secs_f64() * 1000.0).round() / 1000.0)
-}
-
 const RAISE_TIMEOUT: &str = "or raise GPUCOMM_RENDEZVOUS_TIMEOUT";
 
 impl fmt::Display for RendezvousError {
@@ -147,67 +140,53 @@ impl fmt::Display for RendezvousError {
             RendezvousError::Bind { addr, error } => write!(
                 f,
                 "rank 0 cannot listen on {addr} (MASTER_PORT {}): {error}; choose another MASTER_PORT (is another \
-                 job or an earlier run still using it?), and check that MASTER_ADDR names rank 0's host",
+                 job or an earlier run still using it?), and check that MASTER_ADDR names rank 0's host. If a store \
+                 already runs there for this job (torchrun's agent sets TORCHELASTIC_USE_AGENT_STORE=True; a \
+                 Python TCPStore(is_master=True)), set GPUCOMM_STORE=external to join it",
                 addr.port()
             ),
-            RendezvousError::TimedOut { waited, world_size, missing, rejected } => {
-                let joined = world_size - missing.len();
-                write!(
-                    f,
-                    "rendezvous timed out after {}: {joined} of {world_size} ranks joined; missing ranks {missing:?}; \
-                     rejected connections: ",
-                    secs(*waited)
-                )?;
-                if rejected.is_empty() {
-                    f.write_str("none")?;
-                } else {
-                    write!(f, "[{}]", rejected.join("; "))?;
+            RendezvousError::Resolve { master, error } => write!(
+                f,
+                "MASTER_ADDR {:?} does not resolve ({error}); set MASTER_ADDR to rank 0's host name or IP address",
+                master.addr
+            ),
+            RendezvousError::Unreachable { master, waited, last_error } => write!(
+                f,
+                "no store answered at {master} within {} (last error: {last_error}); check that rank 0 (or the \
+                 store's host) is running and that every rank uses the same MASTER_ADDR and MASTER_PORT, \
+                 {RAISE_TIMEOUT}",
+                secs(*waited)
+            ),
+            RendezvousError::WrongStore { master, detail } => write!(f, "the store at {master} {detail}"),
+            RendezvousError::Duplicate { rank, first, me } => write!(
+                f,
+                "rank {rank} was claimed twice: first by {first}, then by this process, {me}; the rendezvous is \
+                 aborted on every rank. Start each rank once; if the first is not a process of this job, someone \
+                 else joined in its place: protect the job with GPUCOMM_JOB_KEY"
+            ),
+            RendezvousError::LateJoiner { rank, holder } => write!(
+                f,
+                "rendezvous already complete: every rank joined before this process, and rank {rank} is held by \
+                 {holder}. Start each rank of a job once; if that process is not of this job, protect the job \
+                 with GPUCOMM_JOB_KEY"
+            ),
+            RendezvousError::Forged { detail } => write!(f, "rendezvous aborted: {detail}"),
+            RendezvousError::Aborted { reason } => write!(f, "rendezvous aborted by {reason}"),
+            RendezvousError::TimedOut { during, waited, missing: _, waiting_for, store_notes } => {
+                write!(f, "{during} timed out after {}: {waiting_for}", secs(*waited))?;
+                if !store_notes.is_empty() {
+                    write!(f, "; rank 0's store saw: [{}]", store_notes.join("; "))?;
                 }
                 write!(
                     f,
-                    ". Start the missing ranks with the same MASTER_ADDR, MASTER_PORT and world size, {RAISE_TIMEOUT}"
+                    ". Check that every rank runs, with the same MASTER_ADDR, MASTER_PORT and world size, and calls \
+                     broadcast/barrier in the same order, {RAISE_TIMEOUT}"
                 )
             }
-            RendezvousError::Unreachable { master, waited, last_error } => write!(
-                f,
-                "could not reach rank 0 at {master} within {} (last error: {last_error}); check that rank 0 is \
-                 running and that every rank uses the same MASTER_ADDR and MASTER_PORT, {RAISE_TIMEOUT}",
-                secs(*waited)
-            ),
-            RendezvousError::Rejected { master, reason } => {
-                write!(f, "rank 0 at {master} rejected this process: {reason}")
+            RendezvousError::Store { master, during, error } => {
+                write!(f, "during {during} (store at {master}): {error}")
             }
-            RendezvousError::Aborted { master, reason } => write!(f, "rank 0 at {master} aborted: {reason}"),
-            RendezvousError::MasterGone { master, during, detail } => write!(
-                f,
-                "rank 0 at {master} went away during {during} ({detail}): it exited, crashed or was killed; see \
-                 its output"
-            ),
-            RendezvousError::MasterTimeout { master, during, waited } => write!(
-                f,
-                "rank 0 at {master} did not answer within {} during {during}: it may be stuck, or waiting for \
-                 another rank; {RAISE_TIMEOUT} if it is just slow",
-                secs(*waited)
-            ),
-            RendezvousError::PeerGone { rank, peer, during, detail } => write!(
-                f,
-                "rank {rank} ({peer}) went away during {during} ({detail}): it exited, crashed or was killed; see \
-                 its output"
-            ),
-            RendezvousError::PeerTimeout { rank, peer, during, waited } => write!(
-                f,
-                "rank {rank} ({peer}) did not reach {during} within {}: it may be stuck, or the ranks call \
-                 broadcast/barrier in different orders; {RAISE_TIMEOUT} if it is just slow",
-                secs(*waited)
-            ),
-            RendezvousError::Protocol { peer, during, detail } => write!(
-                f,
-                "protocol error with {peer} during {during}: {detail} (do all ranks run the same program, and \
-                 call broadcast/barrier in the same order?)"
-            ),
-            RendezvousError::Make { reason } => {
-                write!(f, "rank 0 could not produce the bytes to broadcast: {reason}")
-            }
+            RendezvousError::Make { reason } => write!(f, "rank 0 could not produce the bytes to broadcast: {reason}"),
             RendezvousError::TooLarge { len, max } => {
                 write!(f, "cannot broadcast {len} bytes: the limit is {max} bytes per broadcast")
             }

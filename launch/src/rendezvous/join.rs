@@ -1,88 +1,169 @@
-//! A client's side of joining: reach rank 0 (retrying until the deadline), say hello, wait for
-//! the welcome.
+//! Joining: every rank claims its rank with `COMPARE_SET`; rank 0 checks every claim and
+//! releases the others.
 
-use std::io::Write;
-use std::net::{TcpStream, ToSocketAddrs};
-use std::time::{Duration, Instant};
+use super::record::{verified, Claim};
+use super::session::{Session, Waited};
+use super::RendezvousError;
+use crate::deadline::Deadline;
 
-use super::{deadline_after, master_error, read_with_timeout, RendezvousError};
-use crate::env::Master;
-use crate::wire::{FrameError, Message};
+const DURING: &str = "the rendezvous (joining)";
 
-const FIRST_BACKOFF: Duration = Duration::from_millis(20);
-const MAX_BACKOFF: Duration = Duration::from_secs(1);
-/// The limit of one connection attempt (more attempts follow until the deadline).
-const ATTEMPT: Duration = Duration::from_secs(2);
+/// Claims this rank and waits until every rank has (rank 0 checks the claims and says so).
+pub(super) fn join(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
+    let result = claim(s, deadline).and_then(|()| if s.rank == 0 { release(s, deadline) } else { wait(s, deadline) });
+    if result.is_ok() {
+        s.acknowledged += 1;
+    }
+    result
+}
 
-/// Joins rank 0 and returns the connection, with `timeout` as its read and write limits.
-pub(super) fn join(
-    master: &Master,
-    rank: u32,
-    world_size: u32,
-    token: &str,
-    timeout: Duration,
-) -> Result<TcpStream, RendezvousError> {
-    let deadline = deadline_after(timeout);
-    let hello = Message::Hello { token: token.to_string(), rank, world_size }
-        .encode_frame()
-        .map_err(|e| RendezvousError::BadOptions { detail: e.to_string() })?;
-    let mut backoff = FIRST_BACKOFF;
-    let mut last_error = String::from("no attempt was made");
-    loop {
-        let now = Instant::now();
-        if now >= deadline {
-            return Err(RendezvousError::Unreachable { master: master.clone(), waited: timeout, last_error });
-        }
-        match connect_once(master, deadline - now) {
-            Ok(stream) => return handshake(stream, master, &hello, deadline, timeout),
-            Err(error) => last_error = error,
-        }
-        std::thread::sleep(backoff.min(deadline.saturating_duration_since(Instant::now())));
-        backoff = (backoff * 2).min(MAX_BACKOFF);
+fn claim(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
+    let complete = s.keys.complete();
+    if s.client.check_by(&[&complete], deadline).map_err(|e| s.store_error(DURING, e))? {
+        return Err(late(s, deadline));
+    }
+    let label = s.keys.claim(s.rank);
+    let mut nonce = [0u8; 16];
+    crate::random::fill(&mut nonce)
+        .map_err(|error| RendezvousError::Io { context: "getting random bytes for a claim".into(), error })?;
+    let mut claim = Claim { rank: s.rank as u32, world_size: s.world_size as u32, who: s.me.clone(), nonce, tag: None };
+    let mine = claim.encode(s.seal.as_ref(), &label);
+    let current = s.client.compare_set_by(&label, b"", &mine, deadline).map_err(|e| s.store_error(DURING, e))?;
+    if current == mine {
+        return Ok(());
+    }
+    // Taken: by a process of a rendezvous already complete, or by a duplicate.
+    if s.client.check_by(&[&complete], deadline).map_err(|e| s.store_error(DURING, e))? {
+        return Err(late(s, deadline));
+    }
+    let first = describe(s, &label, &current);
+    let error = RendezvousError::Duplicate { rank: s.rank, first: first.clone(), me: s.me.to_string() };
+    s.give_up(&format!("rank {} was claimed twice: first by {first}, then by {}{}", s.rank, s.me, s.scope.hint()));
+    Err(error)
+}
+
+/// The error for a process that came after every rank had joined.
+fn late(s: &mut Session, deadline: Deadline) -> RendezvousError {
+    let label = s.keys.claim(s.rank);
+    let holder = match s.client.get_by(&label, deadline) {
+        Ok(value) if !value.is_empty() => describe(s, &label, &value),
+        _ => "no process (the rank's claim is gone)".to_string(),
+    };
+    RendezvousError::LateJoiner { rank: s.rank, holder }
+}
+
+/// A claim's holder, for messages.
+fn describe(s: &Session, label: &str, value: &[u8]) -> String {
+    match Claim::decode(value) {
+        Some((claim, body)) => match verified(s.seal.as_ref(), label, body, claim.tag.as_ref()) {
+            Some(false) => format!("{} (without a valid MAC of this job's key)", claim.who),
+            _ => claim.who.to_string(),
+        },
+        None => format!("an unreadable claim of {} bytes (not a gpucomm process)", value.len()),
     }
 }
 
-/// One attempt at every address `master` resolves to.
-fn connect_once(master: &Master, remaining: Duration) -> Result<TcpStream, String> {
-    let host = master.addr.trim_start_matches('[').trim_end_matches(']');
-    let addrs = (host, master.port).to_socket_addrs().map_err(|e| format!("cannot resolve {host}: {e}"))?;
-    let limit = remaining.min(ATTEMPT).max(Duration::from_millis(1));
-    let mut last = format!("{host} resolves to no address");
-    for addr in addrs {
-        match TcpStream::connect_timeout(&addr, limit) {
-            Ok(stream) => return Ok(stream),
-            Err(e) => last = e.to_string(),
-        }
+/// Checks a claim read from rank `rank`'s key: the rank, the world size and the key.
+fn check_claim(s: &Session, rank: usize, value: &[u8]) -> Result<(), RendezvousError> {
+    let label = s.keys.claim(rank);
+    let Some((claim, body)) = Claim::decode(value) else {
+        return Err(RendezvousError::Forged {
+            detail: format!("rank {rank}'s claim is unreadable: {}", describe(s, &label, value)),
+        });
+    };
+    if claim.rank as usize != rank {
+        return Err(RendezvousError::Forged {
+            detail: format!("the claim under rank {rank}'s key is for rank {} ({})", claim.rank, claim.who),
+        });
     }
-    Err(last)
+    match verified(s.seal.as_ref(), &label, body, claim.tag.as_ref()) {
+        Some(false) => {
+            return Err(RendezvousError::Forged {
+                detail: format!(
+                    "rank {rank} was claimed by {}, whose claim is not signed with this job's key: a process without \
+                     GPUCOMM_JOB_KEY took the rank, or the ranks were started with different keys",
+                    claim.who
+                ),
+            })
+        }
+        None if claim.tag.is_some() => {
+            return Err(RendezvousError::Forged {
+                detail: format!(
+                    "rank {rank} ({}) has GPUCOMM_JOB_KEY and rank {} does not: give every rank the same key",
+                    claim.who, s.rank
+                ),
+            })
+        }
+        _ => {}
+    }
+    if claim.world_size as usize != s.world_size {
+        return Err(RendezvousError::Forged {
+            detail: format!(
+                "rank {rank} ({}) was started with world size {}, rank {} with {}",
+                claim.who, claim.world_size, s.rank, s.world_size
+            ),
+        });
+    }
+    Ok(())
 }
 
-fn handshake(
-    mut stream: TcpStream,
-    master: &Master,
-    hello: &[u8],
-    deadline: Instant,
-    timeout: Duration,
-) -> Result<TcpStream, RendezvousError> {
-    const DURING: &str = "the rendezvous (waiting for every rank to join)";
-    let remaining = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-    let io = |context: &str, error| RendezvousError::Io { context: format!("{context} for rank 0 at {master}"), error };
-    stream.set_nodelay(true).map_err(|e| io("setting up the connection", e))?;
-    stream.set_write_timeout(Some(remaining)).map_err(|e| io("setting up the connection", e))?;
-    stream.write_all(hello).map_err(|e| master_error(master, DURING, timeout, FrameError::from(e)))?;
-    match read_with_timeout(&mut stream, remaining) {
-        Ok(Message::Welcome) => {
-            stream.set_read_timeout(Some(timeout)).map_err(|e| io("setting up the connection", e))?;
-            stream.set_write_timeout(Some(timeout)).map_err(|e| io("setting up the connection", e))?;
-            Ok(stream)
+/// Rank 0: waits for every claim, checks them all, then marks the rendezvous complete.
+fn release(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
+    let keys: Vec<String> = (0..s.world_size).map(|rank| s.keys.claim(rank)).collect();
+    match s.wait_all(&keys, deadline, DURING) {
+        Ok(()) => {}
+        Err(Waited::Failed(error)) => return Err(error),
+        Err(Waited::TimedOut) => {
+            let missing = s.missing(&keys);
+            let joined = s.world_size - missing.len();
+            let waiting_for =
+                format!("ranks {missing:?} have not joined ({joined} of {} joined){}", s.world_size, s.scope.hint());
+            let store_notes = s.store_notes();
+            let error = RendezvousError::TimedOut {
+                during: DURING.into(),
+                waited: deadline.limit(),
+                missing,
+                waiting_for,
+                store_notes,
+            };
+            return Err(s.fail(error));
         }
-        Ok(Message::Reject { reason }) => Err(RendezvousError::Rejected { master: master.clone(), reason }),
-        Ok(Message::Abort { reason }) => Err(RendezvousError::Aborted { master: master.clone(), reason }),
-        Ok(other) => Err(RendezvousError::Protocol {
-            peer: format!("rank 0 at {master}"),
-            during: DURING.to_string(),
-            detail: format!("expected a welcome, got {}", super::describe(&other)),
-        }),
-        Err(error) => Err(master_error(master, DURING, timeout, error)),
+    }
+    let claims = s.get_all(&keys, deadline, DURING)?;
+    for (rank, value) in claims.iter().enumerate() {
+        check_claim(s, rank, value).map_err(|error| s.fail(error))?;
+    }
+    let complete = s.keys.complete();
+    let value = s.release_value(&complete);
+    s.client.set_by(&complete, &value, deadline).map_err(|e| s.store_error(DURING, e))
+}
+
+/// The other ranks: check rank 0's claim (same world size and key), then wait for the release.
+fn wait(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
+    let first = s.keys.claim(0);
+    wait_for(s, &first, deadline, "rank 0 has not joined")?;
+    let value = s.client.get_by(&first, deadline).map_err(|e| s.store_error(DURING, e))?;
+    check_claim(s, 0, &value).map_err(|error| s.fail(error))?;
+    let complete = s.keys.complete();
+    wait_for(s, &complete, deadline, "rank 0 has not confirmed that every rank joined")?;
+    let value = s.client.get_by(&complete, deadline).map_err(|e| s.store_error(DURING, e))?;
+    s.check_release(&complete, &value).map_err(|error| s.fail(error))?;
+    s.acknowledge(deadline, DURING)
+}
+
+fn wait_for(s: &mut Session, key: &str, deadline: Deadline, waiting_for: &str) -> Result<(), RendezvousError> {
+    match s.wait_all(&[key.to_string()], deadline, DURING) {
+        Ok(()) => Ok(()),
+        Err(Waited::Failed(error)) => Err(error),
+        Err(Waited::TimedOut) => {
+            s.failed = true;
+            Err(RendezvousError::TimedOut {
+                during: DURING.into(),
+                waited: deadline.limit(),
+                missing: Vec::new(),
+                waiting_for: format!("{waiting_for}{}", s.scope.hint()),
+                store_notes: Vec::new(),
+            })
+        }
     }
 }

@@ -42,7 +42,7 @@ fn output_is_prefixed_and_variables_are_set() {
                   echo oops >&2; \
                   echo vars $NCCL_NVLS_ENABLE $NVSHMEM_DISABLE_NVLS $TORCH_SYMM_MEM_DISABLE_MULTICAST \
                   $GPUCOMM_SPAWNED $MASTER_ADDR $MY_VAR; \
-                  echo port $MASTER_PORT token $GPUCOMM_JOB_TOKEN";
+                  echo port $MASTER_PORT token $GPUCOMM_JOB_TOKEN key $GPUCOMM_JOB_KEY";
     let extra = [("NCCL_NVLS_ENABLE".to_string(), "1".to_string()), ("MY_VAR".to_string(), "mine".to_string())];
     let outcome = sh(2, script, &extra, Duration::from_secs(1), &captured);
     assert!(outcome.success(), "{outcome}");
@@ -56,10 +56,14 @@ fn output_is_prefixed_and_variables_are_set() {
         assert!(out.contains(&format!("[rank {rank}] vars 0 1 1 1 127.0.0.1 mine\n")), "{out}");
         assert!(captured.err().contains(&format!("[rank {rank}] oops\n")));
     }
-    // Both ranks got the same port and token.
+    // Both ranks got the same port, token and key: 32 and 64 random hex digits.
     let ports: Vec<&str> = out.lines().filter(|l| l.contains("] port ")).map(|l| &l[9..]).collect();
     assert_eq!(ports.len(), 2);
     assert_eq!(ports[0], ports[1], "{out}");
+    let words: Vec<&str> = ports[0].split(' ').collect();
+    assert_eq!((words[2], words[4]), ("token", "key"), "{out}");
+    assert!(words[3].len() == 32 && words[5].len() == 64, "{out}");
+    assert!(words[3].bytes().chain(words[5].bytes()).all(|c| c.is_ascii_hexdigit()), "{out}");
     assert!(out.lines().all(|l| l.starts_with("[rank 0] ") || l.starts_with("[rank 1] ")));
 }
 
@@ -121,14 +125,6 @@ fn spawn_errors() {
     assert!(matches!(spawn_local(0, missing, &[], &[], Duration::ZERO), Err(SpawnError::NoProcesses)));
 }
 
-#[test]
-fn job_tokens_are_random_hex() {
-    let (a, b) = (job_token(), job_token());
-    assert_eq!(a.len(), 32);
-    assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
-    assert_ne!(a, b);
-}
-
 /// Parent half of the cross-process test: three copies of this test binary, each running only
 /// [`child_rank`], meet through a real rendezvous.
 #[test]
@@ -159,6 +155,9 @@ fn child_rank() {
         let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
         let first = rendezvous.broadcast(|| Ok(std::process::id().to_be_bytes().repeat(32)))?;
         let second = rendezvous.broadcast(|| Ok(std::env::var(crate::JOB_TOKEN_VAR).unwrap().into_bytes()))?;
+        // The spawner's key protects the rendezvous; rank 0 hosted the store.
+        assert!(Options::from_env()?.job_key.is_some());
+        assert_eq!(rendezvous.store_stats().is_some(), info.rank == 0);
         rendezvous.barrier()?;
         let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
         let text = format!("{}\n{}\n", hex(&first), hex(&second));

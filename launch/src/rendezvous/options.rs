@@ -1,0 +1,200 @@
+//! [`Options`]: the rendezvous's time limit, job identity override, job key and store.
+
+use std::fmt;
+use std::time::Duration;
+
+use super::RendezvousError;
+use crate::deadline::secs;
+use crate::store::Limits;
+
+/// The variable holding the rendezvous timeout in seconds (fractions allowed).
+pub const TIMEOUT_VAR: &str = "GPUCOMM_RENDEZVOUS_TIMEOUT";
+
+/// The variable holding the secret job key (see [`JobKey`]).
+pub const JOB_KEY_VAR: &str = "GPUCOMM_JOB_KEY";
+
+/// The variable choosing the store (see [`StoreMode`]): `auto`, `rank0` or `external`.
+pub const STORE_VAR: &str = "GPUCOMM_STORE";
+
+/// The timeout when [`TIMEOUT_VAR`] is not set.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The shortest timeout accepted.
+pub const MIN_TIMEOUT: Duration = Duration::from_millis(1);
+
+/// The longest timeout accepted (7 days).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// The shortest job key accepted, in bytes.
+pub const MIN_KEY_LEN: usize = 16;
+
+/// Where the ranks meet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum StoreMode {
+    /// Under torchrun with `TORCHELASTIC_USE_AGENT_STORE=True`, the agent's store (every rank is
+    /// a client); otherwise [`StoreMode::Rank0`]. The default (`GPUCOMM_STORE=auto`).
+    #[default]
+    Auto,
+    /// Rank 0 hosts a [`StoreServer`](crate::store::StoreServer) at `MASTER_ADDR:MASTER_PORT`
+    /// and every rank, rank 0 included, is its client (`GPUCOMM_STORE=rank0`).
+    Rank0,
+    /// Someone else hosts a TCPStore at `MASTER_ADDR:MASTER_PORT` — a Python process with
+    /// `torch.distributed.TCPStore(host, port, is_master=True)`, a long-lived service — and every
+    /// rank is its client (`GPUCOMM_STORE=external`).
+    External,
+}
+
+/// The secret that protects a rendezvous (`GPUCOMM_JOB_KEY`): with it, claims and barrier
+/// releases carry a MAC and broadcast values are encrypted, so a process without the key can
+/// neither read a unique id nor take a rank's place. At least [`MIN_KEY_LEN`] bytes; give every
+/// rank of the job the same random string. Never printed: its `Debug` shows `JobKey(..)`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct JobKey(Vec<u8>);
+
+impl JobKey {
+    /// A key from its bytes; fails (without showing them) when shorter than [`MIN_KEY_LEN`].
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Result<JobKey, RendezvousError> {
+        let bytes = bytes.into();
+        if bytes.len() < MIN_KEY_LEN {
+            return Err(RendezvousError::BadOptions {
+                detail: format!(
+                    "{JOB_KEY_VAR} is {} bytes long; use at least {MIN_KEY_LEN} random bytes, e.g. the output of \
+                     `openssl rand -hex 32`",
+                    bytes.len()
+                ),
+            });
+        }
+        Ok(JobKey(bytes))
+    }
+
+    pub(super) fn bytes(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for JobKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("JobKey(..)")
+    }
+}
+
+/// How a [`Rendezvous`](super::Rendezvous) behaves.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// The bound on every wait (joining, each broadcast, each barrier), from
+    /// [`MIN_TIMEOUT`] to [`MAX_TIMEOUT`]. Default 60 s.
+    pub timeout: Duration,
+    /// Replaces [`RankInfo::job_identity`](crate::RankInfo::job_identity) when not empty.
+    pub token: String,
+    /// The secret job key; `None`: the rendezvous is unprotected (see the crate's security
+    /// section).
+    pub job_key: Option<JobKey>,
+    /// Where the ranks meet.
+    pub store: StoreMode,
+    /// The limits of the store rank 0 hosts ([`StoreMode::Rank0`]) and of every rank's client.
+    pub store_limits: Limits,
+    /// Which rendezvous of the job this is. `None` (the default): this process's rendezvous
+    /// for this job and rank are counted from 0, and an attempt that fails does not count, so
+    /// the n-th [`Rendezvous::connect`](super::Rendezvous::connect) to succeed on every rank
+    /// is the same rendezvous when each rank makes them in the same order. Set it when that is
+    /// not so.
+    pub instance: Option<u64>,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            timeout: DEFAULT_TIMEOUT,
+            token: String::new(),
+            job_key: None,
+            store: StoreMode::Auto,
+            store_limits: Limits::default(),
+            instance: None,
+        }
+    }
+}
+
+impl Options {
+    /// The defaults, with `GPUCOMM_RENDEZVOUS_TIMEOUT` (seconds), `GPUCOMM_JOB_KEY` and
+    /// `GPUCOMM_STORE` when set. A malformed value is an error naming the variable.
+    pub fn from_env() -> Result<Options, RendezvousError> {
+        Options::from_vars(|name| std::env::var_os(name).map(|value| value.to_string_lossy().into_owned()))
+    }
+
+    /// Like [`Options::from_env`], with the variables given by `lookup`.
+    pub fn from_vars(lookup: impl Fn(&str) -> Option<String>) -> Result<Options, RendezvousError> {
+        let get = |name: &str| lookup(name).map(|v| v.trim().to_string()).filter(|v| !v.is_empty());
+        let mut options = Options::default();
+        if let Some(value) = get(TIMEOUT_VAR) {
+            options.timeout = parse_timeout(&value).ok_or_else(|| RendezvousError::BadOptions {
+                detail: format!(
+                    "{TIMEOUT_VAR}={value} is not valid: expected a number of seconds from {} to {}",
+                    secs(MIN_TIMEOUT),
+                    secs(MAX_TIMEOUT)
+                ),
+            })?;
+        }
+        if let Some(key) = lookup(JOB_KEY_VAR).filter(|k| !k.is_empty()) {
+            options.job_key = Some(JobKey::new(key.into_bytes())?);
+        }
+        if let Some(mode) = get(STORE_VAR) {
+            options.store = match mode.to_ascii_lowercase().as_str() {
+                "auto" => StoreMode::Auto,
+                "rank0" => StoreMode::Rank0,
+                "external" => StoreMode::External,
+                _ => {
+                    return Err(RendezvousError::BadOptions {
+                        detail: format!("{STORE_VAR}={mode} is not valid: expected auto, rank0 or external"),
+                    })
+                }
+            };
+        }
+        Ok(options)
+    }
+
+    /// These options with another timeout.
+    pub fn with_timeout(mut self, timeout: Duration) -> Options {
+        self.timeout = timeout;
+        self
+    }
+
+    /// These options with another job identity.
+    pub fn with_token(mut self, token: impl Into<String>) -> Options {
+        self.token = token.into();
+        self
+    }
+
+    /// These options with a job key.
+    pub fn with_job_key(mut self, key: JobKey) -> Options {
+        self.job_key = Some(key);
+        self
+    }
+
+    /// These options with another store.
+    pub fn with_store(mut self, store: StoreMode) -> Options {
+        self.store = store;
+        self
+    }
+
+    /// Checks what a caller may have set directly.
+    pub(super) fn check(&self) -> Result<(), RendezvousError> {
+        if !(MIN_TIMEOUT..=MAX_TIMEOUT).contains(&self.timeout) {
+            return Err(RendezvousError::BadOptions {
+                detail: format!(
+                    "Options::timeout of {:?} is out of range: it must be from {} to {}",
+                    self.timeout,
+                    secs(MIN_TIMEOUT),
+                    secs(MAX_TIMEOUT)
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Seconds as a finite number within [`MIN_TIMEOUT`]..=[`MAX_TIMEOUT`].
+fn parse_timeout(value: &str) -> Option<Duration> {
+    let secs: f64 = value.parse().ok()?;
+    let limit = secs.is_finite() && secs >= MIN_TIMEOUT.as_secs_f64() && secs <= MAX_TIMEOUT.as_secs_f64();
+    limit.then(|| Duration::from_secs_f64(secs))
+}

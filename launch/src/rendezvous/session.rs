@@ -1,0 +1,454 @@
+//! A rank's session with the store: the connection, the keys of this rendezvous, the seal, and
+//! the waits that every operation uses (bounded, watching the abort key).
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+
+use super::host;
+use super::record::Claimant;
+use super::seal::{Seal, TAG_LEN};
+use super::{Options, RendezvousError, StoreMode};
+use crate::deadline::Deadline;
+use crate::env::{Master, RankInfo};
+use crate::store::{ServerStats, StoreClient, StoreError, StoreServer};
+
+/// The first slice of a wait; slices double up to [`MAX_SLICE`], and the abort key is checked
+/// between them.
+const FIRST_SLICE: Duration = Duration::from_millis(10);
+const MAX_SLICE: Duration = Duration::from_millis(200);
+/// Keys per `WAIT` or `MULTI_GET`.
+const CHUNK: usize = 512;
+/// How long writing the abort key may take.
+const GIVE_UP_WITHIN: Duration = Duration::from_secs(1);
+/// How long rank 0 keeps its store up after a failure, for the others to read why.
+const LINGER_AFTER_FAILURE: Duration = Duration::from_secs(2);
+
+/// Where this rank's store is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Mode {
+    /// torchrun's agent hosts it.
+    Agent,
+    /// Rank 0 hosts it.
+    Hosted,
+    /// Someone else hosts it.
+    External,
+}
+
+impl Mode {
+    pub(super) fn resolve(store: StoreMode, info: &RankInfo) -> Mode {
+        match store {
+            StoreMode::Auto if info.torchelastic.as_ref().is_some_and(|t| t.use_agent_store) => Mode::Agent,
+            StoreMode::Auto | StoreMode::Rank0 => Mode::Hosted,
+            StoreMode::External => Mode::External,
+        }
+    }
+}
+
+/// What keeps this job's keys apart from other jobs': a hash of its identity (the identity
+/// itself never goes to the store).
+#[derive(Debug, Clone)]
+pub(super) struct Scope {
+    pub(super) hash: String,
+    pub(super) source: String,
+    pub(super) anonymous: bool,
+}
+
+impl Scope {
+    pub(super) fn new(identity: Option<(&str, &str)>) -> Scope {
+        let (value, source) = identity.unwrap_or(("", "nothing"));
+        let digest = Sha256::new().chain_update(b"gpucomm job scope\0").chain_update(value.as_bytes()).finalize();
+        let hash = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+        Scope { hash, source: source.to_string(), anonymous: identity.is_none() }
+    }
+
+    /// Advice for messages when the job has no identity.
+    pub(super) fn hint(&self) -> &'static str {
+        if self.anonymous {
+            " (this job has no identity: set GPUCOMM_JOB_TOKEN to one value on all its ranks, so that another \
+             job on the same port cannot be taken for it)"
+        } else {
+            ""
+        }
+    }
+}
+
+/// The rendezvous counts of this process, per scope and rank: the n-th rendezvous that
+/// succeeds in every rank's process is the same one. Threads that play different ranks count
+/// separately; a failed attempt does not count (every rank fails it, and all retry the same).
+static INSTANCES: Mutex<BTreeMap<(String, usize), u64>> = Mutex::new(BTreeMap::new());
+
+fn instances() -> std::sync::MutexGuard<'static, BTreeMap<(String, usize), u64>> {
+    INSTANCES.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The number of this process's next rendezvous for `scope` and `rank`.
+pub(super) fn next_instance(scope: &str, rank: usize) -> u64 {
+    instances().get(&(scope.to_string(), rank)).copied().unwrap_or(0)
+}
+
+/// Counts a rendezvous that succeeded.
+pub(super) fn count_instance(scope: &str, rank: usize, instance: u64) {
+    let mut map = instances();
+    let next = map.entry((scope.to_string(), rank)).or_insert(0);
+    *next = (*next).max(instance + 1);
+}
+
+/// The store keys of one rendezvous.
+pub(super) struct Keys {
+    prefix: String,
+}
+
+impl Keys {
+    /// The owner record of a store that rank 0 hosts.
+    pub(super) const OWNER: &'static str = "/gpucomm/v1/owner";
+
+    pub(super) fn new(scope: &str, instance: u64) -> Keys {
+        Keys { prefix: format!("/gpucomm/v1/{scope}/{instance}") }
+    }
+
+    pub(super) fn claim(&self, rank: usize) -> String {
+        format!("{}/rank/{rank}", self.prefix)
+    }
+
+    pub(super) fn complete(&self) -> String {
+        format!("{}/complete", self.prefix)
+    }
+
+    pub(super) fn abort(&self) -> String {
+        format!("{}/abort", self.prefix)
+    }
+
+    pub(super) fn done(&self) -> String {
+        format!("{}/done", self.prefix)
+    }
+
+    pub(super) fn value(&self, seq: u64) -> String {
+        format!("{}/op{seq}/value", self.prefix)
+    }
+
+    pub(super) fn arrive(&self, seq: u64, rank: usize) -> String {
+        format!("{}/op{seq}/arrive/{rank}", self.prefix)
+    }
+
+    pub(super) fn release(&self, seq: u64) -> String {
+        format!("{}/op{seq}/release", self.prefix)
+    }
+}
+
+/// Everything a rank decided before it connects.
+pub(super) struct Plan<'a> {
+    pub(super) info: &'a RankInfo,
+    pub(super) options: &'a Options,
+    pub(super) master: Master,
+    pub(super) mode: Mode,
+    pub(super) scope: Scope,
+    pub(super) instance: u64,
+    pub(super) seal: Option<Seal>,
+    /// The end of the join.
+    pub(super) deadline: Deadline,
+}
+
+/// Why a wait ended without its keys.
+pub(super) enum Waited {
+    TimedOut,
+    Failed(RendezvousError),
+}
+
+impl From<RendezvousError> for Waited {
+    fn from(error: RendezvousError) -> Self {
+        Waited::Failed(error)
+    }
+}
+
+pub(super) struct Session {
+    pub(super) client: StoreClient,
+    pub(super) keys: Keys,
+    pub(super) scope: Scope,
+    pub(super) seal: Option<Seal>,
+    pub(super) rank: usize,
+    pub(super) world_size: usize,
+    pub(super) master: Master,
+    pub(super) mode: Mode,
+    pub(super) me: Claimant,
+    /// Rank 0's store ([`Mode::Hosted`]).
+    pub(super) server: Option<StoreServer>,
+    pub(super) timeout: Duration,
+    /// Operations every client acknowledges ([`Mode::Hosted`]): the join, then each broadcast
+    /// and barrier that succeeded.
+    pub(super) acknowledged: u64,
+    /// Rank 0: keys to delete at the next barrier, when every rank is past them.
+    pub(super) stale: Vec<String>,
+    pub(super) failed: bool,
+}
+
+impl Session {
+    /// Connects to the store of `plan.mode`; rank 0 of [`Mode::Hosted`] starts it first.
+    pub(super) fn open(plan: Plan) -> Result<Session, RendezvousError> {
+        let (info, options, master) = (plan.info, plan.options, &plan.master);
+        let limits = &options.store_limits;
+        let connect = |host: &str, port: u16| {
+            StoreClient::connect_by(host, port, plan.deadline, options.timeout, limits.clone())
+                .map_err(|e| connect_error(master, e))
+        };
+        let (client, server) = match plan.mode {
+            Mode::Hosted if info.rank == 0 => {
+                let server = host::serve(&plan)?;
+                let addr = host::loopback(server.local_addr());
+                (connect(&addr.ip().to_string(), addr.port())?, Some(server))
+            }
+            Mode::Hosted => (host::join(&plan)?, None),
+            Mode::Agent | Mode::External => (connect(&master.addr, master.port)?, None),
+        };
+        let me = Claimant::this_process(client.local_addr());
+        Ok(Session {
+            client,
+            keys: Keys::new(&plan.scope.hash, plan.instance),
+            scope: plan.scope,
+            seal: plan.seal,
+            rank: info.rank,
+            world_size: info.world_size,
+            master: plan.master,
+            mode: plan.mode,
+            me,
+            server,
+            timeout: options.timeout,
+            acknowledged: 0,
+            stale: Vec::new(),
+            failed: false,
+        })
+    }
+
+    pub(super) fn store_error(&self, during: &str, error: StoreError) -> RendezvousError {
+        RendezvousError::Store { master: self.master.clone(), during: during.to_string(), error: Box::new(error) }
+    }
+
+    /// Waits until every key exists, checking the abort key between slices and at the end. Each
+    /// slice ends early enough for its cancellation to finish within `deadline`.
+    pub(super) fn wait_all(&mut self, keys: &[String], deadline: Deadline, during: &str) -> Result<(), Waited> {
+        let grace = (deadline.limit() / 4).min(MAX_SLICE);
+        for chunk in keys.chunks(CHUNK) {
+            let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+            let mut slice = FIRST_SLICE;
+            loop {
+                let left = deadline.remaining().unwrap_or_default();
+                if left <= grace {
+                    return Err(Waited::TimedOut);
+                }
+                let until = Deadline::after(slice.min(left - grace));
+                match self.client.wait_by(&refs, until, deadline) {
+                    Ok(true) => break,
+                    Ok(false) => {}
+                    Err(error) => return Err(self.store_error(during, error).into()),
+                }
+                self.check_abort(deadline, during)?;
+                slice = (slice * 2).min(MAX_SLICE);
+            }
+        }
+        // A rank may have given up while the keys were being written (a duplicate claim that
+        // came before every claim was in): never go on past an abort notice.
+        Ok(self.check_abort(deadline, during)?)
+    }
+
+    /// Fails with the abort reason once some rank has given up.
+    pub(super) fn check_abort(&mut self, deadline: Deadline, during: &str) -> Result<(), RendezvousError> {
+        let abort = self.keys.abort();
+        let aborted = self.client.check_by(&[&abort], deadline).map_err(|e| self.store_error(during, e))?;
+        if !aborted {
+            return Ok(());
+        }
+        let notice = self.client.get_by(&abort, deadline).map_err(|e| self.store_error(during, e))?;
+        Err(RendezvousError::Aborted { reason: self.read_abort(&abort, &notice) })
+    }
+
+    /// Passes `error` on, first telling the other ranks about it when it arose here (a failed
+    /// check, a timeout, rank 0's closure failing), so that they stop at once.
+    pub(super) fn fail(&mut self, error: RendezvousError) -> RendezvousError {
+        let reason = match &error {
+            RendezvousError::Forged { detail } => Some(detail.clone()),
+            RendezvousError::TimedOut { .. } | RendezvousError::Make { .. } | RendezvousError::TooLarge { .. } => {
+                Some(error.to_string())
+            }
+            _ => None,
+        };
+        match reason {
+            Some(reason) => self.give_up(&reason),
+            None => self.failed = true,
+        }
+        error
+    }
+
+    /// Tells every rank why this one gives up (best effort, briefly): the first notice wins.
+    pub(super) fn give_up(&mut self, reason: &str) {
+        self.failed = true;
+        let abort = self.keys.abort();
+        let mut notice = format!("rank {} ({}): {reason}", self.rank, self.me).into_bytes();
+        if let Some(seal) = &self.seal {
+            let tag = seal.tag(&abort, &notice);
+            notice.extend_from_slice(&tag);
+        }
+        let _ = self.client.compare_set_by(&abort, b"", &notice, Deadline::after(GIVE_UP_WITHIN));
+    }
+
+    /// An abort notice as text: at most 1000 characters, no control characters, marked when it
+    /// does not carry this job's MAC (anyone who reaches the store can write one).
+    fn read_abort(&self, label: &str, notice: &[u8]) -> String {
+        let (text, verified) = match &self.seal {
+            Some(seal) if notice.len() >= TAG_LEN => {
+                let (text, tag) = notice.split_at(notice.len() - TAG_LEN);
+                if seal.verify(label, text, tag) {
+                    (text, true)
+                } else {
+                    (notice, false)
+                }
+            }
+            Some(_) => (notice, false),
+            None => (notice, true),
+        };
+        let mut clean: String =
+            String::from_utf8_lossy(text).chars().map(|c| if c.is_control() { ' ' } else { c }).take(1000).collect();
+        if !verified {
+            clean =
+                format!("an abort notice without this job's MAC (written by a process without the job key): {clean}");
+        }
+        clean
+    }
+
+    /// The values of `keys` (which must exist), in order.
+    pub(super) fn get_all(
+        &mut self,
+        keys: &[String],
+        deadline: Deadline,
+        during: &str,
+    ) -> Result<Vec<Vec<u8>>, RendezvousError> {
+        let mut values = Vec::with_capacity(keys.len());
+        for chunk in keys.chunks(CHUNK) {
+            let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+            values.extend(self.client.multi_get_by(&refs, deadline).map_err(|e| self.store_error(during, e))?);
+        }
+        Ok(values)
+    }
+
+    /// Which of `keys` are missing, by index (for timeout messages; briefly, after the
+    /// operation's own deadline).
+    pub(super) fn missing(&mut self, keys: &[String]) -> Vec<usize> {
+        let deadline = Deadline::after(Duration::from_secs(2));
+        let mut missing = Vec::new();
+        for (index, key) in keys.iter().enumerate() {
+            match self.client.check_by(&[key], deadline) {
+                Ok(true) => {}
+                Ok(false) => missing.push(index),
+                Err(_) => break,
+            }
+        }
+        missing
+    }
+
+    /// What rank 0's store has seen, for timeout messages.
+    pub(super) fn store_notes(&self) -> Vec<String> {
+        self.server.as_ref().map_or_else(Vec::new, |server| {
+            let stats = server.stats();
+            stats.accept_errors.into_iter().chain(stats.events).collect()
+        })
+    }
+
+    pub(super) fn stats(&self) -> Option<ServerStats> {
+        self.server.as_ref().map(StoreServer::stats)
+    }
+
+    /// A client's acknowledgement that it finished an operation, so that rank 0 keeps its
+    /// store up until every client is done with it ([`Mode::Hosted`]).
+    pub(super) fn acknowledge(&mut self, deadline: Deadline, during: &str) -> Result<(), RendezvousError> {
+        if self.mode == Mode::Hosted && self.rank != 0 {
+            let done = self.keys.done();
+            self.client.add_by(&done, 1, deadline).map_err(|e| self.store_error(during, e))?;
+        }
+        Ok(())
+    }
+
+    /// The value marking a release (the join's completion, a barrier's): a MAC of the key with a
+    /// job key, else `ok`.
+    pub(super) fn release_value(&self, label: &str) -> Vec<u8> {
+        match &self.seal {
+            Some(seal) => seal.tag(label, b"release").to_vec(),
+            None => b"ok".to_vec(),
+        }
+    }
+
+    /// Checks a release value read from `label`.
+    pub(super) fn check_release(&self, label: &str, value: &[u8]) -> Result<(), RendezvousError> {
+        let ok = match &self.seal {
+            Some(seal) => seal.verify(label, b"release", value),
+            None => value == b"ok",
+        };
+        if ok {
+            return Ok(());
+        }
+        Err(RendezvousError::Forged {
+            detail: match (&self.seal, value.len()) {
+                (None, TAG_LEN) => format!(
+                    "{label} was written with a job key: rank 0 has GPUCOMM_JOB_KEY and this process does not; \
+                     give every rank the same key"
+                ),
+                (Some(_), _) => format!(
+                    "{label} is not signed with this job's key: written by a process without the key, or rank 0 \
+                     has another GPUCOMM_JOB_KEY"
+                ),
+                (None, _) => format!("{label} holds an unexpected value ({} bytes)", value.len()),
+            },
+        })
+    }
+
+    /// Rank 0 of [`Mode::Hosted`]: keeps the store up until every client has acknowledged its
+    /// last operation or closed its connection, within the timeout (2 s after a failure).
+    fn linger(&mut self) {
+        if self.server.is_none() {
+            return;
+        }
+        let bound = if self.failed { LINGER_AFTER_FAILURE.min(self.timeout) } else { self.timeout };
+        let deadline = Deadline::after(bound);
+        let expected = (self.world_size as u64 - 1) * self.acknowledged;
+        let done = self.keys.done();
+        let mut pause = Duration::from_millis(1);
+        while !deadline.passed() {
+            // Rank 0's own connection is the last one.
+            if self.stats().is_none_or(|stats| stats.validated <= 1) {
+                return;
+            }
+            if !self.failed && expected > 0 {
+                let acks = self.client.get_by(&done, deadline.slice(Duration::from_secs(1)));
+                match acks.ok().and_then(|v| String::from_utf8(v).ok()).and_then(|v| v.parse::<u64>().ok()) {
+                    Some(acks) if acks >= expected => return,
+                    Some(_) => {}
+                    None if self.client_broken() => return,
+                    None => {}
+                }
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(20));
+        }
+    }
+
+    fn client_broken(&mut self) -> bool {
+        self.client.ping_by(Deadline::after(Duration::from_millis(200))).is_err()
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.linger();
+    }
+}
+
+/// A connection failure as the rendezvous reports it.
+pub(super) fn connect_error(master: &Master, error: StoreError) -> RendezvousError {
+    match error {
+        StoreError::Resolve { error, .. } => RendezvousError::Resolve { master: master.clone(), error },
+        StoreError::Unreachable { waited, last_error, .. } => {
+            RendezvousError::Unreachable { master: master.clone(), waited, last_error }
+        }
+        error => RendezvousError::Store { master: master.clone(), during: "connecting".into(), error: Box::new(error) },
+    }
+}

@@ -1,0 +1,78 @@
+//! [`Limits`]: how much one request, one connection and the whole store may hold.
+
+use std::time::Duration;
+
+/// The bounds a [`StoreServer`](super::StoreServer) enforces and a [`StoreClient`](super::StoreClient)
+/// checks before sending. Every announced length is checked against them before anything is
+/// allocated for it.
+///
+/// PyTorch's own server (libuv backend) allows keys of 8 KiB and values of 8 MiB; these defaults
+/// are smaller because a rendezvous needs little (a unique id is 128 bytes) and an exposed port
+/// must not let strangers use much memory.
+///
+/// **Memory bound.** Bytes a server holds for its connections (unparsed request bytes, unsent
+/// replies, the keys of a pending `WAIT`) stay at or below
+/// `max_buffered + max_connections × connection_allowance` (with the defaults 32 MiB + 1024 ×
+/// 8 KiB = 40 MiB), and the store's keys and values at or below `max_store_bytes`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// The longest key, in bytes. Default 4 KiB.
+    pub max_key_len: usize,
+    /// The longest value, in bytes. Default 1 MiB.
+    pub max_value_len: usize,
+    /// The most keys one `CHECK`, `WAIT`, `MULTI_GET` or `MULTI_SET` may name. Default 4096.
+    pub max_keys_per_request: usize,
+    /// The longest request, in bytes, fields and length prefixes included. Default 4 MiB.
+    pub max_request_len: usize,
+    /// The longest reply, in bytes (a `MULTI_GET` of large values); also the most unsent reply
+    /// bytes a connection may have before it is dropped as a client that does not read its
+    /// replies. Default 4 MiB.
+    pub max_reply_len: usize,
+    /// The most bytes of keys and values the store holds. Default 64 MiB.
+    pub max_store_bytes: usize,
+    /// The most keys the store holds. Default 65 536.
+    pub max_store_keys: usize,
+    /// The most open connections, validated or not. Default 1024.
+    pub max_connections: usize,
+    /// The most connections that have not yet sent `VALIDATE`. Default 64.
+    pub max_pending: usize,
+    /// How long a new connection has to send `VALIDATE` before it is closed. Default 5 s.
+    pub validate_within: Duration,
+    /// How long a request may take to arrive, from its first byte to its last. Default 10 s.
+    pub request_within: Duration,
+    /// Bytes every connection may hold without drawing on `max_buffered`. Default 8 KiB (a key,
+    /// its length prefixes and a small value).
+    pub connection_allowance: usize,
+    /// Bytes shared by all connections beyond their allowance: a request larger than the
+    /// allowance is read only once its whole length can be set aside here (otherwise the
+    /// connection waits, and is dropped when its request deadline passes). Default 32 MiB.
+    pub max_buffered: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_key_len: 4 << 10,
+            max_value_len: 1 << 20,
+            max_keys_per_request: 4096,
+            max_request_len: 4 << 20,
+            max_reply_len: 4 << 20,
+            max_store_bytes: 64 << 20,
+            max_store_keys: 65_536,
+            max_connections: 1024,
+            max_pending: 64,
+            validate_within: Duration::from_secs(5),
+            request_within: Duration::from_secs(10),
+            connection_allowance: 8 << 10,
+            max_buffered: 32 << 20,
+        }
+    }
+}
+
+impl Limits {
+    /// The bound on the bytes a server holds for its connections:
+    /// `max_buffered + max_connections × connection_allowance`.
+    pub fn buffered_bound(&self) -> usize {
+        self.max_buffered.saturating_add(self.max_connections.saturating_mul(self.connection_allowance))
+    }
+}

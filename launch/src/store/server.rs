@@ -1,0 +1,707 @@
+//! [`StoreServer`]: a TCPStore server on one thread, written for clients that may be hostile.
+
+mod conn;
+mod table;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use conn::{Conn, Wait, READ_CHUNK, VALIDATE_LEN};
+use table::Table;
+
+use super::codec::{self, decode_request, Decoded, Request, CHECK_NOT_READY, CHECK_READY, WAIT_CANCELED, WAIT_STOP};
+use super::Limits;
+use crate::deadline::secs;
+
+/// How long accepting pauses after `accept` fails (out of file descriptors, …), so that a
+/// listener that stays readable does not spin.
+const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
+/// Distinct accept errors kept.
+const MAX_ACCEPT_ERRORS: usize = 16;
+/// Recent events kept.
+const MAX_EVENTS: usize = 32;
+
+/// What a [`StoreServer`] has seen; read it with [`StoreServer::stats`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServerStats {
+    /// Open connections, validated or not.
+    pub connections: usize,
+    /// Connections that have sent `VALIDATE`.
+    pub validated: usize,
+    /// Bytes held for the connections now (unparsed requests, unsent replies, pending waits'
+    /// keys); never above [`Limits::buffered_bound`].
+    pub buffered_bytes: usize,
+    /// The most `buffered_bytes` has been.
+    pub peak_buffered_bytes: usize,
+    /// Keys in the store.
+    pub keys: usize,
+    /// Bytes of keys and values in the store.
+    pub store_bytes: usize,
+    /// Connections accepted.
+    pub accepted: u64,
+    /// Connections closed at once because `max_connections` or `max_pending` was reached.
+    pub turned_away: u64,
+    /// Connections the server closed for a reason (no `VALIDATE` in time, a request over the
+    /// limits or too slow, replies not read, …): see `events`.
+    pub dropped: u64,
+    /// Distinct errors of `accept` (such as "Too many open files"), with how often each
+    /// happened; the server pauses accepting briefly after each and keeps serving.
+    pub accept_errors: Vec<String>,
+    /// The most recent reasons for closing connections, oldest first (at most 32).
+    pub events: Vec<String>,
+}
+
+/// A TCPStore server (PyTorch's protocol, see [`codec`](super::codec)) on a thread of its own,
+/// for the rendezvous's rank 0 or for any program that wants to host a store that PyTorch's
+/// `TCPStore(host, port, is_master=False)` clients and [`StoreClient`](super::StoreClient)s
+/// can use.
+///
+/// Built to face clients that may be hostile (an exposed port): every announced length is
+/// checked before anything is allocated; a connection must send `VALIDATE` within
+/// [`Limits::validate_within`] and each request must arrive within [`Limits::request_within`];
+/// unvalidated connections are capped ([`Limits::max_pending`]) and so are all connections;
+/// the bytes held for connections stay below [`Limits::buffered_bound`]; the store's size is
+/// capped; a client that does not read its replies is dropped. A request the server refuses
+/// (over a limit, an unknown query) closes that connection and is recorded in
+/// [`ServerStats::events`]; the server keeps serving the others. `accept` failures (out of file
+/// descriptors) are recorded in [`ServerStats::accept_errors`], and the server keeps working.
+///
+/// One thread serves every connection with non-blocking sockets and `poll(2)`: it sleeps until
+/// a socket is ready or the next deadline. Dropping the server (or
+/// [`shutdown`](StoreServer::shutdown)) stops the thread and closes every connection.
+///
+/// The store has no access control: like PyTorch's, anyone who can reach the port can read and
+/// write every key. Bind it to a trusted network, or protect what you store (the rendezvous
+/// does, with a job key).
+pub struct StoreServer {
+    addr: SocketAddr,
+    shared: Arc<Mutex<Shared>>,
+    waker: UnixStream,
+    thread: Option<JoinHandle<()>>,
+}
+
+struct Shared {
+    stats: ServerStats,
+    stop: bool,
+}
+
+impl std::fmt::Debug for StoreServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreServer").field("addr", &self.addr).finish_non_exhaustive()
+    }
+}
+
+impl StoreServer {
+    /// Listens on `addr` (port 0: any free port) and starts serving.
+    pub fn bind(addr: SocketAddr, limits: Limits) -> io::Result<StoreServer> {
+        StoreServer::start(TcpListener::bind(addr)?, limits, Vec::new())
+    }
+
+    /// Serves on `listener`, starting with the keys and values of `initial` in the store (so
+    /// that they exist before any client can connect). Fails if `initial` breaks `limits`.
+    pub fn start(listener: TcpListener, limits: Limits, initial: Vec<(Vec<u8>, Vec<u8>)>) -> io::Result<StoreServer> {
+        let mut table = Table::new(&limits);
+        for (key, value) in initial {
+            if key.len() > limits.max_key_len {
+                return Err(io::Error::new(io::ErrorKind::InvalidInput, "an initial key is over the key limit"));
+            }
+            table.set(&key, value).map_err(|r| io::Error::new(io::ErrorKind::InvalidInput, r.describe()))?;
+        }
+        listener.set_nonblocking(true)?;
+        let addr = listener.local_addr()?;
+        let (waker, wake) = UnixStream::pair()?;
+        waker.set_nonblocking(true)?;
+        wake.set_nonblocking(true)?;
+        let shared = Arc::new(Mutex::new(Shared { stats: ServerStats::default(), stop: false }));
+        let server = Server {
+            listener,
+            wake,
+            shared: shared.clone(),
+            limits,
+            table,
+            conns: HashMap::new(),
+            next_id: 0,
+            waiters: HashMap::new(),
+            budget_used: 0,
+            accept_paused_until: None,
+            scratch: vec![0; READ_CHUNK],
+            accepted: 0,
+            turned_away: 0,
+            dropped: 0,
+            peak: 0,
+            accept_errors: Vec::new(),
+            events: VecDeque::new(),
+        };
+        let thread = std::thread::Builder::new().name("gpucomm-store".into()).spawn(move || server.run())?;
+        Ok(StoreServer { addr, shared, waker, thread: Some(thread) })
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A snapshot of what the server has seen (updated every time it wakes up).
+    pub fn stats(&self) -> ServerStats {
+        lock(&self.shared).stats.clone()
+    }
+
+    /// Stops serving and closes every connection (what dropping the server does).
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        lock(&self.shared).stop = true;
+        let _ = (&self.waker).write(&[1]);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for StoreServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// The lock, also after a panic elsewhere (the data stays consistent: plain counters).
+fn lock(shared: &Mutex<Shared>) -> MutexGuard<'_, Shared> {
+    shared.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// The server thread's state.
+struct Server {
+    listener: TcpListener,
+    wake: UnixStream,
+    shared: Arc<Mutex<Shared>>,
+    limits: Limits,
+    table: Table,
+    conns: HashMap<u64, Conn>,
+    next_id: u64,
+    /// Key → the connections waiting for it.
+    waiters: HashMap<Vec<u8>, Vec<u64>>,
+    /// Bytes of `max_buffered` reserved by connections.
+    budget_used: usize,
+    accept_paused_until: Option<Instant>,
+    scratch: Vec<u8>,
+    accepted: u64,
+    turned_away: u64,
+    dropped: u64,
+    peak: usize,
+    /// Distinct accept errors and their counts.
+    accept_errors: Vec<(String, u64)>,
+    events: VecDeque<String>,
+}
+
+impl Server {
+    fn run(mut self) {
+        loop {
+            let now = Instant::now();
+            self.expire(now);
+            let listening = self.accept_paused_until.is_none_or(|until| now >= until);
+            if listening {
+                self.accept_paused_until = None;
+            }
+            let ids: Vec<u64> = self.conns.keys().copied().collect();
+            let mut fds = Vec::with_capacity(2 + ids.len());
+            fds.push(pollfd(self.wake.as_raw_fd(), libc::POLLIN));
+            fds.push(pollfd(self.listener.as_raw_fd(), if listening { libc::POLLIN } else { 0 }));
+            for &id in &ids {
+                let events = self.interest(id);
+                fds.push(pollfd(self.conns[&id].stream.as_raw_fd(), events));
+            }
+            if self.publish() {
+                return;
+            }
+            let timeout = self.poll_timeout(now);
+            if let Err(error) = poll(&mut fds, timeout) {
+                if error.kind() != io::ErrorKind::Interrupted {
+                    self.event(format!("poll failed: {error}"));
+                    std::thread::sleep(ACCEPT_PAUSE);
+                }
+                continue;
+            }
+            if fds[0].revents != 0 {
+                let _ = (&self.wake).read(&mut [0u8; 64]);
+            }
+            let now = Instant::now();
+            if fds[1].revents != 0 {
+                self.accept(now);
+            }
+            for (index, &id) in ids.iter().enumerate() {
+                let revents = fds[index + 2].revents;
+                if revents != 0 {
+                    self.service(id, revents, now);
+                }
+            }
+        }
+    }
+
+    /// Publishes the stats; true when the owner asked the server to stop.
+    fn publish(&mut self) -> bool {
+        let buffered: usize = self.conns.values().map(Conn::held).sum();
+        self.peak = self.peak.max(buffered);
+        let validated = self.conns.values().filter(|c| c.validated).count();
+        let stats = ServerStats {
+            connections: self.conns.len(),
+            validated,
+            buffered_bytes: buffered,
+            peak_buffered_bytes: self.peak,
+            keys: self.table.len(),
+            store_bytes: self.table.bytes(),
+            accepted: self.accepted,
+            turned_away: self.turned_away,
+            dropped: self.dropped,
+            accept_errors: self.accept_errors.iter().map(|(e, n)| format!("{e} (×{n})")).collect(),
+            events: self.events.iter().cloned().collect(),
+        };
+        let mut shared = lock(&self.shared);
+        shared.stats = stats;
+        shared.stop
+    }
+
+    fn event(&mut self, text: String) {
+        if self.events.len() == MAX_EVENTS {
+            self.events.pop_front();
+        }
+        self.events.push_back(text);
+    }
+
+    fn accept(&mut self, now: Instant) {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, peer)) => {
+                    self.accepted += 1;
+                    let pending = self.conns.values().filter(|c| !c.validated).count();
+                    let full = if self.conns.len() >= self.limits.max_connections {
+                        Some(format!("the connection limit ({})", self.limits.max_connections))
+                    } else if pending >= self.limits.max_pending {
+                        Some(format!("the limit of connections without VALIDATE ({})", self.limits.max_pending))
+                    } else {
+                        None
+                    };
+                    if let Some(limit) = full {
+                        self.turned_away += 1;
+                        if is_power_of_ten(self.turned_away) {
+                            let n = self.turned_away;
+                            self.event(format!("turned away {n} connection(s) so far: {limit} was reached"));
+                        }
+                        continue;
+                    }
+                    match stream.set_nonblocking(true) {
+                        Ok(()) => {
+                            let _ = stream.set_nodelay(true);
+                            self.conns.insert(self.next_id, Conn::new(stream, peer, now));
+                            self.next_id += 1;
+                        }
+                        Err(error) => self.event(format!("{peer}: could not set up the connection: {error}")),
+                    }
+                }
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if matches!(e.kind(), io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted) => {}
+                Err(error) => {
+                    let text = format!("accept failed: {error}");
+                    match self.accept_errors.iter().position(|(e, _)| *e == text) {
+                        Some(index) => self.accept_errors[index].1 += 1,
+                        None if self.accept_errors.len() < MAX_ACCEPT_ERRORS => self.accept_errors.push((text, 1)),
+                        None => {}
+                    }
+                    self.accept_paused_until = Some(now + ACCEPT_PAUSE);
+                    return;
+                }
+            }
+        }
+    }
+
+    /// The poll events a connection waits for.
+    fn interest(&mut self, id: u64) -> libc::c_short {
+        let mut events = 0;
+        if self.read_room(id) > 0 {
+            events |= libc::POLLIN;
+        }
+        if self.conns.get(&id).is_some_and(|c| !c.output.is_empty()) {
+            events |= libc::POLLOUT;
+        }
+        events
+    }
+
+    /// How many bytes the connection may read now, reserving budget for a request larger than
+    /// its allowance when the whole request fits (0: it waits).
+    fn read_room(&mut self, id: u64) -> usize {
+        let allowance = self.limits.connection_allowance;
+        let max_buffered = self.limits.max_buffered;
+        let Some(conn) = self.conns.get_mut(&id) else { return 0 };
+        if !conn.validated {
+            return VALIDATE_LEN.saturating_sub(conn.input.len());
+        }
+        let want = conn.held() - conn.input.len() + conn.needed.max(conn.input.len() + 1);
+        let cap = allowance + conn.reserved;
+        if want > cap {
+            let extra = want - cap;
+            if self.budget_used + extra > max_buffered {
+                return 0;
+            }
+            conn.reserved += extra;
+            self.budget_used += extra;
+        }
+        (allowance + conn.reserved).saturating_sub(conn.held()).min(READ_CHUNK)
+    }
+
+    /// Gives back the budget a connection no longer needs (keeping what a request it is
+    /// receiving will need).
+    fn settle(&mut self, id: u64) {
+        let allowance = self.limits.connection_allowance;
+        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let pending = if conn.input.is_empty() { 0 } else { conn.needed.max(conn.input.len()) };
+        let keep = (conn.held() - conn.input.len() + pending).saturating_sub(allowance);
+        if conn.reserved > keep {
+            self.budget_used -= conn.reserved - keep;
+            conn.reserved = keep;
+        }
+    }
+
+    fn service(&mut self, id: u64, revents: libc::c_short, now: Instant) {
+        if revents & libc::POLLOUT != 0 {
+            self.flush(id, now);
+        }
+        if revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) == 0 || !self.conns.contains_key(&id) {
+            return;
+        }
+        let room = self.read_room(id);
+        if room == 0 {
+            if revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+                self.close(id, None);
+            }
+            return;
+        }
+        let Some(conn) = self.conns.get_mut(&id) else { return };
+        match conn.read(&mut self.scratch[..room], now) {
+            Ok(true) => {}
+            Ok(false) => return self.close(id, None),
+            Err(error) => return self.close(id, Some(format!("read failed: {error}"))),
+        }
+        self.process(id, now);
+        self.settle(id);
+        self.flush(id, now);
+    }
+
+    fn flush(&mut self, id: u64, now: Instant) {
+        let Some(conn) = self.conns.get_mut(&id) else { return };
+        match conn.flush(now) {
+            Ok(()) => self.settle(id),
+            Err(error) => self.close(id, Some(format!("write failed: {error}"))),
+        }
+    }
+
+    /// Decodes and serves every whole request in the connection's input.
+    fn process(&mut self, id: u64, now: Instant) {
+        loop {
+            let Some(conn) = self.conns.get_mut(&id) else { return };
+            if conn.input.len() < conn.needed {
+                return;
+            }
+            if !conn.validated && conn.input[0] != codec::Query::Validate.byte() {
+                let reason = format!("its first request was query byte {}, not VALIDATE", conn.input[0]);
+                return self.close(id, Some(reason));
+            }
+            let validated = conn.validated;
+            // Served from a buffer of its own (still counted as held), so that serving can
+            // touch any connection.
+            let input = std::mem::take(&mut conn.input);
+            conn.borrowed = input.len();
+            let step = match decode_request(&input, &self.limits) {
+                Ok(Decoded::Complete { request, len }) => {
+                    let served = if validated { self.handle(id, request, now) } else { validate(request) };
+                    served.map(|()| Step::Served(len))
+                }
+                Ok(Decoded::Incomplete { needed }) => Ok(Step::Need(needed)),
+                Err(error) => Err(error.to_string()),
+            };
+            let step = match step {
+                Ok(step) => step,
+                Err(reason) => return self.close(id, Some(reason)),
+            };
+            let Some(conn) = self.conns.get_mut(&id) else { return };
+            conn.input = input;
+            conn.borrowed = 0;
+            match step {
+                Step::Served(len) => {
+                    conn.validated = true;
+                    conn.consume(len, now);
+                }
+                Step::Need(needed) => {
+                    conn.needed = needed;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Serves one request of a validated connection; `Err` closes the connection.
+    fn handle(&mut self, id: u64, request: Request<'_>, now: Instant) -> Result<(), String> {
+        let refused = |refusal: table::Refusal| refusal.describe();
+        match request {
+            Request::Validate { .. } => Err("sent VALIDATE twice".into()),
+            Request::Ping { nonce } => self.reply(id, &nonce.to_le_bytes(), now),
+            Request::Set { key, value } => {
+                self.table.set(key, value.to_vec()).map_err(refused)?;
+                self.wake(key, now);
+                Ok(())
+            }
+            Request::CompareSet { key, expected, desired } => {
+                let current = self.table.compare_set(key, expected, desired).map_err(refused)?;
+                if self.table.contains(key) {
+                    self.wake(key, now);
+                }
+                self.reply_value(id, &current, now)
+            }
+            Request::Get { key } => {
+                let value = self.table.get(key).unwrap_or_default().to_vec();
+                self.reply_value(id, &value, now)
+            }
+            Request::Add { key, delta } => {
+                let sum = self.table.add(key, delta).map_err(refused)?;
+                self.wake(key, now);
+                self.reply(id, &sum.to_le_bytes(), now)
+            }
+            Request::Check { keys } => {
+                let ready = keys.iter().all(|key| self.table.contains(key));
+                self.reply(id, &[if ready { CHECK_READY } else { CHECK_NOT_READY }], now)
+            }
+            Request::Wait { keys } => self.start_wait(id, &keys, now),
+            Request::GetNumKeys => self.reply(id, &(self.table.len() as i64).to_le_bytes(), now),
+            Request::DeleteKey { key } => {
+                let deleted = i64::from(self.table.delete(key));
+                self.reply(id, &deleted.to_le_bytes(), now)
+            }
+            Request::Append { key, value } => {
+                self.table.append(key, value).map_err(refused)?;
+                self.wake(key, now);
+                Ok(())
+            }
+            Request::MultiGet { keys } => {
+                let mut reply = Vec::new();
+                for key in &keys {
+                    codec::put_bytes(&mut reply, self.table.get(key).unwrap_or_default());
+                    if reply.len() > self.limits.max_reply_len {
+                        return Err(format!(
+                            "a MULTI_GET reply would be over the limit of {} bytes",
+                            self.limits.max_reply_len
+                        ));
+                    }
+                }
+                self.reply(id, &reply, now)
+            }
+            Request::MultiSet { pairs } => {
+                for (key, value) in pairs {
+                    self.table.set(key, value.to_vec()).map_err(refused)?;
+                    self.wake(key, now);
+                }
+                Ok(())
+            }
+            Request::CancelWait => {
+                self.clear_wait(id);
+                self.reply(id, &[WAIT_CANCELED], now)
+            }
+        }
+    }
+
+    fn reply_value(&mut self, id: u64, value: &[u8], now: Instant) -> Result<(), String> {
+        let mut bytes = Vec::with_capacity(8 + value.len());
+        codec::put_bytes(&mut bytes, value);
+        self.reply(id, &bytes, now)
+    }
+
+    /// Queues a reply, within the connection's bound and the shared budget.
+    fn reply(&mut self, id: u64, bytes: &[u8], now: Instant) -> Result<(), String> {
+        let Some(conn) = self.conns.get_mut(&id) else { return Ok(()) };
+        conn.reply(bytes, now);
+        if conn.output.len() > self.limits.max_reply_len {
+            return Err(format!(
+                "it does not read its replies ({} unsent bytes, over the limit of {})",
+                conn.output.len(),
+                self.limits.max_reply_len
+            ));
+        }
+        self.ensure_budget(id)
+    }
+
+    /// Reserves budget for what the connection holds beyond its allowance.
+    fn ensure_budget(&mut self, id: u64) -> Result<(), String> {
+        let allowance = self.limits.connection_allowance;
+        let Some(conn) = self.conns.get_mut(&id) else { return Ok(()) };
+        let over = conn.held().saturating_sub(allowance + conn.reserved);
+        if over == 0 {
+            return Ok(());
+        }
+        if self.budget_used + over > self.limits.max_buffered {
+            return Err(format!(
+                "holding {} more bytes for it would pass the server's buffer budget ({} bytes)",
+                over, self.limits.max_buffered
+            ));
+        }
+        conn.reserved += over;
+        self.budget_used += over;
+        Ok(())
+    }
+
+    fn start_wait(&mut self, id: u64, keys: &[&[u8]], now: Instant) -> Result<(), String> {
+        self.clear_wait(id);
+        let mut seen = HashSet::new();
+        let missing: Vec<Vec<u8>> =
+            keys.iter().filter(|key| !self.table.contains(key) && seen.insert(**key)).map(|key| key.to_vec()).collect();
+        if missing.is_empty() {
+            return self.reply(id, &[WAIT_STOP], now);
+        }
+        for key in &missing {
+            self.waiters.entry(key.clone()).or_default().push(id);
+        }
+        if let Some(conn) = self.conns.get_mut(&id) {
+            conn.wait = Some(Wait { missing: missing.len(), keys: missing });
+        }
+        self.ensure_budget(id)
+    }
+
+    fn clear_wait(&mut self, id: u64) {
+        let Some(wait) = self.conns.get_mut(&id).and_then(|c| c.wait.take()) else { return };
+        for key in wait.keys {
+            if let Some(ids) = self.waiters.get_mut(&key) {
+                ids.retain(|&w| w != id);
+                if ids.is_empty() {
+                    self.waiters.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// `key` now exists: answers the waits it completes.
+    fn wake(&mut self, key: &[u8], now: Instant) {
+        let Some(ids) = self.waiters.remove(key) else { return };
+        for id in ids {
+            let Some(conn) = self.conns.get_mut(&id) else { continue };
+            let Some(wait) = conn.wait.as_mut() else { continue };
+            wait.missing -= 1;
+            if wait.missing > 0 {
+                continue;
+            }
+            conn.wait = None;
+            match self.reply(id, &[WAIT_STOP], now) {
+                Ok(()) => self.flush(id, now),
+                Err(reason) => self.close(id, Some(reason)),
+            }
+        }
+    }
+
+    fn close(&mut self, id: u64, reason: Option<String>) {
+        self.clear_wait(id);
+        let Some(conn) = self.conns.remove(&id) else { return };
+        self.budget_used -= conn.reserved;
+        if let Some(reason) = reason {
+            self.dropped += 1;
+            self.event(format!("closed {}: {reason}", conn.peer));
+        }
+    }
+
+    /// Closes connections past a deadline.
+    fn expire(&mut self, now: Instant) {
+        let limits = &self.limits;
+        let late: Vec<(u64, String)> = self
+            .conns
+            .iter()
+            .filter_map(|(&id, c)| {
+                let reason = if !c.validated && now >= c.accepted_at + limits.validate_within {
+                    format!("no VALIDATE within {}", secs(limits.validate_within))
+                } else if c.request_started.is_some_and(|t| now >= t + limits.request_within) {
+                    format!(
+                        "a request did not arrive within {} ({} bytes so far)",
+                        secs(limits.request_within),
+                        c.input.len()
+                    )
+                } else if !c.output.is_empty() && now >= c.write_progress + limits.request_within {
+                    format!("it read none of its replies for {}", secs(limits.request_within))
+                } else {
+                    return None;
+                };
+                Some((id, reason))
+            })
+            .collect();
+        for (id, reason) in late {
+            self.close(id, Some(reason));
+        }
+    }
+
+    /// Milliseconds until the next deadline (-1: none).
+    fn poll_timeout(&self, now: Instant) -> i32 {
+        let limits = &self.limits;
+        let next = self
+            .conns
+            .values()
+            .flat_map(|c| {
+                [
+                    (!c.validated).then(|| c.accepted_at + limits.validate_within),
+                    c.request_started.map(|t| t + limits.request_within),
+                    (!c.output.is_empty()).then(|| c.write_progress + limits.request_within),
+                ]
+            })
+            .flatten()
+            .chain(self.accept_paused_until)
+            .min();
+        match next {
+            None => -1,
+            Some(at) => {
+                let left = at.saturating_duration_since(now);
+                // Round up, so that the deadline has passed when poll returns.
+                i32::try_from(left.as_micros().div_ceil(1000)).unwrap_or(i32::MAX)
+            }
+        }
+    }
+}
+
+/// What serving the start of a connection's input did.
+enum Step {
+    /// A request of this many bytes was served.
+    Served(usize),
+    /// The input must grow to this many bytes.
+    Need(usize),
+}
+
+/// The first request of a connection: must be `VALIDATE` with the magic number.
+fn validate(request: Request<'_>) -> Result<(), String> {
+    match request {
+        Request::Validate { magic: codec::VALIDATION_MAGIC } => Ok(()),
+        Request::Validate { magic } => Err(format!("VALIDATE with a wrong magic number {magic:#x}")),
+        other => Err(format!("its first request was {}, not VALIDATE", other.query().name())),
+    }
+}
+
+/// 1, 10, 100, …: when to note a repeated event again.
+fn is_power_of_ten(mut n: u64) -> bool {
+    while n >= 10 && n % 10 == 0 {
+        n /= 10;
+    }
+    n == 1
+}
+
+fn pollfd(fd: std::os::fd::RawFd, events: libc::c_short) -> libc::pollfd {
+    libc::pollfd { fd, events, revents: 0 }
+}
+
+fn poll(fds: &mut [libc::pollfd], timeout_ms: i32) -> io::Result<usize> {
+    let count = libc::nfds_t::try_from(fds.len()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: `fds` is an exclusively borrowed slice of `count` initialized pollfd structs;
+    // poll(2) reads their `fd` and `events` and writes their `revents`, and keeps no pointer
+    // after it returns. Every fd belongs to a socket this thread owns for the whole call.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), count, timeout_ms) };
+    usize::try_from(n).map_err(|_| io::Error::last_os_error())
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,129 @@
+//! One client connection of the server: its buffers, its pending wait, its deadlines.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::Instant;
+
+/// The length of the only request an unvalidated connection may send (`VALIDATE` + magic).
+pub(super) const VALIDATE_LEN: usize = 5;
+
+/// The most bytes one read takes (the size of the server's scratch buffer).
+pub(super) const READ_CHUNK: usize = 64 << 10;
+
+/// A `WAIT` that has not been answered yet.
+pub(super) struct Wait {
+    /// The distinct keys still missing.
+    pub(super) keys: Vec<Vec<u8>>,
+    /// How many of them have not appeared yet.
+    pub(super) missing: usize,
+}
+
+impl Wait {
+    fn bytes(&self) -> usize {
+        self.keys.iter().map(Vec::len).sum()
+    }
+}
+
+pub(super) struct Conn {
+    pub(super) stream: TcpStream,
+    pub(super) peer: SocketAddr,
+    pub(super) validated: bool,
+    pub(super) accepted_at: Instant,
+    /// Received bytes not yet decoded.
+    pub(super) input: Vec<u8>,
+    /// The length of `input` while it is out being served (still counted as held).
+    pub(super) borrowed: usize,
+    /// How long `input` must be before decoding again is worth it.
+    pub(super) needed: usize,
+    /// When the first byte of the request now in `input` arrived.
+    pub(super) request_started: Option<Instant>,
+    /// Replies not yet sent.
+    pub(super) output: Vec<u8>,
+    /// When `output` last shrank (or became non-empty).
+    pub(super) write_progress: Instant,
+    pub(super) wait: Option<Wait>,
+    /// Bytes of the shared budget this connection may hold beyond its allowance.
+    pub(super) reserved: usize,
+}
+
+impl Conn {
+    pub(super) fn new(stream: TcpStream, peer: SocketAddr, now: Instant) -> Conn {
+        Conn {
+            stream,
+            peer,
+            validated: false,
+            accepted_at: now,
+            input: Vec::new(),
+            borrowed: 0,
+            needed: 1,
+            request_started: None,
+            output: Vec::new(),
+            write_progress: now,
+            wait: None,
+            reserved: 0,
+        }
+    }
+
+    /// Bytes held for this connection: unparsed input, unsent output, a pending wait's keys.
+    pub(super) fn held(&self) -> usize {
+        self.input.len() + self.borrowed + self.output.len() + self.wait.as_ref().map_or(0, Wait::bytes)
+    }
+
+    /// Reads at most `chunk.len()` bytes through `chunk`. `Ok(false)`: the peer closed the
+    /// connection.
+    pub(super) fn read(&mut self, chunk: &mut [u8], now: Instant) -> io::Result<bool> {
+        loop {
+            match self.stream.read(chunk) {
+                Ok(0) => return Ok(false),
+                Ok(n) => {
+                    if self.input.is_empty() {
+                        self.request_started = Some(now);
+                    }
+                    self.input.extend_from_slice(&chunk[..n]);
+                    return Ok(true);
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(true),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    /// Writes what the socket takes.
+    pub(super) fn flush(&mut self, now: Instant) -> io::Result<()> {
+        while !self.output.is_empty() {
+            match self.stream.write(&self.output) {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(n) => {
+                    self.output.drain(..n);
+                    self.write_progress = now;
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) => return Err(e),
+            }
+        }
+        if self.output.is_empty() && self.output.capacity() > READ_CHUNK {
+            self.output = Vec::new();
+        }
+        Ok(())
+    }
+
+    /// Queues a reply.
+    pub(super) fn reply(&mut self, bytes: &[u8], now: Instant) {
+        if self.output.is_empty() {
+            self.write_progress = now;
+        }
+        self.output.extend_from_slice(bytes);
+    }
+
+    /// Removes a decoded request of `len` bytes from the input.
+    pub(super) fn consume(&mut self, len: usize, now: Instant) {
+        self.input.drain(..len);
+        self.needed = 1;
+        self.request_started = (!self.input.is_empty()).then_some(now);
+        if self.input.is_empty() && self.input.capacity() > READ_CHUNK {
+            self.input = Vec::new();
+        }
+    }
+}

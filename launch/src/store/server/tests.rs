@@ -1,0 +1,309 @@
+//! The server and the client over loopback: every query, the deadlines, the limits.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::store::codec::tests::Rng;
+use crate::store::{StoreClient, StoreError};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn serve(limits: Limits) -> StoreServer {
+    StoreServer::bind("127.0.0.1:0".parse().unwrap(), limits).unwrap()
+}
+
+fn client(server: &StoreServer) -> StoreClient {
+    StoreClient::connect("127.0.0.1", server.local_addr().port(), 5 * SECOND).unwrap()
+}
+
+/// A raw connection, validated when `validate` is set.
+fn raw(server: &StoreServer, validate: bool) -> TcpStream {
+    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+    stream.set_read_timeout(Some(5 * SECOND)).unwrap();
+    if validate {
+        let mut bytes = Vec::new();
+        Request::Validate { magic: codec::VALIDATION_MAGIC }.encode(&mut bytes);
+        stream.write_all(&bytes).unwrap();
+    }
+    stream
+}
+
+/// True once the server has closed `stream` (reads give EOF or a reset).
+fn closed_by_server(stream: &mut TcpStream) -> bool {
+    let mut buf = [0u8; 64];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return true,
+            Ok(_) => {}
+        }
+    }
+}
+
+/// Waits (at most 5 s) until the server's stats satisfy `ok`.
+fn stats_until(server: &StoreServer, ok: impl Fn(&ServerStats) -> bool) -> ServerStats {
+    let deadline = Instant::now() + 5 * SECOND;
+    loop {
+        let stats = server.stats();
+        if ok(&stats) || Instant::now() > deadline {
+            return stats;
+        }
+        thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn every_query_is_served_as_pytorch_serves_it() {
+    let server = serve(Limits::default());
+    let mut c = client(&server);
+    assert_eq!(c.addr(), format!("127.0.0.1:{}", server.local_addr().port()));
+    c.ping().unwrap();
+    c.set("/a", b"1").unwrap();
+    assert_eq!(c.get("/a").unwrap(), b"1");
+    assert_eq!(c.get("/missing").unwrap(), b"");
+    assert_eq!(c.add("/n", 5).unwrap(), 5);
+    assert_eq!(c.add("/n", -2).unwrap(), 3);
+    assert_eq!(c.get("/n").unwrap(), b"3");
+    assert_eq!(c.compare_set("/c", b"", b"first").unwrap(), b"first");
+    assert_eq!(c.compare_set("/c", b"", b"second").unwrap(), b"first");
+    assert_eq!(c.compare_set("/c", b"first", b"third").unwrap(), b"third");
+    assert_eq!(c.compare_set("/absent", b"x", b"y").unwrap(), b"x");
+    assert!(c.check(&["/a", "/n"]).unwrap());
+    assert!(!c.check(&["/a", "/absent"]).unwrap());
+    assert!(c.wait(&["/a"], SECOND).unwrap());
+    c.append("/p", b"ab").unwrap();
+    c.append("/p", b"cd").unwrap();
+    c.multi_set(&[("/m1", b"x"), ("/m2", b"")]).unwrap();
+    assert_eq!(c.multi_get(&["/p", "/m1", "/m2"]).unwrap(), vec![b"abcd".to_vec(), b"x".to_vec(), vec![]]);
+    assert_eq!(c.num_keys().unwrap(), 6);
+    assert!(c.delete_key("/a").unwrap());
+    assert!(!c.delete_key("/a").unwrap());
+    assert_eq!(c.delete_keys(&["/m1", "/m2", "/nope"]).unwrap(), 2);
+    assert_eq!(c.num_keys().unwrap(), 3);
+    let stats = server.stats();
+    assert_eq!((stats.keys, stats.dropped), (3, 0));
+}
+
+#[test]
+fn a_wait_ends_when_another_client_sets_the_key_or_is_canceled() {
+    let server = serve(Limits::default());
+    let mut waiter = client(&server);
+    let port = server.local_addr().port();
+    let setter = thread::spawn(move || {
+        let mut c = StoreClient::connect("127.0.0.1", port, 5 * SECOND).unwrap();
+        thread::sleep(Duration::from_millis(100));
+        c.set("/later", b"v").unwrap();
+    });
+    let started = Instant::now();
+    assert!(waiter.wait(&["/later", "/later"], 5 * SECOND).unwrap());
+    assert!(started.elapsed() >= Duration::from_millis(90));
+    setter.join().unwrap();
+    // A wait that times out is canceled; the connection stays in step.
+    let started = Instant::now();
+    assert!(!waiter.wait(&["/never"], Duration::from_millis(100)).unwrap());
+    assert!(started.elapsed() < SECOND);
+    assert_eq!(waiter.get("/later").unwrap(), b"v");
+    assert_eq!(stats_until(&server, |s| s.buffered_bytes == 0).buffered_bytes, 0);
+}
+
+#[test]
+fn connections_must_send_validate_first_and_in_time() {
+    let limits = Limits { validate_within: Duration::from_millis(200), ..Limits::default() };
+    let server = serve(limits);
+    let mut idle = raw(&server, false);
+    let mut set_first = raw(&server, false);
+    let mut set = Vec::new();
+    Request::Set { key: b"/k", value: b"v" }.encode(&mut set);
+    set_first.write_all(&set).unwrap();
+    let mut wrong_magic = raw(&server, false);
+    wrong_magic.write_all(&[0, 1, 2, 3, 4]).unwrap();
+    let started = Instant::now();
+    assert!(closed_by_server(&mut set_first));
+    assert!(closed_by_server(&mut wrong_magic));
+    assert!(closed_by_server(&mut idle));
+    assert!(started.elapsed() < 3 * SECOND);
+    let stats = stats_until(&server, |s| s.dropped == 3);
+    let events = stats.events.join("\n");
+    assert!(events.contains("its first request was query byte 1, not VALIDATE"), "{events}");
+    assert!(events.contains("VALIDATE with a wrong magic number 0x4030201"), "{events}");
+    assert!(events.contains("no VALIDATE within 0.2s"), "{events}");
+    assert_eq!(stats.keys, 0);
+}
+
+#[test]
+fn a_request_that_trickles_past_its_deadline_is_dropped() {
+    let limits = Limits { request_within: Duration::from_millis(300), ..Limits::default() };
+    let server = serve(limits);
+    let mut slow = raw(&server, true);
+    let mut set = Vec::new();
+    Request::Set { key: b"/k", value: b"0123456789" }.encode(&mut set);
+    let started = Instant::now();
+    let mut closed = false;
+    for byte in &set {
+        if slow.write_all(&[*byte]).is_err() {
+            closed = true;
+            break;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert!(closed || closed_by_server(&mut slow));
+    assert!(started.elapsed() < 3 * SECOND);
+    let stats = stats_until(&server, |s| s.dropped == 1);
+    assert!(stats.events[0].contains("a request did not arrive within 0.3s"), "{:?}", stats.events);
+    assert_eq!(stats.keys, 0);
+}
+
+#[test]
+fn a_client_that_does_not_read_its_replies_is_dropped() {
+    let limits = Limits { max_reply_len: 64 << 10, ..Limits::default() };
+    let server = serve(limits);
+    client(&server).set("/big", &[7; 16 << 10]).unwrap();
+    let mut greedy = raw(&server, true);
+    let mut get = Vec::new();
+    Request::Get { key: b"/big" }.encode(&mut get);
+    // Many GETs, no reads: the replies pile up past the bound (the socket buffers hold some).
+    for _ in 0..2000 {
+        if greedy.write_all(&get).is_err() {
+            break;
+        }
+    }
+    let stats = stats_until(&server, |s| s.dropped == 1);
+    assert!(stats.events.iter().any(|e| e.contains("it does not read its replies")), "{:?}", stats.events);
+    assert!(stats.peak_buffered_bytes <= Limits::default().buffered_bound());
+    // Others are still served.
+    assert_eq!(client(&server).get("/big").unwrap().len(), 16 << 10);
+}
+
+#[test]
+fn requests_over_the_limits_close_only_their_connection() {
+    let limits = Limits { max_store_keys: 2, max_key_len: 32, ..Limits::default() };
+    let server = serve(limits.clone());
+    let mut good = client(&server);
+    good.set("/one", b"1").unwrap();
+    // A key length of 2^40, announced and never sent.
+    let mut huge = raw(&server, true);
+    huge.write_all(&[3]).unwrap();
+    huge.write_all(&(1u64 << 40).to_le_bytes()).unwrap();
+    assert!(closed_by_server(&mut huge));
+    // PyTorch's queue queries are not served.
+    let mut queue = raw(&server, true);
+    queue.write_all(&[14, 0, 0, 0, 0, 0, 0, 0, 0]).unwrap();
+    assert!(closed_by_server(&mut queue));
+    // The store's key cap: the second new key is refused.
+    let mut filler = client(&server);
+    filler.set("/two", b"2").unwrap();
+    filler.set("/three", b"3").unwrap();
+    assert!(matches!(filler.ping(), Err(StoreError::Closed { .. })), "the store closes the connection");
+    assert!(matches!(filler.ping(), Err(StoreError::Broken { .. })));
+    let stats = stats_until(&server, |s| s.dropped == 3);
+    let events = stats.events.join("\n");
+    assert!(events.contains("key length 1099511627776 is over the limit of 32"), "{events}");
+    assert!(events.contains("query 14 (a PyTorch queue, list or barrier query) is not served"), "{events}");
+    assert!(events.contains("the store holds its limit of 2 keys"), "{events}");
+    // The client refuses what its limits forbid, without sending.
+    let long = "k".repeat(33);
+    let mut limited = StoreClient::connect_with("127.0.0.1", server.local_addr().port(), SECOND, limits).unwrap();
+    let error = limited.set(&long, b"").unwrap_err();
+    assert_eq!(error.to_string(), "SET not sent: key length 33 is over the limit of 32");
+    assert_eq!(good.get("/one").unwrap(), b"1");
+    assert_eq!(good.multi_get(&["/one", "/two"]).unwrap(), vec![b"1".to_vec(), b"2".to_vec()]);
+}
+
+#[test]
+fn the_pending_cap_turns_new_connections_away() {
+    let limits = Limits { max_pending: 4, validate_within: Duration::from_millis(300), ..Limits::default() };
+    let server = serve(limits);
+    let idle: Vec<TcpStream> = (0..10).map(|_| raw(&server, false)).collect();
+    let stats = stats_until(&server, |s| s.turned_away >= 6);
+    assert_eq!((stats.turned_away, stats.connections), (6, 4));
+    assert!(stats.events.iter().any(|e| e.contains("limit of connections without VALIDATE (4)")), "{:?}", stats.events);
+    // A real client gets in once the idle ones are gone (it retries meanwhile).
+    let started = Instant::now();
+    let mut c = client(&server);
+    c.set("/in", b"yes").unwrap();
+    assert!(started.elapsed() < 3 * SECOND);
+    drop(idle);
+}
+
+#[test]
+fn a_client_gives_up_on_an_unreachable_store_and_fails_at_once_on_an_unknown_host() {
+    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let started = Instant::now();
+    let error = StoreClient::connect("127.0.0.1", port, Duration::from_millis(300)).unwrap_err();
+    assert!(started.elapsed() >= Duration::from_millis(290) && started.elapsed() < 2 * SECOND);
+    assert!(error.to_string().starts_with(&format!("no store answered at 127.0.0.1:{port} within 0.3s")), "{error}");
+    let started = Instant::now();
+    let error = StoreClient::connect("no-such-host.invalid", port, 30 * SECOND).unwrap_err();
+    assert!(started.elapsed() < 5 * SECOND, "{:?}", started.elapsed());
+    assert!(matches!(error, StoreError::Resolve { .. }), "{error}");
+    assert!(error.to_string().starts_with("cannot resolve the store's host \"no-such-host.invalid\""), "{error}");
+}
+
+/// A fake store that handshakes properly, then answers every request with `reply` and closes.
+fn fake_store(replies: Vec<Vec<u8>>) -> (u16, thread::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let handle = thread::spawn(move || {
+        for reply in replies {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut hello = [0u8; 10];
+            if s.read_exact(&mut hello).is_err() {
+                continue;
+            }
+            let _ = s.write_all(&hello[6..10]);
+            let mut request = [0u8; 1];
+            if s.read(&mut request).is_ok() {
+                let _ = s.write_all(&reply);
+            }
+            let _ = s.shutdown(Shutdown::Write);
+            // Drain until the client closes, so that it sees the EOF rather than a reset.
+            let _ = s.set_read_timeout(Some(SECOND));
+            let _ = s.read_to_end(&mut Vec::new());
+        }
+    });
+    (port, handle)
+}
+
+#[test]
+fn fuzzed_replies_never_panic_or_allocate_beyond_the_limits() {
+    const CASES: usize = 300;
+    let mut rng = Rng(0xfeed_beef_0123_4567);
+    let replies: Vec<Vec<u8>> = (0..CASES)
+        .map(|_| match rng.below(3) {
+            0 => {
+                let n = rng.below(24);
+                rng.bytes(n)
+            }
+            // A plausible value length, often over the client's limit.
+            1 => {
+                let mut r = (rng.next() % 4096).to_le_bytes().to_vec();
+                let n = rng.below(64);
+                r.extend(rng.bytes(n));
+                r
+            }
+            _ => vec![rng.below(3) as u8],
+        })
+        .collect();
+    let (port, fake) = fake_store(replies);
+    let limits = Limits { max_value_len: 1024, max_reply_len: 2048, ..Limits::default() };
+    for case in 0..CASES {
+        let mut c = StoreClient::connect_with("127.0.0.1", port, SECOND, limits.clone()).unwrap();
+        let started = Instant::now();
+        let result = match case % 7 {
+            0 => c.get("/k").map(|v| assert!(v.len() <= 1024)),
+            1 => c.add("/k", 1).map(drop),
+            2 => c.check(&["/k"]).map(drop),
+            3 => c.wait(&["/k"], Duration::from_millis(50)).map(drop),
+            4 => c.multi_get(&["/a", "/b", "/c"]).map(|v| assert!(v.iter().map(Vec::len).sum::<usize>() <= 2048)),
+            5 => c.compare_set("/k", b"", b"v").map(drop),
+            _ => c.delete_key("/k").map(drop),
+        };
+        assert!(started.elapsed() < 2 * SECOND, "case {case} took {:?}", started.elapsed());
+        if let Err(error) = result {
+            assert!(!error.to_string().is_empty());
+        }
+    }
+    fake.join().unwrap();
+}

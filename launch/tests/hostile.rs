@@ -1,0 +1,403 @@
+//! The rendezvous against hostile or mistaken peers (issue 14): one test per scenario, each
+//! bounded in time. The memory and file-descriptor scenarios have test files of their own
+//! (`memory_bound.rs`, `descriptor_exhaustion.rs`), since they measure the whole process.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::Ordering;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::*;
+use gpucomm_launch::store::{Limits, StoreServer};
+use gpucomm_launch::{JobKey, Options, RankInfo, Rendezvous, RendezvousError};
+
+const KEY: &str = "k3y-7f1e0c9a5b2d4e6f8a0b1c2d3e4f5a6b";
+
+#[test]
+fn hijack_with_a_key_gets_nothing_and_fails_every_rank_naming_both() {
+    let port = free_port();
+    let token = "hijack-keyed";
+    let rank0 = spawn(info(0, 3, port, token), keyed(10.0, KEY), |mut rv| rv.broadcast(make_id));
+    // The impostor knows the identity (it is no secret), hence the keys, but not the job key.
+    let mut impostor = store_client(port);
+    let p = prefix(token, 0);
+    let forged = forged_claim(1, 3, "impostor", "6.6.6.6:666");
+    assert_eq!(impostor.compare_set(&format!("{p}/rank/1"), b"", &forged).unwrap(), forged);
+    let watcher = watch(port, format!("{p}/op0/value"));
+    // The real rank 1 finds its rank taken; rank 2 joins as usual.
+    let rank1 = spawn(info(1, 3, port, token), keyed(10.0, KEY), |mut rv| rv.broadcast(|| Err("unused".into())));
+    thread::sleep(Duration::from_millis(200));
+    let rank2 = spawn(info(2, 3, port, token), keyed(10.0, KEY), |mut rv| rv.broadcast(|| Err("unused".into())));
+    let errors = [rank0.join().unwrap().unwrap_err(), rank2.join().unwrap().unwrap_err()];
+    let rank1 = rank1.join().unwrap().unwrap_err();
+    assert!(matches!(rank1, RendezvousError::Duplicate { rank: 1, .. }), "{rank1}");
+    let rank1 = rank1.to_string();
+    assert!(rank1.starts_with("rank 1 was claimed twice: first by pid 999 on impostor (6.6.6.6:666) (without a valid MAC of this job's key), then by this process, pid "), "{rank1}");
+    assert!(rank1.contains("(127.0.0.1:"), "{rank1}");
+    for error in &errors {
+        let message = error.to_string();
+        assert!(message.contains("pid 999 on impostor (6.6.6.6:666)"), "{message}");
+        assert!(
+            message.contains("not signed with this job's key")
+                || message.contains("without a valid MAC of this job's key"),
+            "{message}"
+        );
+    }
+    // Nothing to read: rank 0 never broadcast (and would have sealed it).
+    assert_eq!(watcher.join().unwrap(), None);
+}
+
+/// The impostor's second connection: what it can read of broadcast #0 while the store is up.
+fn watch(port: u16, key: String) -> thread::JoinHandle<Option<Vec<u8>>> {
+    let mut spy = store_client(port);
+    thread::spawn(move || match spy.wait(&[&key], Duration::from_secs(5)) {
+        Ok(true) => spy.get(&key).ok(),
+        _ => None,
+    })
+}
+
+#[test]
+fn hijack_without_a_key_fails_every_rank_naming_both_addresses() {
+    let port = free_port();
+    let token = "hijack-plain";
+    let rank0 = spawn(info(0, 3, port, token), options(10.0), |mut rv| rv.broadcast(make_id));
+    let mut impostor = store_client(port);
+    let p = prefix(token, 0);
+    impostor.compare_set(&format!("{p}/rank/1"), b"", &forged_claim(1, 3, "impostor", "6.6.6.6:666")).unwrap();
+    let watcher = watch(port, format!("{p}/op0/value"));
+    let started = Instant::now();
+    let rank1 = Rendezvous::connect(&info(1, 3, port, token), &options(10.0)).unwrap_err().to_string();
+    assert!(
+        rank1.starts_with(
+            "rank 1 was claimed twice: first by pid 999 on impostor (6.6.6.6:666), then by this process, pid "
+        ),
+        "{rank1}"
+    );
+    // Rank 2 arrives after the duplicate: it and rank 0 fail too, naming both.
+    let rank2 = Rendezvous::connect(&info(2, 3, port, token), &options(10.0)).unwrap_err().to_string();
+    let rank0 = rank0.join().unwrap().unwrap_err().to_string();
+    for message in [&rank0, &rank2] {
+        assert!(message.starts_with("rendezvous aborted by rank 1 (pid "), "{message}");
+        assert!(
+            message.contains("rank 1 was claimed twice: first by pid 999 on impostor (6.6.6.6:666), then by pid "),
+            "{message}"
+        );
+        assert!(message.contains("(127.0.0.1:"), "{message}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert_eq!(watcher.join().unwrap(), None, "the unique id never reached the impostor");
+}
+
+#[test]
+fn key_and_token_are_never_sent_by_the_store_or_shown_in_errors() {
+    const TOKEN: &str = "TOKEN-identity-that-must-stay-home";
+    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
+    let proxy = Proxy::start(server.local_addr().port());
+    let opts = |key: &str| external(5.0).with_job_key(JobKey::new(key.as_bytes().to_vec()).unwrap());
+    let mut shown = Vec::new();
+    // A job that works: join, broadcast, barriers.
+    let ranks: Vec<_> = (0..3)
+        .map(|rank| {
+            spawn(info(rank, 3, proxy.port, TOKEN), opts(KEY), |mut rv| {
+                let id = rv.broadcast(make_id)?;
+                rv.barrier()?;
+                rv.barrier()?;
+                Ok(id)
+            })
+        })
+        .collect();
+    let ids: Vec<Vec<u8>> = ranks.into_iter().map(|r| r.join().unwrap().unwrap()).collect();
+    assert!(ids.iter().all(|id| id == &ids[0]));
+    // A late joiner, a rank with another key, and the rank 0 that checks it.
+    let late = Rendezvous::connect(&info(1, 3, proxy.port, TOKEN), &opts(KEY).clone_instance(0)).unwrap_err();
+    shown.push(format!("{late} {late:?}"));
+    let token2 = format!("{TOKEN}-second");
+    let wrong = spawn(info(1, 2, proxy.port, &token2), opts("another-key-of-enough-length"), Ok);
+    let rank0 = Rendezvous::connect(&info(0, 2, proxy.port, &token2), &opts(KEY)).unwrap_err();
+    let wrong = wrong.join().unwrap().unwrap_err();
+    for error in [&rank0, &wrong] {
+        shown.push(format!("{error} {error:?}"));
+    }
+    assert!(shown[1].contains("not signed with this job's key"), "{}", shown[1]);
+    assert!(format!("{:?}", opts(KEY)).contains("JobKey(..)"));
+    let sent = proxy.from_store.lock().unwrap().clone();
+    assert!(sent.len() > 1000, "the proxy saw the store's replies ({} bytes)", sent.len());
+    for secret in [KEY.as_bytes(), TOKEN.as_bytes(), b"another-key-of-enough-length"] {
+        assert!(!sent.windows(secret.len()).any(|w| w == secret), "the store sent a secret");
+        for text in &shown {
+            assert!(!text.contains(std::str::from_utf8(secret).unwrap()), "an error shows a secret: {text}");
+        }
+    }
+    // The broadcast value went through sealed: its plaintext never crossed the wire.
+    assert!(!sent.windows(ids[0].len()).any(|w| w == ids[0].as_slice()));
+}
+
+/// `Options` pinned to one rendezvous of the job, as a second process would count it.
+trait Instance {
+    fn clone_instance(self, instance: u64) -> Options;
+}
+
+impl Instance for Options {
+    fn clone_instance(mut self, instance: u64) -> Options {
+        self.instance = Some(instance);
+        self
+    }
+}
+
+#[test]
+fn pending_cap_closes_new_connections_and_the_rendezvous_still_completes() {
+    let port = free_port();
+    let mut opts = options(15.0);
+    opts.store_limits = Limits { max_pending: 4, validate_within: Duration::from_millis(500), ..Limits::default() };
+    let rank0 = spawn(info(0, 3, port, "pending-cap"), opts.clone(), |mut rv| {
+        let id = rv.broadcast(make_id)?;
+        rv.barrier()?;
+        Ok((id, rv.store_stats().unwrap()))
+    });
+    // Idle connections that never validate (the first once rank 0 listens): 4 stay until their
+    // deadline, the rest are closed at once.
+    let first = loop {
+        match TcpStream::connect(("127.0.0.1", port)) {
+            Ok(stream) => break stream,
+            Err(_) => thread::sleep(Duration::from_millis(10)),
+        }
+    };
+    let mut idle = vec![first];
+    idle.extend((1..12).map(|_| TcpStream::connect(("127.0.0.1", port)).unwrap()));
+    let started = Instant::now();
+    let others: Vec<_> = (1..3)
+        .map(|rank| {
+            spawn(info(rank, 3, port, "pending-cap"), opts.clone(), |mut rv| {
+                let id = rv.broadcast(|| Err("unused".into()))?;
+                rv.barrier()?;
+                Ok(id)
+            })
+        })
+        .collect();
+    let (id, stats) = rank0.join().unwrap().unwrap();
+    for other in others {
+        assert_eq!(other.join().unwrap().unwrap(), id);
+    }
+    assert!(started.elapsed() < Duration::from_secs(6), "{:?}", started.elapsed());
+    assert!(stats.turned_away >= 8, "{stats:?}");
+    let events = stats.events.join("\n");
+    assert!(events.contains("limit of connections without VALIDATE (4) was reached"), "{events}");
+    assert!(events.contains("no VALIDATE within 0.5s"), "{events}");
+    drop(idle);
+}
+
+#[test]
+fn trickle_fails_a_join_within_its_2s_deadline() {
+    // A "store" that answers the connection's PING one byte every 0.7 s.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut hello = [0u8; 10];
+        s.read_exact(&mut hello).unwrap();
+        for byte in &hello[6..10] {
+            thread::sleep(Duration::from_millis(700));
+            if s.write_all(&[*byte]).is_err() {
+                return;
+            }
+        }
+        thread::sleep(Duration::from_secs(5));
+    });
+    let started = Instant::now();
+    let err = Rendezvous::connect(&info(1, 2, port, "trickle-join"), &options(2.0)).unwrap_err();
+    let elapsed = started.elapsed();
+    assert!(elapsed >= Duration::from_millis(1900) && elapsed < Duration::from_millis(2600), "{elapsed:?}");
+    let message = err.to_string();
+    assert!(message.contains("within 2s"), "{message}");
+    assert!(message.contains("PING"), "{message}");
+}
+
+#[test]
+fn trickle_fails_a_barrier_within_its_2s_deadline() {
+    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
+    let direct = server.local_addr().port();
+    let proxy = Proxy::start(direct);
+    let token = "trickle-barrier";
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    // Rank 0 talks to the store directly; rank 1 through the proxy, which starts to trickle.
+    let rank0 = spawn(info(0, 2, direct, token), external(10.0), move |mut rv| {
+        rv.barrier()?;
+        rx.recv().unwrap();
+        rv.barrier()
+    });
+    let mut rv = Rendezvous::connect(&info(1, 2, proxy.port, token), &external(2.0)).unwrap();
+    rv.barrier().unwrap();
+    proxy.trickle.store(true, Ordering::SeqCst);
+    tx.send(()).unwrap();
+    let started = Instant::now();
+    let err = rv.barrier().unwrap_err();
+    let elapsed = started.elapsed();
+    assert!(elapsed >= Duration::from_millis(1500) && elapsed < Duration::from_millis(2600), "{elapsed:?}");
+    let message = err.to_string();
+    assert!(message.starts_with("during barrier #1 (store at 127.0.0.1:"), "{message}");
+    assert!(message.contains("did not finish within 2s"), "{message}");
+    // Rank 0 was not held up: rank 1's arrival reached the store.
+    rank0.join().unwrap().unwrap();
+}
+
+#[test]
+fn two_jobs_on_one_port_fail_clearly_and_do_not_mix() {
+    let port = free_port();
+    let job_a = spawn(info(0, 2, port, "job-A"), options(10.0), |mut rv| rv.broadcast(|| Ok(b"A's id".to_vec())));
+    until(|| TcpStream::connect(("127.0.0.1", port)).is_ok());
+    // Job B's rank 1 reaches job A's rank 0: refused at once, with what to do.
+    let started = Instant::now();
+    let err = Rendezvous::connect(&info(1, 2, port, "job-B"), &options(10.0)).unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    let message = err.to_string();
+    assert!(message.starts_with(&format!("the store at 127.0.0.1:{port} belongs to another job")), "{message}");
+    assert!(message.contains("give each job its own port"), "{message}");
+    assert!(!message.contains("job-A") && !message.contains("job-B"), "identities stay out of messages: {message}");
+    // Job B's rank 0 cannot take the port; a rank of job A with another world size or a key is refused.
+    let bind = Rendezvous::connect(&info(0, 2, port, "job-B"), &options(10.0)).unwrap_err();
+    assert!(matches!(bind, RendezvousError::Bind { .. }), "{bind}");
+    let world = Rendezvous::connect(&info(1, 3, port, "job-A"), &options(10.0)).unwrap_err().to_string();
+    assert!(world.contains("serves a job of world size 2, and this process was started with world size 3"), "{world}");
+    let key = Rendezvous::connect(&info(1, 2, port, "job-A"), &keyed(10.0, KEY)).unwrap_err().to_string();
+    assert!(key.contains("serves a job without GPUCOMM_JOB_KEY, and this process has one"), "{key}");
+    // Job A is unharmed.
+    let mut rv = Rendezvous::connect(&info(1, 2, port, "job-A"), &options(10.0)).unwrap();
+    assert_eq!(rv.broadcast(|| Err("unused".into())).unwrap(), b"A's id");
+    assert_eq!(job_a.join().unwrap().unwrap(), b"A's id");
+    // On a shared external store, jobs with different identities keep to their own keys.
+    let shared = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
+    let port = shared.local_addr().port();
+    let ranks: Vec<_> = ["job-C", "job-D"]
+        .into_iter()
+        .flat_map(|job| (0..2).map(move |rank| (job, rank)))
+        .map(|(job, rank)| {
+            spawn(info(rank, 2, port, job), external(10.0), move |mut rv| rv.broadcast(|| Ok(job.into())))
+        })
+        .collect();
+    let got: Vec<Vec<u8>> = ranks.into_iter().map(|r| r.join().unwrap().unwrap()).collect();
+    assert_eq!(got, [b"job-C", b"job-C", b"job-D", b"job-D"].map(|v| v.to_vec()));
+}
+
+#[test]
+fn a_late_joiner_fails_at_once() {
+    let port = free_port();
+    let token = "late-joiner";
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rank0 = spawn(info(0, 2, port, token), options(10.0), move |mut rv| {
+        rx.recv().unwrap();
+        rv.barrier()
+    });
+    let mut rank1 = Rendezvous::connect(&info(1, 2, port, token), &options(10.0)).unwrap();
+    // A second copy of rank 1 (its process's first rendezvous, as the first copy's was).
+    let started = Instant::now();
+    let opts = options(10.0).clone_instance(0);
+    let err = Rendezvous::connect(&info(1, 2, port, token), &opts).unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert!(matches!(err, RendezvousError::LateJoiner { rank: 1, .. }), "{err}");
+    let message = err.to_string();
+    assert!(
+        message.starts_with(
+            "rendezvous already complete: every rank joined before this process, and rank 1 is held by pid "
+        ),
+        "{message}"
+    );
+    // The job goes on.
+    tx.send(()).unwrap();
+    rank1.barrier().unwrap();
+    rank0.join().unwrap().unwrap();
+}
+
+#[test]
+fn an_unresolvable_master_fails_at_once() {
+    let mut client = info(1, 2, 1, "unresolvable");
+    client.master.as_mut().unwrap().addr = "no-such-host.invalid".into();
+    let started = Instant::now();
+    let err = Rendezvous::connect(&client, &options(30.0)).unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(matches!(err, RendezvousError::Resolve { .. }), "{err}");
+    let message = err.to_string();
+    assert!(message.starts_with("MASTER_ADDR \"no-such-host.invalid\" does not resolve"), "{message}");
+}
+
+#[test]
+fn bad_timeouts_are_refused_naming_the_variable() {
+    for bad in ["1e-12", "NaN", "-1", "0.0005", "1e300", "inf", "abc", "0", "604801"] {
+        let message = Options::from_vars(|name| (name == "GPUCOMM_RENDEZVOUS_TIMEOUT").then(|| bad.into()))
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            message,
+            format!(
+                "invalid rendezvous options: GPUCOMM_RENDEZVOUS_TIMEOUT={bad} is not valid: expected a number of \
+                 seconds from 0.001s to 604800s"
+            )
+        );
+    }
+    let opts = Options::from_vars(|name| (name == "GPUCOMM_RENDEZVOUS_TIMEOUT").then(|| "2.5".into())).unwrap();
+    assert_eq!(opts.timeout, Duration::from_millis(2500));
+    assert_eq!(Options::from_vars(|_| None).unwrap().timeout, Duration::from_secs(60));
+    for bad in [Duration::from_nanos(1), Duration::ZERO, Duration::from_secs(30 * 24 * 3600)] {
+        let message =
+            Rendezvous::connect(&RankInfo::single(), &options(1.0).with_timeout(bad)).unwrap_err().to_string();
+        assert!(message.starts_with("invalid rendezvous options: Options::timeout of"), "{message}");
+        assert!(message.ends_with("is out of range: it must be from 0.001s to 604800s"), "{message}");
+    }
+    // The other variables are named too, and a short key is refused without being shown.
+    let message =
+        Options::from_vars(|name| (name == "GPUCOMM_JOB_KEY").then(|| "s3cr3t".into())).unwrap_err().to_string();
+    assert_eq!(message, "invalid rendezvous options: GPUCOMM_JOB_KEY is 6 bytes long; use at least 16 random bytes, e.g. the output of `openssl rand -hex 32`");
+    let message =
+        Options::from_vars(|name| (name == "GPUCOMM_STORE").then(|| "nowhere".into())).unwrap_err().to_string();
+    assert_eq!(
+        message,
+        "invalid rendezvous options: GPUCOMM_STORE=nowhere is not valid: expected auto, rank0 or external"
+    );
+}
+
+#[test]
+fn torchrun_agent_store_restart_never_reads_the_previous_attempts_id() {
+    // A StoreServer plays the agent's store; the ranks read the variables torchrun sets.
+    let agent = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
+    let port = agent.local_addr().port().to_string();
+    let run_id = format!("agent-test-{}", std::process::id());
+    let worker = |rank: usize, restart: u32| -> RankInfo {
+        let vars = [
+            ("RANK", rank.to_string()),
+            ("WORLD_SIZE", "2".into()),
+            ("LOCAL_RANK", rank.to_string()),
+            ("LOCAL_WORLD_SIZE", "2".into()),
+            ("GROUP_RANK", "0".into()),
+            ("ROLE_RANK", rank.to_string()),
+            ("MASTER_ADDR", "127.0.0.1".into()),
+            ("MASTER_PORT", port.clone()),
+            ("TORCHELASTIC_RUN_ID", run_id.clone()),
+            ("TORCHELASTIC_RESTART_COUNT", restart.to_string()),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
+        ];
+        RankInfo::from_vars(|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone())).unwrap()
+    };
+    // Attempt 0 completes.
+    let attempt0: Vec<_> = (0..2)
+        .map(|rank| {
+            spawn(worker(rank, 0), options(10.0), move |mut rv| {
+                assert!(rv.store_stats().is_none(), "under the agent store, rank 0 is a client too");
+                rv.broadcast(|| Ok(b"id of attempt 0".to_vec()))
+            })
+        })
+        .collect();
+    for rank in attempt0 {
+        assert_eq!(rank.join().unwrap().unwrap(), b"id of attempt 0");
+    }
+    // Attempt 1: rank 1 comes first and must wait for attempt 1's id, though attempt 0's is there.
+    let rank1 = spawn(worker(1, 1), options(10.0), |mut rv| rv.broadcast(|| Err("unused".into())));
+    thread::sleep(Duration::from_millis(300));
+    let mut rank0 = Rendezvous::connect(&worker(0, 1), &options(10.0)).unwrap();
+    rank0.broadcast(|| Ok(b"id of attempt 1".to_vec())).unwrap();
+    assert_eq!(rank1.join().unwrap().unwrap(), b"id of attempt 1");
+    let mut c = store_client(agent.local_addr().port());
+    let old = format!("{}/op0/value", prefix(&format!("torchrun-{run_id}-attempt0"), 0));
+    assert!(c.check(&[&old]).unwrap(), "attempt 0's id is still in the store; it was not read");
+}
