@@ -61,6 +61,7 @@ note() {
 # 1. Test binaries, one test at a time (they share the GPUs). A test that cannot run here writes
 #    its name to $GPUCOMM_SKIP_LOG; it is counted as skipped, not passed.
 for t in "$HERE"/tests/*; do
+    [ -e "$t" ] || continue
     name=$(basename "$t")
     [[ "$name" == *"$FILTER"* ]] || continue
     log="$LOGS/$name.log"
