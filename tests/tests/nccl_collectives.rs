@@ -462,7 +462,7 @@ fn check_registration_and_windows(l: &Local) {
     let mut registered: Vec<_> = l.comms.iter().zip(mems).map(|(c, b)| c.register(b).unwrap()).collect();
     group(|g| {
         for (c, reg) in l.comms.iter().zip(registered.iter_mut()) {
-            g.with(c).all_reduce_in_place(&mut **reg, ReduceOp::SUM)?;
+            g.with(c).all_reduce_in_place(&mut reg.buffer_mut(), ReduceOp::SUM)?;
         }
         Ok(())
     })
@@ -482,7 +482,7 @@ fn check_registration_and_windows(l: &Local) {
     }
     group(|g| {
         for (c, w) in l.comms.iter().zip(windows.iter_mut()) {
-            g.with(c).all_reduce_in_place(&mut **w, ReduceOp::SUM)?;
+            g.with(c).all_reduce_in_place(&mut w.as_view_mut(), ReduceOp::SUM)?;
         }
         Ok(())
     })
