@@ -18,7 +18,9 @@
 //!
 //! The device API passes structs between this crate (laid out by the headers it was compiled
 //! against) and the library: the requirements in, the device communicator out. Their layouts
-//! changed twice ([`LAYOUTS`]), and NCCL checks nothing before 2.29.2: headers of one 2.28 layout
+//! changed twice — in 2.28.7 (`barrierCount` inserted before `lsaBarrierCount`, GIN fields added to
+//! `ncclDevComm`) and in 2.29.2 (versioned structs, which NCCL translates from older versions and
+//! refuses from newer ones) — and NCCL checks nothing before 2.29.2: headers of one 2.28 layout
 //! with a library of the other make NCCL read the wrong field as the LSA barrier count and write
 //! a device communicator larger than the one this crate holds. [`DevComm::new`] therefore refuses
 //! any header/library pair whose layouts differ, naming both versions

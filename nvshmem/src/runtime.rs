@@ -178,6 +178,7 @@ impl Runtime {
     /// unique-id plugin, which dereferences arguments it does not have).
     pub fn with_bootstrap(stream: Arc<CudaStream>, bootstrap: Bootstrap<'_>) -> Result<Self> {
         let expected = bootstrap.expected_pes()?;
+        check_state()?;
         if expected.is_none() && UNIQUE_ID_PLUGIN.load(Ordering::Acquire) {
             return Err(Error::BootstrapAfterUniqueId { requested: bootstrap.name() });
         }
