@@ -532,6 +532,15 @@ mod tests {
         let raw = reqs.to_raw(&mut res, &mut handles).unwrap();
         assert_eq!((raw.lsaBarrierCount, raw.lsaLLA2ABlockCount, raw.lsaLLA2ASlotCount), (16, 2, 64));
         assert!(!raw.lsaMultimem && !raw.ginForceEnable);
+        // From 2.29.2 the struct carries its size, NCCL's magic and the headers' version, as
+        // NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER sets them (NCCL refuses it otherwise).
+        #[cfg(nccl_2_29)]
+        {
+            assert_eq!((raw.size, raw.magic), (size_of::<ncclDevCommRequirements>(), 0xcafe_beef));
+            assert_eq!((raw.version, raw.ginContextCount), (nccl_sys::NCCL_VERSION_CODE, 4));
+        }
+        #[cfg(nccl_2_30_7)]
+        assert!(raw.ginStrongSignalsRequired && raw.ginVaSignalsRequired);
         // The list is in the order given, each entry pointing at its handle.
         assert_eq!(raw.resourceRequirementsList, &mut res[0] as *mut _);
         assert_eq!((res[0].bufferSize, res[0].bufferAlign, res[0].next), (4096, 256, &mut res[1] as *mut _));

@@ -5,7 +5,9 @@ use std::ffi::c_void;
 use std::fmt;
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
-use std::ops::{Deref, RangeBounds};
+use std::ops::Deref;
+#[cfg(nccl_2_27)]
+use std::ops::RangeBounds;
 
 use cudarc::driver::{DevicePtrMut, DeviceSlice};
 use gpucomm_ordering::{Access, PinnedMut};

@@ -37,7 +37,9 @@ pub use teardown::Finalizing;
 use config::ConfigStrings;
 /// `NCCL_API_MAGIC` and `NCCL_CONFIG_UNDEF_INT`, for the other structs NCCL initialises alike.
 #[cfg(nccl_2_29)]
-pub(crate) use config::{MAGIC as API_MAGIC, UNDEF_INT};
+pub(crate) use config::MAGIC as API_MAGIC;
+#[cfg(nccl_2_30)]
+pub(crate) use config::UNDEF_INT;
 use health::Health;
 use watch::Watch;
 
