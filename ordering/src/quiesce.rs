@@ -7,14 +7,13 @@
 //! waits for one buffer's uses only, on a private stream; both functions take a bound, and say
 //! when it expired instead of blocking forever.
 
-use std::collections::HashMap;
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{result, CudaContext, CudaEvent, CudaStream, DevicePtrMut, DriverError};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DevicePtrMut, DriverError};
 
-use crate::{Access, OrderError};
+use crate::{access, Access, OrderError};
 
 /// Waits until every use of `buf` enqueued so far has finished — on whatever stream — and for
 /// nothing else. A private stream of `ctx` waits for the buffer's uses through the same protocol
@@ -31,22 +30,29 @@ pub fn wait_for_uses<T>(
     ctx: &Arc<CudaContext>,
     timeout: Option<Duration>,
 ) -> Result<bool, OrderError> {
-    let waiter = Waiter::take(ctx)?;
-    if !ctx.is_managing_stream_synchronization() {
-        waiter.stream.join(buf.stream())?;
+    // Asked before the private stream exists: a second stream switches cudarc to managing.
+    let managed = ctx.is_managing_stream_synchronization();
+    let waiter = private_stream(ctx)?;
+    if !managed {
+        waiter.join(buf.stream())?;
     }
     {
-        let access = Access::new(&waiter.stream);
+        let access = Access::new(&waiter);
         let _guard = access.write(buf)?;
     }
     // cudarc records failed waits in the context instead of returning them.
     ctx.check_err()?;
-    let done = waiter.stream.record_event(None)?;
-    let finished = wait_event(&done, timeout)?;
-    if finished {
-        waiter.give_back();
-    }
-    Ok(finished)
+    let done = waiter.record_event(None)?;
+    Ok(wait_event(&done, timeout)?)
+}
+
+/// A new stream of `ctx` that waits for nothing: forked from the ordering crate's idle helper
+/// stream, because `CudaContext::new_stream` synchronises the whole device the first time a
+/// context gets a second stream — the very wait this module avoids. The stream is owned: it is
+/// destroyed when the last reference goes (a buffer's tracker may keep naming it as the stream of
+/// the buffer's last use), after its work.
+fn private_stream(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>, DriverError> {
+    access::probe(ctx)?.fork()
 }
 
 /// Waits until all work on `ctx`'s device has finished (`cuCtxSynchronize`), for at most
@@ -90,51 +96,5 @@ fn wait_event(event: &CudaEvent, timeout: Option<Duration>) -> Result<bool, Driv
         }
         std::thread::sleep(pause);
         pause = (pause * 2).min(Duration::from_millis(1));
-    }
-}
-
-/// A private stream for [`wait_for_uses`], from a per-context pool of idle ones.
-///
-/// The streams are created directly (not through `CudaContext::new_stream`, which synchronises the
-/// whole device the first time a context gets a second stream) and never destroyed: a buffer's
-/// tracker may keep naming one as the stream of its last use. A stream goes back to the pool only
-/// once everything on it has finished; one left waiting for a stuck use stays out of it.
-struct Waiter {
-    stream: Arc<CudaStream>,
-    key: usize,
-}
-
-type Pool = Mutex<Option<HashMap<usize, Vec<Arc<CudaStream>>>>>;
-
-static POOL: Pool = Mutex::new(None);
-
-impl Waiter {
-    fn take(ctx: &Arc<CudaContext>) -> Result<Self, DriverError> {
-        let key = ctx.cu_ctx() as usize;
-        let pooled = POOL
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get_or_insert_with(HashMap::new)
-            .entry(key)
-            .or_default()
-            .pop();
-        let stream = match pooled {
-            Some(stream) => stream,
-            None => {
-                ctx.bind_to_thread()?;
-                let raw = result::stream::create(result::stream::StreamKind::NonBlocking)?;
-                // SAFETY: `raw` is a stream of this context that nothing else owns, and it is never
-                // destroyed, so no wrapper of it (or anything retaining one) can outlive it. Work on
-                // it is only ever ordered through the ordering protocol (stream waits and events).
-                unsafe { ctx.wrap_borrowed_stream(raw) }
-            }
-        };
-        Ok(Waiter { stream, key })
-    }
-
-    /// Back to the pool: everything enqueued on the stream has finished.
-    fn give_back(self) {
-        let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
-        pool.get_or_insert_with(HashMap::new).entry(self.key).or_default().push(self.stream);
     }
 }

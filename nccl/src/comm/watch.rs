@@ -20,6 +20,17 @@ use cudarc::driver::{CudaEvent, CudaStream};
 
 use crate::error::Result;
 
+/// Side streams remembered before the idle ones are dropped.
+const SIDES_KEPT: usize = 8;
+
+/// True when everything enqueued on `stream` has finished (`cuStreamQuery`); any failure (a stream
+/// being captured, say) counts as busy.
+fn is_idle(stream: &CudaStream) -> bool {
+    // SAFETY: the stream is alive (borrowed); the call only reads its state.
+    let status = unsafe { cudarc::driver::sys::cuStreamQuery(stream.cu_stream()) };
+    status == cudarc::driver::sys::CUresult::CUDA_SUCCESS
+}
+
 /// A call whose work is still running after its timeout.
 pub(crate) struct Overdue {
     /// The NCCL call.
@@ -63,11 +74,17 @@ impl Watch {
         }
     }
 
-    /// Remembers `stream`, which is not the communicator's own, as one that received work.
+    /// Remembers `stream`, which is not the communicator's own, as one that received work. Past a
+    /// few streams, the idle ones are forgotten (nothing to wait for there), so that a caller who
+    /// never waits does not keep every stream it ever used alive.
     pub(crate) fn side_stream(&mut self, stream: &Arc<CudaStream>) {
-        if !self.sides.iter().any(|s| s.cu_stream() == stream.cu_stream()) {
-            self.sides.push(stream.clone());
+        if self.sides.iter().any(|s| s.cu_stream() == stream.cu_stream()) {
+            return;
         }
+        if self.sides.len() >= SIDES_KEPT {
+            self.sides.retain(|s| !is_idle(s));
+        }
+        self.sides.push(stream.clone());
     }
 
     /// The streams [`Watch::side_stream`] remembered; the list starts again empty.
