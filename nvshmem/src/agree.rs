@@ -83,6 +83,12 @@ pub(crate) struct Agreement {
     stream: CUstream,
 }
 
+// SAFETY: the scratch pointer is device memory that NVSHMEM owns, with no tie to a thread, and
+// the stream handle can be used from any thread whose current context is the PE's (`agree`'s
+// callers bind it). The runtime that holds the agreement is `Send` but not `Sync`: one thread at a
+// time uses it, which is NVSHMEM's `NVSHMEM_THREAD_SERIALIZED`.
+unsafe impl Send for Agreement {}
+
 impl Agreement {
     /// Sets up the checks. Collective over all `n_pes` PEs (a team split and a symmetric
     /// allocation, the same on every PE); NVSHMEM must be running and the PE's context current.
@@ -149,6 +155,12 @@ mod tests {
             }
         }
         Agreed::from_max(max)
+    }
+
+    #[test]
+    fn the_runtime_stays_send() {
+        fn send<T: Send>() {}
+        send::<crate::Runtime>();
     }
 
     #[test]

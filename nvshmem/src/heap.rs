@@ -161,10 +161,6 @@ impl Runtime {
     /// Collective, like [`Runtime::alloc`].
     #[doc(alias = "nvshmem_align")]
     pub fn alloc_aligned<T: Element>(&self, len: usize, align: usize) -> Result<Symmetric<'_, T>> {
-        let min = align_of::<T>();
-        if !align.is_power_of_two() || align < min {
-            return Err(Error::InvalidAlignment { align, min });
-        }
         self.allocate(len, Alloc::Align(align))
     }
 
@@ -174,7 +170,7 @@ impl Runtime {
             Alloc::Malloc | Alloc::Calloc => 0,
         };
         // Every PE asks, whether or not it refuses, so that every PE reaches the same verdict.
-        let (ask, refusal) = match self.local_check::<T>(len) {
+        let (ask, refusal) = match self.local_check::<T>(len, &how) {
             Ok(bytes) => (Ask { bytes: bytes as u64, align, refused: false }, None),
             Err(e) => (Ask { bytes: 0, align, refused: true }, Some(e)),
         };
@@ -202,8 +198,15 @@ impl Runtime {
 
 impl Runtime {
     /// This PE's own verdict on an allocation of `len` elements of `T`: its size in bytes, or why
-    /// it is refused.
-    fn local_check<T>(&self, len: usize) -> Result<usize> {
+    /// it is refused. Every refusal is decided here, so that a PE that refuses still takes part in
+    /// the agreement (the others would wait for it otherwise).
+    fn local_check<T>(&self, len: usize, how: &Alloc) -> Result<usize> {
+        if let Alloc::Align(align) = *how {
+            let min = align_of::<T>();
+            if !align.is_power_of_two() || align < min {
+                return Err(Error::InvalidAlignment { align, min });
+            }
+        }
         let elem_size = size_of::<T>();
         let bytes = len.checked_mul(elem_size).ok_or(Error::SizeOverflow { len, elem_size })?;
         if bytes == 0 {
