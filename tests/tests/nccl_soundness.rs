@@ -34,12 +34,14 @@ fn one_rank(stream: &Arc<CudaStream>, config: &Config) -> Comm {
 
 /// Issue 19, finding 2. Before: `team_world` on a communicator aborted through its `AbortHandle`
 /// passed NULL to `ncclTeamWorld`, which NCCL 2.28.9 dereferences: SIGSEGV (exit 139, observed on
-/// the GPU machine). `DevComm::new`, `register_window`, `register` passed NULL where NCCL reads the
-/// communicator first (SIGSEGV too), and the drops of a window and a device communicator passed it
-/// to `ncclCommWindowDeregister` / `ncclDevCommDestroy` (the same). Now every call is
-/// `Error::Aborted` and the drops release only the Rust side. Also: `DevComm::new` on a
-/// nonblocking communicator returned `Err(ncclInProgress)` while NCCL's background task would
-/// still write the device communicator into the returned stack frame; it now waits.
+/// the GPU machine). `DevComm::new` and `register_window` passed NULL to functions that read
+/// `comm->symmetricSupport` first (SIGSEGV too, by NCCL 2.28.9's source), and so did the drops of
+/// a device communicator and of a window (`ncclDevCommDestroy`, `ncclCommWindowDeregister`);
+/// `register`, `PreMulSum` and deregistering got `ncclInvalidArgument` from NCCL's null check
+/// (and the dropped registration leaked its buffer). Now every call is `Error::Aborted` and the
+/// drops release only the Rust side. Also: `DevComm::new` on a nonblocking communicator returned
+/// `Err(ncclInProgress)` while NCCL's background task would still write the device communicator
+/// into the returned stack frame; it now waits for NCCL.
 #[test]
 #[ignore = "needs 1 GPU: run by the GPU bundle"]
 fn an_aborted_communicator_never_reaches_nccl() {
