@@ -282,10 +282,13 @@ fn dropping_a_device_communicator_is_bounded_by_the_timeout() {
 /// behind 2 s of work), after X's all-reduce went to stream A (busy for 8 s) and Z's to stream B,
 /// both reading the same buffer. Before: B was not joined with A, so work issued on B after the
 /// group ran at once, while the buffer's other reader on A was still queued. Now B waits for A.
+/// The timeout aborts Y; should NCCL's abort wait for the whole device (freeing pinned memory can),
+/// A is idle by then and nothing is left to observe: the test then says so and skips.
 #[test]
 #[ignore = "needs 1 GPU: run by the GPU bundle"]
 fn a_failed_group_still_orders_its_streams() {
-    let Some(a) = stream_of("a_failed_group_still_orders_its_streams") else { return };
+    const TEST: &str = "a_failed_group_still_orders_its_streams";
+    let Some(a) = stream_of(TEST) else { return };
     let ctx = a.context().clone();
     let (b, c) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
     let (x, z) = (one_rank(&a, &Config::new()), one_rank(&b, &Config::new()));
@@ -304,9 +307,14 @@ fn a_failed_group_still_orders_its_streams() {
         g.with(&y).all_reduce(&shared, &mut ry, ReduceOp::SUM)
     });
     assert!(matches!(failed, Err(Error::Timeout { .. })), "{failed:?}");
-    let after = b.record_event(None).unwrap();
+    let (on_b, on_a) = (b.record_event(None).unwrap(), a.record_event(None).unwrap());
     std::thread::sleep(Duration::from_secs(1));
-    assert!(!after.try_is_complete().unwrap(), "stream B ran ahead of stream A's reader of the shared buffer");
+    if on_a.try_is_complete().unwrap() {
+        skip(TEST, "Y's abort waited until stream A was idle, so the join cannot be observed");
+    } else {
+        assert!(!on_b.try_is_complete().unwrap(), "stream B ran ahead of stream A's reader of the shared buffer");
+        println!("after the failed group, stream B waits for stream A");
+    }
     a.synchronize().unwrap();
     b.synchronize().unwrap();
     assert_eq!(b.clone_dtoh(&rz).unwrap(), vec![1.0; N]);
