@@ -370,8 +370,8 @@ impl Runtime {
     /// after its final barrier), so it is called only once the device is idle, waited for within
     /// [`Runtime::timeout`]: when that expires (work stuck on some stream of the device, e.g. an
     /// NCCL kernel waiting for a dead peer), the runtime comes back with [`Error::StillInUse`],
-    /// and NVSHMEM is untouched. A failing wait comes back the same way (dropping the runtime then
-    /// finalises without waiting).
+    /// and NVSHMEM is untouched. A failing wait comes back the same way. (Dropping a runtime whose
+    /// device does not become idle leaves NVSHMEM initialised in the process, with a warning.)
     #[doc(alias = "nvshmemx_hostlib_finalize")]
     #[doc(alias = "nvshmem_finalize")]
     // The runtime comes back on failure, as fallible teardown does throughout the family.
@@ -407,8 +407,8 @@ impl Runtime {
             log::warn!("nvshmem: binding the PE's CUDA context before finalising failed: {e}");
         }
         // SAFETY: NVSHMEM was initialised by this runtime, which is the only one, and is
-        // finalised exactly once (`finished` is set above); no work of the device is queued any
-        // more (the caller waited), so nothing uses the heap that finalising releases.
+        // finalised exactly once (`finished` is set above); the device is idle (both callers waited
+        // for it successfully), so nothing uses the heap that finalising releases.
         if let Err(e) = unsafe { call!(nvshmemx_hostlib_finalize()) } {
             log::warn!("nvshmem: finalising failed: {e}");
         }
@@ -442,13 +442,9 @@ impl Drop for Runtime {
         }
         // Pending kernels may still use the symmetric heap that finalize releases, and NVSHMEM's
         // finalize would wait for the whole device anyway.
-        match self.wait_for_device() {
-            Ok(()) => {}
-            Err(e @ Error::StillInUse { .. }) => {
-                log::warn!("nvshmem: {e}: NVSHMEM stays initialised (not finalised) in this process");
-                return STATE.store(FINISHED, Ordering::Release);
-            }
-            Err(e) => log::warn!("nvshmem: synchronising the device before finalising failed: {e}"),
+        if let Err(e) = self.wait_for_device() {
+            log::warn!("nvshmem: {e}: NVSHMEM stays initialised (not finalised) in this process");
+            return STATE.store(FINISHED, Ordering::Release);
         }
         self.finish();
     }
