@@ -3,14 +3,16 @@
 //!
 //! A few things arrived in patch releases, so a minor cfg cannot tell whether the header has them;
 //! those get patch cfgs of their own (`nccl_2_28_7`: "header ≥ 2.28.7"):
-//! `ncclCommRevoke` (2.28.7), `ncclConfig_t.graphStreamOrdering` (2.30.5) and
-//! `ncclConfig_t.hostCftMode` (2.31.1).
+//! `ncclCommRevoke` (2.28.7), `ncclConfig_t.graphStreamOrdering` (2.30.5),
+//! `ncclDevCommRequirements.ginStrongSignalsRequired` (2.30.7) and `ncclConfig_t.hostCftMode`
+//! (2.31.1).
 
 use gpucomm_build_support::emit::Emitter;
 use gpucomm_build_support::version::{Version, NCCL_SUPPORT};
 
 /// The patch releases this crate gates on, beyond the minor cfgs.
-const PATCH_CFGS: [Version; 3] = [Version::new(2, 28, 7), Version::new(2, 30, 5), Version::new(2, 31, 1)];
+const PATCH_CFGS: [Version; 4] =
+    [Version::new(2, 28, 7), Version::new(2, 30, 5), Version::new(2, 30, 7), Version::new(2, 31, 1)];
 
 fn main() {
     let mut out = Emitter::stdout();

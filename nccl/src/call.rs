@@ -113,8 +113,8 @@ pub(crate) struct Call {
 
 impl Call {
     /// Resolves the function for `kind` on elements of type `T` (refusing a type the loaded
-    /// library does not know, and a zero count), for `count` elements on `comm`, enqueued on
-    /// `stream`. The buffer
+    /// library does not know, a zero count, and an aborted communicator), for `count` elements on
+    /// `comm`, enqueued on `stream`. The buffer
     /// pointers are added with [`Call::buffers`] once taken.
     pub(crate) fn new<T: NcclType>(kind: Kind, count: usize, comm: &Comm, stream: &CudaStream) -> Result<Self> {
         let (name, entry) = match kind {
@@ -143,7 +143,7 @@ impl Call {
             recv: 0,
             count,
             dtype: T::DATA_TYPE.raw(),
-            comm: comm.as_raw(),
+            comm: comm.live_raw()?,
             stream: stream.cu_stream() as cudaStream_t,
         })
     }
@@ -177,7 +177,8 @@ impl Call {
     /// The call must have been built by one of [`crate::Collectives`]' methods, whose checks make
     /// every pointer valid for the count, type and rank the call names, on the communicator's
     /// device; the buffers must stay borrowed, and their stream guards kept, until the call is
-    /// settled (after `ncclGroupEnd` in a group); the communicator must be alive.
+    /// settled (after `ncclGroupEnd` in a group); the communicator must still be live — not
+    /// aborted since the call was built (a group checks this at launch, see `Group::launch`).
     pub(crate) unsafe fn issue(&self) -> ncclResult_t {
         let (send, recv) = (self.send as *const c_void, self.recv as *mut c_void);
         let (n, t, c, s) = (self.count, self.dtype, self.comm, self.stream);

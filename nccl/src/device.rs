@@ -13,6 +13,18 @@
 //! exists so that code written for other machines gets a clear refusal instead of silently losing
 //! the feature. GIN (GPU-initiated networking) needs a GIN-capable network; asking for it on a
 //! machine without one is an [`Error::GinUnavailable`].
+//!
+//! # Header and library layouts
+//!
+//! The device API passes structs between this crate (laid out by the headers it was compiled
+//! against) and the library: the requirements in, the device communicator out. Their layouts
+//! changed twice — in 2.28.7 (`barrierCount` inserted before `lsaBarrierCount`, GIN fields added to
+//! `ncclDevComm`) and in 2.29.2 (versioned structs, which NCCL translates from older versions and
+//! refuses from newer ones) — and NCCL checks nothing before 2.29.2: headers of one 2.28 layout
+//! with a library of the other make NCCL read the wrong field as the LSA barrier count and write
+//! a device communicator larger than the one this crate holds. [`DevComm::new`] therefore refuses
+//! any header/library pair whose layouts differ, naming both versions
+//! ([`Error::DeviceApiLayout`]), before NCCL sees a struct.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -23,11 +35,58 @@ use nccl_sys::{
     ncclDevComm, ncclDevCommRequirements, ncclDevResourceHandle_t, ncclDevResourceRequirements, ncclTeam_t,
 };
 
-use crate::error::{call, Error, Result};
-use crate::Comm;
+use crate::error::{call, call_rc, Error, Result};
+use crate::{Comm, Version};
 
 /// The first NCCL release with the device API.
-const DEVICE_API: crate::Version = crate::Version::new(2, 28, 3);
+const DEVICE_API: Version = Version::new(2, 28, 3);
+
+/// How a release lays out the device-API structs (`ncclDevCommRequirements`,
+/// `ncclDevResourceRequirements`, `ncclDevComm`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Layout {
+    /// No version fields: NCCL takes the bytes as its own layout, whatever the caller's.
+    Unversioned,
+    /// `size`, `magic` and `version` lead the requirements: NCCL translates the layout of the
+    /// version given there, and refuses a version newer than itself.
+    Versioned,
+}
+
+/// Every device-API layout, by the first release that has it, from NVIDIA/nccl's
+/// `src/include/nccl_device/core.h` and `impl/comm__types.h` at each release tag:
+///
+/// * 2.28.3: requirements `{resource list, team list, lsaMultimem, lsaBarrierCount}`.
+/// * 2.28.7: `barrierCount` inserted before `lsaBarrierCount`, then `railGinBarrierCount`, the
+///   LLA2A and GIN counts; `ncclDevResourceRequirements` and `ncclDevComm` grow GIN fields.
+/// * 2.29.2: the versioned structs (`NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER` becomes mandatory).
+const LAYOUTS: [(Version, Layout); 3] = [
+    (Version::new(2, 28, 3), Layout::Unversioned),
+    (Version::new(2, 28, 7), Layout::Unversioned),
+    (Version::new(2, 29, 2), Layout::Versioned),
+];
+
+/// `Ok` when a crate compiled against `header` can pass device-API structs to the library
+/// `library`; otherwise [`Error::DeviceApiLayout`] naming both and the difference.
+fn check_layouts(header: Version, library: Version) -> Result<()> {
+    let era = |v: Version| LAYOUTS.iter().rposition(|(first, _)| *first <= v);
+    let refuse = |reason| Err(Error::DeviceApiLayout { header, library, reason });
+    match (era(header), era(library)) {
+        (Some(h), Some(l)) => match (LAYOUTS[h].1, LAYOUTS[l].1) {
+            (Layout::Unversioned, Layout::Unversioned) if h == l => Ok(()),
+            (Layout::Unversioned, Layout::Unversioned) => refuse(
+                "NCCL 2.28.7 inserted barrierCount before lsaBarrierCount and grew ncclDevComm by                  its GIN fields, so NCCL would take another field for the LSA barrier count and write                  past the device communicator; use headers and a library both older than 2.28.7, or                  both from 2.28.7 on",
+            ),
+            (Layout::Unversioned, Layout::Versioned) => refuse(
+                "NCCL ≥ 2.29.2 requires the version fields (size, magic, version) that headers                  older than 2.29.2 lack, and refuses the call; build against the library's headers",
+            ),
+            (Layout::Versioned, _) if library < header => refuse(
+                "the library is older than the headers and cannot read their structs; load a                  library at least as new as the headers",
+            ),
+            (Layout::Versioned, _) => Ok(()),
+        },
+        _ => refuse("one of them predates the device API (NCCL 2.28.3)"),
+    }
+}
 
 /// A group of ranks as the device API sees it (`ncclTeam`): `size` ranks, this rank's index in it,
 /// and the stride between consecutive members' world ranks.
@@ -139,7 +198,9 @@ impl DevCommRequirements {
         self
     }
 
-    /// The C struct, with `resources` linked in (their handles are written to `handles`).
+    /// The C struct, as `NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER` of the compiled headers leaves
+    /// it, with these requirements and `resources` linked in (their handles are written to
+    /// `handles`).
     fn to_raw(
         &self,
         resources: &mut [ncclDevResourceRequirements],
@@ -147,10 +208,28 @@ impl DevCommRequirements {
     ) -> Result<ncclDevCommRequirements> {
         let int =
             |what: &'static str, v: u32| i32::try_from(v).map_err(|_| Error::RequirementTooLarge { what, value: v });
-        // NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER (2.28: all zero; from 2.29 the initializer has
-        // non-zero GIN defaults, which only matter when GIN is requested).
-        // SAFETY: the struct is plain data (pointers, ints, bools); all-zero is its 2.28 initializer.
+        // NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER: all zero in 2.28; from 2.29.2 the version fields
+        // and non-zero defaults below. (`ginCustomStride`, default 1 in 2.32, is read only for
+        // NCCL_GIN_CONNECTION_CUSTOM_STRIDE, which this crate never sets.)
+        // SAFETY: the struct is plain data (pointers, ints, bools, C enums whose zero is a valid
+        // value, `NONE`); all-zero is the 2.28 initializer and the base of the later ones.
         let mut raw: ncclDevCommRequirements = unsafe { std::mem::zeroed() };
+        #[cfg(nccl_2_29)]
+        {
+            raw.size = size_of::<ncclDevCommRequirements>();
+            raw.magic = crate::comm::API_MAGIC;
+            raw.version = nccl_sys::NCCL_VERSION_CODE;
+            raw.ginContextCount = 4;
+        }
+        #[cfg(nccl_2_30)]
+        {
+            raw.ginTrafficClass = crate::comm::UNDEF_INT;
+        }
+        #[cfg(nccl_2_30_7)]
+        {
+            raw.ginStrongSignalsRequired = true;
+            raw.ginVaSignalsRequired = true;
+        }
         raw.lsaBarrierCount = int("LSA barriers", self.lsa_barriers)?;
         raw.barrierCount = int("barriers", self.barriers)?;
         if let Some((blocks, slots)) = self.lla2a {
@@ -187,7 +266,11 @@ impl DevCommRequirements {
 ///
 /// Dropping it destroys it (`ncclDevCommDestroy`, collective like its creation: drop it on every
 /// rank in the same order) after waiting for all work queued on the communicator's device, so no
-/// kernel that still uses it can be running.
+/// kernel that still uses it can be running. That wait is bounded by the communicator's
+/// [timeout](Comm::timeout): when it expires (a kernel stuck on another stream of the device), the
+/// device communicator is kept, not destroyed, and NCCL frees it with the communicator. After the
+/// communicator was aborted there is nothing left to destroy: NCCL freed it with the
+/// communicator.
 #[doc(alias = "ncclDevComm")]
 #[doc(alias = "ncclDevComm_t")]
 pub struct DevComm<'comm> {
@@ -227,31 +310,45 @@ impl fmt::Debug for DevComm<'_> {
 impl<'comm> DevComm<'comm> {
     /// Creates the device communicator (`ncclDevCommCreate`, NCCL ≥ 2.28.3). Collective: every
     /// rank calls it with the same requirements. Refuses NVLink multicast
-    /// ([`Error::MulticastRefused`]) before calling NCCL; a GIN request that NCCL cannot satisfy is
-    /// [`Error::GinUnavailable`].
+    /// ([`Error::MulticastRefused`]), and headers and a library whose device-API structs differ
+    /// ([`Error::DeviceApiLayout`], see the module docs), before calling NCCL; a GIN request that
+    /// NCCL cannot satisfy is [`Error::GinUnavailable`]. On a nonblocking communicator NCCL
+    /// creates it in the background: the call waits for it, bounded by the communicator's timeout.
     #[doc(alias = "ncclDevCommCreate")]
     pub fn new(comm: &'comm Comm, reqs: &DevCommRequirements) -> Result<Self> {
         if reqs.multimem {
             return Err(Error::MulticastRefused);
         }
         crate::error::require(DEVICE_API, "the device API (ncclDevCommCreate)")?;
+        check_layouts(crate::header_version(), crate::error::lib_version()?)?;
         let n = reqs.resources.len();
         // SAFETY: plain data, overwritten in `to_raw`.
         let mut resources = vec![unsafe { std::mem::zeroed::<ncclDevResourceRequirements>() }; n];
         let mut handles = vec![0; n];
         let raw_reqs = reqs.to_raw(&mut resources, &mut handles)?;
+        let raw = comm.live_raw()?;
         comm.context().bind_to_thread()?;
-        let raw = comm.as_raw();
+        // NCCL writes the device communicator (and the resource handles) when its group task runs:
+        // at once, or from a background thread for a nonblocking communicator. Heap slots keep
+        // the addresses stable, and are leaked if that may still happen after this returns.
         // SAFETY: plain data; NCCL fills it.
-        let mut dev: ncclDevComm = unsafe { std::mem::zeroed() };
-        // SAFETY: `raw` is a live communicator; `raw_reqs` and the resource list it points to
-        // (`resources`, whose out-handles point into `handles`) live until the call returns;
-        // `dev` is a valid out-pointer.
-        let created = unsafe { call!(ncclDevCommCreate(raw, &raw_reqs, &mut dev), comm = raw) };
-        match created {
-            Ok(()) => Ok(DevComm { arg: DevCommArg(dev), comm, resources: handles }),
-            Err(Error::Nccl { code, detail, .. }) if reqs.gin.is_some() => Err(Error::GinUnavailable { code, detail }),
-            Err(e) => Err(e),
+        let mut dev: Box<ncclDevComm> = Box::new(unsafe { std::mem::zeroed() });
+        // SAFETY: `raw` is live (checked above; nothing in between can abort it) and its context
+        // current; NCCL deep-copies `raw_reqs` and the resource list (`resources`) during the call;
+        // `dev` and `handles` stay allocated until NCCL has written them (below).
+        let rc = unsafe { call_rc!(ncclDevCommCreate(raw, &raw_reqs, &mut *dev)) }?;
+        let failed = match comm.complete("ncclDevCommCreate", rc) {
+            Ok(()) => return Ok(DevComm { arg: DevCommArg(*dev), comm, resources: handles }),
+            Err(e) => e,
+        };
+        if rc == nccl_sys::ncclResult_t::ncclInProgress {
+            // The background task may still write both (a timeout aborted the communicator).
+            std::mem::forget(dev);
+            std::mem::forget(handles);
+        }
+        match failed {
+            Error::Nccl { code, detail, .. } if reqs.gin.is_some() => Err(Error::GinUnavailable { code, detail }),
+            e => Err(e),
         }
     }
 
@@ -295,13 +392,28 @@ impl<'comm> DevComm<'comm> {
 
 impl Drop for DevComm<'_> {
     fn drop(&mut self) {
-        // No kernel that received this device communicator may still run when it is destroyed.
-        if let Err(e) = self.comm.context().synchronize() {
-            log::warn!("nccl: waiting for kernels before destroying a DevComm failed ({e}); destroying it anyway");
+        // After an abort NCCL freed the device communicator with the communicator.
+        if self.comm.live_raw().is_err() {
+            return;
         }
-        let raw = self.comm.as_raw();
-        // SAFETY: `raw` is the live communicator the device communicator was created from (the
-        // borrow guarantees it), and the device communicator is not used after this.
+        // No kernel that received this device communicator may still run when it is destroyed;
+        // kernels are launched by the caller on streams this crate does not know, hence the whole
+        // device, within the communicator's timeout.
+        let timeout = self.comm.timeout();
+        match gpucomm_ordering::device_idle_within(self.comm.context(), timeout) {
+            Ok(true) => {}
+            Ok(false) => {
+                let e = Error::StillInUse { what: "a DevComm", after: timeout.unwrap_or_default() };
+                return log::warn!("nccl: {e}; NCCL frees it with the communicator");
+            }
+            Err(e) => {
+                return log::warn!("nccl: waiting for kernels before destroying a DevComm failed ({e}); it is kept");
+            }
+        }
+        let Ok(raw) = self.comm.live_raw() else { return };
+        // SAFETY: `raw` is live (checked just above, and only this thread can abort it) and the
+        // device communicator was created from it; no kernel that received it is still running (the
+        // device is idle), and it is not used after this.
         if let Err(e) = unsafe { call!(ncclDevCommDestroy(raw, &self.arg.0), comm = raw) } {
             log::warn!("nccl: ncclDevCommDestroy failed: {e}");
         }
@@ -345,8 +457,8 @@ impl Comm {
     #[doc(alias = "ncclTeamWorld")]
     pub fn team_world(&self) -> Result<Team> {
         crate::error::require(DEVICE_API, "ncclTeamWorld")?;
-        let raw = self.as_raw();
-        // SAFETY: `raw` is live; the function only reads it.
+        let raw = self.live_raw()?;
+        // SAFETY: `raw` is live (checked just above); the function only reads it.
         Ok(unsafe { crate::error::resolve!(ncclTeamWorld)?(raw) }.into())
     }
 
@@ -354,8 +466,8 @@ impl Comm {
     #[doc(alias = "ncclTeamLsa")]
     pub fn team_lsa(&self) -> Result<Team> {
         crate::error::require(DEVICE_API, "ncclTeamLsa")?;
-        let raw = self.as_raw();
-        // SAFETY: `raw` is live; the function only reads it.
+        let raw = self.live_raw()?;
+        // SAFETY: `raw` is live (checked just above); the function only reads it.
         Ok(unsafe { crate::error::resolve!(ncclTeamLsa)?(raw) }.into())
     }
 
@@ -363,8 +475,8 @@ impl Comm {
     #[doc(alias = "ncclTeamRail")]
     pub fn team_rail(&self) -> Result<Team> {
         crate::error::require(DEVICE_API, "ncclTeamRail")?;
-        let raw = self.as_raw();
-        // SAFETY: `raw` is live; the function only reads it.
+        let raw = self.live_raw()?;
+        // SAFETY: `raw` is live (checked just above); the function only reads it.
         Ok(unsafe { crate::error::resolve!(ncclTeamRail)?(raw) }.into())
     }
 
@@ -372,7 +484,8 @@ impl Comm {
     #[doc(alias = "ncclTeamRankToWorld")]
     pub fn team_rank_to_world(&self, team: Team, rank: usize) -> Result<usize> {
         self.team_rank(team, rank, |raw, t, r| {
-            // SAFETY: `raw` is live, `t` a team NCCL described, `r` checked in range.
+            // SAFETY: `raw` is live (`team_rank` took it with `live_raw`), `t` a team NCCL
+            // described, `r` checked in range.
             Ok(unsafe { crate::error::resolve!(ncclTeamRankToWorld)?(raw, t, r) })
         })
     }
@@ -381,7 +494,8 @@ impl Comm {
     #[doc(alias = "ncclTeamRankToLsa")]
     pub fn team_rank_to_lsa(&self, team: Team, rank: usize) -> Result<usize> {
         self.team_rank(team, rank, |raw, t, r| {
-            // SAFETY: `raw` is live, `t` a team NCCL described, `r` checked in range.
+            // SAFETY: `raw` is live (`team_rank` took it with `live_raw`), `t` a team NCCL
+            // described, `r` checked in range.
             Ok(unsafe { crate::error::resolve!(ncclTeamRankToLsa)?(raw, t, r) })
         })
     }
@@ -396,7 +510,7 @@ impl Comm {
         if rank >= team.size {
             return Err(Error::InvalidRank { what: "team rank", rank, size: team.size });
         }
-        let out = f(self.as_raw(), team.raw(), rank as i32)?;
+        let out = f(self.live_raw()?, team.raw(), rank as i32)?;
         usize::try_from(out).map_err(|_| Error::InvalidRank { what: "translated rank", rank, size: team.size })
     }
 }
@@ -418,11 +532,48 @@ mod tests {
         let raw = reqs.to_raw(&mut res, &mut handles).unwrap();
         assert_eq!((raw.lsaBarrierCount, raw.lsaLLA2ABlockCount, raw.lsaLLA2ASlotCount), (16, 2, 64));
         assert!(!raw.lsaMultimem && !raw.ginForceEnable);
+        // From 2.29.2 the struct carries its size, NCCL's magic and the headers' version, as
+        // NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER sets them (NCCL refuses it otherwise).
+        #[cfg(nccl_2_29)]
+        {
+            assert_eq!((raw.size, raw.magic), (size_of::<ncclDevCommRequirements>(), 0xcafe_beef));
+            assert_eq!((raw.version, raw.ginContextCount), (nccl_sys::NCCL_VERSION_CODE, 4));
+        }
+        #[cfg(nccl_2_30_7)]
+        assert!(raw.ginStrongSignalsRequired && raw.ginVaSignalsRequired);
         // The list is in the order given, each entry pointing at its handle.
         assert_eq!(raw.resourceRequirementsList, &mut res[0] as *mut _);
         assert_eq!((res[0].bufferSize, res[0].bufferAlign, res[0].next), (4096, 256, &mut res[1] as *mut _));
         assert_eq!((res[1].bufferSize, res[1].next), (64, std::ptr::null_mut()));
         assert_eq!(res[1].outBufferHandle, &mut handles[1] as *mut _);
+    }
+
+    #[test]
+    fn header_and_library_layouts_must_match() {
+        let v = Version::new;
+        // The GPU machine's pins, and the same layout on both sides.
+        for (header, library) in [
+            (v(2, 28, 9), v(2, 28, 9)),
+            (v(2, 28, 7), v(2, 28, 9)),
+            (v(2, 28, 3), v(2, 28, 3)),
+            (v(2, 29, 2), v(2, 30, 7)),
+            (v(2, 32, 3), v(2, 32, 3)),
+        ] {
+            assert!(check_layouts(header, library).is_ok(), "{header} / {library}");
+        }
+        // The pinned headers with the machine's system library: NCCL 2.28.3 would read
+        // `barrierCount` (0) as the LSA barrier count.
+        let err = check_layouts(v(2, 28, 9), v(2, 28, 3)).unwrap_err();
+        assert!(err.to_string().starts_with("the NCCL headers this crate was built with (2.28.9) and the loaded library (2.28.3) lay out the device-API structs differently: NCCL 2.28.7 inserted barrierCount"), "{err}");
+        assert!(matches!(check_layouts(v(2, 28, 3), v(2, 28, 7)), Err(Error::DeviceApiLayout { .. })));
+        // Unversioned structs on a library that requires the version fields.
+        let err = check_layouts(v(2, 28, 9), v(2, 29, 2)).unwrap_err();
+        assert!(err.to_string().contains("requires the version fields"), "{err}");
+        // Versioned headers need a library at least as new.
+        let err = check_layouts(v(2, 30, 7), v(2, 29, 7)).unwrap_err();
+        assert!(err.to_string().contains("older than the headers"), "{err}");
+        assert!(check_layouts(v(2, 30, 7), v(2, 28, 9)).is_err());
+        assert!(check_layouts(v(2, 27, 7), v(2, 28, 9)).is_err());
     }
 
     #[test]

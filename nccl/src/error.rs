@@ -2,6 +2,8 @@
 
 use std::ffi::CStr;
 use std::fmt;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use nccl_sys::{ncclComm_t, ncclResult_t};
 
@@ -351,6 +353,27 @@ pub enum Error {
         /// What is wrong, naming the image's and the device's architectures.
         reason: String,
     },
+    /// The device-API structs (`ncclDevCommRequirements`, `ncclDevComm`) of the headers this
+    /// crate was compiled against and of the loaded library have different layouts, so NCCL would
+    /// read and write fields that are not where this crate put them.
+    #[error("the NCCL headers this crate was built with ({header}) and the loaded library ({library}) lay out the device-API structs differently: {reason}")]
+    DeviceApiLayout {
+        /// The headers' version ([`crate::header_version`]).
+        header: nccl_sys::Version,
+        /// The loaded library's version ([`crate::version`]).
+        library: nccl_sys::Version,
+        /// What differs, and what to do.
+        reason: &'static str,
+    },
+    /// Teardown that must wait for queued GPU work gave up after the communicator's timeout: the
+    /// work is still running, so what it uses was kept (not deregistered, destroyed or freed).
+    #[error("{what} is still in use by GPU work queued before it, after {after:?}; it was kept, not released")]
+    StillInUse {
+        /// What was being released.
+        what: &'static str,
+        /// The timeout that expired.
+        after: Duration,
+    },
     /// A resource buffer's alignment is not a power of two.
     #[error("resource buffer alignment {align} is not a power of two")]
     ResourceAlignment {
@@ -442,18 +465,51 @@ pub(crate) fn check(call: &'static str, rc: ncclResult_t, comm: Option<ncclComm_
     Err(Error::Nccl { call, code, message: code.message(), detail: comm.and_then(last_error) })
 }
 
-/// `ncclGetLastError(comm)`: NCCL's last error message (NCCL keeps one per process; `comm` may be
-/// null), or `None` when there is none or the library cannot be loaded.
-pub(crate) fn last_error(comm: ncclComm_t) -> Option<String> {
+/// The size of NCCL's last-error buffer: `char ncclLastError[1024]` in `src/debug.cc`, the same
+/// from 2.18.1 to 2.30.7.
+const LAST_ERROR_BYTES: usize = 1024;
+
+/// `ncclGetLastError`: NCCL's last error message, or `None` when there is none or the library
+/// cannot be loaded. NCCL keeps one message per process and ignores the communicator argument, so
+/// none is passed (after an abort there is none to pass).
+///
+/// NCCL writes the message (`vsnprintf` into its static buffer) under a mutex of its own that
+/// callers cannot take, and `ncclGetLastError` returns the buffer itself. So the message is copied
+/// here byte by byte with atomic loads, never through a reference to the buffer (which another
+/// thread may be writing), within the buffer's bounds, and read again until two copies agree: a
+/// message written concurrently by another thread can still come out mixed, but the copy is always
+/// in bounds.
+pub(crate) fn last_error(_comm: ncclComm_t) -> Option<String> {
     let f = resolve!(ncclGetLastError).ok()?;
-    // SAFETY: `comm` is a live communicator or null, both of which NCCL accepts (it does not use
-    // the argument); the returned string is owned by NCCL and copied below before any other call.
-    let ptr = unsafe { f(comm) };
+    // SAFETY: NCCL documents the argument as unused ("can be set to NULL"); the call only returns
+    // the address of its static buffer.
+    let ptr = unsafe { f(std::ptr::null_mut()) };
     if ptr.is_null() {
         return None;
     }
-    // SAFETY: non-null and NUL-terminated per NCCL's contract.
-    let text = unsafe { CStr::from_ptr(ptr) }.to_string_lossy().trim().to_string();
+    let copy = || {
+        let mut bytes = Vec::new();
+        for i in 0..LAST_ERROR_BYTES - 1 {
+            // SAFETY: `ptr` is NCCL's static buffer of LAST_ERROR_BYTES bytes, so every offset below
+            // the last byte is in bounds and lives as long as the library; `AtomicU8` has the layout
+            // of a byte, and an atomic load forms no reference to memory NCCL may be writing.
+            let byte = unsafe { (*ptr.add(i).cast::<std::sync::atomic::AtomicU8>()).load(Ordering::Acquire) };
+            if byte == 0 {
+                break;
+            }
+            bytes.push(byte);
+        }
+        bytes
+    };
+    let mut text = copy();
+    for _ in 0..3 {
+        let again = copy();
+        if again == text {
+            break;
+        }
+        text = again;
+    }
+    let text = String::from_utf8_lossy(&text).trim().to_string();
     (!text.is_empty()).then_some(text)
 }
 
@@ -497,6 +553,19 @@ mod tests {
         assert_eq!(ResultCode(42).message(), "unknown result code");
         let e = check("ncclAllReduce", ncclResult_t(5), None).unwrap_err();
         assert!(e.to_string().starts_with("ncclAllReduce failed with ncclInvalidUsage(5): invalid usage"), "{e}");
+    }
+
+    #[test]
+    fn the_last_error_is_copied_out_of_nccls_buffer() {
+        // Needs the NCCL library, not a device: destroying a built-in operator makes NCCL WARN,
+        // which writes its last-error buffer.
+        let destroy = resolve!(ncclRedOpDestroy).unwrap();
+        // SAFETY: NCCL refuses a built-in operator before it looks at the (null) communicator.
+        let rc = unsafe { destroy(nccl_sys::ncclRedOp_t(0), std::ptr::null_mut()) };
+        assert_eq!(ResultCode::from(rc), ResultCode::INVALID_ARGUMENT);
+        let text = last_error(std::ptr::null_mut()).expect("NCCL's WARN sets the last error");
+        assert_eq!(text, "ncclRedOpDestroy : operator is a NCCL builtin.");
+        assert!(text.len() < LAST_ERROR_BYTES);
     }
 
     #[test]

@@ -11,7 +11,13 @@
 //!
 //! Every buffer given to a [`Member`] stays borrowed until [`group`] returns, so no buffer can be
 //! moved, freed or written before the kernels that use it are enqueued. Direct calls on a thread
-//! that has a group open are refused ([`Error::InsideGroup`]), and groups do not nest.
+//! that has a group open are refused ([`Error::InsideGroup`]) and count as refused calls of the
+//! group, and groups do not nest.
+//!
+//! A call records its communicator's handle; the closure can still abort that communicator after
+//! recording (an [`AbortHandle`](crate::AbortHandle) request carried out by a later call, a
+//! timeout in [`Comm::wait`]), which frees it. So the launch first checks that every communicator
+//! in the group is still live, and launches nothing otherwise.
 
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
@@ -30,11 +36,25 @@ use crate::Comm;
 
 thread_local! {
     static OPEN: Cell<bool> = const { Cell::new(false) };
+    /// Direct calls refused because a group was open, since the group opened.
+    static REFUSED_INSIDE: Cell<usize> = const { Cell::new(0) };
 }
 
 /// True while this thread runs the closure of a [`group`].
 pub(crate) fn is_open() -> bool {
     OPEN.with(Cell::get)
+}
+
+/// `Ok` outside a group; inside one, [`Error::InsideGroup`], counted as a refused call of the open
+/// group (so that it launches nothing, even if the closure ignores the error). For every call that
+/// a group would only record instead of carrying out: direct collectives, communicator creation
+/// and teardown, window registration, a nested group.
+pub(crate) fn refuse_inside() -> Result<()> {
+    if !is_open() {
+        return Ok(());
+    }
+    REFUSED_INSIDE.with(|r| r.set(r.get() + 1));
+    Err(Error::InsideGroup)
 }
 
 /// Marks the group open for the closure's run, and closed again on every path out (panics too).
@@ -43,7 +63,13 @@ struct Open;
 impl Open {
     fn enter() -> Self {
         OPEN.with(|o| o.set(true));
+        REFUSED_INSIDE.with(|r| r.set(0));
         Open
+    }
+
+    /// Direct calls refused while the group was open.
+    fn refused(&self) -> usize {
+        REFUSED_INSIDE.with(Cell::get)
     }
 }
 
@@ -129,7 +155,7 @@ impl<'a> Group<'a> {
         stream.context().check_err()?;
         recorded.calls.push(call);
         recorded.guards.extend(guards);
-        if !recorded.settle.iter().any(|(c, s)| c.as_raw() == comm.as_raw() && same_stream(s, stream)) {
+        if !recorded.settle.iter().any(|(c, s)| std::ptr::eq(*c, comm) && same_stream(s, stream)) {
             recorded.settle.push((comm, stream));
         }
         Ok(())
@@ -138,10 +164,18 @@ impl<'a> Group<'a> {
     /// Issues every recorded call between `ncclGroupStart` and `end` (which calls `ncclGroupEnd`
     /// or `ncclGroupSimulateEnd` and is named `name`), then settles each communicator's work; the
     /// guards are released afterwards, when the group is dropped.
+    ///
+    /// Nothing is issued unless every communicator in the group is still live: a call records its
+    /// communicator's handle, and a communicator aborted since (later in the closure) is freed.
     fn launch(&mut self, name: &'static str, end: impl FnOnce() -> ncclResult_t) -> Result<()> {
         let recorded = self.recorded.get_mut();
         if recorded.calls.is_empty() {
             return Ok(());
+        }
+        // Every recorded call's communicator is in `settle`. None can be aborted between this check
+        // and the issue below: only this thread carries out aborts, and it does not wait in between.
+        for (comm, _) in recorded.settle.iter() {
+            comm.live_raw()?;
         }
         // SAFETY: no NCCL group is open on this thread: this crate opens NCCL groups only in its own
         // functions, which end them before returning.
@@ -150,7 +184,8 @@ impl<'a> Group<'a> {
         for c in recorded.calls.iter() {
             // SAFETY: each call was built by a `Collectives` method, whose checks make its pointers
             // valid for its count, type and ranks on its communicator's device; the buffers are
-            // borrowed for 'a and their guards are held by `self` until after the settling below.
+            // borrowed for 'a and their guards are held by `self` until after the settling below;
+            // every communicator was checked live just above.
             let rc = unsafe { c.issue() };
             if rc != ncclResult_t::ncclSuccess {
                 // NCCL remembers the error and ends the group without launching it.
@@ -166,7 +201,10 @@ impl<'a> Group<'a> {
                 settled = s;
             }
         }
-        issued.and(settled).and_then(|()| recorded.join_streams())
+        // Joined whatever happened: a group that failed after `ncclGroupEnd` may have launched
+        // some of its work, which later uses of its buffers must still be ordered after.
+        let joined = recorded.join_streams();
+        issued.and(settled).and(joined)
     }
 }
 
@@ -176,7 +214,8 @@ impl Recorded<'_> {
     /// [`StreamTracker`](gpucomm_ordering::StreamTracker)) can name only one of them as the last
     /// user. So when a group's calls went to several streams of a device, each of those streams
     /// waits for the others' work: whichever one a buffer names, later uses wait for the whole
-    /// group. Groups on one stream per device (the usual case) skip this.
+    /// group. Groups on one stream per device (the usual case) skip this. Done after a failed
+    /// launch too.
     fn join_streams(&self) -> Result<()> {
         for (i, (_, a)) in self.settle.iter().enumerate() {
             for (j, (_, b)) in self.settle.iter().enumerate() {
@@ -222,15 +261,16 @@ fn run<'a, R>(
     end: impl FnOnce() -> ncclResult_t,
     simulated: bool,
 ) -> Result<R> {
-    if is_open() {
-        return Err(Error::InsideGroup);
-    }
+    refuse_inside()?;
     let mut group = Group::new();
-    let value = {
-        let _open = Open::enter();
-        f(&mut group)
-    }?;
+    let (value, refused_inside) = {
+        let open = Open::enter();
+        let value = f(&mut group);
+        (value, open.refused())
+    };
+    let value = value?;
     let recorded = group.recorded.get_mut();
+    recorded.refused += refused_inside;
     if recorded.refused > 0 {
         return Err(Error::GroupRefused { refused: recorded.refused });
     }
@@ -252,8 +292,10 @@ fn run<'a, R>(
 ///
 /// **All or nothing**: the calls are checked and recorded while `f` runs and launched together
 /// after it returns. If `f` returns an error, or any call inside it was refused (even if `f`
-/// ignored that error: [`Error::GroupRefused`]), nothing is launched. An error from
-/// `ncclGroupEnd` applies to every communicator in the group.
+/// ignored that error: [`Error::GroupRefused`]) — a direct call on a communicator counts as a
+/// refused call — nothing is launched; nor if a communicator of the group was aborted after its
+/// calls were recorded ([`Error::Aborted`]). An error from `ncclGroupEnd` applies to every
+/// communicator in the group.
 ///
 /// Every buffer passed to the group stays borrowed until `group` returns, and its stream guards
 /// are released only after NCCL has enqueued the work. Inside `f`, direct calls on a communicator
@@ -349,6 +391,21 @@ mod tests {
         })
         .unwrap_err();
         assert_eq!(err.to_string(), "1 call(s) in the group were refused, so nothing in it was launched");
+    }
+
+    #[test]
+    fn a_direct_call_refused_inside_the_closure_stops_the_group() {
+        // What a direct collective, a split or a window registration does inside a group closure
+        // (they all refuse through `refuse_inside`); the closure ignores the error. Before, the
+        // refusal was not counted and the group launched the calls recorded around it.
+        let err = group(|_| {
+            assert!(matches!(refuse_inside(), Err(Error::InsideGroup)));
+            Ok(())
+        })
+        .unwrap_err();
+        assert!(matches!(err, Error::GroupRefused { refused: 1 }), "{err}");
+        assert!(refuse_inside().is_ok(), "outside a group nothing is refused");
+        group(|_| Ok(())).expect("the count starts again with every group");
     }
 
     #[test]

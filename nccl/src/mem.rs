@@ -165,6 +165,12 @@ impl<T> MemBuffer<T> {
         Ok(MemView { buf: self, ptr, len })
     }
 
+    /// The whole buffer as a writable view (like cudarc's `CudaSlice::as_view_mut`).
+    pub fn as_view_mut(&mut self) -> MemViewMut<'_, T> {
+        let (ptr, len) = (self.ptr, self.len);
+        MemViewMut { buf: self, ptr, len }
+    }
+
     /// Elements `range` of the buffer, writable (like cudarc's `CudaSlice::slice_mut`).
     pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<MemViewMut<'_, T>> {
         let (ptr, len) = self.sub(range)?;

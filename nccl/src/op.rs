@@ -148,8 +148,8 @@ unsafe fn create<T: NcclType>(
 ) -> Result<ncclRedOp_t> {
     check_type::<T>(lib_version()?)?;
     let mut raw = ncclRedOp_t(0);
-    let c = comm.as_raw();
-    // SAFETY: `raw` is a live out-pointer; `c` a live communicator; the scalar is as this
+    let c = comm.live_raw()?;
+    // SAFETY: `raw` is a live out-pointer; `c` is live (checked just above); the scalar is as this
     // function's contract says, of the size of `T::DATA_TYPE` (sealed trait).
     unsafe { call!(ncclRedOpCreatePreMulSum(&mut raw, scalar, T::DATA_TYPE.raw(), residence, c), comm = c) }?;
     Ok(raw)
@@ -162,7 +162,8 @@ impl<'a, T> PreMulSum<'a, T> {
     }
 
     /// Destroys the operator (`ncclRedOpDestroy`); on failure hands it back with the error.
-    /// Dropping it does the same and logs a failure.
+    /// Dropping it does the same and logs a failure. After the communicator was aborted there is
+    /// nothing to destroy (NCCL freed the operator with it).
     #[doc(alias = "ncclRedOpDestroy")]
     pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
         match self.release() {
@@ -175,9 +176,9 @@ impl<'a, T> PreMulSum<'a, T> {
     }
 
     fn release(&self) -> Result<()> {
-        let c = self.comm.as_raw();
-        // SAFETY: `raw` was created for `c`, which is alive (borrowed for 'a); the borrow checker
-        // ends every use of the operator (in a group: the group's launch) before this runs.
+        let Ok(c) = self.comm.live_raw() else { return Ok(()) };
+        // SAFETY: `raw` was created for `c`, which is live (checked just above); the borrow
+        // checker ends every use of the operator (in a group: the group's launch) before this runs.
         unsafe { call!(ncclRedOpDestroy(self.raw, c), comm = c) }
     }
 }
@@ -195,7 +196,9 @@ impl<T> sealed::Sealed for &PreMulSum<'_, T> {}
 impl<'b, 'a: 'b, T> Reduction<'b, T> for &'b PreMulSum<'a, T> {
     #[inline]
     fn resolve(self, comm: &Comm) -> Result<OpUse<'b, T>> {
-        if comm.as_raw() != self.comm.as_raw() {
+        // The same `Comm` (it cannot move while the operator borrows it). Comparing handles would
+        // match two aborted communicators, whose handles both read as null.
+        if !std::ptr::eq(comm, self.comm) {
             return Err(Error::ForeignOp);
         }
         Ok(OpUse { raw: self.raw, scalar: self.scalar })

@@ -5,15 +5,17 @@ use std::ffi::c_void;
 use std::fmt;
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
-use std::ops::{Deref, DerefMut};
+use std::ops::Deref;
+#[cfg(nccl_2_27)]
+use std::ops::RangeBounds;
 
 use cudarc::driver::{DevicePtrMut, DeviceSlice};
-use gpucomm_ordering::Access;
+use gpucomm_ordering::{Access, PinnedMut};
 
 use crate::error::{call, Error, Result};
 use crate::Comm;
 #[cfg(nccl_2_27)]
-use crate::MemBuffer;
+use crate::{MemBuffer, MemViewMut};
 
 /// `buf`'s device must be the communicator's.
 fn check_device<T>(comm: &Comm, what: &'static str, buf: &impl DeviceSlice<T>) -> Result<()> {
@@ -29,8 +31,11 @@ fn check_device<T>(comm: &Comm, what: &'static str, buf: &impl DeviceSlice<T>) -
 /// move data in and out of it directly, without copies through its internal buffers.
 ///
 /// The registration owns the buffer and gives it back with [`Registration::deregister`]; in between
-/// the buffer is used through `&*reg` / `&mut *reg` ([`Deref`]) like any other. It borrows its
-/// communicator, so it cannot outlive it, and it is deregistered on drop.
+/// the buffer is read through `&*reg` ([`Deref`]) and written through
+/// [`reg.buffer_mut()`](Registration::buffer_mut), like any other. There is no `&mut` to the buffer
+/// itself: with one, safe code could replace the buffer (`std::mem::replace`) and free the
+/// registered memory while NCCL still holds it. The registration borrows its communicator, so it
+/// cannot outlive it, and it is deregistered on drop.
 ///
 /// Registration is a collective *contract*: NCCL uses registered buffers only when every rank of
 /// a call passes registered buffers, and mixing registered and unregistered buffers across ranks
@@ -61,6 +66,7 @@ impl Comm {
     /// [`Registration`] for the contract across ranks.
     #[doc(alias = "ncclCommRegister")]
     pub fn register<T, B: DevicePtrMut<T>>(&self, mut buf: B) -> Result<Registration<'_, T, B>> {
+        let c = self.live_raw()?;
         check_device(self, "buffer", &buf)?;
         if buf.len() == 0 {
             return Err(Error::ZeroCount { call: "ncclCommRegister" });
@@ -71,10 +77,9 @@ impl Comm {
             let access = Access::new(self.stream());
             let (ptr, _guard) = access.write(&mut buf)?;
             self.context().check_err()?;
-            let c = self.as_raw();
             // SAFETY: `ptr` points at `bytes` bytes of device memory on this communicator's device
             // (checked), owned by the registration until it is deregistered; `handle` is a live
-            // out-pointer; `c` is a live communicator, borrowed by the registration.
+            // out-pointer; `c` is live (checked above; nothing in between can abort it).
             unsafe { call!(ncclCommRegister(c, ptr as *mut c_void, bytes, &mut handle), comm = c) }?;
         }
         Ok(Registration { comm: self, handle, buf: ManuallyDrop::new(buf), _elements: PhantomData })
@@ -93,8 +98,18 @@ impl<'c, T, B: DevicePtrMut<T>> Registration<'c, T, B> {
         self.handle
     }
 
+    /// Writable access to the buffer, for calls that write it (collectives, copies, kernels):
+    /// `comm.all_reduce_in_place(&mut reg.buffer_mut(), ..)`. It forwards cudarc's buffer protocol
+    /// only, so the registered buffer cannot be replaced through it.
+    pub fn buffer_mut(&mut self) -> PinnedMut<'_, T, B> {
+        PinnedMut::new(&mut *self.buf)
+    }
+
     /// Deregisters the buffer (`ncclCommDeregister`) once its earlier uses have finished, and
-    /// gives it back. On failure the registration is handed back with the error.
+    /// gives it back. Only the buffer's own uses are waited for, bounded by the communicator's
+    /// timeout ([`Error::StillInUse`] when it expires). After the communicator was aborted there
+    /// is nothing to deregister (NCCL released the registration with it) and the buffer comes back
+    /// at once. On failure the registration is handed back with the error.
     #[doc(alias = "ncclCommDeregister")]
     pub fn deregister(mut self) -> std::result::Result<B, (Self, Error)> {
         match self.release() {
@@ -110,20 +125,26 @@ impl<'c, T, B: DevicePtrMut<T>> Registration<'c, T, B> {
     }
 
     /// Waits for the buffer's earlier uses to finish (kernels using the registration read NCCL's
-    /// state for it, which deregistering frees), then deregisters it.
+    /// state for it, which deregistering frees), then deregisters it; after an abort, nothing.
     fn release(&mut self) -> Result<()> {
-        {
-            // The communicator's stream waits for every earlier use of the buffer, on any stream.
-            let access = Access::new(self.comm.stream());
-            let _guard = access.write(&mut *self.buf)?;
-        }
-        self.comm.context().check_err()?;
-        self.comm.stream().synchronize()?;
-        let c = self.comm.as_raw();
-        // SAFETY: `handle` came from ncclCommRegister on `c`, which is alive (borrowed for 'c); it
+        // The communicator's abort released the registration; the handle must not reach NCCL.
+        let Ok(c) = self.comm.live_raw() else { return Ok(()) };
+        quiesce(&mut *self.buf, self.comm, "a registered buffer")?;
+        // SAFETY: `handle` came from ncclCommRegister on `c`, which is live (checked above: the
+        // wait in between cannot abort it, only this thread's calls into the communicator can); it
         // is deregistered once (`deregister` forgets the registration, `Drop` runs at most once);
         // no work using the buffer is pending.
         unsafe { call!(ncclCommDeregister(c, self.handle), comm = c) }
+    }
+}
+
+/// Waits until `buf`'s earlier uses have finished, and for nothing else, bounded by `comm`'s
+/// timeout: [`Error::StillInUse`] naming `what` when it expires.
+fn quiesce<T>(buf: &mut impl DevicePtrMut<T>, comm: &Comm, what: &'static str) -> Result<()> {
+    let timeout = comm.timeout();
+    match gpucomm_ordering::wait_for_uses(buf, comm.context(), timeout)? {
+        true => Ok(()),
+        false => Err(Error::StillInUse { what, after: timeout.unwrap_or_default() }),
     }
 }
 
@@ -131,12 +152,6 @@ impl<T, B: DevicePtrMut<T>> Deref for Registration<'_, T, B> {
     type Target = B;
     fn deref(&self) -> &B {
         &self.buf
-    }
-}
-
-impl<T, B: DevicePtrMut<T>> DerefMut for Registration<'_, T, B> {
-    fn deref_mut(&mut self) -> &mut B {
-        &mut self.buf
     }
 }
 
@@ -180,8 +195,11 @@ impl WindowFlags {
 ///
 /// Only memory from NCCL's allocator (or CUDA VMM memory with the handle types NCCL needs, at a
 /// 4096-byte aligned offset) can become a window, hence a [`MemBuffer`], whose addresses satisfy
-/// that. The window owns the buffer (used through `&*window` / `&mut *window`, [`Deref`]) and
-/// gives it back with [`Window::deregister`]; it borrows its communicator, so it cannot outlive it.
+/// that. The window owns the buffer and gives it back with [`Window::deregister`]: it is read
+/// through `&*window` ([`Deref`]) and written through views ([`Window::as_view_mut`],
+/// [`Window::slice_mut`]), never through a `&mut MemBuffer`, with which safe code could replace the
+/// buffer and free memory that NCCL maps on every rank. The window borrows its communicator, so it
+/// cannot outlive it.
 ///
 /// Registering a window is collective: every rank of the communicator registers one (NCCL ends it
 /// with a barrier). One process driving several communicators registers them all at once with
@@ -212,12 +230,11 @@ impl Comm {
     pub fn register_window<T>(&self, buf: MemBuffer<T>, flags: WindowFlags) -> Result<Window<'_, T>> {
         // Inside a group closure the other communicators' registrations come later: this one
         // would wait for them forever. Several communicators register through `register_windows`.
-        if crate::group::is_open() {
-            return Err(Error::InsideGroup);
-        }
+        crate::group::refuse_inside()?;
+        let c = self.live_raw()?;
         check_device(self, "window buffer", &buf)?;
         let mut raw = std::ptr::null_mut();
-        let rc = register_raw(self, &buf, flags, &mut raw)?;
+        let rc = register_raw(c, &buf, flags, &mut raw)?;
         // Outside a group NCCL registers before returning; a nonblocking communicator fills `raw`
         // in by the time it has settled.
         self.settle("ncclCommWindowRegister", rc, self.stream())?;
@@ -238,15 +255,16 @@ pub fn register_windows<'c, T>(
     pairs: impl IntoIterator<Item = (&'c Comm, MemBuffer<T>)>,
     flags: WindowFlags,
 ) -> Result<Vec<Window<'c, T>>> {
-    if crate::group::is_open() {
-        return Err(Error::InsideGroup);
-    }
+    crate::group::refuse_inside()?;
     let mut windows: Vec<Window<'c, T>> = pairs
         .into_iter()
         .map(|(comm, buf)| Window { comm, raw: std::ptr::null_mut(), buf: ManuallyDrop::new(buf) })
         .collect();
-    // Checked before the group starts, so that a refused buffer leaves no group open.
+    // Checked before the group starts, so that a refused buffer or an aborted communicator leaves
+    // no group open and no registration waiting for a rank that never comes.
+    let mut handles = Vec::with_capacity(windows.len());
     for w in &windows {
+        handles.push(w.comm.live_raw()?);
         check_device(w.comm, "window buffer", &*w.buf)?;
     }
     let end = crate::error::resolve!(ncclGroupEnd)?;
@@ -254,9 +272,9 @@ pub fn register_windows<'c, T>(
     // functions, which end them before returning.
     unsafe { call!(ncclGroupStart()) }?;
     let mut registered = Ok(());
-    for w in windows.iter_mut() {
+    for (w, &c) in windows.iter_mut().zip(&handles) {
         // NCCL fills `w.raw` when the group ends; `windows` is not resized before then.
-        if let Err(e) = register_raw(w.comm, &w.buf, flags, &mut w.raw) {
+        if let Err(e) = register_raw(c, &w.buf, flags, &mut w.raw) {
             registered = Err(e);
             break;
         }
@@ -274,12 +292,13 @@ pub fn register_windows<'c, T>(
     registered.and(settled).map(|()| windows)
 }
 
-/// Calls `ncclCommWindowRegister` for `buf` (on the communicator's device: checked by the callers),
-/// which writes the window to `out` at once, or when the enclosing group ends or the communicator
-/// settles. Returns NCCL's result code.
+/// Calls `ncclCommWindowRegister` on the live communicator `comm` (taken with `Comm::live_raw` by
+/// the caller, with no wait since) for `buf` (on the communicator's device: checked by the
+/// callers), which writes the window to `out` at once, or when the enclosing group ends or the
+/// communicator settles. Returns NCCL's result code.
 #[cfg(nccl_2_27)]
 fn register_raw<T>(
-    comm: &Comm,
+    comm: nccl_sys::ncclComm_t,
     buf: &MemBuffer<T>,
     flags: WindowFlags,
     out: &mut nccl_sys::ncclWindow_t,
@@ -287,9 +306,9 @@ fn register_raw<T>(
     let f = crate::error::resolve!(ncclCommWindowRegister)?;
     // SAFETY: the buffer is `num_bytes` bytes of ncclMemAlloc memory (4096-byte aligned, as windows
     // need) on the communicator's device, owned by the window until it is deregistered; `out` is
-    // live until NCCL fills it (the caller keeps it in place until settled); the communicator is
-    // alive and borrowed by the window.
-    Ok(unsafe { f(comm.as_raw(), buf.as_raw() as *mut c_void, buf.num_bytes(), out, flags.raw()) })
+    // live until NCCL fills it (the caller keeps it in place until settled); `comm` is live (the
+    // caller's contract) and borrowed by the window.
+    Ok(unsafe { f(comm, buf.as_raw() as *mut c_void, buf.num_bytes(), out, flags.raw()) })
 }
 
 #[cfg(nccl_2_27)]
@@ -311,13 +330,28 @@ impl<'c, T> Window<'c, T> {
         &self.buf
     }
 
+    /// The whole window's memory, writable, for calls that write it (collectives, copies,
+    /// kernels): `comm.all_reduce_in_place(&mut window.as_view_mut(), ..)`. A view, which cannot
+    /// replace the window's buffer.
+    pub fn as_view_mut(&mut self) -> MemViewMut<'_, T> {
+        self.buf.as_view_mut()
+    }
+
+    /// Elements `range` of the window's memory, writable ([`MemBuffer::slice_mut`]).
+    pub fn slice_mut(&mut self, range: impl RangeBounds<usize>) -> Result<MemViewMut<'_, T>> {
+        self.buf.slice_mut(range)
+    }
+
     /// The device address of the window's memory (the window's offset 0), for kernels.
     pub fn as_ptr(&self) -> cudarc::driver::sys::CUdeviceptr {
         self.buf.as_raw()
     }
 
     /// Deregisters the window (`ncclCommWindowDeregister`) once the buffer's last use has finished,
-    /// and gives the buffer back. On failure the window is handed back with the error.
+    /// and gives the buffer back. The wait is bounded by the communicator's timeout
+    /// ([`Error::StillInUse`] when it expires). After the communicator was aborted, NCCL released
+    /// the window with it: the buffer comes back at once. On failure the window is handed back
+    /// with the error.
     #[doc(alias = "ncclCommWindowDeregister")]
     // The buffer comes back on failure, as fallible teardown does throughout the crate.
     #[allow(clippy::result_large_err)]
@@ -335,16 +369,19 @@ impl<'c, T> Window<'c, T> {
         }
     }
 
-    fn release(&self) -> Result<()> {
+    /// Waits for the buffer's uses, then deregisters the window; after an abort, nothing.
+    fn release(&mut self) -> Result<()> {
         if self.raw.is_null() {
             return Ok(());
         }
+        // The communicator's abort freed the window; the handle must not reach NCCL (2.28.9 reads
+        // the communicator before anything else in ncclCommWindowDeregister).
+        let Ok(c) = self.comm.live_raw() else { return Ok(()) };
         // Kernels using the window read its state, which deregistering frees.
-        self.buf.tracker().synchronize()?;
-        let c = self.comm.as_raw();
-        // SAFETY: `raw` came from ncclCommWindowRegister on `c`, which is alive (borrowed for 'c);
-        // it is deregistered once (nulled by `deregister`, `Drop` runs at most once); the buffer's
-        // last use has finished.
+        quiesce(&mut *self.buf, self.comm, "a window's buffer")?;
+        // SAFETY: `raw` came from ncclCommWindowRegister on `c`, which is live (checked above: the
+        // wait in between cannot abort it); it is deregistered once (nulled by `deregister`, `Drop`
+        // runs at most once); the buffer's last use has finished.
         unsafe { call!(ncclCommWindowDeregister(c, self.raw), comm = c) }
     }
 }
@@ -354,13 +391,6 @@ impl<T> Deref for Window<'_, T> {
     type Target = MemBuffer<T>;
     fn deref(&self) -> &MemBuffer<T> {
         &self.buf
-    }
-}
-
-#[cfg(nccl_2_27)]
-impl<T> DerefMut for Window<'_, T> {
-    fn deref_mut(&mut self) -> &mut MemBuffer<T> {
-        &mut self.buf
     }
 }
 

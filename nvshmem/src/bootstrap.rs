@@ -55,6 +55,16 @@ impl Bootstrap<'_> {
         Ok(Some((pe, n_pes)))
     }
 
+    /// The variant's name, for messages.
+    pub(crate) fn name(&self) -> &'static str {
+        match self {
+            Bootstrap::UniqueId { .. } => "Bootstrap::UniqueId",
+            Bootstrap::Mpi => "Bootstrap::Mpi",
+            Bootstrap::Pmi => "Bootstrap::Pmi",
+            Bootstrap::Environment => "Bootstrap::Environment",
+        }
+    }
+
     /// Refuses a request that the environment contradicts, and opens the MPI plugin ahead of
     /// NVSHMEM so that its failure has a reason.
     pub(crate) fn check_environment(&self) -> Result<()> {
@@ -66,7 +76,13 @@ impl Bootstrap<'_> {
                 _ => Ok(()),
             },
             Bootstrap::Mpi => open_plugin(config::string("NVSHMEM_BOOTSTRAP_MPI_PLUGIN"), MPI_PLUGIN),
-            Bootstrap::UniqueId { .. } | Bootstrap::Environment => Ok(()),
+            // The unique-id bootstrap without an id: NVSHMEM's plugin would read the arguments
+            // through a null pointer.
+            Bootstrap::Environment => match config::string("NVSHMEM_BOOTSTRAP") {
+                Some(value) if value.eq_ignore_ascii_case("UID") => Err(Error::UniqueIdNeeded { value }),
+                _ => Ok(()),
+            },
+            Bootstrap::UniqueId { .. } => Ok(()),
         }
     }
 }

@@ -306,6 +306,60 @@ pub enum Error {
     /// Exchanging the unique id with the other PEs failed.
     #[error(transparent)]
     Rendezvous(Box<crate::launch::RendezvousError>),
+    /// Two ranges of one call overlap where NVSHMEM requires them apart (or, for reductions, apart
+    /// or identical): the result would be undefined.
+    #[error("the {first} and the {second} overlap, which NVSHMEM leaves undefined: they must be {needed}")]
+    Overlap {
+        /// The first range.
+        first: &'static str,
+        /// The second range.
+        second: &'static str,
+        /// What NVSHMEM requires: `"disjoint"`, or `"disjoint or identical"`.
+        needed: &'static str,
+    },
+    /// The PEs asked for different symmetric allocations in the same collective call: allocating
+    /// would leave the symmetric heaps out of step (later buffers at different offsets on
+    /// different PEs). Nothing was allocated, on any PE.
+    #[error("the PEs asked for different symmetric allocations ({min_bytes}…{max_bytes} bytes, alignment {min_align}…{max_align}); nothing was allocated on any PE")]
+    AsymmetricAlloc {
+        /// The smallest size any PE asked for, in bytes.
+        min_bytes: u64,
+        /// The largest.
+        max_bytes: u64,
+        /// The smallest alignment any PE asked for (0: the default).
+        min_align: u64,
+        /// The largest.
+        max_align: u64,
+    },
+    /// Another PE refused its part of this collective allocation (its own error says why), so no
+    /// PE allocated.
+    #[error("another PE refused this symmetric allocation (see its error); nothing was allocated on any PE")]
+    PeerRefusedAlloc,
+    /// A [`crate::UniqueId`] was created in this process before NVSHMEM was started with another
+    /// bootstrap. Creating the id loads NVSHMEM's unique-id plugin and NVSHMEM keeps it: it would
+    /// then start `requested` through that plugin, which dereferences the missing unique-id
+    /// arguments (NVSHMEM 3.4.5 `bootstrap_loader.cpp`, `bootstrap_uid.cpp`).
+    #[error("a UniqueId was created in this process, which leaves NVSHMEM's bootstrap bound to its unique-id plugin; starting with {requested} would go through that plugin: start with Bootstrap::UniqueId, or create no UniqueId in a process that uses {requested}")]
+    BootstrapAfterUniqueId {
+        /// The bootstrap requested.
+        requested: &'static str,
+    },
+    /// `NVSHMEM_BOOTSTRAP=UID` with [`crate::Bootstrap::Environment`], which cannot pass the
+    /// unique id that bootstrap needs (NVSHMEM would dereference the missing arguments).
+    #[error("NVSHMEM_BOOTSTRAP={value} selects the unique-id bootstrap, which needs an id that Bootstrap::Environment cannot pass: start with Bootstrap::UniqueId")]
+    UniqueIdNeeded {
+        /// The variable's value.
+        value: String,
+    },
+    /// Teardown that must wait for queued GPU work gave up after the runtime's timeout
+    /// ([`crate::Runtime::set_timeout`]): the work is still running, so what it uses was kept.
+    #[error("{what} is still in use by queued GPU work after {after:?}; it was kept, not released")]
+    StillInUse {
+        /// What was being released.
+        what: &'static str,
+        /// The timeout that expired.
+        after: std::time::Duration,
+    },
 }
 
 impl From<nvshmem_sys::LoadError> for Error {

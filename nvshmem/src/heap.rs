@@ -10,6 +10,7 @@ use std::sync::Arc;
 use cudarc::driver::{sys::CUdeviceptr, CudaContext, CudaStream, DeviceRepr, ValidAsZeroBits};
 use gpucomm_ordering::{tracked_device_ptr, StreamTracker};
 
+use crate::agree::Ask;
 use crate::config;
 use crate::error::{call, Error, Result};
 use crate::Runtime;
@@ -91,6 +92,11 @@ impl HeapLimit {
 ///
 /// [`Runtime::alloc`] (and the `_zeroed` / `_aligned` variants) and [`Symmetric::free`] are
 /// collective and blocking: every PE must call them in the same order with the same sizes.
+/// Allocation checks the sizes: before NVSHMEM allocates, the PEs compare what they ask for, and
+/// when one asked for another size or alignment ([`Error::AsymmetricAlloc`]), or refused its part
+/// (then [`Error::PeerRefusedAlloc`] on the others), no PE allocates — a mismatched allocation
+/// would leave every later buffer at another offset on some PE. The check costs one small
+/// reduction over the PEs per allocation.
 /// Because the order of `Drop`s differs between PEs on error paths, dropping a buffer does **not**
 /// free it: it stays allocated until NVSHMEM is finalised, and a warning goes to the `log` crate.
 /// Free buffers explicitly with [`Symmetric::free`].
@@ -135,8 +141,9 @@ impl Runtime {
     /// Collective: all PEs call it in the same order with the same `len`. The contents are
     /// whatever the heap held (hence [`Element`]: types valid for any bits).
     ///
-    /// Refused before NVSHMEM is called: zero bytes ([`Error::ZeroSize`]) and sizes past the
-    /// heap's limit ([`Error::HeapExhausted`], see [`HeapLimit`]).
+    /// Refused before NVSHMEM is called, on every PE: zero bytes ([`Error::ZeroSize`]), sizes past
+    /// the heap's limit ([`Error::HeapExhausted`], see [`HeapLimit`]), PEs asking for different
+    /// sizes ([`Error::AsymmetricAlloc`]), and another PE's refusal ([`Error::PeerRefusedAlloc`]).
     #[doc(alias = "nvshmem_malloc")]
     pub fn alloc<T: Element>(&self, len: usize) -> Result<Symmetric<'_, T>> {
         self.allocate(len, Alloc::Malloc)
@@ -154,14 +161,52 @@ impl Runtime {
     /// Collective, like [`Runtime::alloc`].
     #[doc(alias = "nvshmem_align")]
     pub fn alloc_aligned<T: Element>(&self, len: usize, align: usize) -> Result<Symmetric<'_, T>> {
-        let min = align_of::<T>();
-        if !align.is_power_of_two() || align < min {
-            return Err(Error::InvalidAlignment { align, min });
-        }
         self.allocate(len, Alloc::Align(align))
     }
 
     fn allocate<T>(&self, len: usize, how: Alloc) -> Result<Symmetric<'_, T>> {
+        let align = match how {
+            Alloc::Align(align) => align as u64,
+            Alloc::Malloc | Alloc::Calloc => 0,
+        };
+        // Every PE asks, whether or not it refuses, so that every PE reaches the same verdict.
+        let (ask, refusal) = match self.local_check::<T>(len, &how) {
+            Ok(bytes) => (Ask { bytes: bytes as u64, align, refused: false }, None),
+            Err(e) => (Ask { bytes: 0, align, refused: true }, Some(e)),
+        };
+        let agreement = self.agreement()?;
+        self.context().bind_to_thread()?;
+        agreement.agree(ask)?.check(refusal)?;
+        let bytes = ask.bytes as usize;
+        let tracker = StreamTracker::new(self.stream())?;
+        self.context().bind_to_thread()?;
+        // SAFETY: NVSHMEM is initialised (the runtime exists) and its context is current; the
+        // sizes are non-zero and within the heap's configured limit (checked above), and every PE
+        // asks for the same size and alignment (agreed above).
+        let ptr = unsafe {
+            match how {
+                Alloc::Malloc => call!(nvshmem_malloc(bytes)),
+                Alloc::Calloc => call!(nvshmem_calloc(len, size_of::<T>())),
+                Alloc::Align(align) => call!(nvshmem_align(align, bytes)),
+            }
+        }?;
+        let ptr = NonNull::new(ptr).ok_or(Error::OutOfMemory { bytes })?;
+        self.heap_in_use.set(self.heap_in_use.get() + bytes);
+        Ok(Symmetric { ptr, len, rt: self, tracker, freed: false, _elem: PhantomData })
+    }
+}
+
+impl Runtime {
+    /// This PE's own verdict on an allocation of `len` elements of `T`: its size in bytes, or why
+    /// it is refused. Every refusal is decided here, so that a PE that refuses still takes part in
+    /// the agreement (the others would wait for it otherwise).
+    fn local_check<T>(&self, len: usize, how: &Alloc) -> Result<usize> {
+        if let Alloc::Align(align) = *how {
+            let min = align_of::<T>();
+            if !align.is_power_of_two() || align < min {
+                return Err(Error::InvalidAlignment { align, min });
+            }
+        }
         let elem_size = size_of::<T>();
         let bytes = len.checked_mul(elem_size).ok_or(Error::SizeOverflow { len, elem_size })?;
         if bytes == 0 {
@@ -172,20 +217,7 @@ impl Runtime {
         if bytes > limit.limit.saturating_sub(in_use) {
             return Err(Error::HeapExhausted { bytes, in_use, limit: limit.limit, limit_from: limit.limit_from });
         }
-        let tracker = StreamTracker::new(self.stream())?;
-        self.context().bind_to_thread()?;
-        // SAFETY: NVSHMEM is initialised (the runtime exists) and its context is current; the
-        // sizes are non-zero and within the heap's configured limit (checked above).
-        let ptr = unsafe {
-            match how {
-                Alloc::Malloc => call!(nvshmem_malloc(bytes)),
-                Alloc::Calloc => call!(nvshmem_calloc(len, elem_size)),
-                Alloc::Align(align) => call!(nvshmem_align(align, bytes)),
-            }
-        }?;
-        let ptr = NonNull::new(ptr).ok_or(Error::OutOfMemory { bytes })?;
-        self.heap_in_use.set(in_use + bytes);
-        Ok(Symmetric { ptr, len, rt: self, tracker, freed: false, _elem: PhantomData })
+        Ok(bytes)
     }
 }
 

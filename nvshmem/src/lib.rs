@@ -46,6 +46,7 @@
 #![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+mod agree;
 mod bootstrap;
 mod config;
 mod error;
@@ -53,6 +54,7 @@ mod heap;
 mod module;
 mod nccl;
 pub mod ops;
+mod overlap;
 mod register;
 mod rma;
 mod runtime;

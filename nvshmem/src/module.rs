@@ -31,8 +31,10 @@ use crate::Runtime;
 const DEVICE_LIB_VERSION: &str = "nvshmemi_device_lib_version_d";
 
 /// A module of kernels that use NVSHMEM device calls, loaded into the PE's context and
-/// registered with NVSHMEM (`nvshmemx_cumodule_init`). Dropping it waits for the device, then
-/// unregisters (`nvshmemx_cumodule_finalize`) and unloads it.
+/// registered with NVSHMEM (`nvshmemx_cumodule_init`). Dropping it waits for the device (its
+/// kernels may run on any stream), within [`Runtime::set_timeout`], then unregisters
+/// (`nvshmemx_cumodule_finalize`) and unloads it; when the device does not become idle in time,
+/// the module stays loaded (with a warning) rather than be unloaded under a running kernel.
 #[doc(alias = "nvshmemx_cumodule_finalize")]
 #[doc(alias = "cuModuleUnload")]
 pub struct Module<'rt> {
@@ -121,13 +123,19 @@ impl<'rt> Module<'rt> {
 impl Drop for Module<'_> {
     fn drop(&mut self) {
         let ctx = self.rt.context();
-        // Kernels of the module may still be running.
-        if let Err(e) = ctx.synchronize() {
-            log::warn!("nvshmem: synchronising before unloading a module failed: {e}");
+        // Kernels of the module may still be running, on streams this crate does not know: wait
+        // for the device, within the runtime's timeout, and keep the module loaded otherwise.
+        match gpucomm_ordering::device_idle_within(ctx, self.rt.timeout()) {
+            Ok(true) => {}
+            Ok(false) => return log::warn!("nvshmem: the device is still busy; a dropped module stays loaded"),
+            Err(e) => return log::warn!("nvshmem: waiting for the device failed ({e}); a dropped module stays loaded"),
+        }
+        if let Err(e) = ctx.bind_to_thread() {
+            return log::warn!("nvshmem: binding the PE's context failed ({e}); a dropped module stays loaded");
         }
         if self.registered {
             // SAFETY: the module is live and registered with NVSHMEM; the context is current
-            // after synchronize.
+            // (bound above); no kernel runs (the device is idle).
             let finalized =
                 unsafe { call!(nvshmemx_cumodule_finalize(self.as_raw() as nvshmem_sys::CUmodule) => status) };
             if let Err(e) = finalized {

@@ -30,7 +30,7 @@ pub trait ReduceOp<T>: Copy + sealed::Sealed {
     /// # Safety
     ///
     /// `team` is a valid team of the running NVSHMEM; `dst` and `src` are symmetric addresses of
-    /// `n` elements of `T` (or the same address); `stream` is a stream of the PE's device whose
+    /// `n` elements of `T`, disjoint or the same range; `stream` is a stream of the PE's device whose
     /// context is current.
     #[doc(hidden)]
     unsafe fn reduce(

@@ -2,26 +2,36 @@
 
 use std::ffi::c_void;
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
+use std::ops::Deref;
 use std::ptr::NonNull;
 
-use cudarc::driver::DevicePtr;
+use cudarc::driver::DevicePtrMut;
+use gpucomm_ordering::PinnedMut;
 
 use crate::error::{call, Error, Result};
 use crate::Runtime;
 
 /// Local device memory registered with NVSHMEM (`nvshmemx_buffer_register`), so that remote
-/// transports (InfiniBand, …) can use it as the local side of puts and gets. It borrows the
-/// memory, which therefore cannot be freed while registered, and unregisters it when dropped
-/// (`nvshmemx_buffer_unregister`) or by [`Registration::unregister`]. Registration is local to
-/// this PE, not collective. Over NVLink and PCIe peer-to-peer it is not needed.
-pub struct Registration<'a, 'rt> {
+/// transports (InfiniBand, …) can use it as the local side of puts and gets. Registration is local
+/// to this PE, not collective. Over NVLink and PCIe peer-to-peer it is not needed.
+///
+/// The registration owns the buffer — so it cannot be freed while NVSHMEM holds it — and gives it
+/// back with [`Registration::unregister`]; in between it is read through `&*reg` ([`Deref`]) and
+/// written through [`reg.buffer_mut()`](Registration::buffer_mut), which cannot replace it.
+/// Unregistering (and dropping) first waits for the buffer's queued uses — puts and gets still
+/// waiting on their streams would otherwise run against a registration that is gone — and for
+/// nothing else, bounded by [`Runtime::set_timeout`].
+pub struct Registration<'rt, T, B: DevicePtrMut<T>> {
     ptr: NonNull<c_void>,
     bytes: usize,
     rt: &'rt Runtime,
-    _memory: PhantomData<&'a ()>,
+    /// Dropped only after a successful unregistration.
+    buf: ManuallyDrop<B>,
+    _elements: PhantomData<T>,
 }
 
-impl std::fmt::Debug for Registration<'_, '_> {
+impl<T, B: DevicePtrMut<T>> std::fmt::Debug for Registration<'_, T, B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registration").field("ptr", &self.ptr).field("bytes", &self.bytes).finish()
     }
@@ -31,55 +41,87 @@ impl Runtime {
     /// Registers `buf` (device memory of this PE's device, not on the symmetric heap) with
     /// NVSHMEM (`nvshmemx_buffer_register`). Empty buffers are refused ([`Error::ZeroSize`]).
     #[doc(alias = "nvshmemx_buffer_register")]
-    pub fn register<'a, T>(&self, buf: &'a impl DevicePtr<T>) -> Result<Registration<'a, '_>> {
+    pub fn register<T, B: DevicePtrMut<T>>(&self, mut buf: B) -> Result<Registration<'_, T, B>> {
         let bytes = buf.num_bytes();
+        let empty = Error::ZeroSize { len: buf.len(), elem_size: size_of::<T>() };
         if bytes == 0 {
-            return Err(Error::ZeroSize { len: buf.len(), elem_size: size_of::<T>() });
+            return Err(empty);
         }
         self.check_device("buffer", buf.stream().context().ordinal())?;
         // Registration uses no stream: the guard is released at once.
-        let (addr, _guard) = buf.device_ptr(self.stream());
-        let ptr =
-            NonNull::new(addr as *mut c_void).ok_or(Error::ZeroSize { len: buf.len(), elem_size: size_of::<T>() })?;
+        let addr = buf.device_ptr_mut(self.stream()).0;
+        let ptr = NonNull::new(addr as *mut c_void).ok_or(empty)?;
         self.context().bind_to_thread()?;
-        // SAFETY: `ptr` is `bytes` bytes of live device memory of this PE's device, borrowed for
-        // the registration's lifetime, so it is unregistered before it can be freed.
+        // SAFETY: `ptr` is `bytes` bytes of live device memory of this PE's device, owned by the
+        // registration, which unregisters it before the memory can be freed.
         unsafe { call!(nvshmemx_buffer_register(ptr.as_ptr(), bytes) => status) }?;
-        Ok(Registration { ptr, bytes, rt: self, _memory: PhantomData })
+        Ok(Registration { ptr, bytes, rt: self, buf: ManuallyDrop::new(buf), _elements: PhantomData })
     }
 }
 
-impl Registration<'_, '_> {
+impl<T, B: DevicePtrMut<T>> Registration<'_, T, B> {
     /// Bytes registered.
     pub fn num_bytes(&self) -> usize {
         self.bytes
     }
 
-    /// Unregisters the memory (`nvshmemx_buffer_unregister`); on failure the registration comes
-    /// back with the error.
+    /// Writable access to the buffer, for calls that write it (gets, copies, kernels). It
+    /// forwards cudarc's buffer protocol only, so the registered buffer cannot be replaced
+    /// through it.
+    pub fn buffer_mut(&mut self) -> PinnedMut<'_, T, B> {
+        PinnedMut::new(&mut *self.buf)
+    }
+
+    /// Unregisters the memory (`nvshmemx_buffer_unregister`) once the buffer's queued uses have
+    /// finished, and gives the buffer back; on failure (including [`Error::StillInUse`] when the
+    /// runtime's timeout expires first) the registration comes back with the error.
     #[doc(alias = "nvshmemx_buffer_unregister")]
-    pub fn unregister(self) -> std::result::Result<(), (Self, Error)> {
-        match self.unregister_raw() {
+    // The registration comes back on failure, as fallible teardown does throughout the family.
+    #[allow(clippy::result_large_err)]
+    pub fn unregister(mut self) -> std::result::Result<B, (Self, Error)> {
+        match self.release() {
             Ok(()) => {
+                // SAFETY: the buffer is taken once, and the registration is forgotten right after,
+                // so its `Drop` never sees the emptied `ManuallyDrop`.
+                let buf = unsafe { ManuallyDrop::take(&mut self.buf) };
                 std::mem::forget(self);
-                Ok(())
+                Ok(buf)
             }
             Err(e) => Err((self, e)),
         }
     }
 
-    fn unregister_raw(&self) -> Result<()> {
+    /// Waits for the buffer's queued uses, then unregisters it.
+    fn release(&mut self) -> Result<()> {
+        let timeout = self.rt.timeout();
+        if !gpucomm_ordering::wait_for_uses(&mut *self.buf, self.rt.context(), timeout)? {
+            return Err(Error::StillInUse { what: "a registered buffer", after: timeout.unwrap_or_default() });
+        }
         self.rt.context().bind_to_thread()?;
         // SAFETY: the memory was registered by this handle and is unregistered at most once (the
-        // handle is consumed or dropped right after success).
+        // handle is consumed or dropped right after success); no queued work uses it any more.
         unsafe { call!(nvshmemx_buffer_unregister(self.ptr.as_ptr()) => status) }
     }
 }
 
-impl Drop for Registration<'_, '_> {
+impl<T, B: DevicePtrMut<T>> Deref for Registration<'_, T, B> {
+    type Target = B;
+    fn deref(&self) -> &B {
+        &self.buf
+    }
+}
+
+impl<T, B: DevicePtrMut<T>> Drop for Registration<'_, T, B> {
     fn drop(&mut self) {
-        if let Err(e) = self.unregister_raw() {
-            log::warn!("nvshmem: unregistering {} bytes at {:p} failed: {e}", self.bytes, self.ptr);
+        match self.release() {
+            // SAFETY: dropped once, here; the registration is gone afterwards.
+            Ok(()) => unsafe { ManuallyDrop::drop(&mut self.buf) },
+            // NVSHMEM may still use the memory: leak it.
+            Err(e) => log::warn!(
+                "nvshmem: unregistering {} bytes at {:p} failed; the buffer is leaked: {e}",
+                self.bytes,
+                self.ptr
+            ),
         }
     }
 }

@@ -32,6 +32,7 @@ use gpucomm_ordering::Access;
 use nvshmem_sys::{nvshmemi_cmp_type, nvshmemx_signal_op_t};
 
 use crate::error::{call, Error, Result};
+use crate::overlap::{self, Span};
 use crate::{Runtime, SymmetricMemory};
 
 /// How a signal word is updated (`NVSHMEM_SIGNAL_SET`, `NVSHMEM_SIGNAL_ADD`).
@@ -139,10 +140,16 @@ impl Runtime {
         let access = Access::new(stream);
         let (d, _d) = access.read(dst)?;
         let (s, _s) = access.read(src)?;
-        let (d, s, bytes) = (d as *mut c_void, s as *const c_void, dst.num_bytes());
+        let bytes = dst.num_bytes();
+        if let Some(target) = overlap::on_pe(Span::new("destination (on the target PE)", d, bytes), pe)? {
+            overlap::disjoint(target, Span::new("source", s, bytes))?;
+        }
+        let (d, s) = (d as *mut c_void, s as *const c_void);
         // SAFETY: `dst` is symmetric, so the same range exists on `pe`; both ranges hold
-        // `src.len()` elements (checked), the source on this device (checked); both stay borrowed
-        // until the guards record after the enqueue; `pe` is in range; the context is current.
+        // `src.len()` elements (checked), the source on this device (checked) and apart from the
+        // destination (checked where this PE maps the target's memory; elsewhere the source, local
+        // memory, cannot be part of it); both stay borrowed until the guards record after the
+        // enqueue; `pe` is in range; the context is current.
         // For `_nbi`, NVSHMEM reads the source on an internal stream until a quiet on this stream:
         // the caller hands out a `Pending` that borrows `src` (symmetric, so never freed before
         // NVSHMEM is quiesced) until it enqueues that quiet.
@@ -169,10 +176,14 @@ impl Runtime {
         let access = Access::new(stream);
         let (s, _s) = access.read(src)?;
         let (d, _d) = access.write(dst)?;
+        if let Some(source) = overlap::on_pe(Span::new("source (on the target PE)", s, bytes), pe)? {
+            overlap::disjoint(source, Span::new("destination", d, bytes))?;
+        }
         let (d, s) = (d as *mut c_void, s as *const c_void);
         // SAFETY: `src` is symmetric, so the range exists on `pe`; `dst` holds as many elements
-        // (checked) on this device (checked); both stay borrowed until the guards record after
-        // the enqueue; `pe` is in range; the context is current. For `_nbi`, NVSHMEM writes the
+        // (checked) on this device (checked), apart from the source (checked where this PE maps
+        // the target's memory); both stay borrowed until the guards record after the enqueue;
+        // `pe` is in range; the context is current. For `_nbi`, NVSHMEM writes the
         // destination on an internal stream until a quiet on this stream: the caller hands out a
         // `Pending` that borrows `dst` exclusively (symmetric, so never freed before NVSHMEM is
         // quiesced) until it enqueues that quiet.
@@ -204,9 +215,20 @@ impl Runtime {
         let (d, _d) = access.read(dst)?;
         let (s, _s) = access.read(src)?;
         let (sig, _sig) = access.read(signal)?;
-        let (d, s, bytes, sig) = (d as *mut c_void, s as *const c_void, dst.num_bytes(), sig as *mut u64);
-        // SAFETY: as for `putmem`; `signal` is one symmetric u64 (checked), `op` one of NVSHMEM's
-        // signal operations.
+        let bytes = dst.num_bytes();
+        let (data, flag) = (Span::new("destination", d, bytes), Span::new("signal", sig, size_of::<u64>()));
+        // The signal announces the data: the two must not share a byte, on any PE.
+        overlap::disjoint(flag, data)?;
+        let source = Span::new("source", s, bytes);
+        if let Some(target) = overlap::on_pe(Span { what: "destination (on the target PE)", ..data }, pe)? {
+            overlap::disjoint(target, source)?;
+        }
+        if let Some(target) = overlap::on_pe(Span { what: "signal (on the target PE)", ..flag }, pe)? {
+            overlap::disjoint(target, source)?;
+        }
+        let (d, s, sig) = (d as *mut c_void, s as *const c_void, sig as *mut u64);
+        // SAFETY: as for `putmem`; `signal` is one symmetric u64 (checked), apart from the
+        // destination and the source (checked), `op` one of NVSHMEM's signal operations.
         unsafe {
             if nbi {
                 call!(nvshmemx_putmem_signal_nbi_on_stream(d, s, bytes, sig, value, op.raw(), pe, raw))

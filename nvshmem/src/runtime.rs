@@ -4,12 +4,14 @@
 use std::cell::Cell;
 use std::ffi::{c_char, c_void, CStr};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaStream};
 use nvshmem_sys::{cudaStream_t, nvshmemx_init_attr_t, NVSHMEMX_INIT_WITH_MPI_COMM, NVSHMEMX_INIT_WITH_UNIQUEID};
 
+use crate::agree::Agreement;
 use crate::bootstrap::Bootstrap;
 use crate::error::{call, lib, Error, Result};
 use crate::heap::HeapLimit;
@@ -23,6 +25,19 @@ static STATE: AtomicU8 = AtomicU8::new(NEVER);
 const NEVER: u8 = 0;
 const RUNNING: u8 = 1;
 const FINISHED: u8 = 2;
+
+/// Set once this process asked NVSHMEM for a unique id. `nvshmemx_get_uniqueid` loads NVSHMEM's
+/// unique-id bootstrap plugin and leaves it loaded; NVSHMEM's loader then reuses that plugin for
+/// whatever bootstrap starts it next (3.4.5 `bootstrap_loader.cpp`: the plugin handle is opened
+/// only while none is loaded), and the unique-id plugin dereferences the unique-id arguments that
+/// the other bootstraps do not pass (a null pointer). So after an id, only the unique-id bootstrap
+/// may start NVSHMEM.
+static UNIQUE_ID_PLUGIN: AtomicBool = AtomicBool::new(false);
+
+/// Records that NVSHMEM's unique-id plugin is (about to be) loaded in this process.
+pub(crate) fn note_unique_id_plugin() {
+    UNIQUE_ID_PLUGIN.store(true, Ordering::Release);
+}
 
 fn state_error(state: u8) -> Error {
     match state {
@@ -66,8 +81,11 @@ pub struct Info {
 /// runtime is not disturbed. It is `Send` (NVSHMEM runs at `NVSHMEM_THREAD_SERIALIZED`: any
 /// thread, one at a time, and every call binds the PE's CUDA context first) but not `Sync`.
 ///
-/// Dropping it finalises NVSHMEM after synchronising the device; [`Runtime::finalize`] does the
-/// same and reports CUDA errors.
+/// Dropping it finalises NVSHMEM once the device is idle; [`Runtime::finalize`] does the same and
+/// reports failures. NVSHMEM's finalize synchronises the whole device itself, so both wait for the
+/// device first, bounded by [`Runtime::set_timeout`]: when that expires, `finalize` hands the
+/// runtime back with [`Error::StillInUse`], and a drop leaves NVSHMEM running (not finalised) in
+/// this process rather than hang on work that is stuck elsewhere on the device.
 pub struct Runtime {
     stream: Arc<CudaStream>,
     my_pe: usize,
@@ -75,6 +93,12 @@ pub struct Runtime {
     info: Box<Info>,
     /// Bytes of this process's symmetric buffers that are still allocated (leaked ones included).
     pub(crate) heap_in_use: Cell<usize>,
+    /// The checks that every PE makes the same allocation; `None` only while starting.
+    agreement: Option<Agreement>,
+    /// Bounds the waits of teardown ([`Runtime::set_timeout`]).
+    timeout: Cell<Option<Duration>>,
+    /// NVSHMEM was finalised (by [`Runtime::finalize`]).
+    finished: bool,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -148,8 +172,16 @@ impl Runtime {
     /// ```
     #[doc(alias = "nvshmemx_hostlib_init_attr")]
     #[doc(alias = "nvshmemx_set_attr_uniqueid_args")]
+    ///
+    /// Only [`Bootstrap::UniqueId`] can start NVSHMEM in a process that created a [`UniqueId`]
+    /// ([`Error::BootstrapAfterUniqueId`]: NVSHMEM would start the other bootstrap through its
+    /// unique-id plugin, which dereferences arguments it does not have).
     pub fn with_bootstrap(stream: Arc<CudaStream>, bootstrap: Bootstrap<'_>) -> Result<Self> {
         let expected = bootstrap.expected_pes()?;
+        check_state()?;
+        if expected.is_none() && UNIQUE_ID_PLUGIN.load(Ordering::Acquire) {
+            return Err(Error::BootstrapAfterUniqueId { requested: bootstrap.name() });
+        }
         let lib = lib()?;
         bootstrap.check_environment()?;
         let heap = HeapLimit::from_environment(stream.context())?;
@@ -201,6 +233,9 @@ impl Runtime {
             n_pes: 0,
             info: Box::new(placeholder),
             heap_in_use: Cell::new(0),
+            agreement: None,
+            timeout: Cell::new(None),
+            finished: false,
             _not_sync: PhantomData,
         };
         // From here on, dropping `rt` finalises NVSHMEM.
@@ -227,6 +262,7 @@ impl Runtime {
             (false, None, Err(reason)) => NcclUse::Missing { reason },
             (false, None, Ok(())) => NcclUse::Missing { reason: "no libnccl.so.2 is loaded".into() },
         };
+        rt.agreement = Some(Agreement::new(rt.n_pes)?);
         Ok(rt)
     }
 
@@ -308,20 +344,75 @@ impl Runtime {
         unsafe { call!(nvshmem_barrier_all()) }
     }
 
-    /// Finalises NVSHMEM (`nvshmemx_hostlib_finalize`) after waiting for all work on the PE's
-    /// device. Collective: every PE must finalise. Symmetric buffers, teams and modules borrow the
-    /// runtime, so all of them are gone by now. If waiting for the device fails, the runtime is
-    /// handed back with the error (dropping it then finalises without waiting).
+    /// The checks that every PE makes the same allocation (set up by every start).
+    pub(crate) fn agreement(&self) -> Result<&Agreement> {
+        self.agreement.as_ref().ok_or(Error::Finalized)
+    }
+
+    /// Bounds how long teardown waits for queued GPU work: [`Runtime::finalize`] and dropping the
+    /// runtime (for the whole device, see [`Runtime`]) and unregistering a
+    /// [`Registration`](crate::Registration) (for its buffer). `None` (the default) waits as long
+    /// as it takes.
+    pub fn set_timeout(&self, timeout: Option<Duration>) {
+        self.timeout.set(timeout);
+    }
+
+    /// The teardown bound ([`Runtime::set_timeout`]).
+    pub fn timeout(&self) -> Option<Duration> {
+        self.timeout.get()
+    }
+
+    /// Finalises NVSHMEM (`nvshmemx_hostlib_finalize`) once all work on the PE's device has
+    /// finished. Collective: every PE must finalise. Symmetric buffers, teams and modules borrow
+    /// the runtime, so all of them are gone by now.
+    ///
+    /// NVSHMEM's finalize synchronises the whole device itself (3.4.5: `cudaDeviceSynchronize`
+    /// after its final barrier), so it is called only once the device is idle, waited for within
+    /// [`Runtime::timeout`]: when that expires (work stuck on some stream of the device, e.g. an
+    /// NCCL kernel waiting for a dead peer), the runtime comes back with [`Error::StillInUse`],
+    /// and NVSHMEM is untouched. A failing wait comes back the same way. (Dropping a runtime whose
+    /// device does not become idle leaves NVSHMEM initialised in the process, with a warning.)
     #[doc(alias = "nvshmemx_hostlib_finalize")]
     #[doc(alias = "nvshmem_finalize")]
-    pub fn finalize(self) -> std::result::Result<(), (Self, Error)> {
-        match self.context().synchronize() {
-            Ok(()) => {
-                drop(self);
-                Ok(())
-            }
-            Err(e) => Err((self, e.into())),
+    // The runtime comes back on failure, as fallible teardown does throughout the family.
+    #[allow(clippy::result_large_err)]
+    pub fn finalize(mut self) -> std::result::Result<(), (Self, Error)> {
+        if let Err(e) = self.wait_for_device() {
+            return Err((self, e));
         }
+        self.finish();
+        Ok(())
+    }
+
+    /// Waits until the device is idle, within the timeout.
+    fn wait_for_device(&self) -> Result<()> {
+        let timeout = self.timeout.get();
+        if gpucomm_ordering::device_idle_within(self.context(), timeout)? {
+            Ok(())
+        } else {
+            Err(Error::StillInUse {
+                what: "the PE's device (NVSHMEM's finalize waits for all of its work)",
+                after: timeout.unwrap_or_default(),
+            })
+        }
+    }
+
+    /// `nvshmemx_hostlib_finalize`, once.
+    fn finish(&mut self) {
+        self.finished = true;
+        if let Some(agreement) = self.agreement.take() {
+            agreement.close();
+        }
+        if let Err(e) = self.context().bind_to_thread() {
+            log::warn!("nvshmem: binding the PE's CUDA context before finalising failed: {e}");
+        }
+        // SAFETY: NVSHMEM was initialised by this runtime, which is the only one, and is
+        // finalised exactly once (`finished` is set above); the device is idle (both callers waited
+        // for it successfully), so nothing uses the heap that finalising releases.
+        if let Err(e) = unsafe { call!(nvshmemx_hostlib_finalize()) } {
+            log::warn!("nvshmem: finalising failed: {e}");
+        }
+        STATE.store(FINISHED, Ordering::Release);
     }
 }
 
@@ -346,19 +437,16 @@ fn spec_version() -> Result<(u32, u32)> {
 
 impl Drop for Runtime {
     fn drop(&mut self) {
-        // Pending kernels may still use the symmetric heap that finalize releases.
-        if let Err(e) = self.context().synchronize() {
-            log::warn!("nvshmem: synchronising the device before finalising failed: {e}");
+        if self.finished {
+            return;
         }
-        if let Err(e) = self.context().bind_to_thread() {
-            log::warn!("nvshmem: binding the PE's CUDA context before finalising failed: {e}");
+        // Pending kernels may still use the symmetric heap that finalize releases, and NVSHMEM's
+        // finalize would wait for the whole device anyway.
+        if let Err(e) = self.wait_for_device() {
+            log::warn!("nvshmem: {e}: NVSHMEM stays initialised (not finalised) in this process");
+            return STATE.store(FINISHED, Ordering::Release);
         }
-        // SAFETY: NVSHMEM was initialised by this runtime, which is the only one, and is
-        // finalised exactly once here.
-        if let Err(e) = unsafe { call!(nvshmemx_hostlib_finalize()) } {
-            log::warn!("nvshmem: finalising failed: {e}");
-        }
-        STATE.store(FINISHED, Ordering::Release);
+        self.finish();
     }
 }
 

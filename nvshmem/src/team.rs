@@ -9,6 +9,7 @@ use nvshmem_sys::{nvshmem_team_id_t, nvshmem_team_t};
 
 use crate::error::{call, Error, Result};
 use crate::ops::ReduceOp;
+use crate::overlap::{self, Span};
 use crate::rma::expect_len;
 use crate::{Runtime, SymmetricMemory};
 
@@ -233,8 +234,9 @@ impl<'rt> Team<'rt> {
 
     /// Reduces `src` over the team with `op` and writes the result to `dst` on every member
     /// (`nvshmemx_<type>_<op>_reduce_on_stream`): the all-reduce. Both are symmetric, of equal
-    /// length, and distinct (use [`Team::reduce_in_place_on_stream`] for one buffer). Only the
-    /// (type, operation) pairs NVSHMEM defines compile: see [`crate::ops`]. Collective.
+    /// length, and disjoint or the same range ([`Error::Overlap`] otherwise; for one buffer see
+    /// also [`Team::reduce_in_place_on_stream`]). Only the (type, operation) pairs NVSHMEM defines
+    /// compile: see [`crate::ops`]. Collective.
     pub fn reduce_on_stream<T, Op: ReduceOp<T>>(
         &self,
         op: Op,
@@ -247,8 +249,11 @@ impl<'rt> Team<'rt> {
         let access = Access::new(stream);
         let (s, _s) = access.read(src)?;
         let (d, _d) = access.write(dst)?;
-        // SAFETY: both buffers are symmetric with `src.len()` elements (checked); `Op::reduce`
-        // calls the C function for exactly `T`; the stream is on this device, its context current.
+        let bytes = src.len() * size_of::<T>();
+        overlap::disjoint_or_identical(Span::new("destination", d, bytes), Span::new("source", s, bytes))?;
+        // SAFETY: both buffers are symmetric with `src.len()` elements (checked), disjoint or the
+        // same range (checked); `Op::reduce` calls the C function for exactly `T`; the stream is
+        // on this device, its context current.
         unsafe { op.reduce(self.raw, d, s, src.len(), raw) }
     }
 
@@ -269,7 +274,7 @@ impl<'rt> Team<'rt> {
     }
 
     /// Copies `src` of team PE `root` into `dst` on every member (`nvshmemx_broadcastmem_on_stream`).
-    /// Both symmetric, of equal length. Collective.
+    /// Both symmetric, of equal length, and disjoint ([`Error::Overlap`]). Collective.
     #[doc(alias = "nvshmemx_broadcastmem_on_stream")]
     pub fn broadcast_on_stream<T: DeviceRepr>(
         &self,
@@ -282,17 +287,20 @@ impl<'rt> Team<'rt> {
         let root = self.check_pe("root", root)?;
         let raw = self.rt.enqueue_on(stream)?;
         let access = Access::new(stream);
+        let dst_bytes = dst.num_bytes();
         let (s, _s) = access.read(src)?;
         let (d, _d) = access.write(dst)?;
-        // SAFETY: both symmetric with `src.num_bytes()` bytes (checked); `root` is a member;
-        // the stream is on this device and its context current.
+        overlap::disjoint(Span::new("destination", d, dst_bytes), Span::new("source", s, src.num_bytes()))?;
+        // SAFETY: both symmetric with `src.num_bytes()` bytes (checked) and disjoint (checked);
+        // `root` is a member; the stream is on this device and its context current.
         unsafe {
             call!(nvshmemx_broadcastmem_on_stream(self.raw, d as *mut _, s as *const _, src.num_bytes(), root, raw) => status)
         }
     }
 
     /// Concatenates every member's `src` into `dst`, in team order, on every member
-    /// (`nvshmemx_fcollectmem_on_stream`): `dst.len()` is `src.len() × n_pes()`. Collective.
+    /// (`nvshmemx_fcollectmem_on_stream`): `dst.len()` is `src.len() × n_pes()`, and the two are
+    /// disjoint ([`Error::Overlap`]). Collective.
     #[doc(alias = "nvshmemx_fcollectmem_on_stream")]
     pub fn fcollect_on_stream<T: DeviceRepr>(
         &self,
@@ -307,18 +315,20 @@ impl<'rt> Team<'rt> {
         expect_len("destination", total, dst.len())?;
         let raw = self.rt.enqueue_on(stream)?;
         let access = Access::new(stream);
+        let dst_bytes = dst.num_bytes();
         let (s, _s) = access.read(src)?;
         let (d, _d) = access.write(dst)?;
+        overlap::disjoint(Span::new("destination", d, dst_bytes), Span::new("source", s, src.num_bytes()))?;
         // SAFETY: `src` holds `src.num_bytes()` bytes and `dst` n_pes times as many (checked), both
-        // symmetric; the stream is on this device and its context current.
+        // symmetric and disjoint (checked); the stream is on this device and its context current.
         unsafe {
             call!(nvshmemx_fcollectmem_on_stream(self.raw, d as *mut _, s as *const _, src.num_bytes(), raw) => status)
         }
     }
 
     /// Exchanges blocks: block `j` of `src` on member `i` lands in block `i` of `dst` on member `j`
-    /// (`nvshmemx_alltoallmem_on_stream`). Both symmetric, of equal length, split into `n_pes()`
-    /// equal blocks. Collective.
+    /// (`nvshmemx_alltoallmem_on_stream`). Both symmetric, of equal length, disjoint
+    /// ([`Error::Overlap`]), split into `n_pes()` equal blocks. Collective.
     #[doc(alias = "nvshmemx_alltoallmem_on_stream")]
     pub fn alltoall_on_stream<T: DeviceRepr>(
         &self,
@@ -333,10 +343,12 @@ impl<'rt> Team<'rt> {
         let block = src.num_bytes() / self.n_pes;
         let raw = self.rt.enqueue_on(stream)?;
         let access = Access::new(stream);
+        let dst_bytes = dst.num_bytes();
         let (s, _s) = access.read(src)?;
         let (d, _d) = access.write(dst)?;
-        // SAFETY: both symmetric with n_pes blocks of `block` bytes (checked); the stream is on
-        // this device and its context current.
+        overlap::disjoint(Span::new("destination", d, dst_bytes), Span::new("source", s, src.num_bytes()))?;
+        // SAFETY: both symmetric with n_pes blocks of `block` bytes (checked) and disjoint
+        // (checked); the stream is on this device and its context current.
         unsafe { call!(nvshmemx_alltoallmem_on_stream(self.raw, d as *mut _, s as *const _, block, raw) => status) }
     }
 }

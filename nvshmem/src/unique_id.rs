@@ -19,8 +19,13 @@ impl UniqueId {
 
     /// A fresh id (`nvshmemx_get_uniqueid`); needs no GPU. The bootstrap listens on the interface
     /// chosen by `NVSHMEM_BOOTSTRAP_UID_SOCK_IFNAME` (default: the first usable one).
+    ///
+    /// It loads NVSHMEM's unique-id bootstrap plugin, which stays loaded: in this process NVSHMEM
+    /// can then only start with [`Bootstrap::UniqueId`](crate::Bootstrap::UniqueId) (see
+    /// [`Error::BootstrapAfterUniqueId`]). Making an id while a runtime runs does not touch it.
     #[doc(alias = "nvshmemx_get_uniqueid")]
     pub fn new() -> Result<Self> {
+        crate::runtime::note_unique_id_plugin();
         let mut id = nvshmemx_uniqueid_t::initializer();
         // SAFETY: `id` is an initialised id (version word set), which the call fills in.
         unsafe { call!(nvshmemx_get_uniqueid(&mut id) => status) }?;

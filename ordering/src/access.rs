@@ -148,7 +148,7 @@ impl Drop for Restore {
 /// One idle, never-captured helper stream per context, for taking pointers during captures. It
 /// lives as long as the process (a handful of bytes per GPU). The last one this thread used is
 /// remembered, so that captured calls skip the shared map.
-fn probe(ctx: &Arc<CudaContext>) -> Result<&'static CudaStream, DriverError> {
+pub(crate) fn probe(ctx: &Arc<CudaContext>) -> Result<&'static CudaStream, DriverError> {
     thread_local! {
         static LAST: Cell<Option<(usize, &'static CudaStream)>> = const { Cell::new(None) };
     }

@@ -28,9 +28,13 @@
 
 mod access;
 mod capture;
+mod pinned;
+mod quiesce;
 pub mod range;
 mod tracker;
 
 pub use access::Access;
 pub use capture::{is_capturing, relaxed};
+pub use pinned::PinnedMut;
+pub use quiesce::{device_idle_within, wait_for_uses};
 pub use tracker::{OrderError, StreamTracker};

@@ -17,3 +17,14 @@ extern "C" __global__ void fill_slowly(int *buf, int n, int base, long long spin
         buf[i] = base + i;
     }
 }
+
+// Keeps its stream busy for `ns` nanoseconds of wall time (the GPU's global timer), in one thread:
+// stands in for work that is stuck on a stream (an NCCL kernel waiting for a dead peer).
+extern "C" __global__ void busy_for(unsigned long long ns) {
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+    do {
+        __nanosleep(1000);
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+    } while (now - start < ns);
+}

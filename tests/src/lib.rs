@@ -8,9 +8,31 @@
 
 use std::io::Write;
 use std::sync::Arc;
+use std::time::Duration;
 
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
 use gpucomm_launch::{self as launch, RankInfo};
+
+/// The images `build.rs` compiled (the suites use the others).
+#[allow(dead_code)]
+mod kernels {
+    include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+}
+
+/// Keeps `stream` busy for `time` (one GPU thread that watches the GPU's clock): work enqueued on
+/// it afterwards waits that long, like work behind a kernel that is stuck.
+pub fn occupy(stream: &Arc<CudaStream>, time: Duration) {
+    let module = stream.context().load_module(Ptx::from_binary(kernels::PLAIN.to_vec())).expect("load the kernels");
+    let busy = module.load_function("busy_for").expect("busy_for");
+    let ns = u64::try_from(time.as_nanos()).unwrap_or(u64::MAX);
+    let mut launch = stream.launch_builder(&busy);
+    launch.arg(&ns);
+    let one = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+    // SAFETY: busy_for(unsigned long long ns) takes one 8-byte value, pushed above, and touches no
+    // memory.
+    unsafe { launch.launch(one) }.expect("launch busy_for");
+}
 
 /// Records that `test` did not run, and why.
 pub fn skip(test: &str, reason: &str) {

@@ -460,13 +460,16 @@ fn check_registration_and_windows(l: &Local) {
         .map(|c| MemBuffer::from_host(c.stream(), &(0..M).map(|i| v(c.rank(), i)).collect::<Vec<_>>()).unwrap())
         .collect();
     let mut registered: Vec<_> = l.comms.iter().zip(mems).map(|(c, b)| c.register(b).unwrap()).collect();
+    // A group borrows its buffers until it launches: the writable views live outside it.
+    let mut views: Vec<_> = registered.iter_mut().map(|reg| reg.buffer_mut()).collect();
     group(|g| {
-        for (c, reg) in l.comms.iter().zip(registered.iter_mut()) {
-            g.with(c).all_reduce_in_place(&mut **reg, ReduceOp::SUM)?;
+        for (c, view) in l.comms.iter().zip(views.iter_mut()) {
+            g.with(c).all_reduce_in_place(view, ReduceOp::SUM)?;
         }
         Ok(())
     })
     .unwrap();
+    drop(views);
     let mems: Vec<_> = registered.into_iter().map(|reg| reg.deregister().map_err(|(_, e)| e).unwrap()).collect();
     l.expect("all_reduce on registered MemBuffers", &mems, |_, i| Some(sum_v(n, i)));
 
@@ -480,13 +483,15 @@ fn check_registration_and_windows(l: &Local) {
         assert_eq!(w.as_ptr(), w.buffer().as_raw());
         assert_eq!(w.comm().rank(), c.rank());
     }
+    let mut views: Vec<_> = windows.iter_mut().map(|w| w.as_view_mut()).collect();
     group(|g| {
-        for (c, w) in l.comms.iter().zip(windows.iter_mut()) {
-            g.with(c).all_reduce_in_place(&mut **w, ReduceOp::SUM)?;
+        for (c, view) in l.comms.iter().zip(views.iter_mut()) {
+            g.with(c).all_reduce_in_place(view, ReduceOp::SUM)?;
         }
         Ok(())
     })
     .unwrap();
+    drop(views);
     let mems: Vec<_> = windows.into_iter().map(|w| w.deregister().map_err(|(_, e)| e).unwrap()).collect();
     l.expect("all_reduce in symmetric windows", &mems, |_, i| Some(n as f32 * sum_v(n, i)));
     for m in mems {

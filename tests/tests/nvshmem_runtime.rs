@@ -117,16 +117,16 @@ fn bad_input_is_refused_and_the_process_keeps_working() {
         aligned.free().map_err(|(_, e)| e).unwrap();
 
         // Registration of local memory: refused when empty or on another GPU, else registered.
-        let local = stream.alloc_zeros::<u8>(1 << 20).unwrap();
-        let registered = rt.register(&local).unwrap();
+        let mut local = stream.alloc_zeros::<u8>(1 << 20).unwrap();
+        let registered = rt.register(local).unwrap();
         assert_eq!(registered.num_bytes(), 1 << 20);
-        registered.unregister().map_err(|(_, e)| e).unwrap();
-        assert!(matches!(rt.register(&local.slice(0..0)), Err(Error::ZeroSize { len: 0, .. })));
+        local = registered.unregister().map_err(|(_, e)| e).unwrap();
+        assert!(matches!(rt.register(local.slice_mut(0..0)), Err(Error::ZeroSize { len: 0, .. })));
         let other_device = (rt.device() + 1) % gpucomm_tests::device_count();
         if other_device != rt.device() {
             let elsewhere = cudarc::driver::CudaContext::new(other_device).unwrap().default_stream();
             let foreign = elsewhere.alloc_zeros::<u8>(64).unwrap();
-            assert!(matches!(rt.register(&foreign), Err(Error::WrongDevice { what: "buffer", .. })));
+            assert!(matches!(rt.register(foreign), Err(Error::WrongDevice { what: "buffer", .. })));
         }
         still_works(&rt, &stream, "after registration");
         rt.finalize().map_err(|(_, e)| e).unwrap();

@@ -17,9 +17,9 @@ use super::Settings;
 use crate::error::{Error, Result};
 
 /// `NCCL_CONFIG_UNDEF_INT`: "not set, use NCCL's default".
-const UNDEF_INT: c_int = c_int::MIN;
+pub(crate) const UNDEF_INT: c_int = c_int::MIN;
 /// `NCCL_API_MAGIC`, which NCCL checks to know the struct was initialised.
-const MAGIC: u32 = 0xcafe_beef;
+pub(crate) const MAGIC: u32 = 0xcafe_beef;
 
 /// Options for a new communicator: NCCL's `ncclConfig_t` fields, plus this crate's
 /// [timeout](Config::timeout).

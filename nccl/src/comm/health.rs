@@ -249,8 +249,11 @@ impl Comm {
 
     /// Waits until everything this communicator enqueued has finished: NCCL no longer reports an
     /// operation in progress, the work on [`Comm::stream`] enqueued so far is done, and so is the
-    /// work the timeout watch recorded on other streams. Polls `ncclCommGetAsyncError`, so an
-    /// asynchronous NCCL error comes back as [`Error::Nccl`] instead of a hang.
+    /// work enqueued so far on every other stream this communicator's calls went to
+    /// ([`Comm::on`], group members on other streams) since the last wait. Polls
+    /// `ncclCommGetAsyncError`, so an asynchronous NCCL error comes back as [`Error::Nccl`]
+    /// instead of a hang. Work captured into a CUDA graph is not waited for: it runs when the
+    /// graph is launched.
     ///
     /// Bounded by `timeout` and by the communicator's own timeout, measured per call from its
     /// enqueue: when either expires, the communicator is **aborted** and the result is
@@ -260,7 +263,13 @@ impl Comm {
     #[doc(alias = "ncclCommGetAsyncError")]
     pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
         self.health.check()?;
-        let marker = self.stream.record_event(None)?;
+        let sides = self.watch.borrow_mut().take_sides();
+        let mut markers = vec![self.stream.record_event(None)?];
+        for side in &sides {
+            if !gpucomm_ordering::is_capturing(side)? {
+                markers.push(side.record_event(None)?);
+            }
+        }
         let bound = Deadline::after(timeout);
         self.poll("Comm::wait", bound, |comm| {
             if !comm.nccl_ready("ncclCommGetAsyncError")? {
@@ -271,14 +280,19 @@ impl Comm {
                 drop(watch);
                 return Err(comm.time_out(late.call, late.after));
             }
-            Ok(marker.try_is_complete()? && watch.all_done()?)
+            for marker in &markers {
+                if !marker.try_is_complete()? {
+                    return Ok(false);
+                }
+            }
+            watch.all_done()
         })
     }
 
     /// What to do with the result code of a call that acts on this communicator: `Ok` for
     /// success, polling for `ncclInProgress` (bounded by the communicator's timeout), the error
     /// otherwise.
-    pub(super) fn complete(&self, call: &'static str, rc: ncclResult_t) -> Result<()> {
+    pub(crate) fn complete(&self, call: &'static str, rc: ncclResult_t) -> Result<()> {
         match rc {
             ncclResult_t::ncclSuccess => Ok(()),
             ncclResult_t::ncclInProgress => self.poll(call, Deadline::after(self.timeout()), |c| c.nccl_ready(call)),

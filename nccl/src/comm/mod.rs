@@ -35,6 +35,11 @@ pub use health::{AbortHandle, AbortStatus};
 pub use teardown::Finalizing;
 
 use config::ConfigStrings;
+/// `NCCL_API_MAGIC` and `NCCL_CONFIG_UNDEF_INT`, for the other structs NCCL initialises alike.
+#[cfg(nccl_2_29)]
+pub(crate) use config::MAGIC as API_MAGIC;
+#[cfg(nccl_2_30)]
+pub(crate) use config::UNDEF_INT;
 use health::Health;
 use watch::Watch;
 
@@ -155,9 +160,10 @@ impl Comm {
     /// `ncclCommCuDevice`) once the communicator is ready, and checks that it lives on its stream's
     /// device.
     fn identify(&mut self) -> Result<()> {
-        let c = self.as_raw();
+        let c = self.live_raw()?;
         let (mut rank, mut size, mut device) = (0, 0, 0);
-        // SAFETY: `c` is a live, ready communicator; each call writes one int through a live local.
+        // SAFETY: `c` is live (checked just above, and only this thread could abort it) and ready;
+        // each call writes one int through a live local.
         unsafe {
             call!(ncclCommUserRank(c, &mut rank), comm = c)?;
             call!(ncclCommCount(c, &mut size), comm = c)?;
@@ -200,9 +206,15 @@ impl Comm {
     /// Gives up ownership without finalizing or destroying: the caller becomes responsible for the
     /// returned communicator (the inverse of [`Comm::from_raw`]). [`AbortHandle`]s of this
     /// communicator do nothing afterwards. Null if the communicator was aborted.
+    ///
+    /// The out-pointers that earlier [`Comm::split`]s and [`Comm::shrink`]s handed to NCCL stay
+    /// allocated for good (8 bytes each): NCCL's background job can write one after the call has
+    /// returned (a split that timed out, or whose child this crate gave up waiting for), and after
+    /// this call nothing tells when the communicator is gone.
     pub fn into_raw(self) -> ncclComm_t {
         let raw = self.as_raw();
         self.health.detach();
+        std::mem::forget(self.child_slots.take());
         raw
     }
 
@@ -245,8 +257,12 @@ impl Comm {
     }
 
     /// The raw handle, for `nccl-sys` calls this crate does not wrap. It stays owned by `self`.
-    /// Null once the communicator was aborted (NCCL refuses a null communicator with
-    /// `ncclInvalidArgument`; a freed one would be undefined behaviour).
+    /// Null once the communicator was aborted: NCCL frees the communicator when it aborts, and
+    /// passing either the freed handle or null to NCCL is undefined behaviour for most of its
+    /// functions (2.28.9 dereferences the handle in `ncclCommWindowRegister`, `ncclDevCommCreate`,
+    /// `ncclTeamWorld`, … without checking it). Check [`Comm::is_aborted`] before using it. This
+    /// crate itself never passes this value to NCCL: it goes through a checked accessor that
+    /// refuses an aborted communicator with [`Error::Aborted`].
     pub fn as_raw(&self) -> ncclComm_t {
         if self.health.is_closed() {
             std::ptr::null_mut()
@@ -265,9 +281,13 @@ impl Comm {
     }
 
     /// The handle for an NCCL call, or [`Error::Aborted`] (after carrying out a pending abort
-    /// request) once the communicator is aborted. Crate code takes the handle through this before
-    /// every call whose NCCL entry point does not itself refuse a null communicator (the
-    /// enqueuing calls do; registration and windows do not): one atomic load.
+    /// request) once the communicator is aborted: the one way crate code gets the handle it passes
+    /// to NCCL, so that neither a freed handle nor null ever reaches NCCL. One atomic load.
+    ///
+    /// The handle stays valid until this thread next calls into this crate's waiting code: only
+    /// the owning thread carries out an abort (an [`AbortHandle`] aborts directly only while the
+    /// owner is parked in a wait; see `health`), so a handle taken here and passed to NCCL before
+    /// the owner waits again is live.
     pub(crate) fn live_raw(&self) -> Result<ncclComm_t> {
         self.health.check()?;
         Ok(self.raw.as_ptr())
@@ -283,10 +303,10 @@ impl Comm {
 
     /// NCCL's asynchronous state of this communicator (`ncclCommGetAsyncError`), as the raw code.
     fn async_state(&self) -> Result<ncclResult_t> {
-        let raw = self.as_raw();
+        let raw = self.live_raw()?;
         let mut state = ncclResult_t::ncclSuccess;
-        // SAFETY: live communicator (callers checked `health` first); the out-pointer is a newtype
-        // over an integer, so any value NCCL writes is a valid `ncclResult_t`.
+        // SAFETY: `raw` is live (checked just above); the out-pointer is a newtype over an integer,
+        // so any value NCCL writes is a valid `ncclResult_t`.
         unsafe { call!(ncclCommGetAsyncError(raw, &mut state), comm = raw) }?;
         Ok(state)
     }
@@ -298,15 +318,21 @@ impl Comm {
     /// bookkeeping (the buffers' "in use until here" guards) only then: `ncclInProgress` (a
     /// nonblocking communicator still connecting or enqueuing) is polled until NCCL reports
     /// success, a failure, or the communicator's timeout, which aborts it and gives
-    /// [`Error::Timeout`]. After an abort, [`Error::Aborted`] whatever `rc` says (NCCL saw a null
-    /// communicator). With a timeout set, the work is then recorded for the watch (an event on
-    /// `stream`); without one this costs two branches.
-    pub(crate) fn settle(&self, call: &'static str, rc: ncclResult_t, stream: &CudaStream) -> Result<()> {
+    /// [`Error::Timeout`]. After an abort, [`Error::Aborted`] whatever `rc` says. A stream other
+    /// than the communicator's own is remembered for [`Comm::wait`]. With a timeout set, the work
+    /// is then recorded for the watch (an event on `stream`); without one, on the communicator's
+    /// own stream, this costs three branches.
+    pub(crate) fn settle(&self, call: &'static str, rc: ncclResult_t, stream: &Arc<CudaStream>) -> Result<()> {
         self.health.check()?;
         if rc != ncclResult_t::ncclSuccess {
             self.complete(call, rc)?;
         }
-        let overdue = self.watch.borrow_mut().enqueued(call, stream)?;
+        let mut watch = self.watch.borrow_mut();
+        if !Arc::ptr_eq(stream, &self.stream) {
+            watch.side_stream(stream);
+        }
+        let overdue = watch.enqueued(call, stream)?;
+        drop(watch);
         match overdue {
             None => Ok(()),
             Some(late) => Err(self.time_out(late.call, late.after)),
@@ -343,13 +369,10 @@ impl Comm {
 }
 
 /// Creating, splitting and finalising communicators inside a [`crate::group`] would only be
-/// recorded until the group ends, while this crate needs their results at once.
+/// recorded until the group ends, while this crate needs their results at once. A refusal stops
+/// the open group.
 fn outside_group() -> Result<()> {
-    if crate::group::is_open() {
-        Err(Error::InsideGroup)
-    } else {
-        Ok(())
-    }
+    crate::group::refuse_inside()
 }
 
 /// A count C receives as a positive `int` (ranks, streams, ids).

@@ -7,13 +7,29 @@
 //! after its enqueue is overdue, and the communicator is aborted. Calls are kept oldest first, so
 //! checking the oldest unfinished one is enough; finished ones are dropped from the front as they
 //! are seen, and their events reused. Nothing is recorded without a timeout.
+//!
+//! With or without a timeout, the watch also remembers the streams other than the communicator's
+//! own that received work ([`Comm::on`](crate::Comm::on), a group member on another stream), so
+//! that [`Comm::wait`](crate::Comm::wait) waits for them too.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaEvent, CudaStream};
 
 use crate::error::Result;
+
+/// Side streams remembered before the idle ones are dropped.
+const SIDES_KEPT: usize = 8;
+
+/// True when everything enqueued on `stream` has finished (`cuStreamQuery`); any failure (a stream
+/// being captured, say) counts as busy.
+fn is_idle(stream: &CudaStream) -> bool {
+    // SAFETY: the stream is alive (borrowed); the call only reads its state.
+    let status = unsafe { cudarc::driver::sys::cuStreamQuery(stream.cu_stream()) };
+    status == cudarc::driver::sys::CUresult::CUDA_SUCCESS
+}
 
 /// A call whose work is still running after its timeout.
 pub(crate) struct Overdue {
@@ -34,11 +50,15 @@ pub(crate) struct Watch {
     /// Oldest first.
     running: VecDeque<Enqueued>,
     spare: Vec<CudaEvent>,
+    /// Streams other than the communicator's own that received work since the last complete
+    /// [`Comm::wait`](crate::Comm::wait), kept alive (so that no other stream can take a handle
+    /// while it is listed).
+    sides: Vec<Arc<CudaStream>>,
 }
 
 impl Watch {
     pub(crate) fn new(timeout: Option<Duration>) -> Self {
-        Watch { timeout, running: VecDeque::new(), spare: Vec::new() }
+        Watch { timeout, running: VecDeque::new(), spare: Vec::new(), sides: Vec::new() }
     }
 
     pub(crate) fn timeout(&self) -> Option<Duration> {
@@ -52,6 +72,24 @@ impl Watch {
             let events = self.running.drain(..).map(|e| e.event);
             self.spare.extend(events);
         }
+    }
+
+    /// Remembers `stream`, which is not the communicator's own, as one that received work. Past a
+    /// few streams, the idle ones are forgotten (nothing to wait for there), so that a caller who
+    /// never waits does not keep every stream it ever used alive.
+    pub(crate) fn side_stream(&mut self, stream: &Arc<CudaStream>) {
+        if self.sides.iter().any(|s| s.cu_stream() == stream.cu_stream()) {
+            return;
+        }
+        if self.sides.len() >= SIDES_KEPT {
+            self.sides.retain(|s| !is_idle(s));
+        }
+        self.sides.push(stream.clone());
+    }
+
+    /// The streams [`Watch::side_stream`] remembered; the list starts again empty.
+    pub(crate) fn take_sides(&mut self) -> Vec<Arc<CudaStream>> {
+        std::mem::take(&mut self.sides)
     }
 
     /// After NCCL enqueued `call` on `stream`: records it (with a timeout set, and unless the

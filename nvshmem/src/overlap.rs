@@ -1,0 +1,90 @@
+//! The overlaps NVSHMEM leaves undefined (OpenSHMEM 1.5): a reduction's source and destination
+//! must be the same range or disjoint; the other collectives', a put's or get's source and
+//! destination, and a signal and the data it announces, must be disjoint.
+//!
+//! Two views of one symmetric buffer (`buf.slice(..)`, taken through `&self`) can name
+//! overlapping ranges, so every call checks its ranges here before NVSHMEM sees them. A put or get
+//! that reaches the other PE's memory through a load/store mapping (its own PE, or a peer over
+//! NVLink) is checked against that mapping (`nvshmem_ptr`), since a local source there can be
+//! the very memory the put writes.
+
+use std::ffi::c_void;
+
+use cudarc::driver::sys::CUdeviceptr;
+
+use crate::error::{call, Error, Result};
+
+/// A range of device memory: its address and length in bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Span {
+    pub(crate) what: &'static str,
+    pub(crate) addr: CUdeviceptr,
+    pub(crate) bytes: usize,
+}
+
+impl Span {
+    pub(crate) fn new(what: &'static str, addr: CUdeviceptr, bytes: usize) -> Self {
+        Span { what, addr, bytes }
+    }
+
+    fn end(&self) -> CUdeviceptr {
+        self.addr.saturating_add(self.bytes as CUdeviceptr)
+    }
+
+    fn shares_a_byte_with(&self, other: &Span) -> bool {
+        self.bytes > 0 && other.bytes > 0 && self.addr < other.end() && other.addr < self.end()
+    }
+}
+
+/// `Ok` when the ranges share no byte.
+pub(crate) fn disjoint(a: Span, b: Span) -> Result<()> {
+    if a.shares_a_byte_with(&b) {
+        Err(Error::Overlap { first: a.what, second: b.what, needed: "disjoint" })
+    } else {
+        Ok(())
+    }
+}
+
+/// `Ok` when the ranges share no byte or are the same range (what reductions allow).
+pub(crate) fn disjoint_or_identical(a: Span, b: Span) -> Result<()> {
+    if a.shares_a_byte_with(&b) && (a.addr, a.bytes) != (b.addr, b.bytes) {
+        Err(Error::Overlap { first: a.what, second: b.what, needed: "disjoint or identical" })
+    } else {
+        Ok(())
+    }
+}
+
+/// The range `span` of symmetric memory names on PE `pe`, as this PE addresses it through a
+/// load/store mapping (`nvshmem_ptr`): `None` when `pe`'s memory is not mapped here (then no
+/// local range can be part of it).
+pub(crate) fn on_pe(span: Span, pe: i32) -> Result<Option<Span>> {
+    // SAFETY: `span.addr` lies inside a live symmetric allocation (the callers pass their
+    // symmetric argument) and `pe` was checked in range; nvshmem_ptr only computes an address.
+    let mapped = unsafe { call!(nvshmem_ptr(span.addr as *const c_void, pe)) }?;
+    Ok((!mapped.is_null()).then_some(Span { addr: mapped as CUdeviceptr, ..span }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranges_overlap_when_they_share_a_byte() {
+        let s = |addr, bytes| Span::new("x", addr, bytes);
+        assert!(disjoint(s(0, 8), s(8, 8)).is_ok(), "adjacent");
+        assert!(disjoint(s(16, 8), s(0, 16)).is_ok(), "adjacent, other order");
+        assert!(disjoint(s(0, 0), s(0, 8)).is_ok(), "empty");
+        let err = disjoint(Span::new("destination", 0, 16), Span::new("source", 8, 16)).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "the destination and the source overlap, which NVSHMEM leaves undefined: they must be disjoint"
+        );
+        assert!(disjoint(s(0, 16), s(4, 4)).is_err(), "inside");
+        assert!(disjoint(s(0, 16), s(0, 16)).is_err(), "identical");
+        assert!(disjoint_or_identical(s(0, 16), s(0, 16)).is_ok());
+        assert!(disjoint_or_identical(s(0, 16), s(16, 16)).is_ok());
+        let err = disjoint_or_identical(s(0, 16), s(4, 16)).unwrap_err();
+        assert!(err.to_string().ends_with("they must be disjoint or identical"), "{err}");
+        assert!(disjoint(s(u64::MAX - 4, 8), s(0, 8)).is_ok(), "no wrap-around");
+    }
+}

@@ -1,0 +1,100 @@
+//! Waiting, with a bound, for the work that teardown must not overtake: the queued uses of one
+//! buffer (before it is deregistered or given back), or everything on a device (before a library
+//! that synchronises the whole device itself is torn down).
+//!
+//! Teardown that waits for a whole stream or a whole device hangs on work it has nothing to do
+//! with — an NCCL kernel spinning for a dead peer on the same stream is enough. [`wait_for_uses`]
+//! waits for one buffer's uses only, on a private stream; both functions take a bound, and say
+//! when it expired instead of blocking forever.
+
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DevicePtrMut, DriverError};
+
+use crate::{access, Access, OrderError};
+
+/// Waits until every use of `buf` enqueued so far has finished — on whatever stream — and for
+/// nothing else. A private stream of `ctx` waits for the buffer's uses through the same protocol
+/// every call uses ([`Access::write`]: cudarc's events, or the buffer's
+/// [`StreamTracker`](crate::StreamTracker)), then only that stream is waited for. When cudarc does
+/// not manage synchronisation (one stream per context), its buffers are used on their own stream
+/// only, so that stream is waited for.
+///
+/// `Ok(true)` once the uses have finished, `Ok(false)` when `timeout` expired first (the uses are
+/// then still running: the caller must keep the buffer, and whatever a library holds of it).
+/// Without a timeout it blocks until they finish.
+pub fn wait_for_uses<T>(
+    buf: &mut (impl DevicePtrMut<T> + ?Sized),
+    ctx: &Arc<CudaContext>,
+    timeout: Option<Duration>,
+) -> Result<bool, OrderError> {
+    // Asked before the private stream exists: a second stream switches cudarc to managing.
+    let managed = ctx.is_managing_stream_synchronization();
+    let waiter = private_stream(ctx)?;
+    if !managed {
+        waiter.join(buf.stream())?;
+    }
+    {
+        let access = Access::new(&waiter);
+        let _guard = access.write(buf)?;
+    }
+    // cudarc records failed waits in the context instead of returning them.
+    ctx.check_err()?;
+    let done = waiter.record_event(None)?;
+    Ok(wait_event(&done, timeout)?)
+}
+
+/// A new stream of `ctx` that waits for nothing: forked from the ordering crate's idle helper
+/// stream, because `CudaContext::new_stream` synchronises the whole device the first time a
+/// context gets a second stream — the very wait this module avoids. The stream is owned: it is
+/// destroyed when the last reference goes (a buffer's tracker may keep naming it as the stream of
+/// the buffer's last use), after its work.
+fn private_stream(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>, DriverError> {
+    access::probe(ctx)?.fork()
+}
+
+/// Waits until all work on `ctx`'s device has finished (`cuCtxSynchronize`), for at most
+/// `timeout`: `Ok(false)` when it expired first. Without a timeout it blocks.
+///
+/// The driver has no bounded device-wide wait, so with a timeout the synchronisation runs on a
+/// helper thread, which is left behind (blocked until the device is idle) when the bound expires.
+/// A helper thread that cannot be started counts as an expired bound.
+pub fn device_idle_within(ctx: &Arc<CudaContext>, timeout: Option<Duration>) -> Result<bool, DriverError> {
+    let Some(timeout) = timeout else {
+        ctx.synchronize()?;
+        return Ok(true);
+    };
+    let (tx, rx) = mpsc::channel();
+    let waited = ctx.clone();
+    let spawned =
+        std::thread::Builder::new().name("gpucomm-device-wait".into()).spawn(move || tx.send(waited.synchronize()));
+    if spawned.is_err() {
+        return Ok(false);
+    }
+    match rx.recv_timeout(timeout) {
+        Ok(synchronized) => synchronized.map(|()| true),
+        Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => Ok(false),
+    }
+}
+
+/// Waits for `event`: blocking without a timeout, polling with one.
+fn wait_event(event: &CudaEvent, timeout: Option<Duration>) -> Result<bool, DriverError> {
+    let Some(timeout) = timeout else {
+        event.synchronize()?;
+        return Ok(true);
+    };
+    let deadline = Instant::now().checked_add(timeout);
+    let mut pause = Duration::from_micros(20);
+    loop {
+        if event.try_is_complete()? {
+            return Ok(true);
+        }
+        if deadline.is_some_and(|d| Instant::now() >= d) {
+            return Ok(false);
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(1));
+    }
+}

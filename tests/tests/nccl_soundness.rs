@@ -1,0 +1,324 @@
+//! Soundness of the safe `nccl` crate on one GPU (issue 19 findings 2, 5, 7, 8, the suspected
+//! defects it lists, and the NCCL defects of issue 17): after an abort no handle reaches NCCL, a
+//! group launches nothing for a communicator aborted inside it, device-API structs are matched
+//! between headers and library, refused direct calls stop a group, `Comm::wait` covers every
+//! stream, and teardown waits for what it must and no more.
+//!
+//! Every test needs one GPU: one-rank communicators on it. Each says what the code before these
+//! fixes did.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use cudarc::driver::{CudaContext, CudaStream};
+use gpucomm_tests::{occupy, require_gpus, skip};
+use nccl::device::{DevComm, DevCommRequirements};
+use nccl::{
+    group, AbortStatus, Collectives, Comm, Config, Error, MemBuffer, PreMulSum, ReduceOp, ResultCode, UniqueId,
+    WindowFlags,
+};
+
+const N: usize = 1 << 16;
+
+/// A non-blocking stream on the GPU (not the legacy default stream, which NCCL's own streams may
+/// implicitly wait for).
+fn stream_of(test: &str) -> Option<Arc<CudaStream>> {
+    let streams = require_gpus(test, 1)?;
+    Some(streams[0].context().new_stream().expect("a stream"))
+}
+
+/// A one-rank communicator on `stream`.
+fn one_rank(stream: &Arc<CudaStream>, config: &Config) -> Comm {
+    Comm::init_rank_config(stream.clone(), &UniqueId::new().unwrap(), 0, 1, config).expect("a one-rank communicator")
+}
+
+/// Issue 19, finding 2. Before: `team_world` on a communicator aborted through its `AbortHandle`
+/// passed NULL to `ncclTeamWorld`, which NCCL 2.28.9 dereferences: SIGSEGV (exit 139, observed on
+/// the GPU machine). `DevComm::new` and `register_window` passed NULL to functions that read
+/// `comm->symmetricSupport` first (SIGSEGV too, by NCCL 2.28.9's source), and so did the drops of
+/// a device communicator and of a window (`ncclDevCommDestroy`, `ncclCommWindowDeregister`);
+/// `register`, `PreMulSum` and deregistering got `ncclInvalidArgument` from NCCL's null check
+/// (and the dropped registration leaked its buffer). Now every call is `Error::Aborted` and the
+/// drops release only the Rust side. Also: `DevComm::new` on a nonblocking communicator returned
+/// `Err(ncclInProgress)` while NCCL's background task would still write the device communicator
+/// into the returned stack frame; it now waits for NCCL.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn an_aborted_communicator_never_reaches_nccl() {
+    let Some(stream) = stream_of("an_aborted_communicator_never_reaches_nccl") else { return };
+    let comm = one_rank(&stream, &Config::new().blocking(false));
+    let handle = comm.abort_handle().unwrap();
+    // Everything that holds the communicator, made while it is live.
+    let window = comm.register_window(MemBuffer::<f32>::zeroed(&stream, N).unwrap(), WindowFlags::COLL_SYMMETRIC);
+    let mut window = window.expect("a window on a one-rank communicator");
+    let dev = match DevComm::new(&comm, &DevCommRequirements::default().lsa_barriers(1)) {
+        Ok(dev) => Some(dev),
+        Err(Error::Nccl { code: ResultCode::INVALID_USAGE, detail, .. }) => {
+            println!("no device API on this communicator ({detail:?}): DevComm not exercised");
+            None
+        }
+        Err(e) => panic!("DevComm::new on a nonblocking communicator: {e}"),
+    };
+    let registration = comm.register(stream.alloc_zeros::<f32>(N).unwrap()).unwrap();
+    let op = PreMulSum::host(&comm, 2.0f32).unwrap();
+    comm.all_reduce_in_place(&mut window.as_view_mut(), &op).unwrap();
+    comm.wait(None).unwrap();
+
+    // The owner is not waiting: the handle leaves a request, which the next call carries out.
+    assert_eq!(handle.abort().unwrap(), AbortStatus::Requested);
+    assert!(matches!(comm.async_error(), Err(Error::Aborted)));
+    assert!(comm.is_aborted() && comm.as_raw().is_null());
+
+    assert!(matches!(comm.team_world(), Err(Error::Aborted)));
+    assert!(matches!(comm.team_lsa(), Err(Error::Aborted)));
+    assert!(matches!(comm.team_rail(), Err(Error::Aborted)));
+    let refused = DevComm::new(&comm, &DevCommRequirements::default().lsa_barriers(1)).err();
+    assert!(matches!(refused, Some(Error::Aborted)), "{refused:?}");
+    let buf = MemBuffer::<f32>::zeroed(&stream, N).unwrap();
+    assert!(matches!(comm.register_window(buf, WindowFlags::COLL_SYMMETRIC), Err(Error::Aborted)));
+    assert!(matches!(comm.register(stream.alloc_zeros::<f32>(16).unwrap()), Err(Error::Aborted)));
+    assert!(matches!(PreMulSum::host(&comm, 3.0f32), Err(Error::Aborted)));
+    assert!(matches!(comm.all_reduce_in_place(&mut window.as_view_mut(), ReduceOp::SUM), Err(Error::Aborted)));
+
+    // Teardown after the abort: nothing reaches NCCL, the buffers come back.
+    drop(op);
+    drop(dev);
+    let buf = registration.deregister().map_err(|(_, e)| e).expect("deregistering after an abort");
+    assert_eq!(stream.clone_dtoh(&buf).unwrap().len(), N);
+    let mem = window.deregister().map_err(|(_, e)| e).expect("a window after an abort");
+    assert_eq!(stream.clone_dtoh(&mem).unwrap(), vec![0.0f32; N]);
+    mem.free().map_err(|(_, e)| e).unwrap();
+    drop(comm);
+    println!("after the abort: every call was Error::Aborted and teardown released only the Rust side");
+}
+
+/// Issue 19, finding 7. Before: a group kept the handles its calls recorded; a communicator
+/// aborted later in the same closure (an abort request carried out by `async_error`) was freed,
+/// and the launch called `ncclAllReduce` on freed memory (undefined: a crash or an NCCL error,
+/// and the other communicator's all-reduce launched). Now the launch checks every communicator
+/// first: `Error::Aborted`, and nothing is launched on either communicator.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_group_launches_nothing_for_a_communicator_aborted_inside_it() {
+    let Some(stream) = stream_of("a_group_launches_nothing_for_a_communicator_aborted_inside_it") else { return };
+    let healthy = one_rank(&stream, &Config::new());
+    let doomed = one_rank(&stream, &Config::new().blocking(false));
+    let handle = doomed.abort_handle().unwrap();
+    let send: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    let (send_a, send_b) = (stream.clone_htod(&send).unwrap(), stream.clone_htod(&send).unwrap());
+    let (mut recv_a, mut recv_b) = (stream.alloc_zeros::<f32>(N).unwrap(), stream.alloc_zeros::<f32>(N).unwrap());
+    let launched = group(|g| {
+        g.with(&healthy).all_reduce(&send_a, &mut recv_a, ReduceOp::SUM)?;
+        g.with(&doomed).all_reduce(&send_b, &mut recv_b, ReduceOp::SUM)?;
+        assert_eq!(handle.abort()?, AbortStatus::Requested);
+        // Carries the request out: NCCL frees `doomed`'s communicator. The closure goes on.
+        assert!(matches!(doomed.async_error(), Err(Error::Aborted)));
+        Ok(())
+    });
+    assert!(matches!(launched, Err(Error::Aborted)), "{launched:?}");
+    stream.synchronize().unwrap();
+    assert_eq!(stream.clone_dtoh(&recv_a).unwrap(), vec![0.0; N], "the healthy communicator's call launched");
+    assert_eq!(stream.clone_dtoh(&recv_b).unwrap(), vec![0.0; N]);
+    // The healthy communicator is untouched.
+    healthy.all_reduce(&send_a, &mut recv_a, ReduceOp::SUM).unwrap();
+    assert_eq!(stream.clone_dtoh(&recv_a).unwrap(), send);
+    healthy.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+/// Set in the child process of the layout test: the library it was started with.
+const LAYOUT_CHILD: &str = "GPUCOMM_LAYOUT_CHILD";
+
+/// Issue 19, finding 8. The crate is built against the pinned 2.28.9 headers; the GPU machine's
+/// system library is 2.28.3, whose device-API structs predate 2.28.7's (which inserted
+/// `barrierCount` before `lsaBarrierCount`). Before: `DevComm::new` handed 2.28.3 a 2.28.9 struct,
+/// which read `barrierCount` (0) as the LSA barrier count (kernels then index barriers that were
+/// never allocated), and wrote a smaller `ncclDevComm`. Now: `Error::DeviceApiLayout` naming both
+/// versions. Runs a child process with `NCCL_SYS_LIBRARY` set to the system library; skipped
+/// when the machine has none, or one with the headers' layout.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn device_api_structs_are_matched_between_headers_and_library() {
+    const TEST: &str = "device_api_structs_are_matched_between_headers_and_library";
+    if std::env::var_os(LAYOUT_CHILD).is_some() {
+        return layout_child(TEST);
+    }
+    let Some(_) = require_gpus(TEST, 1) else { return };
+    let candidates = ["/lib/x86_64-linux-gnu/libnccl.so.2", "/usr/lib/x86_64-linux-gnu/libnccl.so.2"];
+    let Some(system) = candidates.iter().find(|p| std::path::Path::new(p).exists()) else {
+        return skip(TEST, "no system libnccl.so.2 to pair with the pinned headers");
+    };
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args(["--exact", TEST, "--include-ignored", "--nocapture", "--test-threads=1"])
+        .env("NCCL_SYS_LIBRARY", system)
+        .env(LAYOUT_CHILD, system)
+        .output()
+        .expect("run the child");
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the child with {system}: {:?}", out.status);
+}
+
+fn layout_child(test: &str) {
+    let (header, library) = (nccl::header_version(), nccl::version().unwrap());
+    let older = |v: nccl::Version| v < nccl::Version::new(2, 28, 7);
+    if older(header) == older(library) {
+        return skip(test, &format!("headers {header} and library {library} share a device-API layout"));
+    }
+    let stream = CudaContext::new(0).unwrap().new_stream().unwrap();
+    let comm = one_rank(&stream, &Config::new());
+    let err = DevComm::new(&comm, &DevCommRequirements::default().lsa_barriers(16)).unwrap_err();
+    match &err {
+        Error::DeviceApiLayout { header: h, library: l, .. } => assert_eq!((*h, *l), (header, library)),
+        other => panic!("expected the layouts to be refused, got {other:?}"),
+    }
+    let text = err.to_string();
+    assert!(text.contains(&header.to_string()) && text.contains(&library.to_string()), "{text}");
+    println!("headers {header} with library {library}: {text}");
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+/// Issue 17: a direct call refused with `InsideGroup` inside a group closure. Before: the refusal
+/// was not counted, so a closure that ignored the `Err` launched the rest of the group (`recv`
+/// became `send`). Now: `Error::GroupRefused { refused: 1 }` and nothing launched.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_direct_call_refused_inside_a_group_stops_it() {
+    let Some(stream) = stream_of("a_direct_call_refused_inside_a_group_stops_it") else { return };
+    let comm = one_rank(&stream, &Config::new());
+    let send = stream.clone_htod(&vec![1.0f32; N]).unwrap();
+    let mut recv = stream.alloc_zeros::<f32>(N).unwrap();
+    let mut other = stream.alloc_zeros::<f32>(N).unwrap();
+    let err = group(|g| {
+        g.with(&comm).all_reduce(&send, &mut recv, ReduceOp::SUM)?;
+        let direct = comm.all_reduce(&send, &mut other, ReduceOp::SUM);
+        assert!(matches!(direct, Err(Error::InsideGroup)), "{direct:?}");
+        Ok(()) // the closure ignores the refusal
+    })
+    .unwrap_err();
+    assert!(matches!(err, Error::GroupRefused { refused: 1 }), "{err}");
+    assert_eq!(stream.clone_dtoh(&recv).unwrap(), vec![0.0; N], "the group launched");
+    assert_eq!(stream.clone_dtoh(&other).unwrap(), vec![0.0; N]);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+/// Issue 17: `Comm::wait` without a timeout. Before: it waited for the communicator's own stream
+/// only, so an all-reduce issued with `comm.on(&side)` behind 2 s of other work was still queued
+/// when `wait` returned (at once). Now `wait` returns after it, about 2 s later.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn wait_covers_work_issued_on_other_streams() {
+    let Some(stream) = stream_of("wait_covers_work_issued_on_other_streams") else { return };
+    let comm = one_rank(&stream, &Config::new());
+    let side = stream.context().new_stream().unwrap();
+    let send = stream.clone_htod(&vec![2.0f32; N]).unwrap();
+    let mut recv = stream.alloc_zeros::<f32>(N).unwrap();
+    stream.synchronize().unwrap();
+    occupy(&side, Duration::from_secs(2));
+    comm.on(&side).all_reduce(&send, &mut recv, ReduceOp::SUM).unwrap();
+    let issued = side.record_event(None).unwrap();
+    let start = Instant::now();
+    comm.wait(None).unwrap();
+    let took = start.elapsed();
+    assert!(issued.try_is_complete().unwrap(), "wait returned after {took:?} with the all-reduce still queued");
+    assert!(took >= Duration::from_millis(1500), "wait took {took:?}");
+    assert_eq!(stream.clone_dtoh(&recv).unwrap(), vec![2.0; N]);
+    println!("wait returned after {took:?}, with the side stream's all-reduce done");
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+/// Issue 17: dropping (deregistering) an NCCL `Registration`. Before: it synchronised the
+/// communicator's whole stream, so 3 s of unrelated work queued there after the buffer's last
+/// use (which ran on another stream) held it up for 3 s — forever for a stuck kernel. Now it waits
+/// for the buffer's own uses only: well under a second.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn deregistering_waits_for_the_buffer_only() {
+    let Some(stream) = stream_of("deregistering_waits_for_the_buffer_only") else { return };
+    let comm = one_rank(&stream, &Config::new());
+    let side = stream.context().new_stream().unwrap();
+    let mut registration = comm.register(MemBuffer::from_host(&stream, &vec![3.0f32; N]).unwrap()).unwrap();
+    comm.on(&side).all_reduce_in_place(&mut registration.buffer_mut(), ReduceOp::SUM).unwrap();
+    occupy(comm.stream(), Duration::from_secs(3));
+    let start = Instant::now();
+    let buf = registration.deregister().map_err(|(_, e)| e).unwrap();
+    let took = start.elapsed();
+    assert!(took < Duration::from_millis(1500), "deregistering took {took:?}");
+    assert_eq!(side.clone_dtoh(&buf).unwrap(), vec![3.0; N]);
+    println!("deregistered after {took:?} while the communicator's stream was busy");
+    stream.synchronize().unwrap();
+    buf.free().map_err(|(_, e)| e).unwrap();
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+/// Issue 19, suspected "device-wide synchronisation without a timeout in drops" — confirmed:
+/// `DevComm`'s drop synchronised the whole device, unbounded, so 6 s of work on an unrelated
+/// stream (or a stuck kernel, forever) held it up. Now the wait is bounded by the communicator's
+/// timeout (1 s here) and the device communicator is kept for NCCL to free with the communicator.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn dropping_a_device_communicator_is_bounded_by_the_timeout() {
+    const TEST: &str = "dropping_a_device_communicator_is_bounded_by_the_timeout";
+    let Some(stream) = stream_of(TEST) else { return };
+    let comm = one_rank(&stream, &Config::new().timeout(Duration::from_secs(1)));
+    let dev = match DevComm::new(&comm, &DevCommRequirements::default().lsa_barriers(1)) {
+        Ok(dev) => dev,
+        Err(e) => return skip(TEST, &format!("no device communicator on one rank here: {e}")),
+    };
+    let unrelated = stream.context().new_stream().unwrap();
+    occupy(&unrelated, Duration::from_secs(6));
+    let start = Instant::now();
+    drop(dev);
+    let took = start.elapsed();
+    assert!(took < Duration::from_secs(3), "dropping the DevComm took {took:?}");
+    println!("the DevComm drop gave up after {took:?} (timeout 1 s) while the device was busy");
+    unrelated.synchronize().unwrap();
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+/// Issue 19, suspected "a failed group skips the join of its streams" — confirmed: `launch`
+/// returned before joining the group's streams when settling failed, although `ncclGroupEnd` had
+/// launched the work. Here communicator Y times out while settling (its older all-reduce is stuck
+/// behind 2 s of work), after X's all-reduce went to stream A (busy for 8 s) and Z's to stream B,
+/// both reading the same buffer. Before: B was not joined with A, so work issued on B after the
+/// group ran at once, while the buffer's other reader on A was still queued. Now B waits for A.
+/// The timeout aborts Y; should NCCL's abort wait for the whole device (freeing pinned memory can),
+/// A is idle by then and nothing is left to observe: the test then says so and skips.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_failed_group_still_orders_its_streams() {
+    const TEST: &str = "a_failed_group_still_orders_its_streams";
+    let Some(a) = stream_of(TEST) else { return };
+    let ctx = a.context().clone();
+    let (b, c) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let (x, z) = (one_rank(&a, &Config::new()), one_rank(&b, &Config::new()));
+    let y = one_rank(&c, &Config::new().timeout(Duration::from_millis(200)));
+    let shared = a.clone_htod(&vec![1.0f32; N]).unwrap();
+    let (mut rx, mut rz, mut ry) =
+        (a.alloc_zeros::<f32>(N).unwrap(), a.alloc_zeros::<f32>(N).unwrap(), a.alloc_zeros::<f32>(N).unwrap());
+    a.synchronize().unwrap();
+    occupy(&c, Duration::from_secs(2));
+    y.all_reduce(&shared, &mut ry, ReduceOp::SUM).unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    occupy(&a, Duration::from_secs(8));
+    let failed = group(|g| {
+        g.with(&x).all_reduce(&shared, &mut rx, ReduceOp::SUM)?;
+        g.with(&z).all_reduce(&shared, &mut rz, ReduceOp::SUM)?;
+        g.with(&y).all_reduce(&shared, &mut ry, ReduceOp::SUM)
+    });
+    assert!(matches!(failed, Err(Error::Timeout { .. })), "{failed:?}");
+    let (on_b, on_a) = (b.record_event(None).unwrap(), a.record_event(None).unwrap());
+    std::thread::sleep(Duration::from_secs(1));
+    if on_a.try_is_complete().unwrap() {
+        skip(TEST, "Y's abort waited until stream A was idle, so the join cannot be observed");
+    } else {
+        assert!(!on_b.try_is_complete().unwrap(), "stream B ran ahead of stream A's reader of the shared buffer");
+        println!("after the failed group, stream B waits for stream A");
+    }
+    a.synchronize().unwrap();
+    b.synchronize().unwrap();
+    assert_eq!(b.clone_dtoh(&rz).unwrap(), vec![1.0; N]);
+    x.finalize().map_err(|(_, e)| e).unwrap();
+    z.finalize().map_err(|(_, e)| e).unwrap();
+    drop(y);
+}
