@@ -13,7 +13,7 @@ use std::ffi::{c_int, c_void};
 use cudarc::driver::{sys::CUdeviceptr, CudaStream};
 use nccl_sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
 
-use crate::error::{resolve, Error, Result};
+use crate::error::{resolve, Result};
 use crate::types::check_type;
 use crate::{Comm, NcclType};
 
@@ -113,9 +113,9 @@ pub(crate) struct Call {
 
 impl Call {
     /// Resolves the function for `kind` on elements of type `T` (refusing a type the loaded
-    /// library does not know, and a zero count), for `count` elements on `comm`, enqueued on
-    /// `stream`. The buffer
-    /// pointers are added with [`Call::buffers`] once taken.
+    /// library does not know), for `count` elements on `comm`, enqueued on `stream`. A count of
+    /// zero is a call like any other, which NCCL treats as a no-op; every rank must still make
+    /// it, as any call. The buffer pointers are added with [`Call::buffers`] once taken.
     pub(crate) fn new<T: NcclType>(kind: Kind, count: usize, comm: &Comm, stream: &CudaStream) -> Result<Self> {
         let (name, entry) = match kind {
             Kind::AllReduce(op) => entry!(ncclAllReduce, |f| Entry::Reducing(f, op)),
@@ -132,9 +132,6 @@ impl Call {
             Kind::Send(peer) => entry!(ncclSend, |f| Entry::Send(f, peer)),
             Kind::Recv(peer) => entry!(ncclRecv, |f| Entry::Recv(f, peer)),
         };
-        if count == 0 {
-            return Err(Error::ZeroCount { call: name });
-        }
         check_type::<T>(crate::error::lib_version()?)?;
         Ok(Call {
             name,

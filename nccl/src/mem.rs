@@ -8,7 +8,7 @@ use std::ops::RangeBounds;
 use std::sync::Arc;
 
 use cudarc::driver::{sys::CUdeviceptr, CudaStream, DeviceRepr, ValidAsZeroBits};
-use gpucomm_ordering::{OrderError, StreamTracker};
+use gpucomm_ordering::{Keep, StreamTracker, Tracked, Visitor};
 
 use crate::error::{call, Error, Result};
 
@@ -30,7 +30,9 @@ use crate::error::{call, Error, Result};
 /// * **A normal cudarc buffer otherwise.** It implements cudarc's [`DeviceSlice`](cudarc::driver::DeviceSlice),
 ///   [`DevicePtr`](cudarc::driver::DevicePtr) and [`DevicePtrMut`](cudarc::driver::DevicePtrMut),
 ///   so cudarc copies (`memcpy_htod`, `clone_dtoh`, …) and kernel launches accept it and order
-///   themselves against it.
+///   themselves against it, and [`DeviceMemory`](crate::DeviceMemory), so every call of this crate
+///   and of `nvshmem` accepts it. Reads on several streams at once (two threads sharing a
+///   `&MemBuffer`) are all waited for by the next write and by the free.
 ///
 /// Freeing it ([`MemBuffer::free`] or drop) first waits for its last use to finish, on that
 /// stream only, then calls `ncclMemFree`.
@@ -44,7 +46,12 @@ pub struct MemBuffer<T> {
     _elements: PhantomData<T>,
 }
 
-gpucomm_ordering::tracked_device_ptr!([T] MemBuffer<T>, |b| (b.ptr, b.len, &b.tracker, &b.home));
+gpucomm_ordering::tracked_device_ptr!([T] MemBuffer<T>, |b| {
+    // SAFETY: `ptr` is an ncclMemAlloc allocation of `len` elements on `home`'s device, owned by
+    // the buffer and freed only after `tracker.synchronize()` (`release`); every use goes through
+    // `tracker`.
+    unsafe { Tracked::new(b.ptr, b.len, &b.tracker, &b.home) }
+});
 
 /// A read-only view of part of a [`MemBuffer`] ([`MemBuffer::slice`]): a cudarc
 /// [`DevicePtr`](cudarc::driver::DevicePtr) ordered with the buffer's own stream tracking.
@@ -55,7 +62,11 @@ pub struct MemView<'a, T> {
     len: usize,
 }
 
-gpucomm_ordering::tracked_device_ptr!(read ['a, T] MemView<'a, T>, |v| (v.ptr, v.len, &v.buf.tracker, &v.buf.home));
+gpucomm_ordering::tracked_device_ptr!(read ['a, T] MemView<'a, T>, |v| {
+    // SAFETY: `ptr..ptr + len` lies inside the borrowed buffer (checked by `MemBuffer::sub`), which
+    // the view keeps alive; uses are ordered by the buffer's tracker.
+    unsafe { Tracked::new(v.ptr, v.len, &v.buf.tracker, &v.buf.home) }
+});
 
 /// A writable view of part of a [`MemBuffer`] ([`MemBuffer::slice_mut`]): a cudarc
 /// [`DevicePtrMut`](cudarc::driver::DevicePtrMut) ordered with the buffer's own stream tracking.
@@ -66,7 +77,10 @@ pub struct MemViewMut<'a, T> {
     len: usize,
 }
 
-gpucomm_ordering::tracked_device_ptr!(['a, T] MemViewMut<'a, T>, |v| (v.ptr, v.len, &v.buf.tracker, &v.buf.home));
+gpucomm_ordering::tracked_device_ptr!(['a, T] MemViewMut<'a, T>, |v| {
+    // SAFETY: as for `MemView`; the view borrows the buffer exclusively.
+    unsafe { Tracked::new(v.ptr, v.len, &v.buf.tracker, &v.buf.home) }
+});
 
 impl<T> fmt::Debug for MemBuffer<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -144,10 +158,9 @@ impl<T> MemBuffer<T> {
         self.len == 0
     }
 
-    /// The device address, for code outside cudarc and this crate (custom kernels, the NCCL
-    /// device API). Order such uses with [`MemBuffer::tracker`]
-    /// ([`StreamTracker::use_on`]) before enqueuing them; cudarc launches and copies do that by
-    /// themselves through [`DevicePtr`](cudarc::driver::DevicePtr).
+    /// The device address, for code outside cudarc and this crate. Take it through cudarc's
+    /// [`DevicePtr`](cudarc::driver::DevicePtr) instead wherever the use is enqueued on a stream
+    /// (`buf.device_ptr(&stream)`, then drop the guard after the launch): that orders the use.
     pub fn as_raw(&self) -> CUdeviceptr {
         self.ptr
     }
@@ -158,8 +171,9 @@ impl<T> MemBuffer<T> {
     }
 
     /// Elements `range` of the buffer, read-only (like cudarc's `CudaSlice::slice`). The view
-    /// shares the buffer's stream ordering. An empty range or one past the end is
-    /// [`Error::ViewOutOfRange`].
+    /// shares the buffer's stream ordering. A range past the end (or reversed) is
+    /// [`Error::ViewOutOfRange`]; an empty range is a view of zero elements, which the calls
+    /// accept as no-ops.
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<MemView<'_, T>> {
         let (ptr, len) = self.sub(range)?;
         Ok(MemView { buf: self, ptr, len })
@@ -175,9 +189,6 @@ impl<T> MemBuffer<T> {
     fn sub(&self, range: impl RangeBounds<usize>) -> Result<(CUdeviceptr, usize)> {
         let (start, end) = gpucomm_ordering::range::resolve(range, self.len)
             .map_err(|(start, end)| Error::ViewOutOfRange { start, end, len: self.len })?;
-        if start == end {
-            return Err(Error::ViewOutOfRange { start, end, len: self.len });
-        }
         // In bounds of an allocation of `len` elements, so the offset fits.
         Ok((self.ptr + (start * size_of::<T>()) as CUdeviceptr, end - start))
     }
@@ -218,12 +229,23 @@ impl<T> Drop for MemBuffer<T> {
     }
 }
 
-/// A CUDA failure while ordering is [`Error::Cuda`], so that its text appears once in the chain.
-impl From<OrderError> for Error {
-    fn from(e: OrderError) -> Self {
-        match e {
-            OrderError::Cuda(e) => Error::Cuda(e),
-            other => Error::Ordering(other),
-        }
+// SAFETY: an owned buffer keeps its memory alive; it is reported writable, as it is.
+unsafe impl<T> Keep for MemBuffer<T> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.write(self);
+    }
+}
+
+// SAFETY: the view borrows its buffer for its whole life, and cannot write it.
+unsafe impl<T> Keep for MemView<'_, T> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.read(self);
+    }
+}
+
+// SAFETY: the view borrows its buffer exclusively for its whole life.
+unsafe impl<T> Keep for MemViewMut<'_, T> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.write(self);
     }
 }

@@ -7,8 +7,8 @@ use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ops::{Deref, DerefMut};
 
-use cudarc::driver::{DevicePtrMut, DeviceSlice};
-use gpucomm_ordering::Access;
+use cudarc::driver::DeviceSlice;
+use gpucomm_ordering::{Access, DeviceBufferMut};
 
 use crate::error::{call, Error, Result};
 use crate::Comm;
@@ -41,7 +41,7 @@ fn check_device<T>(comm: &Comm, what: &'static str, buf: &impl DeviceSlice<T>) -
 /// [`MemBuffer`](crate::MemBuffer) (`ncclMemAlloc`) is what NCCL registers best.
 #[doc(alias = "ncclCommRegister")]
 #[cfg_attr(docsrs, doc(cfg(nccl_2_19)))]
-pub struct Registration<'c, T, B: DevicePtrMut<T>> {
+pub struct Registration<'c, T, B: DeviceBufferMut<T>> {
     comm: &'c Comm,
     handle: *mut c_void,
     /// Dropped only after a successful deregistration: NCCL may still use the memory otherwise.
@@ -49,7 +49,7 @@ pub struct Registration<'c, T, B: DevicePtrMut<T>> {
     _elements: PhantomData<T>,
 }
 
-impl<T, B: DevicePtrMut<T>> fmt::Debug for Registration<'_, T, B> {
+impl<T, B: DeviceBufferMut<T>> fmt::Debug for Registration<'_, T, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Registration").field("comm", self.comm).field("handle", &self.handle).finish()
     }
@@ -60,7 +60,7 @@ impl Comm {
     /// [`MemBuffer`](crate::MemBuffer)) with this communicator (`ncclCommRegister`). See
     /// [`Registration`] for the contract across ranks.
     #[doc(alias = "ncclCommRegister")]
-    pub fn register<T, B: DevicePtrMut<T>>(&self, mut buf: B) -> Result<Registration<'_, T, B>> {
+    pub fn register<T, B: DeviceBufferMut<T>>(&self, mut buf: B) -> Result<Registration<'_, T, B>> {
         check_device(self, "buffer", &buf)?;
         if buf.len() == 0 {
             return Err(Error::ZeroCount { call: "ncclCommRegister" });
@@ -81,7 +81,7 @@ impl Comm {
     }
 }
 
-impl<'c, T, B: DevicePtrMut<T>> Registration<'c, T, B> {
+impl<'c, T, B: DeviceBufferMut<T>> Registration<'c, T, B> {
     /// The communicator the buffer is registered with.
     pub fn comm(&self) -> &'c Comm {
         self.comm
@@ -127,20 +127,20 @@ impl<'c, T, B: DevicePtrMut<T>> Registration<'c, T, B> {
     }
 }
 
-impl<T, B: DevicePtrMut<T>> Deref for Registration<'_, T, B> {
+impl<T, B: DeviceBufferMut<T>> Deref for Registration<'_, T, B> {
     type Target = B;
     fn deref(&self) -> &B {
         &self.buf
     }
 }
 
-impl<T, B: DevicePtrMut<T>> DerefMut for Registration<'_, T, B> {
+impl<T, B: DeviceBufferMut<T>> DerefMut for Registration<'_, T, B> {
     fn deref_mut(&mut self) -> &mut B {
         &mut self.buf
     }
 }
 
-impl<T, B: DevicePtrMut<T>> Drop for Registration<'_, T, B> {
+impl<T, B: DeviceBufferMut<T>> Drop for Registration<'_, T, B> {
     fn drop(&mut self) {
         match self.release() {
             // SAFETY: dropped once, here; the registration is gone afterwards.

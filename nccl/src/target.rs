@@ -125,10 +125,12 @@ impl<'g, 'b> Plan<'g, 'b> {
         }
     }
 
-    /// Takes the buffers' pointers with `take` (through an [`Access`] on the call's stream), then
-    /// issues the call: a direct call at once — NCCL, then [`Comm::settle`], then the stream guards
-    /// are released — and a grouped one by recording it (with its guards) until the group ends.
-    /// A CUDA error while ordering the buffers is returned here and nothing is issued.
+    /// Takes the buffers' pointers with `take` (through an [`Access`] on the call's stream, which
+    /// refuses a capture this crate did not open and, inside [`crate::capture`], records the
+    /// communicator and buffers for the graph), then issues the call: a direct call at once —
+    /// NCCL, then [`Comm::settle`], then the stream guards are released — and a grouped one by
+    /// recording it (with its guards) until the group ends. A CUDA error while ordering the
+    /// buffers is returned here and nothing is issued.
     #[inline]
     pub(crate) fn submit<const N: usize>(
         self,
@@ -138,6 +140,7 @@ impl<'g, 'b> Plan<'g, 'b> {
             return group.record(self.comm, self.stream, take);
         }
         let access = Access::new(self.stream);
+        access.resource(crate::graph::communicator(self.comm))?;
         let (call, guards) = take(&access)?;
         // cudarc records failed waits in the context instead of returning them.
         self.stream.context().check_err()?;

@@ -4,7 +4,7 @@ use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
 
-use cudarc::driver::DevicePtr;
+use gpucomm_ordering::DeviceBuffer;
 
 use crate::error::{call, Error, Result};
 use crate::Runtime;
@@ -31,7 +31,7 @@ impl Runtime {
     /// Registers `buf` (device memory of this PE's device, not on the symmetric heap) with
     /// NVSHMEM (`nvshmemx_buffer_register`). Empty buffers are refused ([`Error::ZeroSize`]).
     #[doc(alias = "nvshmemx_buffer_register")]
-    pub fn register<'a, T>(&self, buf: &'a impl DevicePtr<T>) -> Result<Registration<'a, '_>> {
+    pub fn register<'a, T>(&self, buf: &'a impl DeviceBuffer<T>) -> Result<Registration<'a, '_>> {
         let bytes = buf.num_bytes();
         if bytes == 0 {
             return Err(Error::ZeroSize { len: buf.len(), elem_size: size_of::<T>() });
