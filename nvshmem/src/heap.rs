@@ -401,6 +401,11 @@ pub trait SymmetricMemory<T>: DeviceBufferMut<T> + sealed::Sealed {
     /// The tracker of the buffer's allocation. Not for use outside this crate.
     #[doc(hidden)]
     fn tracker(&self) -> &StreamTracker;
+
+    /// The whole range as a slice, through which an operation that writes the symmetric memory
+    /// on some PE (a put's destination, a signal) records a write. Not for use outside this crate.
+    #[doc(hidden)]
+    fn symmetric(&self) -> SymmetricSlice<'_, T>;
 }
 
 impl<T> sealed::Sealed for Symmetric<'_, T> {}
@@ -408,11 +413,19 @@ impl<T> SymmetricMemory<T> for Symmetric<'_, T> {
     fn tracker(&self) -> &StreamTracker {
         &self.tracker
     }
+
+    fn symmetric(&self) -> SymmetricSlice<'_, T> {
+        self.as_slice()
+    }
 }
 impl<T> sealed::Sealed for SymmetricSlice<'_, T> {}
 impl<T> SymmetricMemory<T> for SymmetricSlice<'_, T> {
     fn tracker(&self) -> &StreamTracker {
         self.tracker
+    }
+
+    fn symmetric(&self) -> SymmetricSlice<'_, T> {
+        SymmetricSlice { ptr: self.ptr, len: self.len, tracker: self.tracker, rt: self.rt, _elem: PhantomData }
     }
 }
 

@@ -141,9 +141,12 @@ impl Runtime {
         let access = Access::new(stream);
         access.resource(graph::runtime(self))?;
         let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
-        let (d, _d) = access.read(dst)?;
+        // The destination is written on `pe`: recorded as a write of the symmetric memory.
+        let bytes = dst.num_bytes();
+        let mut dst = dst.symmetric();
+        let (d, _d) = access.write(&mut dst)?;
         let (s, _s) = access.read(src)?;
-        let (d, s, bytes) = (d as *mut c_void, s as *const c_void, dst.num_bytes());
+        let (d, s) = (d as *mut c_void, s as *const c_void);
         // SAFETY: `dst` is symmetric, so the same range exists on `pe`; both ranges hold
         // `src.len()` elements (checked), the source on this device (checked); both stay borrowed
         // until the guards record after the enqueue; `pe` is in range; the context is current.
@@ -207,10 +210,13 @@ impl Runtime {
         let access = Access::new(stream);
         access.resource(graph::runtime(self))?;
         let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
-        let (d, _d) = access.read(dst)?;
+        // Destination and signal are written on `pe`: recorded as writes of the symmetric memory.
+        let bytes = dst.num_bytes();
+        let (mut dst, mut signal) = (dst.symmetric(), signal.symmetric());
+        let (d, _d) = access.write(&mut dst)?;
         let (s, _s) = access.read(src)?;
-        let (sig, _sig) = access.read(signal)?;
-        let (d, s, bytes, sig) = (d as *mut c_void, s as *const c_void, dst.num_bytes(), sig as *mut u64);
+        let (sig, _sig) = access.write(&mut signal)?;
+        let (d, s, sig) = (d as *mut c_void, s as *const c_void, sig as *mut u64);
         // SAFETY: as for `putmem`; `signal` is one symmetric u64 (checked), `op` one of NVSHMEM's
         // signal operations.
         unsafe {
@@ -334,7 +340,9 @@ impl Runtime {
         let access = Access::new(stream);
         access.resource(graph::runtime(self))?;
         let raw = self.enqueue_on(stream)?;
-        let (sig, _sig) = access.read(signal)?;
+        // The signal is written on `pe`: recorded as a write of the symmetric memory.
+        let mut signal = signal.symmetric();
+        let (sig, _sig) = access.write(&mut signal)?;
         // SAFETY: `signal` is one symmetric u64 (checked), `pe` is in range, the stream is on this
         // device (checked) and its context current.
         unsafe { call!(nvshmemx_signal_op_on_stream(sig as *mut u64, value, op.raw(), pe, raw)) }
@@ -385,7 +393,10 @@ impl Runtime {
         gpucomm_ordering::admit(stream, &[graph::runtime(self)])?;
         let raw = self.enqueue_on(stream)?;
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
-        unsafe { call!(nvshmemx_barrier_all_on_stream(raw)) }
+        unsafe { call!(nvshmemx_barrier_all_on_stream(raw)) }?;
+        // A barrier completes this PE's operations, as a quiet does.
+        gpucomm_ordering::captured_completion(stream);
+        Ok(())
     }
 
     /// Enqueues a synchronisation of all PEs on `stream` (`nvshmemx_sync_all_on_stream`): a

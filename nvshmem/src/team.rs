@@ -221,7 +221,10 @@ impl<'rt> Team<'rt> {
         gpucomm_ordering::admit(stream, &[graph::team(self)])?;
         let raw = self.rt.enqueue_on(stream)?;
         // SAFETY: valid team; the stream is on the PE's device (checked) and its context current.
-        unsafe { call!(nvshmemx_barrier_on_stream(self.raw, raw) => status) }
+        unsafe { call!(nvshmemx_barrier_on_stream(self.raw, raw) => status) }?;
+        // A barrier completes this PE's operations, as a quiet does.
+        gpucomm_ordering::captured_completion(stream);
+        Ok(())
     }
 
     /// Enqueues a synchronisation of the team on `stream` (`nvshmemx_team_sync_on_stream`): a

@@ -26,8 +26,9 @@ enum End {
     /// stream while it is remembered).
     Stream(Arc<CudaStream>),
     /// Recorded into this event, by the guard of a use on a stream the tracker cannot keep (one
-    /// reached through cudarc's `&CudaStream` protocol). `stream` is that stream's handle.
-    Event { event: Box<CudaEvent>, stream: sys::CUstream },
+    /// reached through cudarc's `&CudaStream` protocol). `stream` is that stream's handle (as a
+    /// number: it is only compared).
+    Event { event: Box<CudaEvent>, stream: usize },
 }
 
 /// A non-blocking operation whose completion (`complete`, e.g. NVSHMEM's quiet) has to be enqueued
@@ -93,7 +94,7 @@ impl fmt::Debug for StreamTracker {
         let state = self.lock();
         let end = |e: &End| match e {
             End::Stream(s) => format!("stream {:p}", s.cu_stream()),
-            End::Event { stream, .. } => format!("event on stream {stream:p}"),
+            End::Event { stream, .. } => format!("event on stream {stream:#x}"),
         };
         f.debug_struct("StreamTracker")
             .field("writer", &state.writer.as_ref().map(end))
@@ -313,7 +314,7 @@ impl StreamTracker {
             }
         };
         let event_ptr: *const CudaEvent = &*event;
-        let end = End::Event { event, stream: stream.cu_stream() };
+        let end = End::Event { event, stream: stream.cu_stream() as usize };
         if let Err(e) = self.order(&mut state, stream, end, how) {
             stream.context().record_err(Err::<(), _>(to_driver(e)));
             return SyncOnDrop::Sync(Some(stream));
@@ -337,7 +338,7 @@ impl StreamTracker {
     /// record on that very stream, which its borrow keeps alive), else a spare or a new one.
     fn plain_event(&self, state: &mut State, stream: &CudaStream) -> Result<Box<CudaEvent>, DriverError> {
         let reusable = state.readers.iter().position(|r| match r {
-            End::Event { event, stream: s } => *s == stream.cu_stream() && event.is_complete(),
+            End::Event { event, stream: s } => *s == stream.cu_stream() as usize && event.is_complete(),
             End::Stream(_) => false,
         });
         if let Some(i) = reusable {
