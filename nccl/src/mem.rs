@@ -23,10 +23,10 @@ use crate::error::{call, Error, Result};
 ///   qualifies for none of the windows.
 /// * **Ordering at no cost on one stream.** Instead of cudarc's two events per buffer, which every
 ///   use waits for and records (three stream waits and two event records per all-reduce, about
-///   1–1.6 µs of host time), a `MemBuffer` remembers the stream of its last use
-///   ([`StreamTracker`]): a call on the same stream costs a lock and a comparison, and only a
-///   change of stream records one event and waits for it. Inside a CUDA graph capture it never
-///   waits on the device, so capture works.
+///   1–1.6 µs of host time), a `MemBuffer` remembers the streams of its outstanding uses
+///   ([`StreamTracker`]): a call on the stream that is its only user costs two atomic loads, and
+///   only a change of stream records an event and waits for it. Inside [`crate::capture`] its
+///   uses are recorded for the graph instead, and each launch of the graph is ordered like a call.
 /// * **A normal cudarc buffer otherwise.** It implements cudarc's [`DeviceSlice`](cudarc::driver::DeviceSlice),
 ///   [`DevicePtr`](cudarc::driver::DevicePtr) and [`DevicePtrMut`](cudarc::driver::DevicePtrMut),
 ///   so cudarc copies (`memcpy_htod`, `clone_dtoh`, …) and kernel launches accept it and order
@@ -34,8 +34,8 @@ use crate::error::{call, Error, Result};
 ///   and of `nvshmem` accepts it. Reads on several streams at once (two threads sharing a
 ///   `&MemBuffer`) are all waited for by the next write and by the free.
 ///
-/// Freeing it ([`MemBuffer::free`] or drop) first waits for its last use to finish, on that
-/// stream only, then calls `ncclMemFree`.
+/// Freeing it ([`MemBuffer::free`] or drop) first waits for its outstanding uses to finish, on
+/// their streams only, then calls `ncclMemFree`.
 #[doc(alias = "ncclMemAlloc")]
 #[cfg_attr(docsrs, doc(cfg(nccl_2_19)))]
 pub struct MemBuffer<T> {
@@ -193,7 +193,7 @@ impl<T> MemBuffer<T> {
         Ok((self.ptr + (start * size_of::<T>()) as CUdeviceptr, end - start))
     }
 
-    /// Waits for the buffer's last use to finish (on that stream only), then frees it
+    /// Waits for the buffer's outstanding uses to finish (on their streams only), then frees it
     /// (`ncclMemFree`). On failure the buffer is handed back with the error, still allocated.
     #[doc(alias = "ncclMemFree")]
     // The buffer comes back on failure, as fallible teardown does throughout the crate.
@@ -213,7 +213,8 @@ impl<T> MemBuffer<T> {
         self.tracker.synchronize()?;
         self.home.context().bind_to_thread()?;
         // SAFETY: `ptr` came from ncclMemAlloc and is freed once: after a successful `release`
-        // from `free` the address is set to 0, which `Drop` skips. Its last use has finished.
+        // from `free` the address is set to 0, which `Drop` skips. Every outstanding use (graph
+        // launches included: they are recorded in the tracker) has finished.
         unsafe { call!(ncclMemFree(self.ptr as *mut c_void)) }
     }
 }

@@ -102,9 +102,11 @@ impl HeapLimit {
 /// [`DevicePtr`](cudarc::driver::DevicePtr) / [`DevicePtrMut`](cudarc::driver::DevicePtrMut), so
 /// cudarc copies and kernels, NCCL collectives and this crate's operations that touch it on
 /// different streams are ordered after each other without any synchronisation by you. Staying on
-/// one stream costs a lock and a comparison per use; changing streams records one event and makes
-/// the new stream wait for it. The tracker orders this process's streams only: what other PEs do
-/// to their copies is ordered by NVSHMEM's own means (signals, quiet, barriers).
+/// one stream costs two atomic loads per use; changing streams records an event and makes the new
+/// stream wait for it. Operations that write the buffer on some PE (a put's destination, a
+/// signal) count as writes, reads of this PE's copy as reads. The tracker orders this process's
+/// streams only: what other PEs do to their copies is ordered by NVSHMEM's own means (signals,
+/// quiet, barriers).
 ///
 /// Sub-ranges ([`Symmetric::slice`]) and peer views ([`Symmetric::peer`]) share the buffer's
 /// tracker.

@@ -46,7 +46,9 @@ struct State {
     /// Where the reads since the last write end, on streams other than the writer's.
     readers: Vec<End>,
     /// Events no end uses any more, for the next uses on plain streams. They are only freed with
-    /// the tracker, so a guard that still holds one never sees it freed.
+    /// the tracker, so a guard that still holds one never sees it freed; boxed, because guards
+    /// hold their addresses while the vector grows.
+    #[allow(clippy::vec_box)]
     spare: Vec<Box<CudaEvent>>,
     pending: Option<Pending>,
 }
@@ -150,9 +152,13 @@ impl StreamTracker {
         self.version.fetch_add(1, Ordering::SeqCst);
     }
 
-    /// Enqueues the completion of a pending non-blocking operation, if any.
+    /// Enqueues the completion of a pending non-blocking operation, if any. Not into a capture:
+    /// the completion would not run now.
     fn complete_pending(&self, state: &mut State) -> Result<(), OrderError> {
         if let Some(p) = &state.pending {
+            if is_capturing(&p.stream)? {
+                return Err(OrderError::CaptureOpen);
+            }
             (p.complete)(&p.stream).map_err(OrderError::Pending)?;
             state.pending = None;
         }
@@ -500,4 +506,15 @@ macro_rules! tracked_device_ptr {
             type Elem = T;
         }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trackers_can_be_shared_between_threads() {
+        fn shared<T: Send + Sync>() {}
+        shared::<StreamTracker>();
+    }
 }

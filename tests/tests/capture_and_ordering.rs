@@ -131,9 +131,10 @@ fn a_capture_keeps_what_its_calls_use_and_refuses_the_rest() {
     assert!(matches!(refused, Err(Error::Ordering(gpucomm_ordering::OrderError::ForeignCapture))), "{refused:?}");
     drop(ended);
     side.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-    side.memset_zeros(&mut outside).unwrap();
+    // The memset itself may fail (the capture is broken before it is enqueued).
+    let _ = side.memset_zeros(&mut outside);
     let ended = side.end_capture(CUgraphInstantiate_flags(0));
-    assert!(ended.is_err(), "a cudarc copy into a MemBuffer inside a foreign capture must break it");
+    assert!(ended.is_err(), "a cudarc memset of a MemBuffer inside a foreign capture must break it");
     // cudarc recorded the refusal in the context; clear it.
     let _ = ctx.check_err();
     all_equal("a buffer of foreign captures", &home.clone_dtoh(&outside).unwrap(), 3.0);
