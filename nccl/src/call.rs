@@ -173,8 +173,11 @@ impl Call {
     ///
     /// The call must have been built by one of [`crate::Collectives`]' methods, whose checks make
     /// every pointer valid for the count, type and rank the call names, on the communicator's
-    /// device; the buffers must stay borrowed, and their stream guards kept, until the call is
-    /// settled (after `ncclGroupEnd` in a group); the communicator must be alive.
+    /// device (trusting each buffer's [`DeviceMemory`](crate::DeviceMemory) promise); the buffers
+    /// must stay borrowed, and their stream guards kept, until the call is settled (after
+    /// `ncclGroupEnd` in a group); the communicator must be alive. If the stream is being captured,
+    /// it must be by the capture scope of `gpucomm-ordering`, whose graph keeps the buffers and
+    /// the communicator (taking the pointers through an `Access` ensures both).
     pub(crate) unsafe fn issue(&self) -> ncclResult_t {
         let (send, recv) = (self.send as *const c_void, self.recv as *mut c_void);
         let (n, t, c, s) = (self.count, self.dtype, self.comm, self.stream);

@@ -208,8 +208,10 @@ impl<'a> Group<'a> {
         let mut issued = Ok(());
         for c in recorded.calls.iter() {
             // SAFETY: each call was built by a `Collectives` method, whose checks make its pointers
-            // valid for its count, type and ranks on its communicator's device; the buffers are
-            // borrowed for 'a and their guards are held by `self` until after the settling below.
+            // valid for its count, type and ranks on its communicator's device (lengths and
+            // devices are the buffers' `DeviceMemory` promise); the buffers are borrowed for 'a and
+            // their guards are held by `self` until after the settling below; a captured call is
+            // kept alive by its capture scope's graph (the accesses refused other captures).
             let rc = unsafe { c.issue() };
             if rc != ncclResult_t::ncclSuccess {
                 // NCCL remembers the error and ends the group without launching it.

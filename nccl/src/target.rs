@@ -63,7 +63,7 @@ impl Comm {
     /// method of [`crate::Collectives`] is available on the returned handle, e.g.
     /// `comm.on(&side).all_reduce(&send, &mut recv, ReduceOp::SUM)`. Frameworks use it to overlap
     /// communication with computation on a stream of their own, and to capture calls into a CUDA
-    /// graph (the default stream cannot be captured).
+    /// graph with [`crate::capture`] (the legacy default stream cannot be captured).
     ///
     /// `stream` must belong to the communicator's device; each call checks it and returns
     /// [`Error::WrongDevice`] otherwise. Buffers are ordered on that stream through cudarc's
@@ -145,8 +145,10 @@ impl<'g, 'b> Plan<'g, 'b> {
         // cudarc records failed waits in the context instead of returning them.
         self.stream.context().check_err()?;
         // SAFETY: `call` was built by a `Collectives` method, whose checks make its pointers valid
-        // for its count, type and ranks on this communicator's device; the buffers are borrowed
-        // for 'b and their guards are held until after `settle`.
+        // for its count, type and ranks on this communicator's device (lengths and devices are
+        // the buffers' `DeviceMemory` promise); the buffers are borrowed for 'b and their guards
+        // are held until after `settle`; the stream is not captured by anything but this crate's
+        // scope, whose graph keeps the buffers and the communicator (the access refused others).
         let rc = unsafe { call.issue() };
         let settled = self.comm.settle(call.name(), rc, self.stream);
         drop(guards);

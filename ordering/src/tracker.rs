@@ -57,20 +57,22 @@ struct State {
 /// not cover (`ncclMemAlloc`, the NVSHMEM symmetric heap).
 ///
 /// It remembers where the last write ends and where every read since then ends. A read waits for
-/// the last write; a write waits for the last write and every read. While one stream is the only
-/// user, a use on it costs two atomic loads (no lock, no driver call); a use on another stream
-/// records an event on each stream it must wait for and makes the new stream wait. Reads on
-/// several streams at once — two threads reading one buffer — are all remembered, so a later write
-/// or the free waits for each of them.
+/// the last write; a write waits for the last write and every read. A read on the stream of the
+/// last write, and any use on the stream that is the only user, cost two atomic loads (no lock, no
+/// driver call); a use on another stream records an event on each stream it must wait for and
+/// makes the new stream wait. Reads on several streams at once — two threads reading one buffer —
+/// are all remembered, so a later write or the free waits for each of them.
 ///
 /// Uses that are captured into a graph leave the tracker alone: the graph's launch orders itself
 /// (see [`Graph`](crate::Graph)).
 pub struct StreamTracker {
     state: Mutex<State>,
-    /// The fast path: the tagged handle ([`tag`]) of the only stream in the state, when that
+    /// The fast paths, indexed by [`Use`] (`fast[0]` reads, `fast[1]` writes): the tagged handle
+    /// ([`tag`]) of the stream on which such a use needs no wait and changes nothing — for reads,
+    /// the stream of the last write; for writes, the only stream with outstanding uses — when that
     /// stream is held by `state` and belongs to the home context; 0 otherwise. Written under the
     /// lock, so that no other stream can have that handle while it is set.
-    fast: AtomicUsize,
+    fast: [AtomicUsize; 2],
     /// Bumped before and after every change of `fast` (odd while changing): a reader that sees the
     /// same even value before and after its comparison knows the stream it matched was held alive
     /// throughout (a seqlock).
@@ -112,19 +114,20 @@ impl StreamTracker {
         let state = State { writer: Some(End::Stream(home.clone())), ..State::default() };
         Ok(StreamTracker {
             state: Mutex::new(state),
-            fast: AtomicUsize::new(tag(home)),
+            fast: [AtomicUsize::new(tag(home)), AtomicUsize::new(tag(home))],
             version: AtomicUsize::new(0),
             home: home.context().clone(),
             scratch: home.context().new_event(None)?,
         })
     }
 
-    /// True when `stream` is certainly the only stream with outstanding uses: no lock, no driver
-    /// call.
+    /// True when a use `how` on `stream` certainly needs no wait and changes nothing: no lock, no
+    /// driver call.
     #[inline]
-    fn only_user(&self, stream: &CudaStream) -> bool {
+    fn needs_nothing(&self, stream: &CudaStream, how: Use) -> bool {
         let before = self.version.load(Ordering::SeqCst);
-        let hit = self.fast.load(Ordering::SeqCst) == tag(stream) && Arc::ptr_eq(stream.context(), &self.home);
+        let fast = &self.fast[how as usize];
+        let hit = fast.load(Ordering::SeqCst) == tag(stream) && Arc::ptr_eq(stream.context(), &self.home);
         hit && before % 2 == 0 && self.version.load(Ordering::SeqCst) == before
     }
 
@@ -133,22 +136,23 @@ impl StreamTracker {
         self.state.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Keeps the fast path in step with `state` (call with the lock held, after every change).
+    /// Keeps the fast paths in step with `state` (call with the lock held, after every change).
     fn refresh(&self, state: &State) {
-        let only = match (&state.writer, state.readers.as_slice(), &state.pending) {
-            (_, _, Some(_)) => None,
-            (None, [End::Stream(s)], None) | (Some(End::Stream(s)), [], None) => Some(s),
-            _ => None,
+        let home = |s: &Arc<CudaStream>| if Arc::ptr_eq(s.context(), &self.home) { tag(s) } else { 0 };
+        let (read, write) = match (&state.writer, state.readers.as_slice(), &state.pending) {
+            (_, _, Some(_)) => (0, 0),
+            (Some(End::Stream(s)), [], None) => (home(s), home(s)),
+            (Some(End::Stream(s)), _, None) => (home(s), 0),
+            // A write would have to become the last write: not without the lock.
+            (None, [End::Stream(s)], None) => (home(s), 0),
+            _ => (0, 0),
         };
-        let fast = match only {
-            Some(s) if Arc::ptr_eq(s.context(), &self.home) => tag(s),
-            _ => 0,
-        };
-        if self.fast.load(Ordering::SeqCst) == fast {
+        if self.fast[0].load(Ordering::SeqCst) == read && self.fast[1].load(Ordering::SeqCst) == write {
             return;
         }
         self.version.fetch_add(1, Ordering::SeqCst);
-        self.fast.store(fast, Ordering::SeqCst);
+        self.fast[0].store(read, Ordering::SeqCst);
+        self.fast[1].store(write, Ordering::SeqCst);
         self.version.fetch_add(1, Ordering::SeqCst);
     }
 
@@ -180,18 +184,26 @@ impl StreamTracker {
         }
     }
 
-    /// Orders a use on `stream` after the uses it conflicts with, and makes it (`end`) the last
-    /// use of its kind. Call with the lock held, before the use is enqueued.
-    fn order(&self, state: &mut State, stream: &CudaStream, end: End, how: Use) -> Result<(), OrderError> {
+    /// Makes `stream` wait for the uses a use `how` conflicts with (after enqueuing a pending
+    /// completion). Call with the lock held, before the use is enqueued.
+    fn wait_conflicts(&self, state: &mut State, stream: &CudaStream, how: Use) -> Result<(), OrderError> {
         self.complete_pending(state)?;
         if let Some(w) = &state.writer {
             self.wait_for(w, stream)?;
         }
+        if how == Use::Write {
+            for r in &state.readers {
+                self.wait_for(r, stream)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the use ending at `end` the last use of its kind, once [`Self::wait_conflicts`] has
+    /// ordered it. Call with the lock held.
+    fn place(&self, state: &mut State, end: End, how: Use) {
         match how {
             Use::Write => {
-                for r in &state.readers {
-                    self.wait_for(r, stream)?;
-                }
                 // No guard of an earlier use is alive (a write borrows the memory exclusively),
                 // so every event has been recorded and can serve again.
                 let old = state.writer.replace(end).into_iter().chain(state.readers.drain(..));
@@ -212,17 +224,18 @@ impl StreamTracker {
             }
         }
         self.refresh(state);
-        Ok(())
     }
 
     /// Orders a use on `stream`, which the tracker keeps alive, after every conflicting earlier
     /// use; call it before enqueuing the work. Not for streams being captured.
     pub(crate) fn use_on(&self, stream: &Arc<CudaStream>, how: Use) -> Result<(), OrderError> {
-        if self.only_user(stream) {
+        if self.needs_nothing(stream, how) {
             return Ok(());
         }
         let mut state = self.lock();
-        self.order(&mut state, stream, End::Stream(stream.clone()), how)
+        self.wait_conflicts(&mut state, stream, how)?;
+        self.place(&mut state, End::Stream(stream.clone()), how);
+        Ok(())
     }
 
     /// Blocks the host until every outstanding use has finished (after enqueuing a pending
@@ -308,7 +321,7 @@ impl StreamTracker {
             }
             Ok(_) => {}
         }
-        if self.only_user(stream) {
+        if self.needs_nothing(stream, how) {
             return SyncOnDrop::Record(None);
         }
         let mut state = self.lock();
@@ -319,12 +332,14 @@ impl StreamTracker {
                 return SyncOnDrop::Sync(Some(stream));
             }
         };
-        let event_ptr: *const CudaEvent = &*event;
-        let end = End::Event { event, stream: stream.cu_stream() as usize };
-        if let Err(e) = self.order(&mut state, stream, end, how) {
+        if let Err(e) = self.wait_conflicts(&mut state, stream, how) {
+            // Kept, never freed: a guard of an earlier use may still hold it.
+            state.spare.push(event);
             stream.context().record_err(Err::<(), _>(to_driver(e)));
             return SyncOnDrop::Sync(Some(stream));
         }
+        let event_ptr: *const CudaEvent = &*event;
+        self.place(&mut state, End::Event { event, stream: stream.cu_stream() as usize }, how);
         drop(state);
         if stream.context().is_managing_stream_synchronization() {
             // SAFETY: the event is boxed and owned by this tracker (as an end or a spare) until
