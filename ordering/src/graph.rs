@@ -20,6 +20,23 @@
 //! Calls on a stream being captured by anything else (cudarc's `begin_capture`, another library)
 //! are refused with [`OrderError::ForeignCapture`]: such a graph would keep nothing alive.
 //!
+//! # What is covered
+//!
+//! * Every call of `nccl` and `nvshmem` on the scope's stream: its buffers, its communicator,
+//!   operator, runtime, team or module.
+//! * cudarc copies and kernel launches on the scope's stream that take a buffer with a
+//!   [`StreamTracker`](crate::StreamTracker) (`MemBuffer`, `Symmetric`) through cudarc's
+//!   `DevicePtr`: recorded and checked like the calls' uses. On a stream captured by anything
+//!   else, such a use makes CUDA refuse that capture.
+//! * cudarc work on cudarc's own `CudaSlice` inside a capture waits on the slice's events, which
+//!   CUDA refuses inside a capture: the capture fails ([`OrderError::CaptureBroken`]). Give such
+//!   buffers to the communication calls instead, which take them without waiting.
+//! * What a kernel reaches through raw addresses (a window handle, a pointer passed by value) is
+//!   the kernel launch's own `unsafe` promise; keep what owns that memory in `keep` (its borrow
+//!   then outlives the graph).
+//! * Only the scope's stream is captured into the graph. Work forked to other streams inside the
+//!   capture (through events) is refused like any foreign capture.
+//!
 //! # Example
 //!
 //! `nccl::capture` and `nvshmem::capture` are this function with their crate's error type; the
