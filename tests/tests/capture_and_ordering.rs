@@ -2,8 +2,8 @@
 //! zero-element calls): each test names what the code before the fix did in the same situation.
 //!
 //! * finding 1: reads and frees after a graph launch wait for the graph (`MemBuffer`, `CudaSlice`);
-//! * finding 3: a capture keeps what its calls use, refuses what it does not keep, and calls on a
-//!   capture the crates did not open are refused (the compile-time half is in `nccl/tests/ui` and
+//! * finding 3: a capture keeps what its calls (and cudarc work on its stream) use, refuses what
+//!   it does not keep, and calls on a capture the crates did not open are refused (the compile-time half is in `nccl/tests/ui` and
 //!   `nvshmem/tests/ui`);
 //! * finding 6: a write waits for every reader of a `MemBuffer` that two threads read at once;
 //! * finding 10: forgetting a non-blocking put's handle does not skip its quiet;
@@ -139,6 +139,18 @@ fn a_capture_keeps_what_its_calls_use_and_refuses_the_rest() {
     let _ = ctx.check_err();
     all_equal("a buffer of foreign captures", &home.clone_dtoh(&outside).unwrap(), 3.0);
 
+    // cudarc work on the scope's stream is covered like the calls: a memset of a kept MemBuffer
+    // is captured and replayed, one of a buffer the capture does not keep refuses the capture.
+    let kept = MemBuffer::from_host(&home, &[4.0f32; N]).unwrap();
+    let mut graph = nccl::capture(&side, (kept,), |(buf,)| Ok(side.memset_zeros(buf)?)).unwrap();
+    all_equal("a captured memset before the launch", &home.clone_dtoh(&graph.kept().0).unwrap(), 4.0);
+    graph.launch().unwrap();
+    all_equal("a captured memset after the launch", &home.clone_dtoh(&graph.kept().0).unwrap(), 0.0);
+    drop(graph);
+    let err = nccl::capture(&side, (), |_| Ok(side.memset_zeros(&mut outside)?)).unwrap_err();
+    assert!(matches!(err, Error::Ordering(gpucomm_ordering::OrderError::NotKept { .. })), "{err}");
+    all_equal("a buffer memset in a refused capture", &home.clone_dtoh(&outside).unwrap(), 3.0);
+
     // A kept buffer replaced between launches: the next launch refuses to run.
     let kept = MemBuffer::from_host(&home, &[1.0f32; N]).unwrap();
     let mut graph = nccl::capture(&side, (&comm, &double, kept), |(comm, double, buf)| {
@@ -180,6 +192,7 @@ fn a_write_waits_for_every_reader_of_a_shared_membuffer() {
 
     let both_taken = Barrier::new(2);
     let read = |stream: &Arc<CudaStream>, out: &mut cudarc::driver::CudaSlice<f32>| {
+        ctx.bind_to_thread().unwrap();
         let (src, src_guard) = x.device_ptr(stream);
         let (dst, dst_guard) = out.device_ptr_mut(stream);
         // SAFETY: both hold `len` f32 on this device, borrowed (guards alive) until the copy is
