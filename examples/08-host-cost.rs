@@ -5,10 +5,13 @@
 //!   call on the same buffers, interleaved in batches and repeated, reporting medians (small
 //!   collectives vary by microseconds between runs and machines);
 //! * what the safe API adds to a 256-byte all-reduce (the raw `ncclAllReduce` itself costs a few
-//!   microseconds of host time): eagerly, while capturing into a CUDA graph, and per call inside a
-//!   group of 16;
-//! * why [`nccl::MemBuffer`] is the recommended buffer type: it remembers the stream of its last
-//!   use, so on one stream ordering it costs a lock and a comparison;
+//!   microseconds of host time): eagerly, while capturing into a CUDA graph with
+//!   [`nccl::capture`], and per call inside a group of 16;
+//! * why [`nccl::MemBuffer`] is the recommended buffer type: it remembers the streams of its
+//!   outstanding uses, so on one stream ordering it costs two atomic loads;
+//! * what the one driver call every safe call makes costs (`cuStreamIsCapturing`: a call on a
+//!   stream captured by anything but `nccl::capture` is refused, because that graph would not keep
+//!   its buffers alive);
 //! * what cudarc's own stream protocol costs on its [`CudaSlice`](cudarc::driver::CudaSlice)
 //!   (measured separately, without NCCL) and why a safe call cannot skip it.
 //!
@@ -16,19 +19,20 @@
 //! `cargo run --release -p gpucomm-examples --example 08-host-cost -- --nproc 2`.
 //!
 //! What you should see, once per rank: a table of median nanoseconds per call (raw, safe, and
-//! the difference) for MemBuffer and CudaSlice, eager / captured / grouped, the cost of cudarc's
-//! protocol alone, and a check that every measured call computed the right sum (the program exits
-//! non-zero otherwise). Timing figures are printed, never judged: they depend on the machine.
+//! the difference) for MemBuffer and CudaSlice, eager / captured / grouped, the cost of
+//! `cuStreamIsCapturing` and of cudarc's protocol alone, and a check that every measured call
+//! computed the right sum, eagerly, grouped and replayed from graphs (the program exits non-zero
+//! otherwise). Timing figures are printed, never judged: they depend on the machine.
 
 use std::error::Error;
 use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{sys, CudaGraph, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::{result, sys, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
 use nccl::launch::{run_main, Options, Rendezvous};
 use nccl::sys::{cudaStream_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
-use nccl::{Collectives, Comm, MemBuffer, ReduceOp};
+use nccl::{Collectives, Comm, DeviceBufferMut, MemBuffer, ReduceOp};
 
 /// 256 bytes of f32.
 const ELEMS: usize = 64;
@@ -126,7 +130,7 @@ struct Buffers<B> {
     recv_addrs: Vec<u64>,
 }
 
-impl<B: DevicePtr<f32> + DevicePtrMut<f32>> Buffers<B> {
+impl<B: DeviceBufferMut<f32>> Buffers<B> {
     fn new(
         name: &'static str,
         stream: &Arc<CudaStream>,
@@ -176,23 +180,46 @@ impl<B: DevicePtr<f32> + DevicePtrMut<f32>> Buffers<B> {
         Ok(())
     }
 
-    /// The same, while the stream is captured into a graph (one graph per batch; the last one of
-    /// each kind is kept for a replay check).
-    fn captured(&mut self, raw: &Raw, comm: &Comm, cell: &mut Cell) -> Result<[CudaGraph; 2], Box<dyn Error>> {
+    /// The same, while the stream is captured into a graph: the raw calls with cudarc's capture,
+    /// the safe ones with `nccl::capture` (one graph per batch, dropped at once).
+    fn captured(&mut self, raw: &Raw, comm: &Comm, cell: &mut Cell) -> Result<(), Box<dyn Error>> {
         let stream = comm.stream();
         let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
         stream.begin_capture(mode)?;
         for _ in 0..BATCH {
             cell.raw.push(timed(|| raw.all_reduce(self.send_addr, self.recv_addrs[1]))?);
         }
+        stream.end_capture(sys::CUgraphInstantiate_flags(0))?.ok_or("empty raw capture")?;
+        nccl::capture(stream, (comm, &self.send, &mut self.recvs[2]), |(comm, send, recv)| {
+            for _ in 0..BATCH {
+                let start = Instant::now();
+                comm.all_reduce(*send, *recv, ReduceOp::SUM)?;
+                cell.safe.push(start.elapsed().as_nanos() as u64);
+            }
+            Ok(())
+        })?;
+        Ok(())
+    }
+
+    /// Replays one raw graph (into receive buffer 1) and one safe graph (into buffer 2) into
+    /// zeroed buffers, and checks both sums. The safe graph's result is read on the buffers' home
+    /// stream without synchronising: the launch is recorded as the buffer's last use.
+    fn replay(&mut self, raw: &Raw, comm: &Comm, size: usize) -> Result<(), Box<dyn Error>> {
+        let stream = comm.stream();
+        self.zero(stream)?;
+        stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        let captured = raw.all_reduce(self.send_addr, self.recv_addrs[1]);
         let raw_graph = stream.end_capture(sys::CUgraphInstantiate_flags(0))?.ok_or("empty raw capture")?;
-        stream.begin_capture(mode)?;
-        for _ in 0..BATCH {
-            let (send, recv) = (&self.send, &mut self.recvs[2]);
-            cell.safe.push(timed(|| Ok(comm.all_reduce(send, recv, ReduceOp::SUM)?))?);
-        }
-        let safe_graph = stream.end_capture(sys::CUgraphInstantiate_flags(0))?.ok_or("empty safe capture")?;
-        Ok([raw_graph, safe_graph])
+        captured?;
+        let mut safe_graph = nccl::capture(stream, (comm, &self.send, &mut self.recvs[2]), |(comm, send, recv)| {
+            comm.all_reduce(*send, *recv, ReduceOp::SUM)
+        })?;
+        raw_graph.launch()?;
+        safe_graph.launch()?;
+        drop(safe_graph);
+        stream.synchronize()?;
+        drop(raw_graph);
+        self.check(stream, size, &[1, 2], "a graph replay")
     }
 
     /// Groups of `GROUP` calls, timed per group and divided by `GROUP`.
@@ -214,18 +241,17 @@ impl<B: DevicePtr<f32> + DevicePtrMut<f32>> Buffers<B> {
     }
 }
 
-/// One batch of every cell (eager, captured, grouped) for one kind of buffer; returns the graphs
-/// captured.
-fn measure<B: DevicePtr<f32> + DevicePtrMut<f32>>(
+/// One batch of every cell (eager, captured, grouped) for one kind of buffer.
+fn measure<B: DeviceBufferMut<f32>>(
     bufs: &mut Buffers<B>,
     raw: &Raw,
     comm: &Comm,
     cells: &mut [Cell; 3],
-) -> Result<[CudaGraph; 2], Box<dyn Error>> {
+) -> Result<(), Box<dyn Error>> {
     bufs.eager(raw, comm, &mut cells[0])?;
-    let graphs = bufs.captured(raw, comm, &mut cells[1])?;
+    bufs.captured(raw, comm, &mut cells[1])?;
     bufs.grouped(raw, comm, &mut cells[2])?;
-    Ok(graphs)
+    Ok(())
 }
 
 fn main() -> std::process::ExitCode {
@@ -254,28 +280,26 @@ fn main() -> std::process::ExitCode {
 
         let mut mem_cells: [Cell; 3] = Default::default();
         let mut plain_cells: [Cell; 3] = Default::default();
-        // The graphs of the last batch are kept for a replay check; the others are dropped at once.
-        let mut graphs = Vec::new();
         for _ in 0..REPS {
-            graphs = Vec::from(measure(&mut mem, &raw, &comm, &mut mem_cells)?);
-            graphs.extend(measure(&mut plain, &raw, &comm, &mut plain_cells)?);
+            measure(&mut mem, &raw, &comm, &mut mem_cells)?;
+            measure(&mut plain, &raw, &comm, &mut plain_cells)?;
         }
         stream.synchronize()?;
         let all: Vec<usize> = (0..GROUP).collect();
         mem.check(&stream, size, &all, "eager and grouped calls")?;
         plain.check(&stream, size, &all, "eager and grouped calls")?;
+        mem.replay(&raw, &comm, size)?;
+        plain.replay(&raw, &comm, size)?;
 
-        // Replay the last captured graphs (raw calls into buffer 1, safe ones into buffer 2, both
-        // kinds of buffer) into zeroed buffers.
-        mem.zero(&stream)?;
-        plain.zero(&stream)?;
-        for graph in &graphs {
-            graph.launch()?;
+        // The driver call every safe call makes once: is the stream being captured?
+        let mut capturing = Vec::with_capacity(REPS * BATCH);
+        for _ in 0..REPS * BATCH {
+            capturing.push(timed(|| {
+                // SAFETY: the stream is alive (borrowed) and its context current (bound above).
+                unsafe { result::stream::is_capturing(stream.cu_stream()) }?;
+                Ok(())
+            })?);
         }
-        stream.synchronize()?;
-        mem.check(&stream, size, &[1, 2], "a graph replay")?;
-        plain.check(&stream, size, &[1, 2], "a graph replay")?;
-        drop(graphs);
 
         // cudarc's own protocol on a CudaSlice, without NCCL: the waits and records one
         // all-reduce's two buffers cost (read: 1 wait + 1 record; write: 2 waits + 1 record).
@@ -300,14 +324,18 @@ fn main() -> std::process::ExitCode {
             }
         }
         println!(
+            "  cuStreamIsCapturing alone (made once by every safe call, to refuse captures nccl::capture did not open): {} ns",
+            median(&mut capturing)
+        );
+        println!(
             "  cudarc's protocol alone on the two CudaSlices of one all_reduce (3 stream waits + 2 event records, no NCCL): {} ns",
             median(&mut protocol)
         );
         println!(
             "  Why a safe call pays it on CudaSlice: cudarc's copies, kernels and its Drop (the free) order themselves by those \
              events, so a call that skipped them would let cudarc overwrite or free memory NCCL still uses. Under a capture the \
-             waits go to an idle helper stream (the capture stays valid) but are still made. MemBuffer, which remembers its last \
-             stream, needs none of it on one stream."
+             waits go to an idle helper stream (the capture stays valid) but are still made. MemBuffer, which remembers the \
+             streams of its outstanding uses, needs none of it on one stream."
         );
         println!(
             "rank {rank}: every measured call computed the right sum ({size}), eager, grouped and replayed from graphs"

@@ -92,17 +92,20 @@ fn time(lsa: &LsaAllReduce<'_>) -> Result<(), BoxError> {
         let send = MemBuffer::<f32>::zeroed(stream, bytes / 4)?;
         let mut recv = MemBuffer::<f32>::zeroed(stream, bytes / 4)?;
         let (mut ll_eager, mut ll_graph) = (f64::NAN, f64::NAN);
+        // The graphs keep what their calls use: the staging window (LSA kernels), the buffers,
+        // the communicator (ncclAllReduce).
         if bytes <= LL_MAX_BYTES {
-            let mut ll = || lsa.ll(stream, &send, &mut recv);
-            ll_eager = bench::eager(comm, &mut scratch, 20, 200, &mut ll)?;
-            ll_graph = bench::graph(comm, &mut scratch, stream, 100, 20, &mut ll)?;
+            ll_eager = bench::eager(comm, &mut scratch, 20, 200, || lsa.ll(stream, &send, &mut recv))?;
+            let step = |(_, s, r): &mut (_, &_, &mut _)| lsa.ll(stream, *s, *r);
+            ll_graph = bench::graph(comm, &mut scratch, stream, 100, 20, (lsa.staging(), &send, &mut recv), step)?.0;
         }
-        let mut ours = || lsa.one_shot(stream, &send, &mut recv);
-        let ours_eager = bench::eager(comm, &mut scratch, 20, 200, &mut ours)?;
-        let ours_graph = bench::graph(comm, &mut scratch, stream, 100, 20, &mut ours)?;
-        let mut theirs = || Ok(comm.all_reduce(&send, &mut recv, ReduceOp::SUM)?);
-        let nccl_eager = bench::eager(comm, &mut scratch, 20, 200, &mut theirs)?;
-        let nccl_graph = bench::graph(comm, &mut scratch, stream, 100, 20, &mut theirs)?;
+        let ours_eager = bench::eager(comm, &mut scratch, 20, 200, || lsa.one_shot(stream, &send, &mut recv))?;
+        let step = |(_, s, r): &mut (_, &_, &mut _)| lsa.one_shot(stream, *s, *r);
+        let ours_graph = bench::graph(comm, &mut scratch, stream, 100, 20, (lsa.staging(), &send, &mut recv), step)?.0;
+        let nccl_eager =
+            bench::eager(comm, &mut scratch, 20, 200, || Ok(comm.all_reduce(&send, &mut recv, ReduceOp::SUM)?))?;
+        let step = |(c, s, r): &mut (&Comm, &_, &mut _)| Ok(c.all_reduce(*s, *r, ReduceOp::SUM)?);
+        let nccl_graph = bench::graph(comm, &mut scratch, stream, 100, 20, (comm, &send, &mut recv), step)?.0;
         if comm.rank() == 0 {
             let label = bench::size_label(bytes);
             println!("| {label} | {ll_eager:.2} | {ours_eager:.2} | {nccl_eager:.2} | {ll_graph:.2} | {ours_graph:.2} | {nccl_graph:.2} |");

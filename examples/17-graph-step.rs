@@ -9,8 +9,13 @@
 //!   one-shot above) sums them across ranks, and an "epilogue" kernel turns the sum into a mean
 //!   (`examples/kernels/step.cu`);
 //! * why that works: the LSA barrier keeps its state on the device, so a replay synchronises with
-//!   the peers' replays; the buffers are [`nccl::MemBuffer`]s, whose stream ordering never waits on
-//!   an event during a capture (cudarc's `CudaSlice` would, and the capture would fail);
+//!   the peers' replays; the buffers are [`nccl::MemBuffer`]s, whose uses inside a capture are
+//!   recorded for the graph instead of waited for (cudarc's `CudaSlice` waits on its events,
+//!   which breaks a capture);
+//! * how a graph stays sound: the capture (`gpucomm_examples::bench::graph`, on
+//!   [`nccl::capture`]'s mechanism) is given everything the step uses — its buffers and the
+//!   all-reduce's staging window — and refuses a step that uses anything else; the graph keeps
+//!   them until it is dropped, and each launch is ordered like a call;
 //! * the step number is on the device too, so every replay computes new values, and the result of
 //!   the last replay is checked exactly;
 //! * the per-step time, eager (three launches per step) against replayed from the graph.
@@ -59,24 +64,20 @@ struct Step<'a, 'c> {
     epilogue: CudaFunction,
 }
 
-/// The buffers of one step.
-struct Buffers {
-    x: MemBuffer<f32>,
-    sum: MemBuffer<f32>,
-    y: MemBuffer<f32>,
-    step: MemBuffer<f32>,
-}
+/// The buffers of one step: the input `x`, the all-reduced `sum`, the output `y` and the step
+/// counter (a tuple, so that a graph can keep it: see `nccl::capture`).
+type Buffers = (MemBuffer<f32>, MemBuffer<f32>, MemBuffer<f32>, MemBuffer<f32>);
 
 impl Step<'_, '_> {
     /// Enqueues one step on `stream`: produce → all-reduce → epilogue.
-    fn enqueue(&self, stream: &Arc<CudaStream>, b: &mut Buffers) -> Result<(), BoxError> {
+    fn enqueue(&self, stream: &Arc<CudaStream>, (x, sum, y, step): &mut Buffers) -> Result<(), BoxError> {
         let comm = self.lsa.comm();
-        let n = b.x.len();
+        let n = x.len();
         let cfg = LaunchConfig::for_num_elems(n as u32);
         let rank = comm.rank() as f32;
         {
-            let (x, _x) = b.x.device_ptr_mut(stream);
-            let (step, _s) = b.step.device_ptr(stream);
+            let (x, _x) = x.device_ptr_mut(stream);
+            let (step, _s) = step.device_ptr(stream);
             let mut launch = stream.launch_builder(&self.produce);
             launch.arg(&x).arg(&n).arg(&rank).arg(&step);
             // SAFETY: `produce(float*, size_t, float, const float*)`; `x` holds `n` floats and
@@ -84,14 +85,14 @@ impl Step<'_, '_> {
             unsafe { launch.launch(cfg) }?;
         }
         if n * 4 <= LL_MAX_BYTES {
-            self.lsa.ll(stream, &b.x, &mut b.sum)?;
+            self.lsa.ll(stream, x, sum)?;
         } else {
-            self.lsa.one_shot(stream, &b.x, &mut b.sum)?;
+            self.lsa.one_shot(stream, x, sum)?;
         }
         let scale = 1.0 / comm.size() as f32;
-        let (sum, _sum) = b.sum.device_ptr(stream);
-        let (y, _y) = b.y.device_ptr_mut(stream);
-        let (step, _s) = b.step.device_ptr_mut(stream);
+        let (sum, _sum) = sum.device_ptr(stream);
+        let (y, _y) = y.device_ptr_mut(stream);
+        let (step, _s) = step.device_ptr_mut(stream);
         let mut launch = stream.launch_builder(&self.epilogue);
         launch.arg(&sum).arg(&y).arg(&n).arg(&scale).arg(&step);
         // SAFETY: `epilogue(const float*, float*, size_t, float, float*)`; `sum` and `y` hold `n`
@@ -104,21 +105,23 @@ impl Step<'_, '_> {
         let comm = self.lsa.comm();
         let stream = comm.stream();
         let zeros = || MemBuffer::<f32>::zeroed(stream, n);
-        let mut b = Buffers { x: zeros()?, sum: zeros()?, y: zeros()?, step: MemBuffer::zeroed(stream, 1)? };
+        let mut b: Buffers = (zeros()?, zeros()?, zeros()?, MemBuffer::zeroed(stream, 1)?);
 
         // Eager: three launches per step.
         let eager = bench::eager(comm, scratch, 10, 200, || self.enqueue(stream, &mut b))?;
 
-        // The same step captured once, then replayed.
-        let mut reset = MemBuffer::<f32>::zeroed(stream, 1)?;
-        std::mem::swap(&mut b.step, &mut reset);
-        let graph = bench::graph(comm, scratch, stream, 1, REPLAYS - 1, || self.enqueue(stream, &mut b))?;
+        // The same step captured once, then replayed. The graph keeps the step's buffers and the
+        // staging window of the all-reduce (and so the device communicator), and gives them back.
+        b.3 = MemBuffer::<f32>::zeroed(stream, 1)?;
+        let kept = (self.lsa.staging(), b);
+        let (graph, (_, b)) =
+            bench::graph(comm, scratch, stream, 1, REPLAYS - 1, kept, |(_, b)| self.enqueue(stream, b))?;
 
         // One capture launch + REPLAYS - 1 timed replays: the step counter is REPLAYS, and the last
         // replay computed with step REPLAYS - 1. The mean over ranks of (r + 1)(i mod 7) + s is
         // (N + 1)/2 (i mod 7) + s.
         let ranks = comm.size() as f32;
-        let y = stream.clone_dtoh(&b.y)?;
+        let y = stream.clone_dtoh(&b.2)?;
         let last = (REPLAYS - 1) as f32;
         let wrong = (0..n).find(|&i| (y[i] - ((ranks + 1.0) / 2.0 * (i % 7) as f32 + last)).abs() > 1e-3);
         if let Some(i) = wrong {

@@ -20,12 +20,13 @@
 
 use std::io::Write;
 
-use cudarc::driver::{CudaStream, LaunchConfig};
+use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig};
 use gpucomm_examples::bench::{self, BoxError};
 use gpucomm_examples::kernels;
 use gpucomm_examples::lsa::{LsaAllReduce, LL_MAX_BYTES};
 use nccl::launch::{run_main, Options, Rendezvous};
-use nccl::{Collectives, Comm, MemBuffer, ReduceOp, WindowFlags};
+use nccl::{Collectives, Comm, MemBuffer, MemView, MemViewMut, ReduceOp, WindowFlags};
+use nvshmem::SymmetricSlice;
 
 /// One-shot and NVSHMEM one-shot run up to this size; two-shot and NCCL up to `--max`.
 const ONE_SHOT_MAX: usize = 4 << 20;
@@ -107,26 +108,37 @@ fn run(
         let src = send.slice(..c)?;
         let plain_src = plain_send.slice(..c)?;
         let mut dst = plain_recv.slice_mut(..c)?;
-        let mut measure =
-            |algorithm: &'static str, call: &mut dyn FnMut() -> Result<(), BoxError>| -> Result<(), BoxError> {
-                let eager = bench::eager(comm, &mut scratch, 5, iters, &mut *call)?;
-                let graph = bench::graph(comm, &mut scratch, stream, graph_iters, 10, &mut *call)?;
-                for (mode, us) in [("eager", eager), ("graph", graph)] {
-                    rows.push(Row { bytes, algorithm, mode, us, busbw: bench::all_reduce_busbw(bytes, n, us) });
-                }
-                Ok(())
-            };
+        let mut record = |algorithm: &'static str, eager: f64, graph: f64| {
+            for (mode, us) in [("eager", eager), ("graph", graph)] {
+                rows.push(Row { bytes, algorithm, mode, us, busbw: bench::all_reduce_busbw(bytes, n, us) });
+            }
+        };
+        // Each graph keeps what its calls use (and gives it back): buffers, the LSA staging window,
+        // the NVSHMEM module, the communicator.
         if bytes <= LL_MAX_BYTES {
-            measure("LL", &mut || lsa.ll(stream, &src, &mut dst))?;
+            let eager = bench::eager(comm, &mut scratch, 5, iters, || lsa.ll(stream, &src, &mut dst))?;
+            let kept = (lsa.staging(), &src, &mut dst);
+            let graph =
+                bench::graph(comm, &mut scratch, stream, graph_iters, 10, kept, |(_, s, d)| lsa.ll(stream, *s, *d))?;
+            record("LL", eager, graph.0);
         }
         if bytes <= ONE_SHOT_MAX {
-            measure("one-shot", &mut || lsa.one_shot(stream, &src, &mut dst))?;
+            let eager = bench::eager(comm, &mut scratch, 5, iters, || lsa.one_shot(stream, &src, &mut dst))?;
+            let kept = (lsa.staging(), &src, &mut dst);
+            let step = |(_, s, d): &mut (_, &_, &mut _)| lsa.one_shot(stream, *s, *d);
+            let graph = bench::graph(comm, &mut scratch, stream, graph_iters, 10, kept, step)?;
+            record("one-shot", eager, graph.0);
             let ctas = bytes.div_ceil(8 << 10).clamp(1, NVSHMEM_CTAS as usize) as u32;
             let cfg = LaunchConfig { grid_dim: (ctas, 1, 1), block_dim: (512, 1, 1), shared_mem_bytes: 0 };
             let slot = ONE_SHOT_MAX / 4;
             let mut st = staging.slice(..)?;
             let mut fl = flags.slice(..)?;
-            measure("nvshmem one-shot", &mut || {
+            let launch = |src: &MemView<'_, f32>,
+                          dst: &mut MemViewMut<'_, f32>,
+                          st: &mut SymmetricSlice<'_, f32>,
+                          fl: &mut SymmetricSlice<'_, u64>,
+                          calls: &mut CudaSlice<u32>|
+             -> Result<(), BoxError> {
                 // SAFETY: the arguments match `oneshot_sum_f32(const float *send, float *recv,
                 // size_t n, float *staging, size_t slot_elems, uint64_t *flags, uint32_t *calls)`;
                 // `src` and `dst` hold `c` ≤ `slot` floats, the symmetric staging 2 × `slot`, the
@@ -134,21 +146,44 @@ fn run(
                 // PE launches the same grid with the same count.
                 unsafe {
                     shmem.launch_collective(cfg, stream, |a| {
-                        a.buffer(&src)?.buffer_mut(&mut dst)?.value(c)?;
-                        a.buffer_mut(&mut st)?.value(slot)?.buffer_mut(&mut fl)?.buffer_mut(&mut calls)?;
+                        a.buffer(src)?.buffer_mut(dst)?.value(c)?;
+                        a.buffer_mut(st)?.value(slot)?.buffer_mut(fl)?.buffer_mut(calls)?;
                         Ok(())
                     })
                 }?;
                 Ok(())
+            };
+            let eager =
+                bench::eager(comm, &mut scratch, 5, iters, || launch(&src, &mut dst, &mut st, &mut fl, &mut calls))?;
+            let kept = (&module, &src, &mut dst, &mut st, &mut fl, &mut calls);
+            let graph = bench::graph(comm, &mut scratch, stream, graph_iters, 10, kept, |(_, s, d, st, fl, calls)| {
+                launch(s, d, st, fl, calls)
             })?;
+            record("nvshmem one-shot", eager, graph.0);
         }
-        measure("two-shot", &mut || lsa.two_shot(stream, &send, 0, &mut recv, 0, c))?;
-        measure("ncclAllReduce", &mut || Ok(comm.all_reduce(&plain_src, &mut dst, ReduceOp::SUM)?))?;
+        let eager = bench::eager(comm, &mut scratch, 5, iters, || lsa.two_shot(stream, &send, 0, &mut recv, 0, c))?;
+        let kept = (lsa.staging(), &send, &mut recv);
+        let graph = bench::graph(comm, &mut scratch, stream, graph_iters, 10, kept, |(_, s, r)| {
+            lsa.two_shot(stream, s, 0, r, 0, c)
+        })?;
+        record("two-shot", eager, graph.0);
+        let eager =
+            bench::eager(comm, &mut scratch, 5, iters, || Ok(comm.all_reduce(&plain_src, &mut dst, ReduceOp::SUM)?))?;
+        let kept = (comm, &plain_src, &mut dst);
+        let graph = bench::graph(comm, &mut scratch, stream, graph_iters, 10, kept, |(c, s, d)| {
+            Ok(c.all_reduce(*s, *d, ReduceOp::SUM)?)
+        })?;
+        record("ncclAllReduce", eager, graph.0);
         {
             let mut win_dst = recv.slice_mut(..c)?;
-            measure("ncclAllReduce (symmetric windows)", &mut || {
+            let eager = bench::eager(comm, &mut scratch, 5, iters, || {
                 Ok(comm.all_reduce(&src, &mut win_dst, ReduceOp::SUM)?)
             })?;
+            let kept = (comm, &src, &mut win_dst);
+            let graph = bench::graph(comm, &mut scratch, stream, graph_iters, 10, kept, |(c, s, d)| {
+                Ok(c.all_reduce(*s, *d, ReduceOp::SUM)?)
+            })?;
+            record("ncclAllReduce (symmetric windows)", eager, graph.0);
         }
         bytes *= 2;
     }

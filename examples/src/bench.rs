@@ -5,8 +5,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::{sys, CudaStream, DriverError};
-use nccl::{Collectives, Comm, MemBuffer, ReduceOp};
+use cudarc::driver::{CudaStream, DriverError};
+use nccl::{Collectives, Comm, Keep, MemBuffer, ReduceOp};
 
 /// Everything a timing loop can fail with.
 pub type BoxError = Box<dyn std::error::Error>;
@@ -40,21 +40,20 @@ pub fn eager(
 }
 
 /// Mean time of one call in µs when `iters` calls are captured into one CUDA graph on `stream`
-/// and the graph is replayed `replays` times (nccl-tests' `-G`). `stream` must not be the legacy
-/// default stream (which cannot be captured).
-pub fn graph(
+/// and the graph is replayed `replays` times (nccl-tests' `-G`), and `keep` back. The graph keeps
+/// `keep`: everything the calls use (buffers, communicators, …), which `call` gets to make them.
+/// `stream` must not be the legacy default stream (which cannot be captured).
+pub fn graph<K: Keep>(
     comm: &Comm,
     scratch: &mut MemBuffer<f32>,
     stream: &Arc<CudaStream>,
     iters: usize,
     replays: usize,
-    mut call: impl FnMut() -> Result<(), BoxError>,
-) -> Result<f64, BoxError> {
-    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let captured = (0..iters).try_for_each(|_| call());
-    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
-    captured?;
-    let graph = graph?.ok_or("the capture produced no graph")?;
+    keep: K,
+    mut call: impl FnMut(&mut K) -> Result<(), BoxError>,
+) -> Result<(f64, K), BoxError> {
+    let mut graph =
+        gpucomm_ordering::capture(stream, keep, |k| -> Result<(), BoxError> { (0..iters).try_for_each(|_| call(k)) })?;
     graph.launch()?;
     stream.synchronize()?;
     barrier(comm, scratch)?;
@@ -63,7 +62,8 @@ pub fn graph(
         graph.launch()?;
     }
     stream.synchronize()?;
-    Ok(start.elapsed().as_secs_f64() * 1e6 / (iters * replays) as f64)
+    let us = start.elapsed().as_secs_f64() * 1e6 / (iters * replays) as f64;
+    Ok((us, graph.into_kept()))
 }
 
 /// nccl-tests' bus bandwidth of an all-reduce of `bytes` per rank over `ranks` ranks in `us` µs,

@@ -121,6 +121,12 @@ impl<'c> LsaAllReduce<'c> {
         self.comm
     }
 
+    /// The staging window's memory, which every launch uses: a graph capturing a launch keeps it
+    /// (and so this whole object, its device communicator and window included).
+    pub fn staging(&self) -> &MemBuffer<u8> {
+        self.staging.buffer()
+    }
+
     fn kernel<T: Element>(&self, algorithm: &str) -> Result<&CudaFunction, BoxError> {
         let wanted = |name: &str| {
             name.strip_prefix("lsa_").and_then(|n| n.strip_prefix(algorithm)).and_then(|n| n.strip_prefix("_sum_"))

@@ -13,7 +13,7 @@ use std::ffi::{c_int, c_void};
 use cudarc::driver::{sys::CUdeviceptr, CudaStream};
 use nccl_sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
 
-use crate::error::{resolve, Error, Result};
+use crate::error::{resolve, Result};
 use crate::types::check_type;
 use crate::{Comm, NcclType};
 
@@ -113,9 +113,10 @@ pub(crate) struct Call {
 
 impl Call {
     /// Resolves the function for `kind` on elements of type `T` (refusing a type the loaded
-    /// library does not know, a zero count, and an aborted communicator), for `count` elements on
-    /// `comm`, enqueued on `stream`. The buffer
-    /// pointers are added with [`Call::buffers`] once taken.
+    /// library does not know, and an aborted communicator), for `count` elements on `comm`,
+    /// enqueued on `stream`. A count of zero is a call like any other, which NCCL treats as a
+    /// no-op; every rank must still make it, as any call. The buffer pointers are added with
+    /// [`Call::buffers`] once taken.
     pub(crate) fn new<T: NcclType>(kind: Kind, count: usize, comm: &Comm, stream: &CudaStream) -> Result<Self> {
         let (name, entry) = match kind {
             Kind::AllReduce(op) => entry!(ncclAllReduce, |f| Entry::Reducing(f, op)),
@@ -132,9 +133,6 @@ impl Call {
             Kind::Send(peer) => entry!(ncclSend, |f| Entry::Send(f, peer)),
             Kind::Recv(peer) => entry!(ncclRecv, |f| Entry::Recv(f, peer)),
         };
-        if count == 0 {
-            return Err(Error::ZeroCount { call: name });
-        }
         check_type::<T>(crate::error::lib_version()?)?;
         Ok(Call {
             name,
@@ -176,9 +174,12 @@ impl Call {
     ///
     /// The call must have been built by one of [`crate::Collectives`]' methods, whose checks make
     /// every pointer valid for the count, type and rank the call names, on the communicator's
-    /// device; the buffers must stay borrowed, and their stream guards kept, until the call is
-    /// settled (after `ncclGroupEnd` in a group); the communicator must still be live — not
-    /// aborted since the call was built (a group checks this at launch, see `Group::launch`).
+    /// device (trusting each buffer's [`DeviceMemory`](crate::DeviceMemory) promise); the buffers
+    /// must stay borrowed, and their stream guards kept, until the call is settled (after
+    /// `ncclGroupEnd` in a group); the communicator must still be live — not aborted since the
+    /// call was built (a group checks this at launch, see `Group::launch`). If the stream is being
+    /// captured, it must be by the capture scope of `gpucomm-ordering`, whose graph keeps the
+    /// buffers and the communicator (taking the pointers through an `Access` ensures both).
     pub(crate) unsafe fn issue(&self) -> ncclResult_t {
         let (send, recv) = (self.send as *const c_void, self.recv as *mut c_void);
         let (n, t, c, s) = (self.count, self.dtype, self.comm, self.stream);

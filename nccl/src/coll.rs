@@ -3,13 +3,13 @@
 //! of a [`crate::group`].
 //!
 //! Each method checks what NCCL does not (buffer lengths, × the number of ranks where the call
-//! needs it, zero counts, overflow, roots and peers, the device of every buffer and of the stream,
+//! needs it, overflow, roots and peers, the device of every buffer and of the stream,
 //! the element type against the loaded library, a custom operator against the communicator),
 //! builds a [`Call`], and hands it to its target, which takes the buffers' pointers through
 //! [`gpucomm_ordering::Access`] and issues or records it.
 
-use cudarc::driver::{DevicePtr, DevicePtrMut, SyncOnDrop};
-use gpucomm_ordering::Access;
+use cudarc::driver::SyncOnDrop;
+use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut};
 
 use crate::call::{Call, Kind};
 use crate::error::{Error, Result};
@@ -94,8 +94,8 @@ fn two_buffers<'b, T: NcclType>(
     p: Plan<'_, 'b>,
     kind: Kind,
     count: usize,
-    send: &'b impl DevicePtr<T>,
-    recv: &'b mut impl DevicePtrMut<T>,
+    send: &'b impl DeviceBuffer<T>,
+    recv: &'b mut impl DeviceBufferMut<T>,
     op: Option<OpUse<'b, T>>,
 ) -> Result<()> {
     p.check_device("send buffer", send)?;
@@ -115,7 +115,7 @@ fn one_buffer<'b, T: NcclType>(
     p: Plan<'_, 'b>,
     kind: Kind,
     count: usize,
-    buf: &'b mut impl DevicePtrMut<T>,
+    buf: &'b mut impl DeviceBufferMut<T>,
     (send, recv): (u64, Option<u64>),
     op: Option<OpUse<'b, T>>,
 ) -> Result<()> {
@@ -132,11 +132,15 @@ fn one_buffer<'b, T: NcclType>(
 /// [`Member`](crate::Member) of a [`group`](crate::group) (recorded, launched when the group
 /// ends). Bring it into scope with `use nccl::Collectives;` (or `use nccl::prelude::*;`).
 ///
-/// Buffers are cudarc's [`DevicePtr`] / [`DevicePtrMut`] types: [`CudaSlice`](cudarc::driver::CudaSlice)
-/// and its views, and this crate's [`MemBuffer`](crate::MemBuffer) (the recommended type: see its
-/// documentation). Their pointers are taken through [`gpucomm_ordering::Access`], so every call
-/// is ordered after earlier uses of its buffers on other streams, and works inside a CUDA graph
-/// capture. Every buffer, and the stream, must be on the communicator's device.
+/// Buffers are [`DeviceBuffer`] (read) / [`DeviceBufferMut`] (written) types: cudarc's
+/// [`CudaSlice`](cudarc::driver::CudaSlice) and its views, this crate's
+/// [`MemBuffer`](crate::MemBuffer) (the recommended type: see its documentation) and views,
+/// `nvshmem`'s symmetric buffers, and any type whose owner promised its length and ordering with
+/// `unsafe impl` [`DeviceMemory`](crate::DeviceMemory) (a framework's tensor). Their pointers are
+/// taken through [`gpucomm_ordering::Access`], so every call is ordered after earlier uses of its
+/// buffers on other streams. Inside [`crate::capture`] calls are captured into the graph; on a
+/// stream captured by anything else they are refused. Every buffer, and the stream, must be on the
+/// communicator's device. Buffers of zero elements are accepted: NCCL does nothing with them.
 ///
 /// Each method returns once NCCL has enqueued the work (direct calls) or recorded the call (in a
 /// group). A refused call has no effect on any buffer and leaves the communicator usable. Every
@@ -153,8 +157,8 @@ pub trait Collectives<'b>: Target<'b> {
     #[doc(alias = "ncclAllReduce")]
     fn all_reduce<T: NcclType>(
         self,
-        send: &'b impl DevicePtr<T>,
-        recv: &'b mut impl DevicePtrMut<T>,
+        send: &'b impl DeviceBuffer<T>,
+        recv: &'b mut impl DeviceBufferMut<T>,
         op: impl Reduction<'b, T>,
     ) -> Result<()> {
         self.dispatch(|p| {
@@ -168,7 +172,7 @@ pub trait Collectives<'b>: Target<'b> {
     #[doc(alias = "ncclAllReduce")]
     fn all_reduce_in_place<T: NcclType>(
         self,
-        buf: &'b mut impl DevicePtrMut<T>,
+        buf: &'b mut impl DeviceBufferMut<T>,
         op: impl Reduction<'b, T>,
     ) -> Result<()> {
         self.dispatch(|p| {
@@ -182,8 +186,8 @@ pub trait Collectives<'b>: Target<'b> {
     #[doc(alias = "ncclBroadcast")]
     fn broadcast<T: NcclType>(
         self,
-        send: Root<&'b dyn DevicePtr<T>>,
-        recv: &'b mut impl DevicePtrMut<T>,
+        send: Root<&'b dyn DeviceBuffer<T>>,
+        recv: &'b mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         self.dispatch(|p| {
             let (root, send) = send.resolve(&p, "ncclBroadcast")?;
@@ -198,7 +202,7 @@ pub trait Collectives<'b>: Target<'b> {
                 // Off the root NCCL does not read the send buffer; passing the receive buffer
                 // there is what the in-place `ncclBcast` does.
                 let (s, gs) = match send {
-                    Some(send) => a.read(send)?,
+                    Some(send) => a.read::<T>(send)?,
                     None => (r, unused()),
                 };
                 Ok((call.buffers(s, r), [gs, gr]))
@@ -210,7 +214,7 @@ pub trait Collectives<'b>: Target<'b> {
     /// deprecated `ncclBcast`). Every rank passes a buffer of the same length.
     #[doc(alias = "ncclBroadcast")]
     #[doc(alias = "ncclBcast")]
-    fn broadcast_in_place<T: NcclType>(self, buf: &'b mut impl DevicePtrMut<T>, root: usize) -> Result<()> {
+    fn broadcast_in_place<T: NcclType>(self, buf: &'b mut impl DeviceBufferMut<T>, root: usize) -> Result<()> {
         self.dispatch(|p| {
             let root = p.check_rank("root", root)?;
             one_buffer(p, Kind::Broadcast(root), buf.len(), buf, (0, Some(0)), None)
@@ -223,8 +227,8 @@ pub trait Collectives<'b>: Target<'b> {
     #[doc(alias = "ncclReduce")]
     fn reduce<T: NcclType>(
         self,
-        send: &'b impl DevicePtr<T>,
-        recv: Root<&'b mut dyn DevicePtrMut<T>>,
+        send: &'b impl DeviceBuffer<T>,
+        recv: Root<&'b mut dyn DeviceBufferMut<T>>,
         op: impl Reduction<'b, T>,
     ) -> Result<()> {
         self.dispatch(|p| {
@@ -240,7 +244,7 @@ pub trait Collectives<'b>: Target<'b> {
                 let (s, gs) = a.read(send)?;
                 // NCCL: "recvbuff may be NULL on all calls except for root device".
                 let (r, gr) = match recv {
-                    Some(recv) => a.write(recv)?,
+                    Some(recv) => a.write::<T>(recv)?,
                     None => (0, unused()),
                 };
                 Ok((call.buffers(s, r), [gs, gr, op.guard(a)?]))
@@ -253,7 +257,7 @@ pub trait Collectives<'b>: Target<'b> {
     #[doc(alias = "ncclReduce")]
     fn reduce_in_place<T: NcclType>(
         self,
-        buf: &'b mut impl DevicePtrMut<T>,
+        buf: &'b mut impl DeviceBufferMut<T>,
         op: impl Reduction<'b, T>,
         root: usize,
     ) -> Result<()> {
@@ -269,7 +273,11 @@ pub trait Collectives<'b>: Target<'b> {
     /// Gathers every rank's `send` into `recv`, ordered by rank (`ncclAllGather`): `recv` holds
     /// `send.len() × size()` elements.
     #[doc(alias = "ncclAllGather")]
-    fn all_gather<T: NcclType>(self, send: &'b impl DevicePtr<T>, recv: &'b mut impl DevicePtrMut<T>) -> Result<()> {
+    fn all_gather<T: NcclType>(
+        self,
+        send: &'b impl DeviceBuffer<T>,
+        recv: &'b mut impl DeviceBufferMut<T>,
+    ) -> Result<()> {
         self.dispatch(|p| {
             expect_len("recv buffer", times("send buffer", send.len(), p.comm.size())?, recv.len())?;
             two_buffers(p, Kind::AllGather, send.len(), send, recv, None)
@@ -280,7 +288,7 @@ pub trait Collectives<'b>: Target<'b> {
     /// contribution is its own block, `buf[rank × n .. (rank + 1) × n]` with `n = buf.len() /
     /// size()` (NCCL's rule `sendbuff == recvbuff + rank × sendcount`).
     #[doc(alias = "ncclAllGather")]
-    fn all_gather_in_place<T: NcclType>(self, buf: &'b mut impl DevicePtrMut<T>) -> Result<()> {
+    fn all_gather_in_place<T: NcclType>(self, buf: &'b mut impl DeviceBufferMut<T>) -> Result<()> {
         self.dispatch(|p| {
             let count = blocks("buffer", buf.len(), p.comm.size())?;
             let own = block_offset::<T>(p.comm.rank(), count);
@@ -293,8 +301,8 @@ pub trait Collectives<'b>: Target<'b> {
     #[doc(alias = "ncclReduceScatter")]
     fn reduce_scatter<T: NcclType>(
         self,
-        send: &'b impl DevicePtr<T>,
-        recv: &'b mut impl DevicePtrMut<T>,
+        send: &'b impl DeviceBuffer<T>,
+        recv: &'b mut impl DeviceBufferMut<T>,
         op: impl Reduction<'b, T>,
     ) -> Result<()> {
         self.dispatch(|p| {
@@ -311,7 +319,7 @@ pub trait Collectives<'b>: Target<'b> {
     #[doc(alias = "ncclReduceScatter")]
     fn reduce_scatter_in_place<T: NcclType>(
         self,
-        buf: &'b mut impl DevicePtrMut<T>,
+        buf: &'b mut impl DeviceBufferMut<T>,
         op: impl Reduction<'b, T>,
     ) -> Result<()> {
         self.dispatch(|p| {
@@ -328,7 +336,11 @@ pub trait Collectives<'b>: Target<'b> {
     #[cfg(nccl_2_28)]
     #[cfg_attr(docsrs, doc(cfg(nccl_2_28)))]
     #[doc(alias = "ncclAlltoAll")]
-    fn all_to_all<T: NcclType>(self, send: &'b impl DevicePtr<T>, recv: &'b mut impl DevicePtrMut<T>) -> Result<()> {
+    fn all_to_all<T: NcclType>(
+        self,
+        send: &'b impl DeviceBuffer<T>,
+        recv: &'b mut impl DeviceBufferMut<T>,
+    ) -> Result<()> {
         self.dispatch(|p| {
             expect_len("recv buffer", send.len(), recv.len())?;
             let count = blocks("send buffer", send.len(), p.comm.size())?;
@@ -345,8 +357,8 @@ pub trait Collectives<'b>: Target<'b> {
     #[doc(alias = "ncclGather")]
     fn gather<T: NcclType>(
         self,
-        send: &'b impl DevicePtr<T>,
-        recv: &'b mut impl DevicePtrMut<T>,
+        send: &'b impl DeviceBuffer<T>,
+        recv: &'b mut impl DeviceBufferMut<T>,
         root: usize,
     ) -> Result<()> {
         self.dispatch(|p| {
@@ -364,8 +376,8 @@ pub trait Collectives<'b>: Target<'b> {
     #[doc(alias = "ncclScatter")]
     fn scatter<T: NcclType>(
         self,
-        send: &'b impl DevicePtr<T>,
-        recv: &'b mut impl DevicePtrMut<T>,
+        send: &'b impl DeviceBuffer<T>,
+        recv: &'b mut impl DeviceBufferMut<T>,
         root: usize,
     ) -> Result<()> {
         self.dispatch(|p| {
@@ -379,7 +391,7 @@ pub trait Collectives<'b>: Target<'b> {
     /// same length and type. A direct send blocks the stream until the peer receives; pair sends
     /// with receives in a [`group`](crate::group) (rings, exchanges) or they deadlock.
     #[doc(alias = "ncclSend")]
-    fn send<T: NcclType>(self, buf: &'b impl DevicePtr<T>, peer: usize) -> Result<()> {
+    fn send<T: NcclType>(self, buf: &'b impl DeviceBuffer<T>, peer: usize) -> Result<()> {
         self.dispatch(|p| {
             let peer = p.check_rank("peer", peer)?;
             p.check_device("send buffer", buf)?;
@@ -394,7 +406,7 @@ pub trait Collectives<'b>: Target<'b> {
     /// Receives `buf.len()` elements from `peer` into `buf` (`ncclRecv`); the peer must post a
     /// matching [`send`](Self::send).
     #[doc(alias = "ncclRecv")]
-    fn recv<T: NcclType>(self, buf: &'b mut impl DevicePtrMut<T>, peer: usize) -> Result<()> {
+    fn recv<T: NcclType>(self, buf: &'b mut impl DeviceBufferMut<T>, peer: usize) -> Result<()> {
         self.dispatch(|p| {
             let peer = p.check_rank("peer", peer)?;
             p.check_device("recv buffer", &*buf)?;

@@ -252,10 +252,9 @@ pub enum Error {
     #[error("null communicator handle")]
     NullCommunicator,
     // The data path.
-    /// A call or allocation of zero elements. NCCL silently skips empty collectives, which hides
-    /// length bugs (an in-place all-gather on a buffer shorter than the number of ranks, a buffer
-    /// never resized), so this crate refuses them: skip the call instead.
-    #[error("{call} with a count of zero: nothing would move (skip the call instead)")]
+    /// An allocation or registration of zero bytes (`ncclMemAlloc`, `ncclCommRegister`), which
+    /// NCCL does not define. (Calls with zero elements are accepted: NCCL treats them as no-ops.)
+    #[error("{call} of zero bytes")]
     ZeroCount {
         /// The C function.
         call: &'static str,
@@ -311,8 +310,9 @@ pub enum Error {
         /// The C function.
         call: &'static str,
     },
-    /// A buffer's uses could not be ordered: its last use is part of a CUDA graph capture that is
-    /// still open on another stream. (CUDA failures while ordering are [`Error::Cuda`].)
+    /// A buffer's uses could not be ordered, a call was made on a stream captured by something
+    /// other than [`crate::capture`], or a capture or graph launch was refused (see
+    /// [`gpucomm_ordering::OrderError`]). CUDA failures while ordering are [`Error::Cuda`].
     #[error(transparent)]
     Ordering(gpucomm_ordering::OrderError),
     /// A view of elements `start..end` of a buffer of `len` elements: empty or past the end.
@@ -391,6 +391,16 @@ impl From<nccl_sys::LoadError> for Error {
 impl From<crate::launch::RendezvousError> for Error {
     fn from(e: crate::launch::RendezvousError) -> Self {
         Error::Rendezvous(Box::new(e))
+    }
+}
+
+/// A CUDA failure while ordering is [`Error::Cuda`], so that its text appears once in the chain.
+impl From<gpucomm_ordering::OrderError> for Error {
+    fn from(e: gpucomm_ordering::OrderError) -> Self {
+        match e {
+            gpucomm_ordering::OrderError::Cuda(e) => Error::Cuda(e),
+            other => Error::Ordering(other),
+        }
     }
 }
 

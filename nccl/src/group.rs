@@ -21,6 +21,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::marker::PhantomData;
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 #[cfg(nccl_2_22)]
 use std::time::Duration;
@@ -86,8 +87,8 @@ pub struct Group<'a> {
     recorded: RefCell<Recorded<'a>>,
 }
 
-/// What a group has recorded so far.
-#[derive(Default)]
+/// What a group has recorded so far. Its vectors come from, and go back to, this thread's
+/// [`Spare`] storage, so that a group allocates nothing once the thread has run one of its size.
 struct Recorded<'a> {
     calls: Vec<Call>,
     /// Each (communicator, stream) pair with calls, to settle after the end.
@@ -98,6 +99,63 @@ struct Recorded<'a> {
     guards: Vec<SyncOnDrop<'a>>,
     /// Calls refused inside the group.
     refused: usize,
+}
+
+/// The emptied vectors of this thread's last group, kept for the next one. Their element types
+/// differ from `Recorded`'s only in lifetimes.
+#[derive(Default)]
+struct Spare {
+    calls: Vec<Call>,
+    settle: Vec<(&'static Comm, &'static Arc<CudaStream>)>,
+    accesses: Vec<Access<'static>>,
+    guards: Vec<SyncOnDrop<'static>>,
+}
+
+thread_local! {
+    static SPARE: Cell<Option<Spare>> = const { Cell::new(None) };
+}
+
+/// The allocation of an emptied vector, for elements of the same layout (here: the same type
+/// with other lifetimes).
+fn recycle<A, B>(mut v: Vec<A>) -> Vec<B> {
+    v.clear();
+    if size_of::<A>() != size_of::<B>() || align_of::<A>() != align_of::<B>() {
+        return Vec::new();
+    }
+    let mut v = ManuallyDrop::new(v);
+    // SAFETY: the vector is empty, and `A` and `B` have the same size and alignment, so its
+    // allocation (if any) has the layout of `capacity` elements of `B`; the original is not
+    // dropped (`ManuallyDrop`), so the allocation has one owner.
+    unsafe { Vec::from_raw_parts(v.as_mut_ptr().cast::<B>(), 0, v.capacity()) }
+}
+
+impl Recorded<'_> {
+    /// Empty, with this thread's spare vectors.
+    fn new() -> Self {
+        let spare = SPARE.with(Cell::take).unwrap_or_default();
+        Recorded {
+            calls: spare.calls,
+            settle: recycle(spare.settle),
+            accesses: recycle(spare.accesses),
+            guards: recycle(spare.guards),
+            refused: 0,
+        }
+    }
+}
+
+impl Drop for Recorded<'_> {
+    /// Releases the guards (recording "in use until here"), then keeps the vectors for the
+    /// thread's next group.
+    fn drop(&mut self) {
+        self.guards.clear();
+        let spare = Spare {
+            calls: recycle(std::mem::take(&mut self.calls)),
+            settle: recycle(std::mem::take(&mut self.settle)),
+            accesses: recycle(std::mem::take(&mut self.accesses)),
+            guards: recycle(std::mem::take(&mut self.guards)),
+        };
+        SPARE.with(|s| s.set(Some(spare)));
+    }
 }
 
 impl std::fmt::Debug for Group<'_> {
@@ -125,7 +183,7 @@ impl std::fmt::Debug for Member<'_, '_> {
 
 impl<'a> Group<'a> {
     fn new() -> Self {
-        Group { _one_thread: PhantomData, recorded: RefCell::new(Recorded::default()) }
+        Group { _one_thread: PhantomData, recorded: RefCell::new(Recorded::new()) }
     }
 
     /// `comm` as a member of this group, on its own stream: `g.with(&comm).all_reduce(..)`.
@@ -150,6 +208,7 @@ impl<'a> Group<'a> {
                 accesses.len() - 1
             }
         };
+        accesses[i].resource(crate::graph::communicator(comm))?;
         let (call, guards) = take(&accesses[i])?;
         // cudarc records failed waits in the context instead of returning them.
         stream.context().check_err()?;
@@ -183,9 +242,11 @@ impl<'a> Group<'a> {
         let mut issued = Ok(());
         for c in recorded.calls.iter() {
             // SAFETY: each call was built by a `Collectives` method, whose checks make its pointers
-            // valid for its count, type and ranks on its communicator's device; the buffers are
-            // borrowed for 'a and their guards are held by `self` until after the settling below;
-            // every communicator was checked live just above.
+            // valid for its count, type and ranks on its communicator's device (lengths and
+            // devices are the buffers' `DeviceMemory` promise); the buffers are borrowed for 'a and
+            // their guards are held by `self` until after the settling below; every communicator
+            // was checked live just above; a captured call is kept alive by its capture scope's
+            // graph (the accesses refused other captures).
             let rc = unsafe { c.issue() };
             if rc != ncclResult_t::ncclSuccess {
                 // NCCL remembers the error and ends the group without launching it.

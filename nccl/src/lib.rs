@@ -12,8 +12,12 @@
 //!   target — a communicator on its own stream (`comm.all_reduce(..)`), on another stream of its
 //!   device (`comm.on(&stream).all_reduce(..)`), or recorded in a [`group`]
 //!   (`g.with(&comm).all_reduce(..)`). Every length, root, peer, count and device is checked before
-//!   NCCL sees it; buffers are cudarc's (`CudaSlice`, views) or [`MemBuffer`], taken through the
-//!   stream-ordering protocol of `gpucomm-ordering`, which also works inside CUDA graph capture.
+//!   NCCL sees it; buffers are [`DeviceBuffer`]s — cudarc's (`CudaSlice`, views), [`MemBuffer`],
+//!   or a framework's own type with an `unsafe impl` [`DeviceMemory`] — taken through the
+//!   stream-ordering protocol of `gpucomm-ordering`.
+//! * [`capture`]: calls captured into a CUDA [`Graph`] that keeps every buffer, communicator and
+//!   operator they use, and whose launches are ordered like calls; calls on a stream captured by
+//!   anything else are refused.
 //! * [`group`]: several calls issued as one, all or nothing: nothing launches unless every call in
 //!   it was accepted, and every buffer stays borrowed until NCCL has enqueued the work.
 //!   [`simulate`] asks NCCL for the group's estimated time instead.
@@ -52,6 +56,7 @@ mod comm;
 #[cfg_attr(docsrs, doc(cfg(nccl_2_28)))]
 pub mod device;
 mod error;
+mod graph;
 mod group;
 // ncclMemAlloc and ncclCommRegister appeared in NCCL 2.19.
 #[cfg(nccl_2_19)]
@@ -68,6 +73,8 @@ pub use comm::{AbortHandle, AbortStatus, Comm, Config, Finalizing, PendingComm};
 #[cfg(nccl_2_27)]
 pub use comm::{CtaPolicy, ShrinkFlags};
 pub use error::{Error, Result, ResultCode};
+pub use gpucomm_ordering::{DeviceBuffer, DeviceBufferMut, DeviceMemory, Graph, Keep};
+pub use graph::capture;
 pub use group::{group, Group, Member};
 #[cfg(nccl_2_22)]
 pub use group::{simulate, Simulated};

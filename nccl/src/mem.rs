@@ -8,7 +8,7 @@ use std::ops::RangeBounds;
 use std::sync::Arc;
 
 use cudarc::driver::{sys::CUdeviceptr, CudaStream, DeviceRepr, ValidAsZeroBits};
-use gpucomm_ordering::{OrderError, StreamTracker};
+use gpucomm_ordering::{Keep, StreamTracker, Tracked, Visitor};
 
 use crate::error::{call, Error, Result};
 
@@ -23,17 +23,19 @@ use crate::error::{call, Error, Result};
 ///   qualifies for none of the windows.
 /// * **Ordering at no cost on one stream.** Instead of cudarc's two events per buffer, which every
 ///   use waits for and records (three stream waits and two event records per all-reduce, about
-///   1–1.6 µs of host time), a `MemBuffer` remembers the stream of its last use
-///   ([`StreamTracker`]): a call on the same stream costs a lock and a comparison, and only a
-///   change of stream records one event and waits for it. Inside a CUDA graph capture it never
-///   waits on the device, so capture works.
+///   1–1.6 µs of host time), a `MemBuffer` remembers the streams of its outstanding uses
+///   ([`StreamTracker`]): a call on the stream that is its only user costs two atomic loads, and
+///   only a change of stream records an event and waits for it. Inside [`crate::capture`] its
+///   uses are recorded for the graph instead, and each launch of the graph is ordered like a call.
 /// * **A normal cudarc buffer otherwise.** It implements cudarc's [`DeviceSlice`](cudarc::driver::DeviceSlice),
 ///   [`DevicePtr`](cudarc::driver::DevicePtr) and [`DevicePtrMut`](cudarc::driver::DevicePtrMut),
 ///   so cudarc copies (`memcpy_htod`, `clone_dtoh`, …) and kernel launches accept it and order
-///   themselves against it.
+///   themselves against it, and [`DeviceMemory`](crate::DeviceMemory), so every call of this crate
+///   and of `nvshmem` accepts it. Reads on several streams at once (two threads sharing a
+///   `&MemBuffer`) are all waited for by the next write and by the free.
 ///
-/// Freeing it ([`MemBuffer::free`] or drop) first waits for its last use to finish, on that
-/// stream only, then calls `ncclMemFree`.
+/// Freeing it ([`MemBuffer::free`] or drop) first waits for its outstanding uses to finish, on
+/// their streams only, then calls `ncclMemFree`.
 #[doc(alias = "ncclMemAlloc")]
 #[cfg_attr(docsrs, doc(cfg(nccl_2_19)))]
 pub struct MemBuffer<T> {
@@ -44,7 +46,12 @@ pub struct MemBuffer<T> {
     _elements: PhantomData<T>,
 }
 
-gpucomm_ordering::tracked_device_ptr!([T] MemBuffer<T>, |b| (b.ptr, b.len, &b.tracker, &b.home));
+gpucomm_ordering::tracked_device_ptr!([T] MemBuffer<T>, |b| {
+    // SAFETY: `ptr` is an ncclMemAlloc allocation of `len` elements on `home`'s device, owned by
+    // the buffer and freed only after `tracker.synchronize()` (`release`); every use goes through
+    // `tracker`.
+    unsafe { Tracked::new(b.ptr, b.len, &b.tracker, &b.home) }
+});
 
 /// A read-only view of part of a [`MemBuffer`] ([`MemBuffer::slice`]): a cudarc
 /// [`DevicePtr`](cudarc::driver::DevicePtr) ordered with the buffer's own stream tracking.
@@ -55,7 +62,11 @@ pub struct MemView<'a, T> {
     len: usize,
 }
 
-gpucomm_ordering::tracked_device_ptr!(read ['a, T] MemView<'a, T>, |v| (v.ptr, v.len, &v.buf.tracker, &v.buf.home));
+gpucomm_ordering::tracked_device_ptr!(read ['a, T] MemView<'a, T>, |v| {
+    // SAFETY: `ptr..ptr + len` lies inside the borrowed buffer (checked by `MemBuffer::sub`), which
+    // the view keeps alive; uses are ordered by the buffer's tracker.
+    unsafe { Tracked::new(v.ptr, v.len, &v.buf.tracker, &v.buf.home) }
+});
 
 /// A writable view of part of a [`MemBuffer`] ([`MemBuffer::slice_mut`]): a cudarc
 /// [`DevicePtrMut`](cudarc::driver::DevicePtrMut) ordered with the buffer's own stream tracking.
@@ -66,7 +77,10 @@ pub struct MemViewMut<'a, T> {
     len: usize,
 }
 
-gpucomm_ordering::tracked_device_ptr!(['a, T] MemViewMut<'a, T>, |v| (v.ptr, v.len, &v.buf.tracker, &v.buf.home));
+gpucomm_ordering::tracked_device_ptr!(['a, T] MemViewMut<'a, T>, |v| {
+    // SAFETY: as for `MemView`; the view borrows the buffer exclusively.
+    unsafe { Tracked::new(v.ptr, v.len, &v.buf.tracker, &v.buf.home) }
+});
 
 impl<T> fmt::Debug for MemBuffer<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -144,10 +158,9 @@ impl<T> MemBuffer<T> {
         self.len == 0
     }
 
-    /// The device address, for code outside cudarc and this crate (custom kernels, the NCCL
-    /// device API). Order such uses with [`MemBuffer::tracker`]
-    /// ([`StreamTracker::use_on`]) before enqueuing them; cudarc launches and copies do that by
-    /// themselves through [`DevicePtr`](cudarc::driver::DevicePtr).
+    /// The device address, for code outside cudarc and this crate. Take it through cudarc's
+    /// [`DevicePtr`](cudarc::driver::DevicePtr) instead wherever the use is enqueued on a stream
+    /// (`buf.device_ptr(&stream)`, then drop the guard after the launch): that orders the use.
     pub fn as_raw(&self) -> CUdeviceptr {
         self.ptr
     }
@@ -158,8 +171,9 @@ impl<T> MemBuffer<T> {
     }
 
     /// Elements `range` of the buffer, read-only (like cudarc's `CudaSlice::slice`). The view
-    /// shares the buffer's stream ordering. An empty range or one past the end is
-    /// [`Error::ViewOutOfRange`].
+    /// shares the buffer's stream ordering. A range past the end (or reversed) is
+    /// [`Error::ViewOutOfRange`]; an empty range is a view of zero elements, which the calls
+    /// accept as no-ops.
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<MemView<'_, T>> {
         let (ptr, len) = self.sub(range)?;
         Ok(MemView { buf: self, ptr, len })
@@ -181,14 +195,11 @@ impl<T> MemBuffer<T> {
     fn sub(&self, range: impl RangeBounds<usize>) -> Result<(CUdeviceptr, usize)> {
         let (start, end) = gpucomm_ordering::range::resolve(range, self.len)
             .map_err(|(start, end)| Error::ViewOutOfRange { start, end, len: self.len })?;
-        if start == end {
-            return Err(Error::ViewOutOfRange { start, end, len: self.len });
-        }
         // In bounds of an allocation of `len` elements, so the offset fits.
         Ok((self.ptr + (start * size_of::<T>()) as CUdeviceptr, end - start))
     }
 
-    /// Waits for the buffer's last use to finish (on that stream only), then frees it
+    /// Waits for the buffer's outstanding uses to finish (on their streams only), then frees it
     /// (`ncclMemFree`). On failure the buffer is handed back with the error, still allocated.
     #[doc(alias = "ncclMemFree")]
     // The buffer comes back on failure, as fallible teardown does throughout the crate.
@@ -208,7 +219,8 @@ impl<T> MemBuffer<T> {
         self.tracker.synchronize()?;
         self.home.context().bind_to_thread()?;
         // SAFETY: `ptr` came from ncclMemAlloc and is freed once: after a successful `release`
-        // from `free` the address is set to 0, which `Drop` skips. Its last use has finished.
+        // from `free` the address is set to 0, which `Drop` skips. Every outstanding use (graph
+        // launches included: they are recorded in the tracker) has finished.
         unsafe { call!(ncclMemFree(self.ptr as *mut c_void)) }
     }
 }
@@ -224,12 +236,23 @@ impl<T> Drop for MemBuffer<T> {
     }
 }
 
-/// A CUDA failure while ordering is [`Error::Cuda`], so that its text appears once in the chain.
-impl From<OrderError> for Error {
-    fn from(e: OrderError) -> Self {
-        match e {
-            OrderError::Cuda(e) => Error::Cuda(e),
-            other => Error::Ordering(other),
-        }
+// SAFETY: an owned buffer keeps its memory alive; it is reported writable, as it is.
+unsafe impl<T> Keep for MemBuffer<T> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.write(self);
+    }
+}
+
+// SAFETY: the view borrows its buffer for its whole life, and cannot write it.
+unsafe impl<T> Keep for MemView<'_, T> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.read(self);
+    }
+}
+
+// SAFETY: the view borrows its buffer exclusively for its whole life.
+unsafe impl<T> Keep for MemViewMut<'_, T> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.write(self);
     }
 }

@@ -4,8 +4,8 @@
 use std::ffi::c_void;
 use std::fmt;
 
-use cudarc::driver::{DevicePtr, SyncOnDrop};
-use gpucomm_ordering::Access;
+use cudarc::driver::SyncOnDrop;
+use gpucomm_ordering::{Access, DeviceBuffer, Keep, Resource, Visitor};
 use nccl_sys::{ncclRedOp_t, ncclScalarResidence_t};
 
 use crate::error::{call, lib_version, Error, Result};
@@ -15,11 +15,13 @@ use crate::{Comm, NcclType, ReduceOp};
 mod sealed {
     use super::*;
 
-    /// A reduction operator resolved for one call: NCCL's operator id, and the device scalar the
-    /// call's kernels will read, if any. Public only inside this private module.
+    /// A reduction operator resolved for one call: NCCL's operator id, the custom operator it
+    /// comes from (which a graph capturing the call must keep), and the device scalar the call's
+    /// kernels will read, if any. Public only inside this private module.
     pub struct OpUse<'b, T> {
         pub(super) raw: ncclRedOp_t,
-        pub(super) scalar: Option<&'b dyn DevicePtr<T>>,
+        pub(super) custom: Option<Resource>,
+        pub(super) scalar: Option<&'b dyn DeviceBuffer<T>>,
     }
 
     pub trait Sealed {}
@@ -40,7 +42,7 @@ impl sealed::Sealed for ReduceOp {}
 impl<'b, T> Reduction<'b, T> for ReduceOp {
     #[inline]
     fn resolve(self, _comm: &Comm) -> Result<OpUse<'b, T>> {
-        Ok(OpUse { raw: self.raw(), scalar: None })
+        Ok(OpUse { raw: self.raw(), custom: None, scalar: None })
     }
 }
 
@@ -52,10 +54,14 @@ impl<'b, T> OpUse<'b, T> {
 
     /// The stream guard of the device scalar, which the call's kernels read: taken for reading
     /// through the call's access, so that it is ordered after earlier writes and not freed before
-    /// the call has run. A no-op guard for operators without one.
+    /// the call has run. A no-op guard for operators without one. A custom operator is recorded as
+    /// used, for a capture.
     pub(crate) fn guard(&self, access: &Access<'b>) -> Result<SyncOnDrop<'b>> {
+        if let Some(custom) = self.custom {
+            access.resource(custom)?;
+        }
         match self.scalar {
-            Some(scalar) => Ok(access.read(scalar)?.1),
+            Some(scalar) => Ok(access.read::<T>(scalar)?.1),
             None => Ok(SyncOnDrop::Record(None)),
         }
     }
@@ -82,7 +88,7 @@ impl<'b, T> OpUse<'b, T> {
 pub struct PreMulSum<'a, T> {
     comm: &'a Comm,
     raw: ncclRedOp_t,
-    scalar: Option<&'a dyn DevicePtr<T>>,
+    scalar: Option<&'a dyn DeviceBuffer<T>>,
 }
 
 impl<T> fmt::Debug for PreMulSum<'_, T> {
@@ -114,7 +120,7 @@ impl<'a, T: NcclType> PreMulSum<'a, T> {
     /// on other streams.
     #[doc(alias = "ncclRedOpCreatePreMulSum")]
     #[doc(alias = "ncclScalarDevice")]
-    pub fn device(comm: &'a Comm, scalar: &'a impl DevicePtr<T>) -> Result<Self> {
+    pub fn device(comm: &'a Comm, scalar: &'a impl DeviceBuffer<T>) -> Result<Self> {
         if scalar.len() != 1 {
             return Err(Error::LengthMismatch { what: "PreMulSum scalar", expected: 1, got: scalar.len() });
         }
@@ -201,6 +207,16 @@ impl<'b, 'a: 'b, T> Reduction<'b, T> for &'b PreMulSum<'a, T> {
         if !std::ptr::eq(comm, self.comm) {
             return Err(Error::ForeignOp);
         }
-        Ok(OpUse { raw: self.raw, scalar: self.scalar })
+        Ok(OpUse { raw: self.raw, custom: Some(Resource::of(KIND, self)), scalar: self.scalar })
+    }
+}
+
+/// What a graph calls a custom operator.
+const KIND: &str = "custom reduction operator";
+
+// SAFETY: the borrow keeps the operator (and so its id, and its device scalar) alive.
+unsafe impl<T> Keep for &PreMulSum<'_, T> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.resource(Resource::of(KIND, *self), true);
     }
 }

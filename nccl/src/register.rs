@@ -9,8 +9,8 @@ use std::ops::Deref;
 #[cfg(nccl_2_27)]
 use std::ops::RangeBounds;
 
-use cudarc::driver::{DevicePtrMut, DeviceSlice};
-use gpucomm_ordering::{Access, PinnedMut};
+use cudarc::driver::DeviceSlice;
+use gpucomm_ordering::{Access, DeviceBufferMut, PinnedMut};
 
 use crate::error::{call, Error, Result};
 use crate::Comm;
@@ -46,7 +46,7 @@ fn check_device<T>(comm: &Comm, what: &'static str, buf: &impl DeviceSlice<T>) -
 /// [`MemBuffer`](crate::MemBuffer) (`ncclMemAlloc`) is what NCCL registers best.
 #[doc(alias = "ncclCommRegister")]
 #[cfg_attr(docsrs, doc(cfg(nccl_2_19)))]
-pub struct Registration<'c, T, B: DevicePtrMut<T>> {
+pub struct Registration<'c, T, B: DeviceBufferMut<T>> {
     comm: &'c Comm,
     handle: *mut c_void,
     /// Dropped only after a successful deregistration: NCCL may still use the memory otherwise.
@@ -54,7 +54,7 @@ pub struct Registration<'c, T, B: DevicePtrMut<T>> {
     _elements: PhantomData<T>,
 }
 
-impl<T, B: DevicePtrMut<T>> fmt::Debug for Registration<'_, T, B> {
+impl<T, B: DeviceBufferMut<T>> fmt::Debug for Registration<'_, T, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Registration").field("comm", self.comm).field("handle", &self.handle).finish()
     }
@@ -65,7 +65,7 @@ impl Comm {
     /// [`MemBuffer`](crate::MemBuffer)) with this communicator (`ncclCommRegister`). See
     /// [`Registration`] for the contract across ranks.
     #[doc(alias = "ncclCommRegister")]
-    pub fn register<T, B: DevicePtrMut<T>>(&self, mut buf: B) -> Result<Registration<'_, T, B>> {
+    pub fn register<T, B: DeviceBufferMut<T>>(&self, mut buf: B) -> Result<Registration<'_, T, B>> {
         let c = self.live_raw()?;
         check_device(self, "buffer", &buf)?;
         if buf.len() == 0 {
@@ -86,7 +86,7 @@ impl Comm {
     }
 }
 
-impl<'c, T, B: DevicePtrMut<T>> Registration<'c, T, B> {
+impl<'c, T, B: DeviceBufferMut<T>> Registration<'c, T, B> {
     /// The communicator the buffer is registered with.
     pub fn comm(&self) -> &'c Comm {
         self.comm
@@ -140,7 +140,7 @@ impl<'c, T, B: DevicePtrMut<T>> Registration<'c, T, B> {
 
 /// Waits until `buf`'s earlier uses have finished, and for nothing else, bounded by `comm`'s
 /// timeout: [`Error::StillInUse`] naming `what` when it expires.
-fn quiesce<T>(buf: &mut impl DevicePtrMut<T>, comm: &Comm, what: &'static str) -> Result<()> {
+fn quiesce<T>(buf: &mut impl DeviceBufferMut<T>, comm: &Comm, what: &'static str) -> Result<()> {
     let timeout = comm.timeout();
     match gpucomm_ordering::wait_for_uses(buf, comm.context(), timeout)? {
         true => Ok(()),
@@ -148,14 +148,14 @@ fn quiesce<T>(buf: &mut impl DevicePtrMut<T>, comm: &Comm, what: &'static str) -
     }
 }
 
-impl<T, B: DevicePtrMut<T>> Deref for Registration<'_, T, B> {
+impl<T, B: DeviceBufferMut<T>> Deref for Registration<'_, T, B> {
     type Target = B;
     fn deref(&self) -> &B {
         &self.buf
     }
 }
 
-impl<T, B: DevicePtrMut<T>> Drop for Registration<'_, T, B> {
+impl<T, B: DeviceBufferMut<T>> Drop for Registration<'_, T, B> {
     fn drop(&mut self) {
         match self.release() {
             // SAFETY: dropped once, here; the registration is gone afterwards.

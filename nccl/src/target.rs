@@ -63,7 +63,7 @@ impl Comm {
     /// method of [`crate::Collectives`] is available on the returned handle, e.g.
     /// `comm.on(&side).all_reduce(&send, &mut recv, ReduceOp::SUM)`. Frameworks use it to overlap
     /// communication with computation on a stream of their own, and to capture calls into a CUDA
-    /// graph (the default stream cannot be captured).
+    /// graph with [`crate::capture`] (the legacy default stream cannot be captured).
     ///
     /// `stream` must belong to the communicator's device; each call checks it and returns
     /// [`Error::WrongDevice`] otherwise. Buffers are ordered on that stream through cudarc's
@@ -122,10 +122,12 @@ impl<'g, 'b> Plan<'g, 'b> {
         }
     }
 
-    /// Takes the buffers' pointers with `take` (through an [`Access`] on the call's stream), then
-    /// issues the call: a direct call at once — NCCL, then [`Comm::settle`], then the stream guards
-    /// are released — and a grouped one by recording it (with its guards) until the group ends.
-    /// A CUDA error while ordering the buffers is returned here and nothing is issued.
+    /// Takes the buffers' pointers with `take` (through an [`Access`] on the call's stream, which
+    /// refuses a capture this crate did not open and, inside [`crate::capture`], records the
+    /// communicator and buffers for the graph), then issues the call: a direct call at once —
+    /// NCCL, then [`Comm::settle`], then the stream guards are released — and a grouped one by
+    /// recording it (with its guards) until the group ends. A CUDA error while ordering the
+    /// buffers is returned here and nothing is issued.
     #[inline]
     pub(crate) fn submit<const N: usize>(
         self,
@@ -135,12 +137,15 @@ impl<'g, 'b> Plan<'g, 'b> {
             return group.record(self.comm, self.stream, take);
         }
         let access = Access::new(self.stream);
+        access.resource(crate::graph::communicator(self.comm))?;
         let (call, guards) = take(&access)?;
         // cudarc records failed waits in the context instead of returning them.
         self.stream.context().check_err()?;
         // SAFETY: `call` was built by a `Collectives` method, whose checks make its pointers valid
-        // for its count, type and ranks on this communicator's device; the buffers are borrowed
-        // for 'b and their guards are held until after `settle`.
+        // for its count, type and ranks on this communicator's device (lengths and devices are
+        // the buffers' `DeviceMemory` promise); the buffers are borrowed for 'b and their guards
+        // are held until after `settle`; the stream is not captured by anything but this crate's
+        // scope, whose graph keeps the buffers and the communicator (the access refused others).
         let rc = unsafe { call.issue() };
         let settled = self.comm.settle(call.name(), rc, self.stream);
         drop(guards);

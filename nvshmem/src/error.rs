@@ -83,10 +83,11 @@ pub enum Error {
     /// A CUDA driver call failed.
     #[error(transparent)]
     Cuda(#[from] cudarc::driver::DriverError),
-    /// A buffer's last use is part of a CUDA graph capture still open on another stream, so a use
-    /// on this stream cannot be ordered after it (see `gpucomm_ordering::StreamTracker`).
-    #[error("the buffer was last used on a stream that is still being captured into a graph; end that capture first")]
-    CaptureOpen,
+    /// A buffer's uses could not be ordered, an operation was made on a stream captured by
+    /// something other than [`crate::capture`], or a capture or graph launch was refused (see
+    /// [`gpucomm_ordering::OrderError`]). CUDA failures while ordering are [`Error::Cuda`].
+    #[error(transparent)]
+    Ordering(gpucomm_ordering::OrderError),
     /// NVSHMEM is already running in this process: there is one [`crate::Runtime`] per process.
     #[error("NVSHMEM is already initialised in this process (one Runtime per process)")]
     AlreadyInitialized,
@@ -384,7 +385,7 @@ impl From<gpucomm_ordering::OrderError> for Error {
     fn from(e: gpucomm_ordering::OrderError) -> Self {
         match e {
             gpucomm_ordering::OrderError::Cuda(e) => Error::Cuda(e),
-            gpucomm_ordering::OrderError::CaptureOpen => Error::CaptureOpen,
+            other => Error::Ordering(other),
         }
     }
 }
@@ -471,7 +472,8 @@ mod tests {
         assert!(Error::from(cuda).source().is_none());
         let ordered = Error::from(gpucomm_ordering::OrderError::Cuda(cuda));
         assert!(matches!(ordered, Error::Cuda(e) if e == cuda));
-        assert!(matches!(Error::from(gpucomm_ordering::OrderError::CaptureOpen), Error::CaptureOpen));
+        let open = Error::from(gpucomm_ordering::OrderError::CaptureOpen);
+        assert!(matches!(open, Error::Ordering(gpucomm_ordering::OrderError::CaptureOpen)), "{open}");
     }
 
     #[test]

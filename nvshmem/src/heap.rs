@@ -8,7 +8,7 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use cudarc::driver::{sys::CUdeviceptr, CudaContext, CudaStream, DeviceRepr, ValidAsZeroBits};
-use gpucomm_ordering::{tracked_device_ptr, StreamTracker};
+use gpucomm_ordering::{tracked_device_ptr, DeviceBufferMut, Keep, StreamTracker, Tracked, Visitor};
 
 use crate::agree::Ask;
 use crate::config;
@@ -108,9 +108,11 @@ impl HeapLimit {
 /// [`DevicePtr`](cudarc::driver::DevicePtr) / [`DevicePtrMut`](cudarc::driver::DevicePtrMut), so
 /// cudarc copies and kernels, NCCL collectives and this crate's operations that touch it on
 /// different streams are ordered after each other without any synchronisation by you. Staying on
-/// one stream costs a lock and a comparison per use; changing streams records one event and makes
-/// the new stream wait for it. The tracker orders this process's streams only: what other PEs do
-/// to their copies is ordered by NVSHMEM's own means (signals, quiet, barriers).
+/// one stream costs two atomic loads per use; changing streams records an event and makes the new
+/// stream wait for it. Operations that write the buffer on some PE (a put's destination, a
+/// signal) count as writes, reads of this PE's copy as reads. The tracker orders this process's
+/// streams only: what other PEs do to their copies is ordered by NVSHMEM's own means (signals,
+/// quiet, barriers).
 ///
 /// Sub-ranges ([`Symmetric::slice`]) and peer views ([`Symmetric::peer`]) share the buffer's
 /// tracker.
@@ -322,7 +324,11 @@ impl<T> Drop for Symmetric<'_, T> {
     }
 }
 
-tracked_device_ptr!(['rt, T] Symmetric<'rt, T>, |b| (b.device_address(), b.len, &b.tracker, b.rt.stream()));
+tracked_device_ptr!(['rt, T] Symmetric<'rt, T>, |b| {
+    // SAFETY: `len` elements from nvshmem_malloc on the runtime's device, freed only by `free`
+    // after `tracker.synchronize()`; every use goes through `tracker`.
+    unsafe { Tracked::new(b.device_address(), b.len, &b.tracker, b.rt.stream()) }
+});
 
 /// A sub-range of a [`Symmetric`] buffer ([`Symmetric::slice`]): symmetric too, so operations
 /// accept it wherever they accept the whole buffer, and ordered by the buffer's tracker.
@@ -380,7 +386,10 @@ impl<'a, T> SymmetricSlice<'a, T> {
     }
 }
 
-tracked_device_ptr!(['v, T] SymmetricSlice<'v, T>, |b| (b.ptr, b.len, b.tracker, b.rt.stream()));
+tracked_device_ptr!(['v, T] SymmetricSlice<'v, T>, |b| {
+    // SAFETY: a checked range of a symmetric buffer that the slice borrows; its tracker orders it.
+    unsafe { Tracked::new(b.ptr, b.len, b.tracker, b.rt.stream()) }
+});
 
 /// Another PE's copy of a symmetric buffer (or range), mapped into this PE's address space by
 /// NVLink or PCIe peer-to-peer ([`Symmetric::peer`]). cudarc kernels and copies accept it
@@ -413,16 +422,68 @@ impl<T> PeerView<'_, T> {
     }
 }
 
-tracked_device_ptr!(['v, T] PeerView<'v, T>, |b| (b.ptr, b.len, b.tracker, b.home));
+tracked_device_ptr!(['v, T] PeerView<'v, T>, |b| {
+    // SAFETY: `nvshmem_ptr`'s mapping of a peer's copy of a range the view borrows (so the
+    // allocation lives), valid on this device for `len` elements; this process's uses are ordered
+    // by the buffer's tracker.
+    unsafe { Tracked::new(b.ptr, b.len, b.tracker, b.home) }
+});
 
 /// Memory on the symmetric heap — a [`Symmetric`] buffer or a [`SymmetricSlice`] of one — which
 /// NVSHMEM can address on every PE. Sealed: only this crate's symmetric types implement it.
-pub trait SymmetricMemory<T>: cudarc::driver::DevicePtr<T> + cudarc::driver::DevicePtrMut<T> + sealed::Sealed {}
+pub trait SymmetricMemory<T>: DeviceBufferMut<T> + sealed::Sealed {
+    /// The tracker of the buffer's allocation. Not for use outside this crate.
+    #[doc(hidden)]
+    fn tracker(&self) -> &StreamTracker;
+
+    /// The whole range as a slice, through which an operation that writes the symmetric memory
+    /// on some PE (a put's destination, a signal) records a write. Not for use outside this crate.
+    #[doc(hidden)]
+    fn symmetric(&self) -> SymmetricSlice<'_, T>;
+}
 
 impl<T> sealed::Sealed for Symmetric<'_, T> {}
-impl<T> SymmetricMemory<T> for Symmetric<'_, T> {}
+impl<T> SymmetricMemory<T> for Symmetric<'_, T> {
+    fn tracker(&self) -> &StreamTracker {
+        &self.tracker
+    }
+
+    fn symmetric(&self) -> SymmetricSlice<'_, T> {
+        self.as_slice()
+    }
+}
 impl<T> sealed::Sealed for SymmetricSlice<'_, T> {}
-impl<T> SymmetricMemory<T> for SymmetricSlice<'_, T> {}
+impl<T> SymmetricMemory<T> for SymmetricSlice<'_, T> {
+    fn tracker(&self) -> &StreamTracker {
+        self.tracker
+    }
+
+    fn symmetric(&self) -> SymmetricSlice<'_, T> {
+        SymmetricSlice { ptr: self.ptr, len: self.len, tracker: self.tracker, rt: self.rt, _elem: PhantomData }
+    }
+}
+
+// SAFETY: an owned buffer keeps its allocation (which is never freed by a drop, only by `free`,
+// which consumes it).
+unsafe impl<T> Keep for Symmetric<'_, T> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.write(self);
+    }
+}
+
+// SAFETY: a slice borrows its buffer for its whole life.
+unsafe impl<T> Keep for SymmetricSlice<'_, T> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.write(self);
+    }
+}
+
+// SAFETY: a peer view borrows its buffer for its whole life.
+unsafe impl<T> Keep for PeerView<'_, T> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.write(self);
+    }
+}
 
 #[cfg(test)]
 mod tests {

@@ -18,6 +18,9 @@
 //! * [`Team`]s ([`Runtime::world`], [`Runtime::shared`], [`Runtime::node`], splits) with barriers
 //!   and collectives on a stream: reductions over the (type, [`ops`]) pairs NVSHMEM defines,
 //!   broadcast, fcollect, alltoall.
+//! * [`capture`]: operations captured into a CUDA [`Graph`] that keeps the runtime, teams,
+//!   modules and buffers they use, and whose launches are ordered like calls; operations on a
+//!   stream captured by anything else are refused.
 //! * [`Registration`] of local device memory for remote transports.
 //! * [`Module`]s of kernels that use NVSHMEM device calls, launched plainly or collectively.
 //! * [`Error`]: the failing call with its status, or a precise description of the refused
@@ -50,6 +53,7 @@ mod agree;
 mod bootstrap;
 mod config;
 mod error;
+mod graph;
 mod heap;
 mod module;
 mod nccl;
@@ -64,6 +68,8 @@ mod unique_id;
 pub use bootstrap::Bootstrap;
 pub use error::{Error, Result, Status};
 pub use gpucomm_build_support::cubin::cubin_arch;
+pub use gpucomm_ordering::{DeviceBuffer, DeviceBufferMut, DeviceMemory, Graph, Keep};
+pub use graph::capture;
 pub use heap::{Element, HeapLimit, PeerView, Symmetric, SymmetricMemory, SymmetricSlice};
 pub use module::{Kernel, KernelArgs, Module};
 pub use nccl::NcclUse;

@@ -20,12 +20,12 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction, CUmodule};
-use cudarc::driver::{result, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DriverError, LaunchConfig, SyncOnDrop};
+use cudarc::driver::{result, CudaStream, DeviceRepr, DriverError, LaunchConfig, SyncOnDrop};
 use gpucomm_build_support::cubin;
-use gpucomm_ordering::Access;
+use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut};
 
 use crate::error::{call, Error, Result};
-use crate::Runtime;
+use crate::{graph, Runtime};
 
 /// The global that `libnvshmem_device.a` defines in every module device-linked against it.
 const DEVICE_LIB_VERSION: &str = "nvshmemi_device_lib_version_d";
@@ -163,7 +163,7 @@ impl std::fmt::Debug for Kernel<'_, '_> {
 
 /// The arguments of one kernel launch, in the kernel's parameter order. Buffers are taken through
 /// [`gpucomm_ordering::Access`], so the launch is ordered after their earlier uses on other
-/// streams (and works inside a graph capture); values are copied.
+/// streams (and, inside [`crate::capture`], recorded for the graph); values are copied.
 pub struct KernelArgs<'s, 'b> {
     access: &'s Access<'b>,
     words: Vec<u64>,
@@ -173,14 +173,14 @@ pub struct KernelArgs<'s, 'b> {
 
 impl<'s, 'b: 's> KernelArgs<'s, 'b> {
     /// A device buffer the kernel reads (its address is passed).
-    pub fn buffer<T>(&mut self, buf: &'b impl DevicePtr<T>) -> Result<&mut Self> {
+    pub fn buffer<T>(&mut self, buf: &'b impl DeviceBuffer<T>) -> Result<&mut Self> {
         let (ptr, guard) = self.access.read(buf)?;
         self.guards.push(guard);
         self.value(ptr)
     }
 
     /// A device buffer the kernel writes (its address is passed).
-    pub fn buffer_mut<T>(&mut self, buf: &'b mut impl DevicePtrMut<T>) -> Result<&mut Self> {
+    pub fn buffer_mut<T>(&mut self, buf: &'b mut impl DeviceBufferMut<T>) -> Result<&mut Self> {
         let (ptr, guard) = self.access.write(buf)?;
         self.guards.push(guard);
         self.value(ptr)
@@ -301,8 +301,9 @@ impl<'rt> Kernel<'_, 'rt> {
         stream: &'b Arc<CudaStream>,
         args: impl FnOnce(&mut KernelArgs<'_, 'b>) -> Result<()>,
     ) -> Result<()> {
-        self.module.rt.enqueue_on(stream)?;
         let access = Access::new(stream);
+        access.resource(graph::module(self.module))?;
+        self.module.rt.enqueue_on(stream)?;
         let mut pushed = KernelArgs { access: &access, words: Vec::new(), starts: Vec::new(), guards: Vec::new() };
         args(&mut pushed)?;
         let base = pushed.words.as_mut_ptr();

@@ -6,8 +6,7 @@ use std::mem::ManuallyDrop;
 use std::ops::Deref;
 use std::ptr::NonNull;
 
-use cudarc::driver::DevicePtrMut;
-use gpucomm_ordering::PinnedMut;
+use gpucomm_ordering::{DeviceBufferMut, PinnedMut};
 
 use crate::error::{call, Error, Result};
 use crate::Runtime;
@@ -22,7 +21,7 @@ use crate::Runtime;
 /// Unregistering (and dropping) first waits for the buffer's queued uses — puts and gets still
 /// waiting on their streams would otherwise run against a registration that is gone — and for
 /// nothing else, bounded by [`Runtime::set_timeout`].
-pub struct Registration<'rt, T, B: DevicePtrMut<T>> {
+pub struct Registration<'rt, T, B: DeviceBufferMut<T>> {
     ptr: NonNull<c_void>,
     bytes: usize,
     rt: &'rt Runtime,
@@ -31,7 +30,7 @@ pub struct Registration<'rt, T, B: DevicePtrMut<T>> {
     _elements: PhantomData<T>,
 }
 
-impl<T, B: DevicePtrMut<T>> std::fmt::Debug for Registration<'_, T, B> {
+impl<T, B: DeviceBufferMut<T>> std::fmt::Debug for Registration<'_, T, B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Registration").field("ptr", &self.ptr).field("bytes", &self.bytes).finish()
     }
@@ -41,7 +40,7 @@ impl Runtime {
     /// Registers `buf` (device memory of this PE's device, not on the symmetric heap) with
     /// NVSHMEM (`nvshmemx_buffer_register`). Empty buffers are refused ([`Error::ZeroSize`]).
     #[doc(alias = "nvshmemx_buffer_register")]
-    pub fn register<T, B: DevicePtrMut<T>>(&self, mut buf: B) -> Result<Registration<'_, T, B>> {
+    pub fn register<T, B: DeviceBufferMut<T>>(&self, mut buf: B) -> Result<Registration<'_, T, B>> {
         let bytes = buf.num_bytes();
         let empty = Error::ZeroSize { len: buf.len(), elem_size: size_of::<T>() };
         if bytes == 0 {
@@ -59,7 +58,7 @@ impl Runtime {
     }
 }
 
-impl<T, B: DevicePtrMut<T>> Registration<'_, T, B> {
+impl<T, B: DeviceBufferMut<T>> Registration<'_, T, B> {
     /// Bytes registered.
     pub fn num_bytes(&self) -> usize {
         self.bytes
@@ -104,14 +103,14 @@ impl<T, B: DevicePtrMut<T>> Registration<'_, T, B> {
     }
 }
 
-impl<T, B: DevicePtrMut<T>> Deref for Registration<'_, T, B> {
+impl<T, B: DeviceBufferMut<T>> Deref for Registration<'_, T, B> {
     type Target = B;
     fn deref(&self) -> &B {
         &self.buf
     }
 }
 
-impl<T, B: DevicePtrMut<T>> Drop for Registration<'_, T, B> {
+impl<T, B: DeviceBufferMut<T>> Drop for Registration<'_, T, B> {
     fn drop(&mut self) {
         match self.release() {
             // SAFETY: dropped once, here; the registration is gone afterwards.

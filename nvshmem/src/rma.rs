@@ -3,8 +3,9 @@
 //!
 //! Every call checks its arguments first (lengths, PE, the stream's and the buffers' device),
 //! binds the PE's CUDA context, takes the buffers' pointers through
-//! [`gpucomm_ordering::Access`] (so that uses on other streams are waited for, and capture into a
-//! CUDA graph works), and only then enqueues the NVSHMEM operation.
+//! [`gpucomm_ordering::Access`] (so that uses on other streams are waited for, a capture not
+//! opened by [`crate::capture`] is refused, and inside one the runtime and buffers are recorded
+//! for the graph), and only then enqueues the NVSHMEM operation.
 //!
 //! # Completion and ordering
 //!
@@ -13,9 +14,10 @@
 //! hands its copy to one of NVSHMEM's internal streams and returns a [`Pending`] handle that
 //! borrows the local buffer: the buffer is in use until the handle enqueues
 //! `nvshmemx_quiet_on_stream` ([`Pending::quiet`], or its drop), which makes the stream wait for
-//! the internal copy. That is also why the local side of a `_nbi` operation must be symmetric
-//! memory: its free is collective and quiesces NVSHMEM first, so no copy can outlive it, and its
-//! stream tracker orders later uses after the quiet.
+//! the internal copy. The local side of a `_nbi` operation is symmetric memory, whose stream
+//! tracker also remembers the operation: if the handle is forgotten (`mem::forget`), the next use
+//! of the buffer on any stream, and its free, enqueue the quiet first, so the quiet cannot be
+//! skipped. Inside [`crate::capture`], the quiet must be captured too.
 //!
 //! Remote completion — the data visible at the other PE — needs a quiet (for the PE that issued
 //! it) and a synchronisation with the other PE: a barrier ([`Runtime::barrier_all_on_stream`],
@@ -27,11 +29,12 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice};
-use gpucomm_ordering::Access;
+use cudarc::driver::{CudaStream, DeviceRepr, DeviceSlice};
+use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut, StreamTracker};
 use nvshmem_sys::{nvshmemi_cmp_type, nvshmemx_signal_op_t};
 
 use crate::error::{call, Error, Result};
+use crate::graph;
 use crate::overlap::{self, Span};
 use crate::{Runtime, SymmetricMemory};
 
@@ -132,15 +135,18 @@ impl Runtime {
         &self,
         nbi: bool,
         dst: &impl SymmetricMemory<T>,
-        src: &impl DevicePtr<T>,
+        src: &impl DeviceBuffer<T>,
         pe: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
         let access = Access::new(stream);
-        let (d, _d) = access.read(dst)?;
-        let (s, _s) = access.read(src)?;
+        access.resource(graph::runtime(self))?;
+        let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
+        // The destination is written on `pe`: recorded as a write of the symmetric memory.
         let bytes = dst.num_bytes();
+        let mut dst = dst.symmetric();
+        let (d, _d) = access.write(&mut dst)?;
+        let (s, _s) = access.read(src)?;
         if let Some(target) = overlap::on_pe(Span::new("destination (on the target PE)", d, bytes), pe)? {
             overlap::disjoint(target, Span::new("source", s, bytes))?;
         }
@@ -151,8 +157,8 @@ impl Runtime {
         // memory, cannot be part of it); both stay borrowed until the guards record after the
         // enqueue; `pe` is in range; the context is current.
         // For `_nbi`, NVSHMEM reads the source on an internal stream until a quiet on this stream:
-        // the caller hands out a `Pending` that borrows `src` (symmetric, so never freed before
-        // NVSHMEM is quiesced) until it enqueues that quiet.
+        // the caller marks `src` (symmetric) pending with `nonblocking`, so that its next use and
+        // its free enqueue that quiet first, and hands out a `Pending` that enqueues it.
         unsafe {
             if nbi {
                 call!(nvshmemx_putmem_nbi_on_stream(d, s, bytes, pe, raw))
@@ -166,14 +172,15 @@ impl Runtime {
     fn getmem<T>(
         &self,
         nbi: bool,
-        dst: &mut impl DevicePtrMut<T>,
+        dst: &mut impl DeviceBufferMut<T>,
         src: &impl SymmetricMemory<T>,
         pe: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        let access = Access::new(stream);
+        access.resource(graph::runtime(self))?;
         let (pe, raw) = self.transfer(src.len(), dst, pe, stream)?;
         let bytes = src.num_bytes();
-        let access = Access::new(stream);
         let (s, _s) = access.read(src)?;
         let (d, _d) = access.write(dst)?;
         if let Some(source) = overlap::on_pe(Span::new("source (on the target PE)", s, bytes), pe)? {
@@ -183,10 +190,10 @@ impl Runtime {
         // SAFETY: `src` is symmetric, so the range exists on `pe`; `dst` holds as many elements
         // (checked) on this device (checked), apart from the source (checked where this PE maps
         // the target's memory); both stay borrowed until the guards record after the enqueue;
-        // `pe` is in range; the context is current. For `_nbi`, NVSHMEM writes the
-        // destination on an internal stream until a quiet on this stream: the caller hands out a
-        // `Pending` that borrows `dst` exclusively (symmetric, so never freed before NVSHMEM is
-        // quiesced) until it enqueues that quiet.
+        // `pe` is in range; the context is current. For `_nbi`, NVSHMEM writes the destination on
+        // an internal stream until a quiet on this stream: the caller marks `dst` (symmetric)
+        // pending with `nonblocking`, so that its next use and its free enqueue that quiet first,
+        // and hands out a `Pending` that enqueues it.
         unsafe {
             if nbi {
                 call!(nvshmemx_getmem_nbi_on_stream(d, s, bytes, pe, raw))
@@ -202,7 +209,7 @@ impl Runtime {
         &self,
         nbi: bool,
         dst: &impl SymmetricMemory<T>,
-        src: &impl DevicePtr<T>,
+        src: &impl DeviceBuffer<T>,
         signal: &impl SymmetricMemory<u64>,
         value: u64,
         op: SignalOp,
@@ -210,12 +217,15 @@ impl Runtime {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         check_signal(signal)?;
-        let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
         let access = Access::new(stream);
-        let (d, _d) = access.read(dst)?;
-        let (s, _s) = access.read(src)?;
-        let (sig, _sig) = access.read(signal)?;
+        access.resource(graph::runtime(self))?;
+        let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
+        // Destination and signal are written on `pe`: recorded as writes of the symmetric memory.
         let bytes = dst.num_bytes();
+        let (mut dst, mut signal) = (dst.symmetric(), signal.symmetric());
+        let (d, _d) = access.write(&mut dst)?;
+        let (s, _s) = access.read(src)?;
+        let (sig, _sig) = access.write(&mut signal)?;
         let (data, flag) = (Span::new("destination", d, bytes), Span::new("signal", sig, size_of::<u64>()));
         // The signal announces the data: the two must not share a byte, on any PE.
         overlap::disjoint(flag, data)?;
@@ -245,7 +255,7 @@ impl Runtime {
     pub fn put_on_stream<T: DeviceRepr>(
         &self,
         dst: &impl SymmetricMemory<T>,
-        src: &impl DevicePtr<T>,
+        src: &impl DeviceBuffer<T>,
         pe: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
@@ -264,7 +274,7 @@ impl Runtime {
         stream: &'a Arc<CudaStream>,
     ) -> Result<Pending<'a>> {
         self.putmem(true, dst, src, pe, stream)?;
-        Ok(Pending { rt: self, stream, done: false })
+        Ok(self.nonblocking(src.tracker(), stream))
     }
 
     /// Copies `pe`'s copy of `src` into `dst` (local device memory of the same length), in stream
@@ -272,7 +282,7 @@ impl Runtime {
     #[doc(alias = "nvshmemx_getmem_on_stream")]
     pub fn get_on_stream<T: DeviceRepr>(
         &self,
-        dst: &mut impl DevicePtrMut<T>,
+        dst: &mut impl DeviceBufferMut<T>,
         src: &impl SymmetricMemory<T>,
         pe: usize,
         stream: &Arc<CudaStream>,
@@ -292,7 +302,8 @@ impl Runtime {
         stream: &'a Arc<CudaStream>,
     ) -> Result<Pending<'a>> {
         self.getmem(true, dst, src, pe, stream)?;
-        Ok(Pending { rt: self, stream, done: false })
+        let dst: &'a _ = dst;
+        Ok(self.nonblocking(dst.tracker(), stream))
     }
 
     /// Puts `src` into `pe`'s copy of `dst`, then updates `pe`'s copy of `signal` with `op` and
@@ -304,7 +315,7 @@ impl Runtime {
     pub fn put_signal_on_stream<T: DeviceRepr>(
         &self,
         dst: &impl SymmetricMemory<T>,
-        src: &impl DevicePtr<T>,
+        src: &impl DeviceBuffer<T>,
         signal: &impl SymmetricMemory<u64>,
         value: u64,
         op: SignalOp,
@@ -330,7 +341,7 @@ impl Runtime {
         stream: &'a Arc<CudaStream>,
     ) -> Result<Pending<'a>> {
         self.putmem_signal(true, dst, src, signal, value, op, pe, stream)?;
-        Ok(Pending { rt: self, stream, done: false })
+        Ok(self.nonblocking(src.tracker(), stream))
     }
 
     /// Updates `pe`'s copy of `signal` with `op` and `value`, in stream order
@@ -346,9 +357,12 @@ impl Runtime {
     ) -> Result<()> {
         check_signal(signal)?;
         let pe = self.check_pe("pe", pe)?;
-        let raw = self.enqueue_on(stream)?;
         let access = Access::new(stream);
-        let (sig, _sig) = access.read(signal)?;
+        access.resource(graph::runtime(self))?;
+        let raw = self.enqueue_on(stream)?;
+        // The signal is written on `pe`: recorded as a write of the symmetric memory.
+        let mut signal = signal.symmetric();
+        let (sig, _sig) = access.write(&mut signal)?;
         // SAFETY: `signal` is one symmetric u64 (checked), `pe` is in range, the stream is on this
         // device (checked) and its context current.
         unsafe { call!(nvshmemx_signal_op_on_stream(sig as *mut u64, value, op.raw(), pe, raw)) }
@@ -367,8 +381,9 @@ impl Runtime {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         check_signal(signal)?;
-        let raw = self.enqueue_on(stream)?;
         let access = Access::new(stream);
+        access.resource(graph::runtime(self))?;
+        let raw = self.enqueue_on(stream)?;
         let (sig, _sig) = access.read(signal)?;
         // SAFETY: `signal` is one symmetric u64 of this PE (checked), `cmp` one of NVSHMEM's
         // comparisons; the stream is on this device (checked) and its context current.
@@ -382,9 +397,12 @@ impl Runtime {
     #[doc(alias = "nvshmem_quiet")]
     #[doc(alias = "nvshmem_fence")]
     pub fn quiet_on_stream(&self, stream: &CudaStream) -> Result<()> {
+        gpucomm_ordering::admit(stream, &[graph::runtime(self)])?;
         let raw = self.enqueue_on(stream)?;
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
-        unsafe { call!(nvshmemx_quiet_on_stream(raw)) }
+        unsafe { call!(nvshmemx_quiet_on_stream(raw)) }?;
+        gpucomm_ordering::captured_completion(stream);
+        Ok(())
     }
 
     /// Enqueues a barrier over all PEs on `stream` (`nvshmemx_barrier_all_on_stream`): when it
@@ -392,9 +410,13 @@ impl Runtime {
     /// visible. Collective.
     #[doc(alias = "nvshmemx_barrier_all_on_stream")]
     pub fn barrier_all_on_stream(&self, stream: &CudaStream) -> Result<()> {
+        gpucomm_ordering::admit(stream, &[graph::runtime(self)])?;
         let raw = self.enqueue_on(stream)?;
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
-        unsafe { call!(nvshmemx_barrier_all_on_stream(raw)) }
+        unsafe { call!(nvshmemx_barrier_all_on_stream(raw)) }?;
+        // A barrier completes this PE's operations, as a quiet does.
+        gpucomm_ordering::captured_completion(stream);
+        Ok(())
     }
 
     /// Enqueues a synchronisation of all PEs on `stream` (`nvshmemx_sync_all_on_stream`): a
@@ -402,20 +424,48 @@ impl Runtime {
     /// Collective.
     #[doc(alias = "nvshmemx_sync_all_on_stream")]
     pub fn sync_all_on_stream(&self, stream: &CudaStream) -> Result<()> {
+        gpucomm_ordering::admit(stream, &[graph::runtime(self)])?;
         let raw = self.enqueue_on(stream)?;
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
         unsafe { call!(nvshmemx_sync_all_on_stream(raw)) }
     }
 }
 
+impl Runtime {
+    /// The handle of a `_nbi` operation just enqueued on `stream`, whose local buffer has the
+    /// tracker `local`. Inside a capture the scope is told (the capture needs a quiet after it);
+    /// otherwise the tracker remembers the operation, so that its quiet is enqueued before the
+    /// buffer's next use or free even if the handle is forgotten.
+    fn nonblocking<'a>(&'a self, local: &'a StreamTracker, stream: &'a Arc<CudaStream>) -> Pending<'a> {
+        if gpucomm_ordering::captured_incomplete(stream) {
+            return Pending { rt: self, stream, local: None, done: false };
+        }
+        local.pending(stream, quiet);
+        Pending { rt: self, stream, local: Some(local), done: false }
+    }
+}
+
+/// `nvshmemx_quiet_on_stream` on `stream`, as a tracker enqueues it for a forgotten [`Pending`].
+fn quiet(stream: &CudaStream) -> std::result::Result<(), String> {
+    stream.context().bind_to_thread().map_err(|e| e.to_string())?;
+    let raw = stream.cu_stream() as nvshmem_sys::cudaStream_t;
+    // SAFETY: a tracker with a pending operation belongs to a symmetric buffer, which borrows the
+    // runtime, so NVSHMEM is initialised; the stream is kept alive by the tracker and its context
+    // is current.
+    unsafe { call!(nvshmemx_quiet_on_stream(raw)) }.map_err(|e| e.to_string())
+}
+
 /// A `_nbi` operation in flight: it borrows the operation's local buffer until it enqueues
 /// `nvshmemx_quiet_on_stream` on the operation's stream ([`Pending::quiet`], or when dropped, in
 /// which case a failure is only logged). After that the stream, and everything ordered after it,
-/// sees the operation complete.
+/// sees the operation complete. Forgetting it skips nothing: the local buffer's tracker remembers
+/// the operation, and its next use or free enqueues the quiet first.
 #[must_use = "the operation completes, and its local buffer is free again, only after the quiet this handle enqueues"]
 pub struct Pending<'a> {
     rt: &'a Runtime,
     stream: &'a CudaStream,
+    /// The tracker remembering the operation (none inside a capture).
+    local: Option<&'a StreamTracker>,
     done: bool,
 }
 
@@ -431,14 +481,22 @@ impl Pending<'_> {
     #[doc(alias = "nvshmemx_quiet_on_stream")]
     pub fn quiet(mut self) -> Result<()> {
         self.done = true;
-        self.rt.quiet_on_stream(self.stream)
+        self.complete()
+    }
+
+    fn complete(&self) -> Result<()> {
+        self.rt.quiet_on_stream(self.stream)?;
+        if let Some(local) = self.local {
+            local.completed(self.stream);
+        }
+        Ok(())
     }
 }
 
 impl Drop for Pending<'_> {
     fn drop(&mut self) {
         if !self.done {
-            if let Err(e) = self.rt.quiet_on_stream(self.stream) {
+            if let Err(e) = self.complete() {
                 log::warn!("nvshmem: the quiet completing a non-blocking operation failed: {e}");
             }
         }

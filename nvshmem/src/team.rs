@@ -8,6 +8,7 @@ use gpucomm_ordering::Access;
 use nvshmem_sys::{nvshmem_team_id_t, nvshmem_team_t};
 
 use crate::error::{call, Error, Result};
+use crate::graph;
 use crate::ops::ReduceOp;
 use crate::overlap::{self, Span};
 use crate::rma::expect_len;
@@ -218,15 +219,20 @@ impl<'rt> Team<'rt> {
     /// completes, every member's earlier operations are complete and visible. Collective.
     #[doc(alias = "nvshmemx_barrier_on_stream")]
     pub fn barrier_on_stream(&self, stream: &CudaStream) -> Result<()> {
+        gpucomm_ordering::admit(stream, &[graph::team(self)])?;
         let raw = self.rt.enqueue_on(stream)?;
         // SAFETY: valid team; the stream is on the PE's device (checked) and its context current.
-        unsafe { call!(nvshmemx_barrier_on_stream(self.raw, raw) => status) }
+        unsafe { call!(nvshmemx_barrier_on_stream(self.raw, raw) => status) }?;
+        // A barrier completes this PE's operations, as a quiet does.
+        gpucomm_ordering::captured_completion(stream);
+        Ok(())
     }
 
     /// Enqueues a synchronisation of the team on `stream` (`nvshmemx_team_sync_on_stream`): a
     /// rendezvous that completes no outstanding operations. Collective.
     #[doc(alias = "nvshmemx_team_sync_on_stream")]
     pub fn sync_on_stream(&self, stream: &CudaStream) -> Result<()> {
+        gpucomm_ordering::admit(stream, &[graph::team(self)])?;
         let raw = self.rt.enqueue_on(stream)?;
         // SAFETY: valid team; the stream is on the PE's device (checked) and its context current.
         unsafe { call!(nvshmemx_team_sync_on_stream(self.raw, raw) => status) }
@@ -245,8 +251,9 @@ impl<'rt> Team<'rt> {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         expect_len("destination", src.len(), dst.len())?;
-        let raw = self.rt.enqueue_on(stream)?;
         let access = Access::new(stream);
+        access.resource(graph::team(self))?;
+        let raw = self.rt.enqueue_on(stream)?;
         let (s, _s) = access.read(src)?;
         let (d, _d) = access.write(dst)?;
         let bytes = src.len() * size_of::<T>();
@@ -264,9 +271,10 @@ impl<'rt> Team<'rt> {
         buf: &mut impl SymmetricMemory<T>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        let access = Access::new(stream);
+        access.resource(graph::team(self))?;
         let raw = self.rt.enqueue_on(stream)?;
         let len = buf.len();
-        let access = Access::new(stream);
         let (p, _p) = access.write(buf)?;
         // SAFETY: one symmetric buffer of `len` elements as source and destination, which
         // OpenSHMEM reductions allow; otherwise as for `reduce_on_stream`.
@@ -285,8 +293,9 @@ impl<'rt> Team<'rt> {
     ) -> Result<()> {
         expect_len("destination", src.len(), dst.len())?;
         let root = self.check_pe("root", root)?;
-        let raw = self.rt.enqueue_on(stream)?;
         let access = Access::new(stream);
+        access.resource(graph::team(self))?;
+        let raw = self.rt.enqueue_on(stream)?;
         let dst_bytes = dst.num_bytes();
         let (s, _s) = access.read(src)?;
         let (d, _d) = access.write(dst)?;
@@ -313,8 +322,9 @@ impl<'rt> Team<'rt> {
             .checked_mul(self.n_pes)
             .ok_or(Error::SizeOverflow { len: src.len(), elem_size: size_of::<T>() })?;
         expect_len("destination", total, dst.len())?;
-        let raw = self.rt.enqueue_on(stream)?;
         let access = Access::new(stream);
+        access.resource(graph::team(self))?;
+        let raw = self.rt.enqueue_on(stream)?;
         let dst_bytes = dst.num_bytes();
         let (s, _s) = access.read(src)?;
         let (d, _d) = access.write(dst)?;
@@ -341,8 +351,9 @@ impl<'rt> Team<'rt> {
             return Err(Error::NotDivisible { what: "source", len: src.len(), parts: self.n_pes });
         }
         let block = src.num_bytes() / self.n_pes;
-        let raw = self.rt.enqueue_on(stream)?;
         let access = Access::new(stream);
+        access.resource(graph::team(self))?;
+        let raw = self.rt.enqueue_on(stream)?;
         let dst_bytes = dst.num_bytes();
         let (s, _s) = access.read(src)?;
         let (d, _d) = access.write(dst)?;

@@ -1,58 +1,84 @@
-//! Taking buffer pointers for one call on one stream, safely inside a graph capture too.
+//! Taking buffer pointers for one call on one stream: eagerly, or inside this crate's capture scope.
 
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{result, sys, CudaContext, CudaStream, DevicePtr, DevicePtrMut, DriverError, SyncOnDrop};
+use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError, SyncOnDrop};
 
-use crate::capture::{is_capturing, relaxed};
+use crate::capture::{self, relaxed};
+use crate::graph::Resource;
+use crate::{DeviceBuffer, DeviceBufferMut, OrderError, Use};
+
+/// What a call on a stream does with its buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// The work runs when the stream reaches it: uses are ordered now.
+    Eager,
+    /// The work is captured by this thread's scope: uses are recorded for the graph, whose launch
+    /// orders them.
+    Captured,
+    /// Only the addresses are wanted (a graph listing what it keeps): nothing is ordered.
+    Survey,
+}
 
 /// The call being prepared on this thread, so that a tracked buffer reached through cudarc's
-/// `DevicePtr` (which only sees `&CudaStream`) can still remember the call's `Arc<CudaStream>`.
-/// It points at the `Arc` the [`Access`] borrows, which outlives the call: set by `Access::take`
+/// `DevicePtr` (which only sees `&CudaStream`) knows the call's `Arc<CudaStream>` and mode. It
+/// points at the `Arc` the [`Access`] borrows, which outlives the call: set by `Access::take`
 /// around one `device_ptr` call, and put back before it returns.
 #[derive(Clone, Copy)]
 struct Call {
     stream: *const Arc<CudaStream>,
-    capturing: bool,
-    probe: Option<sys::CUstream>,
+    mode: Mode,
+    idle: Option<sys::CUstream>,
 }
 
 thread_local! {
     static CURRENT: Cell<Option<Call>> = const { Cell::new(None) };
 }
 
-/// Runs `f` with the stream of the call in progress on this thread whose stream (or capture
-/// probe) is `stream`, and whether it is being captured; `None` when there is no such call.
-pub(crate) fn with_current<R>(stream: &CudaStream, f: impl FnOnce(&Arc<CudaStream>, bool) -> R) -> Option<R> {
+/// Runs `f` with the stream and mode of the call in progress on this thread whose stream (or idle
+/// helper stream) is `stream`; `None` when there is no such call.
+pub(crate) fn with_current<R>(stream: &CudaStream, f: impl FnOnce(&Arc<CudaStream>, Mode) -> R) -> Option<R> {
     let call = CURRENT.with(Cell::get)?;
     // SAFETY: `call.stream` points at the `Arc` borrowed by the `Access` whose `take` set it; the
     // value is reset before `take` returns, so the borrow is still alive while it is set.
     let arc = unsafe { &*call.stream };
-    let ours = arc.cu_stream() == stream.cu_stream() || call.probe == Some(stream.cu_stream());
-    ours.then(|| f(arc, call.capturing))
+    let ours = (arc.cu_stream() == stream.cu_stream() && Arc::ptr_eq(arc.context(), stream.context()))
+        || call.idle == Some(stream.cu_stream());
+    ours.then(|| f(arc, call.mode))
 }
 
 /// Takes the device pointers of the buffers of one call (a collective, a put) on one stream.
 ///
-/// Outside a capture, [`Access::read`] and [`Access::write`] are cudarc's
-/// `device_ptr`/`device_ptr_mut`: the stream waits for earlier uses on other streams, and the
-/// returned guards record this use when dropped — drop them only after the work is enqueued.
-/// Inside a capture, cudarc's waits would invalidate it, so ordinary cudarc buffers hand out their
-/// pointer without waiting (through a private, idle helper stream) and record nothing; buffers with
-/// a [`StreamTracker`](crate::StreamTracker) wait for earlier work on the host instead. Whether the
-/// stream is capturing is asked at most once per `Access`, and only when a buffer needs to know.
+/// Whether the stream is being captured is asked once per `Access` (one `cuStreamIsCapturing`),
+/// at its first buffer or [`Access::admit`]:
+///
+/// * **not captured**: [`Access::read`] and [`Access::write`] follow cudarc's protocol: the stream
+///   waits for earlier conflicting uses on other streams, and the returned guards record this use
+///   when dropped — drop them only after the work is enqueued. Buffers with a
+///   [`StreamTracker`](crate::StreamTracker) remember the stream, so that a later use on it costs
+///   nothing;
+/// * **captured by this thread's [`capture`](crate::capture) scope**: the pointers are taken
+///   without waiting (cudarc's waits would break the capture; they go to a private idle stream)
+///   and the uses are recorded for the graph, whose launch orders them;
+/// * **captured by anything else**: refused with [`OrderError::ForeignCapture`], because that
+///   graph would not keep the buffers alive.
 pub struct Access<'s> {
     stream: &'s Arc<CudaStream>,
-    capturing: Cell<Option<bool>>,
-    probe: Cell<Option<&'static CudaStream>>,
+    mode: Cell<Option<Mode>>,
+    idle: Cell<Option<&'static CudaStream>>,
 }
 
 impl<'s> Access<'s> {
     /// An access for a call on `stream`.
     pub fn new(stream: &'s Arc<CudaStream>) -> Self {
-        Access { stream, capturing: Cell::new(None), probe: Cell::new(None) }
+        Access { stream, mode: Cell::new(None), idle: Cell::new(None) }
+    }
+
+    /// An access whose mode is already known.
+    pub(crate) fn with_mode(stream: &'s Arc<CudaStream>, mode: Mode) -> Self {
+        Access { stream, mode: Cell::new(Some(mode)), idle: Cell::new(None) }
     }
 
     /// The call's stream.
@@ -60,30 +86,44 @@ impl<'s> Access<'s> {
         self.stream
     }
 
-    /// Whether the stream is being captured (asked once, then remembered).
-    pub fn capturing(&self) -> Result<bool, DriverError> {
-        if let Some(c) = self.capturing.get() {
-            return Ok(c);
+    fn mode(&self) -> Result<Mode, OrderError> {
+        if let Some(m) = self.mode.get() {
+            return Ok(m);
         }
-        let c = is_capturing(self.stream)?;
-        self.capturing.set(Some(c));
-        Ok(c)
+        let m = capture::mode(self.stream)?;
+        self.mode.set(Some(m));
+        Ok(m)
     }
 
-    /// The helper stream for taking pointers during a capture (looked up once per `Access`).
-    fn probe(&self) -> Result<&'static CudaStream, DriverError> {
-        if let Some(p) = self.probe.get() {
+    /// Whether the call is captured by this thread's capture scope (asked once, then remembered).
+    /// A capture this crate did not open is [`OrderError::ForeignCapture`].
+    pub fn capturing(&self) -> Result<bool, OrderError> {
+        Ok(self.mode()? == Mode::Captured)
+    }
+
+    /// Admits the call: `Ok` unless its stream is captured by something other than this thread's
+    /// capture scope.
+    pub fn admit(&self) -> Result<(), OrderError> {
+        self.mode().map(drop)
+    }
+
+    /// Admits the call and, inside a capture scope, records that it uses `resource` (a
+    /// communicator, a team, a module): the graph must keep it.
+    pub fn resource(&self, resource: Resource) -> Result<(), OrderError> {
+        if self.mode()? == Mode::Captured {
+            capture::record_resource(self.stream, resource);
+        }
+        Ok(())
+    }
+
+    /// The helper stream for taking pointers without ordering (looked up once per `Access`).
+    fn idle(&self) -> Result<&'static CudaStream, DriverError> {
+        if let Some(p) = self.idle.get() {
             return Ok(p);
         }
-        let p = probe(self.stream.context())?;
-        self.probe.set(Some(p));
+        let p = idle_stream(self.stream.context())?;
+        self.idle.set(Some(p));
         Ok(p)
-    }
-
-    /// cudarc only waits and records while it manages synchronisation; otherwise its buffers can
-    /// be used directly and nothing needs to know about captures.
-    fn needs_capture_check(&self) -> bool {
-        self.stream.context().is_managing_stream_synchronization()
     }
 
     /// The pointer of `buf` for reading on the call's stream, and the guard to drop after enqueue.
@@ -92,47 +132,55 @@ impl<'s> Access<'s> {
     /// can be kept together until their work is enqueued (a group).
     pub fn read<'a, T>(
         &self,
-        buf: &'a (impl DevicePtr<T> + ?Sized),
-    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError>
+        buf: &'a (impl DeviceBuffer<T> + ?Sized),
+    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), OrderError>
     where
         's: 'a,
     {
-        self.take(|stream| buf.device_ptr(stream))
+        self.take(buf.num_bytes(), Use::Read, |stream| buf.device_ptr(stream))
     }
 
     /// The pointer of `buf` for writing on the call's stream, and the guard to drop after enqueue.
     pub fn write<'a, T>(
         &self,
-        buf: &'a mut (impl DevicePtrMut<T> + ?Sized),
-    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError>
+        buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
+    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), OrderError>
     where
         's: 'a,
     {
-        self.take(|stream| buf.device_ptr_mut(stream))
+        let bytes = buf.num_bytes();
+        self.take(bytes, Use::Write, |stream| buf.device_ptr_mut(stream))
     }
 
     fn take<'a>(
         &self,
+        bytes: usize,
+        how: Use,
         get: impl FnOnce(&'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>),
-    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), DriverError>
+    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), OrderError>
     where
         's: 'a,
     {
-        let capturing = self.needs_capture_check() && self.capturing()?;
-        let probe = if capturing { Some(self.probe()?) } else { None };
-        let call = Call { stream: self.stream, capturing, probe: probe.map(|p| p.cu_stream()) };
+        let mode = self.mode()?;
+        let idle = match mode {
+            Mode::Eager => None,
+            Mode::Captured | Mode::Survey => Some(self.idle()?),
+        };
+        let call = Call { stream: self.stream, mode, idle: idle.map(|p| p.cu_stream()) };
         let _restore = Restore(CURRENT.with(|c| c.replace(Some(call))));
-        let taken = match probe {
-            // The helper stream is idle and never captured: cudarc's wait lands there, harmlessly,
-            // and the guard is dropped unrecorded (captured work has not run yet).
-            Some(probe) => {
-                let (ptr, guard) = get(probe);
+        Ok(match idle {
+            // The helper stream is idle and never captured: cudarc's waits land there, harmlessly,
+            // and the guard is dropped unrecorded (nothing runs now).
+            Some(idle) => {
+                let (ptr, guard) = get(idle);
                 std::mem::forget(guard);
+                if mode == Mode::Captured {
+                    capture::record_use(self.stream, ptr, bytes, how);
+                }
                 (ptr, SyncOnDrop::Record(None))
             }
             None => get(self.stream),
-        };
-        Ok(taken)
+        })
     }
 }
 
@@ -145,22 +193,23 @@ impl Drop for Restore {
     }
 }
 
-/// One idle, never-captured helper stream per context, for taking pointers during captures. It
-/// lives as long as the process (a handful of bytes per GPU). The last one this thread used is
-/// remembered, so that captured calls skip the shared map.
-pub(crate) fn probe(ctx: &Arc<CudaContext>) -> Result<&'static CudaStream, DriverError> {
+/// One idle, never-captured helper stream per context, for taking pointers without ordering and
+/// for recording events outside any capture. It lives as long as the process (a handful of bytes
+/// per GPU). The last one this thread used is remembered, so that captured calls skip the shared
+/// map.
+pub(crate) fn idle_stream(ctx: &Arc<CudaContext>) -> Result<&'static CudaStream, DriverError> {
     thread_local! {
         static LAST: Cell<Option<(usize, &'static CudaStream)>> = const { Cell::new(None) };
     }
-    static PROBES: Mutex<Option<HashMap<usize, &'static CudaStream>>> = Mutex::new(None);
+    static IDLE: Mutex<Option<HashMap<usize, &'static CudaStream>>> = Mutex::new(None);
     let key = ctx.cu_ctx() as usize;
     if let Some((k, p)) = LAST.with(Cell::get) {
         if k == key {
             return Ok(p);
         }
     }
-    let mut probes = PROBES.lock().unwrap_or_else(|e| e.into_inner());
-    let map = probes.get_or_insert_with(HashMap::new);
+    let mut idle = IDLE.lock().unwrap_or_else(|e| e.into_inner());
+    let map = idle.get_or_insert_with(HashMap::new);
     if let Some(&p) = map.get(&key) {
         LAST.with(|l| l.set(Some((key, p))));
         return Ok(p);

@@ -1,6 +1,13 @@
-//! Asking whether a stream is being captured, and running host-side waits during a capture.
+//! Capture state: whether a stream is being captured, this thread's capture scope (what its
+//! captured calls use), and host-side waits during a capture.
+
+use std::cell::RefCell;
 
 use cudarc::driver::{result, sys, CudaStream, DriverError};
+
+use crate::access::Mode;
+use crate::graph::Resource;
+use crate::{OrderError, Use};
 
 /// True while `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`).
 pub fn is_capturing(stream: &CudaStream) -> Result<bool, DriverError> {
@@ -26,4 +33,125 @@ pub fn relaxed<R>(f: impl FnOnce() -> Result<R, DriverError>) -> Result<R, Drive
     let restored = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }.result();
     let out = out?;
     restored.map(|()| out)
+}
+
+/// One use of device memory by a captured call.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Used {
+    pub(crate) ordinal: usize,
+    pub(crate) ptr: sys::CUdeviceptr,
+    pub(crate) bytes: usize,
+    pub(crate) how: Use,
+}
+
+/// The capture this thread has open through [`crate::capture`]: its stream, and what the calls
+/// captured so far use.
+pub(crate) struct Scope {
+    stream: sys::CUstream,
+    ctx: sys::CUcontext,
+    pub(crate) used: Vec<Used>,
+    pub(crate) resources: Vec<Resource>,
+    /// A non-blocking operation was captured and no completion (quiet) after it.
+    pub(crate) incomplete: bool,
+}
+
+thread_local! {
+    static SCOPE: RefCell<Option<Scope>> = const { RefCell::new(None) };
+}
+
+/// True when this thread's scope captures `stream`.
+fn owns(stream: &CudaStream) -> bool {
+    SCOPE.with(|s| {
+        s.borrow().as_ref().is_some_and(|s| s.stream == stream.cu_stream() && s.ctx == stream.context().cu_ctx())
+    })
+}
+
+/// How work enqueued on `stream` now is handled: run eagerly, or recorded by this thread's scope.
+/// A capture the scope did not open (cudarc's `begin_capture`, another library's, another stream
+/// joined into the scope's capture) is refused: its graph would not keep alive what the work uses.
+pub(crate) fn mode(stream: &CudaStream) -> Result<Mode, OrderError> {
+    if !is_capturing(stream)? {
+        Ok(Mode::Eager)
+    } else if owns(stream) {
+        Ok(Mode::Captured)
+    } else {
+        Err(OrderError::ForeignCapture)
+    }
+}
+
+/// Runs `f` on this thread's scope, if it captures `stream`.
+fn with_scope(stream: &CudaStream, f: impl FnOnce(&mut Scope)) {
+    if owns(stream) {
+        SCOPE.with(|s| {
+            if let Some(scope) = s.borrow_mut().as_mut() {
+                f(scope);
+            }
+        });
+    }
+}
+
+/// Records a captured use of `bytes` bytes at `ptr` on `stream`'s device.
+pub(crate) fn record_use(stream: &CudaStream, ptr: sys::CUdeviceptr, bytes: usize, how: Use) {
+    let ordinal = stream.context().ordinal();
+    with_scope(stream, |s| s.used.push(Used { ordinal, ptr, bytes, how }));
+}
+
+/// Records that a captured call uses `resource`.
+pub(crate) fn record_resource(stream: &CudaStream, resource: Resource) {
+    with_scope(stream, |s| {
+        if !s.resources.contains(&resource) {
+            s.resources.push(resource);
+        }
+    });
+}
+
+/// Admits a call on `stream` that uses `resources` and no buffer (a barrier, a quiet): refused
+/// inside a capture this crate did not open, recorded inside its own.
+pub fn admit(stream: &CudaStream, resources: &[Resource]) -> Result<(), OrderError> {
+    if mode(stream)? == Mode::Captured {
+        for &r in resources {
+            record_resource(stream, r);
+        }
+    }
+    Ok(())
+}
+
+/// Tells the capture scope of `stream`, if any, that a non-blocking operation (NVSHMEM `_nbi`)
+/// was just captured on it: the capture is refused unless a completion follows. True when there
+/// is such a scope (the operation was captured, not enqueued).
+pub fn captured_incomplete(stream: &CudaStream) -> bool {
+    let mut captured = false;
+    with_scope(stream, |s| {
+        s.incomplete = true;
+        captured = true;
+    });
+    captured
+}
+
+/// Tells the capture scope of `stream`, if any, that a completion (NVSHMEM's quiet) of every
+/// non-blocking operation before it was captured on it.
+pub fn captured_completion(stream: &CudaStream) {
+    with_scope(stream, |s| s.incomplete = false);
+}
+
+/// True when this thread has a capture scope open.
+pub(crate) fn scope_open() -> bool {
+    SCOPE.with(|s| s.borrow().is_some())
+}
+
+/// Opens this thread's scope for `stream`, which is being captured from now on.
+pub(crate) fn open(stream: &CudaStream) {
+    let scope = Scope {
+        stream: stream.cu_stream(),
+        ctx: stream.context().cu_ctx(),
+        used: Vec::new(),
+        resources: Vec::new(),
+        incomplete: false,
+    };
+    SCOPE.with(|s| *s.borrow_mut() = Some(scope));
+}
+
+/// Closes this thread's scope and returns what it recorded.
+pub(crate) fn close() -> Option<Scope> {
+    SCOPE.with(|s| s.borrow_mut().take())
 }

@@ -2,39 +2,39 @@
 //!
 //! cudarc orders its own buffers ([`CudaSlice`](cudarc::driver::CudaSlice) and views) between
 //! streams with two events per buffer: every use waits for the events and records one afterwards.
-//! That protocol has two gaps that matter for communication libraries, and this crate closes them:
+//! Communication libraries need more than that, and this crate provides it once for both:
 //!
+//! * **A buffer promise the calls can trust.** cudarc's buffer traits are safe to implement, so a
+//!   type could claim any length. The calls take [`DeviceBuffer`] / [`DeviceBufferMut`], which
+//!   need the `unsafe` [`DeviceMemory`]: implemented for cudarc's slices and views, the crates' own
+//!   buffers, and by frameworks for their tensors (see [`buffer`](mod@buffer)).
 //! * **Memory cudarc did not allocate** (`ncclMemAlloc` buffers, NVSHMEM's symmetric heap) has no
 //!   events at all. A [`StreamTracker`] gives such a buffer the same guarantee — every use on a
-//!   stream is ordered after every earlier use on another stream — at the price of nothing while
-//!   the buffer stays on one stream: it remembers the stream of the last use and only records an
-//!   event and waits for it when the stream changes. [`tracked_device_ptr!`] makes such a type a
-//!   cudarc [`DevicePtr`](cudarc::driver::DevicePtr)/[`DevicePtrMut`](cudarc::driver::DevicePtrMut),
-//!   so cudarc copies and kernels order themselves against it too.
-//! * **CUDA graph capture**: waiting on an event recorded outside a capture invalidates it
-//!   (`CUDA_ERROR_STREAM_CAPTURE_ISOLATION`), so cudarc's protocol breaks every capture of a call on
-//!   an ordinary buffer. [`Access`] takes buffer pointers for one call on one stream: outside a
-//!   capture it follows cudarc's protocol exactly; inside one it takes the pointer without waiting
-//!   and records nothing, because captured work does not run until the graph is launched.
-//!
-//! # What a captured use means
-//!
-//! Work captured into a graph runs when the graph is launched, not when it is captured. Like
-//! cudarc, this crate leaves the ordering of a graph *launch* to the caller: launch a graph on the
-//! stream it was captured on (or join the streams first). When a captured call uses a tracked
-//! buffer whose last use was on another stream, the earlier work is waited for on the host before
-//! the call is captured, so nothing queued before the capture can overlap the graph.
+//!   stream is ordered after the earlier uses it conflicts with, reads on several streams
+//!   included — at the price of nothing while the buffer stays on one stream.
+//!   [`tracked_device_ptr!`] makes such a type a cudarc buffer and a [`DeviceMemory`].
+//! * **CUDA graphs.** [`capture`] records the calls of a closure into a [`Graph`] that keeps alive
+//!   every buffer, communicator, team, runtime and module they use, and whose launches are
+//!   ordered like calls (see [`graph`](mod@graph)). A capture opened by anything else is refused
+//!   by every call ([`OrderError::ForeignCapture`]). [`Access`] is how a call takes its buffers'
+//!   pointers, eagerly or inside such a capture.
 #![deny(missing_docs)]
 
 mod access;
+pub mod buffer;
 mod capture;
+mod error;
+pub mod graph;
 mod pinned;
 mod quiesce;
 pub mod range;
 mod tracker;
 
 pub use access::Access;
-pub use capture::{is_capturing, relaxed};
+pub use buffer::{DeviceBuffer, DeviceBufferMut, DeviceMemory};
+pub use capture::{admit, captured_completion, captured_incomplete, is_capturing, relaxed};
+pub use error::OrderError;
+pub use graph::{capture, Graph, Keep, Resource, Visitor};
 pub use pinned::PinnedMut;
 pub use quiesce::{device_idle_within, wait_for_uses};
-pub use tracker::{OrderError, StreamTracker};
+pub use tracker::{StreamTracker, Tracked, Use};

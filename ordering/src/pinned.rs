@@ -5,9 +5,12 @@ use std::sync::Arc;
 
 use cudarc::driver::{sys::CUdeviceptr, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 
+use crate::DeviceMemory;
+
 /// Writable access to a buffer that an owner must keep in place — a buffer registered with NCCL or
 /// NVSHMEM, which the library uses until it is deregistered: a cudarc buffer
-/// ([`DevicePtrMut`]) for every call that writes it, and nothing more.
+/// ([`DevicePtrMut`]), and a [`DeviceMemory`] with the buffer's own promise, for every call that
+/// writes it, and nothing more.
 ///
 /// Handing out `&mut B` instead would let safe code replace the buffer (`std::mem::replace`,
 /// `std::mem::swap`) and free the registered memory while the library still holds it. A
@@ -50,4 +53,11 @@ impl<T, B: DevicePtrMut<T> + ?Sized> DevicePtrMut<T> for PinnedMut<'_, T, B> {
     fn device_ptr_mut<'s>(&'s mut self, stream: &'s CudaStream) -> (CUdeviceptr, SyncOnDrop<'s>) {
         self.buf.device_ptr_mut(stream)
     }
+}
+
+// SAFETY: every cudarc method forwards to `buf`, which is borrowed exclusively for the whole life
+// of the `PinnedMut` and cannot be replaced through it; so the length, addresses and ordering are
+// `buf`'s own, which its `DeviceMemory` implementation promises to be truthful.
+unsafe impl<T, B: DeviceMemory<Elem = T> + DevicePtrMut<T> + ?Sized> DeviceMemory for PinnedMut<'_, T, B> {
+    type Elem = T;
 }

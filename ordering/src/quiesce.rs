@@ -11,9 +11,9 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DevicePtrMut, DriverError};
+use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DriverError};
 
-use crate::{access, Access, OrderError};
+use crate::{access, Access, DeviceBufferMut, OrderError};
 
 /// Waits until every use of `buf` enqueued so far has finished — on whatever stream — and for
 /// nothing else. A private stream of `ctx` waits for the buffer's uses through the same protocol
@@ -26,7 +26,7 @@ use crate::{access, Access, OrderError};
 /// then still running: the caller must keep the buffer, and whatever a library holds of it).
 /// Without a timeout it blocks until they finish.
 pub fn wait_for_uses<T>(
-    buf: &mut (impl DevicePtrMut<T> + ?Sized),
+    buf: &mut (impl DeviceBufferMut<T> + ?Sized),
     ctx: &Arc<CudaContext>,
     timeout: Option<Duration>,
 ) -> Result<bool, OrderError> {
@@ -52,7 +52,7 @@ pub fn wait_for_uses<T>(
 /// destroyed when the last reference goes (a buffer's tracker may keep naming it as the stream of
 /// the buffer's last use), after its work.
 fn private_stream(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>, DriverError> {
-    access::probe(ctx)?.fork()
+    access::idle_stream(ctx)?.fork()
 }
 
 /// Waits until all work on `ctx`'s device has finished (`cuCtxSynchronize`), for at most

@@ -4,79 +4,83 @@ use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cudarc::driver::{sys, CudaEvent, CudaStream, DriverError, SyncOnDrop};
+use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream, DriverError, SyncOnDrop};
 
-use crate::access;
-use crate::capture::{is_capturing, relaxed};
+use crate::access::{self, Mode};
+use crate::capture::{self, is_capturing};
+use crate::OrderError;
 
-/// Why a use could not be ordered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum OrderError {
-    /// A CUDA call (event record, stream wait, synchronisation) failed.
-    Cuda(DriverError),
-    /// The buffer's last use is part of a capture that is still open on another stream; an eager
-    /// use now could not be ordered after the work queued before that capture began.
-    CaptureOpen,
+/// How a call uses a buffer: reads may overlap on several streams, a write excludes every other
+/// use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Use {
+    /// The call only reads the memory.
+    Read,
+    /// The call writes (and may read) the memory.
+    Write,
 }
 
-impl fmt::Display for OrderError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            OrderError::Cuda(e) => write!(f, "ordering the buffer's streams failed: {e}"),
-            OrderError::CaptureOpen => write!(
-                f,
-                "the buffer was last used on a stream that is still being captured into a graph; \
-                 end that capture before using the buffer on another stream"
-            ),
-        }
-    }
-}
-
-impl std::error::Error for OrderError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            OrderError::Cuda(e) => Some(e),
-            OrderError::CaptureOpen => None,
-        }
-    }
-}
-
-impl From<DriverError> for OrderError {
-    fn from(e: DriverError) -> Self {
-        OrderError::Cuda(e)
-    }
-}
-
-/// Where the last use of the buffer is.
-enum Last {
+/// Where a use ends.
+enum End {
     /// On this stream, which the tracker keeps alive (so its handle cannot be reused by a new
     /// stream while it is remembered).
     Stream(Arc<CudaStream>),
-    /// Before the tracker's event (recorded after the last use, or already complete).
-    Event,
+    /// Recorded into this event, by the guard of a use on a stream the tracker cannot keep (one
+    /// reached through cudarc's `&CudaStream` protocol). `stream` is that stream's handle (as a
+    /// number: it is only compared).
+    Event { event: Box<CudaEvent>, stream: usize },
+}
+
+/// A non-blocking operation whose completion (`complete`, e.g. NVSHMEM's quiet) has to be enqueued
+/// on `stream` before the memory can be used again.
+struct Pending {
+    stream: Arc<CudaStream>,
+    complete: fn(&CudaStream) -> Result<(), String>,
+}
+
+/// What the tracker knows about the memory's outstanding uses.
+#[derive(Default)]
+struct State {
+    /// Where the last write ends (`None`: finished, or never written).
+    writer: Option<End>,
+    /// Where the reads since the last write end, on streams other than the writer's.
+    readers: Vec<End>,
+    /// Events no end uses any more, for the next uses on plain streams. They are only freed with
+    /// the tracker, so a guard that still holds one never sees it freed; boxed, because guards
+    /// hold their addresses while the vector grows.
+    #[allow(clippy::vec_box)]
+    spare: Vec<Box<CudaEvent>>,
+    pending: Option<Pending>,
 }
 
 /// Orders the uses of one device allocation across streams, for memory that cudarc's events do
 /// not cover (`ncclMemAlloc`, the NVSHMEM symmetric heap).
 ///
-/// It remembers the stream of the last use. A use on the same stream costs a lock and a pointer
-/// comparison; a use on another stream records an event on the old stream and makes the new one
-/// wait for it (every use is treated as a write: two streams never use the buffer at once). Uses
-/// on a stream that is being captured into a graph never wait on the device: earlier work on other
-/// streams is waited for on the host instead, and the capture leaves the tracker's state alone.
+/// It remembers where the last write ends and where every read since then ends. A read waits for
+/// the last write; a write waits for the last write and every read. A read on the stream of the
+/// last write, and any use on the stream that is the only user, cost two atomic loads (no lock, no
+/// driver call); a use on another stream records an event on each stream it must wait for and
+/// makes the new stream wait. Reads on several streams at once — two threads reading one buffer —
+/// are all remembered, so a later write or the free waits for each of them.
+///
+/// Uses that are captured into a graph leave the tracker alone: the graph's launch orders itself
+/// (see [`Graph`](crate::Graph)).
 pub struct StreamTracker {
-    last: Mutex<Last>,
-    /// The fast path: the raw handle of the last stream, tagged (`handle | 1`, see [`tag`]), when
-    /// that stream belongs to the home context; 0 otherwise. Written under the lock; while it
-    /// names a stream, `last` holds that stream's `Arc`, so no other stream can have its handle.
-    fast: AtomicUsize,
-    /// Bumped before and after every change of `fast` (odd while changing): a reader that sees
-    /// the same even value before and after its comparison knows the stream it matched was held
-    /// alive throughout (a seqlock).
+    state: Mutex<State>,
+    /// The fast paths, indexed by [`Use`] (`fast[0]` reads, `fast[1]` writes): the tagged handle
+    /// ([`tag`]) of the stream on which such a use needs no wait and changes nothing — for reads,
+    /// the stream of the last write; for writes, the only stream with outstanding uses — when that
+    /// stream is held by `state` and belongs to the home context; 0 otherwise. Written under the
+    /// lock, so that no other stream can have that handle while it is set.
+    fast: [AtomicUsize; 2],
+    /// Bumped before and after every change of `fast` (odd while changing): a reader that sees the
+    /// same even value before and after its comparison knows the stream it matched was held alive
+    /// throughout (a seqlock).
     version: AtomicUsize,
     /// The context of the stream the tracker was created on.
-    home: Arc<cudarc::driver::CudaContext>,
-    event: CudaEvent,
+    home: Arc<CudaContext>,
+    /// Recorded on a stream and waited for at once, under the lock.
+    scratch: CudaEvent,
 }
 
 /// A stream's handle as [`StreamTracker::fast`] stores it: never 0 (the legacy default stream's
@@ -85,159 +89,306 @@ fn tag(stream: &CudaStream) -> usize {
     stream.cu_stream() as usize | 1
 }
 
-impl fmt::Debug for StreamTracker {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let last = match &*self.lock() {
-            Last::Stream(s) => format!("stream {:p}", s.cu_stream()),
-            Last::Event => "event".to_string(),
-        };
-        f.debug_struct("StreamTracker").field("last", &last).finish()
-    }
-}
-
 fn same(a: &CudaStream, b: &CudaStream) -> bool {
     a.cu_stream() == b.cu_stream() && Arc::ptr_eq(a.context(), b.context())
+}
+
+impl fmt::Debug for StreamTracker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = self.lock();
+        let end = |e: &End| match e {
+            End::Stream(s) => format!("stream {:p}", s.cu_stream()),
+            End::Event { stream, .. } => format!("event on stream {stream:#x}"),
+        };
+        f.debug_struct("StreamTracker")
+            .field("writer", &state.writer.as_ref().map(end))
+            .field("readers", &state.readers.iter().map(end).collect::<Vec<_>>())
+            .field("pending", &state.pending.is_some())
+            .finish()
+    }
 }
 
 impl StreamTracker {
     /// A tracker for memory whose first use (its allocation, or its first write) is on `home`.
     pub fn new(home: &Arc<CudaStream>) -> Result<Self, DriverError> {
+        let state = State { writer: Some(End::Stream(home.clone())), ..State::default() };
         Ok(StreamTracker {
-            last: Mutex::new(Last::Stream(home.clone())),
-            fast: AtomicUsize::new(tag(home)),
+            state: Mutex::new(state),
+            fast: [AtomicUsize::new(tag(home)), AtomicUsize::new(tag(home))],
             version: AtomicUsize::new(0),
             home: home.context().clone(),
-            event: home.context().new_event(None)?,
+            scratch: home.context().new_event(None)?,
         })
     }
 
-    /// True when `stream` is certainly the stream of the last use: no lock, no driver call.
-    /// (Concurrent uses through `&self` are reads, which may overlap on two streams anyway.)
+    /// True when a use `how` on `stream` certainly needs no wait and changes nothing: no lock, no
+    /// driver call.
     #[inline]
-    fn same_as_last(&self, stream: &CudaStream) -> bool {
+    fn needs_nothing(&self, stream: &CudaStream, how: Use) -> bool {
         let before = self.version.load(Ordering::SeqCst);
-        let hit = self.fast.load(Ordering::SeqCst) == tag(stream) && Arc::ptr_eq(stream.context(), &self.home);
+        let fast = &self.fast[how as usize];
+        let hit = fast.load(Ordering::SeqCst) == tag(stream) && Arc::ptr_eq(stream.context(), &self.home);
         hit && before % 2 == 0 && self.version.load(Ordering::SeqCst) == before
     }
 
-    /// Sets the last use, keeping the fast path in step (call with the lock held).
-    fn set_last(&self, last: &mut Last, to: Last) {
-        let fast = match &to {
-            Last::Stream(s) if Arc::ptr_eq(s.context(), &self.home) => tag(s),
-            _ => 0,
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state is consistent between statements, so a poisoned lock is still usable.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps the fast paths in step with `state` (call with the lock held, after every change).
+    fn refresh(&self, state: &State) {
+        let home = |s: &Arc<CudaStream>| if Arc::ptr_eq(s.context(), &self.home) { tag(s) } else { 0 };
+        let (read, write) = match (&state.writer, state.readers.as_slice(), &state.pending) {
+            (_, _, Some(_)) => (0, 0),
+            (Some(End::Stream(s)), [], None) => (home(s), home(s)),
+            (Some(End::Stream(s)), _, None) => (home(s), 0),
+            // A write would have to become the last write: not without the lock.
+            (None, [End::Stream(s)], None) => (home(s), 0),
+            _ => (0, 0),
         };
+        if self.fast[0].load(Ordering::SeqCst) == read && self.fast[1].load(Ordering::SeqCst) == write {
+            return;
+        }
         self.version.fetch_add(1, Ordering::SeqCst);
-        self.fast.store(fast, Ordering::SeqCst);
-        // The previous stream may be destroyed from here on; readers that matched it see the
-        // version change and take the slow path.
-        *last = to;
+        self.fast[0].store(read, Ordering::SeqCst);
+        self.fast[1].store(write, Ordering::SeqCst);
         self.version.fetch_add(1, Ordering::SeqCst);
     }
 
-    fn lock(&self) -> MutexGuard<'_, Last> {
-        // The state is always consistent between statements, so a poisoned lock is still usable.
-        self.last.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Orders a use on `stream` after every earlier use. Call it before enqueuing the work; the
-    /// tracker then remembers `stream` as the last user. `capturing` is whether `stream` is being
-    /// captured, when the caller already knows it (else it is asked only if the stream changed).
-    pub fn use_on(&self, stream: &Arc<CudaStream>, capturing: Option<bool>) -> Result<(), OrderError> {
-        if self.same_as_last(stream) {
-            return Ok(());
-        }
-        let mut last = self.lock();
-        if let Last::Stream(s) = &*last {
-            if same(s, stream) {
-                return Ok(());
-            }
-        }
-        let capturing = match capturing {
-            Some(c) => c,
-            None => is_capturing(stream)?,
-        };
-        self.mark_end(&last)?;
-        if capturing {
-            relaxed(|| self.event.synchronize())?;
-            self.set_last(&mut last, Last::Event);
-        } else {
-            stream.wait(&self.event)?;
-            self.set_last(&mut last, Last::Stream(stream.clone()));
-        }
-        Ok(())
-    }
-
-    /// Makes the event mark the end of the last use (records it on the last stream).
-    fn mark_end(&self, last: &Last) -> Result<(), OrderError> {
-        if let Last::Stream(s) = last {
-            if is_capturing(s)? {
+    /// Enqueues the completion of a pending non-blocking operation, if any. Not into a capture:
+    /// the completion would not run now.
+    fn complete_pending(&self, state: &mut State) -> Result<(), OrderError> {
+        if let Some(p) = &state.pending {
+            if is_capturing(&p.stream)? {
                 return Err(OrderError::CaptureOpen);
             }
-            self.event.record(s)?;
+            (p.complete)(&p.stream).map_err(OrderError::Pending)?;
+            state.pending = None;
         }
         Ok(())
     }
 
-    /// Blocks the host until the last use has finished, e.g. before the memory is freed.
+    /// Makes `stream` wait for the end `end` (nothing when it is on `stream` itself).
+    fn wait_for(&self, end: &End, stream: &CudaStream) -> Result<(), OrderError> {
+        match end {
+            End::Stream(s) if same(s, stream) => Ok(()),
+            End::Stream(s) => {
+                if is_capturing(s)? {
+                    return Err(OrderError::CaptureOpen);
+                }
+                self.scratch.record(s)?;
+                Ok(stream.wait(&self.scratch)?)
+            }
+            End::Event { event, .. } => Ok(stream.wait(event)?),
+        }
+    }
+
+    /// Makes `stream` wait for the uses a use `how` conflicts with (after enqueuing a pending
+    /// completion). Call with the lock held, before the use is enqueued.
+    fn wait_conflicts(&self, state: &mut State, stream: &CudaStream, how: Use) -> Result<(), OrderError> {
+        self.complete_pending(state)?;
+        if let Some(w) = &state.writer {
+            self.wait_for(w, stream)?;
+        }
+        if how == Use::Write {
+            for r in &state.readers {
+                self.wait_for(r, stream)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the use ending at `end` the last use of its kind, once [`Self::wait_conflicts`] has
+    /// ordered it. Call with the lock held.
+    fn place(&self, state: &mut State, end: End, how: Use) {
+        match how {
+            Use::Write => {
+                // No guard of an earlier use is alive (a write borrows the memory exclusively),
+                // so every event has been recorded and can serve again.
+                let old = state.writer.replace(end).into_iter().chain(state.readers.drain(..));
+                let freed: Vec<_> = old.filter_map(into_event).collect();
+                state.spare.extend(freed);
+            }
+            Use::Read => {
+                let known = match (&end, &state.writer) {
+                    (End::Stream(s), Some(End::Stream(w))) if same(s, w) => true,
+                    (End::Stream(s), _) => state.readers.iter().any(|r| matches!(r, End::Stream(o) if same(o, s))),
+                    _ => false,
+                };
+                if known {
+                    state.spare.extend(into_event(end));
+                } else {
+                    state.readers.push(end);
+                }
+            }
+        }
+        self.refresh(state);
+    }
+
+    /// Orders a use on `stream`, which the tracker keeps alive, after every conflicting earlier
+    /// use; call it before enqueuing the work. Not for streams being captured.
+    pub(crate) fn use_on(&self, stream: &Arc<CudaStream>, how: Use) -> Result<(), OrderError> {
+        if self.needs_nothing(stream, how) {
+            return Ok(());
+        }
+        let mut state = self.lock();
+        self.wait_conflicts(&mut state, stream, how)?;
+        self.place(&mut state, End::Stream(stream.clone()), how);
+        Ok(())
+    }
+
+    /// Blocks the host until every outstanding use has finished (after enqueuing a pending
+    /// completion), e.g. before the memory is freed.
     pub fn synchronize(&self) -> Result<(), OrderError> {
-        let last = self.lock();
-        self.mark_end(&last)?;
-        Ok(self.event.synchronize()?)
+        let mut state = self.lock();
+        self.complete_pending(&mut state)?;
+        let ends = state.writer.iter().chain(state.readers.iter());
+        for end in ends {
+            match end {
+                End::Stream(s) => {
+                    if is_capturing(s)? {
+                        return Err(OrderError::CaptureOpen);
+                    }
+                    self.scratch.record(s)?;
+                    self.scratch.synchronize()?;
+                }
+                End::Event { event, .. } => event.synchronize()?,
+            }
+        }
+        let old = state.writer.take().into_iter().chain(state.readers.drain(..));
+        let freed: Vec<_> = old.filter_map(into_event).collect();
+        state.spare.extend(freed);
+        self.refresh(&state);
+        Ok(())
     }
 
-    /// The stream of the last use, when the tracker knows it (`None` after a use through a plain
-    /// `&CudaStream`, whose ordering is then carried by an event).
-    pub fn last_stream(&self) -> Option<Arc<CudaStream>> {
-        match &*self.lock() {
-            Last::Stream(s) => Some(s.clone()),
-            Last::Event => None,
+    /// Remembers a non-blocking operation on the memory, issued on `stream`, whose completion
+    /// `complete(stream)` enqueues (NVSHMEM's quiet): every later use and the free enqueue it first
+    /// (unless [`StreamTracker::completed`] says it was enqueued), so that forgetting the handle
+    /// of the operation cannot skip it.
+    pub fn pending(&self, stream: &Arc<CudaStream>, complete: fn(&CudaStream) -> Result<(), String>) {
+        let mut state = self.lock();
+        state.pending = Some(Pending { stream: stream.clone(), complete });
+        self.refresh(&state);
+    }
+
+    /// Forgets the pending operation on `stream`: its completion was enqueued there.
+    pub fn completed(&self, stream: &CudaStream) {
+        let mut state = self.lock();
+        if state.pending.as_ref().is_some_and(|p| same(&p.stream, stream)) {
+            state.pending = None;
+            self.refresh(&state);
         }
     }
 
-    /// The guard for a use through cudarc's [`DevicePtr`](cudarc::driver::DevicePtr) protocol on
-    /// `stream`. Inside an [`Access`](crate::Access) it is the same as [`Self::use_on`] on the
-    /// access's stream; from other cudarc code (copies, kernel launches) the tracker cannot keep the
-    /// stream alive, so the use is ordered by the tracker's event, recorded after the use by the
-    /// returned guard. CUDA errors are recorded in the context, as cudarc does in its own guards.
-    pub fn device_ptr_guard<'a>(&'a self, stream: &'a CudaStream) -> SyncOnDrop<'a> {
-        if self.same_as_last(stream) {
-            return SyncOnDrop::Record(None);
-        }
-        let in_call = access::with_current(stream, |arc, capturing| self.use_on(arc, Some(capturing)));
+    /// The guard for a use of `bytes` bytes at `ptr` (inside this tracker's allocation) through
+    /// cudarc's [`DevicePtr`](cudarc::driver::DevicePtr) protocol on `stream`:
+    /// [`tracked_device_ptr!`](crate::tracked_device_ptr) calls it.
+    ///
+    /// Inside an [`Access`](crate::Access) (a call of the communication crates) the access has
+    /// already decided: the use is ordered on its stream, which the tracker keeps, or recorded by
+    /// the capture scope. From other cudarc code (copies, kernel launches) the use is ordered here:
+    /// on the scope's stream of this thread's [`capture`](crate::capture) it is recorded for the
+    /// graph; on a stream being captured by anything else the capture is made to fail (the graph
+    /// would use the memory without keeping it alive); otherwise it waits for the conflicting
+    /// uses, and the returned guard records it in an event. CUDA errors are recorded in the
+    /// context, as cudarc does in its own guards.
+    pub fn device_ptr_guard<'a>(
+        &'a self,
+        stream: &'a CudaStream,
+        ptr: sys::CUdeviceptr,
+        bytes: usize,
+        how: Use,
+    ) -> SyncOnDrop<'a> {
+        let in_call = access::with_current(stream, |arc, mode| match mode {
+            Mode::Eager => self.use_on(arc, how),
+            Mode::Captured | Mode::Survey => Ok(()),
+        });
         if let Some(ordered) = in_call {
             stream.context().record_err(ordered.map_err(to_driver));
             return SyncOnDrop::Record(None);
         }
-        let mut last = self.lock();
-        if let Last::Stream(s) = &*last {
-            if same(s, stream) {
+        match capture::mode(stream) {
+            Ok(Mode::Captured) => {
+                capture::record_use(stream, ptr, bytes, how);
                 return SyncOnDrop::Record(None);
             }
-        }
-        let ordered = (|| {
-            let capturing = is_capturing(stream)?;
-            self.mark_end(&last)?;
-            if capturing {
-                relaxed(|| self.event.synchronize())?;
-                return Ok(false);
-            }
-            stream.wait(&self.event)?;
-            Ok::<_, OrderError>(true)
-        })();
-        self.set_last(&mut last, Last::Event);
-        match ordered {
-            Ok(true) if stream.context().is_managing_stream_synchronization() => {
-                SyncOnDrop::Record(Some((&self.event, stream)))
-            }
-            // cudarc records events only while it manages synchronisation: without that, the
-            // stream is synchronised after the use instead, so the event stays truthful.
-            Ok(true) => SyncOnDrop::Sync(Some(stream)),
-            Ok(false) => SyncOnDrop::Record(None),
             Err(e) => {
                 stream.context().record_err(Err::<(), _>(to_driver(e)));
-                SyncOnDrop::Sync(Some(stream))
+                stream.context().record_err(self.poison(stream));
+                return SyncOnDrop::Record(None);
+            }
+            Ok(_) => {}
+        }
+        if self.needs_nothing(stream, how) {
+            return SyncOnDrop::Record(None);
+        }
+        let mut state = self.lock();
+        let event = match self.plain_event(&mut state, stream) {
+            Ok(event) => event,
+            Err(e) => {
+                stream.context().record_err(Err::<(), _>(e));
+                return SyncOnDrop::Sync(Some(stream));
+            }
+        };
+        if let Err(e) = self.wait_conflicts(&mut state, stream, how) {
+            // Kept, never freed: a guard of an earlier use may still hold it.
+            state.spare.push(event);
+            stream.context().record_err(Err::<(), _>(to_driver(e)));
+            return SyncOnDrop::Sync(Some(stream));
+        }
+        let event_ptr: *const CudaEvent = &*event;
+        self.place(&mut state, End::Event { event, stream: stream.cu_stream() as usize }, how);
+        drop(state);
+        if stream.context().is_managing_stream_synchronization() {
+            // SAFETY: the event is boxed and owned by this tracker (as an end or a spare) until
+            // the tracker is dropped, which the borrow `'a` of `self` rules out while the guard
+            // lives; boxes never move their contents.
+            SyncOnDrop::Record(Some((unsafe { &*event_ptr }, stream)))
+        } else {
+            // cudarc records events only while it manages synchronisation: without that, the
+            // stream is synchronised after the use instead, so the event (never recorded, hence
+            // complete) stays truthful.
+            SyncOnDrop::Sync(Some(stream))
+        }
+    }
+
+    /// An event for the end of a use on the plain stream `stream`: a reader's event of the same
+    /// stream that holds nothing unfinished (its last record completed, or its guard has yet to
+    /// record on that very stream, which its borrow keeps alive), else a spare or a new one.
+    fn plain_event(&self, state: &mut State, stream: &CudaStream) -> Result<Box<CudaEvent>, DriverError> {
+        let reusable = state.readers.iter().position(|r| match r {
+            End::Event { event, stream: s } => *s == stream.cu_stream() as usize && event.is_complete(),
+            End::Stream(_) => false,
+        });
+        if let Some(i) = reusable {
+            if let Some(event) = into_event(state.readers.swap_remove(i)) {
+                return Ok(event);
             }
         }
+        match state.spare.pop() {
+            Some(event) => Ok(event),
+            None => Ok(Box::new(self.home.new_event(None)?)),
+        }
+    }
+
+    /// Makes the capture of `stream` (not opened by this crate) fail: it waits for an event
+    /// recorded outside it, which CUDA refuses inside a capture (`CUDA_ERROR_STREAM_CAPTURE_ISOLATION`),
+    /// so no graph that uses this memory without keeping it alive can be made.
+    fn poison(&self, stream: &CudaStream) -> Result<(), DriverError> {
+        let _state = self.lock();
+        let outside = access::idle_stream(stream.context())?;
+        self.scratch.record(outside)?;
+        stream.wait(&self.scratch)
+    }
+}
+
+/// The event of a plain-stream end, to be reused.
+fn into_event(end: End) -> Option<Box<CudaEvent>> {
+    match end {
+        End::Event { event, .. } => Some(event),
+        End::Stream(_) => None,
     }
 }
 
@@ -245,62 +396,140 @@ impl StreamTracker {
 fn to_driver(e: OrderError) -> DriverError {
     match e {
         OrderError::Cuda(e) => e,
-        OrderError::CaptureOpen => DriverError(sys::cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_ISOLATION),
+        _ => DriverError(sys::cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_ISOLATION),
+    }
+}
+
+/// What [`tracked_device_ptr!`](crate::tracked_device_ptr) needs from a buffer: its address,
+/// length in elements, tracker and home stream. Made only by the `unsafe` [`Tracked::new`], so
+/// that safe code cannot describe memory it does not own.
+#[derive(Clone, Copy)]
+pub struct Tracked<'a> {
+    ptr: sys::CUdeviceptr,
+    len: usize,
+    tracker: &'a StreamTracker,
+    home: &'a Arc<CudaStream>,
+}
+
+impl<'a> Tracked<'a> {
+    /// The parts of a tracked buffer of `len` elements at `ptr` in `home`'s context.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` is valid device memory for `len` elements of the buffer's element type (aligned for
+    /// it) in `home`'s context, for as long as the value the parts describe is borrowed; `tracker`
+    /// is the tracker of the whole allocation (shared by every view of it), every use of the
+    /// memory is ordered through it, and the allocation is freed only after
+    /// [`StreamTracker::synchronize`] has returned. This is the promise of
+    /// [`DeviceMemory`](crate::DeviceMemory) that [`tracked_device_ptr!`](crate::tracked_device_ptr)
+    /// makes for the type.
+    pub unsafe fn new(
+        ptr: sys::CUdeviceptr,
+        len: usize,
+        tracker: &'a StreamTracker,
+        home: &'a Arc<CudaStream>,
+    ) -> Self {
+        Tracked { ptr, len, tracker, home }
+    }
+
+    /// The device address.
+    pub fn ptr(&self) -> sys::CUdeviceptr {
+        self.ptr
+    }
+
+    /// The length in elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for zero elements.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The tracker.
+    pub fn tracker(&self) -> &'a StreamTracker {
+        self.tracker
+    }
+
+    /// The home stream.
+    pub fn home(&self) -> &'a Arc<CudaStream> {
+        self.home
     }
 }
 
 /// Implements cudarc's [`DeviceSlice`](cudarc::driver::DeviceSlice),
-/// [`DevicePtr`](cudarc::driver::DevicePtr) and [`DevicePtrMut`](cudarc::driver::DevicePtrMut) for a
-/// buffer type that holds a [`StreamTracker`], so cudarc copies, cudarc kernels and the
-/// communication calls all order themselves against it.
+/// [`DevicePtr`](cudarc::driver::DevicePtr) and [`DevicePtrMut`](cudarc::driver::DevicePtrMut), and
+/// this crate's [`DeviceMemory`](crate::DeviceMemory), for a buffer type that holds a
+/// [`StreamTracker`], so that cudarc copies, cudarc kernels and the communication calls all order
+/// themselves against it.
 ///
-/// `tracked_device_ptr!([T] MemBuffer<T>, |b| (b.ptr, b.len, &b.tracker, &b.home))` where the
-/// closure returns the device address, the length in elements, the tracker and the buffer's home
-/// stream (reported by `DeviceSlice::stream`). With `read` in front
-/// (`tracked_device_ptr!(read ['a, T] View<'a, T>, |v| …)`) only `DeviceSlice` and `DevicePtr` are
-/// implemented: for shared views, which must not be written through.
+/// `tracked_device_ptr!([T] MemBuffer<T>, |b| unsafe { Tracked::new(b.ptr, b.len, &b.tracker, &b.home) })`:
+/// the closure returns the buffer's [`Tracked`] parts, which only the `unsafe`
+/// [`Tracked::new`] makes — its safety contract is the promise of `DeviceMemory`, so the
+/// `unsafe` block (and its `// SAFETY:` comment) is the invoker's. The element type parameter
+/// must be named `T`. With `read` in front (`tracked_device_ptr!(read ['a, T] View<'a, T>, |v| …)`)
+/// only `DeviceSlice` and `DevicePtr` are implemented: for shared views, which must not be written
+/// through.
 #[macro_export]
 macro_rules! tracked_device_ptr {
     (read [$($gen:tt)*] $ty:ty, |$b:ident| $parts:expr) => {
-        $crate::tracked_device_ptr!(@slice [$($gen)*] $ty, |$b| $parts);
-        $crate::tracked_device_ptr!(@read [$($gen)*] $ty, |$b| $parts);
+        $crate::tracked_device_ptr!(@common [$($gen)*] $ty, |$b| $parts);
     };
     ([$($gen:tt)*] $ty:ty, |$b:ident| $parts:expr) => {
-        $crate::tracked_device_ptr!(@slice [$($gen)*] $ty, |$b| $parts);
-        $crate::tracked_device_ptr!(@read [$($gen)*] $ty, |$b| $parts);
+        $crate::tracked_device_ptr!(@common [$($gen)*] $ty, |$b| $parts);
         impl<$($gen)*> ::cudarc::driver::DevicePtrMut<T> for $ty {
             fn device_ptr_mut<'__a>(
                 &'__a mut self,
                 stream: &'__a ::cudarc::driver::CudaStream,
             ) -> (::cudarc::driver::sys::CUdeviceptr, ::cudarc::driver::SyncOnDrop<'__a>) {
                 let $b = &*self;
-                let parts = $parts;
-                (parts.0, parts.2.device_ptr_guard(stream))
+                let parts: $crate::Tracked<'__a> = $parts;
+                let bytes = parts.len() * ::std::mem::size_of::<T>();
+                (parts.ptr(), parts.tracker().device_ptr_guard(stream, parts.ptr(), bytes, $crate::Use::Write))
             }
         }
     };
-    (@slice [$($gen:tt)*] $ty:ty, |$b:ident| $parts:expr) => {
+    (@common [$($gen:tt)*] $ty:ty, |$b:ident| $parts:expr) => {
         impl<$($gen)*> ::cudarc::driver::DeviceSlice<T> for $ty {
             fn len(&self) -> usize {
                 let $b = self;
-                $parts.1
+                let parts: $crate::Tracked<'_> = $parts;
+                parts.len()
             }
             fn stream(&self) -> &::std::sync::Arc<::cudarc::driver::CudaStream> {
                 let $b = self;
-                $parts.3
+                let parts: $crate::Tracked<'_> = $parts;
+                parts.home()
             }
         }
-    };
-    (@read [$($gen:tt)*] $ty:ty, |$b:ident| $parts:expr) => {
         impl<$($gen)*> ::cudarc::driver::DevicePtr<T> for $ty {
             fn device_ptr<'__a>(
                 &'__a self,
                 stream: &'__a ::cudarc::driver::CudaStream,
             ) -> (::cudarc::driver::sys::CUdeviceptr, ::cudarc::driver::SyncOnDrop<'__a>) {
                 let $b = self;
-                let parts = $parts;
-                (parts.0, parts.2.device_ptr_guard(stream))
+                let parts: $crate::Tracked<'__a> = $parts;
+                let bytes = parts.len() * ::std::mem::size_of::<T>();
+                (parts.ptr(), parts.tracker().device_ptr_guard(stream, parts.ptr(), bytes, $crate::Use::Read))
             }
         }
+        // SAFETY: the parts come from `Tracked::new`, whose caller (the invoker of this macro)
+        // promised exactly what `DeviceMemory` requires; the implementations above hand out those
+        // parts and order every use through the tracker.
+        unsafe impl<$($gen)*> $crate::DeviceMemory for $ty {
+            type Elem = T;
+        }
     };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trackers_can_be_shared_between_threads() {
+        fn shared<T: Send + Sync>() {}
+        shared::<StreamTracker>();
+    }
 }

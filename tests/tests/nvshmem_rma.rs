@@ -8,7 +8,6 @@ mod nvshmem_support;
 
 use std::sync::Arc;
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, PushKernelArg};
 use gpucomm_tests::multi_process;
 use nvshmem::{Cmp, Error, SignalOp};
@@ -265,28 +264,27 @@ fn a_captured_put_and_barrier_replay_correctly() {
         let (me, n) = (rt.my_pe(), rt.n_pes());
         let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
         let captured = stream.context().new_stream().unwrap();
-        let mut src = rt.alloc::<i32>(COUNT).unwrap();
+        let src = rt.alloc::<i32>(COUNT).unwrap();
         let dst = rt.alloc::<i32>(COUNT).unwrap();
 
-        captured.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-        let put = rt.put_on_stream(&dst, &src, next, &captured);
-        let barrier = rt.barrier_all_on_stream(&captured);
-        let ended = captured.end_capture(CUgraphInstantiate_flags(0));
-        put.unwrap();
-        barrier.unwrap();
-        let graph = ended.unwrap().expect("a graph");
+        // The graph keeps the runtime and both buffers; between launches they are written and
+        // read through it.
+        let mut graph = nvshmem::capture(&captured, (&rt, src, dst), |(rt, src, dst)| {
+            rt.put_on_stream(dst, src, next, &captured)?;
+            rt.barrier_all_on_stream(&captured)
+        })
+        .unwrap();
 
         for k in 0..3 {
             let mine: Vec<i32> = values(me, 0..COUNT).iter().map(|v| v + k).collect();
-            captured.memcpy_htod(&mine, &mut src).unwrap();
+            captured.memcpy_htod(&mine, &mut graph.kept_mut().1).unwrap();
             graph.launch().unwrap();
             let expected: Vec<i32> = values(prev, 0..COUNT).iter().map(|v| v + k).collect();
-            assert_eq!(captured.clone_dtoh(&dst).unwrap(), expected, "PE {me}: replay {k}");
+            assert_eq!(captured.clone_dtoh(&graph.kept().2).unwrap(), expected, "PE {me}: replay {k}");
             // Everyone has read before the next replay overwrites.
             rt.barrier_all_on_stream(&captured).unwrap();
         }
-        captured.synchronize().unwrap();
-        drop(graph);
+        let (_, src, dst) = graph.into_kept();
         dst.free().map_err(|(_, e)| e).unwrap();
         src.free().map_err(|(_, e)| e).unwrap();
         rt.finalize().map_err(|(_, e)| e).unwrap();

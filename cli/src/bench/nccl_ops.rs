@@ -7,8 +7,8 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DriverError};
-use nccl::{Collectives, Comm, ReduceOp, Root};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DriverError};
+use nccl::{Collectives, Comm, DeviceBuffer, DeviceBufferMut, ReduceOp, Root};
 
 use super::coll::{Collective, Counts};
 use super::elem::Elem;
@@ -110,12 +110,12 @@ fn one<'b, C: Collectives<'b>, T: Elem>(
         (Collective::AllReduce, false) => target.all_reduce(send, recv, op),
         (Collective::AllReduce, true) => target.all_reduce_in_place(recv, op),
         (Collective::Broadcast, false) => {
-            let from: Root<&dyn DevicePtr<T>> = if here { Root::Here(send) } else { Root::Rank(root) };
+            let from: Root<&dyn DeviceBuffer<T>> = if here { Root::Here(send) } else { Root::Rank(root) };
             target.broadcast(from, recv)
         }
         (Collective::Broadcast, true) => target.broadcast_in_place(recv, root),
         (Collective::Reduce, false) => {
-            let to: Root<&mut dyn DevicePtrMut<T>> = if here { Root::Here(recv) } else { Root::Rank(root) };
+            let to: Root<&mut dyn DeviceBufferMut<T>> = if here { Root::Here(recv) } else { Root::Rank(root) };
             target.reduce(send, to, op)
         }
         (Collective::Reduce, true) => target.reduce_in_place(recv, op, root),

@@ -1,0 +1,108 @@
+//! CUDA graphs of NCCL calls: [`capture`], this crate's entry point to the capture scope of
+//! `gpucomm-ordering`, and what a graph keeps of this crate's (communicators; buffers and custom
+//! operators implement [`Keep`] where they are defined).
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+use gpucomm_ordering::{Graph, Keep, Resource, Visitor};
+
+use crate::error::{Error, Result};
+use crate::Comm;
+#[cfg(nccl_2_27)]
+use crate::Window;
+
+/// What a graph calls a communicator.
+const KIND: &str = "communicator";
+
+/// The communicator as a resource a graph must keep.
+pub(crate) fn communicator(comm: &Comm) -> Resource {
+    Resource::of(KIND, comm)
+}
+
+// SAFETY: the borrow keeps the communicator alive and in place; an aborted one is reported
+// closed, so that no launch reaches it.
+unsafe impl Keep for &Comm {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.resource(communicator(self), !self.is_aborted());
+    }
+}
+
+// SAFETY: the borrow keeps the window registered and its memory alive. Kernels read and write
+// window memory through the window's handle, which the tracker cannot see: it is reported read.
+#[cfg(nccl_2_27)]
+unsafe impl<T> Keep for &Window<'_, T> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.read(self.buffer());
+    }
+}
+
+// SAFETY: as for `&Window`.
+#[cfg(nccl_2_27)]
+unsafe impl<T> Keep for &mut Window<'_, T> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.read(self.buffer());
+    }
+}
+
+/// Captures the NCCL calls (and cudarc work) `f` makes on `stream` into a CUDA graph that keeps
+/// `keep` — the buffers, communicators and custom operators those calls use — for as long as the
+/// graph lives, and whose launches are ordered like calls (`gpucomm_ordering::capture` with this
+/// crate's error type; see [`gpucomm_ordering::graph`] for the rules).
+///
+/// * **What the graph keeps.** `keep` is any tuple, array, `Vec` or `Option` of buffers (by value,
+///   `&` or `&mut`), `&Comm`, `&PreMulSum`, and NVSHMEM's runtimes, teams and symmetric buffers.
+///   `f` gets it back (`&mut keep`) to make its calls; a call that uses a buffer or communicator
+///   not in `keep` makes the capture fail ([`gpucomm_ordering::OrderError::NotKept`] and
+///   friends), so the graph can never outlive what it uses: the compiler sees to the borrows.
+/// * **Launches are ordered.** [`Graph::launch`] makes the stream wait for earlier uses of the
+///   kept buffers on other streams, and records the launch as their last use (a write where a
+///   call writes them): outputs read afterwards on any stream, and buffers freed afterwards, wait
+///   for the graph.
+/// * **Between launches** read outputs with [`Graph::kept`] and write inputs with
+///   [`Graph::kept_mut`]; [`Graph::into_kept`] gives everything back.
+/// * Only the calls on `stream` are captured; calls on other streams inside `f` run at once. A
+///   call on a stream captured by anything else — cudarc's `begin_capture` included — is refused,
+///   inside or outside `f`.
+///
+/// Refused with [`Error::InsideGroup`] inside a [`crate::group`] (a group inside `f` is fine).
+///
+/// ```no_run
+/// use cudarc::driver::CudaContext;
+/// use nccl::{Collectives, Comm, MemBuffer, PreMulSum};
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let ctx = CudaContext::new(0)?;
+/// let home = ctx.default_stream();
+/// let side = ctx.new_stream()?; // the legacy default stream cannot be captured
+/// let comm = Comm::init_rank(home.clone(), &nccl::UniqueId::new()?, 0, 1)?;
+/// let average = PreMulSum::host(&comm, 1.0 / comm.size() as f32)?;
+/// let grads = MemBuffer::from_host(&home, &[1.0f32; 1024])?;
+///
+/// // The graph keeps the communicator and the operator by reference, the gradients by value;
+/// // the closure gets them back to make its calls.
+/// let mut step = nccl::capture(&side, (&comm, &average, grads), |(comm, average, grads)| {
+///     comm.on(&side).all_reduce_in_place(grads, *average)
+/// })?;
+///
+/// for _ in 0..100 {
+///     // Write an input and read an output between launches, on any stream: each launch waits
+///     // for the earlier uses and is recorded as the buffers' last use.
+///     home.memcpy_htod(&[1.0f32; 1024], &mut step.kept_mut().2)?;
+///     step.launch()?;
+///     let averaged = home.clone_dtoh(&step.kept().2)?;
+///     assert_eq!(averaged[0], 1.0);
+/// }
+/// // `comm` and `average` are borrowed by the graph: dropping either before it does not compile.
+/// let (_, _, grads) = step.into_kept();
+/// drop(grads); // waits for the last launch, then frees
+/// # Ok(()) }
+/// ```
+#[doc(alias = "cuStreamBeginCapture")]
+#[doc(alias = "cuStreamEndCapture")]
+pub fn capture<K: Keep>(stream: &Arc<CudaStream>, keep: K, f: impl FnOnce(&mut K) -> Result<()>) -> Result<Graph<K>> {
+    if crate::group::is_open() {
+        return Err(Error::InsideGroup);
+    }
+    gpucomm_ordering::capture(stream, keep, f)
+}

@@ -1,0 +1,80 @@
+//! CUDA graphs of NVSHMEM operations: [`capture`], this crate's entry point to the capture scope
+//! of `gpucomm-ordering`, and what a graph keeps of this crate's (the runtime, teams, modules;
+//! symmetric buffers implement [`Keep`] where they are defined).
+
+use std::sync::Arc;
+
+use cudarc::driver::CudaStream;
+use gpucomm_ordering::{Graph, Keep, Resource, Visitor};
+
+use crate::error::Result;
+use crate::{Module, Runtime, Team};
+
+/// The runtime as a resource a graph must keep.
+pub(crate) fn runtime(rt: &Runtime) -> Resource {
+    Resource::of("NVSHMEM runtime", rt)
+}
+
+/// A team as a resource a graph must keep.
+pub(crate) fn team(team: &Team<'_>) -> Resource {
+    Resource::of("team", team)
+}
+
+/// A module as a resource a graph must keep.
+pub(crate) fn module(module: &Module<'_>) -> Resource {
+    Resource::of("module", module)
+}
+
+// SAFETY: the borrow keeps the runtime (NVSHMEM itself) running and in place.
+unsafe impl Keep for &Runtime {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.resource(runtime(self), true);
+    }
+}
+
+// SAFETY: the borrow keeps the team undestroyed and in place (and its runtime running).
+unsafe impl Keep for &Team<'_> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.resource(team(self), true);
+    }
+}
+
+// SAFETY: the borrow keeps the module loaded and in place (and its runtime running).
+unsafe impl Keep for &Module<'_> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.resource(module(self), true);
+    }
+}
+
+/// Captures the NVSHMEM operations (and NCCL calls, and cudarc work) `f` makes on `stream` into
+/// a CUDA graph that keeps `keep` — the runtime, teams, modules and buffers those operations
+/// use — for as long as the graph lives, and whose launches are ordered like calls
+/// (`gpucomm_ordering::capture` with this crate's error type; see `nccl::capture` for a
+/// step-by-step example and [`gpucomm_ordering::graph`] for the rules).
+///
+/// `keep` holds `&Runtime`, `&Team`, `&Module`, symmetric buffers (by value or borrowed) and
+/// local buffers; an operation inside `f` that uses anything else makes the capture fail. A
+/// non-blocking operation must be completed inside `f` ([`crate::Pending::quiet`], or its drop),
+/// or the capture is refused ([`gpucomm_ordering::OrderError::CaptureIncomplete`]).
+///
+/// ```no_run
+/// # fn demo(rt: &nvshmem::Runtime, side: &std::sync::Arc<cudarc::driver::CudaStream>) -> nvshmem::Result<()> {
+/// let dst = rt.alloc_zeroed::<f32>(256)?;
+/// let src = side.clone_htod(&[1.0f32; 256])?;
+/// let next = (rt.my_pe() + 1) % rt.n_pes();
+/// let mut graph = nvshmem::capture(side, (rt, dst, src), |(rt, dst, src)| {
+///     rt.put_on_stream(dst, src, next, side)?;
+///     rt.barrier_all_on_stream(side)
+/// })?;
+/// graph.launch()?;
+/// let received = side.clone_dtoh(&graph.kept().1)?;
+/// # let _ = received;
+/// let (_, dst, _) = graph.into_kept();
+/// dst.free().map_err(|(_, e)| e)?;
+/// # Ok(()) }
+/// ```
+#[doc(alias = "cuStreamBeginCapture")]
+#[doc(alias = "cuStreamEndCapture")]
+pub fn capture<K: Keep>(stream: &Arc<CudaStream>, keep: K, f: impl FnOnce(&mut K) -> Result<()>) -> Result<Graph<K>> {
+    gpucomm_ordering::capture(stream, keep, f)
+}

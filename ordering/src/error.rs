@@ -1,0 +1,121 @@
+//! Why a use could not be ordered, a capture was refused, or a graph not launched.
+
+use std::fmt;
+
+use cudarc::driver::DriverError;
+
+/// Why a use could not be ordered, a capture was refused, or a graph was not launched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OrderError {
+    /// A CUDA call (event record, stream wait, synchronisation) failed.
+    Cuda(DriverError),
+    /// The buffer's last use is part of a capture that is still open on another stream; an eager
+    /// use now could not be ordered after the work queued before that capture began.
+    CaptureOpen,
+    /// The stream is being captured into a CUDA graph that this crate did not open (cudarc's
+    /// `begin_capture`, another library, or another stream joined into a capture). Such a graph
+    /// would not keep the call's buffers and communicators alive.
+    ForeignCapture,
+    /// A capture was started while this thread already had one open.
+    NestedCapture,
+    /// A graph was launched on a stream that is being captured.
+    LaunchInCapture,
+    /// CUDA broke the capture: some work inside it waited for work outside it (a cudarc copy or
+    /// kernel on a `CudaSlice` whose events were recorded before the capture, an event of another
+    /// stream), or a stream joined into it was not joined back.
+    CaptureBroken(DriverError),
+    /// A captured call used device memory that none of the graph's kept buffers holds.
+    NotKept {
+        /// The device.
+        ordinal: usize,
+        /// The address.
+        ptr: u64,
+        /// Bytes used.
+        bytes: usize,
+    },
+    /// A captured call writes memory that the graph keeps only through a shared reference.
+    KeptShared {
+        /// The device.
+        ordinal: usize,
+        /// The address.
+        ptr: u64,
+        /// Bytes written.
+        bytes: usize,
+    },
+    /// A captured call used a communicator, team, runtime, module or operator that the graph does
+    /// not keep.
+    ResourceNotKept {
+        /// What it is ("communicator", "team", …).
+        kind: &'static str,
+    },
+    /// A graph's communicator (or other resource) was closed (aborted) since the capture.
+    ResourceClosed {
+        /// What it is.
+        kind: &'static str,
+    },
+    /// A non-blocking operation was captured without a completion (quiet) after it: each launch
+    /// would leave it running with nothing ordered after it.
+    CaptureIncomplete,
+    /// Enqueuing the completion of an earlier non-blocking operation failed.
+    Pending(String),
+}
+
+impl fmt::Display for OrderError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OrderError::Cuda(e) => write!(f, "ordering the buffer's streams failed: {e}"),
+            OrderError::CaptureOpen => write!(
+                f,
+                "the buffer was last used on a stream that is still being captured into a graph; \
+                 end that capture before using the buffer on another stream"
+            ),
+            OrderError::ForeignCapture => write!(
+                f,
+                "the stream is being captured into a CUDA graph that these crates did not open; capture \
+                 through nccl::capture / nvshmem::capture, whose graph keeps what its calls use alive \
+                 (only the scope's own stream can be used inside it)"
+            ),
+            OrderError::NestedCapture => write!(f, "a capture is already open on this thread"),
+            OrderError::LaunchInCapture => write!(f, "a graph cannot be launched on a stream that is being captured"),
+            OrderError::CaptureBroken(e) => write!(
+                f,
+                "CUDA broke the capture ({e}): something inside it waited for work outside it (a cudarc copy \
+                 or kernel on a CudaSlice, an event recorded before the capture) or left a stream unjoined"
+            ),
+            OrderError::NotKept { ordinal, ptr, bytes } => write!(
+                f,
+                "a captured call used {bytes} bytes at {ptr:#x} on device {ordinal}, which none of the graph's \
+                 kept buffers holds: give that buffer to the capture"
+            ),
+            OrderError::KeptShared { ordinal, ptr, bytes } => write!(
+                f,
+                "a captured call writes {bytes} bytes at {ptr:#x} on device {ordinal}, which the graph keeps only \
+                 through a shared reference: give it as `&mut` (or by value)"
+            ),
+            OrderError::ResourceNotKept { kind } => {
+                write!(f, "a captured call used a {kind} that the graph does not keep: give it to the capture")
+            }
+            OrderError::ResourceClosed { kind } => write!(f, "the graph's {kind} was closed since the capture"),
+            OrderError::CaptureIncomplete => {
+                write!(f, "a non-blocking operation was captured without a quiet after it on the capture's stream")
+            }
+            OrderError::Pending(e) => write!(f, "completing an earlier non-blocking operation failed: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for OrderError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            OrderError::Cuda(e) | OrderError::CaptureBroken(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl From<DriverError> for OrderError {
+    fn from(e: DriverError) -> Self {
+        OrderError::Cuda(e)
+    }
+}

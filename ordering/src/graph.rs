@@ -1,0 +1,603 @@
+//! Capturing calls into a CUDA graph that keeps alive — and orders — everything they use.
+//!
+//! [`capture`] runs a closure while its stream is captured, on the things the graph will keep
+//! (`keep`: buffers, communicators, runtimes, teams, modules, in any tuple, array, `Vec` or
+//! `Option` of them). Every communication call inside reports what it uses; when the capture
+//! ends, each of those uses must lie in something `keep` holds, or the capture is refused. The
+//! [`Graph`] owns `keep` — buffers by value, or the borrows you gave it — so nothing a captured
+//! call uses can be freed, moved or destroyed while the graph exists: that is checked by the
+//! compiler.
+//!
+//! [`Graph::launch`] orders each launch like a call: before it, the launch stream waits for
+//! earlier uses of the kept buffers on other streams; after it, each buffer's ordering state (its
+//! cudarc events, its [`StreamTracker`](crate::StreamTracker)) records the launch as a read or a
+//! write, as the captured calls used it. So between launches you read outputs and write inputs
+//! through [`Graph::kept`] / [`Graph::kept_mut`] on any stream, and dropping the graph (or
+//! [`Graph::into_kept`] and dropping the buffers) waits for the last launch. If you replace a
+//! kept buffer through `kept_mut`, the next launch notices that the memory the graph was captured
+//! with is no longer kept and refuses to run.
+//!
+//! Calls on a stream being captured by anything else (cudarc's `begin_capture`, another library)
+//! are refused with [`OrderError::ForeignCapture`]: such a graph would keep nothing alive.
+//!
+//! # What is covered
+//!
+//! * Every call of `nccl` and `nvshmem` on the scope's stream: its buffers, its communicator,
+//!   operator, runtime, team or module.
+//! * cudarc copies and kernel launches on the scope's stream that take a buffer with a
+//!   [`StreamTracker`](crate::StreamTracker) (`MemBuffer`, `Symmetric`) through cudarc's
+//!   `DevicePtr`: recorded and checked like the calls' uses. On a stream captured by anything
+//!   else, such a use makes CUDA refuse that capture.
+//! * cudarc work on cudarc's own `CudaSlice` inside a capture waits on the slice's events, which
+//!   CUDA refuses inside a capture: the capture fails ([`OrderError::CaptureBroken`]). Give such
+//!   buffers to the communication calls instead, which take them without waiting.
+//! * What a kernel reaches through raw addresses (a window handle, a pointer passed by value) is
+//!   the kernel launch's own `unsafe` promise; keep what owns that memory in `keep` (its borrow
+//!   then outlives the graph).
+//! * Only the scope's stream is captured into the graph. Work forked to other streams inside the
+//!   capture (through events) is refused like any foreign capture.
+//!
+//! # Example
+//!
+//! `nccl::capture` and `nvshmem::capture` are this function with their crate's error type; the
+//! example of `nccl::capture` captures one training step and replays it. In short:
+//!
+//! ```text
+//! let mut step = nccl::capture(&side, (&comm, &average, grads), |(comm, average, grads)| {
+//!     comm.on(&side).all_reduce_in_place(grads, *average)
+//! })?;
+//! for _ in 0..100 {
+//!     home.memcpy_htod(&inputs, &mut step.kept_mut().2)?; // write an input between launches
+//!     step.launch()?;
+//!     let out = home.clone_dtoh(&step.kept().2)?;        // read an output, on any stream
+//! }
+//! let (_, _, grads) = step.into_kept();                   // comm and average outlive the graph
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+
+use cudarc::driver::{sys, CudaGraph, CudaStream, DevicePtr, DevicePtrMut, DriverError, SyncOnDrop};
+
+use crate::access::{Access, Mode};
+use crate::capture::{self, is_capturing, Used};
+use crate::{DeviceMemory, OrderError, Use};
+
+/// Something a captured call uses besides device memory (a communicator, a team, an NVSHMEM
+/// runtime, a module, a custom operator), named by its kind and the address of the Rust value:
+/// a graph must keep a borrow of that very value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resource {
+    kind: &'static str,
+    id: usize,
+}
+
+impl Resource {
+    /// The resource `value`, of kind `kind`.
+    pub fn of<R: ?Sized>(kind: &'static str, value: &R) -> Self {
+        Resource { kind, id: value as *const R as *const () as usize }
+    }
+
+    /// What it is.
+    pub fn kind(&self) -> &'static str {
+        self.kind
+    }
+}
+
+/// What a [`Graph`] keeps: buffers (by value, `&` or `&mut`) and the resources its calls use, in
+/// any combination of tuples, arrays, `Vec`, `Box` and `Option`.
+///
+/// # Safety
+///
+/// `visit` must report exactly what `self` keeps alive for as long as it lives: every buffer it
+/// passes to [`Visitor::read`] / [`Visitor::write`] is owned or borrowed by `self`, and every
+/// resource passed to [`Visitor::resource`] is a borrow held by `self` of the very value the
+/// resource names (so it cannot be dropped, moved or destroyed while `self` exists). The crates
+/// implement it for their own types; implement it yourself only for wrappers of such members.
+pub unsafe trait Keep {
+    /// Reports every member to `v`, in the same order each time.
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>);
+}
+
+/// One member of a [`Keep`], as the graph saw it when it was planned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Member {
+    Buffer { ordinal: usize, ptr: sys::CUdeviceptr, bytes: usize, writable: bool },
+    Resource(Resource),
+}
+
+/// What the graph does with each member: `None` for members no captured call uses.
+type Plan = Vec<(Member, Option<Use>)>;
+
+/// Walks the members of a [`Keep`]: to list them (when a graph is planned) or to order the used
+/// ones on the launch stream (when it is launched).
+pub struct Visitor<'k> {
+    job: Job<'k>,
+    next: usize,
+    error: Option<OrderError>,
+}
+
+enum Job<'k> {
+    Survey { access: &'k Access<'k>, members: Vec<Member> },
+    Launch { access: &'k Access<'k>, plan: &'k [(Member, Option<Use>)], guards: Vec<SyncOnDrop<'k>>, stale: bool },
+}
+
+impl<'k> Visitor<'k> {
+    fn fail(&mut self, e: OrderError) {
+        self.error.get_or_insert(e);
+    }
+
+    /// The planned member at the current position, if its kind matches.
+    fn planned(&self) -> Option<(Member, Option<Use>)> {
+        match &self.job {
+            Job::Launch { plan, .. } => plan.get(self.next).copied(),
+            Job::Survey { .. } => None,
+        }
+    }
+
+    /// Compares a used buffer's address now with the plan's.
+    fn check(&mut self, ptr: sys::CUdeviceptr, ordinal: usize, bytes: usize) {
+        let same = matches!(self.planned(), Some((Member::Buffer { ptr: p, ordinal: o, bytes: b, .. }, _))
+            if p == ptr && o == ordinal && b == bytes);
+        if let Job::Launch { stale, .. } = &mut self.job {
+            *stale |= !same;
+        }
+    }
+
+    /// A buffer the graph keeps and may only read.
+    pub fn read<B: DeviceMemory + DevicePtr<B::Elem>>(&mut self, buf: &'k B) {
+        let ordinal = buf.stream().context().ordinal();
+        let bytes = buf.num_bytes();
+        let planned = self.planned();
+        let taken = match &mut self.job {
+            Job::Survey { access, members } => access.read(buf).map(|(ptr, _)| {
+                members.push(Member::Buffer { ordinal, ptr, bytes, writable: false });
+                None
+            }),
+            Job::Launch { access, guards, stale, .. } => match planned {
+                Some((Member::Buffer { writable: false, .. }, Some(Use::Read))) => access.read(buf).map(|(ptr, g)| {
+                    guards.push(g);
+                    Some(ptr)
+                }),
+                Some((Member::Buffer { writable: false, .. }, None)) => Ok(None),
+                _ => {
+                    *stale = true;
+                    Ok(None)
+                }
+            },
+        };
+        match taken {
+            Ok(Some(ptr)) => self.check(ptr, ordinal, bytes),
+            Ok(None) => {}
+            Err(e) => self.fail(e),
+        }
+        self.next += 1;
+    }
+
+    /// A buffer the graph keeps and may write.
+    pub fn write<B: DeviceMemory + DevicePtr<B::Elem> + DevicePtrMut<B::Elem>>(&mut self, buf: &'k mut B) {
+        let ordinal = buf.stream().context().ordinal();
+        let bytes = buf.num_bytes();
+        let planned = self.planned();
+        let taken = match &mut self.job {
+            Job::Survey { access, members } => access.read(&*buf).map(|(ptr, _)| {
+                members.push(Member::Buffer { ordinal, ptr, bytes, writable: true });
+                None
+            }),
+            Job::Launch { access, guards, stale, .. } => match planned {
+                Some((Member::Buffer { writable: true, .. }, Some(how))) => {
+                    let taken = match how {
+                        Use::Read => access.read(&*buf),
+                        Use::Write => access.write(buf),
+                    };
+                    taken.map(|(ptr, g)| {
+                        guards.push(g);
+                        Some(ptr)
+                    })
+                }
+                Some((Member::Buffer { writable: true, .. }, None)) => Ok(None),
+                _ => {
+                    *stale = true;
+                    Ok(None)
+                }
+            },
+        };
+        match taken {
+            Ok(Some(ptr)) => self.check(ptr, ordinal, bytes),
+            Ok(None) => {}
+            Err(e) => self.fail(e),
+        }
+        self.next += 1;
+    }
+
+    /// A resource the graph keeps; `live` is false once it cannot be used any more (an aborted
+    /// communicator).
+    pub fn resource(&mut self, resource: Resource, live: bool) {
+        let planned = self.planned();
+        match &mut self.job {
+            Job::Survey { members, .. } => members.push(Member::Resource(resource)),
+            Job::Launch { stale, .. } => match planned {
+                Some((Member::Resource(r), used)) if r == resource => {
+                    if used.is_some() && !live {
+                        self.error.get_or_insert(OrderError::ResourceClosed { kind: resource.kind });
+                    }
+                }
+                _ => *stale = true,
+            },
+        }
+        self.next += 1;
+    }
+}
+
+/// Lists the members of `keep`, taking buffer addresses without ordering anything.
+fn survey<K: Keep>(keep: &mut K, stream: &Arc<CudaStream>) -> Result<Vec<Member>, OrderError> {
+    let access = Access::with_mode(stream, Mode::Survey);
+    let mut v = Visitor { job: Job::Survey { access: &access, members: Vec::new() }, next: 0, error: None };
+    keep.visit(&mut v);
+    let Visitor { job, error, .. } = v;
+    let members = match job {
+        Job::Survey { members, .. } => members,
+        Job::Launch { .. } => Vec::new(),
+    };
+    match error {
+        Some(e) => Err(e),
+        None => Ok(members),
+    }
+}
+
+/// Orders the used members of `keep` on the access's stream, as `plan` says; the guards record
+/// the uses when dropped (after the launch). `false` when the members no longer match the plan.
+fn order_members<'k, K: Keep>(
+    keep: &'k mut K,
+    access: &'k Access<'k>,
+    plan: &'k [(Member, Option<Use>)],
+) -> Result<(Vec<SyncOnDrop<'k>>, bool), OrderError> {
+    let mut v = Visitor { job: Job::Launch { access, plan, guards: Vec::new(), stale: false }, next: 0, error: None };
+    keep.visit(&mut v);
+    let Visitor { job, next, error } = v;
+    if let Some(e) = error {
+        return Err(e);
+    }
+    match job {
+        Job::Launch { guards, stale, .. } => Ok((guards, !stale && next == plan.len())),
+        Job::Survey { .. } => Ok((Vec::new(), false)),
+    }
+}
+
+/// Which member holds each use: every use must lie inside a kept buffer (a writable one for a
+/// write) and every resource must be kept.
+fn plan(members: Vec<Member>, used: &[Used], resources: &[Resource]) -> Result<Plan, OrderError> {
+    let mut plan: Plan = members.into_iter().map(|m| (m, None)).collect();
+    for u in used.iter().filter(|u| u.bytes > 0) {
+        let holds = |m: &Member| match *m {
+            Member::Buffer { ordinal, ptr, bytes, .. } => {
+                ordinal == u.ordinal
+                    && u.ptr >= ptr
+                    && u.ptr - ptr <= bytes as u64
+                    && u.bytes as u64 <= bytes as u64 - (u.ptr - ptr)
+            }
+            Member::Resource(_) => false,
+        };
+        let writable = |m: &Member| matches!(m, Member::Buffer { writable: true, .. });
+        let found = match u.how {
+            Use::Write => plan.iter().position(|(m, _)| holds(m) && writable(m)),
+            Use::Read => plan.iter().position(|(m, _)| holds(m)),
+        };
+        let (ordinal, ptr, bytes) = (u.ordinal, u.ptr, u.bytes);
+        match found {
+            Some(i) => {
+                let how = &mut plan[i].1;
+                if *how != Some(Use::Write) {
+                    *how = Some(u.how);
+                }
+            }
+            None if plan.iter().any(|(m, _)| holds(m)) => return Err(OrderError::KeptShared { ordinal, ptr, bytes }),
+            None => return Err(OrderError::NotKept { ordinal, ptr, bytes }),
+        }
+    }
+    for r in resources {
+        match plan.iter_mut().find(|(m, _)| *m == Member::Resource(*r)) {
+            Some((_, used)) => *used = Some(Use::Read),
+            None => return Err(OrderError::ResourceNotKept { kind: r.kind }),
+        }
+    }
+    Ok(plan)
+}
+
+/// A CUDA graph captured by [`capture`], with everything its calls use (`K`). See the
+/// [module documentation](self).
+pub struct Graph<K> {
+    // Declared first, so that the executable graph is destroyed before what it uses is dropped.
+    graph: CudaGraph,
+    stream: Arc<CudaStream>,
+    plan: Plan,
+    used: Vec<Used>,
+    resources: Vec<Resource>,
+    keep: K,
+}
+
+impl<K> fmt::Debug for Graph<K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Graph")
+            .field("stream", &self.stream.cu_stream())
+            .field("members", &self.plan.len())
+            .field("uses", &self.used.len())
+            .finish()
+    }
+}
+
+impl<K: Keep> Graph<K> {
+    /// Launches the graph on the stream it was captured on (`cuGraphLaunch`), ordered like a call:
+    /// the stream first waits for earlier uses of the kept buffers on other streams, and each
+    /// buffer records the launch as its last use (a write where a captured call writes it).
+    ///
+    /// Refused, launching nothing: while the stream is being captured
+    /// ([`OrderError::LaunchInCapture`]); when a kept communicator was aborted
+    /// ([`OrderError::ResourceClosed`]); when memory the graph uses is no longer kept (a buffer
+    /// replaced through [`Graph::kept_mut`]: [`OrderError::NotKept`]).
+    #[doc(alias = "cuGraphLaunch")]
+    pub fn launch(&mut self) -> Result<(), OrderError> {
+        if is_capturing(&self.stream)? {
+            return Err(OrderError::LaunchInCapture);
+        }
+        let Graph { graph, stream, plan, used, resources, keep } = self;
+        // At most one re-plan: after it, the plan matches the members just surveyed.
+        for _ in 0..2 {
+            let access = Access::with_mode(stream, Mode::Eager);
+            let (guards, fresh) = order_members(keep, &access, plan)?;
+            if fresh {
+                // cudarc records failed waits in the context instead of returning them.
+                stream.context().check_err()?;
+                graph.launch()?;
+                // The guards record the launch as the buffers' last use.
+                drop(guards);
+                return Ok(());
+            }
+            // Some member changed since the plan: the guards taken record uses that order
+            // nothing (no launch follows them), which is harmless.
+            drop(guards);
+            let members = survey(keep, stream)?;
+            *plan = self::plan(members, used, resources)?;
+        }
+        Err(OrderError::Cuda(DriverError(sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE)))
+    }
+
+    /// What the graph keeps, for reading between launches (on any stream: the last launch is
+    /// recorded in each buffer's ordering).
+    pub fn kept(&self) -> &K {
+        &self.keep
+    }
+
+    /// What the graph keeps, for writing between launches. A buffer replaced here makes the next
+    /// launch refuse to run unless the memory the graph uses is still kept.
+    pub fn kept_mut(&mut self) -> &mut K {
+        &mut self.keep
+    }
+
+    /// Destroys the executable graph and hands back what it kept. Dropping the buffers then waits
+    /// for the last launch, as any later use does.
+    pub fn into_kept(self) -> K {
+        let Graph { graph, keep, .. } = self;
+        drop(graph);
+        keep
+    }
+
+    /// The stream the graph was captured on and is launched on.
+    pub fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+}
+
+/// Ends the capture on every path out of [`capture`] (an error, a panic) that did not end it.
+struct Capturing<'a> {
+    stream: &'a Arc<CudaStream>,
+    open: bool,
+}
+
+impl Drop for Capturing<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            capture::close();
+            // The half-made graph is dropped at once; a failure is moot here.
+            let _ = self.stream.end_capture(sys::CUgraphInstantiate_flags(0));
+        }
+    }
+}
+
+/// Captures the calls `f` makes on `stream` into a CUDA graph that keeps `keep` (see the
+/// [module documentation](self)).
+///
+/// `f` gets `keep` back to make its calls with. Every call of the communication crates inside it
+/// on `stream` is captured; its buffers must lie in `keep` (written ones in a member given by
+/// value or `&mut`), and its communicator (team, runtime, module, operator) must be in `keep`,
+/// or the capture is refused ([`OrderError::NotKept`], [`OrderError::KeptShared`],
+/// [`OrderError::ResourceNotKept`]). Calls on other streams inside `f` run eagerly, as outside.
+/// cudarc copies and kernels on `stream` are captured too: on buffers with a
+/// [`StreamTracker`](crate::StreamTracker) their uses are checked like the calls'; on cudarc's
+/// own `CudaSlice`, cudarc's event waits break the capture, which is then refused
+/// ([`OrderError::CaptureBroken`]).
+///
+/// Errors: [`OrderError::NestedCapture`] when this thread is already capturing,
+/// [`OrderError::ForeignCapture`] when `stream` is already being captured, `f`'s own error (the
+/// capture is discarded), and CUDA's.
+#[doc(alias = "cuStreamBeginCapture")]
+#[doc(alias = "cuStreamEndCapture")]
+pub fn capture<K: Keep, E: From<OrderError>>(
+    stream: &Arc<CudaStream>,
+    mut keep: K,
+    f: impl FnOnce(&mut K) -> Result<(), E>,
+) -> Result<Graph<K>, E> {
+    if capture::scope_open() {
+        return Err(OrderError::NestedCapture.into());
+    }
+    if is_capturing(stream).map_err(OrderError::from)? {
+        return Err(OrderError::ForeignCapture.into());
+    }
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    stream.begin_capture(mode).map_err(OrderError::from)?;
+    capture::open(stream);
+    let mut capturing = Capturing { stream, open: true };
+    let result = f(&mut keep);
+    let scope = capture::close();
+    capturing.open = false;
+    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+    result?;
+    let scope = scope
+        .ok_or(OrderError::CaptureBroken(DriverError(sys::cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)))?;
+    let graph = graph
+        .map_err(OrderError::CaptureBroken)?
+        .ok_or(OrderError::CaptureBroken(DriverError(sys::cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)))?;
+    if scope.incomplete {
+        return Err(OrderError::CaptureIncomplete.into());
+    }
+    let members = survey(&mut keep, stream)?;
+    let plan = plan(members, &scope.used, &scope.resources)?;
+    Ok(Graph { graph, stream: stream.clone(), plan, used: scope.used, resources: scope.resources, keep })
+}
+
+// SAFETY: an empty keep set reports nothing.
+unsafe impl Keep for () {
+    fn visit<'k>(&'k mut self, _v: &mut Visitor<'k>) {}
+}
+
+// SAFETY: a shared borrow keeps the buffer alive, and unwritable by anyone, for the borrow's life.
+unsafe impl<B: DeviceMemory + DevicePtr<B::Elem>> Keep for &B {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.read(&**self);
+    }
+}
+
+// SAFETY: an exclusive borrow keeps the buffer alive for the borrow's life.
+unsafe impl<B: DeviceMemory + DevicePtr<B::Elem> + DevicePtrMut<B::Elem>> Keep for &mut B {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.write(&mut **self);
+    }
+}
+
+/// `Keep` for owned buffer types: the value itself is the member.
+macro_rules! keep_owned {
+    ($([$($gen:tt)*] $ty:ty),* $(,)?) => {$(
+        // SAFETY: the buffer is owned by the keep set.
+        unsafe impl<$($gen)*> Keep for $ty {
+            fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+                v.write(self);
+            }
+        }
+    )*};
+}
+
+keep_owned!([T] cudarc::driver::CudaSlice<T>, ['a, T] cudarc::driver::CudaViewMut<'a, T>);
+
+// SAFETY: a shared view borrows its slice for its whole life, and cannot write it.
+unsafe impl<T> Keep for cudarc::driver::CudaView<'_, T> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.read(self);
+    }
+}
+
+// SAFETY: each element is kept by the box / option / collection, and visited in a fixed order.
+unsafe impl<K: Keep + ?Sized> Keep for Box<K> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        (**self).visit(v);
+    }
+}
+
+// SAFETY: as for `Box`.
+unsafe impl<K: Keep> Keep for Option<K> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        if let Some(k) = self {
+            k.visit(v);
+        }
+    }
+}
+
+// SAFETY: as for `Box`.
+unsafe impl<K: Keep> Keep for Vec<K> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        for k in self.iter_mut() {
+            k.visit(v);
+        }
+    }
+}
+
+// SAFETY: as for `Box`.
+unsafe impl<K: Keep, const N: usize> Keep for [K; N] {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        for k in self.iter_mut() {
+            k.visit(v);
+        }
+    }
+}
+
+macro_rules! keep_tuple {
+    ($($name:ident)+) => {
+        // SAFETY: as for `Box`: each field is kept by the tuple.
+        unsafe impl<$($name: Keep),+> Keep for ($($name,)+) {
+            #[allow(non_snake_case)]
+            fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+                let ($($name,)+) = self;
+                $($name.visit(v);)+
+            }
+        }
+    };
+}
+
+keep_tuple!(A);
+keep_tuple!(A B);
+keep_tuple!(A B C);
+keep_tuple!(A B C D);
+keep_tuple!(A B C D E);
+keep_tuple!(A B C D E F);
+keep_tuple!(A B C D E F G);
+keep_tuple!(A B C D E F G H);
+keep_tuple!(A B C D E F G H I);
+keep_tuple!(A B C D E F G H I J);
+keep_tuple!(A B C D E F G H I J K);
+keep_tuple!(A B C D E F G H I J K L);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn buffer(ptr: u64, bytes: usize, writable: bool) -> Member {
+        Member::Buffer { ordinal: 0, ptr, bytes, writable }
+    }
+
+    fn used(ptr: u64, bytes: usize, how: Use) -> Used {
+        Used { ordinal: 0, ptr, bytes, how }
+    }
+
+    #[test]
+    fn every_use_must_lie_in_a_kept_buffer() {
+        let members = vec![buffer(0x1000, 256, false), buffer(0x2000, 256, true)];
+        let plan = plan(members.clone(), &[used(0x1010, 16, Use::Read), used(0x2000, 256, Use::Write)], &[]).unwrap();
+        assert_eq!(plan.iter().map(|p| p.1).collect::<Vec<_>>(), [Some(Use::Read), Some(Use::Write)]);
+
+        // Past the end of the buffer by one byte.
+        let err = self::plan(members.clone(), &[used(0x2001, 256, Use::Read)], &[]).unwrap_err();
+        assert_eq!(err, OrderError::NotKept { ordinal: 0, ptr: 0x2001, bytes: 256 });
+        // Another device.
+        let other = Used { ordinal: 1, ..used(0x1000, 4, Use::Read) };
+        assert!(matches!(self::plan(members.clone(), &[other], &[]), Err(OrderError::NotKept { ordinal: 1, .. })));
+        // Written, but kept only shared.
+        let err = self::plan(members.clone(), &[used(0x1000, 4, Use::Write)], &[]).unwrap_err();
+        assert_eq!(err, OrderError::KeptShared { ordinal: 0, ptr: 0x1000, bytes: 4 });
+        // Empty uses touch nothing.
+        assert!(self::plan(members, &[used(0x9000, 0, Use::Write)], &[]).is_ok());
+    }
+
+    #[test]
+    fn a_write_wins_over_reads_and_resources_must_be_kept() {
+        let comm = 7u8;
+        let r = Resource::of("communicator", &comm);
+        let members = vec![buffer(0x1000, 64, true), Member::Resource(r)];
+        let uses = [used(0x1000, 8, Use::Write), used(0x1008, 8, Use::Read)];
+        let plan = plan(members.clone(), &uses, &[r]).unwrap();
+        assert_eq!(plan[0].1, Some(Use::Write));
+        assert_eq!(plan[1].1, Some(Use::Read));
+        let other = 8u8;
+        let err = self::plan(members, &[], &[Resource::of("team", &other)]).unwrap_err();
+        assert_eq!(err, OrderError::ResourceNotKept { kind: "team" });
+        assert_eq!(err.to_string(), "a captured call used a team that the graph does not keep: give it to the capture");
+    }
+}

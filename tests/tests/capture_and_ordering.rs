@@ -1,0 +1,318 @@
+//! Soundness of graphs and stream ordering, on one GPU (issue 19, findings 1, 3, 6 and 10, and
+//! zero-element calls): each test names what the code before the fix did in the same situation.
+//!
+//! * finding 1: reads and frees after a graph launch wait for the graph (`MemBuffer`, `CudaSlice`);
+//! * finding 3: a capture keeps what its calls (and cudarc work on its stream) use, refuses what
+//!   it does not keep, and calls on a capture the crates did not open are refused (the compile-time half is in `nccl/tests/ui` and
+//!   `nvshmem/tests/ui`);
+//! * finding 6: a write waits for every reader of a `MemBuffer` that two threads read at once;
+//! * finding 10: forgetting a non-blocking put's handle does not skip its quiet;
+//! * zero-element collectives are no-ops, also inside groups.
+//!
+//! One-rank communicators and one-PE NVSHMEM jobs: one GPU is enough for every test.
+
+mod nvshmem_support;
+
+use std::sync::{Arc, Barrier};
+
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{result, CudaContext, CudaStream, DevicePtr, DevicePtrMut};
+use gpucomm_tests::{multi_process, require_gpus};
+use nccl::{group, Collectives, Comm, Error, MemBuffer, PreMulSum, ReduceOp};
+use nvshmem::SymmetricMemory;
+use nvshmem_support::start;
+
+/// Elements of the small buffers.
+const N: usize = 4096;
+
+/// A one-rank communicator on a stream of its own, and the context.
+fn one_rank(test: &str) -> Option<(Comm, Arc<CudaContext>)> {
+    let streams = require_gpus(test, 1)?;
+    let ctx = streams[0].context().clone();
+    let home = ctx.new_stream().unwrap();
+    let comm = Comm::init_rank(home, &nccl::UniqueId::new().unwrap(), 0, 1).unwrap();
+    // NCCL connects at a communicator's first collective: do it here, on a buffer of its own.
+    let mut warm = MemBuffer::from_host(comm.stream(), &[1.0f32; 4]).unwrap();
+    comm.all_reduce_in_place(&mut warm, ReduceOp::SUM).unwrap();
+    comm.stream().synchronize().unwrap();
+    Some((comm, ctx))
+}
+
+fn all_equal(what: &str, got: &[f32], want: f32) {
+    if let Some(i) = got.iter().position(|&x| x != want) {
+        panic!("{what}: element {i} is {}, expected {want}", got[i]);
+    }
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn reads_and_frees_after_a_graph_launch_wait_for_it() {
+    // Before the fix (cudarc's begin_capture around the same safe calls, the graph launched 30
+    // times on the side stream, then `clone_dtoh` on the home stream): the read returned 2 — one
+    // launch's worth — instead of 2^30, and the drops freed the memory while the graph ran.
+    let test = "reads_and_frees_after_a_graph_launch_wait_for_it";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let home = comm.stream().clone();
+    let side = ctx.new_stream().unwrap();
+    let double = PreMulSum::host(&comm, 2.0f32).unwrap();
+    // Last used on the home stream, captured on the side stream.
+    let mem = MemBuffer::from_host(&home, &[1.0f32; N]).unwrap();
+    let plain = home.clone_htod(&[1.0f32; N]).unwrap();
+
+    let mut graph = nccl::capture(&side, (&comm, &double, mem, plain), |(comm, double, mem, plain)| {
+        comm.on(&side).all_reduce_in_place(mem, *double)?;
+        comm.on(&side).all_reduce_in_place(plain, *double)
+    })
+    .unwrap();
+    for _ in 0..30 {
+        graph.launch().unwrap();
+    }
+    // No synchronisation: the reads on the home stream wait for the 30 launches.
+    let (_, _, mem, plain) = graph.kept();
+    all_equal("MemBuffer after 30 launches", &home.clone_dtoh(mem).unwrap(), (1u64 << 30) as f32);
+    all_equal("CudaSlice after 30 launches", &home.clone_dtoh(plain).unwrap(), (1u64 << 30) as f32);
+
+    // Launch again, give the buffers back and drop them at once: the frees wait for the graph.
+    // The allocations made right after may reuse the memory; a graph still running would double
+    // what they hold.
+    for _ in 0..30 {
+        graph.launch().unwrap();
+    }
+    let (_, _, mem, plain) = graph.into_kept();
+    drop((mem, plain));
+    let reused = MemBuffer::from_host(&home, &[7.0f32; N]).unwrap();
+    let reused_plain = home.clone_htod(&[7.0f32; N]).unwrap();
+    side.synchronize().unwrap();
+    all_equal("a MemBuffer allocated after the free", &home.clone_dtoh(&reused).unwrap(), 7.0);
+    all_equal("a CudaSlice allocated after the free", &home.clone_dtoh(&reused_plain).unwrap(), 7.0);
+    drop(double);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_capture_keeps_what_its_calls_use_and_refuses_the_rest() {
+    // Before the fix every case below was accepted: the calls were captured into a graph that
+    // borrowed nothing, so the buffer or communicator could be freed before a launch.
+    let test = "a_capture_keeps_what_its_calls_use_and_refuses_the_rest";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let home = comm.stream().clone();
+    let side = ctx.new_stream().unwrap();
+    let mut outside = MemBuffer::from_host(&home, &[3.0f32; N]).unwrap();
+    let double = PreMulSum::host(&comm, 2.0f32).unwrap();
+
+    // A buffer the capture does not keep.
+    let err = nccl::capture(&side, (&comm, &double), |(comm, double)| {
+        comm.on(&side).all_reduce_in_place(&mut outside, *double)
+    })
+    .unwrap_err();
+    assert!(
+        matches!(err, Error::Ordering(gpucomm_ordering::OrderError::NotKept { bytes, .. }) if bytes == 4 * N),
+        "{err}"
+    );
+    // A communicator it does not keep.
+    let err = nccl::capture(&side, (&double, &mut outside), |(double, buf)| {
+        comm.on(&side).all_reduce_in_place(*buf, *double)
+    })
+    .unwrap_err();
+    assert!(
+        matches!(err, Error::Ordering(gpucomm_ordering::OrderError::ResourceNotKept { kind: "communicator" })),
+        "{err}"
+    );
+    // Nothing ran: the buffer holds what it held.
+    all_equal("a buffer of refused captures", &home.clone_dtoh(&outside).unwrap(), 3.0);
+
+    // A capture cudarc opened: the safe call is refused (before the fix it was captured into a
+    // graph that kept nothing alive), and cudarc's own copy into a MemBuffer makes CUDA refuse
+    // the whole graph.
+    side.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    let refused = comm.on(&side).all_reduce_in_place(&mut outside, &double);
+    let ended = side.end_capture(CUgraphInstantiate_flags(0));
+    assert!(matches!(refused, Err(Error::Ordering(gpucomm_ordering::OrderError::ForeignCapture))), "{refused:?}");
+    drop(ended);
+    side.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    // The memset itself may fail (the capture is broken before it is enqueued).
+    let _ = side.memset_zeros(&mut outside);
+    let ended = side.end_capture(CUgraphInstantiate_flags(0));
+    assert!(ended.is_err(), "a cudarc memset of a MemBuffer inside a foreign capture must break it");
+    // cudarc recorded the refusal in the context; clear it.
+    let _ = ctx.check_err();
+    all_equal("a buffer of foreign captures", &home.clone_dtoh(&outside).unwrap(), 3.0);
+
+    // cudarc work on the scope's stream is covered like the calls: a memset of a kept MemBuffer
+    // is captured and replayed, one of a buffer the capture does not keep refuses the capture.
+    let kept = MemBuffer::from_host(&home, &[4.0f32; N]).unwrap();
+    let mut graph = nccl::capture(&side, (kept,), |(buf,)| Ok(side.memset_zeros(buf)?)).unwrap();
+    all_equal("a captured memset before the launch", &home.clone_dtoh(&graph.kept().0).unwrap(), 4.0);
+    graph.launch().unwrap();
+    all_equal("a captured memset after the launch", &home.clone_dtoh(&graph.kept().0).unwrap(), 0.0);
+    drop(graph);
+    let err = nccl::capture(&side, (), |_| Ok(side.memset_zeros(&mut outside)?)).unwrap_err();
+    assert!(matches!(err, Error::Ordering(gpucomm_ordering::OrderError::NotKept { .. })), "{err}");
+    all_equal("a buffer memset in a refused capture", &home.clone_dtoh(&outside).unwrap(), 3.0);
+
+    // A kept buffer replaced between launches: the next launch refuses to run.
+    let kept = MemBuffer::from_host(&home, &[1.0f32; N]).unwrap();
+    let mut graph = nccl::capture(&side, (&comm, &double, kept), |(comm, double, buf)| {
+        comm.on(&side).all_reduce_in_place(buf, *double)
+    })
+    .unwrap();
+    graph.launch().unwrap();
+    all_equal("one launch", &home.clone_dtoh(&graph.kept().2).unwrap(), 2.0);
+    graph.kept_mut().2 = MemBuffer::from_host(&home, &[5.0f32; N]).unwrap();
+    let err = graph.launch().unwrap_err();
+    assert!(matches!(err, gpucomm_ordering::OrderError::NotKept { .. }), "{err}");
+    all_equal("the replacement, not launched on", &home.clone_dtoh(&graph.kept().2).unwrap(), 5.0);
+    drop(graph);
+    drop(double);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_write_waits_for_every_reader_of_a_shared_membuffer() {
+    // Two threads read one MemBuffer on two streams (the read on stream A held back behind a long
+    // copy), then the buffer is zeroed on a third stream. Before the fix the tracker remembered
+    // one reader (the last to finish enqueuing, B), so the zeroing ran before A's read, which
+    // copied zeros.
+    let test = "a_write_waits_for_every_reader_of_a_shared_membuffer";
+    let Some(streams) = require_gpus(test, 1) else { return };
+    let ctx = streams[0].context().clone();
+    let home = ctx.new_stream().unwrap();
+    let len = 16 << 20; // 64 MiB of f32
+    let mut x = MemBuffer::from_host(&home, &vec![1.0f32; len]).unwrap();
+    let (a, b, c) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    // About a millisecond of copying that stream A does first.
+    let big = home.alloc_zeros::<u8>(2 << 30).unwrap();
+    let mut big_out = home.alloc_zeros::<u8>(2 << 30).unwrap();
+    let mut ra = a.alloc_zeros::<f32>(len).unwrap();
+    let mut rb = b.alloc_zeros::<f32>(len).unwrap();
+    home.synchronize().unwrap();
+    a.memcpy_dtod(&big, &mut big_out).unwrap();
+
+    let both_taken = Barrier::new(2);
+    let read = |stream: &Arc<CudaStream>, out: &mut cudarc::driver::CudaSlice<f32>| {
+        ctx.bind_to_thread().unwrap();
+        let (src, src_guard) = x.device_ptr(stream);
+        let (dst, dst_guard) = out.device_ptr_mut(stream);
+        // SAFETY: both hold `len` f32 on this device, borrowed (guards alive) until the copy is
+        // enqueued.
+        unsafe { result::memcpy_dtod_async(dst, src, len * 4, stream.cu_stream()) }.unwrap();
+        // Both threads hold their guards here at once, as two threads reading concurrently do.
+        both_taken.wait();
+        drop((src_guard, dst_guard));
+    };
+    std::thread::scope(|s| {
+        s.spawn(|| read(&a, &mut ra));
+        s.spawn(|| read(&b, &mut rb));
+    });
+    c.memset_zeros(&mut x).unwrap();
+    for s in [&a, &b, &c] {
+        s.synchronize().unwrap();
+    }
+    all_equal("the read held back on stream A", &a.clone_dtoh(&ra).unwrap(), 1.0);
+    all_equal("the read on stream B", &b.clone_dtoh(&rb).unwrap(), 1.0);
+    all_equal("the zeroed buffer", &home.clone_dtoh(&x).unwrap(), 0.0);
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_forgotten_nonblocking_put_is_still_quieted() {
+    // A put_nbi's handle is forgotten, then its source is zeroed on another stream. Before the fix
+    // nothing enqueued the quiet: the zeroing waited only for the enqueue of the put, while
+    // NVSHMEM's copy (off the stream until a quiet) still read the source, so zeros arrived.
+    let test = "a_forgotten_nonblocking_put_is_still_quieted";
+    multi_process(test, 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let len = 64 << 20; // 256 MiB of i32
+        let mut src = rt.alloc::<i32>(len).unwrap();
+        let dst = rt.alloc_zeroed::<i32>(len).unwrap();
+        stream.memcpy_htod(&vec![1i32; len], &mut src).unwrap();
+        stream.synchronize().unwrap();
+        let (s, other) = (stream.context().new_stream().unwrap(), stream.context().new_stream().unwrap());
+
+        let pending = rt.put_nbi_on_stream(&dst, &src, 0, &s).unwrap();
+        std::mem::forget(pending);
+        let state = format!("{:?}", SymmetricMemory::tracker(&src));
+        assert!(state.contains("pending: true"), "the tracker remembers the put: {state}");
+        other.memset_zeros(&mut src).unwrap();
+        let state = format!("{:?}", SymmetricMemory::tracker(&src));
+        assert!(state.contains("pending: false"), "the zeroing enqueued the quiet first: {state}");
+        for st in [&s, &other] {
+            st.synchronize().unwrap();
+        }
+        let got = stream.clone_dtoh(&dst).unwrap();
+        if let Some(i) = got.iter().position(|&v| v != 1) {
+            panic!("element {i} of the put is {}: the source was zeroed before the put read it", got[i]);
+        }
+        assert!(stream.clone_dtoh(&src).unwrap().iter().all(|&v| v == 0));
+
+        // Inside a capture the quiet must be captured too: a forgotten handle refuses the graph.
+        let err = nvshmem::capture(&s, (&rt, &dst, &src), |(rt, dst, src)| {
+            std::mem::forget(rt.put_nbi_on_stream(*dst, *src, 0, &s)?);
+            Ok(())
+        })
+        .unwrap_err();
+        assert!(matches!(err, nvshmem::Error::Ordering(gpucomm_ordering::OrderError::CaptureIncomplete)), "{err}");
+        dst.free().map_err(|(_, e)| e).unwrap();
+        src.free().map_err(|(_, e)| e).unwrap();
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn an_nvshmem_graph_orders_its_launches() {
+    // A put to this PE's own heap and a quiet, captured on a side stream, launched, read on the
+    // home stream without synchronising (before the fix: cudarc's capture, a read that did not
+    // wait for the graph).
+    let test = "an_nvshmem_graph_orders_its_launches";
+    multi_process(test, 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let side = stream.context().new_stream().unwrap();
+        let src = rt.alloc_zeroed::<i32>(N).unwrap();
+        let dst = rt.alloc_zeroed::<i32>(N).unwrap();
+        let mut graph = nvshmem::capture(&side, (&rt, src, dst), |(rt, src, dst)| {
+            rt.put_on_stream(dst, src, 0, &side)?;
+            rt.quiet_on_stream(&side)
+        })
+        .unwrap();
+        for k in 1..=3 {
+            stream.memcpy_htod(&vec![k; N], &mut graph.kept_mut().1).unwrap();
+            graph.launch().unwrap();
+            let got = stream.clone_dtoh(&graph.kept().2).unwrap();
+            assert!(got.iter().all(|&v| v == k), "launch {k}: {:?}", &got[..4]);
+        }
+        let (_, src, dst) = graph.into_kept();
+        dst.free().map_err(|(_, e)| e).unwrap();
+        src.free().map_err(|(_, e)| e).unwrap();
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn zero_element_calls_are_no_ops_also_in_groups() {
+    // Before: every call below was refused with ZeroCount, and the group with GroupRefused, so the
+    // doubling in the group never ran.
+    let test = "zero_element_calls_are_no_ops_also_in_groups";
+    let Some((comm, _ctx)) = one_rank(test) else { return };
+    let s = comm.stream().clone();
+    let empty = s.null::<f32>().unwrap();
+    let mut empty_out = s.null::<f32>().unwrap();
+    comm.all_reduce(&empty, &mut empty_out, ReduceOp::SUM).unwrap();
+    comm.all_gather(&empty, &mut empty_out).unwrap();
+    let mut x = MemBuffer::from_host(&s, &[1.0f32; N]).unwrap();
+    comm.all_reduce_in_place(&mut x.slice_mut(5..5).unwrap(), ReduceOp::SUM).unwrap();
+    let double = PreMulSum::host(&comm, 2.0f32).unwrap();
+    let mut received = s.null::<f32>().unwrap();
+    group(|g| {
+        g.with(&comm).send(&empty, 0)?;
+        g.with(&comm).recv(&mut received, 0)?;
+        g.with(&comm).all_reduce_in_place(&mut x, &double)
+    })
+    .unwrap();
+    all_equal("the group's all-reduce", &s.clone_dtoh(&x).unwrap(), 2.0);
+    drop(double);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
