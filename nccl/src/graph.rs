@@ -51,7 +51,9 @@ unsafe impl<T> Keep for &mut Window<'_, T> {
 /// crate's error type; see [`gpucomm_ordering::graph`] for the rules).
 ///
 /// * **What the graph keeps.** `keep` is any tuple, array, `Vec` or `Option` of buffers (by value,
-///   `&` or `&mut`), `&Comm`, `&PreMulSum`, and NVSHMEM's runtimes, teams and symmetric buffers.
+///   `&` or `&mut`), `&Comm`, `&PreMulSum`, registered buffers (`&Registration`,
+///   `&mut Registration`, or `reg.buffer_mut()`), and NVSHMEM's runtimes, teams and symmetric
+///   buffers.
 ///   `f` gets it back (`&mut keep`) to make its calls; a call that uses a buffer or communicator
 ///   not in `keep` makes the capture fail ([`gpucomm_ordering::OrderError::NotKept`] and
 ///   friends), so the graph can never outlive what it uses: the compiler sees to the borrows.

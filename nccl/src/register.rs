@@ -10,7 +10,7 @@ use std::ops::Deref;
 use std::ops::RangeBounds;
 
 use cudarc::driver::DeviceSlice;
-use gpucomm_ordering::{Access, DeviceBufferMut, PinnedMut};
+use gpucomm_ordering::{Access, DeviceBufferMut, Keep, PinnedMut, Visitor};
 
 use crate::error::{call, Error, Result};
 use crate::Comm;
@@ -35,7 +35,9 @@ fn check_device<T>(comm: &Comm, what: &'static str, buf: &impl DeviceSlice<T>) -
 /// [`reg.buffer_mut()`](Registration::buffer_mut), like any other. There is no `&mut` to the buffer
 /// itself: with one, safe code could replace the buffer (`std::mem::replace`) and free the
 /// registered memory while NCCL still holds it. The registration borrows its communicator, so it
-/// cannot outlive it, and it is deregistered on drop.
+/// cannot outlive it, and it is deregistered on drop. A [`crate::capture`] whose calls use the
+/// buffer keeps the registration (`&reg`, `&mut reg`, or `reg.buffer_mut()` in its keep set), so
+/// it outlives the graph.
 ///
 /// Registration is a collective *contract*: NCCL uses registered buffers only when every rank of
 /// a call passes registered buffers, and mixing registered and unregistered buffers across ranks
@@ -164,6 +166,23 @@ impl<T, B: DeviceBufferMut<T>> Drop for Registration<'_, T, B> {
             // the memory, so it is leaked.
             Err(e) => log::warn!("nccl: deregistering a dropped registration failed; its buffer is leaked: {e}"),
         }
+    }
+}
+
+// SAFETY: the borrow keeps the registration, and so its buffer, alive and registered; the buffer
+// is only read through it.
+unsafe impl<T, B: DeviceBufferMut<T>> Keep for &Registration<'_, T, B> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.read(&*self.buf);
+    }
+}
+
+// SAFETY: the exclusive borrow keeps the registration, and so its buffer, alive and registered; it
+// is reported writable. Swapping the registration out through `Graph::kept_mut` moves its buffer
+// with it, which the next launch notices (the memory is no longer kept) and refuses.
+unsafe impl<T, B: DeviceBufferMut<T>> Keep for &mut Registration<'_, T, B> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.write(&mut *self.buf);
     }
 }
 

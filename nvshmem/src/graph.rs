@@ -52,8 +52,11 @@ unsafe impl Keep for &Module<'_> {
 /// (`gpucomm_ordering::capture` with this crate's error type; see `nccl::capture` for a
 /// step-by-step example and [`gpucomm_ordering::graph`] for the rules).
 ///
-/// `keep` holds `&Runtime`, `&Team`, `&Module`, symmetric buffers (by value or borrowed) and
-/// local buffers; an operation inside `f` that uses anything else makes the capture fail. A
+/// `keep` holds `&Runtime`, `&Team`, `&Module`, symmetric buffers (by value or borrowed), local
+/// buffers, and registered local buffers (`&Registration`, `&mut Registration`, or
+/// `reg.buffer_mut()`: the graph then borrows the [`crate::Registration`], which cannot be
+/// unregistered while the graph lives); an operation inside `f` that uses anything else makes the
+/// capture fail. A
 /// non-blocking operation must be completed inside `f` ([`crate::Pending::quiet`], or its drop),
 /// or the capture is refused ([`gpucomm_ordering::OrderError::CaptureIncomplete`]).
 ///

@@ -6,7 +6,7 @@ use std::mem::ManuallyDrop;
 use std::ops::Deref;
 use std::ptr::NonNull;
 
-use gpucomm_ordering::{DeviceBufferMut, PinnedMut};
+use gpucomm_ordering::{DeviceBufferMut, Keep, PinnedMut, Visitor};
 
 use crate::error::{call, Error, Result};
 use crate::Runtime;
@@ -21,6 +21,9 @@ use crate::Runtime;
 /// Unregistering (and dropping) first waits for the buffer's queued uses — puts and gets still
 /// waiting on their streams would otherwise run against a registration that is gone — and for
 /// nothing else, bounded by [`Runtime::set_timeout`].
+///
+/// A [`crate::capture`] whose operations use the buffer keeps the registration (`&reg`,
+/// `&mut reg`, or `reg.buffer_mut()` in its keep set), so the registration outlives the graph.
 pub struct Registration<'rt, T, B: DeviceBufferMut<T>> {
     ptr: NonNull<c_void>,
     bytes: usize,
@@ -122,5 +125,22 @@ impl<T, B: DeviceBufferMut<T>> Drop for Registration<'_, T, B> {
                 self.ptr
             ),
         }
+    }
+}
+
+// SAFETY: the borrow keeps the registration, and so its buffer, alive and registered; the buffer
+// is only read through it.
+unsafe impl<T, B: DeviceBufferMut<T>> Keep for &Registration<'_, T, B> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.read(&*self.buf);
+    }
+}
+
+// SAFETY: the exclusive borrow keeps the registration, and so its buffer, alive and registered; it
+// is reported writable. Swapping the registration out through `Graph::kept_mut` moves its buffer
+// with it, which the next launch notices (the memory is no longer kept) and refuses.
+unsafe impl<T, B: DeviceBufferMut<T>> Keep for &mut Registration<'_, T, B> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.write(&mut *self.buf);
     }
 }

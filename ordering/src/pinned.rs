@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{sys::CUdeviceptr, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 
-use crate::DeviceMemory;
+use crate::{DeviceMemory, Keep, Visitor};
 
 /// Writable access to a buffer that an owner must keep in place — a buffer registered with NCCL or
 /// NVSHMEM, which the library uses until it is deregistered: a cudarc buffer
@@ -60,4 +60,12 @@ impl<T, B: DevicePtrMut<T> + ?Sized> DevicePtrMut<T> for PinnedMut<'_, T, B> {
 // `buf`'s own, which its `DeviceMemory` implementation promises to be truthful.
 unsafe impl<T, B: DeviceMemory<Elem = T> + DevicePtrMut<T> + ?Sized> DeviceMemory for PinnedMut<'_, T, B> {
     type Elem = T;
+}
+
+// SAFETY: the exclusive borrow keeps the buffer alive, and in place, for the `PinnedMut`'s life;
+// it is reported writable, as it is. (A registration's `buffer_mut()` can so be kept by a graph.)
+unsafe impl<T, B: DeviceMemory<Elem = T> + DevicePtr<T> + DevicePtrMut<T> + ?Sized> Keep for PinnedMut<'_, T, B> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.write(self);
+    }
 }

@@ -7,7 +7,9 @@
 //!   `nvshmem/tests/ui`);
 //! * finding 6: a write waits for every reader of a `MemBuffer` that two threads read at once;
 //! * finding 10: forgetting a non-blocking put's handle does not skip its quiet;
-//! * zero-element collectives are no-ops, also inside groups.
+//! * zero-element collectives are no-ops, also inside groups;
+//! * registrations (which own their buffers) are kept by the graphs that use them, and ending one
+//!   waits for the graph's launches.
 //!
 //! One-rank communicators and one-PE NVSHMEM jobs: one GPU is enough for every test.
 
@@ -315,4 +317,67 @@ fn zero_element_calls_are_no_ops_also_in_groups() {
     all_equal("the group's all-reduce", &s.clone_dtoh(&x).unwrap(), 2.0);
     drop(double);
     comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_graph_keeps_an_nccl_registration_and_deregistering_waits_for_it() {
+    // A registration owns its buffer and hands out no `&mut` to it; a graph whose calls write the
+    // buffer keeps `&mut registration`, so the registration cannot be deregistered while the graph
+    // lives (the compile-time half: nvshmem/tests/ui/graph_outlives_registration.rs). The launches
+    // are recorded in the buffer's ordering: a read on another stream, and the deregistration,
+    // wait for them.
+    let test = "a_graph_keeps_an_nccl_registration_and_deregistering_waits_for_it";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let home = comm.stream().clone();
+    let side = ctx.new_stream().unwrap();
+    let double = PreMulSum::host(&comm, 2.0f32).unwrap();
+    let mut registration = comm.register(home.clone_htod(&[1.0f32; N]).unwrap()).unwrap();
+    let mut graph = nccl::capture(&side, (&comm, &double, &mut registration), |(comm, double, registration)| {
+        comm.on(&side).all_reduce_in_place(&mut registration.buffer_mut(), *double)
+    })
+    .unwrap();
+    for _ in 0..20 {
+        graph.launch().unwrap();
+    }
+    all_equal("after 20 launches", &home.clone_dtoh(&**graph.kept().2).unwrap(), (1u64 << 20) as f32);
+    for _ in 0..10 {
+        graph.launch().unwrap();
+    }
+    drop(graph);
+    let buf = registration.deregister().map_err(|(_, e)| e).unwrap();
+    all_equal("after deregistering", &home.clone_dtoh(&buf).unwrap(), (1u64 << 30) as f32);
+    drop(double);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_graph_keeps_an_nvshmem_registration() {
+    // A put from a registered local buffer, captured with the registration in the keep set
+    // (before the merge, a registration was no keep-set member and could be ended while a graph
+    // used its buffer). Inputs are written through `buffer_mut()` between launches.
+    let test = "a_graph_keeps_an_nvshmem_registration";
+    multi_process(test, 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let side = stream.context().new_stream().unwrap();
+        let dst = rt.alloc_zeroed::<i32>(N).unwrap();
+        let mut registration = rt.register(stream.clone_htod(&vec![0i32; N]).unwrap()).unwrap();
+        let mut graph = nvshmem::capture(&side, (&rt, dst, &mut registration), |(rt, dst, registration)| {
+            rt.put_on_stream(dst, &***registration, 0, &side)?;
+            rt.quiet_on_stream(&side)
+        })
+        .unwrap();
+        for k in 1..=3 {
+            stream.memcpy_htod(&vec![k; N], &mut graph.kept_mut().2.buffer_mut()).unwrap();
+            graph.launch().unwrap();
+            let got = stream.clone_dtoh(&graph.kept().1).unwrap();
+            assert!(got.iter().all(|&v| v == k), "launch {k}: {:?}", &got[..4]);
+        }
+        let (_, dst, _) = graph.into_kept();
+        let local = registration.unregister().map_err(|(_, e)| e).unwrap();
+        assert!(stream.clone_dtoh(&local).unwrap().iter().all(|&v| v == 3));
+        dst.free().map_err(|(_, e)| e).unwrap();
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
 }
