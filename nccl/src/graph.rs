@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use gpucomm_ordering::{Graph, Keep, Resource, Visitor};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::Comm;
 #[cfg(nccl_2_27)]
 use crate::Window;
@@ -67,7 +67,9 @@ unsafe impl<T> Keep for &mut Window<'_, T> {
 ///   call on a stream captured by anything else — cudarc's `begin_capture` included — is refused,
 ///   inside or outside `f`.
 ///
-/// Refused with [`Error::InsideGroup`] inside a [`crate::group`] (a group inside `f` is fine).
+/// Refused with [`crate::Error::InsideGroup`] inside a [`crate::group`], which counts as a refused
+/// call of that group (it then launches nothing, as for any direct call inside it); a group inside
+/// `f` is fine.
 ///
 /// ```no_run
 /// use cudarc::driver::CudaContext;
@@ -103,8 +105,6 @@ unsafe impl<T> Keep for &mut Window<'_, T> {
 #[doc(alias = "cuStreamBeginCapture")]
 #[doc(alias = "cuStreamEndCapture")]
 pub fn capture<K: Keep>(stream: &Arc<CudaStream>, keep: K, f: impl FnOnce(&mut K) -> Result<()>) -> Result<Graph<K>> {
-    if crate::group::is_open() {
-        return Err(Error::InsideGroup);
-    }
+    crate::group::refuse_inside()?;
     gpucomm_ordering::capture(stream, keep, f)
 }
