@@ -56,8 +56,13 @@ pub(crate) fn disjoint_or_identical(a: Span, b: Span) -> Result<()> {
 
 /// The range `span` of symmetric memory names on PE `pe`, as this PE addresses it through a
 /// load/store mapping (`nvshmem_ptr`): `None` when `pe`'s memory is not mapped here (then no
-/// local range can be part of it).
+/// local range can be part of it, nor can an empty range).
 pub(crate) fn on_pe(span: Span, pe: i32) -> Result<Option<Span>> {
+    if span.bytes == 0 {
+        // Zero-element calls are allowed; an empty range overlaps nothing, and its address need
+        // not lie inside an allocation.
+        return Ok(None);
+    }
     // SAFETY: `span.addr` lies inside a live symmetric allocation (the callers pass their
     // symmetric argument) and `pe` was checked in range; nvshmem_ptr only computes an address.
     let mapped = unsafe { call!(nvshmem_ptr(span.addr as *const c_void, pe)) }?;
