@@ -130,7 +130,7 @@ fn run(
                 // SAFETY: the arguments match `oneshot_sum_f32(const float *send, float *recv,
                 // size_t n, float *staging, size_t slot_elems, uint64_t *flags, uint32_t *calls)`;
                 // `src` and `dst` hold `c` ≤ `slot` floats, the symmetric staging 2 × `slot`, the
-                // symmetric flags NVSHMEM_CTAS × n_pes signals, `calls` the two-word counter; every
+                // symmetric flags NVSHMEM_CTAS × n_pes signals, `calls` NVSHMEM_CTAS call counters; every
                 // PE launches the same grid with the same count.
                 unsafe {
                     shmem.launch_collective(cfg, stream, |a| {
@@ -142,7 +142,9 @@ fn run(
                 Ok(())
             })?;
         }
-        measure("two-shot", &mut || lsa.two_shot(stream, &send, 0, &mut recv, 0, c))?;
+        // SAFETY: every rank allocates both windows with `count` ≥ `c` elements (`max` is the same on
+        // every rank: the lessons are started with the same arguments).
+        measure("two-shot", &mut || unsafe { lsa.two_shot(stream, &send, 0, &mut recv, 0, c) })?;
         measure("ncclAllReduce", &mut || Ok(comm.all_reduce(&plain_src, &mut dst, ReduceOp::SUM)?))?;
         {
             let mut win_dst = recv.slice_mut(..c)?;
