@@ -61,6 +61,7 @@ cp tools/gpu-run.sh bundle/run.sh
 cp tools/gpu-lib.sh bundle/lib.sh
 cp tools/gpu-sanitize.sh bundle/sanitize.sh
 cp tools/gpu-nccl-tests.sh tools/gpu-custom-bench.sh tools/custom-vs-nccl-tests.py bundle/
+cp tools/variants-table.py tools/dispatch-vs-nccl-tests.py bundle/
 cp cli/gpu/*.sh bundle/
 chmod +x bundle/*.sh
 # The reference benchmark's source, built on the GPU machine for side-by-side runs.
