@@ -131,5 +131,40 @@ def main(root):
                   f"{'met' if top[3] <= 3.0 else 'NOT met'}")
 
 
+def sweep(root):
+    """The launch-shape sweep (s.<kernel>.<bytes per CTA>.<mode>.json), if it ran."""
+    runs = {}
+    for path in glob.glob(os.path.join(root, "s.*.json")):
+        m = re.match(r"s\.([\w-]+)\.(\w+)\.(eager|graph)\.json$", os.path.basename(path))
+        if not m:
+            continue
+        try:
+            runs[(m.group(1), m.group(2), m.group(3))] = gpucomm(path)
+        except (ValueError, KeyError, json.JSONDecodeError):
+            continue
+    if not runs:
+        return
+    print()
+    print("## Launch shapes (bytes of message per CTA; symmetric buffers, µs per call, one run)")
+    for kernel in sorted({k for k, _, _ in runs}):
+        ctas = sorted({c for k, c, _ in runs if k == kernel}, key=lambda c: int(c.rstrip("K")))
+        for mode in ("eager", "graph"):
+            sizes = sorted({s for (k, c, md), t in runs.items() if k == kernel and md == mode for s in t})
+            if not sizes:
+                continue
+            print()
+            print(f"{kernel}, {mode}:")
+            print()
+            print("| size | " + " | ".join(f"{c} per CTA" for c in ctas) + " |")
+            print("|---:|" + "---:|" * len(ctas))
+            for s in sizes:
+                cells = []
+                for c in ctas:
+                    t = runs.get((kernel, c, mode), {}).get(s)
+                    cells.append(f"{t[0]:.2f}" if t else "—")
+                print(f"| {label(s)} | " + " | ".join(cells) + " |")
+
+
 if __name__ == "__main__":
     main(sys.argv[1] if len(sys.argv) > 1 else ".")
+    sweep(sys.argv[1] if len(sys.argv) > 1 else ".")

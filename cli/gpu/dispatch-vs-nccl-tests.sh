@@ -7,14 +7,15 @@
 # eagerly and replayed from CUDA graphs, one process per GPU under mpirun, interleaved, REPEATS
 # times (default 2).
 #
-#   bash bundle/dispatch-vs-nccl-tests.sh     # OUT, REPEATS, MAXBYTES (8G), CALIBRATE (1)
+#   bash bundle/dispatch-vs-nccl-tests.sh     # OUT, REPEATS, MAXBYTES (8G), CALIBRATE (1), SWEEP (1)
 #
 # First the dispatcher calibrates on this machine (8 B – 1 GiB, eager and graph) and saves the
 # crossover table to $OUT/dispatch/table.txt, which every dispatcher run then uses (CALIBRATE=0:
 # the committed table). Graph runs come in two ranges: up to 64 MiB with -G 10, above with -G 1
 # (few calls, so that the GiB sizes fit the job). Writes $OUT/dispatch/*.{log,json} and
 # $OUT/dispatch.md (tools/dispatch-vs-nccl-tests.py): per size and mode the dispatcher's path and
-# time, the best nccl-tests variant, and the issue's goals.
+# time, the best nccl-tests variant, the issue's goals, and (SWEEP=1) the LL and two-shot kernels'
+# times for three launch shapes each.
 set -uo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=bench-lib.sh
@@ -69,6 +70,25 @@ for ((rep = 1; rep <= REPEATS; rep++)); do
         done
     done
 done
+# Launch shapes (bytes per CTA) of the LL kernel at 8 B – 64 KiB and of the two-shot at 512 KiB –
+# 8 MiB, from graphs and eagerly, once: the data for the kernels' defaults (2K and 64K).
+SWEEP=${SWEEP:-1}
+if [ "$SWEEP" = 1 ]; then
+    for cta in 1K 2K 4K; do
+        for g in "eager|" "graph|-G 10"; do
+            # shellcheck disable=SC2086 # word list
+            mpi "$GPUCOMM" bench all_reduce -b 8 -e 64K -f 2 -n 20 -w 5 -c 0 --impl ll --buffers window \
+                --cta-bytes "$cta,8K,64K" ${g#*|} --json >"$LOGS/s.ll.$cta.${g%%|*}.json" 2>/dev/null || fail "sweep ll $cta ${g%%|*}"
+        done
+    done
+    for cta in 32K 64K 128K; do
+        for g in "eager|" "graph|-G 10"; do
+            # shellcheck disable=SC2086 # word list
+            mpi "$GPUCOMM" bench all_reduce -b 512K -e 8M -f 2 -n 20 -w 5 -c 0 --impl two-shot --buffers window \
+                --cta-bytes "2K,8K,$cta" ${g#*|} --json >"$LOGS/s.two-shot.$cta.${g%%|*}.json" 2>/dev/null || fail "sweep two-shot $cta ${g%%|*}"
+        done
+    done
+fi
 # A correctness pass of the dispatcher on both kinds of buffers (validation on, up to 64 MiB).
 for v in "${R_VARIANTS[@]}"; do
     # shellcheck disable=SC2086 # word list

@@ -182,10 +182,8 @@ impl<'c> LsaKernels<'c> {
         if !crate::image::COMPILED {
             return Err(Error::Unavailable(Fallback::NotCompiled));
         }
-        let dev = DevComm::new(comm, &DevCommRequirements::default().lsa_barriers(MAX_CTAS))?;
-        let bytes = CTRL_BYTES + 2 * sizes.one_shot + LL_BYTES + 2 * sizes.staged;
-        let buf = MemBuffer::<u8>::zeroed(comm.stream(), bytes)?;
-        let window = comm.register_window(buf, WindowFlags::COLL_SYMMETRIC)?;
+        // What can fail on this rank alone comes first: a failure after the collective steps
+        // below would leave the other ranks waiting in them.
         let module = nccl::device::load_module(comm.context(), crate::image::LSA_ALLREDUCE)?;
         let mut functions = Vec::new();
         for kernel in [Kernel::Ll, Kernel::OneShot, Kernel::TwoShot, Kernel::Staged] {
@@ -194,6 +192,13 @@ impl<'c> LsaKernels<'c> {
                 functions.push((kernel, suffix, module.load_function(&name)?));
             }
         }
+        let bytes = CTRL_BYTES + 2 * sizes.one_shot + LL_BYTES + 2 * sizes.staged;
+        let buf = MemBuffer::<u8>::zeroed(comm.stream(), bytes)?;
+        // Zeroed before any peer can reach it: the LL kernel of a peer stores into this window
+        // without waiting for this rank, and a late memset would wipe its flags.
+        buf.tracker().synchronize().map_err(nccl::Error::from)?;
+        let dev = DevComm::new(comm, &DevCommRequirements::default().lsa_barriers(MAX_CTAS))?;
+        let window = comm.register_window(buf, WindowFlags::COLL_SYMMETRIC)?;
         Ok(LsaKernels { comm, dev, window, sizes, cta: CtaBytes::default(), functions })
     }
 
@@ -319,7 +324,7 @@ impl<'c> LsaKernels<'c> {
         recv_at: usize,
         count: usize,
     ) -> Result<()> {
-        for (what, w, at) in [("send window", &*send, send_at), ("recv window", &*recv, recv_at)] {
+        for (what, w, at) in [("send window", send, send_at), ("recv window", &*recv, recv_at)] {
             let end = at.checked_add(count).filter(|&end| end <= w.buffer().len() && count > 0);
             if end.is_none() {
                 return Err(Error::WindowRange {
