@@ -7,7 +7,7 @@
 # eagerly and replayed from CUDA graphs, one process per GPU under mpirun, interleaved, REPEATS
 # times (default 2).
 #
-#   bash bundle/dispatch-vs-nccl-tests.sh     # OUT, REPEATS, MAXBYTES (8G), CALIBRATE (1), SWEEP (1)
+#   bash bundle/dispatch-vs-nccl-tests.sh     # OUT, REPEATS, MAXBYTES (8G), CALIBRATE (1), SWEEP (1), LARGE (1)
 #
 # First the dispatcher calibrates on this machine (8 B – 1 GiB, eager and graph) and saves the
 # crossover table to $OUT/dispatch/table.txt, which every dispatcher run then uses (CALIBRATE=0:
@@ -38,7 +38,9 @@ if [ "$CALIBRATE" = 1 ]; then
 fi
 
 # The three ranges: name | sizes and iterations | graph replays
-RANGES=("eager|-b 8 -e $MAXBYTES -f 2 -n 20 -w 5|" "graph|-b 8 -e 64M -f 2 -n 20 -w 5|-G 10" "graph-large|-b 128M -e $MAXBYTES -f 2 -n 5 -w 2|-G 1")
+RANGES=("eager|-b 8 -e $MAXBYTES -f 2 -n 20 -w 5|" "graph|-b 8 -e 64M -f 2 -n 20 -w 5|-G 10")
+# LARGE=0 (a rehearsal with MAXBYTES ≤ 64M): no graph range above 64 MiB.
+[ "${LARGE:-1}" = 1 ] && RANGES+=("graph-large|-b 128M -e $MAXBYTES -f 2 -n 5 -w 2|-G 1")
 C_VARIANTS=("default|" "R2|-R 2" "R2D1|-R 2 -D 1" "R2D2|-R 2 -D 2")
 R_VARIANTS=("nccl|--buffers nccl" "window|--buffers window")
 c_run() { # variant range rep

@@ -7,6 +7,11 @@
 #   bash bundle/issue16.sh spawn      # every collective under gpucomm's spawner, and all_reduce with -g 2
 #   bash bundle/issue16.sh dispatch   # the dispatching all-reduce vs nccl-tests' best, 8 B – 8 GiB
 #
+# and, on a machine with one GPU, a rehearsal of all four with one rank (small sizes, one repeat,
+# a few collectives), so that the 2-GPU job does not trip over a script:
+#
+#   bash bundle/issue16.sh one-gpu     # about 6 minutes
+#
 # Each part writes into $OUT/<part>/ (OUT defaults to ./issue16-out). Back on the build machine,
 # `tools/issue16-report.sh DIR...` (the parts' folders, in any order) assembles docs/bench/:
 # summary.md with every goal line under mpirun and under the spawner, the per-collective tables
@@ -26,8 +31,16 @@ case "$part" in
         OUT=$ROOT/spawn MODES="spawn g" REPEATS=${REPEATS:-2} FACTOR=8 CHECK=0 bash "$HERE/bench-vs-nccl-tests.sh" ;;
     dispatch)
         OUT=$ROOT/dispatch REPEATS=${REPEATS:-2} bash "$HERE/dispatch-vs-nccl-tests.sh" ;;
+    one-gpu)
+        export NEED_GPUS=1 REPEATS=1
+        rc=0
+        OUT=$ROOT/one-gpu/variants bash "$HERE/variants.sh" || rc=1
+        OUT=$ROOT/one-gpu/bench MODES="mpirun spawn g" COLLS="all_reduce alltoall sendrecv" MAXBYTES=64M FACTOR=64 \
+            CHECK=1 bash "$HERE/bench-vs-nccl-tests.sh" || rc=1
+        OUT=$ROOT/one-gpu/dispatch MAXBYTES=64M LARGE=0 bash "$HERE/dispatch-vs-nccl-tests.sh" || rc=1
+        (exit $rc) ;;
     *)
-        sed -n '2,15p' "$0"
+        sed -n '2,21p' "$0"
         exit 2 ;;
 esac
 rc=$?
