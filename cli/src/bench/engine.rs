@@ -393,6 +393,7 @@ impl<T: Elem> Bench<'_, T> {
     fn timed(&mut self, counts: Counts, in_place: bool) -> Result<Timed> {
         let spec = self.spec;
         let streams: Vec<Arc<CudaStream>> = self.ranks.comms().iter().map(|c| c.stream().clone()).collect();
+        // nccl-tests' -G: capture, instantiate, a second barrier, then the timer around the replays.
         let graphs = if spec.knobs.graph > 0 { Some(self.capture(&streams, counts, in_place)?) } else { None };
         if graphs.is_some() {
             self.barrier()?;
@@ -458,9 +459,7 @@ impl<T: Elem> Bench<'_, T> {
         let world = self.ranks.world();
         self.start(counts, in_place, 0)?;
         self.complete()?;
-        if spec.knobs.graph == 0 {
-            self.barrier()?;
-        }
+        self.barrier()?;
         let t = self.timed(counts, in_place)?;
         // nccl-tests averages the time over processes (the threads of one process share it).
         let procs = match self.ranks {
