@@ -6,11 +6,12 @@
 //!   and stored to directly over NVLink from any rank of the **LSA team** ("load/store accessible");
 //!   an **LSA barrier** (`ncclLsaBarrierSession` in the kernel) synchronises the ranks' CTAs;
 //!   a **device communicator** ([`nccl::device::DevComm`]) carries both to the kernel by value.
-//! * the kernel is CUDA C++ in `examples/kernels/lsa_allreduce.cu`; `examples/build.rs` compiles
-//!   it with build-support (no CUDA install needed: the pinned nvcc wheels) and embeds the cubin;
-//!   cudarc launches it with the `DevComm` and `Window` as arguments — read
-//!   `examples/src/lsa.rs` (`LsaAllReduce::new` and `one_shot`) beside this file: that is the
-//!   whole host side, shared with lessons 15–18.
+//! * the kernel is CUDA C++ in `kernels/cu/lsa_allreduce.cu` (the gpucomm-kernels crate);
+//!   `kernels/build.rs` compiles it with build-support (no CUDA install needed: the pinned nvcc
+//!   wheels) and embeds the cubin; cudarc launches it with the `DevComm` and `Window` as
+//!   arguments — read `kernels/src/lsa.rs` (`LsaKernels::new` and `one_shot`) and
+//!   `examples/src/lsa.rs` beside this file: that is the whole host side, shared with lessons
+//!   15–18 and with gpucomm-kernels' dispatching all-reduce.
 //! * the one-shot algorithm for small messages: each rank copies its input into its half of a
 //!   double-buffered staging area in the window, one barrier says "all inputs are staged", then
 //!   each rank loads every peer's input and sums it. One barrier and one NVLink hop per call.

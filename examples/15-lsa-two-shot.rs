@@ -8,8 +8,10 @@
 //!   byte crosses NVLink once in each direction, like NCCL's ring, at the price of a second LSA
 //!   barrier (the stores must land before anyone reads the output).
 //! * the input and the output are symmetric windows ([`nccl::Window`]): peers write into this
-//!   rank's output directly. Kernel in `examples/kernels/lsa_allreduce.cu`, host side in
-//!   `examples/src/lsa.rs` (`LsaAllReduce::two_shot`).
+//!   rank's output directly. Kernel in `kernels/cu/lsa_allreduce.cu` (the gpucomm-kernels crate),
+//!   used through `examples/src/lsa.rs` (`LsaAllReduce::two_shot`). Since the kernel writes into
+//!   the peers' windows, whose sizes this rank cannot see, the call is `unsafe`: every rank must
+//!   allocate its windows alike (gpucomm-kernels' `AllReduce::alloc` checks that for you).
 //! * measuring the crossover: both kernels and `ncclAllReduce` on the same windows from 4 KiB to
 //!   64 MiB, as µs per call and nccl-tests' bus bandwidth.
 //!
@@ -64,8 +66,11 @@ fn check<T: Element + PartialEq + std::fmt::Debug + cudarc::driver::ValidAsZeroB
     let mut send = window::<T>(comm, count + 1)?;
     let mut recv = window::<T>(comm, count + 1)?;
     stream.memcpy_htod(&host, &mut send.slice_mut(1..)?)?;
-    lsa.two_shot(stream, &send, 1, &mut recv, 1, count)?;
-    lsa.two_shot(stream, &send, 1, &mut recv, 1, count)?;
+    for _ in 0..2 {
+        // SAFETY: every rank allocates both windows with `count + 1` elements (this function, the
+        // same `count` on every rank), so elements 1..=count exist in every peer's windows.
+        unsafe { lsa.two_shot(stream, &send, 1, &mut recv, 1, count) }?;
+    }
     let ours = stream.clone_dtoh(&recv.slice(1..)?)?;
     let mut theirs = MemBuffer::<T>::zeroed(stream, count)?;
     comm.all_reduce(&send.slice(1..)?, &mut theirs, ReduceOp::SUM)?;
@@ -91,7 +96,10 @@ fn crossover(lsa: &LsaAllReduce<'_>) -> Result<(), BoxError> {
         let src = send.slice(..count)?;
         let mut dst = MemBuffer::<f32>::zeroed(stream, count)?;
         let one = bench::eager(comm, &mut scratch, 5, iters, || lsa.one_shot(stream, &src, &mut dst))?;
-        let two = bench::eager(comm, &mut scratch, 5, iters, || lsa.two_shot(stream, &send, 0, &mut recv, 0, count))?;
+        // SAFETY: every rank allocates both windows with MAX_BYTES / 4 ≥ `count` elements.
+        let two = bench::eager(comm, &mut scratch, 5, iters, || unsafe {
+            lsa.two_shot(stream, &send, 0, &mut recv, 0, count)
+        })?;
         let theirs =
             bench::eager(comm, &mut scratch, 5, iters, || Ok(comm.all_reduce(&src, &mut dst, ReduceOp::SUM)?))?;
         if crossover.is_none() && two < one {

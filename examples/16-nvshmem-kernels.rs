@@ -86,9 +86,9 @@ fn ring(rt: &Runtime, stream: &Arc<CudaStream>, kernel: &Kernel<'_, '_>) -> Resu
 }
 
 /// What the one-shot kernel keeps across calls: on the symmetric heap two staging slots and one
-/// signal per (CTA, PE); locally the call counter (and a count of finished CTAs). Signals carry
-/// call numbers and are waited for with "≥", so the counter must only grow: it lives as long as
-/// the signals.
+/// signal per (CTA, PE); locally one call counter per possible CTA (MAX_CTAS), which every launch
+/// advances. Signals carry call numbers and are waited for with "≥", so the counters must only
+/// grow: they live as long as the signals.
 struct OneShot<'rt> {
     rt: &'rt Runtime,
     staging: nvshmem::Symmetric<'rt, u8>,
@@ -128,7 +128,7 @@ impl<'rt> OneShot<'rt> {
             // SAFETY: the arguments match `oneshot_sum_<T>(const T *send, T *recv, size_t n, T
             // *staging, size_t slot_elems, uint64_t *flags, uint32_t *calls)`; `send` and `recv`
             // hold `count` ≤ `slot` elements, `staging` 2 × `slot` (symmetric), `flags` MAX_CTAS ×
-            // n_pes signals (symmetric), `calls` the two-word counter; `ctas` ≤ MAX_CTAS; every PE
+            // n_pes signals (symmetric), `calls` MAX_CTAS call counters; `ctas` ≤ MAX_CTAS; every PE
             // launches the same grid with the same count.
             unsafe {
                 kernel.launch_collective(cfg, stream, |a| {

@@ -142,7 +142,7 @@ fn run(
                 // SAFETY: the arguments match `oneshot_sum_f32(const float *send, float *recv,
                 // size_t n, float *staging, size_t slot_elems, uint64_t *flags, uint32_t *calls)`;
                 // `src` and `dst` hold `c` ≤ `slot` floats, the symmetric staging 2 × `slot`, the
-                // symmetric flags NVSHMEM_CTAS × n_pes signals, `calls` the two-word counter; every
+                // symmetric flags NVSHMEM_CTAS × n_pes signals, `calls` NVSHMEM_CTAS call counters; every
                 // PE launches the same grid with the same count.
                 unsafe {
                     shmem.launch_collective(cfg, stream, |a| {
@@ -161,9 +161,13 @@ fn run(
             })?;
             record("nvshmem one-shot", eager, graph.0);
         }
-        let eager = bench::eager(comm, &mut scratch, 5, iters, || lsa.two_shot(stream, &send, 0, &mut recv, 0, c))?;
+        // SAFETY (both two-shot calls): every rank allocates both windows with `count` ≥ `c`
+        // elements (`max` is the same on every rank: the lessons are started with the same
+        // arguments).
+        let eager =
+            bench::eager(comm, &mut scratch, 5, iters, || unsafe { lsa.two_shot(stream, &send, 0, &mut recv, 0, c) })?;
         let kept = (lsa.staging(), &send, &mut recv);
-        let graph = bench::graph(comm, &mut scratch, stream, graph_iters, 10, kept, |(_, s, r)| {
+        let graph = bench::graph(comm, &mut scratch, stream, graph_iters, 10, kept, |(_, s, r)| unsafe {
             lsa.two_shot(stream, s, 0, r, 0, c)
         })?;
         record("two-shot", eager, graph.0);

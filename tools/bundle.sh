@@ -62,6 +62,7 @@ cp tools/gpu-run.sh bundle/run.sh
 cp tools/gpu-lib.sh bundle/lib.sh
 cp tools/gpu-sanitize.sh bundle/sanitize.sh
 cp tools/gpu-nccl-tests.sh tools/gpu-custom-bench.sh tools/custom-vs-nccl-tests.py bundle/
+cp tools/variants-table.py tools/dispatch-vs-nccl-tests.py bundle/
 cp cli/gpu/*.sh bundle/
 # The store's interop check against PyTorch, and lesson 19's Python half.
 cp launch/gpu/store-interop.sh launch/gpu/store_interop.py bundle/

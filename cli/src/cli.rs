@@ -127,6 +127,190 @@ pub struct BenchArgs {
     /// curves plus their ratio in --plot).
     #[arg(long, value_name = "LOG")]
     pub compare: Option<PathBuf>,
+    /// How the run is made (the variants that tell where time goes).
+    #[command(flatten)]
+    pub knobs: Knobs,
+}
+
+/// The measurement variants of `gpucomm bench`: each default is what nccl-tests 2.19.6 does where
+/// the two tools can do the same, and the crate's normal path otherwise.
+#[derive(Debug, Args, Clone, PartialEq, Eq)]
+pub struct Knobs {
+    /// Capture the -n calls into a CUDA graph and replay it N times (nccl-tests' -G).
+    #[arg(short = 'G', long = "cudagraph", default_value_t = 0, value_name = "N")]
+    pub graph: u32,
+    /// Use the legacy default (null) stream instead of a non-blocking stream of its own (nccl-tests' -y).
+    #[arg(short = 'y', long = "stream_null", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=1))]
+    pub stream_null: u32,
+    /// Where the buffers come from: `nccl` (ncclMemAlloc, as nccl-tests ≥ NCCL 2.19), `cudarc`
+    /// (cudarc's stream-ordered pool), `window` (ncclMemAlloc registered as symmetric windows, as
+    /// nccl-tests' -R 2).
+    #[arg(long, value_enum, default_value_t = Memory::Nccl)]
+    pub buffers: Memory,
+    /// How each process creates its communicator: `rank` (ncclCommInitRank), `config`
+    /// (ncclCommInitRankConfig with an empty config), `group` (ncclCommInitRank inside
+    /// ncclGroupStart/End, as nccl-tests does with its config).
+    #[arg(long, value_enum, default_value_t = Init::Rank)]
+    pub init: Init,
+    /// The barrier before each timed block: `nccl` (a one-element all-reduce, then a stream sync),
+    /// `host` (the launcher's TCP rendezvous, no GPU work: like nccl-tests' MPI_Barrier).
+    #[arg(long, value_enum, default_value_t = Barrier::Nccl)]
+    pub barrier: Barrier,
+    /// How the end of a timed block is waited for: `sync` (cuStreamSynchronize), `poll`
+    /// (cuStreamQuery and ncclCommGetAsyncError in a loop with sched_yield, as nccl-tests does).
+    #[arg(long, value_enum, default_value_t = Wait::Sync)]
+    pub wait: Wait,
+    /// Which API issues the calls: `safe` (the nccl crate), `raw` (ncclAllReduce through nccl-sys;
+    /// all_reduce only).
+    #[arg(long, value_enum, default_value_t = Api::Safe)]
+    pub api: Api,
+    /// Which all-reduce runs: `nccl`, `dispatch` (gpucomm-kernels' dispatching all-reduce), or one
+    /// of its kernels forced (`ll`, `one-shot`, `two-shot`). One process per GPU, all_reduce only.
+    #[arg(long = "impl", value_enum, default_value_t = Impl::Nccl)]
+    pub implementation: Impl,
+    /// The dispatcher's crossover table (text form; default: the committed table for the machine).
+    #[arg(long, value_name = "FILE")]
+    pub table: Option<PathBuf>,
+    /// Calibrate the dispatcher on this machine before measuring (sizes up to -e).
+    #[arg(long)]
+    pub calibrate: bool,
+    /// Write the dispatcher's table (calibrated or not) to FILE (rank 0).
+    #[arg(long, value_name = "FILE")]
+    pub save_table: Option<PathBuf>,
+    /// The kernels' bytes per CTA, `LL,ONE_SHOT,TWO_SHOT` (default 2K,8K,64K).
+    #[arg(long, value_name = "LL,ONE,TWO")]
+    pub cta_bytes: Option<String>,
+    /// Also time each block with CUDA events on the stream (reported as gpu_us in --json).
+    #[arg(long)]
+    pub events: bool,
+}
+
+/// Where the bench's buffers come from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Memory {
+    /// `ncclMemAlloc` (the nccl crate's `MemBuffer`), as nccl-tests allocates.
+    Nccl,
+    /// cudarc's `CudaSlice` (the stream-ordered pool).
+    Cudarc,
+    /// `ncclMemAlloc` memory registered as symmetric windows (nccl-tests' -R 2).
+    Window,
+}
+
+/// How a process creates its communicator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Init {
+    /// `ncclCommInitRank`.
+    Rank,
+    /// `ncclCommInitRankConfig` with an empty config.
+    Config,
+    /// `ncclCommInitRank` between `ncclGroupStart` and `ncclGroupEnd` (NCCL then creates the
+    /// communicator in a thread of its own, as for nccl-tests).
+    Group,
+}
+
+/// The barrier before each timed block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Barrier {
+    /// A one-element NCCL all-reduce and a stream sync.
+    Nccl,
+    /// The launcher's TCP rendezvous (host only).
+    Host,
+}
+
+/// How a timed block's end is waited for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Wait {
+    /// `cuStreamSynchronize`.
+    Sync,
+    /// `cuStreamQuery` and `ncclCommGetAsyncError` in a loop with `sched_yield`.
+    Poll,
+}
+
+/// Which API issues the calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Api {
+    /// The safe `nccl` crate.
+    Safe,
+    /// `ncclAllReduce` through `nccl-sys`.
+    Raw,
+}
+
+/// Which all-reduce implementation runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Impl {
+    /// `ncclAllReduce`.
+    Nccl,
+    /// gpucomm-kernels' dispatching all-reduce (its crossover table decides).
+    Dispatch,
+    /// The LL kernel, forced.
+    Ll,
+    /// The one-shot kernel, forced.
+    OneShot,
+    /// The two-shot kernel, forced.
+    TwoShot,
+}
+
+impl Default for Knobs {
+    /// The command line's defaults (`gpucomm bench` without any knob).
+    fn default() -> Self {
+        Knobs {
+            graph: 0,
+            stream_null: 0,
+            buffers: Memory::Nccl,
+            init: Init::Rank,
+            barrier: Barrier::Nccl,
+            wait: Wait::Sync,
+            api: Api::Safe,
+            implementation: Impl::Nccl,
+            table: None,
+            calibrate: false,
+            save_table: None,
+            cta_bytes: None,
+            events: false,
+        }
+    }
+}
+
+impl Knobs {
+    /// The variant in words, for headers and tables: only what differs from the defaults.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        let name = |v: &dyn std::fmt::Debug| format!("{v:?}").to_lowercase();
+        if self.buffers != Memory::Nccl {
+            parts.push(format!("buffers={}", name(&self.buffers)));
+        }
+        if self.init != Init::Rank {
+            parts.push(format!("init={}", name(&self.init)));
+        }
+        if self.barrier != Barrier::Nccl {
+            parts.push(format!("barrier={}", name(&self.barrier)));
+        }
+        if self.wait != Wait::Sync {
+            parts.push(format!("wait={}", name(&self.wait)));
+        }
+        if self.api != Api::Safe {
+            parts.push(format!("api={}", name(&self.api)));
+        }
+        if self.implementation != Impl::Nccl {
+            let i = match self.implementation {
+                Impl::OneShot => "one-shot".to_string(),
+                Impl::TwoShot => "two-shot".to_string(),
+                other => name(&other),
+            };
+            parts.push(format!("impl={i}"));
+        }
+        if self.stream_null == 1 {
+            parts.push("stream=null".into());
+        }
+        if self.graph > 0 {
+            parts.push(format!("graph={}", self.graph));
+        }
+        if parts.is_empty() {
+            "default".into()
+        } else {
+            parts.join(" ")
+        }
+    }
 }
 
 /// `gpucomm compare`.
@@ -156,4 +340,45 @@ pub struct DoctorWorkerArgs {
     /// Where to write this rank's results.
     #[arg(long)]
     pub out: PathBuf,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn knobs_default_as_the_command_line_does() {
+        let cli = Cli::try_parse_from(["gpucomm", "bench"]).unwrap();
+        let Command::Bench(args) = cli.command else { panic!("bench expected") };
+        assert_eq!(args.knobs, Knobs::default());
+        assert_eq!(args.knobs.describe(), "default");
+    }
+
+    #[test]
+    fn a_variant_names_only_what_it_changes() {
+        let cli = Cli::try_parse_from([
+            "gpucomm",
+            "bench",
+            "--buffers",
+            "cudarc",
+            "--barrier",
+            "host",
+            "--wait",
+            "poll",
+            "--impl",
+            "one-shot",
+            "-G",
+            "10",
+            "--init",
+            "group",
+            "--api",
+            "raw",
+        ])
+        .unwrap();
+        let Command::Bench(args) = cli.command else { panic!("bench expected") };
+        assert_eq!(
+            args.knobs.describe(),
+            "buffers=cudarc init=group barrier=host wait=poll api=raw impl=one-shot graph=10"
+        );
+    }
 }

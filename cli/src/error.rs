@@ -78,6 +78,9 @@ pub enum CliError {
     /// An NCCL call failed.
     #[error(transparent)]
     Nccl(#[from] nccl::Error),
+    /// gpucomm-kernels (the dispatching all-reduce).
+    #[error("gpucomm-kernels: {0}")]
+    Kernels(#[from] gpucomm_kernels::Error),
     /// A CUDA driver call failed.
     #[error("CUDA driver error")]
     Cuda(#[source] cudarc::driver::DriverError),

@@ -86,6 +86,30 @@ fn bench_command_line_errors() {
         "error: cannot write plot /nonexistent/dir/busbw.svg: ",
     );
     fails_with(&["bench", "-g", "4096"], 2, "error: -g 4096 needs 4096 GPUs, CUDA sees");
+    // The measurement knobs are checked before any GPU work.
+    fails_with(&["bench", "alltoall", "--api", "raw"], 2, "error: --api raw runs all_reduce only, not alltoall");
+    fails_with(&["bench", "broadcast", "--impl", "ll"], 2, "error: --impl runs all_reduce only, not broadcast");
+    fails_with(
+        &["bench", "--api", "raw", "--impl", "dispatch"],
+        2,
+        "--api raw calls ncclAllReduce: it cannot run --impl",
+    );
+    fails_with(&["bench", "-G", "5", "-y", "1"], 2, "the legacy default stream (-y 1) cannot be captured");
+    fails_with(
+        &["bench", "--cta-bytes", "2K,8K"],
+        2,
+        "--cta-bytes \"2K,8K\": three sizes above 0, LL,ONE_SHOT,TWO_SHOT",
+    );
+    fails_with(&["bench", "--buffers", "pinned"], 2, "invalid value 'pinned' for '--buffers");
+    fails_with(
+        &["bench", "--table", "/nonexistent/table.txt"],
+        2,
+        "error: cannot read crossover table /nonexistent/table.txt: ",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let table = dir.path().join("table.txt");
+    std::fs::write(&table, "[eager]\nll <= 4K\n").unwrap();
+    fails_with(&["bench", "--table", table.to_str().unwrap()], 2, "must have no limit");
 }
 
 #[test]

@@ -28,15 +28,21 @@ extern "C" __global__ void ring_put_signal(int* dst, const int* src, size_t n, u
 }
 
 // `staging`: symmetric, 2 slots of `slot_elems` elements. `flags`: symmetric, gridDim.x × npes
-// uint64 signals. `calls`: local, {call number, CTAs finished}: every CTA of a launch reads the same
-// call number, and the last CTA to finish advances it for the next launch, so slots and signals
-// stay consistent whatever grid each call uses. At most 8 PEs.
+// uint64 signals. `calls`: local, ONESHOT_MAX_CTAS uint32 call counters kept equal to the number
+// of launches so far, as in the LSA kernels (kernels/cu/lsa_allreduce.cu): CTA b reads counter b,
+// and at the end advances counters b, b + gridDim.x, b + 2·gridDim.x, ..., so every counter moves
+// once per launch whatever grid each call uses and all CTAs of a launch agree on the call number.
+// No atomic and no fence: each counter has one writer per launch, and launches on one stream do
+// not overlap (the fence the previous version needed waited for the CTA's stores to complete).
+// At most 8 PEs and ONESHOT_MAX_CTAS CTAs.
+constexpr unsigned ONESHOT_MAX_CTAS = 32;
+
 template <typename T>
 __device__ void oneshot_sum(const T* send, T* recv, size_t n, T* staging, size_t slot_elems, uint64_t* flags,
                             uint32_t* calls) {
   const int me = nvshmem_my_pe(), npes = nvshmem_n_pes();
   __shared__ uint32_t call;
-  if (threadIdx.x == 0) call = *(volatile uint32_t*)&calls[0] + 1;
+  if (threadIdx.x == 0) call = ((volatile uint32_t*)calls)[blockIdx.x] + 1;
   __syncthreads();
   const size_t per = ((n + gridDim.x - 1) / gridDim.x + 7) / 8 * 8;
   const size_t begin = min(n, per * blockIdx.x), end = min(n, begin + per);
@@ -57,15 +63,9 @@ __device__ void oneshot_sum(const T* send, T* recv, size_t n, T* staging, size_t
     for (int p = 0; p < npes && p < 8; p++) acc += (float)peer[p][i];
     recv[i] = (T)acc;
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    if (atomicAdd(&calls[1], 1) == gridDim.x - 1) {
-      calls[1] = 0;
-      *(volatile uint32_t*)&calls[0] = call;
-      __threadfence();
-    }
-  }
+  // Every thread has read `call` (the barrier above), so the counters may move.
+  for (unsigned c = blockIdx.x + threadIdx.x * gridDim.x; c < ONESHOT_MAX_CTAS; c += blockDim.x * gridDim.x)
+    ((volatile uint32_t*)calls)[c] = call;
 }
 
 extern "C" __global__ void __launch_bounds__(512)

@@ -4,8 +4,9 @@ pub mod bench;
 pub mod lsa;
 
 /// The lessons' CUDA kernels (`examples/kernels/*.cu`), compiled by `build.rs` into module images
-/// for `cuModuleLoadData`: `STEP` (plain CUDA), `LSA_ALLREDUCE` (NCCL device API),
-/// `NVSHMEM_ALLREDUCE` (NVSHMEM, device-linked).
+/// for `cuModuleLoadData`: `STEP` (plain CUDA), `NVSHMEM_RING`, `NVSHMEM_BENCH`,
+/// `NVSHMEM_ALLREDUCE` (NVSHMEM, device-linked). The LSA all-reduce kernels of lessons 14–18 are
+/// gpucomm-kernels' ([`lsa`]).
 pub mod kernels {
     include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 }

@@ -90,3 +90,28 @@ pub fn multi_process(test: &str, nproc: usize, body: impl FnOnce(RankInfo, Arc<C
     let outcome = launch::spawn_local(nproc, &exe, &args, &[], std::time::Duration::from_secs(5)).expect("spawn ranks");
     assert!(outcome.success(), "{test}: {:?}", outcome.first_failure);
 }
+
+/// Runs `body` as `nproc` processes that all use GPU 0, each with its own `NCCL_HOSTID`, so that
+/// NCCL takes them for ranks on different nodes and connects them over its network transport
+/// (sockets): how one GPU tests what happens between nodes. Each child gets its rank from the
+/// launcher variables. Skipped (not run) without a GPU.
+pub fn multi_node_on_one_gpu(test: &str, nproc: usize, body: impl FnOnce(RankInfo, Arc<CudaStream>)) {
+    if is_child() {
+        let info = RankInfo::from_env().expect("launcher variables");
+        // Set before anything reads it: NCCL reads NCCL_HOSTID when it first needs the host's
+        // identity, and no CUDA or NCCL thread exists yet; libtest's own threads only wait.
+        std::env::set_var("NCCL_HOSTID", format!("gpucomm-test-node{}", info.rank));
+        let stream = CudaContext::new(0).expect("open CUDA device 0").default_stream();
+        body(info, stream);
+        return;
+    }
+    if device_count() == 0 {
+        skip(test, "needs a GPU, found none");
+        return;
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let args: Vec<std::ffi::OsString> =
+        ["--exact", test, "--include-ignored", "--nocapture", "--test-threads=1"].iter().map(Into::into).collect();
+    let outcome = launch::spawn_local(nproc, &exe, &args, &[], std::time::Duration::from_secs(5)).expect("spawn ranks");
+    assert!(outcome.success(), "{test}: {:?}", outcome.first_failure);
+}

@@ -338,7 +338,7 @@ mod tests {
                 dtype: "float".into(),
                 redop: "sum".into(),
                 root: -1,
-                out_of_place: Some(Measure { time_us: t, algbw: bw, busbw: bw, wrong: Some(0) }),
+                out_of_place: Some(Measure { time_us: t, algbw: bw, busbw: bw, wrong: Some(0), ..Measure::default() }),
                 in_place: None,
             })
             .collect();

@@ -1,16 +1,25 @@
 //! The measurement loop, step for step as nccl-tests 2.19.6 `TimeTest` / `BenchTime` do it:
-//! warm-up over every size (doubling), then per size and variant one synchronising call, a host
-//! timer around `iters` calls enqueued back to back with a shifting buffer window, a stream sync,
-//! the time averaged over ranks, and (with `-c 1`) one more call on fresh inputs, checked.
+//! warm-up over every size (doubling), then per size and variant one synchronising call, a barrier,
+//! a host timer around `iters` calls enqueued back to back with a shifting buffer window (or,
+//! with -G, around the replays of a graph that captured them), a wait for the stream, the time
+//! averaged over ranks, and (with `-c 1`) one more call on fresh inputs, checked. The [`Knobs`]
+//! choose how each of these steps is done, to find where time goes.
 
+use std::cell::RefCell;
+use std::sync::Arc;
 use std::time::Instant;
 
+use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
+use cudarc::driver::{CudaGraph, CudaStream};
+use gpucomm_kernels::AllReduce;
+use gpucomm_launch::Rendezvous;
 use nccl::Comm;
 
 use super::coll::{Collective, Counts};
 use super::elem::{reduced, DType, Elem, Op};
-use super::nccl_ops::{self, Buffers, Call};
+use super::nccl_ops::{self, Buffers, Call, RawAllReduce};
 use super::results::{Measure, Row, Run, Tool};
+use crate::cli::{Api, Barrier, Impl, Knobs, Memory, Wait};
 use crate::error::{CliError, Result};
 
 /// What to measure.
@@ -36,6 +45,8 @@ pub struct Spec {
     pub iters: u32,
     /// Validate.
     pub check: bool,
+    /// How the run is made.
+    pub knobs: Knobs,
 }
 
 impl Spec {
@@ -53,7 +64,8 @@ impl Spec {
         out
     }
 
-    /// Checks the sizes, and that this collective and its variants can run.
+    /// Checks the sizes, that this collective and its variants can run, and that the knobs fit
+    /// together.
     pub fn validate(&self) -> Result<()> {
         if self.min == 0 {
             return Err(CliError::SizeRange("-b must be at least 1 byte".into()));
@@ -64,14 +76,42 @@ impl Spec {
         if let Some(why) = nccl_ops::missing(self.coll) {
             return Err(CliError::Collective { name: self.coll.name().into(), why });
         }
+        let k = &self.knobs;
+        let all_reduce_only = |what: &str| {
+            if self.coll == Collective::AllReduce {
+                Ok(())
+            } else {
+                Err(CliError::Usage(format!("{what} runs all_reduce only, not {}", self.coll.name())))
+            }
+        };
+        if k.api == Api::Raw {
+            all_reduce_only("--api raw")?;
+            if k.implementation != Impl::Nccl {
+                return Err(CliError::Usage("--api raw calls ncclAllReduce: it cannot run --impl".into()));
+            }
+        }
+        if k.implementation != Impl::Nccl {
+            all_reduce_only("--impl")?;
+        }
+        if k.graph > 0 && k.stream_null == 1 {
+            return Err(CliError::Usage(
+                "-G captures the stream, and the legacy default stream (-y 1) cannot be captured".into(),
+            ));
+        }
+        if let Some(cta) = &k.cta_bytes {
+            parse_cta_bytes(cta)?;
+        }
+        if let Some(path) = &k.table {
+            read_table(path)?;
+        }
         Ok(())
     }
 }
 
 /// The communicators of this process: one (a process per GPU) or several (`-g N`).
 pub enum Ranks {
-    /// This process is one rank of a job.
-    Process(Comm),
+    /// This process is one rank of a job; its rendezvous, if given, serves as the host barrier.
+    Process(Comm, Option<Box<RefCell<Rendezvous>>>),
     /// This process drives every rank.
     Group(Vec<Comm>),
 }
@@ -79,7 +119,7 @@ pub enum Ranks {
 impl Ranks {
     fn comms(&self) -> &[Comm] {
         match self {
-            Ranks::Process(c) => std::slice::from_ref(c),
+            Ranks::Process(c, _) => std::slice::from_ref(c),
             Ranks::Group(cs) => cs,
         }
     }
@@ -92,7 +132,7 @@ impl Ranks {
     /// Gives the communicators back, for finalizing.
     pub fn into_comms(self) -> Vec<Comm> {
         match self {
-            Ranks::Process(c) => vec![c],
+            Ranks::Process(c, _) => vec![c],
             Ranks::Group(cs) => cs,
         }
     }
@@ -115,29 +155,116 @@ pub fn run(ranks: &Ranks, spec: &Spec, emit: &mut dyn FnMut(&Row)) -> Result<Run
     }
 }
 
+/// How the calls are issued.
+enum Issuer<'a> {
+    /// Through the nccl crate.
+    Safe,
+    /// Through nccl-sys (`--api raw`).
+    Raw(RawAllReduce),
+    /// Through gpucomm-kernels' dispatcher (`--impl`).
+    Dispatch(&'a AllReduce<'a>),
+}
+
 /// One rank's buffers and the loop state.
-struct Bench<'r, T: Elem> {
-    ranks: &'r Ranks,
-    spec: &'r Spec,
-    bufs: Vec<Buffers<T>>,
+struct Bench<'a, T: Elem> {
+    ranks: &'a Ranks,
+    spec: &'a Spec,
+    bufs: Vec<Buffers<'a, T>>,
     /// Buffer length in elements (the largest size, as nccl-tests allocates).
     len: usize,
     /// The one-element buffer of the cross-rank sums (one process per GPU), allocated once: a
     /// buffer allocated and freed around every measurement makes the stream's next
     /// synchronisation return the memory to the driver inside the timed loop.
-    scratch: std::cell::RefCell<Option<cudarc::driver::CudaSlice<f64>>>,
+    scratch: RefCell<Option<cudarc::driver::CudaSlice<f64>>>,
+    issuer: Issuer<'a>,
+}
+
+/// The dispatcher `--impl` asks for, set up once per run (one process per GPU).
+fn dispatcher<'c>(comm: &'c Comm, knobs: &Knobs, max: u64) -> Result<AllReduce<'c>> {
+    let mut options = gpucomm_kernels::Options::default();
+    if let Some(path) = &knobs.table {
+        options.table = Some(read_table(path)?);
+    }
+    if let Some(cta) = &knobs.cta_bytes {
+        options.cta_bytes = parse_cta_bytes(cta)?;
+    }
+    let mut ar = AllReduce::new(comm, options)?;
+    if knobs.calibrate {
+        let how = gpucomm_kernels::Calibration { max_bytes: max as usize, ..Default::default() };
+        ar.calibrate(comm.stream(), &how)?;
+    }
+    if let (Some(path), 0) = (&knobs.save_table, comm.rank()) {
+        std::fs::write(path, ar.table().to_text()).map_err(|e| CliError::WriteOutput {
+            what: "the crossover table",
+            path: path.clone(),
+            why: e.to_string(),
+        })?;
+    }
+    ar.force(match knobs.implementation {
+        Impl::Ll => Some(gpucomm_kernels::Path::Ll),
+        Impl::OneShot => Some(gpucomm_kernels::Path::OneShot),
+        Impl::TwoShot => Some(gpucomm_kernels::Path::TwoShot),
+        Impl::Nccl | Impl::Dispatch => None,
+    });
+    if let Some(why) = ar.fallback() {
+        eprintln!("gpucomm bench: the dispatcher sends every call to NCCL: {why}");
+    }
+    Ok(ar)
+}
+
+/// A crossover table file.
+fn read_table(path: &std::path::Path) -> Result<gpucomm_kernels::Table> {
+    let text = CliError::read_input("crossover table", path)?;
+    gpucomm_kernels::Table::parse(&text)
+        .map_err(|e| CliError::BadInput { path: path.to_path_buf(), why: e.to_string() })
+}
+
+/// `2K,8K,64K` → the kernels' bytes per CTA.
+pub fn parse_cta_bytes(text: &str) -> Result<gpucomm_kernels::lsa::CtaBytes> {
+    let parts: Vec<u64> =
+        text.split(',').map(|p| crate::units::parse_size("--cta-bytes", p.trim())).collect::<Result<_>>()?;
+    match parts[..] {
+        [ll, one, two] if ll > 0 && one > 0 && two > 0 => {
+            Ok(gpucomm_kernels::lsa::CtaBytes { ll: ll as usize, one_shot: one as usize, two_shot: two as usize })
+        }
+        _ => Err(CliError::Usage(format!("--cta-bytes {text:?}: three sizes above 0, LL,ONE_SHOT,TWO_SHOT"))),
+    }
 }
 
 fn run_typed<T: Elem>(ranks: &Ranks, spec: &Spec, emit: &mut dyn FnMut(&Row)) -> Result<Run> {
     let elem = size_of::<T>();
-    let len = (spec.max / elem as u64) as usize;
-    let bufs =
-        ranks.comms().iter().map(|c| Buffers::<T>::new(c.stream(), len.max(1))).collect::<Result<Vec<_>, _>>()?;
+    let len = ((spec.max / elem as u64) as usize).max(1);
+    let knobs = &spec.knobs;
+    let ar = match (ranks, knobs.implementation) {
+        (_, Impl::Nccl) => None,
+        (Ranks::Process(comm, _), _) => Some(dispatcher(comm, knobs, spec.max)?),
+        (Ranks::Group(_), _) => {
+            return Err(CliError::Usage("--impl needs one process per GPU (the kernels' barriers cannot wait for a rank this thread has not launched yet): drop -g".into()))
+        }
+    };
+    let bufs = match (ranks, knobs.buffers, &ar) {
+        (Ranks::Process(..), Memory::Window, Some(ar)) => vec![Buffers::<T>::symmetric(ar, len)?],
+        (Ranks::Process(comm, _), memory, _) => vec![Buffers::new(memory, comm.stream(), comm, len)?],
+        (Ranks::Group(comms), Memory::Window, _) => Buffers::windows(comms, len)?,
+        (Ranks::Group(comms), memory, _) => {
+            comms.iter().map(|c| Buffers::new(memory, c.stream(), c, len)).collect::<Result<Vec<_>>>()?
+        }
+    };
+    let issuer = match (ranks, knobs.api, &ar) {
+        (_, _, Some(ar)) => Issuer::Dispatch(ar),
+        (Ranks::Process(comm, _), Api::Raw, None) => Issuer::Raw(RawAllReduce::new(comm, comm.stream(), &bufs[0])?),
+        (Ranks::Group(_), Api::Raw, None) => {
+            return Err(CliError::Usage(
+                "--api raw needs one process per GPU (a raw group is not wired): drop -g".into(),
+            ))
+        }
+        (_, Api::Safe, None) => Issuer::Safe,
+    };
     let scratch = match ranks {
-        Ranks::Process(comm) => Some(comm.stream().alloc_zeros::<f64>(1)?),
+        Ranks::Process(comm, _) => Some(comm.stream().alloc_zeros::<f64>(1)?),
         Ranks::Group(_) => None,
     };
-    let mut b = Bench { ranks, spec, bufs, len, scratch: std::cell::RefCell::new(scratch) };
+    let mut b = Bench { ranks, spec, bufs, len, scratch: RefCell::new(scratch), issuer };
     let world = ranks.world();
     let (out_ok, in_ok) = nccl_ops::variants(spec.coll);
     b.barrier()?;
@@ -188,12 +315,23 @@ fn run_typed<T: Elem>(ranks: &Ranks, spec: &Spec, emit: &mut dyn FnMut(&Row)) ->
         nranks: world,
         nccl_version: nccl::version().ok().map(|v| v.to_string()),
         mode: None,
+        variant: Some(knobs.describe()),
         warmup: Some(spec.warmup),
         iters: Some(spec.iters),
         avg_busbw: Some(Run::mean_busbw(&rows)),
         rows,
         out_of_bounds: spec.check.then_some(wrong_total),
     })
+}
+
+/// One timed block's figures, per call, in seconds.
+struct Timed {
+    /// Host wall clock to the end of the wait (nccl-tests' time).
+    wall: f64,
+    /// Host time to the return of the last call or launch (nccl-tests' -C 1 "cputime").
+    cpu: f64,
+    /// CUDA-event time on the stream (`--events`).
+    gpu: Option<f64>,
 }
 
 impl<T: Elem> Bench<'_, T> {
@@ -207,16 +345,22 @@ impl<T: Elem> Bench<'_, T> {
 
     fn start(&mut self, counts: Counts, in_place: bool, iter: u32) -> Result<()> {
         let call = self.call(counts, in_place, iter);
-        match self.ranks {
-            Ranks::Process(comm) => nccl_ops::issue(comm, &call, &mut self.bufs[0])?,
-            Ranks::Group(comms) => nccl_ops::issue_group(comms, &call, &mut self.bufs)?,
+        match (self.ranks, &self.issuer) {
+            (Ranks::Process(comm, _), Issuer::Safe) => nccl_ops::issue(comm, comm.stream(), &call, &mut self.bufs[0])?,
+            (Ranks::Process(..), Issuer::Raw(raw)) => raw.call::<T>(counts.param, call.shift, in_place, call.op)?,
+            (Ranks::Process(comm, _), Issuer::Dispatch(ar)) => dispatch(ar, comm.stream(), &call, &mut self.bufs[0])?,
+            (Ranks::Group(comms), _) => nccl_ops::issue_group(comms, &call, &mut self.bufs)?,
         }
         Ok(())
     }
 
+    /// Waits for every stream, as the knobs say.
     fn complete(&self) -> Result<()> {
         for c in self.ranks.comms() {
-            c.stream().synchronize()?;
+            match self.spec.knobs.wait {
+                Wait::Sync => c.stream().synchronize()?,
+                Wait::Poll => nccl_ops::wait_polling(c, c.stream())?,
+            }
         }
         Ok(())
     }
@@ -224,7 +368,7 @@ impl<T: Elem> Bench<'_, T> {
     /// Sums over the ranks of the job (and waits for all of them).
     fn sum(&self, values: &[f64]) -> Result<Vec<f64>> {
         match self.ranks {
-            Ranks::Process(comm) => {
+            Ranks::Process(comm, _) => {
                 let mut scratch = self.scratch.borrow_mut();
                 let scratch = scratch.as_mut().expect("allocated for one process per GPU");
                 Ok(nccl_ops::sum_over_ranks(comm, values, scratch)?)
@@ -233,8 +377,81 @@ impl<T: Elem> Bench<'_, T> {
         }
     }
 
+    /// Every rank gets here before the timing starts: through NCCL, or through the launcher's
+    /// rendezvous (`--barrier host`).
     fn barrier(&self) -> Result<()> {
-        self.sum(&[0.0]).map(drop)
+        match (self.ranks, self.spec.knobs.barrier) {
+            (Ranks::Process(_, Some(rdzv)), Barrier::Host) => Ok(rdzv.borrow_mut().barrier()?),
+            (Ranks::Process(_, None), Barrier::Host) => Err(CliError::Usage(
+                "--barrier host needs the launcher's rendezvous, which this run does not hold".into(),
+            )),
+            _ => self.sum(&[0.0]).map(drop),
+        }
+    }
+
+    /// The timed block: `iters` calls back to back (or, with -G, the replays of a graph of them).
+    fn timed(&mut self, counts: Counts, in_place: bool) -> Result<Timed> {
+        let spec = self.spec;
+        let streams: Vec<Arc<CudaStream>> = self.ranks.comms().iter().map(|c| c.stream().clone()).collect();
+        // nccl-tests' -G: capture, instantiate, a second barrier, then the timer around the replays.
+        let graphs = if spec.knobs.graph > 0 { Some(self.capture(&streams, counts, in_place)?) } else { None };
+        if graphs.is_some() {
+            self.barrier()?;
+        }
+        let events = if spec.knobs.events {
+            let e = |s: &Arc<CudaStream>| s.context().new_event(Some(CUevent_flags::CU_EVENT_DEFAULT));
+            let start: Vec<_> = streams.iter().map(e).collect::<Result<_, _>>()?;
+            for (ev, s) in start.iter().zip(&streams) {
+                ev.record(s)?;
+            }
+            Some((start, streams.iter().map(e).collect::<Result<Vec<_>, _>>()?))
+        } else {
+            None
+        };
+        let timer = Instant::now();
+        let calls = match &graphs {
+            Some(graphs) => {
+                for _ in 0..spec.knobs.graph {
+                    for g in graphs {
+                        g.launch()?;
+                    }
+                }
+                spec.iters as f64 * spec.knobs.graph as f64
+            }
+            None => {
+                for iter in 0..spec.iters {
+                    self.start(counts, in_place, iter)?;
+                }
+                spec.iters as f64
+            }
+        };
+        let cpu = timer.elapsed().as_secs_f64();
+        if let Some((_, stop)) = &events {
+            for (ev, s) in stop.iter().zip(&streams) {
+                ev.record(s)?;
+            }
+        }
+        self.complete()?;
+        let wall = timer.elapsed().as_secs_f64();
+        let gpu = match &events {
+            Some((start, stop)) => {
+                let ms = start.iter().zip(stop).map(|(a, b)| a.elapsed_ms(b)).collect::<Result<Vec<f32>, _>>()?;
+                Some(ms.iter().copied().fold(0.0f32, f32::max) as f64 * 1e-3 / calls)
+            }
+            None => None,
+        };
+        Ok(Timed { wall: wall / calls, cpu: cpu / calls, gpu })
+    }
+
+    /// Captures `iters` calls on every stream into one graph each (nccl-tests' -G).
+    fn capture(&mut self, streams: &[Arc<CudaStream>], counts: Counts, in_place: bool) -> Result<Vec<CudaGraph>> {
+        for s in streams {
+            s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
+        }
+        let captured = (0..self.spec.iters).try_for_each(|iter| self.start(counts, in_place, iter));
+        let graphs: Vec<_> = streams.iter().map(|s| s.end_capture(CUgraphInstantiate_flags(0))).collect();
+        captured?;
+        graphs.into_iter().map(|g| g?.ok_or_else(|| CliError::Usage("a capture produced no graph".into()))).collect()
     }
 
     fn measure(&mut self, counts: Counts, in_place: bool) -> Result<Measure> {
@@ -243,22 +460,30 @@ impl<T: Elem> Bench<'_, T> {
         self.start(counts, in_place, 0)?;
         self.complete()?;
         self.barrier()?;
-        let timer = Instant::now();
-        for iter in 0..spec.iters {
-            self.start(counts, in_place, iter)?;
-        }
-        self.complete()?;
-        let local = timer.elapsed().as_secs_f64() / spec.iters as f64;
+        let t = self.timed(counts, in_place)?;
         // nccl-tests averages the time over processes (the threads of one process share it).
         let procs = match self.ranks {
-            Ranks::Process(_) => world,
+            Ranks::Process(..) => world,
             Ranks::Group(_) => 1,
         };
-        let seconds = self.sum(&[local])?[0] / procs as f64;
+        let sums = self.sum(&[t.wall, t.cpu, t.gpu.unwrap_or(0.0)])?;
+        let seconds = sums[0] / procs as f64;
         let algbw = spec.coll.algbw(counts.param, size_of::<T>(), seconds, world);
         let busbw = algbw * spec.coll.bus_factor(world);
+        let path = match &self.issuer {
+            Issuer::Dispatch(ar) => ar.last().map(|d| d.path.name().to_string()),
+            _ => None,
+        };
         let wrong = if spec.check { Some(self.check(counts, in_place)?) } else { None };
-        Ok(Measure { time_us: seconds * 1e6, algbw, busbw, wrong })
+        Ok(Measure {
+            time_us: seconds * 1e6,
+            algbw,
+            busbw,
+            wrong,
+            cpu_us: Some(sums[1] / procs as f64 * 1e6),
+            gpu_us: t.gpu.map(|_| sums[2] / procs as f64 * 1e6),
+            path,
+        })
     }
 
     /// Runs one call on fresh inputs and counts wrong output elements over all ranks.
@@ -277,6 +502,34 @@ impl<T: Elem> Bench<'_, T> {
     }
 }
 
+/// One all-reduce through the dispatcher: on its symmetric buffers without copies, on any other
+/// buffers through its staging window.
+fn dispatch<'c, T: Elem>(
+    ar: &AllReduce<'c>,
+    stream: &Arc<CudaStream>,
+    call: &Call,
+    bufs: &mut Buffers<'c, T>,
+) -> Result<()> {
+    let count = call.counts.param;
+    if let (nccl_ops::Mem::Symmetric(send), nccl_ops::Mem::Symmetric(recv)) = (&bufs.send, &mut bufs.recv) {
+        let op = call.op;
+        let d = if call.in_place {
+            ar.all_reduce_symmetric_in_place(stream, recv, call.shift, count, op)
+        } else {
+            ar.all_reduce_symmetric(stream, (send, call.shift), (recv, call.shift), count, op)
+        };
+        d?;
+        return Ok(());
+    }
+    match bufs.views(call.counts, call.shift, call.in_place)? {
+        nccl_ops::Views::Cuda(Some(s), mut r) => ar.all_reduce(stream, &s, &mut r, call.op),
+        nccl_ops::Views::Cuda(None, mut r) => ar.all_reduce_in_place(stream, &mut r, call.op),
+        nccl_ops::Views::Nccl(Some(s), mut r) => ar.all_reduce(stream, &s, &mut r, call.op),
+        nccl_ops::Views::Nccl(None, mut r) => ar.all_reduce_in_place(stream, &mut r, call.op),
+    }?;
+    Ok(())
+}
+
 /// Writes this rank's pattern into the input window (at shift 0) and zeroes the output. In place,
 /// the one buffer holds the input as NCCL expects it: all-gather's input is this rank's block of
 /// the output (so block `rank` holds the rank's `count` input elements), the others use the whole
@@ -285,19 +538,15 @@ fn fill<T: Elem>(comm: &Comm, bufs: &mut Buffers<T>, spec: &Spec, counts: Counts
     let stream = comm.stream();
     let rank = comm.rank();
     let c = counts.param.max(1);
-    let (_, mut recv) = bufs.views(counts, 0, in_place)?;
-    stream.memset_zeros(&mut recv)?;
+    let (_, recv) = bufs.ranges(counts, 0, in_place)?;
     if in_place {
         let gather = spec.coll == Collective::AllGather;
         let input: Vec<T> = (0..recv.len()).map(|i| T::pattern(rank, if gather { i % c } else { i })).collect();
-        stream.memcpy_htod(&input, &mut recv)?;
+        bufs.write(stream, false, 0, &input)?;
     } else {
+        bufs.zero_recv(stream, recv)?;
         let input: Vec<T> = (0..counts.send).map(|i| T::pattern(rank, i)).collect();
-        let mut send = bufs
-            .send
-            .try_slice_mut(0..counts.send)
-            .ok_or_else(|| CliError::Usage("input window outside the bench buffers".into()))?;
-        stream.memcpy_htod(&input, &mut send)?;
+        bufs.write(stream, true, 0, &input)?;
     }
     Ok(())
 }
@@ -313,8 +562,8 @@ fn count_wrong<T: Elem>(
     in_place: bool,
 ) -> Result<u64> {
     let (rank, n) = (comm.rank(), comm.size());
-    let (_, recv) = bufs.views(counts, 0, in_place)?;
-    let got = comm.stream().clone_dtoh(&recv)?;
+    let (_, recv) = bufs.ranges(counts, 0, in_place)?;
+    let got = bufs.read_recv(comm.stream(), recv)?;
     let c = counts.param.max(1);
     let root = rank == spec.root;
     let want = |i: usize| -> Option<T> {
@@ -349,6 +598,7 @@ mod tests {
             warmup: 1,
             iters: 1,
             check: false,
+            knobs: Knobs::default(),
         }
     }
 

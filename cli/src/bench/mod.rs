@@ -88,6 +88,7 @@ fn spec_of(args: &BenchArgs) -> Result<Spec> {
         warmup: args.warmup,
         iters: args.iters,
         check: args.check == 1,
+        knobs: args.knobs.clone(),
     };
     spec.validate()?;
     Ok(spec)
@@ -117,8 +118,9 @@ fn header(
         warmup: spec.warmup,
         iters: spec.iters,
         validation: args.check,
-        graph: 0,
+        graph: spec.knobs.graph,
         mode,
+        variant: Some(spec.knobs.describe()),
         nvls: nvls_state(),
         devices,
     })
@@ -163,7 +165,8 @@ fn run_group(args: &BenchArgs, spec: &Spec, n: usize) -> Result<Done> {
     if n > have {
         return Err(CliError::Usage(format!("-g {n} needs {n} GPUs, CUDA sees {have}")));
     }
-    let streams = (0..n).map(nccl_ops::rank_stream).collect::<Result<Vec<_>, _>>()?;
+    let null = spec.knobs.stream_null == 1;
+    let streams = (0..n).map(|i| nccl_ops::rank_stream(i, null)).collect::<Result<Vec<_>, _>>()?;
     let ranks = Ranks::Group(nccl_ops::init_all(&streams)?);
     let devices = (0..n).map(|i| device_line(i, i)).collect();
     let mut printer = Printer::new(args.json);
@@ -218,11 +221,11 @@ fn run_rank(args: &BenchArgs, spec: &Spec, info: &RankInfo) -> Result<Option<Don
         crate::doctor::worker::stdout_to_stderr();
     }
     let ordinal = info.device_ordinal(cuda::device_count())?;
-    let stream = nccl_ops::rank_stream(ordinal)?;
+    let stream = nccl_ops::rank_stream(ordinal, spec.knobs.stream_null == 1)?;
     let mut rendezvous = Rendezvous::connect(info, &Options::from_env()?)?;
-    let comm = nccl_ops::join(stream, &mut rendezvous)?;
+    let comm = nccl_ops::join(stream, &mut rendezvous, spec.knobs.init)?;
     let lines = nccl_ops::gather_json(&comm, &device_line(comm.rank(), ordinal))?;
-    let ranks = Ranks::Process(comm);
+    let ranks = Ranks::Process(comm, Some(Box::new(std::cell::RefCell::new(rendezvous))));
     let mut sink = match (info.rank, &events) {
         (0, Some(path)) => RankSink::Parent(EventFile::create(Path::new(path))?),
         (0, None) => RankSink::Print(Printer::new(args.json)),

@@ -85,6 +85,7 @@ impl Partial {
                 nranks: 0,
                 nccl_version,
                 mode: None,
+                variant: None,
                 warmup: None,
                 iters: None,
                 rows: Vec::new(),
@@ -163,7 +164,7 @@ fn parse_row(line: &str) -> std::result::Result<Option<Row>, String> {
             "N/A" => None,
             s => Some(num(s)? as u64),
         };
-        Ok(Some(Measure { time_us: num(w[0])?, algbw: num(w[1])?, busbw: num(w[2])?, wrong }))
+        Ok(Some(Measure { time_us: num(w[0])?, algbw: num(w[1])?, busbw: num(w[2])?, wrong, ..Measure::default() }))
     };
     let out_of_place = measure(&words[5..9])?;
     let in_place = if words.len() == 13 { measure(&words[9..13])? } else { None };
@@ -222,7 +223,10 @@ mod tests {
             (last.size, last.count, last.dtype.as_str(), last.redop.as_str(), last.root),
             (8 << 30, 1 << 31, "float", "sum", -1)
         );
-        assert_eq!(last.out_of_place, Some(Measure { time_us: 24926.3, algbw: 344.61, busbw: 344.61, wrong: Some(0) }));
+        assert_eq!(
+            last.out_of_place,
+            Some(Measure { time_us: 24926.3, algbw: 344.61, busbw: 344.61, wrong: Some(0), ..Measure::default() })
+        );
         assert_eq!(last.in_place.as_ref().unwrap().busbw, 344.95);
     }
 

@@ -186,7 +186,7 @@ mod tests {
             dtype: "float".into(),
             redop: "sum".into(),
             root: -1,
-            out_of_place: Some(Measure { time_us: 9.5, algbw: 0.0, busbw: 0.0, wrong: Some(0) }),
+            out_of_place: Some(Measure { time_us: 9.5, algbw: 0.0, busbw: 0.0, wrong: Some(0), ..Measure::default() }),
             in_place: None,
         };
         writer.event(Event::Row(row.clone())).unwrap();

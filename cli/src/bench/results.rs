@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use super::coll::Collective;
 
 /// Time and bandwidths of one size, out-of-place or in-place.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Measure {
     /// Mean time of one call (µs): host wall clock over back-to-back calls, averaged over ranks.
     pub time_us: f64,
@@ -16,6 +16,16 @@ pub struct Measure {
     pub busbw: f64,
     /// Wrong elements found by validation; `None` when not checked.
     pub wrong: Option<u64>,
+    /// Host time per call up to the return of the last call (nccl-tests' -C 1 "cputime"), µs,
+    /// averaged over ranks; `None` for nccl-tests logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_us: Option<f64>,
+    /// CUDA-event time per call on the stream (`gpucomm bench --events`), µs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_us: Option<f64>,
+    /// The path gpucomm-kernels' dispatcher took (`--impl`), e.g. `ll`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<String>,
 }
 
 /// One line of the table.
@@ -70,6 +80,9 @@ pub struct Run {
     pub nccl_version: Option<String>,
     /// How the ranks were run (`1 process per GPU (spawner)`, `-g 2`, …), when known.
     pub mode: Option<String>,
+    /// gpucomm bench's knobs in words (`default`, `buffers=cudarc barrier=host`, …).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
     /// Warm-up iterations.
     pub warmup: Option<u32>,
     /// Timed iterations per size.
@@ -106,6 +119,7 @@ impl Run {
             nranks: 2,
             nccl_version: Some("2.28.9".into()),
             mode: None,
+            variant: None,
             warmup: Some(5),
             iters: Some(20),
             avg_busbw: Some(Run::mean_busbw(&rows)),

@@ -55,6 +55,9 @@ pub struct Header {
     pub graph: u32,
     /// How the ranks run, in words.
     pub mode: String,
+    /// The bench's knobs in words (`default` when none is changed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub variant: Option<String>,
     /// NVLink SHARP (NVLS) state, in words.
     pub nvls: String,
     /// The GPUs.
@@ -77,6 +80,9 @@ pub fn write_header(out: &mut impl Write, h: &Header) -> io::Result<()> {
         h.threads, h.gpus_per_process, h.min_bytes, h.max_bytes, h.factor, h.warmup, h.iters, h.validation, h.graph
     )?;
     writeln!(out, "# Ranks: {}", h.mode)?;
+    if let Some(v) = &h.variant {
+        writeln!(out, "# Variant: {v}")?;
+    }
     writeln!(out, "# NVLS: {}", h.nvls)?;
     writeln!(out, "#")?;
     writeln!(out, "# Using devices")?;
@@ -191,6 +197,7 @@ mod tests {
             validation: 1,
             graph: 0,
             mode: "1 process per GPU (spawner)".into(),
+            variant: None,
             nvls: "off (NCCL_NVLS_ENABLE=0)".into(),
             devices: vec![DeviceLine {
                 rank: 0,
@@ -201,7 +208,7 @@ mod tests {
                 name: "NVIDIA H200".into(),
             }],
         };
-        let m = |t, bw| Some(Measure { time_us: t, algbw: bw, busbw: bw, wrong: Some(0) });
+        let m = |t, bw| Some(Measure { time_us: t, algbw: bw, busbw: bw, wrong: Some(0), ..Measure::default() });
         let rows = vec![
             Row {
                 size: 8,

@@ -16,7 +16,7 @@ use crate::bench::coll::Collective;
 use crate::bench::elem::{DType, Op};
 use crate::bench::engine::{self, Ranks, Spec};
 use crate::bench::nccl_ops;
-use crate::cli::DoctorWorkerArgs;
+use crate::cli::{DoctorWorkerArgs, Init, Knobs};
 use crate::cuda;
 use crate::error::{CliError, Result};
 
@@ -124,8 +124,8 @@ fn nccl_phase(info: &RankInfo, ordinal: usize, rendezvous: &mut Rendezvous) -> N
     };
     out.nccl_version = nccl::version().ok().map(|v| v.to_string());
     let result = (|| -> Result<()> {
-        let stream = nccl_ops::rank_stream(ordinal)?;
-        let ranks = Ranks::Process(nccl_ops::join(stream, rendezvous)?);
+        let stream = nccl_ops::rank_stream(ordinal, false)?;
+        let ranks = Ranks::Process(nccl_ops::join(stream, rendezvous, Init::Rank)?, None);
         let sweep = |coll| -> Result<Vec<Point>> {
             let spec = Spec {
                 coll,
@@ -138,6 +138,7 @@ fn nccl_phase(info: &RankInfo, ordinal: usize, rendezvous: &mut Rendezvous) -> N
                 warmup: 2,
                 iters: 10,
                 check: false,
+                knobs: Knobs::default(),
             };
             let run = engine::run(&ranks, &spec, &mut |_| {})?;
             Ok(run

@@ -1,8 +1,9 @@
 // All-reduce kernels over NCCL's device API (LSA: load/store access to every peer's memory over
-// NVLink), for the custom-kernel lessons 14-18. Compiled by build.rs into a cubin; launched from
-// Rust through cudarc with an `nccl::DevComm` and an `nccl::Window` as arguments.
+// NVLink), for gpucomm-kernels' dispatching all-reduce and the custom-kernel lessons 14-18.
+// Compiled by kernels/build.rs into a cubin; launched from Rust through cudarc with an
+// `nccl::DevComm` and an `nccl::Window` as arguments (kernels/src/lsa.rs).
 //
-// Three algorithms, all summing elements of type T:
+// Four kernels, all summing elements of type T:
 //
 // * one-shot (small messages): every rank stages its input in a symmetric window, one LSA barrier
 //   says "everyone's input is staged", then every rank loads all peers' staged inputs over NVLink
@@ -12,16 +13,29 @@
 // * LL one-shot (the smallest messages): no barrier at all. Each rank stores its input straight into
 //   every peer's window as 8-byte words carrying 4 bytes of data and a 4-byte flag (the call
 //   number); a peer knows a word has arrived when its flag matches, since an aligned 8-byte store
-//   lands whole. One NVLink crossing per call, like NCCL's LL protocol. Two slots again, by call
-//   parity, so a rank can be one call ahead of a peer.
-// * two-shot (larger messages): input and output both live in symmetric windows. After a barrier,
-//   rank r reduces its 1/N share of the elements by loading it from every peer (reduce-scatter)
-//   and stores the result into every peer's output (all-gather); a second barrier makes the stores
-//   visible and frees the inputs for reuse. Each byte crosses NVLink once each way, as in a ring.
+//   lands whole (one 64-bit access, single-copy atomic in PTX's memory model). One NVLink
+//   crossing per call, like NCCL's LL protocol. Two slots again, by call parity, so a rank can be
+//   one call ahead of a peer.
+// * two-shot over windows (larger messages, zero copy): input and output both live in symmetric
+//   windows. After a barrier, rank r reduces its 1/N share of the elements by loading it from
+//   every peer (reduce-scatter) and stores the result into every peer's output (all-gather); a
+//   second barrier makes the stores visible and frees the inputs for reuse. Each byte crosses
+//   NVLink once each way, as in a ring.
+// * staged two-shot (larger messages in any device buffers): the same exchange for input and
+//   output buffers that are not in a window. Each rank first copies the shares its peers reduce
+//   into an input region of its window, and receives the peers' results in an output region, which
+//   it copies into its output after the second barrier; its own share goes straight from its input
+//   to its output. The regions are single-buffered: a rank passes the second barrier of a call only
+//   when every peer has finished with its regions.
 //
 // Work is split across CTAs; CTA i only ever synchronises with CTA i of the peers (LSA barrier
 // index i), so the devComm needs `lsaBarrierCount >= gridDim.x`. The LSA team may have at most
 // MAX_PEERS ranks (the host side checks). Nothing here uses NVLink multicast.
+//
+// Latency: every memory load a kernel must wait for before its first NVLink store is on the
+// critical path of a small message. The kernels therefore issue the loads that do not depend on
+// the call number (the barrier's epoch, the first vectors of the input) before reading the call
+// counter, so that these latencies overlap instead of adding up.
 
 #include <nccl.h>
 #include <nccl_device.h>
@@ -142,16 +156,24 @@ __device__ __forceinline__ void end_call(ncclWindow_t win, size_t base, uint32_t
 template <typename T>
 __device__ void oneshot(ncclDevComm comm, ncclWindow_t win, size_t base, size_t slot_bytes,
                         const T* send, T* recv, size_t count) {
-  const uint32_t call = begin_call(win, base);
-  const size_t slot = base + CTRL_BYTES + (call & 1) * slot_bytes;
+  // The barrier session loads its epoch, and each thread its first input vector, before the call
+  // number arrives: three memory latencies overlap instead of adding up.
+  ncclLsaBarrierSession<ncclCoopCta> bar{ncclCoopCta(), comm, ncclTeamLsa(comm), comm.lsaBarrier, blockIdx.x};
   size_t begin, end;
   cta_share<T>(count, &begin, &end);
+  const size_t nvec = (end - begin) / lanes<T>();
+  const bool vec = aligned16(send + begin);
+  uint4 first = make_uint4(0, 0, 0, 0);
+  if (vec && threadIdx.x < nvec) first = reinterpret_cast<const uint4*>(send + begin)[threadIdx.x];
+  const uint32_t call = begin_call(win, base);
+  const size_t slot = base + CTRL_BYTES + (call & 1) * slot_bytes;
 
-  // Stage this CTA's share of the input in the current slot of this rank's window.
+  // Stage this CTA's share of the input in the current slot of this rank's window (slots start on
+  // 16-byte boundaries, so the vector path depends on the input only).
   T* mine = (T*)ncclGetLocalPointer(win, slot);
-  if (aligned16(send) && aligned16(mine)) {
-    const size_t nvec = (end - begin) / lanes<T>();
-    for (size_t v = threadIdx.x; v < nvec; v += blockDim.x)
+  if (vec) {
+    if (threadIdx.x < nvec) reinterpret_cast<uint4*>(mine + begin)[threadIdx.x] = first;
+    for (size_t v = threadIdx.x + blockDim.x; v < nvec; v += blockDim.x)
       reinterpret_cast<uint4*>(mine + begin)[v] = reinterpret_cast<const uint4*>(send + begin)[v];
     for (size_t e = begin + nvec * lanes<T>() + threadIdx.x; e < end; e += blockDim.x) mine[e] = send[e];
   } else {
@@ -159,7 +181,6 @@ __device__ void oneshot(ncclDevComm comm, ncclWindow_t win, size_t base, size_t 
   }
 
   // Everyone's share is staged (release our stores, acquire the peers').
-  ncclLsaBarrierSession<ncclCoopCta> bar{ncclCoopCta(), comm, ncclTeamLsa(comm), comm.lsaBarrier, blockIdx.x};
   bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
 
   sum_from_peers<T>(Peers<T>(win, slot, comm.lsaSize), recv, begin, end);
@@ -201,45 +222,75 @@ __device__ __forceinline__ uint32_t add_word(uint32_t a, uint32_t b) {
   return out;
 }
 
+// One (data, flag) pair as a single 64-bit access, so that it is single-copy atomic.
+__device__ __forceinline__ void st_pair(uint64_t* at, uint32_t data, uint32_t flag) {
+  const uint64_t v = (uint64_t)flag << 32 | data;
+  asm volatile("st.volatile.global.u64 [%0], %1;" ::"l"(at), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint64_t ld_pair(const uint64_t* at) {
+  uint64_t v;
+  asm volatile("ld.volatile.global.u64 %0, [%1];" : "=l"(v) : "l"(at) : "memory");
+  return v;
+}
+
+// Words each thread loads before the call number is known, and keeps for the sum.
+constexpr int LL_PREFETCH = 4;
+
 template <typename T>
 __device__ void ll_oneshot(ncclDevComm comm, ncclWindow_t win, size_t base, size_t ll_off, size_t region,
                            const T* send, T* recv, size_t count) {
-  const uint32_t call = begin_call(win, base);
-  const uint32_t flag = call + 1;  // never 0, the window's initial contents
   const int n = comm.lsaSize, me = comm.lsaRank;
   const size_t words = (count * sizeof(T) + 3) / 4;
   const size_t per = (words + gridDim.x - 1) / gridDim.x;
   const size_t wb = min(words, per * blockIdx.x), we = min(words, wb + per);
+  // This thread's first words, loaded while the call counter is read (the usual launch gives each
+  // thread one word).
+  uint32_t pre[LL_PREFETCH];
+#pragma unroll
+  for (int k = 0; k < LL_PREFETCH; k++) {
+    const size_t w = wb + threadIdx.x + (size_t)k * blockDim.x;
+    pre[k] = w < we ? load_word(send, count, w) : 0;
+  }
+  const uint32_t call = begin_call(win, base);
+  const uint32_t flag = call + 1;  // never 0, the window's initial contents
   const size_t slot = ll_off + (size_t)(call & 1) * MAX_PEERS * region;
   // Push this rank's words to every peer, data and flag in one 8-byte store.
-  uint2* to[MAX_PEERS];
+  uint64_t* to[MAX_PEERS];
 #pragma unroll
   for (int p = 0; p < MAX_PEERS; p++)
-    to[p] = (p < n && p != me) ? (uint2*)ncclGetLsaPointer(win, slot + (size_t)me * region, p) : nullptr;
-  for (size_t w = wb + threadIdx.x; w < we; w += blockDim.x) {
-    const uint32_t data = load_word(send, count, w);
+    to[p] = (p < n && p != me) ? (uint64_t*)ncclGetLsaPointer(win, slot + (size_t)me * region, p) : nullptr;
+  const size_t stride = blockDim.x, rest = wb + threadIdx.x + LL_PREFETCH * stride;
+  auto push = [&](size_t w, uint32_t data) {
 #pragma unroll
     for (int p = 0; p < MAX_PEERS; p++)
-      if (to[p]) asm volatile("st.volatile.global.v2.u32 [%0], {%1, %2};" ::"l"(to[p] + w), "r"(data), "r"(flag) : "memory");
-  }
+      if (to[p]) st_pair(to[p] + w, data, flag);
+  };
+#pragma unroll
+  for (int k = 0; k < LL_PREFETCH; k++)
+    if (wb + threadIdx.x + k * stride < we) push(wb + threadIdx.x + k * stride, pre[k]);
+  for (size_t w = rest; w < we; w += stride) push(w, load_word(send, count, w));
   // Pull the peers' words from this rank's own window as they arrive, and sum.
-  const uint2* from[MAX_PEERS];
+  const uint64_t* from[MAX_PEERS];
 #pragma unroll
   for (int p = 0; p < MAX_PEERS; p++)
-    from[p] = (p < n && p != me) ? (const uint2*)ncclGetLocalPointer(win, slot + (size_t)p * region) : nullptr;
-  for (size_t w = wb + threadIdx.x; w < we; w += blockDim.x) {
-    uint32_t acc = load_word(send, count, w);
+    from[p] = (p < n && p != me) ? (const uint64_t*)ncclGetLocalPointer(win, slot + (size_t)p * region) : nullptr;
+  auto pull = [&](size_t w, uint32_t acc) {
 #pragma unroll
     for (int p = 0; p < MAX_PEERS; p++) {
       if (!from[p]) continue;
-      uint32_t data, got;
+      uint64_t v;
       do {
-        asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(data), "=r"(got) : "l"(from[p] + w) : "memory");
-      } while (got != flag);
-      acc = add_word<T>(acc, data);
+        v = ld_pair(from[p] + w);
+      } while ((uint32_t)(v >> 32) != flag);
+      acc = add_word<T>(acc, (uint32_t)v);
     }
     store_word(recv, count, w, acc);
-  }
+  };
+#pragma unroll
+  for (int k = 0; k < LL_PREFETCH; k++)
+    if (wb + threadIdx.x + k * stride < we) pull(wb + threadIdx.x + k * stride, pre[k]);
+  for (size_t w = rest; w < we; w += stride) pull(w, load_word(send, count, w));
   end_call(win, base, call);
 }
 
@@ -309,6 +360,81 @@ __device__ void twoshot(ncclDevComm comm, ncclWindow_t send_win, size_t send_off
   bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
 }
 
+// Copies elements [lo, hi) from `src` to `dst`, 16 bytes at a time where both allow it.
+template <typename T>
+__device__ __forceinline__ void copy_range(const T* src, T* dst, size_t lo, size_t hi) {
+  size_t i = lo;
+  if (aligned16(src + lo) && aligned16(dst + lo)) {
+    const size_t nvec = (hi - lo) / lanes<T>();
+    for (size_t v = threadIdx.x; v < nvec; v += blockDim.x)
+      reinterpret_cast<uint4*>(dst + lo)[v] = reinterpret_cast<const uint4*>(src + lo)[v];
+    i = lo + nvec * lanes<T>();
+  }
+  for (size_t e = i + threadIdx.x; e < hi; e += blockDim.x) dst[e] = src[e];
+}
+
+// Two-shot for input and output in any device buffers (`send`, `recv`; the same buffer for an
+// in-place call), with `count` elements at most the size of the window's input region (byte
+// offset `in_off`) and output region (`out_off`). Within each CTA's chunk, share q (of N) is
+// reduced by rank q.
+template <typename T>
+__device__ void twoshot_staged(ncclDevComm comm, ncclWindow_t win, size_t in_off, size_t out_off,
+                               const T* send, T* recv, size_t count) {
+  ncclLsaBarrierSession<ncclCoopCta> bar{ncclCoopCta(), comm, ncclTeamLsa(comm), comm.lsaBarrier, blockIdx.x};
+  const int n = comm.lsaSize, r = comm.lsaRank;
+  size_t begin, end;
+  cta_share<T>(count, &begin, &end);
+  const size_t per = ((end - begin + n - 1) / n + lanes<T>() - 1) / lanes<T>() * lanes<T>();
+  auto lo_of = [&](int q) { return min(end, begin + per * q); };
+  auto hi_of = [&](int q) { return min(end, begin + per * (q + 1)); };
+
+  // 1. Stage the shares the peers reduce (this rank's input of them) in the input region.
+  T* staged_in = (T*)ncclGetLocalPointer(win, in_off);
+  for (int q = 0; q < n; q++)
+    if (q != r) copy_range<T>(send, staged_in, lo_of(q), hi_of(q));
+  // Every rank's input is staged (release ours, acquire the peers').
+  bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+
+  // 2. Reduce this rank's share: its own input from `send`, the peers' from their input regions;
+  //    the sum goes to `recv` and to every peer's output region.
+  const size_t lo = lo_of(r), hi = hi_of(r);
+  const Peers<T> in(win, in_off, n), out(win, out_off, n);
+  size_t i = lo;
+  if (aligned16(send + lo) && aligned16(recv + lo) && in.aligned(lo) && out.aligned(lo)) {
+    const size_t nvec = (hi - lo) / lanes<T>();
+    for (size_t v = threadIdx.x; v < nvec; v += blockDim.x) {
+      uint4 acc = reinterpret_cast<const uint4*>(send + lo)[v];
+#pragma unroll
+      for (int p = 0; p < MAX_PEERS; p++)
+        if (p < n && p != r) acc = add_vec<T>(acc, reinterpret_cast<const uint4*>(in.at[p] + lo)[v]);
+      reinterpret_cast<uint4*>(recv + lo)[v] = acc;
+#pragma unroll
+      for (int p = 0; p < MAX_PEERS; p++)
+        if (p < n && p != r) reinterpret_cast<uint4*>(out.at[p] + lo)[v] = acc;
+    }
+    i = lo + nvec * lanes<T>();
+  }
+  for (size_t e = i + threadIdx.x; e < hi; e += blockDim.x) {
+    typename Acc<T>::Type acc = widen(send[e]);
+#pragma unroll
+    for (int p = 0; p < MAX_PEERS; p++)
+      if (p < n && p != r) acc += widen(in.at[p][e]);
+    const T sum = narrow<T>(acc);
+    recv[e] = sum;
+#pragma unroll
+    for (int p = 0; p < MAX_PEERS; p++)
+      if (p < n && p != r) out.at[p][e] = sum;
+  }
+
+  // Every rank's results are in place, and nobody reads the input regions any more.
+  bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
+
+  // 3. The peers' shares of the result, from the output region into `recv`.
+  const T* staged_out = (const T*)ncclGetLocalPointer(win, out_off);
+  for (int q = 0; q < n; q++)
+    if (q != r) copy_range<T>(staged_out, recv, lo_of(q), hi_of(q));
+}
+
 }  // namespace
 
 #define ALLREDUCE_KERNELS(SUFFIX, T)                                                                   \
@@ -326,6 +452,11 @@ __device__ void twoshot(ncclDevComm comm, ncclWindow_t send_win, size_t send_off
       lsa_twoshot_sum_##SUFFIX(ncclDevComm comm, ncclWindow_t send_win, size_t send_off,               \
                                ncclWindow_t recv_win, size_t recv_off, size_t count) {                 \
     twoshot<T>(comm, send_win, send_off, recv_win, recv_off, count);                                   \
+  }                                                                                                    \
+  extern "C" __global__ void __launch_bounds__(512)                                                  \
+      lsa_staged_sum_##SUFFIX(ncclDevComm comm, ncclWindow_t win, size_t in_off, size_t out_off,       \
+                              const T* send, T* recv, size_t count) {                                 \
+    twoshot_staged<T>(comm, win, in_off, out_off, send, recv, count);                                  \
   }
 
 ALLREDUCE_KERNELS(f32, float)

@@ -1,0 +1,88 @@
+//! The crate's error type.
+
+use crate::table::Path;
+
+/// Everything this crate's calls can fail with. A refused call has enqueued nothing.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An NCCL call (through the `nccl` crate) failed.
+    #[error(transparent)]
+    Nccl(#[from] nccl::Error),
+    /// A CUDA call failed.
+    #[error("CUDA: {0}")]
+    Cuda(#[from] cudarc::driver::DriverError),
+    /// Input and output differ in length.
+    #[error("{what} has {got} elements, {expected} expected")]
+    LengthMismatch {
+        /// Which buffer.
+        what: &'static str,
+        /// The length it must have.
+        expected: usize,
+        /// Its length.
+        got: usize,
+    },
+    /// A buffer or stream is not on the communicator's device.
+    #[error("{what} is on device {got}, the communicator on device {expected}")]
+    WrongDevice {
+        /// Which buffer or stream.
+        what: &'static str,
+        /// The communicator's device.
+        expected: usize,
+        /// The buffer's or stream's device.
+        got: usize,
+    },
+    /// A message too large (or empty) for a kernel that has a fixed staging area.
+    #[error("the {path} kernel takes 1 to {max} bytes per call; this call has {got}")]
+    Size {
+        /// The kernel.
+        path: Path,
+        /// Its limit, in bytes.
+        max: usize,
+        /// The call's size, in bytes.
+        got: usize,
+    },
+    /// A window range past the window's end.
+    #[error("{what}: elements {start}..{end} do not fit a window of {len} elements")]
+    WindowRange {
+        /// Which window.
+        what: &'static str,
+        /// First element.
+        start: usize,
+        /// One past the last element.
+        end: usize,
+        /// The window's length in elements.
+        len: usize,
+    },
+    /// The kernels exist for f32, bf16 and f16 only.
+    #[error("the all-reduce kernels have no {dtype} version (f32, bf16 and f16 only)")]
+    UnsupportedType {
+        /// The element type asked for.
+        dtype: &'static str,
+    },
+    /// A path was forced ([`crate::AllReduce::force`]) that cannot take this call.
+    #[error("the forced {path} path cannot take this call: {why}")]
+    Forced {
+        /// The forced path.
+        path: Path,
+        /// Why not.
+        why: crate::Fallback,
+    },
+    /// The kernels are not usable on this communicator (see [`crate::Fallback`]).
+    #[error("the all-reduce kernels are not available: {0}")]
+    Unavailable(crate::Fallback),
+    /// A crossover table that does not parse or makes no sense.
+    #[error("crossover table, line {line}: {reason}")]
+    Table {
+        /// 1-based line number (0: the table as a whole).
+        line: usize,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A calibration setting that cannot be used.
+    #[error("calibration: {0}")]
+    Calibration(String),
+}
+
+/// This crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -1,0 +1,49 @@
+//! All-reduce kernels over NCCL's device API, and an all-reduce that dispatches each call to the
+//! fastest of them and NCCL.
+//!
+//! NCCL's device API (NCCL ≥ 2.28) lets a CUDA kernel load from and store to the memory of every
+//! rank it reaches over NVLink (an LSA team) and synchronise with them (LSA barriers). This crate
+//! holds four all-reduce kernels written against it (`cu/lsa_allreduce.cu`, compiled by `build.rs`
+//! and embedded, checked against the GPU's architecture when loaded):
+//!
+//! | path | kernel | best for (2×H200) |
+//! |---|---|---|
+//! | [`Path::Ll`] | LL one-shot: (data, flag) words stored straight into every peer, no barrier | ≤ 64 KiB |
+//! | [`Path::OneShot`] | input staged in a window, one barrier, every peer's input loaded | 128–512 KiB |
+//! | [`Path::TwoShot`] | reduce-scatter and all-gather by loads and stores, two barriers | 1 MiB and up |
+//! | [`Path::Nccl`] | `ncclAllReduce` | what the kernels cannot do, very large messages |
+//!
+//! * [`AllReduce`]: the one type frameworks need. Created once per communicator, it owns the
+//!   device communicator and the symmetric window the kernels stage through and, for each call,
+//!   picks the path from a crossover [`Table`] (the committed one for the machine, or one measured
+//!   at start by [`AllReduce::calibrate`]), falling back to NCCL where the kernels cannot help. It
+//!   works on cudarc's and candle's buffers, the `nccl` crate's [`nccl::MemBuffer`], on any stream
+//!   of the device and inside CUDA graph captures; every call returns its [`Decision`].
+//! * [`lsa::LsaKernels`]: the kernels one by one, for lessons and experiments.
+//!
+//! Nothing here requests NVLink multicast.
+//!
+//! Building needs NCCL headers with the device API (≥ 2.28; the workspace's pinned 2.28.9); at run
+//! time any NCCL works, the kernels only where its device API matches the headers
+//! ([`Fallback::HeaderMismatch`]).
+
+#![deny(missing_docs)]
+
+mod calibrate;
+mod decide;
+mod dispatch;
+mod error;
+pub mod lsa;
+pub mod table;
+
+/// The compiled kernels (`build.rs`): `LSA_ALLREDUCE`, a module image for `cuModuleLoadData`
+/// (empty, with `COMPILED` false, in builds that skip `.cu` files).
+pub mod image {
+    include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
+}
+
+pub use calibrate::Calibration;
+pub use decide::{Decision, Fallback, Why};
+pub use dispatch::{AllReduce, Options, SymmetricBuffer};
+pub use error::{Error, Result};
+pub use table::{Mode, Path, Table};

@@ -1,0 +1,585 @@
+//! The kernels of `cu/lsa_allreduce.cu` and what they need on one rank: a device communicator
+//! with one LSA barrier per CTA, and one symmetric window holding their call counters and staging
+//! areas. [`crate::AllReduce`] is built on this; lessons 14–18 use it directly.
+//!
+//! Window layout (bytes, every rank alike; sizes agreed between the ranks at creation):
+//!
+//! | offset | size | what |
+//! |---|---|---|
+//! | 0 | 4 KiB | per-CTA call counters (LL and one-shot) |
+//! | 4 KiB | 2 × `one_shot` | one-shot staging slots |
+//! | … | 2 × 8 × 128 KiB | LL regions: (slot, source rank) pairs of (data, flag) words |
+//! | … | `staged` | staged two-shot: input region |
+//! | … | `staged` | staged two-shot: output region |
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig, PushKernelArg};
+use nccl::device::{DevComm, DevCommRequirements};
+use nccl::{Collectives, Comm, DataType, MemBuffer, NcclType, ReduceOp, Window, WindowFlags};
+
+use crate::decide::Fallback;
+use crate::error::{Error, Result};
+use crate::table::Path;
+
+/// CTAs of a launch at most (one LSA barrier each).
+pub const MAX_CTAS: u32 = 32;
+/// Threads per CTA.
+const THREADS: u32 = 512;
+/// Bytes of the per-CTA call counters at the start of the window (see the kernels).
+const CTRL_BYTES: usize = 4096;
+/// The largest message of the LL kernel.
+pub const LL_MAX_BYTES: usize = 64 << 10;
+/// The most ranks the kernels handle.
+pub const MAX_PEERS: usize = 8;
+/// Bytes of one LL region (one source rank, one slot): an 8-byte pair per 4-byte word.
+const LL_REGION: usize = 2 * LL_MAX_BYTES;
+/// Bytes of all LL regions.
+const LL_BYTES: usize = 2 * MAX_PEERS * LL_REGION;
+/// Window areas are multiples of this, so that every area starts 16-byte aligned (and more).
+const AREA_ALIGN: usize = 4096;
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::bf16 {}
+    impl Sealed for half::f16 {}
+}
+
+/// An element type the kernels are compiled for (`lsa_*_sum_<suffix>`): f32, bf16, f16. The
+/// launch methods take any [`NcclType`] and refuse the others at run time
+/// ([`Error::UnsupportedType`]); this trait lets code require a kernel type at compile time.
+pub trait Element: NcclType + sealed::Sealed {
+    /// The kernel name suffix.
+    const SUFFIX: &'static str;
+}
+
+impl Element for f32 {
+    const SUFFIX: &'static str = "f32";
+}
+impl Element for half::bf16 {
+    const SUFFIX: &'static str = "bf16";
+}
+impl Element for half::f16 {
+    const SUFFIX: &'static str = "f16";
+}
+
+/// The kernel suffix of an NCCL data type, for the types the kernels exist for.
+pub(crate) fn suffix(dtype: DataType) -> Option<&'static str> {
+    [
+        (<f32 as NcclType>::DATA_TYPE, f32::SUFFIX),
+        (<half::bf16 as NcclType>::DATA_TYPE, half::bf16::SUFFIX),
+        (<half::f16 as NcclType>::DATA_TYPE, half::f16::SUFFIX),
+    ]
+    .into_iter()
+    .find(|(d, _)| *d == dtype)
+    .map(|(_, s)| s)
+}
+
+/// A readable name of `T` for messages (`f64`, `half::binary16::f16` → `f16`).
+pub(crate) fn type_name<T>() -> &'static str {
+    let full = std::any::type_name::<T>();
+    full.rsplit("::").next().unwrap_or(full)
+}
+
+/// The staging areas of the window, in bytes (rounded up to 4 KiB each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Sizes {
+    /// The largest one-shot message (two slots of it are kept); 0 for none.
+    pub one_shot: usize,
+    /// The largest staged two-shot launch (input and output regions of it are kept; larger
+    /// messages take several launches); 0 for none.
+    pub staged: usize,
+}
+
+/// How many bytes of the message each CTA of a launch handles, per kernel: the launch has
+/// `bytes / per CTA` CTAs (at least 1, at most [`MAX_CTAS`]) of 512 threads. More CTAs put more
+/// loads and stores in flight; fewer make fewer barrier partners.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CtaBytes {
+    /// LL (default 2 KiB: one 4-byte word per thread).
+    pub ll: usize,
+    /// One-shot (default 8 KiB: one 16-byte vector per thread).
+    pub one_shot: usize,
+    /// Both two-shots (default 64 KiB).
+    pub two_shot: usize,
+}
+
+impl Default for CtaBytes {
+    fn default() -> Self {
+        CtaBytes { ll: 2 << 10, one_shot: 8 << 10, two_shot: 64 << 10 }
+    }
+}
+
+impl CtaBytes {
+    /// The launch of a message of `bytes` with `per_cta` bytes per CTA.
+    fn config(bytes: usize, per_cta: usize) -> LaunchConfig {
+        let ctas = bytes.div_ceil(per_cta.max(1)).clamp(1, MAX_CTAS as usize) as u32;
+        LaunchConfig { grid_dim: (ctas, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
+    }
+}
+
+/// The four kernels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernel {
+    Ll,
+    OneShot,
+    TwoShot,
+    Staged,
+}
+
+impl Kernel {
+    fn name(self) -> &'static str {
+        match self {
+            Kernel::Ll => "ll",
+            Kernel::OneShot => "oneshot",
+            Kernel::TwoShot => "twoshot",
+            Kernel::Staged => "staged",
+        }
+    }
+}
+
+/// The kernels and what they need on one rank of a communicator: a device communicator with
+/// [`MAX_CTAS`] LSA barriers and one symmetric window (see the [module docs](self)).
+///
+/// Every launch is collective: every rank makes the same calls, in the same order, with the same
+/// counts, on one stream at a time (the window's uses are ordered across streams like any
+/// [`MemBuffer`]). Creation and drop are collective too.
+pub struct LsaKernels<'c> {
+    comm: &'c Comm,
+    // Dropped first: destroying the device communicator waits for every kernel of the device.
+    dev: DevComm<'c>,
+    window: Window<'c, u8>,
+    sizes: Sizes,
+    cta: CtaBytes,
+    functions: Vec<(Kernel, &'static str, CudaFunction)>,
+}
+
+impl std::fmt::Debug for LsaKernels<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LsaKernels")
+            .field("dev", &self.dev)
+            .field("sizes", &self.sizes)
+            .field("cta", &self.cta)
+            .finish()
+    }
+}
+
+impl<'c> LsaKernels<'c> {
+    /// Collective over `comm`: checks that every rank can reach every other by loads and stores
+    /// and that all ranks ask for the same `sizes`, then creates the device communicator and the
+    /// window, and loads the kernels. Nothing is created when a check fails
+    /// ([`Error::Unavailable`]).
+    pub fn new(comm: &'c Comm, sizes: Sizes) -> Result<Self> {
+        check_team(comm).map_err(Error::Unavailable)?;
+        let sizes = Sizes { one_shot: round_area(sizes.one_shot), staged: round_area(sizes.staged) };
+        agree_sizes(comm, sizes)?;
+        Self::create(comm, sizes)
+    }
+
+    /// [`LsaKernels::new`] after the dispatcher has done the checks (on every rank).
+    pub(crate) fn create(comm: &'c Comm, sizes: Sizes) -> Result<Self> {
+        if !crate::image::COMPILED {
+            return Err(Error::Unavailable(Fallback::NotCompiled));
+        }
+        // What can fail on this rank alone comes first: a failure after the collective steps
+        // below would leave the other ranks waiting in them.
+        let module = nccl::device::load_module(comm.context(), crate::image::LSA_ALLREDUCE)?;
+        let mut functions = Vec::new();
+        for kernel in [Kernel::Ll, Kernel::OneShot, Kernel::TwoShot, Kernel::Staged] {
+            for suffix in [f32::SUFFIX, half::bf16::SUFFIX, half::f16::SUFFIX] {
+                let name = format!("lsa_{}_sum_{suffix}", kernel.name());
+                functions.push((kernel, suffix, module.load_function(&name)?));
+            }
+        }
+        let bytes = CTRL_BYTES + 2 * sizes.one_shot + LL_BYTES + 2 * sizes.staged;
+        let buf = MemBuffer::<u8>::zeroed(comm.stream(), bytes)?;
+        // Zeroed before any peer can reach it: the LL kernel of a peer stores into this window
+        // without waiting for this rank, and a late memset would wipe its flags.
+        buf.tracker().synchronize().map_err(nccl::Error::from)?;
+        let dev = DevComm::new(comm, &DevCommRequirements::default().lsa_barriers(MAX_CTAS))?;
+        let window = comm.register_window(buf, WindowFlags::COLL_SYMMETRIC)?;
+        Ok(LsaKernels { comm, dev, window, sizes, cta: CtaBytes::default(), functions })
+    }
+
+    /// The communicator.
+    pub fn comm(&self) -> &'c Comm {
+        self.comm
+    }
+
+    /// The staging areas (as agreed, rounded up to 4 KiB).
+    pub fn sizes(&self) -> Sizes {
+        self.sizes
+    }
+
+    /// The launch shapes.
+    pub fn cta_bytes(&self) -> CtaBytes {
+        self.cta
+    }
+
+    /// Sets the launch shapes (every rank must use the same, since CTA `i` meets CTA `i` of the
+    /// peers at each barrier).
+    pub fn set_cta_bytes(&mut self, cta: CtaBytes) {
+        self.cta = cta;
+    }
+
+    fn function(&self, kernel: Kernel, dtype: DataType, name: &'static str) -> Result<&CudaFunction> {
+        let s = suffix(dtype).ok_or(Error::UnsupportedType { dtype: name })?;
+        self.functions
+            .iter()
+            .find(|(k, sx, _)| *k == kernel && *sx == s)
+            .map(|(_, _, f)| f)
+            .ok_or(Error::UnsupportedType { dtype: name })
+    }
+
+    /// The largest message each kernel takes in one launch, in bytes (two-shot: per staged
+    /// launch; 0 when the window has no room for it).
+    pub fn max_bytes(&self, path: Path) -> usize {
+        match path {
+            Path::Ll => LL_MAX_BYTES,
+            Path::OneShot => self.sizes.one_shot,
+            Path::TwoShot => self.sizes.staged,
+            Path::Nccl => usize::MAX,
+        }
+    }
+
+    /// Byte offsets in the window of the LL regions, the staged input and the staged output (the
+    /// one-shot slots follow the counters, where the kernel finds them).
+    fn offsets(&self) -> (usize, usize, usize) {
+        let ll = CTRL_BYTES + 2 * self.sizes.one_shot;
+        let staged_in = ll + LL_BYTES;
+        (ll, staged_in, staged_in + self.sizes.staged)
+    }
+
+    /// LL all-reduce (sum) of `send` into `recv` on `stream`, for messages of 1 to
+    /// [`LL_MAX_BYTES`] bytes: no barrier, data and flags in 8-byte words.
+    pub fn ll<T: NcclType>(
+        &self,
+        stream: &Arc<CudaStream>,
+        send: &impl DevicePtr<T>,
+        recv: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        self.pair(Kernel::Ll, stream, send, recv)
+    }
+
+    /// [`LsaKernels::ll`] in place.
+    pub fn ll_in_place<T: NcclType>(&self, stream: &Arc<CudaStream>, buf: &mut impl DevicePtrMut<T>) -> Result<()> {
+        self.single(Kernel::Ll, stream, buf)
+    }
+
+    /// One-shot all-reduce (sum) of `send` into `recv` on `stream`, for messages of 1 to
+    /// [`Sizes::one_shot`] bytes: any device buffers of the communicator's device.
+    pub fn one_shot<T: NcclType>(
+        &self,
+        stream: &Arc<CudaStream>,
+        send: &impl DevicePtr<T>,
+        recv: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        self.pair(Kernel::OneShot, stream, send, recv)
+    }
+
+    /// [`LsaKernels::one_shot`] in place.
+    pub fn one_shot_in_place<T: NcclType>(
+        &self,
+        stream: &Arc<CudaStream>,
+        buf: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        self.single(Kernel::OneShot, stream, buf)
+    }
+
+    /// Two-shot all-reduce (sum) of `send` into `recv` on `stream` through the window's staging
+    /// regions: any device buffers, any size (messages larger than [`Sizes::staged`] take several
+    /// launches).
+    pub fn staged<T: NcclType>(
+        &self,
+        stream: &Arc<CudaStream>,
+        send: &impl DevicePtr<T>,
+        recv: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        self.pair(Kernel::Staged, stream, send, recv)
+    }
+
+    /// [`LsaKernels::staged`] in place.
+    pub fn staged_in_place<T: NcclType>(&self, stream: &Arc<CudaStream>, buf: &mut impl DevicePtrMut<T>) -> Result<()> {
+        self.single(Kernel::Staged, stream, buf)
+    }
+
+    /// Two-shot all-reduce (sum) of `count` elements from `send` (window, element offset
+    /// `send_at`) into `recv` (window, element offset `recv_at`) on `stream`, reading and writing
+    /// the peers' windows directly (no copies). The window may be the same for an in-place call
+    /// (same offset) but must then be passed as `recv` only: see [`crate::AllReduce`] for a safe
+    /// form.
+    ///
+    /// # Safety
+    ///
+    /// Every rank's `send` and `recv` windows (registered together on this communicator) hold at
+    /// least `send_at + count` and `recv_at + count` elements: the kernel loads and stores the
+    /// peers' windows at these offsets, which this rank cannot check.
+    pub unsafe fn two_shot<T: NcclType>(
+        &self,
+        stream: &Arc<CudaStream>,
+        send: &Window<'c, T>,
+        send_at: usize,
+        recv: &mut Window<'c, T>,
+        recv_at: usize,
+        count: usize,
+    ) -> Result<()> {
+        for (what, w, at) in [("send window", send, send_at), ("recv window", &*recv, recv_at)] {
+            let end = at.checked_add(count).filter(|&end| end <= w.buffer().len() && count > 0);
+            if end.is_none() {
+                return Err(Error::WindowRange {
+                    what,
+                    start: at,
+                    end: at.saturating_add(count),
+                    len: w.buffer().len(),
+                });
+            }
+        }
+        self.check_stream(stream)?;
+        // Order the windows' memory on `stream` (their trackers), then pass the handles.
+        send.buffer().tracker().use_on(stream, None).map_err(nccl::Error::from)?;
+        recv.buffer().tracker().use_on(stream, None).map_err(nccl::Error::from)?;
+        // SAFETY: both windows hold the elements on this rank (checked) and on every rank (the
+        // caller's contract), are borrowed until the launch is enqueued and ordered on `stream`.
+        unsafe { self.two_shot_raw::<T>(stream, (send.arg(), send_at), (recv.arg(), recv_at), count) }
+    }
+
+    /// Launches the window two-shot kernel.
+    ///
+    /// # Safety
+    ///
+    /// Both windows (registered on this communicator; possibly the same one, at the same offset
+    /// for an in-place call) hold `count` elements of T from their element offsets on every rank,
+    /// stay registered until the launch is enqueued, and are ordered on `stream`.
+    pub(crate) unsafe fn two_shot_raw<T: NcclType>(
+        &self,
+        stream: &Arc<CudaStream>,
+        (send_win, send_at): (nccl::device::WindowArg<'_>, usize),
+        (recv_win, recv_at): (nccl::device::WindowArg<'_>, usize),
+        count: usize,
+    ) -> Result<()> {
+        let kernel = self.function(Kernel::TwoShot, T::DATA_TYPE, type_name::<T>())?;
+        let (send_off, recv_off) = (send_at * size_of::<T>(), recv_at * size_of::<T>());
+        let mut launch = stream.launch_builder(kernel);
+        launch.arg(self.dev.arg()).arg(&send_win).arg(&send_off).arg(&recv_win).arg(&recv_off).arg(&count);
+        let cfg = CtaBytes::config(count * size_of::<T>(), self.cta.two_shot);
+        // SAFETY: the kernel takes (ncclDevComm, ncclWindow_t, size_t, ncclWindow_t, size_t,
+        // size_t), matching the arguments pushed; the windows hold the elements on every rank
+        // (the caller's contract); the grid has at most MAX_CTAS CTAs, the LSA barriers of `dev`.
+        unsafe { launch.launch(cfg) }?;
+        Ok(())
+    }
+
+    fn check_stream(&self, stream: &Arc<CudaStream>) -> Result<()> {
+        let (expected, got) = (self.comm.device(), stream.context().ordinal());
+        if got != expected {
+            return Err(Error::WrongDevice { what: "the stream", expected, got });
+        }
+        Ok(())
+    }
+
+    /// Checks one call's buffers: lengths, devices, and the kernel's size limit; returns the count.
+    fn check<T>(
+        &self,
+        kernel: Kernel,
+        stream: &Arc<CudaStream>,
+        bufs: &[(&'static str, usize, usize)],
+    ) -> Result<usize> {
+        self.check_stream(stream)?;
+        let count = bufs[0].1;
+        for &(what, len, device) in bufs {
+            if len != count {
+                return Err(Error::LengthMismatch { what, expected: count, got: len });
+            }
+            if device != self.comm.device() {
+                return Err(Error::WrongDevice { what, expected: self.comm.device(), got: device });
+            }
+        }
+        let bytes = count * size_of::<T>();
+        let (path, max) = match kernel {
+            Kernel::Ll => (Path::Ll, LL_MAX_BYTES),
+            Kernel::OneShot => (Path::OneShot, self.sizes.one_shot),
+            Kernel::Staged | Kernel::TwoShot => (Path::TwoShot, if self.sizes.staged == 0 { 0 } else { usize::MAX }),
+        };
+        if bytes == 0 || bytes > max {
+            return Err(Error::Size { path, max, got: bytes });
+        }
+        Ok(count)
+    }
+
+    fn pair<T: NcclType>(
+        &self,
+        kernel: Kernel,
+        stream: &Arc<CudaStream>,
+        send: &impl DevicePtr<T>,
+        recv: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        let count = self.check::<T>(
+            kernel,
+            stream,
+            &[("send buffer", send.len(), device_of(send)), ("recv buffer", recv.len(), device_of(recv))],
+        )?;
+        let (src, _read) = send.device_ptr(stream);
+        let (dst, _write) = recv.device_ptr_mut(stream);
+        // SAFETY: `src` and `dst` address `count` elements of T on the communicator's device
+        // (checked), borrowed (their guards alive) until the launches are enqueued.
+        unsafe { self.launch::<T>(kernel, stream, src, dst, count) }
+    }
+
+    fn single<T: NcclType>(
+        &self,
+        kernel: Kernel,
+        stream: &Arc<CudaStream>,
+        buf: &mut impl DevicePtrMut<T>,
+    ) -> Result<()> {
+        let count = self.check::<T>(kernel, stream, &[("buffer", buf.len(), device_of(buf))])?;
+        let (ptr, _write) = buf.device_ptr_mut(stream);
+        // SAFETY: as in `pair`, with one buffer as input and output; every kernel reads each
+        // input element before it writes the same output element, or reads a staged copy.
+        unsafe { self.launch::<T>(kernel, stream, ptr, ptr, count) }
+    }
+
+    /// Launches `kernel` on `count` elements from `src` into `dst` (the staged two-shot in
+    /// launches of at most [`Sizes::staged`] bytes).
+    ///
+    /// # Safety
+    ///
+    /// `src` and `dst` address `count` elements of T on the communicator's device that stay
+    /// allocated until the launches are enqueued (and are ordered on `stream`); `count` is within
+    /// the kernel's limit ([`LsaKernels::check`]).
+    unsafe fn launch<T: NcclType>(
+        &self,
+        kernel: Kernel,
+        stream: &Arc<CudaStream>,
+        src: u64,
+        dst: u64,
+        count: usize,
+    ) -> Result<()> {
+        let function = self.function(kernel, T::DATA_TYPE, type_name::<T>())?;
+        // The window is used by one stream at a time: ordered like any buffer.
+        self.window.buffer().tracker().use_on(stream, None).map_err(nccl::Error::from)?;
+        let win = self.window.arg();
+        let (ll_off, in_off, out_off) = self.offsets();
+        let (base, slot, region) = (0usize, self.sizes.one_shot, LL_REGION);
+        let elem = size_of::<T>();
+        match kernel {
+            Kernel::Ll | Kernel::OneShot => {
+                let bytes = count * elem;
+                let mut launch = stream.launch_builder(function);
+                launch.arg(self.dev.arg()).arg(&win).arg(&base);
+                let cfg = if kernel == Kernel::Ll {
+                    launch.arg(&ll_off).arg(&region);
+                    CtaBytes::config(bytes, self.cta.ll)
+                } else {
+                    launch.arg(&slot);
+                    CtaBytes::config(bytes, self.cta.one_shot)
+                };
+                launch.arg(&src).arg(&dst).arg(&count);
+                // SAFETY: LL takes (ncclDevComm, ncclWindow_t, size_t base, size_t ll_off,
+                // size_t region, const T*, T*, size_t), one-shot (ncclDevComm, ncclWindow_t,
+                // size_t base, size_t slot_bytes, const T*, T*, size_t), matching the arguments
+                // pushed; `src`/`dst` hold `count` elements (the caller's contract); the window
+                // (the same size on every rank, agreed at creation) holds the counters at `base`,
+                // two one-shot slots of `slot` ≥ `bytes` bytes after them and, at `ll_off`,
+                // 2 × MAX_PEERS LL regions of LL_REGION bytes, room for the pairs of LL_MAX_BYTES
+                // ≥ `bytes`; the LSA team has at most MAX_PEERS ranks (checked at creation); the
+                // grid has at most MAX_CTAS CTAs.
+                unsafe { launch.launch(cfg) }?;
+            }
+            Kernel::Staged => {
+                let per = (self.sizes.staged / elem).max(1);
+                let mut at = 0;
+                while at < count {
+                    let n = per.min(count - at);
+                    let (s, d) = (src + (at * elem) as u64, dst + (at * elem) as u64);
+                    let mut launch = stream.launch_builder(function);
+                    launch.arg(self.dev.arg()).arg(&win).arg(&in_off).arg(&out_off).arg(&s).arg(&d).arg(&n);
+                    // SAFETY: the kernel takes (ncclDevComm, ncclWindow_t, size_t in_off, size_t
+                    // out_off, const T*, T*, size_t), matching the arguments pushed; elements
+                    // at..at + n of `src`/`dst` exist (the caller's contract, n ≤ count − at);
+                    // the window's input and output regions at `in_off`/`out_off` hold
+                    // `sizes.staged` ≥ n × elem bytes on every rank (agreed at creation); the
+                    // grid has at most MAX_CTAS CTAs.
+                    unsafe { launch.launch(CtaBytes::config(n * elem, self.cta.two_shot)) }?;
+                    at += n;
+                }
+            }
+            Kernel::TwoShot => unreachable!("the window two-shot is launched by `two_shot`"),
+        }
+        Ok(())
+    }
+}
+
+/// The device a cudarc buffer lives on.
+fn device_of<T>(buf: &impl DeviceSlice<T>) -> usize {
+    buf.stream().context().ordinal()
+}
+
+/// 4 KiB multiples, so that every area starts aligned.
+fn round_area(bytes: usize) -> usize {
+    bytes.div_ceil(AREA_ALIGN) * AREA_ALIGN
+}
+
+/// Whether `comm` suits the kernels: the device API is there and every rank reaches every other
+/// by loads and stores (a host query, no communication).
+pub(crate) fn check_team(comm: &Comm) -> Result<(), Fallback> {
+    let loaded = nccl::version().map_err(|_| Fallback::SetupFailed)?;
+    crate::decide::device_api(nccl::header_version(), loaded)?;
+    let lsa = comm.team_lsa().map_err(|_| Fallback::SetupFailed)?;
+    crate::decide::team(lsa.size, comm.size())
+}
+
+/// Fails unless every rank asked for the same `sizes` (a MIN and a MAX all-reduce on the
+/// communicator's stream): the kernels write into the peers' windows at offsets this rank
+/// computes from its own sizes.
+pub(crate) fn agree_sizes(comm: &Comm, sizes: Sizes) -> Result<()> {
+    let mine = [sizes.one_shot as u64, sizes.staged as u64];
+    let (min, max) = (min_max(comm, &mine, ReduceOp::MIN)?, min_max(comm, &mine, ReduceOp::MAX)?);
+    if min != mine || max != mine {
+        return Err(Error::Calibration(format!(
+            "the ranks asked for different staging sizes (this rank: one-shot {} B, staged {} B; smallest {:?}, largest {:?})",
+            sizes.one_shot, sizes.staged, min, max
+        )));
+    }
+    Ok(())
+}
+
+/// `values` reduced over the ranks with `op` (on the communicator's stream, waited for).
+pub(crate) fn min_max(comm: &Comm, values: &[u64], op: ReduceOp) -> Result<Vec<u64>> {
+    let stream = comm.stream();
+    let mut buf = stream.clone_htod(values)?;
+    comm.all_reduce_in_place(&mut buf, op)?;
+    Ok(stream.clone_dtoh(&buf)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kernel_types_map_to_suffixes() {
+        assert_eq!(suffix(<f32 as NcclType>::DATA_TYPE), Some("f32"));
+        assert_eq!(suffix(<half::bf16 as NcclType>::DATA_TYPE), Some("bf16"));
+        assert_eq!(suffix(<half::f16 as NcclType>::DATA_TYPE), Some("f16"));
+        assert_eq!(suffix(<f64 as NcclType>::DATA_TYPE), None);
+        assert_eq!(suffix(<i32 as NcclType>::DATA_TYPE), None);
+        assert_eq!(type_name::<half::f16>(), "f16");
+        assert_eq!(type_name::<f64>(), "f64");
+    }
+
+    #[test]
+    fn launches_have_one_cta_per_share_up_to_the_barriers() {
+        let ctas = |bytes, per| CtaBytes::config(bytes, per).grid_dim.0;
+        assert_eq!(
+            [ctas(8, 2048), ctas(2048, 2048), ctas(2049, 2048), ctas(64 << 10, 2048), ctas(1 << 30, 2048)],
+            [1, 1, 2, 32, 32]
+        );
+        assert_eq!(ctas(100, 0), 32, "a zero share is clamped to one byte per CTA");
+        assert_eq!(CtaBytes::config(8, 2048).block_dim, (512, 1, 1));
+    }
+
+    #[test]
+    fn areas_are_rounded_to_whole_pages() {
+        assert_eq!([round_area(0), round_area(1), round_area(4096), round_area(4097)], [0, 4096, 4096, 8192]);
+    }
+}
