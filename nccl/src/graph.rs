@@ -28,8 +28,10 @@ unsafe impl Keep for &Comm {
     }
 }
 
-// SAFETY: the borrow keeps the window registered and its memory alive. Kernels read and write
-// window memory through the window's handle, which the tracker cannot see: it is reported read.
+// SAFETY: the borrow keeps the window registered and its memory alive, and unwritable through
+// this member: it is reported read. Captured calls that write the window (a collective into it, a
+// kernel that records a write) need it kept writable: `&mut window`, the window by value, or a
+// view from `window.as_view_mut()`.
 #[cfg(nccl_2_27)]
 unsafe impl<T> Keep for &Window<'_, T> {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
@@ -37,11 +39,33 @@ unsafe impl<T> Keep for &Window<'_, T> {
     }
 }
 
-// SAFETY: as for `&Window`.
+// SAFETY: the exclusive borrow keeps the window registered and its memory alive, and no one else
+// can use it while the graph lives: it is reported writable. The buffer is only handed to the
+// visitor, which takes its pointer; it cannot be replaced through this member (swapping the whole
+// window through `Graph::kept_mut` moves its memory out of the keep set, which the next launch
+// notices and refuses).
 #[cfg(nccl_2_27)]
 unsafe impl<T> Keep for &mut Window<'_, T> {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
-        v.read(self.buffer());
+        v.write(self.kept_buffer());
+    }
+}
+
+// SAFETY: as for `&mut Window`: the graph owns the window (and so its registration and memory).
+#[cfg(nccl_2_27)]
+unsafe impl<T> Keep for Window<'_, T> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.write(self.kept_buffer());
+    }
+}
+
+impl Comm {
+    /// This communicator as a resource of the capture scope: what a call on it inside
+    /// [`capture`] records, and what `&Comm` in a keep set reports. For the [`Keep`]
+    /// implementation of a type that holds a `&Comm` and makes calls on it (such as
+    /// gpucomm-kernels' `AllReduce`), so that a graph keeping that type keeps the communicator.
+    pub fn resource(&self) -> Resource {
+        communicator(self)
     }
 }
 
@@ -52,8 +76,9 @@ unsafe impl<T> Keep for &mut Window<'_, T> {
 ///
 /// * **What the graph keeps.** `keep` is any tuple, array, `Vec` or `Option` of buffers (by value,
 ///   `&` or `&mut`), `&Comm`, `&PreMulSum`, registered buffers (`&Registration`,
-///   `&mut Registration`, or `reg.buffer_mut()`), and NVSHMEM's runtimes, teams and symmetric
-///   buffers.
+///   `&mut Registration`, or `reg.buffer_mut()`), windows (`&Window` where the calls only read
+///   them; `&mut Window`, by value, or a view where they write them), and NVSHMEM's runtimes,
+///   teams and symmetric buffers.
 ///   `f` gets it back (`&mut keep`) to make its calls; a call that uses a buffer or communicator
 ///   not in `keep` makes the capture fail ([`gpucomm_ordering::OrderError::NotKept`] and
 ///   friends), so the graph can never outlive what it uses: the compiler sees to the borrows.

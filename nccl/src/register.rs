@@ -361,6 +361,12 @@ impl<'c, T> Window<'c, T> {
         self.buf.slice_mut(range)
     }
 
+    /// The buffer itself, for this crate's [`Keep`] implementations only: it must never reach
+    /// safe code, which could replace it.
+    pub(crate) fn kept_buffer(&mut self) -> &mut MemBuffer<T> {
+        &mut self.buf
+    }
+
     /// The device address of the window's memory (the window's offset 0), for kernels.
     pub fn as_ptr(&self) -> cudarc::driver::sys::CUdeviceptr {
         self.buf.as_raw()

@@ -281,14 +281,16 @@ impl Comm {
     }
 
     /// The handle for an NCCL call, or [`Error::Aborted`] (after carrying out a pending abort
-    /// request) once the communicator is aborted: the one way crate code gets the handle it passes
-    /// to NCCL, so that neither a freed handle nor null ever reaches NCCL. One atomic load.
+    /// request) once the communicator is aborted: the one way this crate's code — and code that
+    /// calls `nccl-sys` or launches kernels with handles that die with the communicator (device
+    /// communicators, windows) — gets the handle it passes on, so that neither a freed handle nor
+    /// null ever reaches NCCL. One atomic load.
     ///
     /// The handle stays valid until this thread next calls into this crate's waiting code: only
     /// the owning thread carries out an abort (an [`AbortHandle`] aborts directly only while the
-    /// owner is parked in a wait; see `health`), so a handle taken here and passed to NCCL before
-    /// the owner waits again is live.
-    pub(crate) fn live_raw(&self) -> Result<ncclComm_t> {
+    /// owner is parked in a wait; see `health`), so take it again for each call instead of keeping
+    /// it.
+    pub fn live_raw(&self) -> Result<ncclComm_t> {
         self.health.check()?;
         Ok(self.raw.as_ptr())
     }
