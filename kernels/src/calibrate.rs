@@ -4,9 +4,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
 use cudarc::driver::CudaStream;
-use nccl::{Collectives, MemBuffer, ReduceOp};
+use nccl::{Collectives, MemBuffer, MemView, MemViewMut, ReduceOp};
 
 use crate::dispatch::AllReduce;
 use crate::error::{Error, Result};
@@ -124,18 +123,18 @@ impl<'c> AllReduce<'c> {
                 }
                 let src = send.slice(..count)?;
                 let mut dst = recv.slice_mut(..count)?;
-                let mut call = || self.all_reduce(stream, &src, &mut dst, ReduceOp::SUM).map(drop);
                 for _ in 0..how.warmup {
-                    call()?;
+                    self.all_reduce(stream, &src, &mut dst, ReduceOp::SUM)?;
                 }
                 barrier(self, stream, &mut scratch)?;
                 let start = Instant::now();
                 for _ in 0..how.iters {
-                    call()?;
+                    self.all_reduce(stream, &src, &mut dst, ReduceOp::SUM)?;
                 }
                 stream.synchronize()?;
                 let eager = start.elapsed().as_secs_f64() * 1e6 / how.iters as f64;
-                let graph = if how.graph { graph_time(self, stream, &mut scratch, how, &mut call)? } else { f64::NAN };
+                let graph =
+                    if how.graph { graph_time(self, stream, &mut scratch, how, &src, &mut dst)? } else { f64::NAN };
                 runs.push((bytes as u64, path, eager, graph));
             }
         }
@@ -160,19 +159,19 @@ fn barrier(ar: &AllReduce<'_>, stream: &Arc<CudaStream>, scratch: &mut MemBuffer
     Ok(())
 }
 
-/// µs per call of `iters` calls captured into one graph and replayed `replays` times.
+/// µs per call of `iters` all-reduces of `src` into `dst` captured into one graph (which keeps
+/// the dispatcher and both views) and replayed `replays` times.
 fn graph_time(
     ar: &AllReduce<'_>,
     stream: &Arc<CudaStream>,
     scratch: &mut MemBuffer<f32>,
     how: &Calibration,
-    call: &mut dyn FnMut() -> Result<()>,
+    src: &MemView<'_, f32>,
+    dst: &mut MemViewMut<'_, f32>,
 ) -> Result<f64> {
-    stream.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-    let captured = (0..how.iters).try_for_each(|_| call());
-    let graph = stream.end_capture(CUgraphInstantiate_flags(0));
-    captured?;
-    let graph = graph?.ok_or_else(|| Error::Calibration("the capture produced no graph".into()))?;
+    let mut graph = crate::capture(stream, (ar, src, dst), |(ar, src, dst)| {
+        (0..how.iters).try_for_each(|_| ar.all_reduce(stream, *src, *dst, ReduceOp::SUM).map(drop))
+    })?;
     graph.launch()?;
     stream.synchronize()?;
     barrier(ar, stream, scratch)?;

@@ -5,13 +5,15 @@ use std::cell::Cell;
 use std::ops::{Deref, RangeBounds};
 use std::sync::Arc;
 
-use cudarc::driver::sys::CUstreamCaptureStatus;
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
-use nccl::{Collectives, Comm, MemBuffer, MemViewMut, NcclType, ReduceOp, Window, WindowFlags};
+use cudarc::driver::{CudaStream, DeviceSlice};
+use gpucomm_ordering::{Access, Keep, Tracked, Visitor};
+use nccl::{
+    Collectives, Comm, DeviceBuffer, DeviceBufferMut, MemBuffer, MemViewMut, NcclType, ReduceOp, Window, WindowFlags,
+};
 
 use crate::decide::{decide, Call, Decision, Fallback, Limits};
 use crate::error::{Error, Result};
-use crate::lsa::{self, CtaBytes, LsaKernels, Sizes, LL_MAX_BYTES};
+use crate::lsa::{self, CtaBytes, Kernel, LsaKernels, Sizes, LL_MAX_BYTES};
 use crate::table::{Mode, Path, Table};
 
 /// How an [`AllReduce`] is set up. Every rank must pass the same options.
@@ -54,9 +56,14 @@ impl Default for Options {
 ///   and views (what candle's CUDA tensors hold), the `nccl` crate's [`MemBuffer`] and views, on any
 ///   stream of the communicator's device; buffers allocated by [`AllReduce::alloc`] are
 ///   exchanged without copies ([`AllReduce::all_reduce_symmetric`]).
-/// * **Capture-safe.** Calls enqueue work only (no synchronisation, no allocation); inside a
-///   capture the table's `[graph]` section decides. Every rank must capture and replay the same
-///   calls in the same order, as with NCCL.
+/// * **Capture-safe.** Calls enqueue work only (no synchronisation, no allocation). Inside
+///   [`nccl::capture`] the table's `[graph]` section decides, and each call records what it uses,
+///   as every call of the `nccl` crate does: its buffers, the communicator, and (kernel paths) the
+///   kernels and their window. The keep set holds `&all_reduce` — which keeps the communicator,
+///   the device communicator, the module and the window — and the buffers, so the graph cannot
+///   outlive any of them (see the example below). A capture not opened through `nccl::capture`
+///   (cudarc's `begin_capture`, another library's) is refused, as by every call. Every rank must
+///   capture and replay the same calls in the same order, as with NCCL.
 /// * **Falls back to NCCL** where the kernels cannot help: ranks that cannot reach each other by
 ///   loads and stores (other nodes, a network transport), more than 8 ranks, an NCCL without the
 ///   device API or whose device API differs from the headers the kernels were built with,
@@ -76,6 +83,17 @@ impl Default for Options {
 /// let mut recv = stream.alloc_zeros::<f32>(1024)?;
 /// let decision = ar.all_reduce(stream, &send, &mut recv, nccl::ReduceOp::SUM)?;
 /// println!("4 KiB went {decision}"); // e.g. "ll (crossover table, eager)"
+///
+/// // Captured into a CUDA graph (on a stream other than the legacy default stream): the graph
+/// // keeps the dispatcher and the buffers, and each launch is ordered like a call.
+/// // (`gpucomm_kernels::capture` is `nccl::capture` with this crate's error type.)
+/// let side = stream.context().new_stream()?;
+/// let mut graph = gpucomm_kernels::capture(&side, (&ar, &send, &mut recv), |(ar, send, recv)| {
+///     ar.all_reduce(&side, *send, *recv, nccl::ReduceOp::SUM).map(drop)
+/// })?;
+/// graph.launch()?;
+/// let (_, _, recv) = graph.into_kept();
+/// let sums = stream.clone_dtoh(recv)?;
 /// # Ok(()) }
 /// ```
 pub struct AllReduce<'c> {
@@ -211,11 +229,10 @@ impl<'c> AllReduce<'c> {
         decide(self.limits(), &self.table, self.force, call)
     }
 
-    fn decide_on<T: NcclType>(&self, stream: &Arc<CudaStream>, count: usize, op: ReduceOp) -> Result<Decision> {
-        let mode = match stream.capture_status()? {
-            CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE => Mode::Eager,
-            _ => Mode::Graph,
-        };
+    /// The decision for a call on `access`'s stream: [`Mode::Graph`] inside [`nccl::capture`]'s
+    /// scope; a capture opened by anything else is refused.
+    fn decide_on<T: NcclType>(&self, access: &Access<'_>, count: usize, op: ReduceOp) -> Result<Decision> {
+        let mode = if access.capturing()? { Mode::Graph } else { Mode::Eager };
         let d = self.plan::<T>(count, op, mode)?;
         self.last.set(Some(d));
         Ok(d)
@@ -227,23 +244,23 @@ impl<'c> AllReduce<'c> {
 
     /// All-reduces `send` into `recv` (the same length) with `op` on `stream` (a stream of the
     /// communicator's device), through the path the table picks for its size. Returns the
-    /// decision.
+    /// decision. Inside [`nccl::capture`] the keep set must hold this dispatcher (`&ar`) and the
+    /// buffers (see the [type docs](AllReduce)).
     pub fn all_reduce<T: NcclType>(
         &self,
         stream: &Arc<CudaStream>,
-        send: &impl DevicePtr<T>,
-        recv: &mut impl DevicePtrMut<T>,
+        send: &impl DeviceBuffer<T>,
+        recv: &mut impl DeviceBufferMut<T>,
         op: ReduceOp,
     ) -> Result<Decision> {
         if recv.len() != send.len() {
             return Err(Error::LengthMismatch { what: "recv buffer", expected: send.len(), got: recv.len() });
         }
-        let d = self.decide_on::<T>(stream, send.len(), op)?;
-        match d.path {
-            Path::Nccl => self.comm.on(stream).all_reduce(send, recv, op)?,
-            Path::Ll => self.lsa()?.ll(stream, send, recv)?,
-            Path::OneShot => self.lsa()?.one_shot(stream, send, recv)?,
-            Path::TwoShot => self.lsa()?.staged(stream, send, recv)?,
+        let access = Access::new(stream);
+        let d = self.decide_on::<T>(&access, send.len(), op)?;
+        match Kernel::for_path(d.path) {
+            None => self.comm.on(stream).all_reduce(send, recv, op)?,
+            Some(kernel) => self.lsa()?.pair(kernel, &access, send, recv)?,
         }
         Ok(d)
     }
@@ -252,15 +269,14 @@ impl<'c> AllReduce<'c> {
     pub fn all_reduce_in_place<T: NcclType>(
         &self,
         stream: &Arc<CudaStream>,
-        buf: &mut impl DevicePtrMut<T>,
+        buf: &mut impl DeviceBufferMut<T>,
         op: ReduceOp,
     ) -> Result<Decision> {
-        let d = self.decide_on::<T>(stream, buf.len(), op)?;
-        match d.path {
-            Path::Nccl => self.comm.on(stream).all_reduce_in_place(buf, op)?,
-            Path::Ll => self.lsa()?.ll_in_place(stream, buf)?,
-            Path::OneShot => self.lsa()?.one_shot_in_place(stream, buf)?,
-            Path::TwoShot => self.lsa()?.staged_in_place(stream, buf)?,
+        let access = Access::new(stream);
+        let d = self.decide_on::<T>(&access, buf.len(), op)?;
+        match Kernel::for_path(d.path) {
+            None => self.comm.on(stream).all_reduce_in_place(buf, op)?,
+            Some(kernel) => self.lsa()?.single(kernel, &access, buf)?,
         }
         Ok(d)
     }
@@ -298,31 +314,30 @@ impl<'c> AllReduce<'c> {
             _ => Err(Error::WindowRange { what, start: at, end: at.saturating_add(count), len: b.len() }),
         };
         let (rs, rr) = (range("send buffer", send, send_at)?, range("recv buffer", recv, recv_at)?);
-        let d = self.decide_on::<T>(stream, count, op)?;
-        if count == 0 {
-            // Nothing to reduce; NCCL's zero-count call is a no-op with no buffer to view.
-            return Ok(d);
-        }
+        let access = Access::new(stream);
+        let d = self.decide_on::<T>(&access, count, op)?;
         match d.path {
+            // Zero elements are decided for NCCL (a no-op call that every rank makes).
             Path::TwoShot => {
                 let lsa = self.lsa()?;
-                for b in [&send.window, &recv.window] {
-                    b.buffer().tracker().use_on(stream, None).map_err(nccl::Error::from)?;
-                }
                 // SAFETY: both buffers were allocated by `alloc`, which made every rank's the same
-                // length, and the ranges are within it (checked above); they are borrowed until
-                // the launch is enqueued and ordered on `stream`.
+                // length, and the ranges (of `count` ≥ 1 elements: zero is decided for NCCL) are
+                // within it (checked above), on every rank alike.
                 unsafe {
-                    lsa.two_shot_raw::<T>(stream, (send.window.arg(), send_at), (recv.window.arg(), recv_at), count)
+                    lsa.two_shot_windows::<T>(
+                        &access,
+                        Some((&send.window, send_at)),
+                        (&mut recv.window, recv_at),
+                        count,
+                    )
                 }?;
             }
             path => {
                 let src = send.window.slice(rs)?;
                 let mut dst = recv.window.slice_mut(rr)?;
-                match path {
-                    Path::Nccl => self.comm.on(stream).all_reduce(&src, &mut dst, op)?,
-                    Path::Ll => self.lsa()?.ll(stream, &src, &mut dst)?,
-                    _ => self.lsa()?.one_shot(stream, &src, &mut dst)?,
+                match Kernel::for_path(path) {
+                    Some(kernel) => self.lsa()?.pair(kernel, &access, &src, &mut dst)?,
+                    None => self.comm.on(stream).all_reduce(&src, &mut dst, op)?,
                 }
             }
         }
@@ -349,25 +364,20 @@ impl<'c> AllReduce<'c> {
                 })
             }
         };
-        let d = self.decide_on::<T>(stream, count, op)?;
-        if count == 0 {
-            return Ok(d);
-        }
+        let access = Access::new(stream);
+        let d = self.decide_on::<T>(&access, count, op)?;
         match d.path {
             Path::TwoShot => {
                 let lsa = self.lsa()?;
-                buf.window.buffer().tracker().use_on(stream, None).map_err(nccl::Error::from)?;
-                let arg = buf.window.arg();
                 // SAFETY: as in `all_reduce_symmetric`; one window at one offset is the in-place
                 // form of the kernel (each element is loaded and stored by one rank only).
-                unsafe { lsa.two_shot_raw::<T>(stream, (arg, at), (arg, at), count) }?;
+                unsafe { lsa.two_shot_windows::<T>(&access, None, (&mut buf.window, at), count) }?;
             }
             path => {
                 let mut view = buf.window.slice_mut(range)?;
-                match path {
-                    Path::Nccl => self.comm.on(stream).all_reduce_in_place(&mut view, op)?,
-                    Path::Ll => self.lsa()?.ll_in_place(stream, &mut view)?,
-                    _ => self.lsa()?.one_shot_in_place(stream, &mut view)?,
+                match Kernel::for_path(path) {
+                    Some(kernel) => self.lsa()?.single(kernel, &access, &mut view)?,
+                    None => self.comm.on(stream).all_reduce_in_place(&mut view, op)?,
                 }
             }
         }
@@ -378,8 +388,11 @@ impl<'c> AllReduce<'c> {
 /// A buffer in a symmetric window with the same length on every rank ([`AllReduce::alloc`]):
 /// what [`AllReduce::all_reduce_symmetric`] works on without copies. It dereferences to the
 /// [`Window`] (and through it to the [`MemBuffer`]) for reading; [`SymmetricBuffer::slice_mut`]
-/// gives writable views. (No `&mut` to the window or its buffer is handed out, so that nothing
-/// can swap another allocation in while the peers have this one mapped.)
+/// gives writable views. It is a device buffer itself ([`DeviceBuffer`], [`DeviceBufferMut`],
+/// cudarc's traits), ordered by its memory's tracker, for copies, kernels and `nccl` calls, and a
+/// keep-set member of [`nccl::capture`] (by value, `&` or `&mut`). (No `&mut` to the window or
+/// its buffer is handed out, so that nothing can swap another allocation in while the peers have
+/// this one mapped.)
 pub struct SymmetricBuffer<'c, T> {
     window: Window<'c, T>,
 }
@@ -395,6 +408,47 @@ impl<'c, T> Deref for SymmetricBuffer<'c, T> {
     fn deref(&self) -> &Window<'c, T> {
         &self.window
     }
+}
+
+gpucomm_ordering::tracked_device_ptr!(['c, T] SymmetricBuffer<'c, T>, |b| {
+    let buf = b.window.buffer();
+    // SAFETY: the parts are those of the window's `MemBuffer` (its address, length, tracker and
+    // home stream), which the window owns and frees only after its tracker reports every use
+    // finished; the buffer is never replaced (no `&mut` to it is handed out).
+    unsafe { Tracked::new(buf.as_raw(), buf.len(), buf.tracker(), buf.stream()) }
+});
+
+// SAFETY: the graph owns the buffer (and so its window and memory); it is reported writable.
+unsafe impl<T> Keep for SymmetricBuffer<'_, T> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.write(self);
+    }
+}
+
+// SAFETY: the borrow keeps the dispatcher — its communicator borrow, and its kernels' device
+// communicator, module and window — alive and in place for as long as the graph holds it; an
+// aborted communicator is reported closed, so that no launch reaches it. Reported in the same
+// order every time (whether the kernels exist never changes).
+unsafe impl Keep for &AllReduce<'_> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        let ar: &'k AllReduce<'_> = self;
+        v.resource(ar.comm.resource(), !ar.comm.is_aborted());
+        if let Ok(kernels) = &ar.kernels {
+            kernels.visit_members(v);
+        }
+    }
+}
+
+/// [`nccl::capture`] with this crate's error type: captures the calls `f` makes on `stream` —
+/// [`AllReduce`] and [`LsaKernels`] calls, and every `nccl` call — into a CUDA graph that keeps
+/// `keep` (`&all_reduce`, `&kernels`, buffers, communicators; see `nccl::capture` for the rules).
+#[doc(alias = "cuStreamBeginCapture")]
+pub fn capture<K: Keep>(
+    stream: &Arc<CudaStream>,
+    keep: K,
+    f: impl FnOnce(&mut K) -> Result<()>,
+) -> Result<gpucomm_ordering::Graph<K>> {
+    gpucomm_ordering::capture(stream, keep, f)
 }
 
 impl<'c, T> SymmetricBuffer<'c, T> {

@@ -54,6 +54,12 @@ pub enum Error {
         /// The window's length in elements.
         len: usize,
     },
+    /// A window registered on another communicator than the kernels'.
+    #[error("the {what} is registered on another communicator than the kernels'")]
+    OtherCommunicator {
+        /// Which window.
+        what: &'static str,
+    },
     /// The kernels exist for f32, bf16 and f16 only.
     #[error("the all-reduce kernels have no {dtype} version (f32, bf16 and f16 only)")]
     UnsupportedType {
@@ -82,6 +88,14 @@ pub enum Error {
     /// A calibration setting that cannot be used.
     #[error("calibration: {0}")]
     Calibration(String),
+}
+
+impl From<gpucomm_ordering::OrderError> for Error {
+    /// A refusal of the stream ordering or the capture scope (a capture not opened through
+    /// `nccl::capture`, …), as the `nccl` crate reports it.
+    fn from(e: gpucomm_ordering::OrderError) -> Self {
+        Error::Nccl(nccl::Error::from(e))
+    }
 }
 
 /// This crate's result type.

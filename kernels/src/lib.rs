@@ -17,8 +17,9 @@
 //!   device communicator and the symmetric window the kernels stage through and, for each call,
 //!   picks the path from a crossover [`Table`] (the committed one for the machine, or one measured
 //!   at start by [`AllReduce::calibrate`]), falling back to NCCL where the kernels cannot help. It
-//!   works on cudarc's and candle's buffers, the `nccl` crate's [`nccl::MemBuffer`], on any stream
-//!   of the device and inside CUDA graph captures; every call returns its [`Decision`].
+//!   works on every buffer the `nccl` calls take (cudarc's and candle's buffers, the `nccl`
+//!   crate's [`nccl::MemBuffer`]), on any stream of the device, and inside [`nccl::capture`]
+//!   ([`capture`]), whose graphs keep it and the buffers; every call returns its [`Decision`].
 //! * [`lsa::LsaKernels`]: the kernels one by one, for lessons and experiments.
 //!
 //! Nothing here requests NVLink multicast.
@@ -44,6 +45,6 @@ pub mod image {
 
 pub use calibrate::Calibration;
 pub use decide::{Decision, Fallback, Why};
-pub use dispatch::{AllReduce, Options, SymmetricBuffer};
+pub use dispatch::{capture, AllReduce, Options, SymmetricBuffer};
 pub use error::{Error, Result};
 pub use table::{Mode, Path, Table};

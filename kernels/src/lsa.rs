@@ -14,9 +14,13 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::sys::CUdeviceptr;
+use cudarc::driver::{CudaFunction, CudaStream, DevicePtr, DeviceSlice, LaunchConfig, PushKernelArg, SyncOnDrop};
+use gpucomm_ordering::{Access, DeviceMemory, Keep, Resource, Use, Visitor};
 use nccl::device::{DevComm, DevCommRequirements};
-use nccl::{Collectives, Comm, DataType, MemBuffer, NcclType, ReduceOp, Window, WindowFlags};
+use nccl::{
+    Collectives, Comm, DataType, DeviceBuffer, DeviceBufferMut, MemBuffer, NcclType, ReduceOp, Window, WindowFlags,
+};
 
 use crate::decide::Fallback;
 use crate::error::{Error, Result};
@@ -121,7 +125,7 @@ impl CtaBytes {
 
 /// The four kernels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kernel {
+pub(crate) enum Kernel {
     Ll,
     OneShot,
     TwoShot,
@@ -129,6 +133,17 @@ enum Kernel {
 }
 
 impl Kernel {
+    /// The kernel that takes a path's calls on any buffers (two-shot: the staged one); none for
+    /// NCCL.
+    pub(crate) fn for_path(path: Path) -> Option<Kernel> {
+        match path {
+            Path::Ll => Some(Kernel::Ll),
+            Path::OneShot => Some(Kernel::OneShot),
+            Path::TwoShot => Some(Kernel::Staged),
+            Path::Nccl => None,
+        }
+    }
+
     fn name(self) -> &'static str {
         match self {
             Kernel::Ll => "ll",
@@ -139,17 +154,58 @@ impl Kernel {
     }
 }
 
+/// The kernels' window as their launches use it. Through the window handle, the kernels of this
+/// rank and of the peers write all of it (call counters, flags, staging areas), so every use is
+/// ordered as a write — one stream at a time — even one taken through the shared `DevicePtr`:
+/// launches take it with [`Access::read`], which inside a capture records a read of memory that
+/// `&LsaKernels` keeps shared, while the tracker orders each eager use, and each launch of a graph
+/// that captured one, after every earlier use.
+struct KernelWindow<'c>(Window<'c, u8>);
+
+impl DeviceSlice<u8> for KernelWindow<'_> {
+    fn len(&self) -> usize {
+        self.0.buffer().len()
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.0.buffer().stream()
+    }
+}
+
+impl DevicePtr<u8> for KernelWindow<'_> {
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
+        let buf = self.0.buffer();
+        let ptr = buf.as_raw();
+        (ptr, buf.tracker().device_ptr_guard(stream, ptr, buf.num_bytes(), Use::Write))
+    }
+}
+
+// SAFETY: the address and length are the window's `MemBuffer`'s (ncclMemAlloc memory of `len`
+// bytes on the window's device), which the window owns and frees only after deregistering it,
+// itself only after the buffer's tracker reports every use finished; every use is ordered through
+// that tracker (as a write, which orders more than a read needs).
+unsafe impl DeviceMemory for KernelWindow<'_> {
+    type Elem = u8;
+}
+
+/// What a graph calls the kernels (their device communicator, module and window).
+const KIND: &str = "LSA all-reduce kernels";
+
 /// The kernels and what they need on one rank of a communicator: a device communicator with
 /// [`MAX_CTAS`] LSA barriers and one symmetric window (see the [module docs](self)).
 ///
 /// Every launch is collective: every rank makes the same calls, in the same order, with the same
-/// counts, on one stream at a time (the window's uses are ordered across streams like any
-/// [`MemBuffer`]). Creation and drop are collective too.
+/// counts. The window's uses are ordered across streams like a buffer that every launch writes, so
+/// launches on several streams run one after the other. Creation and drop are collective too.
+///
+/// Inside [`nccl::capture`] a launch records its buffers, the kernels and their window: the keep
+/// set holds `&kernels` (or the [`crate::AllReduce`] they belong to) besides the buffers, so
+/// that the graph keeps the device communicator, the module and the window alive. A capture not
+/// opened through that scope is refused (`OrderError::ForeignCapture`), as by every call.
 pub struct LsaKernels<'c> {
     comm: &'c Comm,
     // Dropped first: destroying the device communicator waits for every kernel of the device.
     dev: DevComm<'c>,
-    window: Window<'c, u8>,
+    window: KernelWindow<'c>,
     sizes: Sizes,
     cta: CtaBytes,
     functions: Vec<(Kernel, &'static str, CudaFunction)>,
@@ -198,7 +254,7 @@ impl<'c> LsaKernels<'c> {
         // without waiting for this rank, and a late memset would wipe its flags.
         buf.tracker().synchronize().map_err(nccl::Error::from)?;
         let dev = DevComm::new(comm, &DevCommRequirements::default().lsa_barriers(MAX_CTAS))?;
-        let window = comm.register_window(buf, WindowFlags::COLL_SYMMETRIC)?;
+        let window = KernelWindow(comm.register_window(buf, WindowFlags::COLL_SYMMETRIC)?);
         Ok(LsaKernels { comm, dev, window, sizes, cta: CtaBytes::default(), functions })
     }
 
@@ -256,15 +312,15 @@ impl<'c> LsaKernels<'c> {
     pub fn ll<T: NcclType>(
         &self,
         stream: &Arc<CudaStream>,
-        send: &impl DevicePtr<T>,
-        recv: &mut impl DevicePtrMut<T>,
+        send: &impl DeviceBuffer<T>,
+        recv: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
-        self.pair(Kernel::Ll, stream, send, recv)
+        self.pair(Kernel::Ll, &Access::new(stream), send, recv)
     }
 
     /// [`LsaKernels::ll`] in place.
-    pub fn ll_in_place<T: NcclType>(&self, stream: &Arc<CudaStream>, buf: &mut impl DevicePtrMut<T>) -> Result<()> {
-        self.single(Kernel::Ll, stream, buf)
+    pub fn ll_in_place<T: NcclType>(&self, stream: &Arc<CudaStream>, buf: &mut impl DeviceBufferMut<T>) -> Result<()> {
+        self.single(Kernel::Ll, &Access::new(stream), buf)
     }
 
     /// One-shot all-reduce (sum) of `send` into `recv` on `stream`, for messages of 1 to
@@ -272,19 +328,19 @@ impl<'c> LsaKernels<'c> {
     pub fn one_shot<T: NcclType>(
         &self,
         stream: &Arc<CudaStream>,
-        send: &impl DevicePtr<T>,
-        recv: &mut impl DevicePtrMut<T>,
+        send: &impl DeviceBuffer<T>,
+        recv: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
-        self.pair(Kernel::OneShot, stream, send, recv)
+        self.pair(Kernel::OneShot, &Access::new(stream), send, recv)
     }
 
     /// [`LsaKernels::one_shot`] in place.
     pub fn one_shot_in_place<T: NcclType>(
         &self,
         stream: &Arc<CudaStream>,
-        buf: &mut impl DevicePtrMut<T>,
+        buf: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
-        self.single(Kernel::OneShot, stream, buf)
+        self.single(Kernel::OneShot, &Access::new(stream), buf)
     }
 
     /// Two-shot all-reduce (sum) of `send` into `recv` on `stream` through the window's staging
@@ -293,22 +349,28 @@ impl<'c> LsaKernels<'c> {
     pub fn staged<T: NcclType>(
         &self,
         stream: &Arc<CudaStream>,
-        send: &impl DevicePtr<T>,
-        recv: &mut impl DevicePtrMut<T>,
+        send: &impl DeviceBuffer<T>,
+        recv: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
-        self.pair(Kernel::Staged, stream, send, recv)
+        self.pair(Kernel::Staged, &Access::new(stream), send, recv)
     }
 
     /// [`LsaKernels::staged`] in place.
-    pub fn staged_in_place<T: NcclType>(&self, stream: &Arc<CudaStream>, buf: &mut impl DevicePtrMut<T>) -> Result<()> {
-        self.single(Kernel::Staged, stream, buf)
+    pub fn staged_in_place<T: NcclType>(
+        &self,
+        stream: &Arc<CudaStream>,
+        buf: &mut impl DeviceBufferMut<T>,
+    ) -> Result<()> {
+        self.single(Kernel::Staged, &Access::new(stream), buf)
     }
 
     /// Two-shot all-reduce (sum) of `count` elements from `send` (window, element offset
     /// `send_at`) into `recv` (window, element offset `recv_at`) on `stream`, reading and writing
-    /// the peers' windows directly (no copies). The window may be the same for an in-place call
-    /// (same offset) but must then be passed as `recv` only: see [`crate::AllReduce`] for a safe
-    /// form.
+    /// the peers' windows directly (no copies). Both windows must be registered on this
+    /// communicator ([`Error::OtherCommunicator`]). The window may be the same for an in-place
+    /// call (same offset) but must then be passed as `recv` only: see [`crate::AllReduce`] for a
+    /// safe form. Inside [`nccl::capture`] the keep set holds `send` (`&send`), `recv` (`&mut
+    /// recv`) and these kernels.
     ///
     /// # Safety
     ///
@@ -335,37 +397,58 @@ impl<'c> LsaKernels<'c> {
                 });
             }
         }
-        self.check_stream(stream)?;
-        // Order the windows' memory on `stream` (their trackers), then pass the handles.
-        send.buffer().tracker().use_on(stream, None).map_err(nccl::Error::from)?;
-        recv.buffer().tracker().use_on(stream, None).map_err(nccl::Error::from)?;
-        // SAFETY: both windows hold the elements on this rank (checked) and on every rank (the
-        // caller's contract), are borrowed until the launch is enqueued and ordered on `stream`.
-        unsafe { self.two_shot_raw::<T>(stream, (send.arg(), send_at), (recv.arg(), recv_at), count) }
+        // SAFETY: both windows hold the elements on this rank (checked above) and on every rank
+        // (the caller's contract).
+        unsafe { self.two_shot_windows(&Access::new(stream), Some((send, send_at)), (recv, recv_at), count) }
     }
 
-    /// Launches the window two-shot kernel.
+    /// Launches the window two-shot kernel on `access`'s stream, from elements `send_at..` of
+    /// `send` (`None`: in place, from the same elements of `recv`) into `recv_at..` of `recv`,
+    /// after recording both ranges and the kernels' window with `access`.
     ///
     /// # Safety
     ///
-    /// Both windows (registered on this communicator; possibly the same one, at the same offset
-    /// for an in-place call) hold `count` elements of T from their element offsets on every rank,
-    /// stay registered until the launch is enqueued, and are ordered on `stream`.
-    pub(crate) unsafe fn two_shot_raw<T: NcclType>(
+    /// Both windows hold `count` ≥ 1 elements of T from their element offsets on this rank and on
+    /// every rank (the kernel works in the peers' windows at these offsets).
+    pub(crate) unsafe fn two_shot_windows<T: NcclType>(
         &self,
-        stream: &Arc<CudaStream>,
-        (send_win, send_at): (nccl::device::WindowArg<'_>, usize),
-        (recv_win, recv_at): (nccl::device::WindowArg<'_>, usize),
+        access: &Access<'_>,
+        send: Option<(&Window<'c, T>, usize)>,
+        (recv, recv_at): (&mut Window<'c, T>, usize),
         count: usize,
     ) -> Result<()> {
+        for (what, w) in [("send window", send.map(|s| s.0)), ("recv window", Some(&*recv))] {
+            if w.is_some_and(|w| !std::ptr::eq(w.comm(), self.comm)) {
+                return Err(Error::OtherCommunicator { what });
+            }
+        }
         let kernel = self.function(Kernel::TwoShot, T::DATA_TYPE, type_name::<T>())?;
+        self.admit(access)?;
+        // The handles are taken only now that the communicator is known to be live (they die with
+        // it), and as plain values: `recv` is borrowed mutably below, for the recorded write.
+        let recv_win = recv.as_raw() as usize;
+        let (send_win, send_at) = send.map_or((recv_win, recv_at), |(w, at)| (w.as_raw() as usize, at));
+        let read = send.map(|(w, at)| w.slice(at..at + count)).transpose()?;
+        let _read = read.as_ref().map(|v| access.read(v)).transpose()?;
+        let mut written = recv.slice_mut(recv_at..recv_at + count)?;
+        let (_, _write) = access.write(&mut written)?;
+        // The device communicator's barriers are used by one launch at a time, as the window is.
+        let (_, _window) = access.read(&self.window)?;
+        // cudarc records failed waits in the context instead of returning them.
+        access.stream().context().check_err()?;
         let (send_off, recv_off) = (send_at * size_of::<T>(), recv_at * size_of::<T>());
+        let stream = access.stream();
         let mut launch = stream.launch_builder(kernel);
         launch.arg(self.dev.arg()).arg(&send_win).arg(&send_off).arg(&recv_win).arg(&recv_off).arg(&count);
         let cfg = CtaBytes::config(count * size_of::<T>(), self.cta.two_shot);
         // SAFETY: the kernel takes (ncclDevComm, ncclWindow_t, size_t, ncclWindow_t, size_t,
-        // size_t), matching the arguments pushed; the windows hold the elements on every rank
-        // (the caller's contract); the grid has at most MAX_CTAS CTAs, the LSA barriers of `dev`.
+        // size_t), matching the arguments pushed (a window handle is a pointer, pushed as the
+        // pointer-sized integer it was taken as); both windows are registered on this
+        // communicator (checked), which is live (checked by `admit`, and nothing since can abort
+        // it), and borrowed until the launch is enqueued; they hold the elements on every rank
+        // (the caller's contract); their ranges and the kernels' window were ordered on the stream
+        // or recorded for the capture scope's graph (whose keep set must hold them) by `access`;
+        // the grid has at most MAX_CTAS CTAs, the LSA barriers of `dev`.
         unsafe { launch.launch(cfg) }?;
         Ok(())
     }
@@ -375,6 +458,30 @@ impl<'c> LsaKernels<'c> {
         if got != expected {
             return Err(Error::WrongDevice { what: "the stream", expected, got });
         }
+        Ok(())
+    }
+
+    /// The kernels as a resource of the capture scope: a graph that captured a launch must keep
+    /// them (their device communicator, module and window).
+    pub(crate) fn resource(&self) -> Resource {
+        Resource::of(KIND, self)
+    }
+
+    /// Reports the kernels to a graph's visitor: the resource, and the window's memory (read
+    /// through this shared member; its tracker orders every use as a write).
+    pub(crate) fn visit_members<'k>(&'k self, v: &mut Visitor<'k>) {
+        v.resource(self.resource(), !self.comm.is_aborted());
+        v.read(&self.window);
+    }
+
+    /// Admits one launch on `access`'s stream: the communicator must be live (the device
+    /// communicator and the window die with it) and the stream on its device; inside a capture
+    /// opened through [`nccl::capture`] the launch records the kernels, which the graph must keep,
+    /// and a capture opened by anything else is refused.
+    fn admit(&self, access: &Access<'_>) -> Result<()> {
+        self.check_stream(access.stream())?;
+        self.comm.live_raw()?;
+        access.resource(self.resource())?;
         Ok(())
     }
 
@@ -407,58 +514,70 @@ impl<'c> LsaKernels<'c> {
         Ok(count)
     }
 
-    fn pair<T: NcclType>(
+    /// `kernel` from `send` into `recv` on `access`'s stream, the buffers' and the window's uses
+    /// taken through `access` (ordered eagerly, or recorded by the capture scope).
+    pub(crate) fn pair<T: NcclType>(
         &self,
         kernel: Kernel,
-        stream: &Arc<CudaStream>,
-        send: &impl DevicePtr<T>,
-        recv: &mut impl DevicePtrMut<T>,
+        access: &Access<'_>,
+        send: &impl DeviceBuffer<T>,
+        recv: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
         let count = self.check::<T>(
             kernel,
-            stream,
+            access.stream(),
             &[("send buffer", send.len(), device_of(send)), ("recv buffer", recv.len(), device_of(recv))],
         )?;
-        let (src, _read) = send.device_ptr(stream);
-        let (dst, _write) = recv.device_ptr_mut(stream);
-        // SAFETY: `src` and `dst` address `count` elements of T on the communicator's device
-        // (checked), borrowed (their guards alive) until the launches are enqueued.
-        unsafe { self.launch::<T>(kernel, stream, src, dst, count) }
+        let function = self.function(kernel, T::DATA_TYPE, type_name::<T>())?;
+        self.admit(access)?;
+        let (src, _read) = access.read(send)?;
+        let (dst, _write) = access.write(recv)?;
+        let (_, _window) = access.read(&self.window)?;
+        access.stream().context().check_err()?;
+        // SAFETY: `src` and `dst` address `count` elements of T on the communicator's device (the
+        // buffers' `DeviceMemory` promise; lengths and devices checked), borrowed (their guards
+        // alive) until the launches are enqueued; the buffers and the window were ordered on the
+        // stream, or recorded for the capture scope's graph, by `access`; the communicator is live.
+        unsafe { self.launch::<T>(kernel, function, access.stream(), src, dst, count) }
     }
 
-    fn single<T: NcclType>(
+    /// [`LsaKernels::pair`] with one buffer as input and output.
+    pub(crate) fn single<T: NcclType>(
         &self,
         kernel: Kernel,
-        stream: &Arc<CudaStream>,
-        buf: &mut impl DevicePtrMut<T>,
+        access: &Access<'_>,
+        buf: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
-        let count = self.check::<T>(kernel, stream, &[("buffer", buf.len(), device_of(buf))])?;
-        let (ptr, _write) = buf.device_ptr_mut(stream);
+        let count = self.check::<T>(kernel, access.stream(), &[("buffer", buf.len(), device_of(buf))])?;
+        let function = self.function(kernel, T::DATA_TYPE, type_name::<T>())?;
+        self.admit(access)?;
+        let (ptr, _write) = access.write(buf)?;
+        let (_, _window) = access.read(&self.window)?;
+        access.stream().context().check_err()?;
         // SAFETY: as in `pair`, with one buffer as input and output; every kernel reads each
         // input element before it writes the same output element, or reads a staged copy.
-        unsafe { self.launch::<T>(kernel, stream, ptr, ptr, count) }
+        unsafe { self.launch::<T>(kernel, function, access.stream(), ptr, ptr, count) }
     }
 
-    /// Launches `kernel` on `count` elements from `src` into `dst` (the staged two-shot in
-    /// launches of at most [`Sizes::staged`] bytes).
+    /// Launches `kernel` (`function`) on `count` elements from `src` into `dst` (the staged
+    /// two-shot in launches of at most [`Sizes::staged`] bytes).
     ///
     /// # Safety
     ///
     /// `src` and `dst` address `count` elements of T on the communicator's device that stay
-    /// allocated until the launches are enqueued (and are ordered on `stream`); `count` is within
-    /// the kernel's limit ([`LsaKernels::check`]).
+    /// allocated until the launches are enqueued; they and the window are ordered on `stream` or
+    /// recorded for the capture scope's graph; the communicator is live; `count` is within the
+    /// kernel's limit ([`LsaKernels::check`]).
     unsafe fn launch<T: NcclType>(
         &self,
         kernel: Kernel,
+        function: &CudaFunction,
         stream: &Arc<CudaStream>,
         src: u64,
         dst: u64,
         count: usize,
     ) -> Result<()> {
-        let function = self.function(kernel, T::DATA_TYPE, type_name::<T>())?;
-        // The window is used by one stream at a time: ordered like any buffer.
-        self.window.buffer().tracker().use_on(stream, None).map_err(nccl::Error::from)?;
-        let win = self.window.arg();
+        let win = self.window.0.arg();
         let (ll_off, in_off, out_off) = self.offsets();
         let (base, slot, region) = (0usize, self.sizes.one_shot, LL_REGION);
         let elem = size_of::<T>();
@@ -504,9 +623,19 @@ impl<'c> LsaKernels<'c> {
                     at += n;
                 }
             }
-            Kernel::TwoShot => unreachable!("the window two-shot is launched by `two_shot`"),
+            Kernel::TwoShot => unreachable!("the window two-shot is launched by `two_shot_windows`"),
         }
         Ok(())
+    }
+}
+
+// SAFETY: the borrow keeps the kernels — their device communicator, module and window — alive
+// and in place for as long as the graph holds it; an aborted communicator is reported closed, so
+// that no launch reaches its freed device communicator.
+unsafe impl Keep for &LsaKernels<'_> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        let kernels: &'k LsaKernels<'_> = self;
+        kernels.visit_members(v);
     }
 }
 
