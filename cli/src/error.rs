@@ -124,6 +124,13 @@ pub enum CliError {
     DoctorFailed(usize),
 }
 
+impl From<gpucomm_ordering::OrderError> for CliError {
+    /// A refusal of the capture scope (`-G`), as the `nccl` crate reports it.
+    fn from(e: gpucomm_ordering::OrderError) -> Self {
+        CliError::Nccl(nccl::Error::from(e))
+    }
+}
+
 impl From<cudarc::driver::DriverError> for CliError {
     fn from(e: cudarc::driver::DriverError) -> Self {
         CliError::Cuda(e)

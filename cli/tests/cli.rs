@@ -95,6 +95,7 @@ fn bench_command_line_errors() {
         "--api raw calls ncclAllReduce: it cannot run --impl",
     );
     fails_with(&["bench", "-G", "5", "-y", "1"], 2, "the legacy default stream (-y 1) cannot be captured");
+    fails_with(&["bench", "-G", "5", "-g", "2"], 2, "error: -G needs one process per GPU");
     fails_with(
         &["bench", "--cta-bytes", "2K,8K"],
         2,

@@ -9,10 +9,11 @@ use std::cell::RefCell;
 use std::sync::Arc;
 use std::time::Instant;
 
-use cudarc::driver::sys::{CUevent_flags, CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{CudaGraph, CudaStream};
+use cudarc::driver::sys::CUevent_flags;
+use cudarc::driver::CudaStream;
 use gpucomm_kernels::AllReduce;
 use gpucomm_launch::Rendezvous;
+use gpucomm_ordering::Graph;
 use nccl::Comm;
 
 use super::coll::{Collective, Counts};
@@ -252,7 +253,7 @@ fn run_typed<T: Elem>(ranks: &Ranks, spec: &Spec, emit: &mut dyn FnMut(&Row)) ->
     };
     let issuer = match (ranks, knobs.api, &ar) {
         (_, _, Some(ar)) => Issuer::Dispatch(ar),
-        (Ranks::Process(comm, _), Api::Raw, None) => Issuer::Raw(RawAllReduce::new(comm, comm.stream(), &bufs[0])?),
+        (Ranks::Process(comm, _), Api::Raw, None) => Issuer::Raw(RawAllReduce::new(comm.stream(), &bufs[0])?),
         (Ranks::Group(_), Api::Raw, None) => {
             return Err(CliError::Usage(
                 "--api raw needs one process per GPU (a raw group is not wired): drop -g".into(),
@@ -334,7 +335,7 @@ struct Timed {
     gpu: Option<f64>,
 }
 
-impl<T: Elem> Bench<'_, T> {
+impl<'a, T: Elem> Bench<'a, T> {
     fn call(&self, counts: Counts, in_place: bool, iter: u32) -> Call {
         // nccl-tests moves the window through the buffers from one call to the next.
         let total = counts.send.max(counts.recv);
@@ -345,13 +346,7 @@ impl<T: Elem> Bench<'_, T> {
 
     fn start(&mut self, counts: Counts, in_place: bool, iter: u32) -> Result<()> {
         let call = self.call(counts, in_place, iter);
-        match (self.ranks, &self.issuer) {
-            (Ranks::Process(comm, _), Issuer::Safe) => nccl_ops::issue(comm, comm.stream(), &call, &mut self.bufs[0])?,
-            (Ranks::Process(..), Issuer::Raw(raw)) => raw.call::<T>(counts.param, call.shift, in_place, call.op)?,
-            (Ranks::Process(comm, _), Issuer::Dispatch(ar)) => dispatch(ar, comm.stream(), &call, &mut self.bufs[0])?,
-            (Ranks::Group(comms), _) => nccl_ops::issue_group(comms, &call, &mut self.bufs)?,
-        }
-        Ok(())
+        issue(self.ranks, &self.issuer, &call, &mut self.bufs)
     }
 
     /// Waits for every stream, as the knobs say.
@@ -394,8 +389,9 @@ impl<T: Elem> Bench<'_, T> {
         let spec = self.spec;
         let streams: Vec<Arc<CudaStream>> = self.ranks.comms().iter().map(|c| c.stream().clone()).collect();
         // nccl-tests' -G: capture, instantiate, a second barrier, then the timer around the replays.
-        let graphs = if spec.knobs.graph > 0 { Some(self.capture(&streams, counts, in_place)?) } else { None };
-        if graphs.is_some() {
+        // The graph owns the buffers meanwhile (it keeps what its calls use), and gives them back.
+        let mut graph = if spec.knobs.graph > 0 { Some(self.capture(counts, in_place)?) } else { None };
+        if graph.is_some() {
             self.barrier()?;
         }
         let events = if spec.knobs.events {
@@ -409,12 +405,10 @@ impl<T: Elem> Bench<'_, T> {
             None
         };
         let timer = Instant::now();
-        let calls = match &graphs {
-            Some(graphs) => {
+        let calls = match &mut graph {
+            Some(graph) => {
                 for _ in 0..spec.knobs.graph {
-                    for g in graphs {
-                        g.launch()?;
-                    }
+                    graph.launch()?;
                 }
                 spec.iters as f64 * spec.knobs.graph as f64
             }
@@ -433,6 +427,9 @@ impl<T: Elem> Bench<'_, T> {
         }
         self.complete()?;
         let wall = timer.elapsed().as_secs_f64();
+        if let Some(graph) = graph {
+            self.bufs = graph.into_kept().2;
+        }
         let gpu = match &events {
             Some((start, stop)) => {
                 let ms = start.iter().zip(stop).map(|(a, b)| a.elapsed_ms(b)).collect::<Result<Vec<f32>, _>>()?;
@@ -443,15 +440,23 @@ impl<T: Elem> Bench<'_, T> {
         Ok(Timed { wall: wall / calls, cpu: cpu / calls, gpu })
     }
 
-    /// Captures `iters` calls on every stream into one graph each (nccl-tests' -G).
-    fn capture(&mut self, streams: &[Arc<CudaStream>], counts: Counts, in_place: bool) -> Result<Vec<CudaGraph>> {
-        for s in streams {
-            s.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        }
-        let captured = (0..self.spec.iters).try_for_each(|iter| self.start(counts, in_place, iter));
-        let graphs: Vec<_> = streams.iter().map(|s| s.end_capture(CUgraphInstantiate_flags(0))).collect();
-        captured?;
-        graphs.into_iter().map(|g| g?.ok_or_else(|| CliError::Usage("a capture produced no graph".into()))).collect()
+    /// Captures `iters` calls on the rank's stream into one graph (nccl-tests' -G), through the
+    /// capture scope of `nccl::capture`: the graph keeps the communicator, the dispatcher and the
+    /// buffers (moved into it until [`Graph::into_kept`] gives them back).
+    fn capture(&mut self, counts: Counts, in_place: bool) -> Result<Captured<'a, T>> {
+        let Ranks::Process(comm, _) = self.ranks else {
+            return Err(CliError::Usage(one_stream_per_capture()));
+        };
+        let calls: Vec<Call> = (0..self.spec.iters).map(|iter| self.call(counts, in_place, iter)).collect();
+        let dispatcher = match &self.issuer {
+            Issuer::Dispatch(ar) => Some(*ar),
+            Issuer::Safe | Issuer::Raw(_) => None,
+        };
+        let keep = (comm, dispatcher, std::mem::take(&mut self.bufs));
+        let (ranks, issuer) = (self.ranks, &self.issuer);
+        gpucomm_ordering::capture(comm.stream(), keep, |(_, _, bufs)| {
+            calls.iter().try_for_each(|call| issue(ranks, issuer, call, bufs))
+        })
     }
 
     fn measure(&mut self, counts: Counts, in_place: bool) -> Result<Measure> {
@@ -499,6 +504,29 @@ impl<T: Elem> Bench<'_, T> {
             wrong += count_wrong::<T>(comm, bufs, self.spec, counts, in_place)?;
         }
         Ok(self.sum(&[wrong as f64])?[0] as u64)
+    }
+}
+
+/// A graph of `-G`: it keeps the communicator, the dispatcher (if any) and the buffers.
+type Captured<'a, T> = Graph<(&'a Comm, Option<&'a AllReduce<'a>>, Vec<Buffers<'a, T>>)>;
+
+/// Why `-G` needs one process per GPU (refused with `-g` before any GPU work).
+pub fn one_stream_per_capture() -> String {
+    "-G needs one process per GPU: a capture that keeps what its calls use covers one stream of one \
+     thread, and -g N issues every GPU's calls from this thread (drop -g, or -G)"
+        .into()
+}
+
+/// Issues one call as `issuer` says: on this process's rank, or (`-g N`) on every rank in one
+/// group.
+fn issue<'a, T: Elem>(ranks: &Ranks, issuer: &Issuer<'a>, call: &Call, bufs: &mut [Buffers<'a, T>]) -> Result<()> {
+    match (ranks, issuer) {
+        (Ranks::Process(comm, _), Issuer::Safe) => nccl_ops::issue(comm, comm.stream(), call, &mut bufs[0]),
+        (Ranks::Process(comm, _), Issuer::Raw(raw)) => {
+            raw.call::<T>(comm, call.counts.param, call.shift, call.in_place, call.op)
+        }
+        (Ranks::Process(comm, _), Issuer::Dispatch(ar)) => dispatch(ar, comm.stream(), call, &mut bufs[0]),
+        (Ranks::Group(comms), _) => nccl_ops::issue_group(comms, call, bufs),
     }
 }
 

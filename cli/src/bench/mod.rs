@@ -91,6 +91,9 @@ fn spec_of(args: &BenchArgs) -> Result<Spec> {
         knobs: args.knobs.clone(),
     };
     spec.validate()?;
+    if args.ngpus.is_some() && spec.knobs.graph > 0 {
+        return Err(CliError::Usage(engine::one_stream_per_capture()));
+    }
     Ok(spec)
 }
 

@@ -8,10 +8,9 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::{
-    sys, CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, DriverError,
-};
+use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DriverError};
 use gpucomm_kernels::SymmetricBuffer;
+use gpucomm_ordering::{Keep, Visitor};
 use nccl::{
     Collectives, Comm, Config, DeviceBuffer, DeviceBufferMut, MemBuffer, MemView, MemViewMut, ReduceOp, Root, UniqueId,
     Window, WindowFlags,
@@ -96,6 +95,26 @@ impl<T: Elem> Mem<'_, T> {
             Mem::Window(w) => w.buffer().as_raw(),
             Mem::Symmetric(s) => s.buffer().as_raw(),
         }
+    }
+}
+
+// SAFETY: each variant owns its buffer, whose own `Keep` reports it (writable: the graph owns it).
+unsafe impl<T: Elem> Keep for Mem<'_, T> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        match self {
+            Mem::Cudarc(b) => b.visit(v),
+            Mem::Nccl(b) => b.visit(v),
+            Mem::Window(w) => w.visit(v),
+            Mem::Symmetric(s) => s.visit(v),
+        }
+    }
+}
+
+// SAFETY: both buffers are owned, and reported by their own `Keep`, always in this order.
+unsafe impl<T: Elem> Keep for Buffers<'_, T> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        self.send.visit(v);
+        self.recv.visit(v);
     }
 }
 
@@ -358,7 +377,8 @@ fn group_views<T: Elem, S: DeviceBuffer<T>, R: DeviceBufferMut<T>>(
 }
 
 /// `ncclAllReduce` through `nccl-sys`, without the safe crate (`--api raw`): what a C program
-/// pays.
+/// pays (plus one atomic load per call: the communicator's handle is taken with
+/// [`Comm::live_raw`] each time, so that an aborted communicator is never passed to NCCL).
 pub struct RawAllReduce {
     f: unsafe extern "C" fn(
         *const c_void,
@@ -369,7 +389,6 @@ pub struct RawAllReduce {
         ncclComm_t,
         nccl_sys::cudaStream_t,
     ) -> ncclResult_t,
-    comm: ncclComm_t,
     stream: nccl_sys::cudaStream_t,
     send: u64,
     recv: u64,
@@ -377,25 +396,27 @@ pub struct RawAllReduce {
 }
 
 impl RawAllReduce {
-    /// The raw entry point for `comm` on `stream` with `bufs`' base addresses.
-    pub fn new<T: Elem>(comm: &Comm, stream: &Arc<CudaStream>, bufs: &Buffers<'_, T>) -> Result<Self> {
+    /// The raw entry point on `stream` with `bufs`' base addresses.
+    pub fn new<T: Elem>(stream: &Arc<CudaStream>, bufs: &Buffers<'_, T>) -> Result<Self> {
         let lib = nccl_sys::library().map_err(nccl::Error::from)?;
         let f = *nccl_sys::function!(lib, ncclAllReduce).map_err(nccl::Error::from)?;
         let (send, recv) = bufs.addresses(stream);
-        Ok(RawAllReduce { f, comm: comm.as_raw(), stream: stream.cu_stream() as _, send, recv, len: bufs.len() })
+        Ok(RawAllReduce { f, stream: stream.cu_stream() as _, send, recv, len: bufs.len() })
     }
 
     /// One raw all-reduce (sum) of `count` elements of `T` at element `shift` (`in_place`: in
-    /// the receive buffer).
-    pub fn call<T: Elem>(&self, count: usize, shift: usize, in_place: bool, op: ReduceOp) -> Result<()> {
+    /// the receive buffer) on `comm` (the communicator this was made for).
+    pub fn call<T: Elem>(&self, comm: &Comm, count: usize, shift: usize, in_place: bool, op: ReduceOp) -> Result<()> {
         if shift + count > self.len {
             return Err(CliError::Usage(format!("raw call {shift}+{count} outside the bench buffers")));
         }
+        let raw = comm.live_raw()?;
         let at = |base: u64| base + (shift * size_of::<T>()) as u64;
         let send = if in_place { at(self.recv) } else { at(self.send) };
         // SAFETY: both addresses lie in buffers of `len` ≥ shift + count elements of T on the
         // communicator's device that live as long as the bench (the Buffers this was made from);
-        // the communicator and stream are live; T's data type matches its size.
+        // the communicator is live (`live_raw`, just above) and so is the stream; T's data type
+        // matches its size.
         let rc = unsafe {
             (self.f)(
                 send as *const c_void,
@@ -403,7 +424,7 @@ impl RawAllReduce {
                 count,
                 T::DATA_TYPE.raw(),
                 op.raw(),
-                self.comm,
+                raw,
                 self.stream,
             )
         };
