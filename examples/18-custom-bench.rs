@@ -161,14 +161,16 @@ fn run(
             })?;
             record("nvshmem one-shot", eager, graph.0);
         }
-        // SAFETY (both two-shot calls): every rank allocates both windows with `count` ≥ `c`
-        // elements (`max` is the same on every rank: the lessons are started with the same
-        // arguments).
-        let eager =
-            bench::eager(comm, &mut scratch, 5, iters, || unsafe { lsa.two_shot(stream, &send, 0, &mut recv, 0, c) })?;
+        let eager = bench::eager(comm, &mut scratch, 5, iters, || {
+            // SAFETY: every rank allocates both windows with `count` ≥ `c` elements (`max` is the
+            // same on every rank: the lessons are started with the same arguments).
+            unsafe { lsa.two_shot(stream, &send, 0, &mut recv, 0, c) }
+        })?;
+        // The graph keeps the kernels and both windows (the two-shot writes `recv` directly).
         let kept = (lsa.staging(), &send, &mut recv);
-        let graph = bench::graph(comm, &mut scratch, stream, graph_iters, 10, kept, |(_, s, r)| unsafe {
-            lsa.two_shot(stream, s, 0, r, 0, c)
+        let graph = bench::graph(comm, &mut scratch, stream, graph_iters, 10, kept, |(_, s, r)| {
+            // SAFETY: as for the eager calls: the same windows.
+            unsafe { lsa.two_shot(stream, s, 0, r, 0, c) }
         })?;
         record("two-shot", eager, graph.0);
         let eager =
