@@ -1,15 +1,17 @@
 //! gpucomm-kernels' dispatching all-reduce on real GPUs. One GPU: a one-rank communicator runs
 //! every kernel path (each forced once, every element type, odd counts, unaligned views, in place,
-//! eager and replayed from a CUDA graph), the table's choices, symmetric buffers, a calibration,
-//! and — with two processes on the one GPU that NCCL takes for two nodes — the fallback to NCCL
-//! when the ranks cannot reach each other by loads and stores. Two GPUs: every path summing two
-//! ranks' inputs.
+//! eager and replayed from a CUDA graph captured through `nccl::capture`), the table's choices,
+//! symmetric buffers, a calibration, the capture scope's refusals (a capture opened by cudarc, a
+//! keep set without the dispatcher), and — with two processes on the one GPU that NCCL takes for
+//! two nodes — the fallback to NCCL when the ranks cannot reach each other by loads and stores.
+//! Two GPUs: every path summing two ranks' inputs.
 
 use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaStream, DeviceRepr, ValidAsZeroBits};
 use gpucomm_kernels::{AllReduce, Calibration, Decision, Fallback, Mode, Options, Path, Table, Why};
 use gpucomm_launch::{Options as RdzvOptions, Rendezvous};
+use gpucomm_ordering::OrderError;
 use gpucomm_tests::{multi_node_on_one_gpu, multi_process, require_gpus};
 use nccl::{Comm, MemBuffer, NcclType, ReduceOp, UniqueId};
 
@@ -151,48 +153,109 @@ fn forced_paths_that_cannot_take_a_call_fail_plainly() {
     assert_eq!(err.to_string(), "the forced one-shot path cannot take this call: turned off in the options");
 }
 
+/// The `nccl` crate's error inside an `nccl::capture` closure: the dispatcher's own refusals
+/// (lengths, sizes, …) are test failures here.
+fn in_nccl(e: gpucomm_kernels::Error) -> nccl::Error {
+    match e {
+        gpucomm_kernels::Error::Nccl(e) => e,
+        other => panic!("the dispatcher refused a captured call: {other}"),
+    }
+}
+
 #[test]
 #[ignore = "needs 1 GPU: run by the GPU bundle (./dev.sh bundle)"]
-fn every_path_replays_from_a_cuda_graph() {
-    let Some((stream, comm)) = one_rank("every_path_replays_from_a_cuda_graph") else { return };
+fn every_path_replays_from_a_graph_that_keeps_the_dispatcher() {
+    let Some((stream, comm)) = one_rank("every_path_replays_from_a_graph_that_keeps_the_dispatcher") else { return };
     let mut ar = AllReduce::new(&comm, options()).unwrap();
     let count = 5000; // 20 KiB of f32: every path can take it
-    let host = input(0, count, |x| x);
-    // The crate's buffers: cudarc's event-tracked CudaSlices cannot be captured on a context with
-    // several streams (their events were recorded outside the capture).
-    let send = MemBuffer::from_host(&stream, &host).unwrap();
-    let mut outs: Vec<_> = Path::ALL.iter().map(|_| MemBuffer::<f32>::zeroed(&stream, count).unwrap()).collect();
-    // Warm up every path eagerly (first launches load modules and connect NCCL).
-    for (path, out) in Path::ALL.iter().zip(outs.iter_mut()) {
-        ar.force(Some(*path));
-        ar.all_reduce(&stream, &send, out, ReduceOp::SUM).unwrap();
-    }
-    stream.synchronize().unwrap();
-    for out in outs.iter_mut() {
-        stream.memset_zeros(out).unwrap();
-    }
-    stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-    for (path, out) in Path::ALL.iter().zip(outs.iter_mut()) {
-        ar.force(Some(*path));
-        let d = ar.all_reduce(&stream, &send, out, ReduceOp::SUM).unwrap();
-        assert_eq!(d.mode, Mode::Graph, "{d}");
-    }
-    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0)).unwrap().expect("a graph");
-    // Nothing ran during the capture.
-    for out in &outs {
-        assert!(stream.clone_dtoh(out).unwrap().iter().all(|&x| x == 0.0));
-    }
-    for _ in 0..3 {
-        graph.launch().unwrap();
-    }
-    stream.synchronize().unwrap();
-    for (path, out) in Path::ALL.iter().zip(&outs) {
-        assert_eq!(stream.clone_dtoh(out).unwrap(), host, "{path} replayed from a graph");
+                      // The graphs are captured on a stream of their own; inputs are written and outputs read on
+                      // the buffers' stream between launches, ordered by the launches themselves.
+    let side = stream.context().new_stream().unwrap();
+    for path in Path::ALL {
+        ar.force(Some(path));
+        // A cudarc slice (event-tracked) as input, an ncclMemAlloc buffer as output.
+        let send = stream.clone_htod(&input(0, count, |x| x)).unwrap();
+        let mut recv = MemBuffer::<f32>::zeroed(&stream, count).unwrap();
+        // Warm up eagerly (first launches load modules and connect NCCL).
+        ar.all_reduce(&stream, &send, &mut recv, ReduceOp::SUM).unwrap();
+        stream.memset_zeros(&mut recv).unwrap();
+        let mut decisions = Vec::new();
+        // The graph keeps the dispatcher (communicator, device communicator, window) and owns
+        // both buffers; the closure gets them back to make its calls.
+        let mut graph = nccl::capture(&side, (&ar, send, recv), |(ar, send, recv)| {
+            for _ in 0..2 {
+                decisions.push(ar.all_reduce(&side, &*send, recv, ReduceOp::SUM).map_err(in_nccl)?);
+            }
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(decisions, [Decision { path, why: Why::Forced, mode: Mode::Graph }; 2]);
+        // Nothing ran during the capture.
+        assert!(stream.clone_dtoh(&graph.kept().2).unwrap().iter().all(|&x| x == 0.0), "{path}");
+        for round in 1..=3 {
+            // A new input for each replay (one rank: the sum is the input).
+            let host = input(0, count, |x| x * round as f32);
+            stream.memcpy_htod(&host, &mut graph.kept_mut().1).unwrap();
+            graph.launch().unwrap();
+            // Read on the buffers' stream without synchronising: the launch is the output's last
+            // write, which the read waits for.
+            assert_eq!(stream.clone_dtoh(&graph.kept().2).unwrap(), host, "{path}, replay {round}");
+        }
+        let (_, send, recv) = graph.into_kept();
+        drop((send, recv));
     }
     // The table's graph section decides inside a capture.
     ar.force(None);
     assert_eq!(ar.plan::<f32>(count, ReduceOp::SUM, Mode::Graph).unwrap().mode, Mode::Graph);
-    println!("every path replays from a CUDA graph");
+    println!("every path replays from a CUDA graph captured through nccl::capture, with new inputs each time");
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle (./dev.sh bundle)"]
+fn captures_that_would_not_keep_what_the_calls_use_are_refused() {
+    let Some((stream, comm)) = one_rank("captures_that_would_not_keep_what_the_calls_use_are_refused") else {
+        return;
+    };
+    let mut ar = AllReduce::new(&comm, options()).unwrap();
+    let count = 5000;
+    let side = stream.context().new_stream().unwrap();
+    let send = MemBuffer::from_host(&stream, &input(0, count, |x| x)).unwrap();
+    let mut recv = MemBuffer::<f32>::zeroed(&stream, count).unwrap();
+    for path in Path::ALL {
+        ar.force(Some(path));
+        // A capture cudarc opened: its graph would keep nothing alive. Refused before anything is
+        // enqueued.
+        side.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+        let refused = ar.all_reduce(&side, &send, &mut recv, ReduceOp::SUM);
+        let _ = side.end_capture(sys::CUgraphInstantiate_flags(0));
+        match refused {
+            Err(gpucomm_kernels::Error::Nccl(nccl::Error::Ordering(OrderError::ForeignCapture))) => {}
+            other => panic!("{path}: a foreign capture must be refused, got {other:?}"),
+        }
+        // The scope's capture, with a keep set that lacks the dispatcher: the kernels' window (or,
+        // for NCCL, the communicator) would not outlive the graph. Memory is checked before
+        // resources, so the kernel paths name the window's memory.
+        let missing = nccl::capture(&side, (&send, &mut recv), |(send, recv)| {
+            ar.all_reduce(&side, *send, *recv, ReduceOp::SUM).map(drop).map_err(in_nccl)
+        });
+        match (path, missing) {
+            (Path::Nccl, Err(nccl::Error::Ordering(OrderError::ResourceNotKept { kind: "communicator" }))) => {}
+            (Path::Ll | Path::OneShot | Path::TwoShot, Err(nccl::Error::Ordering(OrderError::NotKept { .. }))) => {}
+            (_, other) => panic!("{path}: a keep set without the dispatcher must be refused, got {other:?}"),
+        }
+        // A kernel path uses the kernels (device communicator, window) and the buffers only:
+        // keeping the kernels themselves is enough for it (`&ar` keeps them and the communicator).
+        let kernels = ar.kernels().expect("the kernels are set up on one rank");
+        if path != Path::Nccl {
+            let kept = nccl::capture(&side, (&send, &mut recv, kernels), |(send, recv, _)| {
+                ar.all_reduce(&side, *send, *recv, ReduceOp::SUM).map(drop).map_err(in_nccl)
+            });
+            assert!(kept.is_ok(), "{path}: the kernels and the buffers are all a kernel path uses: {kept:?}");
+        }
+    }
+    stream.synchronize().unwrap();
+    assert!(stream.clone_dtoh(&recv).unwrap().iter().all(|&x| x == 0.0), "a refused call wrote its output");
+    println!("foreign captures and keep sets without the dispatcher refused, on every path");
 }
 
 #[test]
@@ -226,7 +289,21 @@ fn symmetric_buffers_reduce_without_copies() {
     }
     let err = ar.all_reduce_symmetric(&stream, (&send, 2), (&mut recv, 0), count, ReduceOp::SUM).unwrap_err();
     assert_eq!(err.to_string(), "send buffer: elements 2..40003 do not fit a window of 40002 elements");
-    println!("symmetric buffers: every path correct, out of place and in place");
+    // Replayed from a graph that keeps the dispatcher and both symmetric buffers (the two-shot
+    // reads and writes the windows directly).
+    let side = stream.context().new_stream().unwrap();
+    for path in [Path::TwoShot, Path::OneShot, Path::Nccl] {
+        ar.force(Some(path));
+        stream.memset_zeros(&mut recv.slice_mut(..).unwrap()).unwrap();
+        let mut graph = gpucomm_kernels::capture(&side, (&ar, &send, &mut recv), |(ar, send, recv)| {
+            ar.all_reduce_symmetric(&side, (*send, 1), (*recv, 1), count, ReduceOp::SUM).map(drop)
+        })
+        .unwrap();
+        graph.launch().unwrap();
+        let (_, _, out) = graph.into_kept();
+        assert_eq!(stream.clone_dtoh(&out.slice(1..).unwrap()).unwrap(), host, "{path} from a graph");
+    }
+    println!("symmetric buffers: every path correct, out of place and in place, eager and from a graph");
 }
 
 #[test]
