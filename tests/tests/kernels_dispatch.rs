@@ -221,6 +221,12 @@ fn captures_that_would_not_keep_what_the_calls_use_are_refused() {
     let side = stream.context().new_stream().unwrap();
     let send = MemBuffer::from_host(&stream, &input(0, count, |x| x)).unwrap();
     let mut recv = MemBuffer::<f32>::zeroed(&stream, count).unwrap();
+    // Every path once eagerly first (module loads, NCCL's first call), then a zeroed output.
+    for path in Path::ALL {
+        ar.force(Some(path));
+        ar.all_reduce(&stream, &send, &mut recv, ReduceOp::SUM).unwrap();
+    }
+    stream.memset_zeros(&mut recv).unwrap();
     for path in Path::ALL {
         ar.force(Some(path));
         // A capture cudarc opened: its graph would keep nothing alive. Refused before anything is
