@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the GPU bundle into bundle/ (git-ignored): every test binary of the `gpucomm-tests`
-# package (each file in tests/tests/ is a GPU suite), every example of `gpucomm-examples`, and the
-# `gpucomm` tool when the workspace has it, all stripped, plus bundle/run.sh (tools/gpu-run.sh)
+# package (each file in tests/tests/ is a GPU suite), every example of `gpucomm-examples`, the
+# candle lessons (candle-lessons/, a workspace of its own, built with candle's CUDA environment:
+# ./dev.sh bundle sets it), and the `gpucomm` tool when the workspace has it, all stripped, plus
+# bundle/run.sh (tools/gpu-run.sh)
 # and bundle/examples.tsv, which says how run.sh starts each lesson. Nothing here lists test or
 # example names: cargo's JSON output says what was built, and the lessons' launch modes come from
 # `[package.metadata.bundle]` in examples/Cargo.toml (default: the spawner).
@@ -17,9 +19,13 @@ mkdir -p bundle/tests bundle/examples bundle/bin
 bins=(-p gpucomm-examples --examples)
 cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; sys.exit(0 if any(p["name"]=="gpucomm" for p in json.load(sys.stdin)["packages"]) else 1)' \
     && bins+=(-p gpucomm --bins)
+candle=(--manifest-path candle-lessons/Cargo.toml --target-dir target)
 {
     cargo test --profile bundle --no-run --message-format=json -p gpucomm-tests --tests
     cargo build --profile bundle --message-format=json "${bins[@]}"
+    if [ -f candle-lessons/Cargo.toml ]; then
+        cargo build --profile bundle --message-format=json "${candle[@]}" --examples
+    fi
 } | python3 -c '
 import json, os, shutil, sys
 for line in sys.stdin:
@@ -35,15 +41,24 @@ for line in sys.stdin:
         print(f"{folder[:-1]:8} {dest}")
 '
 # How run.sh starts each lesson: one line per (example, mode), the arguments after the mode.
-cargo metadata --no-deps --format-version 1 | python3 -c '
+{
+    cargo metadata --no-deps --format-version 1
+    if [ -f candle-lessons/Cargo.toml ]; then
+        cargo metadata --no-deps --format-version 1 --manifest-path candle-lessons/Cargo.toml
+    fi
+} | python3 -c '
 import json, os, sys
-pkg = next(p for p in json.load(sys.stdin)["packages"] if p["name"] == "gpucomm-examples")
-conf = (pkg.get("metadata") or {}).get("bundle") or {}
-runs, args = conf.get("runs", {}), conf.get("args", {})
+lessons = ("gpucomm-examples", "gpucomm-candle-lessons")
 with open("bundle/examples.tsv", "w") as out:
-    for t in sorted(t["name"] for t in pkg["targets"] if "example" in t["kind"]):
-        for mode in runs.get(t, ["spawner"]):
-            out.write("\t".join([t, mode] + args.get(t, [])) + "\n")
+    for line in sys.stdin:
+        for pkg in json.loads(line)["packages"]:
+            if pkg["name"] not in lessons:
+                continue
+            conf = (pkg.get("metadata") or {}).get("bundle") or {}
+            runs, args = conf.get("runs", {}), conf.get("args", {})
+            for t in sorted(t["name"] for t in pkg["targets"] if "example" in t["kind"]):
+                for mode in runs.get(t, ["spawner"]):
+                    out.write("\t".join([t, mode] + args.get(t, [])) + "\n")
 '
 cp tools/gpu-run.sh bundle/run.sh
 cp tools/gpu-nccl-tests.sh tools/gpu-custom-bench.sh tools/custom-vs-nccl-tests.py bundle/

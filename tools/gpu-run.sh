@@ -43,6 +43,10 @@ for p in nvidia.__path__:
 }
 [ -n "${NCCL_LIB_DIR:-}" ] || { NCCL_LIB_DIR=$(wheel_dir nccl) && export NCCL_LIB_DIR; }
 [ -n "${NVSHMEM_LIB_DIR:-}" ] || { NVSHMEM_LIB_DIR=$(wheel_dir nvshmem) && export NVSHMEM_LIB_DIR; }
+# The candle lessons link cuBLAS, cuRAND and the CUDA runtime (candle's `dynamic-linking`): the
+# machine's CUDA 13 wheels have them (after the driver's own paths, which provide libcuda.so.1).
+CUDA_WHEEL_LIB=$(wheel_dir cu13)
+[ -n "$CUDA_WHEEL_LIB" ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$CUDA_WHEEL_LIB
 
 {
     echo "== machine"
@@ -50,6 +54,7 @@ for p in nvidia.__path__:
     echo "GPUs: $NGPU"
     echo "NCCL_LIB_DIR=$NCCL_LIB_DIR"
     echo "NVSHMEM_LIB_DIR=$NVSHMEM_LIB_DIR"
+    echo "CUDA libraries of the candle lessons: ${CUDA_WHEEL_LIB:-(no cu13 wheel found)}"
     echo "safety: NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE NVSHMEM_DISABLE_NVLS=$NVSHMEM_DISABLE_NVLS TORCH_SYMM_MEM_DISABLE_MULTICAST=$TORCH_SYMM_MEM_DISABLE_MULTICAST"
 } | tee "$LOGS/machine.txt"
 
@@ -134,6 +139,8 @@ if [ -f "$HERE/examples.tsv" ]; then
         case "$mode" in
             single) check "$ex-single" $T "$bin" "${args[@]}" ;;
             spawner) check "$ex-spawner" $T "$bin" --nproc "$NGPU" "${args[@]}" ;;
+            # Two ranks whatever the number of GPUs: each sets its own NCCL_HOSTID (sockets).
+            split-hosts) check "$ex-split-hosts" $T "$bin" --nproc 2 --split-hosts "${args[@]}" ;;
             by-hand) check "$ex-by-hand" by_hand "$bin" "${args[@]}" ;;
             mpirun) check "$ex-mpirun" with_mpirun "$bin" "${args[@]}" ;;
             net-socket)

@@ -166,11 +166,29 @@ impl<'a> Group<'a> {
                 settled = s;
             }
         }
+        if issued.is_ok() && settled.is_ok() && crate::watchdog::active() {
+            recorded.note_calls();
+        }
         issued.and(settled).and_then(|()| recorded.join_streams())
     }
 }
 
 impl Recorded<'_> {
+    /// Hands every issued call to the watchdog's flight recorders (with its communicator and
+    /// stream).
+    fn note_calls(&self) {
+        for call in &self.calls {
+            let stream = call.describe().3;
+            let target = self
+                .settle
+                .iter()
+                .find(|(c, s)| c.as_raw() == call.comm() && s.cu_stream() as usize == stream as usize);
+            if let Some((comm, stream)) = target {
+                crate::watchdog::note(comm, call, stream);
+            }
+        }
+    }
+
     /// A buffer read by calls on two streams of one device in the same group is used by both
     /// streams at once once the group launches, but its ordering state (a cudarc event, a
     /// [`StreamTracker`](gpucomm_ordering::StreamTracker)) can name only one of them as the last

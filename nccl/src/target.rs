@@ -146,6 +146,9 @@ impl<'g, 'b> Plan<'g, 'b> {
         // for 'b and their guards are held until after `settle`.
         let rc = unsafe { call.issue() };
         let settled = self.comm.settle(call.name(), rc, self.stream);
+        if settled.is_ok() && crate::watchdog::active() {
+            crate::watchdog::note(self.comm, &call, self.stream);
+        }
         drop(guards);
         settled
     }
