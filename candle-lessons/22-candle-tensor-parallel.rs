@@ -185,6 +185,10 @@ fn main() -> std::process::ExitCode {
                 }
             }
             for mb in flight.iter_mut() {
+                // Wait before the span opens, so that it times the addition, not the wait.
+                if let Some((_, arrived)) = &mb.sum {
+                    gpu.compute.wait(arrived)?;
+                }
                 timeline.span(Kind::Compute, &gpu.compute, || mb.settle(&gpu))?;
             }
             let t = timeline.finish(&[&gpu.compute, &gpu.comm])?;

@@ -62,6 +62,7 @@ with open("bundle/examples.tsv", "w") as out:
 '
 cp tools/gpu-run.sh bundle/run.sh
 cp tools/gpu-nccl-tests.sh tools/gpu-custom-bench.sh tools/custom-vs-nccl-tests.py bundle/
+cp tools/gpu-candle.sh tools/candle-loss-plot.py bundle/
 cp cli/gpu/*.sh bundle/
 chmod +x bundle/*.sh
 # The reference benchmark's source, built on the GPU machine for side-by-side runs.

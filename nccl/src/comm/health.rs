@@ -47,7 +47,9 @@ pub(crate) struct Health {
 
 // SAFETY: `raw` is only passed to `ncclCommAbort`, and only by whoever moved `state` to
 // `ABORTING`, which the protocol above allows exactly once and only while the owner is outside
-// NCCL; everything else is atomics and an `Arc<CudaContext>` (itself `Send + Sync`).
+// NCCL, or to `ncclCommGetAsyncError` by whoever moved `state` from `PARKED` to `PEEKING`, which
+// keeps the owner (and every abort) out until it is moved back; everything else is atomics and an
+// `Arc<CudaContext>` (itself `Send + Sync`).
 unsafe impl Send for Health {}
 // SAFETY: as above; shared access goes through the atomic state.
 unsafe impl Sync for Health {}
