@@ -250,10 +250,10 @@ frameworks_probe() (
 
 # Every published crate packaged as crates.io would take it and compiled from its .crate (`cargo
 # package` verifies each against the packages of the others): what `cargo publish` would upload
-# builds, build-script inputs (the bindings snapshots, ...) included. The CUDA version cudarc needs
-# comes from CUDARC_CUDA_VERSION in .cargo/config.toml.
+# builds, build-script inputs (the bindings snapshots, ...) included. The library crates leave
+# cudarc's CUDA version to the program, and a package is built alone: name the GPU machine's.
 package() {
-    cargo package --workspace --allow-dirty
+    CUDARC_CUDA_VERSION=13000 cargo package --workspace --allow-dirty
 }
 
 setup() {

@@ -179,10 +179,9 @@ impl Recorded<'_> {
     fn note_calls(&self) {
         for call in &self.calls {
             let stream = call.describe().3;
-            let target = self
-                .settle
-                .iter()
-                .find(|(c, s)| c.as_raw() == call.comm() && s.cu_stream() as usize == stream as usize);
+            let target = self.settle.iter().find(|(c, s)| {
+                c.as_raw() == call.comm() && std::ptr::eq(s.cu_stream().cast::<()>(), stream.cast::<()>())
+            });
             if let Some((comm, stream)) = target {
                 crate::watchdog::note(comm, call, stream);
             }

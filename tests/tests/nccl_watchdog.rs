@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::CudaContext;
 use gpucomm_launch::{spawn_local, Options, RankInfo, Rendezvous};
 use gpucomm_tests::{device_count, require_gpus, skip};
-use nccl::watchdog::{CallState, Cause};
+use nccl::watchdog::{CallRecord, CallState, Cause};
 use nccl::{AbortStatus, BorrowedComm, Collectives, Comm, Config, Error, ReduceOp, UniqueId, Watchdog};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
@@ -144,15 +144,22 @@ fn the_flight_recorder_numbers_and_completes_calls_groups_included() {
     comm.wait(None).unwrap();
     std::thread::sleep(3 * POLL);
     let record = watchdog.flight_record(&comm).expect("watched");
-    let seen: Vec<(u64, &str, usize, &str, Option<(&str, usize)>, CallState)> =
-        record.iter().map(|c| (c.seq, c.call, c.count, c.dtype, c.rank, c.state)).collect();
+    let on_stream = |seq, call, count, dtype, rank| CallRecord {
+        seq,
+        call,
+        count,
+        dtype,
+        rank,
+        stream: stream.cu_stream() as usize,
+        state: CallState::Completed,
+    };
     assert_eq!(
-        seen,
+        record,
         [
-            (0, "ncclAllReduce", 100, "f32", None, CallState::Completed),
-            (1, "ncclBroadcast", 7, "i32", Some(("root", 0)), CallState::Completed),
-            (2, "ncclAllReduce", 100, "f32", None, CallState::Completed),
-            (3, "ncclBroadcast", 7, "i32", Some(("root", 0)), CallState::Completed),
+            on_stream(0, "ncclAllReduce", 100, "f32", None),
+            on_stream(1, "ncclBroadcast", 7, "i32", Some(("root", 0))),
+            on_stream(2, "ncclAllReduce", 100, "f32", None),
+            on_stream(3, "ncclBroadcast", 7, "i32", Some(("root", 0))),
         ]
     );
     assert!(watchdog.reports().is_empty());

@@ -21,4 +21,4 @@ pub fn all_reduce_storage(
 
 /// burn's CUDA backend, beside the communicator type.
 #[cfg(feature = "burn")]
-pub type Backend = (burn_cuda::Cuda<f32, i32>, nccl::Comm);
+pub type Backend = (burn_cuda::Cuda, nccl::Comm);
