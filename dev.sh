@@ -8,12 +8,13 @@
 #   - for `test` and `setup` also the oldest and newest supported NCCL and NVSHMEM releases
 #     (headers and shared libraries only), into .deps/versions: the version-range test compiles
 #     the -sys crates against each;
-#   - for `test`, `lint` and `setup` also what candle needs to build (the candle lessons and the
-#     framework probe): cuBLAS, cuRAND and NVRTC wheels and a link-time libcuda.so stub, into
-#     .deps/candle (see setup_candle).
+#   - for `test`, `lint`, `bundle` and `setup` also what candle needs to build (the candle
+#     lessons and the framework probe): cuBLAS, cuRAND and NVRTC wheels and a link-time
+#     libcuda.so stub, into .deps/candle (see setup_candle).
 #
 #   ./dev.sh run      set up, then run the first tutorial example (versions, GPUs, a small all-reduce)
-#   ./dev.sh test     set up, then run every test (CPU-only machines skip GPU tests, counted as ignored)
+#   ./dev.sh test     set up, then run every test (CPU-only machines skip GPU tests, counted as ignored);
+#                     without arguments also build the candle lessons, run the framework probe, package
 #   ./dev.sh lint     rustfmt check, clippy and rustdoc with warnings denied
 #   ./dev.sh setup    only install the dependencies
 #   ./dev.sh bundle   build the GPU bundle (bundle/, with bundle/run.sh); see CONTRIBUTING.md
@@ -253,7 +254,11 @@ frameworks_probe() (
 # builds, build-script inputs (the bindings snapshots, ...) included. The library crates leave
 # cudarc's CUDA version to the program, and a package is built alone: name the GPU machine's.
 package() {
-    CUDARC_CUDA_VERSION=13000 cargo package --workspace --allow-dirty
+    local unpublished
+    unpublished=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys
+print(" ".join("--exclude " + p["name"] for p in json.load(sys.stdin)["packages"] if p.get("publish") == []))')
+    # shellcheck disable=SC2086 # one word per flag
+    CUDARC_CUDA_VERSION=13000 cargo package --workspace $unpublished --allow-dirty
 }
 
 setup() {
@@ -296,5 +301,5 @@ case "$cmd" in
         candle_lessons lint
         ;;
     bundle) bundle ;;
-    *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac
