@@ -7,10 +7,14 @@
 #     prefix .deps/py (no CUDA install needed; no GPU needed);
 #   - for `test` and `setup` also the oldest and newest supported NCCL and NVSHMEM releases
 #     (headers and shared libraries only), into .deps/versions: the version-range test compiles
-#     the -sys crates against each.
+#     the -sys crates against each;
+#   - for `test`, `lint`, `bundle` and `setup` also what candle needs to build (the candle
+#     lessons and the framework probe): cuBLAS, cuRAND and NVRTC wheels and a link-time
+#     libcuda.so stub, into .deps/candle (see setup_candle).
 #
 #   ./dev.sh run      set up, then run the first tutorial example (versions, GPUs, a small all-reduce)
-#   ./dev.sh test     set up, then run every test (CPU-only machines skip GPU tests, counted as ignored)
+#   ./dev.sh test     set up, then run every test (CPU-only machines skip GPU tests, counted as ignored);
+#                     without arguments also build the candle lessons, run the framework probe, package
 #   ./dev.sh lint     rustfmt check, clippy and rustdoc with warnings denied
 #   ./dev.sh setup    only install the dependencies
 #   ./dev.sh bundle   build the GPU bundle (bundle/, with bundle/run.sh); see CONTRIBUTING.md
@@ -35,6 +39,14 @@ RANGE_WHEELS=(
     nvidia-nccl-cu13==2.32.3
     nvidia-nvshmem-cu12==3.3.9
     nvidia-nvshmem-cu13==3.8.0
+)
+
+# What candle (candle-lessons/, probes/frameworks/) links besides the driver: the CUDA 13.0 wheels
+# the GPU machine's cuda-toolkit 13.0.2 pins (`cuda-toolkit[cublas,curand,nvrtc]==13.0.2`).
+CANDLE_WHEELS=(
+    nvidia-cublas==13.1.0.3
+    nvidia-curand==10.4.0.35
+    nvidia-cuda-nvrtc==13.0.88
 )
 
 say() { printf 'dev.sh: %s\n' "$*" >&2; }
@@ -141,6 +153,114 @@ PY
     printf '%s\n' "${RANGE_WHEELS[@]}" >"$dir/.gpucomm-wheels"
 }
 
+# candle turns on cudarc's `dynamic-linking`: its programs link -lcuda -lcublas -lcublasLt -lcurand
+# -lnvrtc (and candle-kernels -lcudart) at build time, and candle-kernels' build script compiles
+# .cu files with nvcc. .deps/candle/lib gets the unversioned names the linker looks for, as
+# symlinks to the wheels' versioned libraries (the runtime's from .deps/py), and libcuda.so: a stub
+# generated from cuda.h (tools/libcuda-stub.py), soname libcuda.so.1, for machines without the
+# driver. It is only on the link search path (CUDA_TOOLKIT_ROOT_DIR, which cudarc's build script
+# reads), never on a run-time path: on the GPU machine the driver's libcuda.so.1 is loaded.
+setup_candle() {
+    local dir=$PREFIX/candle want
+    want=$(printf '%s\n' "${CANDLE_WHEELS[@]}")
+    if ! { [ -f "$dir/.gpucomm-wheels" ] && [ "$(cat "$dir/.gpucomm-wheels")" = "$want" ]; }; then
+        say "installing the wheels candle links (cuBLAS, cuRAND, NVRTC) into .deps/candle (about 600 MB download)"
+        rm -rf "$dir"
+        mkdir -p "$dir"
+        local log; log=$(mktemp)
+        if ! python3 -m pip install --disable-pip-version-check --no-input -q --no-deps --target "$dir/py" "${CANDLE_WHEELS[@]}" >"$log" 2>&1; then
+            local why; why=$(grep -E 'ERROR|Error|error' "$log" | tail -1)
+            rm -rf "$dir"
+            die "could not install candle's CUDA wheels: ${why:-$(tail -1 "$log")}"
+        fi
+        rm -f "$log"
+        printf '%s\n' "${CANDLE_WHEELS[@]}" >"$dir/.gpucomm-wheels"
+    fi
+    local lib=$dir/lib cu=$PREFIX/py/nvidia/cu13
+    [ -f "$lib/libcuda.so" ] && return 0
+    mkdir -p "$lib"
+    local so name
+    for so in "$dir"/py/nvidia/cu13/lib/lib{cublas,cublasLt,curand,nvrtc}.so.* "$cu"/lib/libcudart.so.*; do
+        name=$(basename "$so"); name=${name%%.so*}.so
+        [ -e "$lib/$name" ] || ln -s "$so" "$lib/$name"
+    done
+    python3 tools/libcuda-stub.py "$cu/include" "$lib" >/dev/null || die "could not generate the libcuda.so link stub"
+}
+
+# The environment candle's build needs (exported for the cargo commands that build candle).
+candle_env() {
+    local cu=$PREFIX/py/nvidia/cu13
+    export CUDA_TOOLKIT_ROOT_DIR=$PREFIX/candle   # cudarc's link search: $CUDA_TOOLKIT_ROOT_DIR/lib
+    export NVCC=$cu/bin/nvcc                       # candle-kernels' nvcc
+    export CUDA_COMPUTE_CAP=90                     # the GPU machine's H200; nothing probes nvidia-smi
+    # The wheel's nvcc does not find its own headers (nvcc.profile expects a toolkit layout).
+    export NVCC_APPEND_FLAGS="-I$cu/include -isystem $cu/include/cccl"
+    export PATH=$cu/bin:$PATH
+}
+
+# The candle lessons: a workspace of their own (see candle-lessons/Cargo.toml), built into the
+# same target/ directory. $1: test or lint.
+candle_lessons() (
+    candle_env
+    local manifest=(--manifest-path candle-lessons/Cargo.toml --target-dir target)
+    case $1 in
+        test)
+            # Builds the lessons (what the GPU bundle carries) and runs the library's CPU tests.
+            # Their binary needs only the CUDA runtime library (candle-kernels links it), the real
+            # one from the runtime wheel; nothing in them touches the driver or loads libcuda.
+            cargo build "${manifest[@]}" --examples
+            LD_LIBRARY_PATH="$PREFIX/py/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+                cargo test "${manifest[@]}" --lib
+            ;;
+        lint)
+            cargo fmt "${manifest[0]}" "${manifest[1]}" -- --check
+            cargo clippy "${manifest[@]}" --all-targets -- -D warnings
+            RUSTDOCFLAGS="-D warnings" cargo doc "${manifest[@]}" --no-deps -q
+            ;;
+    esac
+)
+
+# The framework compatibility check (probes/frameworks/): our library crates must build inside a
+# candle project (candle-core / candle-nn 0.11.1, `cuda`) and inside a burn project (burn-cuda
+# 0.22.1), each with ONE cudarc, and pass `cargo check`; it prints the cudarc features each graph
+# resolved. Two graphs, not one: candle and burn cannot share a program (candle turns on cudarc's
+# `dynamic-linking`, and burn's cubecl-cuda calls functions only `dynamic-loading` has).
+frameworks_probe() (
+    candle_env
+    local manifest=(--manifest-path probes/frameworks/Cargo.toml) framework program versions
+    for framework in candle burn; do
+        # `-i cudarc` fails if two versions of cudarc are in the graph; build dependencies too.
+        program=$(cargo tree "${manifest[@]}" --features "$framework" -e normal -i cudarc --depth 0 -f '{p} [{f}]')
+        versions=$(cargo tree "${manifest[@]}" --features "$framework" -e normal,build -f '{p}' --prefix none \
+            | grep '^cudarc ' | awk '{print $1, $2}' | sort -u)
+        [ "$(printf '%s\n' "$versions" | wc -l)" = 1 ] || die "frameworks probe ($framework): several cudarc versions: $versions"
+        say "frameworks probe: our crates + $framework: one cudarc: $program"
+        # burn-cuda 0.22.1's build scripts (cubecl-llvm, tracel-llvm-bundler) download a prebuilt
+        # LLVM from the internet, which this machine and CI cannot reach (package registries only).
+        # DOCS_RS=1 is those scripts' documented switch to skip it, as on docs.rs; for our -sys
+        # crates it means the committed bindings snapshots. `cargo check` links nothing: it
+        # type-checks the crates together, which is the point.
+        if [ "$framework" = burn ]; then
+            DOCS_RS=1 cargo check "${manifest[@]}" --features "$framework" --target-dir target
+        else
+            cargo check "${manifest[@]}" --features "$framework" --target-dir target
+        fi
+        say "frameworks probe: our crates + $framework: cargo check passed"
+    done
+)
+
+# Every published crate packaged as crates.io would take it and compiled from its .crate (`cargo
+# package` verifies each against the packages of the others): what `cargo publish` would upload
+# builds, build-script inputs (the bindings snapshots, ...) included. The library crates leave
+# cudarc's CUDA version to the program, and a package is built alone: name the GPU machine's.
+package() {
+    local unpublished
+    unpublished=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys
+print(" ".join("--exclude " + p["name"] for p in json.load(sys.stdin)["packages"] if p.get("publish") == []))')
+    # shellcheck disable=SC2086 # one word per flag
+    CUDARC_CUDA_VERSION=13000 cargo package --workspace $unpublished --allow-dirty
+}
+
 setup() {
     setup_system
     setup_rust
@@ -150,21 +270,36 @@ setup() {
 
 bundle() {
     setup
+    setup_candle
+    candle_env
     bash tools/bundle.sh
 }
 
 cmd=${1:-}
 shift || true
 case "$cmd" in
-    setup) setup; setup_range_wheels ;;
+    setup) setup; setup_range_wheels; setup_candle ;;
     run) setup; exec cargo run -q -p gpucomm-examples --example 01-hello -- "$@" ;;
-    test) setup; setup_range_wheels; exec cargo test --workspace "$@" ;;
+    test)
+        setup
+        setup_range_wheels
+        setup_candle
+        cargo test --workspace "$@"
+        # The whole run (no test filter): also the candle lessons, the framework probe, packaging.
+        if [ $# -eq 0 ]; then
+            candle_lessons test
+            frameworks_probe
+            package
+        fi
+        ;;
     lint)
         setup
+        setup_candle
         cargo fmt --all -- --check
         cargo clippy --workspace --all-targets -- -D warnings
-        RUSTDOCFLAGS="-D warnings" exec cargo doc --workspace --no-deps -q
+        RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps -q
+        candle_lessons lint
         ;;
     bundle) bundle ;;
-    *) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
+    *) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 2 ;;
 esac

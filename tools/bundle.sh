@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Builds the GPU bundle into bundle/ (git-ignored): every test binary of the `gpucomm-tests`
-# package (each file in tests/tests/ is a GPU suite), every example of `gpucomm-examples`, and the
-# `gpucomm` tool when the workspace has it, all stripped, plus bundle/run.sh (tools/gpu-run.sh)
-# with bundle/lib.sh and bundle/sanitize.sh, bundle/examples.tsv, which says how run.sh starts each
-# lesson, and bundle/lessons.tsv, what each lesson needs (GPUs, sanitizer tools). Nothing here lists test or
-# example names: cargo's JSON output says what was built, and the lessons' launch modes, minimum
-# GPUs and sanitizer tools come from `[package.metadata.bundle]` in examples/Cargo.toml.
+# package (each file in tests/tests/ is a GPU suite), every example of `gpucomm-examples`, the
+# candle lessons (candle-lessons/, a workspace of its own, built with candle's CUDA environment:
+# ./dev.sh bundle sets it), and the `gpucomm` tool when the workspace has it, all stripped, plus
+# bundle/run.sh (tools/gpu-run.sh) with bundle/lib.sh and bundle/sanitize.sh, bundle/examples.tsv,
+# which says how run.sh starts each lesson, and bundle/lessons.tsv, what each lesson needs (GPUs,
+# sanitizer tools). Nothing here lists test or example names: cargo's JSON output says what was
+# built, and the lessons' launch modes, minimum GPUs and sanitizer tools come from
+# `[package.metadata.bundle]` in examples/Cargo.toml and candle-lessons/Cargo.toml.
 # Called by `./dev.sh bundle`. Prints the bundle's size and the build time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,9 +21,13 @@ mkdir -p bundle/tests bundle/examples bundle/bin
 bins=(-p gpucomm-examples --examples -p gpucomm-launch --example store-interop)
 cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; sys.exit(0 if any(p["name"]=="gpucomm" for p in json.load(sys.stdin)["packages"]) else 1)' \
     && bins+=(-p gpucomm --bins)
+candle=(--manifest-path candle-lessons/Cargo.toml --target-dir target)
 {
     cargo test --profile bundle --no-run --message-format=json -p gpucomm-tests --tests
     cargo build --profile bundle --message-format=json "${bins[@]}"
+    if [ -f candle-lessons/Cargo.toml ]; then
+        cargo build --profile bundle --message-format=json "${candle[@]}" --examples
+    fi
 } | python3 -c '
 import json, os, shutil, sys
 for line in sys.stdin:
@@ -36,33 +42,37 @@ for line in sys.stdin:
         shutil.copy(msg["executable"], dest)
         print(f"{folder[:-1]:8} {dest}")
 '
-# How run.sh starts each lesson: one line per (example, mode), the arguments after the mode.
-cargo metadata --no-deps --format-version 1 | python3 -c '
-import json, os, sys
-pkg = next(p for p in json.load(sys.stdin)["packages"] if p["name"] == "gpucomm-examples")
-conf = (pkg.get("metadata") or {}).get("bundle") or {}
-runs, args = conf.get("runs", {}), conf.get("args", {})
-with open("bundle/examples.tsv", "w") as out:
-    for t in sorted(t["name"] for t in pkg["targets"] if "example" in t["kind"]):
-        for mode in runs.get(t, ["spawner"]):
-            out.write("\t".join([t, mode] + args.get(t, [])) + "\n")
-'
-# What each lesson needs: one line per example, its minimum number of GPUs and the sanitizer tools
-# of `run.sh --sanitize` (comma-separated).
-cargo metadata --no-deps --format-version 1 | python3 -c '
+# How run.sh starts each lesson (bundle/examples.tsv: one line per (example, mode), the arguments
+# after the mode) and what each lesson needs (bundle/lessons.tsv: one line per example, its minimum
+# number of GPUs and the sanitizer tools of `run.sh --sanitize`, comma-separated), from the
+# metadata of both workspaces (one JSON document per line).
+{
+    cargo metadata --no-deps --format-version 1
+    if [ -f candle-lessons/Cargo.toml ]; then
+        cargo metadata --no-deps --format-version 1 --manifest-path candle-lessons/Cargo.toml
+    fi
+} | python3 -c '
 import json, sys
-pkg = next(p for p in json.load(sys.stdin)["packages"] if p["name"] == "gpucomm-examples")
-conf = (pkg.get("metadata") or {}).get("bundle") or {}
-gpus, tools = conf.get("min-gpus", {}), conf.get("sanitizers", {})
-with open("bundle/lessons.tsv", "w") as out:
-    for t in sorted(t["name"] for t in pkg["targets"] if "example" in t["kind"]):
-        out.write("\t".join([t, str(int(gpus.get(t, 1))), ",".join(tools.get(t, ["memcheck"]))]) + "\n")
+lessons = ("gpucomm-examples", "gpucomm-candle-lessons")
+with open("bundle/examples.tsv", "w") as runs_out, open("bundle/lessons.tsv", "w") as needs_out:
+    for line in sys.stdin:
+        for pkg in json.loads(line)["packages"]:
+            if pkg["name"] not in lessons:
+                continue
+            conf = (pkg.get("metadata") or {}).get("bundle") or {}
+            runs, args = conf.get("runs", {}), conf.get("args", {})
+            gpus, tools = conf.get("min-gpus", {}), conf.get("sanitizers", {})
+            for t in sorted(t["name"] for t in pkg["targets"] if "example" in t["kind"]):
+                for mode in runs.get(t, ["spawner"]):
+                    runs_out.write("\t".join([t, mode] + args.get(t, [])) + "\n")
+                needs_out.write("\t".join([t, str(int(gpus.get(t, 1))), ",".join(tools.get(t, ["memcheck"]))]) + "\n")
 '
 cp tools/gpu-run.sh bundle/run.sh
 cp tools/gpu-lib.sh bundle/lib.sh
 cp tools/gpu-sanitize.sh bundle/sanitize.sh
 cp tools/gpu-nccl-tests.sh tools/gpu-custom-bench.sh tools/custom-vs-nccl-tests.py bundle/
 cp tools/variants-table.py tools/dispatch-vs-nccl-tests.py bundle/
+cp tools/gpu-candle.sh tools/candle-loss-plot.py bundle/
 cp cli/gpu/*.sh bundle/
 # The store's interop check against PyTorch, and lesson 19's Python half.
 cp launch/gpu/store-interop.sh launch/gpu/store_interop.py bundle/

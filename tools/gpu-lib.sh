@@ -1,7 +1,8 @@
 # Sourced by the GPU bundle's runners (bundle/run.sh, bundle/sanitize.sh; copied to bundle/lib.sh
 # by tools/bundle.sh); $HERE is the bundle's folder. It sets NCCL_LIB_DIR / NVSHMEM_LIB_DIR to the
 # wheels of the machine's python3 (the dynamic loader would find the system's older libnccl.so.2
-# first), NGPU, and says what each lesson needs (bundle/lessons.tsv). Multicast stays off here too.
+# first), appends the CUDA 13 wheels' libraries to LD_LIBRARY_PATH, sets NGPU, and says what each
+# lesson needs (bundle/lessons.tsv). Multicast stays off here too.
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 
 wheel_dir() {
@@ -12,6 +13,10 @@ for p in nvidia.__path__:
 }
 [ -n "${NCCL_LIB_DIR:-}" ] || { NCCL_LIB_DIR=$(wheel_dir nccl) && export NCCL_LIB_DIR; }
 [ -n "${NVSHMEM_LIB_DIR:-}" ] || { NVSHMEM_LIB_DIR=$(wheel_dir nvshmem) && export NVSHMEM_LIB_DIR; }
+# The candle lessons link cuBLAS, cuRAND and the CUDA runtime (candle's `dynamic-linking`): the
+# machine's CUDA 13 wheels have them (after the driver's own paths, which provide libcuda.so.1).
+CUDA_WHEEL_LIB=$(wheel_dir cu13)
+[ -n "$CUDA_WHEEL_LIB" ] && export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$CUDA_WHEEL_LIB
 
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 [ "$NGPU" -ge 1 ] || NGPU=1
@@ -23,7 +28,8 @@ lesson_field() {
 
 # GPUs that lesson $1 needs in launch mode $2 (`mode` or `mode@N`): the largest of the lesson's
 # minimum ([package.metadata.bundle.min-gpus]), the mode's own (net-socket and one-agent torchrun
-# put one rank on each GPU) and N.
+# put one rank on each GPU; split-hosts, torchrun-2nodes and the Python modes run both ranks on one
+# GPU) and N.
 gpus_needed() {
     local n mode=${2%@*} asked=1
     [[ "${2:-}" == *@* ]] && asked=${2#*@}

@@ -3,28 +3,31 @@
 # which has no Rust toolchain: every test binary in bundle/tests, then every lesson in
 # bundle/examples the way bundle/examples.tsv says (spawner, torchrun-style variables set by hand,
 # mpirun, the socket transport, real torchrun with each rendezvous backend and as two agents, a
-# Python peer). Logs go to bundle/logs; when $OUT is set (the device tool), the summary and a
-# tarball of the logs are copied there. The last line is `N passed, N failed, N skipped`.
+# Python peer, two ranks with their own NCCL_HOSTID for the candle lessons). Logs go to bundle/logs;
+# when $OUT is set (the device tool), the summary and a tarball of the logs are copied there. The
+# last line is `N passed, N failed, N skipped`.
 #
-# A lesson or mode that needs more GPUs than the machine has is skipped and counted as skipped,
-# with the reason (gpus_needed in lib.sh): a lesson's minimum comes from bundle/lessons.tsv
+# A lesson or mode that needs more GPUs than the machine has is skipped and counted as skipped, with
+# the reason (gpus_needed in lib.sh): a lesson's minimum comes from bundle/lessons.tsv
 # (`[package.metadata.bundle.min-gpus]`); net-socket and the torchrun modes with one agent need 2
-# (one rank per GPU); `torchrun-2nodes` and the Python modes need 1 (both ranks share GPU 0, each
-# with its own NCCL_HOSTID, so NCCL connects them as two hosts); `mode@N` in examples.tsv asks for
-# more. TORCHRUN names torchrun (default: the one on PATH, else /opt/torch/.venv/bin/torchrun).
+# (one rank per GPU); `torchrun-2nodes`, `split-hosts` and the Python modes need 1 (both ranks share
+# GPU 0, each with its own NCCL_HOSTID, so NCCL connects them as two hosts); `mode@N` in
+# examples.tsv asks for more. TORCHRUN names torchrun (default: the one on PATH, else
+# /opt/torch/.venv/bin/torchrun).
 #
 #   bash bundle/run.sh [FILTER]   # FILTER: only tests binaries / lessons whose name contains it
 #   bash bundle/run.sh --sanitize [FILTER...]   # the compute-sanitizer mode: bundle/sanitize.sh
 #                                               # (also with GPUCOMM_SANITIZE=1)
 #
-# TEST_TIMEOUT (default 600) and LESSON_TIMEOUT (default 300) bound each test binary and each
-# lesson process, in seconds. With $OUT set, the summary there is kept current after every line,
-# so a run cut short still reports what finished.
+# TEST_TIMEOUT (default 600) and LESSON_TIMEOUT (default 300) bound each test binary and each lesson
+# process, in seconds. With $OUT set, the summary there is kept current after every line, so a run
+# cut short still reports what finished.
 #
 # NCCL and NVSHMEM: the wheels of the machine's python3 are named explicitly (NCCL_LIB_DIR,
 # NVSHMEM_LIB_DIR; bundle/lib.sh), because the dynamic loader would find the system's older
-# libnccl.so.2 first. Multicast must stay off: exported here, and passed on to every child, mpirun
-# ranks included.
+# libnccl.so.2 first; the CUDA 13 wheels' libraries go at the end of LD_LIBRARY_PATH (lib.sh: the
+# candle lessons link cuBLAS, cuRAND and the CUDA runtime). Multicast must stay off: exported here,
+# and passed on to every child, mpirun ranks included.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 SAFETY_VARS=(NCCL_NVLS_ENABLE NVSHMEM_DISABLE_NVLS TORCH_SYMM_MEM_DISABLE_MULTICAST)
@@ -55,6 +58,7 @@ note() {
     echo "GPUs: $NGPU"
     echo "NCCL_LIB_DIR=$NCCL_LIB_DIR"
     echo "NVSHMEM_LIB_DIR=$NVSHMEM_LIB_DIR"
+    echo "CUDA libraries of the candle lessons: ${CUDA_WHEEL_LIB:-(no cu13 wheel found)}"
     echo "safety: NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE NVSHMEM_DISABLE_NVLS=$NVSHMEM_DISABLE_NVLS TORCH_SYMM_MEM_DISABLE_MULTICAST=$TORCH_SYMM_MEM_DISABLE_MULTICAST"
 } | tee "$LOGS/machine.txt"
 
@@ -212,6 +216,8 @@ if [ -f "$HERE/examples.tsv" ]; then
         case "$mode" in
             single) check "$ex-single" $T "$bin" "${args[@]}" ;;
             spawner) check "$ex-spawner" $T "$bin" --nproc "$NGPU" "${args[@]}" ;;
+            # Two ranks whatever the number of GPUs: each sets its own NCCL_HOSTID (sockets).
+            split-hosts) check "$ex-split-hosts" $T "$bin" --nproc 2 --split-hosts "${args[@]}" ;;
             by-hand) check "$ex-by-hand" by_hand "$bin" "${args[@]}" ;;
             mpirun) check "$ex-mpirun" with_mpirun "$bin" "${args[@]}" ;;
             net-socket)

@@ -45,10 +45,12 @@ impl fmt::Display for NoGpu {
 impl Error for NoGpu {}
 
 /// Number of CUDA devices, or why there are none. Fast on machines without a driver: it only
-/// tries to load `libcuda.so.1`.
+/// tries to load `libcuda.so.1`. Works whichever way cudarc reaches the driver: loaded at run time
+/// (these lessons) or linked (the candle lessons, where the program cannot start without it).
 pub fn cuda_devices() -> Result<usize, NoGpu> {
-    // SAFETY: only attempts to dlopen the driver library, as cudarc does on first use.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+    // SAFETY: loading the NVIDIA driver library runs no initialisation code with preconditions
+    // (cudarc loads the same library by the same name on first use); the handle is dropped at once.
+    if unsafe { libloading::Library::new("libcuda.so.1") }.is_err() {
         return Err(NoGpu::NoDriver);
     }
     match CudaContext::device_count() {

@@ -167,6 +167,17 @@ impl Call {
         self.comm
     }
 
+    /// What a flight recorder keeps of the call: element count, data type, the peer (send, recv)
+    /// or root (rooted calls) as `("peer" | "root", rank)`, and the stream.
+    pub(crate) fn describe(&self) -> (usize, ncclDataType_t, Option<(&'static str, c_int)>, cudaStream_t) {
+        let rank = match self.entry {
+            Entry::Send(_, peer) | Entry::Recv(_, peer) => Some(("peer", peer)),
+            Entry::Reduce(_, _, root) | Entry::Rooted(_, root) => Some(("root", root)),
+            Entry::Reducing(..) | Entry::Plain(_) => None,
+        };
+        (self.count, self.dtype, rank, self.stream)
+    }
+
     /// Hands the call to NCCL and returns its result code. Outside a group NCCL has enqueued the
     /// work when this returns; inside one it has recorded it until `ncclGroupEnd`.
     ///

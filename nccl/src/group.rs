@@ -262,6 +262,9 @@ impl<'a> Group<'a> {
                 settled = s;
             }
         }
+        if issued.is_ok() && settled.is_ok() && crate::watchdog::active() {
+            recorded.note_calls();
+        }
         // Joined whatever happened: a group that failed after `ncclGroupEnd` may have launched
         // some of its work, which later uses of its buffers must still be ordered after.
         let joined = recorded.join_streams();
@@ -270,6 +273,20 @@ impl<'a> Group<'a> {
 }
 
 impl Recorded<'_> {
+    /// Hands every issued call to the watchdog's flight recorders (with its communicator and
+    /// stream).
+    fn note_calls(&self) {
+        for call in &self.calls {
+            let stream = call.describe().3;
+            let target = self.settle.iter().find(|(c, s)| {
+                c.as_raw() == call.comm() && std::ptr::eq(s.cu_stream().cast::<()>(), stream.cast::<()>())
+            });
+            if let Some((comm, stream)) = target {
+                crate::watchdog::note(comm, call, stream);
+            }
+        }
+    }
+
     /// A buffer read by calls on two streams of one device in the same group is used by both
     /// streams at once once the group launches, but its ordering state (a cudarc event, a
     /// [`StreamTracker`](gpucomm_ordering::StreamTracker)) can name only one of them as the last

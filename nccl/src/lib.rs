@@ -7,7 +7,10 @@
 //! * Nonblocking communicators and timeouts: a [`Config`] with `blocking(false)` and a
 //!   [`timeout`](Config::timeout) turns a peer that never arrives, or dies, into
 //!   [`Error::Timeout`] and an aborted communicator; an [`AbortHandle`] lets a watchdog thread
-//!   abort one.
+//!   abort one; a [`Watchdog`] thread does it for you, and reports which call hung from its
+//!   flight recorder of recent calls; [`Comm::parked`] is how to block on the GPU where it can.
+//! * [`BorrowedComm`]: a communicator a framework created and owns, used through this crate's
+//!   checked calls and never torn down by it.
 //! * [`Collectives`]: every NCCL collective and point-to-point call, written once for every
 //!   target — a communicator on its own stream (`comm.all_reduce(..)`), on another stream of its
 //!   device (`comm.on(&stream).all_reduce(..)`), or recorded in a [`group`]
@@ -67,9 +70,10 @@ mod register;
 mod target;
 mod types;
 mod unique_id;
+pub mod watchdog;
 
 pub use coll::{Collectives, Root};
-pub use comm::{AbortHandle, AbortStatus, Comm, Config, Finalizing, PendingComm};
+pub use comm::{AbortHandle, AbortStatus, BorrowedComm, Comm, Config, Finalizing, PendingComm};
 #[cfg(nccl_2_27)]
 pub use comm::{CtaPolicy, ShrinkFlags};
 pub use error::{Error, Result, ResultCode};
@@ -88,6 +92,7 @@ pub use register::{register_windows, Window, WindowFlags};
 pub use target::OnStream;
 pub use types::{DataType, NcclType, ReduceOp};
 pub use unique_id::UniqueId;
+pub use watchdog::Watchdog;
 
 /// `use nccl::prelude::*;` brings the [`Collectives`] trait into scope, whose methods are the
 /// communication calls, and the types every call names.

@@ -148,6 +148,9 @@ impl<'g, 'b> Plan<'g, 'b> {
         // scope, whose graph keeps the buffers and the communicator (the access refused others).
         let rc = unsafe { call.issue() };
         let settled = self.comm.settle(call.name(), rc, self.stream);
+        if settled.is_ok() && crate::watchdog::active() {
+            crate::watchdog::note(self.comm, &call, self.stream);
+        }
         drop(guards);
         settled
     }

@@ -11,6 +11,9 @@
 //!   call NCCL answered with "in progress"), guaranteed outside NCCL. An [`AbortHandle`] may abort
 //!   right away (`ABORTING`); the owner, waking up, cannot leave `PARKED` and waits for `CLOSED`.
 //! * `CLOSED`: aborted or destroyed (or given away with [`Comm::into_raw`]); the handle is gone.
+//! * `PEEKING`: a [`crate::Watchdog`] reads NCCL's error state (`ncclCommGetAsyncError`) while the
+//!   owner is parked; entered only from `PARKED` and left back to it. The owner waking up, and an
+//!   [`AbortHandle`], wait for it to end (one NCCL query).
 //!
 //! Every transition out of `LIVE`/`REQUESTED` except `LIVE → REQUESTED` is the owner's, and
 //! every transition out of `PARKED` except `PARKED → LIVE` is a handle's, so `ncclCommAbort` can
@@ -32,6 +35,7 @@ const PARKED: u8 = 1;
 const REQUESTED: u8 = 2;
 const ABORTING: u8 = 3;
 const CLOSED: u8 = 4;
+const PEEKING: u8 = 5;
 
 /// The abort state of one communicator, shared by its [`Comm`] and its [`AbortHandle`]s.
 pub(crate) struct Health {
@@ -43,7 +47,9 @@ pub(crate) struct Health {
 
 // SAFETY: `raw` is only passed to `ncclCommAbort`, and only by whoever moved `state` to
 // `ABORTING`, which the protocol above allows exactly once and only while the owner is outside
-// NCCL; everything else is atomics and an `Arc<CudaContext>` (itself `Send + Sync`).
+// NCCL, or to `ncclCommGetAsyncError` by whoever moved `state` from `PARKED` to `PEEKING`, which
+// keeps the owner (and every abort) out until it is moved back; everything else is atomics and an
+// `Arc<CudaContext>` (itself `Send + Sync`).
 unsafe impl Send for Health {}
 // SAFETY: as above; shared access goes through the atomic state.
 unsafe impl Sync for Health {}
@@ -55,7 +61,16 @@ impl Health {
 
     /// True once aborted, destroyed or given away: the handle must not be used.
     pub(crate) fn is_closed(&self) -> bool {
-        self.state.load(Ordering::Acquire) >= ABORTING
+        matches!(self.state.load(Ordering::Acquire), ABORTING | CLOSED)
+    }
+
+    /// Runs `query` with the handle while the owner is parked (outside NCCL, and unable to tear the
+    /// communicator down until `query` returns); `None` when it is not parked.
+    pub(crate) fn peek<R>(&self, query: impl FnOnce(NonNull<ncclComm>) -> R) -> Option<R> {
+        self.state.compare_exchange(PARKED, PEEKING, Ordering::AcqRel, Ordering::Acquire).ok()?;
+        let result = self.context.bind_to_thread().map(|()| query(self.raw));
+        self.state.store(PARKED, Ordering::Release);
+        result.ok()
     }
 
     /// The owner's check before (and after) it uses the communicator: carries out a pending abort
@@ -111,7 +126,7 @@ impl Health {
     }
 
     /// The owner is about to wait without calling NCCL: handles may abort from now on.
-    fn park(&self) -> Result<()> {
+    pub(super) fn park(&self) -> Result<()> {
         match self.state.compare_exchange(LIVE, PARKED, Ordering::AcqRel, Ordering::Acquire) {
             Ok(_) => Ok(()),
             // REQUESTED (carried out by `check`) or CLOSED.
@@ -124,9 +139,14 @@ impl Health {
 
     /// The owner stops waiting. If a handle aborted meanwhile, waits until it has finished, so
     /// that the caller's `Err(Aborted)` means the communicator's work is stopped.
-    fn unpark(&self) -> Result<()> {
-        if self.state.compare_exchange(PARKED, LIVE, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-            return Ok(());
+    pub(super) fn unpark(&self) -> Result<()> {
+        loop {
+            match self.state.compare_exchange(PARKED, LIVE, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Ok(()),
+                // A watchdog is reading NCCL's error state: it ends in one query.
+                Err(PEEKING) => std::hint::spin_loop(),
+                Err(_) => break,
+            }
         }
         while self.state.load(Ordering::Acquire) != CLOSED {
             std::thread::sleep(Duration::from_micros(200));
@@ -188,6 +208,10 @@ impl AbortHandle {
                 PARKED => (ABORTING, AbortStatus::Aborted),
                 LIVE => (REQUESTED, AbortStatus::Requested),
                 REQUESTED => return Ok(AbortStatus::Requested),
+                PEEKING => {
+                    std::hint::spin_loop();
+                    continue;
+                }
                 _ => return Ok(AbortStatus::Closed),
             };
             if state.compare_exchange(now, next, Ordering::AcqRel, Ordering::Acquire).is_err() {
@@ -205,6 +229,19 @@ impl AbortHandle {
     /// True once the communicator is aborted, destroyed or given away.
     pub fn is_closed(&self) -> bool {
         self.health.is_closed()
+    }
+
+    /// NCCL's error state of the communicator (`ncclCommGetAsyncError`), read only while its
+    /// owner is parked (see the module docs); `None` otherwise, or if the query itself failed.
+    pub(crate) fn peek_async_error(&self) -> Option<nccl_sys::ncclResult_t> {
+        self.health.peek(|raw| {
+            let mut state = ncclResult_t::ncclSuccess;
+            // SAFETY: `peek` runs this only while the owner is parked, outside NCCL and unable to
+            // destroy or abort the communicator until it returns; the out-pointer is a live local
+            // of a newtype over an integer.
+            let rc = unsafe { call!(ncclCommGetAsyncError(raw.as_ptr(), &mut state)) };
+            rc.map(|()| state).ok()
+        })?
     }
 }
 

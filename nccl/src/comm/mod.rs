@@ -7,11 +7,15 @@
 //! * [`health`]: who may abort a communicator and when ([`AbortHandle`]), polling with deadlines.
 //! * [`watch`]: the opt-in timeout's record of enqueued work.
 //! * [`teardown`]: finalize, abort, drop.
+//! * [`borrowed`]: communicators someone else owns ([`BorrowedComm`]).
+//! * [`parked`]: waiting outside this crate where a watchdog can abort ([`Comm::parked`]).
 
+mod borrowed;
 mod child;
 mod config;
 mod create;
 mod health;
+mod parked;
 mod teardown;
 mod watch;
 
@@ -25,6 +29,7 @@ use nccl_sys::{ncclComm, ncclComm_t, ncclResult_t};
 
 use crate::error::{call, check, Error, Result};
 
+pub use borrowed::BorrowedComm;
 #[cfg(nccl_2_27)]
 pub use child::ShrinkFlags;
 pub use config::Config;

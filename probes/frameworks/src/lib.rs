@@ -1,0 +1,24 @@
+//! Nothing to run: this crate only has to compile, once with each framework. It names items of
+//! our crates and of the framework side by side, so that `cargo check` type-checks their use in
+//! one program with one cudarc.
+
+pub use gpucomm_launch::RankInfo;
+pub use gpucomm_ordering::is_capturing;
+pub use nvshmem::Runtime;
+
+/// Averages the f32 elements of a candle CUDA storage across `comm` (the pattern of the candle
+/// lessons): the storage's `CudaSlice` goes to NCCL as it is — the same cudarc type.
+#[cfg(feature = "candle")]
+pub fn all_reduce_storage(
+    comm: &nccl::Comm,
+    storage: &mut candle_core::cuda::CudaStorage,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use nccl::Collectives;
+    let slice = storage.as_cuda_slice_mut::<f32>()?;
+    comm.all_reduce_in_place(slice, nccl::ReduceOp::AVG)?;
+    Ok(())
+}
+
+/// burn's CUDA backend, beside the communicator type.
+#[cfg(feature = "burn")]
+pub type Backend = (burn_cuda::Cuda, nccl::Comm);

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The candle lessons' runs for issue 15, on the GPU machine (copied into the bundle by
+# tools/bundle.sh; run after or instead of run.sh):
+#
+#   bash bundle/gpu-candle.sh
+#
+# With one GPU: each lesson as one rank (--nproc 1) and as two ranks sharing the GPU (--nproc 2
+# --split-hosts: each rank sets its own NCCL_HOSTID, NCCL connects them over sockets); the
+# single-GPU reference runs of lessons 20 and 21 on their own (--reference --ranks 2); short runs of
+# each lesson under compute-sanitizer's memcheck and synccheck. With two GPUs or more, also each
+# lesson as two ranks on two GPUs (--nproc 2: lesson 22's LSA kernel needs NVLink peers). Then
+# the loss plot (candle-loss-plot.py). Logs and the plot go to $OUT/candle (the device tool) or
+# bundle/logs/candle; the summary's last line is `N passed, N failed`.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+HERE=$(cd "$(dirname "$0")" && pwd)
+EX=$HERE/examples
+LOGS=${OUT:-$HERE/logs}/candle
+mkdir -p "$LOGS"
+: >"$LOGS/summary.txt"
+NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+SANITIZER=${SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
+
+wheel_dir() {
+    python3 -c "import nvidia, os, sys
+for p in nvidia.__path__:
+    d = os.path.join(p, sys.argv[1], 'lib')
+    if os.path.isdir(d): print(d); break" "$1" 2>/dev/null
+}
+# NCCL from the wheel (not the system's older one); cuBLAS, cuRAND and the runtime from the CUDA 13
+# wheels, after the driver's own paths.
+[ -n "${NCCL_LIB_DIR:-}" ] || { NCCL_LIB_DIR=$(wheel_dir nccl) && export NCCL_LIB_DIR; }
+CUDA_WHEEL_LIB=$(wheel_dir cu13)
+export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$CUDA_WHEEL_LIB
+passed=0 failed=0
+
+note() { printf '%s\n' "$*" | tee -a "$LOGS/summary.txt"; }
+
+# run NAME COMMAND...: one check, its output in NAME.log.
+run() {
+    local name=$1 rc
+    shift
+    timeout "${CANDLE_TIMEOUT:-900}" "$@" </dev/null >"$LOGS/$name.log" 2>&1
+    rc=$?
+    if [ "$rc" -eq 0 ]; then
+        passed=$((passed + 1))
+        note "ok $name ($*)"
+    else
+        failed=$((failed + 1))
+        note "FAIL $name (exit $rc: $*)"
+        tail -5 "$LOGS/$name.log" | sed 's/^/    /' | tee -a "$LOGS/summary.txt"
+    fi
+}
+
+# A sanitizer run fails on any error it reports (--error-exitcode); its summary line is shown.
+sanitize() {
+    local tool=$1 lesson=$2
+    shift 2
+    run "sanitizer-$tool-$lesson" "$SANITIZER" --tool "$tool" --report-api-errors no --error-exitcode 1 \
+        "$EX/$lesson" "$@"
+    grep -h 'ERROR SUMMARY' "$LOGS/sanitizer-$tool-$lesson.log" | sed 's/^/    /' | tee -a "$LOGS/summary.txt"
+}
+
+{
+    echo "GPUs: $NGPU; NCCL_LIB_DIR=$NCCL_LIB_DIR; CUDA libraries: ${CUDA_WHEEL_LIB:-none found}"
+    echo "safety: NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE NVSHMEM_DISABLE_NVLS=$NVSHMEM_DISABLE_NVLS TORCH_SYMM_MEM_DISABLE_MULTICAST=$TORCH_SYMM_MEM_DISABLE_MULTICAST"
+} | tee "$LOGS/machine.txt"
+
+for lesson in 20-candle-data-parallel 21-candle-sharded 22-candle-tensor-parallel; do
+    n=${lesson%%-*}
+    run "$n-1rank" "$EX/$lesson" --nproc 1
+    run "$n-2ranks-1gpu" "$EX/$lesson" --nproc 2 --split-hosts
+    [ "$NGPU" -ge 2 ] && run "$n-2gpus" "$EX/$lesson" --nproc 2
+done
+run 20-reference "$EX/20-candle-data-parallel" --reference --ranks 2
+run 21-reference "$EX/21-candle-sharded" --reference --ranks 2
+
+if [ -x "$SANITIZER" ]; then
+    small=(--steps 4 --log-every 1 --overlap-steps 1 --batch 256 --no-reference)
+    for tool in memcheck synccheck; do
+        sanitize "$tool" 20-candle-data-parallel "${small[@]}"
+        sanitize "$tool" 21-candle-sharded "${small[@]}"
+        sanitize "$tool" 22-candle-tensor-parallel --steps 3 --blocks 2 --dim 512 --hidden 2048
+    done
+else
+    note "no compute-sanitizer at $SANITIZER: sanitizer runs skipped"
+fi
+
+# The loss plot: the two-GPU runs when there are two GPUs, else the two ranks sharing one.
+runs=()
+for n in 20 21; do
+    for setup in 2gpus 2ranks-1gpu; do
+        if [ -f "$LOGS/$n-$setup.log" ] && grep -q 'losses agree' "$LOGS/$n-$setup.log"; then
+            runs+=("lesson $n, 2 ranks ($setup)=$LOGS/$n-$setup.log")
+            break
+        fi
+    done
+done
+[ ${#runs[@]} -gt 0 ] && python3 "$HERE/candle-loss-plot.py" "$LOGS/losses.svg" "${runs[@]}" | tee -a "$LOGS/summary.txt"
+note "$passed passed, $failed failed"
