@@ -8,7 +8,7 @@ use cudarc::driver::CudaStream;
 use gpucomm_ordering::{Graph, Keep, Resource, Visitor};
 
 use crate::error::Result;
-use crate::Comm;
+use crate::{BorrowedComm, Comm};
 #[cfg(nccl_2_27)]
 use crate::Window;
 
@@ -25,6 +25,17 @@ pub(crate) fn communicator(comm: &Comm) -> Resource {
 unsafe impl Keep for &Comm {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
         v.resource(communicator(self), !self.is_aborted());
+    }
+}
+
+// SAFETY: the borrow keeps the borrowed communicator's `Comm` alive and in place (its calls record
+// that very value, see `BorrowedComm::comm`), and the `BorrowedComm` itself borrows its owner, whose
+// communicator `BorrowedComm::from_raw_borrowed`'s contract keeps alive for as long as that borrow.
+// This crate never aborts it; it is reported closed if it ever is, so that no launch reaches it.
+unsafe impl Keep for &BorrowedComm<'_> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        let comm = self.comm();
+        v.resource(communicator(comm), !comm.is_aborted());
     }
 }
 
@@ -75,7 +86,7 @@ impl Comm {
 /// crate's error type; see [`gpucomm_ordering::graph`] for the rules).
 ///
 /// * **What the graph keeps.** `keep` is any tuple, array, `Vec` or `Option` of buffers (by value,
-///   `&` or `&mut`), `&Comm`, `&PreMulSum`, registered buffers (`&Registration`,
+///   `&` or `&mut`), `&Comm` (or `&BorrowedComm`), `&PreMulSum`, registered buffers (`&Registration`,
 ///   `&mut Registration`, or `reg.buffer_mut()`), windows (`&Window` where the calls only read
 ///   them; `&mut Window`, by value, or a view where they write them), and NVSHMEM's runtimes,
 ///   teams and symmetric buffers.

@@ -4,18 +4,20 @@
 //!   watchdog must abort the communicator and report the call — name, count, type, sequence
 //!   number, stream — with the recorder's history, (a) at once while rank 0 waits parked
 //!   (`Comm::parked` around a stream synchronize), and (b) as a request while rank 0 is busy
-//!   elsewhere, carried out at its next call. Works with one GPU: every rank sets its own
-//!   `NCCL_HOSTID`, so NCCL takes the two processes for two machines (sockets) and lets them share
-//!   the GPU; with two GPUs each rank has its own.
+//!   elsewhere, carried out at its next call. Works with one GPU: both ranks use GPU 0, each with
+//!   its own `NCCL_HOSTID` (`gpucomm_tests::multi_node_on_one_gpu`), so NCCL takes the two
+//!   processes for two machines (sockets) and lets them share the GPU.
 //! * One GPU, one rank: the recorder numbers and completes the calls of a watched communicator,
-//!   groups included; a borrowed communicator is used and left to its owner, alive.
+//!   groups included; a borrowed communicator is used (directly, in a group, captured into a graph
+//!   that must keep it) and left to its owner, alive.
 
-use std::ffi::OsString;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::CudaContext;
-use gpucomm_launch::{spawn_local, Options, RankInfo, Rendezvous};
-use gpucomm_tests::{device_count, require_gpus, skip};
+use cudarc::driver::CudaStream;
+use gpucomm_launch::{Options, RankInfo, Rendezvous};
+use gpucomm_ordering::OrderError;
+use gpucomm_tests::{multi_node_on_one_gpu, require_gpus};
 use nccl::watchdog::{CallRecord, CallState, Cause};
 use nccl::{AbortStatus, BorrowedComm, Collectives, Comm, Config, Error, ReduceOp, UniqueId, Watchdog};
 
@@ -23,45 +25,37 @@ const TIMEOUT: Duration = Duration::from_secs(2);
 const POLL: Duration = Duration::from_millis(50);
 const COUNT: usize = 1 << 16;
 const WARM_UP: usize = 3;
-/// Set in the ranks: how rank 0 waits for the hung all-reduce (`parked` or `busy`).
-const MODE_VAR: &str = "GPUCOMM_WATCHDOG_MODE";
 
 #[test]
 #[ignore = "needs 1 GPU (2 processes share it): run by the GPU bundle"]
 fn watchdog_aborts_a_hung_all_reduce_at_once_while_parked() {
-    two_ranks("watchdog_aborts_a_hung_all_reduce_at_once_while_parked", "parked");
+    multi_node_on_one_gpu("watchdog_aborts_a_hung_all_reduce_at_once_while_parked", 2, |info, stream| {
+        rank(info, &stream, Wait::Parked)
+    });
 }
 
 #[test]
 #[ignore = "needs 1 GPU (2 processes share it): run by the GPU bundle"]
 fn watchdog_requests_the_abort_of_a_busy_owner() {
-    two_ranks("watchdog_requests_the_abort_of_a_busy_owner", "busy");
+    multi_node_on_one_gpu("watchdog_requests_the_abort_of_a_busy_owner", 2, |info, stream| {
+        rank(info, &stream, Wait::Busy)
+    });
 }
 
-/// The parent: one job of two ranks; both must exit cleanly.
-fn two_ranks(test: &str, mode: &str) {
-    if let Ok(mode) = std::env::var(MODE_VAR) {
-        return rank(&mode);
-    }
-    if device_count() < 1 {
-        return skip(test, "needs a GPU, found none");
-    }
-    let exe = std::env::current_exe().expect("the test binary");
-    let args: Vec<OsString> =
-        ["--exact", test, "--include-ignored", "--nocapture", "--test-threads=1"].map(Into::into).into();
-    let env = [(MODE_VAR.to_string(), mode.to_string())];
-    let outcome = spawn_local(2, &exe, &args, &env, Duration::from_secs(30)).expect("spawn the two ranks");
-    assert!(outcome.success(), "{test}: {outcome:?}");
+/// How rank 0 waits for the hung all-reduce.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Wait {
+    /// Blocked on the GPU inside `Comm::parked`.
+    Parked,
+    /// Busy elsewhere, outside this crate.
+    Busy,
 }
 
-/// One rank: a nonblocking communicator watched with a 2 s timeout, three all-reduces on both
-/// ranks, then a fourth on rank 0 only.
-fn rank(mode: &str) {
-    let info = RankInfo::from_env().expect("launcher variables");
-    // Two "hosts" for NCCL, so that both ranks may share one GPU.
-    std::env::set_var("NCCL_HOSTID", format!("gpucomm-watchdog-test-{}", info.rank));
-    let ctx = CudaContext::new(info.device_ordinal(device_count()).expect("a GPU")).expect("open the GPU");
-    let stream = ctx.new_stream().expect("a stream");
+/// One rank (both share GPU 0, each with its own `NCCL_HOSTID`): a nonblocking communicator
+/// watched with a 2 s timeout, three all-reduces on both ranks, then a fourth on rank 0 only.
+fn rank(info: RankInfo, device: &Arc<CudaStream>, mode: Wait) {
+    // A stream of its own (the default stream is the legacy one, handle 0 in the records).
+    let stream = device.context().new_stream().expect("a stream");
     let mut rendezvous = Rendezvous::connect(&info, &Options::from_env().expect("options")).expect("rendezvous");
     let config = Config::new().blocking(false).timeout(Duration::from_secs(60));
     let mut comm = Comm::from_rendezvous_config(stream.clone(), &mut rendezvous, &config).expect("join");
@@ -87,9 +81,9 @@ fn rank(mode: &str) {
     comm.all_reduce_in_place(&mut buf, ReduceOp::SUM).expect("the all-reduce is enqueued");
     let outcome = match mode {
         // Blocked on the GPU, parked: the watchdog aborts at once, which frees the stream.
-        "parked" => comm.parked(|| stream.synchronize()).map(drop),
+        Wait::Parked => comm.parked(|| stream.synchronize()).map(drop),
         // Busy elsewhere (not inside this crate): the watchdog can only request the abort.
-        _ => {
+        Wait::Busy => {
             while watchdog.reports().is_empty() && start.elapsed() < 4 * TIMEOUT {
                 std::thread::sleep(POLL);
             }
@@ -97,8 +91,8 @@ fn rank(mode: &str) {
         }
     };
     let took = start.elapsed();
-    assert!(matches!(outcome, Err(Error::Aborted)), "{mode}: {outcome:?}");
-    assert!(took >= TIMEOUT && took < TIMEOUT + Duration::from_secs(3), "{mode}: aborted after {took:?}");
+    assert!(matches!(outcome, Err(Error::Aborted)), "{mode:?}: {outcome:?}");
+    assert!(took >= TIMEOUT && took < TIMEOUT + Duration::from_secs(3), "{mode:?}: aborted after {took:?}");
     assert!(comm.is_aborted());
 
     let reports = watchdog.reports();
@@ -106,7 +100,7 @@ fn rank(mode: &str) {
     let report = &reports[0];
     print!("{report}");
     assert!(matches!(report.cause, Cause::Timeout { timeout: TIMEOUT, .. }), "{:?}", report.cause);
-    let expected_abort = if mode == "parked" { AbortStatus::Aborted } else { AbortStatus::Requested };
+    let expected_abort = if mode == Wait::Parked { AbortStatus::Aborted } else { AbortStatus::Requested };
     assert_eq!(report.abort, Ok(expected_abort));
     assert_eq!((report.rank, report.size), (0, 2));
     let hung = report.hung.as_ref().expect("the hung call is in the recorder");
@@ -186,6 +180,18 @@ fn a_borrowed_communicator_is_used_and_left_alive_to_its_owner() {
         borrowed.all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
         nccl::group(|g| g.with_borrowed(&borrowed).all_reduce_in_place(&mut buf, ReduceOp::MAX)).unwrap();
         borrowed.wait().unwrap();
+        // Captured calls on it: the graph must keep `&borrowed`, as it keeps a `&Comm`.
+        let side = stream.context().new_stream().unwrap();
+        let err = nccl::capture(&side, &mut buf, |buf| borrowed.on(&side).all_reduce_in_place(*buf, ReduceOp::SUM))
+            .unwrap_err();
+        assert!(matches!(err, Error::Ordering(OrderError::ResourceNotKept { kind: "communicator" })), "{err}");
+        let mut graph = nccl::capture(&side, (&borrowed, &mut buf), |(borrowed, buf)| {
+            borrowed.on(&side).all_reduce_in_place(*buf, ReduceOp::SUM)
+        })
+        .unwrap();
+        graph.launch().unwrap();
+        graph.launch().unwrap();
+        drop(graph);
         // A null handle is refused and nothing is owned.
         // SAFETY: null is refused before it is used.
         let err = unsafe { BorrowedComm::from_raw_borrowed(std::ptr::null_mut(), stream.clone(), &owner) }.unwrap_err();

@@ -15,6 +15,10 @@ use crate::target::{OnStream, Plan, Target};
 /// through this crate's checked calls: every collective of [`crate::Collectives`], on its own
 /// stream or [another](BorrowedComm::on), and in [groups](Group::with_borrowed).
 ///
+/// Calls on it can be captured into a CUDA graph ([`crate::capture`]): the graph keeps
+/// `&BorrowedComm` (it then cannot outlive the borrowed communicator, nor so the owner's borrow),
+/// and a capture whose keep set lacks it fails like one that lacks a `&Comm`.
+///
 /// It is never finalized, destroyed or aborted by this crate — not when dropped, not on an error,
 /// not by a timeout (it has none, and hands out no [`crate::AbortHandle`]) — and it cannot outlive
 /// the borrow it was made from ([`BorrowedComm::from_raw_borrowed`]). This is the counterpart of
@@ -67,7 +71,8 @@ impl<'a> BorrowedComm<'a> {
         Ok(BorrowedComm { comm: Some(comm), _owner: PhantomData })
     }
 
-    fn comm(&self) -> &Comm {
+    /// The communicator as this crate's calls see it (never handed out: see the type's docs).
+    pub(crate) fn comm(&self) -> &Comm {
         // Always `Some` outside `drop`.
         self.comm.as_ref().expect("BorrowedComm used during drop")
     }
