@@ -50,7 +50,7 @@
 
 use candle_core::{Tensor, Var};
 use candle_nn::Optimizer;
-use cudarc::driver::{CudaSlice, DevicePtr};
+use cudarc::driver::CudaSlice;
 use gpucomm_candle_lessons::buckets::{self, CAP_BYTES, FIRST_CAP_BYTES};
 use gpucomm_candle_lessons::model::{self, Config, Task};
 use gpucomm_candle_lessons::setup::{self, Flags, Gpu};
@@ -58,7 +58,7 @@ use gpucomm_candle_lessons::tensor::{bits, copy_into, with_slice, with_slice_mut
 use gpucomm_candle_lessons::timeline::{Kind, StepTimes, Timeline};
 use gpucomm_candle_lessons::BoxError;
 use nccl::launch::run_main;
-use nccl::{Collectives, Comm, ReduceOp, Root};
+use nccl::{Collectives, Comm, DeviceBuffer, ReduceOp, Root};
 
 /// How gradients are averaged in a step.
 #[derive(Clone, Copy, PartialEq)]
@@ -208,7 +208,7 @@ impl<'a> Trainer<'a> {
         for p in &self.params {
             let mut theirs = self.gpu.comm.alloc_zeros::<f32>(p.elem_count())?;
             with_slice(p.as_tensor(), |mine| {
-                let root = if self.comm.rank() == 0 { Root::Here(&mine as &dyn DevicePtr<f32>) } else { Root::Rank(0) };
+                let root = if self.comm.rank() == 0 { Root::Here(&mine as &dyn DeviceBuffer<f32>) } else { Root::Rank(0) };
                 Ok(self.comm.broadcast(root, &mut theirs)?)
             })?;
             let theirs: Vec<u32> = self.gpu.comm.clone_dtoh(&theirs)?.into_iter().map(f32::to_bits).collect();

@@ -10,11 +10,12 @@
 //!   layout);
 //! * decoding moves small messages (`tokens × dim` values per block: 64 KiB with the defaults),
 //!   where an all-reduce's latency, not bandwidth, counts. Lessons 14–15's one-shot kernel over
-//!   NCCL's device API (`examples/src/lsa.rs`, `examples/kernels/lsa_allreduce.cu`) does it in one
-//!   launch with one barrier, reading the peers' partial sums straight over NVLink; candle's
-//!   tensors go to it as they are (`src/tensor.rs`). It needs every rank to reach every other by
-//!   loads and stores (one NVLink domain); otherwise (ranks on different machines, or two ranks
-//!   sharing one GPU through sockets) the lesson falls back to `ncclAllReduce` and says so;
+//!   NCCL's device API (`examples/src/lsa.rs`, over the gpucomm-kernels crate's
+//!   `kernels/cu/lsa_allreduce.cu`) does it in one launch with one barrier, reading the peers'
+//!   partial sums straight over NVLink; candle's tensors go to it as they are (`src/tensor.rs`).
+//!   It needs every rank to reach every other by loads and stores (one NVLink domain); otherwise
+//!   (ranks on different machines, or two ranks sharing one GPU through sockets) the lesson falls
+//!   back to `ncclAllReduce` and says so;
 //! * hiding the all-reduce: two micro-batches take turns, so that while one micro-batch's partial
 //!   sums travel on the communication stream, candle's stream computes the other's (ordered by
 //!   events: `CudaStream::wait`, no `synchronize()`). Events on both streams measure step time,
