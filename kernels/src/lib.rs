@@ -24,9 +24,19 @@
 //!
 //! Nothing here requests NVLink multicast.
 //!
-//! Building needs NCCL headers with the device API (≥ 2.28; the workspace's pinned 2.28.9); at run
-//! time any NCCL works, the kernels only where its device API matches the headers
-//! ([`Fallback::HeaderMismatch`]).
+//! # Building
+//!
+//! The build script compiles `cu/lsa_allreduce.cu` with **nvcc** (no GPU needed; NVIDIA's
+//! `nvidia-cuda-nvcc` wheel is enough): `NVCC`, or the `bin/nvcc` of the CUDA install that
+//! `CUDA_HOME`, `CUDA_PATH` or `GPUCOMM_PREFIX` names, or `nvcc` on `PATH` (the search of
+//! gpucomm-build-support's `build::cu`). It needs NCCL headers with the device API (≥ 2.28; the
+//! workspace's pinned 2.28.9), those nccl-sys found. Without nvcc the build fails and says where it
+//! looked; `GPUCOMM_SKIP_CU=1` builds the crate without kernels instead (as docs.rs does), and every
+//! call then takes NCCL's path ([`Fallback::NotCompiled`]). At run time any NCCL works, the kernels
+//! only where its device API matches the headers ([`Fallback::HeaderMismatch`]).
+//!
+//! Like the `nccl` crate, this one leaves cudarc's linking mode and CUDA version to the program
+//! (default feature `cuda-version-from-build-system`; `cuda-XXXXX` features pick one).
 
 #![deny(missing_docs)]
 

@@ -2,6 +2,7 @@
 //! our crates and of the framework side by side, so that `cargo check` type-checks their use in
 //! one program with one cudarc.
 
+pub use gpucomm_kernels::AllReduce;
 pub use gpucomm_launch::RankInfo;
 pub use gpucomm_ordering::is_capturing;
 pub use nvshmem::Runtime;
@@ -22,3 +23,15 @@ pub fn all_reduce_storage(
 /// burn's CUDA backend, beside the communicator type.
 #[cfg(feature = "burn")]
 pub type Backend = (burn_cuda::Cuda, nccl::Comm);
+
+/// Sums the f32 elements of a candle CUDA storage across the ranks with gpucomm-kernels'
+/// dispatching all-reduce (on candle's cudarc stream type): the same buffer, through the kernels.
+#[cfg(feature = "candle")]
+pub fn sum_storage(
+    all_reduce: &AllReduce<'_>,
+    stream: &std::sync::Arc<candle_core::cuda::cudarc::driver::CudaStream>,
+    storage: &mut candle_core::cuda::CudaStorage,
+) -> Result<gpucomm_kernels::Decision, Box<dyn std::error::Error>> {
+    let slice = storage.as_cuda_slice_mut::<f32>()?;
+    Ok(all_reduce.all_reduce_in_place(stream, slice, nccl::ReduceOp::SUM)?)
+}
