@@ -208,7 +208,8 @@ impl<'a> Trainer<'a> {
         for p in &self.params {
             let mut theirs = self.gpu.comm.alloc_zeros::<f32>(p.elem_count())?;
             with_slice(p.as_tensor(), |mine| {
-                let root = if self.comm.rank() == 0 { Root::Here(&mine as &dyn DeviceBuffer<f32>) } else { Root::Rank(0) };
+                let root =
+                    if self.comm.rank() == 0 { Root::Here(&mine as &dyn DeviceBuffer<f32>) } else { Root::Rank(0) };
                 Ok(self.comm.broadcast(root, &mut theirs)?)
             })?;
             let theirs: Vec<u32> = self.gpu.comm.clone_dtoh(&theirs)?.into_iter().map(f32::to_bits).collect();

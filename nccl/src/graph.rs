@@ -8,9 +8,9 @@ use cudarc::driver::CudaStream;
 use gpucomm_ordering::{Graph, Keep, Resource, Visitor};
 
 use crate::error::Result;
-use crate::{BorrowedComm, Comm};
 #[cfg(nccl_2_27)]
 use crate::Window;
+use crate::{BorrowedComm, Comm};
 
 /// What a graph calls a communicator.
 const KIND: &str = "communicator";
