@@ -18,20 +18,11 @@ EX=$HERE/examples
 LOGS=${OUT:-$HERE/logs}/candle
 mkdir -p "$LOGS"
 : >"$LOGS/summary.txt"
-NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 SANITIZER=${SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
-
-wheel_dir() {
-    python3 -c "import nvidia, os, sys
-for p in nvidia.__path__:
-    d = os.path.join(p, sys.argv[1], 'lib')
-    if os.path.isdir(d): print(d); break" "$1" 2>/dev/null
-}
-# NCCL from the wheel (not the system's older one); cuBLAS, cuRAND and the runtime from the CUDA 13
-# wheels, after the driver's own paths.
-[ -n "${NCCL_LIB_DIR:-}" ] || { NCCL_LIB_DIR=$(wheel_dir nccl) && export NCCL_LIB_DIR; }
-CUDA_WHEEL_LIB=$(wheel_dir cu13)
-export LD_LIBRARY_PATH=${LD_LIBRARY_PATH:+$LD_LIBRARY_PATH:}$CUDA_WHEEL_LIB
+# NGPU; NCCL from the wheel (not the system's older one); cuBLAS, cuRAND and the runtime from the
+# CUDA 13 wheels, after the driver's own paths (CUDA_WHEEL_LIB on LD_LIBRARY_PATH).
+# shellcheck source=gpu-lib.sh
+source "$HERE/lib.sh"
 passed=0 failed=0
 
 note() { printf '%s\n' "$*" | tee -a "$LOGS/summary.txt"; }
