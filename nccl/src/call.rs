@@ -13,7 +13,8 @@ use std::ffi::{c_int, c_void};
 use cudarc::driver::{sys::CUdeviceptr, CudaStream};
 use nccl_sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
 
-use crate::error::{resolve, Result};
+use crate::error::Result;
+use crate::ffi::resolve;
 use crate::types::check_type;
 use crate::{Comm, NcclType};
 
@@ -133,7 +134,7 @@ impl Call {
             Kind::Send(peer) => entry!(ncclSend, |f| Entry::Send(f, peer)),
             Kind::Recv(peer) => entry!(ncclRecv, |f| Entry::Recv(f, peer)),
         };
-        check_type::<T>(crate::error::lib_version()?)?;
+        check_type::<T>(crate::ffi::lib_version()?)?;
         Ok(Call {
             name,
             entry,

@@ -65,7 +65,7 @@ fn blocks(what: &'static str, len: usize, ranks: usize) -> Result<usize> {
     if len % ranks == 0 {
         Ok(len / ranks)
     } else {
-        Err(Error::NotDivisible { what, len, ranks })
+        Err(Error::NotDivisible { what, len, parts: ranks })
     }
 }
 

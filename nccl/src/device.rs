@@ -35,7 +35,8 @@ use nccl_sys::{
     ncclDevComm, ncclDevCommRequirements, ncclDevResourceHandle_t, ncclDevResourceRequirements, ncclTeam_t,
 };
 
-use crate::error::{call, call_rc, Error, Result};
+use crate::error::{Error, Result};
+use crate::ffi::{call, call_unchecked, require};
 use crate::{Comm, Version};
 
 /// The first NCCL release with the device API.
@@ -246,7 +247,7 @@ impl DevCommRequirements {
         let mut next: *mut ncclDevResourceRequirements = std::ptr::null_mut();
         for ((req, handle), buf) in resources.iter_mut().zip(handles.iter_mut()).zip(&self.resources).rev() {
             if !buf.align.is_power_of_two() {
-                return Err(Error::ResourceAlignment { align: buf.align });
+                return Err(Error::InvalidAlignment { align: buf.align });
             }
             // SAFETY: plain data; all-zero means "no GIN signals or counters".
             *req = unsafe { std::mem::zeroed() };
@@ -319,8 +320,8 @@ impl<'comm> DevComm<'comm> {
         if reqs.multimem {
             return Err(Error::MulticastRefused);
         }
-        crate::error::require(DEVICE_API, "the device API (ncclDevCommCreate)")?;
-        check_layouts(crate::header_version(), crate::error::lib_version()?)?;
+        require(DEVICE_API, "the device API (ncclDevCommCreate)")?;
+        check_layouts(crate::header_version(), crate::ffi::lib_version()?)?;
         let n = reqs.resources.len();
         // SAFETY: plain data, overwritten in `to_raw`.
         let mut resources = vec![unsafe { std::mem::zeroed::<ncclDevResourceRequirements>() }; n];
@@ -336,7 +337,7 @@ impl<'comm> DevComm<'comm> {
         // SAFETY: `raw` is live (checked above; nothing in between can abort it) and its context
         // current; NCCL deep-copies `raw_reqs` and the resource list (`resources`) during the call;
         // `dev` and `handles` stay allocated until NCCL has written them (below).
-        let rc = unsafe { call_rc!(ncclDevCommCreate(raw, &raw_reqs, &mut *dev)) }?;
+        let rc = unsafe { call_unchecked!(ncclDevCommCreate(raw, &raw_reqs, &mut *dev)) }?;
         let failed = match comm.complete("ncclDevCommCreate", rc) {
             Ok(()) => return Ok(DevComm { arg: DevCommArg(*dev), comm, resources: handles }),
             Err(e) => e,
@@ -456,28 +457,28 @@ impl Comm {
     /// All ranks of the communicator as a team (`ncclTeamWorld`).
     #[doc(alias = "ncclTeamWorld")]
     pub fn team_world(&self) -> Result<Team> {
-        crate::error::require(DEVICE_API, "ncclTeamWorld")?;
+        require(DEVICE_API, "ncclTeamWorld")?;
         let raw = self.live_raw()?;
         // SAFETY: `raw` is live (checked just above); the function only reads it.
-        Ok(unsafe { crate::error::resolve!(ncclTeamWorld)?(raw) }.into())
+        Ok(unsafe { call_unchecked!(ncclTeamWorld(raw)) }?.into())
     }
 
     /// The ranks this one can reach with loads and stores (NVLink/P2P; `ncclTeamLsa`).
     #[doc(alias = "ncclTeamLsa")]
     pub fn team_lsa(&self) -> Result<Team> {
-        crate::error::require(DEVICE_API, "ncclTeamLsa")?;
+        require(DEVICE_API, "ncclTeamLsa")?;
         let raw = self.live_raw()?;
         // SAFETY: `raw` is live (checked just above); the function only reads it.
-        Ok(unsafe { crate::error::resolve!(ncclTeamLsa)?(raw) }.into())
+        Ok(unsafe { call_unchecked!(ncclTeamLsa(raw)) }?.into())
     }
 
     /// The ranks with this rank's LSA index in the other LSA teams (`ncclTeamRail`).
     #[doc(alias = "ncclTeamRail")]
     pub fn team_rail(&self) -> Result<Team> {
-        crate::error::require(DEVICE_API, "ncclTeamRail")?;
+        require(DEVICE_API, "ncclTeamRail")?;
         let raw = self.live_raw()?;
         // SAFETY: `raw` is live (checked just above); the function only reads it.
-        Ok(unsafe { crate::error::resolve!(ncclTeamRail)?(raw) }.into())
+        Ok(unsafe { call_unchecked!(ncclTeamRail(raw)) }?.into())
     }
 
     /// The world rank of member `rank` of `team` (`ncclTeamRankToWorld`).
@@ -486,7 +487,7 @@ impl Comm {
         self.team_rank(team, rank, |raw, t, r| {
             // SAFETY: `raw` is live (`team_rank` took it with `live_raw`), `t` a team NCCL
             // described, `r` checked in range.
-            Ok(unsafe { crate::error::resolve!(ncclTeamRankToWorld)?(raw, t, r) })
+            unsafe { call_unchecked!(ncclTeamRankToWorld(raw, t, r)) }
         })
     }
 
@@ -496,7 +497,7 @@ impl Comm {
         self.team_rank(team, rank, |raw, t, r| {
             // SAFETY: `raw` is live (`team_rank` took it with `live_raw`), `t` a team NCCL
             // described, `r` checked in range.
-            Ok(unsafe { crate::error::resolve!(ncclTeamRankToLsa)?(raw, t, r) })
+            unsafe { call_unchecked!(ncclTeamRankToLsa(raw, t, r)) }
         })
     }
 
@@ -506,7 +507,7 @@ impl Comm {
         rank: usize,
         f: impl FnOnce(nccl_sys::ncclComm_t, ncclTeam_t, i32) -> Result<i32>,
     ) -> Result<usize> {
-        crate::error::require(DEVICE_API, "team rank translation")?;
+        require(DEVICE_API, "team rank translation")?;
         if rank >= team.size {
             return Err(Error::InvalidRank { what: "team rank", rank, size: team.size });
         }
@@ -586,6 +587,6 @@ mod tests {
         // SAFETY: plain data, overwritten.
         let mut res = vec![unsafe { std::mem::zeroed::<ncclDevResourceRequirements>() }; 1];
         let err = odd.to_raw(&mut res, &mut [0]).unwrap_err();
-        assert!(matches!(err, Error::ResourceAlignment { align: 3 }), "{err}");
+        assert!(matches!(err, Error::InvalidAlignment { align: 3 }), "{err}");
     }
 }

@@ -1,11 +1,10 @@
-//! The crate's error type, and NCCL result codes as a newtype.
+//! The crate's error type, and NCCL result codes as a newtype. (How a result code becomes an
+//! error, with NCCL's own strings, is the call machinery's: [`crate::ffi`].)
 
-use std::ffi::CStr;
 use std::fmt;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use nccl_sys::{ncclComm_t, ncclResult_t};
+use nccl_sys::{ncclResult_t, Version};
 
 /// An NCCL result code (`ncclResult_t`), kept as the raw number: a newer library can return codes
 /// this crate's headers do not list (2.30 added `ncclTimeout`), and a Rust enum cannot hold them.
@@ -47,23 +46,6 @@ impl ResultCode {
             "ncclTimeout",
         ];
         NAMES.get(self.0 as usize).copied()
-    }
-
-    /// NCCL's description of this code (`ncclGetErrorString`), or a note saying the library
-    /// could not be loaded to ask.
-    #[doc(alias = "ncclGetErrorString")]
-    pub fn message(self) -> String {
-        let Ok(f) = resolve!(ncclGetErrorString) else {
-            return String::from("(NCCL library unavailable for the message)");
-        };
-        // SAFETY: ncclGetErrorString returns a pointer to a static NUL-terminated string for any
-        // code, known or not.
-        let ptr = unsafe { f(ncclResult_t(self.0)) };
-        if ptr.is_null() {
-            return String::new();
-        }
-        // SAFETY: non-null, NUL-terminated, static (see above).
-        unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
     }
 
     /// True for codes after which the communicator must be aborted and re-created (NCCL user
@@ -115,7 +97,7 @@ pub enum Error {
     Load(Box<nccl_sys::LoadError>),
     /// The loaded NCCL lacks a function (the message names the version that added it).
     #[error(transparent)]
-    MissingFunction(#[from] nccl_sys::MissingFunction),
+    MissingFunction(Box<nccl_sys::MissingFunction>),
     /// A CUDA driver call failed. Displayed as cudarc's own message, once: the error is
     /// transparent, so an error chain does not repeat it.
     #[error(transparent)]
@@ -189,21 +171,12 @@ pub enum Error {
         rank: usize,
     },
     /// Bytes that are not a unique id ([`crate::UniqueId::from_bytes`]).
-    #[error("a unique id has {} bytes, got {got}", crate::UniqueId::BYTES)]
+    #[error("a unique id has {expected} bytes, got {got}")]
     UniqueIdLength {
+        /// [`crate::UniqueId::BYTES`].
+        expected: usize,
         /// The number of bytes given.
         got: usize,
-    },
-    /// A config field that the loaded NCCL is too old for: NCCL would silently ignore it, so this
-    /// crate refuses it.
-    #[error("config field {field} needs NCCL ≥ {needed}, but the loaded library is {loaded}")]
-    UnsupportedConfigField {
-        /// The `ncclConfig_t` field.
-        field: &'static str,
-        /// The first release that reads it.
-        needed: nccl_sys::Version,
-        /// The loaded library's version.
-        loaded: nccl_sys::Version,
     },
     /// A string config field with a NUL byte inside, which C cannot see past.
     #[error("config field {field} contains a NUL byte")]
@@ -235,15 +208,16 @@ pub enum Error {
     /// its buffers or needed its result.
     #[error("a group is open on this thread: issue collectives inside it through the `Group` handle, and create, finalize or nest outside it")]
     InsideGroup,
-    /// A feature (or element type) the loaded library is too old for.
+    /// A feature, element type or config field the loaded library is too old for. (NCCL would
+    /// silently ignore a config field newer than itself, so this crate refuses it.)
     #[error("{what} needs NCCL ≥ {needed}, but the loaded library is {loaded}")]
     Unsupported {
-        /// The feature.
+        /// The feature, element type, or `config field <ncclConfig_t field>`.
         what: &'static str,
-        /// The version that introduced it.
-        needed: String,
-        /// The loaded version.
-        loaded: String,
+        /// The first release that has it.
+        needed: Version,
+        /// The loaded library's version.
+        loaded: Version,
     },
     /// Exchanging the unique id with the other ranks failed.
     #[error(transparent)]
@@ -255,7 +229,7 @@ pub enum Error {
     /// An allocation or registration of zero bytes (`ncclMemAlloc`, `ncclCommRegister`), which
     /// NCCL does not define. (Calls with zero elements are accepted: NCCL treats them as no-ops.)
     #[error("{call} of zero bytes")]
-    ZeroCount {
+    ZeroSize {
         /// The C function.
         call: &'static str,
     },
@@ -271,14 +245,14 @@ pub enum Error {
     },
     /// A buffer that the call splits into one block per rank has a length that is not a multiple
     /// of the number of ranks.
-    #[error("{what} has {len} elements, which do not split into {ranks} equal blocks")]
+    #[error("{what} has {len} elements, which do not split into {parts} equal blocks")]
     NotDivisible {
         /// Which buffer.
         what: &'static str,
         /// Its length.
         len: usize,
-        /// The communicator size.
-        ranks: usize,
+        /// The number of blocks (the communicator size).
+        parts: usize,
     },
     /// [`crate::Root::Rank`] named this rank: the root must pass its buffer with
     /// [`crate::Root::Here`].
@@ -317,7 +291,7 @@ pub enum Error {
     Ordering(gpucomm_ordering::OrderError),
     /// A view of elements `start..end` of a buffer of `len` elements: empty or past the end.
     #[error("view {start}..{end} of a buffer of {len} elements is empty or past its end")]
-    ViewOutOfRange {
+    OutOfBounds {
         /// First element.
         start: usize,
         /// One past the last element.
@@ -376,7 +350,7 @@ pub enum Error {
     },
     /// A resource buffer's alignment is not a power of two.
     #[error("resource buffer alignment {align} is not a power of two")]
-    ResourceAlignment {
+    InvalidAlignment {
         /// The alignment given.
         align: usize,
     },
@@ -385,6 +359,12 @@ pub enum Error {
 impl From<nccl_sys::LoadError> for Error {
     fn from(e: nccl_sys::LoadError) -> Self {
         Error::Load(Box::new(e))
+    }
+}
+
+impl From<nccl_sys::MissingFunction> for Error {
+    fn from(e: nccl_sys::MissingFunction) -> Self {
+        Error::MissingFunction(Box::new(e))
     }
 }
 
@@ -406,122 +386,6 @@ impl From<gpucomm_ordering::OrderError> for Error {
 
 /// Shorthand for this crate's results.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
-
-/// The loaded library, as this crate's error type.
-pub(crate) fn lib() -> Result<&'static nccl_sys::Library<nccl_sys::Nccl>> {
-    Ok(nccl_sys::library()?)
-}
-
-/// The loaded library's version.
-pub(crate) fn lib_version() -> Result<nccl_sys::Version> {
-    Ok(lib()?.version())
-}
-
-/// `Ok` when the loaded library is at least `needed`, else [`Error::Unsupported`] naming `what`.
-pub(crate) fn require(needed: nccl_sys::Version, what: &'static str) -> Result<()> {
-    let loaded = lib_version()?;
-    if loaded >= needed {
-        Ok(())
-    } else {
-        Err(Error::Unsupported { what, needed: needed.to_string(), loaded: loaded.to_string() })
-    }
-}
-
-/// Resolves one NCCL function in the loaded library: a missing one is [`Error::MissingFunction`],
-/// naming the version that added it.
-macro_rules! resolve {
-    ($name:ident) => {
-        $crate::error::lib().and_then(|lib| Ok(*::nccl_sys::function!(lib, $name)?))
-    };
-}
-
-/// One NCCL call as one expression: resolves the function ([`resolve!`]), calls it, and turns the
-/// result code into `Ok` or [`Error::Nccl`] carrying `ncclGetErrorString` and, when `comm = …` names
-/// the communicator, `ncclGetLastError`. It must stand inside an `unsafe` block whose `// SAFETY:`
-/// comment vouches for the arguments:
-///
-/// ```ignore
-/// // SAFETY: `raw` is a live communicator; the out-pointer is a live local.
-/// unsafe { call!(ncclCommCount(raw, &mut n), comm = raw) }?;
-/// ```
-macro_rules! call {
-    ($name:ident($($arg:expr),* $(,)?) $(, comm = $comm:expr)?) => {
-        match $crate::error::resolve!($name) {
-            Ok(f) => $crate::error::check(stringify!($name), f($($arg),*), $crate::error::call!(@comm $($comm)?)),
-            Err(e) => Err(e),
-        }
-    };
-    (@comm $comm:expr) => { Some($comm) };
-    (@comm) => { None };
-}
-
-/// [`call!`] without the check, for calls where `ncclInProgress` is an answer rather than an error
-/// (nonblocking communicators): resolves the function and calls it, giving the raw result code, or
-/// the error that the function is missing. Inside an `unsafe` block, like [`call!`].
-macro_rules! call_rc {
-    ($name:ident($($arg:expr),* $(,)?)) => {
-        $crate::error::resolve!($name).map(|f| f($($arg),*))
-    };
-}
-
-pub(crate) use {call, call_rc, resolve};
-
-/// Turns a result code into `Ok` or a full [`Error::Nccl`] (with NCCL's own strings).
-pub(crate) fn check(call: &'static str, rc: ncclResult_t, comm: Option<ncclComm_t>) -> Result<()> {
-    if rc == ncclResult_t::ncclSuccess {
-        return Ok(());
-    }
-    let code = ResultCode::from(rc);
-    Err(Error::Nccl { call, code, message: code.message(), detail: comm.and_then(last_error) })
-}
-
-/// The size of NCCL's last-error buffer: `char ncclLastError[1024]` in `src/debug.cc`, the same
-/// from 2.18.1 to 2.30.7.
-const LAST_ERROR_BYTES: usize = 1024;
-
-/// `ncclGetLastError`: NCCL's last error message, or `None` when there is none or the library
-/// cannot be loaded. NCCL keeps one message per process and ignores the communicator argument, so
-/// none is passed (after an abort there is none to pass).
-///
-/// NCCL writes the message (`vsnprintf` into its static buffer) under a mutex of its own that
-/// callers cannot take, and `ncclGetLastError` returns the buffer itself. So the message is copied
-/// here byte by byte with atomic loads, never through a reference to the buffer (which another
-/// thread may be writing), within the buffer's bounds, and read again until two copies agree: a
-/// message written concurrently by another thread can still come out mixed, but the copy is always
-/// in bounds.
-pub(crate) fn last_error(_comm: ncclComm_t) -> Option<String> {
-    let f = resolve!(ncclGetLastError).ok()?;
-    // SAFETY: NCCL documents the argument as unused ("can be set to NULL"); the call only returns
-    // the address of its static buffer.
-    let ptr = unsafe { f(std::ptr::null_mut()) };
-    if ptr.is_null() {
-        return None;
-    }
-    let copy = || {
-        let mut bytes = Vec::new();
-        for i in 0..LAST_ERROR_BYTES - 1 {
-            // SAFETY: `ptr` is NCCL's static buffer of LAST_ERROR_BYTES bytes, so every offset below
-            // the last byte is in bounds and lives as long as the library; `AtomicU8` has the layout
-            // of a byte, and an atomic load forms no reference to memory NCCL may be writing.
-            let byte = unsafe { (*ptr.add(i).cast::<std::sync::atomic::AtomicU8>()).load(Ordering::Acquire) };
-            if byte == 0 {
-                break;
-            }
-            bytes.push(byte);
-        }
-        bytes
-    };
-    let mut text = copy();
-    for _ in 0..3 {
-        let again = copy();
-        if again == text {
-            break;
-        }
-        text = again;
-    }
-    let text = String::from_utf8_lossy(&text).trim().to_string();
-    (!text.is_empty()).then_some(text)
-}
 
 #[cfg(test)]
 mod tests {
@@ -554,28 +418,6 @@ mod tests {
             Error::DuplicateDevice { device: 0 }.to_string(),
             "two streams are on CUDA device 0; each rank needs its own device"
         );
-    }
-
-    #[test]
-    fn messages_come_from_the_library() {
-        // Needs the NCCL library (loaded without a GPU), not a device.
-        assert!(ResultCode::INVALID_ARGUMENT.message().starts_with("invalid argument"));
-        assert_eq!(ResultCode(42).message(), "unknown result code");
-        let e = check("ncclAllReduce", ncclResult_t(5), None).unwrap_err();
-        assert!(e.to_string().starts_with("ncclAllReduce failed with ncclInvalidUsage(5): invalid usage"), "{e}");
-    }
-
-    #[test]
-    fn the_last_error_is_copied_out_of_nccls_buffer() {
-        // Needs the NCCL library, not a device: destroying a built-in operator makes NCCL WARN,
-        // which writes its last-error buffer.
-        let destroy = resolve!(ncclRedOpDestroy).unwrap();
-        // SAFETY: NCCL refuses a built-in operator before it looks at the (null) communicator.
-        let rc = unsafe { destroy(nccl_sys::ncclRedOp_t(0), std::ptr::null_mut()) };
-        assert_eq!(ResultCode::from(rc), ResultCode::INVALID_ARGUMENT);
-        let text = last_error(std::ptr::null_mut()).expect("NCCL's WARN sets the last error");
-        assert_eq!(text, "ncclRedOpDestroy : operator is a NCCL builtin.");
-        assert!(text.len() < LAST_ERROR_BYTES);
     }
 
     #[test]

@@ -31,7 +31,8 @@ use gpucomm_ordering::Access;
 use nccl_sys::ncclResult_t;
 
 use crate::call::Call;
-use crate::error::{call, check, resolve, Error, Result};
+use crate::error::{Error, Result};
+use crate::ffi::{call, check, resolve};
 use crate::target::{check_stream, Plan, Target};
 use crate::Comm;
 

@@ -59,6 +59,7 @@ mod comm;
 #[cfg_attr(docsrs, doc(cfg(nccl_2_28)))]
 pub mod device;
 mod error;
+mod ffi;
 mod graph;
 mod group;
 // ncclMemAlloc and ncclCommRegister appeared in NCCL 2.19.
@@ -113,7 +114,7 @@ pub use nccl_sys::Version;
 /// The version of the NCCL library loaded at run time (`ncclGetVersion`); loads it if needed.
 #[doc(alias = "ncclGetVersion")]
 pub fn version() -> Result<Version> {
-    error::lib_version()
+    ffi::lib_version()
 }
 
 /// The version of the `nccl.h` this crate was compiled against.

@@ -10,7 +10,8 @@ use std::sync::Arc;
 use cudarc::driver::{sys::CUdeviceptr, CudaStream, DeviceRepr, ValidAsZeroBits};
 use gpucomm_ordering::{Keep, StreamTracker, Tracked, Visitor};
 
-use crate::error::{call, Error, Result};
+use crate::error::{Error, Result};
+use crate::ffi::call;
 
 /// `len` elements of `T` on one GPU, allocated by NCCL (`ncclMemAlloc`, NCCL ≥ 2.19.1). The
 /// buffer type this crate recommends for communication:
@@ -96,7 +97,7 @@ impl<T> fmt::Debug for MemBuffer<T> {
 impl<T: DeviceRepr> MemBuffer<T> {
     /// Allocates `len` elements on `stream`'s device with `ncclMemAlloc`, without initialising
     /// them. `stream` becomes the buffer's home ([`DeviceSlice::stream`](cudarc::driver::DeviceSlice::stream))
-    /// and its first "last use". Zero elements are [`Error::ZeroCount`].
+    /// and its first "last use". Zero elements are [`Error::ZeroSize`].
     ///
     /// # Safety
     ///
@@ -105,7 +106,7 @@ impl<T: DeviceRepr> MemBuffer<T> {
     #[doc(alias = "ncclMemAlloc")]
     pub unsafe fn uninit(stream: &Arc<CudaStream>, len: usize) -> Result<Self> {
         if len == 0 {
-            return Err(Error::ZeroCount { call: "ncclMemAlloc" });
+            return Err(Error::ZeroSize { call: "ncclMemAlloc" });
         }
         let bytes = len.checked_mul(size_of::<T>()).ok_or(Error::CountOverflow {
             what: "MemBuffer bytes",
@@ -172,7 +173,7 @@ impl<T> MemBuffer<T> {
 
     /// Elements `range` of the buffer, read-only (like cudarc's `CudaSlice::slice`). The view
     /// shares the buffer's stream ordering. A range past the end (or reversed) is
-    /// [`Error::ViewOutOfRange`]; an empty range is a view of zero elements, which the calls
+    /// [`Error::OutOfBounds`]; an empty range is a view of zero elements, which the calls
     /// accept as no-ops.
     pub fn slice(&self, range: impl RangeBounds<usize>) -> Result<MemView<'_, T>> {
         let (ptr, len) = self.sub(range)?;
@@ -194,7 +195,7 @@ impl<T> MemBuffer<T> {
     /// The address and length of `range`, checked.
     fn sub(&self, range: impl RangeBounds<usize>) -> Result<(CUdeviceptr, usize)> {
         let (start, end) = gpucomm_ordering::range::resolve(range, self.len)
-            .map_err(|(start, end)| Error::ViewOutOfRange { start, end, len: self.len })?;
+            .map_err(|(start, end)| Error::OutOfBounds { start, end, len: self.len })?;
         // In bounds of an allocation of `len` elements, so the offset fits.
         Ok((self.ptr + (start * size_of::<T>()) as CUdeviceptr, end - start))
     }

@@ -8,7 +8,8 @@ use cudarc::driver::SyncOnDrop;
 use gpucomm_ordering::{Access, DeviceBuffer, Keep, Resource, Visitor};
 use nccl_sys::{ncclRedOp_t, ncclScalarResidence_t};
 
-use crate::error::{call, lib_version, Error, Result};
+use crate::error::{Error, Result};
+use crate::ffi::{call, lib_version};
 use crate::types::check_type;
 use crate::{Comm, NcclType, ReduceOp};
 

@@ -12,7 +12,10 @@ use std::ops::RangeBounds;
 use cudarc::driver::DeviceSlice;
 use gpucomm_ordering::{Access, DeviceBufferMut, Keep, PinnedMut, Visitor};
 
-use crate::error::{call, Error, Result};
+use crate::error::{Error, Result};
+use crate::ffi::call;
+#[cfg(nccl_2_27)]
+use crate::ffi::call_unchecked;
 use crate::Comm;
 #[cfg(nccl_2_27)]
 use crate::{MemBuffer, MemViewMut};
@@ -71,7 +74,7 @@ impl Comm {
         let c = self.live_raw()?;
         check_device(self, "buffer", &buf)?;
         if buf.len() == 0 {
-            return Err(Error::ZeroCount { call: "ncclCommRegister" });
+            return Err(Error::ZeroSize { call: "ncclCommRegister" });
         }
         let bytes = buf.num_bytes();
         let mut handle: *mut c_void = std::ptr::null_mut();
@@ -286,7 +289,7 @@ pub fn register_windows<'c, T>(
         handles.push(w.comm.live_raw()?);
         check_device(w.comm, "window buffer", &*w.buf)?;
     }
-    let end = crate::error::resolve!(ncclGroupEnd)?;
+    let end = crate::ffi::resolve!(ncclGroupEnd)?;
     // SAFETY: no NCCL group is open on this thread: this crate opens NCCL groups only in its own
     // functions, which end them before returning.
     unsafe { call!(ncclGroupStart()) }?;
@@ -322,12 +325,13 @@ fn register_raw<T>(
     flags: WindowFlags,
     out: &mut nccl_sys::ncclWindow_t,
 ) -> Result<nccl_sys::ncclResult_t> {
-    let f = crate::error::resolve!(ncclCommWindowRegister)?;
     // SAFETY: the buffer is `num_bytes` bytes of ncclMemAlloc memory (4096-byte aligned, as windows
     // need) on the communicator's device, owned by the window until it is deregistered; `out` is
     // live until NCCL fills it (the caller keeps it in place until settled); `comm` is live (the
     // caller's contract) and borrowed by the window.
-    Ok(unsafe { f(comm, buf.as_raw() as *mut c_void, buf.num_bytes(), out, flags.raw()) })
+    unsafe {
+        call_unchecked!(ncclCommWindowRegister(comm, buf.as_raw() as *mut c_void, buf.num_bytes(), out, flags.raw()))
+    }
 }
 
 #[cfg(nccl_2_27)]

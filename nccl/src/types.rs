@@ -76,15 +76,7 @@ nccl_type!(
 
 /// `Ok` when the loaded library knows `T`'s data type.
 pub(crate) fn check_type<T: NcclType>(loaded: Version) -> crate::Result<()> {
-    if loaded >= T::SINCE {
-        Ok(())
-    } else {
-        Err(crate::Error::Unsupported {
-            what: std::any::type_name::<T>(),
-            needed: T::SINCE.to_string(),
-            loaded: loaded.to_string(),
-        })
-    }
+    crate::ffi::check_version(std::any::type_name::<T>(), T::SINCE, loaded)
 }
 
 /// A reduction operator (`ncclRedOp_t`): a newtype over the C value, because NCCL also hands out

@@ -4,7 +4,8 @@ use std::fmt;
 
 use nccl_sys::ncclUniqueId;
 
-use crate::error::{call, Error, Result};
+use crate::error::{Error, Result};
+use crate::ffi::call;
 
 /// Identifies one communicator before it exists (`ncclUniqueId`): rank 0 creates it with
 /// [`UniqueId::new`] and every other rank must receive the same 128 bytes (through
@@ -35,7 +36,8 @@ impl UniqueId {
 
     /// An id received from rank 0. Fails unless `bytes` has exactly [`Self::BYTES`] bytes.
     pub fn from_bytes(bytes: &[u8]) -> Result<Self> {
-        let bytes: &[u8; Self::BYTES] = bytes.try_into().map_err(|_| Error::UniqueIdLength { got: bytes.len() })?;
+        let bytes: &[u8; Self::BYTES] =
+            bytes.try_into().map_err(|_| Error::UniqueIdLength { expected: Self::BYTES, got: bytes.len() })?;
         Ok(Self(ncclUniqueId { internal: bytes.map(|b| b as std::os::raw::c_char) }))
     }
 }
@@ -69,8 +71,8 @@ mod tests {
         assert_eq!(id.to_bytes(), raw);
         assert_eq!(format!("{id:?}"), "UniqueId(ab000000…)");
         let err = UniqueId::from_bytes(&raw[..100]).unwrap_err();
-        assert!(matches!(err, Error::UniqueIdLength { got: 100 }), "{err:?}");
+        assert!(matches!(err, Error::UniqueIdLength { expected: 128, got: 100 }), "{err:?}");
         assert_eq!(err.to_string(), "a unique id has 128 bytes, got 100");
-        assert!(matches!(UniqueId::from_bytes(&[0; 129]), Err(Error::UniqueIdLength { got: 129 })));
+        assert!(matches!(UniqueId::from_bytes(&[0; 129]), Err(Error::UniqueIdLength { expected: 128, got: 129 })));
     }
 }

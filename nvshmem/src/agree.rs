@@ -19,7 +19,8 @@ use std::ptr::NonNull;
 use cudarc::driver::{result, sys::CUdeviceptr, sys::CUstream};
 use nvshmem_sys::{nvshmem_team_id_t, nvshmem_team_t};
 
-use crate::error::{call, Error, Result, Status};
+use crate::error::{Error, Result, Status};
+use crate::ffi::call;
 use crate::ops::{Max, ReduceOp};
 
 /// Values exchanged per allocation: bytes, !bytes, alignment, !alignment, refused.
@@ -98,7 +99,7 @@ impl Agreement {
         let n = i32::try_from(n_pes).map_err(|_| Error::InvalidPeCount { got: n_pes })?;
         // SAFETY: NVSHMEM is running (the caller's contract); start 0, stride 1 and `n` PEs
         // describe the whole world team; no configuration (mask 0); `team` is a live local.
-        unsafe { call!(nvshmem_team_split_strided(world, 0, 1, n, std::ptr::null(), 0, &mut team) => status) }?;
+        unsafe { call!(nvshmem_team_split_strided(world, 0, 1, n, std::ptr::null(), 0, &mut team)) }?;
         if team == nvshmem_team_id_t::NVSHMEM_TEAM_INVALID.0 {
             // Every PE is a member, so NVSHMEM hands every PE the new team or fails.
             return Err(Error::Status { call: "nvshmem_team_split_strided", status: Status(7) });

@@ -1,5 +1,5 @@
-//! The crate's error type, NVSHMEM status codes as a newtype, and the one-expression FFI call
-//! macros.
+//! The crate's error type, and NVSHMEM status codes as a newtype. (How a status becomes an
+//! error is the call machinery's: [`crate::ffi`].)
 
 use std::path::PathBuf;
 
@@ -393,58 +393,6 @@ impl From<gpucomm_ordering::OrderError> for Error {
 /// Shorthand for this crate's results.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
-/// The loaded library, as this crate's error type.
-pub(crate) fn lib() -> Result<&'static nvshmem_sys::Library<nvshmem_sys::Nvshmem>> {
-    Ok(nvshmem_sys::library()?)
-}
-
-/// `Ok` for `NVSHMEMX_SUCCESS`, else [`Error::Status`].
-pub(crate) fn check(call: &'static str, status: i32) -> Result<()> {
-    if status == 0 {
-        Ok(())
-    } else {
-        Err(Error::Status { call, status: Status(status) })
-    }
-}
-
-/// Resolves one NVSHMEM function in the loaded library: a missing one is
-/// [`Error::MissingFunction`], naming the version that added it.
-macro_rules! resolve {
-    ($name:ident) => {
-        $crate::error::lib().and_then(|lib| Ok(*lib.resolve(&lib.$name, stringify!($name))?))
-    };
-}
-
-/// One NVSHMEM call as one expression: resolves the function ([`resolve!`]) and calls it.
-///
-/// * `call!(f(args))` is `Result<R>` with `R` what the C function returns (`()` for `void`
-///   functions, a pointer, a PE number);
-/// * `call!(f(args) => status)` is for functions that return an `nvshmemx_status`: `Ok(())` for
-///   success, [`Error::Status`] naming `f` otherwise.
-///
-/// It must stand inside an `unsafe` block whose `// SAFETY:` comment vouches for the arguments:
-///
-/// ```ignore
-/// // SAFETY: NVSHMEM is initialised; `ptr` came from nvshmem_malloc and nothing uses it any more.
-/// unsafe { call!(nvshmem_free(ptr)) }?;
-/// ```
-macro_rules! call {
-    ($name:ident($($arg:expr),* $(,)?) => status) => {
-        match $crate::error::resolve!($name) {
-            Ok(f) => $crate::error::check(stringify!($name), f($($arg),*)),
-            Err(e) => Err(e),
-        }
-    };
-    ($name:ident($($arg:expr),* $(,)?)) => {
-        match $crate::error::resolve!($name) {
-            Ok(f) => Ok(f($($arg),*)),
-            Err(e) => Err(e),
-        }
-    };
-}
-
-pub(crate) use {call, resolve};
-
 #[cfg(test)]
 mod tests {
     use std::error::Error as _;
@@ -452,15 +400,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn statuses_have_names_and_messages() {
+    fn statuses_have_names() {
         assert_eq!(Status(7).to_string(), "NVSHMEMX_ERROR_INTERNAL(7)");
         assert_eq!(Status(-3).to_string(), "Status(-3)");
-        let e = check("nvshmemx_hostlib_init_attr", 7).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "nvshmemx_hostlib_init_attr failed with NVSHMEMX_ERROR_INTERNAL(7) (set NVSHMEM_DEBUG=WARN for NVSHMEM's explanation)"
-        );
-        assert!(check("x", 0).is_ok());
     }
 
     #[test]

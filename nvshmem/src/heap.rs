@@ -12,7 +12,8 @@ use gpucomm_ordering::{tracked_device_ptr, DeviceBufferMut, Keep, StreamTracker,
 
 use crate::agree::Ask;
 use crate::config;
-use crate::error::{call, Error, Result};
+use crate::error::{Error, Result};
+use crate::ffi::call;
 use crate::Runtime;
 
 mod sealed {

@@ -53,6 +53,7 @@ mod agree;
 mod bootstrap;
 mod config;
 mod error;
+mod ffi;
 mod graph;
 mod heap;
 mod module;
@@ -122,7 +123,7 @@ error::named_code!(
 /// loads it if needed. Needs no GPU and no initialisation.
 #[doc(alias = "nvshmemx_vendor_get_version_info")]
 pub fn version() -> Result<Version> {
-    Ok(error::lib()?.version())
+    ffi::lib_version()
 }
 
 /// The vendor version of the NVSHMEM headers this crate was compiled against.

@@ -24,7 +24,8 @@ use cudarc::driver::{result, CudaStream, DeviceRepr, DriverError, LaunchConfig, 
 use gpucomm_build_support::cubin;
 use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut};
 
-use crate::error::{call, Error, Result};
+use crate::error::{Error, Result};
+use crate::ffi::call;
 use crate::{graph, Runtime};
 
 /// The global that `libnvshmem_device.a` defines in every module device-linked against it.
@@ -94,7 +95,7 @@ impl Runtime {
         }
         // SAFETY: NVSHMEM is initialised; the module is live, loaded in the current context and
         // device-linked against NVSHMEM's device library (checked).
-        unsafe { call!(nvshmemx_cumodule_init(module.as_raw() as nvshmem_sys::CUmodule) => status) }?;
+        unsafe { call!(nvshmemx_cumodule_init(module.as_raw() as nvshmem_sys::CUmodule)) }?;
         module.registered = true;
         Ok(module)
     }
@@ -136,8 +137,7 @@ impl Drop for Module<'_> {
         if self.registered {
             // SAFETY: the module is live and registered with NVSHMEM; the context is current
             // (bound above); no kernel runs (the device is idle).
-            let finalized =
-                unsafe { call!(nvshmemx_cumodule_finalize(self.as_raw() as nvshmem_sys::CUmodule) => status) };
+            let finalized = unsafe { call!(nvshmemx_cumodule_finalize(self.as_raw() as nvshmem_sys::CUmodule)) };
             if let Err(e) = finalized {
                 log::warn!("nvshmem: nvshmemx_cumodule_finalize failed: {e}");
             }

@@ -16,7 +16,8 @@
 use cudarc::driver::sys::CUdeviceptr;
 use nvshmem_sys::{cudaStream_t, nvshmem_team_t};
 
-use crate::error::{call, Result};
+use crate::error::Result;
+use crate::ffi::call;
 
 mod sealed {
     pub trait Sealed {}
@@ -64,7 +65,7 @@ macro_rules! reduce {
                 stream: cudaStream_t,
             ) -> Result<()> {
                 // SAFETY: forwarded from the trait's contract; the function is the one for `$t`.
-                unsafe { call!($f(team, dst as *mut _, src as *const _, n, stream) => status) }
+                unsafe { call!($f(team, dst as *mut _, src as *const _, n, stream)) }
             }
         }
     )*};

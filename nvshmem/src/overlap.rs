@@ -12,7 +12,8 @@ use std::ffi::c_void;
 
 use cudarc::driver::sys::CUdeviceptr;
 
-use crate::error::{call, Error, Result};
+use crate::error::{Error, Result};
+use crate::ffi::call;
 
 /// A range of device memory: its address and length in bytes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -8,7 +8,8 @@ use std::ptr::NonNull;
 
 use gpucomm_ordering::{DeviceBufferMut, Keep, PinnedMut, Visitor};
 
-use crate::error::{call, Error, Result};
+use crate::error::{Error, Result};
+use crate::ffi::call;
 use crate::Runtime;
 
 /// Local device memory registered with NVSHMEM (`nvshmemx_buffer_register`), so that remote
@@ -56,7 +57,7 @@ impl Runtime {
         self.context().bind_to_thread()?;
         // SAFETY: `ptr` is `bytes` bytes of live device memory of this PE's device, owned by the
         // registration, which unregisters it before the memory can be freed.
-        unsafe { call!(nvshmemx_buffer_register(ptr.as_ptr(), bytes) => status) }?;
+        unsafe { call!(nvshmemx_buffer_register(ptr.as_ptr(), bytes)) }?;
         Ok(Registration { ptr, bytes, rt: self, buf: ManuallyDrop::new(buf), _elements: PhantomData })
     }
 }
@@ -102,7 +103,7 @@ impl<T, B: DeviceBufferMut<T>> Registration<'_, T, B> {
         self.rt.context().bind_to_thread()?;
         // SAFETY: the memory was registered by this handle and is unregistered at most once (the
         // handle is consumed or dropped right after success); no queued work uses it any more.
-        unsafe { call!(nvshmemx_buffer_unregister(self.ptr.as_ptr()) => status) }
+        unsafe { call!(nvshmemx_buffer_unregister(self.ptr.as_ptr())) }
     }
 }
 

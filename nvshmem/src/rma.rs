@@ -33,7 +33,8 @@ use cudarc::driver::{CudaStream, DeviceRepr, DeviceSlice};
 use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut, StreamTracker};
 use nvshmem_sys::{nvshmemi_cmp_type, nvshmemx_signal_op_t};
 
-use crate::error::{call, Error, Result};
+use crate::error::{Error, Result};
+use crate::ffi::call;
 use crate::graph;
 use crate::overlap::{self, Span};
 use crate::{Runtime, SymmetricMemory};

@@ -13,7 +13,8 @@ use nvshmem_sys::{cudaStream_t, nvshmemx_init_attr_t, NVSHMEMX_INIT_WITH_MPI_COM
 
 use crate::agree::Agreement;
 use crate::bootstrap::Bootstrap;
-use crate::error::{call, lib, Error, Result};
+use crate::error::{Error, Result};
+use crate::ffi::{call, call_unchecked, lib};
 use crate::heap::HeapLimit;
 use crate::nccl::{self, NcclUse};
 use crate::{InitStatus, UniqueId, Version};
@@ -117,7 +118,7 @@ impl std::fmt::Debug for Runtime {
 #[doc(alias = "nvshmemx_init_status")]
 pub fn init_status() -> Result<InitStatus> {
     // SAFETY: nvshmemx_init_status only reads process state and may be called at any time.
-    Ok(InitStatus(unsafe { call!(nvshmemx_init_status()) }?))
+    Ok(InitStatus(unsafe { call_unchecked!(nvshmemx_init_status()) }?))
 }
 
 impl Runtime {
@@ -198,9 +199,7 @@ impl Runtime {
                     // attribute stores a pointer to it); `attr` is initialised like
                     // NVSHMEMX_INIT_ATTR_INITIALIZER; `expected_pes` checked that `pe < n_pes
                     // <= i32::MAX`, so both casts are exact.
-                    unsafe {
-                        call!(nvshmemx_set_attr_uniqueid_args(pe as i32, n_pes as i32, &id.0, &mut attr) => status)
-                    }?;
+                    unsafe { call!(nvshmemx_set_attr_uniqueid_args(pe as i32, n_pes as i32, &id.0, &mut attr)) }?;
                     (NVSHMEMX_INIT_WITH_UNIQUEID, &mut attr as *mut nvshmemx_init_attr_t)
                 }
                 // No communicator given: the MPI plugin uses MPI_COMM_WORLD (and initialises MPI
@@ -214,7 +213,7 @@ impl Runtime {
             // SAFETY: `attr_ptr` is null or points at the initialised `attr` (unique-id arguments
             // set where the flag says so), which outlives the call; the PE's CUDA context is
             // current on this thread.
-            unsafe { call!(nvshmemx_hostlib_init_attr(flags as u32, attr_ptr) => status) }?;
+            unsafe { call!(nvshmemx_hostlib_init_attr(flags as u32, attr_ptr)) }?;
             Ok::<_, Error>(nccl)
         })();
         let nccl_preload = match started {
@@ -240,7 +239,7 @@ impl Runtime {
         };
         // From here on, dropping `rt` finalises NVSHMEM.
         // SAFETY: NVSHMEM is initialised; both calls only read its state.
-        let (me, n) = unsafe { (call!(nvshmem_my_pe())?, call!(nvshmem_n_pes())?) };
+        let (me, n) = unsafe { (call_unchecked!(nvshmem_my_pe())?, call_unchecked!(nvshmem_n_pes())?) };
         if me < 0 || me >= n {
             return Err(Error::InvalidPe {
                 what: "the PE NVSHMEM reports",
@@ -452,7 +451,7 @@ impl Drop for Runtime {
 
 /// The address of a function of the host library, to find the library's file (`dladdr`).
 pub(crate) fn host_library_dir() -> Option<std::path::PathBuf> {
-    let f = crate::error::resolve!(nvshmemx_init_status).ok()?;
+    let f = crate::ffi::resolve!(nvshmemx_init_status).ok()?;
     let path = nccl::object_path(f as *const c_void)?;
     path.parent().map(|d| d.to_path_buf())
 }

@@ -7,7 +7,8 @@ use cudarc::driver::{CudaStream, DeviceRepr};
 use gpucomm_ordering::Access;
 use nvshmem_sys::{nvshmem_team_id_t, nvshmem_team_t};
 
-use crate::error::{call, Error, Result};
+use crate::error::{Error, Result};
+use crate::ffi::{call, call_unchecked};
 use crate::graph;
 use crate::ops::ReduceOp;
 use crate::overlap::{self, Span};
@@ -76,7 +77,7 @@ impl<'rt> Team<'rt> {
     fn adopt(rt: &'rt Runtime, raw: nvshmem_team_t, owned: bool) -> Result<Self> {
         // SAFETY: `raw` is a valid team this PE belongs to (a predefined one, or one NVSHMEM
         // just created); both calls only read it.
-        let (me, n) = unsafe { (call!(nvshmem_team_my_pe(raw))?, call!(nvshmem_team_n_pes(raw))?) };
+        let (me, n) = unsafe { (call_unchecked!(nvshmem_team_my_pe(raw))?, call_unchecked!(nvshmem_team_n_pes(raw))?) };
         let team = Team { raw, rt, my_pe: me.max(0) as usize, n_pes: n.max(0) as usize, owned };
         if me < 0 || me >= n {
             return Err(Error::InvalidPe { what: "the team PE NVSHMEM reports", pe: team.my_pe, n_pes: team.n_pes });
@@ -113,7 +114,7 @@ impl<'rt> Team<'rt> {
     pub fn translate_pe(&self, pe: usize, to: &Team<'_>) -> Result<Option<usize>> {
         let pe = self.check_pe("pe", pe)?;
         // SAFETY: both teams are valid handles of this runtime and `pe` is a member of `self`.
-        let got = unsafe { call!(nvshmem_team_translate_pe(self.raw, pe, to.raw)) }?;
+        let got = unsafe { call_unchecked!(nvshmem_team_translate_pe(self.raw, pe, to.raw)) }?;
         Ok(usize::try_from(got).ok())
     }
 
@@ -148,7 +149,7 @@ impl<'rt> Team<'rt> {
                 std::ptr::null(),
                 0,
                 &mut new
-            ) => status)
+            ))
         }?;
         self.child(new)
     }
@@ -176,7 +177,7 @@ impl<'rt> Team<'rt> {
                 std::ptr::null(),
                 0,
                 &mut y
-            ) => status)
+            ))
         }?;
         // Adopt both before reporting an error, so that neither leaks.
         let (x, y) = (self.child(x), self.child(y));
@@ -222,7 +223,7 @@ impl<'rt> Team<'rt> {
         gpucomm_ordering::admit(stream, &[graph::team(self)])?;
         let raw = self.rt.enqueue_on(stream)?;
         // SAFETY: valid team; the stream is on the PE's device (checked) and its context current.
-        unsafe { call!(nvshmemx_barrier_on_stream(self.raw, raw) => status) }?;
+        unsafe { call!(nvshmemx_barrier_on_stream(self.raw, raw)) }?;
         // A barrier completes this PE's operations, as a quiet does.
         gpucomm_ordering::captured_completion(stream);
         Ok(())
@@ -235,7 +236,7 @@ impl<'rt> Team<'rt> {
         gpucomm_ordering::admit(stream, &[graph::team(self)])?;
         let raw = self.rt.enqueue_on(stream)?;
         // SAFETY: valid team; the stream is on the PE's device (checked) and its context current.
-        unsafe { call!(nvshmemx_team_sync_on_stream(self.raw, raw) => status) }
+        unsafe { call!(nvshmemx_team_sync_on_stream(self.raw, raw)) }
     }
 
     /// Reduces `src` over the team with `op` and writes the result to `dst` on every member
@@ -303,7 +304,7 @@ impl<'rt> Team<'rt> {
         // SAFETY: both symmetric with `src.num_bytes()` bytes (checked) and disjoint (checked);
         // `root` is a member; the stream is on this device and its context current.
         unsafe {
-            call!(nvshmemx_broadcastmem_on_stream(self.raw, d as *mut _, s as *const _, src.num_bytes(), root, raw) => status)
+            call!(nvshmemx_broadcastmem_on_stream(self.raw, d as *mut _, s as *const _, src.num_bytes(), root, raw))
         }
     }
 
@@ -331,9 +332,7 @@ impl<'rt> Team<'rt> {
         overlap::disjoint(Span::new("destination", d, dst_bytes), Span::new("source", s, src.num_bytes()))?;
         // SAFETY: `src` holds `src.num_bytes()` bytes and `dst` n_pes times as many (checked), both
         // symmetric and disjoint (checked); the stream is on this device and its context current.
-        unsafe {
-            call!(nvshmemx_fcollectmem_on_stream(self.raw, d as *mut _, s as *const _, src.num_bytes(), raw) => status)
-        }
+        unsafe { call!(nvshmemx_fcollectmem_on_stream(self.raw, d as *mut _, s as *const _, src.num_bytes(), raw)) }
     }
 
     /// Exchanges blocks: block `j` of `src` on member `i` lands in block `i` of `dst` on member `j`
@@ -360,7 +359,7 @@ impl<'rt> Team<'rt> {
         overlap::disjoint(Span::new("destination", d, dst_bytes), Span::new("source", s, src.num_bytes()))?;
         // SAFETY: both symmetric with n_pes blocks of `block` bytes (checked) and disjoint
         // (checked); the stream is on this device and its context current.
-        unsafe { call!(nvshmemx_alltoallmem_on_stream(self.raw, d as *mut _, s as *const _, block, raw) => status) }
+        unsafe { call!(nvshmemx_alltoallmem_on_stream(self.raw, d as *mut _, s as *const _, block, raw)) }
     }
 }
 

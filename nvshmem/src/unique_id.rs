@@ -4,7 +4,8 @@ use std::fmt;
 
 use nvshmem_sys::nvshmemx_uniqueid_t;
 
-use crate::error::{call, Error, Result};
+use crate::error::{Error, Result};
+use crate::ffi::call;
 
 /// Identifies one NVSHMEM job before it starts (`nvshmemx_uniqueid_t`): PE 0 creates it with
 /// [`UniqueId::new`] and every other PE must receive the same bytes before
@@ -28,7 +29,7 @@ impl UniqueId {
         crate::runtime::note_unique_id_plugin();
         let mut id = nvshmemx_uniqueid_t::initializer();
         // SAFETY: `id` is an initialised id (version word set), which the call fills in.
-        unsafe { call!(nvshmemx_get_uniqueid(&mut id) => status) }?;
+        unsafe { call!(nvshmemx_get_uniqueid(&mut id)) }?;
         Ok(Self(id))
     }
 

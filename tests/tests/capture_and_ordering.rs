@@ -295,7 +295,7 @@ fn an_nvshmem_graph_orders_its_launches() {
 #[test]
 #[ignore = "needs 1 GPU: run by the GPU bundle"]
 fn zero_element_calls_are_no_ops_also_in_groups() {
-    // Before: every call below was refused with ZeroCount, and the group with GroupRefused, so the
+    // Before: every call below was refused with ZeroSize, and the group with GroupRefused, so the
     // doubling in the group never ran.
     let test = "zero_element_calls_are_no_ops_also_in_groups";
     let Some((comm, _ctx)) = one_rank(test) else { return };

@@ -764,7 +764,7 @@ fn bad_arguments_are_refused_and_lose_nothing() {
     l.still_works();
     let mut odd = s0.alloc_zeros::<f32>(n + 1).unwrap();
     let err = c0.reduce_scatter_in_place(&mut odd, ReduceOp::SUM).unwrap_err();
-    assert!(matches!(err, Error::NotDivisible { what: "buffer", len, ranks } if len == n + 1 && ranks == n), "{err}");
+    assert!(matches!(err, Error::NotDivisible { what: "buffer", len, parts } if len == n + 1 && parts == n), "{err}");
     l.still_works();
 
     // Roots and peers.
@@ -794,7 +794,7 @@ fn bad_arguments_are_refused_and_lose_nothing() {
     c0.all_reduce_in_place(&mut empty, ReduceOp::SUM).unwrap();
     l.still_works();
     let err = MemBuffer::<f32>::zeroed(s0, 0).unwrap_err();
-    assert!(matches!(err, Error::ZeroCount { call: "ncclMemAlloc" }), "{err}");
+    assert!(matches!(err, Error::ZeroSize { call: "ncclMemAlloc" }), "{err}");
     let huge = Huge { len: usize::MAX / 2 + 1, stream: s0.clone() };
     let err = c0.all_gather(&huge, &mut buf).unwrap_err();
     assert!(

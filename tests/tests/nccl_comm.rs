@@ -373,7 +373,7 @@ fn bad_input_is_refused_and_things_still_work() {
     assert!(matches!(err, Error::InvalidCount { max: 2, got: 3, .. }), "{err:?}");
     still_works();
     let err = UniqueId::from_bytes(&[7u8; 100]).unwrap_err();
-    assert!(matches!(err, Error::UniqueIdLength { got: 100 }), "{err:?}");
+    assert!(matches!(err, Error::UniqueIdLength { expected: 128, got: 100 }), "{err:?}");
 
     // Config values: refused here (too large for C, a NUL inside), or by NCCL (min > max).
     let err = Comm::init_rank_config(s0.clone(), &id, 0, 1, &Config::new().max_ctas(u32::MAX)).unwrap_err();

@@ -15,7 +15,8 @@ use cudarc::driver::CudaStream;
 use nccl_sys::{ncclComm, ncclConfig_t, ncclResult_t};
 
 use super::{c_int, outside_group, Comm, Config};
-use crate::error::{call_rc, lib_version, Error, Result};
+use crate::error::{Error, Result};
+use crate::ffi::{call_unchecked, lib_version};
 
 impl Comm {
     /// Splits this communicator (`ncclCommSplit`): ranks that pass the same `color` form a new
@@ -52,7 +53,7 @@ impl Comm {
             // SAFETY: `parent` is live and ready; `slot` stays valid until NCCL is done with it
             // (module docs); `config` is null or built from NCCL_CONFIG_INITIALIZER with its
             // strings kept alive by the child.
-            unsafe { call_rc!(ncclCommSplit(parent, c_color, key, slot, config)) }
+            unsafe { call_unchecked!(ncclCommSplit(parent, c_color, key, slot, config)) }
         })?;
         match (color, child) {
             (Some(_), None) => Err(Error::NullCommunicator),
@@ -94,7 +95,7 @@ impl Comm {
         let child = self.make_child("ncclCommShrink", true, config, stream, |parent, slot, config| {
             // SAFETY: `parent` is live and ready; `list` holds `count` distinct ranks of it, not
             // this one (checked), and is writable; `slot` and `config` as for ncclCommSplit.
-            unsafe { call_rc!(ncclCommShrink(parent, list.as_mut_ptr(), count, slot, config, flags.0)) }
+            unsafe { call_unchecked!(ncclCommShrink(parent, list.as_mut_ptr(), count, slot, config, flags.0)) }
         })?;
         child.ok_or(Error::NullCommunicator)
     }
@@ -114,7 +115,7 @@ impl Comm {
         self.context().bind_to_thread()?;
         let flags = nccl_sys::NCCL_REVOKE_DEFAULT as i32;
         // SAFETY: `raw` is live and owned; the flags are the only value NCCL accepts.
-        let rc = unsafe { call_rc!(ncclCommRevoke(raw, flags)) }?;
+        let rc = unsafe { call_unchecked!(ncclCommRevoke(raw, flags)) }?;
         if rc == ncclResult_t::ncclSuccess || rc == ncclResult_t::ncclInProgress {
             self.revoked.set(true);
         }

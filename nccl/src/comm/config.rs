@@ -3,7 +3,7 @@
 //! NCCL copies `min(config.size, its own sizeof)` bytes and ignores fields newer than the library
 //! (notes §1, `parseCommConfig`), so a field set for a library too old for it would be dropped
 //! without a word. [`Config`] therefore checks every field that was set against the version of the
-//! loaded library, and refuses the ones it is too old for ([`Error::UnsupportedConfigField`]).
+//! loaded library, and refuses the ones it is too old for ([`Error::Unsupported`]).
 //! Fields the compiled header lacks do not exist here at all (cfg-gated on the header version).
 
 use std::ffi::{c_int, CString};
@@ -15,6 +15,7 @@ use nccl_sys::{ncclConfig_t, Version};
 
 use super::Settings;
 use crate::error::{Error, Result};
+use crate::ffi::check_version;
 
 /// `NCCL_CONFIG_UNDEF_INT`: "not set, use NCCL's default".
 pub(crate) const UNDEF_INT: c_int = c_int::MIN;
@@ -28,7 +29,7 @@ pub(crate) const MAGIC: u32 = 0xcafe_beef;
 /// NCCL picks its default, which environment variables such as `NCCL_CGA_CLUSTER_SIZE` may
 /// change) and set what you need. Only the fields the compiled `nccl.h` has exist; setting one that
 /// the *loaded* library is too old to read makes creation fail with
-/// [`Error::UnsupportedConfigField`] (NCCL would ignore it silently). NCCL itself validates the
+/// [`Error::Unsupported`] (NCCL would ignore it silently). NCCL itself validates the
 /// values (an `Err` with `ncclInvalidArgument` from the creating call).
 ///
 /// ```no_run
@@ -118,7 +119,8 @@ macro_rules! int_fields {
                 $(
                     $(#[cfg($cfg)])?
                     if let Some(value) = self.$c {
-                        raw.$c = int_field(stringify!($c), Version::new($a, $b, $p), loaded, value)?;
+                        check_version(concat!("config field ", stringify!($c)), Version::new($a, $b, $p), loaded)?;
+                        raw.$c = int_field(stringify!($c), value)?;
                     }
                 )+
                 Ok(())
@@ -251,18 +253,9 @@ int_fields! {
     nvlsHostMode since (2, 32, 0): fn nvls_host_mode(mode: i32) => i64::from(mode);
 }
 
-/// The C value of one `int` field, if `loaded` reads it.
-fn int_field(field: &'static str, needed: Version, loaded: Version, value: i64) -> Result<c_int> {
-    require(field, needed, loaded)?;
+/// The C value of one `int` field.
+fn int_field(field: &'static str, value: i64) -> Result<c_int> {
     c_int::try_from(value).map_err(|_| Error::TooLarge { what: field, value: value.unsigned_abs() })
-}
-
-fn require(field: &'static str, needed: Version, loaded: Version) -> Result<()> {
-    if loaded >= needed {
-        Ok(())
-    } else {
-        Err(Error::UnsupportedConfigField { field, needed, loaded })
-    }
 }
 
 fn c_string(field: &'static str, value: &Option<String>) -> Result<Option<CString>> {
@@ -342,12 +335,12 @@ impl Config {
             comm_name: c_string("commName", &self.comm_name)?,
         });
         if let Some(name) = &strings.net_name {
-            require("netName", Version::new(2, 17, 1), loaded)?;
+            check_version("config field netName", Version::new(2, 17, 1), loaded)?;
             raw.netName = name.as_ptr();
         }
         #[cfg(nccl_2_27)]
         if let Some(name) = &strings.comm_name {
-            require("commName", Version::new(2, 27, 3), loaded)?;
+            check_version("config field commName", Version::new(2, 27, 3), loaded)?;
             raw.commName = name.as_ptr();
         }
         Ok(RawConfig { raw, strings })
@@ -407,7 +400,7 @@ mod tests {
         assert!(
             matches!(
                 err,
-                Error::UnsupportedConfigField { field: "CTAPolicy", needed, loaded }
+                Error::Unsupported { what: "config field CTAPolicy", needed, loaded }
                     if needed == Version::new(2, 27, 3) && loaded == Version::new(2, 26, 6)
             ),
             "{err:?}"
@@ -424,7 +417,7 @@ mod tests {
     #[test]
     fn traffic_class_needs_2_26_2() {
         let err = Config::new().traffic_class(3).to_raw(Version::new(2, 25, 1)).unwrap_err();
-        assert!(matches!(err, Error::UnsupportedConfigField { field: "trafficClass", .. }), "{err:?}");
+        assert!(matches!(err, Error::Unsupported { what: "config field trafficClass", .. }), "{err:?}");
         // Unset fields are never checked: an empty config works with the oldest library.
         Config::new().to_raw(Version::new(2, 18, 1)).unwrap();
     }

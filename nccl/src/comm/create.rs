@@ -9,7 +9,8 @@ use cudarc::driver::CudaStream;
 use nccl_sys::{ncclComm_t, ncclResult_t};
 
 use super::{c_count, outside_group, Comm, Config, Settings};
-use crate::error::{call, call_rc, check, lib_version, Error, Result};
+use crate::error::{Error, Result};
+use crate::ffi::{call, call_unchecked, check, lib_version};
 use crate::UniqueId;
 
 /// A communicator NCCL is still creating: what a nonblocking [`Config`] gives before every rank
@@ -91,7 +92,7 @@ impl PendingComm {
                 // string pointers live in `settings.strings`, which the communicator keeps; the
                 // stream's context is current.
                 let rc = unsafe {
-                    call_rc!(ncclCommInitRankConfig(&mut raw, n, id.0, rank as i32, raw_config.as_mut_ptr()))
+                    call_unchecked!(ncclCommInitRankConfig(&mut raw, n, id.0, rank as i32, raw_config.as_mut_ptr()))
                 }?;
                 (rc, "ncclCommInitRankConfig")
             }
@@ -169,7 +170,7 @@ fn start_scalable(
     // so it fits an int) ids, which NCCL copies during the call; `rank` < `n`; config as for
     // ncclCommInitRankConfig above.
     unsafe {
-        call_rc!(ncclCommInitRankScalable(
+        call_unchecked!(ncclCommInitRankScalable(
             raw,
             n,
             rank as i32,
@@ -196,7 +197,7 @@ impl Comm {
         let mut raw: ncclComm_t = ptr::null_mut();
         // SAFETY: `raw` is a valid out-pointer; `id` is a full ncclUniqueId passed by value; `rank`
         // and `n` were checked to be in range; the stream's context is current on this thread.
-        let rc = unsafe { call_rc!(ncclCommInitRank(&mut raw, n, id.0, rank as i32)) }?;
+        let rc = unsafe { call_unchecked!(ncclCommInitRank(&mut raw, n, id.0, rank as i32)) }?;
         Self::created("ncclCommInitRank", rc, raw, stream, rank, nranks)
     }
 
@@ -280,7 +281,7 @@ impl Comm {
         let mut raws: Vec<ncclComm_t> = vec![ptr::null_mut(); streams.len()];
         // SAFETY: `raws` has room for `n` communicators, `devlist` holds `n` distinct device
         // ordinals that cudarc opened.
-        let rc = unsafe { call_rc!(ncclCommInitAll(raws.as_mut_ptr(), n, devlist.as_ptr())) }?;
+        let rc = unsafe { call_unchecked!(ncclCommInitAll(raws.as_mut_ptr(), n, devlist.as_ptr())) }?;
         if let Err(e) = check("ncclCommInitAll", rc, None) {
             raws.iter().filter_map(|&raw| NonNull::new(raw)).for_each(abort_raw);
             return Err(e);

@@ -28,7 +28,8 @@ use cudarc::driver::CudaContext;
 use nccl_sys::{ncclComm, ncclResult_t};
 
 use super::Comm;
-use crate::error::{call, check, Error, Result};
+use crate::error::{Error, Result};
+use crate::ffi::{call, check};
 
 const LIVE: u8 = 0;
 const PARKED: u8 = 1;

@@ -27,7 +27,8 @@ use std::time::Duration;
 use cudarc::driver::{CudaContext, CudaStream};
 use nccl_sys::{ncclComm, ncclComm_t, ncclResult_t};
 
-use crate::error::{call, check, Error, Result};
+use crate::error::{Error, Result};
+use crate::ffi::{call, check};
 
 pub use borrowed::BorrowedComm;
 #[cfg(nccl_2_27)]
@@ -305,7 +306,7 @@ impl Comm {
     /// communicator.
     #[doc(alias = "ncclGetLastError")]
     pub fn last_error(&self) -> Option<String> {
-        crate::error::last_error(self.as_raw())
+        crate::ffi::last_error(self.as_raw())
     }
 
     /// NCCL's asynchronous state of this communicator (`ncclCommGetAsyncError`), as the raw code.

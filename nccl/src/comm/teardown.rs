@@ -6,7 +6,8 @@ use std::time::Duration;
 use nccl_sys::ncclResult_t;
 
 use super::{outside_group, Comm};
-use crate::error::{call, call_rc, check, Error, Result};
+use crate::error::{Error, Result};
+use crate::ffi::{call, call_unchecked, check};
 
 /// A communicator whose finalize NCCL is carrying out ([`Comm::start_finalize`]): what lets one
 /// thread finalize several nonblocking communicators (one per GPU) at once, as finalizing is
@@ -104,7 +105,7 @@ impl Comm {
         }
         self.context().bind_to_thread()?;
         // SAFETY: `raw` is live and owned, and no NCCL call on it is in flight.
-        let rc = unsafe { call_rc!(ncclCommFinalize(raw)) }?;
+        let rc = unsafe { call_unchecked!(ncclCommFinalize(raw)) }?;
         match rc {
             ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => Ok(()),
             failed => check("ncclCommFinalize", failed, Some(raw)),
