@@ -44,6 +44,8 @@ pub struct MemBuffer<T> {
     len: usize,
     tracker: StreamTracker,
     home: Arc<CudaStream>,
+    /// Set by the consuming teardown once the C resource is gone: `Drop` then has nothing to do.
+    released: bool,
     _elements: PhantomData<T>,
 }
 
@@ -121,7 +123,14 @@ impl<T: DeviceRepr> MemBuffer<T> {
         // SAFETY: `ptr` is a live out-pointer; NCCL allocates `bytes` bytes on the current device,
         // which is `stream`'s (bound above).
         unsafe { call!(ncclMemAlloc(&mut ptr, bytes)) }?;
-        Ok(MemBuffer { ptr: ptr as CUdeviceptr, len, tracker, home: stream.clone(), _elements: PhantomData })
+        Ok(MemBuffer {
+            ptr: ptr as CUdeviceptr,
+            len,
+            tracker,
+            home: stream.clone(),
+            released: false,
+            _elements: PhantomData,
+        })
     }
 
     /// `len` zeroed elements (allocated as [`MemBuffer::uninit`], then cleared on `stream`).
@@ -208,8 +217,7 @@ impl<T> MemBuffer<T> {
     pub fn free(mut self) -> std::result::Result<(), (Self, Error)> {
         match self.release() {
             Ok(()) => {
-                // Freed: `Drop` sees the null address and does nothing.
-                self.ptr = 0;
+                self.released = true;
                 Ok(())
             }
             Err(e) => Err((self, e)),
@@ -220,7 +228,7 @@ impl<T> MemBuffer<T> {
         self.tracker.synchronize()?;
         self.home.context().bind_to_thread()?;
         // SAFETY: `ptr` came from ncclMemAlloc and is freed once: after a successful `release`
-        // from `free` the address is set to 0, which `Drop` skips. Every outstanding use (graph
+        // from `free` the buffer is marked released, which `Drop` skips. Every outstanding use (graph
         // launches included: they are recorded in the tracker) has finished.
         unsafe { call!(ncclMemFree(self.ptr as *mut c_void)) }
     }
@@ -228,7 +236,7 @@ impl<T> MemBuffer<T> {
 
 impl<T> Drop for MemBuffer<T> {
     fn drop(&mut self) {
-        if self.ptr == 0 {
+        if self.released {
             return;
         }
         if let Err(e) = self.release() {

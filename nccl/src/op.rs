@@ -90,6 +90,8 @@ pub struct PreMulSum<'a, T> {
     comm: &'a Comm,
     raw: ncclRedOp_t,
     scalar: Option<&'a dyn DeviceBuffer<T>>,
+    /// Set by the consuming teardown once the C resource is gone: `Drop` then has nothing to do.
+    released: bool,
 }
 
 impl<T> fmt::Debug for PreMulSum<'_, T> {
@@ -111,7 +113,7 @@ impl<'a, T: NcclType> PreMulSum<'a, T> {
         let scalar_ptr = (&mut value as *mut T).cast::<c_void>();
         // SAFETY: NCCL reads one `T` from the pointer before returning; it points at a live local.
         let raw = unsafe { create::<T>(comm, scalar_ptr, ncclScalarResidence_t::ncclScalarHostImmediate) }?;
-        Ok(PreMulSum { comm, raw, scalar: None })
+        Ok(PreMulSum { comm, raw, scalar: None, released: false })
     }
 
     /// An operator whose scalar is the single element of `scalar`, a device buffer that NCCL reads
@@ -137,7 +139,7 @@ impl<'a, T: NcclType> PreMulSum<'a, T> {
         // (checked), borrowed for 'a, the operator's lifetime; each call using the operator takes
         // its own read access to it (`OpUse::guard`).
         let raw = unsafe { create::<T>(comm, ptr as *mut c_void, ncclScalarResidence_t::ncclScalarDevice) }?;
-        Ok(PreMulSum { comm, raw, scalar: Some(scalar) })
+        Ok(PreMulSum { comm, raw, scalar: Some(scalar), released: false })
     }
 }
 
@@ -172,10 +174,10 @@ impl<'a, T> PreMulSum<'a, T> {
     /// Dropping it does the same and logs a failure. After the communicator was aborted there is
     /// nothing to destroy (NCCL freed the operator with it).
     #[doc(alias = "ncclRedOpDestroy")]
-    pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
+    pub fn destroy(mut self) -> std::result::Result<(), (Self, Error)> {
         match self.release() {
             Ok(()) => {
-                std::mem::forget(self);
+                self.released = true;
                 Ok(())
             }
             Err(e) => Err((self, e)),
@@ -185,13 +187,17 @@ impl<'a, T> PreMulSum<'a, T> {
     fn release(&self) -> Result<()> {
         let Ok(c) = self.comm.live_raw() else { return Ok(()) };
         // SAFETY: `raw` was created for `c`, which is live (checked just above); the borrow
-        // checker ends every use of the operator (in a group: the group's launch) before this runs.
+        // checker ends every use of the operator (in a group: the group's launch) before this runs;
+        // it is destroyed once (`destroy` marks the operator released, which `Drop` skips).
         unsafe { call!(ncclRedOpDestroy(self.raw, c), comm = c) }
     }
 }
 
 impl<T> Drop for PreMulSum<'_, T> {
     fn drop(&mut self) {
+        if self.released {
+            return;
+        }
         if let Err(e) = self.release() {
             log::warn!("nccl: destroying a PreMulSum operator failed: {e}");
         }

@@ -56,6 +56,8 @@ pub struct Registration<'c, T, B: DeviceBufferMut<T>> {
     handle: *mut c_void,
     /// Dropped only after a successful deregistration: NCCL may still use the memory otherwise.
     buf: ManuallyDrop<B>,
+    /// Set by the consuming teardown once the C resource is gone: `Drop` then has nothing to do.
+    released: bool,
     _elements: PhantomData<T>,
 }
 
@@ -87,7 +89,7 @@ impl Comm {
             // out-pointer; `c` is live (checked above; nothing in between can abort it).
             unsafe { call!(ncclCommRegister(c, ptr as *mut c_void, bytes, &mut handle), comm = c) }?;
         }
-        Ok(Registration { comm: self, handle, buf: ManuallyDrop::new(buf), _elements: PhantomData })
+        Ok(Registration { comm: self, handle, buf: ManuallyDrop::new(buf), released: false, _elements: PhantomData })
     }
 }
 
@@ -119,11 +121,10 @@ impl<'c, T, B: DeviceBufferMut<T>> Registration<'c, T, B> {
     pub fn deregister(mut self) -> std::result::Result<B, (Self, Error)> {
         match self.release() {
             Ok(()) => {
-                // SAFETY: the buffer is taken once, and the registration is forgotten right after,
-                // so its `Drop` never sees the emptied `ManuallyDrop`.
-                let buf = unsafe { ManuallyDrop::take(&mut self.buf) };
-                std::mem::forget(self);
-                Ok(buf)
+                self.released = true;
+                // SAFETY: the buffer is taken once, and the registration is marked released just
+                // above, so its `Drop` never touches the emptied `ManuallyDrop`.
+                Ok(unsafe { ManuallyDrop::take(&mut self.buf) })
             }
             Err(e) => Err((self, e)),
         }
@@ -137,7 +138,7 @@ impl<'c, T, B: DeviceBufferMut<T>> Registration<'c, T, B> {
         quiesce(&mut *self.buf, self.comm, "a registered buffer")?;
         // SAFETY: `handle` came from ncclCommRegister on `c`, which is live (checked above: the
         // wait in between cannot abort it, only this thread's calls into the communicator can); it
-        // is deregistered once (`deregister` forgets the registration, `Drop` runs at most once);
+        // is deregistered once (`deregister` marks the registration released, which `Drop` skips);
         // no work using the buffer is pending.
         unsafe { call!(ncclCommDeregister(c, self.handle), comm = c) }
     }
@@ -162,6 +163,9 @@ impl<T, B: DeviceBufferMut<T>> Deref for Registration<'_, T, B> {
 
 impl<T, B: DeviceBufferMut<T>> Drop for Registration<'_, T, B> {
     fn drop(&mut self) {
+        if self.released {
+            return;
+        }
         match self.release() {
             // SAFETY: dropped once, here; the registration is gone afterwards.
             Ok(()) => unsafe { ManuallyDrop::drop(&mut self.buf) },
@@ -235,6 +239,8 @@ pub struct Window<'c, T> {
     raw: nccl_sys::ncclWindow_t,
     /// Dropped only after a successful deregistration: peers may have the memory mapped.
     buf: ManuallyDrop<MemBuffer<T>>,
+    /// Set by the consuming teardown once the C resource is gone: `Drop` then has nothing to do.
+    released: bool,
 }
 
 #[cfg(nccl_2_27)]
@@ -260,7 +266,7 @@ impl Comm {
         // Outside a group NCCL registers before returning; a nonblocking communicator fills `raw`
         // in by the time it has settled.
         self.settle("ncclCommWindowRegister", rc, self.stream())?;
-        Ok(Window { comm: self, raw, buf: ManuallyDrop::new(buf) })
+        Ok(Window { comm: self, raw, buf: ManuallyDrop::new(buf), released: false })
     }
 }
 
@@ -280,7 +286,7 @@ pub fn register_windows<'c, T>(
     crate::group::refuse_inside()?;
     let mut windows: Vec<Window<'c, T>> = pairs
         .into_iter()
-        .map(|(comm, buf)| Window { comm, raw: std::ptr::null_mut(), buf: ManuallyDrop::new(buf) })
+        .map(|(comm, buf)| Window { comm, raw: std::ptr::null_mut(), buf: ManuallyDrop::new(buf), released: false })
         .collect();
     // Checked before the group starts, so that a refused buffer or an aborted communicator leaves
     // no group open and no registration waiting for a rank that never comes.
@@ -387,18 +393,17 @@ impl<'c, T> Window<'c, T> {
     pub fn deregister(mut self) -> std::result::Result<MemBuffer<T>, (Self, Error)> {
         match self.release() {
             Ok(()) => {
-                self.raw = std::ptr::null_mut();
-                // SAFETY: the buffer is taken once, and the window is forgotten right after, so its
-                // `Drop` never sees the emptied `ManuallyDrop`.
-                let buf = unsafe { ManuallyDrop::take(&mut self.buf) };
-                std::mem::forget(self);
-                Ok(buf)
+                self.released = true;
+                // SAFETY: the buffer is taken once, and the window is marked released just above,
+                // so its `Drop` never touches the emptied `ManuallyDrop`.
+                Ok(unsafe { ManuallyDrop::take(&mut self.buf) })
             }
             Err(e) => Err((self, e)),
         }
     }
 
-    /// Waits for the buffer's uses, then deregisters the window; after an abort, nothing.
+    /// Waits for the buffer's uses, then deregisters the window; after an abort, or when NCCL
+    /// registered nothing (a null handle), nothing.
     fn release(&mut self) -> Result<()> {
         if self.raw.is_null() {
             return Ok(());
@@ -409,8 +414,8 @@ impl<'c, T> Window<'c, T> {
         // Kernels using the window read its state, which deregistering frees.
         quiesce(&mut *self.buf, self.comm, "a window's buffer")?;
         // SAFETY: `raw` came from ncclCommWindowRegister on `c`, which is live (checked above: the
-        // wait in between cannot abort it); it is deregistered once (nulled by `deregister`, `Drop`
-        // runs at most once); the buffer's last use has finished.
+        // wait in between cannot abort it); it is deregistered once (`deregister` marks the window
+        // released, which `Drop` skips); the buffer's last use has finished.
         unsafe { call!(ncclCommWindowDeregister(c, self.raw), comm = c) }
     }
 }
@@ -426,6 +431,9 @@ impl<T> Deref for Window<'_, T> {
 #[cfg(nccl_2_27)]
 impl<T> Drop for Window<'_, T> {
     fn drop(&mut self) {
+        if self.released {
+            return;
+        }
         match self.release() {
             // SAFETY: dropped once, here; the window is gone afterwards.
             Ok(()) => unsafe { ManuallyDrop::drop(&mut self.buf) },

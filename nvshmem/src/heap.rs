@@ -122,7 +122,8 @@ pub struct Symmetric<'rt, T> {
     len: usize,
     rt: &'rt Runtime,
     tracker: StreamTracker,
-    freed: bool,
+    /// Set by the consuming teardown once the C resource is gone: `Drop` then has nothing to do.
+    released: bool,
     _elem: PhantomData<T>,
 }
 
@@ -195,7 +196,7 @@ impl Runtime {
         }?;
         let ptr = NonNull::new(ptr).ok_or(Error::OutOfMemory { bytes })?;
         self.heap_in_use.set(self.heap_in_use.get() + bytes);
-        Ok(Symmetric { ptr, len, rt: self, tracker, freed: false, _elem: PhantomData })
+        Ok(Symmetric { ptr, len, rt: self, tracker, released: false, _elem: PhantomData })
     }
 }
 
@@ -305,7 +306,7 @@ impl<'rt, T> Symmetric<'rt, T> {
         match freed {
             Ok(()) => {
                 self.rt.heap_in_use.set(self.rt.heap_in_use.get() - self.num_bytes());
-                self.freed = true;
+                self.released = true;
                 Ok(())
             }
             Err(e) => Err((self, e)),
@@ -315,7 +316,7 @@ impl<'rt, T> Symmetric<'rt, T> {
 
 impl<T> Drop for Symmetric<'_, T> {
     fn drop(&mut self) {
-        if !self.freed {
+        if !self.released {
             log::warn!(
                 "nvshmem: a symmetric buffer of {} bytes was dropped without Symmetric::free; it stays allocated \
                  until NVSHMEM is finalised (freeing in Drop could break the collective free order)",

@@ -31,6 +31,8 @@ pub struct Registration<'rt, T, B: DeviceBufferMut<T>> {
     rt: &'rt Runtime,
     /// Dropped only after a successful unregistration.
     buf: ManuallyDrop<B>,
+    /// Set by the consuming teardown once the C resource is gone: `Drop` then has nothing to do.
+    released: bool,
     _elements: PhantomData<T>,
 }
 
@@ -58,7 +60,7 @@ impl Runtime {
         // SAFETY: `ptr` is `bytes` bytes of live device memory of this PE's device, owned by the
         // registration, which unregisters it before the memory can be freed.
         unsafe { call!(nvshmemx_buffer_register(ptr.as_ptr(), bytes)) }?;
-        Ok(Registration { ptr, bytes, rt: self, buf: ManuallyDrop::new(buf), _elements: PhantomData })
+        Ok(Registration { ptr, bytes, rt: self, buf: ManuallyDrop::new(buf), released: false, _elements: PhantomData })
     }
 }
 
@@ -84,11 +86,10 @@ impl<T, B: DeviceBufferMut<T>> Registration<'_, T, B> {
     pub fn unregister(mut self) -> std::result::Result<B, (Self, Error)> {
         match self.release() {
             Ok(()) => {
-                // SAFETY: the buffer is taken once, and the registration is forgotten right after,
-                // so its `Drop` never sees the emptied `ManuallyDrop`.
-                let buf = unsafe { ManuallyDrop::take(&mut self.buf) };
-                std::mem::forget(self);
-                Ok(buf)
+                self.released = true;
+                // SAFETY: the buffer is taken once, and the registration is marked released just
+                // above, so its `Drop` never touches the emptied `ManuallyDrop`.
+                Ok(unsafe { ManuallyDrop::take(&mut self.buf) })
             }
             Err(e) => Err((self, e)),
         }
@@ -101,8 +102,9 @@ impl<T, B: DeviceBufferMut<T>> Registration<'_, T, B> {
             return Err(Error::StillInUse { what: "a registered buffer", after: timeout.unwrap_or_default() });
         }
         self.rt.context().bind_to_thread()?;
-        // SAFETY: the memory was registered by this handle and is unregistered at most once (the
-        // handle is consumed or dropped right after success); no queued work uses it any more.
+        // SAFETY: the memory was registered by this handle and is unregistered at most once
+        // (`unregister` marks the registration released, which `Drop` skips; a drop ends the
+        // handle); no queued work uses it any more.
         unsafe { call!(nvshmemx_buffer_unregister(self.ptr.as_ptr())) }
     }
 }
@@ -116,6 +118,9 @@ impl<T, B: DeviceBufferMut<T>> Deref for Registration<'_, T, B> {
 
 impl<T, B: DeviceBufferMut<T>> Drop for Registration<'_, T, B> {
     fn drop(&mut self) {
+        if self.released {
+            return;
+        }
         match self.release() {
             // SAFETY: dropped once, here; the registration is gone afterwards.
             Ok(()) => unsafe { ManuallyDrop::drop(&mut self.buf) },

@@ -98,8 +98,9 @@ pub struct Runtime {
     agreement: Option<Agreement>,
     /// Bounds the waits of teardown ([`Runtime::set_timeout`]).
     timeout: Cell<Option<Duration>>,
-    /// NVSHMEM was finalised (by [`Runtime::finalize`]).
-    finished: bool,
+    /// Set by the consuming teardown once the C resource is gone (NVSHMEM finalised, by
+    /// [`Runtime::finalize`]): `Drop` then has nothing to do.
+    released: bool,
     _not_sync: PhantomData<Cell<()>>,
 }
 
@@ -234,7 +235,7 @@ impl Runtime {
             heap_in_use: Cell::new(0),
             agreement: None,
             timeout: Cell::new(None),
-            finished: false,
+            released: false,
             _not_sync: PhantomData,
         };
         // From here on, dropping `rt` finalises NVSHMEM.
@@ -398,7 +399,7 @@ impl Runtime {
 
     /// `nvshmemx_hostlib_finalize`, once.
     fn finish(&mut self) {
-        self.finished = true;
+        self.released = true;
         if let Some(agreement) = self.agreement.take() {
             agreement.close();
         }
@@ -406,7 +407,7 @@ impl Runtime {
             log::warn!("nvshmem: binding the PE's CUDA context before finalising failed: {e}");
         }
         // SAFETY: NVSHMEM was initialised by this runtime, which is the only one, and is
-        // finalised exactly once (`finished` is set above); the device is idle (both callers waited
+        // finalised exactly once (it is marked released above); the device is idle (both callers waited
         // for it successfully), so nothing uses the heap that finalising releases.
         if let Err(e) = unsafe { call!(nvshmemx_hostlib_finalize()) } {
             log::warn!("nvshmem: finalising failed: {e}");
@@ -436,7 +437,7 @@ fn spec_version() -> Result<(u32, u32)> {
 
 impl Drop for Runtime {
     fn drop(&mut self) {
-        if self.finished {
+        if self.released {
             return;
         }
         // Pending kernels may still use the symmetric heap that finalize releases, and NVSHMEM's

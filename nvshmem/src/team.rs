@@ -37,7 +37,9 @@ pub struct Team<'rt> {
     rt: &'rt Runtime,
     my_pe: usize,
     n_pes: usize,
-    owned: bool,
+    /// Set by the consuming teardown once the C resource is gone: `Drop` then has nothing to do.
+    /// NVSHMEM's predefined teams start released: no handle destroys them.
+    released: bool,
 }
 
 impl std::fmt::Debug for Team<'_> {
@@ -73,12 +75,13 @@ fn int(v: usize) -> i32 {
 }
 
 impl<'rt> Team<'rt> {
-    /// Wraps a valid team handle, reading this PE's number and the size.
+    /// Wraps a valid team handle, reading this PE's number and the size. `owned`: a team of a
+    /// split, which the handle destroys (not a predefined one).
     fn adopt(rt: &'rt Runtime, raw: nvshmem_team_t, owned: bool) -> Result<Self> {
         // SAFETY: `raw` is a valid team this PE belongs to (a predefined one, or one NVSHMEM
         // just created); both calls only read it.
         let (me, n) = unsafe { (call_unchecked!(nvshmem_team_my_pe(raw))?, call_unchecked!(nvshmem_team_n_pes(raw))?) };
-        let team = Team { raw, rt, my_pe: me.max(0) as usize, n_pes: n.max(0) as usize, owned };
+        let team = Team { raw, rt, my_pe: me.max(0) as usize, n_pes: n.max(0) as usize, released: !owned };
         if me < 0 || me >= n {
             return Err(Error::InvalidPe { what: "the team PE NVSHMEM reports", pe: team.my_pe, n_pes: team.n_pes });
         }
@@ -197,19 +200,19 @@ impl<'rt> Team<'rt> {
     /// destroyed and the team comes back with the error.
     #[doc(alias = "nvshmem_team_destroy")]
     pub fn destroy(mut self) -> std::result::Result<(), (Self, Error)> {
-        if !self.owned {
+        if self.released {
             return Ok(());
         }
         let destroyed = (|| {
             self.rt.context().bind_to_thread()?;
-            // SAFETY: the team was created by a split and is destroyed once: `owned` is cleared
+            // SAFETY: the team was created by a split and is destroyed once: it is marked released
             // below on success, so Drop does nothing; if the function does not resolve, nothing
             // is called.
             unsafe { call!(nvshmem_team_destroy(self.raw)) }
         })();
         match destroyed {
             Ok(()) => {
-                self.owned = false;
+                self.released = true;
                 Ok(())
             }
             Err(e) => Err((self, e)),
@@ -365,7 +368,7 @@ impl<'rt> Team<'rt> {
 
 impl Drop for Team<'_> {
     fn drop(&mut self) {
-        if !self.owned {
+        if self.released {
             return;
         }
         if std::thread::panicking() {
