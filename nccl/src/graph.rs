@@ -1,6 +1,6 @@
 //! CUDA graphs of NCCL calls: [`capture`], this crate's entry point to the capture scope of
-//! `gpucomm-ordering`, and what a graph keeps of this crate's (communicators; buffers and custom
-//! operators implement [`Keep`] where they are defined).
+//! `gpucomm-ordering`, and what a graph keeps of a communicator (borrowed communicators, buffers,
+//! windows and custom operators implement [`Keep`] where they are defined).
 
 use std::sync::Arc;
 
@@ -8,9 +8,8 @@ use cudarc::driver::CudaStream;
 use gpucomm_ordering::{Graph, Keep, Resource, Visitor};
 
 use crate::error::Result;
-#[cfg(nccl_2_27)]
-use crate::Window;
-use crate::{BorrowedComm, Comm};
+use crate::group::refuse_inside;
+use crate::Comm;
 
 /// What a graph calls a communicator.
 const KIND: &str = "communicator";
@@ -25,48 +24,6 @@ pub(crate) fn communicator(comm: &Comm) -> Resource {
 unsafe impl Keep for &Comm {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
         v.resource(communicator(self), !self.is_aborted());
-    }
-}
-
-// SAFETY: the borrow keeps the borrowed communicator's `Comm` alive and in place (its calls record
-// that very value, see `BorrowedComm::comm`), and the `BorrowedComm` itself borrows its owner, whose
-// communicator `BorrowedComm::from_raw_borrowed`'s contract keeps alive for as long as that borrow.
-// This crate never aborts it; it is reported closed if it ever is, so that no launch reaches it.
-unsafe impl Keep for &BorrowedComm<'_> {
-    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
-        let comm = self.comm();
-        v.resource(communicator(comm), !comm.is_aborted());
-    }
-}
-
-// SAFETY: the borrow keeps the window registered and its memory alive, and unwritable through
-// this member: it is reported read. Captured calls that write the window (a collective into it, a
-// kernel that records a write) need it kept writable: `&mut window`, the window by value, or a
-// view from `window.as_view_mut()`.
-#[cfg(nccl_2_27)]
-unsafe impl<T> Keep for &Window<'_, T> {
-    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
-        v.read(self.buffer());
-    }
-}
-
-// SAFETY: the exclusive borrow keeps the window registered and its memory alive, and no one else
-// can use it while the graph lives: it is reported writable. The buffer is only handed to the
-// visitor, which takes its pointer; it cannot be replaced through this member (swapping the whole
-// window through `Graph::kept_mut` moves its memory out of the keep set, which the next launch
-// notices and refuses).
-#[cfg(nccl_2_27)]
-unsafe impl<T> Keep for &mut Window<'_, T> {
-    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
-        v.write(self.kept_buffer());
-    }
-}
-
-// SAFETY: as for `&mut Window`: the graph owns the window (and so its registration and memory).
-#[cfg(nccl_2_27)]
-unsafe impl<T> Keep for Window<'_, T> {
-    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
-        v.write(self.kept_buffer());
     }
 }
 
@@ -141,6 +98,6 @@ impl Comm {
 #[doc(alias = "cuStreamBeginCapture")]
 #[doc(alias = "cuStreamEndCapture")]
 pub fn capture<K: Keep>(stream: &Arc<CudaStream>, keep: K, f: impl FnOnce(&mut K) -> Result<()>) -> Result<Graph<K>> {
-    crate::group::refuse_inside()?;
+    refuse_inside()?;
     gpucomm_ordering::capture(stream, keep, f)
 }

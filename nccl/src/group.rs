@@ -30,56 +30,16 @@ use cudarc::driver::{CudaStream, SyncOnDrop};
 use gpucomm_ordering::Access;
 use nccl_sys::ncclResult_t;
 
+mod open;
+
+pub(crate) use open::{is_open, refuse_inside};
+
 use crate::call::Call;
 use crate::error::{Error, Result};
 use crate::ffi::{call, check, resolve};
-use crate::target::{check_stream, Plan, Target};
+use crate::graph::communicator;
 use crate::Comm;
-
-thread_local! {
-    static OPEN: Cell<bool> = const { Cell::new(false) };
-    /// Direct calls refused because a group was open, since the group opened.
-    static REFUSED_INSIDE: Cell<usize> = const { Cell::new(0) };
-}
-
-/// True while this thread runs the closure of a [`group`].
-pub(crate) fn is_open() -> bool {
-    OPEN.with(Cell::get)
-}
-
-/// `Ok` outside a group; inside one, [`Error::InsideGroup`], counted as a refused call of the open
-/// group (so that it launches nothing, even if the closure ignores the error). For every call that
-/// a group would only record instead of carrying out: direct collectives, communicator creation
-/// and teardown, window registration, a nested group.
-pub(crate) fn refuse_inside() -> Result<()> {
-    if !is_open() {
-        return Ok(());
-    }
-    REFUSED_INSIDE.with(|r| r.set(r.get() + 1));
-    Err(Error::InsideGroup)
-}
-
-/// Marks the group open for the closure's run, and closed again on every path out (panics too).
-struct Open;
-
-impl Open {
-    fn enter() -> Self {
-        OPEN.with(|o| o.set(true));
-        REFUSED_INSIDE.with(|r| r.set(0));
-        Open
-    }
-
-    /// Direct calls refused while the group was open.
-    fn refused(&self) -> usize {
-        REFUSED_INSIDE.with(Cell::get)
-    }
-}
-
-impl Drop for Open {
-    fn drop(&mut self) {
-        OPEN.with(|o| o.set(false));
-    }
-}
+use open::Open;
 
 /// The calls of one group, recorded while its closure runs. Not `Send` (nor `Sync`): NCCL
 /// requires one thread to issue all operations of a group.
@@ -167,13 +127,13 @@ impl std::fmt::Debug for Group<'_> {
 }
 
 /// A communicator taking part in a group, on its own stream or another one ([`Member::on`]):
-/// every method of [`crate::Collectives`] records a call in the group. Get one with
-/// [`Group::with`].
+/// every method of [`crate::Collectives`] records a call in the group (see `target.rs`, where
+/// every target of a call implements the trait). Get one with [`Group::with`].
 #[derive(Clone, Copy)]
 pub struct Member<'g, 'a> {
-    group: &'g Group<'a>,
-    comm: &'a Comm,
-    stream: &'a Arc<CudaStream>,
+    pub(crate) group: &'g Group<'a>,
+    pub(crate) comm: &'a Comm,
+    pub(crate) stream: &'a Arc<CudaStream>,
 }
 
 impl std::fmt::Debug for Member<'_, '_> {
@@ -190,6 +150,11 @@ impl<'a> Group<'a> {
     /// `comm` as a member of this group, on its own stream: `g.with(&comm).all_reduce(..)`.
     pub fn with(&self, comm: &'a Comm) -> Member<'_, 'a> {
         Member { group: self, comm, stream: comm.stream() }
+    }
+
+    /// Counts one call of the group as refused: the group then launches nothing.
+    pub(crate) fn refuse(&self) {
+        self.recorded.borrow_mut().refused += 1;
     }
 
     /// Records one call: takes its pointers through this group's access for `stream`, and keeps the
@@ -209,7 +174,7 @@ impl<'a> Group<'a> {
                 accesses.len() - 1
             }
         };
-        accesses[i].resource(crate::graph::communicator(comm))?;
+        accesses[i].resource(communicator(comm))?;
         let (call, guards) = take(&accesses[i])?;
         // cudarc records failed waits in the context instead of returning them.
         stream.context().check_err()?;
@@ -313,18 +278,6 @@ impl<'g, 'a> Member<'g, 'a> {
     /// each call) instead of the communicator's own stream.
     pub fn on(self, stream: &'a Arc<CudaStream>) -> Self {
         Member { stream, ..self }
-    }
-}
-
-impl<'a> Target<'a> for Member<'_, 'a> {
-    #[inline]
-    fn dispatch(self, body: impl FnOnce(Plan<'_, 'a>) -> Result<()>) -> Result<()> {
-        let result = check_stream(self.comm, self.stream)
-            .and_then(|()| body(Plan::recorded(self.comm, self.stream, self.group)));
-        if result.is_err() {
-            self.group.recorded.borrow_mut().refused += 1;
-        }
-        result
     }
 }
 

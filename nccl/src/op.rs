@@ -127,10 +127,7 @@ impl<'a, T: NcclType> PreMulSum<'a, T> {
         if scalar.len() != 1 {
             return Err(Error::LengthMismatch { what: "PreMulSum scalar", expected: 1, got: scalar.len() });
         }
-        let got = scalar.stream().context().ordinal();
-        if got != comm.device() {
-            return Err(Error::WrongDevice { what: "PreMulSum scalar", expected: comm.device(), got });
-        }
+        comm.check_device("PreMulSum scalar", scalar.stream())?;
         let access = Access::new(comm.stream());
         let (ptr, _guard) = access.read(scalar)?;
         comm.context().check_err()?;

@@ -16,19 +16,10 @@ use crate::error::{Error, Result};
 use crate::ffi::call;
 #[cfg(nccl_2_27)]
 use crate::ffi::call_unchecked;
+use crate::group::refuse_inside;
 use crate::Comm;
 #[cfg(nccl_2_27)]
 use crate::{MemBuffer, MemViewMut};
-
-/// `buf`'s device must be the communicator's.
-fn check_device<T>(comm: &Comm, what: &'static str, buf: &impl DeviceSlice<T>) -> Result<()> {
-    let got = buf.stream().context().ordinal();
-    if got == comm.device() {
-        Ok(())
-    } else {
-        Err(Error::WrongDevice { what, expected: comm.device(), got })
-    }
-}
 
 /// A buffer registered with a communicator (`ncclCommRegister`, NCCL ≥ 2.19.1), so that NCCL can
 /// move data in and out of it directly, without copies through its internal buffers.
@@ -74,7 +65,7 @@ impl Comm {
     #[doc(alias = "ncclCommRegister")]
     pub fn register<T, B: DeviceBufferMut<T>>(&self, mut buf: B) -> Result<Registration<'_, T, B>> {
         let c = self.live_raw()?;
-        check_device(self, "buffer", &buf)?;
+        self.check_device("buffer", buf.stream())?;
         if buf.len() == 0 {
             return Err(Error::ZeroSize { call: "ncclCommRegister" });
         }
@@ -258,9 +249,9 @@ impl Comm {
     pub fn register_window<T>(&self, buf: MemBuffer<T>, flags: WindowFlags) -> Result<Window<'_, T>> {
         // Inside a group closure the other communicators' registrations come later: this one
         // would wait for them forever. Several communicators register through `register_windows`.
-        crate::group::refuse_inside()?;
+        refuse_inside()?;
         let c = self.live_raw()?;
-        check_device(self, "window buffer", &buf)?;
+        self.check_device("window buffer", buf.stream())?;
         let mut raw = std::ptr::null_mut();
         let rc = register_raw(c, &buf, flags, &mut raw)?;
         // Outside a group NCCL registers before returning; a nonblocking communicator fills `raw`
@@ -283,7 +274,7 @@ pub fn register_windows<'c, T>(
     pairs: impl IntoIterator<Item = (&'c Comm, MemBuffer<T>)>,
     flags: WindowFlags,
 ) -> Result<Vec<Window<'c, T>>> {
-    crate::group::refuse_inside()?;
+    refuse_inside()?;
     let mut windows: Vec<Window<'c, T>> = pairs
         .into_iter()
         .map(|(comm, buf)| Window { comm, raw: std::ptr::null_mut(), buf: ManuallyDrop::new(buf), released: false })
@@ -293,7 +284,7 @@ pub fn register_windows<'c, T>(
     let mut handles = Vec::with_capacity(windows.len());
     for w in &windows {
         handles.push(w.comm.live_raw()?);
-        check_device(w.comm, "window buffer", &*w.buf)?;
+        w.comm.check_device("window buffer", w.buf.stream())?;
     }
     let end = crate::ffi::resolve!(ncclGroupEnd)?;
     // SAFETY: no NCCL group is open on this thread: this crate opens NCCL groups only in its own
@@ -371,9 +362,9 @@ impl<'c, T> Window<'c, T> {
         self.buf.slice_mut(range)
     }
 
-    /// The buffer itself, for this crate's [`Keep`] implementations only: it must never reach
-    /// safe code, which could replace it.
-    pub(crate) fn kept_buffer(&mut self) -> &mut MemBuffer<T> {
+    /// The buffer itself, for the [`Keep`] implementations below only: it must never reach safe
+    /// code, which could replace it.
+    fn kept_buffer(&mut self) -> &mut MemBuffer<T> {
         &mut self.buf
     }
 
@@ -440,5 +431,36 @@ impl<T> Drop for Window<'_, T> {
             // Peers may still have the memory mapped through the window: leak it.
             Err(e) => log::warn!("nccl: deregistering a dropped window failed; its buffer is leaked: {e}"),
         }
+    }
+}
+
+// SAFETY: the borrow keeps the window registered and its memory alive, and unwritable through
+// this member: it is reported read. Captured calls that write the window (a collective into it, a
+// kernel that records a write) need it kept writable: `&mut window`, the window by value, or a
+// view from `window.as_view_mut()`.
+#[cfg(nccl_2_27)]
+unsafe impl<T> Keep for &Window<'_, T> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.read(self.buffer());
+    }
+}
+
+// SAFETY: the exclusive borrow keeps the window registered and its memory alive, and no one else
+// can use it while the graph lives: it is reported writable. The buffer is only handed to the
+// visitor, which takes its pointer; it cannot be replaced through this member (swapping the whole
+// window through `Graph::kept_mut` moves its memory out of the keep set, which the next launch
+// notices and refuses).
+#[cfg(nccl_2_27)]
+unsafe impl<T> Keep for &mut Window<'_, T> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.write(self.kept_buffer());
+    }
+}
+
+// SAFETY: as for `&mut Window`: the graph owns the window (and so its registration and memory).
+#[cfg(nccl_2_27)]
+unsafe impl<T> Keep for Window<'_, T> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.write(self.kept_buffer());
     }
 }

@@ -2,8 +2,8 @@
 //!
 //! The communicator's own stream is the default ([`Comm`] itself is a target); [`Comm::on`] picks
 //! another stream of the same device for direct calls, [`crate::Member::on`] inside a group. All
-//! of them implement [`crate::Collectives`] through the crate-private [`Target`] trait, so that
-//! each collective is written once, in `coll.rs`, for every target.
+//! of them implement [`crate::Collectives`] through the crate-private [`Target`] trait, here, so
+//! that each collective is written once, in `coll.rs`, for every target.
 
 use std::sync::Arc;
 
@@ -12,7 +12,8 @@ use gpucomm_ordering::Access;
 
 use crate::call::Call;
 use crate::error::{Error, Result};
-use crate::group::{self, Group};
+use crate::graph::communicator;
+use crate::group::{refuse_inside, Group, Member};
 use crate::Comm;
 
 /// A call being made: its communicator and stream, and the group recording it (none for a direct
@@ -33,11 +34,13 @@ pub trait Target<'b>: Copy {
     fn dispatch(self, body: impl FnOnce(Plan<'_, 'b>) -> Result<()>) -> Result<()>;
 }
 
-/// A communicator is a target on its own stream.
+/// A communicator is a target on its own stream. Direct calls are refused while a group is open
+/// on this thread: they would not be part of it (the refusal counts as a refused call of the
+/// group, which then launches nothing).
 impl<'b> Target<'b> for &'b Comm {
     #[inline]
     fn dispatch(self, body: impl FnOnce(Plan<'_, 'b>) -> Result<()>) -> Result<()> {
-        direct()?;
+        refuse_inside()?;
         body(Plan { comm: self, stream: self.stream(), group: None })
     }
 }
@@ -52,7 +55,7 @@ pub struct OnStream<'b> {
 impl<'b> Target<'b> for OnStream<'b> {
     #[inline]
     fn dispatch(self, body: impl FnOnce(Plan<'_, 'b>) -> Result<()>) -> Result<()> {
-        direct()?;
+        refuse_inside()?;
         check_stream(self.comm, self.stream)?;
         body(Plan { comm: self.comm, stream: self.stream, group: None })
     }
@@ -73,42 +76,35 @@ impl Comm {
     }
 }
 
-/// Direct calls are refused while a group is open on this thread: they would not be part of it.
-/// The refusal counts as a refused call of the group, which then launches nothing.
-#[inline]
-fn direct() -> Result<()> {
-    group::refuse_inside()
+/// A communicator in a group records its calls there. A refused call (here: a stream of another
+/// device; in `body`: any check) counts as a refused call of the group, which then launches
+/// nothing.
+impl<'a> Target<'a> for Member<'_, 'a> {
+    #[inline]
+    fn dispatch(self, body: impl FnOnce(Plan<'_, 'a>) -> Result<()>) -> Result<()> {
+        let plan = Plan { comm: self.comm, stream: self.stream, group: Some(self.group) };
+        let result = check_stream(self.comm, self.stream).and_then(|()| body(plan));
+        if result.is_err() {
+            self.group.refuse();
+        }
+        result
+    }
 }
 
 /// A stream other than the communicator's own must be on its device.
 #[inline]
-pub(crate) fn check_stream(comm: &Comm, stream: &Arc<CudaStream>) -> Result<()> {
+fn check_stream(comm: &Comm, stream: &Arc<CudaStream>) -> Result<()> {
     if Arc::ptr_eq(stream, comm.stream()) {
         return Ok(());
     }
-    let got = stream.context().ordinal();
-    if got == comm.device() {
-        Ok(())
-    } else {
-        Err(Error::WrongDevice { what: "stream", expected: comm.device(), got })
-    }
+    comm.check_device("stream", stream)
 }
 
-impl<'g, 'b> Plan<'g, 'b> {
-    /// The plan of a call recorded in `group`.
-    pub(crate) fn recorded(comm: &'b Comm, stream: &'b Arc<CudaStream>, group: &'g Group<'b>) -> Self {
-        Plan { comm, stream, group: Some(group) }
-    }
-
+impl<'b> Plan<'_, 'b> {
     /// `Ok` when `buf` lives on the communicator's device.
     #[inline]
     pub(crate) fn check_device<T>(&self, what: &'static str, buf: &(impl DeviceSlice<T> + ?Sized)) -> Result<()> {
-        let got = buf.stream().context().ordinal();
-        if got == self.comm.device() {
-            Ok(())
-        } else {
-            Err(Error::WrongDevice { what, expected: self.comm.device(), got })
-        }
+        self.comm.check_device(what, buf.stream())
     }
 
     /// `Ok(rank as i32)` when `rank` is one of the communicator's ranks.
@@ -137,7 +133,7 @@ impl<'g, 'b> Plan<'g, 'b> {
             return group.record(self.comm, self.stream, take);
         }
         let access = Access::new(self.stream);
-        access.resource(crate::graph::communicator(self.comm))?;
+        access.resource(communicator(self.comm))?;
         let (call, guards) = take(&access)?;
         // cudarc records failed waits in the context instead of returning them.
         self.stream.context().check_err()?;

@@ -4,10 +4,12 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
+use gpucomm_ordering::{Keep, Visitor};
 use nccl_sys::ncclComm_t;
 
 use super::Comm;
 use crate::error::Result;
+use crate::graph::communicator;
 use crate::group::{Group, Member};
 use crate::target::{OnStream, Plan, Target};
 
@@ -151,6 +153,17 @@ impl<'a> Group<'a> {
     /// [`Group::with`] for a [`BorrowedComm`]: its calls are recorded in this group.
     pub fn with_borrowed(&self, comm: &'a BorrowedComm<'_>) -> Member<'_, 'a> {
         self.with(comm.comm())
+    }
+}
+
+// SAFETY: the borrow keeps the borrowed communicator's `Comm` alive and in place (its calls record
+// that very value, see `BorrowedComm::comm`), and the `BorrowedComm` itself borrows its owner, whose
+// communicator `BorrowedComm::from_raw_borrowed`'s contract keeps alive for as long as that borrow.
+// This crate never aborts it; it is reported closed if it ever is, so that no launch reaches it.
+unsafe impl Keep for &BorrowedComm<'_> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        let comm = self.comm();
+        v.resource(communicator(comm), !comm.is_aborted());
     }
 }
 

@@ -14,9 +14,10 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use nccl_sys::{ncclComm, ncclConfig_t, ncclResult_t};
 
-use super::{c_int, outside_group, Comm, Config};
+use super::{c_int, Comm, Config};
 use crate::error::{Error, Result};
 use crate::ffi::{call_unchecked, lib_version};
+use crate::group::refuse_inside;
 
 impl Comm {
     /// Splits this communicator (`ncclCommSplit`): ranks that pass the same `color` form a new
@@ -111,7 +112,7 @@ impl Comm {
     #[cfg_attr(docsrs, doc(cfg(nccl_2_28_7)))]
     pub fn revoke(&self) -> Result<()> {
         let raw = self.live_raw()?;
-        outside_group()?;
+        refuse_inside()?;
         self.context().bind_to_thread()?;
         let flags = nccl_sys::NCCL_REVOKE_DEFAULT as i32;
         // SAFETY: `raw` is live and owned; the flags are the only value NCCL accepts.
@@ -133,12 +134,9 @@ impl Comm {
         start: impl FnOnce(nccl_sys::ncclComm_t, *mut nccl_sys::ncclComm_t, *mut ncclConfig_t) -> Result<ncclResult_t>,
     ) -> Result<Option<Comm>> {
         let parent = self.live_raw()?;
-        outside_group()?;
+        refuse_inside()?;
         let stream = stream.unwrap_or_else(|| self.stream.clone());
-        let got = stream.context().ordinal();
-        if got != self.device() {
-            return Err(Error::WrongDevice { what: "the child's stream", expected: self.device(), got });
-        }
+        self.check_device("the child's stream", &stream)?;
         let mut raw_config = config.map(|c| c.to_raw(lib_version()?)).transpose()?;
         let settings = self.child_settings(config, raw_config.as_ref().map(|c| c.strings()));
         let config_ptr = raw_config.as_mut().map_or(ptr::null_mut(), |c| c.as_mut_ptr());

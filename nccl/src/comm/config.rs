@@ -13,9 +13,16 @@ use std::time::Duration;
 
 use nccl_sys::{ncclConfig_t, Version};
 
-use super::Settings;
 use crate::error::{Error, Result};
 use crate::ffi::check_version;
+
+/// What a new communicator takes from the config it was created with, besides NCCL's own fields.
+#[derive(Clone, Default)]
+pub(crate) struct Settings {
+    pub(super) nonblocking: bool,
+    pub(super) timeout: Option<Duration>,
+    pub(super) strings: Option<Arc<ConfigStrings>>,
+}
 
 /// `NCCL_CONFIG_UNDEF_INT`: "not set, use NCCL's default".
 pub(crate) const UNDEF_INT: c_int = c_int::MIN;

@@ -8,9 +8,11 @@ use std::time::Duration;
 use cudarc::driver::CudaStream;
 use nccl_sys::{ncclComm_t, ncclResult_t};
 
-use super::{c_count, outside_group, Comm, Config, Settings};
+use super::config::Settings;
+use super::{c_count, Comm, Config};
 use crate::error::{Error, Result};
 use crate::ffi::{call, call_unchecked, check, lib_version};
+use crate::group::refuse_inside;
 use crate::UniqueId;
 
 /// A communicator NCCL is still creating: what a nonblocking [`Config`] gives before every rank
@@ -75,7 +77,7 @@ impl PendingComm {
     }
 
     fn start(stream: Arc<CudaStream>, ids: Ids<'_>, rank: usize, nranks: usize, config: &Config) -> Result<Self> {
-        outside_group()?;
+        refuse_inside()?;
         let n = c_count("nranks", nranks)?;
         if rank >= nranks {
             return Err(Error::InvalidRank { what: "rank", rank, size: nranks });
@@ -187,7 +189,7 @@ impl Comm {
     /// call it with the same `id` and `nranks`; it returns once all have joined.
     #[doc(alias = "ncclCommInitRank")]
     pub fn init_rank(stream: Arc<CudaStream>, id: &UniqueId, rank: usize, nranks: usize) -> Result<Self> {
-        outside_group()?;
+        refuse_inside()?;
         let n = c_count("nranks", nranks)?;
         if rank >= nranks {
             return Err(Error::InvalidRank { what: "rank", rank, size: nranks });
@@ -267,7 +269,7 @@ impl Comm {
     /// differ. Drive the communicators together through [`crate::group`].
     #[doc(alias = "ncclCommInitAll")]
     pub fn init_all(streams: &[Arc<CudaStream>]) -> Result<Vec<Self>> {
-        outside_group()?;
+        refuse_inside()?;
         let n = c_count("the number of streams", streams.len())?;
         let devices: Vec<usize> = streams.iter().map(|s| s.context().ordinal()).collect();
         for (i, &device) in devices.iter().enumerate() {
@@ -334,5 +336,16 @@ fn abort_raw(raw: NonNull<nccl_sys::ncclComm>) {
     // SAFETY: `raw` is a live communicator that nothing else owns or uses.
     if let Err(e) = unsafe { call!(ncclCommAbort(raw.as_ptr())) } {
         log::warn!("nccl: aborting a communicator during cleanup failed: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pending_communicators_are_send() {
+        fn send<T: Send>() {}
+        send::<PendingComm>();
     }
 }

@@ -1,4 +1,4 @@
-//! Who may abort a communicator, and when; waiting for NCCL with a deadline.
+//! Who may abort a communicator, and when.
 //!
 //! NCCL's rule for aborting from another thread (user guide, "Fault Tolerance"): the communicator
 //! must be nonblocking, and no thread may be inside another NCCL call on it while
@@ -22,14 +22,13 @@
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use cudarc::driver::CudaContext;
 use nccl_sys::{ncclComm, ncclResult_t};
 
-use super::Comm;
 use crate::error::{Error, Result};
-use crate::ffi::{call, check};
+use crate::ffi::call;
 
 const LIVE: u8 = 0;
 const PARKED: u8 = 1;
@@ -197,6 +196,11 @@ pub enum AbortStatus {
 }
 
 impl AbortHandle {
+    /// A handle on the communicator whose abort state `health` is.
+    pub(super) fn new(health: Arc<Health>) -> Self {
+        AbortHandle { health }
+    }
+
     /// Aborts the communicator (`ncclCommAbort`) as soon as NCCL's rules allow: now if its owner
     /// is waiting inside this crate, otherwise at the owner's next call (see [`AbortHandle`]).
     /// An `Err` is NCCL's or CUDA's report from `ncclCommAbort`; the communicator is closed anyway.
@@ -243,149 +247,5 @@ impl AbortHandle {
             let rc = unsafe { call!(ncclCommGetAsyncError(raw.as_ptr(), &mut state)) };
             rc.map(|()| state).ok()
         })?
-    }
-}
-
-/// Pauses between polls: yields at first (a nonblocking enqueue usually finishes within
-/// microseconds), then sleeps, up to a millisecond.
-#[derive(Default)]
-struct Backoff(u32);
-
-impl Backoff {
-    fn pause(&mut self) {
-        self.0 = self.0.saturating_add(1);
-        match self.0.checked_sub(64) {
-            None | Some(0) => std::thread::yield_now(),
-            Some(n) => std::thread::sleep(Duration::from_micros(u64::from(n).clamp(20, 1000))),
-        }
-    }
-}
-
-/// A deadline: when it expires, and the timeout it came from (for the message).
-#[derive(Clone, Copy)]
-struct Deadline {
-    at: Instant,
-    after: Duration,
-}
-
-impl Deadline {
-    fn after(timeout: Option<Duration>) -> Option<Self> {
-        let after = timeout?;
-        Some(Deadline { at: Instant::now().checked_add(after)?, after })
-    }
-}
-
-impl Comm {
-    /// Hands out an [`AbortHandle`] for a watchdog thread. Nonblocking communicators only
-    /// ([`Error::NeedsNonblocking`] otherwise): a blocking NCCL call cannot be interrupted.
-    pub fn abort_handle(&self) -> Result<AbortHandle> {
-        if !self.nonblocking {
-            return Err(Error::NeedsNonblocking);
-        }
-        Ok(AbortHandle { health: self.health.clone() })
-    }
-
-    /// Waits until everything this communicator enqueued has finished: NCCL no longer reports an
-    /// operation in progress, the work on [`Comm::stream`] enqueued so far is done, and so is the
-    /// work enqueued so far on every other stream this communicator's calls went to
-    /// ([`Comm::on`], group members on other streams) since the last wait. Polls
-    /// `ncclCommGetAsyncError`, so an asynchronous NCCL error comes back as [`Error::Nccl`]
-    /// instead of a hang. Work captured into a CUDA graph is not waited for: it runs when the
-    /// graph is launched.
-    ///
-    /// Bounded by `timeout` and by the communicator's own timeout, measured per call from its
-    /// enqueue: when either expires, the communicator is **aborted** and the result is
-    /// [`Error::Timeout`] (NCCL offers no way to cancel one collective). With neither, it waits
-    /// as long as it takes, but an [`AbortHandle`] can still end the wait ([`Error::Aborted`]).
-    /// Polling costs up to a millisecond of latency compared with a stream synchronize.
-    #[doc(alias = "ncclCommGetAsyncError")]
-    pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
-        self.health.check()?;
-        let sides = self.watch.borrow_mut().take_sides();
-        let mut markers = vec![self.stream.record_event(None)?];
-        for side in &sides {
-            if !gpucomm_ordering::is_capturing(side)? {
-                markers.push(side.record_event(None)?);
-            }
-        }
-        let bound = Deadline::after(timeout);
-        self.poll("Comm::wait", bound, |comm| {
-            if !comm.nccl_ready("ncclCommGetAsyncError")? {
-                return Ok(false);
-            }
-            let mut watch = comm.watch.borrow_mut();
-            if let Some(late) = watch.overdue()? {
-                drop(watch);
-                return Err(comm.time_out(late.call, late.after));
-            }
-            for marker in &markers {
-                if !marker.try_is_complete()? {
-                    return Ok(false);
-                }
-            }
-            watch.all_done()
-        })
-    }
-
-    /// What to do with the result code of a call that acts on this communicator: `Ok` for
-    /// success, polling for `ncclInProgress` (bounded by the communicator's timeout), the error
-    /// otherwise.
-    pub(crate) fn complete(&self, call: &'static str, rc: ncclResult_t) -> Result<()> {
-        match rc {
-            ncclResult_t::ncclSuccess => Ok(()),
-            ncclResult_t::ncclInProgress => self.poll(call, Deadline::after(self.timeout()), |c| c.nccl_ready(call)),
-            _ => check(call, rc, Some(self.as_raw())),
-        }
-    }
-
-    /// Polls until the communicator is out of `ncclInProgress`, for `call`: bounded by the
-    /// communicator's timeout unless `timeout` says otherwise.
-    pub(super) fn await_ready(&self, call: &'static str, timeout: Option<Duration>) -> Result<()> {
-        self.poll(call, Deadline::after(timeout.or(self.timeout())), |c| c.nccl_ready(call))
-    }
-
-    /// One poll of NCCL's state: `Ok(true)` ready, `Ok(false)` still in progress, or the failure
-    /// (named after `call`, the operation that was in progress).
-    pub(super) fn nccl_ready(&self, call: &'static str) -> Result<bool> {
-        match self.async_state()? {
-            ncclResult_t::ncclSuccess => Ok(true),
-            ncclResult_t::ncclInProgress => Ok(false),
-            failed => {
-                // `check` turns the failure code into its error, with NCCL's detail.
-                check(call, failed, Some(self.as_raw()))?;
-                Ok(true)
-            }
-        }
-    }
-
-    /// Polls `ready` until it says so, parked between polls so that an [`AbortHandle`] can abort;
-    /// at `deadline` the communicator is aborted and the result is [`Error::Timeout`].
-    fn poll(
-        &self,
-        what: &'static str,
-        deadline: Option<Deadline>,
-        mut ready: impl FnMut(&Self) -> Result<bool>,
-    ) -> Result<()> {
-        let mut backoff = Backoff::default();
-        loop {
-            self.health.check()?;
-            if ready(self)? {
-                return Ok(());
-            }
-            if let Some(d) = deadline {
-                if Instant::now() >= d.at {
-                    return Err(self.time_out(what, d.after));
-                }
-            }
-            self.health.park()?;
-            backoff.pause();
-            self.health.unpark()?;
-        }
-    }
-
-    /// Aborts after a timeout and says so.
-    pub(super) fn time_out(&self, what: &'static str, after: Duration) -> Error {
-        self.health.abort_quietly();
-        Error::Timeout { what, after }
     }
 }

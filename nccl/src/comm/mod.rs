@@ -4,7 +4,8 @@
 //! * [`create`]: creation (`ncclCommInitRank*`, `ncclCommInitAll`) and the not-yet-ready
 //!   [`PendingComm`].
 //! * [`child`]: split, shrink, revoke.
-//! * [`health`]: who may abort a communicator and when ([`AbortHandle`]), polling with deadlines.
+//! * [`health`]: who may abort a communicator and when ([`AbortHandle`]).
+//! * [`wait`]: [`Comm::wait`], polling NCCL with deadlines.
 //! * [`watch`]: the opt-in timeout's record of enqueued work.
 //! * [`teardown`]: finalize, abort, drop.
 //! * [`borrowed`]: communicators someone else owns ([`BorrowedComm`]).
@@ -17,6 +18,7 @@ mod create;
 mod health;
 mod parked;
 mod teardown;
+mod wait;
 mod watch;
 
 use std::cell::{Cell, RefCell};
@@ -40,12 +42,12 @@ pub use create::PendingComm;
 pub use health::{AbortHandle, AbortStatus};
 pub use teardown::Finalizing;
 
-use config::ConfigStrings;
 /// `NCCL_API_MAGIC` and `NCCL_CONFIG_UNDEF_INT`, for the other structs NCCL initialises alike.
 #[cfg(nccl_2_29)]
 pub(crate) use config::MAGIC as API_MAGIC;
 #[cfg(nccl_2_30)]
 pub(crate) use config::UNDEF_INT;
+use config::{ConfigStrings, Settings};
 use health::Health;
 use watch::Watch;
 
@@ -131,14 +133,6 @@ impl std::fmt::Debug for Comm {
             .field("aborted", &self.health.is_closed())
             .finish()
     }
-}
-
-/// What a new communicator takes from the config it was created with, besides NCCL's own fields.
-#[derive(Clone, Default)]
-pub(crate) struct Settings {
-    nonblocking: bool,
-    timeout: Option<Duration>,
-    strings: Option<Arc<ConfigStrings>>,
 }
 
 impl Comm {
@@ -242,6 +236,18 @@ impl Comm {
         self.device
     }
 
+    /// `Ok` when `stream` (a stream to enqueue on, or a buffer's home stream) belongs to the
+    /// communicator's device, else [`Error::WrongDevice`] naming `what`: the one check of that
+    /// precondition.
+    pub(crate) fn check_device(&self, what: &'static str, stream: &CudaStream) -> Result<()> {
+        let got = stream.context().ordinal();
+        if got == self.device {
+            Ok(())
+        } else {
+            Err(Error::WrongDevice { what, expected: self.device, got })
+        }
+    }
+
     /// The default stream collectives are enqueued on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
@@ -250,6 +256,15 @@ impl Comm {
     /// The CUDA context of the communicator's device.
     pub fn context(&self) -> &Arc<CudaContext> {
         self.stream.context()
+    }
+
+    /// Hands out an [`AbortHandle`] for a watchdog thread. Nonblocking communicators only
+    /// ([`Error::NeedsNonblocking`] otherwise): a blocking NCCL call cannot be interrupted.
+    pub fn abort_handle(&self) -> Result<AbortHandle> {
+        if !self.nonblocking {
+            return Err(Error::NeedsNonblocking);
+        }
+        Ok(AbortHandle::new(self.health.clone()))
     }
 
     /// True for a communicator created nonblocking ([`Config::blocking`]`(false)`).
@@ -376,13 +391,6 @@ impl Comm {
     }
 }
 
-/// Creating, splitting and finalising communicators inside a [`crate::group`] would only be
-/// recorded until the group ends, while this crate needs their results at once. A refusal stops
-/// the open group.
-fn outside_group() -> Result<()> {
-    crate::group::refuse_inside()
-}
-
 /// A count C receives as a positive `int` (ranks, streams, ids).
 fn c_count(what: &'static str, n: usize) -> Result<i32> {
     match i32::try_from(n) {
@@ -404,7 +412,6 @@ mod tests {
     fn communicators_are_send() {
         fn send<T: Send>() {}
         send::<Comm>();
-        send::<PendingComm>();
     }
 
     #[test]

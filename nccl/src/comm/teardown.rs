@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use nccl_sys::ncclResult_t;
 
-use super::{outside_group, Comm};
+use super::Comm;
 use crate::error::{Error, Result};
 use crate::ffi::{call, call_unchecked, check};
+use crate::group::{is_open, refuse_inside};
 
 /// A communicator whose finalize NCCL is carrying out ([`Comm::start_finalize`]): what lets one
 /// thread finalize several nonblocking communicators (one per GPU) at once, as finalizing is
@@ -99,7 +100,7 @@ impl Comm {
     /// The `ncclCommFinalize` call, leaving `ncclInProgress` to the caller's polling.
     fn begin_finalize(&self) -> Result<()> {
         let raw = self.live_raw()?;
-        outside_group()?;
+        refuse_inside()?;
         if self.revoked.get() {
             return Ok(());
         }
@@ -130,7 +131,7 @@ impl Drop for Comm {
         if self.health.is_closed() {
             return;
         }
-        if crate::group::is_open() {
+        if is_open() {
             // NCCL would only record the teardown until the group ends; leaking is the safe choice.
             log::warn!("nccl: a Comm dropped inside nccl::group is leaked; drop communicators outside groups");
             return;
