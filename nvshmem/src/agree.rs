@@ -159,12 +159,6 @@ mod tests {
     }
 
     #[test]
-    fn the_runtime_stays_send() {
-        fn send<T: Send>() {}
-        send::<crate::Runtime>();
-    }
-
-    #[test]
     fn every_pe_reaches_the_same_verdict() {
         let ask = |bytes, align, refused| Ask { bytes, align, refused };
         assert!(combine(&[ask(4096, 0, false), ask(4096, 0, false)]).check(None).is_ok());

@@ -95,7 +95,7 @@ fn open_plugin(named: Option<String>, default: &str) -> Result<()> {
     let plugin = if name.contains('/') {
         PathBuf::from(&name)
     } else {
-        match crate::runtime::host_library_dir().map(|d| d.join(&name)) {
+        match host_library_dir().map(|d| d.join(&name)) {
             Some(path) if path.is_file() => path,
             _ => return Ok(()),
         }
@@ -111,6 +111,13 @@ fn open_plugin(named: Option<String>, default: &str) -> Result<()> {
         }
         Err(e) => Err(Error::BootstrapPlugin { plugin, reason: e.to_string() }),
     }
+}
+
+/// The directory of the loaded host library: the file of one of its functions (`dladdr`).
+fn host_library_dir() -> Option<PathBuf> {
+    let f = crate::ffi::resolve!(nvshmemx_init_status).ok()?;
+    let path = crate::nccl::object_path(f as *const std::ffi::c_void)?;
+    path.parent().map(|d| d.to_path_buf())
 }
 
 #[cfg(test)]

@@ -1,50 +1,13 @@
 //! CUDA graphs of NVSHMEM operations: [`capture`], this crate's entry point to the capture scope
-//! of `gpucomm-ordering`, and what a graph keeps of this crate's (the runtime, teams, modules;
-//! symmetric buffers implement [`Keep`] where they are defined).
+//! of `gpucomm-ordering`. What a graph keeps of this crate's (the runtime, teams, modules,
+//! symmetric buffers, registrations) implements [`Keep`] where it is defined.
 
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use gpucomm_ordering::{Graph, Keep, Resource, Visitor};
+use gpucomm_ordering::{Graph, Keep};
 
 use crate::error::Result;
-use crate::{Module, Runtime, Team};
-
-/// The runtime as a resource a graph must keep.
-pub(crate) fn runtime(rt: &Runtime) -> Resource {
-    Resource::of("NVSHMEM runtime", rt)
-}
-
-/// A team as a resource a graph must keep.
-pub(crate) fn team(team: &Team<'_>) -> Resource {
-    Resource::of("team", team)
-}
-
-/// A module as a resource a graph must keep.
-pub(crate) fn module(module: &Module<'_>) -> Resource {
-    Resource::of("module", module)
-}
-
-// SAFETY: the borrow keeps the runtime (NVSHMEM itself) running and in place.
-unsafe impl Keep for &Runtime {
-    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
-        v.resource(runtime(self), true);
-    }
-}
-
-// SAFETY: the borrow keeps the team undestroyed and in place (and its runtime running).
-unsafe impl Keep for &Team<'_> {
-    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
-        v.resource(team(self), true);
-    }
-}
-
-// SAFETY: the borrow keeps the module loaded and in place (and its runtime running).
-unsafe impl Keep for &Module<'_> {
-    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
-        v.resource(module(self), true);
-    }
-}
 
 /// Captures the NVSHMEM operations (and NCCL calls, and cudarc work) `f` makes on `stream` into
 /// a CUDA graph that keeps `keep` — the runtime, teams, modules and buffers those operations

@@ -76,7 +76,7 @@ pub use module::{Kernel, KernelArgs, Module};
 pub use nccl::NcclUse;
 pub use register::Registration;
 pub use rma::{Cmp, Pending, SignalOp};
-pub use runtime::{init_status, Info, Runtime};
+pub use runtime::{init_status, Info, InitStatus, Runtime};
 pub use team::Team;
 pub use unique_id::UniqueId;
 
@@ -90,35 +90,6 @@ pub use gpucomm_launch as launch;
 
 pub use nvshmem_sys::Version;
 
-/// NVSHMEM's initialisation state (`nvshmemx_init_status`), kept as the raw number.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-#[doc(alias = "nvshmemx_init_status_t")]
-pub struct InitStatus(pub i32);
-
-impl InitStatus {
-    /// `NVSHMEM_STATUS_NOT_INITIALIZED`.
-    pub const NOT_INITIALIZED: Self = Self(0);
-    /// `NVSHMEM_STATUS_IS_BOOTSTRAPPED`: the PEs found each other, the heap is not set up yet.
-    pub const IS_BOOTSTRAPPED: Self = Self(1);
-    /// `NVSHMEM_STATUS_IS_INITIALIZED`: fully running.
-    pub const IS_INITIALIZED: Self = Self(2);
-    /// `NVSHMEM_STATUS_LIMITED_MPG`: several PEs share a GPU, with limits.
-    pub const LIMITED_MPG: Self = Self(3);
-    /// `NVSHMEM_STATUS_FULL_MPG`: several PEs share a GPU.
-    pub const FULL_MPG: Self = Self(4);
-}
-
-error::named_code!(
-    InitStatus,
-    [
-        "NVSHMEM_STATUS_NOT_INITIALIZED",
-        "NVSHMEM_STATUS_IS_BOOTSTRAPPED",
-        "NVSHMEM_STATUS_IS_INITIALIZED",
-        "NVSHMEM_STATUS_LIMITED_MPG",
-        "NVSHMEM_STATUS_FULL_MPG",
-    ]
-);
-
 /// The version of the NVSHMEM library loaded at run time (`nvshmemx_vendor_get_version_info`);
 /// loads it if needed. Needs no GPU and no initialisation.
 #[doc(alias = "nvshmemx_vendor_get_version_info")]
@@ -129,32 +100,4 @@ pub fn version() -> Result<Version> {
 /// The vendor version of the NVSHMEM headers this crate was compiled against.
 pub fn header_version() -> Version {
     nvshmem_sys::HEADER_VERSION.parse().unwrap_or(Version::new(0, 0, 0))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The status constants are the headers' values.
-    #[test]
-    fn init_statuses_match_the_headers() {
-        use nvshmem_sys::nvshmemx_init_status_t as C;
-        assert_eq!(InitStatus::NOT_INITIALIZED.0 as u32, C::NVSHMEM_STATUS_NOT_INITIALIZED.0);
-        assert_eq!(InitStatus::IS_BOOTSTRAPPED.0 as u32, C::NVSHMEM_STATUS_IS_BOOTSTRAPPED.0);
-        assert_eq!(InitStatus::IS_INITIALIZED.0 as u32, C::NVSHMEM_STATUS_IS_INITIALIZED.0);
-        assert_eq!(InitStatus::LIMITED_MPG.0 as u32, C::NVSHMEM_STATUS_LIMITED_MPG.0);
-        assert_eq!(InitStatus::FULL_MPG.0 as u32, C::NVSHMEM_STATUS_FULL_MPG.0);
-        assert_eq!(InitStatus(2).to_string(), "NVSHMEM_STATUS_IS_INITIALIZED(2)");
-        assert_eq!(InitStatus(9).to_string(), "InitStatus(9)");
-    }
-
-    /// The status query needs neither a GPU nor a runtime.
-    #[test]
-    fn nothing_is_initialised_before_a_runtime_starts() {
-        match init_status() {
-            Ok(status) => assert_eq!(status, InitStatus::NOT_INITIALIZED),
-            Err(Error::Load(e)) => eprintln!("no NVSHMEM library here: {e}"),
-            Err(e) => panic!("{e}"),
-        }
-    }
 }

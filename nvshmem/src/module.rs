@@ -22,11 +22,11 @@ use std::sync::Arc;
 use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction, CUmodule};
 use cudarc::driver::{result, CudaStream, DeviceRepr, DriverError, LaunchConfig, SyncOnDrop};
 use gpucomm_build_support::cubin;
-use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut};
+use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut, Keep, Resource, Visitor};
 
 use crate::error::{Error, Result};
 use crate::ffi::call;
-use crate::{graph, Runtime};
+use crate::Runtime;
 
 /// The global that `libnvshmem_device.a` defines in every module device-linked against it.
 const DEVICE_LIB_VERSION: &str = "nvshmemi_device_lib_version_d";
@@ -146,6 +146,20 @@ impl Drop for Module<'_> {
         if let Err(e) = unsafe { result::module::unload(self.as_raw()) } {
             log::warn!("nvshmem: unloading a module failed: {e}");
         }
+    }
+}
+
+impl Module<'_> {
+    /// The module as a resource a graph must keep: what a launch of its kernels inside [`crate::capture`] records.
+    pub(crate) fn resource(&self) -> Resource {
+        Resource::of("module", self)
+    }
+}
+
+// SAFETY: the borrow keeps the module loaded and in place (and its runtime running).
+unsafe impl Keep for &Module<'_> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.resource(self.resource(), true);
     }
 }
 
@@ -302,7 +316,7 @@ impl<'rt> Kernel<'_, 'rt> {
         args: impl FnOnce(&mut KernelArgs<'_, 'b>) -> Result<()>,
     ) -> Result<()> {
         let access = Access::new(stream);
-        access.resource(graph::module(self.module))?;
+        access.resource(self.module.resource())?;
         self.module.rt.enqueue_on(stream)?;
         let mut pushed = KernelArgs { access: &access, words: Vec::new(), starts: Vec::new(), guards: Vec::new() };
         args(&mut pushed)?;

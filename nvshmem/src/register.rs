@@ -52,7 +52,7 @@ impl Runtime {
         if bytes == 0 {
             return Err(empty);
         }
-        self.check_device("buffer", buf.stream().context().ordinal())?;
+        self.check_device("buffer", buf.stream())?;
         // Registration uses no stream: the guard is released at once.
         let addr = buf.device_ptr_mut(self.stream()).0;
         let ptr = NonNull::new(addr as *mut c_void).ok_or(empty)?;

@@ -35,7 +35,6 @@ use nvshmem_sys::{nvshmemi_cmp_type, nvshmemx_signal_op_t};
 
 use crate::error::{Error, Result};
 use crate::ffi::call;
-use crate::graph;
 use crate::overlap::{self, Span};
 use crate::{Runtime, SymmetricMemory};
 
@@ -126,7 +125,7 @@ impl Runtime {
         stream: &CudaStream,
     ) -> Result<(i32, nvshmem_sys::cudaStream_t)> {
         expect_len("local buffer", symmetric_len, local.len())?;
-        self.check_device("local buffer", local.stream().context().ordinal())?;
+        self.check_device("local buffer", local.stream())?;
         let pe = self.check_pe("pe", pe)?;
         Ok((pe, self.enqueue_on(stream)?))
     }
@@ -141,7 +140,7 @@ impl Runtime {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let access = Access::new(stream);
-        access.resource(graph::runtime(self))?;
+        access.resource(self.resource())?;
         let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
         // The destination is written on `pe`: recorded as a write of the symmetric memory.
         let bytes = dst.num_bytes();
@@ -179,7 +178,7 @@ impl Runtime {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let access = Access::new(stream);
-        access.resource(graph::runtime(self))?;
+        access.resource(self.resource())?;
         let (pe, raw) = self.transfer(src.len(), dst, pe, stream)?;
         let bytes = src.num_bytes();
         let (s, _s) = access.read(src)?;
@@ -219,7 +218,7 @@ impl Runtime {
     ) -> Result<()> {
         check_signal(signal)?;
         let access = Access::new(stream);
-        access.resource(graph::runtime(self))?;
+        access.resource(self.resource())?;
         let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
         // Destination and signal are written on `pe`: recorded as writes of the symmetric memory.
         let bytes = dst.num_bytes();
@@ -359,7 +358,7 @@ impl Runtime {
         check_signal(signal)?;
         let pe = self.check_pe("pe", pe)?;
         let access = Access::new(stream);
-        access.resource(graph::runtime(self))?;
+        access.resource(self.resource())?;
         let raw = self.enqueue_on(stream)?;
         // The signal is written on `pe`: recorded as a write of the symmetric memory.
         let mut signal = signal.symmetric();
@@ -383,7 +382,7 @@ impl Runtime {
     ) -> Result<()> {
         check_signal(signal)?;
         let access = Access::new(stream);
-        access.resource(graph::runtime(self))?;
+        access.resource(self.resource())?;
         let raw = self.enqueue_on(stream)?;
         let (sig, _sig) = access.read(signal)?;
         // SAFETY: `signal` is one symmetric u64 of this PE (checked), `cmp` one of NVSHMEM's
@@ -398,7 +397,7 @@ impl Runtime {
     #[doc(alias = "nvshmem_quiet")]
     #[doc(alias = "nvshmem_fence")]
     pub fn quiet_on_stream(&self, stream: &CudaStream) -> Result<()> {
-        gpucomm_ordering::admit(stream, &[graph::runtime(self)])?;
+        gpucomm_ordering::admit(stream, &[self.resource()])?;
         let raw = self.enqueue_on(stream)?;
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
         unsafe { call!(nvshmemx_quiet_on_stream(raw)) }?;
@@ -411,7 +410,7 @@ impl Runtime {
     /// visible. Collective.
     #[doc(alias = "nvshmemx_barrier_all_on_stream")]
     pub fn barrier_all_on_stream(&self, stream: &CudaStream) -> Result<()> {
-        gpucomm_ordering::admit(stream, &[graph::runtime(self)])?;
+        gpucomm_ordering::admit(stream, &[self.resource()])?;
         let raw = self.enqueue_on(stream)?;
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
         unsafe { call!(nvshmemx_barrier_all_on_stream(raw)) }?;
@@ -425,7 +424,7 @@ impl Runtime {
     /// Collective.
     #[doc(alias = "nvshmemx_sync_all_on_stream")]
     pub fn sync_all_on_stream(&self, stream: &CudaStream) -> Result<()> {
-        gpucomm_ordering::admit(stream, &[graph::runtime(self)])?;
+        gpucomm_ordering::admit(stream, &[self.resource()])?;
         let raw = self.enqueue_on(stream)?;
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
         unsafe { call!(nvshmemx_sync_all_on_stream(raw)) }

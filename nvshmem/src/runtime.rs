@@ -2,13 +2,14 @@
 //! the bootstrap of a launcher) and consumed by finalisation.
 
 use std::cell::Cell;
-use std::ffi::{c_char, c_void, CStr};
+use std::ffi::{c_char, CStr};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaStream};
+use gpucomm_ordering::{Keep, Resource, Visitor};
 use nvshmem_sys::{cudaStream_t, nvshmemx_init_attr_t, NVSHMEMX_INIT_WITH_MPI_COMM, NVSHMEMX_INIT_WITH_UNIQUEID};
 
 use crate::agree::Agreement;
@@ -17,7 +18,8 @@ use crate::error::{Error, Result};
 use crate::ffi::{call, call_unchecked, lib};
 use crate::heap::HeapLimit;
 use crate::nccl::{self, NcclUse};
-use crate::{InitStatus, UniqueId, Version};
+use crate::unique_id::{self, UniqueId};
+use crate::Version;
 
 /// NVSHMEM's process state: never started, running, or finished. NVSHMEM keeps process-global
 /// state and does not reset its bootstrap on finalize (NVIDIA/nvshmem#68), so one process gets
@@ -26,19 +28,6 @@ static STATE: AtomicU8 = AtomicU8::new(NEVER);
 const NEVER: u8 = 0;
 const RUNNING: u8 = 1;
 const FINISHED: u8 = 2;
-
-/// Set once this process asked NVSHMEM for a unique id. `nvshmemx_get_uniqueid` loads NVSHMEM's
-/// unique-id bootstrap plugin and leaves it loaded; NVSHMEM's loader then reuses that plugin for
-/// whatever bootstrap starts it next (3.4.5 `bootstrap_loader.cpp`: the plugin handle is opened
-/// only while none is loaded), and the unique-id plugin dereferences the unique-id arguments that
-/// the other bootstraps do not pass (a null pointer). So after an id, only the unique-id bootstrap
-/// may start NVSHMEM.
-static UNIQUE_ID_PLUGIN: AtomicBool = AtomicBool::new(false);
-
-/// Records that NVSHMEM's unique-id plugin is (about to be) loaded in this process.
-pub(crate) fn note_unique_id_plugin() {
-    UNIQUE_ID_PLUGIN.store(true, Ordering::Release);
-}
 
 fn state_error(state: u8) -> Error {
     match state {
@@ -114,6 +103,35 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
+/// NVSHMEM's initialisation state (`nvshmemx_init_status`), kept as the raw number.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+#[doc(alias = "nvshmemx_init_status_t")]
+pub struct InitStatus(pub i32);
+
+impl InitStatus {
+    /// `NVSHMEM_STATUS_NOT_INITIALIZED`.
+    pub const NOT_INITIALIZED: Self = Self(0);
+    /// `NVSHMEM_STATUS_IS_BOOTSTRAPPED`: the PEs found each other, the heap is not set up yet.
+    pub const IS_BOOTSTRAPPED: Self = Self(1);
+    /// `NVSHMEM_STATUS_IS_INITIALIZED`: fully running.
+    pub const IS_INITIALIZED: Self = Self(2);
+    /// `NVSHMEM_STATUS_LIMITED_MPG`: several PEs share a GPU, with limits.
+    pub const LIMITED_MPG: Self = Self(3);
+    /// `NVSHMEM_STATUS_FULL_MPG`: several PEs share a GPU.
+    pub const FULL_MPG: Self = Self(4);
+}
+
+crate::error::named_code!(
+    InitStatus,
+    [
+        "NVSHMEM_STATUS_NOT_INITIALIZED",
+        "NVSHMEM_STATUS_IS_BOOTSTRAPPED",
+        "NVSHMEM_STATUS_IS_INITIALIZED",
+        "NVSHMEM_STATUS_LIMITED_MPG",
+        "NVSHMEM_STATUS_FULL_MPG",
+    ]
+);
+
 /// Reads NVSHMEM's state without changing it (`nvshmemx_init_status`); needs no runtime and no
 /// GPU.
 #[doc(alias = "nvshmemx_init_status")]
@@ -181,7 +199,7 @@ impl Runtime {
     pub fn with_bootstrap(stream: Arc<CudaStream>, bootstrap: Bootstrap<'_>) -> Result<Self> {
         let expected = bootstrap.expected_pes()?;
         check_state()?;
-        if expected.is_none() && UNIQUE_ID_PLUGIN.load(Ordering::Acquire) {
+        if expected.is_none() && unique_id::plugin_loaded() {
             return Err(Error::BootstrapAfterUniqueId { requested: bootstrap.name() });
         }
         let lib = lib()?;
@@ -316,12 +334,14 @@ impl Runtime {
         }
     }
 
-    /// `Ok` when `ordinal` is the PE's device.
-    pub(crate) fn check_device(&self, what: &'static str, ordinal: usize) -> Result<()> {
-        if ordinal == self.device() {
+    /// `Ok` when `stream` (a stream to enqueue on, or a buffer's home stream) belongs to the PE's
+    /// device, else [`Error::WrongDevice`] naming `what`: the one check of that precondition.
+    pub(crate) fn check_device(&self, what: &'static str, stream: &CudaStream) -> Result<()> {
+        let got = stream.context().ordinal();
+        if got == self.device() {
             Ok(())
         } else {
-            Err(Error::WrongDevice { what, expected: self.device(), got: ordinal })
+            Err(Error::WrongDevice { what, expected: self.device(), got })
         }
     }
 
@@ -329,7 +349,7 @@ impl Runtime {
     /// device, makes the PE's context current (NVSHMEM resolves the legacy default stream, and
     /// does its own CUDA calls, through the current context), and returns the stream as C wants it.
     pub(crate) fn enqueue_on(&self, stream: &CudaStream) -> Result<cudaStream_t> {
-        self.check_device("stream", stream.context().ordinal())?;
+        self.check_device("stream", stream)?;
         self.context().bind_to_thread()?;
         Ok(stream.cu_stream() as cudaStream_t)
     }
@@ -416,6 +436,20 @@ impl Runtime {
     }
 }
 
+impl Runtime {
+    /// The runtime as a resource a graph must keep: what an operation on it inside [`crate::capture`] records.
+    pub(crate) fn resource(&self) -> Resource {
+        Resource::of("NVSHMEM runtime", self)
+    }
+}
+
+// SAFETY: the borrow keeps the runtime (NVSHMEM itself) running and in place.
+unsafe impl Keep for &Runtime {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.resource(self.resource(), true);
+    }
+}
+
 /// `nvshmem_info_get_name`.
 fn library_name() -> Result<String> {
     let mut name = [0 as c_char; nvshmem_sys::NVSHMEM_MAX_NAME_LEN as usize];
@@ -450,9 +484,36 @@ impl Drop for Runtime {
     }
 }
 
-/// The address of a function of the host library, to find the library's file (`dladdr`).
-pub(crate) fn host_library_dir() -> Option<std::path::PathBuf> {
-    let f = crate::ffi::resolve!(nvshmemx_init_status).ok()?;
-    let path = nccl::object_path(f as *const c_void)?;
-    path.parent().map(|d| d.to_path_buf())
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_runtime_stays_send() {
+        fn send<T: Send>() {}
+        send::<Runtime>();
+    }
+
+    /// The status constants are the headers' values.
+    #[test]
+    fn init_statuses_match_the_headers() {
+        use nvshmem_sys::nvshmemx_init_status_t as C;
+        assert_eq!(InitStatus::NOT_INITIALIZED.0 as u32, C::NVSHMEM_STATUS_NOT_INITIALIZED.0);
+        assert_eq!(InitStatus::IS_BOOTSTRAPPED.0 as u32, C::NVSHMEM_STATUS_IS_BOOTSTRAPPED.0);
+        assert_eq!(InitStatus::IS_INITIALIZED.0 as u32, C::NVSHMEM_STATUS_IS_INITIALIZED.0);
+        assert_eq!(InitStatus::LIMITED_MPG.0 as u32, C::NVSHMEM_STATUS_LIMITED_MPG.0);
+        assert_eq!(InitStatus::FULL_MPG.0 as u32, C::NVSHMEM_STATUS_FULL_MPG.0);
+        assert_eq!(InitStatus(2).to_string(), "NVSHMEM_STATUS_IS_INITIALIZED(2)");
+        assert_eq!(InitStatus(9).to_string(), "InitStatus(9)");
+    }
+
+    /// The status query needs neither a GPU nor a runtime.
+    #[test]
+    fn nothing_is_initialised_before_a_runtime_starts() {
+        match init_status() {
+            Ok(status) => assert_eq!(status, InitStatus::NOT_INITIALIZED),
+            Err(Error::Load(e)) => eprintln!("no NVSHMEM library here: {e}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
 }

@@ -4,12 +4,11 @@
 use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, DeviceRepr};
-use gpucomm_ordering::Access;
+use gpucomm_ordering::{Access, Keep, Resource, Visitor};
 use nvshmem_sys::{nvshmem_team_id_t, nvshmem_team_t};
 
 use crate::error::{Error, Result};
 use crate::ffi::{call, call_unchecked};
-use crate::graph;
 use crate::ops::ReduceOp;
 use crate::overlap::{self, Span};
 use crate::rma::expect_len;
@@ -223,7 +222,7 @@ impl<'rt> Team<'rt> {
     /// completes, every member's earlier operations are complete and visible. Collective.
     #[doc(alias = "nvshmemx_barrier_on_stream")]
     pub fn barrier_on_stream(&self, stream: &CudaStream) -> Result<()> {
-        gpucomm_ordering::admit(stream, &[graph::team(self)])?;
+        gpucomm_ordering::admit(stream, &[self.resource()])?;
         let raw = self.rt.enqueue_on(stream)?;
         // SAFETY: valid team; the stream is on the PE's device (checked) and its context current.
         unsafe { call!(nvshmemx_barrier_on_stream(self.raw, raw)) }?;
@@ -236,7 +235,7 @@ impl<'rt> Team<'rt> {
     /// rendezvous that completes no outstanding operations. Collective.
     #[doc(alias = "nvshmemx_team_sync_on_stream")]
     pub fn sync_on_stream(&self, stream: &CudaStream) -> Result<()> {
-        gpucomm_ordering::admit(stream, &[graph::team(self)])?;
+        gpucomm_ordering::admit(stream, &[self.resource()])?;
         let raw = self.rt.enqueue_on(stream)?;
         // SAFETY: valid team; the stream is on the PE's device (checked) and its context current.
         unsafe { call!(nvshmemx_team_sync_on_stream(self.raw, raw)) }
@@ -256,7 +255,7 @@ impl<'rt> Team<'rt> {
     ) -> Result<()> {
         expect_len("destination", src.len(), dst.len())?;
         let access = Access::new(stream);
-        access.resource(graph::team(self))?;
+        access.resource(self.resource())?;
         let raw = self.rt.enqueue_on(stream)?;
         let (s, _s) = access.read(src)?;
         let (d, _d) = access.write(dst)?;
@@ -276,7 +275,7 @@ impl<'rt> Team<'rt> {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let access = Access::new(stream);
-        access.resource(graph::team(self))?;
+        access.resource(self.resource())?;
         let raw = self.rt.enqueue_on(stream)?;
         let len = buf.len();
         let (p, _p) = access.write(buf)?;
@@ -298,7 +297,7 @@ impl<'rt> Team<'rt> {
         expect_len("destination", src.len(), dst.len())?;
         let root = self.check_pe("root", root)?;
         let access = Access::new(stream);
-        access.resource(graph::team(self))?;
+        access.resource(self.resource())?;
         let raw = self.rt.enqueue_on(stream)?;
         let dst_bytes = dst.num_bytes();
         let (s, _s) = access.read(src)?;
@@ -327,7 +326,7 @@ impl<'rt> Team<'rt> {
             .ok_or(Error::SizeOverflow { len: src.len(), elem_size: size_of::<T>() })?;
         expect_len("destination", total, dst.len())?;
         let access = Access::new(stream);
-        access.resource(graph::team(self))?;
+        access.resource(self.resource())?;
         let raw = self.rt.enqueue_on(stream)?;
         let dst_bytes = dst.num_bytes();
         let (s, _s) = access.read(src)?;
@@ -354,7 +353,7 @@ impl<'rt> Team<'rt> {
         }
         let block = src.num_bytes() / self.n_pes;
         let access = Access::new(stream);
-        access.resource(graph::team(self))?;
+        access.resource(self.resource())?;
         let raw = self.rt.enqueue_on(stream)?;
         let dst_bytes = dst.num_bytes();
         let (s, _s) = access.read(src)?;
@@ -382,5 +381,19 @@ impl Drop for Team<'_> {
         if let Err(e) = unsafe { call!(nvshmem_team_destroy(self.raw)) } {
             log::warn!("nvshmem: destroying team {} failed: {e}", self.raw);
         }
+    }
+}
+
+impl Team<'_> {
+    /// The team as a resource a graph must keep: what a collective on it inside [`crate::capture`] records.
+    pub(crate) fn resource(&self) -> Resource {
+        Resource::of("team", self)
+    }
+}
+
+// SAFETY: the borrow keeps the team undestroyed and in place (and its runtime running).
+unsafe impl Keep for &Team<'_> {
+    fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        v.resource(self.resource(), true);
     }
 }

@@ -1,11 +1,26 @@
 //! The token that lets PEs bootstrap without MPI or a launcher plugin.
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use nvshmem_sys::nvshmemx_uniqueid_t;
 
 use crate::error::{Error, Result};
 use crate::ffi::call;
+
+/// Set once this process asked NVSHMEM for a unique id. `nvshmemx_get_uniqueid` loads NVSHMEM's
+/// unique-id bootstrap plugin and leaves it loaded; NVSHMEM's loader then reuses that plugin for
+/// whatever bootstrap starts it next (3.4.5 `bootstrap_loader.cpp`: the plugin handle is opened
+/// only while none is loaded), and the unique-id plugin dereferences the unique-id arguments that
+/// the other bootstraps do not pass (a null pointer). So after an id, only the unique-id bootstrap
+/// may start NVSHMEM.
+static UNIQUE_ID_PLUGIN: AtomicBool = AtomicBool::new(false);
+
+/// True once this process asked NVSHMEM for a unique id, which leaves NVSHMEM's unique-id plugin
+/// loaded (see [`UNIQUE_ID_PLUGIN`]).
+pub(crate) fn plugin_loaded() -> bool {
+    UNIQUE_ID_PLUGIN.load(Ordering::Acquire)
+}
 
 /// Identifies one NVSHMEM job before it starts (`nvshmemx_uniqueid_t`): PE 0 creates it with
 /// [`UniqueId::new`] and every other PE must receive the same bytes before
@@ -26,7 +41,8 @@ impl UniqueId {
     /// [`Error::BootstrapAfterUniqueId`]). Making an id while a runtime runs does not touch it.
     #[doc(alias = "nvshmemx_get_uniqueid")]
     pub fn new() -> Result<Self> {
-        crate::runtime::note_unique_id_plugin();
+        // The plugin is (about to be) loaded in this process.
+        UNIQUE_ID_PLUGIN.store(true, Ordering::Release);
         let mut id = nvshmemx_uniqueid_t::initializer();
         // SAFETY: `id` is an initialised id (version word set), which the call fills in.
         unsafe { call!(nvshmemx_get_uniqueid(&mut id)) }?;
