@@ -3,7 +3,9 @@
 //! and reading a library's exported symbols.
 
 pub mod cu;
+mod error;
 pub mod exports;
+mod flavour;
 pub mod nvcc;
 mod sys;
 

@@ -29,7 +29,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Arc;
 
-use crate::build::cu::{CompileError, CuError};
+use crate::build::error::{CompileError, CuError};
 use crate::env::{Env, Var};
 use crate::locate::{Install, Probe};
 use diagnostic::{Diagnostic, Severity};

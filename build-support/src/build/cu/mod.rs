@@ -135,8 +135,7 @@
 //! the real images (the pinned nvcc wheels need no GPU), which proves the kernels build.
 
 mod embed;
-mod error;
-mod flavour;
+mod installs;
 mod stamp;
 
 use std::collections::BTreeSet;
@@ -146,14 +145,14 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 
-pub use error::{CompileError, CuError};
-pub use flavour::Flavour;
+pub use crate::build::error::{CompileError, CuError};
+pub use crate::build::flavour::Flavour;
 
 use crate::build::nvcc::{Arch, Job, Nvcc, Runner};
 use crate::emit::Emitter;
 use crate::env::Env;
 use crate::locate::{Locator, CUDA};
-use flavour::Installs;
+use installs::Installs;
 
 /// The file generated in `OUT_DIR` unless [`Kernels::rust_file`] says otherwise.
 pub const DEFAULT_RUST_FILE: &str = "kernels.rs";

@@ -1,11 +1,12 @@
-//! The error of the `.cu` build layer, and how a build script reports it.
+//! The error of the `.cu` build, shared by its two layers ([`nvcc`](crate::build::nvcc) and
+//! [`cu`](crate::build::cu), which re-exports it), and how a build script reports it.
 
 use std::fmt;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitStatus;
 
-use super::Flavour;
+use crate::build::flavour::Flavour;
 use crate::build::nvcc::diagnostic::{Diagnostic, Severity};
 use crate::emit::Emitter;
 use crate::locate::{NotFound, Probe};

@@ -1,4 +1,4 @@
-//! The three kinds of `.cu` files and what each needs from the NCCL / NVSHMEM install.
+//! What each kind of `.cu` file ([`Flavour`]) needs from the NCCL / NVSHMEM install.
 //!
 //! The install is the one the `-sys` crate found, passed on through its `links` metadata:
 //! `DEP_NCCL_INCLUDE` (nccl-sys), `DEP_NVSHMEM_INCLUDE` and `DEP_NVSHMEM_LIB_DIR` (nvshmem-sys).
@@ -6,47 +6,12 @@
 //! search runs here ([`crate::locate`], same variables, same order), which finds the same install
 //! as long as both build scripts see the same environment.
 
-use std::fmt;
 use std::path::{Path, PathBuf};
 
-use super::CuError;
+use crate::build::error::CuError;
+use crate::build::flavour::Flavour;
 use crate::env::Env;
 use crate::locate::{Locator, NCCL, NVSHMEM};
-
-/// What a `.cu` file is compiled against, and how.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Flavour {
-    /// Plain CUDA C++: one `nvcc -cubin` (or `-fatbin`).
-    Cuda,
-    /// NCCL's device API (`#include <nccl_device.h>`: LSA barriers, `ncclGetLsaPointer`, …):
-    /// header-only, so like [`Flavour::Cuda`] with NCCL's include directory.
-    Nccl,
-    /// NVSHMEM device code (`#include <nvshmem.h>`): compiled with `-rdc=true`, then device-linked
-    /// with `libnvshmem_device.a` into one self-contained image (load it, then
-    /// `nvshmemx_cumodule_init`).
-    Nvshmem,
-}
-
-impl Flavour {
-    /// The -sys crate whose install the flavour uses.
-    pub(super) fn sys_crate(self) -> &'static str {
-        match self {
-            Flavour::Cuda => "no -sys crate",
-            Flavour::Nccl => "nccl-sys",
-            Flavour::Nvshmem => "nvshmem-sys",
-        }
-    }
-}
-
-impl fmt::Display for Flavour {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Flavour::Cuda => "plain CUDA",
-            Flavour::Nccl => "NCCL device API",
-            Flavour::Nvshmem => "NVSHMEM",
-        })
-    }
-}
 
 /// The include directory and device library of each flavour in use.
 #[derive(Debug, Default)]
