@@ -9,7 +9,8 @@ use nccl::{Collectives, MemBuffer, MemView, MemViewMut, ReduceOp};
 
 use crate::dispatch::AllReduce;
 use crate::error::{Error, Result};
-use crate::table::{size_text, Path, Step, Table};
+use crate::path::Path;
+use crate::table::{size_text, Step, Table};
 
 /// How [`AllReduce::calibrate`] measures. Every rank must pass the same settings.
 #[derive(Clone, Debug)]

@@ -3,95 +3,10 @@
 
 use std::fmt;
 
-use nccl::Version;
-
 use crate::error::{Error, Result};
-use crate::table::{Mode, Path, Table};
-
-/// Why a call went to NCCL although a kernel could have been picked, or why the kernels are off
-/// for the whole communicator.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Fallback {
-    /// The loaded NCCL has no device API (before 2.28.3).
-    NoDeviceApi {
-        /// The loaded library.
-        loaded: Version,
-    },
-    /// The kernels were compiled against NCCL headers whose device-API structures the loaded
-    /// library does not share (2.28 and 2.29+ differ; the library must not be older than the
-    /// headers).
-    HeaderMismatch {
-        /// The headers the kernels were compiled with.
-        header: Version,
-        /// The loaded library.
-        loaded: Version,
-    },
-    /// Not every rank can reach every other by loads and stores (ranks on other nodes, or NCCL
-    /// talking over the network): the LSA team is smaller than the communicator.
-    NotOneLsaTeam {
-        /// Ranks in this rank's LSA team.
-        lsa: usize,
-        /// Ranks in the communicator.
-        ranks: usize,
-    },
-    /// More ranks than the kernels handle (8).
-    TooManyRanks {
-        /// Ranks in the communicator.
-        ranks: usize,
-    },
-    /// The crate was built without its kernels (`GPUCOMM_SKIP_CU`, docs.rs).
-    NotCompiled,
-    /// Turned off by [`crate::Options::kernels`].
-    Disabled,
-    /// Another rank could not use the kernels (every rank then falls back, so that all make the
-    /// same calls).
-    PeerCannot,
-    /// Creating the device communicator or the window failed on this rank
-    /// ([`crate::AllReduce::setup_error`] has the error).
-    SetupFailed,
-    /// The element type has no kernel (f32, bf16 and f16 have).
-    UnsupportedType {
-        /// The type's name.
-        dtype: &'static str,
-    },
-    /// The kernels only sum.
-    UnsupportedOp,
-    /// Zero elements.
-    Empty,
-    /// Larger than the kernel's staging area.
-    TooLarge {
-        /// The kernel.
-        path: Path,
-        /// Its limit in bytes.
-        max: usize,
-    },
-}
-
-impl fmt::Display for Fallback {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Fallback::NoDeviceApi { loaded } => write!(f, "the loaded NCCL {loaded} has no device API (needs ≥ 2.28.3)"),
-            Fallback::HeaderMismatch { header, loaded } => write!(
-                f,
-                "the kernels were compiled against NCCL {header} headers, whose device API the loaded NCCL {loaded} does not share"
-            ),
-            Fallback::NotOneLsaTeam { lsa, ranks } => write!(
-                f,
-                "only {lsa} of the {ranks} ranks can reach each other by loads and stores (other nodes, or a network transport)"
-            ),
-            Fallback::TooManyRanks { ranks } => write!(f, "{ranks} ranks; the kernels handle at most 8"),
-            Fallback::NotCompiled => write!(f, "the crate was built without its kernels (GPUCOMM_SKIP_CU or docs.rs)"),
-            Fallback::Disabled => write!(f, "turned off in the options"),
-            Fallback::PeerCannot => write!(f, "another rank cannot use the kernels"),
-            Fallback::SetupFailed => write!(f, "creating the device communicator or the window failed"),
-            Fallback::UnsupportedType { dtype } => write!(f, "no kernel for {dtype} (f32, bf16 and f16 only)"),
-            Fallback::UnsupportedOp => write!(f, "the kernels only sum"),
-            Fallback::Empty => write!(f, "zero elements"),
-            Fallback::TooLarge { path, max } => write!(f, "larger than the {path} kernel's {max} bytes"),
-        }
-    }
-}
+use crate::fallback::Fallback;
+use crate::path::Path;
+use crate::table::{Mode, Table};
 
 /// Why a call took its path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -214,35 +129,10 @@ pub(crate) fn decide(
     Ok(nccl(refused.unwrap_or(Fallback::TooLarge { path: chosen, max: 0 })))
 }
 
-/// Whether kernels compiled against `header` can run with the `loaded` library: the device API
-/// exists from 2.28.3; kernels built against 2.28 headers run on 2.28 only (2.29 changed the
-/// device structures), and from 2.29 the library must not be older than the headers.
-pub(crate) fn device_api(header: Version, loaded: Version) -> Result<(), Fallback> {
-    let v2_29 = Version::new(2, 29, 0);
-    if loaded < Version::new(2, 28, 3) {
-        return Err(Fallback::NoDeviceApi { loaded });
-    }
-    let compatible = if header < v2_29 { loaded < v2_29 } else { loaded >= header };
-    if compatible {
-        Ok(())
-    } else {
-        Err(Fallback::HeaderMismatch { header, loaded })
-    }
-}
-
-/// Whether a communicator of `ranks` ranks whose LSA team has `lsa` ranks suits the kernels.
-pub(crate) fn team(lsa: usize, ranks: usize) -> Result<(), Fallback> {
-    if lsa != ranks {
-        Err(Fallback::NotOneLsaTeam { lsa, ranks })
-    } else if ranks > crate::lsa::MAX_PEERS {
-        Err(Fallback::TooManyRanks { ranks })
-    } else {
-        Ok(())
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use nccl::Version;
+
     use super::*;
 
     const LIMITS: Limits = Limits { ll: 64 << 10, one_shot: 512 << 10, two_shot: true };
@@ -318,31 +208,5 @@ mod tests {
             err(Ok(LIMITS), Path::TwoShot, Call { sum: false, ..call(8) }),
             "the forced two-shot path cannot take this call: the kernels only sum"
         );
-    }
-
-    #[test]
-    fn the_device_api_must_match_the_headers() {
-        let v = Version::new;
-        assert_eq!(device_api(v(2, 28, 9), v(2, 28, 9)), Ok(()));
-        assert_eq!(device_api(v(2, 28, 9), v(2, 28, 3)), Ok(()));
-        assert_eq!(device_api(v(2, 28, 9), v(2, 27, 7)), Err(Fallback::NoDeviceApi { loaded: v(2, 27, 7) }));
-        assert_eq!(
-            device_api(v(2, 28, 9), v(2, 29, 2)),
-            Err(Fallback::HeaderMismatch { header: v(2, 28, 9), loaded: v(2, 29, 2) })
-        );
-        assert_eq!(device_api(v(2, 29, 2), v(2, 29, 7)), Ok(()));
-        assert_eq!(device_api(v(2, 29, 7), v(2, 32, 3)), Ok(()));
-        assert_eq!(
-            device_api(v(2, 30, 3), v(2, 29, 7)),
-            Err(Fallback::HeaderMismatch { header: v(2, 30, 3), loaded: v(2, 29, 7) })
-        );
-    }
-
-    #[test]
-    fn the_lsa_team_must_be_the_whole_communicator() {
-        assert_eq!(team(2, 2), Ok(()));
-        assert_eq!(team(1, 1), Ok(()));
-        assert_eq!(team(1, 2), Err(Fallback::NotOneLsaTeam { lsa: 1, ranks: 2 }));
-        assert_eq!(team(16, 16), Err(Fallback::TooManyRanks { ranks: 16 }));
     }
 }

@@ -11,10 +11,12 @@ use nccl::{
     Collectives, Comm, DeviceBuffer, DeviceBufferMut, MemBuffer, MemViewMut, NcclType, ReduceOp, Window, WindowFlags,
 };
 
-use crate::decide::{decide, Call, Decision, Fallback, Limits};
+use crate::decide::{decide, Call, Decision, Limits};
 use crate::error::{Error, Result};
+use crate::fallback::Fallback;
 use crate::lsa::{self, CtaBytes, Kernel, LsaKernels, Sizes, LL_MAX_BYTES};
-use crate::table::{Mode, Path, Table};
+use crate::path::Path;
+use crate::table::{Mode, Table};
 
 /// How an [`AllReduce`] is set up. Every rank must pass the same options.
 #[derive(Clone, Debug)]

@@ -1,6 +1,7 @@
 //! The crate's error type.
 
-use crate::table::Path;
+use crate::fallback::Fallback;
+use crate::path::Path;
 
 /// Everything this crate's calls can fail with. A refused call has enqueued nothing.
 #[derive(Debug, thiserror::Error)]
@@ -72,11 +73,11 @@ pub enum Error {
         /// The forced path.
         path: Path,
         /// Why not.
-        why: crate::Fallback,
+        why: Fallback,
     },
     /// The kernels are not usable on this communicator (see [`crate::Fallback`]).
     #[error("the all-reduce kernels are not available: {0}")]
-    Unavailable(crate::Fallback),
+    Unavailable(Fallback),
     /// A crossover table that does not parse or makes no sense.
     #[error("crossover table, line {line}: {reason}")]
     Table {

@@ -44,7 +44,9 @@ mod calibrate;
 mod decide;
 mod dispatch;
 mod error;
+mod fallback;
 pub mod lsa;
+mod path;
 pub mod table;
 
 /// The compiled kernels (`build.rs`): `LSA_ALLREDUCE`, a module image for `cuModuleLoadData`
@@ -54,7 +56,9 @@ pub mod image {
 }
 
 pub use calibrate::Calibration;
-pub use decide::{Decision, Fallback, Why};
+pub use decide::{Decision, Why};
 pub use dispatch::{capture, AllReduce, Options, SymmetricBuffer};
 pub use error::{Error, Result};
-pub use table::{Mode, Path, Table};
+pub use fallback::Fallback;
+pub use path::Path;
+pub use table::{Mode, Table};

@@ -19,12 +19,13 @@ use cudarc::driver::{CudaFunction, CudaStream, DevicePtr, DeviceSlice, LaunchCon
 use gpucomm_ordering::{Access, DeviceMemory, Keep, Resource, Use, Visitor};
 use nccl::device::{DevComm, DevCommRequirements};
 use nccl::{
-    Collectives, Comm, DataType, DeviceBuffer, DeviceBufferMut, MemBuffer, NcclType, ReduceOp, Window, WindowFlags,
+    Collectives, Comm, DataType, DeviceBuffer, DeviceBufferMut, MemBuffer, NcclType, ReduceOp, Version, Window,
+    WindowFlags,
 };
 
-use crate::decide::Fallback;
 use crate::error::{Error, Result};
-use crate::table::Path;
+use crate::fallback::Fallback;
+use crate::path::Path;
 
 /// CTAs of a launch at most (one LSA barrier each).
 pub const MAX_CTAS: u32 = 32;
@@ -653,9 +654,36 @@ fn round_area(bytes: usize) -> usize {
 /// by loads and stores (a host query, no communication).
 pub(crate) fn check_team(comm: &Comm) -> Result<(), Fallback> {
     let loaded = nccl::version().map_err(|_| Fallback::SetupFailed)?;
-    crate::decide::device_api(nccl::header_version(), loaded)?;
+    device_api(nccl::header_version(), loaded)?;
     let lsa = comm.team_lsa().map_err(|_| Fallback::SetupFailed)?;
-    crate::decide::team(lsa.size, comm.size())
+    team(lsa.size, comm.size())
+}
+
+/// Whether kernels compiled against `header` can run with the `loaded` library: the device API
+/// exists from 2.28.3; kernels built against 2.28 headers run on 2.28 only (2.29 changed the
+/// device structures), and from 2.29 the library must not be older than the headers.
+fn device_api(header: Version, loaded: Version) -> Result<(), Fallback> {
+    let v2_29 = Version::new(2, 29, 0);
+    if loaded < Version::new(2, 28, 3) {
+        return Err(Fallback::NoDeviceApi { loaded });
+    }
+    let compatible = if header < v2_29 { loaded < v2_29 } else { loaded >= header };
+    if compatible {
+        Ok(())
+    } else {
+        Err(Fallback::HeaderMismatch { header, loaded })
+    }
+}
+
+/// Whether a communicator of `ranks` ranks whose LSA team has `lsa` ranks suits the kernels.
+fn team(lsa: usize, ranks: usize) -> Result<(), Fallback> {
+    if lsa != ranks {
+        Err(Fallback::NotOneLsaTeam { lsa, ranks })
+    } else if ranks > MAX_PEERS {
+        Err(Fallback::TooManyRanks { ranks })
+    } else {
+        Ok(())
+    }
 }
 
 /// Fails unless every rank asked for the same `sizes` (a MIN and a MAX all-reduce on the
@@ -710,5 +738,31 @@ mod tests {
     #[test]
     fn areas_are_rounded_to_whole_pages() {
         assert_eq!([round_area(0), round_area(1), round_area(4096), round_area(4097)], [0, 4096, 4096, 8192]);
+    }
+
+    #[test]
+    fn the_device_api_must_match_the_headers() {
+        let v = Version::new;
+        assert_eq!(device_api(v(2, 28, 9), v(2, 28, 9)), Ok(()));
+        assert_eq!(device_api(v(2, 28, 9), v(2, 28, 3)), Ok(()));
+        assert_eq!(device_api(v(2, 28, 9), v(2, 27, 7)), Err(Fallback::NoDeviceApi { loaded: v(2, 27, 7) }));
+        assert_eq!(
+            device_api(v(2, 28, 9), v(2, 29, 2)),
+            Err(Fallback::HeaderMismatch { header: v(2, 28, 9), loaded: v(2, 29, 2) })
+        );
+        assert_eq!(device_api(v(2, 29, 2), v(2, 29, 7)), Ok(()));
+        assert_eq!(device_api(v(2, 29, 7), v(2, 32, 3)), Ok(()));
+        assert_eq!(
+            device_api(v(2, 30, 3), v(2, 29, 7)),
+            Err(Fallback::HeaderMismatch { header: v(2, 30, 3), loaded: v(2, 29, 7) })
+        );
+    }
+
+    #[test]
+    fn the_lsa_team_must_be_the_whole_communicator() {
+        assert_eq!(team(2, 2), Ok(()));
+        assert_eq!(team(1, 1), Ok(()));
+        assert_eq!(team(1, 2), Err(Fallback::NotOneLsaTeam { lsa: 1, ranks: 2 }));
+        assert_eq!(team(16, 16), Err(Fallback::TooManyRanks { ranks: 16 }));
     }
 }
