@@ -1,6 +1,7 @@
 //! Finding this process's rank from the variables its launcher set.
 
 mod error;
+mod launcher;
 mod slurm;
 #[cfg(test)]
 mod tests;
@@ -8,6 +9,7 @@ mod tests;
 use std::fmt;
 
 pub use error::EnvError;
+pub use launcher::Launcher;
 
 /// The variable that sets the job identity, replacing what the launcher's variables give.
 pub const JOB_TOKEN_VAR: &str = "GPUCOMM_JOB_TOKEN";
@@ -40,33 +42,6 @@ pub struct Torchelastic {
     pub group_rank: Option<usize>,
     /// `ROLE_RANK`: the rank among the workers of the same role.
     pub role_rank: Option<usize>,
-}
-
-/// The launcher family whose variables gave the rank.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Launcher {
-    /// `RANK`, `WORLD_SIZE`, … as set by `torchrun` (or by hand).
-    Torchrun,
-    /// `SLURM_PROCID`, … as set by `srun`.
-    Slurm,
-    /// `OMPI_COMM_WORLD_*` as set by Open MPI's `mpirun`.
-    OpenMpi,
-    /// `PMI_RANK`, `PMI_SIZE` as set by MPICH's Hydra `mpiexec` and other PMI launchers.
-    Pmi,
-    /// No launcher: a single process.
-    Single,
-}
-
-impl fmt::Display for Launcher {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Launcher::Torchrun => "torchrun-style variables",
-            Launcher::Slurm => "Slurm (srun) variables",
-            Launcher::OpenMpi => "Open MPI (mpirun) variables",
-            Launcher::Pmi => "PMI (MPICH / Hydra mpiexec) variables",
-            Launcher::Single => "no launcher (single process)",
-        })
-    }
 }
 
 /// Where rank 0 listens for the rendezvous.

@@ -5,6 +5,7 @@ mod error;
 mod host;
 mod join;
 mod options;
+mod plan;
 mod record;
 mod seal;
 mod session;
@@ -18,7 +19,8 @@ pub use options::{
 use crate::deadline::Deadline;
 use crate::env::{EnvError, RankInfo};
 use crate::store::ServerStats;
-use session::{Mode, Plan, Scope, Session};
+use plan::{Mode, Plan, Scope};
+use session::Session;
 
 /// The most bytes one [`Rendezvous::broadcast`] may carry (1 MiB less room for the framing).
 pub const MAX_BROADCAST: usize = (1 << 20) - 64;
@@ -113,7 +115,7 @@ impl Rendezvous {
             (_, None) => None,
         };
         let scope = Scope::new(identity);
-        let instance = options.instance.unwrap_or_else(|| session::next_instance(&scope.hash, info.rank));
+        let instance = options.instance.unwrap_or_else(|| plan::next_instance(&scope.hash, info.rank));
         let deadline = Deadline::after(options.timeout);
         let mut s = Session::open(Plan {
             info,
@@ -129,7 +131,7 @@ impl Rendezvous {
             s.failed = true;
             return Err(error);
         }
-        session::count_instance(&s.scope.hash, info.rank, instance);
+        plan::count_instance(&s.scope.hash, info.rank, instance);
         rendezvous.session = Some(Box::new(s));
         Ok(rendezvous)
     }

@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use super::Launcher;
+use super::launcher::Launcher;
 
 /// A launcher's variables are missing, malformed or contradict each other.
 ///

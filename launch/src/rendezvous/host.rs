@@ -5,8 +5,8 @@ use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::time::Duration;
 
+use super::plan::{connect_error, Keys, Plan};
 use super::record::{verified, Owner};
-use super::session::{connect_error, Keys, Plan};
 use super::RendezvousError;
 use crate::env::Master;
 use crate::store::{StoreClient, StoreServer};
