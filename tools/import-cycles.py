@@ -171,10 +171,14 @@ class Crate:
                 parent = self.modules.get(segs[:-1])
                 if parent:
                     parent.children[segs[-1]] = mod
+        # `#[macro_export]` macros live at the crate root, wherever they are defined.
+        self.exported = {}
         for mod in self.modules.values():
             with open(mod.file, encoding="utf-8") as f:
                 mod.text = strip(f.read())
             mod.items = set(ITEM.findall(mod.text)) | set(MACRO.findall(mod.text))
+            for name in re.findall(r"#\[macro_export\]\s*macro_rules!\s*([A-Za-z_]\w*)", mod.text):
+                self.exported[name] = mod.file
             mod.spans = inline_depths(mod.text)
             mod.uses = []  # (offset, segments, alias, re-exported)
             body = re.sub(r"\buse\s+[^;]+;", " ", mod.text)
@@ -232,6 +236,8 @@ class Crate:
             if name in cur.children:
                 cur, rest = cur.children[name], rest[1:]
                 continue
+            if not cur.path and name in self.exported:
+                return self.exported[name]
             if name in cur.items or name == "*":
                 return cur.file
             if name in cur.imports:

@@ -7,20 +7,8 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError, SyncOnDrop};
 
 use crate::capture::{self, relaxed};
-use crate::graph::Resource;
-use crate::{DeviceBuffer, DeviceBufferMut, OrderError, Use};
-
-/// What a call on a stream does with its buffers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// The work runs when the stream reaches it: uses are ordered now.
-    Eager,
-    /// The work is captured by this thread's scope: uses are recorded for the graph, whose launch
-    /// orders them.
-    Captured,
-    /// Only the addresses are wanted (a graph listing what it keeps): nothing is ordered.
-    Survey,
-}
+use crate::usage::{Mode, Resource, Use};
+use crate::{DeviceBuffer, DeviceBufferMut, OrderError};
 
 /// The call being prepared on this thread, so that a tracked buffer reached through cudarc's
 /// `DevicePtr` (which only sees `&CudaStream`) knows the call's `Arc<CudaStream>` and mode. It

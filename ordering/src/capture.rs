@@ -5,9 +5,8 @@ use std::cell::RefCell;
 
 use cudarc::driver::{result, sys, CudaStream, DriverError};
 
-use crate::access::Mode;
-use crate::graph::Resource;
-use crate::{OrderError, Use};
+use crate::usage::{Mode, Resource, Use};
+use crate::OrderError;
 
 /// True while `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`).
 pub fn is_capturing(stream: &CudaStream) -> Result<bool, DriverError> {

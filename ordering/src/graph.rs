@@ -59,30 +59,11 @@ use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaGraph, CudaStream, DevicePtr, DevicePtrMut, DriverError, SyncOnDrop};
 
-use crate::access::{Access, Mode};
+use crate::access::Access;
 use crate::capture::{self, is_capturing, Used};
-use crate::{DeviceMemory, OrderError, Use};
-
-/// Something a captured call uses besides device memory (a communicator, a team, an NVSHMEM
-/// runtime, a module, a custom operator), named by its kind and the address of the Rust value:
-/// a graph must keep a borrow of that very value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Resource {
-    kind: &'static str,
-    id: usize,
-}
-
-impl Resource {
-    /// The resource `value`, of kind `kind`.
-    pub fn of<R: ?Sized>(kind: &'static str, value: &R) -> Self {
-        Resource { kind, id: value as *const R as *const () as usize }
-    }
-
-    /// What it is.
-    pub fn kind(&self) -> &'static str {
-        self.kind
-    }
-}
+pub use crate::usage::Resource;
+use crate::usage::{Mode, Use};
+use crate::{DeviceMemory, OrderError};
 
 /// What a [`Graph`] keeps: buffers (by value, `&` or `&mut`) and the resources its calls use, in
 /// any combination of tuples, arrays, `Vec`, `Box` and `Option`.
@@ -219,7 +200,7 @@ impl<'k> Visitor<'k> {
             Job::Launch { stale, .. } => match planned {
                 Some((Member::Resource(r), used)) if r == resource => {
                     if used.is_some() && !live {
-                        self.error.get_or_insert(OrderError::ResourceClosed { kind: resource.kind });
+                        self.error.get_or_insert(OrderError::ResourceClosed { kind: resource.kind() });
                     }
                 }
                 _ => *stale = true,
@@ -298,7 +279,7 @@ fn plan(members: Vec<Member>, used: &[Used], resources: &[Resource]) -> Result<P
     for r in resources {
         match plan.iter_mut().find(|(m, _)| *m == Member::Resource(*r)) {
             Some((_, used)) => *used = Some(Use::Read),
-            None => return Err(OrderError::ResourceNotKept { kind: r.kind }),
+            None => return Err(OrderError::ResourceNotKept { kind: r.kind() }),
         }
     }
     Ok(plan)

@@ -29,12 +29,14 @@ mod pinned;
 mod quiesce;
 pub mod range;
 mod tracker;
+mod usage;
 
 pub use access::Access;
 pub use buffer::{DeviceBuffer, DeviceBufferMut, DeviceMemory};
 pub use capture::{admit, captured_completion, captured_incomplete, is_capturing, relaxed};
 pub use error::OrderError;
-pub use graph::{capture, Graph, Keep, Resource, Visitor};
+pub use graph::{capture, Graph, Keep, Visitor};
 pub use pinned::PinnedMut;
 pub use quiesce::{device_idle_within, wait_for_uses};
-pub use tracker::{StreamTracker, Tracked, Use};
+pub use tracker::{StreamTracker, Tracked};
+pub use usage::{Resource, Use};

@@ -6,19 +6,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream, DriverError, SyncOnDrop};
 
-use crate::access::{self, Mode};
+use crate::access;
 use crate::capture::{self, is_capturing};
+use crate::usage::{Mode, Use};
 use crate::OrderError;
-
-/// How a call uses a buffer: reads may overlap on several streams, a write excludes every other
-/// use.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Use {
-    /// The call only reads the memory.
-    Read,
-    /// The call writes (and may read) the memory.
-    Write,
-}
 
 /// Where a use ends.
 enum End {
