@@ -8,7 +8,7 @@ use cudarc::driver::CudaStream;
 use gpucomm_ordering::{Graph, Keep, Resource, Visitor};
 
 use crate::error::Result;
-use crate::group::refuse_inside;
+use crate::group::open::refuse_inside;
 use crate::Comm;
 
 /// What a graph calls a communicator.

@@ -30,16 +30,14 @@ use cudarc::driver::{CudaStream, SyncOnDrop};
 use gpucomm_ordering::Access;
 use nccl_sys::ncclResult_t;
 
-mod open;
-
-pub(crate) use open::{is_open, refuse_inside};
+pub(crate) mod open;
 
 use crate::call::Call;
 use crate::error::{Error, Result};
 use crate::ffi::{call, check, resolve};
 use crate::graph::communicator;
 use crate::Comm;
-use open::Open;
+use open::{refuse_inside, Open};
 
 /// The calls of one group, recorded while its closure runs. Not `Send` (nor `Sync`): NCCL
 /// requires one thread to issue all operations of a group.
@@ -399,6 +397,7 @@ fn sim_info() -> nccl_sys::ncclSimInfo_t {
 #[cfg(test)]
 mod tests {
     //! Group bookkeeping needs neither a GPU nor the NCCL library: an empty group calls no NCCL.
+    use super::open::is_open;
     use super::*;
 
     #[test]

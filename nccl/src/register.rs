@@ -16,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::ffi::call;
 #[cfg(nccl_2_27)]
 use crate::ffi::call_unchecked;
-use crate::group::refuse_inside;
+use crate::group::open::refuse_inside;
 use crate::Comm;
 #[cfg(nccl_2_27)]
 use crate::{MemBuffer, MemViewMut};

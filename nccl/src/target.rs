@@ -13,7 +13,8 @@ use gpucomm_ordering::Access;
 use crate::call::Call;
 use crate::error::{Error, Result};
 use crate::graph::communicator;
-use crate::group::{refuse_inside, Group, Member};
+use crate::group::open::refuse_inside;
+use crate::group::{Group, Member};
 use crate::Comm;
 
 /// A call being made: its communicator and stream, and the group recording it (none for a direct

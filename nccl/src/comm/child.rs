@@ -17,7 +17,7 @@ use nccl_sys::{ncclComm, ncclConfig_t, ncclResult_t};
 use super::{c_int, Comm, Config};
 use crate::error::{Error, Result};
 use crate::ffi::{call_unchecked, lib_version};
-use crate::group::refuse_inside;
+use crate::group::open::refuse_inside;
 
 impl Comm {
     /// Splits this communicator (`ncclCommSplit`): ranks that pass the same `color` form a new

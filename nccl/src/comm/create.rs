@@ -12,7 +12,7 @@ use super::config::Settings;
 use super::{c_count, Comm, Config};
 use crate::error::{Error, Result};
 use crate::ffi::{call, call_unchecked, check, lib_version};
-use crate::group::refuse_inside;
+use crate::group::open::refuse_inside;
 use crate::UniqueId;
 
 /// A communicator NCCL is still creating: what a nonblocking [`Config`] gives before every rank

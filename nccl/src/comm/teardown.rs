@@ -8,7 +8,7 @@ use nccl_sys::ncclResult_t;
 use super::Comm;
 use crate::error::{Error, Result};
 use crate::ffi::{call, call_unchecked, check};
-use crate::group::{is_open, refuse_inside};
+use crate::group::open::{is_open, refuse_inside};
 
 /// A communicator whose finalize NCCL is carrying out ([`Comm::start_finalize`]): what lets one
 /// thread finalize several nonblocking communicators (one per GPU) at once, as finalizing is
