@@ -24,9 +24,9 @@ fn main() {
     out.version_cfgs(&NCCL_SUPPORT, version);
     for patch in PATCH_CFGS {
         let name = format!("{}_{}_{}_{}", NCCL_SUPPORT.cfg_prefix, patch.major, patch.minor, patch.patch);
-        out.line("rustc-check-cfg", format!("cfg({name})"));
+        out.check_cfg(&name);
         if version >= patch {
-            out.line("rustc-cfg", name);
+            out.cfg(&name);
         }
     }
 }

@@ -3,6 +3,7 @@
 //! `gpucomm_build_support::build::SysBuild`.
 
 use gpucomm_build_support::build::{bindgen_builder, exports::exported_functions, SysBuild};
+use gpucomm_build_support::emit::Emitter;
 use gpucomm_build_support::locate::NVSHMEM;
 use gpucomm_build_support::version::{nvshmem_header_version, NVSHMEM_SUPPORT};
 
@@ -46,7 +47,7 @@ fn struct_versions(include: &std::path::Path) -> Result<(String, u32), String> {
 
 fn main() -> std::process::ExitCode {
     // Version 2 of nvshmemx_init_args_t (NVSHMEM 3.8) has a `cuda_device_id` field to initialise.
-    println!("cargo::rustc-check-cfg=cfg(nvshmem_init_args_v2)");
+    Emitter::stdout().check_cfg("nvshmem_init_args_v2");
     SysBuild {
         spec: &NVSHMEM,
         support: &NVSHMEM_SUPPORT,
@@ -81,7 +82,7 @@ fn main() -> std::process::ExitCode {
             .to_string();
         let (constants, args_version) = struct_versions(&ctx.install.include_dir)?;
         if args_version >= 2 {
-            println!("cargo::rustc-cfg=nvshmem_init_args_v2");
+            Emitter::stdout().cfg("nvshmem_init_args_v2");
         }
         Ok(format!("{bindings}\n{constants}"))
     })

@@ -60,13 +60,24 @@ impl<W: Write> Emitter<W> {
         self.line("metadata", format!("{key}={value}"));
     }
 
+    /// Declares the cfg `name` (`rustc-check-cfg`), so that code gated on it compiles without
+    /// warnings whether or not it is set.
+    pub fn check_cfg(&mut self, name: &str) {
+        self.line("rustc-check-cfg", format!("cfg({name})"));
+    }
+
+    /// Sets the cfg `name` (`rustc-cfg`); declare it with [`Emitter::check_cfg`] too.
+    pub fn cfg(&mut self, name: &str) {
+        self.line("rustc-cfg", name);
+    }
+
     /// Declares every cfg of `support` and sets those that hold for `version`.
     pub fn version_cfgs(&mut self, support: &Support, version: Version) {
         for cfg in support.all_cfgs() {
-            self.line("rustc-check-cfg", format!("cfg({cfg})"));
+            self.check_cfg(&cfg);
         }
         for cfg in support.cfgs_for(version) {
-            self.line("rustc-cfg", cfg);
+            self.cfg(&cfg);
         }
     }
 }
@@ -85,12 +96,20 @@ mod tests {
         e.metadata("version_number", 22809);
         e.warning("two\nlines");
         e.version_cfgs(&NVSHMEM_SUPPORT, Version::new(3, 4, 5));
+        e.check_cfg("extra");
+        e.cfg("extra");
         let text = String::from_utf8(e.into_inner()).unwrap();
         assert!(text.starts_with(
             "cargo::rerun-if-env-changed=NCCL_HOME\ncargo::metadata=version_number=22809\n\
              cargo::warning=two\ncargo::warning=lines\ncargo::rustc-check-cfg=cfg(nvshmem_3_3)\n"
         ));
-        assert!(text.ends_with("cargo::rustc-cfg=nvshmem_3_3\ncargo::rustc-cfg=nvshmem_3_4\n"), "{text}");
-        assert_eq!(text.matches("rustc-check-cfg").count(), 6);
+        assert!(
+            text.ends_with(
+                "cargo::rustc-cfg=nvshmem_3_3\ncargo::rustc-cfg=nvshmem_3_4\n\
+                 cargo::rustc-check-cfg=cfg(extra)\ncargo::rustc-cfg=extra\n"
+            ),
+            "{text}"
+        );
+        assert_eq!(text.matches("rustc-check-cfg").count(), 7);
     }
 }

@@ -76,22 +76,19 @@ pub struct Support {
     pub cfg_prefix: &'static str,
     /// Oldest supported version.
     pub min: Version,
-    /// Newest major.minor whose headers are known; newer headers need the skip variable.
-    pub max: (u32, u32),
-    /// Every (major, minor) that gets a cfg, oldest first.
+    /// Every (major, minor) that gets a cfg, oldest first; the last is the newest known
+    /// ([`Support::max`]).
     pub minors: &'static [(u32, u32)],
     /// Variable that lets a newer header through.
     pub skip_var: &'static str,
 }
 
-/// NCCL 2.18.1 … 2.32.x (see `../shared/notes/nccl.md` §1 for what each brought). The
-/// repository's `tests/version_range.rs` builds against both ends (2.18.1 and 2.32.3, the newest
+/// NCCL 2.18.1 … 2.32.x (what each release brought is in NCCL's release notes). The repository's `tests/version_range.rs` builds against both ends (2.18.1 and 2.32.3, the newest
 /// release) and fails when the releases it builds stop being this range's ends.
 pub const NCCL_SUPPORT: Support = Support {
     name: "NCCL",
     cfg_prefix: "nccl",
     min: Version::new(2, 18, 1),
-    max: (2, 32),
     minors: &[
         (2, 18),
         (2, 19),
@@ -118,12 +115,20 @@ pub const NVSHMEM_SUPPORT: Support = Support {
     name: "NVSHMEM",
     cfg_prefix: "nvshmem",
     min: Version::new(3, 3, 9),
-    max: (3, 8),
     minors: &[(3, 3), (3, 4), (3, 5), (3, 6), (3, 7), (3, 8)],
     skip_var: "NVSHMEM_SYS_SKIP_VERSION_CHECK",
 };
 
 impl Support {
+    /// The newest major.minor whose headers are known (the last of [`Support::minors`]); newer
+    /// headers need the skip variable.
+    pub const fn max(&self) -> (u32, u32) {
+        match self.minors.last() {
+            Some(&newest) => newest,
+            None => panic!("a Support table lists at least one minor version"),
+        }
+    }
+
     /// The cfg name for one minor version.
     pub fn cfg_name(&self, major: u32, minor: u32) -> String {
         format!("{}_{major}_{minor}", self.cfg_prefix)
@@ -141,14 +146,15 @@ impl Support {
 
     /// Checks `v` against the range; `skip` lets a newer version through (never an older one).
     pub fn check(&self, v: Version, skip: bool) -> Result<(), String> {
-        let newest = format!("{}.{}", self.max.0, self.max.1);
+        let max = self.max();
+        let newest = format!("{}.{}", max.0, max.1);
         if v < self.min {
             return Err(format!(
                 "{} {v} is older than the oldest supported version {}; supported: {} … {newest}.x",
                 self.name, self.min, self.min
             ));
         }
-        if (v.major, v.minor) > self.max && !skip {
+        if (v.major, v.minor) > max && !skip {
             return Err(format!(
                 "{} {v} is newer than the newest known version {newest}.x; supported: {} … {newest}.x. \
                  Set {}=1 to build anyway (new features stay unavailable until this crate knows them)",
@@ -262,6 +268,10 @@ mod tests {
         assert!(new.contains("NCCL_SYS_SKIP_VERSION_CHECK=1"), "{new}");
         assert!(NCCL_SUPPORT.check(Version::new(2, 40, 0), true).is_ok());
         assert_eq!(NVSHMEM_SUPPORT.cfgs_for(Version::new(3, 4, 5)), ["nvshmem_3_3", "nvshmem_3_4"]);
+        // The newest known minor is the table's last, and the range check uses it.
+        assert_eq!((NCCL_SUPPORT.max(), NVSHMEM_SUPPORT.max()), ((2, 32), (3, 8)));
+        assert!(NCCL_SUPPORT.check(Version::new(2, 32, 99), false).is_ok());
+        assert!(NCCL_SUPPORT.check(Version::new(2, 33, 0), false).is_err());
     }
 
     #[test]
