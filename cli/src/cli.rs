@@ -185,6 +185,28 @@ pub struct Knobs {
     pub events: bool,
 }
 
+/// The two runs of `gpucomm doctor`'s live layer, each a `__doctor-worker --phase` job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Phase {
+    /// A communicator, an all-reduce and a send/recv sweep, with NCCL's log captured.
+    Nccl,
+    /// NVSHMEM's put rate between the PEs (NCCL loaded first, as NVSHMEM does).
+    Nvshmem,
+}
+
+impl Phase {
+    /// Both, in the order the live layer runs them.
+    pub const ALL: [Phase; 2] = [Phase::Nccl, Phase::Nvshmem];
+
+    /// The name on the worker's command line and in the files the phase writes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Nccl => "nccl",
+            Phase::Nvshmem => "nvshmem",
+        }
+    }
+}
+
 /// Where the bench's buffers come from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Memory {
@@ -334,9 +356,9 @@ pub struct CompareArgs {
 /// `gpucomm __doctor-worker`.
 #[derive(Debug, Args)]
 pub struct DoctorWorkerArgs {
-    /// `nccl` or `nvshmem`.
-    #[arg(long)]
-    pub phase: String,
+    /// Which run of the live layer.
+    #[arg(long, value_enum)]
+    pub phase: Phase,
     /// Where to write this rank's results.
     #[arg(long)]
     pub out: PathBuf,

@@ -12,6 +12,7 @@ use super::report::{Check, Layer, Status};
 use super::source::{normalize_bus_id, Machine};
 use super::topo::{self, Link};
 use super::worker::{result_path, NcclPhase, NvshmemPhase, Point, PUT_BYTES};
+use crate::cli::Phase;
 use crate::ncclog::{NcclLog, Transport};
 use crate::units::human_bytes;
 
@@ -47,28 +48,32 @@ pub struct LiveFacts {
 pub fn gather(nproc: usize, dir: &Path) -> LiveFacts {
     let mut facts = LiveFacts { nproc, ..LiveFacts::default() };
     facts.reasons = envvars::transport_reasons(|n| std::env::var(n).ok());
-    for phase in ["nccl", "nvshmem"] {
-        let log_file = dir.join(format!("{phase}-nccl.%h.%p.log"));
+    for phase in Phase::ALL {
+        let name = phase.name();
+        let log_file = dir.join(format!("{name}-nccl.%h.%p.log"));
         let mut env: Vec<(String, String)> = NCCL_LOG_ENV.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
         env.push(("NCCL_DEBUG_FILE".into(), log_file.to_string_lossy().into_owned()));
-        if phase == "nvshmem" {
+        if phase == Phase::Nvshmem {
             env[1].1 = "INIT".into();
         }
         if let Err(e) = spawn(nproc, phase, dir, &env) {
-            facts.errors.push(format!("{phase} phase: {e}"));
+            facts.errors.push(format!("{name} phase: {e}"));
         }
         for rank in 0..nproc {
             let Ok(text) = std::fs::read_to_string(result_path(dir, phase, rank)) else { continue };
             let parsed = match phase {
-                "nccl" => serde_json::from_str(&text).map(|r| facts.nccl.push(r)),
-                _ => serde_json::from_str(&text).map(|r| facts.nvshmem.push(r)),
+                Phase::Nccl => serde_json::from_str(&text).map(|r| facts.nccl.push(r)),
+                Phase::Nvshmem => serde_json::from_str(&text).map(|r| facts.nvshmem.push(r)),
             };
             if let Err(e) = parsed {
-                facts.errors.push(format!("{phase} phase, rank {rank}: unreadable result: {e}"));
+                facts.errors.push(format!("{name} phase, rank {rank}: unreadable result: {e}"));
             }
         }
-        let log = if phase == "nccl" { &mut facts.log } else { &mut facts.nvshmem_log };
-        for file in logs(dir, &format!("{phase}-nccl.")) {
+        let log = match phase {
+            Phase::Nccl => &mut facts.log,
+            Phase::Nvshmem => &mut facts.nvshmem_log,
+        };
+        for file in logs(dir, &format!("{name}-nccl.")) {
             if let Ok(text) = std::fs::read_to_string(&file) {
                 log.read(&text);
             }
@@ -77,10 +82,10 @@ pub fn gather(nproc: usize, dir: &Path) -> LiveFacts {
     facts
 }
 
-fn spawn(nproc: usize, phase: &str, dir: &Path, env: &[(String, String)]) -> Result<(), String> {
+fn spawn(nproc: usize, phase: Phase, dir: &Path, env: &[(String, String)]) -> Result<(), String> {
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let args: Vec<std::ffi::OsString> =
-        vec!["__doctor-worker".into(), "--phase".into(), phase.into(), "--out".into(), dir.into()];
+        vec!["__doctor-worker".into(), "--phase".into(), phase.name().into(), "--out".into(), dir.into()];
     let outcome =
         gpucomm_launch::spawn_local(nproc, &exe, &args, env, Duration::from_secs(5)).map_err(|e| e.to_string())?;
     if outcome.success() {
@@ -145,10 +150,9 @@ pub fn checks(f: &LiveFacts, machine: Option<&Machine>, peer_ok: &dyn Fn(usize, 
             "make every process load the same libnccl.so.2 (LD_LIBRARY_PATH or NCCL_LIB_DIR)",
         ));
     }
-    // Each rank's device as NVML numbers it (NCCL's log uses NVML indexes too).
-    let gpus: Vec<(usize, usize)> =
-        f.nccl.iter().filter_map(|r| Some((r.rank, nvml_index(machine, &r.bus_id)?))).collect();
-    out.extend(pair_checks(f, machine, &gpus, peer_ok));
+    // The ranks whose device NVML located (NCCL's log numbers devices as NVML does).
+    let located = f.nccl.iter().filter(|r| nvml_index(machine, &r.bus_id).is_some()).count();
+    out.extend(pair_checks(f, machine, located, peer_ok));
     out.extend(algorithm_checks(&f.log));
     let (nccl_bw, nvshmem_bw): (Vec<Verdict>, Vec<Verdict>) =
         verdicts(f, machine, peer_ok).into_iter().partition(|v| v.what.starts_with("NCCL"));
@@ -165,11 +169,12 @@ pub fn checks(f: &LiveFacts, machine: Option<&Machine>, peer_ok: &dyn Fn(usize, 
     out
 }
 
-/// Transport per pair of GPUs NCCL connected, against the physical link.
+/// Transport per pair of GPUs NCCL connected, against the physical link. `located`: how many
+/// ranks' GPUs NVML located (with more than one, NCCL's log should name connections).
 fn pair_checks(
     f: &LiveFacts,
     machine: Option<&Machine>,
-    gpus: &[(usize, usize)],
+    located: usize,
     peer_ok: &dyn Fn(usize, usize) -> Option<bool>,
 ) -> Vec<Check> {
     let mut out = Vec::new();
@@ -182,7 +187,7 @@ fn pair_checks(
         .collect();
     pairs.sort_unstable();
     pairs.dedup();
-    if pairs.is_empty() && gpus.len() > 1 {
+    if pairs.is_empty() && located > 1 {
         out.push(Check::warn(
             L,
             "NCCL's log names no channel connections",
@@ -337,13 +342,13 @@ pub fn verdicts(
     peer_ok: &dyn Fn(usize, usize) -> Option<bool>,
 ) -> Vec<Verdict> {
     let mut out = Vec::new();
-    let gpus: Vec<(usize, usize)> =
-        f.nccl.iter().filter_map(|r| Some((r.rank, nvml_index(machine, &r.bus_id)?))).collect();
+    // Each rank's device as NVML numbers it, in rank order.
+    let gpus: Vec<usize> = f.nccl.iter().filter_map(|r| nvml_index(machine, &r.bus_id)).collect();
     // The ring's links: each rank's GPU to the next rank's; the slowest sets the limit.
     let mut limit: Option<(f64, String, usize, usize)> = None;
     if let Some(m) = machine {
-        for (i, &(_, a)) in gpus.iter().enumerate() {
-            let Some(&(_, b)) = gpus.get((i + 1) % gpus.len()) else { continue };
+        for (i, &a) in gpus.iter().enumerate() {
+            let Some(&b) = gpus.get((i + 1) % gpus.len()) else { continue };
             if let Some((rate, how)) = topo::link_rate(m, a, b).filter(|_| a != b) {
                 if limit.as_ref().is_none_or(|l| rate < l.0) {
                     limit = Some((rate, how, a, b));
@@ -355,7 +360,7 @@ pub fn verdicts(
         machine.map(|m| format!("GPU{}↔GPU{} {}", a.min(b), a.max(b), topo::link(m, a, b).notation()))
     };
     // Without a known limit, the first pair of the ring still names the GPUs.
-    let ends = limit.as_ref().map(|l| (l.2, l.3)).or_else(|| Some((gpus.first()?.1, gpus.get(1)?.1)));
+    let ends = limit.as_ref().map(|l| (l.2, l.3)).or_else(|| Some((*gpus.first()?, *gpus.get(1)?)));
     if let Some(first) = f.nccl.iter().find(|r| r.error.is_none()) {
         for (name, points) in
             [("NCCL all-reduce bus bandwidth", &first.all_reduce), ("NCCL send/recv bus bandwidth", &first.sendrecv)]

@@ -16,7 +16,7 @@ use crate::bench::coll::Collective;
 use crate::bench::elem::{DType, Op};
 use crate::bench::engine::{self, Ranks, Spec};
 use crate::bench::nccl_ops;
-use crate::cli::{DoctorWorkerArgs, Init, Knobs};
+use crate::cli::{DoctorWorkerArgs, Init, Knobs, Phase};
 use crate::cuda;
 use crate::error::{CliError, Result};
 
@@ -86,8 +86,8 @@ pub fn stdout_to_stderr() {
 }
 
 /// The file a phase's result goes to.
-pub fn result_path(dir: &Path, phase: &str, rank: usize) -> PathBuf {
-    dir.join(format!("{phase}-rank{rank}.json"))
+pub fn result_path(dir: &Path, phase: Phase, rank: usize) -> PathBuf {
+    dir.join(format!("{}-rank{rank}.json", phase.name()))
 }
 
 /// `gpucomm __doctor-worker --phase P --out DIR`.
@@ -101,12 +101,11 @@ pub fn run(args: &DoctorWorkerArgs) -> Result<()> {
     let info = RankInfo::from_env()?;
     let ordinal = info.device_ordinal(cuda::device_count())?;
     let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
-    let json = match args.phase.as_str() {
-        "nccl" => to_json(&nccl_phase(&info, ordinal, &mut rendezvous))?,
-        "nvshmem" => to_json(&nvshmem_phase(&info, ordinal, &mut rendezvous))?,
-        other => return Err(CliError::Usage(format!("unknown doctor phase {other:?}"))),
+    let json = match args.phase {
+        Phase::Nccl => to_json(&nccl_phase(&info, ordinal, &mut rendezvous))?,
+        Phase::Nvshmem => to_json(&nvshmem_phase(&info, ordinal, &mut rendezvous))?,
     };
-    let path = result_path(&args.out, &args.phase, info.rank);
+    let path = result_path(&args.out, args.phase, info.rank);
     std::fs::write(&path, json).map_err(|source| CliError::Io { what: "writing", path, source })
 }
 
