@@ -1,6 +1,6 @@
 //! The NCCL release that added each function newer than the oldest supported one (2.18.1), so
 //! that a function missing from an older library is reported with the version it needs.
-//! Source: the NCCL headers of each release (see `../shared/notes/nccl.md` §1).
+//! Source: the NCCL headers of each release (`nccl.h`, and `nccl_device.h` from 2.28).
 
 const SINCE: &[(&str, &str)] = &[
     ("ncclMemAlloc", "2.19.1"),

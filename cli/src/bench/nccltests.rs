@@ -184,7 +184,7 @@ mod tests {
     use super::*;
 
     /// The shape of an nccl-tests 2.19.6 log (`mpirun -np 2 … all_reduce_perf -b 8 -e 8G -f 4 -g 1`
-    /// under `--tag-output`), with figures from gpu-machine.md §3.1.
+    /// under `--tag-output`), with figures measured on 2×H200 with NCCL 2.28.9.
     const MPI_LOG: &str = "\
 [1,0]<stdout>:# nccl-tests version 2.19.6 nccl-headers=22809 nccl-library=22809
 [1,0]<stdout>:# Collective test starting: all_reduce_perf

@@ -1,9 +1,9 @@
 //! Communicator options (`ncclConfig_t`), with every field the compiled header has.
 //!
 //! NCCL copies `min(config.size, its own sizeof)` bytes and ignores fields newer than the library
-//! (notes §1, `parseCommConfig`), so a field set for a library too old for it would be dropped
-//! without a word. [`Config`] therefore checks every field that was set against the version of the
-//! loaded library, and refuses the ones it is too old for ([`Error::Unsupported`]).
+//! (`parseCommConfig` in NCCL's `src/init.cc`), so a field set for a library too old for it would
+//! be dropped without a word. [`Config`] therefore checks every field that was set against the
+//! version of the loaded library, and refuses the ones it is too old for ([`Error::Unsupported`]).
 //! Fields the compiled header lacks do not exist here at all (cfg-gated on the header version).
 
 use std::ffi::{c_int, CString};
