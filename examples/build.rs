@@ -1,8 +1,8 @@
 //! Compiles the lessons' CUDA kernels (`kernels/*.cu`) into module images embedded in the crate,
 //! with build-support's `.cu` API, in two of its flavours: plain CUDA (`STEP`) and NVSHMEM device
 //! code device-linked with the `libnvshmem_device.a` that nvshmem-sys found (`NVSHMEM_RING`,
-//! `NVSHMEM_BENCH`, `NVSHMEM_ALLREDUCE`). The NCCL device-API kernels of lessons 14–18 live in the
-//! gpucomm-kernels crate (`kernels/cu/lsa_allreduce.cu`). No CUDA install is needed (the pinned
+//! `NVSHMEM_BENCH`, `NVSHMEM_ALLREDUCE`). The NCCL device-API kernels of lessons 12–15 and the
+//! custom-kernels bench live in the gpucomm-kernels crate (`kernels/cu/lsa_allreduce.cu`). No CUDA install is needed (the pinned
 //! nvcc wheels); the architecture comes from `CUDA_ARCHS` (default sm_90).
 
 use gpucomm_build_support::build::cu::Kernels;

@@ -1,12 +1,13 @@
-//! Small helpers the lessons share, so that each example file shows only its lesson.
+//! Small helpers the lessons (`examples/*.rs`) and the measuring programs (`benches/*.rs`) share,
+//! so that each file shows only its lesson or its measurement.
 
 pub mod bench;
 pub mod lsa;
 
 /// The lessons' CUDA kernels (`examples/kernels/*.cu`), compiled by `build.rs` into module images
 /// for `cuModuleLoadData`: `STEP` (plain CUDA), `NVSHMEM_RING`, `NVSHMEM_BENCH`,
-/// `NVSHMEM_ALLREDUCE` (NVSHMEM, device-linked). The LSA all-reduce kernels of lessons 14–18 are
-/// gpucomm-kernels' ([`lsa`]).
+/// `NVSHMEM_ALLREDUCE` (NVSHMEM, device-linked). The LSA all-reduce kernels of lessons 12–15 and
+/// the custom-kernels bench are gpucomm-kernels' ([`lsa`]).
 pub mod kernels {
     include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 }
@@ -90,7 +91,7 @@ pub fn rank_comm(info: &RankInfo) -> Result<(Arc<CudaStream>, nccl::Comm), Box<d
     Ok((stream, comm))
 }
 
-/// Starts NVSHMEM on this rank the way lesson 3 shows step by step: the rank's GPU, the
+/// Starts NVSHMEM on this rank the way lesson 7 shows step by step: the rank's GPU, the
 /// rendezvous, and a runtime started from the unique id that rank 0 creates. Returns the GPU's
 /// default stream and the runtime.
 pub fn nvshmem_runtime(info: &RankInfo) -> Result<(Arc<CudaStream>, nvshmem::Runtime), Box<dyn Error>> {

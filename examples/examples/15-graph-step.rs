@@ -1,11 +1,11 @@
-//! # Lesson 17 — a whole step in one CUDA graph: compute, custom all-reduce, epilogue
+//! # Lesson 15 — a whole step in one CUDA graph: compute, custom all-reduce, epilogue
 //!
 //! What it teaches:
 //! * training and inference loops repeat the same sequence of kernels; capturing it once into a
 //!   **CUDA graph** and replaying it removes the per-launch host cost, which dominates for small
 //!   messages;
 //! * a custom communication kernel can live inside the graph like any other: here a "compute"
-//!   kernel produces this rank's values, the LSA all-reduce of lesson 14 (LL up to 64 KiB,
+//!   kernel produces this rank's values, the LSA all-reduce of lesson 12 (LL up to 64 KiB,
 //!   one-shot above) sums them across ranks, and an "epilogue" kernel turns the sum into a mean
 //!   (`examples/kernels/step.cu`);
 //! * why that works: the LSA barrier keeps its state on the device, so a replay synchronises with
@@ -21,7 +21,7 @@
 //! * the per-step time, eager (three launches per step) against replayed from the graph.
 //!
 //! How to run it (2 or more GPUs): `cargo run --release -p gpucomm-examples --example
-//! 17-graph-step -- --nproc 2`.
+//! 15-graph-step -- --nproc 2`.
 //!
 //! What you should see, on every rank: `1000 graph replays correct`, then on rank 0 the µs per step
 //! for 4 KiB and 256 KiB messages, eager and from the graph.

@@ -1,7 +1,7 @@
-//! # Lesson 15 — two-shot all-reduce over LSA, and where it overtakes one-shot
+//! # Lesson 13 — two-shot all-reduce over LSA, and where it overtakes one-shot
 //!
 //! What it teaches:
-//! * one-shot (lesson 14) makes every rank load the *whole* message from every peer: N − 1 times
+//! * one-shot (lesson 12) makes every rank load the *whole* message from every peer: N − 1 times
 //!   the message crosses NVLink into each GPU. Fine for a few KiB, wasteful for MiBs.
 //! * two-shot splits the work: rank r loads only its 1/N share from every peer and sums it
 //!   (a reduce-scatter), then stores the result into every peer's output (an all-gather). Each
@@ -16,7 +16,7 @@
 //!   64 MiB, as µs per call and nccl-tests' bus bandwidth.
 //!
 //! How to run it (2 or more GPUs): `cargo run --release -p gpucomm-examples --example
-//! 15-lsa-two-shot -- --nproc 2`.
+//! 13-lsa-two-shot -- --nproc 2`.
 //!
 //! What you should see: `two-shot … correct` lines for f32 and bf16 and odd counts on every rank,
 //! then on rank 0 a table with one row per size and a line naming the crossover size above which

@@ -1,4 +1,4 @@
-//! # Lesson 14 — your own all-reduce kernel over NCCL's device API (one-shot, LSA)
+//! # Lesson 12 — your own all-reduce kernel over NCCL's device API (one-shot, LSA)
 //!
 //! What it teaches:
 //! * NCCL ≥ 2.28 lets your own CUDA kernels talk to other GPUs: a **symmetric window**
@@ -23,7 +23,7 @@
 //! * timing it beside `ncclAllReduce`, eagerly and replayed from a CUDA graph.
 //!
 //! How to run it (2 or more GPUs, one process per GPU):
-//! `cargo run --release -p gpucomm-examples --example 14-lsa-one-shot -- --nproc 2`
+//! `cargo run --release -p gpucomm-examples --example 12-lsa-one-shot -- --nproc 2`
 //! (or under `mpirun -np 2` / torchrun-style variables, like lesson 2).
 //!
 //! What you should see: one `correct` line per (algorithm, type, count) on every rank, then on rank
@@ -59,7 +59,7 @@ fn main() -> std::process::ExitCode {
 
 /// Rank r contributes (r + 1) × (i mod 13): small integers, exact in both types, so the sums must
 /// equal the host reference and `ncclAllReduce` bit for bit. Checks the one-shot kernel (LL's
-/// values are checked by lesson 17, which replays it in a graph).
+/// values are checked by lesson 15, which replays it in a graph).
 fn check<T: Element + PartialEq + std::fmt::Debug + cudarc::driver::ValidAsZeroBits>(
     lsa: &LsaAllReduce<'_>,
     count: usize,
