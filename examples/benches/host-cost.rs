@@ -33,7 +33,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{result, sys, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
-use nccl::launch::{run_main, Options, Rendezvous};
+use nccl::launch::run_main;
 use nccl::sys::{cudaStream_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
 use nccl::{Collectives, Comm, DeviceBufferMut, MemBuffer, ReduceOp};
 
@@ -259,12 +259,10 @@ fn measure<B: DeviceBufferMut<f32>>(
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
-        let device_stream = gpucomm_examples::rank_stream(&info)?;
-        // A stream of our own (the default stream cannot be captured). Creating it also turns on
-        // cudarc's multi-stream mode: from now on every CudaSlice is ordered with events.
-        let stream = device_stream.context().new_stream()?;
-        let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
-        let comm = Comm::from_rendezvous(stream.clone(), &mut rendezvous)?;
+        // The communicator on a stream of its own (the default stream cannot be captured).
+        // Creating it also turned on cudarc's multi-stream mode: every CudaSlice is ordered with
+        // events.
+        let (stream, comm) = gpucomm_examples::rank_comm(&info)?;
         let (rank, size) = (comm.rank(), comm.size());
         let lib = nccl::sys::library()?;
         let raw = Raw {

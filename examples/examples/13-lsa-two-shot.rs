@@ -24,7 +24,7 @@
 
 use gpucomm_examples::bench::{self, BoxError};
 use gpucomm_examples::lsa::{self, Element, LsaAllReduce};
-use nccl::launch::{run_main, Options, Rendezvous};
+use nccl::launch::run_main;
 use nccl::{Collectives, Comm, MemBuffer, ReduceOp, Window, WindowFlags};
 
 /// The largest message, in bytes.
@@ -32,10 +32,7 @@ const MAX_BYTES: usize = 64 << 20;
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
-        let ctx = cudarc::driver::CudaContext::new(info.device_ordinal(gpucomm_examples::cuda_devices()?)?)?;
-        let stream = ctx.new_stream()?;
-        let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
-        let comm = Comm::from_rendezvous(stream, &mut rendezvous)?;
+        let (_, comm) = gpucomm_examples::rank_comm(&info)?;
         let lsa = LsaAllReduce::new(&comm, MAX_BYTES)?;
         for count in [1usize, 3, 1000, 1_000_003] {
             check::<f32>(&lsa, count, |v| v as f32)?;

@@ -32,17 +32,15 @@ use cudarc::driver::{CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchCo
 use gpucomm_examples::bench::{self, BoxError};
 use gpucomm_examples::kernels;
 use gpucomm_examples::lsa::{LsaAllReduce, LL_MAX_BYTES};
-use nccl::launch::{run_main, Options, Rendezvous};
-use nccl::{Comm, MemBuffer};
+use nccl::launch::run_main;
+use nccl::MemBuffer;
 
 const REPLAYS: usize = 1000;
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
-        let ctx = cudarc::driver::CudaContext::new(info.device_ordinal(gpucomm_examples::cuda_devices()?)?)?;
-        let stream = ctx.new_stream()?;
-        let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
-        let comm = Comm::from_rendezvous(stream, &mut rendezvous)?;
+        // A stream of its own: the legacy default stream cannot be captured into a graph.
+        let (_, comm) = gpucomm_examples::rank_comm(&info)?;
         let lsa = LsaAllReduce::new(&comm, 256 << 10)?;
         let module = nccl::device::load_module(comm.context(), kernels::STEP)?;
         let step =

@@ -82,10 +82,12 @@ pub fn rank_stream(info: &RankInfo) -> Result<Arc<CudaStream>, Box<dyn Error>> {
     Ok(CudaContext::new(ordinal)?.default_stream())
 }
 
-/// The start of every one-process-per-GPU lesson after lesson 2 (which shows it step by step):
-/// this rank's GPU and its default stream, the rendezvous, and a communicator over every rank.
+/// The start of every one-process-per-GPU NCCL lesson after lesson 2 (which shows it step by
+/// step): this rank's GPU, a stream of its own on it, the rendezvous, and a communicator over
+/// every rank on that stream. The stream is not the GPU's legacy default stream, which a CUDA
+/// graph cannot capture (lesson 15 captures one).
 pub fn rank_comm(info: &RankInfo) -> Result<(Arc<CudaStream>, nccl::Comm), Box<dyn Error>> {
-    let stream = rank_stream(info)?;
+    let stream = rank_stream(info)?.context().new_stream()?;
     let mut rendezvous = Rendezvous::connect(info, &Options::from_env()?)?;
     let comm = nccl::Comm::from_rendezvous(stream.clone(), &mut rendezvous)?;
     Ok((stream, comm))
