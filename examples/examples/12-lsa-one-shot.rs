@@ -1,116 +1,146 @@
 //! # Lesson 12 — your own all-reduce kernel over NCCL's device API (one-shot, LSA)
 //!
-//! What it teaches:
-//! * NCCL ≥ 2.28 lets your own CUDA kernels talk to other GPUs: a **symmetric window**
-//!   ([`nccl::Window`], memory from [`nccl::MemBuffer`] registered on every rank) can be loaded from
-//!   and stored to directly over NVLink from any rank of the **LSA team** ("load/store accessible");
-//!   an **LSA barrier** (`ncclLsaBarrierSession` in the kernel) synchronises the ranks' CTAs;
-//!   a **device communicator** ([`nccl::device::DevComm`]) carries both to the kernel by value.
-//! * the kernel is CUDA C++ in `kernels/cu/lsa_allreduce.cu` (the gpucomm-kernels crate);
-//!   `kernels/build.rs` compiles it with build-support (no CUDA install needed: the pinned nvcc
-//!   wheels) and embeds the cubin; cudarc launches it with the `DevComm` and `Window` as
-//!   arguments — read `kernels/src/lsa.rs` (`LsaKernels::new` and `one_shot`) and
-//!   `examples/src/lsa.rs` beside this file: that is the whole host side, shared with lessons
-//!   15–18 and with gpucomm-kernels' dispatching all-reduce.
-//! * the one-shot algorithm for small messages: each rank copies its input into its half of a
-//!   double-buffered staging area in the window, one barrier says "all inputs are staged", then
-//!   each rank loads every peer's input and sums it. One barrier and one NVLink hop per call.
-//! * the LL ("low latency") variant, NCCL's trick for the smallest messages: no barrier at all —
-//!   each rank stores its input into every peer's window as 8-byte words of data plus a flag (the
-//!   call number), and a peer knows a word has arrived when its flag matches.
-//! * checking a custom collective: against a host reference and against `ncclAllReduce`, for f32
-//!   and bf16, odd element counts included (1, 3, 1000, 1000003).
-//! * timing it beside `ncclAllReduce`, eagerly and replayed from a CUDA graph.
+//! What it teaches: how a CUDA kernel of your own reads the other GPUs' memory through NCCL
+//! (≥ 2.28), and how Rust launches it. Three pieces, all created in this file:
+//! * a **symmetric window** ([`nccl::Window`]): memory from [`nccl::MemBuffer`] registered on every
+//!   rank, which every rank of the **LSA team** ("load/store accessible": the GPUs one NVLink
+//!   domain connects) can load from directly;
+//! * a **device communicator** ([`nccl::device::DevComm`]) with one **LSA barrier** per CTA of the
+//!   kernel: the kernel takes it by value and meets the peers' CTAs at its barriers;
+//! * the **kernel**, [`12-lsa-one-shot.cu`](./12-lsa-one-shot.cu) next to this file: a one-shot
+//!   all-reduce (every rank loads the whole message from every rank's window and sums it, between
+//!   two barriers). `build.rs` compiles it with build-support's nvcc helper (no CUDA install
+//!   needed: the pinned nvcc wheels) into `gpucomm_examples::kernels::LSA_ONE_SHOT`, and cudarc
+//!   launches it with the `DevComm` and the `Window` as arguments.
 //!
-//! How to run it (2 or more GPUs, one process per GPU):
-//! `cargo run --release -p gpucomm-examples --example 12-lsa-one-shot -- --nproc 2`
-//! (or under `mpirun -np 2` / torchrun-style variables, like lesson 2).
+//! The launch is `unsafe`, and says why: the kernel loads from the peers' windows, whose sizes
+//! this rank cannot see, so every rank must pass the same count on windows of the same size.
+//! The result is checked against a host reference and against `ncclAllReduce` on the same input,
+//! for 1, 3, 1000 and 1000003 floats.
 //!
-//! What you should see: one `correct` line per (algorithm, type, count) on every rank, then on rank
-//! 0 a table of µs per call for sizes 8 B – 256 KiB: LL (up to 64 KiB), one-shot and
-//! `ncclAllReduce`, eager and from a graph. On 2×H200 both kernels beat `ncclAllReduce` on plain
-//! buffers at these sizes (lesson 18 compares with NCCL's own symmetric-memory kernels too).
+//! This kernel is written to be read. The fast ones are in the gpucomm-kernels crate (an LL
+//! variant without barriers, a one-shot that alternates two staging slots and needs one barrier
+//! per call, the two-shot of lesson 13), with `gpucomm_kernels::AllReduce`, which picks one per
+//! message size; the custom-kernels bench (`examples/benches/custom-kernels.rs`) times them
+//! against NCCL.
+//!
+//! How to run it (GPUs in one NVLink domain, one process each):
+//! `cargo run -p gpucomm-examples --example 12-lsa-one-shot -- --nproc 2` (or under
+//! `mpirun -np 2` / torchrun-style variables, as in lesson 2). One GPU works too: a team of one.
+//!
+//! What you should see, on every rank, for each count:
+//! `rank 0: one-shot f32 all-reduce of 1000003 elements correct (matches host and ncclAllReduce)`.
 
-use gpucomm_examples::bench::{self, BoxError};
-use gpucomm_examples::lsa::{self, Element, LsaAllReduce, LL_MAX_BYTES};
-use nccl::launch::{run_main, Options, Rendezvous};
-use nccl::{Collectives, Comm, MemBuffer, ReduceOp};
+use cudarc::driver::{CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
+use gpucomm_examples::bench::BoxError;
+use gpucomm_examples::lsa;
+use nccl::device::{DevComm, DevCommRequirements};
+use nccl::launch::run_main;
+use nccl::{Collectives, MemBuffer, ReduceOp, Window, WindowFlags};
 
-/// The largest message checked (1000003 f32), which sizes the staging window.
-const MAX_BYTES: usize = 1_000_003 * 4;
+/// The largest message, in floats: every rank's window holds this many.
+const MAX_COUNT: usize = 1_000_003;
+/// Threads per CTA.
+const THREADS: u32 = 512;
+/// CTAs of a launch at most: the device communicator has one LSA barrier for each.
+const MAX_CTAS: u32 = 16;
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
-        let ctx = cudarc::driver::CudaContext::new(info.device_ordinal(gpucomm_examples::cuda_devices()?)?)?;
-        // A stream of our own: the legacy default stream cannot be captured into a graph.
-        let stream = ctx.new_stream()?;
-        let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
-        let comm = Comm::from_rendezvous(stream, &mut rendezvous)?;
-        // Collective: every rank creates the device communicator and registers the staging window.
-        let lsa = LsaAllReduce::new(&comm, MAX_BYTES)?;
-        for count in [1usize, 3, 1000, 1_000_003] {
-            check::<f32>(&lsa, count, |v| v as f32)?;
-            check::<half::bf16>(&lsa, count, |v| half::bf16::from_f32(v as f32))?;
+        let (stream, comm) = gpucomm_examples::rank_comm(&info)?;
+        let (rank, n) = (comm.rank(), comm.size());
+
+        // 1. The kernel loads from every rank, so every rank must be in this rank's LSA team (a
+        //    host query: nothing is created yet).
+        let team = comm.team_lsa()?;
+        if team.size != n {
+            return Err(format!(
+                "rank {rank}: only {} of the {n} ranks can be reached by loads and stores; the kernel needs one NVLink domain",
+                team.size
+            )
+            .into());
         }
-        time(&lsa)?;
+
+        // 2. Collective, on every rank in the same order: the window that holds the inputs, and
+        //    the device communicator.
+        let buffer = MemBuffer::<f32>::zeroed(&stream, MAX_COUNT)?;
+        let mut window = comm.register_window(buffer, WindowFlags::COLL_SYMMETRIC)?;
+        let dev = DevComm::new(&comm, &DevCommRequirements::default().lsa_barriers(MAX_CTAS))?;
+
+        // 3. The kernel, from the image build.rs embedded.
+        let module = nccl::device::load_module(comm.context(), gpucomm_examples::kernels::LSA_ONE_SHOT)?;
+        let kernel = module.load_function("one_shot_sum_f32")?;
+
+        for count in [1, 3, 1000, MAX_COUNT] {
+            // Rank r's input is (r + 1) × (i mod 13): small integers, so the sums are exact.
+            let (input, expected) = lsa::pattern(rank as u32, n as u32, count, |v| v as f32);
+            stream.memcpy_htod(&input, &mut window.slice_mut(..count)?)?;
+            let mut ours = MemBuffer::<f32>::zeroed(&stream, count)?;
+            // SAFETY: every rank runs this loop with the same counts, and registered its window
+            // with MAX_COUNT floats above.
+            unsafe { one_shot(&kernel, &dev, &window, &mut ours) }?;
+
+            // NCCL's own all-reduce of the same input, to compare with.
+            let mut theirs = MemBuffer::<f32>::zeroed(&stream, count)?;
+            comm.all_reduce(&window.slice(..count)?, &mut theirs, ReduceOp::SUM)?;
+            let (ours, theirs) = (stream.clone_dtoh(&ours)?, stream.clone_dtoh(&theirs)?);
+            lsa::compare(rank, "one-shot", &ours, &expected, &theirs)?;
+        }
+        // Teardown, collective too: the device communicator first (dropping it waits for every
+        // kernel on the device), then the window, whose memory comes back.
+        drop(dev);
+        window.deregister().map_err(|(_, e)| e)?.free().map_err(|(_, e)| e)?;
+        comm.finalize().map_err(|(_, e)| e)?;
         Ok(())
     })
 }
 
-/// Rank r contributes (r + 1) × (i mod 13): small integers, exact in both types, so the sums must
-/// equal the host reference and `ncclAllReduce` bit for bit. Checks the one-shot kernel (LL's
-/// values are checked by lesson 15, which replays it in a graph).
-fn check<T: Element + PartialEq + std::fmt::Debug + cudarc::driver::ValidAsZeroBits>(
-    lsa: &LsaAllReduce<'_>,
-    count: usize,
-    from: impl Fn(u32) -> T,
+/// Launches the kernel on the communicator's stream: `output` gets the sum over every rank of the
+/// first `output.len()` floats of `input`.
+///
+/// # Safety
+///
+/// Every rank of the communicator makes the same call at the same point, with the same
+/// `output.len()`, on a window of the same size: the kernel loads that many floats from every
+/// peer's window (whose sizes this rank cannot see), and CTA b of every rank waits for CTA b of
+/// the others at its barriers.
+unsafe fn one_shot(
+    kernel: &CudaFunction,
+    dev: &DevComm<'_>,
+    input: &Window<'_, f32>,
+    output: &mut MemBuffer<f32>,
 ) -> Result<(), BoxError> {
-    let comm = lsa.comm();
-    let (stream, rank, n) = (comm.stream(), comm.rank() as u32, comm.size() as u32);
-    let (host, expected) = lsa::pattern(rank, n, count, from);
-    let send = MemBuffer::from_host(stream, &host)?;
-    let mut ours = MemBuffer::<T>::zeroed(stream, count)?;
-    let mut theirs = MemBuffer::<T>::zeroed(stream, count)?;
-    // Twice, so that both staging slots are used.
-    lsa.one_shot(stream, &send, &mut ours)?;
-    lsa.one_shot(stream, &send, &mut ours)?;
-    comm.all_reduce(&send, &mut theirs, ReduceOp::SUM)?;
-    let (ours, theirs) = (stream.clone_dtoh(&ours)?, stream.clone_dtoh(&theirs)?);
-    lsa::compare(rank as usize, "one-shot", &ours, &expected, &theirs)
-}
-
-/// µs per call, LL and one-shot beside `ncclAllReduce` on the same buffers, eager and from a graph
-/// (`NaN`: the message is too large for LL).
-fn time(lsa: &LsaAllReduce<'_>) -> Result<(), BoxError> {
-    let comm = lsa.comm();
+    let comm = dev.comm();
+    if !std::ptr::eq(comm, input.comm()) {
+        return Err("the window belongs to another communicator than the device communicator".into());
+    }
+    // Both die with the communicator: it must not have been aborted.
+    comm.live_raw()?;
+    let count = output.len();
     let stream = comm.stream();
-    let mut scratch = MemBuffer::<f32>::zeroed(stream, 1)?;
-    if comm.rank() == 0 {
-        println!("\n| size | LL eager | one-shot eager | ncclAllReduce eager | LL graph | one-shot graph | ncclAllReduce graph |");
-        println!("|---:|---:|---:|---:|---:|---:|---:|");
-    }
-    for bytes in [8usize, 64, 512, 4 << 10, 32 << 10, 256 << 10] {
-        let send = MemBuffer::<f32>::zeroed(stream, bytes / 4)?;
-        let mut recv = MemBuffer::<f32>::zeroed(stream, bytes / 4)?;
-        let (mut ll_eager, mut ll_graph) = (f64::NAN, f64::NAN);
-        // The graphs keep what their calls use: the staging window (LSA kernels), the buffers,
-        // the communicator (ncclAllReduce).
-        if bytes <= LL_MAX_BYTES {
-            ll_eager = bench::eager(comm, &mut scratch, 20, 200, || lsa.ll(stream, &send, &mut recv))?;
-            let step = |(_, s, r): &mut (_, &_, &mut _)| lsa.ll(stream, *s, *r);
-            ll_graph = bench::graph(comm, &mut scratch, stream, 100, 20, (lsa.staging(), &send, &mut recv), step)?.0;
-        }
-        let ours_eager = bench::eager(comm, &mut scratch, 20, 200, || lsa.one_shot(stream, &send, &mut recv))?;
-        let step = |(_, s, r): &mut (_, &_, &mut _)| lsa.one_shot(stream, *s, *r);
-        let ours_graph = bench::graph(comm, &mut scratch, stream, 100, 20, (lsa.staging(), &send, &mut recv), step)?.0;
-        let nccl_eager =
-            bench::eager(comm, &mut scratch, 20, 200, || Ok(comm.all_reduce(&send, &mut recv, ReduceOp::SUM)?))?;
-        let step = |(c, s, r): &mut (&Comm, &_, &mut _)| Ok(c.all_reduce(*s, *r, ReduceOp::SUM)?);
-        let nccl_graph = bench::graph(comm, &mut scratch, stream, 100, 20, (comm, &send, &mut recv), step)?.0;
-        if comm.rank() == 0 {
-            let label = bench::size_label(bytes);
-            println!("| {label} | {ll_eager:.2} | {ours_eager:.2} | {nccl_eager:.2} | {ll_graph:.2} | {ours_graph:.2} | {nccl_graph:.2} |");
-        }
-    }
+    // The device pointers, as cudarc hands them out: each guard orders the launch after earlier
+    // uses of its memory (the copy into the window) and records the launch as a use, until it is
+    // dropped after the launch. The kernel reads this rank's window range, and so do the peers'
+    // kernels, whose loads end before this kernel does (its second barrier). `slice` refuses a
+    // window smaller than the output.
+    let range = input.slice(..count)?;
+    let (_, _read) = range.device_ptr(stream);
+    let (out, _write) = output.device_ptr_mut(stream);
+    let window = input.arg();
+
+    let ctas = count.div_ceil(THREADS as usize).clamp(1, MAX_CTAS as usize) as u32;
+    let cfg = LaunchConfig { grid_dim: (ctas, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+    let mut launch = stream.launch_builder(kernel);
+    launch.arg(dev.arg()).arg(&window).arg(&out).arg(&count);
+    // SAFETY: the kernel is `one_shot_sum_f32(ncclDevComm, ncclWindow_t, float *, size_t)`,
+    // matching the arguments pushed: the device communicator (the C layout of ncclDevComm), the
+    // window's handle, `out` (a device address) and `count` (a usize, as size_t). `out` holds
+    // `count` floats on the communicator's device, and the window `count` floats or more on this
+    // rank (checked by `slice`) and, by the caller's contract, on every peer; the device
+    // communicator and the window belong to the same communicator, live (both checked), whose
+    // stream this is, and are borrowed until the launch is enqueued; the grid has at most MAX_CTAS CTAs,
+    // the LSA barriers `dev` was created with, and every rank launches the same grid (same count,
+    // the caller's contract). Both memories are ordered on the stream by the guards above.
+    unsafe { launch.launch(cfg) }?;
     Ok(())
 }

@@ -4,10 +4,11 @@
 pub mod bench;
 pub mod lsa;
 
-/// The lessons' CUDA kernels (`examples/kernels/*.cu`), compiled by `build.rs` into module images
-/// for `cuModuleLoadData`: `STEP` (plain CUDA), `NVSHMEM_RING`, `NVSHMEM_BENCH`,
-/// `NVSHMEM_ALLREDUCE` (NVSHMEM, device-linked). The LSA all-reduce kernels of lessons 12–15 and
-/// the custom-kernels bench are gpucomm-kernels' ([`lsa`]).
+/// The lessons' CUDA kernels, compiled by `build.rs` into module images for `cuModuleLoadData`:
+/// `STEP` (plain CUDA, `kernels/step.cu`), `LSA_ONE_SHOT` (NCCL's device API, lesson 12's own
+/// `examples/12-lsa-one-shot.cu`), `NVSHMEM_RING`, `NVSHMEM_BENCH`, `NVSHMEM_ALLREDUCE` (NVSHMEM,
+/// device-linked, `kernels/*.cu`). The LSA all-reduce kernels of lessons 13 and 15 and the
+/// custom-kernels bench are gpucomm-kernels' ([`lsa`]).
 pub mod kernels {
     include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 }

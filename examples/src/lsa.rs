@@ -1,7 +1,8 @@
-//! The LSA all-reduce kernels of gpucomm-kernels (`kernels/cu/lsa_allreduce.cu`) as the lessons
-//! and the custom-kernels bench use them: [`LsaAllReduce`] creates the device communicator and the staging window once and
-//! launches the LL, one-shot and two-shot kernels; [`pattern`] and [`compare`] are the lessons'
-//! test input and three-way result check. The dispatching all-reduce built on the same kernels is
+//! The LSA all-reduce kernels of gpucomm-kernels (`kernels/cu/lsa_allreduce.cu`) as lessons 13,
+//! 15 and 19 and the custom-kernels bench use them: [`LsaAllReduce`] creates the device
+//! communicator and the staging window once and launches the LL, one-shot and two-shot kernels;
+//! [`pattern`] and [`compare`] are the test input and three-way result check of lessons 12 and 13
+//! (lesson 12 launches a kernel of its own). The dispatching all-reduce built on the same kernels is
 //! `gpucomm_kernels::AllReduce`.
 
 use std::sync::Arc;
