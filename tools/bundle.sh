@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the GPU bundle into bundle/ (git-ignored): every test binary of the `gpucomm-tests`
 # package (each file in tests/tests/ is a GPU suite), every lesson (example) and measuring program
-# (bench) of `gpucomm-examples`, the candle lessons (candle-lessons/, a workspace of its own, built with candle's CUDA environment:
-# ./dev.sh bundle sets it), and the `gpucomm` tool when the workspace has it, all stripped, plus
+# (bench) of `gpucomm-examples`, the candle lessons (candle-lessons/, a workspace of its own, built
+# with candle's CUDA environment: ./dev.sh bundle sets it), and the `gpucomm` tool when the
+# workspace has it, all stripped, plus
 # bundle/run.sh (tools/gpu-run.sh) with bundle/lib.sh and bundle/sanitize.sh, bundle/examples.tsv,
 # which says how run.sh starts each lesson and bench, and bundle/lessons.tsv, what each needs (GPUs,
 # sanitizer tools). Nothing here lists test, lesson or bench names: cargo's JSON output says what

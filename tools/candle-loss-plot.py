@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Draws the loss curves of the candle training lessons (20, 21) beside their single-GPU runs.
+"""Draws the loss curves of the candle training lessons (17, 18) beside their single-GPU runs.
 
 Reads the logs of lesson runs (rank 0's output: the table `| step | distributed loss | single-GPU
 loss | relative difference |` that each lesson prints at its end) and writes one SVG: loss against

@@ -3,8 +3,8 @@
 # `bash bundle/run.sh --sanitize [FILTER...]`, or GPUCOMM_SANITIZE=1 bash bundle/run.sh). Every
 # test binary in bundle/tests and every lesson and bench in bundle/examples and bundle/benches runs
 # under compute-sanitizer's memcheck; the lessons that launch their own kernels run under synccheck
-# too (the tools per lesson are in bundle/lessons.tsv, from `[package.metadata.bundle.sanitizers]` in examples/Cargo.toml and
-# candle-lessons/Cargo.toml).
+# too (the tools per lesson are in bundle/lessons.tsv, from `[package.metadata.bundle.sanitizers]`
+# in examples/Cargo.toml and candle-lessons/Cargo.toml).
 # One (binary, tool) pair is one run: it passes when the program succeeds and the sanitizer
 # counted 0 errors in every process. Per run it prints the errors found; then a summary line
 # `sanitizer: R runs, E errors (memcheck E1, synccheck E2)` and, last,

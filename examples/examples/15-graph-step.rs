@@ -5,9 +5,9 @@
 //!   **CUDA graph** and replaying it removes the per-launch host cost, which dominates for small
 //!   messages;
 //! * a custom communication kernel can live inside the graph like any other: here a "compute"
-//!   kernel produces this rank's values, the LSA all-reduce of lesson 12 (LL up to 64 KiB,
-//!   one-shot above) sums them across ranks, and an "epilogue" kernel turns the sum into a mean
-//!   (`examples/kernels/step.cu`);
+//!   kernel produces this rank's values, gpucomm-kernels' LSA all-reduce (the production form of
+//!   lesson 12's kernel: LL up to 64 KiB, one-shot above) sums them across ranks, and an
+//!   "epilogue" kernel turns the sum into a mean (`examples/kernels/step.cu`);
 //! * why that works: the LSA barrier keeps its state on the device, so a replay synchronises with
 //!   the peers' replays; the buffers are [`nccl::MemBuffer`]s, whose uses inside a capture are
 //!   recorded for the graph instead of waited for (cudarc's `CudaSlice` waits on its events,
