@@ -1,5 +1,5 @@
 //! Compiles the GPU suites' kernels with build-support's `.cu` builder — `kernels::PLAIN` (plain
-//! CUDA, launched through cudarc) and `kernels::NVSHMEM_KERNELS` (lesson 12's kernel and a plain
+//! CUDA, launched through cudarc) and `kernels::NVSHMEM_KERNELS` (lesson 11's kernel and a plain
 //! ring put, device-linked against `libnvshmem_device.a`) — and, with nvcc directly,
 //! `other_arch.fatbin`: the plain kernels for sm_80 and sm_100 only (no sm_90 code, no PTX), which
 //! an H100/H200 must refuse to load.

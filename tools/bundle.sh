@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Builds the GPU bundle into bundle/ (git-ignored): every test binary of the `gpucomm-tests`
-# package (each file in tests/tests/ is a GPU suite), every example of `gpucomm-examples`, the
-# candle lessons (candle-lessons/, a workspace of its own, built with candle's CUDA environment:
-# ./dev.sh bundle sets it), and the `gpucomm` tool when the workspace has it, all stripped, plus
+# package (each file in tests/tests/ is a GPU suite), every lesson (example) and measuring program
+# (bench) of `gpucomm-examples`, the candle lessons (candle-lessons/, a workspace of its own, built
+# with candle's CUDA environment: ./dev.sh bundle sets it), and the `gpucomm` tool when the
+# workspace has it, all stripped, plus
 # bundle/run.sh (tools/gpu-run.sh) with bundle/lib.sh and bundle/sanitize.sh, bundle/examples.tsv,
-# which says how run.sh starts each lesson, and bundle/lessons.tsv, what each lesson needs (GPUs,
-# sanitizer tools). Nothing here lists test or example names: cargo's JSON output says what was
-# built, and the lessons' launch modes, minimum GPUs and sanitizer tools come from
-# `[package.metadata.bundle]` in examples/Cargo.toml and candle-lessons/Cargo.toml.
+# which says how run.sh starts each lesson and bench, and bundle/lessons.tsv, what each needs (GPUs,
+# sanitizer tools). Nothing here lists test, lesson or bench names: cargo's JSON output says what
+# was built (lessons into bundle/examples/, benches into bundle/benches/), and their launch modes,
+# minimum GPUs and sanitizer tools come from `[package.metadata.bundle]` in examples/Cargo.toml and
+# candle-lessons/Cargo.toml, keyed by target name.
 # Called by `./dev.sh bundle`. Prints the bundle's size and the build time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,10 +17,11 @@ cd "$(dirname "$0")/.."
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 start=$(date +%s)
 rm -rf bundle
-mkdir -p bundle/tests bundle/examples bundle/bin
+mkdir -p bundle/tests bundle/examples bundle/benches bundle/bin
 
-# The lessons, and the launch crate's store-interop example (for bundle/store-interop.sh).
-bins=(-p gpucomm-examples --examples -p gpucomm-launch --example store-interop)
+# The lessons and measuring programs, and the launch crate's store-interop example (for
+# bundle/store-interop.sh).
+bins=(-p gpucomm-examples --examples --benches -p gpucomm-launch --example store-interop)
 cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; sys.exit(0 if any(p["name"]=="gpucomm" for p in json.load(sys.stdin)["packages"]) else 1)' \
     && bins+=(-p gpucomm --bins)
 candle=(--manifest-path candle-lessons/Cargo.toml --target-dir target)
@@ -35,16 +38,16 @@ for line in sys.stdin:
     if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
         continue
     kind = msg["target"]["kind"][0]
-    folder = {"test": "tests", "example": "examples", "bin": "bin"}.get(kind)
+    folder = {"test": "tests", "example": "examples", "bench": "benches", "bin": "bin"}.get(kind)
     if folder:
         name = msg["target"]["name"]
         dest = f"bundle/{folder}/{name}"
         shutil.copy(msg["executable"], dest)
         print(f"{folder[:-1]:8} {dest}")
 '
-# How run.sh starts each lesson (bundle/examples.tsv: one line per (example, mode), the arguments
-# after the mode) and what each lesson needs (bundle/lessons.tsv: one line per example, its minimum
-# number of GPUs and the sanitizer tools of `run.sh --sanitize`, comma-separated), from the
+# How run.sh starts each lesson and bench (bundle/examples.tsv: one line per (target, mode), the
+# arguments after the mode) and what each needs (bundle/lessons.tsv: one line per target, its
+# minimum number of GPUs and the sanitizer tools of `run.sh --sanitize`, comma-separated), from the
 # metadata of both workspaces (one JSON document per line).
 {
     cargo metadata --no-deps --format-version 1
@@ -62,7 +65,8 @@ with open("bundle/examples.tsv", "w") as runs_out, open("bundle/lessons.tsv", "w
             conf = (pkg.get("metadata") or {}).get("bundle") or {}
             runs, args = conf.get("runs", {}), conf.get("args", {})
             gpus, tools = conf.get("min-gpus", {}), conf.get("sanitizers", {})
-            for t in sorted(t["name"] for t in pkg["targets"] if "example" in t["kind"]):
+            programs = (t["name"] for t in pkg["targets"] if {"example", "bench"} & set(t["kind"]))
+            for t in sorted(programs):
                 for mode in runs.get(t, ["spawner"]):
                     runs_out.write("\t".join([t, mode] + args.get(t, [])) + "\n")
                 needs_out.write("\t".join([t, str(int(gpus.get(t, 1))), ",".join(tools.get(t, ["memcheck"]))]) + "\n")
@@ -70,11 +74,11 @@ with open("bundle/examples.tsv", "w") as runs_out, open("bundle/lessons.tsv", "w
 cp tools/gpu-run.sh bundle/run.sh
 cp tools/gpu-lib.sh bundle/lib.sh
 cp tools/gpu-sanitize.sh bundle/sanitize.sh
-cp tools/gpu-nccl-tests.sh tools/gpu-custom-bench.sh tools/custom-vs-nccl-tests.py bundle/
+cp tools/gpu-nccl-tests.sh tools/gpu-custom-bench.sh tools/custom-vs-nccl-tests.py tools/gpu-host-cost.sh bundle/
 cp tools/variants-table.py tools/dispatch-vs-nccl-tests.py bundle/
 cp tools/gpu-candle.sh tools/candle-loss-plot.py bundle/
 cp cli/gpu/*.sh bundle/
-# The store's interop check against PyTorch, and lesson 19's Python half.
+# The store's interop check against PyTorch, and lesson 16's Python half.
 cp launch/gpu/store-interop.sh launch/gpu/store_interop.py bundle/
 mkdir -p bundle/python && cp examples/python/*.py bundle/python/
 chmod +x bundle/*.sh

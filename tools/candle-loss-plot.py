@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Draws the loss curves of the candle training lessons (20, 21) beside their single-GPU runs.
+"""Draws the loss curves of the candle training lessons (17, 18) beside their single-GPU runs.
 
 Reads the logs of lesson runs (rank 0's output: the table `| step | distributed loss | single-GPU
 loss | relative difference |` that each lesson prints at its end) and writes one SVG: loss against
@@ -7,7 +7,7 @@ step, log scale, each distributed run as a solid line and its single-GPU referen
 largest relative difference in the legend. Plain SVG, no plotting library.
 
 Usage: candle-loss-plot.py OUT.svg LABEL=LOG [LABEL=LOG ...]
-  e.g. candle-loss-plot.py docs/candle/losses.svg "lesson 20, 2 GPUs=logs/20.log" "lesson 21, 2 GPUs=logs/21.log"
+  e.g. candle-loss-plot.py docs/candle/losses.svg "lesson 17, 2 GPUs=logs/17.log" "lesson 18, 2 GPUs=logs/18.log"
 """
 import math
 import re

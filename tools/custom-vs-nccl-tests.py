@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The side-by-side of issue 10: the best of this project's all-reduce kernels (ours.json, written by
-lesson 18) against the best of nccl-tests' all_reduce_perf variants (nccl-tests/<variant>.<mode>.log),
+the custom-kernels bench, examples/benches/custom-kernels.rs) against the best of nccl-tests' all_reduce_perf variants (nccl-tests/<variant>.<mode>.log),
 per size, eager and replayed from a graph. Writes custom-vs-nccl-tests.md and, when matplotlib is
 available, custom-vs-nccl-tests.svg into the directory given as the only argument.
 

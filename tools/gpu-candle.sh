@@ -6,9 +6,9 @@
 #
 # With one GPU: each lesson as one rank (--nproc 1) and as two ranks sharing the GPU (--nproc 2
 # --split-hosts: each rank sets its own NCCL_HOSTID, NCCL connects them over sockets); the
-# single-GPU reference runs of lessons 20 and 21 on their own (--reference --ranks 2); short runs of
+# single-GPU reference runs of lessons 17 and 18 on their own (--reference --ranks 2); short runs of
 # each lesson under compute-sanitizer's memcheck and synccheck. With two GPUs or more, also each
-# lesson as two ranks on two GPUs (--nproc 2: lesson 22's LSA kernel needs NVLink peers). Then
+# lesson as two ranks on two GPUs (--nproc 2: lesson 19's LSA kernel needs NVLink peers). Then
 # the loss plot (candle-loss-plot.py). Logs and the plot go to $OUT/candle (the device tool) or
 # bundle/logs/candle; the summary's last line is `N passed, N failed`.
 set -uo pipefail
@@ -57,21 +57,21 @@ sanitize() {
     echo "safety: NCCL_NVLS_ENABLE=$NCCL_NVLS_ENABLE NVSHMEM_DISABLE_NVLS=$NVSHMEM_DISABLE_NVLS TORCH_SYMM_MEM_DISABLE_MULTICAST=$TORCH_SYMM_MEM_DISABLE_MULTICAST"
 } | tee "$LOGS/machine.txt"
 
-for lesson in 20-candle-data-parallel 21-candle-sharded 22-candle-tensor-parallel; do
+for lesson in 17-candle-data-parallel 18-candle-sharded 19-candle-tensor-parallel; do
     n=${lesson%%-*}
     run "$n-1rank" "$EX/$lesson" --nproc 1
     run "$n-2ranks-1gpu" "$EX/$lesson" --nproc 2 --split-hosts
     [ "$NGPU" -ge 2 ] && run "$n-2gpus" "$EX/$lesson" --nproc 2
 done
-run 20-reference "$EX/20-candle-data-parallel" --reference --ranks 2
-run 21-reference "$EX/21-candle-sharded" --reference --ranks 2
+run 17-reference "$EX/17-candle-data-parallel" --reference --ranks 2
+run 18-reference "$EX/18-candle-sharded" --reference --ranks 2
 
 if [ -x "$SANITIZER" ]; then
     small=(--steps 4 --log-every 1 --overlap-steps 1 --batch 256 --no-reference)
     for tool in memcheck synccheck; do
-        sanitize "$tool" 20-candle-data-parallel "${small[@]}"
-        sanitize "$tool" 21-candle-sharded "${small[@]}"
-        sanitize "$tool" 22-candle-tensor-parallel --steps 3 --blocks 2 --dim 512 --hidden 2048
+        sanitize "$tool" 17-candle-data-parallel "${small[@]}"
+        sanitize "$tool" 18-candle-sharded "${small[@]}"
+        sanitize "$tool" 19-candle-tensor-parallel --steps 3 --blocks 2 --dim 512 --hidden 2048
     done
 else
     note "no compute-sanitizer at $SANITIZER: sanitizer runs skipped"
@@ -79,7 +79,7 @@ fi
 
 # The loss plot: the two-GPU runs when there are two GPUs, else the two ranks sharing one.
 runs=()
-for n in 20 21; do
+for n in 17 18; do
     for setup in 2gpus 2ranks-1gpu; do
         if [ -f "$LOGS/$n-$setup.log" ] && grep -q 'losses agree' "$LOGS/$n-$setup.log"; then
             runs+=("lesson $n, 2 ranks ($setup)=$LOGS/$n-$setup.log")

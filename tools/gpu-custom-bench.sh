@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 10's side-by-side on the GPU machine: this project's custom all-reduce kernels (lesson 18)
+# Issue 10's side-by-side on the GPU machine: this project's custom all-reduce kernels (the
+# custom-kernels bench, examples/benches/custom-kernels.rs, in bundle/benches/)
 # and NVIDIA's best on the same machine in the same job — nccl-tests 2.19.6's all_reduce_perf as
 # default, `-R 2` (symmetric windows: NCCL's symmetric kernels), `-R 2 -D 1` and `-R 2 -D 2`
 # (nccl-tests' own LSA device-API kernels), each eagerly and replayed from a graph (`-G`), one
@@ -32,8 +33,8 @@ for variant in "default:" "R2:-R 2" "R2D1:-R 2 -D 1" "R2D2:-R 2 -D 2"; do
             || { echo "FAIL nccl-tests $name $mode"; fails=$((fails + 1)); }
     done
 done
-timeout 600 "$HERE/examples/18-custom-bench" --nproc "$NGPU" --json "$OUTDIR/ours.json" >"$OUTDIR/ours.log" 2>&1 </dev/null \
-    || { echo "FAIL 18-custom-bench"; tail -20 "$OUTDIR/ours.log"; fails=$((fails + 1)); }
+timeout 600 "$HERE/benches/custom-kernels" --nproc "$NGPU" --json "$OUTDIR/ours.json" >"$OUTDIR/ours.log" 2>&1 </dev/null \
+    || { echo "FAIL custom-kernels"; tail -20 "$OUTDIR/ours.log"; fails=$((fails + 1)); }
 python3 "$HERE/custom-vs-nccl-tests.py" "$OUTDIR" || fails=$((fails + 1))
 echo "custom bench: $fails failure(s)"
 [ "$fails" -eq 0 ]

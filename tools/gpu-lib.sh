@@ -1,8 +1,8 @@
 # Sourced by the GPU bundle's runners (bundle/run.sh, bundle/sanitize.sh; copied to bundle/lib.sh
 # by tools/bundle.sh); $HERE is the bundle's folder. It sets NCCL_LIB_DIR / NVSHMEM_LIB_DIR to the
 # wheels of the machine's python3 (the dynamic loader would find the system's older libnccl.so.2
-# first), appends the CUDA 13 wheels' libraries to LD_LIBRARY_PATH, sets NGPU, and says what each
-# lesson needs (bundle/lessons.tsv). Multicast stays off here too.
+# first), appends the CUDA 13 wheels' libraries to LD_LIBRARY_PATH, sets NGPU, finds each lesson's
+# or bench's binary and says what each needs (bundle/lessons.tsv). Multicast stays off here too.
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 
 wheel_dir() {
@@ -20,6 +20,12 @@ CUDA_WHEEL_LIB=$(wheel_dir cu13)
 
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 [ "$NGPU" -ge 1 ] || NGPU=1
+
+# The binary of lesson or bench $1: bundle/examples/$1 (lessons), else bundle/benches/$1 (the
+# measuring programs).
+program() {
+    if [ -e "$HERE/examples/$1" ]; then echo "$HERE/examples/$1"; else echo "$HERE/benches/$1"; fi
+}
 
 # Column $2 of lesson $1 in bundle/lessons.tsv (2: minimum GPUs, 3: sanitizer tools).
 lesson_field() {

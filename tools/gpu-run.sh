@@ -3,9 +3,11 @@
 # which has no Rust toolchain: every test binary in bundle/tests, then every lesson in
 # bundle/examples the way bundle/examples.tsv says (spawner, torchrun-style variables set by hand,
 # mpirun, the socket transport, real torchrun with each rendezvous backend and as two agents, a
-# Python peer, two ranks with their own NCCL_HOSTID for the candle lessons). Logs go to bundle/logs;
-# when $OUT is set (the device tool), the summary and a tarball of the logs are copied there. The
-# last line is `N passed, N failed, N skipped`.
+# Python peer, two ranks with their own NCCL_HOSTID for the candle lessons), and every measuring
+# program in bundle/benches the same way (a quick pass: the committed figures come from
+# gpu-host-cost.sh and gpu-custom-bench.sh). Logs go to bundle/logs; when $OUT is set (the device
+# tool), the summary and a tarball of the logs are copied there. The last line is
+# `N passed, N failed, N skipped`.
 #
 # A lesson or mode that needs more GPUs than the machine has is skipped and counted as skipped, with
 # the reason (gpus_needed in lib.sh): a lesson's minimum comes from bundle/lessons.tsv
@@ -90,7 +92,7 @@ skipped=$(grep -c . "$GPUCOMM_SKIP_LOG" || true)
 passed=$((passed - skipped))
 [ "$skipped" -gt 0 ] && sed 's/^/    skipped: /' "$GPUCOMM_SKIP_LOG" | tee -a "$LOGS/summary.txt"
 
-# 2. Lessons, each in the modes bundle/examples.tsv lists. Each run is one pass or failure; every
+# 2. Lessons and benches, each in the modes bundle/examples.tsv lists. Each run is one pass or failure; every
 #    process runs under `timeout` so that a hang fails the check instead of the whole run.
 T="timeout ${LESSON_TIMEOUT:-300}"
 check() {
@@ -168,7 +170,7 @@ torchrun_2nodes() {
     return $rc
 }
 
-# Lesson 19: the Rust binary and examples/python/weight_sync_trainer.py in one communicator.
+# Lesson 16: the Rust binary and examples/python/weight_sync_trainer.py in one communicator.
 # python-peer: the Rust side hosts the store; python-host: the trainer does. CuPy gets the
 # wheel's libnccl.so.2 preloaded (the same NCCL as the Rust side).
 python_pair() {
@@ -212,7 +214,7 @@ if [ -f "$HERE/examples.tsv" ]; then
             note "skip $ex-$mode: needs $need GPUs, this machine has $NGPU"
             continue
         fi
-        bin=$HERE/examples/$ex
+        bin=$(program "$ex")
         case "$mode" in
             single) check "$ex-single" $T "$bin" "${args[@]}" ;;
             spawner) check "$ex-spawner" $T "$bin" --nproc "$NGPU" "${args[@]}" ;;

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The GPU bundle's compute-sanitizer mode (copied to bundle/sanitize.sh by tools/bundle.sh; also
 # `bash bundle/run.sh --sanitize [FILTER...]`, or GPUCOMM_SANITIZE=1 bash bundle/run.sh). Every
-# test binary in bundle/tests and every lesson in bundle/examples runs under compute-sanitizer's
-# memcheck; the lessons that launch their own kernels run under synccheck too (the tools per lesson
-# are in bundle/lessons.tsv, from `[package.metadata.bundle.sanitizers]` in examples/Cargo.toml and
-# candle-lessons/Cargo.toml).
+# test binary in bundle/tests and every lesson and bench in bundle/examples and bundle/benches runs
+# under compute-sanitizer's memcheck; the lessons that launch their own kernels run under synccheck
+# too (the tools per lesson are in bundle/lessons.tsv, from `[package.metadata.bundle.sanitizers]`
+# in examples/Cargo.toml and candle-lessons/Cargo.toml).
 # One (binary, tool) pair is one run: it passes when the program succeeds and the sanitizer
 # counted 0 errors in every process. Per run it prints the errors found; then a summary line
 # `sanitizer: R runs, E errors (memcheck E1, synccheck E2)` and, last,
@@ -31,7 +31,7 @@
 # Nothing is suppressed or filtered: every `ERROR SUMMARY: N errors` line counts. Known ways for a
 # correct program to be reported, none seen so far on this project's binaries: NCCL may read user
 # buffers in 16-byte units past a size that is not a multiple of 16 (github.com/NVIDIA/nccl/issues/265);
-# a lesson with a timeout (07) may time out earlier when the sanitizer slows its collectives.
+# a lesson with a timeout (06) may time out earlier when the sanitizer slows its collectives.
 # Multicast stays off (exported below and inherited by every child).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -118,7 +118,7 @@ for t in "$HERE"/tests/*; do
 done
 unset GPUCOMM_SKIP_LOG
 
-# 2. Lessons, once each, under each of their tools.
+# 2. Lessons and benches, once each, under each of their tools.
 declare -A done_lesson=()
 if [ -f "$HERE/examples.tsv" ]; then
     while IFS=$'\t' read -r -a row; do
@@ -126,8 +126,8 @@ if [ -f "$HERE/examples.tsv" ]; then
         wanted "$ex" || continue
         [ -z "${done_lesson[$ex]:-}" ] || continue
         case "$mode" in
-            single) cmd=("$HERE/examples/$ex" "${args[@]}") ;;
-            spawner) cmd=("$HERE/examples/$ex" --nproc "$NGPU" "${args[@]}") ;;
+            single) cmd=("$(program "$ex")" "${args[@]}") ;;
+            spawner) cmd=("$(program "$ex")" --nproc "$NGPU" "${args[@]}") ;;
             *) continue ;;
         esac
         done_lesson[$ex]=1

@@ -6,9 +6,9 @@
 //!   under a tensor (read, or written in place through candle's `InplaceOp1`), and a tensor made
 //!   from a slice;
 //! * [`model`]: the lessons' model (an MLP), its synthetic task (a fixed "teacher" network the
-//!   model learns to imitate), and the single-GPU reference training that lessons 20 and 21 are
+//!   model learns to imitate), and the single-GPU reference training that lessons 17 and 18 are
 //!   compared with;
-//! * [`buckets`]: how PyTorch's DDP groups gradients into buckets (lesson 20);
+//! * [`buckets`]: how PyTorch's DDP groups gradients into buckets (lesson 17);
 //! * [`timeline`]: CUDA events on both streams, turned into step time, communication time and the
 //!   share of communication hidden behind computation.
 

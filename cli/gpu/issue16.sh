@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Every figure of issue 16 (except the host-cost table, lesson 08's), on a 2-GPU machine, in four
-# parts that each fit one device command (≤ 10 minutes; about 5–7 each):
+# Every figure of issue 16 (except the host-cost table: tools/gpu-host-cost.sh), on a 2-GPU
+# machine, in four parts that each fit one device command (≤ 10 minutes; about 5–7 each):
 #
 #   bash bundle/issue16.sh variants   # small-message variants, both tools  → variants.md
 #   bash bundle/issue16.sh mpirun     # every collective, one process per GPU under mpirun, + -c 1 check

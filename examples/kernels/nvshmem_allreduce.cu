@@ -1,7 +1,7 @@
-// NVSHMEM device code for lesson 16 and the benchmark of lesson 18. Compiled with relocatable
-// device code and device-linked with libnvshmem_device.a into one cubin (build.rs), loaded with
-// nvshmemx_cumodule_init, launched collectively (every CTA of every PE resident at once: the CTAs
-// wait for each other).
+// NVSHMEM device code for lesson 14 and the custom-kernels bench (benches/custom-kernels.rs).
+// Compiled with relocatable device code and device-linked with libnvshmem_device.a into one cubin
+// (build.rs), loaded with nvshmemx_cumodule_init, launched collectively (every CTA of every PE
+// resident at once: the CTAs wait for each other).
 //
 // * ring_put_signal: PE p puts `n` ints to PE p+1 together with a signal (one call per CTA,
 //   nvshmemx_int_put_signal_nbi_block), then waits for the signal from PE p-1: a ring step with no

@@ -1,4 +1,5 @@
-// Lesson 13: the device-side ping-pong of the NVSHMEM C baseline (gpu-machine.md §4).
+// The nvshmem bench (benches/nvshmem.rs): the device-side ping-pong, as in the C baseline it is
+// compared with (docs/host-cost.md).
 //
 // One thread on PE 0 and one on PE 1 bounce a counter: PE 0 writes i into PE 1's `flag`
 // (nvshmem_int_p) and waits until its own `flag` is i; PE 1 waits for i and writes it back.

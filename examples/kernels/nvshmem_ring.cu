@@ -1,4 +1,4 @@
-// Lesson 12: a kernel that puts to the next PE with NVSHMEM device calls.
+// Lesson 11: a kernel that puts to the next PE with NVSHMEM device calls.
 //
 // Every thread writes its share of `mine` into the next PE's `inbox` with nvshmem_int_p, then
 // the whole grid waits for every PE: a grid-wide sync (which needs all blocks resident at once,

@@ -1,4 +1,4 @@
-// The compute and epilogue kernels of lesson 17's training-step-like graph (plain CUDA).
+// The compute and epilogue kernels of lesson 15's training-step-like graph (plain CUDA).
 
 #include <stddef.h>
 

@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""Lesson 19's Python half: a "trainer" that broadcasts its weights to a Rust inference server
+"""Lesson 16's Python half: a "trainer" that broadcasts its weights to a Rust inference server
 over one NCCL communicator (CuPy's cupy.cuda.nccl), meeting it at a TCPStore.
 
     MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 python3 weight_sync_trainer.py [--host-store] [--device N]
 
 Without --host-store it joins the store the Rust side hosts (TCPStore(is_master=False)) and reads
 the NCCL unique id from it; with --host-store it hosts the store (is_master=True) and creates
-the id. It is rank 1 of 2; the Rust side (examples/19-python-weight-sync.rs) is rank 0. Each
-step it broadcasts COUNT float32 weights, then reads back the server's checksum and count of
+the id. It is rank 1 of 2; the Rust side (examples/examples/16-python-weight-sync.rs) is rank 0.
+Each step it broadcasts COUNT float32 weights, then reads back the server's checksum and count of
 wrong values (an all-reduce to which it adds zeros) and checks them. Exits 1 on a mismatch.
 
 Needs CuPy with NCCL and PyTorch. If CuPy cannot load NCCL, preload the NVIDIA wheel's library

@@ -1,4 +1,4 @@
-//! Timing helpers for the benchmark lessons: the same method as nccl-tests (host wall clock around
+//! Timing helpers for the measuring programs (`benches/`) and lesson 15: the same method as nccl-tests (host wall clock around
 //! back-to-back calls, then one stream synchronisation), eagerly and replayed from a CUDA graph,
 //! with every rank starting together.
 

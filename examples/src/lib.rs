@@ -1,12 +1,14 @@
-//! Small helpers the lessons share, so that each example file shows only its lesson.
+//! Small helpers the lessons (`examples/*.rs`) and the measuring programs (`benches/*.rs`) share,
+//! so that each file shows only its lesson or its measurement.
 
 pub mod bench;
 pub mod lsa;
 
-/// The lessons' CUDA kernels (`examples/kernels/*.cu`), compiled by `build.rs` into module images
-/// for `cuModuleLoadData`: `STEP` (plain CUDA), `NVSHMEM_RING`, `NVSHMEM_BENCH`,
-/// `NVSHMEM_ALLREDUCE` (NVSHMEM, device-linked). The LSA all-reduce kernels of lessons 14–18 are
-/// gpucomm-kernels' ([`lsa`]).
+/// The lessons' CUDA kernels, compiled by `build.rs` into module images for `cuModuleLoadData`:
+/// `STEP` (plain CUDA, `kernels/step.cu`), `LSA_ONE_SHOT` (NCCL's device API, lesson 12's own
+/// `examples/12-lsa-one-shot.cu`), `NVSHMEM_RING`, `NVSHMEM_BENCH`, `NVSHMEM_ALLREDUCE` (NVSHMEM,
+/// device-linked, `kernels/*.cu`). The LSA all-reduce kernels of lessons 13 and 15 and the
+/// custom-kernels bench are gpucomm-kernels' ([`lsa`]).
 pub mod kernels {
     include!(concat!(env!("OUT_DIR"), "/kernels.rs"));
 }
@@ -81,16 +83,18 @@ pub fn rank_stream(info: &RankInfo) -> Result<Arc<CudaStream>, Box<dyn Error>> {
     Ok(CudaContext::new(ordinal)?.default_stream())
 }
 
-/// The start of every one-process-per-GPU lesson after lesson 2 (which shows it step by step):
-/// this rank's GPU and its default stream, the rendezvous, and a communicator over every rank.
+/// The start of every one-process-per-GPU NCCL lesson after lesson 2 (which shows it step by
+/// step): this rank's GPU, a stream of its own on it, the rendezvous, and a communicator over
+/// every rank on that stream. The stream is not the GPU's legacy default stream, which a CUDA
+/// graph cannot capture (lesson 15 captures one).
 pub fn rank_comm(info: &RankInfo) -> Result<(Arc<CudaStream>, nccl::Comm), Box<dyn Error>> {
-    let stream = rank_stream(info)?;
+    let stream = rank_stream(info)?.context().new_stream()?;
     let mut rendezvous = Rendezvous::connect(info, &Options::from_env()?)?;
     let comm = nccl::Comm::from_rendezvous(stream.clone(), &mut rendezvous)?;
     Ok((stream, comm))
 }
 
-/// Starts NVSHMEM on this rank the way lesson 3 shows step by step: the rank's GPU, the
+/// Starts NVSHMEM on this rank the way lesson 7 shows step by step: the rank's GPU, the
 /// rendezvous, and a runtime started from the unique id that rank 0 creates. Returns the GPU's
 /// default stream and the runtime.
 pub fn nvshmem_runtime(info: &RankInfo) -> Result<(Arc<CudaStream>, nvshmem::Runtime), Box<dyn Error>> {

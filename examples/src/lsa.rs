@@ -1,7 +1,8 @@
-//! The LSA all-reduce kernels of gpucomm-kernels (`kernels/cu/lsa_allreduce.cu`) as lessons 14–18
-//! use them: [`LsaAllReduce`] creates the device communicator and the staging window once and
-//! launches the LL, one-shot and two-shot kernels; [`pattern`] and [`compare`] are the lessons'
-//! test input and three-way result check. The dispatching all-reduce built on the same kernels is
+//! The LSA all-reduce kernels of gpucomm-kernels (`kernels/cu/lsa_allreduce.cu`) as lessons 13,
+//! 15 and 19 and the custom-kernels bench use them: [`LsaAllReduce`] creates the device
+//! communicator and the staging window once and launches the LL, one-shot and two-shot kernels;
+//! [`pattern`] and [`compare`] are the test input and three-way result check of lessons 12 and 13
+//! (lesson 12 launches a kernel of its own). The dispatching all-reduce built on the same kernels is
 //! `gpucomm_kernels::AllReduce`.
 
 use std::sync::Arc;
@@ -15,7 +16,7 @@ pub use gpucomm_kernels::lsa::{Element, LL_MAX_BYTES, MAX_CTAS};
 
 use crate::bench::BoxError;
 
-/// The test pattern of lessons 14 and 15: rank `rank` of `n` contributes (rank + 1) × (i mod 13),
+/// The test pattern of lessons 12 and 13: rank `rank` of `n` contributes (rank + 1) × (i mod 13),
 /// small integers exact in every element type, so the sum is n(n + 1)/2 × (i mod 13) bit for bit.
 /// Returns this rank's input and the expected sum, `count` elements each.
 pub fn pattern<T>(rank: u32, n: u32, count: usize, from: impl Fn(u32) -> T) -> (Vec<T>, Vec<T>) {

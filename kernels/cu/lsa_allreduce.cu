@@ -1,5 +1,6 @@
 // All-reduce kernels over NCCL's device API (LSA: load/store access to every peer's memory over
-// NVLink), for gpucomm-kernels' dispatching all-reduce and the custom-kernel lessons 14-18.
+// NVLink), for gpucomm-kernels' dispatching all-reduce, the course's lessons 13, 15 and 19 and
+// its custom-kernels bench (lesson 12 shows a minimal one-shot kernel of its own).
 // Compiled by kernels/build.rs into a cubin; launched from Rust through cudarc with an
 // `nccl::DevComm` and an `nccl::Window` as arguments (kernels/src/lsa.rs).
 //

@@ -1,6 +1,7 @@
 //! The kernels of `cu/lsa_allreduce.cu` and what they need on one rank: a device communicator
 //! with one LSA barrier per CTA, and one symmetric window holding their call counters and staging
-//! areas. [`crate::AllReduce`] is built on this; lessons 14–18 use it directly.
+//! areas. [`crate::AllReduce`] is built on this; the course's lessons 13, 15 and 19 and its
+//! custom-kernels bench use it directly.
 //!
 //! Window layout (bytes, every rank alike; sizes agreed between the ranks at creation):
 //!

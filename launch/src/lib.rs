@@ -109,7 +109,7 @@
 //!   hosts bounds what any client can cost it ([`store::Limits`]): connections that do not
 //!   validate in time are closed, memory is bounded, accept errors are reported, every request
 //!   and reply has a deadline.
-//! * A Python peer that talks plain `TCPStore` (lesson 19) has none of this protection: what it
+//! * A Python peer that talks plain `TCPStore` (lesson 16) has none of this protection: what it
 //!   stores, anyone who reaches the port can read or overwrite.
 //!
 //! Setting a key by launcher (generate it once, give the same value to every rank):
@@ -128,8 +128,9 @@
 //! # Python peers
 //!
 //! A [`store::StoreServer`] serves PyTorch's `TCPStore(host, port, is_master=False)`, and a
-//! [`store::StoreClient`] uses a store PyTorch hosts; lesson 19 (`examples/19-python-weight-sync.rs`)
-//! puts a Rust process and a Python process in one NCCL communicator that way.
+//! [`store::StoreClient`] uses a store PyTorch hosts; lesson 16
+//! (`examples/examples/16-python-weight-sync.rs`) puts a Rust process and a Python process in one
+//! NCCL communicator that way.
 //!
 //! # Example
 //!

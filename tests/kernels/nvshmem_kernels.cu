@@ -1,4 +1,4 @@
-// NVSHMEM kernels for the nvshmem GPU suites, in one device-linked module: lesson 12's `ring_put`
+// NVSHMEM kernels for the nvshmem GPU suites, in one device-linked module: lesson 11's `ring_put`
 // (which synchronises the grid and the PEs on the device, so it needs a collective launch), and a
 // ring put for plain launches (the host completes it with a barrier on the stream).
 #include "../../examples/kernels/nvshmem_ring.cu"

@@ -51,7 +51,7 @@ fn nvshmem_kernels_with_plain_and_collective_launches() {
         };
         plain_round(&mut dst, 1);
 
-        // Lesson 12's kernel with a collective launch of as many blocks as can be resident; it
+        // Lesson 11's kernel with a collective launch of as many blocks as can be resident; it
         // checks what arrived on the device.
         let most = synced.max_collective_blocks(256, 0).unwrap();
         assert!(most >= 1);

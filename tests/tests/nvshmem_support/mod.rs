@@ -17,7 +17,7 @@ mod kernels {
 /// Plain kernels: `copy_ints(const int *src, int *out, int n)`,
 /// `fill_slowly(int *buf, int n, int base, long long spin)`.
 pub const PLAIN: &[u8] = kernels::PLAIN;
-/// NVSHMEM kernels, device-linked: lesson 12's `ring_put(int *inbox, const int *mine, int n,
+/// NVSHMEM kernels, device-linked: lesson 11's `ring_put(int *inbox, const int *mine, int n,
 /// int *errors)` (collective launch) and `ring_put_plain(int *dst, const int *src, int n)`.
 pub const RING: &[u8] = kernels::NVSHMEM_KERNELS;
 /// The plain kernels for other GPUs only (sm_80 and sm_100, no PTX).

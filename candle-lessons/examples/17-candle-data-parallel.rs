@@ -1,4 +1,4 @@
-//! # Lesson 20 — data-parallel training with candle: bucketed gradient all-reduce, overlapped
+//! # Lesson 17 — data-parallel training with candle: bucketed gradient all-reduce, overlapped
 //!
 //! What it teaches:
 //! * a candle CUDA tensor is a cudarc `CudaSlice` underneath, the buffer type the `nccl` crate
@@ -29,7 +29,7 @@
 //!   relative, at every logged step; see its documentation for why, and why not 0).
 //!
 //! How to run it:
-//! * 2 GPUs: `cargo run --release --example 20-candle-data-parallel -- --nproc 2` (in
+//! * 2 GPUs: `cargo run --release --example 17-candle-data-parallel -- --nproc 2` (in
 //!   `candle-lessons/`; `./dev.sh setup` installs what candle needs to build), or under
 //!   `mpirun -np 2` / torchrun-style variables, like lesson 2;
 //! * 1 GPU, 1 rank: `--nproc 1` (the comparison with the reference is then exact);
@@ -237,7 +237,7 @@ fn main() -> std::process::ExitCode {
         }
         setup::split_hosts(&flags, &info);
         let (gpu, comm) = setup::rank_gpu_comm(&info)?;
-        setup::banner("lesson 20 (data-parallel)", &comm)?;
+        setup::banner("lesson 17 (data-parallel)", &comm)?;
         let mut trainer = Trainer::new(&gpu, &comm, config, &flags)?;
         let rank0 = comm.rank() == 0;
 

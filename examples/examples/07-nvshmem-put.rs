@@ -1,4 +1,4 @@
-//! # Lesson 3 — NVSHMEM: a symmetric heap and a put to the next PE
+//! # Lesson 7 — NVSHMEM: a symmetric heap and a put to the next PE
 //!
 //! What it teaches:
 //! * NVSHMEM gives every process (PE) a *symmetric heap*: [`nvshmem::Runtime::alloc`] returns a
@@ -8,7 +8,7 @@
 //!   it complete and visible everywhere;
 //! * the same launchers and rendezvous as lesson 2 start NVSHMEM ([`nvshmem::Runtime::from_rendezvous`]).
 //!
-//! How to run it (two GPUs): `cargo run -p gpucomm-examples --example 03-nvshmem-put -- --nproc 2`,
+//! How to run it (two GPUs): `cargo run -p gpucomm-examples --example 07-nvshmem-put -- --nproc 2`,
 //! or under `torchrun --nproc-per-node 2 --no-python …`, with torchrun-style variables or
 //! `mpirun -np 2` as in lesson 2.
 //!

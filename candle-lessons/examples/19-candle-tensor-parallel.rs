@@ -1,4 +1,4 @@
-//! # Lesson 22 — tensor-parallel inference with candle: column- then row-parallel MLP, one all-reduce per block
+//! # Lesson 19 — tensor-parallel inference with candle: column- then row-parallel MLP, one all-reduce per block
 //!
 //! What it teaches:
 //! * tensor parallelism splits each weight matrix across the ranks instead of the batch. In a
@@ -9,9 +9,9 @@
 //!   over ranks** of these partial products: one all-reduce per block, nothing else (Megatron-LM's
 //!   layout);
 //! * decoding moves small messages (`tokens × dim` values per block: 64 KiB with the defaults),
-//!   where an all-reduce's latency, not bandwidth, counts. Lessons 14–15's one-shot kernel over
-//!   NCCL's device API (`examples/src/lsa.rs`, over the gpucomm-kernels crate's
-//!   `kernels/cu/lsa_allreduce.cu`) does it in one launch with one barrier, reading the peers'
+//!   where an all-reduce's latency, not bandwidth, counts. The gpucomm-kernels crate's one-shot
+//!   kernel over NCCL's device API (`kernels/cu/lsa_allreduce.cu`, the production form of lesson
+//!   12's, used through `examples/src/lsa.rs`) does it in one launch with one barrier, reading the peers'
 //!   partial sums straight over NVLink; candle's tensors go to it as they are (`src/tensor.rs`).
 //!   It needs every rank to reach every other by loads and stores (one NVLink domain); otherwise
 //!   (ranks on different machines, or two ranks sharing one GPU through sockets) the lesson falls
@@ -28,7 +28,7 @@
 //! `hidden` = 8192 terms, growing mildly through the blocks' residuals). A wrong shard, a missing
 //! rank or a stale buffer is off by the size of the values themselves.
 //!
-//! How to run it: as lesson 20 (`--nproc 2`; one GPU: `--nproc 1`, whose one-rank LSA kernel still
+//! How to run it: as lesson 17 (`--nproc 2`; one GPU: `--nproc 1`, whose one-rank LSA kernel still
 //! runs, or `--nproc 2 --split-hosts`, which shows the fallback). Sizes: `--dim 2048 --hidden 8192
 //! --blocks 4 --tokens 8 --steps 50 --log-every 10`; `--nccl` forces `ncclAllReduce`.
 //!
@@ -128,7 +128,7 @@ fn main() -> std::process::ExitCode {
         let flags = Flags::from_env();
         setup::split_hosts(&flags, &info);
         let (gpu, comm) = setup::rank_gpu_comm(&info)?;
-        setup::banner("lesson 22 (tensor-parallel inference)", &comm)?;
+        setup::banner("lesson 19 (tensor-parallel inference)", &comm)?;
         let (rank, n) = (comm.rank(), comm.size());
         let dim: usize = flags.get("--dim", 2048)?;
         let hidden: usize = flags.get("--hidden", 8192)?;
@@ -158,7 +158,7 @@ fn main() -> std::process::ExitCode {
         };
         if rank == 0 {
             let path = match all_reduce {
-                AllReduce::Lsa(_) => "the LSA one-shot kernel of lessons 14–15",
+                AllReduce::Lsa(_) => "the LSA one-shot kernel (gpucomm-kernels)",
                 AllReduce::Nccl(_) => "ncclAllReduce",
             };
             println!("{nblocks} blocks {dim} → {hidden} → {dim} split over {n} ranks; {tokens} tokens per micro-batch, {MICRO_BATCHES} micro-batches; all-reduce of {} KiB per block and micro-batch by {path}", message >> 10);

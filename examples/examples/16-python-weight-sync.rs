@@ -1,4 +1,4 @@
-//! # Lesson 19 — a Python trainer and a Rust inference server in one NCCL communicator
+//! # Lesson 16 — a Python trainer and a Rust inference server in one NCCL communicator
 //!
 //! What it teaches:
 //! * Rust and Python processes meet at a PyTorch-compatible TCPStore: this process hosts one
@@ -16,10 +16,10 @@
 //!
 //! How to run it (two shells; `--device N` picks this process's GPU, default 0):
 //! * this process hosts the store:
-//!   `MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 target/debug/examples/19-python-weight-sync`, and
+//!   `MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 target/debug/examples/16-python-weight-sync`, and
 //!   `MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 python3 examples/python/weight_sync_trainer.py`;
 //! * Python hosts it: `… python3 examples/python/weight_sync_trainer.py --host-store`, and
-//!   `… target/debug/examples/19-python-weight-sync --join-store`.
+//!   `… target/debug/examples/16-python-weight-sync --join-store`.
 //!
 //! The trainer needs CuPy with NCCL (`pip install cupy-cuda13x`) and PyTorch (for `TCPStore`).
 //! If CuPy cannot load NCCL, preload the wheel's library:

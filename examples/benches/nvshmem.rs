@@ -1,25 +1,29 @@
-//! # Lesson 13 — NVSHMEM: measuring puts, beside the C baseline
+//! # NVSHMEM puts: bandwidth, host time per call and device latency, beside C
 //!
-//! What it teaches:
-//! * how to time stream work with CUDA events (bandwidth) and a whole kernel with the host clock
-//!   (latency), and to warm up first;
-//! * what the safe calls cost: the same put through the raw `nvshmem-sys` function and through
-//!   [`nvshmem::Runtime::put_on_stream`], interleaved, for bandwidth and for host time per call;
-//! * a device-side ping-pong (`examples/kernels/nvshmem_bench.cu`): one thread on each of PEs 0
-//!   and 1 bouncing a counter with `nvshmem_int_p` and `nvshmem_int_wait_until`.
+//! A measuring program (not a lesson): the NVSHMEM figures of `docs/host-cost.md`. Three
+//! experiments:
+//! * bandwidth: `nvshmemx_putmem_on_stream` of 256 MiB to the next PE, every PE at once, timed
+//!   with CUDA events after a warm-up, through the raw `nvshmem-sys` function and through
+//!   [`nvshmem::Runtime::put_on_stream`], interleaved;
+//! * host time per call: 64-byte puts through both, medians of batches;
+//! * latency: a device-side ping-pong (`examples/kernels/nvshmem_bench.cu`): one thread on each of
+//!   PEs 0 and 1 bouncing a counter with `nvshmem_int_p` and `nvshmem_int_wait_until`.
 //!
-//! The reference figures are the C programs of the GPU machine's notes (`gpu-machine.md` §4,
-//! NVSHMEM 3.4.5, 2 × H200): `nvshmemx_putmem_on_stream` of 256 MiB with both PEs putting at
-//! once, 3 warm-up + 10 timed puts + quiet, CUDA events: 390.3 GB/s per PE; ping-pong of 10,000
-//! round trips in one kernel, host wall clock / iterations / 2: 1.23 µs. Goals: ≥ 0.98 × the C
-//! bandwidth, the C latency ± 0.05 µs, and at most 0.15 µs of host time per call over the raw call.
+//! The C baseline is NVSHMEM's C API on the same machine (NVSHMEM 3.4.5, 2 × H200; recorded in
+//! `docs/host-cost.md`): `nvshmemx_putmem_on_stream` of 256 MiB with both PEs putting at once,
+//! 3 warm-up + 10 timed puts + quiet, CUDA events: 390.3 GB/s per PE; the same ping-pong in C,
+//! 10,000 round trips in one kernel, host wall clock / iterations / 2: 1.23 µs. Goals: ≥ 0.98 ×
+//! the C bandwidth, the C latency ± 0.05 µs, and at most 0.15 µs of host time per call over the
+//! raw call.
 //!
 //! How to run it (two GPUs; with more, PEs put to the next PE and only PEs 0 and 1 ping-pong):
-//! `cargo run --release -p gpucomm-examples --example 13-nvshmem-bench -- --nproc 2`. With one
-//! GPU (one PE) it still runs, but the puts go to the PE itself (a copy inside the GPU, not
-//! comparable with the baseline) and the ping-pong, which needs a second PE, is left out.
+//! `cargo bench -p gpucomm-examples --bench nvshmem -- --nproc 2`; in the GPU bundle,
+//! `bundle/benches/nvshmem --nproc 2` (`bash bundle/gpu-host-cost.sh` runs it with the host-cost
+//! bench for `docs/host-cost.md`). With one GPU (one PE) it still runs, but the puts go to the PE
+//! itself (a copy inside the GPU, not comparable with the baseline) and the ping-pong, which
+//! needs a second PE, is left out.
 //!
-//! What you should see, from each PE: a markdown table, e.g.
+//! What it prints, from each PE: a markdown table, e.g.
 //!
 //! ```text
 //! | PE 0 | C baseline | raw nvshmem-sys | safe nvshmem | safe / goal |
@@ -183,7 +187,7 @@ fn ping_pong(rt: &Runtime, stream: &Arc<CudaStream>) -> Res<f64> {
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
-        // The GPU, the rendezvous and NVSHMEM's start, as in lesson 3.
+        // The GPU, the rendezvous and NVSHMEM's start, as in lesson 7.
         let (stream, rt) = gpucomm_examples::nvshmem_runtime(&info)?;
         let (me, n) = (rt.my_pe(), rt.n_pes());
         let next = (me + 1) % n;

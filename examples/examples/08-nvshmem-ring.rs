@@ -1,4 +1,4 @@
-//! # Lesson 9 — NVSHMEM: a ring with put-with-signal
+//! # Lesson 8 — NVSHMEM: a ring with put-with-signal
 //!
 //! What it teaches:
 //! * a *signal* is a `u64` on the symmetric heap that other PEs update; a put with a signal
@@ -13,7 +13,7 @@
 //!   accepts symmetric buffers). One slot per round means no slot is overwritten while a PE still
 //!   reads it.
 //!
-//! How to run it (two or more GPUs): `cargo run -p gpucomm-examples --example 09-nvshmem-ring --
+//! How to run it (two or more GPUs): `cargo run -p gpucomm-examples --example 08-nvshmem-ring --
 //! --nproc 2`, or with torchrun-style variables / `mpirun` as in lesson 2.
 //!
 //! What you should see, once per PE:
@@ -32,7 +32,7 @@ fn value(origin: usize, i: usize) -> u64 {
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
-        // The GPU, the rendezvous and NVSHMEM's start, as in lesson 3.
+        // The GPU, the rendezvous and NVSHMEM's start, as in lesson 7.
         let (stream, rt) = gpucomm_examples::nvshmem_runtime(&info)?;
         let (me, n) = (rt.my_pe(), rt.n_pes());
         let (next, prev) = ((me + 1) % n, (me + n - 1) % n);

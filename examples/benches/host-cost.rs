@@ -1,25 +1,28 @@
-//! # Lesson 8 — what a safe call costs on the host
+//! # What a safe NCCL call costs on the host, beside the raw C call
 //!
-//! What it teaches:
-//! * how to measure host time per call honestly: one binary, the raw `nccl-sys` call and the safe
-//!   call on the same buffers, interleaved in batches and repeated, reporting medians (small
-//!   collectives vary by microseconds between runs and machines);
-//! * what the safe API adds to a 256-byte all-reduce (the raw `ncclAllReduce` itself costs a few
-//!   microseconds of host time): eagerly, while capturing into a CUDA graph with
-//!   [`nccl::capture`], and per call inside a group of 16;
-//! * why [`nccl::MemBuffer`] is the recommended buffer type: it remembers the streams of its
-//!   outstanding uses, so on one stream ordering it costs two atomic loads;
-//! * what the one driver call every safe call makes costs (`cuStreamIsCapturing`: a call on a
-//!   stream captured by anything but `nccl::capture` is refused, because that graph would not keep
-//!   its buffers alive);
-//! * what cudarc's own stream protocol costs on its [`CudaSlice`](cudarc::driver::CudaSlice)
-//!   (measured separately, without NCCL) and why a safe call cannot skip it.
+//! A measuring program (not a lesson): the figures of `docs/host-cost.md`.
+//!
+//! What it measures, in one binary, on the same buffers: the host time of a 256-byte all-reduce
+//! through the raw `nccl-sys` function and through the safe `nccl` crate, interleaved in batches
+//! and repeated, reported as medians (small collectives vary by microseconds between runs and
+//! machines):
+//! * eagerly, while capturing into a CUDA graph with [`nccl::capture`], and per call inside a
+//!   group of 16;
+//! * on [`nccl::MemBuffer`] (which remembers the streams of its outstanding uses, so on one stream
+//!   ordering costs two atomic loads) and on cudarc's [`CudaSlice`](cudarc::driver::CudaSlice);
+//! * the one driver call every safe call makes (`cuStreamIsCapturing`: a call on a stream captured
+//!   by anything but `nccl::capture` is refused, because that graph would not keep its buffers
+//!   alive);
+//! * cudarc's own stream protocol on a `CudaSlice` (measured separately, without NCCL), which a
+//!   safe call cannot skip.
 //!
 //! How to run it (2 GPUs, one process each):
-//! `cargo run --release -p gpucomm-examples --example 08-host-cost -- --nproc 2`.
+//! `cargo bench -p gpucomm-examples --bench host-cost -- --nproc 2`; in the GPU bundle,
+//! `bundle/benches/host-cost --nproc 2` (`bash bundle/gpu-host-cost.sh` runs it with the NVSHMEM
+//! bench for `docs/host-cost.md`).
 //!
-//! What you should see, once per rank: a table of median nanoseconds per call (raw, safe, and
-//! the difference) for MemBuffer and CudaSlice, eager / captured / grouped, the cost of
+//! What it prints, once per rank: a table of median nanoseconds per call (raw, safe, and the
+//! difference) for MemBuffer and CudaSlice, eager / captured / grouped, the cost of
 //! `cuStreamIsCapturing` and of cudarc's protocol alone, and a check that every measured call
 //! computed the right sum, eagerly, grouped and replayed from graphs (the program exits non-zero
 //! otherwise). Timing figures are printed, never judged: they depend on the machine.
@@ -30,7 +33,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{result, sys, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
-use nccl::launch::{run_main, Options, Rendezvous};
+use nccl::launch::run_main;
 use nccl::sys::{cudaStream_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
 use nccl::{Collectives, Comm, DeviceBufferMut, MemBuffer, ReduceOp};
 
@@ -256,12 +259,10 @@ fn measure<B: DeviceBufferMut<f32>>(
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
-        let device_stream = gpucomm_examples::rank_stream(&info)?;
-        // A stream of our own (the default stream cannot be captured). Creating it also turns on
-        // cudarc's multi-stream mode: from now on every CudaSlice is ordered with events.
-        let stream = device_stream.context().new_stream()?;
-        let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
-        let comm = Comm::from_rendezvous(stream.clone(), &mut rendezvous)?;
+        // The communicator on a stream of its own (the default stream cannot be captured).
+        // Creating it also turned on cudarc's multi-stream mode: every CudaSlice is ordered with
+        // events.
+        let (stream, comm) = gpucomm_examples::rank_comm(&info)?;
         let (rank, size) = (comm.rank(), comm.size());
         let lib = nccl::sys::library()?;
         let raw = Raw {

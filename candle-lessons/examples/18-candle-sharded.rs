@@ -1,4 +1,4 @@
-//! # Lesson 21 — sharded training with candle (ZeRO-3 / FSDP): all-gather before use, reduce-scatter after
+//! # Lesson 18 — sharded training with candle (ZeRO-3 / FSDP): all-gather before use, reduce-scatter after
 //!
 //! What it teaches:
 //! * sharding: no rank holds the whole model. Each layer's parameters (weights and bias, one flat
@@ -27,11 +27,11 @@
 //! What it checks: the loss curve equals the same model's trained on one GPU with the global batch
 //! (whole parameters, one ordinary `backward()`, AdamW over everything; rank 0 trains it at the
 //! end) within `model::LOSS_TOLERANCE` (1e-3 relative at every logged step: the same reasons as in
-//! lesson 20 — only the order of f32 additions differs; AdamW works element by element, so its
+//! lesson 17 — only the order of f32 additions differs; AdamW works element by element, so its
 //! update of a shard is exactly its update of those elements of the whole model).
 //!
-//! How to run it: as lesson 20 (`--nproc 2`; one GPU: `--nproc 1`, or `--nproc 2 --split-hosts`;
-//! `--reference [--ranks 2]` trains only the single-GPU model). Sizes as lesson 20 (`--batch`
+//! How to run it: as lesson 17 (`--nproc 2`; one GPU: `--nproc 1`, or `--nproc 2 --split-hosts`;
+//! `--reference [--ranks 2]` trains only the single-GPU model). Sizes as lesson 17 (`--batch`
 //! defaults to 1024 here), `--overlap-steps 10`, `--no-reference`.
 //!
 //! What you should see (rank 0): the shard sizes; every 10 steps the global loss, step time,
@@ -199,7 +199,7 @@ fn main() -> std::process::ExitCode {
         }
         setup::split_hosts(&flags, &info);
         let (gpu, comm) = setup::rank_gpu_comm(&info)?;
-        setup::banner("lesson 21 (sharded)", &comm)?;
+        setup::banner("lesson 18 (sharded)", &comm)?;
         let mut model = Sharded::new(&gpu, &comm, config)?;
         let rank0 = comm.rank() == 0;
 

@@ -1,7 +1,7 @@
-//! # Lesson 16 — NVSHMEM kernels: a put-with-signal ring and a one-shot all-reduce over `nvshmem_ptr`
+//! # Lesson 14 — NVSHMEM kernels: a put-with-signal ring and a one-shot all-reduce over `nvshmem_ptr`
 //!
 //! What it teaches:
-//! * the NVSHMEM side of custom communication kernels (lessons 14–15 did it with NCCL's device
+//! * the NVSHMEM side of custom communication kernels (lessons 12–13 did it with NCCL's device
 //!   API): device code in `examples/kernels/nvshmem_allreduce.cu`, device-linked with
 //!   `libnvshmem_device.a` by `build.rs`, loaded with [`nvshmem::Runtime::load_module`] (which runs
 //!   `nvshmemx_cumodule_init`);
@@ -15,7 +15,7 @@
 //!   CTAs wait for the peers' CTAs, so every CTA of every PE must be resident at once.
 //!
 //! How to run it (2 or more GPUs): `cargo run --release -p gpucomm-examples --example
-//! 16-nvshmem-kernels -- --nproc 2`.
+//! 14-nvshmem-kernels -- --nproc 2`.
 //!
 //! What you should see, on every PE: `ring: 3 rounds … correct`, then one `one-shot … correct`
 //! line per (type, count), for f32 and bf16 and counts 1, 3, 1000 and 1000003.

@@ -1,4 +1,4 @@
-//! # Lesson 10 — NVSHMEM: a one-sided get from the peers' heaps, and NVSHMEM's own launchers
+//! # Lesson 09 — NVSHMEM: a one-sided get from the peers' heaps, and NVSHMEM's own launchers
 //!
 //! What it teaches:
 //! * a *get* reads another PE's copy of a symmetric buffer without that PE doing anything
@@ -14,8 +14,8 @@
 //! * what [`nvshmem::Runtime::info`] reports: library, OpenSHMEM specification version, the heap
 //!   limit, and which NCCL NVSHMEM uses for its collectives.
 //!
-//! How to run it (two or more GPUs): `cargo run -p gpucomm-examples --example 10-nvshmem-get --
-//! --nproc 2`, or `mpirun -np 2 target/debug/examples/10-nvshmem-get` (NVSHMEM's MPI bootstrap; it
+//! How to run it (two or more GPUs): `cargo run -p gpucomm-examples --example 09-nvshmem-get --
+//! --nproc 2`, or `mpirun -np 2 target/debug/examples/09-nvshmem-get` (NVSHMEM's MPI bootstrap; it
 //! needs Open MPI's `libmpi.so.40`, and the error names what the loader missed otherwise).
 //!
 //! What you should see, once per PE: a line such as

@@ -1,4 +1,4 @@
-//! # Lesson 6 — splitting a communicator into two halves
+//! # Lesson 5 — splitting a communicator into two halves
 //!
 //! What it teaches:
 //! * [`nccl::Comm::split`] makes new communicators out of an existing one: ranks that pass the
@@ -10,13 +10,13 @@
 //!   over its members only, then the whole world does the same, and every rank checks both sums.
 //!
 //! How to run it (any number of GPUs N ≥ 2; with 2, each half has one rank):
-//! * `cargo run -p gpucomm-examples --example 06-split -- --nproc 4`
+//! * `cargo run -p gpucomm-examples --example 05-split -- --nproc 4`
 //! * or any launcher of lesson 2 (torchrun-style variables by hand, `mpirun -np N`, `srun`).
 //!
 //! What you should see, once per rank (here N = 4, under the spawner's `[rank N]` prefix):
 //! `world rank 2 of 4 → rank 1 of 2 in the even half: half sum 4 (ranks 0, 2), world sum 10`.
 
-use nccl::launch::{run_main, Options, Rendezvous};
+use nccl::launch::run_main;
 use nccl::{Collectives, Comm, ReduceOp};
 
 const COUNT: usize = 1 << 16;
@@ -24,9 +24,7 @@ const COUNT: usize = 1 << 16;
 fn main() -> std::process::ExitCode {
     run_main(|info| {
         gpucomm_examples::require_ranks(&info, 2)?;
-        let stream = gpucomm_examples::rank_stream(&info)?;
-        let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
-        let world = Comm::from_rendezvous(stream.clone(), &mut rendezvous)?;
+        let (stream, world) = gpucomm_examples::rank_comm(&info)?;
         let (rank, n) = (world.rank(), world.size());
 
         // Colour = parity, key = world rank: the halves keep the world's order.

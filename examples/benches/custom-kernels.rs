@@ -1,22 +1,22 @@
-//! # Lesson 18 — benchmarking custom all-reduce kernels against NCCL
+//! # The custom all-reduce kernels against NCCL
 //!
-//! What it teaches:
-//! * how to compare collectives fairly: the same sizes, the same method as nccl-tests (host wall
-//!   clock around back-to-back calls, then one synchronisation; nccl-tests' bus bandwidth), every
-//!   rank starting together, eagerly and replayed from a CUDA graph;
-//! * which algorithm wins where, on the same machine in the same process: this course's LL,
-//!   one-shot and two-shot LSA kernels (lessons 14–15), the NVSHMEM one-shot kernel (lesson 16),
-//!   and `ncclAllReduce` both on ordinary buffers and on symmetric windows (where NCCL uses its
-//!   own symmetric-memory kernels).
+//! A measuring program (not a lesson): this project's side of the comparison in
+//! `docs/custom-kernels/`. It compares collectives fairly: the same sizes, the same method as
+//! nccl-tests (host wall clock around back-to-back calls, then one synchronisation; nccl-tests'
+//! bus bandwidth), every rank starting together, eagerly and replayed from a CUDA graph. In one
+//! process per GPU, on the same machine, it times gpucomm-kernels' LL, one-shot and two-shot LSA
+//! kernels (the production form of lessons 12–13's), lesson 14's NVSHMEM one-shot kernel, and
+//! `ncclAllReduce` both on ordinary buffers and on symmetric windows (where NCCL uses its own
+//! symmetric-memory kernels).
 //!
-//! How to run it (2 or more GPUs): `cargo run --release -p gpucomm-examples --example
-//! 18-custom-bench -- --nproc 2 [--json FILE] [--max BYTES]`. The GPU bundle runs it beside
-//! nccl-tests' `all_reduce_perf` variants (`tools/gpu-custom-bench.sh`), and
-//! `tools/custom-vs-nccl-tests.py` draws the side-by-side table and plot committed under
-//! `docs/custom-kernels/`.
+//! How to run it (2 or more GPUs): `cargo bench -p gpucomm-examples --bench custom-kernels --
+//! --nproc 2 [--json FILE] [--max BYTES]`. The GPU bundle runs it beside nccl-tests'
+//! `all_reduce_perf` variants (`tools/gpu-custom-bench.sh`, which writes `ours.json` with
+//! `--json`), and `tools/custom-vs-nccl-tests.py` draws the side-by-side table and plot committed
+//! under `docs/custom-kernels/`.
 //!
-//! What you should see: on rank 0, one table row per size (8 B – 64 MiB) with µs per call for
-//! every algorithm, eager and from a graph, and the best of ours against the best of NCCL's.
+//! What it prints: on rank 0, one table row per size (8 B – 64 MiB) with µs per call for every
+//! algorithm, eager and from a graph, and the best of ours against the best of NCCL's.
 
 use std::io::Write;
 
@@ -163,7 +163,7 @@ fn run(
         }
         let eager = bench::eager(comm, &mut scratch, 5, iters, || {
             // SAFETY: every rank allocates both windows with `count` ≥ `c` elements (`max` is the
-            // same on every rank: the lessons are started with the same arguments).
+            // same on every rank: every rank is started with the same arguments).
             unsafe { lsa.two_shot(stream, &send, 0, &mut recv, 0, c) }
         })?;
         // The graph keeps the kernels and both windows (the two-shot writes `recv` directly).

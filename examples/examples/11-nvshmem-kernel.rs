@@ -1,4 +1,4 @@
-//! # Lesson 12 — NVSHMEM: your own kernel, putting to the next PE from the GPU
+//! # Lesson 11 — NVSHMEM: your own kernel, putting to the next PE from the GPU
 //!
 //! What it teaches:
 //! * kernels can call NVSHMEM themselves (`nvshmem_int_p`, `nvshmem_barrier_all`, …): see
@@ -16,7 +16,7 @@
 //! * kernel arguments are pushed in order; buffers go through the same stream ordering as every
 //!   other use.
 //!
-//! How to run it (two or more GPUs): `cargo run -p gpucomm-examples --example 12-nvshmem-kernel
+//! How to run it (two or more GPUs): `cargo run -p gpucomm-examples --example 11-nvshmem-kernel
 //! -- --nproc 2`.
 //!
 //! What you should see, once per PE:
@@ -37,7 +37,7 @@ fn value(pe: usize, i: usize) -> i32 {
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
-        // The GPU, the rendezvous and NVSHMEM's start, as in lesson 3.
+        // The GPU, the rendezvous and NVSHMEM's start, as in lesson 7.
         let (stream, rt) = gpucomm_examples::nvshmem_runtime(&info)?;
         let (me, n) = (rt.my_pe(), rt.n_pes());
 

@@ -1,13 +1,13 @@
-//! # Lesson 17 — a whole step in one CUDA graph: compute, custom all-reduce, epilogue
+//! # Lesson 15 — a whole step in one CUDA graph: compute, custom all-reduce, epilogue
 //!
 //! What it teaches:
 //! * training and inference loops repeat the same sequence of kernels; capturing it once into a
 //!   **CUDA graph** and replaying it removes the per-launch host cost, which dominates for small
 //!   messages;
 //! * a custom communication kernel can live inside the graph like any other: here a "compute"
-//!   kernel produces this rank's values, the LSA all-reduce of lesson 14 (LL up to 64 KiB,
-//!   one-shot above) sums them across ranks, and an "epilogue" kernel turns the sum into a mean
-//!   (`examples/kernels/step.cu`);
+//!   kernel produces this rank's values, gpucomm-kernels' LSA all-reduce (the production form of
+//!   lesson 12's kernel: LL up to 64 KiB, one-shot above) sums them across ranks, and an
+//!   "epilogue" kernel turns the sum into a mean (`examples/kernels/step.cu`);
 //! * why that works: the LSA barrier keeps its state on the device, so a replay synchronises with
 //!   the peers' replays; the buffers are [`nccl::MemBuffer`]s, whose uses inside a capture are
 //!   recorded for the graph instead of waited for (cudarc's `CudaSlice` waits on its events,
@@ -21,7 +21,7 @@
 //! * the per-step time, eager (three launches per step) against replayed from the graph.
 //!
 //! How to run it (2 or more GPUs): `cargo run --release -p gpucomm-examples --example
-//! 17-graph-step -- --nproc 2`.
+//! 15-graph-step -- --nproc 2`.
 //!
 //! What you should see, on every rank: `1000 graph replays correct`, then on rank 0 the µs per step
 //! for 4 KiB and 256 KiB messages, eager and from the graph.
@@ -32,17 +32,15 @@ use cudarc::driver::{CudaFunction, CudaStream, DevicePtr, DevicePtrMut, LaunchCo
 use gpucomm_examples::bench::{self, BoxError};
 use gpucomm_examples::kernels;
 use gpucomm_examples::lsa::{LsaAllReduce, LL_MAX_BYTES};
-use nccl::launch::{run_main, Options, Rendezvous};
-use nccl::{Comm, MemBuffer};
+use nccl::launch::run_main;
+use nccl::MemBuffer;
 
 const REPLAYS: usize = 1000;
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
-        let ctx = cudarc::driver::CudaContext::new(info.device_ordinal(gpucomm_examples::cuda_devices()?)?)?;
-        let stream = ctx.new_stream()?;
-        let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
-        let comm = Comm::from_rendezvous(stream, &mut rendezvous)?;
+        // A stream of its own: the legacy default stream cannot be captured into a graph.
+        let (_, comm) = gpucomm_examples::rank_comm(&info)?;
         let lsa = LsaAllReduce::new(&comm, 256 << 10)?;
         let module = nccl::device::load_module(comm.context(), kernels::STEP)?;
         let step =

@@ -1,4 +1,4 @@
-//! # Lesson 11 — NVSHMEM: teams, and an all-reduce on a stream
+//! # Lesson 10 — NVSHMEM: teams, and an all-reduce on a stream
 //!
 //! What it teaches:
 //! * a *team* is a set of PEs that run collectives together; the world team has every PE, and
@@ -13,7 +13,7 @@
 //! * source and destination live on the symmetric heap, as NVSHMEM's collectives require.
 //!
 //! How to run it (two or more GPUs): `cargo run -p gpucomm-examples --example
-//! 11-nvshmem-team-reduce -- --nproc 2`, or with torchrun-style variables / `mpirun` as in lesson 2.
+//! 10-nvshmem-team-reduce -- --nproc 2`, or with torchrun-style variables / `mpirun` as in lesson 2.
 //!
 //! What you should see, once per PE, e.g. with 2 PEs:
 //! `PE 0 of 2: world sum 3 correct; even team (PE 0 of 1): max 1 correct, xor correct`.
@@ -25,7 +25,7 @@ const COUNT: usize = 1 << 20;
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
-        // The GPU, the rendezvous and NVSHMEM's start, as in lesson 3.
+        // The GPU, the rendezvous and NVSHMEM's start, as in lesson 7.
         let (stream, rt) = gpucomm_examples::nvshmem_runtime(&info)?;
         let (me, n) = (rt.my_pe(), rt.n_pes());
         let world = rt.world()?;

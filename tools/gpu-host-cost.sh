@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The figures of docs/host-cost.md on the GPU machine (copied to bundle/gpu-host-cost.sh by
+# tools/bundle.sh): the two measuring programs behind it, one process per GPU under their own
+# spawner, one after the other —
+#   bundle/benches/host-cost  the host time of a safe NCCL all_reduce beside the raw nccl-sys call
+#   bundle/benches/nvshmem    NVSHMEM puts (bandwidth, host time per call, device ping-pong) beside C
+# Their output goes unedited to $OUT/host-cost.log and $OUT/nvshmem.log (OUT defaults to
+# ./host-cost-out); docs/host-cost.md quotes them. Both need two GPUs for comparable figures; with
+# one they still run (one rank: the NVSHMEM puts go to the PE itself and the ping-pong is left out).
+# Each program exits non-zero only when a result is wrong; so does this script.
+#
+#   bash bundle/gpu-host-cost.sh
+#
+# NCCL and NVSHMEM are the machine's python3 wheels (lib.sh). NVLink multicast stays off: exported
+# here and inherited by every rank.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+HERE=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=gpu-lib.sh
+source "$HERE/lib.sh"
+OUTDIR=${OUT:-$PWD/host-cost-out}
+mkdir -p "$OUTDIR"
+echo "GPUs: $NGPU; NCCL_LIB_DIR=$NCCL_LIB_DIR NVSHMEM_LIB_DIR=$NVSHMEM_LIB_DIR"
+fails=0
+for bench in host-cost nvshmem; do
+    timeout 600 "$HERE/benches/$bench" --nproc "$NGPU" >"$OUTDIR/$bench.log" 2>&1 </dev/null \
+        || { echo "FAIL $bench (see $bench.log)"; fails=$((fails + 1)); }
+    cat "$OUTDIR/$bench.log"
+done
+echo "host cost: $fails failure(s)"
+[ "$fails" -eq 0 ]
