@@ -14,7 +14,9 @@
 #
 #   ./dev.sh run      set up, then run the first tutorial example (versions, GPUs, a small all-reduce)
 #   ./dev.sh test     set up, then run every test (CPU-only machines skip GPU tests, counted as ignored);
-#                     without arguments also build the candle lessons, run the framework probe, package
+#                     without arguments also check the library crates with the minimum supported Rust
+#                     (rust-version, installed with rustup), build the candle lessons, run the framework
+#                     probe, package
 #   ./dev.sh lint     rustfmt check, clippy and rustdoc with warnings denied
 #   ./dev.sh setup    only install the dependencies
 #   ./dev.sh bundle   build the GPU bundle (bundle/, with bundle/run.sh); see CONTRIBUTING.md
@@ -261,6 +263,22 @@ print(" ".join("--exclude " + p["name"] for p in json.load(sys.stdin)["packages"
     CUDARC_CUDA_VERSION=13000 cargo package --workspace $unpublished --allow-dirty
 }
 
+# The minimum supported Rust version (workspace.package.rust-version): the published library
+# crates are checked with that toolchain, which rustup installs once (minimal profile).
+msrv() {
+    local version
+    version=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml | head -1)
+    [ -n "$version" ] || die "no rust-version in Cargo.toml"
+    command -v rustup >/dev/null || die "the MSRV check needs rustup (to install Rust $version)"
+    rustup toolchain list | grep -q "^$version-" \
+        || rustup toolchain install "$version" --profile minimal >/dev/null \
+        || die "could not install Rust $version with rustup"
+    say "MSRV: checking the library crates with Rust $version"
+    CUDARC_CUDA_VERSION=13000 cargo "+$version" check --target-dir target/msrv \
+        -p gpucomm-build-support -p nccl-sys -p nvshmem-sys -p nccl-rs -p nvshmem \
+        -p gpucomm-ordering -p gpucomm-launch -p gpucomm-kernels
+}
+
 setup() {
     setup_system
     setup_rust
@@ -285,8 +303,10 @@ case "$cmd" in
         setup_range_wheels
         setup_candle
         cargo test --workspace "$@"
-        # The whole run (no test filter): also the candle lessons, the framework probe, packaging.
+        # The whole run (no test filter): also the MSRV check, the candle lessons, the framework
+        # probe, packaging.
         if [ $# -eq 0 ]; then
+            msrv
             candle_lessons test
             frameworks_probe
             package
