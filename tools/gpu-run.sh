@@ -20,6 +20,9 @@
 #   bash bundle/run.sh [FILTER]   # FILTER: only tests binaries / lessons whose name contains it
 #   bash bundle/run.sh --sanitize [FILTER...]   # the compute-sanitizer mode: bundle/sanitize.sh
 #                                               # (also with GPUCOMM_SANITIZE=1)
+#   bash bundle/run.sh --torchrun-suites [FILTER]   # only the test binaries, their multi-process
+#                                               # tests started by real torchrun (one agent, or one
+#                                               # agent per rank posing as nodes; logs in logs-torchrun)
 #
 # TEST_TIMEOUT (default 600) and LESSON_TIMEOUT (default 300) bound each test binary and each lesson
 # process, in seconds. With $OUT set, the summary there is kept current after every line, so a run
@@ -40,8 +43,17 @@ if [ "${1:-}" = --sanitize ] || [ -n "${GPUCOMM_SANITIZE:-}" ]; then
 fi
 # shellcheck source=gpu-lib.sh
 source "$HERE/lib.sh"
-FILTER=${1:-}
+TORCHRUN=${TORCHRUN:-$(command -v torchrun || echo /opt/torch/.venv/bin/torchrun)}
 LOGS=$HERE/logs
+SUITES_ONLY= TAG=
+if [ "${1:-}" = --torchrun-suites ]; then
+    shift
+    [ -x "$TORCHRUN" ] || { echo "--torchrun-suites: torchrun not found (set TORCHRUN)"; exit 1; }
+    # gpucomm_tests::multi_process and multi_node_on_one_gpu start their ranks with it.
+    export GPUCOMM_TEST_TORCHRUN=$TORCHRUN
+    LOGS=$HERE/logs-torchrun SUITES_ONLY=1 TAG=-torchrun
+fi
+FILTER=${1:-}
 rm -rf "$LOGS"
 mkdir -p "$LOGS"
 export GPUCOMM_SKIP_LOG=$LOGS/skipped.txt
@@ -51,7 +63,7 @@ passed=0 failed=0 skipped=0
 
 note() {
     printf '%s\n' "$*" | tee -a "$LOGS/summary.txt"
-    if [ -n "${OUT:-}" ]; then cp "$LOGS/summary.txt" "$OUT/summary.txt"; fi
+    if [ -n "${OUT:-}" ]; then cp "$LOGS/summary.txt" "$OUT/summary$TAG.txt"; fi
 }
 
 {
@@ -132,7 +144,6 @@ with_mpirun() {
     $T mpirun -np "$NGPU" --allow-run-as-root --bind-to none --tag-output "${xs[@]}" "$@"
 }
 
-TORCHRUN=${TORCHRUN:-$(command -v torchrun || echo /opt/torch/.venv/bin/torchrun)}
 # Exit status of a mode that cannot run here; its last output line says why.
 SKIP=77
 
@@ -204,7 +215,7 @@ net_socket() {
     [ "${PIPESTATUS[0]}" -eq 0 ] && grep -qE 'via NET/Socket' "$log"
 }
 
-if [ -f "$HERE/examples.tsv" ]; then
+if [ -f "$HERE/examples.tsv" ] && [ -z "$SUITES_ONLY" ]; then
     while IFS=$'\t' read -r -a row; do
         ex=${row[0]} mode=${row[1]%@*} args=("${row[@]:2}")
         [[ "$ex" == *"$FILTER"* ]] || continue
@@ -244,7 +255,7 @@ fi
 
 note "$passed passed, $failed failed, $skipped skipped"
 if [ -n "${OUT:-}" ]; then
-    cp "$LOGS/summary.txt" "$OUT/summary.txt"
-    tar czf "$OUT/logs.tar.gz" -C "$LOGS" .
+    cp "$LOGS/summary.txt" "$OUT/summary$TAG.txt"
+    tar czf "$OUT/logs$TAG.tar.gz" -C "$LOGS" .
 fi
 [ "$failed" -eq 0 ]

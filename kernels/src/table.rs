@@ -284,7 +284,7 @@ pub(crate) fn parse_size(s: &str) -> Result<u64, String> {
 /// 65536 → `64K`: the largest binary unit that divides the size.
 pub(crate) fn size_text(bytes: u64) -> String {
     for (shift, unit) in [(30, 'G'), (20, 'M'), (10, 'K')] {
-        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
             return format!("{}{unit}", bytes >> shift);
         }
     }

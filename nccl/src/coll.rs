@@ -62,7 +62,7 @@ fn times(what: &'static str, count: usize, ranks: usize) -> Result<usize> {
 
 /// The block length when `len` elements are split into one block per rank.
 fn blocks(what: &'static str, len: usize, ranks: usize) -> Result<usize> {
-    if len % ranks == 0 {
+    if len.is_multiple_of(ranks) {
         Ok(len / ranks)
     } else {
         Err(Error::NotDivisible { what, len, parts: ranks })

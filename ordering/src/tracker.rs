@@ -119,7 +119,7 @@ impl StreamTracker {
         let before = self.version.load(Ordering::SeqCst);
         let fast = &self.fast[how as usize];
         let hit = fast.load(Ordering::SeqCst) == tag(stream) && Arc::ptr_eq(stream.context(), &self.home);
-        hit && before % 2 == 0 && self.version.load(Ordering::SeqCst) == before
+        hit && before.is_multiple_of(2) && self.version.load(Ordering::SeqCst) == before
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {

@@ -5,6 +5,12 @@
 //! passed. The GPU bundle runs them with `--include-ignored`; a test that still cannot run there
 //! (too few GPUs) calls [`skip`], which records it in `$GPUCOMM_SKIP_LOG` so the bundle counts it
 //! as skipped.
+//!
+//! The multi-process helpers start their ranks with the crate's own spawner, or, when
+//! `GPUCOMM_TEST_TORCHRUN` names a `torchrun` executable, with real torchrun: one agent for
+//! [`multi_process`] (`--standalone`), one agent per rank posing as a node for
+//! [`multi_node_on_one_gpu`]. The ranks then rendezvous through the agent's TCPStore, as a job
+//! started by a training framework does.
 
 use std::io::Write;
 use std::sync::Arc;
@@ -84,11 +90,7 @@ pub fn multi_process(test: &str, nproc: usize, body: impl FnOnce(RankInfo, Arc<C
         skip(test, &format!("needs {nproc} GPUs, found {have}"));
         return;
     }
-    let exe = std::env::current_exe().expect("current exe");
-    let args: Vec<std::ffi::OsString> =
-        ["--exact", test, "--include-ignored", "--nocapture", "--test-threads=1"].iter().map(Into::into).collect();
-    let outcome = launch::spawn_local(nproc, &exe, &args, &[], std::time::Duration::from_secs(5)).expect("spawn ranks");
-    assert!(outcome.success(), "{test}: {:?}", outcome.first_failure);
+    start_ranks(test, nproc, Agents::One);
 }
 
 /// Runs `body` as `nproc` processes that all use GPU 0, each with its own `NCCL_HOSTID`, so that
@@ -109,9 +111,83 @@ pub fn multi_node_on_one_gpu(test: &str, nproc: usize, body: impl FnOnce(RankInf
         skip(test, "needs a GPU, found none");
         return;
     }
+    start_ranks(test, nproc, Agents::OnePerRank);
+}
+
+/// How torchrun's agents are laid out when `GPUCOMM_TEST_TORCHRUN` is set.
+#[derive(Clone, Copy)]
+enum Agents {
+    /// One agent starts every rank (`--standalone`).
+    One,
+    /// One agent per rank, each posing as a node (`--nnodes N --node-rank i`).
+    OnePerRank,
+}
+
+/// Re-runs only `test` of this binary as `nproc` ranks, with the spawner or with torchrun, and
+/// fails if any rank fails.
+fn start_ranks(test: &str, nproc: usize, agents: Agents) {
     let exe = std::env::current_exe().expect("current exe");
     let args: Vec<std::ffi::OsString> =
         ["--exact", test, "--include-ignored", "--nocapture", "--test-threads=1"].iter().map(Into::into).collect();
-    let outcome = launch::spawn_local(nproc, &exe, &args, &[], std::time::Duration::from_secs(5)).expect("spawn ranks");
-    assert!(outcome.success(), "{test}: {:?}", outcome.first_failure);
+    match std::env::var_os("GPUCOMM_TEST_TORCHRUN") {
+        Some(torchrun) => under_torchrun(test, nproc, agents, torchrun.as_ref(), &exe, &args),
+        None => {
+            let outcome =
+                launch::spawn_local(nproc, &exe, &args, &[], std::time::Duration::from_secs(5)).expect("spawn ranks");
+            assert!(outcome.success(), "{test}: {:?}", outcome.first_failure);
+        }
+    }
+}
+
+/// Starts the ranks with real torchrun (`torchrun ... --no-python exe args`): the agents host the
+/// job's TCPStore and every rank joins it as a client.
+fn under_torchrun(
+    test: &str,
+    nproc: usize,
+    agents: Agents,
+    torchrun: &std::path::Path,
+    exe: &std::path::Path,
+    args: &[std::ffi::OsString],
+) {
+    use std::process::Command;
+    let agent = |extra: &[String]| {
+        let mut command = Command::new(torchrun);
+        command.args(extra).arg("--no-python").arg(exe).args(args);
+        command.env(launch::SPAWNED_VAR, "1").envs(launch::SAFETY_VARS);
+        command
+    };
+    let mut commands = match agents {
+        Agents::One => vec![agent(&["--standalone".into(), format!("--nproc-per-node={nproc}")])],
+        Agents::OnePerRank => {
+            let port = std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .expect("a free port for the agents' store")
+                .port();
+            (0..nproc)
+                .map(|node| {
+                    agent(&[
+                        format!("--nnodes={nproc}"),
+                        format!("--node-rank={node}"),
+                        "--master-addr=127.0.0.1".into(),
+                        format!("--master-port={port}"),
+                        "--nproc-per-node=1".into(),
+                    ])
+                })
+                .collect()
+        }
+    };
+    let children: Vec<_> = commands
+        .iter_mut()
+        .map(|c| c.spawn().unwrap_or_else(|e| panic!("start {}: {e}", torchrun.display())))
+        .collect();
+    let failed: Vec<String> = children
+        .into_iter()
+        .enumerate()
+        .filter_map(|(agent, mut child)| match child.wait() {
+            Ok(status) if status.success() => None,
+            Ok(status) => Some(format!("agent {agent}: {status}")),
+            Err(e) => Some(format!("agent {agent}: {e}")),
+        })
+        .collect();
+    assert!(failed.is_empty(), "{test} under torchrun: {failed:?}");
 }

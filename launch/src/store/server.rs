@@ -684,7 +684,7 @@ fn validate(request: Request<'_>) -> Result<(), String> {
 
 /// 1, 10, 100, …: when to note a repeated event again.
 fn is_power_of_ten(mut n: u64) -> bool {
-    while n >= 10 && n % 10 == 0 {
+    while n >= 10 && n.is_multiple_of(10) {
         n /= 10;
     }
     n == 1
