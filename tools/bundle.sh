@@ -86,5 +86,10 @@ chmod +x bundle/*.sh
 if compgen -G '../shared/ref/nccl-tests-*.tar.gz' >/dev/null; then
     mkdir -p bundle/ref && cp ../shared/ref/nccl-tests-*.tar.gz bundle/ref/
 fi
+# The device tool carries at most 64 MiB: the bundle travels as one xz archive (the candle lessons
+# alone are ~45 MiB each before compression).
+mkdir -p bundle-carry
+tar -cf - bundle | xz -T0 -6 >bundle-carry/bundle.tar.xz
 end=$(date +%s)
-echo "bundle: $(du -sh bundle | cut -f1) in $(find bundle -type f | wc -l) files; built in $((end - start)) s"
+echo "bundle: $(du -sh bundle | cut -f1) in $(find bundle -type f | wc -l) files, carried as" \
+    "bundle-carry/bundle.tar.xz ($(du -sh bundle-carry/bundle.tar.xz | cut -f1)); built in $((end - start)) s"

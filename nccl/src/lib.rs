@@ -105,7 +105,8 @@ pub mod prelude {
 pub use nccl_sys as sys;
 
 /// Starting multi-GPU jobs: rank discovery from launcher variables (torchrun, Slurm, Open MPI,
-/// PMI), the TCP rendezvous that hands rank 0's unique id to every rank, and the local spawner
+/// PMI), the rendezvous on a TCPStore (torchrun's agent store, or one rank 0 hosts, wire-compatible
+/// with PyTorch's) that hands rank 0's unique id to every rank, and the local spawner
 /// (`--nproc N`). Shared with the `nvshmem` crate: one implementation, one set of types.
 pub use gpucomm_launch as launch;
 

@@ -84,7 +84,8 @@ pub use unique_id::UniqueId;
 pub use nvshmem_sys as sys;
 
 /// Starting multi-GPU jobs: rank discovery from launcher variables (torchrun, Slurm, Open MPI,
-/// PMI), the TCP rendezvous that hands PE 0's unique id to every PE, and the local spawner
+/// PMI), the rendezvous on a TCPStore (torchrun's agent store, or one PE 0 hosts, wire-compatible
+/// with PyTorch's) that hands PE 0's unique id to every PE, and the local spawner
 /// (`--nproc N`). Shared with the `nccl` crate: one implementation, one set of types.
 pub use gpucomm_launch as launch;
 
