@@ -15,10 +15,10 @@
 //!
 //! How: in [`forward`], each layer after the first takes as its input a leaf (a `Var` copy of the
 //! previous layer's output), so that `backward()` from the loss stops at that leaf; the gradient
-//! it leaves there is fed back into the previous layer's output through [`Seed`], a custom candle
+//! it leaves there is fed back into the previous layer's output through `Seed`, a custom candle
 //! operator whose backward returns exactly that gradient. The gradients are bitwise those of one
-//! `backward()` over the whole model (`tests/layerwise.rs` checks it on the CPU); the cost is one copy of
-//! each layer boundary's activations.
+//! `backward()` over the whole model (`tests/layerwise.rs` checks it on the CPU); the cost is one
+//! copy of each layer boundary's activations.
 
 use candle_core::backend::BackendStorage;
 use candle_core::backprop::GradStore;
