@@ -32,6 +32,13 @@ pub fn assign(bytes: &[usize], first_cap: usize, cap: usize) -> Vec<Vec<usize>> 
     buckets
 }
 
+/// The layer whose backward pass completes a bucket of `params` (parameter indices, `layer_of`
+/// giving each one's layer): the lowest of their layers, since the backward pass goes from the
+/// last layer to the first. `None` for an empty bucket.
+pub fn ready_after(params: &[usize], layer_of: impl Fn(usize) -> usize) -> Option<usize> {
+    params.iter().map(|&i| layer_of(i)).min()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -48,5 +55,16 @@ mod tests {
         // A tensor over the limit gets a bucket of its own; a bucket closes at the limit exactly.
         assert_eq!(assign(&[30 * MIB, MIB, 24 * MIB, MIB], MIB, 25 * MIB), vec![vec![0], vec![1, 2], vec![3]]);
         assert!(assign(&[], MIB, 25 * MIB).is_empty());
+    }
+
+    #[test]
+    fn a_bucket_is_ready_after_its_lowest_layer() {
+        // Parameters `w0, b0, w1, b1, …`: parameter i belongs to layer i / 2.
+        let layer = |i: usize| i / 2;
+        assert_eq!(ready_after(&[7, 6], layer), Some(3));
+        // A bucket that spans layers waits for the lowest one, in whatever order it lists them.
+        assert_eq!(ready_after(&[5, 4, 3, 2, 1, 0], layer), Some(0));
+        assert_eq!(ready_after(&[3, 4], layer), Some(1));
+        assert_eq!(ready_after(&[], layer), None);
     }
 }

@@ -9,10 +9,13 @@
 //!   model learns to imitate), and the single-GPU reference training that lessons 17 and 18 are
 //!   compared with;
 //! * [`buckets`]: how PyTorch's DDP groups gradients into buckets (lesson 17);
+//! * [`layerwise`]: the model's training pass with the backward pass enqueued one layer at a
+//!   time, so that lesson 17 can record "this layer's gradients are written" on candle's stream;
 //! * [`timeline`]: CUDA events on both streams, turned into step time, communication time and the
 //!   share of communication hidden behind computation.
 
 pub mod buckets;
+pub mod layerwise;
 pub mod model;
 pub mod setup;
 pub mod tensor;

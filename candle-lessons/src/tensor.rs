@@ -11,9 +11,14 @@
 //!   `Tensor::from_storage`), no copy.
 //!
 //! Every view goes through cudarc's ordering protocol when NCCL (or a copy) takes its pointer:
-//! the stream waits for the buffer's last write on any other stream, and the buffer remembers this
-//! use. That is what orders candle's stream and the communication stream in these lessons — no
-//! `synchronize()` anywhere.
+//! the stream waits for the buffer's last recorded write (and, to write, its last recorded read)
+//! on any other stream, and the buffer records this use. One gap: candle passes its kernels'
+//! outputs to cudarc as shared references, so cudarc records a *read* event for them and never a
+//! *write* event — a tensor candle wrote looks unwritten to another stream. Before the
+//! communication stream reads a tensor candle computed, a lesson makes it wait for an event
+//! recorded on candle's stream after the kernels that wrote it (`stream.wait(&event)`, no
+//! `synchronize()`). The other way round is covered: what the lessons write here (NCCL, copies)
+//! records its write event, and candle's kernels wait for it.
 
 use std::sync::Arc;
 

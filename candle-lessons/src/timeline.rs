@@ -2,7 +2,8 @@
 //! measured with CUDA events.
 //!
 //! A [`Timeline`] records a timing event on a stream at the start and the end of each span of
-//! work: computation on candle's stream, communication on the communication stream. An event's
+//! work: computation on candle's stream, communication on the communication stream (one span
+//! open per stream at a time; spans on the two streams may be open together). An event's
 //! time is when its stream reached it, so a span covers exactly the GPU time of what was enqueued
 //! between its two events. Spans that start right after a cross-stream wait start when the wait
 //! is satisfied: the lessons make the wait explicit (`CudaStream::wait` on an event) before opening
@@ -33,7 +34,8 @@ pub enum Kind {
 pub struct Timeline {
     start: CudaEvent,
     spans: Vec<(Kind, CudaEvent, CudaEvent)>,
-    open: Option<(Kind, CudaEvent)>,
+    /// The open spans: kind, start event, stream.
+    open: Vec<(Kind, CudaEvent, Arc<CudaStream>)>,
 }
 
 fn timing_event(stream: &Arc<CudaStream>) -> Result<CudaEvent, BoxError> {
@@ -45,21 +47,24 @@ fn timing_event(stream: &Arc<CudaStream>) -> Result<CudaEvent, BoxError> {
 impl Timeline {
     /// Starts a step: an event on `stream` (candle's, where every step begins).
     pub fn start(stream: &Arc<CudaStream>) -> Result<Self, BoxError> {
-        Ok(Timeline { start: timing_event(stream)?, spans: Vec::new(), open: None })
+        Ok(Timeline { start: timing_event(stream)?, spans: Vec::new(), open: Vec::new() })
     }
 
-    /// Opens a span of `kind` on `stream`: what is enqueued there until [`Timeline::close`].
+    /// Opens a span of `kind` on `stream`: what is enqueued there until [`Timeline::close`] on the
+    /// same stream.
     pub fn open(&mut self, kind: Kind, stream: &Arc<CudaStream>) -> Result<(), BoxError> {
-        if self.open.is_some() {
-            return Err("a span is already open".into());
+        if self.open.iter().any(|(_, _, s)| Arc::ptr_eq(s, stream)) {
+            return Err("a span is already open on this stream".into());
         }
-        self.open = Some((kind, timing_event(stream)?));
+        self.open.push((kind, timing_event(stream)?, stream.clone()));
         Ok(())
     }
 
-    /// Closes the open span on `stream` (the stream it was opened on).
+    /// Closes the span open on `stream`.
     pub fn close(&mut self, stream: &Arc<CudaStream>) -> Result<(), BoxError> {
-        let (kind, begin) = self.open.take().ok_or("no span is open")?;
+        let at =
+            self.open.iter().position(|(_, _, s)| Arc::ptr_eq(s, stream)).ok_or("no span is open on this stream")?;
+        let (kind, begin, _) = self.open.swap_remove(at);
         self.spans.push((kind, begin, timing_event(stream)?));
         Ok(())
     }
