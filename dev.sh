@@ -213,6 +213,12 @@ candle_lessons() (
             cargo build "${manifest[@]}" --examples
             LD_LIBRARY_PATH="$PREFIX/py/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
                 cargo test "${manifest[@]}" --lib
+            # The integration tests run candle ops on the CPU, but a binary with candle's CUDA
+            # backend needs libcuda.so.1 to load: the link stub stands in (no CUDA function runs).
+            local stub=$PREFIX/candle/cpu-only
+            mkdir -p "$stub" && ln -sf ../lib/libcuda.so "$stub/libcuda.so.1"
+            LD_LIBRARY_PATH="$stub:$PREFIX/candle/py/nvidia/cu13/lib:$PREFIX/py/nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+                cargo test "${manifest[@]}" --tests
             ;;
         lint)
             cargo fmt "${manifest[0]}" "${manifest[1]}" -- --check
