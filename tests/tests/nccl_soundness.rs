@@ -35,6 +35,9 @@ fn one_rank(stream: &Arc<CudaStream>, config: &Config) -> Comm {
 /// What [`abort_while_holding`] keeps alive across the abort.
 #[derive(Clone, Copy, Debug)]
 struct Held {
+    /// A nonblocking communicator, aborted through its `AbortHandle`; else a blocking one, aborted
+    /// by a timed-out `Comm::wait`.
+    nonblocking: bool,
     window: bool,
     dev: bool,
     registration: bool,
@@ -67,7 +70,7 @@ fn phase(what: &str) {
 fn an_aborted_communicator_never_reaches_nccl() {
     const TEST: &str = "an_aborted_communicator_never_reaches_nccl";
     multi_process(TEST, 1, |_, stream| {
-        abort_while_holding(&stream, Held { window: true, dev: true, registration: true });
+        abort_while_holding(&stream, Held { nonblocking: true, window: true, dev: true, registration: true });
     });
 }
 
@@ -76,7 +79,7 @@ fn an_aborted_communicator_never_reaches_nccl() {
 #[ignore = "needs 1 GPU: run by the GPU bundle"]
 fn aborting_with_a_live_window() {
     multi_process("aborting_with_a_live_window", 1, |_, stream| {
-        abort_while_holding(&stream, Held { window: true, dev: false, registration: false });
+        abort_while_holding(&stream, Held { nonblocking: true, window: true, dev: false, registration: false });
     });
 }
 
@@ -86,17 +89,26 @@ fn aborting_with_a_live_window() {
 #[ignore = "needs 1 GPU: run by the GPU bundle"]
 fn aborting_with_a_live_device_communicator() {
     multi_process("aborting_with_a_live_device_communicator", 1, |_, stream| {
-        abort_while_holding(&stream, Held { window: false, dev: true, registration: false });
+        abort_while_holding(&stream, Held { nonblocking: true, window: false, dev: true, registration: false });
     });
 }
 
-/// A nonblocking one-rank communicator holding what `held` says, aborted through its
-/// `AbortHandle`; then every call must be `Error::Aborted` and teardown must give the buffers back.
+/// [`an_aborted_communicator_never_reaches_nccl`] with a blocking communicator, aborted by a
+/// timeout instead of an `AbortHandle` (which needs a nonblocking one).
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_blocking_communicator_aborted_by_a_timeout_never_reaches_nccl() {
+    multi_process("a_blocking_communicator_aborted_by_a_timeout_never_reaches_nccl", 1, |_, stream| {
+        abort_while_holding(&stream, Held { nonblocking: false, window: true, dev: true, registration: true });
+    });
+}
+
+/// A one-rank communicator holding what `held` says, aborted; then every call must be
+/// `Error::Aborted` and teardown must give the buffers back.
 fn abort_while_holding(stream: &Arc<CudaStream>, held: Held) {
     let stream = stream.context().new_stream().expect("a stream");
-    phase("creating a nonblocking one-rank communicator");
-    let comm = one_rank(&stream, &Config::new().blocking(false));
-    let handle = comm.abort_handle().unwrap();
+    phase(&format!("creating a one-rank communicator ({held:?})"));
+    let comm = one_rank(&stream, &Config::new().blocking(!held.nonblocking));
     // Everything that holds the communicator, made while it is live.
     let mut window = held.window.then(|| {
         phase("registering a window");
@@ -128,11 +140,20 @@ fn abort_while_holding(stream: &Arc<CudaStream>, held: Held) {
     }
     comm.wait(None).unwrap();
 
-    phase("requesting the abort");
-    // The owner is not waiting: the handle leaves a request, which the next call carries out.
-    assert_eq!(handle.abort().unwrap(), AbortStatus::Requested);
-    phase("carrying the abort out (ncclCommAbort)");
-    assert!(matches!(comm.async_error(), Err(Error::Aborted)));
+    if held.nonblocking {
+        phase("requesting the abort");
+        // The owner is not waiting: the handle leaves a request, which the next call carries out.
+        assert_eq!(comm.abort_handle().unwrap().abort().unwrap(), AbortStatus::Requested);
+        phase("carrying the abort out (ncclCommAbort)");
+        assert!(matches!(comm.async_error(), Err(Error::Aborted)));
+    } else {
+        phase("a wait that times out behind 2 s of work aborts (ncclCommAbort)");
+        occupy(&stream, Duration::from_secs(2));
+        let waited = comm.wait(Some(Duration::from_millis(50)));
+        assert!(matches!(waited, Err(Error::Timeout { .. })), "{waited:?}");
+        assert!(matches!(comm.async_error(), Err(Error::Aborted)));
+        stream.synchronize().unwrap();
+    }
     assert!(comm.is_aborted() && comm.as_raw().is_null());
 
     phase("calls after the abort");
@@ -167,7 +188,9 @@ fn abort_while_holding(stream: &Arc<CudaStream>, held: Held) {
     }
     // `comm` (aborted: its drop does nothing more) goes last, after what borrowed it.
     phase("done");
-    println!("after the abort holding {held:?}: every call was Error::Aborted and teardown released only the Rust side");
+    println!(
+        "after the abort holding {held:?}: every call was Error::Aborted and teardown released only the Rust side"
+    );
 }
 
 /// Issue 19, finding 7. Before: a group kept the handles its calls recorded; a communicator
