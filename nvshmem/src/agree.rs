@@ -4,27 +4,36 @@
 //! PE that asks for another one leaves the symmetric heaps out of step, so that every later
 //! buffer sits at another offset on that PE and puts land in the wrong place — silently. And a PE
 //! that refuses its part locally (its heap limit, a zero size) while the others call NVSHMEM
-//! leaves them waiting in its barrier. So before each allocation the PEs combine what they ask for
-//! — size, alignment, and whether they refused — with one max-reduction (`nvshmemx_uint64_max_
-//! reduce_on_stream`, each value also negated to get the minimum), and every PE decides the same.
+//! leaves them waiting in its barrier. So before each allocation every PE tells every other what
+//! it asks for — size, alignment, and whether it refused — and each PE decides from the same list.
 //!
-//! The reduction runs on a team of all PEs made for it alone (so it never shares NVSHMEM's
-//! per-team synchronisation state with a collective the caller has in flight on the world team),
-//! on a private stream, in a small symmetric scratch buffer allocated when the runtime starts.
-//! NVSHMEM frees the scratch and the team when it is finalised.
+//! The exchange uses only what NVSHMEM supports in every mode, "limited MPG" included (several
+//! PEs on one GPU without MPS, where NVSHMEM refuses team splits, reductions and team
+//! collectives and exits the process): each PE puts its words into its own slot of every PE's copy
+//! of a small symmetric scratch buffer (`nvshmemx_putmem_on_stream`), then a barrier over all PEs
+//! (`nvshmemx_barrier_all_on_stream`, which completes the puts) lets each read the whole list
+//! locally. That barrier uses the world team's barrier state, which the allocation that follows
+//! uses anyway (`nvshmem_malloc` ends with a barrier over all PEs), so the check adds no new
+//! interaction with collectives the caller has in flight. It runs on a private stream, which is
+//! synchronised before the verdict.
+//!
+//! Consecutive checks alternate between two lists, so that a PE that is one check ahead never
+//! overwrites a list another PE is still reading: it can only write the list of check `r + 2` after
+//! the barrier of check `r + 1`, which every PE enters only after reading check `r`'s list.
 
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::ptr::NonNull;
 
 use cudarc::driver::{result, sys::CUdeviceptr, sys::CUstream};
-use nvshmem_sys::{nvshmem_team_id_t, nvshmem_team_t};
 
-use crate::error::{Error, Result, Status};
+use crate::error::{Error, Result};
 use crate::ffi::call;
-use crate::ops::{Max, ReduceOp};
 
-/// Values exchanged per allocation: bytes, !bytes, alignment, !alignment, refused.
-const WORDS: usize = 5;
+/// Values each PE sends per allocation: bytes, alignment, refused.
+const WORDS: usize = 3;
+/// Bytes of one PE's words.
+const WORD_BYTES: usize = WORDS * size_of::<u64>();
 
 /// What one PE asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,13 +60,23 @@ pub(crate) struct Agreed {
 impl Ask {
     fn words(self) -> [u64; WORDS] {
         let bytes = if self.refused { 0 } else { self.bytes };
-        [bytes, !bytes, self.align, !self.align, u64::from(self.refused)]
+        [bytes, self.align, u64::from(self.refused)]
     }
 }
 
 impl Agreed {
-    fn from_max(max: [u64; WORDS]) -> Self {
-        Agreed { max_bytes: max[0], min_bytes: !max[1], max_align: max[2], min_align: !max[3], refused: max[4] != 0 }
+    /// The verdict from every PE's words (`WORDS` per PE, in PE order), the same on every PE.
+    fn from_words(all: &[u64]) -> Self {
+        let mut agreed =
+            Agreed { min_bytes: u64::MAX, max_bytes: 0, min_align: u64::MAX, max_align: 0, refused: false };
+        for pe in all.chunks_exact(WORDS) {
+            agreed.min_bytes = agreed.min_bytes.min(pe[0]);
+            agreed.max_bytes = agreed.max_bytes.max(pe[0]);
+            agreed.min_align = agreed.min_align.min(pe[1]);
+            agreed.max_align = agreed.max_align.max(pe[1]);
+            agreed.refused |= pe[2] != 0;
+        }
+        agreed
     }
 
     /// `Ok` when every PE asked for the same allocation; `local` is this PE's own refusal, if any.
@@ -77,65 +96,107 @@ impl Agreed {
     }
 }
 
-/// The team, stream and scratch buffer of the allocation checks.
+/// Where things sit in the scratch buffer: this PE's outgoing words, then two lists of every PE's
+/// words (one slot of `WORDS` per PE each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Layout {
+    my_pe: usize,
+    n_pes: usize,
+}
+
+impl Layout {
+    /// Size of the scratch buffer in bytes.
+    fn bytes(self) -> usize {
+        (1 + 2 * self.n_pes) * WORD_BYTES
+    }
+
+    /// Offset of this PE's outgoing words.
+    fn outbox(self) -> usize {
+        0
+    }
+
+    /// Offset of list `parity` (0 or 1).
+    fn list(self, parity: u64) -> usize {
+        WORD_BYTES + parity as usize * self.n_pes * WORD_BYTES
+    }
+
+    /// Offset of this PE's slot in list `parity`, on every PE.
+    fn my_slot(self, parity: u64) -> usize {
+        self.list(parity) + self.my_pe * WORD_BYTES
+    }
+}
+
+/// The stream and scratch buffer of the allocation checks.
 pub(crate) struct Agreement {
-    team: nvshmem_team_t,
+    layout: Layout,
     scratch: NonNull<c_void>,
     stream: CUstream,
+    /// Checks made so far: the parity picks the list.
+    rounds: Cell<u64>,
 }
 
 // SAFETY: the scratch pointer is device memory that NVSHMEM owns, with no tie to a thread, and
 // the stream handle can be used from any thread whose current context is the PE's (`agree`'s
-// callers bind it). The runtime that holds the agreement is `Send` but not `Sync`: one thread at a
-// time uses it, which is NVSHMEM's `NVSHMEM_THREAD_SERIALIZED`.
+// callers bind it). The runtime that holds the agreement is `Send` but not `Sync` (as is this
+// type, through its `Cell`): one thread at a time uses it, which is NVSHMEM's
+// `NVSHMEM_THREAD_SERIALIZED`.
 unsafe impl Send for Agreement {}
 
 impl Agreement {
-    /// Sets up the checks. Collective over all `n_pes` PEs (a team split and a symmetric
-    /// allocation, the same on every PE); NVSHMEM must be running and the PE's context current.
-    pub(crate) fn new(n_pes: usize) -> Result<Self> {
-        let world = nvshmem_team_id_t::NVSHMEM_TEAM_WORLD.0;
-        let mut team = nvshmem_team_id_t::NVSHMEM_TEAM_INVALID.0;
-        let n = i32::try_from(n_pes).map_err(|_| Error::InvalidPeCount { got: n_pes })?;
-        // SAFETY: NVSHMEM is running (the caller's contract); start 0, stride 1 and `n` PEs
-        // describe the whole world team; no configuration (mask 0); `team` is a live local.
-        unsafe { call!(nvshmem_team_split_strided(world, 0, 1, n, std::ptr::null(), 0, &mut team)) }?;
-        if team == nvshmem_team_id_t::NVSHMEM_TEAM_INVALID.0 {
-            // Every PE is a member, so NVSHMEM hands every PE the new team or fails.
-            return Err(Error::Status { call: "nvshmem_team_split_strided", status: Status(7) });
+    /// Sets up the checks for PE `my_pe` of `n_pes`. Collective over all PEs (a symmetric
+    /// allocation of a size that depends only on `n_pes`, the same on every PE); NVSHMEM must be
+    /// running and the PE's context current.
+    pub(crate) fn new(my_pe: usize, n_pes: usize) -> Result<Self> {
+        if my_pe >= n_pes {
+            return Err(Error::InvalidPe { what: "the PE NVSHMEM reports", pe: my_pe, n_pes });
         }
-        let bytes = 2 * WORDS * size_of::<u64>();
+        let layout = Layout { my_pe, n_pes };
+        let bytes = layout.bytes();
         // SAFETY: NVSHMEM is running and the PE's context current (the caller's contract); every
         // PE allocates the same size here, at the same point of its start-up.
         let scratch = unsafe { call!(nvshmem_malloc(bytes)) }?;
         let scratch = NonNull::new(scratch).ok_or(Error::OutOfMemory { bytes })?;
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)?;
-        Ok(Agreement { team, scratch, stream })
+        Ok(Agreement { layout, scratch, stream, rounds: Cell::new(0) })
     }
 
     /// What all PEs ask for, given what this one asks for. Collective over all PEs, in the order
     /// of their allocations; blocks until every PE has asked. The PE's context must be current.
     pub(crate) fn agree(&self, ask: Ask) -> Result<Agreed> {
-        let src = self.scratch.as_ptr() as CUdeviceptr;
-        let dst = src + (WORDS * size_of::<u64>()) as CUdeviceptr;
+        let Layout { n_pes, .. } = self.layout;
+        let parity = self.rounds.get() % 2;
+        self.rounds.set(self.rounds.get() + 1);
+        let base = self.scratch.as_ptr() as CUdeviceptr;
+        let at = |offset: usize| base + offset as CUdeviceptr;
+        let outbox = at(self.layout.outbox());
         let words = ask.words();
-        let mut max = [0u64; WORDS];
-        // SAFETY: `src` and `dst` are two disjoint ranges of WORDS u64 in the symmetric scratch
-        // buffer, which only this function uses, one call at a time (`Runtime` is not `Sync`, and
-        // the stream is synchronised before returning, so no earlier copy or reduction is still
-        // running); `words` and `max` outlive the synchronisation; the stream is this context's;
-        // every PE reduces over the same team in the same order (allocation is collective).
+        let mut all = vec![0u64; n_pes * WORDS];
+        // SAFETY: the outbox, this PE's slot of list `parity` and the whole list are ranges of the
+        // symmetric scratch buffer (`Layout::bytes` covers them), which only this function uses,
+        // one call at a time (`Runtime` is not `Sync`, and the stream is synchronised before
+        // returning, so none of this PE's earlier copies, puts or barriers is still running); the
+        // outbox and the slots are disjoint; the slot exists on every PE (symmetric, same layout);
+        // no other PE writes this list before every PE has passed this check's barrier (module
+        // docs); `words` and `all` outlive the synchronisation; the stream is this context's and
+        // every PE makes the same puts and barrier in the same order (allocation is collective).
         unsafe {
-            result::memcpy_htod_async(src, &words, self.stream)?;
-            <Max as ReduceOp<u64>>::reduce(Max, self.team, dst, src, WORDS, self.stream as nvshmem_sys::cudaStream_t)?;
-            result::memcpy_dtoh_async(&mut max, dst, self.stream)?;
+            result::memcpy_htod_async(outbox, &words, self.stream)?;
+            let slot = at(self.layout.my_slot(parity)) as *mut c_void;
+            let stream = self.stream as nvshmem_sys::cudaStream_t;
+            for pe in 0..n_pes {
+                // `n_pes` came from `nvshmem_n_pes`, an `int`.
+                let pe = pe as i32;
+                call!(nvshmemx_putmem_on_stream(slot, outbox as *const c_void, WORD_BYTES, pe, stream))?;
+            }
+            call!(nvshmemx_barrier_all_on_stream(stream))?;
+            result::memcpy_dtoh_async(&mut all, at(self.layout.list(parity)), self.stream)?;
             result::stream::synchronize(self.stream)?;
         }
-        Ok(Agreed::from_max(max))
+        Ok(Agreed::from_words(&all))
     }
 
-    /// Destroys the private stream (idle: every use is synchronised). The team and the scratch
-    /// buffer are NVSHMEM's to free when it finalises.
+    /// Destroys the private stream (idle: every use is synchronised). The scratch buffer is
+    /// NVSHMEM's to free when it finalises.
     pub(crate) fn close(self) {
         // SAFETY: the stream was created in `new`, is idle, and is not used after this.
         if let Err(e) = unsafe { result::stream::destroy(self.stream) } {
@@ -148,14 +209,10 @@ impl Agreement {
 mod tests {
     use super::*;
 
+    /// What every PE reads after the exchange: each PE's words in its slot, in PE order.
     fn combine(asks: &[Ask]) -> Agreed {
-        let mut max = [0u64; WORDS];
-        for ask in asks {
-            for (m, w) in max.iter_mut().zip(ask.words()) {
-                *m = (*m).max(w);
-            }
-        }
-        Agreed::from_max(max)
+        let all: Vec<u64> = asks.iter().flat_map(|a| a.words()).collect();
+        Agreed::from_words(&all)
     }
 
     #[test]
@@ -174,5 +231,34 @@ mod tests {
         assert!(matches!(refused.check(None), Err(Error::PeerRefusedAlloc)));
         let own = Error::ZeroSize { len: 0, elem_size: 4 };
         assert!(matches!(refused.check(Some(own)), Err(Error::ZeroSize { .. })));
+    }
+
+    #[test]
+    fn one_pe_agrees_with_itself() {
+        let one = combine(&[Ask { bytes: 4096, align: 256, refused: false }]);
+        assert_eq!(one, Agreed { min_bytes: 4096, max_bytes: 4096, min_align: 256, max_align: 256, refused: false });
+        assert!(one.check(None).is_ok());
+    }
+
+    #[test]
+    fn every_pe_writes_its_own_slot_of_each_list_and_nothing_else() {
+        for n_pes in [1, 2, 3, 8] {
+            let layouts: Vec<Layout> = (0..n_pes).map(|my_pe| Layout { my_pe, n_pes }).collect();
+            let bytes = layouts[0].bytes();
+            for parity in [0, 1] {
+                let mut slots: Vec<usize> = layouts.iter().map(|l| l.my_slot(parity)).collect();
+                // Every layout is the same buffer: sizes and lists agree across PEs.
+                assert!(layouts.iter().all(|l| l.bytes() == bytes && l.list(parity) == layouts[0].list(parity)));
+                // A slot per PE, in PE order, inside its list, after the outbox.
+                let list = layouts[0].list(parity);
+                assert_eq!(slots, (0..n_pes).map(|pe| list + pe * WORD_BYTES).collect::<Vec<_>>());
+                assert!(slots.iter().all(|&s| s >= layouts[0].outbox() + WORD_BYTES && s + WORD_BYTES <= bytes));
+                slots.dedup();
+                assert_eq!(slots.len(), n_pes);
+            }
+            // The two lists do not overlap: a PE one check ahead writes the other one.
+            assert_eq!(layouts[0].list(1), layouts[0].list(0) + n_pes * WORD_BYTES);
+            assert_eq!(layouts[0].list(1) + n_pes * WORD_BYTES, bytes);
+        }
     }
 }

@@ -49,8 +49,9 @@ element!(half::f16, half::bf16);
 /// Allocation checks the sizes: before NVSHMEM allocates, the PEs compare what they ask for, and
 /// when one asked for another size or alignment ([`Error::AsymmetricAlloc`]), or refused its part
 /// (then [`Error::PeerRefusedAlloc`] on the others), no PE allocates — a mismatched allocation
-/// would leave every later buffer at another offset on some PE. The check costs one small
-/// reduction over the PEs per allocation.
+/// would leave every later buffer at another offset on some PE. The check costs one small put to
+/// each PE and one barrier over all PEs per allocation (it works where NVSHMEM supports no
+/// reductions, several PEs on one GPU without MPS included).
 /// Because the order of `Drop`s differs between PEs on error paths, dropping a buffer does **not**
 /// free it: it stays allocated until NVSHMEM is finalised, and a warning goes to the `log` crate.
 /// Free buffers explicitly with [`Symmetric::free`].

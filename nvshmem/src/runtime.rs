@@ -280,7 +280,7 @@ impl Runtime {
             (false, None, Err(reason)) => NcclUse::Missing { reason },
             (false, None, Ok(())) => NcclUse::Missing { reason: "no libnccl.so.2 is loaded".into() },
         };
-        rt.agreement = Some(Agreement::new(rt.n_pes)?);
+        rt.agreement = Some(Agreement::new(rt.my_pe, rt.n_pes)?);
         Ok(rt)
     }
 

@@ -13,10 +13,10 @@
 //! started by a training framework does.
 
 use std::io::Write;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cudarc::driver::{CudaContext, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use gpucomm_launch::{self as launch, RankInfo};
 
@@ -27,10 +27,14 @@ mod kernels {
 }
 
 /// Keeps `stream` busy for `time` (one GPU thread that watches the GPU's clock): work enqueued on
-/// it afterwards waits that long, like work behind a kernel that is stuck.
+/// it afterwards waits that long, like work behind a kernel that is stuck. Returns at once: the
+/// kernel's module stays loaded for the rest of the process (one per context), because unloading
+/// a module waits for the kernels it launched — which made this wait for `time` on the host, with
+/// the stream idle again by the time the caller went on (and the tests that rely on a busy stream
+/// observed nothing). Panics if the stream is not busy after the launch, so that a test whose
+/// premise failed says so.
 pub fn occupy(stream: &Arc<CudaStream>, time: Duration) {
-    let module = stream.context().load_module(Ptx::from_binary(kernels::PLAIN.to_vec())).expect("load the kernels");
-    let busy = module.load_function("busy_for").expect("busy_for");
+    let busy = busy_for(stream.context());
     let ns = u64::try_from(time.as_nanos()).unwrap_or(u64::MAX);
     let mut launch = stream.launch_builder(&busy);
     launch.arg(&ns);
@@ -38,6 +42,29 @@ pub fn occupy(stream: &Arc<CudaStream>, time: Duration) {
     // SAFETY: busy_for(unsigned long long ns) takes one 8-byte value, pushed above, and touches no
     // memory.
     unsafe { launch.launch(one) }.expect("launch busy_for");
+    if time >= Duration::from_millis(100) {
+        // SAFETY: the stream is alive (borrowed); the call only reads its state.
+        let status = unsafe { cudarc::driver::sys::cuStreamQuery(stream.cu_stream()) };
+        assert_eq!(
+            status,
+            cudarc::driver::sys::CUresult::CUDA_ERROR_NOT_READY,
+            "occupy: the stream is not busy right after launching {time:?} of work"
+        );
+    }
+}
+
+/// The `busy_for` kernel in `ctx`, loaded once per context and kept loaded (see [`occupy`]).
+fn busy_for(ctx: &Arc<CudaContext>) -> CudaFunction {
+    static LOADED: Mutex<Vec<(usize, CudaFunction)>> = Mutex::new(Vec::new());
+    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    let key = ctx.cu_ctx() as usize;
+    if let Some((_, f)) = loaded.iter().find(|(k, _)| *k == key) {
+        return f.clone();
+    }
+    let module = ctx.load_module(Ptx::from_binary(kernels::PLAIN.to_vec())).expect("load the kernels");
+    let f = module.load_function("busy_for").expect("busy_for");
+    loaded.push((key, f.clone()));
+    f
 }
 
 /// Records that `test` did not run, and why.

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaContext, CudaStream};
-use gpucomm_tests::{occupy, require_gpus, skip};
+use gpucomm_tests::{multi_process, occupy, require_gpus, skip};
 use nccl::device::{DevComm, DevCommRequirements};
 use nccl::{
     group, AbortStatus, Collectives, Comm, Config, Error, MemBuffer, PreMulSum, ReduceOp, ResultCode, UniqueId,
@@ -32,6 +32,23 @@ fn one_rank(stream: &Arc<CudaStream>, config: &Config) -> Comm {
     Comm::init_rank_config(stream.clone(), &UniqueId::new().unwrap(), 0, 1, config).expect("a one-rank communicator")
 }
 
+/// What [`abort_while_holding`] keeps alive across the abort.
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    /// A nonblocking communicator, aborted through its `AbortHandle`; else a blocking one, aborted
+    /// by a timed-out `Comm::wait`.
+    nonblocking: bool,
+    window: bool,
+    dev: bool,
+    registration: bool,
+}
+
+/// Marks how far a child process got, on stderr at once (the child runs with `--nocapture`; the
+/// spawner prefixes the line with the rank and forwards it), so that a crash names its step.
+fn phase(what: &str) {
+    eprintln!("phase: {what}");
+}
+
 /// Issue 19, finding 2. Before: `team_world` on a communicator aborted through its `AbortHandle`
 /// passed NULL to `ncclTeamWorld`, which NCCL 2.28.9 dereferences: SIGSEGV (exit 139, observed on
 /// the GPU machine). `DevComm::new` and `register_window` passed NULL to functions that read
@@ -42,33 +59,104 @@ fn one_rank(stream: &Arc<CudaStream>, config: &Config) -> Comm {
 /// drops release only the Rust side. Also: `DevComm::new` on a nonblocking communicator returned
 /// `Err(ncclInProgress)` while NCCL's background task would still write the device communicator
 /// into the returned stack frame; it now waits for NCCL.
+///
+/// Runs in a child process: the first GPU run of this test ended the whole test binary with
+/// SIGSEGV somewhere in it, and a crash must be reported as this test's failure, naming the last
+/// step reached ("phase: …" lines), not take the other tests down. The two tests after it hold
+/// only a window, or only a device communicator, across the abort, so that a crash inside NCCL's
+/// abort is traced to the resource that provokes it.
 #[test]
 #[ignore = "needs 1 GPU: run by the GPU bundle"]
 fn an_aborted_communicator_never_reaches_nccl() {
-    let Some(stream) = stream_of("an_aborted_communicator_never_reaches_nccl") else { return };
-    let comm = one_rank(&stream, &Config::new().blocking(false));
-    let handle = comm.abort_handle().unwrap();
+    const TEST: &str = "an_aborted_communicator_never_reaches_nccl";
+    multi_process(TEST, 1, |_, stream| {
+        abort_while_holding(&stream, Held { nonblocking: true, window: true, dev: true, registration: true });
+    });
+}
+
+/// [`an_aborted_communicator_never_reaches_nccl`] with only a window alive across the abort.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn aborting_with_a_live_window() {
+    multi_process("aborting_with_a_live_window", 1, |_, stream| {
+        abort_while_holding(&stream, Held { nonblocking: true, window: true, dev: false, registration: false });
+    });
+}
+
+/// [`an_aborted_communicator_never_reaches_nccl`] with only a device communicator alive across the
+/// abort.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn aborting_with_a_live_device_communicator() {
+    multi_process("aborting_with_a_live_device_communicator", 1, |_, stream| {
+        abort_while_holding(&stream, Held { nonblocking: true, window: false, dev: true, registration: false });
+    });
+}
+
+/// [`an_aborted_communicator_never_reaches_nccl`] with a blocking communicator, aborted by a
+/// timeout instead of an `AbortHandle` (which needs a nonblocking one).
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_blocking_communicator_aborted_by_a_timeout_never_reaches_nccl() {
+    multi_process("a_blocking_communicator_aborted_by_a_timeout_never_reaches_nccl", 1, |_, stream| {
+        abort_while_holding(&stream, Held { nonblocking: false, window: true, dev: true, registration: true });
+    });
+}
+
+/// A one-rank communicator holding what `held` says, aborted; then every call must be
+/// `Error::Aborted` and teardown must give the buffers back.
+fn abort_while_holding(stream: &Arc<CudaStream>, held: Held) {
+    let stream = stream.context().new_stream().expect("a stream");
+    phase(&format!("creating a one-rank communicator ({held:?})"));
+    let comm = one_rank(&stream, &Config::new().blocking(!held.nonblocking));
     // Everything that holds the communicator, made while it is live.
-    let window = comm.register_window(MemBuffer::<f32>::zeroed(&stream, N).unwrap(), WindowFlags::COLL_SYMMETRIC);
-    let mut window = window.expect("a window on a one-rank communicator");
-    let dev = match DevComm::new(&comm, &DevCommRequirements::default().lsa_barriers(1)) {
-        Ok(dev) => Some(dev),
-        Err(Error::Nccl { code: ResultCode::INVALID_USAGE, detail, .. }) => {
-            println!("no device API on this communicator ({detail:?}): DevComm not exercised");
-            None
+    let mut window = held.window.then(|| {
+        phase("registering a window");
+        let buf = MemBuffer::<f32>::zeroed(&stream, N).unwrap();
+        comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).expect("a window on a one-rank communicator")
+    });
+    let dev = if held.dev {
+        phase("creating a device communicator");
+        match DevComm::new(&comm, &DevCommRequirements::default().lsa_barriers(1)) {
+            Ok(dev) => Some(dev),
+            Err(Error::Nccl { code: ResultCode::INVALID_USAGE, detail, .. }) => {
+                println!("no device API on this communicator ({detail:?}): DevComm not exercised");
+                None
+            }
+            Err(e) => panic!("DevComm::new on a nonblocking communicator: {e}"),
         }
-        Err(e) => panic!("DevComm::new on a nonblocking communicator: {e}"),
+    } else {
+        None
     };
-    let registration = comm.register(stream.alloc_zeros::<f32>(N).unwrap()).unwrap();
+    let registration = held.registration.then(|| {
+        phase("registering a buffer");
+        comm.register(stream.alloc_zeros::<f32>(N).unwrap()).unwrap()
+    });
+    phase("creating a PreMulSum operator");
     let op = PreMulSum::host(&comm, 2.0f32).unwrap();
-    comm.all_reduce_in_place(&mut window.as_view_mut(), &op).unwrap();
+    if let Some(window) = window.as_mut() {
+        phase("all-reduce into the window with the operator");
+        comm.all_reduce_in_place(&mut window.as_view_mut(), &op).unwrap();
+    }
     comm.wait(None).unwrap();
 
-    // The owner is not waiting: the handle leaves a request, which the next call carries out.
-    assert_eq!(handle.abort().unwrap(), AbortStatus::Requested);
-    assert!(matches!(comm.async_error(), Err(Error::Aborted)));
+    if held.nonblocking {
+        phase("requesting the abort");
+        // The owner is not waiting: the handle leaves a request, which the next call carries out.
+        assert_eq!(comm.abort_handle().unwrap().abort().unwrap(), AbortStatus::Requested);
+        phase("carrying the abort out (ncclCommAbort)");
+        assert!(matches!(comm.async_error(), Err(Error::Aborted)));
+    } else {
+        phase("a wait that times out behind 2 s of work aborts (ncclCommAbort)");
+        occupy(&stream, Duration::from_secs(2));
+        let waited = comm.wait(Some(Duration::from_millis(50)));
+        assert!(matches!(waited, Err(Error::Timeout { .. })), "{waited:?}");
+        assert!(matches!(comm.async_error(), Err(Error::Aborted)));
+        stream.synchronize().unwrap();
+    }
     assert!(comm.is_aborted() && comm.as_raw().is_null());
 
+    phase("calls after the abort");
     assert!(matches!(comm.team_world(), Err(Error::Aborted)));
     assert!(matches!(comm.team_lsa(), Err(Error::Aborted)));
     assert!(matches!(comm.team_rail(), Err(Error::Aborted)));
@@ -78,18 +166,31 @@ fn an_aborted_communicator_never_reaches_nccl() {
     assert!(matches!(comm.register_window(buf, WindowFlags::COLL_SYMMETRIC), Err(Error::Aborted)));
     assert!(matches!(comm.register(stream.alloc_zeros::<f32>(16).unwrap()), Err(Error::Aborted)));
     assert!(matches!(PreMulSum::host(&comm, 3.0f32), Err(Error::Aborted)));
-    assert!(matches!(comm.all_reduce_in_place(&mut window.as_view_mut(), ReduceOp::SUM), Err(Error::Aborted)));
+    let mut plain = stream.alloc_zeros::<f32>(N).unwrap();
+    assert!(matches!(comm.all_reduce_in_place(&mut plain, ReduceOp::SUM), Err(Error::Aborted)));
+    if let Some(window) = window.as_mut() {
+        assert!(matches!(comm.all_reduce_in_place(&mut window.as_view_mut(), ReduceOp::SUM), Err(Error::Aborted)));
+    }
 
     // Teardown after the abort: nothing reaches NCCL, the buffers come back.
+    phase("teardown after the abort");
     drop(op);
     drop(dev);
-    let buf = registration.deregister().map_err(|(_, e)| e).expect("deregistering after an abort");
-    assert_eq!(stream.clone_dtoh(&buf).unwrap().len(), N);
-    let mem = window.deregister().map_err(|(_, e)| e).expect("a window after an abort");
-    assert_eq!(stream.clone_dtoh(&mem).unwrap(), vec![0.0f32; N]);
-    mem.free().map_err(|(_, e)| e).unwrap();
-    drop(comm);
-    println!("after the abort: every call was Error::Aborted and teardown released only the Rust side");
+    if let Some(registration) = registration {
+        let buf = registration.deregister().map_err(|(_, e)| e).expect("deregistering after an abort");
+        assert_eq!(stream.clone_dtoh(&buf).unwrap(), vec![0.0f32; N]);
+    }
+    if let Some(window) = window {
+        let mem = window.deregister().map_err(|(_, e)| e).expect("a window after an abort");
+        assert_eq!(stream.clone_dtoh(&mem).unwrap(), vec![0.0f32; N]);
+        phase("freeing the window's memory (ncclMemFree)");
+        mem.free().map_err(|(_, e)| e).unwrap();
+    }
+    // `comm` (aborted: its drop does nothing more) goes last, after what borrowed it.
+    phase("done");
+    println!(
+        "after the abort holding {held:?}: every call was Error::Aborted and teardown released only the Rust side"
+    );
 }
 
 /// Issue 19, finding 7. Before: a group kept the handles its calls recorded; a communicator
