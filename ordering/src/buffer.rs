@@ -14,7 +14,13 @@
 //! # A framework's own tensor type
 //!
 //! A framework whose tensors are views into cudarc memory (a slice, an offset, a length)
-//! implements cudarc's traits by forwarding to the slice, and promises the rest with `unsafe impl`:
+//! implements cudarc's traits by forwarding to the slice, and promises the rest with `unsafe impl`.
+//! The ordering is only as good as the events cudarc holds for the slice: a framework that hands
+//! a kernel's *output* to cudarc as a shared reference (candle 0.11 does) leaves a read event and
+//! no write event, so a call on that tensor does not wait for the kernel that wrote it; record an
+//! event on the framework's stream after the producing kernels and make the call's stream wait
+//! for it.
+//!
 //!
 //! ```
 //! use std::sync::Arc;
