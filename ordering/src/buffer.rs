@@ -21,7 +21,6 @@
 //! event on the framework's stream after the producing kernels and make the call's stream wait
 //! for it.
 //!
-//!
 //! ```
 //! use std::sync::Arc;
 //! use cudarc::driver::{sys::CUdeviceptr, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
