@@ -19,6 +19,71 @@ pub fn is_capturing(stream: &CudaStream) -> Result<bool, DriverError> {
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
+/// Breaks the capture of `stream` (one these crates did not open), so that CUDA refuses to make
+/// its graph: queries the stream (`cuStreamQuery`), which CUDA forbids on a stream being captured
+/// and answers by invalidating the capture. Through the driver directly: cudarc's calls first
+/// return an error recorded in the context and would skip the query. True when the capture is
+/// invalidated now; ending it (cudarc's `end_capture`) then fails and leaves the stream usable.
+pub(crate) fn invalidate(stream: &CudaStream) -> bool {
+    // SAFETY: the stream is borrowed, so it and its context are alive; the query only reads it.
+    // Its error (the refusal that invalidates the capture) is the point, not a failure.
+    let _ = unsafe { sys::cuStreamQuery(stream.cu_stream()) };
+    // SAFETY: as above.
+    let status = unsafe { result::stream::is_capturing(stream.cu_stream()) };
+    status == Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+}
+
+/// Ends the capture of `stream` whatever happened inside it, and instantiates its graph (`None`
+/// when CUDA returned none). Through the driver directly: cudarc's `end_capture` returns an
+/// error recorded in the context (by cudarc's own guards, inside the capture or on another
+/// thread) *before* ending the capture, which would leave the stream capturing for good.
+pub(crate) fn end(stream: &CudaStream) -> Result<Option<Exec>, DriverError> {
+    // SAFETY: the context is alive (the stream holds it); making it current has no other effect.
+    unsafe { result::ctx::set_current(stream.context().cu_ctx()) }?;
+    // SAFETY: the stream is alive and being captured by this thread (the caller began it).
+    let graph = unsafe { result::stream::end_capture(stream.cu_stream()) }?;
+    if graph.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: `graph` was just returned by CUDA and is owned here.
+    match unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) } {
+        Ok(exec) => Ok(Some(Exec { graph, exec })),
+        Err(e) => {
+            // SAFETY: as above; nothing else refers to it.
+            let _ = unsafe { result::graph::destroy(graph) };
+            Err(e)
+        }
+    }
+}
+
+/// A captured graph and its executable instance, owned (cudarc's `CudaGraph` cannot be made from a
+/// capture that [`end`] ended).
+pub(crate) struct Exec {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
+
+impl Exec {
+    /// Launches the graph on `stream` (`cuGraphLaunch`).
+    pub(crate) fn launch(&self, stream: &CudaStream) -> Result<(), DriverError> {
+        stream.context().bind_to_thread()?;
+        // SAFETY: the executable graph is alive (owned by `self`), and so is the stream.
+        unsafe { result::graph::launch(self.exec, stream.cu_stream()) }
+    }
+}
+
+impl Drop for Exec {
+    fn drop(&mut self) {
+        // SAFETY: both are owned by `self` and destroyed once, here; a launch still running keeps
+        // its resources until it completes (CUDA defers the release). Failures cannot be acted
+        // on in a drop.
+        unsafe {
+            let _ = result::graph::exec_destroy(self.exec);
+            let _ = result::graph::destroy(self.graph);
+        }
+    }
+}
+
 /// Runs `f` with this thread's capture interaction mode set to relaxed
 /// (`cuThreadExchangeStreamCaptureMode`), then restores the previous mode. Host-side waits for
 /// streams that are *not* being captured are harmless to a capture, but the default (global) mode
@@ -50,9 +115,14 @@ pub(crate) struct Scope {
     ctx: sys::CUcontext,
     pub(crate) used: Vec<Used>,
     pub(crate) resources: Vec<Resource>,
-    /// A non-blocking operation was captured and no completion (quiet) after it.
-    pub(crate) incomplete: bool,
+    /// The completion (NVSHMEM's quiet) of a non-blocking operation captured with no completion
+    /// after it yet: enqueued into the capture before it ends.
+    pub(crate) pending: Option<Complete>,
 }
+
+/// Enqueues the completion of the non-blocking operations issued on a stream before it
+/// (NVSHMEM's quiet); the error as text.
+pub type Complete = fn(&CudaStream) -> Result<(), String>;
 
 thread_local! {
     static SCOPE: RefCell<Option<Scope>> = const { RefCell::new(None) };
@@ -116,12 +186,15 @@ pub fn admit(stream: &CudaStream, resources: &[Resource]) -> Result<(), OrderErr
 }
 
 /// Tells the capture scope of `stream`, if any, that a non-blocking operation (NVSHMEM `_nbi`)
-/// was just captured on it: the capture is refused unless a completion follows. True when there
-/// is such a scope (the operation was captured, not enqueued).
-pub fn captured_incomplete(stream: &CudaStream) -> bool {
+/// was just captured on it, completed by `complete` (NVSHMEM's quiet). Unless a completion is
+/// captured after it ([`captured_completion`]), the scope enqueues `complete` into the capture
+/// before ending it, so that every launch of the graph completes the operation (and joins back
+/// the streams it forked to). True when there is such a scope (the operation was captured, not
+/// enqueued).
+pub fn captured_nonblocking(stream: &CudaStream, complete: Complete) -> bool {
     let mut captured = false;
     with_scope(stream, |s| {
-        s.incomplete = true;
+        s.pending = Some(complete);
         captured = true;
     });
     captured
@@ -130,7 +203,7 @@ pub fn captured_incomplete(stream: &CudaStream) -> bool {
 /// Tells the capture scope of `stream`, if any, that a completion (NVSHMEM's quiet) of every
 /// non-blocking operation before it was captured on it.
 pub fn captured_completion(stream: &CudaStream) {
-    with_scope(stream, |s| s.incomplete = false);
+    with_scope(stream, |s| s.pending = None);
 }
 
 /// True when this thread has a capture scope open.
@@ -145,12 +218,19 @@ pub(crate) fn open(stream: &CudaStream) {
         ctx: stream.context().cu_ctx(),
         used: Vec::new(),
         resources: Vec::new(),
-        incomplete: false,
+        pending: None,
     };
     SCOPE.with(|s| *s.borrow_mut() = Some(scope));
 }
 
-/// Closes this thread's scope and returns what it recorded.
-pub(crate) fn close() -> Option<Scope> {
-    SCOPE.with(|s| s.borrow_mut().take())
+/// Closes this thread's scope and returns what it recorded, after enqueuing on `stream` the
+/// completion of a non-blocking operation captured without one (its failure is returned with
+/// the scope).
+pub(crate) fn close(stream: &CudaStream) -> (Option<Scope>, Result<(), String>) {
+    let mut scope = SCOPE.with(|s| s.borrow_mut().take());
+    let completed = match scope.as_mut().and_then(|s| s.pending.take()) {
+        Some(complete) => complete(stream),
+        None => Ok(()),
+    };
+    (scope, completed)
 }
