@@ -17,7 +17,8 @@
 //! the internal copy. The local side of a `_nbi` operation is symmetric memory, whose stream
 //! tracker also remembers the operation: if the handle is forgotten (`mem::forget`), the next use
 //! of the buffer on any stream, and its free, enqueue the quiet first, so the quiet cannot be
-//! skipped. Inside [`crate::capture`], the quiet must be captured too.
+//! skipped. Inside [`crate::capture`], a forgotten handle's quiet is captured at the end of the
+//! capture, so every launch of the graph completes the operation.
 //!
 //! Remote completion — the data visible at the other PE — needs a quiet (for the PE that issued
 //! it) and a synchronisation with the other PE: a barrier ([`Runtime::barrier_all_on_stream`],

@@ -1,5 +1,6 @@
 //! Capture state: whether a stream is being captured, this thread's capture scope (what its
-//! captured calls use), and host-side waits during a capture.
+//! captured calls use), breaking a capture these crates did not open, ending the scope's capture
+//! whatever happened inside it, and host-side waits during a capture.
 
 use std::cell::RefCell;
 

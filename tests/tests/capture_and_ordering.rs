@@ -254,7 +254,7 @@ fn a_forgotten_nonblocking_put_is_still_quieted() {
         let (_rdzv, rt) = start(&info, &stream);
         let len = 64 << 20; // 256 MiB of i32
         let mut src = rt.alloc::<i32>(len).unwrap();
-        let dst = rt.alloc_zeroed::<i32>(len).unwrap();
+        let mut dst = rt.alloc_zeroed::<i32>(len).unwrap();
         stream.memcpy_htod(&vec![1i32; len], &mut src).unwrap();
         stream.synchronize().unwrap();
         let (s, other) = (stream.context().new_stream().unwrap(), stream.context().new_stream().unwrap());
@@ -274,6 +274,20 @@ fn a_forgotten_nonblocking_put_is_still_quieted() {
             panic!("element {i} of the put is {}: the source was zeroed before the put read it", got[i]);
         }
         assert!(stream.clone_dtoh(&src).unwrap().iter().all(|&v| v == 0));
+
+        // `f` failing after a forgotten put inside a capture: the capture is discarded with `f`'s
+        // error, after the quiet was captured (without it CUDA refuses the capture as unjoined),
+        // and the stream leaves capture mode (the captures below use it again).
+        let err = nvshmem::capture(&s, (&rt, &mut dst, &src), |(rt, dst, src)| {
+            std::mem::forget(rt.put_nbi_on_stream(&**dst, *src, 0, &s)?);
+            rt.put_on_stream(&**dst, &src.slice(0..1)?, 0, &s)
+        })
+        .unwrap_err();
+        assert!(
+            matches!(err, nvshmem::Error::LengthMismatch { what: "local buffer", expected, got: 1 } if expected == len),
+            "{err}"
+        );
+        assert_eq!(s.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
 
         // Inside a capture, the quiet of a forgotten handle is captured at the end of the capture:
         // every launch completes the put, and NVSHMEM's internal stream, onto which the put's copy
