@@ -17,8 +17,9 @@
 //! the internal copy. The local side of a `_nbi` operation is symmetric memory, whose stream
 //! tracker also remembers the operation: if the handle is forgotten (`mem::forget`), the next use
 //! of the buffer on any stream, and its free, enqueue the quiet first, so the quiet cannot be
-//! skipped. Inside [`crate::capture`], a forgotten handle's quiet is captured at the end of the
-//! capture, so every launch of the graph completes the operation.
+//! skipped. Inside [`crate::capture`], a forgotten handle's quiet is captured before the next
+//! captured use of the buffer, or else at the end of the capture, so every launch of the graph
+//! completes the operation before the buffer is reused.
 //!
 //! Remote completion — the data visible at the other PE — needs a quiet (for the PE that issued
 //! it) and a synchronisation with the other PE: a barrier ([`Runtime::barrier_all_on_stream`],
@@ -434,12 +435,13 @@ impl Runtime {
 
 impl Runtime {
     /// The handle of a `_nbi` operation just enqueued on `stream`, whose local buffer has the
-    /// tracker `local`. Inside a capture the scope is told, and captures the quiet at its end if
-    /// none is captured after the operation; otherwise the tracker remembers the operation, so
+    /// tracker `local`. Inside a capture the scope is told, and captures the quiet before the next
+    /// captured use of the buffer, or at its end, if none is captured after the operation;
+    /// otherwise the tracker remembers the operation, so
     /// that its quiet is enqueued before the buffer's next use or free even if the handle is
     /// forgotten.
     fn nonblocking<'a>(&'a self, local: &'a StreamTracker, stream: &'a Arc<CudaStream>) -> Pending<'a> {
-        if gpucomm_ordering::captured_nonblocking(stream, quiet) {
+        if gpucomm_ordering::captured_nonblocking(stream, local, quiet) {
             return Pending { rt: self, stream, local: None, done: false };
         }
         local.pending(stream, quiet);

@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use cudarc::driver::{result, sys, CudaStream, DriverError};
 
 use crate::usage::{Mode, Resource, Use};
-use crate::OrderError;
+use crate::{OrderError, StreamTracker};
 
 /// True while `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`).
 pub fn is_capturing(stream: &CudaStream) -> Result<bool, DriverError> {
@@ -116,9 +116,19 @@ pub(crate) struct Scope {
     ctx: sys::CUcontext,
     pub(crate) used: Vec<Used>,
     pub(crate) resources: Vec<Resource>,
-    /// The completion (NVSHMEM's quiet) of a non-blocking operation captured with no completion
-    /// after it yet: enqueued into the capture before it ends.
-    pub(crate) pending: Option<Complete>,
+    /// Non-blocking operations captured with no completion after them yet: their completion is
+    /// enqueued into the capture before a captured use of their local buffers, or else before
+    /// the capture ends.
+    pending: Option<Nonblocking>,
+    /// Why an earlier completion could not be enqueued.
+    failed: Option<String>,
+}
+
+/// Non-blocking operations awaiting their completion inside a capture.
+struct Nonblocking {
+    complete: Complete,
+    /// The trackers of their local buffers, by address (only compared).
+    locals: Vec<usize>,
 }
 
 /// Enqueues the completion of the non-blocking operations issued on a stream before it
@@ -192,13 +202,34 @@ pub fn admit(stream: &CudaStream, resources: &[Resource]) -> Result<(), OrderErr
 /// before ending it, so that every launch of the graph completes the operation (and joins back
 /// the streams it forked to). True when there is such a scope (the operation was captured, not
 /// enqueued).
-pub fn captured_nonblocking(stream: &CudaStream, complete: Complete) -> bool {
+///
+/// A later captured use of the operation's local buffer (whose tracker is `local`) gets the
+/// completion enqueued before it, as an eager use does through the tracker: the buffer is the
+/// operation's until then.
+pub fn captured_nonblocking(stream: &CudaStream, local: &StreamTracker, complete: Complete) -> bool {
     let mut captured = false;
     with_scope(stream, |s| {
-        s.pending = Some(complete);
+        let pending = s.pending.get_or_insert(Nonblocking { complete, locals: Vec::new() });
+        pending.complete = complete;
+        pending.locals.push(local as *const StreamTracker as usize);
         captured = true;
     });
     captured
+}
+
+/// Before a captured use on `stream` of memory with the tracker `tracker`: if a non-blocking
+/// operation captured without a completion yet uses that memory, enqueues the completion first.
+pub(crate) fn complete_before_use(stream: &CudaStream, tracker: &StreamTracker) {
+    let local = tracker as *const StreamTracker as usize;
+    with_scope(stream, |s| {
+        if s.pending.as_ref().is_some_and(|p| p.locals.contains(&local)) {
+            if let Some(p) = s.pending.take() {
+                if let Err(e) = (p.complete)(stream) {
+                    s.failed.get_or_insert(e);
+                }
+            }
+        }
+    });
 }
 
 /// Tells the capture scope of `stream`, if any, that a completion (NVSHMEM's quiet) of every
@@ -220,18 +251,24 @@ pub(crate) fn open(stream: &CudaStream) {
         used: Vec::new(),
         resources: Vec::new(),
         pending: None,
+        failed: None,
     };
     SCOPE.with(|s| *s.borrow_mut() = Some(scope));
 }
 
 /// Closes this thread's scope and returns what it recorded, after enqueuing on `stream` the
-/// completion of a non-blocking operation captured without one (its failure is returned with
-/// the scope).
+/// completion of non-blocking operations captured without one (a failure to enqueue this or an
+/// earlier completion is returned with the scope).
 pub(crate) fn close(stream: &CudaStream) -> (Option<Scope>, Result<(), String>) {
     let mut scope = SCOPE.with(|s| s.borrow_mut().take());
-    let completed = match scope.as_mut().and_then(|s| s.pending.take()) {
-        Some(complete) => complete(stream),
+    let Some(s) = scope.as_mut() else { return (None, Ok(())) };
+    let completed = match s.pending.take() {
+        Some(p) => (p.complete)(stream),
         None => Ok(()),
+    };
+    let completed = match s.failed.take() {
+        Some(e) => Err(e),
+        None => completed,
     };
     (scope, completed)
 }

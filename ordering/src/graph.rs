@@ -37,8 +37,9 @@
 //! * Only the scope's stream is captured into the graph. Work forked to other streams inside the
 //!   capture (through events) is refused like any foreign capture.
 //! * A non-blocking operation (NVSHMEM `_nbi`) whose completion (quiet) is not captured after it
-//!   — its handle forgotten, or `f` returning early — gets one at the end of the capture: every
-//!   launch completes it, and the internal streams it forked to are joined back.
+//!   — its handle forgotten, or `f` returning early — gets one before the next captured use of
+//!   its local buffer, or else at the end of the capture: every launch completes it before the
+//!   buffer is reused, and the internal streams it forked to are joined back.
 //! * However `capture` returns (an error of `f`, a broken capture, a panic), the stream leaves
 //!   capture mode: the capture is ended through the driver, not through cudarc's `end_capture`,
 //!   which gives up before ending it when an error is recorded in the context.
@@ -405,8 +406,9 @@ impl Drop for Capturing<'_> {
 /// own `CudaSlice`, cudarc's event waits break the capture, which is then refused
 /// ([`OrderError::CaptureBroken`]).
 ///
-/// A non-blocking operation captured without a completion after it is completed at the end
-/// of the capture (its completion is enqueued into the graph). Whatever the outcome, the stream
+/// A non-blocking operation captured without a completion after it is completed before the
+/// next captured use of its local buffer, or else at the end of the capture (its completion is
+/// enqueued into the graph). Whatever the outcome, the stream
 /// is no longer being captured when `capture` returns.
 ///
 /// Errors: [`OrderError::NestedCapture`] when this thread is already capturing,

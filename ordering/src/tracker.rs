@@ -294,7 +294,11 @@ impl StreamTracker {
     ) -> SyncOnDrop<'a> {
         let in_call = access::with_current(stream, |arc, mode| match mode {
             Mode::Eager => self.use_on(arc, how),
-            Mode::Captured | Mode::Survey => Ok(()),
+            Mode::Captured => {
+                capture::complete_before_use(arc, self);
+                Ok(())
+            }
+            Mode::Survey => Ok(()),
         });
         if let Some(ordered) = in_call {
             stream.context().record_err(ordered.map_err(to_driver));
@@ -302,6 +306,7 @@ impl StreamTracker {
         }
         match capture::mode(stream) {
             Ok(Mode::Captured) => {
+                capture::complete_before_use(stream, self);
                 capture::record_use(stream, ptr, bytes, how);
                 return SyncOnDrop::Record(None);
             }

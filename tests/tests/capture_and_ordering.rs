@@ -289,25 +289,35 @@ fn a_forgotten_nonblocking_put_is_still_quieted() {
         );
         assert_eq!(s.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
 
-        // Inside a capture, the quiet of a forgotten handle is captured at the end of the capture:
-        // every launch completes the put, and NVSHMEM's internal stream, onto which the put's copy
-        // forked, is joined back. Before: the capture ended with that stream unjoined, and CUDA
-        // refused it (CUDA_ERROR_STREAM_CAPTURE_UNJOINED).
+        // Inside a capture, the quiet of a forgotten handle is captured before the next captured
+        // use of the put's source (here, zeroing it in the same graph), as an eager use enqueues it
+        // first, or else at the end of the capture: every launch completes the put before the
+        // source is reused, and NVSHMEM's internal stream, onto which the put's copy forked, is
+        // joined back. Before: the capture ended with that stream unjoined, and CUDA refused it
+        // (CUDA_ERROR_STREAM_CAPTURE_UNJOINED); with a quiet only at the end, the zeroing would
+        // run while the copy still read the source, and zeros would arrive.
         let mut graph = nvshmem::capture(&s, (&rt, dst, src), |(rt, dst, src)| {
             std::mem::forget(rt.put_nbi_on_stream(dst, src, 0, &s)?);
-            Ok(())
+            Ok(s.memset_zeros(src)?)
         })
         .unwrap();
         assert_eq!(s.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
         for k in 2..=3 {
             // Written on the home stream, read there after the launch: the launch is ordered
-            // after the write, the read after the launch's quiet.
+            // after the write, the reads after the launch.
             stream.memcpy_htod(&vec![k; len], &mut graph.kept_mut().2).unwrap();
             graph.launch().unwrap();
             let got = stream.clone_dtoh(&graph.kept().1).unwrap();
             if let Some(i) = got.iter().position(|&v| v != k) {
-                panic!("launch {k}: element {i} of the captured put is {}", got[i]);
+                panic!(
+                    "launch {k}: element {i} of the captured put is {}: the source was zeroed before the put read it",
+                    got[i]
+                );
             }
+            assert!(
+                stream.clone_dtoh(&graph.kept().2).unwrap().iter().all(|&v| v == 0),
+                "launch {k}: the source is zeroed"
+            );
         }
         let (_, dst, src) = graph.into_kept();
         dst.free().map_err(|(_, e)| e).unwrap();
