@@ -12,7 +12,8 @@
 //! Every buffer given to a [`Member`] stays borrowed until [`group`] returns, so no buffer can be
 //! moved, freed or written before the kernels that use it are enqueued. Direct calls on a thread
 //! that has a group open are refused ([`Error::InsideGroup`]) and count as refused calls of the
-//! group, and groups do not nest.
+//! group, and groups do not nest. A finalize refused inside a group hands its communicator back
+//! and does not count: the group's value, which carries the communicator out, is not dropped.
 //!
 //! A call records its communicator's handle; the closure can still abort that communicator after
 //! recording (an [`AbortHandle`](crate::AbortHandle) request carried out by a later call, a
@@ -323,7 +324,8 @@ fn run<'a, R>(
 /// **All or nothing**: the calls are checked and recorded while `f` runs and launched together
 /// after it returns. If `f` returns an error, or any call inside it was refused (even if `f`
 /// ignored that error: [`Error::GroupRefused`]) — a direct call on a communicator counts as a
-/// refused call — nothing is launched; nor if a communicator of the group was aborted after its
+/// refused call; a refused [`Comm::finalize`] does not, since it hands its communicator back
+/// through the closure's value — nothing is launched; nor if a communicator of the group was aborted after its
 /// calls were recorded ([`Error::Aborted`]). An error from `ncclGroupEnd` applies to every
 /// communicator in the group.
 ///
@@ -437,6 +439,21 @@ mod tests {
         assert!(matches!(err, Error::GroupRefused { refused: 1 }), "{err}");
         assert!(refuse_inside().is_ok(), "outside a group nothing is refused");
         group(|_| Ok(())).expect("the count starts again with every group");
+    }
+
+    #[test]
+    fn a_refused_finalize_does_not_stop_the_group_so_its_value_comes_back() {
+        // What `Comm::finalize` does inside a group closure: refused, the communicator handed back
+        // in the closure's value. Before, the refusal counted against the group, which then
+        // failed with `GroupRefused` and dropped that value, communicator included.
+        let value = group(|_| {
+            let refused = open::refuse_teardown_inside();
+            assert!(matches!(refused, Err(Error::InsideGroup)), "{refused:?}");
+            Ok(("the communicator", refused))
+        })
+        .unwrap();
+        assert_eq!(value.0, "the communicator");
+        assert!(open::refuse_teardown_inside().is_ok(), "outside a group nothing is refused");
     }
 
     #[test]

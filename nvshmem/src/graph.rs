@@ -20,8 +20,9 @@ use crate::error::Result;
 /// `reg.buffer_mut()`: the graph then borrows the [`crate::Registration`], which cannot be
 /// unregistered while the graph lives); an operation inside `f` that uses anything else makes the
 /// capture fail. A
-/// non-blocking operation must be completed inside `f` ([`crate::Pending::quiet`], or its drop),
-/// or the capture is refused ([`gpucomm_ordering::OrderError::CaptureIncomplete`]).
+/// non-blocking operation is completed inside `f` by [`crate::Pending::quiet`] (or the handle's
+/// drop); if its handle is forgotten, the capture enqueues the quiet before the next captured use
+/// of the operation's local buffer, or else at its end, so every launch completes the operation.
 ///
 /// ```no_run
 /// # fn demo(rt: &nvshmem::Runtime, side: &std::sync::Arc<cudarc::driver::CudaStream>) -> nvshmem::Result<()> {

@@ -17,7 +17,9 @@
 //! the internal copy. The local side of a `_nbi` operation is symmetric memory, whose stream
 //! tracker also remembers the operation: if the handle is forgotten (`mem::forget`), the next use
 //! of the buffer on any stream, and its free, enqueue the quiet first, so the quiet cannot be
-//! skipped. Inside [`crate::capture`], the quiet must be captured too.
+//! skipped. Inside [`crate::capture`], a forgotten handle's quiet is captured before the next
+//! captured use of the buffer, or else at the end of the capture, so every launch of the graph
+//! completes the operation before the buffer is reused.
 //!
 //! Remote completion — the data visible at the other PE — needs a quiet (for the PE that issued
 //! it) and a synchronisation with the other PE: a barrier ([`Runtime::barrier_all_on_stream`],
@@ -433,11 +435,13 @@ impl Runtime {
 
 impl Runtime {
     /// The handle of a `_nbi` operation just enqueued on `stream`, whose local buffer has the
-    /// tracker `local`. Inside a capture the scope is told (the capture needs a quiet after it);
-    /// otherwise the tracker remembers the operation, so that its quiet is enqueued before the
-    /// buffer's next use or free even if the handle is forgotten.
+    /// tracker `local`. Inside a capture the scope is told, and captures the quiet before the next
+    /// captured use of the buffer, or at its end, if none is captured after the operation;
+    /// otherwise the tracker remembers the operation, so
+    /// that its quiet is enqueued before the buffer's next use or free even if the handle is
+    /// forgotten.
     fn nonblocking<'a>(&'a self, local: &'a StreamTracker, stream: &'a Arc<CudaStream>) -> Pending<'a> {
-        if gpucomm_ordering::captured_incomplete(stream) {
+        if gpucomm_ordering::captured_nonblocking(stream, local, quiet) {
             return Pending { rt: self, stream, local: None, done: false };
         }
         local.pending(stream, quiet);
@@ -445,13 +449,18 @@ impl Runtime {
     }
 }
 
-/// `nvshmemx_quiet_on_stream` on `stream`, as a tracker enqueues it for a forgotten [`Pending`].
+/// `nvshmemx_quiet_on_stream` on `stream`, as a tracker (or a capture scope) enqueues it for a
+/// forgotten [`Pending`].
 fn quiet(stream: &CudaStream) -> std::result::Result<(), String> {
-    stream.context().bind_to_thread().map_err(|e| e.to_string())?;
+    // Not cudarc's `bind_to_thread`, which would first fail with (and take) an unrelated error
+    // recorded in the context, skipping the quiet.
+    // SAFETY: the stream holds its context alive; making it current has no other effect.
+    unsafe { cudarc::driver::result::ctx::set_current(stream.context().cu_ctx()) }.map_err(|e| e.to_string())?;
     let raw = stream.cu_stream() as nvshmem_sys::cudaStream_t;
-    // SAFETY: a tracker with a pending operation belongs to a symmetric buffer, which borrows the
-    // runtime, so NVSHMEM is initialised; the stream is kept alive by the tracker and its context
-    // is current.
+    // SAFETY: a tracker with a pending operation belongs to a symmetric buffer, and a capture
+    // scope's operation was issued by a runtime the capture's closure borrows; either way NVSHMEM
+    // is initialised. The stream is alive (held by the tracker, or borrowed by the capture) and
+    // its context current.
     unsafe { call!(nvshmemx_quiet_on_stream(raw)) }.map_err(|e| e.to_string())
 }
 

@@ -1,12 +1,13 @@
 //! Capture state: whether a stream is being captured, this thread's capture scope (what its
-//! captured calls use), and host-side waits during a capture.
+//! captured calls use), breaking a capture these crates did not open, ending the scope's capture
+//! whatever happened inside it, and host-side waits during a capture.
 
 use std::cell::RefCell;
 
 use cudarc::driver::{result, sys, CudaStream, DriverError};
 
 use crate::usage::{Mode, Resource, Use};
-use crate::OrderError;
+use crate::{OrderError, StreamTracker};
 
 /// True while `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`).
 pub fn is_capturing(stream: &CudaStream) -> Result<bool, DriverError> {
@@ -17,6 +18,71 @@ pub fn is_capturing(stream: &CudaStream) -> Result<bool, DriverError> {
     // SAFETY: the stream is borrowed, so it and its context are alive.
     let status = unsafe { result::stream::is_capturing(stream.cu_stream()) }?;
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// Breaks the capture of `stream` (one these crates did not open), so that CUDA refuses to make
+/// its graph: queries the stream (`cuStreamQuery`), which CUDA forbids on a stream being captured
+/// and answers by invalidating the capture. Through the driver directly: cudarc's calls first
+/// return an error recorded in the context and would skip the query. True when the capture is
+/// invalidated now; ending it (cudarc's `end_capture`) then fails and leaves the stream usable.
+pub(crate) fn invalidate(stream: &CudaStream) -> bool {
+    // SAFETY: the stream is borrowed, so it and its context are alive; the query only reads it.
+    // Its error (the refusal that invalidates the capture) is the point, not a failure.
+    let _ = unsafe { sys::cuStreamQuery(stream.cu_stream()) };
+    // SAFETY: as above.
+    let status = unsafe { result::stream::is_capturing(stream.cu_stream()) };
+    status == Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+}
+
+/// Ends the capture of `stream` whatever happened inside it, and instantiates its graph (`None`
+/// when CUDA returned none). Through the driver directly: cudarc's `end_capture` returns an
+/// error recorded in the context (by cudarc's own guards, inside the capture or on another
+/// thread) *before* ending the capture, which would leave the stream capturing for good.
+pub(crate) fn end(stream: &CudaStream) -> Result<Option<Exec>, DriverError> {
+    // SAFETY: the context is alive (the stream holds it); making it current has no other effect.
+    unsafe { result::ctx::set_current(stream.context().cu_ctx()) }?;
+    // SAFETY: the stream is alive and being captured by this thread (the caller began it).
+    let graph = unsafe { result::stream::end_capture(stream.cu_stream()) }?;
+    if graph.is_null() {
+        return Ok(None);
+    }
+    // SAFETY: `graph` was just returned by CUDA and is owned here.
+    match unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) } {
+        Ok(exec) => Ok(Some(Exec { graph, exec })),
+        Err(e) => {
+            // SAFETY: as above; nothing else refers to it.
+            let _ = unsafe { result::graph::destroy(graph) };
+            Err(e)
+        }
+    }
+}
+
+/// A captured graph and its executable instance, owned (cudarc's `CudaGraph` cannot be made from a
+/// capture that [`end`] ended).
+pub(crate) struct Exec {
+    graph: sys::CUgraph,
+    exec: sys::CUgraphExec,
+}
+
+impl Exec {
+    /// Launches the graph on `stream` (`cuGraphLaunch`).
+    pub(crate) fn launch(&self, stream: &CudaStream) -> Result<(), DriverError> {
+        stream.context().bind_to_thread()?;
+        // SAFETY: the executable graph is alive (owned by `self`), and so is the stream.
+        unsafe { result::graph::launch(self.exec, stream.cu_stream()) }
+    }
+}
+
+impl Drop for Exec {
+    fn drop(&mut self) {
+        // SAFETY: both are owned by `self` and destroyed once, here; a launch still running keeps
+        // its resources until it completes (CUDA defers the release). Failures cannot be acted
+        // on in a drop.
+        unsafe {
+            let _ = result::graph::exec_destroy(self.exec);
+            let _ = result::graph::destroy(self.graph);
+        }
+    }
 }
 
 /// Runs `f` with this thread's capture interaction mode set to relaxed
@@ -50,9 +116,24 @@ pub(crate) struct Scope {
     ctx: sys::CUcontext,
     pub(crate) used: Vec<Used>,
     pub(crate) resources: Vec<Resource>,
-    /// A non-blocking operation was captured and no completion (quiet) after it.
-    pub(crate) incomplete: bool,
+    /// Non-blocking operations captured with no completion after them yet: their completion is
+    /// enqueued into the capture before a captured use of their local buffers, or else before
+    /// the capture ends.
+    pending: Option<Nonblocking>,
+    /// Why an earlier completion could not be enqueued.
+    failed: Option<String>,
 }
+
+/// Non-blocking operations awaiting their completion inside a capture.
+struct Nonblocking {
+    complete: Complete,
+    /// The trackers of their local buffers, by address (only compared).
+    locals: Vec<usize>,
+}
+
+/// Enqueues the completion of the non-blocking operations issued on a stream before it
+/// (NVSHMEM's quiet); the error as text.
+pub type Complete = fn(&CudaStream) -> Result<(), String>;
 
 thread_local! {
     static SCOPE: RefCell<Option<Scope>> = const { RefCell::new(None) };
@@ -116,21 +197,45 @@ pub fn admit(stream: &CudaStream, resources: &[Resource]) -> Result<(), OrderErr
 }
 
 /// Tells the capture scope of `stream`, if any, that a non-blocking operation (NVSHMEM `_nbi`)
-/// was just captured on it: the capture is refused unless a completion follows. True when there
-/// is such a scope (the operation was captured, not enqueued).
-pub fn captured_incomplete(stream: &CudaStream) -> bool {
+/// was just captured on it, completed by `complete` (NVSHMEM's quiet). Unless a completion is
+/// captured after it ([`captured_completion`]), the scope enqueues `complete` into the capture
+/// before ending it, so that every launch of the graph completes the operation (and joins back
+/// the streams it forked to). True when there is such a scope (the operation was captured, not
+/// enqueued).
+///
+/// A later captured use of the operation's local buffer (whose tracker is `local`) gets the
+/// completion enqueued before it, as an eager use does through the tracker: the buffer is the
+/// operation's until then.
+pub fn captured_nonblocking(stream: &CudaStream, local: &StreamTracker, complete: Complete) -> bool {
     let mut captured = false;
     with_scope(stream, |s| {
-        s.incomplete = true;
+        let pending = s.pending.get_or_insert(Nonblocking { complete, locals: Vec::new() });
+        pending.complete = complete;
+        pending.locals.push(local as *const StreamTracker as usize);
         captured = true;
     });
     captured
 }
 
+/// Before a captured use on `stream` of memory with the tracker `tracker`: if a non-blocking
+/// operation captured without a completion yet uses that memory, enqueues the completion first.
+pub(crate) fn complete_before_use(stream: &CudaStream, tracker: &StreamTracker) {
+    let local = tracker as *const StreamTracker as usize;
+    with_scope(stream, |s| {
+        if s.pending.as_ref().is_some_and(|p| p.locals.contains(&local)) {
+            if let Some(p) = s.pending.take() {
+                if let Err(e) = (p.complete)(stream) {
+                    s.failed.get_or_insert(e);
+                }
+            }
+        }
+    });
+}
+
 /// Tells the capture scope of `stream`, if any, that a completion (NVSHMEM's quiet) of every
 /// non-blocking operation before it was captured on it.
 pub fn captured_completion(stream: &CudaStream) {
-    with_scope(stream, |s| s.incomplete = false);
+    with_scope(stream, |s| s.pending = None);
 }
 
 /// True when this thread has a capture scope open.
@@ -145,12 +250,25 @@ pub(crate) fn open(stream: &CudaStream) {
         ctx: stream.context().cu_ctx(),
         used: Vec::new(),
         resources: Vec::new(),
-        incomplete: false,
+        pending: None,
+        failed: None,
     };
     SCOPE.with(|s| *s.borrow_mut() = Some(scope));
 }
 
-/// Closes this thread's scope and returns what it recorded.
-pub(crate) fn close() -> Option<Scope> {
-    SCOPE.with(|s| s.borrow_mut().take())
+/// Closes this thread's scope and returns what it recorded, after enqueuing on `stream` the
+/// completion of non-blocking operations captured without one (a failure to enqueue this or an
+/// earlier completion is returned with the scope).
+pub(crate) fn close(stream: &CudaStream) -> (Option<Scope>, Result<(), String>) {
+    let mut scope = SCOPE.with(|s| s.borrow_mut().take());
+    let Some(s) = scope.as_mut() else { return (None, Ok(())) };
+    let completed = match s.pending.take() {
+        Some(p) => (p.complete)(stream),
+        None => Ok(()),
+    };
+    let completed = match s.failed.take() {
+        Some(e) => Err(e),
+        None => completed,
+    };
+    (scope, completed)
 }

@@ -54,9 +54,6 @@ pub enum OrderError {
         /// What it is.
         kind: &'static str,
     },
-    /// A non-blocking operation was captured without a completion (quiet) after it: each launch
-    /// would leave it running with nothing ordered after it.
-    CaptureIncomplete,
     /// Enqueuing the completion of an earlier non-blocking operation failed.
     Pending(String),
 }
@@ -97,9 +94,6 @@ impl fmt::Display for OrderError {
                 write!(f, "a captured call used a {kind} that the graph does not keep: give it to the capture")
             }
             OrderError::ResourceClosed { kind } => write!(f, "the graph's {kind} was closed since the capture"),
-            OrderError::CaptureIncomplete => {
-                write!(f, "a non-blocking operation was captured without a quiet after it on the capture's stream")
-            }
             OrderError::Pending(e) => write!(f, "completing an earlier non-blocking operation failed: {e}"),
         }
     }

@@ -36,6 +36,13 @@
 //!   then outlives the graph).
 //! * Only the scope's stream is captured into the graph. Work forked to other streams inside the
 //!   capture (through events) is refused like any foreign capture.
+//! * A non-blocking operation (NVSHMEM `_nbi`) whose completion (quiet) is not captured after it
+//!   — its handle forgotten, or `f` returning early — gets one before the next captured use of
+//!   its local buffer, or else at the end of the capture: every launch completes it before the
+//!   buffer is reused, and the internal streams it forked to are joined back.
+//! * However `capture` returns (an error of `f`, a broken capture, a panic), the stream leaves
+//!   capture mode: the capture is ended through the driver, not through cudarc's `end_capture`,
+//!   which gives up before ending it when an error is recorded in the context.
 //!
 //! # Example
 //!
@@ -57,10 +64,10 @@
 use std::fmt;
 use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaGraph, CudaStream, DevicePtr, DevicePtrMut, DriverError, SyncOnDrop};
+use cudarc::driver::{sys, CudaStream, DevicePtr, DevicePtrMut, DriverError, SyncOnDrop};
 
 use crate::access::Access;
-use crate::capture::{self, is_capturing, Used};
+use crate::capture::{self, is_capturing, Exec, Used};
 pub use crate::usage::Resource;
 use crate::usage::{Mode, Use};
 use crate::{DeviceMemory, OrderError};
@@ -289,7 +296,7 @@ fn plan(members: Vec<Member>, used: &[Used], resources: &[Resource]) -> Result<P
 /// [module documentation](self).
 pub struct Graph<K> {
     // Declared first, so that the executable graph is destroyed before what it uses is dropped.
-    graph: CudaGraph,
+    graph: Exec,
     stream: Arc<CudaStream>,
     plan: Plan,
     used: Vec<Used>,
@@ -329,7 +336,7 @@ impl<K: Keep> Graph<K> {
             if fresh {
                 // cudarc records failed waits in the context instead of returning them.
                 stream.context().check_err()?;
-                graph.launch()?;
+                graph.launch(stream)?;
                 // The guards record the launch as the buffers' last use.
                 drop(guards);
                 return Ok(());
@@ -369,7 +376,8 @@ impl<K: Keep> Graph<K> {
     }
 }
 
-/// Ends the capture on every path out of [`capture`] (an error, a panic) that did not end it.
+/// Ends the capture on every path out of [`capture`] (a panic) that did not end it, completing a
+/// pending non-blocking operation first: the stream is never left capturing.
 struct Capturing<'a> {
     stream: &'a Arc<CudaStream>,
     open: bool,
@@ -378,9 +386,9 @@ struct Capturing<'a> {
 impl Drop for Capturing<'_> {
     fn drop(&mut self) {
         if self.open {
-            capture::close();
+            let _ = capture::close(self.stream);
             // The half-made graph is dropped at once; a failure is moot here.
-            let _ = self.stream.end_capture(sys::CUgraphInstantiate_flags(0));
+            let _ = capture::end(self.stream);
         }
     }
 }
@@ -398,9 +406,15 @@ impl Drop for Capturing<'_> {
 /// own `CudaSlice`, cudarc's event waits break the capture, which is then refused
 /// ([`OrderError::CaptureBroken`]).
 ///
+/// A non-blocking operation captured without a completion after it is completed before the
+/// next captured use of its local buffer, or else at the end of the capture (its completion is
+/// enqueued into the graph). Whatever the outcome, the stream
+/// is no longer being captured when `capture` returns.
+///
 /// Errors: [`OrderError::NestedCapture`] when this thread is already capturing,
 /// [`OrderError::ForeignCapture`] when `stream` is already being captured, `f`'s own error (the
-/// capture is discarded), and CUDA's.
+/// capture is discarded), [`OrderError::Pending`] when the closing completion could not be
+/// enqueued, and CUDA's.
 #[doc(alias = "cuStreamBeginCapture")]
 #[doc(alias = "cuStreamEndCapture")]
 pub fn capture<K: Keep, E: From<OrderError>>(
@@ -419,18 +433,15 @@ pub fn capture<K: Keep, E: From<OrderError>>(
     capture::open(stream);
     let mut capturing = Capturing { stream, open: true };
     let result = f(&mut keep);
-    let scope = capture::close();
+    // Whatever `f` did, the capture ends here, with every non-blocking operation completed.
+    let (scope, completed) = capture::close(stream);
     capturing.open = false;
-    let graph = stream.end_capture(sys::CUgraphInstantiate_flags(0));
+    let graph = capture::end(stream);
     result?;
-    let scope = scope
-        .ok_or(OrderError::CaptureBroken(DriverError(sys::cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)))?;
-    let graph = graph
-        .map_err(OrderError::CaptureBroken)?
-        .ok_or(OrderError::CaptureBroken(DriverError(sys::cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)))?;
-    if scope.incomplete {
-        return Err(OrderError::CaptureIncomplete.into());
-    }
+    completed.map_err(OrderError::Pending)?;
+    let broken = OrderError::CaptureBroken(DriverError(sys::cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED));
+    let scope = scope.ok_or(broken.clone())?;
+    let graph = graph.map_err(OrderError::CaptureBroken)?.ok_or(broken)?;
     let members = survey(&mut keep, stream)?;
     let plan = plan(members, &scope.used, &scope.resources)?;
     Ok(Graph { graph, stream: stream.clone(), plan, used: scope.used, resources: scope.resources, keep })

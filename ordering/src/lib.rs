@@ -33,7 +33,7 @@ mod usage;
 
 pub use access::Access;
 pub use buffer::{DeviceBuffer, DeviceBufferMut, DeviceMemory};
-pub use capture::{admit, captured_completion, captured_incomplete, is_capturing, relaxed};
+pub use capture::{admit, captured_completion, captured_nonblocking, is_capturing, relaxed, Complete};
 pub use error::OrderError;
 pub use graph::{capture, Graph, Keep, Visitor};
 pub use pinned::PinnedMut;

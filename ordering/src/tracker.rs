@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream, DriverError, SyncOnDrop};
 
 use crate::access;
-use crate::capture::{self, is_capturing};
+use crate::capture::{self, is_capturing, Complete};
 use crate::usage::{Mode, Use};
 use crate::OrderError;
 
@@ -26,7 +26,7 @@ enum End {
 /// on `stream` before the memory can be used again.
 struct Pending {
     stream: Arc<CudaStream>,
-    complete: fn(&CudaStream) -> Result<(), String>,
+    complete: Complete,
 }
 
 /// What the tracker knows about the memory's outstanding uses.
@@ -258,7 +258,7 @@ impl StreamTracker {
     /// `complete(stream)` enqueues (NVSHMEM's quiet): every later use and the free enqueue it first
     /// (unless [`StreamTracker::completed`] says it was enqueued), so that forgetting the handle
     /// of the operation cannot skip it.
-    pub fn pending(&self, stream: &Arc<CudaStream>, complete: fn(&CudaStream) -> Result<(), String>) {
+    pub fn pending(&self, stream: &Arc<CudaStream>, complete: Complete) {
         let mut state = self.lock();
         state.pending = Some(Pending { stream: stream.clone(), complete });
         self.refresh(&state);
@@ -294,7 +294,11 @@ impl StreamTracker {
     ) -> SyncOnDrop<'a> {
         let in_call = access::with_current(stream, |arc, mode| match mode {
             Mode::Eager => self.use_on(arc, how),
-            Mode::Captured | Mode::Survey => Ok(()),
+            Mode::Captured => {
+                capture::complete_before_use(arc, self);
+                Ok(())
+            }
+            Mode::Survey => Ok(()),
         });
         if let Some(ordered) = in_call {
             stream.context().record_err(ordered.map_err(to_driver));
@@ -302,12 +306,21 @@ impl StreamTracker {
         }
         match capture::mode(stream) {
             Ok(Mode::Captured) => {
+                capture::complete_before_use(stream, self);
                 capture::record_use(stream, ptr, bytes, how);
+                return SyncOnDrop::Record(None);
+            }
+            Err(OrderError::ForeignCapture) => {
+                // Only when the capture could not be broken is the refusal recorded in the
+                // context: a recorded error makes cudarc's `end_capture` return it before ending
+                // the capture, which would leave the stream capturing.
+                if !capture::invalidate(stream) {
+                    stream.context().record_err(Err::<(), _>(to_driver(OrderError::ForeignCapture)));
+                }
                 return SyncOnDrop::Record(None);
             }
             Err(e) => {
                 stream.context().record_err(Err::<(), _>(to_driver(e)));
-                stream.context().record_err(self.poison(stream));
                 return SyncOnDrop::Record(None);
             }
             Ok(_) => {}
@@ -362,16 +375,6 @@ impl StreamTracker {
             Some(event) => Ok(event),
             None => Ok(Box::new(self.home.new_event(None)?)),
         }
-    }
-
-    /// Makes the capture of `stream` (not opened by this crate) fail: it waits for an event
-    /// recorded outside it, which CUDA refuses inside a capture (`CUDA_ERROR_STREAM_CAPTURE_ISOLATION`),
-    /// so no graph that uses this memory without keeping it alive can be made.
-    fn poison(&self, stream: &CudaStream) -> Result<(), DriverError> {
-        let _state = self.lock();
-        let outside = access::idle_stream(stream.context())?;
-        self.scratch.record(outside)?;
-        stream.wait(&self.scratch)
     }
 }
 

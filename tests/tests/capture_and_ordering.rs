@@ -17,8 +17,8 @@ mod nvshmem_support;
 
 use std::sync::{Arc, Barrier};
 
-use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-use cudarc::driver::{result, CudaContext, CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::sys::{CUgraphInstantiate_flags, CUresult, CUstreamCaptureMode, CUstreamCaptureStatus};
+use cudarc::driver::{result, CudaContext, CudaStream, DevicePtr, DevicePtrMut, DriverError};
 use gpucomm_tests::{multi_process, require_gpus};
 use nccl::{group, Collectives, Comm, Error, MemBuffer, PreMulSum, ReduceOp};
 use nvshmem::SymmetricMemory;
@@ -133,12 +133,19 @@ fn a_capture_keeps_what_its_calls_use_and_refuses_the_rest() {
     assert!(matches!(refused, Err(Error::Ordering(gpucomm_ordering::OrderError::ForeignCapture))), "{refused:?}");
     drop(ended);
     side.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
-    // The memset itself may fail (the capture is broken before it is enqueued).
-    let _ = side.memset_zeros(&mut outside);
-    let ended = side.end_capture(CUgraphInstantiate_flags(0));
-    assert!(ended.is_err(), "a cudarc memset of a MemBuffer inside a foreign capture must break it");
-    // cudarc recorded the refusal in the context; clear it.
-    let _ = ctx.check_err();
+    // The MemBuffer's tracker breaks the capture before the memset is enqueued (it queries the
+    // capturing stream, which CUDA answers by invalidating the capture), so the memset fails, and
+    // so does the end of the capture, which takes the stream out of capture mode. Before the fix
+    // the tracker recorded its refusal in the context first, which made its own attempt to break
+    // the capture fail (cudarc's calls return a recorded error first): the memset was captured,
+    // and cudarc's `end_capture` returned the recorded error *without ending the capture*, so the
+    // stream stayed captured and the scope's capture below was refused as foreign.
+    let memset = side.memset_zeros(&mut outside);
+    assert!(memset.is_err(), "a cudarc memset of a MemBuffer inside a foreign capture must fail");
+    let ended = side.end_capture(CUgraphInstantiate_flags(0)).map(|graph| graph.is_some());
+    assert_eq!(ended, Err(DriverError(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)), "memset: {memset:?}");
+    assert_eq!(ctx.check_err(), Ok(()), "the tracker recorded nothing in the context");
+    assert_eq!(side.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
     all_equal("a buffer of foreign captures", &home.clone_dtoh(&outside).unwrap(), 3.0);
 
     // cudarc work on the scope's stream is covered like the calls: a memset of a kept MemBuffer
@@ -152,6 +159,25 @@ fn a_capture_keeps_what_its_calls_use_and_refuses_the_rest() {
     let err = nccl::capture(&side, (), |_| Ok(side.memset_zeros(&mut outside)?)).unwrap_err();
     assert!(matches!(err, Error::Ordering(gpucomm_ordering::OrderError::NotKept { .. })), "{err}");
     all_equal("a buffer memset in a refused capture", &home.clone_dtoh(&outside).unwrap(), 3.0);
+
+    // An error recorded in the context during the capture (as cudarc's guards record a failed
+    // wait or event record) does not keep the scope from ending the capture, and is left in the
+    // context for cudarc's next call to report. Before the fix the scope ended the capture through
+    // cudarc's `end_capture`, which returned the recorded error before ending it: the capture was
+    // refused (`CaptureBroken(CUDA_ERROR_UNKNOWN)`) and the stream stayed captured for good.
+    let recorded = DriverError(CUresult::CUDA_ERROR_UNKNOWN);
+    let kept = MemBuffer::from_host(&home, &[8.0f32; N]).unwrap();
+    let mut graph = nccl::capture(&side, (kept,), |(buf,)| {
+        side.memset_zeros(buf)?;
+        ctx.record_err(Err::<(), _>(recorded));
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(ctx.check_err(), Err(recorded), "the recorded error is left in the context");
+    assert_eq!(side.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+    graph.launch().unwrap();
+    all_equal("a memset captured around a recorded error", &home.clone_dtoh(&graph.kept().0).unwrap(), 0.0);
+    drop(graph);
 
     // A kept buffer replaced between launches: the next launch refuses to run.
     let kept = MemBuffer::from_host(&home, &[1.0f32; N]).unwrap();
@@ -228,7 +254,7 @@ fn a_forgotten_nonblocking_put_is_still_quieted() {
         let (_rdzv, rt) = start(&info, &stream);
         let len = 64 << 20; // 256 MiB of i32
         let mut src = rt.alloc::<i32>(len).unwrap();
-        let dst = rt.alloc_zeroed::<i32>(len).unwrap();
+        let mut dst = rt.alloc_zeroed::<i32>(len).unwrap();
         stream.memcpy_htod(&vec![1i32; len], &mut src).unwrap();
         stream.synchronize().unwrap();
         let (s, other) = (stream.context().new_stream().unwrap(), stream.context().new_stream().unwrap());
@@ -249,13 +275,51 @@ fn a_forgotten_nonblocking_put_is_still_quieted() {
         }
         assert!(stream.clone_dtoh(&src).unwrap().iter().all(|&v| v == 0));
 
-        // Inside a capture the quiet must be captured too: a forgotten handle refuses the graph.
-        let err = nvshmem::capture(&s, (&rt, &dst, &src), |(rt, dst, src)| {
-            std::mem::forget(rt.put_nbi_on_stream(*dst, *src, 0, &s)?);
-            Ok(())
+        // `f` failing after a forgotten put inside a capture: the capture is discarded with `f`'s
+        // error, after the quiet was captured (without it CUDA refuses the capture as unjoined),
+        // and the stream leaves capture mode (the captures below use it again).
+        let err = nvshmem::capture(&s, (&rt, &mut dst, &src), |(rt, dst, src)| {
+            std::mem::forget(rt.put_nbi_on_stream(&**dst, *src, 0, &s)?);
+            rt.put_on_stream(&**dst, &src.slice(0..1)?, 0, &s)
         })
         .unwrap_err();
-        assert!(matches!(err, nvshmem::Error::Ordering(gpucomm_ordering::OrderError::CaptureIncomplete)), "{err}");
+        assert!(
+            matches!(err, nvshmem::Error::LengthMismatch { what: "local buffer", expected, got: 1 } if expected == len),
+            "{err}"
+        );
+        assert_eq!(s.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+
+        // Inside a capture, the quiet of a forgotten handle is captured before the next captured
+        // use of the put's source (here, zeroing it in the same graph), as an eager use enqueues it
+        // first, or else at the end of the capture: every launch completes the put before the
+        // source is reused, and NVSHMEM's internal stream, onto which the put's copy forked, is
+        // joined back. Before: the capture ended with that stream unjoined, and CUDA refused it
+        // (CUDA_ERROR_STREAM_CAPTURE_UNJOINED); with a quiet only at the end, the zeroing would
+        // run while the copy still read the source, and zeros would arrive.
+        let mut graph = nvshmem::capture(&s, (&rt, dst, src), |(rt, dst, src)| {
+            std::mem::forget(rt.put_nbi_on_stream(dst, src, 0, &s)?);
+            Ok(s.memset_zeros(src)?)
+        })
+        .unwrap();
+        assert_eq!(s.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+        for k in 2..=3 {
+            // Written on the home stream, read there after the launch: the launch is ordered
+            // after the write, the reads after the launch.
+            stream.memcpy_htod(&vec![k; len], &mut graph.kept_mut().2).unwrap();
+            graph.launch().unwrap();
+            let got = stream.clone_dtoh(&graph.kept().1).unwrap();
+            if let Some(i) = got.iter().position(|&v| v != k) {
+                panic!(
+                    "launch {k}: element {i} of the captured put is {}: the source was zeroed before the put read it",
+                    got[i]
+                );
+            }
+            assert!(
+                stream.clone_dtoh(&graph.kept().2).unwrap().iter().all(|&v| v == 0),
+                "launch {k}: the source is zeroed"
+            );
+        }
+        let (_, dst, src) = graph.into_kept();
         dst.free().map_err(|(_, e)| e).unwrap();
         src.free().map_err(|(_, e)| e).unwrap();
         rt.finalize().map_err(|(_, e)| e).unwrap();

@@ -20,12 +20,21 @@ fn init_rank_checks_its_arguments() {
     // Creation inside a group would only be recorded until the group ends.
     let inside = group(|_| Comm::init_rank(streams[0].clone(), &id, 0, 1).map(drop));
     assert!(matches!(inside, Err(Error::InsideGroup)), "{inside:?}");
-    // A one-rank communicator works, and finalize inside a group hands it back.
+    // A one-rank communicator works, and finalize inside a group hands it back: refused with
+    // InsideGroup, the communicator in the error, which the closure's value carries out. The
+    // refusal does not stop the group (counted, it made the group fail with GroupRefused and drop
+    // that value, communicator included), so the group returns the value.
     let comm = Comm::init_rank(streams[0].clone(), &nccl::UniqueId::new().unwrap(), 0, 1).unwrap();
-    let comm = match group(|_| Ok(comm.finalize())).unwrap() {
-        Err((comm, Error::InsideGroup)) => comm,
-        other => panic!("expected the communicator back with InsideGroup, got {:?}", other.err()),
+    let comm = match group(|_| Ok(comm.finalize())) {
+        Ok(Err((comm, Error::InsideGroup))) => comm,
+        Ok(Ok(())) => panic!("finalize ran inside a group"),
+        Ok(Err((_, e))) => panic!("expected InsideGroup, got {e}"),
+        Err(e) => panic!("the group failed ({e}) and dropped the communicator"),
     };
+    // Handed back intact: it still reduces, then finalizes.
+    let mut buf = streams[0].clone_htod(&[2.0f32; 8]).unwrap();
+    comm.all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
+    assert_eq!(streams[0].clone_dtoh(&buf).unwrap(), [2.0f32; 8]);
     comm.finalize().map_err(|(_, e)| e).unwrap();
 }
 

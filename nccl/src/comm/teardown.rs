@@ -8,7 +8,7 @@ use nccl_sys::ncclResult_t;
 use super::Comm;
 use crate::error::{Error, Result};
 use crate::ffi::{call, call_unchecked, check};
-use crate::group::open::{is_open, refuse_inside};
+use crate::group::open::{is_open, refuse_teardown_inside};
 
 /// A communicator whose finalize NCCL is carrying out ([`Comm::start_finalize`]): what lets one
 /// thread finalize several nonblocking communicators (one per GPU) at once, as finalizing is
@@ -68,6 +68,11 @@ impl Comm {
     /// [`Comm::start_finalize`] lets one thread finalize several communicators. On failure the
     /// communicator is handed back with the error, so the caller can [`abort`](Self::abort) it;
     /// after an abort that is [`Error::Aborted`] with a communicator that needs nothing more.
+    ///
+    /// Inside a [`group`](crate::group) closure it is refused with [`Error::InsideGroup`] and the
+    /// communicator comes back; unlike a refused call, this refusal does not stop the group (the
+    /// group's value would be dropped, and the communicator with it): the group still launches
+    /// its calls and returns the closure's value, which can carry the communicator out.
     #[doc(alias = "ncclCommFinalize")]
     #[doc(alias = "ncclCommDestroy")]
     #[allow(clippy::result_large_err)] // see `Finalizing::wait`
@@ -100,7 +105,7 @@ impl Comm {
     /// The `ncclCommFinalize` call, leaving `ncclInProgress` to the caller's polling.
     fn begin_finalize(&self) -> Result<()> {
         let raw = self.live_raw()?;
-        refuse_inside()?;
+        refuse_teardown_inside()?;
         if self.revoked.get() {
             return Ok(());
         }

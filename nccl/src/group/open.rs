@@ -19,14 +19,29 @@ pub(crate) fn is_open() -> bool {
 /// `Ok` outside a group; inside one, [`Error::InsideGroup`], counted as a refused call of the open
 /// group (so that it launches nothing, even if the closure ignores the error). For every call that
 /// a group would only record instead of carrying out, while this crate needs it done (or its
-/// result) at once: direct collectives, communicator creation and teardown, window registration,
-/// capture, a nested group.
+/// result) at once: direct collectives, communicator creation, window registration, capture, a
+/// nested group. (Teardown that hands its communicator back uses [`refuse_teardown_inside`].)
 pub(crate) fn refuse_inside() -> Result<()> {
     if !is_open() {
         return Ok(());
     }
     REFUSED_INSIDE.with(|r| r.set(r.get() + 1));
     Err(Error::InsideGroup)
+}
+
+/// `Ok` outside a group; inside one, [`Error::InsideGroup`] *without* counting against the open
+/// group: for teardown that consumes its object and hands it back with the error
+/// ([`Comm::finalize`](crate::Comm::finalize), [`Comm::start_finalize`](crate::Comm::start_finalize)).
+/// Nothing is lost that way: the caller gets the communicator back, the group's recorded calls are
+/// untouched, and the closure decides (its value carries the communicator out of the group).
+/// Counted, the refusal would make the group fail with [`Error::GroupRefused`] and drop the
+/// closure's value — the very communicator handed back.
+pub(crate) fn refuse_teardown_inside() -> Result<()> {
+    if is_open() {
+        Err(Error::InsideGroup)
+    } else {
+        Ok(())
+    }
 }
 
 /// Marks the group open for the closure's run, and closed again on every path out (panics too).
