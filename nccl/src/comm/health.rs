@@ -2,18 +2,18 @@
 //!
 //! NCCL's rule for aborting from another thread (user guide, "Fault Tolerance"): the communicator
 //! must be nonblocking, and no thread may be inside another NCCL call on it while
-//! `ncclCommAbort` runs. The owner of a [`Comm`] can be inside NCCL at any moment it is not
+//! `ncclCommAbort` runs. The owner of a [`Comm`](crate::Comm) can be inside NCCL at any moment it is not
 //! waiting inside this crate, so the state below tells the two apart:
 //!
-//! * `LIVE`: the owner may be inside an NCCL call. An [`AbortHandle`] only leaves a request
+//! * `LIVE`: the owner may be inside an NCCL call. An [`AbortHandle`](crate::AbortHandle) only leaves a request
 //!   (`REQUESTED`), which the owner carries out at its next call into this crate.
-//! * `PARKED`: the owner is waiting between two polls inside this crate ([`Comm::wait`], or a
-//!   call NCCL answered with "in progress"), guaranteed outside NCCL. An [`AbortHandle`] may abort
+//! * `PARKED`: the owner is waiting between two polls inside this crate ([`Comm::wait`](crate::Comm::wait), or a
+//!   call NCCL answered with "in progress"), guaranteed outside NCCL. An [`AbortHandle`](crate::AbortHandle) may abort
 //!   right away (`ABORTING`); the owner, waking up, cannot leave `PARKED` and waits for `CLOSED`.
-//! * `CLOSED`: aborted or destroyed (or given away with [`Comm::into_raw`]); the handle is gone.
+//! * `CLOSED`: aborted or destroyed (or given away with [`Comm::into_raw`](crate::Comm::into_raw)); the handle is gone.
 //! * `PEEKING`: a [`crate::Watchdog`] reads NCCL's error state (`ncclCommGetAsyncError`) while the
 //!   owner is parked; entered only from `PARKED` and left back to it. The owner waking up, and an
-//!   [`AbortHandle`], wait for it to end (one NCCL query).
+//!   [`AbortHandle`](crate::AbortHandle), wait for it to end (one NCCL query).
 //!
 //! Every transition out of `LIVE`/`REQUESTED` except `LIVE → REQUESTED` is the owner's, and
 //! every transition out of `PARKED` except `PARKED → LIVE` is a handle's, so `ncclCommAbort` can
@@ -37,7 +37,7 @@ const ABORTING: u8 = 3;
 const CLOSED: u8 = 4;
 const PEEKING: u8 = 5;
 
-/// The abort state of one communicator, shared by its [`Comm`] and its [`AbortHandle`]s.
+/// The abort state of one communicator, shared by its [`Comm`](crate::Comm) and its [`AbortHandle`](crate::AbortHandle)s.
 pub(crate) struct Health {
     state: AtomicU8,
     raw: NonNull<ncclComm>,
@@ -156,16 +156,16 @@ impl Health {
 }
 
 /// A handle that aborts a communicator from another thread (a watchdog): obtained with
-/// [`Comm::abort_handle`], `Send + Sync + Clone`, usable while the [`Comm`] is in use elsewhere.
+/// [`Comm::abort_handle`](crate::Comm::abort_handle), `Send + Sync + Clone`, usable while the [`Comm`](crate::Comm) is in use elsewhere.
 ///
 /// NCCL allows `ncclCommAbort` from another thread only for nonblocking communicators and only
 /// while no thread is inside another NCCL call on the communicator (user guide, "Fault
 /// Tolerance"). So [`AbortHandle::abort`] aborts at once when the owning thread is waiting inside
-/// this crate — in [`Comm::wait`], or polling a call NCCL answered with "in progress", which is
+/// this crate — in [`Comm::wait`](crate::Comm::wait), or polling a call NCCL answered with "in progress", which is
 /// where a thread facing a dead peer waits — and otherwise leaves a request that the owner
 /// carries out at its next call into the communicator. A thread blocked in the stream's own
 /// `synchronize` (or a cudarc copy) on a hung stream is outside both: wait through
-/// [`Comm::wait`] instead.
+/// [`Comm::wait`](crate::Comm::wait) instead.
 ///
 /// Aborting one communicator does not abort its peers: every surviving rank must abort its own
 /// (NCCL's rule), which each rank's timeout or watchdog does. With `splitShare`/`shrinkShare`,
@@ -191,7 +191,7 @@ pub enum AbortStatus {
     /// The owner was busy (possibly inside NCCL); it aborts at its next call into the
     /// communicator, which then returns [`Error::Aborted`].
     Requested,
-    /// Already aborted, destroyed, or given away with [`Comm::into_raw`]: nothing done.
+    /// Already aborted, destroyed, or given away with [`Comm::into_raw`](crate::Comm::into_raw): nothing done.
     Closed,
 }
 
@@ -202,7 +202,7 @@ impl AbortHandle {
     }
 
     /// Aborts the communicator (`ncclCommAbort`) as soon as NCCL's rules allow: now if its owner
-    /// is waiting inside this crate, otherwise at the owner's next call (see [`AbortHandle`]).
+    /// is waiting inside this crate, otherwise at the owner's next call (see [`AbortHandle`](crate::AbortHandle)).
     /// An `Err` is NCCL's or CUDA's report from `ncclCommAbort`; the communicator is closed anyway.
     #[doc(alias = "ncclCommAbort")]
     pub fn abort(&self) -> Result<AbortStatus> {

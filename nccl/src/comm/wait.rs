@@ -50,7 +50,7 @@ impl Comm {
     /// Bounded by `timeout` and by the communicator's own timeout, measured per call from its
     /// enqueue: when either expires, the communicator is **aborted** and the result is
     /// [`Error::Timeout`] (NCCL offers no way to cancel one collective). With neither, it waits
-    /// as long as it takes, but an [`AbortHandle`] can still end the wait ([`Error::Aborted`]).
+    /// as long as it takes, but an [`AbortHandle`](crate::AbortHandle) can still end the wait ([`Error::Aborted`]).
     /// Polling costs up to a millisecond of latency compared with a stream synchronize.
     #[doc(alias = "ncclCommGetAsyncError")]
     pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
