@@ -64,7 +64,7 @@ fn main() -> std::process::ExitCode {
         // 2. Collective, on every rank in the same order: the window that holds the inputs, and
         //    the device communicator.
         let buffer = MemBuffer::<f32>::zeroed(&stream, MAX_COUNT)?;
-        let mut window = comm.register_window(buffer, WindowFlags::COLL_SYMMETRIC)?;
+        let mut window = comm.register_window(buffer, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e)?;
         let dev = DevComm::new(&comm, &DevCommRequirements::default().lsa_barriers(MAX_CTAS))?;
 
         // 3. The kernel, from the image build.rs embedded.

@@ -297,7 +297,7 @@ impl<'c> AllReduce<'c> {
             )));
         }
         let buf = MemBuffer::<T>::zeroed(self.comm.stream(), len)?;
-        Ok(SymmetricBuffer { window: self.comm.register_window(buf, WindowFlags::COLL_SYMMETRIC)? })
+        Ok(SymmetricBuffer { window: self.comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e)? })
     }
 
     /// All-reduces elements `send_at..send_at + count` of `send` into `recv_at..recv_at + count` of

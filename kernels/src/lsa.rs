@@ -256,7 +256,7 @@ impl<'c> LsaKernels<'c> {
         // without waiting for this rank, and a late memset would wipe its flags.
         buf.tracker().synchronize().map_err(nccl::Error::from)?;
         let dev = DevComm::new(comm, &DevCommRequirements::default().lsa_barriers(MAX_CTAS))?;
-        let window = KernelWindow(comm.register_window(buf, WindowFlags::COLL_SYMMETRIC)?);
+        let window = KernelWindow(comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e)?);
         Ok(LsaKernels { comm, dev, window, sizes, cta: CtaBytes::default(), functions })
     }
 

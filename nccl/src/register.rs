@@ -62,8 +62,29 @@ impl Comm {
     /// Registers `buf` (any cudarc buffer on this communicator's device, or a
     /// [`MemBuffer`](crate::MemBuffer)) with this communicator (`ncclCommRegister`). See
     /// [`Registration`] for the contract across ranks.
+    ///
+    /// # Errors
+    ///
+    /// A refused registration hands the buffer back, untouched, with the error:
+    /// [`Error::Aborted`] after an abort, [`Error::WrongDevice`] for a buffer on another device,
+    /// [`Error::ZeroSize`] for an empty one, a CUDA error from its pending uses, or NCCL's error
+    /// when `ncclCommRegister` fails (NCCL then registered nothing).
     #[doc(alias = "ncclCommRegister")]
-    pub fn register<T, B: DeviceBufferMut<T>>(&self, mut buf: B) -> Result<Registration<'_, T, B>> {
+    pub fn register<T, B: DeviceBufferMut<T>>(
+        &self,
+        mut buf: B,
+    ) -> std::result::Result<Registration<'_, T, B>, (B, Error)> {
+        match self.register_handle(&mut buf) {
+            Ok(handle) => {
+                Ok(Registration { comm: self, handle, buf: ManuallyDrop::new(buf), released: false, _elements: PhantomData })
+            }
+            Err(e) => Err((buf, e)),
+        }
+    }
+
+    /// Checks `buf` and registers it (`ncclCommRegister`), giving NCCL's handle; nothing is
+    /// registered when it fails.
+    fn register_handle<T>(&self, buf: &mut impl DeviceBufferMut<T>) -> Result<*mut c_void> {
         let c = self.live_raw()?;
         self.check_device("buffer", buf.stream())?;
         if buf.len() == 0 {
@@ -71,16 +92,15 @@ impl Comm {
         }
         let bytes = buf.num_bytes();
         let mut handle: *mut c_void = std::ptr::null_mut();
-        {
-            let access = Access::new(self.stream());
-            let (ptr, _guard) = access.write(&mut buf)?;
-            self.context().check_err()?;
-            // SAFETY: `ptr` points at `bytes` bytes of device memory on this communicator's device
-            // (checked), owned by the registration until it is deregistered; `handle` is a live
-            // out-pointer; `c` is live (checked above; nothing in between can abort it).
-            unsafe { call!(ncclCommRegister(c, ptr as *mut c_void, bytes, &mut handle), comm = c) }?;
-        }
-        Ok(Registration { comm: self, handle, buf: ManuallyDrop::new(buf), released: false, _elements: PhantomData })
+        let access = Access::new(self.stream());
+        let (ptr, _guard) = access.write(buf)?;
+        self.context().check_err()?;
+        // SAFETY: `ptr` points at `bytes` bytes of device memory on this communicator's device
+        // (checked), owned by the registration until it is deregistered (the caller builds it at
+        // once); `handle` is a live out-pointer; `c` is live (checked above; nothing in between
+        // can abort it).
+        unsafe { call!(ncclCommRegister(c, ptr as *mut c_void, bytes, &mut handle), comm = c) }?;
+        Ok(handle)
     }
 }
 
@@ -245,44 +265,84 @@ impl<T> fmt::Debug for Window<'_, T> {
 impl Comm {
     /// Registers `buf` as a window of this communicator (`ncclCommWindowRegister`). Collective:
     /// every rank calls it. See [`Window`].
+    ///
+    /// # Errors
+    ///
+    /// A refused registration hands the buffer back with the error, never still registered:
+    /// [`Error::InsideGroup`] inside a [`crate::group`] closure (use [`register_windows`]),
+    /// [`Error::Aborted`] after an abort, [`Error::WrongDevice`] for a buffer on another device,
+    /// [`Error::Timeout`] when a nonblocking communicator does not settle in time (which aborts
+    /// it), or NCCL's error. Where NCCL failed after making the window, it is deregistered before
+    /// the buffer comes back; should that fail too, the communicator is aborted, which releases
+    /// the window with it (the deregistration failure is logged).
     #[doc(alias = "ncclCommWindowRegister")]
-    pub fn register_window<T>(&self, buf: MemBuffer<T>, flags: WindowFlags) -> Result<Window<'_, T>> {
+    // The buffer comes back on failure, as fallible teardown does throughout the crate.
+    #[allow(clippy::result_large_err)]
+    pub fn register_window<T>(
+        &self,
+        buf: MemBuffer<T>,
+        flags: WindowFlags,
+    ) -> std::result::Result<Window<'_, T>, (MemBuffer<T>, Error)> {
+        let mut window = Window::unregistered(self, buf);
+        match self.register_into(&mut window, flags) {
+            Ok(()) => Ok(window),
+            Err(e) => Err((window.undo(), e)),
+        }
+    }
+
+    /// Registers `window`'s buffer as its window, writing NCCL's handle into it.
+    fn register_into<T>(&self, window: &mut Window<'_, T>, flags: WindowFlags) -> Result<()> {
         // Inside a group closure the other communicators' registrations come later: this one
         // would wait for them forever. Several communicators register through `register_windows`.
         refuse_inside()?;
         let c = self.live_raw()?;
-        self.check_device("window buffer", buf.stream())?;
-        let mut raw = std::ptr::null_mut();
-        let rc = register_raw(c, &buf, flags, &mut raw)?;
+        self.check_device("window buffer", window.buf.stream())?;
+        let rc = register_raw(c, &window.buf, flags, &mut window.raw)?;
         // Outside a group NCCL registers before returning; a nonblocking communicator fills `raw`
         // in by the time it has settled.
-        self.settle("ncclCommWindowRegister", rc, self.stream())?;
-        Ok(Window { comm: self, raw, buf: ManuallyDrop::new(buf), released: false })
+        self.settle("ncclCommWindowRegister", rc, self.stream())
     }
 }
 
 /// Registers one window for each (communicator, buffer) pair, in one NCCL group: how one process
 /// that drives several communicators (one per GPU, [`Comm::init_all`]) registers a window on each,
 /// since each registration waits for the other ranks. The windows come back in the same order.
-/// On failure the windows already made are deregistered and the buffers freed.
+///
+/// # Errors
+///
+/// A refusal hands every buffer back, in order, with the first error: [`Error::InsideGroup`]
+/// inside a [`crate::group`] closure, and [`Error::Aborted`] or [`Error::WrongDevice`] for any
+/// pair, are found before NCCL is called, so nothing is registered. When NCCL fails (or a
+/// nonblocking communicator times out, which aborts it), the windows NCCL did make are
+/// deregistered first, one by one in order; where deregistering one fails, its communicator is
+/// aborted, which releases the window with it (the failure is logged), so that no buffer comes back
+/// still registered.
 #[cfg(nccl_2_27)]
 #[cfg_attr(docsrs, doc(cfg(nccl_2_27)))]
 #[doc(alias = "ncclCommWindowRegister")]
 #[doc(alias = "ncclGroupStart")]
 #[doc(alias = "ncclGroupEnd")]
+// The buffers come back on failure, beside the error.
+#[allow(clippy::type_complexity)]
 pub fn register_windows<'c, T>(
     pairs: impl IntoIterator<Item = (&'c Comm, MemBuffer<T>)>,
     flags: WindowFlags,
-) -> Result<Vec<Window<'c, T>>> {
+) -> std::result::Result<Vec<Window<'c, T>>, (Vec<MemBuffer<T>>, Error)> {
+    let mut windows: Vec<Window<'c, T>> = pairs.into_iter().map(|(comm, buf)| Window::unregistered(comm, buf)).collect();
+    match register_all(&mut windows, flags) {
+        Ok(()) => Ok(windows),
+        Err(e) => Err((windows.into_iter().map(Window::undo).collect(), e)),
+    }
+}
+
+/// Registers each of `windows`' buffers as its window, in one NCCL group.
+#[cfg(nccl_2_27)]
+fn register_all<T>(windows: &mut [Window<'_, T>], flags: WindowFlags) -> Result<()> {
     refuse_inside()?;
-    let mut windows: Vec<Window<'c, T>> = pairs
-        .into_iter()
-        .map(|(comm, buf)| Window { comm, raw: std::ptr::null_mut(), buf: ManuallyDrop::new(buf), released: false })
-        .collect();
     // Checked before the group starts, so that a refused buffer or an aborted communicator leaves
     // no group open and no registration waiting for a rank that never comes.
     let mut handles = Vec::with_capacity(windows.len());
-    for w in &windows {
+    for w in windows.iter() {
         handles.push(w.comm.live_raw()?);
         w.comm.check_device("window buffer", w.buf.stream())?;
     }
@@ -292,7 +352,7 @@ pub fn register_windows<'c, T>(
     unsafe { call!(ncclGroupStart()) }?;
     let mut registered = Ok(());
     for (w, &c) in windows.iter_mut().zip(&handles) {
-        // NCCL fills `w.raw` when the group ends; `windows` is not resized before then.
+        // NCCL fills `w.raw` when the group ends; `windows` is borrowed until then.
         if let Err(e) = register_raw(c, &w.buf, flags, &mut w.raw) {
             registered = Err(e);
             break;
@@ -301,14 +361,13 @@ pub fn register_windows<'c, T>(
     // SAFETY: this thread started the group above.
     let rc = unsafe { end() };
     let mut settled = Ok(());
-    for w in &windows {
+    for w in windows.iter() {
         let s = w.comm.settle("ncclGroupEnd", rc, w.comm.stream());
         if settled.is_ok() {
             settled = s;
         }
     }
-    // On failure, dropping the windows deregisters those NCCL made and frees the buffers.
-    registered.and(settled).map(|()| windows)
+    registered.and(settled)
 }
 
 /// Calls `ncclCommWindowRegister` on the live communicator `comm` (taken with `Comm::live_raw` by
@@ -333,6 +392,31 @@ fn register_raw<T>(
 
 #[cfg(nccl_2_27)]
 impl<'c, T> Window<'c, T> {
+    /// `buf`, not yet registered with `comm` (a null handle), for NCCL to fill in.
+    fn unregistered(comm: &'c Comm, buf: MemBuffer<T>) -> Self {
+        Window { comm, raw: std::ptr::null_mut(), buf: ManuallyDrop::new(buf), released: false }
+    }
+
+    /// The buffer of a window whose registration failed, never still registered: a window NCCL
+    /// did make is deregistered at once (the caller never had it, so nothing used it through the
+    /// window); if that fails, the communicator is aborted, which releases the window with it.
+    fn undo(mut self) -> MemBuffer<T> {
+        if let (false, Ok(c)) = (self.raw.is_null(), self.comm.live_raw()) {
+            // SAFETY: `raw` came from ncclCommWindowRegister on `c`, which is live (checked just
+            // above); it is deregistered once (the window is marked released below); no work used
+            // the memory through the window, which never left this crate.
+            let gone = unsafe { call!(ncclCommWindowDeregister(c, self.raw), comm = c) };
+            if let Err(e) = gone {
+                log::warn!("nccl: undoing a failed window registration failed ({e}); aborting the communicator");
+                self.comm.abort_quietly();
+            }
+        }
+        self.released = true;
+        // SAFETY: the buffer is taken once, and the window is marked released just above, so its
+        // `Drop` never touches the emptied `ManuallyDrop`.
+        unsafe { ManuallyDrop::take(&mut self.buf) }
+    }
+
     /// The communicator the window belongs to.
     pub fn comm(&self) -> &'c Comm {
         self.comm

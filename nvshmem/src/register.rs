@@ -44,9 +44,35 @@ impl<T, B: DeviceBufferMut<T>> std::fmt::Debug for Registration<'_, T, B> {
 
 impl Runtime {
     /// Registers `buf` (device memory of this PE's device, not on the symmetric heap) with
-    /// NVSHMEM (`nvshmemx_buffer_register`). Empty buffers are refused ([`Error::ZeroSize`]).
+    /// NVSHMEM (`nvshmemx_buffer_register`).
+    ///
+    /// # Errors
+    ///
+    /// A refused registration hands the buffer back, untouched, with the error:
+    /// [`Error::ZeroSize`] for an empty buffer, [`Error::WrongDevice`] for one on another device,
+    /// a CUDA error, or NVSHMEM's error when `nvshmemx_buffer_register` fails (NVSHMEM then
+    /// registered nothing).
     #[doc(alias = "nvshmemx_buffer_register")]
-    pub fn register<T, B: DeviceBufferMut<T>>(&self, mut buf: B) -> Result<Registration<'_, T, B>> {
+    pub fn register<T, B: DeviceBufferMut<T>>(
+        &self,
+        mut buf: B,
+    ) -> std::result::Result<Registration<'_, T, B>, (B, Error)> {
+        match self.register_ptr(&mut buf) {
+            Ok(ptr) => Ok(Registration {
+                ptr,
+                bytes: buf.num_bytes(),
+                rt: self,
+                buf: ManuallyDrop::new(buf),
+                released: false,
+                _elements: PhantomData,
+            }),
+            Err(e) => Err((buf, e)),
+        }
+    }
+
+    /// Checks `buf` and registers its memory (`nvshmemx_buffer_register`), giving its address;
+    /// nothing is registered when it fails.
+    fn register_ptr<T>(&self, buf: &mut impl DeviceBufferMut<T>) -> Result<NonNull<c_void>> {
         let bytes = buf.num_bytes();
         let empty = Error::ZeroSize { len: buf.len(), elem_size: size_of::<T>() };
         if bytes == 0 {
@@ -58,9 +84,10 @@ impl Runtime {
         let ptr = NonNull::new(addr as *mut c_void).ok_or(empty)?;
         self.context().bind_to_thread()?;
         // SAFETY: `ptr` is `bytes` bytes of live device memory of this PE's device, owned by the
-        // registration, which unregisters it before the memory can be freed.
+        // registration (the caller builds it at once), which unregisters it before the memory can
+        // be freed.
         unsafe { call!(nvshmemx_buffer_register(ptr.as_ptr(), bytes)) }?;
-        Ok(Registration { ptr, bytes, rt: self, buf: ManuallyDrop::new(buf), released: false, _elements: PhantomData })
+        Ok(ptr)
     }
 }
 

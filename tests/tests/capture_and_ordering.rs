@@ -396,7 +396,7 @@ fn a_graph_keeps_an_nccl_registration_and_deregistering_waits_for_it() {
     let home = comm.stream().clone();
     let side = ctx.new_stream().unwrap();
     let double = PreMulSum::host(&comm, 2.0f32).unwrap();
-    let mut registration = comm.register(home.clone_htod(&[1.0f32; N]).unwrap()).unwrap();
+    let mut registration = comm.register(home.clone_htod(&[1.0f32; N]).unwrap()).map_err(|(_, e)| e).unwrap();
     let mut graph = nccl::capture(&side, (&comm, &double, &mut registration), |(comm, double, registration)| {
         comm.on(&side).all_reduce_in_place(&mut registration.buffer_mut(), *double)
     })
@@ -426,7 +426,7 @@ fn a_graph_keeps_an_nvshmem_registration() {
         let (_rdzv, rt) = start(&info, &stream);
         let side = stream.context().new_stream().unwrap();
         let dst = rt.alloc_zeroed::<i32>(N).unwrap();
-        let mut registration = rt.register(stream.clone_htod(&vec![0i32; N]).unwrap()).unwrap();
+        let mut registration = rt.register(stream.clone_htod(&vec![0i32; N]).unwrap()).map_err(|(_, e)| e).unwrap();
         let mut graph = nvshmem::capture(&side, (&rt, dst, &mut registration), |(rt, dst, registration)| {
             rt.put_on_stream(dst, &***registration, 0, &side)?;
             rt.quiet_on_stream(&side)

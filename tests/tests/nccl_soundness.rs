@@ -113,7 +113,7 @@ fn abort_while_holding(stream: &Arc<CudaStream>, held: Held) {
     let mut window = held.window.then(|| {
         phase("registering a window");
         let buf = MemBuffer::<f32>::zeroed(&stream, N).unwrap();
-        comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).expect("a window on a one-rank communicator")
+        comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e).expect("a window on a one-rank communicator")
     });
     let dev = if held.dev {
         phase("creating a device communicator");
@@ -130,7 +130,7 @@ fn abort_while_holding(stream: &Arc<CudaStream>, held: Held) {
     };
     let registration = held.registration.then(|| {
         phase("registering a buffer");
-        comm.register(stream.alloc_zeros::<f32>(N).unwrap()).unwrap()
+        comm.register(stream.alloc_zeros::<f32>(N).unwrap()).map_err(|(_, e)| e).unwrap()
     });
     phase("creating a PreMulSum operator");
     let op = PreMulSum::host(&comm, 2.0f32).unwrap();
@@ -162,9 +162,17 @@ fn abort_while_holding(stream: &Arc<CudaStream>, held: Held) {
     assert!(matches!(comm.team_rail(), Err(Error::Aborted)));
     let refused = DevComm::new(&comm, &DevCommRequirements::default().lsa_barriers(1)).err();
     assert!(matches!(refused, Some(Error::Aborted)), "{refused:?}");
-    let buf = MemBuffer::<f32>::zeroed(&stream, N).unwrap();
-    assert!(matches!(comm.register_window(buf, WindowFlags::COLL_SYMMETRIC), Err(Error::Aborted)));
-    assert!(matches!(comm.register(stream.alloc_zeros::<f32>(16).unwrap()), Err(Error::Aborted)));
+    // Refused registrations hand the buffers back, contents intact.
+    let contents: Vec<f32> = (0..N).map(|i| i as f32).collect();
+    let buf = MemBuffer::from_host(&stream, &contents).unwrap();
+    let (buf, e) = comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).err().expect("a window after an abort");
+    assert!(matches!(e, Error::Aborted), "{e}");
+    assert_eq!(stream.clone_dtoh(&buf).unwrap(), contents, "the refused window's buffer");
+    buf.free().map_err(|(_, e)| e).unwrap();
+    let plain = stream.clone_htod(&contents).unwrap();
+    let (plain, e) = comm.register(plain).err().expect("a registration after an abort");
+    assert!(matches!(e, Error::Aborted), "{e}");
+    assert_eq!(stream.clone_dtoh(&plain).unwrap(), contents, "the refused registration's buffer");
     assert!(matches!(PreMulSum::host(&comm, 3.0f32), Err(Error::Aborted)));
     let mut plain = stream.alloc_zeros::<f32>(N).unwrap();
     assert!(matches!(comm.all_reduce_in_place(&mut plain, ReduceOp::SUM), Err(Error::Aborted)));
@@ -303,6 +311,75 @@ fn a_direct_call_refused_inside_a_group_stops_it() {
     comm.finalize().map_err(|(_, e)| e).unwrap();
 }
 
+/// A refused registration hands its buffer back with the error, contents intact, and leaves no
+/// registration behind. Before: `register`, `register_window` and `register_windows` consumed
+/// their buffers and dropped them on every refusal (inside a group, empty, an aborted
+/// communicator among the pairs).
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_refused_registration_gives_the_buffer_back() {
+    let Some(stream) = stream_of("a_refused_registration_gives_the_buffer_back") else { return };
+    let comm = one_rank(&stream, &Config::new());
+    let contents: Vec<f32> = (0..N).map(|i| i as f32 + 0.5).collect();
+    let mem = || MemBuffer::from_host(&stream, &contents).unwrap();
+
+    // Inside a group: refused (and counted against the group, which then launches nothing); the
+    // closure keeps the buffer outside its value, which a refused group drops.
+    let mut back = None;
+    let err = group(|_| {
+        back = Some(comm.register_window(mem(), WindowFlags::COLL_SYMMETRIC).err().expect("a window inside a group"));
+        Ok(())
+    })
+    .unwrap_err();
+    assert!(matches!(err, Error::GroupRefused { refused: 1 }), "{err}");
+    let (buf, e) = back.take().unwrap();
+    assert!(matches!(e, Error::InsideGroup), "{e}");
+    assert_eq!(stream.clone_dtoh(&buf).unwrap(), contents, "the buffer refused inside a group");
+    let err = group(|_| {
+        back = nccl::register_windows([(&comm, buf)], WindowFlags::COLL_SYMMETRIC).err().map(|(mut bufs, e)| {
+            assert_eq!(bufs.len(), 1);
+            (bufs.remove(0), e)
+        });
+        Ok(())
+    })
+    .unwrap_err();
+    assert!(matches!(err, Error::GroupRefused { refused: 1 }), "{err}");
+    let (buf, e) = back.take().expect("register_windows inside a group");
+    assert!(matches!(e, Error::InsideGroup), "{e}");
+    assert_eq!(stream.clone_dtoh(&buf).unwrap(), contents, "the buffer refused by register_windows in a group");
+
+    // An empty buffer.
+    let (empty, e) = comm.register(stream.null::<f32>().unwrap()).err().expect("an empty registration");
+    assert!(matches!(e, Error::ZeroSize { call: "ncclCommRegister" }), "{e}");
+    assert_eq!(empty.len(), 0);
+
+    // Several pairs, one on an aborted communicator: refused before NCCL is called, every buffer
+    // back in order.
+    let doomed = one_rank(&stream, &Config::new().blocking(false));
+    assert_eq!(doomed.abort_handle().unwrap().abort().unwrap(), AbortStatus::Requested);
+    assert!(matches!(doomed.async_error(), Err(Error::Aborted)));
+    let second: Vec<f32> = contents.iter().map(|v| -v).collect();
+    let other = MemBuffer::from_host(&stream, &second).unwrap();
+    let (bufs, e) = nccl::register_windows([(&comm, buf), (&doomed, other)], WindowFlags::COLL_SYMMETRIC)
+        .err()
+        .expect("windows with an aborted communicator among them");
+    assert!(matches!(e, Error::Aborted), "{e}");
+    let [first, other]: [MemBuffer<f32>; 2] = bufs.try_into().expect("both buffers back");
+    assert_eq!(stream.clone_dtoh(&first).unwrap(), contents, "the first buffer");
+    assert_eq!(stream.clone_dtoh(&other).unwrap(), second, "the second buffer, in order");
+    other.free().map_err(|(_, e)| e).unwrap();
+
+    // Nothing was left registered: the buffer handed back registers, and the communicator works.
+    let window = comm.register_window(first, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e).unwrap();
+    assert!(!window.as_raw().is_null(), "NCCL made no window");
+    let first = window.deregister().map_err(|(_, e)| e).unwrap();
+    assert_eq!(stream.clone_dtoh(&first).unwrap(), contents);
+    first.free().map_err(|(_, e)| e).unwrap();
+    drop(doomed);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+    println!("every refused registration handed its buffer back, contents intact");
+}
+
 /// Issue 17: `Comm::wait` without a timeout. Before: it waited for the communicator's own stream
 /// only, so an all-reduce issued with `comm.on(&side)` behind 2 s of other work was still queued
 /// when `wait` returned (at once). Now `wait` returns after it, about 2 s later.
@@ -338,7 +415,7 @@ fn deregistering_waits_for_the_buffer_only() {
     let Some(stream) = stream_of("deregistering_waits_for_the_buffer_only") else { return };
     let comm = one_rank(&stream, &Config::new());
     let side = stream.context().new_stream().unwrap();
-    let mut registration = comm.register(MemBuffer::from_host(&stream, &vec![3.0f32; N]).unwrap()).unwrap();
+    let mut registration = comm.register(MemBuffer::from_host(&stream, &vec![3.0f32; N]).unwrap()).map_err(|(_, e)| e).unwrap();
     comm.on(&side).all_reduce_in_place(&mut registration.buffer_mut(), ReduceOp::SUM).unwrap();
     occupy(comm.stream(), Duration::from_secs(3));
     let start = Instant::now();

@@ -137,8 +137,8 @@ impl<'c, T: Elem> Buffers<'c, T> {
             }
             Memory::Nccl => Buffers { send: Mem::Nccl(nccl_mem()?), recv: Mem::Nccl(nccl_mem()?) },
             Memory::Window => {
-                let send = comm.register_window(nccl_mem()?, WindowFlags::COLL_SYMMETRIC)?;
-                let recv = comm.register_window(nccl_mem()?, WindowFlags::COLL_SYMMETRIC)?;
+                let send = comm.register_window(nccl_mem()?, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e)?;
+                let recv = comm.register_window(nccl_mem()?, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e)?;
                 Buffers { send: Mem::Window(send), recv: Mem::Window(recv) }
             }
         })
@@ -148,7 +148,7 @@ impl<'c, T: Elem> Buffers<'c, T> {
     pub fn windows(comms: &'c [Comm], len: usize) -> Result<Vec<Self>> {
         let make = || -> Result<Vec<Window<'c, T>>> {
             let bufs = comms.iter().map(|c| MemBuffer::<T>::zeroed(c.stream(), len)).collect::<Result<Vec<_>, _>>()?;
-            Ok(nccl::register_windows(comms.iter().zip(bufs), WindowFlags::COLL_SYMMETRIC)?)
+            Ok(nccl::register_windows(comms.iter().zip(bufs), WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e)?)
         };
         let (sends, recvs) = (make()?, make()?);
         Ok(sends.into_iter().zip(recvs).map(|(s, r)| Buffers { send: Mem::Window(s), recv: Mem::Window(r) }).collect())

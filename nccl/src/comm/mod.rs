@@ -316,6 +316,12 @@ impl Comm {
         Ok(self.raw.as_ptr())
     }
 
+    /// Aborts the communicator (`ncclCommAbort`) from its owner, logging a failure: the last resort
+    /// for a resource this crate could not release otherwise, which NCCL releases with it.
+    pub(crate) fn abort_quietly(&self) {
+        self.health.abort_quietly();
+    }
+
     /// NCCL's last error message (`ncclGetLastError`), for a failure this crate did not already
     /// report with its [`Error::Nccl`] detail. NCCL keeps one message per process, not per
     /// communicator.

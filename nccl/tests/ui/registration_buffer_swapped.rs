@@ -6,7 +6,7 @@ use cudarc::driver::CudaSlice;
 use nccl::Comm;
 
 fn demo(comm: &Comm, buf: CudaSlice<f32>, mut other: CudaSlice<f32>) -> nccl::Result<()> {
-    let mut registration = comm.register(buf)?;
+    let mut registration = comm.register(buf).map_err(|(_, e)| e)?;
     std::mem::swap(&mut *registration, &mut other);
     drop(other);
     Ok(())

@@ -4,7 +4,7 @@ use cudarc::driver::CudaSlice;
 use nccl::Comm;
 
 fn demo(comm: Comm, buf: CudaSlice<f32>) -> nccl::Result<CudaSlice<f32>> {
-    let registration = comm.register(buf)?;
+    let registration = comm.register(buf).map_err(|(_, e)| e)?;
     comm.finalize().map_err(|(_, e)| e)?;
     Ok(registration.deregister().map_err(|(_, e)| e)?)
 }

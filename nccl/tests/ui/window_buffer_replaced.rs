@@ -7,7 +7,7 @@ use nccl::{Comm, MemBuffer, WindowFlags};
 
 fn demo(comm: &Comm, other: MemBuffer<f32>) -> nccl::Result<()> {
     let buf = MemBuffer::<f32>::zeroed(comm.stream(), 1024)?;
-    let mut window = comm.register_window(buf, WindowFlags::COLL_SYMMETRIC)?;
+    let mut window = comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e)?;
     let registered = std::mem::replace(&mut *window, other);
     registered.free().map_err(|(_, e)| e)?;
     Ok(())
