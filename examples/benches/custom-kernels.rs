@@ -85,7 +85,9 @@ fn run(
     let lsa = LsaAllReduce::new(comm, ONE_SHOT_MAX)?;
     let count = max / 4;
     let window = |len| -> Result<_, BoxError> {
-        Ok(comm.register_window(MemBuffer::<f32>::zeroed(stream, len)?, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e)?)
+        Ok(comm
+            .register_window(MemBuffer::<f32>::zeroed(stream, len)?, WindowFlags::COLL_SYMMETRIC)
+            .map_err(|(_, e)| e)?)
     };
     let send = window(count)?;
     let mut recv = window(count)?;

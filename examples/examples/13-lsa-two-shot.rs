@@ -48,7 +48,9 @@ fn window<'c, T: Element + cudarc::driver::ValidAsZeroBits>(
     comm: &'c Comm,
     count: usize,
 ) -> Result<Window<'c, T>, BoxError> {
-    Ok(comm.register_window(MemBuffer::<T>::zeroed(comm.stream(), count)?, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e)?)
+    Ok(comm
+        .register_window(MemBuffer::<T>::zeroed(comm.stream(), count)?, WindowFlags::COLL_SYMMETRIC)
+        .map_err(|(_, e)| e)?)
 }
 
 fn check<T: Element + PartialEq + std::fmt::Debug + cudarc::driver::ValidAsZeroBits>(

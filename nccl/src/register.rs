@@ -75,9 +75,13 @@ impl Comm {
         mut buf: B,
     ) -> std::result::Result<Registration<'_, T, B>, (B, Error)> {
         match self.register_handle(&mut buf) {
-            Ok(handle) => {
-                Ok(Registration { comm: self, handle, buf: ManuallyDrop::new(buf), released: false, _elements: PhantomData })
-            }
+            Ok(handle) => Ok(Registration {
+                comm: self,
+                handle,
+                buf: ManuallyDrop::new(buf),
+                released: false,
+                _elements: PhantomData,
+            }),
             Err(e) => Err((buf, e)),
         }
     }
@@ -328,7 +332,8 @@ pub fn register_windows<'c, T>(
     pairs: impl IntoIterator<Item = (&'c Comm, MemBuffer<T>)>,
     flags: WindowFlags,
 ) -> std::result::Result<Vec<Window<'c, T>>, (Vec<MemBuffer<T>>, Error)> {
-    let mut windows: Vec<Window<'c, T>> = pairs.into_iter().map(|(comm, buf)| Window::unregistered(comm, buf)).collect();
+    let mut windows: Vec<Window<'c, T>> =
+        pairs.into_iter().map(|(comm, buf)| Window::unregistered(comm, buf)).collect();
     match register_all(&mut windows, flags) {
         Ok(()) => Ok(windows),
         Err(e) => Err((windows.into_iter().map(Window::undo).collect(), e)),

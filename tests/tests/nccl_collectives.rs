@@ -456,7 +456,8 @@ fn check_registration_and_windows(l: &Local) {
         .iter()
         .map(|c| MemBuffer::from_host(c.stream(), &(0..M).map(|i| v(c.rank(), i)).collect::<Vec<_>>()).unwrap())
         .collect();
-    let mut registered: Vec<_> = l.comms.iter().zip(mems).map(|(c, b)| c.register(b).map_err(|(_, e)| e).unwrap()).collect();
+    let mut registered: Vec<_> =
+        l.comms.iter().zip(mems).map(|(c, b)| c.register(b).map_err(|(_, e)| e).unwrap()).collect();
     // A group borrows its buffers until it launches: the writable views live outside it.
     let mut views: Vec<_> = registered.iter_mut().map(|reg| reg.buffer_mut()).collect();
     group(|g| {
@@ -471,7 +472,10 @@ fn check_registration_and_windows(l: &Local) {
     l.expect("all_reduce on registered MemBuffers", &mems, |_, i| Some(sum_v(n, i)));
 
     let mut windows = if l.comms.len() == 1 {
-        vec![l.comms[0].register_window(mems.into_iter().next().unwrap(), WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e).unwrap()]
+        vec![l.comms[0]
+            .register_window(mems.into_iter().next().unwrap(), WindowFlags::COLL_SYMMETRIC)
+            .map_err(|(_, e)| e)
+            .unwrap()]
     } else {
         nccl::register_windows(l.comms.iter().zip(mems), WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e).unwrap()
     };

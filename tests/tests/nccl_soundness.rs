@@ -113,7 +113,9 @@ fn abort_while_holding(stream: &Arc<CudaStream>, held: Held) {
     let mut window = held.window.then(|| {
         phase("registering a window");
         let buf = MemBuffer::<f32>::zeroed(&stream, N).unwrap();
-        comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e).expect("a window on a one-rank communicator")
+        comm.register_window(buf, WindowFlags::COLL_SYMMETRIC)
+            .map_err(|(_, e)| e)
+            .expect("a window on a one-rank communicator")
     });
     let dev = if held.dev {
         phase("creating a device communicator");
@@ -165,12 +167,12 @@ fn abort_while_holding(stream: &Arc<CudaStream>, held: Held) {
     // Refused registrations hand the buffers back, contents intact.
     let contents: Vec<f32> = (0..N).map(|i| i as f32).collect();
     let buf = MemBuffer::from_host(&stream, &contents).unwrap();
-    let (buf, e) = comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).err().expect("a window after an abort");
+    let (buf, e) = comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).expect_err("a window after an abort");
     assert!(matches!(e, Error::Aborted), "{e}");
     assert_eq!(stream.clone_dtoh(&buf).unwrap(), contents, "the refused window's buffer");
     buf.free().map_err(|(_, e)| e).unwrap();
     let plain = stream.clone_htod(&contents).unwrap();
-    let (plain, e) = comm.register(plain).err().expect("a registration after an abort");
+    let (plain, e) = comm.register(plain).expect_err("a registration after an abort");
     assert!(matches!(e, Error::Aborted), "{e}");
     assert_eq!(stream.clone_dtoh(&plain).unwrap(), contents, "the refused registration's buffer");
     assert!(matches!(PreMulSum::host(&comm, 3.0f32), Err(Error::Aborted)));
@@ -327,7 +329,7 @@ fn a_refused_registration_gives_the_buffer_back() {
     // closure keeps the buffer outside its value, which a refused group drops.
     let mut back = None;
     let err = group(|_| {
-        back = Some(comm.register_window(mem(), WindowFlags::COLL_SYMMETRIC).err().expect("a window inside a group"));
+        back = Some(comm.register_window(mem(), WindowFlags::COLL_SYMMETRIC).expect_err("a window inside a group"));
         Ok(())
     })
     .unwrap_err();
@@ -349,7 +351,7 @@ fn a_refused_registration_gives_the_buffer_back() {
     assert_eq!(stream.clone_dtoh(&buf).unwrap(), contents, "the buffer refused by register_windows in a group");
 
     // An empty buffer.
-    let (empty, e) = comm.register(stream.null::<f32>().unwrap()).err().expect("an empty registration");
+    let (empty, e) = comm.register(stream.null::<f32>().unwrap()).expect_err("an empty registration");
     assert!(matches!(e, Error::ZeroSize { call: "ncclCommRegister" }), "{e}");
     assert_eq!(empty.len(), 0);
 
@@ -361,8 +363,7 @@ fn a_refused_registration_gives_the_buffer_back() {
     let second: Vec<f32> = contents.iter().map(|v| -v).collect();
     let other = MemBuffer::from_host(&stream, &second).unwrap();
     let (bufs, e) = nccl::register_windows([(&comm, buf), (&doomed, other)], WindowFlags::COLL_SYMMETRIC)
-        .err()
-        .expect("windows with an aborted communicator among them");
+        .expect_err("windows with an aborted communicator among them");
     assert!(matches!(e, Error::Aborted), "{e}");
     let [first, other]: [MemBuffer<f32>; 2] = bufs.try_into().expect("both buffers back");
     assert_eq!(stream.clone_dtoh(&first).unwrap(), contents, "the first buffer");
@@ -415,7 +416,8 @@ fn deregistering_waits_for_the_buffer_only() {
     let Some(stream) = stream_of("deregistering_waits_for_the_buffer_only") else { return };
     let comm = one_rank(&stream, &Config::new());
     let side = stream.context().new_stream().unwrap();
-    let mut registration = comm.register(MemBuffer::from_host(&stream, &vec![3.0f32; N]).unwrap()).map_err(|(_, e)| e).unwrap();
+    let mut registration =
+        comm.register(MemBuffer::from_host(&stream, &vec![3.0f32; N]).unwrap()).map_err(|(_, e)| e).unwrap();
     comm.on(&side).all_reduce_in_place(&mut registration.buffer_mut(), ReduceOp::SUM).unwrap();
     occupy(comm.stream(), Duration::from_secs(3));
     let start = Instant::now();

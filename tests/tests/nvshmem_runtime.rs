@@ -122,14 +122,14 @@ fn bad_input_is_refused_and_the_process_keeps_working() {
         let registered = rt.register(local).map_err(|(_, e)| e).unwrap();
         assert_eq!(registered.num_bytes(), 1 << 20);
         local = registered.unregister().map_err(|(_, e)| e).unwrap();
-        let (empty, e) = rt.register(local.slice_mut(0..0)).err().expect("an empty registration");
+        let (empty, e) = rt.register(local.slice_mut(0..0)).expect_err("an empty registration");
         assert!(matches!(e, Error::ZeroSize { len: 0, .. }), "{e}");
         assert_eq!(empty.len(), 0);
         let other_device = (rt.device() + 1) % gpucomm_tests::device_count();
         if other_device != rt.device() {
             let elsewhere = cudarc::driver::CudaContext::new(other_device).unwrap().default_stream();
             let foreign = elsewhere.clone_htod(&[7u8; 64]).unwrap();
-            let (foreign, e) = rt.register(foreign).err().expect("a registration of another GPU's buffer");
+            let (foreign, e) = rt.register(foreign).expect_err("a registration of another GPU's buffer");
             assert!(matches!(e, Error::WrongDevice { what: "buffer", .. }), "{e}");
             assert_eq!(elsewhere.clone_dtoh(&foreign).unwrap(), vec![7u8; 64], "the refused buffer");
         }

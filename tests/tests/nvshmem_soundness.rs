@@ -187,7 +187,8 @@ fn unregistering_waits_for_queued_uses() {
     multi_process("unregistering_waits_for_queued_uses", 1, |info, stream| {
         let (_rdzv, rt) = start(&info, &stream);
         let side = stream.context().new_stream().unwrap();
-        let mut registration = rt.register(stream.clone_htod(&vec![5i32; 1 << 20]).unwrap()).map_err(|(_, e)| e).unwrap();
+        let mut registration =
+            rt.register(stream.clone_htod(&vec![5i32; 1 << 20]).unwrap()).map_err(|(_, e)| e).unwrap();
         stream.synchronize().unwrap();
         occupy(&side, Duration::from_secs(2));
         side.memset_zeros(&mut registration.buffer_mut()).unwrap();
