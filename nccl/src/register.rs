@@ -273,8 +273,9 @@ impl Comm {
     /// # Errors
     ///
     /// A refused registration hands the buffer back with the error, never still registered:
-    /// [`Error::InsideGroup`] inside a [`crate::group`] closure (use [`register_windows`]),
-    /// [`Error::Aborted`] after an abort, [`Error::WrongDevice`] for a buffer on another device,
+    /// [`Error::InsideGroup`] inside a [`crate::group`] closure (use [`register_windows`]; the
+    /// refusal counts against the group like any refused direct call, so keep the buffer out of
+    /// the closure's value, which a refused group drops), [`Error::Aborted`] after an abort, [`Error::WrongDevice`] for a buffer on another device,
     /// [`Error::Timeout`] when a nonblocking communicator does not settle in time (which aborts
     /// it), or NCCL's error. Where NCCL failed after making the window, it is deregistered before
     /// the buffer comes back; should that fail too, the communicator is aborted, which releases
@@ -315,7 +316,8 @@ impl Comm {
 /// # Errors
 ///
 /// A refusal hands every buffer back, in order, with the first error: [`Error::InsideGroup`]
-/// inside a [`crate::group`] closure, and [`Error::Aborted`] or [`Error::WrongDevice`] for any
+/// inside a [`crate::group`] closure (counted against the group, as for
+/// [`Comm::register_window`]), and [`Error::Aborted`] or [`Error::WrongDevice`] for any
 /// pair, are found before NCCL is called, so nothing is registered. When NCCL fails (or a
 /// nonblocking communicator times out, which aborts it), the windows NCCL did make are
 /// deregistered first, one by one in order; where deregistering one fails, its communicator is
