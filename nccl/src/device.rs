@@ -342,8 +342,9 @@ impl<'comm> DevComm<'comm> {
             Ok(()) => return Ok(DevComm { arg: DevCommArg(*dev), comm, resources: handles }),
             Err(e) => e,
         };
-        if rc == nccl_sys::ncclResult_t::ncclInProgress {
-            // The background task may still write both (a timeout aborted the communicator).
+        if matches!(rc, nccl_sys::ncclResult_t::ncclInProgress | nccl_sys::ncclResult_t::ncclSuccess) {
+            // The background task may still write both (a timeout aborted the communicator;
+            // NCCL 2.28 answers a nonblocking communicator's creation `ncclSuccess` while it runs).
             std::mem::forget(dev);
             std::mem::forget(handles);
         }

@@ -347,13 +347,14 @@ impl Comm {
     /// bookkeeping (the buffers' "in use until here" guards) only then: `ncclInProgress` (a
     /// nonblocking communicator still connecting or enqueuing) is polled until NCCL reports
     /// success, a failure, or the communicator's timeout, which aborts it and gives
-    /// [`Error::Timeout`]. After an abort, [`Error::Aborted`] whatever `rc` says. A stream other
-    /// than the communicator's own is remembered for [`Comm::wait`]. With a timeout set, the work
-    /// is then recorded for the watch (an event on `stream`); without one, on the communicator's
-    /// own stream, this costs three branches.
+    /// [`Error::Timeout`]; on a nonblocking communicator so is success (see [`Comm::complete`]).
+    /// After an abort, [`Error::Aborted`] whatever `rc` says. A stream other than the
+    /// communicator's own is remembered for [`Comm::wait`]. With a timeout set, the work is then
+    /// recorded for the watch (an event on `stream`); without one, on a blocking communicator's
+    /// own stream, this costs three branches (a nonblocking one adds one `ncclCommGetAsyncError`).
     pub(crate) fn settle(&self, call: &'static str, rc: ncclResult_t, stream: &Arc<CudaStream>) -> Result<()> {
         self.health.check()?;
-        if rc != ncclResult_t::ncclSuccess {
+        if rc != ncclResult_t::ncclSuccess || self.nonblocking {
             self.complete(call, rc)?;
         }
         let mut watch = self.watch.borrow_mut();

@@ -84,10 +84,18 @@ impl Comm {
     /// What to do with the result code of a call that acts on this communicator: `Ok` for
     /// success, polling for `ncclInProgress` (bounded by the communicator's timeout), the error
     /// otherwise.
+    ///
+    /// On a nonblocking communicator success is polled too: NCCL 2.28 returns `ncclSuccess` from
+    /// `ncclCommWindowRegister` and `ncclDevCommCreate` while the background task it started still
+    /// runs (their group's `ncclInProgress` is dropped on the way out) and will still write the
+    /// window handle or the device communicator through the caller's out-pointer. Only
+    /// `ncclCommGetAsyncError` says when it is done; one query when it already is.
     pub(crate) fn complete(&self, call: &'static str, rc: ncclResult_t) -> Result<()> {
         match rc {
-            ncclResult_t::ncclSuccess => Ok(()),
-            ncclResult_t::ncclInProgress => self.poll(call, Deadline::after(self.timeout()), |c| c.nccl_ready(call)),
+            ncclResult_t::ncclSuccess if !self.nonblocking => Ok(()),
+            ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => {
+                self.poll(call, Deadline::after(self.timeout()), |c| c.nccl_ready(call))
+            }
             _ => check(call, rc, Some(self.as_raw())),
         }
     }
