@@ -257,13 +257,16 @@ impl Shared {
                     forget(|x| std::ptr::eq(x, &*w));
                     continue;
                 }
+                // Held across the abort, so that an owner who sees its communicator aborted and
+                // asks for the reports finds this one (not an empty list a moment too early).
+                let mut reports = lock(&self.reports);
                 if let Some(report) = check(&w) {
                     forget(|x| std::ptr::eq(x, &*w));
                     log::error!("{report}");
                     if self.print.load(Ordering::Relaxed) {
                         eprint!("{report}");
                     }
-                    lock(&self.reports).push(report);
+                    reports.push(report);
                 }
             }
             let stop = lock(&self.stop);
