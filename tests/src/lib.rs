@@ -106,7 +106,7 @@ fn is_child() -> bool {
 /// parent fails if any child fails. Skipped (not run) with fewer GPUs than processes.
 pub fn multi_process(test: &str, nproc: usize, body: impl FnOnce(RankInfo, Arc<CudaStream>)) {
     if is_child() {
-        let info = RankInfo::from_env().expect("launcher variables");
+        let info = child_info(test);
         let ordinal = info.device_ordinal(device_count()).expect("a GPU for this rank");
         let stream = CudaContext::new(ordinal).expect("open CUDA device").default_stream();
         body(info, stream);
@@ -126,7 +126,7 @@ pub fn multi_process(test: &str, nproc: usize, body: impl FnOnce(RankInfo, Arc<C
 /// launcher variables. Skipped (not run) without a GPU.
 pub fn multi_node_on_one_gpu(test: &str, nproc: usize, body: impl FnOnce(RankInfo, Arc<CudaStream>)) {
     if is_child() {
-        let info = RankInfo::from_env().expect("launcher variables");
+        let info = child_info(test);
         // Set before anything reads it: NCCL reads NCCL_HOSTID when it first needs the host's
         // identity, and no CUDA or NCCL thread exists yet; libtest's own threads only wait.
         std::env::set_var("NCCL_HOSTID", format!("gpucomm-test-node{}", info.rank));
@@ -139,6 +139,16 @@ pub fn multi_node_on_one_gpu(test: &str, nproc: usize, body: impl FnOnce(RankInf
         return;
     }
     start_ranks(test, nproc, Agents::OnePerRank);
+}
+
+/// A rank's identity from the launcher variables; under torchrun it says so on stderr (which
+/// launcher, run id and restart), so that a log shows who started the ranks.
+fn child_info(test: &str) -> RankInfo {
+    let info = RankInfo::from_env().expect("launcher variables");
+    if let Some(elastic) = &info.torchelastic {
+        eprintln!("{test}: rank {} of {} started by torchrun ({elastic:?})", info.rank, info.world_size);
+    }
+    info
 }
 
 /// How torchrun's agents are laid out when `GPUCOMM_TEST_TORCHRUN` is set.
