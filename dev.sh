@@ -262,9 +262,18 @@ frameworks_probe() (
 # builds, build-script inputs (the bindings snapshots, ...) included. The library crates leave
 # cudarc's CUDA version to the program, and a package is built alone: name the GPU machine's.
 package() {
-    local unpublished
+    local unpublished ours home=${CARGO_HOME:-$HOME/.cargo}
     unpublished=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys
 print(" ".join("--exclude " + p["name"] for p in json.load(sys.stdin)["packages"] if p.get("publish") == []))')
+    # Verification builds each package against the others' new .crate files through a local
+    # registry. Cargo takes a registry crate of a given version as immutable: it never refreshes
+    # its unpacked copy ($CARGO_HOME/registry/src/-<hash>/) nor rebuilds its artifacts (target/),
+    # so a second run would check against the first run's sources. Drop both for our crates.
+    ours=$(cargo metadata --no-deps --format-version 1 | python3 -c 'import json, sys
+print(" ".join(p["name"] + "-" + p["version"] for p in json.load(sys.stdin)["packages"] if p.get("publish") != []))')
+    for dir in $ours; do
+        rm -rf "$home"/registry/src/-*/"$dir" target/debug/.fingerprint/"${dir%-*}"-*
+    done
     # shellcheck disable=SC2086 # one word per flag
     CUDARC_CUDA_VERSION=13000 cargo package --workspace $unpublished --allow-dirty
 }
