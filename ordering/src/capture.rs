@@ -7,7 +7,7 @@ use std::cell::RefCell;
 use cudarc::driver::{result, sys, CudaStream, DriverError};
 
 use crate::usage::{Mode, Resource, Use};
-use crate::{OrderError, StreamTracker};
+use crate::OrderError;
 
 /// True while `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`).
 pub fn is_capturing(stream: &CudaStream) -> Result<bool, DriverError> {
@@ -196,31 +196,23 @@ pub fn admit(stream: &CudaStream, resources: &[Resource]) -> Result<(), OrderErr
     Ok(())
 }
 
-/// Tells the capture scope of `stream`, if any, that a non-blocking operation (NVSHMEM `_nbi`)
-/// was just captured on it, completed by `complete` (NVSHMEM's quiet). Unless a completion is
-/// captured after it ([`captured_completion`]), the scope enqueues `complete` into the capture
-/// before ending it, so that every launch of the graph completes the operation (and joins back
-/// the streams it forked to). True when there is such a scope (the operation was captured, not
-/// enqueued).
-///
-/// A later captured use of the operation's local buffer (whose tracker is `local`) gets the
-/// completion enqueued before it, as an eager use does through the tracker: the buffer is the
-/// operation's until then.
-pub fn captured_nonblocking(stream: &CudaStream, local: &StreamTracker, complete: Complete) -> bool {
+/// The capture side of [`captured_nonblocking`](crate::captured_nonblocking): `local` is the key of
+/// the operation's local buffer's tracker.
+pub(crate) fn nonblocking_captured(stream: &CudaStream, local: usize, complete: Complete) -> bool {
     let mut captured = false;
     with_scope(stream, |s| {
         let pending = s.pending.get_or_insert(Nonblocking { complete, locals: Vec::new() });
         pending.complete = complete;
-        pending.locals.push(local as *const StreamTracker as usize);
+        pending.locals.push(local);
         captured = true;
     });
     captured
 }
 
-/// Before a captured use on `stream` of memory with the tracker `tracker`: if a non-blocking
-/// operation captured without a completion yet uses that memory, enqueues the completion first.
-pub(crate) fn complete_before_use(stream: &CudaStream, tracker: &StreamTracker) {
-    let local = tracker as *const StreamTracker as usize;
+/// Before a captured use on `stream` of memory whose tracker has the key `local`: if a
+/// non-blocking operation captured without a completion yet uses that memory, enqueues the
+/// completion first.
+pub(crate) fn complete_before_use(stream: &CudaStream, local: usize) {
     with_scope(stream, |s| {
         if s.pending.as_ref().is_some_and(|p| p.locals.contains(&local)) {
             if let Some(p) = s.pending.take() {

@@ -33,10 +33,10 @@ mod usage;
 
 pub use access::Access;
 pub use buffer::{DeviceBuffer, DeviceBufferMut, DeviceMemory};
-pub use capture::{admit, captured_completion, captured_nonblocking, is_capturing, relaxed, Complete};
+pub use capture::{admit, captured_completion, is_capturing, relaxed, Complete};
 pub use error::OrderError;
 pub use graph::{capture, Graph, Keep, Visitor};
 pub use pinned::PinnedMut;
 pub use quiesce::{device_idle_within, wait_for_uses};
-pub use tracker::{StreamTracker, Tracked};
+pub use tracker::{captured_nonblocking, StreamTracker, Tracked};
 pub use usage::{Resource, Use};

@@ -122,6 +122,12 @@ impl StreamTracker {
         hit && before.is_multiple_of(2) && self.version.load(Ordering::SeqCst) == before
     }
 
+    /// This tracker's identity, for the capture scope's list of buffers a pending non-blocking
+    /// operation still uses.
+    fn key(&self) -> usize {
+        self as *const StreamTracker as usize
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         // The state is consistent between statements, so a poisoned lock is still usable.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -295,7 +301,7 @@ impl StreamTracker {
         let in_call = access::with_current(stream, |arc, mode| match mode {
             Mode::Eager => self.use_on(arc, how),
             Mode::Captured => {
-                capture::complete_before_use(arc, self);
+                capture::complete_before_use(arc, self.key());
                 Ok(())
             }
             Mode::Survey => Ok(()),
@@ -306,7 +312,7 @@ impl StreamTracker {
         }
         match capture::mode(stream) {
             Ok(Mode::Captured) => {
-                capture::complete_before_use(stream, self);
+                capture::complete_before_use(stream, self.key());
                 capture::record_use(stream, ptr, bytes, how);
                 return SyncOnDrop::Record(None);
             }
@@ -515,6 +521,20 @@ macro_rules! tracked_device_ptr {
             type Elem = T;
         }
     };
+}
+
+/// Tells the capture scope of `stream`, if any, that a non-blocking operation (NVSHMEM `_nbi`)
+/// was just captured on it, completed by `complete` (NVSHMEM's quiet). Unless a completion is
+/// captured after it ([`captured_completion`](crate::captured_completion)), the scope enqueues `complete` into the capture
+/// before ending it, so that every launch of the graph completes the operation (and joins back
+/// the streams it forked to). True when there is such a scope (the operation was captured, not
+/// enqueued).
+///
+/// A later captured use of the operation's local buffer (whose tracker is `local`) gets the
+/// completion enqueued before it, as an eager use does through the tracker: the buffer is the
+/// operation's until then.
+pub fn captured_nonblocking(stream: &CudaStream, local: &StreamTracker, complete: Complete) -> bool {
+    capture::nonblocking_captured(stream, local.key(), complete)
 }
 
 #[cfg(test)]
