@@ -19,6 +19,7 @@
 # goals) and an SVG plot from `gpucomm compare`; summary.md collects the tables. The last line is
 # `N passed, N failed`.
 set -uo pipefail
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 HERE=$(cd "$(dirname "$0")" && pwd)
 read -r -a MODE_LIST <<<"${MODES:-mpirun spawn g}"
 [[ " ${MODE_LIST[*]} " == *" g "* ]] && NT_MPI0=1

@@ -17,6 +17,7 @@
 # time, the best nccl-tests variant, the issue's goals, and (SWEEP=1) the LL and two-shot kernels'
 # times for three launch shapes each.
 set -uo pipefail
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=bench-lib.sh
 source "$HERE/bench-lib.sh"

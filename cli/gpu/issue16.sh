@@ -18,6 +18,7 @@
 # and plots, variants.md and dispatch.md. Environment: REPEATS (per part: 3, 2, 2, 2).
 # NVLink multicast is never requested (bench-lib.sh exports the safety variables for every run).
 set -uo pipefail
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 HERE=$(cd "$(dirname "$0")" && pwd)
 part=${1:-}
 ROOT=${OUT:-$PWD/issue16-out}

@@ -11,6 +11,7 @@
 # the repeats, the difference to nccl-tests' default run, and the host time per call (gpucomm's
 # cpu_us; nccl-tests' -C 1 run). About 20 runs of ~4 s per repeat.
 set -uo pipefail
+export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 HERE=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=bench-lib.sh
 source "$HERE/bench-lib.sh"
