@@ -132,6 +132,17 @@ impl<'k> Visitor<'k> {
         }
     }
 
+    /// Ends the visit of one buffer member: what taking its pointer gave (a pointer to compare
+    /// with the plan, nothing, or an error to keep), and on to the next member.
+    fn taken(&mut self, taken: Result<Option<sys::CUdeviceptr>, OrderError>, ordinal: usize, bytes: usize) {
+        match taken {
+            Ok(Some(ptr)) => self.check(ptr, ordinal, bytes),
+            Ok(None) => {}
+            Err(e) => self.fail(e),
+        }
+        self.next += 1;
+    }
+
     /// A buffer the graph keeps and may only read.
     pub fn read<B: DeviceMemory + DevicePtr<B::Elem>>(&mut self, buf: &'k B) {
         let ordinal = buf.stream().context().ordinal();
@@ -154,12 +165,7 @@ impl<'k> Visitor<'k> {
                 }
             },
         };
-        match taken {
-            Ok(Some(ptr)) => self.check(ptr, ordinal, bytes),
-            Ok(None) => {}
-            Err(e) => self.fail(e),
-        }
-        self.next += 1;
+        self.taken(taken, ordinal, bytes);
     }
 
     /// A buffer the graph keeps and may write.
@@ -190,12 +196,7 @@ impl<'k> Visitor<'k> {
                 }
             },
         };
-        match taken {
-            Ok(Some(ptr)) => self.check(ptr, ordinal, bytes),
-            Ok(None) => {}
-            Err(e) => self.fail(e),
-        }
-        self.next += 1;
+        self.taken(taken, ordinal, bytes);
     }
 
     /// A resource the graph keeps; `live` is false once it cannot be used any more (an aborted
