@@ -54,12 +54,23 @@ impl<A> Library<A> {
         field: &'a Result<F, libloading::Error>,
         function: &'static str,
     ) -> Result<&'a F, MissingFunction> {
-        field.as_ref().map_err(|_| MissingFunction {
+        match field {
+            Ok(f) => Ok(f),
+            Err(_) => Err(self.missing(function)),
+        }
+    }
+
+    /// The error for `function`, absent from this library: out of line, so that resolving a
+    /// present function (every call) stays a load and a branch.
+    #[cold]
+    #[inline(never)]
+    fn missing(&self, function: &'static str) -> MissingFunction {
+        MissingFunction {
             library: self.name,
             function,
             since: (self.since)(function),
             loaded: self.version.to_string(),
-        })
+        }
     }
 }
 

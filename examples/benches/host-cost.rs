@@ -3,9 +3,10 @@
 //! A measuring program (not a lesson): the figures of `docs/host-cost.md`.
 //!
 //! What it measures, in one binary, on the same buffers: the host time of a 256-byte all-reduce
-//! through the raw `nccl-sys` function and through the safe `nccl` crate, interleaved in batches
-//! and repeated, reported as medians (small collectives vary by microseconds between runs and
-//! machines):
+//! through the raw `nccl-sys` function and through the safe `nccl` crate, raw and safe calls
+//! alternating call by call (eager calls from an idle stream; captured calls in one capture;
+//! groups alternating which goes first), repeated, reported as medians (small collectives vary by
+//! microseconds between runs and machines):
 //! * eagerly, while capturing into a CUDA graph with [`nccl::capture`], and per call inside a
 //!   group of 16;
 //! * on [`nccl::MemBuffer`] (which remembers the streams of its outstanding uses, so on one stream
@@ -14,7 +15,11 @@
 //!   by anything but `nccl::capture` is refused, because that graph would not keep its buffers
 //!   alive);
 //! * cudarc's own stream protocol on a `CudaSlice` (measured separately, without NCCL), which a
-//!   safe call cannot skip.
+//!   safe call cannot skip;
+//! * where a safe call's time goes on `MemBuffer`: four paths timed round-robin, call by call —
+//!   the raw call, `gpucomm-ordering` alone (the `Access` and both buffers' pointers, no NCCL),
+//!   the raw call inside that ordering, and the safe call — so that the overhead splits into what
+//!   the ordering adds and what the `nccl` crate's own checks add.
 //!
 //! How to run it (2 GPUs, one process each):
 //! `cargo bench -p gpucomm-examples --bench host-cost -- --nproc 2`; in the GPU bundle,
@@ -23,9 +28,10 @@
 //!
 //! What it prints, once per rank: a table of median nanoseconds per call (raw, safe, and the
 //! difference) for MemBuffer and CudaSlice, eager / captured / grouped, the cost of
-//! `cuStreamIsCapturing` and of cudarc's protocol alone, and a check that every measured call
-//! computed the right sum, eagerly, grouped and replayed from graphs (the program exits non-zero
-//! otherwise). Timing figures are printed, never judged: they depend on the machine.
+//! `cuStreamIsCapturing` and of cudarc's protocol alone, the four-path split, and a check that
+//! every measured call computed the right sum, eagerly, grouped and replayed from graphs (the
+//! program exits non-zero otherwise). Timing figures are printed, never judged: they depend on
+//! the machine.
 
 use std::error::Error;
 use std::ffi::c_void;
@@ -33,6 +39,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{result, sys, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use gpucomm_ordering::Access;
 use nccl::launch::run_main;
 use nccl::sys::{cudaStream_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
 use nccl::{Collectives, Comm, DeviceBufferMut, MemBuffer, ReduceOp};
@@ -42,7 +49,7 @@ const ELEMS: usize = 64;
 /// Calls timed back to back between two stream synchronisations.
 const BATCH: usize = 32;
 /// Batches per cell, interleaved across cells.
-const REPS: usize = 30;
+const REPS: usize = 100;
 /// Calls per group in the grouped rows.
 const GROUP: usize = 16;
 
@@ -169,39 +176,52 @@ impl<B: DeviceBufferMut<f32>> Buffers<B> {
         Ok(())
     }
 
-    /// Eager calls: a batch of raw calls, then a batch of safe ones.
+    /// Eager calls, raw and safe alternating call by call (the first of each pair alternating too),
+    /// from an idle stream: both paths see the same queue, the same caches and the same clock.
     fn eager(&mut self, raw: &Raw, comm: &Comm, cell: &mut Cell) -> Result<(), Box<dyn Error>> {
         comm.stream().synchronize()?;
-        for _ in 0..BATCH {
-            cell.raw.push(timed(|| raw.all_reduce(self.send_addr, self.recv_addrs[0]))?);
-        }
-        comm.stream().synchronize()?;
-        for _ in 0..BATCH {
+        for i in 0..BATCH {
             let (send, recv) = (&self.send, &mut self.recvs[0]);
-            cell.safe.push(timed(|| Ok(comm.all_reduce(send, recv, ReduceOp::SUM)?))?);
+            let safe = || Ok(comm.all_reduce(send, recv, ReduceOp::SUM)?);
+            let raw_call = || raw.all_reduce(self.send_addr, self.recv_addrs[0]);
+            if i % 2 == 0 {
+                cell.raw.push(timed(raw_call)?);
+                cell.safe.push(timed(safe)?);
+            } else {
+                cell.safe.push(timed(safe)?);
+                cell.raw.push(timed(raw_call)?);
+            }
         }
         Ok(())
     }
 
-    /// The same, while the stream is captured into a graph: the raw calls with cudarc's capture,
-    /// the safe ones with `nccl::capture` (one graph per batch, dropped at once).
+    /// The same while the stream is captured into a CUDA graph, raw and safe calls alternating in
+    /// one capture opened by [`nccl::capture`] (a raw call on a captured stream is the caller's
+    /// business; these buffers outlive the graph, which is dropped at once).
     fn captured(&mut self, raw: &Raw, comm: &Comm, cell: &mut Cell) -> Result<(), Box<dyn Error>> {
-        let stream = comm.stream();
-        let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-        stream.begin_capture(mode)?;
-        for _ in 0..BATCH {
-            cell.raw.push(timed(|| raw.all_reduce(self.send_addr, self.recv_addrs[1]))?);
-        }
-        stream.end_capture(sys::CUgraphInstantiate_flags(0))?.ok_or("empty raw capture")?;
-        nccl::capture(stream, (comm, &self.send, &mut self.recvs[2]), |(comm, send, recv)| {
-            for _ in 0..BATCH {
+        let (send_addr, recv_addr) = (self.send_addr, self.recv_addrs[1]);
+        let mut raw_failed = None;
+        nccl::capture(comm.stream(), (comm, &self.send, &mut self.recvs[2]), |(comm, send, recv)| {
+            for i in 0..BATCH {
                 let start = Instant::now();
-                comm.all_reduce(*send, *recv, ReduceOp::SUM)?;
-                cell.safe.push(start.elapsed().as_nanos() as u64);
+                if i % 2 == 1 {
+                    comm.all_reduce(*send, *recv, ReduceOp::SUM)?;
+                    cell.safe.push(start.elapsed().as_nanos() as u64);
+                }
+                let raw_start = Instant::now();
+                if let Err(e) = raw.all_reduce(send_addr, recv_addr) {
+                    raw_failed.get_or_insert(e.to_string());
+                }
+                cell.raw.push(raw_start.elapsed().as_nanos() as u64);
+                if i % 2 == 0 {
+                    let start = Instant::now();
+                    comm.all_reduce(*send, *recv, ReduceOp::SUM)?;
+                    cell.safe.push(start.elapsed().as_nanos() as u64);
+                }
             }
             Ok(())
         })?;
-        Ok(())
+        raw_failed.map_or(Ok(()), |e| Err(e.into()))
     }
 
     /// Replays one raw graph (into receive buffer 1) and one safe graph (into buffer 2) into
@@ -227,8 +247,11 @@ impl<B: DeviceBufferMut<f32>> Buffers<B> {
 
     /// Groups of `GROUP` calls, timed per group and divided by `GROUP`.
     fn grouped(&mut self, raw: &Raw, comm: &Comm, cell: &mut Cell) -> Result<(), Box<dyn Error>> {
-        comm.stream().synchronize()?;
-        cell.raw.push(timed(|| raw.group(self.send_addr, &self.recv_addrs))? / GROUP as u64);
+        let raw_first = cell.raw.len().is_multiple_of(2);
+        if raw_first {
+            comm.stream().synchronize()?;
+            cell.raw.push(timed(|| raw.group(self.send_addr, &self.recv_addrs))? / GROUP as u64);
+        }
         comm.stream().synchronize()?;
         let (send, recvs) = (&self.send, &mut self.recvs);
         let ns = timed(|| {
@@ -240,8 +263,102 @@ impl<B: DeviceBufferMut<f32>> Buffers<B> {
             })?)
         })?;
         cell.safe.push(ns / GROUP as u64);
+        if !raw_first {
+            comm.stream().synchronize()?;
+            cell.raw.push(timed(|| raw.group(self.send_addr, &self.recv_addrs))? / GROUP as u64);
+        }
         Ok(())
     }
+}
+
+/// Where a safe call's time goes, on `MemBuffer`: four paths timed round-robin, call by call.
+#[derive(Default)]
+struct Parts {
+    /// The raw call.
+    raw: Vec<u64>,
+    /// `gpucomm-ordering` alone: the `Access` (one `cuStreamIsCapturing`), both buffers' pointers
+    /// and guards, no NCCL.
+    ordering: Vec<u64>,
+    /// The raw call between the ordering and the release of the guards.
+    ordered_raw: Vec<u64>,
+    /// The safe call.
+    safe: Vec<u64>,
+}
+
+impl Parts {
+    /// One round of the four paths, in a rotating order; `round` picks the rotation.
+    fn round(
+        &mut self,
+        round: usize,
+        (send, recv): (&MemBuffer<f32>, &mut MemBuffer<f32>),
+        raw: &Raw,
+        comm: &Comm,
+    ) -> Result<(), Box<dyn Error>> {
+        let stream = comm.stream();
+        let (send_addr, recv_addr) = (send.device_ptr(stream).0, recv.device_ptr_mut(stream).0);
+        for k in 0..4 {
+            let recv = &mut *recv;
+            match (round + k) % 4 {
+                0 => self.raw.push(timed(|| raw.all_reduce(send_addr, recv_addr))?),
+                1 => self.ordering.push(timed(|| {
+                    let access = Access::new(stream);
+                    let (_, read) = access.read(send)?;
+                    let (_, write) = access.write(recv)?;
+                    drop((read, write));
+                    Ok(())
+                })?),
+                2 => self.ordered_raw.push(timed(|| {
+                    let access = Access::new(stream);
+                    let (s, read) = access.read(send)?;
+                    let (r, write) = access.write(recv)?;
+                    raw.all_reduce(s, r)?;
+                    drop((read, write));
+                    Ok(())
+                })?),
+                _ => self.safe.push(timed(|| Ok(comm.all_reduce(send, recv, ReduceOp::SUM)?))?),
+            }
+        }
+        Ok(())
+    }
+
+    /// Prints the medians, labelled with the scope.
+    fn print(&mut self, scope: &str) {
+        let [raw, ordering, ordered_raw, safe] =
+            [&mut self.raw, &mut self.ordering, &mut self.ordered_raw, &mut self.safe].map(|v| median(v) as i64);
+        println!(
+            "  {scope:<9} {raw:>8} {ordering:>10} {ordered_raw:>13} {safe:>8} {:>+12} {:>+10}",
+            ordered_raw - raw,
+            safe - ordered_raw
+        );
+    }
+}
+
+/// [`Parts`] eagerly (from an idle stream) and inside one capture of `nccl::capture`.
+fn parts(bufs: &mut Buffers<MemBuffer<f32>>, raw: &Raw, comm: &Comm) -> Result<[Parts; 2], Box<dyn Error>> {
+    let mut eager = Parts::default();
+    let mut captured = Parts::default();
+    for rep in 0..REPS {
+        comm.stream().synchronize()?;
+        for i in 0..BATCH {
+            eager.round(rep + i, (&bufs.send, &mut bufs.recvs[0]), raw, comm)?;
+        }
+    }
+    comm.stream().synchronize()?;
+    for rep in 0..REPS {
+        let mut failed = None;
+        nccl::capture(comm.stream(), (comm, &bufs.send, &mut bufs.recvs[0]), |(comm, send, recv)| {
+            for i in 0..BATCH {
+                if let Err(e) = captured.round(rep + i, (send, recv), raw, comm) {
+                    failed.get_or_insert(e.to_string());
+                }
+            }
+            Ok(())
+        })?;
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+    }
+    Ok([eager, captured])
 }
 
 /// One batch of every cell (eager, captured, grouped) for one kind of buffer.
@@ -291,6 +408,7 @@ fn main() -> std::process::ExitCode {
         plain.check(&stream, size, &all, "eager and grouped calls")?;
         mem.replay(&raw, &comm, size)?;
         plain.replay(&raw, &comm, size)?;
+        let mut parts = parts(&mut mem, &raw, &comm)?;
 
         // The driver call every safe call makes once: is the stream being captured?
         let mut capturing = Vec::with_capacity(REPS * BATCH);
@@ -338,6 +456,15 @@ fn main() -> std::process::ExitCode {
              waits go to an idle helper stream (the capture stays valid) but are still made. MemBuffer, which remembers the \
              streams of its outstanding uses, needs none of it on one stream."
         );
+        println!(
+            "  where the time of a safe call on MemBuffer goes, median ns ({REPS} batches of {BATCH} rounds, the four paths round-robin):"
+        );
+        println!(
+            "  {:<9} {:>8} {:>10} {:>13} {:>8} {:>12} {:>10}",
+            "scope", "raw", "ordering", "raw+ordering", "safe", "ordering adds", "nccl adds"
+        );
+        parts[0].print("eager");
+        parts[1].print("capture");
         println!(
             "rank {rank}: every measured call computed the right sum ({size}), eager, grouped and replayed from graphs"
         );

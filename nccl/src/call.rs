@@ -14,7 +14,6 @@ use cudarc::driver::{sys::CUdeviceptr, CudaStream};
 use nccl_sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
 
 use crate::error::Result;
-use crate::ffi::resolve;
 use crate::types::check_type;
 use crate::{Comm, NcclType};
 
@@ -70,11 +69,12 @@ enum Entry {
     Recv(RecvFn, c_int),
 }
 
-/// Resolves `ncclX` and wraps it with `make`, giving `(name, entry)`: a function the loaded
-/// library lacks is [`crate::Error::MissingFunction`], naming the version that added it.
+/// Resolves `ncclX` in the loaded library `lib` and wraps it with `make`, giving
+/// `(name, entry)`: a function the library lacks is [`crate::Error::MissingFunction`], naming the
+/// version that added it.
 macro_rules! entry {
-    ($name:ident, $make:expr) => {{
-        let f = resolve!($name)?;
+    ($lib:expr, $name:ident, $make:expr) => {{
+        let f = *::nccl_sys::function!($lib, $name)?;
         (stringify!($name), $make(f))
     }};
 }
@@ -119,22 +119,24 @@ impl Call {
     /// no-op; every rank must still make it, as any call. The buffer pointers are added with
     /// [`Call::buffers`] once taken.
     pub(crate) fn new<T: NcclType>(kind: Kind, count: usize, comm: &Comm, stream: &CudaStream) -> Result<Self> {
+        // One lookup of the loaded library serves the function and the type check.
+        let lib = crate::ffi::lib()?;
         let (name, entry) = match kind {
-            Kind::AllReduce(op) => entry!(ncclAllReduce, |f| Entry::Reducing(f, op)),
-            Kind::ReduceScatter(op) => entry!(ncclReduceScatter, |f| Entry::Reducing(f, op)),
-            Kind::Reduce(op, root) => entry!(ncclReduce, |f| Entry::Reduce(f, op, root)),
-            Kind::Broadcast(root) => entry!(ncclBroadcast, |f| Entry::Rooted(f, root)),
+            Kind::AllReduce(op) => entry!(lib, ncclAllReduce, |f| Entry::Reducing(f, op)),
+            Kind::ReduceScatter(op) => entry!(lib, ncclReduceScatter, |f| Entry::Reducing(f, op)),
+            Kind::Reduce(op, root) => entry!(lib, ncclReduce, |f| Entry::Reduce(f, op, root)),
+            Kind::Broadcast(root) => entry!(lib, ncclBroadcast, |f| Entry::Rooted(f, root)),
             #[cfg(nccl_2_28)]
-            Kind::Gather(root) => entry!(ncclGather, |f| Entry::Rooted(f, root)),
+            Kind::Gather(root) => entry!(lib, ncclGather, |f| Entry::Rooted(f, root)),
             #[cfg(nccl_2_28)]
-            Kind::Scatter(root) => entry!(ncclScatter, |f| Entry::Rooted(f, root)),
-            Kind::AllGather => entry!(ncclAllGather, Entry::Plain),
+            Kind::Scatter(root) => entry!(lib, ncclScatter, |f| Entry::Rooted(f, root)),
+            Kind::AllGather => entry!(lib, ncclAllGather, Entry::Plain),
             #[cfg(nccl_2_28)]
-            Kind::AlltoAll => entry!(ncclAlltoAll, Entry::Plain),
-            Kind::Send(peer) => entry!(ncclSend, |f| Entry::Send(f, peer)),
-            Kind::Recv(peer) => entry!(ncclRecv, |f| Entry::Recv(f, peer)),
+            Kind::AlltoAll => entry!(lib, ncclAlltoAll, Entry::Plain),
+            Kind::Send(peer) => entry!(lib, ncclSend, |f| Entry::Send(f, peer)),
+            Kind::Recv(peer) => entry!(lib, ncclRecv, |f| Entry::Recv(f, peer)),
         };
-        check_type::<T>(crate::ffi::lib_version()?)?;
+        check_type::<T>(lib.version())?;
         Ok(Call {
             name,
             entry,
