@@ -220,7 +220,8 @@ impl<B: DeviceBufferMut<f32>> Buffers<B> {
                 }
             }
             Ok(())
-        })?;
+        })
+        .map_err(|(_, e)| e)?;
         raw_failed.map_or(Ok(()), |e| Err(e.into()))
     }
 
@@ -236,7 +237,8 @@ impl<B: DeviceBufferMut<f32>> Buffers<B> {
         captured?;
         let mut safe_graph = nccl::capture(stream, (comm, &self.send, &mut self.recvs[2]), |(comm, send, recv)| {
             comm.all_reduce(*send, *recv, ReduceOp::SUM)
-        })?;
+        })
+        .map_err(|(_, e)| e)?;
         raw_graph.launch()?;
         safe_graph.launch()?;
         drop(safe_graph);
@@ -353,7 +355,8 @@ fn parts(bufs: &mut Buffers<MemBuffer<f32>>, raw: &Raw, comm: &Comm) -> Result<[
                 }
             }
             Ok(())
-        })?;
+        })
+        .map_err(|(_, e)| e)?;
         if let Some(e) = failed {
             return Err(e.into());
         }

@@ -53,7 +53,8 @@ pub fn graph<K: Keep>(
     mut call: impl FnMut(&mut K) -> Result<(), BoxError>,
 ) -> Result<(f64, K), BoxError> {
     let mut graph =
-        gpucomm_ordering::capture(stream, keep, |k| -> Result<(), BoxError> { (0..iters).try_for_each(|_| call(k)) })?;
+        gpucomm_ordering::capture(stream, keep, |k| -> Result<(), BoxError> { (0..iters).try_for_each(|_| call(k)) })
+            .map_err(|(_, e)| e)?;
     graph.launch()?;
     stream.synchronize()?;
     barrier(comm, scratch)?;

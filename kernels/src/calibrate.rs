@@ -172,7 +172,8 @@ fn graph_time(
 ) -> Result<f64> {
     let mut graph = crate::capture(stream, (ar, src, dst), |(ar, src, dst)| {
         (0..how.iters).try_for_each(|_| ar.all_reduce(stream, *src, *dst, ReduceOp::SUM).map(drop))
-    })?;
+    })
+    .map_err(|(_, e)| e)?;
     graph.launch()?;
     stream.synchronize()?;
     barrier(ar, stream, scratch)?;

@@ -444,12 +444,13 @@ unsafe impl Keep for &AllReduce<'_> {
 /// [`nccl::capture`] with this crate's error type: captures the calls `f` makes on `stream` —
 /// [`AllReduce`] and [`LsaKernels`] calls, and every `nccl` call — into a CUDA graph that keeps
 /// `keep` (`&all_reduce`, `&kernels`, buffers, communicators; see `nccl::capture` for the rules).
+/// Every failure hands `keep` back with the error, `Err((keep, error))`.
 #[doc(alias = "cuStreamBeginCapture")]
 pub fn capture<K: Keep>(
     stream: &Arc<CudaStream>,
     keep: K,
     f: impl FnOnce(&mut K) -> Result<()>,
-) -> Result<gpucomm_ordering::Graph<K>> {
+) -> std::result::Result<gpucomm_ordering::Graph<K>, (K, Error)> {
     gpucomm_ordering::capture(stream, keep, f)
 }
 

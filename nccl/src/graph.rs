@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use gpucomm_ordering::{Graph, Keep, Resource, Visitor};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::group::open::refuse_inside;
 use crate::Comm;
 
@@ -64,6 +64,10 @@ impl Comm {
 /// call of that group (it then launches nothing, as for any direct call inside it); a group inside
 /// `f` is fine.
 ///
+/// Every failure hands `keep` back with the error, `Err((keep, error))`, as the registration calls
+/// do with their buffer: members given by value are never lost to a refused capture. Where nothing
+/// is owned, `.map_err(|(_, e)| e)?` drops the borrows.
+///
 /// ```no_run
 /// use cudarc::driver::CudaContext;
 /// use nccl::{Collectives, Comm, MemBuffer, PreMulSum};
@@ -80,7 +84,9 @@ impl Comm {
 /// // the closure gets them back to make its calls.
 /// let mut step = nccl::capture(&side, (&comm, &average, grads), |(comm, average, grads)| {
 ///     comm.on(&side).all_reduce_in_place(grads, *average)
-/// })?;
+/// })
+/// // A refused capture hands the keep set back: here the gradients would come back with the error.
+/// .map_err(|(_kept, e)| e)?;
 ///
 /// for _ in 0..100 {
 ///     // Write an input and read an output between launches, on any stream: each launch waits
@@ -97,7 +103,13 @@ impl Comm {
 /// ```
 #[doc(alias = "cuStreamBeginCapture")]
 #[doc(alias = "cuStreamEndCapture")]
-pub fn capture<K: Keep>(stream: &Arc<CudaStream>, keep: K, f: impl FnOnce(&mut K) -> Result<()>) -> Result<Graph<K>> {
-    refuse_inside()?;
+pub fn capture<K: Keep>(
+    stream: &Arc<CudaStream>,
+    keep: K,
+    f: impl FnOnce(&mut K) -> Result<()>,
+) -> std::result::Result<Graph<K>, (K, Error)> {
+    if let Err(e) = refuse_inside() {
+        return Err((keep, e));
+    }
     gpucomm_ordering::capture(stream, keep, f)
 }

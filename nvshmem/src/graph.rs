@@ -7,7 +7,7 @@ use std::sync::Arc;
 use cudarc::driver::CudaStream;
 use gpucomm_ordering::{Graph, Keep};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Captures the NVSHMEM operations (and NCCL calls, and cudarc work) `f` makes on `stream` into
 /// a CUDA graph that keeps `keep` — the runtime, teams, modules and buffers those operations
@@ -24,6 +24,9 @@ use crate::error::Result;
 /// drop); if its handle is forgotten, the capture enqueues the quiet before the next captured use
 /// of the operation's local buffer, or else at its end, so every launch completes the operation.
 ///
+/// Every failure hands `keep` back with the error, `Err((keep, error))`: members given by value
+/// (symmetric buffers) are never lost to a refused capture.
+///
 /// ```no_run
 /// # fn demo(rt: &nvshmem::Runtime, side: &std::sync::Arc<cudarc::driver::CudaStream>) -> nvshmem::Result<()> {
 /// let dst = rt.alloc_zeroed::<f32>(256)?;
@@ -32,7 +35,8 @@ use crate::error::Result;
 /// let mut graph = nvshmem::capture(side, (rt, dst, src), |(rt, dst, src)| {
 ///     rt.put_on_stream(dst, src, next, side)?;
 ///     rt.barrier_all_on_stream(side)
-/// })?;
+/// })
+/// .map_err(|(_kept, e)| e)?;
 /// graph.launch()?;
 /// let received = side.clone_dtoh(&graph.kept().1)?;
 /// # let _ = received;
@@ -42,6 +46,10 @@ use crate::error::Result;
 /// ```
 #[doc(alias = "cuStreamBeginCapture")]
 #[doc(alias = "cuStreamEndCapture")]
-pub fn capture<K: Keep>(stream: &Arc<CudaStream>, keep: K, f: impl FnOnce(&mut K) -> Result<()>) -> Result<Graph<K>> {
+pub fn capture<K: Keep>(
+    stream: &Arc<CudaStream>,
+    keep: K,
+    f: impl FnOnce(&mut K) -> Result<()>,
+) -> std::result::Result<Graph<K>, (K, Error)> {
     gpucomm_ordering::capture(stream, keep, f)
 }

@@ -52,7 +52,8 @@
 //! ```text
 //! let mut step = nccl::capture(&side, (&comm, &average, grads), |(comm, average, grads)| {
 //!     comm.on(&side).all_reduce_in_place(grads, *average)
-//! })?;
+//! })
+//! .map_err(|(_kept, e)| e)?;                             // a refusal hands the keep set back
 //! for _ in 0..100 {
 //!     home.memcpy_htod(&inputs, &mut step.kept_mut().2)?; // write an input between launches
 //!     step.launch()?;
@@ -412,40 +413,57 @@ impl Drop for Capturing<'_> {
 /// enqueued into the graph). Whatever the outcome, the stream
 /// is no longer being captured when `capture` returns.
 ///
-/// Errors: [`OrderError::NestedCapture`] when this thread is already capturing,
-/// [`OrderError::ForeignCapture`] when `stream` is already being captured, `f`'s own error (the
-/// capture is discarded), [`OrderError::Pending`] when the closing completion could not be
-/// enqueued, and CUDA's.
+/// Errors, each with `keep` handed back unchanged (`Err((keep, error))`), so that owned members
+/// are never lost to a refused capture: [`OrderError::NestedCapture`] when this thread is already
+/// capturing, [`OrderError::ForeignCapture`] when `stream` is already being captured, `f`'s own
+/// error (the capture is discarded), [`OrderError::Pending`] when the closing completion could
+/// not be enqueued, the keep set's refusals ([`OrderError::NotKept`] and friends), and CUDA's.
 #[doc(alias = "cuStreamBeginCapture")]
 #[doc(alias = "cuStreamEndCapture")]
 pub fn capture<K: Keep, E: From<OrderError>>(
     stream: &Arc<CudaStream>,
-    mut keep: K,
+    keep: K,
     f: impl FnOnce(&mut K) -> Result<(), E>,
-) -> Result<Graph<K>, E> {
+) -> Result<Graph<K>, (K, E)> {
     if capture::scope_open() {
-        return Err(OrderError::NestedCapture.into());
+        return Err((keep, OrderError::NestedCapture.into()));
     }
-    if is_capturing(stream).map_err(OrderError::from)? {
-        return Err(OrderError::ForeignCapture.into());
+    match is_capturing(stream) {
+        Ok(false) => {}
+        Ok(true) => return Err((keep, OrderError::ForeignCapture.into())),
+        Err(e) => return Err((keep, OrderError::from(e).into())),
     }
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-    stream.begin_capture(mode).map_err(OrderError::from)?;
+    if let Err(e) = stream.begin_capture(mode) {
+        return Err((keep, OrderError::from(e).into()));
+    }
     capture::open(stream);
+    let mut keep = keep;
     let mut capturing = Capturing { stream, open: true };
     let result = f(&mut keep);
     // Whatever `f` did, the capture ends here, with every non-blocking operation completed.
     let (scope, completed) = capture::close(stream);
     capturing.open = false;
     let graph = capture::end(stream);
-    result?;
-    completed.map_err(OrderError::Pending)?;
-    let broken = OrderError::CaptureBroken(DriverError(sys::cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED));
-    let scope = scope.ok_or(broken.clone())?;
-    let graph = graph.map_err(OrderError::CaptureBroken)?.ok_or(broken)?;
-    let members = survey(&mut keep, stream)?;
-    let plan = plan(members, &scope.used, &scope.resources)?;
-    Ok(Graph { graph, stream: stream.clone(), plan, used: scope.used, resources: scope.resources, keep })
+    let made = (|| -> Result<_, E> {
+        result?;
+        completed.map_err(OrderError::Pending)?;
+        let broken = OrderError::CaptureBroken(DriverError(sys::cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED));
+        let scope = scope.ok_or(broken.clone())?;
+        let graph = graph.map_err(OrderError::CaptureBroken)?.ok_or(broken)?;
+        Ok((graph, scope))
+    })();
+    let (graph, scope) = match made {
+        Ok(made) => made,
+        Err(e) => return Err((keep, e)),
+    };
+    let planned = survey(&mut keep, stream).and_then(|members| plan(members, &scope.used, &scope.resources));
+    match planned {
+        Ok(plan) => {
+            Ok(Graph { graph, stream: stream.clone(), plan, used: scope.used, resources: scope.resources, keep })
+        }
+        Err(e) => Err((keep, e.into())),
+    }
 }
 
 // SAFETY: an empty keep set reports nothing.

@@ -104,7 +104,7 @@ fn a_capture_keeps_what_its_calls_use_and_refuses_the_rest() {
     let double = PreMulSum::host(&comm, 2.0f32).unwrap();
 
     // A buffer the capture does not keep.
-    let err = nccl::capture(&side, (&comm, &double), |(comm, double)| {
+    let (_, err) = nccl::capture(&side, (&comm, &double), |(comm, double)| {
         comm.on(&side).all_reduce_in_place(&mut outside, *double)
     })
     .unwrap_err();
@@ -113,7 +113,7 @@ fn a_capture_keeps_what_its_calls_use_and_refuses_the_rest() {
         "{err}"
     );
     // A communicator it does not keep.
-    let err = nccl::capture(&side, (&double, &mut outside), |(double, buf)| {
+    let (_, err) = nccl::capture(&side, (&double, &mut outside), |(double, buf)| {
         comm.on(&side).all_reduce_in_place(*buf, *double)
     })
     .unwrap_err();
@@ -156,8 +156,14 @@ fn a_capture_keeps_what_its_calls_use_and_refuses_the_rest() {
     graph.launch().unwrap();
     all_equal("a captured memset after the launch", &home.clone_dtoh(&graph.kept().0).unwrap(), 0.0);
     drop(graph);
-    let err = nccl::capture(&side, (), |_| Ok(side.memset_zeros(&mut outside)?)).unwrap_err();
+    let (_, err) = nccl::capture(&side, (), |_| Ok(side.memset_zeros(&mut outside)?)).unwrap_err();
     assert!(matches!(err, Error::Ordering(gpucomm_ordering::OrderError::NotKept { .. })), "{err}");
+    // A refused capture hands its keep set back: a buffer moved into it comes back, still live and
+    // holding what it held, instead of being freed with the failure.
+    let owned = MemBuffer::from_host(&home, &[6.0f32; N]).unwrap();
+    let ((owned,), err) = nccl::capture(&side, (owned,), |_| Ok(side.memset_zeros(&mut outside)?)).unwrap_err();
+    assert!(matches!(err, Error::Ordering(gpucomm_ordering::OrderError::NotKept { .. })), "{err}");
+    all_equal("a buffer handed back by a refused capture", &home.clone_dtoh(&owned).unwrap(), 6.0);
     all_equal("a buffer memset in a refused capture", &home.clone_dtoh(&outside).unwrap(), 3.0);
 
     // An error recorded in the context during the capture (as cudarc's guards record a failed
@@ -278,7 +284,7 @@ fn a_forgotten_nonblocking_put_is_still_quieted() {
         // `f` failing after a forgotten put inside a capture: the capture is discarded with `f`'s
         // error, after the quiet was captured (without it CUDA refuses the capture as unjoined),
         // and the stream leaves capture mode (the captures below use it again).
-        let err = nvshmem::capture(&s, (&rt, &mut dst, &src), |(rt, dst, src)| {
+        let (_, err) = nvshmem::capture(&s, (&rt, &mut dst, &src), |(rt, dst, src)| {
             std::mem::forget(rt.put_nbi_on_stream(&**dst, *src, 0, &s)?);
             rt.put_on_stream(&**dst, &src.slice(0..1)?, 0, &s)
         })

@@ -243,7 +243,8 @@ fn captures_that_would_not_keep_what_the_calls_use_are_refused() {
         // resources, so the kernel paths name the window's memory.
         let missing = nccl::capture(&side, (&send, &mut recv), |(send, recv)| {
             ar.all_reduce(&side, *send, *recv, ReduceOp::SUM).map(drop).map_err(in_nccl)
-        });
+        })
+        .map_err(|(_, e)| e);
         match (path, missing) {
             (Path::Nccl, Err(nccl::Error::Ordering(OrderError::ResourceNotKept { kind: "communicator" }))) => {}
             (Path::Ll | Path::OneShot | Path::TwoShot, Err(nccl::Error::Ordering(OrderError::NotKept { .. }))) => {}

@@ -182,8 +182,9 @@ fn a_borrowed_communicator_is_used_and_left_alive_to_its_owner() {
         borrowed.wait().unwrap();
         // Captured calls on it: the graph must keep `&borrowed`, as it keeps a `&Comm`.
         let side = stream.context().new_stream().unwrap();
-        let err = nccl::capture(&side, &mut buf, |buf| borrowed.on(&side).all_reduce_in_place(*buf, ReduceOp::SUM))
-            .unwrap_err();
+        let (_, err) =
+            nccl::capture(&side, &mut buf, |buf| borrowed.on(&side).all_reduce_in_place(*buf, ReduceOp::SUM))
+                .unwrap_err();
         assert!(matches!(err, Error::Ordering(OrderError::ResourceNotKept { kind: "communicator" })), "{err}");
         let mut graph = nccl::capture(&side, (&borrowed, &mut buf), |(borrowed, buf)| {
             borrowed.on(&side).all_reduce_in_place(*buf, ReduceOp::SUM)

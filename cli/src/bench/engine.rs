@@ -442,7 +442,8 @@ impl<'a, T: Elem> Bench<'a, T> {
 
     /// Captures `iters` calls on the rank's stream into one graph (nccl-tests' -G), through the
     /// capture scope of `nccl::capture`: the graph keeps the communicator, the dispatcher and the
-    /// buffers (moved into it until [`Graph::into_kept`] gives them back).
+    /// buffers (moved into it until [`Graph::into_kept`] gives them back; a refused capture gives
+    /// them back at once).
     fn capture(&mut self, counts: Counts, in_place: bool) -> Result<Captured<'a, T>> {
         let Ranks::Process(comm, _) = self.ranks else {
             return Err(CliError::Usage(one_stream_per_capture()));
@@ -456,6 +457,11 @@ impl<'a, T: Elem> Bench<'a, T> {
         let (ranks, issuer) = (self.ranks, &self.issuer);
         gpucomm_ordering::capture(comm.stream(), keep, |(_, _, bufs)| {
             calls.iter().try_for_each(|call| issue(ranks, issuer, call, bufs))
+        })
+        .map_err(|((_, _, bufs), e)| {
+            // A refused capture hands the buffers back: the bench goes on with them.
+            self.bufs = bufs;
+            e
         })
     }
 

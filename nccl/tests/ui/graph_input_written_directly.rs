@@ -9,7 +9,7 @@ fn demo(comm: &Comm, side: &Arc<CudaStream>, send: CudaSlice<f32>, recv: CudaSli
     let mut send = send;
     let mut graph = nccl::capture(side, (comm, &send, recv), |(comm, send, recv)| {
         comm.on(side).all_reduce(*send, recv, ReduceOp::SUM)
-    })?;
+    }).map_err(|(_, e)| e)?;
     side.memcpy_htod(&[1.0f32; 4], &mut send)?;
     graph.launch()?;
     Ok(())

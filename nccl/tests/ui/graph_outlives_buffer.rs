@@ -8,7 +8,7 @@ use nccl::{Collectives, Comm, ReduceOp};
 fn demo(comm: &Comm, side: &Arc<CudaStream>, mut buf: CudaSlice<f32>) -> nccl::Result<()> {
     let mut graph = nccl::capture(side, (comm, &mut buf), |(comm, buf)| {
         comm.on(side).all_reduce_in_place(*buf, ReduceOp::SUM)
-    })?;
+    }).map_err(|(_, e)| e)?;
     drop(buf);
     graph.launch()?;
     Ok(())

@@ -12,7 +12,7 @@ fn demo(rt: &Runtime, side: &Arc<CudaStream>, image: &[u8]) -> nvshmem::Result<(
     let mut graph = nvshmem::capture(side, (&module,), |_| {
         // SAFETY: (not the point of this test) a kernel without parameters.
         unsafe { kernel.launch(cfg, side, |_| Ok(())) }
-    })?;
+    }).map_err(|(_, e)| e)?;
     drop(module);
     graph.launch()?;
     Ok(())

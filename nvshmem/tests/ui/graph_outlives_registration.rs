@@ -7,7 +7,7 @@ use nvshmem::{Runtime, Symmetric};
 
 fn demo(rt: &Runtime, side: &Arc<CudaStream>, dst: Symmetric<'_, f32>, src: CudaSlice<f32>) -> nvshmem::Result<()> {
     let reg = rt.register(src).map_err(|(_, e)| e)?;
-    let mut graph = nvshmem::capture(side, (rt, dst, &reg), |(rt, dst, reg)| rt.put_on_stream(dst, &***reg, 0, side))?;
+    let mut graph = nvshmem::capture(side, (rt, dst, &reg), |(rt, dst, reg)| rt.put_on_stream(dst, &***reg, 0, side)).map_err(|(_, e)| e)?;
     let src = reg.unregister().map_err(|(_, e)| e)?;
     graph.launch()?;
     drop(src);

@@ -6,7 +6,7 @@ use cudarc::driver::CudaStream;
 use nvshmem::Runtime;
 
 fn demo(rt: Runtime, side: &Arc<CudaStream>) -> nvshmem::Result<()> {
-    let mut graph = nvshmem::capture(side, (&rt,), |(rt,)| rt.barrier_all_on_stream(side))?;
+    let mut graph = nvshmem::capture(side, (&rt,), |(rt,)| rt.barrier_all_on_stream(side)).map_err(|(_, e)| e)?;
     rt.finalize().map_err(|(_, e)| e)?;
     graph.launch()?;
     Ok(())

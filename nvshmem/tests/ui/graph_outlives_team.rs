@@ -7,7 +7,7 @@ use nvshmem::Runtime;
 
 fn demo(rt: &Runtime, side: &Arc<CudaStream>) -> nvshmem::Result<()> {
     let team = rt.world()?.split_strided(0, 1, rt.n_pes())?.expect("every PE is in it");
-    let mut graph = nvshmem::capture(side, (&team,), |(team,)| team.barrier_on_stream(side))?;
+    let mut graph = nvshmem::capture(side, (&team,), |(team,)| team.barrier_on_stream(side)).map_err(|(_, e)| e)?;
     team.destroy().map_err(|(_, e)| e)?;
     graph.launch()?;
     Ok(())
