@@ -92,7 +92,8 @@ impl Default for Options {
 /// let side = stream.context().new_stream()?;
 /// let mut graph = gpucomm_kernels::capture(&side, (&ar, &send, &mut recv), |(ar, send, recv)| {
 ///     ar.all_reduce(&side, *send, *recv, nccl::ReduceOp::SUM).map(drop)
-/// })?;
+/// })
+/// .map_err(|(_kept, e)| e)?; // a refused capture hands the keep set back with its error
 /// graph.launch()?;
 /// let (_, _, recv) = graph.into_kept();
 /// let sums = stream.clone_dtoh(recv)?;
