@@ -451,7 +451,7 @@ pub fn capture<K: Keep>(
     stream: &Arc<CudaStream>,
     keep: K,
     f: impl FnOnce(&mut K) -> Result<()>,
-) -> std::result::Result<gpucomm_ordering::Graph<K>, (K, Error)> {
+) -> gpucomm_ordering::Captured<K, Error> {
     gpucomm_ordering::capture(stream, keep, f)
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use gpucomm_ordering::{Graph, Keep, Resource, Visitor};
+use gpucomm_ordering::{Captured, Keep, Resource, Visitor};
 
 use crate::error::{Error, Result};
 use crate::group::open::refuse_inside;
@@ -50,12 +50,13 @@ impl Comm {
 ///   `f` gets it back (`&mut keep`) to make its calls; a call that uses a buffer or communicator
 ///   not in `keep` makes the capture fail ([`gpucomm_ordering::OrderError::NotKept`] and
 ///   friends), so the graph can never outlive what it uses: the compiler sees to the borrows.
-/// * **Launches are ordered.** [`Graph::launch`] makes the stream wait for earlier uses of the
+/// * **Launches are ordered.** [`Graph::launch`](gpucomm_ordering::Graph::launch) makes the stream wait for earlier uses of the
 ///   kept buffers on other streams, and records the launch as their last use (a write where a
 ///   call writes them): outputs read afterwards on any stream, and buffers freed afterwards, wait
 ///   for the graph.
-/// * **Between launches** read outputs with [`Graph::kept`] and write inputs with
-///   [`Graph::kept_mut`]; [`Graph::into_kept`] gives everything back.
+/// * **Between launches** read outputs with [`kept`](gpucomm_ordering::Graph::kept) and write inputs
+///   with [`kept_mut`](gpucomm_ordering::Graph::kept_mut); [`into_kept`](gpucomm_ordering::Graph::into_kept)
+///   gives everything back.
 /// * Only the calls on `stream` are captured; calls on other streams inside `f` run at once. A
 ///   call on a stream captured by anything else — cudarc's `begin_capture` included — is refused,
 ///   inside or outside `f`.
@@ -103,11 +104,7 @@ impl Comm {
 /// ```
 #[doc(alias = "cuStreamBeginCapture")]
 #[doc(alias = "cuStreamEndCapture")]
-pub fn capture<K: Keep>(
-    stream: &Arc<CudaStream>,
-    keep: K,
-    f: impl FnOnce(&mut K) -> Result<()>,
-) -> std::result::Result<Graph<K>, (K, Error)> {
+pub fn capture<K: Keep>(stream: &Arc<CudaStream>, keep: K, f: impl FnOnce(&mut K) -> Result<()>) -> Captured<K, Error> {
     if let Err(e) = refuse_inside() {
         return Err((keep, e));
     }

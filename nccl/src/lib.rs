@@ -78,7 +78,7 @@ pub use comm::{AbortHandle, AbortStatus, BorrowedComm, Comm, Config, Finalizing,
 #[cfg(nccl_2_27)]
 pub use comm::{CtaPolicy, ShrinkFlags};
 pub use error::{Error, Result, ResultCode};
-pub use gpucomm_ordering::{DeviceBuffer, DeviceBufferMut, DeviceMemory, Graph, Keep};
+pub use gpucomm_ordering::{Captured, DeviceBuffer, DeviceBufferMut, DeviceMemory, Graph, Keep};
 pub use graph::capture;
 pub use group::{group, Group, Member};
 #[cfg(nccl_2_22)]

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use gpucomm_ordering::{Graph, Keep};
+use gpucomm_ordering::{Captured, Keep};
 
 use crate::error::{Error, Result};
 
@@ -46,10 +46,6 @@ use crate::error::{Error, Result};
 /// ```
 #[doc(alias = "cuStreamBeginCapture")]
 #[doc(alias = "cuStreamEndCapture")]
-pub fn capture<K: Keep>(
-    stream: &Arc<CudaStream>,
-    keep: K,
-    f: impl FnOnce(&mut K) -> Result<()>,
-) -> std::result::Result<Graph<K>, (K, Error)> {
+pub fn capture<K: Keep>(stream: &Arc<CudaStream>, keep: K, f: impl FnOnce(&mut K) -> Result<()>) -> Captured<K, Error> {
     gpucomm_ordering::capture(stream, keep, f)
 }

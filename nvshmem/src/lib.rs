@@ -69,7 +69,7 @@ mod unique_id;
 pub use bootstrap::Bootstrap;
 pub use error::{Error, Result, Status};
 pub use gpucomm_build_support::cubin::cubin_arch;
-pub use gpucomm_ordering::{DeviceBuffer, DeviceBufferMut, DeviceMemory, Graph, Keep};
+pub use gpucomm_ordering::{Captured, DeviceBuffer, DeviceBufferMut, DeviceMemory, Graph, Keep};
 pub use graph::capture;
 pub use heap::{Element, HeapLimit, PeerView, Symmetric, SymmetricMemory, SymmetricSlice};
 pub use module::{Kernel, KernelArgs, Module};

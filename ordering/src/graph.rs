@@ -424,7 +424,7 @@ pub fn capture<K: Keep, E: From<OrderError>>(
     stream: &Arc<CudaStream>,
     keep: K,
     f: impl FnOnce(&mut K) -> Result<(), E>,
-) -> Result<Graph<K>, (K, E)> {
+) -> Captured<K, E> {
     if capture::scope_open() {
         return Err((keep, OrderError::NestedCapture.into()));
     }
@@ -465,6 +465,9 @@ pub fn capture<K: Keep, E: From<OrderError>>(
         Err(e) => Err((keep, e.into())),
     }
 }
+
+/// What [`capture`] returns: the graph, or the keep set handed back with the error.
+pub type Captured<K, E> = Result<Graph<K>, (K, E)>;
 
 // SAFETY: an empty keep set reports nothing.
 unsafe impl Keep for () {

@@ -35,7 +35,7 @@ pub use access::Access;
 pub use buffer::{DeviceBuffer, DeviceBufferMut, DeviceMemory};
 pub use capture::{admit, captured_completion, is_capturing, relaxed, Complete};
 pub use error::OrderError;
-pub use graph::{capture, Graph, Keep, Visitor};
+pub use graph::{capture, Captured, Graph, Keep, Visitor};
 pub use pinned::PinnedMut;
 pub use quiesce::{device_idle_within, wait_for_uses};
 pub use tracker::{captured_nonblocking, StreamTracker, Tracked};
