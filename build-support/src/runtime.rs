@@ -221,6 +221,49 @@ pub unsafe fn preload(
     Ok(Preloaded { path, place, version })
 }
 
+/// The conversions into a safe crate's error type from the failures the crate family shares: a
+/// library that could not be loaded ([`LoadError`]), a function the loaded library lacks
+/// ([`MissingFunction`]), a failed rendezvous (`gpucomm_launch::RendezvousError`), and a refusal
+/// of the stream ordering (`gpucomm_ordering::OrderError`), whose CUDA failures become the error's
+/// `Cuda` variant so that their text appears once in the chain. The type needs the variants
+/// `Load(Box<LoadError>)`, `MissingFunction(Box<MissingFunction>)`,
+/// `Rendezvous(Box<RendezvousError>)`, `Cuda(DriverError)` and `Ordering(OrderError)`; the crate
+/// that invokes `family_error_conversions!(Error)` depends on `gpucomm-launch` and
+/// `gpucomm-ordering`.
+#[macro_export]
+macro_rules! family_error_conversions {
+    ($error:ty) => {
+        impl From<$crate::runtime::LoadError> for $error {
+            fn from(e: $crate::runtime::LoadError) -> Self {
+                Self::Load(Box::new(e))
+            }
+        }
+
+        impl From<$crate::runtime::MissingFunction> for $error {
+            fn from(e: $crate::runtime::MissingFunction) -> Self {
+                Self::MissingFunction(Box::new(e))
+            }
+        }
+
+        impl From<::gpucomm_launch::RendezvousError> for $error {
+            fn from(e: ::gpucomm_launch::RendezvousError) -> Self {
+                Self::Rendezvous(Box::new(e))
+            }
+        }
+
+        /// A CUDA failure while ordering is the `Cuda` variant, so that its text appears once in
+        /// the chain.
+        impl From<::gpucomm_ordering::OrderError> for $error {
+            fn from(e: ::gpucomm_ordering::OrderError) -> Self {
+                match e {
+                    ::gpucomm_ordering::OrderError::Cuda(e) => Self::Cuda(e),
+                    other => Self::Ordering(other),
+                }
+            }
+        }
+    };
+}
+
 /// Declares what every -sys crate exposes: the bindings generated into `$OUT_DIR/bindings.rs`, the
 /// build facts baked in by `build::SysBuild` (`HEADER_VERSION`, `BUILD_LIB_DIR`, `INCLUDE_DIR`,
 /// `CUDA_INCLUDE_DIR`), the re-exported loading types, and `pub fn library()` over a `static`

@@ -356,33 +356,7 @@ pub enum Error {
     },
 }
 
-impl From<nccl_sys::LoadError> for Error {
-    fn from(e: nccl_sys::LoadError) -> Self {
-        Error::Load(Box::new(e))
-    }
-}
-
-impl From<nccl_sys::MissingFunction> for Error {
-    fn from(e: nccl_sys::MissingFunction) -> Self {
-        Error::MissingFunction(Box::new(e))
-    }
-}
-
-impl From<crate::launch::RendezvousError> for Error {
-    fn from(e: crate::launch::RendezvousError) -> Self {
-        Error::Rendezvous(Box::new(e))
-    }
-}
-
-/// A CUDA failure while ordering is [`Error::Cuda`], so that its text appears once in the chain.
-impl From<gpucomm_ordering::OrderError> for Error {
-    fn from(e: gpucomm_ordering::OrderError) -> Self {
-        match e {
-            gpucomm_ordering::OrderError::Cuda(e) => Error::Cuda(e),
-            other => Error::Ordering(other),
-        }
-    }
-}
+gpucomm_build_support::family_error_conversions!(Error);
 
 /// Shorthand for this crate's results.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
