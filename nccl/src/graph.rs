@@ -50,13 +50,13 @@ impl Comm {
 ///   `f` gets it back (`&mut keep`) to make its calls; a call that uses a buffer or communicator
 ///   not in `keep` makes the capture fail ([`gpucomm_ordering::OrderError::NotKept`] and
 ///   friends), so the graph can never outlive what it uses: the compiler sees to the borrows.
-/// * **Launches are ordered.** [`Graph::launch`](gpucomm_ordering::Graph::launch) makes the stream wait for earlier uses of the
-///   kept buffers on other streams, and records the launch as their last use (a write where a
-///   call writes them): outputs read afterwards on any stream, and buffers freed afterwards, wait
-///   for the graph.
-/// * **Between launches** read outputs with [`kept`](gpucomm_ordering::Graph::kept) and write inputs
-///   with [`kept_mut`](gpucomm_ordering::Graph::kept_mut); [`into_kept`](gpucomm_ordering::Graph::into_kept)
-///   gives everything back.
+/// * **Launches are ordered.** [`Graph::launch`](crate::Graph::launch) makes the stream wait for
+///   earlier uses of the kept buffers on other streams, and records the launch as their last use
+///   (a write where a call writes them): outputs read afterwards on any stream, and buffers freed
+///   afterwards, wait for the graph.
+/// * **Between launches** read outputs with [`Graph::kept`](crate::Graph::kept) and write inputs
+///   with [`Graph::kept_mut`](crate::Graph::kept_mut);
+///   [`Graph::into_kept`](crate::Graph::into_kept) gives everything back.
 /// * Only the calls on `stream` are captured; calls on other streams inside `f` run at once. A
 ///   call on a stream captured by anything else — cudarc's `begin_capture` included — is refused,
 ///   inside or outside `f`.
