@@ -436,8 +436,6 @@ impl<'c> LsaKernels<'c> {
         let (_, _write) = access.write(&mut written)?;
         // The device communicator's barriers are used by one launch at a time, as the window is.
         let (_, _window) = access.read(&self.window)?;
-        // cudarc records failed waits in the context instead of returning them.
-        access.stream().context().check_err()?;
         let (send_off, recv_off) = (send_at * size_of::<T>(), recv_at * size_of::<T>());
         let stream = access.stream();
         let mut launch = stream.launch_builder(kernel);
@@ -535,7 +533,6 @@ impl<'c> LsaKernels<'c> {
         let (src, _read) = access.read(send)?;
         let (dst, _write) = access.write(recv)?;
         let (_, _window) = access.read(&self.window)?;
-        access.stream().context().check_err()?;
         // SAFETY: `src` and `dst` address `count` elements of T on the communicator's device (the
         // buffers' `DeviceMemory` promise; lengths and devices checked), borrowed (their guards
         // alive) until the launches are enqueued; the buffers and the window were ordered on the
@@ -555,7 +552,6 @@ impl<'c> LsaKernels<'c> {
         self.admit(access)?;
         let (ptr, _write) = access.write(buf)?;
         let (_, _window) = access.read(&self.window)?;
-        access.stream().context().check_err()?;
         // SAFETY: as in `pair`, with one buffer as input and output; every kernel reads each
         // input element before it writes the same output element, or reads a staged copy.
         unsafe { self.launch::<T>(kernel, function, access.stream(), ptr, ptr, count) }

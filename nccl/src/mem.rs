@@ -39,11 +39,14 @@ use crate::ffi::call;
 /// their streams only, then calls `ncclMemFree`.
 #[doc(alias = "ncclMemAlloc")]
 #[cfg_attr(docsrs, doc(cfg(nccl_2_19)))]
+// What a call on one stream reads (address, length, stream, and the tracker's first fields) lies
+// in the first 48 bytes, in this order, and the buffer starts a cache line: one line per buffer.
+#[repr(C, align(64))]
 pub struct MemBuffer<T> {
     ptr: CUdeviceptr,
     len: usize,
-    tracker: StreamTracker,
     home: Arc<CudaStream>,
+    tracker: StreamTracker,
     /// Set by the consuming teardown once the C resource is gone: `Drop` then has nothing to do.
     released: bool,
     _elements: PhantomData<T>,

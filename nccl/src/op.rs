@@ -130,7 +130,6 @@ impl<'a, T: NcclType> PreMulSum<'a, T> {
         comm.check_device("PreMulSum scalar", scalar.stream())?;
         let access = Access::new(comm.stream());
         let (ptr, _guard) = access.read(scalar)?;
-        comm.context().check_err()?;
         // SAFETY: NCCL keeps the pointer and reads one `T` from it while each collective using the
         // operator runs. It points at a one-element buffer of `T` on the communicator's device
         // (checked), borrowed for 'a, the operator's lifetime; each call using the operator takes

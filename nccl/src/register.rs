@@ -98,7 +98,6 @@ impl Comm {
         let mut handle: *mut c_void = std::ptr::null_mut();
         let access = Access::new(self.stream());
         let (ptr, _guard) = access.write(buf)?;
-        self.context().check_err()?;
         // SAFETY: `ptr` points at `bytes` bytes of device memory on this communicator's device
         // (checked), owned by the registration until it is deregistered (the caller builds it at
         // once); `handle` is a live out-pointer; `c` is live (checked above; nothing in between

@@ -136,8 +136,6 @@ impl<'b> Plan<'_, 'b> {
         let access = Access::new(self.stream);
         access.resource(communicator(self.comm))?;
         let (call, guards) = take(&access)?;
-        // cudarc records failed waits in the context instead of returning them.
-        self.stream.context().check_err()?;
         // SAFETY: `call` was built by a `Collectives` method, whose checks make its pointers valid
         // for its count, type and ranks on this communicator's device (lengths and devices are
         // the buffers' `DeviceMemory` promise); the buffers are borrowed for 'b and their guards
@@ -145,7 +143,8 @@ impl<'b> Plan<'_, 'b> {
         // scope, whose graph keeps the buffers and the communicator (the access refused others).
         let rc = unsafe { call.issue() };
         let settled = self.comm.settle(call.name(), rc, self.stream);
-        if settled.is_ok() && crate::watchdog::active() {
+        // Watchdogs watch nonblocking communicators only: a blocking one skips the global flag.
+        if settled.is_ok() && self.comm.is_nonblocking() && crate::watchdog::active() {
             crate::watchdog::note(self.comm, &call, self.stream);
         }
         drop(guards);

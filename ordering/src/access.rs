@@ -8,7 +8,7 @@ use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError, SyncOnDr
 
 use crate::capture::{self, relaxed};
 use crate::usage::{Mode, Resource, Use};
-use crate::{DeviceBuffer, DeviceBufferMut, OrderError};
+use crate::{DeviceBuffer, DeviceBufferMut, OrderError, Tracked};
 
 /// The call being prepared on this thread, so that a tracked buffer reached through cudarc's
 /// `DevicePtr` (which only sees `&CudaStream`) knows the call's `Arc<CudaStream>` and mode. It
@@ -21,12 +21,19 @@ struct Call {
     idle: Option<sys::CUstream>,
 }
 
+/// How the pointer being taken was ordered, as its tracker reported it ([`report`]); `None` while
+/// no tracker has reported: the buffer followed cudarc's protocol, which records its failures in
+/// the context instead.
+type Reported = Option<Result<(), OrderError>>;
+
 thread_local! {
     static CURRENT: Cell<Option<Call>> = const { Cell::new(None) };
+    static REPORTED: Cell<Reported> = const { Cell::new(None) };
 }
 
 /// Runs `f` with the stream and mode of the call in progress on this thread whose stream (or idle
 /// helper stream) is `stream`; `None` when there is no such call.
+#[inline]
 pub(crate) fn with_current<R>(stream: &CudaStream, f: impl FnOnce(&Arc<CudaStream>, Mode) -> R) -> Option<R> {
     let call = CURRENT.with(Cell::get)?;
     // SAFETY: `call.stream` points at the `Arc` borrowed by the `Access` whose `take` set it; the
@@ -35,6 +42,20 @@ pub(crate) fn with_current<R>(stream: &CudaStream, f: impl FnOnce(&Arc<CudaStrea
     let ours = (arc.cu_stream() == stream.cu_stream() && Arc::ptr_eq(arc.context(), stream.context()))
         || call.idle == Some(stream.cu_stream());
     ours.then(|| f(arc, call.mode))
+}
+
+/// Called by a tracker inside [`with_current`]'s call: how it ordered the pointer being taken.
+/// The first failure is kept (a buffer whose pointer takes several trackers' pointers reports
+/// each).
+#[inline]
+pub(crate) fn report(ordered: Result<(), OrderError>) {
+    REPORTED.with(|r| {
+        let kept = match r.take() {
+            Some(Err(e)) => Err(e),
+            _ => ordered,
+        };
+        r.set(Some(kept));
+    });
 }
 
 /// Takes the device pointers of the buffers of one call (a collective, a put) on one stream.
@@ -46,7 +67,9 @@ pub(crate) fn with_current<R>(stream: &CudaStream, f: impl FnOnce(&Arc<CudaStrea
 ///   waits for earlier conflicting uses on other streams, and the returned guards record this use
 ///   when dropped — drop them only after the work is enqueued. Buffers with a
 ///   [`StreamTracker`](crate::StreamTracker) remember the stream, so that a later use on it costs
-///   nothing;
+///   nothing. A failure to order a buffer is returned by `read`/`write`: a tracker's at once, and
+///   one that cudarc's protocol recorded in the context (where cudarc keeps the failures of its
+///   waits) by checking the context after each buffer that follows that protocol;
 /// * **captured by this thread's [`capture`](crate::capture) scope**: the pointers are taken
 ///   without waiting (cudarc's waits would break the capture; they go to a private idle stream)
 ///   and the uses are recorded for the graph, whose launch orders them;
@@ -74,6 +97,7 @@ impl<'s> Access<'s> {
         self.stream
     }
 
+    #[inline]
     fn mode(&self) -> Result<Mode, OrderError> {
         if let Some(m) = self.mode.get() {
             return Ok(m);
@@ -125,7 +149,11 @@ impl<'s> Access<'s> {
     where
         's: 'a,
     {
-        self.take(buf.num_bytes(), Use::Read, |stream| buf.device_ptr(stream))
+        let bytes = buf.num_bytes();
+        if let Some(ptr) = self.tracked_only(buf.tracked(), bytes, Use::Read)? {
+            return Ok((ptr, SyncOnDrop::Record(None)));
+        }
+        self.take(bytes, Use::Read, |stream| buf.device_ptr(stream))
     }
 
     /// The pointer of `buf` for writing on the call's stream, and the guard to drop after enqueue.
@@ -137,7 +165,33 @@ impl<'s> Access<'s> {
         's: 'a,
     {
         let bytes = buf.num_bytes();
+        if let Some(ptr) = self.tracked_only(buf.tracked(), bytes, Use::Write)? {
+            return Ok((ptr, SyncOnDrop::Record(None)));
+        }
         self.take(bytes, Use::Write, |stream| buf.device_ptr_mut(stream))
+    }
+
+    /// The address of a buffer with a tracker (`tracked`: its parts) when the tracker alone orders
+    /// a use `how` of `bytes` bytes, reading only its first cache line: an eager use on the stream
+    /// the memory was last used on (nothing to wait for, nothing to record), a use captured by
+    /// this thread's scope (recorded for the graph), a survey. `None` when the use must go through
+    /// the buffer's `device_ptr`.
+    #[inline]
+    fn tracked_only(
+        &self,
+        tracked: Option<Tracked<'_>>,
+        bytes: usize,
+        how: Use,
+    ) -> Result<Option<sys::CUdeviceptr>, OrderError> {
+        let Some(t) = tracked else { return Ok(None) };
+        Ok(match self.mode()? {
+            Mode::Eager => t.tracker().needs_nothing(self.stream, how).then_some(t.ptr()),
+            Mode::Captured => {
+                capture::record_tracked_use(self.stream, t.tracker().key(), t.ptr(), bytes, how);
+                Some(t.ptr())
+            }
+            Mode::Survey => Some(t.ptr()),
+        })
     }
 
     fn take<'a>(
@@ -155,8 +209,8 @@ impl<'s> Access<'s> {
             Mode::Captured | Mode::Survey => Some(self.idle()?),
         };
         let call = Call { stream: self.stream, mode, idle: idle.map(|p| p.cu_stream()) };
-        let _restore = Restore(CURRENT.with(|c| c.replace(Some(call))));
-        Ok(match idle {
+        let restore = Restore::enter(call);
+        let taken = match idle {
             // The helper stream is idle and never captured: cudarc's waits land there, harmlessly,
             // and the guard is dropped unrecorded (nothing runs now).
             Some(idle) => {
@@ -168,16 +222,42 @@ impl<'s> Access<'s> {
                 (ptr, SyncOnDrop::Record(None))
             }
             None => get(self.stream),
-        })
+        };
+        match restore.reported() {
+            Some(ordered) => ordered?,
+            // cudarc's protocol (or a type built on it) records a failed wait in the context.
+            None => self.stream.context().check_err()?,
+        }
+        Ok(taken)
     }
 }
 
-/// Puts back the call that was in progress before (none, unless calls nest), on every path.
-struct Restore(Option<Call>);
+/// The call in progress on this thread while one pointer is taken: entering it makes it current
+/// with nothing reported yet; leaving it (on every path) puts back the call and report that were
+/// in progress before (none, unless calls nest).
+struct Restore {
+    call: Option<Call>,
+    reported: Reported,
+}
+
+impl Restore {
+    #[inline]
+    fn enter(call: Call) -> Self {
+        Restore { call: CURRENT.with(|c| c.replace(Some(call))), reported: REPORTED.with(Cell::take) }
+    }
+
+    /// What the buffer's tracker reported, if it has one.
+    #[inline]
+    fn reported(&self) -> Reported {
+        REPORTED.with(Cell::take)
+    }
+}
 
 impl Drop for Restore {
+    #[inline]
     fn drop(&mut self) {
-        CURRENT.with(|c| c.set(self.0));
+        CURRENT.with(|c| c.set(self.call));
+        REPORTED.with(|r| r.set(self.reported.take()));
     }
 }
 

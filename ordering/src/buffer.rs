@@ -79,6 +79,8 @@
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 
+use crate::Tracked;
+
 /// The promise a type makes so that the communication calls may pass its memory to C: its
 /// cudarc traits for [`DeviceMemory::Elem`] tell the truth. `nccl` and `nvshmem` accept a buffer
 /// only through [`DeviceBuffer<T>`] / [`DeviceBufferMut<T>`], which need this trait.
@@ -102,12 +104,26 @@ use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 ///    that later writes and the free wait for it; `device_ptr_mut(stream)` makes `stream` wait for
 ///    every earlier use, and its guard records the write so that every later use waits for it.
 ///    This is cudarc's protocol (its events) or a [`StreamTracker`](crate::StreamTracker)'s.
+/// 4. **`tracked` tells the truth.** Where [`DeviceMemory::tracked`] returns parts, they describe
+///    the memory `device_ptr` and `device_ptr_mut` hand out (address and length), and those order
+///    every use through that tracker exactly as [`tracked_device_ptr!`](crate::tracked_device_ptr)
+///    does (which implements this trait, `tracked` included).
 ///
 /// cudarc's own slices keep one event for all readers, so a write after reads on two other
 /// streams waits for the later reader only; trackers remember every reading stream.
 pub unsafe trait DeviceMemory {
     /// The element type the promise is about.
     type Elem;
+
+    /// The buffer's address, length and [`StreamTracker`](crate::StreamTracker) when a tracker
+    /// orders its uses; `None` (the default) for cudarc's protocol. An
+    /// [`Access`](crate::Access) uses them to order the common case — a use on the stream the
+    /// memory was last used on, or one captured by this crate's scope — without going through
+    /// `device_ptr`.
+    #[inline]
+    fn tracked(&self) -> Option<Tracked<'_>> {
+        None
+    }
 }
 
 /// Device memory a call may read: cudarc's [`DevicePtr`] for `T`, backed by the promise of

@@ -176,6 +176,18 @@ pub(crate) fn record_use(stream: &CudaStream, ptr: sys::CUdeviceptr, bytes: usiz
     with_scope(stream, |s| s.used.push(Used { ordinal, ptr, bytes, how }));
 }
 
+/// Records a captured use of `bytes` bytes at `ptr` on `stream`'s device, in memory whose tracker
+/// has the key `local`: after the completion of a pending non-blocking operation on that memory,
+/// as [`complete_before_use`] enqueues it, then as [`record_use`] records it (one look at the
+/// scope for both).
+pub(crate) fn record_tracked_use(stream: &CudaStream, local: usize, ptr: sys::CUdeviceptr, bytes: usize, how: Use) {
+    let ordinal = stream.context().ordinal();
+    with_scope(stream, |s| {
+        complete_pending_use(s, stream, local);
+        s.used.push(Used { ordinal, ptr, bytes, how });
+    });
+}
+
 /// Records that a captured call uses `resource`.
 pub(crate) fn record_resource(stream: &CudaStream, resource: Resource) {
     with_scope(stream, |s| {
@@ -213,15 +225,18 @@ pub(crate) fn nonblocking_captured(stream: &CudaStream, local: usize, complete: 
 /// non-blocking operation captured without a completion yet uses that memory, enqueues the
 /// completion first.
 pub(crate) fn complete_before_use(stream: &CudaStream, local: usize) {
-    with_scope(stream, |s| {
-        if s.pending.as_ref().is_some_and(|p| p.locals.contains(&local)) {
-            if let Some(p) = s.pending.take() {
-                if let Err(e) = (p.complete)(stream) {
-                    s.failed.get_or_insert(e);
-                }
+    with_scope(stream, |s| complete_pending_use(s, stream, local));
+}
+
+/// [`complete_before_use`] on the scope `s` of `stream`.
+fn complete_pending_use(s: &mut Scope, stream: &CudaStream, local: usize) {
+    if s.pending.as_ref().is_some_and(|p| p.locals.contains(&local)) {
+        if let Some(p) = s.pending.take() {
+            if let Err(e) = (p.complete)(stream) {
+                s.failed.get_or_insert(e);
             }
         }
-    });
+    }
 }
 
 /// Tells the capture scope of `stream`, if any, that a completion (NVSHMEM's quiet) of every

@@ -60,6 +60,10 @@ impl<T, B: DevicePtrMut<T> + ?Sized> DevicePtrMut<T> for PinnedMut<'_, T, B> {
 // `buf`'s own, which its `DeviceMemory` implementation promises to be truthful.
 unsafe impl<T, B: DeviceMemory<Elem = T> + DevicePtrMut<T> + ?Sized> DeviceMemory for PinnedMut<'_, T, B> {
     type Elem = T;
+    #[inline]
+    fn tracked(&self) -> Option<crate::Tracked<'_>> {
+        self.buf.tracked()
+    }
 }
 
 // SAFETY: the exclusive borrow keeps the buffer alive, and in place, for the `PinnedMut`'s life;

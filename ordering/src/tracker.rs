@@ -56,8 +56,12 @@ struct State {
 ///
 /// Uses that are captured into a graph leave the tracker alone: the graph's launch orders itself
 /// (see [`Graph`](crate::Graph)).
+///
+/// The fields that the common case reads (`fast`, `version`, `home`) come first, in this order
+/// (`repr(C)`), so that they share one cache line with each other and, in a buffer that begins
+/// with its address, length and stream (such as `nccl::MemBuffer`), with those too.
+#[repr(C)]
 pub struct StreamTracker {
-    state: Mutex<State>,
     /// The fast paths, indexed by [`Use`] (`fast[0]` reads, `fast[1]` writes): the tagged handle
     /// ([`tag`]) of the stream on which such a use needs no wait and changes nothing — for reads,
     /// the stream of the last write; for writes, the only stream with outstanding uses — when that
@@ -70,12 +74,15 @@ pub struct StreamTracker {
     version: AtomicUsize,
     /// The context of the stream the tracker was created on.
     home: Arc<CudaContext>,
+    /// What the tracker knows about the outstanding uses; `fast` mirrors it.
+    state: Mutex<State>,
     /// Recorded on a stream and waited for at once, under the lock.
     scratch: CudaEvent,
 }
 
 /// A stream's handle as [`StreamTracker::fast`] stores it: never 0 (the legacy default stream's
 /// handle is 0), and stream handles are even, so tagging keeps them distinct.
+#[inline]
 fn tag(stream: &CudaStream) -> usize {
     stream.cu_stream() as usize | 1
 }
@@ -115,7 +122,7 @@ impl StreamTracker {
     /// True when a use `how` on `stream` certainly needs no wait and changes nothing: no lock, no
     /// driver call.
     #[inline]
-    fn needs_nothing(&self, stream: &CudaStream, how: Use) -> bool {
+    pub(crate) fn needs_nothing(&self, stream: &CudaStream, how: Use) -> bool {
         let before = self.version.load(Ordering::SeqCst);
         let fast = &self.fast[how as usize];
         let hit = fast.load(Ordering::SeqCst) == tag(stream) && Arc::ptr_eq(stream.context(), &self.home);
@@ -124,7 +131,8 @@ impl StreamTracker {
 
     /// This tracker's identity, for the capture scope's list of buffers a pending non-blocking
     /// operation still uses.
-    fn key(&self) -> usize {
+    #[inline]
+    pub(crate) fn key(&self) -> usize {
         self as *const StreamTracker as usize
     }
 
@@ -291,7 +299,28 @@ impl StreamTracker {
     /// would use the memory without keeping it alive); otherwise it waits for the conflicting
     /// uses, and the returned guard records it in an event. CUDA errors are recorded in the
     /// context, as cudarc does in its own guards.
+    ///
+    /// The common case — an eager call on the stream this memory was last used on — is inlined
+    /// into the caller and touches only the tracker's first cache line: no lock, no driver call.
+    #[inline]
     pub fn device_ptr_guard<'a>(
+        &'a self,
+        stream: &'a CudaStream,
+        ptr: sys::CUdeviceptr,
+        bytes: usize,
+        how: Use,
+    ) -> SyncOnDrop<'a> {
+        let same_stream = access::with_current(stream, |arc, mode| mode == Mode::Eager && self.needs_nothing(arc, how));
+        if same_stream == Some(true) {
+            access::report(Ok(()));
+            return SyncOnDrop::Record(None);
+        }
+        self.ordered_guard(stream, ptr, bytes, how)
+    }
+
+    /// [`StreamTracker::device_ptr_guard`] past its inlined common case.
+    #[inline(never)]
+    fn ordered_guard<'a>(
         &'a self,
         stream: &'a CudaStream,
         ptr: sys::CUdeviceptr,
@@ -307,7 +336,7 @@ impl StreamTracker {
             Mode::Survey => Ok(()),
         });
         if let Some(ordered) = in_call {
-            stream.context().record_err(ordered.map_err(to_driver));
+            access::report(ordered);
             return SyncOnDrop::Record(None);
         }
         match capture::mode(stream) {
@@ -433,26 +462,31 @@ impl<'a> Tracked<'a> {
     }
 
     /// The device address.
+    #[inline]
     pub fn ptr(&self) -> sys::CUdeviceptr {
         self.ptr
     }
 
     /// The length in elements.
+    #[inline]
     pub fn len(&self) -> usize {
         self.len
     }
 
     /// True for zero elements.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 
     /// The tracker.
+    #[inline]
     pub fn tracker(&self) -> &'a StreamTracker {
         self.tracker
     }
 
     /// The home stream.
+    #[inline]
     pub fn home(&self) -> &'a Arc<CudaStream> {
         self.home
     }
@@ -519,6 +553,11 @@ macro_rules! tracked_device_ptr {
         // parts and order every use through the tracker.
         unsafe impl<$($gen)*> $crate::DeviceMemory for $ty {
             type Elem = T;
+            #[inline]
+            fn tracked(&self) -> ::std::option::Option<$crate::Tracked<'_>> {
+                let $b = self;
+                ::std::option::Option::Some($parts)
+            }
         }
     };
 }

@@ -8,6 +8,7 @@
 //! * finding 6: a write waits for every reader of a `MemBuffer` that two threads read at once;
 //! * finding 10: forgetting a non-blocking put's handle does not skip its quiet;
 //! * zero-element collectives are no-ops, also inside groups;
+//! * a tracker that cannot order a buffer fails the call with its own error;
 //! * registrations (which own their buffers) are kept by the graphs that use them, and ending one
 //!   waits for the graph's launches.
 //!
@@ -247,6 +248,38 @@ fn a_write_waits_for_every_reader_of_a_shared_membuffer() {
     all_equal("the read held back on stream A", &a.clone_dtoh(&ra).unwrap(), 1.0);
     all_equal("the read on stream B", &b.clone_dtoh(&rb).unwrap(), 1.0);
     all_equal("the zeroed buffer", &home.clone_dtoh(&x).unwrap(), 0.0);
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_tracker_that_cannot_order_a_buffer_fails_the_call_with_its_reason() {
+    // A MemBuffer last written on the side stream is used on the home stream while the side
+    // stream is being captured: its tracker cannot make the home stream wait for work that has
+    // not run yet, and refuses. Before, the refusal was recorded in the CUDA context as a driver
+    // code, and the call returned `Error::Cuda(CUDA_ERROR_STREAM_CAPTURE_ISOLATION)` only because
+    // every call then checked the context (a locked swap on every call); now `Access` returns
+    // the tracker's own error, and checks the context only after buffers that follow cudarc's
+    // protocol.
+    let test = "a_tracker_that_cannot_order_a_buffer_fails_the_call_with_its_reason";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let side = ctx.new_stream().unwrap();
+    let mut buf = MemBuffer::from_host(comm.stream(), &[1.0f32; N]).unwrap();
+    comm.on(&side).all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
+    let mut refused = None;
+    let graph = nccl::capture(&side, (), |_| {
+        refused = Some(comm.all_reduce_in_place(&mut buf, ReduceOp::SUM));
+        Ok(())
+    })
+    .map_err(|(_, e)| e)
+    .unwrap();
+    drop(graph);
+    let refused = refused.expect("the closure ran");
+    assert!(matches!(refused, Err(Error::Ordering(gpucomm_ordering::OrderError::CaptureOpen))), "{refused:?}");
+    assert_eq!(ctx.check_err(), Ok(()), "nothing is left recorded in the context");
+    // The refused call changed nothing, and the buffer is usable again once the capture ended.
+    comm.all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
+    all_equal("the buffer after the refusal", &comm.stream().clone_dtoh(&buf).unwrap(), 1.0);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
 }
 
 #[test]

@@ -94,18 +94,21 @@ use watch::Watch;
 /// are gone (inside a [`crate::group`] closure it is leaked instead, with a message). `Drop` never
 /// panics; failures there are logged through the `log` crate.
 #[doc(alias = "ncclComm_t")]
+// What every call reads (handle, abort state, stream, device, blocking mode, and the watch's borrow
+// flag and timeout) comes first, in this order, and the value starts a cache line: one line.
+#[repr(C, align(64))]
 pub struct Comm {
     raw: NonNull<ncclComm>,
     /// The abort state, shared with [`AbortHandle`]s.
     health: Arc<Health>,
     stream: Arc<CudaStream>,
-    rank: usize,
-    size: usize,
     device: usize,
     nonblocking: bool,
     /// Set once `ncclCommRevoke` was called: NCCL then refuses `ncclCommFinalize`.
     revoked: Cell<bool>,
     watch: RefCell<Watch>,
+    rank: usize,
+    size: usize,
     /// Strings NCCL keeps pointers to (`commName`), alive as long as the communicator.
     _strings: Option<Arc<ConfigStrings>>,
     /// The out-pointers given to `ncclCommSplit`/`ncclCommShrink`, which NCCL's background job
@@ -353,8 +356,11 @@ impl Comm {
     /// recorded for the watch (an event on `stream`); without one, on a blocking communicator's
     /// own stream, this costs three branches (a nonblocking one adds one `ncclCommGetAsyncError`).
     pub(crate) fn settle(&self, call: &'static str, rc: ncclResult_t, stream: &Arc<CudaStream>) -> Result<()> {
-        self.health.check()?;
+        // Only the owner (this thread) aborts a blocking communicator — abort handles, and so
+        // watchdogs, need a nonblocking one — so a blocking one that succeeded is as live as when
+        // the call checked it.
         if rc != ncclResult_t::ncclSuccess || self.nonblocking {
+            self.health.check()?;
             self.complete(call, rc)?;
         }
         let mut watch = self.watch.borrow_mut();

@@ -45,7 +45,9 @@ struct Enqueued {
     call: &'static str,
 }
 
+#[repr(C)]
 pub(crate) struct Watch {
+    /// First: every call reads it (see [`Comm`]'s layout).
     timeout: Option<Duration>,
     /// Oldest first.
     running: VecDeque<Enqueued>,
