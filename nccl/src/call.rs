@@ -9,12 +9,13 @@
 //! passes buffer pointers to NCCL.
 
 use std::ffi::{c_int, c_void};
+use std::sync::OnceLock;
 
 use cudarc::driver::{sys::CUdeviceptr, CudaStream};
 use nccl_sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
 
 use crate::error::Result;
-use crate::types::check_type;
+use crate::types::check_loaded_type;
 use crate::{Comm, NcclType};
 
 /// `ncclAllReduce`, `ncclReduceScatter`: (send, recv, count, type, op, comm, stream).
@@ -69,12 +70,23 @@ enum Entry {
     Recv(RecvFn, c_int),
 }
 
-/// Resolves `ncclX` in the loaded library `lib` and wraps it with `make`, giving
-/// `(name, entry)`: a function the library lacks is [`crate::Error::MissingFunction`], naming the
-/// version that added it.
+/// `ncclX` as a function of type `$ty` (the compiler checks it against the bindgen signature),
+/// wrapped with `make`, giving `(name, entry)`. Resolved in the loaded library at its first call
+/// and kept in a `static` of its own, so that later calls read one word instead of the library's
+/// table; a function the library lacks is [`crate::Error::MissingFunction`], naming the version
+/// that added it.
 macro_rules! entry {
-    ($lib:expr, $name:ident, $make:expr) => {{
-        let f = *::nccl_sys::function!($lib, $name)?;
+    ($name:ident: $ty:ty, $make:expr) => {{
+        static RESOLVED: OnceLock<$ty> = OnceLock::new();
+        let f: $ty = match RESOLVED.get() {
+            Some(&f) => f,
+            None => {
+                let f: $ty = *::nccl_sys::function!(crate::ffi::lib()?, $name)?;
+                // Another thread may have stored the same function first.
+                let _ = RESOLVED.set(f);
+                f
+            }
+        };
         (stringify!($name), $make(f))
     }};
 }
@@ -119,24 +131,22 @@ impl Call {
     /// no-op; every rank must still make it, as any call. The buffer pointers are added with
     /// [`Call::buffers`] once taken.
     pub(crate) fn new<T: NcclType>(kind: Kind, count: usize, comm: &Comm, stream: &CudaStream) -> Result<Self> {
-        // One lookup of the loaded library serves the function and the type check.
-        let lib = crate::ffi::lib()?;
         let (name, entry) = match kind {
-            Kind::AllReduce(op) => entry!(lib, ncclAllReduce, |f| Entry::Reducing(f, op)),
-            Kind::ReduceScatter(op) => entry!(lib, ncclReduceScatter, |f| Entry::Reducing(f, op)),
-            Kind::Reduce(op, root) => entry!(lib, ncclReduce, |f| Entry::Reduce(f, op, root)),
-            Kind::Broadcast(root) => entry!(lib, ncclBroadcast, |f| Entry::Rooted(f, root)),
+            Kind::AllReduce(op) => entry!(ncclAllReduce: ReducingFn, |f| Entry::Reducing(f, op)),
+            Kind::ReduceScatter(op) => entry!(ncclReduceScatter: ReducingFn, |f| Entry::Reducing(f, op)),
+            Kind::Reduce(op, root) => entry!(ncclReduce: ReduceFn, |f| Entry::Reduce(f, op, root)),
+            Kind::Broadcast(root) => entry!(ncclBroadcast: RootedFn, |f| Entry::Rooted(f, root)),
             #[cfg(nccl_2_28)]
-            Kind::Gather(root) => entry!(lib, ncclGather, |f| Entry::Rooted(f, root)),
+            Kind::Gather(root) => entry!(ncclGather: RootedFn, |f| Entry::Rooted(f, root)),
             #[cfg(nccl_2_28)]
-            Kind::Scatter(root) => entry!(lib, ncclScatter, |f| Entry::Rooted(f, root)),
-            Kind::AllGather => entry!(lib, ncclAllGather, Entry::Plain),
+            Kind::Scatter(root) => entry!(ncclScatter: RootedFn, |f| Entry::Rooted(f, root)),
+            Kind::AllGather => entry!(ncclAllGather: PlainFn, Entry::Plain),
             #[cfg(nccl_2_28)]
-            Kind::AlltoAll => entry!(lib, ncclAlltoAll, Entry::Plain),
-            Kind::Send(peer) => entry!(lib, ncclSend, |f| Entry::Send(f, peer)),
-            Kind::Recv(peer) => entry!(lib, ncclRecv, |f| Entry::Recv(f, peer)),
+            Kind::AlltoAll => entry!(ncclAlltoAll: PlainFn, Entry::Plain),
+            Kind::Send(peer) => entry!(ncclSend: SendFn, |f| Entry::Send(f, peer)),
+            Kind::Recv(peer) => entry!(ncclRecv: RecvFn, |f| Entry::Recv(f, peer)),
         };
-        check_type::<T>(lib.version())?;
+        check_loaded_type::<T>()?;
         Ok(Call {
             name,
             entry,

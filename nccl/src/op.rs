@@ -9,8 +9,8 @@ use gpucomm_ordering::{Access, DeviceBuffer, Keep, Resource, Visitor};
 use nccl_sys::{ncclRedOp_t, ncclScalarResidence_t};
 
 use crate::error::{Error, Result};
-use crate::ffi::{call, lib_version};
-use crate::types::check_type;
+use crate::ffi::call;
+use crate::types::check_loaded_type;
 use crate::{Comm, NcclType, ReduceOp};
 
 mod sealed {
@@ -151,7 +151,7 @@ unsafe fn create<T: NcclType>(
     scalar: *mut c_void,
     residence: ncclScalarResidence_t,
 ) -> Result<ncclRedOp_t> {
-    check_type::<T>(lib_version()?)?;
+    check_loaded_type::<T>()?;
     let mut raw = ncclRedOp_t(0);
     let c = comm.live_raw()?;
     // SAFETY: `raw` is a live out-pointer; `c` is live (checked just above); the scalar is as this

@@ -78,7 +78,16 @@ nccl_type!(
     float8::F8E5M2 => ncclFloat8e5m2 since Version::new(2, 24, 3),
 );
 
-/// `Ok` when the loaded library knows `T`'s data type.
+/// `Ok` when the loaded library knows `T`'s data type; the library is looked up only for types
+/// that not every supported NCCL has.
+pub(crate) fn check_loaded_type<T: NcclType>() -> crate::Result<()> {
+    if T::SINCE == OLDEST {
+        return Ok(());
+    }
+    check_type::<T>(crate::ffi::lib_version()?)
+}
+
+/// `Ok` when a library of version `loaded` knows `T`'s data type.
 pub(crate) fn check_type<T: NcclType>(loaded: Version) -> crate::Result<()> {
     if T::SINCE == OLDEST {
         return Ok(());

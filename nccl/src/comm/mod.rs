@@ -243,6 +243,10 @@ impl Comm {
     /// communicator's device, else [`Error::WrongDevice`] naming `what`: the one check of that
     /// precondition.
     pub(crate) fn check_device(&self, what: &'static str, stream: &CudaStream) -> Result<()> {
+        // The communicator's own context (the usual case) is recognised without reading it.
+        if Arc::ptr_eq(stream.context(), self.stream.context()) {
+            return Ok(());
+        }
         let got = stream.context().ordinal();
         if got == self.device {
             Ok(())
