@@ -95,8 +95,9 @@ use watch::Watch;
 /// panics; failures there are logged through the `log` crate.
 #[doc(alias = "ncclComm_t")]
 // What every call reads (handle, abort state, stream, device, blocking mode, and the watch's borrow
-// flag and timeout) comes first, in this order, and the value starts a cache line: one line.
-#[repr(C, align(64))]
+// flag and timeout) comes first, in this order: 64 bytes, one or two cache lines. (Not aligned to
+// a line: that would round the value up to 256 bytes, too large for frameworks' enums.)
+#[repr(C)]
 pub struct Comm {
     raw: NonNull<ncclComm>,
     /// The abort state, shared with [`AbortHandle`]s.
