@@ -494,9 +494,10 @@ impl<'a> Tracked<'a> {
 
 /// Implements cudarc's [`DeviceSlice`](cudarc::driver::DeviceSlice),
 /// [`DevicePtr`](cudarc::driver::DevicePtr) and [`DevicePtrMut`](cudarc::driver::DevicePtrMut), and
-/// this crate's [`DeviceMemory`](crate::DeviceMemory), for a buffer type that holds a
-/// [`StreamTracker`], so that cudarc copies, cudarc kernels and the communication calls all order
-/// themselves against it.
+/// this crate's [`DeviceMemory`](crate::DeviceMemory) (with [`DeviceMemory::tracked`](crate::DeviceMemory::tracked),
+/// through which an [`Access`](crate::Access) orders the common case without `device_ptr`), for a
+/// buffer type that holds a [`StreamTracker`], so that cudarc copies, cudarc kernels and the
+/// communication calls all order themselves against it.
 ///
 /// `tracked_device_ptr!([T] MemBuffer<T>, |b| unsafe { Tracked::new(b.ptr, b.len, &b.tracker, &b.home) })`:
 /// the closure returns the buffer's [`Tracked`] parts, which only the `unsafe`
