@@ -40,7 +40,7 @@ use crate::ffi::call;
 #[doc(alias = "ncclMemAlloc")]
 #[cfg_attr(docsrs, doc(cfg(nccl_2_19)))]
 // What a call on one stream reads (address, length, stream, and the tracker's first fields) lies
-// in the first 48 bytes, in this order, and the buffer starts a cache line: one line per buffer.
+// in the first 56 bytes, in this order, and the buffer starts a cache line: one line per buffer.
 #[repr(C, align(64))]
 pub struct MemBuffer<T> {
     ptr: CUdeviceptr,

@@ -72,7 +72,7 @@ element!(half::f16, half::bf16);
 /// Sub-ranges ([`Symmetric::slice`]) and peer views ([`Symmetric::peer`]) share the buffer's
 /// tracker.
 // What a call on one stream reads (address, length, and the tracker's first fields) lies in the
-// first 48 bytes, in this order, and the buffer starts a cache line: one line per buffer.
+// first 56 bytes, in this order, and the buffer starts a cache line: one line per buffer.
 #[repr(C, align(64))]
 pub struct Symmetric<'rt, T> {
     ptr: NonNull<c_void>,
