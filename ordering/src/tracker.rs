@@ -299,28 +299,7 @@ impl StreamTracker {
     /// would use the memory without keeping it alive); otherwise it waits for the conflicting
     /// uses, and the returned guard records it in an event. CUDA errors are recorded in the
     /// context, as cudarc does in its own guards.
-    ///
-    /// The common case — an eager call on the stream this memory was last used on — is inlined
-    /// into the caller and touches only the tracker's first cache line: no lock, no driver call.
-    #[inline]
     pub fn device_ptr_guard<'a>(
-        &'a self,
-        stream: &'a CudaStream,
-        ptr: sys::CUdeviceptr,
-        bytes: usize,
-        how: Use,
-    ) -> SyncOnDrop<'a> {
-        let same_stream = access::with_current(stream, |arc, mode| mode == Mode::Eager && self.needs_nothing(arc, how));
-        if same_stream == Some(true) {
-            access::report(Ok(()));
-            return SyncOnDrop::Record(None);
-        }
-        self.ordered_guard(stream, ptr, bytes, how)
-    }
-
-    /// [`StreamTracker::device_ptr_guard`] past its inlined common case.
-    #[inline(never)]
-    fn ordered_guard<'a>(
         &'a self,
         stream: &'a CudaStream,
         ptr: sys::CUdeviceptr,
