@@ -24,10 +24,13 @@
 //! How to run it (2 GPUs, one process each):
 //! `cargo bench -p gpucomm-examples --bench host-cost -- --nproc 2`; in the GPU bundle,
 //! `bundle/benches/host-cost --nproc 2` (`bash bundle/gpu-host-cost.sh` runs it with the NVSHMEM
-//! bench for `docs/host-cost.md`).
+//! bench for `docs/host-cost.md`). `--reps N` takes N batches per cell instead of 100 (the medians
+//! settle with more); after NCCL's setup each rank pins its thread to a CPU of its own (`--no-pin`
+//! leaves it to the scheduler).
 //!
-//! What it prints, once per rank: a table of median nanoseconds per call (raw, safe, and the
-//! difference) for MemBuffer and CudaSlice, eager / captured / grouped, the cost of
+//! What it prints, once per rank: a table of median nanoseconds per call (raw, safe, the
+//! difference of the medians, and the median and quartiles of the pairwise differences) for
+//! MemBuffer and CudaSlice, eager / captured / grouped, the cost of
 //! `cuStreamIsCapturing` and of cudarc's protocol alone, the four-path split, and a check that
 //! every measured call computed the right sum, eagerly, grouped and replayed from graphs (the
 //! program exits non-zero otherwise). Timing figures are printed, never judged: they depend on
@@ -48,7 +51,7 @@ use nccl::{Collectives, Comm, DeviceBufferMut, MemBuffer, ReduceOp};
 const ELEMS: usize = 64;
 /// Calls timed back to back between two stream synchronisations.
 const BATCH: usize = 32;
-/// Batches per cell, interleaved across cells.
+/// Batches per cell, interleaved across cells, unless `--reps N` says otherwise.
 const REPS: usize = 100;
 /// Calls per group in the grouped rows.
 const GROUP: usize = 16;
@@ -124,11 +127,77 @@ fn median(samples: &mut [u64]) -> u64 {
     samples[samples.len() / 2]
 }
 
-/// One row of the table: raw and safe samples (ns per call).
+/// One row of the table: raw and safe samples (ns per call), pushed in pairs — `raw[i]` and
+/// `safe[i]` were timed one right after the other.
 #[derive(Default)]
 struct Cell {
     raw: Vec<u64>,
     safe: Vec<u64>,
+}
+
+impl Cell {
+    /// The safe call's overhead measured pair by pair: the median and quartiles of `safe[i] -
+    /// raw[i]`. Each difference compares two calls a few microseconds apart, so drifts slower than
+    /// that (NCCL's queue, the clock, the neighbours) cancel out of it.
+    fn paired(&self) -> [i64; 3] {
+        let mut diffs: Vec<i64> = self.raw.iter().zip(&self.safe).map(|(&r, &s)| s as i64 - r as i64).collect();
+        diffs.sort_unstable();
+        let at = |q: usize| diffs[(diffs.len() - 1) * q / 4];
+        [at(2), at(1), at(3)]
+    }
+}
+
+/// The options after `--nproc`: `--reps N` (batches per cell, default [`REPS`]) and `--no-pin`.
+struct Options {
+    reps: usize,
+    pin: bool,
+}
+
+impl Options {
+    fn from_args() -> Result<Self, Box<dyn Error>> {
+        let args: Vec<String> = std::env::args().collect();
+        let reps = match args.iter().position(|a| a == "--reps") {
+            Some(i) => args.get(i + 1).ok_or("--reps needs a number")?.parse()?,
+            None => REPS,
+        };
+        if reps == 0 {
+            return Err("--reps must be at least 1".into());
+        }
+        Ok(Options { reps, pin: !args.iter().any(|a| a == "--no-pin") })
+    }
+}
+
+/// Pins this thread to one CPU of its own, so that the scheduler cannot move it between the
+/// timed calls (a move costs its caches, and shows as microseconds in a sample). The CPUs this
+/// process may use are split into one block per rank; rank `r` takes the second CPU of block `r`
+/// (the first of block 0 is usually CPU 0, which takes most interrupts), or the block's only one.
+/// Called after NCCL's setup, whose own threads keep the affinity they were started with.
+fn pin(rank: usize, size: usize) -> Result<usize, Box<dyn Error>> {
+    // SAFETY: `cpu_set_t` is plain bits, for which all zeroes is the empty set.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `set` is a valid, writable `cpu_set_t` of the size passed.
+    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
+        return Err(format!("sched_getaffinity: {}", std::io::Error::last_os_error()).into());
+    }
+    // SAFETY: `CPU_ISSET` reads the set, for CPU numbers below its capacity.
+    let allowed: Vec<usize> =
+        (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect();
+    if allowed.is_empty() {
+        return Err("sched_getaffinity returned no CPU".into());
+    }
+    let block = (allowed.len() / size.max(1)).max(1);
+    let start = (rank * block).min(allowed.len() - 1);
+    let cpu = allowed[(start + 1).min(start + block - 1).min(allowed.len() - 1)];
+    // SAFETY: as above; the set is then handed to the kernel, which copies it.
+    unsafe {
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu, &mut set);
+    }
+    // SAFETY: `set` is a valid `cpu_set_t` of the size passed; 0 is the calling thread.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(format!("sched_setaffinity(CPU {cpu}): {}", std::io::Error::last_os_error()).into());
+    }
+    Ok(cpu)
 }
 
 /// The buffers of one row: one send buffer and `GROUP` receive buffers, as cudarc or NCCL memory.
@@ -336,17 +405,22 @@ impl Parts {
 }
 
 /// [`Parts`] eagerly (from an idle stream) and inside one capture of `nccl::capture`.
-fn parts(bufs: &mut Buffers<MemBuffer<f32>>, raw: &Raw, comm: &Comm) -> Result<[Parts; 2], Box<dyn Error>> {
+fn parts(
+    bufs: &mut Buffers<MemBuffer<f32>>,
+    raw: &Raw,
+    comm: &Comm,
+    reps: usize,
+) -> Result<[Parts; 2], Box<dyn Error>> {
     let mut eager = Parts::default();
     let mut captured = Parts::default();
-    for rep in 0..REPS {
+    for rep in 0..reps {
         comm.stream().synchronize()?;
         for i in 0..BATCH {
             eager.round(rep + i, (&bufs.send, &mut bufs.recvs[0]), raw, comm)?;
         }
     }
     comm.stream().synchronize()?;
-    for rep in 0..REPS {
+    for rep in 0..reps {
         let mut failed = None;
         nccl::capture(comm.stream(), (comm, &bufs.send, &mut bufs.recvs[0]), |(comm, send, recv)| {
             for i in 0..BATCH {
@@ -379,6 +453,7 @@ fn measure<B: DeviceBufferMut<f32>>(
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
+        let Options { reps, pin: pinned } = Options::from_args()?;
         // The communicator on a stream of its own (the default stream cannot be captured).
         // Creating it also turned on cudarc's multi-stream mode: every CudaSlice is ordered with
         // events.
@@ -398,10 +473,11 @@ fn main() -> std::process::ExitCode {
         // Warm-up: NCCL connects at the first collective.
         comm.all_reduce(&mem.send, &mut mem.recvs[0], ReduceOp::SUM)?;
         stream.synchronize()?;
+        let cpu = if pinned { Some(pin(rank, size)?) } else { None };
 
         let mut mem_cells: [Cell; 3] = Default::default();
         let mut plain_cells: [Cell; 3] = Default::default();
-        for _ in 0..REPS {
+        for _ in 0..reps {
             measure(&mut mem, &raw, &comm, &mut mem_cells)?;
             measure(&mut plain, &raw, &comm, &mut plain_cells)?;
         }
@@ -411,11 +487,11 @@ fn main() -> std::process::ExitCode {
         plain.check(&stream, size, &all, "eager and grouped calls")?;
         mem.replay(&raw, &comm, size)?;
         plain.replay(&raw, &comm, size)?;
-        let mut parts = parts(&mut mem, &raw, &comm)?;
+        let mut parts = parts(&mut mem, &raw, &comm, reps)?;
 
         // The driver call every safe call makes once: is the stream being captured?
-        let mut capturing = Vec::with_capacity(REPS * BATCH);
-        for _ in 0..REPS * BATCH {
+        let mut capturing = Vec::with_capacity(reps * BATCH);
+        for _ in 0..reps * BATCH {
             capturing.push(timed(|| {
                 // SAFETY: the stream is alive (borrowed) and its context current (bound above).
                 unsafe { result::stream::is_capturing(stream.cu_stream()) }?;
@@ -425,8 +501,8 @@ fn main() -> std::process::ExitCode {
 
         // cudarc's own protocol on a CudaSlice, without NCCL: the waits and records one
         // all-reduce's two buffers cost (read: 1 wait + 1 record; write: 2 waits + 1 record).
-        let mut protocol = Vec::with_capacity(REPS * BATCH);
-        for _ in 0..REPS * BATCH {
+        let mut protocol = Vec::with_capacity(reps * BATCH);
+        for _ in 0..reps * BATCH {
             let (send, recv) = (&plain.send, &mut plain.recvs[0]);
             protocol.push(timed(|| {
                 let (_, read) = send.device_ptr(&stream);
@@ -437,14 +513,26 @@ fn main() -> std::process::ExitCode {
         }
         stream.synchronize()?;
 
-        println!("rank {rank} of {size}: host time per 256-byte all_reduce, median ns ({REPS} batches of {BATCH} calls per cell, interleaved; groups of {GROUP}: time per group / {GROUP})");
-        println!("  {:<10} {:<9} {:>12} {:>10} {:>9}", "buffers", "scope", "raw nccl-sys", "safe nccl", "overhead");
+        let placement = cpu.map_or("not pinned".to_string(), |c| format!("pinned to CPU {c}"));
+        println!("rank {rank} of {size}: host time per 256-byte all_reduce, median ns ({reps} batches of {BATCH} calls per cell, interleaved; groups of {GROUP}: time per group / {GROUP}; {placement})");
+        println!(
+            "  {:<10} {:<9} {:>12} {:>10} {:>9} {:>8} {:>14}",
+            "buffers", "scope", "raw nccl-sys", "safe nccl", "overhead", "paired", "paired p25..p75"
+        );
         for (name, cells) in [("MemBuffer", &mut mem_cells), ("CudaSlice", &mut plain_cells)] {
             for (scope, cell) in ["eager", "capture", "group"].iter().zip(cells.iter_mut()) {
+                let [paired, p25, p75] = cell.paired();
                 let (raw_ns, safe_ns) = (median(&mut cell.raw), median(&mut cell.safe));
-                println!("  {name:<10} {scope:<9} {raw_ns:>12} {safe_ns:>10} {:>+9}", safe_ns as i64 - raw_ns as i64);
+                println!(
+                    "  {name:<10} {scope:<9} {raw_ns:>12} {safe_ns:>10} {:>+9} {paired:>+8} {:>14}",
+                    safe_ns as i64 - raw_ns as i64,
+                    format!("{p25:+}..{p75:+}")
+                );
             }
         }
+        println!(
+            "  overhead: safe median - raw median; paired: the median of the differences of calls timed one right after the other, with its quartiles"
+        );
         println!(
             "  cuStreamIsCapturing alone (made once by every safe call, to refuse captures nccl::capture did not open): {} ns",
             median(&mut capturing)
@@ -460,7 +548,7 @@ fn main() -> std::process::ExitCode {
              streams of its outstanding uses, needs none of it on one stream."
         );
         println!(
-            "  where the time of a safe call on MemBuffer goes, median ns ({REPS} batches of {BATCH} rounds, the four paths round-robin):"
+            "  where the time of a safe call on MemBuffer goes, median ns ({reps} batches of {BATCH} rounds, the four paths round-robin):"
         );
         println!(
             "  {:<9} {:>8} {:>10} {:>13} {:>8} {:>12} {:>10}",
