@@ -83,6 +83,7 @@ pub struct Access<'s> {
 
 impl<'s> Access<'s> {
     /// An access for a call on `stream`.
+    #[inline]
     pub fn new(stream: &'s Arc<CudaStream>) -> Self {
         Access { stream, mode: Cell::new(None), idle: Cell::new(None) }
     }
@@ -115,12 +116,14 @@ impl<'s> Access<'s> {
 
     /// Admits the call: `Ok` unless its stream is captured by something other than this thread's
     /// capture scope.
+    #[inline]
     pub fn admit(&self) -> Result<(), OrderError> {
         self.mode().map(drop)
     }
 
     /// Admits the call and, inside a capture scope, records that it uses `resource` (a
     /// communicator, a team, a module): the graph must keep it.
+    #[inline]
     pub fn resource(&self, resource: Resource) -> Result<(), OrderError> {
         if self.mode()? == Mode::Captured {
             capture::record_resource(self.stream, resource);

@@ -10,6 +10,7 @@ use crate::usage::{Mode, Resource, Use};
 use crate::OrderError;
 
 /// True while `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`).
+#[inline]
 pub fn is_capturing(stream: &CudaStream) -> Result<bool, DriverError> {
     if stream.cu_stream().is_null() {
         // The legacy default stream is resolved through the current context.
@@ -140,6 +141,7 @@ thread_local! {
 }
 
 /// True when this thread's scope captures `stream`.
+#[inline]
 fn owns(stream: &CudaStream) -> bool {
     SCOPE.with(|s| {
         s.borrow().as_ref().is_some_and(|s| s.stream == stream.cu_stream() && s.ctx == stream.context().cu_ctx())
@@ -149,6 +151,7 @@ fn owns(stream: &CudaStream) -> bool {
 /// How work enqueued on `stream` now is handled: run eagerly, or recorded by this thread's scope.
 /// A capture the scope did not open (cudarc's `begin_capture`, another library's, another stream
 /// joined into the scope's capture) is refused: its graph would not keep alive what the work uses.
+#[inline]
 pub(crate) fn mode(stream: &CudaStream) -> Result<Mode, OrderError> {
     if !is_capturing(stream)? {
         Ok(Mode::Eager)

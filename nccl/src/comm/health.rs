@@ -75,6 +75,7 @@ impl Health {
 
     /// The owner's check before (and after) it uses the communicator: carries out a pending abort
     /// request, and refuses an aborted communicator. One atomic load when healthy.
+    #[inline]
     pub(crate) fn check(&self) -> Result<()> {
         match self.state.load(Ordering::Acquire) {
             LIVE => Ok(()),
@@ -106,6 +107,7 @@ impl Health {
     }
 
     /// [`Health::abort`] where the caller has nothing to report a failure to.
+    #[cold]
     pub(crate) fn abort_quietly(&self) {
         if let Err(e) = self.abort() {
             log::warn!("nccl: aborting a communicator failed: {e}");

@@ -243,6 +243,7 @@ impl Comm {
     /// `Ok` when `stream` (a stream to enqueue on, or a buffer's home stream) belongs to the
     /// communicator's device, else [`Error::WrongDevice`] naming `what`: the one check of that
     /// precondition.
+    #[inline]
     pub(crate) fn check_device(&self, what: &'static str, stream: &CudaStream) -> Result<()> {
         // The communicator's own context (the usual case) is recognised without reading it.
         if Arc::ptr_eq(stream.context(), self.stream.context()) {
@@ -257,6 +258,7 @@ impl Comm {
     }
 
     /// The default stream collectives are enqueued on.
+    #[inline]
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
     }
@@ -276,6 +278,7 @@ impl Comm {
     }
 
     /// True for a communicator created nonblocking ([`Config::blocking`]`(false)`).
+    #[inline]
     pub fn is_nonblocking(&self) -> bool {
         self.nonblocking
     }
@@ -319,6 +322,7 @@ impl Comm {
     /// the owning thread carries out an abort (an [`AbortHandle`] aborts directly only while the
     /// owner is parked in a wait; see `health`), so take it again for each call instead of keeping
     /// it.
+    #[inline]
     pub fn live_raw(&self) -> Result<ncclComm_t> {
         self.health.check()?;
         Ok(self.raw.as_ptr())
@@ -360,6 +364,7 @@ impl Comm {
     /// communicator's own is remembered for [`Comm::wait`]. With a timeout set, the work is then
     /// recorded for the watch (an event on `stream`); without one, on a blocking communicator's
     /// own stream, this costs three branches (a nonblocking one adds one `ncclCommGetAsyncError`).
+    #[inline]
     pub(crate) fn settle(&self, call: &'static str, rc: ncclResult_t, stream: &Arc<CudaStream>) -> Result<()> {
         // Only the owner (this thread) aborts a blocking communicator — abort handles, and so
         // watchdogs, need a nonblocking one — so a blocking one that succeeded is as live as when

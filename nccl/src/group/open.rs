@@ -12,6 +12,7 @@ thread_local! {
 }
 
 /// True while this thread runs the closure of a [`group`](crate::group).
+#[inline]
 pub(crate) fn is_open() -> bool {
     OPEN.with(Cell::get)
 }
@@ -21,6 +22,7 @@ pub(crate) fn is_open() -> bool {
 /// a group would only record instead of carrying out, while this crate needs it done (or its
 /// result) at once: direct collectives, communicator creation, window registration, capture, a
 /// nested group. (Teardown that hands its communicator back uses [`refuse_teardown_inside`].)
+#[inline]
 pub(crate) fn refuse_inside() -> Result<()> {
     if !is_open() {
         return Ok(());
