@@ -406,6 +406,9 @@ impl<'c, T> Window<'c, T> {
     /// The buffer of a window whose registration failed, never still registered: a window NCCL
     /// did make is deregistered at once (the caller never had it, so nothing used it through the
     /// window); if that fails, the communicator is aborted, which releases the window with it.
+    /// Deregistration is local to this rank: in NCCL 2.28.9 (`src/dev_runtime.cc`,
+    /// `ncclCommWindowDeregister` → `symWindowDestroy`) it unmaps and frees without a bootstrap
+    /// barrier, so undoing does not wait for peers that did not fail.
     fn undo(mut self) -> MemBuffer<T> {
         if let (false, Ok(c)) = (self.raw.is_null(), self.comm.live_raw()) {
             // SAFETY: `raw` came from ncclCommWindowRegister on `c`, which is live (checked just
