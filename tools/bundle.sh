@@ -74,7 +74,8 @@ with open("bundle/examples.tsv", "w") as runs_out, open("bundle/lessons.tsv", "w
 cp tools/gpu-run.sh bundle/run.sh
 cp tools/gpu-lib.sh bundle/lib.sh
 cp tools/gpu-sanitize.sh bundle/sanitize.sh
-cp tools/gpu-nccl-tests.sh tools/gpu-custom-bench.sh tools/custom-vs-nccl-tests.py tools/gpu-host-cost.sh bundle/
+cp tools/gpu-nccl-tests.sh tools/gpu-custom-bench.sh tools/custom-vs-nccl-tests.py tools/gpu-host-cost.sh \
+    tools/host-cost-summary.py bundle/
 cp tools/variants-table.py tools/dispatch-vs-nccl-tests.py bundle/
 cp tools/gpu-candle.sh tools/candle-loss-plot.py bundle/
 cp cli/gpu/*.sh bundle/

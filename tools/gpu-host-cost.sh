@@ -8,7 +8,8 @@
 # ./host-cost-out); docs/host-cost.md quotes them. host-cost runs HOST_COST_RUNS times (default 3),
 # with 300 batches per cell, one run after the other into the same log: its medians move by up to
 # ~150 ns from one run to the next on the same machine (docs/host-cost.md), so one run is not a
-# figure. Both need two GPUs for comparable figures; with
+# figure. host-cost-summary.py then writes $OUT/host-cost-summary.md: the table per run and rank,
+# each rank's medians over the runs, and the verdict on issue 16's 150 ns goal. Both need two GPUs for comparable figures; with
 # one they still run (one rank: the NVSHMEM puts go to the PE itself and the ping-pong is left out).
 # Each program exits non-zero only when a result is wrong; so does this script.
 #
@@ -32,6 +33,8 @@ for run in $(seq "${HOST_COST_RUNS:-3}"); do
         || { echo "FAIL host-cost run $run (see host-cost.log)"; fails=$((fails + 1)); }
 done
 cat "$OUTDIR/host-cost.log"
+# The per-rank medians over the runs, and the verdict on the 150 ns goal.
+python3 "$HERE/host-cost-summary.py" "$OUTDIR/host-cost.log" | tee "$OUTDIR/host-cost-summary.md"
 timeout 600 "$HERE/benches/nvshmem" --nproc "$NGPU" >"$OUTDIR/nvshmem.log" 2>&1 </dev/null \
     || { echo "FAIL nvshmem (see nvshmem.log)"; fails=$((fails + 1)); }
 cat "$OUTDIR/nvshmem.log"
