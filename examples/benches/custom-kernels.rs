@@ -34,10 +34,8 @@ const NVSHMEM_CTAS: u32 = 32;
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
-        let args: Vec<String> = std::env::args().collect();
-        let flag = |name: &str| args.iter().position(|a| a == name).and_then(|i| args.get(i + 1)).cloned();
-        let json = flag("--json");
-        let max: usize = flag("--max").map(|m| m.parse()).transpose()?.unwrap_or(64 << 20);
+        let json = bench::flag("--json");
+        let max: usize = bench::flag("--max").map(|m| m.parse()).transpose()?.unwrap_or(64 << 20);
 
         let ctx = cudarc::driver::CudaContext::new(info.device_ordinal(gpucomm_examples::cuda_devices()?)?)?;
         let stream = ctx.new_stream()?;

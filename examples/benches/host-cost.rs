@@ -42,6 +42,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{result, sys, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
+use gpucomm_examples::bench::{flag, switch};
 use gpucomm_ordering::Access;
 use nccl::launch::run_main;
 use nccl::sys::{cudaStream_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
@@ -155,15 +156,15 @@ struct Options {
 
 impl Options {
     fn from_args() -> Result<Self, Box<dyn Error>> {
-        let args: Vec<String> = std::env::args().collect();
-        let reps = match args.iter().position(|a| a == "--reps") {
-            Some(i) => args.get(i + 1).ok_or("--reps needs a number")?.parse()?,
+        let reps = match flag("--reps") {
+            Some(n) => n.parse().map_err(|e| format!("--reps {n}: {e}"))?,
+            None if switch("--reps") => return Err("--reps needs a number".into()),
             None => REPS,
         };
         if reps == 0 {
             return Err("--reps must be at least 1".into());
         }
-        Ok(Options { reps, pin: !args.iter().any(|a| a == "--no-pin") })
+        Ok(Options { reps, pin: !switch("--no-pin") })
     }
 }
 
@@ -186,8 +187,8 @@ fn pin(rank: usize, size: usize) -> Result<usize, Box<dyn Error>> {
         return Err("sched_getaffinity returned no CPU".into());
     }
     let block = (allowed.len() / size.max(1)).max(1);
-    let start = (rank * block).min(allowed.len() - 1);
-    let cpu = allowed[(start + 1).min(start + block - 1).min(allowed.len() - 1)];
+    let first = rank * block;
+    let cpu = allowed[(first + usize::from(block > 1)).min(allowed.len() - 1)];
     // SAFETY: as above; the set is then handed to the kernel, which copies it.
     unsafe {
         libc::CPU_ZERO(&mut set);

@@ -11,6 +11,18 @@ use nccl::{Collectives, Comm, Keep, MemBuffer, ReduceOp};
 /// Everything a timing loop can fail with.
 pub type BoxError = Box<dyn std::error::Error>;
 
+/// The value after `name` on the command line (`--max 1048576` → `Some("1048576")`), `None`
+/// when `name` is absent; the measuring programs' options.
+pub fn flag(name: &str) -> Option<String> {
+    let mut args = std::env::args().skip_while(|a| a != name);
+    args.next().and(args.next())
+}
+
+/// True when `name` is on the command line.
+pub fn switch(name: &str) -> bool {
+    std::env::args().any(|a| a == name)
+}
+
 /// Waits until every rank got here: a one-element all-reduce, then a stream synchronisation.
 pub fn barrier(comm: &Comm, scratch: &mut MemBuffer<f32>) -> Result<(), BoxError> {
     comm.all_reduce_in_place(scratch, ReduceOp::SUM)?;
