@@ -220,7 +220,7 @@ impl<'a> Group<'a> {
         let rc = end();
         let mut settled = Ok(());
         for (comm, stream) in recorded.settle.iter() {
-            let s = comm.settle(name, rc, stream);
+            let s = comm.settle(name, rc, stream, recorded.captured(stream));
             if settled.is_ok() {
                 settled = s;
             }
@@ -245,9 +245,16 @@ impl Recorded<'_> {
                 c.as_raw() == call.comm() && std::ptr::eq(s.cu_stream().cast::<()>(), stream.cast::<()>())
             });
             if let Some((comm, stream)) = target {
-                crate::watchdog::note(comm, call, stream);
+                crate::watchdog::note(comm, call, stream, self.captured(stream));
             }
         }
+    }
+
+    /// Whether `stream` is being captured, as its access found when it admitted the first call
+    /// (`None` if no access asked, so that the caller asks the driver).
+    fn captured(&self, stream: &CudaStream) -> Option<bool> {
+        let access = self.accesses.iter().find(|a| same_stream(a.stream(), stream))?;
+        access.capturing().ok()
     }
 
     /// A buffer read by calls on two streams of one device in the same group is used by both

@@ -304,7 +304,7 @@ impl Comm {
         let rc = register_raw(c, &window.buf, flags, &mut window.raw)?;
         // Outside a group NCCL registers before returning; a nonblocking communicator fills `raw`
         // in by the time it has settled.
-        self.settle("ncclCommWindowRegister", rc, self.stream())
+        self.settle("ncclCommWindowRegister", rc, self.stream(), None)
     }
 }
 
@@ -368,7 +368,7 @@ fn register_all<T>(windows: &mut [Window<'_, T>], flags: WindowFlags) -> Result<
     let rc = unsafe { end() };
     let mut settled = Ok(());
     for w in windows.iter() {
-        let s = w.comm.settle("ncclGroupEnd", rc, w.comm.stream());
+        let s = w.comm.settle("ncclGroupEnd", rc, w.comm.stream(), None);
         if settled.is_ok() {
             settled = s;
         }

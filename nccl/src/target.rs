@@ -142,10 +142,12 @@ impl<'b> Plan<'_, 'b> {
         // are held until after `settle`; the stream is not captured by anything but this crate's
         // scope, whose graph keeps the buffers and the communicator (the access refused others).
         let rc = unsafe { call.issue() };
-        let settled = self.comm.settle(call.name(), rc, self.stream);
+        // The access asked the driver once (it admitted the call above); nothing after asks again.
+        let captured = access.capturing().ok();
+        let settled = self.comm.settle(call.name(), rc, self.stream, captured);
         // Watchdogs watch nonblocking communicators only: a blocking one skips the global flag.
         if settled.is_ok() && self.comm.is_nonblocking() && crate::watchdog::active() {
-            crate::watchdog::note(self.comm, &call, self.stream);
+            crate::watchdog::note(self.comm, &call, self.stream, captured);
         }
         drop(guards);
         settled

@@ -110,6 +110,7 @@ impl<'s> Access<'s> {
 
     /// Whether the call is captured by this thread's capture scope (asked once, then remembered).
     /// A capture this crate did not open is [`OrderError::ForeignCapture`].
+    #[inline]
     pub fn capturing(&self) -> Result<bool, OrderError> {
         Ok(self.mode()? == Mode::Captured)
     }

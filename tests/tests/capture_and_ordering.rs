@@ -8,6 +8,8 @@
 //! * finding 6: a write waits for every reader of a `MemBuffer` that two threads read at once;
 //! * finding 10: forgetting a non-blocking put's handle does not skip its quiet;
 //! * zero-element collectives are no-ops, also inside groups;
+//! * a communicator with a timeout leaves its captured calls (direct and grouped) unwatched and
+//!   watches its eager ones;
 //! * a tracker that cannot order a buffer fails the call with its own error;
 //! * registrations (which own their buffers) are kept by the graphs that use them, and ending one
 //!   waits for the graph's launches.
@@ -418,6 +420,42 @@ fn zero_element_calls_are_no_ops_also_in_groups() {
     })
     .unwrap();
     all_equal("the group's all-reduce", &s.clone_dtoh(&x).unwrap(), 2.0);
+    drop(double);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_timed_communicator_is_captured_unwatched_and_watches_its_eager_calls() {
+    // A communicator with a timeout records an event after each eager call and checks the older
+    // ones at the next call; captured calls record none, since querying an event recorded during
+    // a capture invalidates it. Whether the stream is captured comes from the call's own access
+    // (one driver query per call, for direct and grouped calls alike): had a captured call
+    // recorded an event, the next call of the same capture would have broken it, and `capture`
+    // would return the driver's error instead of a graph.
+    let test = "a_timed_communicator_is_captured_unwatched_and_watches_its_eager_calls";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    comm.set_timeout(Some(std::time::Duration::from_secs(60)));
+    let home = comm.stream().clone();
+    let side = ctx.new_stream().unwrap();
+    let double = PreMulSum::host(&comm, 2.0f32).unwrap();
+    let mem = MemBuffer::from_host(&home, &[1.0f32; N]).unwrap();
+    let mut graph = nccl::capture(&side, (&comm, &double, mem), |(comm, double, mem)| {
+        let comm: &Comm = comm;
+        comm.on(&side).all_reduce_in_place(mem, *double)?;
+        group(|g| g.with(comm).on(&side).all_reduce_in_place(mem, *double))?;
+        comm.on(&side).all_reduce_in_place(mem, *double)
+    })
+    .unwrap();
+    for _ in 0..3 {
+        graph.launch().unwrap();
+    }
+    let (_, _, mut mem) = graph.into_kept();
+    // Eager calls after the graph are watched again: the wait covers them, within the timeout.
+    comm.all_reduce_in_place(&mut mem, &double).unwrap();
+    group(|g| g.with(&comm).all_reduce_in_place(&mut mem, &double)).unwrap();
+    comm.wait(None).unwrap();
+    all_equal("three launches of three doublings, then two eager ones", &home.clone_dtoh(&mem).unwrap(), 2048.0);
     drop(double);
     comm.finalize().map_err(|(_, e)| e).unwrap();
 }

@@ -362,10 +362,18 @@ impl Comm {
     /// [`Error::Timeout`]; on a nonblocking communicator so is success (see [`Comm::complete`]).
     /// After an abort, [`Error::Aborted`] whatever `rc` says. A stream other than the
     /// communicator's own is remembered for [`Comm::wait`]. With a timeout set, the work is then
-    /// recorded for the watch (an event on `stream`); without one, on a blocking communicator's
-    /// own stream, this costs three branches (a nonblocking one adds one `ncclCommGetAsyncError`).
+    /// recorded for the watch (an event on `stream`, unless `stream` is being captured: `captured`
+    /// says so when the caller already asked the driver, `None` has the watch ask); without one, on
+    /// a blocking communicator's own stream, this costs three branches (a nonblocking one adds one
+    /// `ncclCommGetAsyncError`).
     #[inline]
-    pub(crate) fn settle(&self, call: &'static str, rc: ncclResult_t, stream: &Arc<CudaStream>) -> Result<()> {
+    pub(crate) fn settle(
+        &self,
+        call: &'static str,
+        rc: ncclResult_t,
+        stream: &Arc<CudaStream>,
+        captured: Option<bool>,
+    ) -> Result<()> {
         // Only the owner (this thread) aborts a blocking communicator — abort handles, and so
         // watchdogs, need a nonblocking one — so a blocking one that succeeded is as live as when
         // the call checked it.
@@ -377,7 +385,7 @@ impl Comm {
         if !Arc::ptr_eq(stream, &self.stream) {
             watch.side_stream(stream);
         }
-        let overdue = watch.enqueued(call, stream)?;
+        let overdue = watch.enqueued(call, stream, captured)?;
         drop(watch);
         match overdue {
             None => Ok(()),

@@ -96,18 +96,33 @@ impl Watch {
 
     /// After NCCL enqueued `call` on `stream`: records it (with a timeout set, and unless the
     /// stream is being captured into a graph, whose work runs only when the graph is launched).
-    /// Reports an older call that is overdue instead, if there is one.
+    /// `captured` is whether it is, when the caller already knows (its `Access` asked the driver);
+    /// `None` asks here. Reports an older call that is overdue instead, if there is one.
     #[inline]
-    pub(crate) fn enqueued(&mut self, call: &'static str, stream: &CudaStream) -> Result<Option<Overdue>> {
+    pub(crate) fn enqueued(
+        &mut self,
+        call: &'static str,
+        stream: &CudaStream,
+        captured: Option<bool>,
+    ) -> Result<Option<Overdue>> {
         if self.timeout.is_none() {
             return Ok(None);
         }
-        self.enqueued_timed(call, stream)
+        self.enqueued_timed(call, stream, captured)
     }
 
     /// [`Watch::enqueued`] with a timeout set (out of line: most communicators have none).
-    fn enqueued_timed(&mut self, call: &'static str, stream: &CudaStream) -> Result<Option<Overdue>> {
-        if gpucomm_ordering::is_capturing(stream)? {
+    fn enqueued_timed(
+        &mut self,
+        call: &'static str,
+        stream: &CudaStream,
+        captured: Option<bool>,
+    ) -> Result<Option<Overdue>> {
+        let captured = match captured {
+            Some(known) => known,
+            None => gpucomm_ordering::is_capturing(stream)?,
+        };
+        if captured {
             return Ok(None);
         }
         if let Some(late) = self.overdue()? {

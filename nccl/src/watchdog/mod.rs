@@ -313,10 +313,11 @@ pub(crate) fn active() -> bool {
     ACTIVE.load(Ordering::Relaxed) != 0
 }
 
-/// Records `call`, just enqueued by `comm` on `stream`, if `comm` is watched. Call only when
-/// [`active`].
+/// Records `call`, just enqueued by `comm` on `stream`, if `comm` is watched. `captured` is
+/// whether `stream` is being captured, when the caller already knows (`None`: asked here). Call
+/// only when [`active`].
 #[cold]
-pub(crate) fn note(comm: &Comm, call: &Call, stream: &CudaStream) {
+pub(crate) fn note(comm: &Comm, call: &Call, stream: &CudaStream, captured: Option<bool>) {
     let key = comm.as_raw() as usize;
     let Some(w) = lock(&WATCHED).iter().find(|w| w.key == key && !w.handle.is_closed()).cloned() else {
         return;
@@ -332,7 +333,8 @@ pub(crate) fn note(comm: &Comm, call: &Call, stream: &CudaStream) {
         state: CallState::Enqueued,
     };
     let mut recorder = lock(&w.recorder);
-    let event = match gpucomm_ordering::is_capturing(stream) {
+    let captured = captured.map_or_else(|| gpucomm_ordering::is_capturing(stream), Ok);
+    let event = match captured {
         Ok(false) => {
             let event = recorder.spare_event(|e| e.context() == stream.context());
             match event.map_or_else(|| stream.context().new_event(None), Ok) {
