@@ -5,7 +5,8 @@
 # mpirun, the socket transport, real torchrun with each rendezvous backend and as two agents, a
 # Python peer, two ranks with their own NCCL_HOSTID for the candle lessons), and every measuring
 # program in bundle/benches the same way (a quick pass: the committed figures come from
-# gpu-host-cost.sh and gpu-custom-bench.sh). Logs go to bundle/logs; when $OUT is set (the device
+# gpu-host-cost.sh and gpu-custom-bench.sh), then the gpucomm tool's bench (a quick, checked pass
+# in each way of starting its ranks). Logs go to bundle/logs; when $OUT is set (the device
 # tool), the summary and a tarball of the logs are copied there. The last line is
 # `N passed, N failed, N skipped`.
 #
@@ -251,6 +252,20 @@ if [ -f "$HERE/examples.tsv" ] && [ -z "$SUITES_ONLY" ]; then
             *) note "FAIL $ex: unknown mode $mode in examples.tsv"; failed=$((failed + 1)) ;;
         esac
     done <"$HERE/examples.tsv"
+fi
+
+# 3. The gpucomm tool's bench, a quick pass with every result checked (-c 1: wrong elements make it
+#    exit non-zero) in each way of starting its ranks: its spawner, mpirun, one process driving
+#    every GPU (-g), and the dispatching all-reduce. The committed figures come from the scripts
+#    of cli/gpu (issue16.sh); this pass makes sure those scripts do not trip over the tool.
+GPUCOMM_BIN=$HERE/bin/gpucomm
+QUICK=(-b 8 -e 1M -f 16 -n 5 -w 2 -c 1)
+if [ -x "$GPUCOMM_BIN" ] && [ -z "$SUITES_ONLY" ] && [[ "gpucomm-bench" == *"$FILTER"* ]]; then
+    check gpucomm-bench-spawner $T "$GPUCOMM_BIN" bench all_reduce "${QUICK[@]}" --nproc "$NGPU"
+    check gpucomm-bench-alltoall-spawner $T "$GPUCOMM_BIN" bench alltoall "${QUICK[@]}" --nproc "$NGPU"
+    check gpucomm-bench-mpirun with_mpirun "$GPUCOMM_BIN" bench all_reduce "${QUICK[@]}"
+    check gpucomm-bench-group $T "$GPUCOMM_BIN" bench all_reduce "${QUICK[@]}" -g "$NGPU"
+    check gpucomm-bench-dispatch $T "$GPUCOMM_BIN" bench all_reduce "${QUICK[@]}" --nproc "$NGPU" --impl dispatch
 fi
 
 note "$passed passed, $failed failed, $skipped skipped"

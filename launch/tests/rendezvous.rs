@@ -3,6 +3,7 @@
 
 mod common;
 
+use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -215,6 +216,28 @@ fn several_rendezvous_in_one_process_each_meet_their_own() {
     for rank in ranks {
         assert_eq!(rank.join().unwrap().unwrap(), vec![b"round 0".to_vec(), b"round 1".to_vec(), b"round 2".to_vec()]);
     }
+}
+
+#[test]
+fn a_store_that_closes_before_saying_whose_it_is_is_asked_again() {
+    // What rank 0's previous store does once its last client is done: it answers a new
+    // connection's VALIDATE and PING, then closes it during the owner check.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let closing = thread::spawn(move || {
+        let (mut s, _) = listener.accept().unwrap();
+        let mut hello = [0u8; 10];
+        s.read_exact(&mut hello).unwrap();
+        s.write_all(&hello[6..10]).unwrap();
+        s.read_exact(&mut [0u8; 1]).unwrap();
+    });
+    let client =
+        spawn(info(1, 2, port, "closing-store"), options(10.0), |mut rv| rv.broadcast(|| Err("unused".into())));
+    closing.join().unwrap();
+    // Rank 0 takes the port now; rank 1 asks again and meets it.
+    let mut rv = Rendezvous::connect(&info(0, 2, port, "closing-store"), &options(10.0)).unwrap();
+    let id = rv.broadcast(make_id).unwrap();
+    assert_eq!(client.join().unwrap().unwrap(), id);
 }
 
 #[test]

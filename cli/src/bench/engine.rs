@@ -166,6 +166,9 @@ enum Issuer<'a> {
     Dispatch(&'a AllReduce<'a>),
 }
 
+/// The most values one sum over the ranks carries: a measurement's wall, CPU and GPU times.
+const SUMS: usize = 3;
+
 /// One rank's buffers and the loop state.
 struct Bench<'a, T: Elem> {
     ranks: &'a Ranks,
@@ -173,8 +176,8 @@ struct Bench<'a, T: Elem> {
     bufs: Vec<Buffers<'a, T>>,
     /// Buffer length in elements (the largest size, as nccl-tests allocates).
     len: usize,
-    /// The one-element buffer of the cross-rank sums (one process per GPU), allocated once: a
-    /// buffer allocated and freed around every measurement makes the stream's next
+    /// The buffer of the cross-rank sums ([`SUMS`] elements, one process per GPU), allocated
+    /// once: a buffer allocated and freed around every measurement makes the stream's next
     /// synchronisation return the memory to the driver inside the timed loop.
     scratch: RefCell<Option<cudarc::driver::CudaSlice<f64>>>,
     issuer: Issuer<'a>,
@@ -262,7 +265,7 @@ fn run_typed<T: Elem>(ranks: &Ranks, spec: &Spec, emit: &mut dyn FnMut(&Row)) ->
         (_, Api::Safe, None) => Issuer::Safe,
     };
     let scratch = match ranks {
-        Ranks::Process(comm, _) => Some(comm.stream().alloc_zeros::<f64>(1)?),
+        Ranks::Process(comm, _) => Some(comm.stream().alloc_zeros::<f64>(SUMS)?),
         Ranks::Group(_) => None,
     };
     let mut b = Bench { ranks, spec, bufs, len, scratch: RefCell::new(scratch), issuer };

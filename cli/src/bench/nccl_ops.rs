@@ -455,12 +455,17 @@ pub fn wait_polling(comm: &Comm, stream: &Arc<CudaStream>) -> Result<()> {
 }
 
 /// Sums `values` over every rank of `comm` (the bench's averages and wrong-element totals) in
-/// `scratch` (as long as `values`); also a barrier, since every rank waits for the result.
-pub fn sum_over_ranks(comm: &Comm, values: &[f64], scratch: &mut CudaSlice<f64>) -> nccl::Result<Vec<f64>> {
+/// the first `values.len()` elements of `scratch`; also a barrier, since every rank waits for the
+/// result. More values than `scratch` holds is an error, not a panic.
+pub fn sum_over_ranks(comm: &Comm, values: &[f64], scratch: &mut CudaSlice<f64>) -> Result<Vec<f64>> {
+    let held = scratch.len();
+    let mut part = scratch.try_slice_mut(..values.len()).ok_or_else(|| {
+        CliError::Usage(format!("internal: a sum over the ranks of {} values, in scratch for {held}", values.len()))
+    })?;
     let stream = comm.stream();
-    stream.memcpy_htod(values, scratch)?;
-    comm.all_reduce_in_place(scratch, ReduceOp::SUM)?;
-    Ok(stream.clone_dtoh(scratch)?)
+    stream.memcpy_htod(values, &mut part)?;
+    comm.all_reduce_in_place(&mut part, ReduceOp::SUM)?;
+    Ok(stream.clone_dtoh(&part)?)
 }
 
 /// One communicator per process: rank 0's unique id reaches the others through `rendezvous`, and

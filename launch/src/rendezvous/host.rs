@@ -8,11 +8,12 @@ use std::time::Duration;
 use super::plan::{connect_error, Keys, Plan};
 use super::record::{verified, Owner};
 use super::RendezvousError;
+use crate::deadline::Deadline;
 use crate::env::Master;
-use crate::store::{StoreClient, StoreServer};
+use crate::store::{StoreClient, StoreError, StoreServer};
 
 /// How long a client waits before asking again when it reached a store that still serves rank
-/// 0's previous rendezvous.
+/// 0's previous rendezvous, or one that closed the connection before saying whose it is.
 const STALE_PAUSE: Duration = Duration::from_millis(50);
 
 /// Binds the master port (see [`listen`]) and starts a store whose owner record says which job,
@@ -62,29 +63,30 @@ pub(super) fn loopback(bound: SocketAddr) -> SocketAddr {
 }
 
 /// Connects to rank 0's store and checks that it is this job's and serves this rendezvous;
-/// waits (reconnecting) while it still serves rank 0's previous one.
+/// waits (reconnecting) while it still serves rank 0's previous one, or closes the connection
+/// before saying whose it is (what rank 0's previous store does once its last client is done).
 pub(super) fn join(plan: &Plan) -> Result<StoreClient, RendezvousError> {
     let (master, deadline, instance) = (&plan.master, plan.deadline, plan.instance);
     loop {
         let limits = plan.options.store_limits.clone();
         let mut client = StoreClient::connect_by(&master.addr, master.port, deadline, plan.options.timeout, limits)
             .map_err(|e| connect_error(master, e))?;
-        match check_owner(&mut client, plan)? {
+        let not_yet = match check_owner(&mut client, plan)? {
             Owned::Ours => return Ok(client),
-            Owned::Earlier(theirs) => {
-                drop(client);
-                if deadline.passed() {
-                    return Err(wrong(
-                        master,
-                        format!(
-                            "still serves rank 0's rendezvous #{theirs}, and this process waits for #{instance}: rank \
-                             0 did not start this rendezvous in time"
-                        ),
-                    ));
-                }
-                std::thread::sleep(STALE_PAUSE);
-            }
+            Owned::Earlier(theirs) => wrong(
+                master,
+                format!(
+                    "still serves rank 0's rendezvous #{theirs}, and this process waits for #{instance}: rank 0 did \
+                     not start this rendezvous in time"
+                ),
+            ),
+            Owned::Closed(error) => error,
+        };
+        drop(client);
+        if deadline.passed() {
+            return Err(not_yet);
         }
+        std::thread::sleep(STALE_PAUSE);
     }
 }
 
@@ -92,6 +94,9 @@ enum Owned {
     Ours,
     /// Rank 0's earlier rendezvous (its store is still up, waiting for slow clients).
     Earlier(u64),
+    /// The store closed the connection before it said whose it is: rank 0's earlier store
+    /// shutting down, or rank 0 gone (then the next connection is refused).
+    Closed(RendezvousError),
 }
 
 fn wrong(master: &Master, detail: String) -> RendezvousError {
@@ -104,7 +109,12 @@ fn check_owner(client: &mut StoreClient, plan: &Plan) -> Result<Owned, Rendezvou
     let during = "checking whose store it is";
     let store_error =
         |error| RendezvousError::Store { master: master.clone(), during: during.into(), error: Box::new(error) };
-    if !client.check_by(&[Keys::OWNER], deadline).map_err(store_error)? {
+    let record = match read_owner(client, deadline) {
+        Ok(record) => record,
+        Err(error) if error.is_closed() => return Ok(Owned::Closed(store_error(error))),
+        Err(error) => return Err(store_error(error)),
+    };
+    let Some(record) = record else {
         return Err(wrong(
             master,
             "is not a gpucomm rank 0's store (it has no owner record). If torchrun's agent hosts it, \
@@ -112,8 +122,7 @@ fn check_owner(client: &mut StoreClient, plan: &Plan) -> Result<Owned, Rendezvou
              someone else hosts (a Python TCPStore(is_master=True)), set GPUCOMM_STORE=external"
                 .to_string(),
         ));
-    }
-    let record = client.get_by(Keys::OWNER, deadline).map_err(store_error)?;
+    };
     let Some((owner, body)) = Owner::decode(&record) else {
         return Err(wrong(master, "has an owner record this version cannot read (another gpucomm version?)".into()));
     };
@@ -178,4 +187,12 @@ fn check_owner(client: &mut StoreClient, plan: &Plan) -> Result<Owned, Rendezvou
             ),
         )),
     }
+}
+
+/// The store's owner record; `None` when it has none.
+fn read_owner(client: &mut StoreClient, deadline: Deadline) -> Result<Option<Vec<u8>>, StoreError> {
+    if !client.check_by(&[Keys::OWNER], deadline)? {
+        return Ok(None);
+    }
+    client.get_by(Keys::OWNER, deadline).map(Some)
 }
