@@ -5,6 +5,7 @@
 # the API, how time is taken — interleaved (the order turns round every repeat) and repeated.
 #
 #   bash bundle/variants.sh            # REPEATS (3), OUT; bin/gpucomm next to it or above
+#   ONLY='^(c|r)\.default$' bash bundle/variants.sh   # only the variants whose name matches
 #
 # Writes $OUT/variants/<variant>.<repeat>.{log,json} and $OUT/variants.md (tools/variants-table.py):
 # per variant the median time per call at each size, the mean over the sizes with its spread over
@@ -43,6 +44,12 @@ VARIANTS=(
     "r.spawner|r|spawner||"
     "r.by-hand|r|by-hand||"
 )
+if [ -n "${ONLY:-}" ]; then
+    kept=()
+    for v in "${VARIANTS[@]}"; do [[ "${v%%|*}" =~ $ONLY ]] && kept+=("$v"); done
+    VARIANTS=("${kept[@]}")
+    [ "${#VARIANTS[@]}" -gt 0 ] || { echo "ONLY='$ONLY' matches no variant"; exit 2; }
+fi
 printf '%s\n' "${VARIANTS[@]}" >"$LOGS/variants.txt"
 fails=0
 one() { # variant-line repeat
