@@ -535,7 +535,11 @@ fn issue<'a, T: Elem>(ranks: &Ranks, issuer: &Issuer<'a>, call: &Call, bufs: &mu
             raw.call::<T>(comm, call.counts.param, call.shift, call.in_place, call.op)
         }
         (Ranks::Process(comm, _), Issuer::Dispatch(ar)) => dispatch(ar, comm.stream(), call, &mut bufs[0]),
-        (Ranks::Group(comms), _) => nccl_ops::issue_group(comms, call, bufs),
+        // As nccl-tests, which opens a group only when one thread drives several GPUs (-g N, N > 1).
+        (Ranks::Group(comms), _) => match comms.as_slice() {
+            [comm] => nccl_ops::issue(comm, comm.stream(), call, &mut bufs[0]),
+            _ => nccl_ops::issue_group(comms, call, bufs),
+        },
     }
 }
 
