@@ -18,6 +18,13 @@
 //!   ordered like calls (see [`graph`](mod@graph)). A capture opened by anything else is refused
 //!   by every call ([`OrderError::ForeignCapture`]). [`Access`] is how a call takes its buffers'
 //!   pointers, eagerly or inside such a capture.
+//!
+//!   The refusal asks the driver once per call, before the call is enqueued. What it cannot see is
+//!   a capture that another thread begins on the same stream after that question and before the
+//!   enqueue: cudarc's `CudaStream::begin_capture` is safe and its streams are `Sync`, so nothing
+//!   stops that thread, and the call would land in its graph. cudarc's own calls on the stream
+//!   are just as exposed, and they ask nothing at all. So: do not begin a capture on a stream
+//!   while another thread enqueues on it.
 #![deny(missing_docs)]
 
 mod access;
