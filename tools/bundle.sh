@@ -38,6 +38,10 @@ for line in sys.stdin:
     if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
         continue
     kind = msg["target"]["kind"][0]
+    # `--benches` also builds the binaries of each selected package as bench harnesses (kind "bin",
+    # the same name): only the real program goes to bundle/bin, whichever finishes last.
+    if kind == "bin" and msg["profile"]["test"]:
+        continue
     folder = {"test": "tests", "example": "examples", "bench": "benches", "bin": "bin"}.get(kind)
     if folder:
         name = msg["target"]["name"]
