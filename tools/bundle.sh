@@ -49,6 +49,11 @@ for line in sys.stdin:
         shutil.copy(msg["executable"], dest)
         print(f"{folder[:-1]:8} {dest}")
 '
+# The GPU scripts drive bundle/bin/gpucomm: make sure it is the program (it answers --version).
+if [ -e bundle/bin/gpucomm ] && ! bundle/bin/gpucomm --version 2>/dev/null | grep -q '^gpucomm '; then
+    echo "bundle/bin/gpucomm is not the gpucomm program (it does not answer --version)" >&2
+    exit 1
+fi
 # How run.sh starts each lesson and bench (bundle/examples.tsv: one line per (target, mode), the
 # arguments after the mode) and what each needs (bundle/lessons.tsv: one line per target, its
 # minimum number of GPUs and the sanitizer tools of `run.sh --sanitize`, comma-separated), from the
