@@ -5,7 +5,7 @@
 #   bundle/benches/host-cost  the host time of a safe NCCL all_reduce beside the raw nccl-sys call
 #   bundle/benches/nvshmem    NVSHMEM puts (bandwidth, host time per call, device ping-pong) beside C
 # Their output goes unedited to $OUT/host-cost.log and $OUT/nvshmem.log (OUT defaults to
-# ./host-cost-out); docs/host-cost.md quotes them. host-cost runs HOST_COST_RUNS times (default 3),
+# ./host-cost-out); docs/host-cost.md quotes them. host-cost runs HOST_COST_RUNS times (default 5),
 # with 300 batches per cell, one run after the other into the same log: its medians move by up to
 # ~150 ns from one run to the next on the same machine (docs/host-cost.md), so one run is not a
 # figure. host-cost-summary.py then writes $OUT/host-cost-summary.md: the table per run and rank,
@@ -27,7 +27,7 @@ mkdir -p "$OUTDIR"
 echo "GPUs: $NGPU; NCCL_LIB_DIR=$NCCL_LIB_DIR NVSHMEM_LIB_DIR=$NVSHMEM_LIB_DIR"
 fails=0
 : >"$OUTDIR/host-cost.log"
-for run in $(seq "${HOST_COST_RUNS:-3}"); do
+for run in $(seq "${HOST_COST_RUNS:-5}"); do
     echo "host-cost run $run" >>"$OUTDIR/host-cost.log"
     timeout 300 "$HERE/benches/host-cost" --nproc "$NGPU" --reps 300 >>"$OUTDIR/host-cost.log" 2>&1 </dev/null \
         || { echo "FAIL host-cost run $run (see host-cost.log)"; fails=$((fails + 1)); }

@@ -57,6 +57,8 @@ fi
 FILTER=${1:-}
 rm -rf "$LOGS"
 mkdir -p "$LOGS"
+# $OUT may name a folder that does not exist yet (a caller's subfolder): make it.
+if [ -n "${OUT:-}" ]; then mkdir -p "$OUT"; fi
 export GPUCOMM_SKIP_LOG=$LOGS/skipped.txt
 : >"$GPUCOMM_SKIP_LOG"
 export RUST_BACKTRACE=1

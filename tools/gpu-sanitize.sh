@@ -44,6 +44,7 @@ FILTERS=("$@")
 LOGS=$HERE/logs-sanitize
 rm -rf "$LOGS"
 mkdir -p "$LOGS"
+if [ -n "${OUT:-}" ]; then mkdir -p "$OUT"; fi
 export RUST_BACKTRACE=1
 SANITIZER=${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
 [ -x "$SANITIZER" ] || SANITIZER=$(command -v compute-sanitizer || true)
