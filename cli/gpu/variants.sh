@@ -6,7 +6,11 @@
 #
 #   bash bundle/variants.sh            # REPEATS (3), OUT; bin/gpucomm next to it or above
 #   ONLY='^(c|r)\.default$' bash bundle/variants.sh   # only the variants whose name matches
+#   ITERS=1000 WARMUP=50 bash bundle/variants.sh       # calls per timed block (-n; default 20, as
+#                                                      # nccl-tests), warm-up calls per size (-w; 5)
 #
+# With -n 20 one timed block lasts ~100 µs, and on one GPU the repeats of one variant spread by up
+# to 3 µs per call (docs/bench/README.md): use ITERS for differences of a few hundred ns.
 # Writes $OUT/variants/<variant>.<repeat>.{log,json} and $OUT/variants.md (tools/variants-table.py):
 # per variant the median time per call at each size, the mean over the sizes with its spread over
 # the repeats, the difference to nccl-tests' default run, and the host time per call (gpucomm's
@@ -19,7 +23,7 @@ source "$HERE/bench-lib.sh"
 REPEATS=${REPEATS:-3}
 LOGS=$OUTDIR/variants
 mkdir -p "$LOGS"
-SIZES=(-b 8 -e 256K -f 8 -n 20 -w 5 -c 0)
+SIZES=(-b 8 -e 256K -f 8 -n "${ITERS:-20}" -w "${WARMUP:-5}" -c 0)
 SCHED=NCCL_NVLINK_UTIL_CENTRIC_SCHED_ENABLE
 
 # name | tool (c: nccl-tests, r: gpucomm) | launcher (mpirun, spawner, by-hand) | extra mpirun options | arguments
@@ -40,6 +44,7 @@ VARIANTS=(
     "r.wait-poll|r|mpirun||--wait poll"
     "r.like-nccl-tests|r|mpirun|-x $SCHED=1|--init group --barrier host --wait poll"
     "r.api-raw|r|mpirun||--api raw"
+    "r.api-raw-cudarc|r|mpirun||--api raw --buffers cudarc"
     "r.events|r|mpirun||--events"
     "r.spawner|r|spawner||"
     "r.by-hand|r|by-hand||"
