@@ -152,9 +152,10 @@ pub struct Knobs {
     /// ncclGroupStart/End, as nccl-tests does with its config).
     #[arg(long, value_enum, default_value_t = Init::Rank)]
     pub init: Init,
-    /// The barrier before each timed block: `nccl` (a one-element all-reduce, then a stream sync),
-    /// `host` (the launcher's TCP rendezvous, no GPU work: like nccl-tests' MPI_Barrier).
-    #[arg(long, value_enum, default_value_t = Barrier::Nccl)]
+    /// The barrier before each timed block: `host` (the launcher's TCP rendezvous, no GPU work:
+    /// like nccl-tests' MPI_Barrier; the default), `nccl` (a one-element all-reduce, then a stream
+    /// sync). One process driving every GPU (`-g`) needs neither.
+    #[arg(long, value_enum, default_value_t = Barrier::Host)]
     pub barrier: Barrier,
     /// How the end of a timed block is waited for: `sync` (cuStreamSynchronize), `poll`
     /// (cuStreamQuery and ncclCommGetAsyncError in a loop with sched_yield, as nccl-tests does).
@@ -235,7 +236,7 @@ pub enum Init {
 pub enum Barrier {
     /// A one-element NCCL all-reduce and a stream sync.
     Nccl,
-    /// The launcher's TCP rendezvous (host only).
+    /// The launcher's TCP rendezvous (host only), as nccl-tests' `MPI_Barrier`: the default.
     Host,
 }
 
@@ -280,7 +281,7 @@ impl Default for Knobs {
             stream_null: 0,
             buffers: Memory::Nccl,
             init: Init::Rank,
-            barrier: Barrier::Nccl,
+            barrier: Barrier::Host,
             wait: Wait::Sync,
             api: Api::Safe,
             implementation: Impl::Nccl,
@@ -304,7 +305,7 @@ impl Knobs {
         if self.init != Init::Rank {
             parts.push(format!("init={}", name(&self.init)));
         }
-        if self.barrier != Barrier::Nccl {
+        if self.barrier != Barrier::Host {
             parts.push(format!("barrier={}", name(&self.barrier)));
         }
         if self.wait != Wait::Sync {
@@ -384,7 +385,7 @@ mod tests {
             "--buffers",
             "cudarc",
             "--barrier",
-            "host",
+            "nccl",
             "--wait",
             "poll",
             "--impl",
@@ -400,7 +401,7 @@ mod tests {
         let Command::Bench(args) = cli.command else { panic!("bench expected") };
         assert_eq!(
             args.knobs.describe(),
-            "buffers=cudarc init=group barrier=host wait=poll api=raw impl=one-shot graph=10"
+            "buffers=cudarc init=group barrier=nccl wait=poll api=raw impl=one-shot graph=10"
         );
     }
 }

@@ -375,8 +375,8 @@ impl<'a, T: Elem> Bench<'a, T> {
         }
     }
 
-    /// Every rank gets here before the timing starts: through NCCL, or through the launcher's
-    /// rendezvous (`--barrier host`).
+    /// Every rank gets here before the timing starts: through the launcher's rendezvous (the
+    /// default, as nccl-tests' `MPI_Barrier`), or through NCCL (`--barrier nccl`).
     fn barrier(&self) -> Result<()> {
         match (self.ranks, self.spec.knobs.barrier) {
             (Ranks::Process(_, Some(rdzv)), Barrier::Host) => Ok(rdzv.borrow_mut().barrier()?),
