@@ -80,7 +80,7 @@ pub struct Run {
     pub nccl_version: Option<String>,
     /// How the ranks were run (`1 process per GPU (spawner)`, `-g 2`, …), when known.
     pub mode: Option<String>,
-    /// gpucomm bench's knobs in words (`default`, `buffers=cudarc barrier=host`, …).
+    /// gpucomm bench's knobs in words (`default`, `buffers=cudarc barrier=nccl`, …).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub variant: Option<String>,
     /// Warm-up iterations.
