@@ -53,7 +53,7 @@ def main(root):
         ext = "log" if tool == "c" else "json"
         per = {}
         for path in glob.glob(os.path.join(root, f"{name}.*.{ext}")):
-            rep = path[len(os.path.join(root, name)) + 1:-len(ext) - 1]
+            rep = os.path.basename(path)[len(name) + 1:-len(ext) - 1]  # <name>.<rep>.<ext>
             if not rep.isdigit():
                 continue
             try:

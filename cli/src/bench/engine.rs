@@ -111,8 +111,8 @@ impl Spec {
 
 /// The communicators of this process: one (a process per GPU) or several (`-g N`).
 pub enum Ranks {
-    /// This process is one rank of a job; its rendezvous, if given, serves as the host barrier.
-    Process(Comm, Option<Box<RefCell<Rendezvous>>>),
+    /// This process is one rank of a job; its rendezvous serves as the host barrier.
+    Process(Comm, Box<RefCell<Rendezvous>>),
     /// This process drives every rank.
     Group(Vec<Comm>),
 }
@@ -379,10 +379,7 @@ impl<'a, T: Elem> Bench<'a, T> {
     /// default, as nccl-tests' `MPI_Barrier`), or through NCCL (`--barrier nccl`).
     fn barrier(&self) -> Result<()> {
         match (self.ranks, self.spec.knobs.barrier) {
-            (Ranks::Process(_, Some(rdzv)), Barrier::Host) => Ok(rdzv.borrow_mut().barrier()?),
-            (Ranks::Process(_, None), Barrier::Host) => Err(CliError::Usage(
-                "--barrier host needs the launcher's rendezvous, which this run does not hold".into(),
-            )),
+            (Ranks::Process(_, rdzv), Barrier::Host) => Ok(rdzv.borrow_mut().barrier()?),
             _ => self.sum(&[0.0]).map(drop),
         }
     }

@@ -228,7 +228,7 @@ fn run_rank(args: &BenchArgs, spec: &Spec, info: &RankInfo) -> Result<Option<Don
     let mut rendezvous = Rendezvous::connect(info, &Options::from_env()?)?;
     let comm = nccl_ops::join(stream, &mut rendezvous, spec.knobs.init)?;
     let lines = nccl_ops::gather_json(&comm, &device_line(comm.rank(), ordinal))?;
-    let ranks = Ranks::Process(comm, Some(Box::new(std::cell::RefCell::new(rendezvous))));
+    let ranks = Ranks::Process(comm, Box::new(std::cell::RefCell::new(rendezvous)));
     let mut sink = match (info.rank, &events) {
         (0, Some(path)) => RankSink::Parent(EventFile::create(Path::new(path))?),
         (0, None) => RankSink::Print(Printer::new(args.json)),

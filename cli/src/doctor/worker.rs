@@ -102,7 +102,7 @@ pub fn run(args: &DoctorWorkerArgs) -> Result<()> {
     let ordinal = info.device_ordinal(cuda::device_count())?;
     let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
     let json = match args.phase {
-        Phase::Nccl => to_json(&nccl_phase(&info, ordinal, &mut rendezvous))?,
+        Phase::Nccl => to_json(&nccl_phase(&info, ordinal, rendezvous))?,
         Phase::Nvshmem => to_json(&nvshmem_phase(&info, ordinal, &mut rendezvous))?,
     };
     let path = result_path(&args.out, args.phase, info.rank);
@@ -113,7 +113,9 @@ fn to_json<T: Serialize>(v: &T) -> Result<String> {
     serde_json::to_string(v).map_err(|source| CliError::Json { what: "a doctor result".into(), source })
 }
 
-fn nccl_phase(info: &RankInfo, ordinal: usize, rendezvous: &mut Rendezvous) -> NcclPhase {
+/// The NCCL part of the live layer. The rendezvous stays with the communicator: the sweeps use it
+/// as their barrier, as `gpucomm bench` does.
+fn nccl_phase(info: &RankInfo, ordinal: usize, mut rendezvous: Rendezvous) -> NcclPhase {
     let mut out = NcclPhase {
         rank: info.rank,
         pid: std::process::id(),
@@ -124,7 +126,8 @@ fn nccl_phase(info: &RankInfo, ordinal: usize, rendezvous: &mut Rendezvous) -> N
     out.nccl_version = nccl::version().ok().map(|v| v.to_string());
     let result = (|| -> Result<()> {
         let stream = nccl_ops::rank_stream(ordinal, false)?;
-        let ranks = Ranks::Process(nccl_ops::join(stream, rendezvous, Init::Rank)?, None);
+        let comm = nccl_ops::join(stream, &mut rendezvous, Init::Rank)?;
+        let ranks = Ranks::Process(comm, Box::new(std::cell::RefCell::new(rendezvous)));
         let sweep = |coll| -> Result<Vec<Point>> {
             let spec = Spec {
                 coll,
