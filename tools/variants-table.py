@@ -70,13 +70,13 @@ def main(root):
         sys.exit("no results found in " + root)
 
     def median(name, size, col):
-        vals = [r[size][col] for r in runs[name].values() if size in r and r[size][col] is not None]
+        vals = [r[size][col] for r in runs.get(name, {}).values() if size in r and r[size][col] is not None]
         return statistics.median(vals) if vals else None
 
     def per_repeat(name, col=0):
         """{repeat: the mean over the sizes}."""
         out = {}
-        for rep, r in runs[name].items():
+        for rep, r in runs.get(name, {}).items():  # a variant left out by ONLY has none
             vals = [r[s][col] for s in sizes if s in r and r[s][col] is not None]
             if len(vals) == len(sizes):
                 out[rep] = sum(vals) / len(vals)
