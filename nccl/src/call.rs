@@ -201,7 +201,9 @@ impl Call {
     /// device (trusting each buffer's [`DeviceMemory`](crate::DeviceMemory) promise); the buffers
     /// must stay borrowed, and their stream guards kept, until the call is settled (after
     /// `ncclGroupEnd` in a group); the communicator must still be live — not aborted since the
-    /// call was built (a group checks this at launch, see `Group::launch`). If the stream is being
+    /// call was built, which code run in between (the buffers' own, through `take`) can do: a
+    /// direct call checks again right before issuing (`Plan::submit`), a group at launch (see
+    /// `Group::launch`). If the stream is being
     /// captured, it must be by the capture scope of `gpucomm-ordering`, whose graph keeps the
     /// buffers and the communicator (taking the pointers through an `Access` ensures both).
     pub(crate) unsafe fn issue(&self) -> ncclResult_t {

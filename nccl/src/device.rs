@@ -111,9 +111,16 @@ impl From<ncclTeam_t> for Team {
 }
 
 impl Team {
-    fn raw(self) -> ncclTeam_t {
-        // Teams only come from NCCL, whose fields are ints.
-        ncclTeam_t { nRanks: self.size as i32, rank: self.rank as i32, stride: self.stride as i32 }
+    /// The C struct, or [`Error::InvalidTeam`] when a field (public, so any value) does not fit a
+    /// C int.
+    fn raw(self) -> Result<ncclTeam_t> {
+        let int = |v: usize| i32::try_from(v).map_err(|_| self.invalid("a field is larger than a C int"));
+        Ok(ncclTeam_t { nRanks: int(self.size)?, rank: int(self.rank)?, stride: int(self.stride)? })
+    }
+
+    /// [`Error::InvalidTeam`] for this team.
+    fn invalid(self, reason: &'static str) -> Error {
+        Error::InvalidTeam { size: self.size, rank: self.rank, stride: self.stride, reason }
     }
 }
 
@@ -338,7 +345,12 @@ impl<'comm> DevComm<'comm> {
         // current; NCCL deep-copies `raw_reqs` and the resource list (`resources`) during the call;
         // `dev` and `handles` stay allocated until NCCL has written them (below).
         let rc = unsafe { call_unchecked!(ncclDevCommCreate(raw, &raw_reqs, &mut *dev)) }?;
-        let failed = match comm.complete("ncclDevCommCreate", rc) {
+        // NCCL 2.28 answers `ncclSuccess` while a nonblocking communicator's background job still
+        // writes `dev`, and `comm.is_nonblocking()` can be wrong (`Comm::from_raw`,
+        // `NCCL_COMM_BLOCKING`): wait for the communicator to be ready whatever it is known as
+        // (one `ncclCommGetAsyncError` for a ready one) before `dev` is read and freed.
+        let done = comm.complete("ncclDevCommCreate", rc).and_then(|()| comm.await_ready("ncclDevCommCreate", None));
+        let failed = match done {
             Ok(()) => return Ok(DevComm { arg: DevCommArg(*dev), comm, resources: handles }),
             Err(e) => e,
         };
@@ -512,14 +524,62 @@ impl Comm {
         if rank >= team.size {
             return Err(Error::InvalidRank { what: "team rank", rank, size: team.size });
         }
-        let out = f(self.live_raw()?, team.raw(), rank as i32)?;
+        let (t, r) = translation(team, rank, self.size())?;
+        let out = f(self.live_raw()?, t, r)?;
         usize::try_from(out).map_err(|_| Error::InvalidRank { what: "translated rank", rank, size: team.size })
     }
+}
+
+/// The C arguments for translating member `rank` (below `team.size`) of `team` on a communicator
+/// of `comm_size` ranks. NCCL computes `base + (rank - team.rank) * team.stride` in C ints, `base`
+/// being this rank's world or LSA index (below `comm_size`): refused with [`Error::InvalidTeam`]
+/// where that could overflow (undefined behaviour in C), as it can only for a team NCCL did not
+/// describe.
+fn translation(team: Team, rank: usize, comm_size: usize) -> Result<(ncclTeam_t, i32)> {
+    let t = team.raw()?;
+    // Below `team.size`, which fits (checked by `raw`).
+    let r = i32::try_from(rank).map_err(|_| team.invalid("the rank is larger than a C int"))?;
+    // Each factor is below 2^32 in magnitude: no overflow in i64.
+    let delta = (i64::from(r) - i64::from(t.rank)) * i64::from(t.stride);
+    let largest_base = i64::try_from(comm_size.saturating_sub(1)).unwrap_or(i64::MAX);
+    if delta < i64::from(i32::MIN) || delta.saturating_add(largest_base) > i64::from(i32::MAX) {
+        return Err(team.invalid("translating the rank overflows a C int"));
+    }
+    Ok((t, r))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn teams_are_checked_before_nccl() {
+        let team = Team { size: 8, rank: 3, stride: 4 };
+        let (t, r) = translation(team, 5, 32).unwrap();
+        assert_eq!((t.nRanks, t.rank, t.stride, r), (8, 3, 4, 5));
+        // Fields that do not fit a C int.
+        for bad in [
+            Team { size: 1 << 31, rank: 0, stride: 1 },
+            Team { size: 2, rank: usize::MAX, stride: 1 },
+            Team { size: 2, rank: 0, stride: 1 << 40 },
+        ] {
+            let err = translation(bad, 1, 2).unwrap_err();
+            assert!(matches!(err, Error::InvalidTeam { reason: "a field is larger than a C int", .. }), "{err}");
+        }
+        // Ints that fit, but whose translation would overflow in C.
+        let wide = Team { size: 4, rank: 0, stride: i32::MAX as usize };
+        let err = translation(wide, 3, 2).unwrap_err();
+        assert!(matches!(err, Error::InvalidTeam { reason: "translating the rank overflows a C int", .. }), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "team of 4 ranks (this rank 0, stride 2147483647) cannot be passed to NCCL: translating the rank overflows a C int"
+        );
+        let below = Team { size: 4, rank: 3, stride: i32::MAX as usize };
+        assert!(translation(below, 0, 2).is_err());
+        // The extremes that still fit: base + (1 - 0) * (i32::MAX - 1) with base ≤ 1.
+        assert!(translation(Team { size: 2, rank: 0, stride: i32::MAX as usize - 1 }, 1, 2).is_ok());
+        assert!(translation(Team { size: 2, rank: 0, stride: i32::MAX as usize - 1 }, 1, 3).is_err());
+    }
 
     #[test]
     fn requirements_become_the_c_struct() {

@@ -203,6 +203,17 @@ pub enum Error {
     /// after a failure): nothing can be done with it any more; create a new one.
     #[error("the communicator was aborted")]
     Aborted,
+    /// An abort could not call `ncclCommAbort`: making the communicator's CUDA context current
+    /// failed. The communicator is abandoned: every later call on it fails with
+    /// [`Error::Aborted`], and what NCCL may still use — registered buffers, windows, the
+    /// communicator's own allocations — is leaked rather than freed; releasing a registration or
+    /// window of it returns this error (without a cause) and keeps the buffer.
+    #[error("the communicator could not be aborted (making its CUDA context current failed); it was abandoned, and what NCCL may still use is leaked")]
+    Abandoned {
+        /// Why the context could not be made current: the driver's error, from the abort itself.
+        #[source]
+        cause: Option<cudarc::driver::DriverError>,
+    },
     /// A direct call (collective, init, finalize, nested group) while a group is open on this
     /// thread: NCCL would defer it to the end of the group, after this call had already released
     /// its buffers or needed its result.
@@ -347,6 +358,20 @@ pub enum Error {
         what: &'static str,
         /// The timeout that expired.
         after: Duration,
+    },
+    /// A device-API team (`nccl::device::Team`) NCCL cannot take: a field larger than a C int, or a rank
+    /// whose translation would overflow one (NCCL computes it in C ints). Teams NCCL describes
+    /// never are.
+    #[error("team of {size} ranks (this rank {rank}, stride {stride}) cannot be passed to NCCL: {reason}")]
+    InvalidTeam {
+        /// The team's `size`.
+        size: usize,
+        /// The team's `rank`.
+        rank: usize,
+        /// The team's `stride`.
+        stride: usize,
+        /// What is wrong with it.
+        reason: &'static str,
     },
     /// A resource buffer's alignment is not a power of two.
     #[error("resource buffer alignment {align} is not a power of two")]

@@ -114,7 +114,8 @@ impl Drop for Recorded<'_> {
             accesses: recycle(std::mem::take(&mut self.accesses)),
             guards: recycle(std::mem::take(&mut self.guards)),
         };
-        SPARE.with(|s| s.set(Some(spare)));
+        // During the thread's teardown the thread-local may be gone: the vectors are then freed.
+        let _ = SPARE.try_with(|s| s.set(Some(spare)));
     }
 }
 

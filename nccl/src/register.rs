@@ -63,6 +63,11 @@ impl Comm {
     /// [`MemBuffer`](crate::MemBuffer)) with this communicator (`ncclCommRegister`). See
     /// [`Registration`] for the contract across ranks.
     ///
+    /// The buffer must own its memory (`'static`: a `CudaSlice`, a `MemBuffer`), not borrow it (a
+    /// `CudaViewMut`, a `MemViewMut`, a [`PinnedMut`]): a registration can be leaked
+    /// (`std::mem::forget`, or a drop that cannot deregister, which keeps the buffer), and a leaked
+    /// view would let the memory it borrows be freed while NCCL still holds the registration.
+    ///
     /// # Errors
     ///
     /// A refused registration hands the buffer back, untouched, with the error:
@@ -70,7 +75,7 @@ impl Comm {
     /// [`Error::ZeroSize`] for an empty one, a CUDA error from its pending uses, or NCCL's error
     /// when `ncclCommRegister` fails (NCCL then registered nothing).
     #[doc(alias = "ncclCommRegister")]
-    pub fn register<T, B: DeviceBufferMut<T>>(
+    pub fn register<T, B: DeviceBufferMut<T> + 'static>(
         &self,
         mut buf: B,
     ) -> std::result::Result<Registration<'_, T, B>, (B, Error)> {
@@ -89,7 +94,7 @@ impl Comm {
     /// Checks `buf` and registers it (`ncclCommRegister`), giving NCCL's handle; nothing is
     /// registered when it fails.
     fn register_handle<T>(&self, buf: &mut impl DeviceBufferMut<T>) -> Result<*mut c_void> {
-        let c = self.live_raw()?;
+        self.live_raw()?;
         self.check_device("buffer", buf.stream())?;
         if buf.len() == 0 {
             return Err(Error::ZeroSize { call: "ncclCommRegister" });
@@ -98,10 +103,13 @@ impl Comm {
         let mut handle: *mut c_void = std::ptr::null_mut();
         let access = Access::new(self.stream());
         let (ptr, _guard) = access.write(buf)?;
+        // Taken after the buffer's own code (its stream, length and pointer), which can reach this
+        // communicator (a `Comm::wait` that times out aborts it).
+        let c = self.live_raw()?;
         // SAFETY: `ptr` points at `bytes` bytes of device memory on this communicator's device
         // (checked), owned by the registration until it is deregistered (the caller builds it at
-        // once); `handle` is a live out-pointer; `c` is live (checked above; nothing in between
-        // can abort it).
+        // once); `handle` is a live out-pointer; `c` is live (checked just above, after the last
+        // code that could abort it).
         unsafe { call!(ncclCommRegister(c, ptr as *mut c_void, bytes, &mut handle), comm = c) }?;
         Ok(handle)
     }
@@ -130,7 +138,9 @@ impl<'c, T, B: DeviceBufferMut<T>> Registration<'c, T, B> {
     /// gives it back. Only the buffer's own uses are waited for, bounded by the communicator's
     /// timeout ([`Error::StillInUse`] when it expires). After the communicator was aborted there
     /// is nothing to deregister (NCCL released the registration with it) and the buffer comes back
-    /// at once. On failure the registration is handed back with the error.
+    /// at once — unless the abort could not call NCCL ([`Error::Abandoned`]: NCCL may still use
+    /// the memory, which stays registered and is leaked when the registration is dropped). On
+    /// failure the registration is handed back with the error.
     #[doc(alias = "ncclCommDeregister")]
     pub fn deregister(mut self) -> std::result::Result<B, (Self, Error)> {
         match self.release() {
@@ -148,12 +158,19 @@ impl<'c, T, B: DeviceBufferMut<T>> Registration<'c, T, B> {
     /// state for it, which deregistering frees), then deregisters it; after an abort, nothing.
     fn release(&mut self) -> Result<()> {
         // The communicator's abort released the registration; the handle must not reach NCCL.
-        let Ok(c) = self.comm.live_raw() else { return Ok(()) };
+        if self.comm.live_raw().is_err() {
+            return self.comm.released_by_nccl();
+        }
         quiesce(&mut *self.buf, self.comm, "a registered buffer")?;
-        // SAFETY: `handle` came from ncclCommRegister on `c`, which is live (checked above: the
-        // wait in between cannot abort it, only this thread's calls into the communicator can); it
-        // is deregistered once (`deregister` marks the registration released, which `Drop` skips);
-        // no work using the buffer is pending.
+        // Taken after the wait, which runs the buffer's own code (its stream tracking), and that
+        // can reach this communicator (a `Comm::wait` that times out aborts it).
+        let c = match self.comm.live_raw() {
+            Ok(c) => c,
+            Err(_) => return self.comm.released_by_nccl(),
+        };
+        // SAFETY: `handle` came from ncclCommRegister on `c`, which is live (checked just above,
+        // after the last code that could abort it); it is deregistered once (`deregister` marks
+        // the registration released, which `Drop` skips); no work using the buffer is pending.
         unsafe { call!(ncclCommDeregister(c, self.handle), comm = c) }
     }
 }
@@ -302,9 +319,13 @@ impl Comm {
         let c = self.live_raw()?;
         self.check_device("window buffer", window.buf.stream())?;
         let rc = register_raw(c, &window.buf, flags, &mut window.raw)?;
-        // Outside a group NCCL registers before returning; a nonblocking communicator fills `raw`
-        // in by the time it has settled.
-        self.settle("ncclCommWindowRegister", rc, self.stream(), None)
+        // Outside a group a blocking communicator registers before returning; a nonblocking one
+        // fills `raw` in from a background job, by the time it is ready. NCCL 2.28 answers that
+        // job `ncclSuccess`, and whether the communicator is nonblocking is not certain here
+        // (`Comm::from_raw`, `NCCL_COMM_BLOCKING`): wait for it to be ready in every case (one
+        // `ncclCommGetAsyncError` when it already is) before `raw` is read or moved.
+        self.settle("ncclCommWindowRegister", rc, self.stream(), None)?;
+        self.await_ready("ncclCommWindowRegister", None)
     }
 }
 
@@ -368,7 +389,11 @@ fn register_all<T>(windows: &mut [Window<'_, T>], flags: WindowFlags) -> Result<
     let rc = unsafe { end() };
     let mut settled = Ok(());
     for w in windows.iter() {
+        // Each communicator's background job may still write its `w.raw` after a successful
+        // `ncclGroupEnd` (see `Comm::register_window`): wait for every one to be ready, whatever
+        // it is known as, before the windows are read, moved or given back.
         let s = w.comm.settle("ncclGroupEnd", rc, w.comm.stream(), None);
+        let s = s.and_then(|()| w.comm.await_ready("ncclGroupEnd", None));
         if settled.is_ok() {
             settled = s;
         }
@@ -469,8 +494,9 @@ impl<'c, T> Window<'c, T> {
     /// Deregisters the window (`ncclCommWindowDeregister`) once the buffer's last use has finished,
     /// and gives the buffer back. The wait is bounded by the communicator's timeout
     /// ([`Error::StillInUse`] when it expires). After the communicator was aborted, NCCL released
-    /// the window with it: the buffer comes back at once. On failure the window is handed back
-    /// with the error.
+    /// the window with it: the buffer comes back at once (not when the abort could not call NCCL:
+    /// [`Error::Abandoned`], and the buffer is leaked when the window is dropped). On failure the
+    /// window is handed back with the error.
     #[doc(alias = "ncclCommWindowDeregister")]
     // The buffer comes back on failure, as fallible teardown does throughout the crate.
     #[allow(clippy::result_large_err)]
@@ -494,12 +520,18 @@ impl<'c, T> Window<'c, T> {
         }
         // The communicator's abort freed the window; the handle must not reach NCCL (2.28.9 reads
         // the communicator before anything else in ncclCommWindowDeregister).
-        let Ok(c) = self.comm.live_raw() else { return Ok(()) };
+        if self.comm.live_raw().is_err() {
+            return self.comm.released_by_nccl();
+        }
         // Kernels using the window read its state, which deregistering frees.
         quiesce(&mut *self.buf, self.comm, "a window's buffer")?;
-        // SAFETY: `raw` came from ncclCommWindowRegister on `c`, which is live (checked above: the
-        // wait in between cannot abort it); it is deregistered once (`deregister` marks the window
-        // released, which `Drop` skips); the buffer's last use has finished.
+        let c = match self.comm.live_raw() {
+            Ok(c) => c,
+            Err(_) => return self.comm.released_by_nccl(),
+        };
+        // SAFETY: `raw` came from ncclCommWindowRegister on `c`, which is live (checked just
+        // above, after the wait); it is deregistered once (`deregister` marks the window released,
+        // which `Drop` skips); the buffer's last use has finished.
         unsafe { call!(ncclCommWindowDeregister(c, self.raw), comm = c) }
     }
 }

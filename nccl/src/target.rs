@@ -136,11 +136,17 @@ impl<'b> Plan<'_, 'b> {
         let access = Access::new(self.stream);
         access.resource(communicator(self.comm))?;
         let (call, guards) = take(&access)?;
+        // `take` ran the buffers' own code (their pointers and stream tracking), which can reach
+        // this communicator (a `Comm::wait` that times out aborts it) after `Call::new` checked
+        // it: check again, with nothing in between but the issue.
+        self.comm.live_raw()?;
         // SAFETY: `call` was built by a `Collectives` method, whose checks make its pointers valid
         // for its count, type and ranks on this communicator's device (lengths and devices are
         // the buffers' `DeviceMemory` promise); the buffers are borrowed for 'b and their guards
-        // are held until after `settle`; the stream is not captured by anything but this crate's
-        // scope, whose graph keeps the buffers and the communicator (the access refused others).
+        // are held until after `settle`; the communicator is live (checked just above, after the
+        // last code that could abort it); the stream is not captured by anything but this
+        // crate's scope, whose graph keeps the buffers and the communicator (the access refused
+        // others).
         let rc = unsafe { call.issue() };
         // The access asked the driver once (it admitted the call above); nothing after asks again.
         let captured = access.capturing().ok();

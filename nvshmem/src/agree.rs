@@ -1,11 +1,15 @@
-//! Making sure every PE makes the same collective allocation before NVSHMEM allocates.
+//! Making sure every PE makes the same collective allocation, or frees the same buffer, before
+//! NVSHMEM allocates or frees.
 //!
 //! `nvshmem_malloc` and its variants trust every PE to ask for the same size (and alignment): a
 //! PE that asks for another one leaves the symmetric heaps out of step, so that every later
-//! buffer sits at another offset on that PE and puts land in the wrong place — silently. And a PE
-//! that refuses its part locally (its heap limit, a zero size) while the others call NVSHMEM
-//! leaves them waiting in its barrier. So before each allocation every PE tells every other what
-//! it asks for — size, alignment, and whether it refused — and each PE decides from the same list.
+//! buffer sits at another offset on that PE and puts land in the wrong place — silently. The same
+//! goes for `nvshmem_free`: a PE that frees another buffer than the others (or frees while they
+//! allocate) leaves a hole at another offset, which the next allocation fills. And a PE that
+//! refuses its part locally (its heap limit, a zero size) while the others call NVSHMEM leaves
+//! them waiting in its barrier. So before each allocation and each free every PE tells every
+//! other what it does — allocate or free, size, alignment or the buffer's offset, and whether it
+//! refused — and each PE decides from the same list.
 //!
 //! The exchange uses only what NVSHMEM supports in every mode, "limited MPG" included (several
 //! PEs on one GPU without MPS, where NVSHMEM refuses team splits, reductions and team
@@ -30,29 +34,47 @@ use cudarc::driver::{result, sys::CUdeviceptr, sys::CUstream};
 use crate::error::{Error, Result};
 use crate::ffi::call;
 
-/// Values each PE sends per allocation: bytes, alignment, refused.
-const WORDS: usize = 3;
+/// Values each PE sends per check: operation, bytes, alignment, offset, refused.
+const WORDS: usize = 5;
 /// Bytes of one PE's words.
 const WORD_BYTES: usize = WORDS * size_of::<u64>();
+
+/// The collective heap operation a PE is about to make.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Op {
+    /// `nvshmem_malloc`, `nvshmem_calloc` or `nvshmem_align`.
+    Alloc = 1,
+    /// `nvshmem_free`.
+    Free = 2,
+}
 
 /// What one PE asks for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Ask {
+    /// Allocating or freeing.
+    pub(crate) op: Op,
     /// Bytes (ignored when refused).
     pub(crate) bytes: u64,
-    /// Alignment in bytes, 0 for NVSHMEM's default.
+    /// Alignment in bytes, 0 for NVSHMEM's default (allocations; 0 for a free).
     pub(crate) align: u64,
-    /// This PE refused the allocation before asking NVSHMEM.
+    /// The freed buffer's offset from the scratch buffer ([`Agreement::offset`]; 0 for an
+    /// allocation).
+    pub(crate) offset: u64,
+    /// This PE refused its part before calling NVSHMEM.
     pub(crate) refused: bool,
 }
 
 /// What the PEs asked for together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Agreed {
+    /// Not every PE makes the same operation.
+    pub(crate) mixed: bool,
     pub(crate) min_bytes: u64,
     pub(crate) max_bytes: u64,
     pub(crate) min_align: u64,
     pub(crate) max_align: u64,
+    pub(crate) min_offset: u64,
+    pub(crate) max_offset: u64,
     /// Some PE refused.
     pub(crate) refused: bool,
 }
@@ -60,39 +82,71 @@ pub(crate) struct Agreed {
 impl Ask {
     fn words(self) -> [u64; WORDS] {
         let bytes = if self.refused { 0 } else { self.bytes };
-        [bytes, self.align, u64::from(self.refused)]
+        [self.op as u64, bytes, self.align, self.offset, u64::from(self.refused)]
     }
 }
 
 impl Agreed {
     /// The verdict from every PE's words (`WORDS` per PE, in PE order), the same on every PE.
     fn from_words(all: &[u64]) -> Self {
-        let mut agreed =
-            Agreed { min_bytes: u64::MAX, max_bytes: 0, min_align: u64::MAX, max_align: 0, refused: false };
+        let mut agreed = Agreed {
+            mixed: false,
+            min_bytes: u64::MAX,
+            max_bytes: 0,
+            min_align: u64::MAX,
+            max_align: 0,
+            min_offset: u64::MAX,
+            max_offset: 0,
+            refused: false,
+        };
+        let first_op = all.first().copied();
         for pe in all.chunks_exact(WORDS) {
-            agreed.min_bytes = agreed.min_bytes.min(pe[0]);
-            agreed.max_bytes = agreed.max_bytes.max(pe[0]);
-            agreed.min_align = agreed.min_align.min(pe[1]);
-            agreed.max_align = agreed.max_align.max(pe[1]);
-            agreed.refused |= pe[2] != 0;
+            agreed.mixed |= Some(pe[0]) != first_op;
+            agreed.min_bytes = agreed.min_bytes.min(pe[1]);
+            agreed.max_bytes = agreed.max_bytes.max(pe[1]);
+            agreed.min_align = agreed.min_align.min(pe[2]);
+            agreed.max_align = agreed.max_align.max(pe[2]);
+            agreed.min_offset = agreed.min_offset.min(pe[3]);
+            agreed.max_offset = agreed.max_offset.max(pe[3]);
+            agreed.refused |= pe[4] != 0;
         }
         agreed
     }
 
-    /// `Ok` when every PE asked for the same allocation; `local` is this PE's own refusal, if any.
-    pub(crate) fn check(self, local: Option<Error>) -> Result<()> {
-        if self.refused {
-            return Err(local.unwrap_or(Error::PeerRefusedAlloc));
+    /// `Ok` when every PE makes the same operation `op` — the same allocation, or the same
+    /// buffer's free; `local` is this PE's own refusal, if any.
+    pub(crate) fn check(self, op: Op, local: Option<Error>) -> Result<()> {
+        if let Some(local) = local {
+            return Err(local);
         }
-        if self.min_bytes != self.max_bytes || self.min_align != self.max_align {
-            return Err(Error::AsymmetricAlloc {
-                min_bytes: self.min_bytes,
-                max_bytes: self.max_bytes,
-                min_align: self.min_align,
-                max_align: self.max_align,
+        if self.mixed {
+            return Err(Error::MixedHeapCollectives);
+        }
+        if self.refused {
+            return Err(match op {
+                Op::Alloc => Error::PeerRefusedAlloc,
+                Op::Free => Error::PeerRefusedFree,
             });
         }
-        Ok(())
+        match op {
+            Op::Alloc if self.min_bytes != self.max_bytes || self.min_align != self.max_align => {
+                Err(Error::AsymmetricAlloc {
+                    min_bytes: self.min_bytes,
+                    max_bytes: self.max_bytes,
+                    min_align: self.min_align,
+                    max_align: self.max_align,
+                })
+            }
+            Op::Free if self.min_bytes != self.max_bytes || self.min_offset != self.max_offset => {
+                Err(Error::AsymmetricFree {
+                    min_offset: self.min_offset,
+                    max_offset: self.max_offset,
+                    min_bytes: self.min_bytes,
+                    max_bytes: self.max_bytes,
+                })
+            }
+            Op::Alloc | Op::Free => Ok(()),
+        }
     }
 }
 
@@ -160,8 +214,16 @@ impl Agreement {
         Ok(Agreement { layout, scratch, stream, rounds: Cell::new(0) })
     }
 
+    /// The offset of symmetric address `addr` from the scratch buffer, the first allocation of the
+    /// heap's user: the same on every PE for the same buffer as long as the heaps are in step
+    /// (whatever address each PE's heap starts at).
+    pub(crate) fn offset(&self, addr: CUdeviceptr) -> u64 {
+        addr.wrapping_sub(self.scratch.as_ptr() as CUdeviceptr)
+    }
+
     /// What all PEs ask for, given what this one asks for. Collective over all PEs, in the order
-    /// of their allocations; blocks until every PE has asked. The PE's context must be current.
+    /// of their allocations and frees; blocks until every PE has asked. The PE's context must be
+    /// current.
     pub(crate) fn agree(&self, ask: Ask) -> Result<Agreed> {
         let Layout { n_pes, .. } = self.layout;
         let parity = self.rounds.get() % 2;
@@ -215,29 +277,68 @@ mod tests {
         Agreed::from_words(&all)
     }
 
+    fn ask(bytes: u64, align: u64, refused: bool) -> Ask {
+        Ask { op: Op::Alloc, bytes, align, offset: 0, refused }
+    }
+
+    fn free(bytes: u64, offset: u64, refused: bool) -> Ask {
+        Ask { op: Op::Free, bytes, align: 0, offset, refused }
+    }
+
     #[test]
     fn every_pe_reaches_the_same_verdict() {
-        let ask = |bytes, align, refused| Ask { bytes, align, refused };
-        assert!(combine(&[ask(4096, 0, false), ask(4096, 0, false)]).check(None).is_ok());
-        let err = combine(&[ask(4096, 0, false), ask(8192, 0, false)]).check(None).unwrap_err();
+        let check = |asks: &[Ask]| combine(asks).check(Op::Alloc, None);
+        assert!(check(&[ask(4096, 0, false), ask(4096, 0, false)]).is_ok());
+        let err = check(&[ask(4096, 0, false), ask(8192, 0, false)]).unwrap_err();
         assert_eq!(
             err.to_string(),
             "the PEs asked for different symmetric allocations (4096…8192 bytes, alignment 0…0); nothing was allocated on any PE"
         );
-        let err = combine(&[ask(4096, 0, false), ask(4096, 256, false)]).check(None).unwrap_err();
+        let err = check(&[ask(4096, 0, false), ask(4096, 256, false)]).unwrap_err();
         assert!(matches!(err, Error::AsymmetricAlloc { min_align: 0, max_align: 256, .. }), "{err}");
         // A PE that refused keeps its own error; the others learn that a peer refused.
         let refused = combine(&[ask(4096, 0, false), ask(0, 0, true)]);
-        assert!(matches!(refused.check(None), Err(Error::PeerRefusedAlloc)));
+        assert!(matches!(refused.check(Op::Alloc, None), Err(Error::PeerRefusedAlloc)));
         let own = Error::ZeroSize { len: 0, elem_size: 4 };
-        assert!(matches!(refused.check(Some(own)), Err(Error::ZeroSize { .. })));
+        assert!(matches!(refused.check(Op::Alloc, Some(own)), Err(Error::ZeroSize { .. })));
+    }
+
+    #[test]
+    fn every_pe_frees_the_same_buffer() {
+        let check = |asks: &[Ask]| combine(asks).check(Op::Free, None);
+        assert!(check(&[free(4096, 512, false), free(4096, 512, false)]).is_ok());
+        // Two buffers of one size, or two sizes at one offset: refused on every PE.
+        let err = check(&[free(4096, 512, false), free(4096, 8704, false)]).unwrap_err();
+        assert!(matches!(err, Error::AsymmetricFree { min_offset: 512, max_offset: 8704, .. }), "{err}");
+        let err = check(&[free(4096, 512, false), free(8192, 512, false)]).unwrap_err();
+        assert!(matches!(err, Error::AsymmetricFree { min_bytes: 4096, max_bytes: 8192, .. }), "{err}");
+        // A PE that could not free (its streams could not be waited for) keeps its error.
+        let refused = combine(&[free(4096, 512, false), free(0, 512, true)]);
+        assert!(matches!(refused.check(Op::Free, None), Err(Error::PeerRefusedFree)));
+        // One PE frees while another allocates, even with equal sizes: refused on both.
+        let mixed = combine(&[free(4096, 0, false), ask(4096, 0, false)]);
+        assert!(matches!(mixed.check(Op::Free, None), Err(Error::MixedHeapCollectives)));
+        assert!(matches!(mixed.check(Op::Alloc, None), Err(Error::MixedHeapCollectives)));
     }
 
     #[test]
     fn one_pe_agrees_with_itself() {
-        let one = combine(&[Ask { bytes: 4096, align: 256, refused: false }]);
-        assert_eq!(one, Agreed { min_bytes: 4096, max_bytes: 4096, min_align: 256, max_align: 256, refused: false });
-        assert!(one.check(None).is_ok());
+        let one = combine(&[ask(4096, 256, false)]);
+        assert_eq!(
+            one,
+            Agreed {
+                mixed: false,
+                min_bytes: 4096,
+                max_bytes: 4096,
+                min_align: 256,
+                max_align: 256,
+                min_offset: 0,
+                max_offset: 0,
+                refused: false
+            }
+        );
+        assert!(one.check(Op::Alloc, None).is_ok());
+        assert!(combine(&[free(64, 1 << 20, false)]).check(Op::Free, None).is_ok());
     }
 
     #[test]

@@ -336,6 +336,34 @@ pub enum Error {
     /// PE allocated.
     #[error("another PE refused this symmetric allocation (see its error); nothing was allocated on any PE")]
     PeerRefusedAlloc,
+    /// The PEs freed different symmetric buffers (other offsets on the heap, or other sizes) in the
+    /// same collective [`crate::Symmetric::free`]: freeing would leave holes at different offsets,
+    /// which the next allocation fills, so that later buffers sit at different offsets on
+    /// different PEs. Nothing was freed, on any PE: every PE got its buffer back.
+    #[error("the PEs freed different symmetric buffers (offsets {min_offset:#x}…{max_offset:#x} from the heap's first buffer, {min_bytes}…{max_bytes} bytes); nothing was freed on any PE")]
+    #[doc(alias = "nvshmem_free")]
+    AsymmetricFree {
+        /// The smallest offset any PE's buffer has from the runtime's first symmetric buffer.
+        min_offset: u64,
+        /// The largest.
+        max_offset: u64,
+        /// The smallest size any PE's buffer has, in bytes.
+        min_bytes: u64,
+        /// The largest.
+        max_bytes: u64,
+    },
+    /// Another PE could not take its part in this collective [`crate::Symmetric::free`] (waiting
+    /// for its buffer's streams failed; its own error says why), so no PE freed: every PE got its
+    /// buffer back, and every PE must free it again.
+    #[error(
+        "another PE could not free its copy of this symmetric buffer (see its error); nothing was freed on any PE"
+    )]
+    PeerRefusedFree,
+    /// Some PEs allocated while others freed, in the same collective step (a buffer dropped or
+    /// freed on some PEs only, or allocations made in different orders). Nothing was allocated or
+    /// freed, on any PE.
+    #[error("some PEs allocated a symmetric buffer while others freed one at the same step; nothing was allocated or freed on any PE")]
+    MixedHeapCollectives,
     /// A [`crate::UniqueId`] was created in this process before NVSHMEM was started with another
     /// bootstrap. Creating the id loads NVSHMEM's unique-id plugin and NVSHMEM keeps it: it would
     /// then start `requested` through that plugin, which dereferences the missing unique-id

@@ -7,14 +7,14 @@ use std::ops::RangeBounds;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
-use cudarc::driver::{sys::CUdeviceptr, CudaStream, DeviceRepr, ValidAsZeroBits};
+use cudarc::driver::{sys::CUdeviceptr, CudaStream, DeviceRepr};
 use gpucomm_ordering::{tracked_device_ptr, DeviceBufferMut, Keep, StreamTracker, Tracked, Visitor};
 
 mod limit;
 
 pub use limit::HeapLimit;
 
-use crate::agree::Ask;
+use crate::agree::{Ask, Op};
 use crate::error::{Error, Result};
 use crate::ffi::call;
 use crate::Runtime;
@@ -24,8 +24,10 @@ mod sealed {
 }
 
 /// An element type for which every bit pattern is a valid value: plain integers and floats. Only
-/// these can be allocated without initialisation ([`Runtime::alloc`]), since the contents are
-/// whatever the heap held. Sealed.
+/// these can be allocated on the symmetric heap ([`Runtime::alloc`] and its variants): an
+/// uninitialised buffer holds whatever the heap held, and every PE's copy can be written by the
+/// other PEs, whose collective allocation at the same step is only checked to have the same size
+/// in bytes (another PE may hold `u8` where this one holds `bool`, and put any byte). Sealed.
 pub trait Element: DeviceRepr + sealed::Sealed {}
 
 macro_rules! element {
@@ -51,7 +53,10 @@ element!(half::f16, half::bf16);
 /// (then [`Error::PeerRefusedAlloc`] on the others), no PE allocates — a mismatched allocation
 /// would leave every later buffer at another offset on some PE. The check costs one small put to
 /// each PE and one barrier over all PEs per allocation (it works where NVSHMEM supports no
-/// reductions, several PEs on one GPU without MPS included).
+/// reductions, several PEs on one GPU without MPS included). [`Symmetric::free`] is checked the
+/// same way: the PEs compare the freed buffer's offset on the heap and its size, and none frees
+/// when they differ ([`Error::AsymmetricFree`]), when some allocate while others free
+/// ([`Error::MixedHeapCollectives`]), or when one cannot take its part.
 /// Because the order of `Drop`s differs between PEs on error paths, dropping a buffer does **not**
 /// free it: it stays allocated until NVSHMEM is finalised, and a warning goes to the `log` crate.
 /// Free buffers explicitly with [`Symmetric::free`].
@@ -111,9 +116,11 @@ impl Runtime {
     }
 
     /// Allocates `len` zeroed elements on the symmetric heap of every PE (`nvshmem_calloc`).
-    /// Collective, like [`Runtime::alloc`].
+    /// Collective, like [`Runtime::alloc`]. Zeroed contents alone would not make a type such as
+    /// `bool` sound here: other PEs write this PE's copy with their own element type, which the
+    /// allocation checks by size only, so elements are [`Element`]s (valid for any bits) as well.
     #[doc(alias = "nvshmem_calloc")]
-    pub fn alloc_zeroed<T: DeviceRepr + ValidAsZeroBits>(&self, len: usize) -> Result<Symmetric<'_, T>> {
+    pub fn alloc_zeroed<T: Element>(&self, len: usize) -> Result<Symmetric<'_, T>> {
         self.allocate(len, Alloc::Calloc)
     }
 
@@ -132,12 +139,12 @@ impl Runtime {
         };
         // Every PE asks, whether or not it refuses, so that every PE reaches the same verdict.
         let (ask, refusal) = match self.local_check::<T>(len, &how) {
-            Ok(bytes) => (Ask { bytes: bytes as u64, align, refused: false }, None),
-            Err(e) => (Ask { bytes: 0, align, refused: true }, Some(e)),
+            Ok(bytes) => (Ask { op: Op::Alloc, bytes: bytes as u64, align, offset: 0, refused: false }, None),
+            Err(e) => (Ask { op: Op::Alloc, bytes: 0, align, offset: 0, refused: true }, Some(e)),
         };
         let agreement = self.agreement()?;
         self.context().bind_to_thread()?;
-        agreement.agree(ask)?.check(refusal)?;
+        agreement.agree(ask)?.check(Op::Alloc, refusal)?;
         let bytes = ask.bytes as usize;
         let tracker = StreamTracker::new(self.stream())?;
         self.context().bind_to_thread()?;
@@ -240,24 +247,44 @@ impl<'rt, T> Symmetric<'rt, T> {
         self.as_slice().peer(pe)
     }
 
-    /// Frees the buffer on every PE (`nvshmem_free`). Collective and blocking: every PE frees its
-    /// buffers in the same order. It first waits for the streams that used the buffer (its
+    /// Frees the buffer on every PE (`nvshmem_free`). Collective and blocking: every PE frees the
+    /// same buffer at the same step. It first waits for the streams that used the buffer (its
     /// tracker), because NVSHMEM's free does not wait for work still queued on your streams; the
     /// rest of the device is not waited for.
     ///
-    /// If waiting fails, nothing is freed and the buffer comes back with the error, so that the
-    /// caller can retry (every PE must still free it, in the same order).
+    /// Before NVSHMEM frees, the PEs compare what they free, as they do for allocations: when one
+    /// frees another buffer (another offset on the heap, or another size;
+    /// [`Error::AsymmetricFree`]), allocates instead ([`Error::MixedHeapCollectives`]) or cannot
+    /// wait for its buffer's streams (its own error, and [`Error::PeerRefusedFree`] on the
+    /// others), no PE frees — different frees would leave the heaps out of step, and the next
+    /// allocation at different offsets on different PEs.
+    ///
+    /// If waiting or the check fails, nothing is freed and the buffer comes back with the error,
+    /// so that the caller can retry (every PE must still free it, at the same step).
     #[doc(alias = "nvshmem_free")]
     // The buffer comes back on failure, as fallible teardown does throughout the family.
     #[allow(clippy::result_large_err)]
     pub fn free(mut self) -> std::result::Result<(), (Self, Error)> {
         let freed = (|| -> Result<()> {
-            self.tracker.synchronize()?;
+            // Every PE takes part in the check, whether or not it could wait for its streams, so
+            // that every PE reaches the same verdict.
+            let refusal = self.tracker.synchronize().err().map(Error::from);
+            let agreement = self.rt.agreement()?;
+            let ask = Ask {
+                op: Op::Free,
+                bytes: self.num_bytes() as u64,
+                align: 0,
+                offset: agreement.offset(self.device_address()),
+                refused: refusal.is_some(),
+            };
+            self.rt.context().bind_to_thread()?;
+            agreement.agree(ask)?.check(Op::Free, refusal)?;
             self.rt.context().bind_to_thread()?;
             // SAFETY: the pointer came from nvshmem_malloc/calloc/align of this runtime; no queued
-            // work uses it (its streams were waited for); `self` is consumed on success, so nothing
-            // refers to it afterwards; the PE's context is current. If the function does not
-            // resolve, nothing is called and the buffer is handed back intact.
+            // work uses it (its streams were waited for); every PE frees the buffer at the same
+            // offset and of the same size (agreed above); `self` is consumed on success, so
+            // nothing refers to it afterwards; the PE's context is current. If the function does
+            // not resolve, nothing is called and the buffer is handed back intact.
             unsafe { call!(nvshmem_free(self.ptr.as_ptr())) }
         })();
         match freed {
@@ -340,6 +367,7 @@ impl<'a, T> SymmetricSlice<'a, T> {
             len: self.len,
             tracker: self.tracker,
             home: self.rt.stream(),
+            _thread: PhantomData,
             _elem: PhantomData,
         }))
     }
@@ -355,11 +383,17 @@ tracked_device_ptr!(['v, T] SymmetricSlice<'v, T>, |b| {
 /// ([`DevicePtr`](cudarc::driver::DevicePtr) / [`DevicePtrMut`](cudarc::driver::DevicePtrMut)); their
 /// uses are ordered with this process's other uses of the buffer. Nothing orders them with what
 /// the peer does to its copy: synchronise with the peer first (a barrier, a signal).
+///
+/// Like the buffer it views, a `PeerView` stays on the runtime's thread (it is neither `Send` nor
+/// `Sync`): its tracker's waits can run NVSHMEM's quiet, and NVSHMEM is initialised
+/// `NVSHMEM_THREAD_SERIALIZED`.
 pub struct PeerView<'a, T> {
     ptr: CUdeviceptr,
     len: usize,
     tracker: &'a StreamTracker,
     home: &'a Arc<CudaStream>,
+    /// Neither `Send` nor `Sync`, like the buffer (which borrows the runtime, not `Sync`).
+    _thread: PhantomData<*const ()>,
     _elem: PhantomData<T>,
 }
 

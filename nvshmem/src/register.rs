@@ -46,6 +46,11 @@ impl Runtime {
     /// Registers `buf` (device memory of this PE's device, not on the symmetric heap) with
     /// NVSHMEM (`nvshmemx_buffer_register`).
     ///
+    /// The buffer is owned (`B: 'static`: a `CudaSlice`, not a `CudaViewMut` borrowed from one):
+    /// a registration can be leaked with `mem::forget`, which skips its unregistration, and the
+    /// memory of a borrowed buffer could then be freed while NVSHMEM still holds it. A leaked
+    /// registration of an owned buffer leaks the buffer with it.
+    ///
     /// # Errors
     ///
     /// A refused registration hands the buffer back, untouched, with the error:
@@ -53,7 +58,7 @@ impl Runtime {
     /// a CUDA error, or NVSHMEM's error when `nvshmemx_buffer_register` fails (NVSHMEM then
     /// registered nothing).
     #[doc(alias = "nvshmemx_buffer_register")]
-    pub fn register<T, B: DeviceBufferMut<T>>(
+    pub fn register<T, B: DeviceBufferMut<T> + 'static>(
         &self,
         mut buf: B,
     ) -> std::result::Result<Registration<'_, T, B>, (B, Error)> {
@@ -84,8 +89,9 @@ impl Runtime {
         let ptr = NonNull::new(addr as *mut c_void).ok_or(empty)?;
         self.context().bind_to_thread()?;
         // SAFETY: `ptr` is `bytes` bytes of live device memory of this PE's device, owned by the
-        // registration (the caller builds it at once), which unregisters it before the memory can
-        // be freed.
+        // registration (the caller builds it at once, from a `'static` buffer that borrows no
+        // other owner's memory), which unregisters it before the memory can be freed — or, when
+        // the registration is leaked, leaks the buffer with it.
         unsafe { call!(nvshmemx_buffer_register(ptr.as_ptr(), bytes)) }?;
         Ok(ptr)
     }

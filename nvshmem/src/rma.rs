@@ -403,7 +403,8 @@ impl Runtime {
         let raw = self.enqueue_on(stream)?;
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
         unsafe { call!(nvshmemx_quiet_on_stream(raw)) }?;
-        gpucomm_ordering::captured_completion(stream);
+        // SAFETY: the quiet, a completion of every operation before it, was just enqueued on `stream`.
+        unsafe { gpucomm_ordering::captured_completion(stream) };
         Ok(())
     }
 
@@ -416,8 +417,9 @@ impl Runtime {
         let raw = self.enqueue_on(stream)?;
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
         unsafe { call!(nvshmemx_barrier_all_on_stream(raw)) }?;
-        // A barrier completes this PE's operations, as a quiet does.
-        gpucomm_ordering::captured_completion(stream);
+        // SAFETY: a barrier completes this PE's operations, as a quiet does, and was just enqueued
+        // on `stream`.
+        unsafe { gpucomm_ordering::captured_completion(stream) };
         Ok(())
     }
 
@@ -496,7 +498,8 @@ impl Pending<'_> {
     fn complete(&self) -> Result<()> {
         self.rt.quiet_on_stream(self.stream)?;
         if let Some(local) = self.local {
-            local.completed(self.stream);
+            // SAFETY: `quiet_on_stream` just enqueued the quiet on this stream.
+            unsafe { local.completed(self.stream) };
         }
         Ok(())
     }

@@ -370,9 +370,10 @@ impl Runtime {
     }
 
     /// Bounds how long teardown waits for queued GPU work: [`Runtime::finalize`] and dropping the
-    /// runtime (for the whole device, see [`Runtime`]) and unregistering a
-    /// [`Registration`](crate::Registration) (for its buffer). `None` (the default) waits as long
-    /// as it takes.
+    /// runtime (for the whole device, see [`Runtime`]), destroying or dropping a
+    /// [`Team`](crate::Team) and dropping a [`Module`](crate::Module) (for the whole device), and
+    /// unregistering a [`Registration`](crate::Registration) (for its buffer). `None` (the default)
+    /// waits as long as it takes.
     pub fn set_timeout(&self, timeout: Option<Duration>) {
         self.timeout.set(timeout);
     }

@@ -29,8 +29,12 @@ use crate::{Runtime, SymmetricMemory};
 /// order on every PE, or call [`Team::destroy`]. NVSHMEM has room for `NVSHMEM_MAX_TEAMS` teams
 /// (default 128, its internal ones included); a split beyond that fails with [`Error::Status`].
 ///
-/// Work a team enqueued on a stream must be finished before the team is destroyed:
-/// `nvshmem_team_destroy` synchronises the device itself.
+/// Work queued on a stream that uses the team (a barrier, a collective) must finish before the team
+/// is destroyed: `nvshmem_team_destroy` clears the team's device state before it synchronises the
+/// device (3.4.5), so a queued team collective would read a destroyed team. Destroying therefore
+/// first waits until the PE's device is idle, within [`Runtime::set_timeout`]; when the device
+/// stays busy, [`Team::destroy`] hands the team back with [`Error::StillInUse`] and a dropped team
+/// is leaked (with a warning through the `log` crate) rather than destroyed under running work.
 pub struct Team<'rt> {
     raw: nvshmem_team_t,
     rt: &'rt Runtime,
@@ -186,6 +190,21 @@ impl<'rt> Team<'rt> {
         Ok((x?, y?))
     }
 
+    /// Waits until the PE's device is idle, within the runtime's timeout: team collectives may
+    /// still be queued on any stream, and `nvshmem_team_destroy` clears the team's device state
+    /// before it synchronises.
+    fn wait_for_device(&self) -> Result<()> {
+        let timeout = self.rt.timeout();
+        if gpucomm_ordering::device_idle_within(self.rt.context(), timeout)? {
+            Ok(())
+        } else {
+            Err(Error::StillInUse {
+                what: "a team (its collectives may still be queued on the PE's device)",
+                after: timeout.unwrap_or_default(),
+            })
+        }
+    }
+
     fn child(&self, raw: nvshmem_team_t) -> Result<Option<Team<'rt>>> {
         if raw == nvshmem_team_id_t::NVSHMEM_TEAM_INVALID.0 {
             return Ok(None);
@@ -193,20 +212,22 @@ impl<'rt> Team<'rt> {
         Team::adopt(self.rt, raw, true).map(Some)
     }
 
-    /// Destroys the team (`nvshmem_team_destroy`). Collective over its members (see the type's
-    /// documentation). Predefined teams are not destroyed: this only drops the handle. If NVSHMEM
-    /// cannot be reached (the context cannot be bound, the function is missing), nothing is
-    /// destroyed and the team comes back with the error.
+    /// Destroys the team (`nvshmem_team_destroy`) once the PE's device is idle. Collective over its
+    /// members (see the type's documentation). Predefined teams are not destroyed: this only drops
+    /// the handle. If the device does not become idle within [`Runtime::set_timeout`]
+    /// ([`Error::StillInUse`]), or NVSHMEM cannot be reached (the context cannot be bound, the
+    /// function is missing), nothing is destroyed and the team comes back with the error.
     #[doc(alias = "nvshmem_team_destroy")]
     pub fn destroy(mut self) -> std::result::Result<(), (Self, Error)> {
         if self.released {
             return Ok(());
         }
         let destroyed = (|| {
+            self.wait_for_device()?;
             self.rt.context().bind_to_thread()?;
             // SAFETY: the team was created by a split and is destroyed once: it is marked released
-            // below on success, so Drop does nothing; if the function does not resolve, nothing
-            // is called.
+            // below on success, so Drop does nothing; no queued work uses it (the device is idle);
+            // if the function does not resolve, nothing is called.
             unsafe { call!(nvshmem_team_destroy(self.raw)) }
         })();
         match destroyed {
@@ -226,8 +247,9 @@ impl<'rt> Team<'rt> {
         let raw = self.rt.enqueue_on(stream)?;
         // SAFETY: valid team; the stream is on the PE's device (checked) and its context current.
         unsafe { call!(nvshmemx_barrier_on_stream(self.raw, raw)) }?;
-        // A barrier completes this PE's operations, as a quiet does.
-        gpucomm_ordering::captured_completion(stream);
+        // SAFETY: a barrier completes this PE's operations, as a quiet does, and was just enqueued
+        // on `stream`.
+        unsafe { gpucomm_ordering::captured_completion(stream) };
         Ok(())
     }
 
@@ -374,10 +396,20 @@ impl Drop for Team<'_> {
             log::warn!("nvshmem: team {} dropped during a panic is leaked (destroying is collective)", self.raw);
             return;
         }
-        if let Err(e) = self.rt.context().bind_to_thread() {
-            log::warn!("nvshmem: binding the PE's context to destroy team {} failed: {e}", self.raw);
+        // Collectives on the team may still be queued, on streams this crate does not know: wait
+        // for the device, within the runtime's timeout, and leak the team otherwise.
+        match gpucomm_ordering::device_idle_within(self.rt.context(), self.rt.timeout()) {
+            Ok(true) => {}
+            Ok(false) => return log::warn!("nvshmem: the device is still busy; dropped team {} is leaked", self.raw),
+            Err(e) => {
+                return log::warn!("nvshmem: waiting for the device failed ({e}); dropped team {} is leaked", self.raw)
+            }
         }
-        // SAFETY: the team was created by a split and is destroyed exactly once, here.
+        if let Err(e) = self.rt.context().bind_to_thread() {
+            return log::warn!("nvshmem: binding the PE's context failed ({e}); dropped team {} is leaked", self.raw);
+        }
+        // SAFETY: the team was created by a split and is destroyed exactly once, here; no queued
+        // work uses it (the device is idle); the PE's context is current.
         if let Err(e) = unsafe { call!(nvshmem_team_destroy(self.raw)) } {
             log::warn!("nvshmem: destroying team {} failed: {e}", self.raw);
         }

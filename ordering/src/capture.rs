@@ -12,13 +12,35 @@ use crate::OrderError;
 /// True while `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`).
 #[inline]
 pub fn is_capturing(stream: &CudaStream) -> Result<bool, DriverError> {
-    if stream.cu_stream().is_null() {
-        // The legacy default stream is resolved through the current context.
-        stream.context().bind_to_thread()?;
-    }
+    bind_if_implicit(stream)?;
     // SAFETY: the stream is borrowed, so it and its context are alive.
     let status = unsafe { result::stream::is_capturing(stream.cu_stream()) }?;
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// `CU_STREAM_PER_THREAD`: the handle of the calling thread's own default stream.
+const PER_THREAD: usize = 2;
+
+/// [`OrderError::PerThreadStream`] for the per-thread default stream.
+#[inline]
+pub(crate) fn refuse_per_thread(stream: &CudaStream) -> Result<(), OrderError> {
+    if stream.cu_stream() as usize == PER_THREAD {
+        Err(OrderError::PerThreadStream)
+    } else {
+        Ok(())
+    }
+}
+
+/// Makes `stream`'s context current when its handle names no stream by itself: null and
+/// `CU_STREAM_LEGACY` (1), the legacy default stream, and `CU_STREAM_PER_THREAD` (2), cudarc's
+/// `per_thread_stream`. The driver resolves these through the current context: asked with another
+/// context current, it would answer for another stream.
+#[inline]
+fn bind_if_implicit(stream: &CudaStream) -> Result<(), DriverError> {
+    if stream.cu_stream() as usize <= PER_THREAD {
+        stream.context().bind_to_thread()?;
+    }
+    Ok(())
 }
 
 /// Breaks the capture of `stream` (one these crates did not open), so that CUDA refuses to make
@@ -27,6 +49,9 @@ pub fn is_capturing(stream: &CudaStream) -> Result<bool, DriverError> {
 /// return an error recorded in the context and would skip the query. True when the capture is
 /// invalidated now; ending it (cudarc's `end_capture`) then fails and leaves the stream usable.
 pub(crate) fn invalidate(stream: &CudaStream) -> bool {
+    if bind_if_implicit(stream).is_err() {
+        return false;
+    }
     // SAFETY: the stream is borrowed, so it and its context are alive; the query only reads it.
     // Its error (the refusal that invalidates the capture) is the point, not a failure.
     let _ = unsafe { sys::cuStreamQuery(stream.cu_stream()) };
@@ -151,8 +176,10 @@ fn owns(stream: &CudaStream) -> bool {
 /// How work enqueued on `stream` now is handled: run eagerly, or recorded by this thread's scope.
 /// A capture the scope did not open (cudarc's `begin_capture`, another library's, another stream
 /// joined into the scope's capture) is refused: its graph would not keep alive what the work uses.
+/// The per-thread default stream is refused ([`OrderError::PerThreadStream`]).
 #[inline]
 pub(crate) fn mode(stream: &CudaStream) -> Result<Mode, OrderError> {
+    refuse_per_thread(stream)?;
     if !is_capturing(stream)? {
         Ok(Mode::Eager)
     } else if owns(stream) {
@@ -185,10 +212,12 @@ pub(crate) fn record_use(stream: &CudaStream, ptr: sys::CUdeviceptr, bytes: usiz
 /// scope for both).
 pub(crate) fn record_tracked_use(stream: &CudaStream, local: usize, ptr: sys::CUdeviceptr, bytes: usize, how: Use) {
     let ordinal = stream.context().ordinal();
+    let mut due = None;
     with_scope(stream, |s| {
-        complete_pending_use(s, stream, local);
+        due = take_pending_use(s, local);
         s.used.push(Used { ordinal, ptr, bytes, how });
     });
+    complete_now(stream, due);
 }
 
 /// Records that a captured call uses `resource`.
@@ -228,23 +257,43 @@ pub(crate) fn nonblocking_captured(stream: &CudaStream, local: usize, complete: 
 /// non-blocking operation captured without a completion yet uses that memory, enqueues the
 /// completion first.
 pub(crate) fn complete_before_use(stream: &CudaStream, local: usize) {
-    with_scope(stream, |s| complete_pending_use(s, stream, local));
+    let mut due = None;
+    with_scope(stream, |s| due = take_pending_use(s, local));
+    complete_now(stream, due);
 }
 
-/// [`complete_before_use`] on the scope `s` of `stream`.
-fn complete_pending_use(s: &mut Scope, stream: &CudaStream, local: usize) {
+/// The scope's pending non-blocking operations, taken out, if one of them uses the memory whose
+/// tracker has the key `local`.
+fn take_pending_use(s: &mut Scope, local: usize) -> Option<Nonblocking> {
     if s.pending.as_ref().is_some_and(|p| p.locals.contains(&local)) {
-        if let Some(p) = s.pending.take() {
-            if let Err(e) = (p.complete)(stream) {
+        s.pending.take()
+    } else {
+        None
+    }
+}
+
+/// Enqueues the completion of `due` (taken out of the scope of `stream`) into the capture, with
+/// the scope not borrowed: the completion is a caller's function, which may ask the scope again.
+/// A failure is kept in the scope, for [`close`] to return.
+fn complete_now(stream: &CudaStream, due: Option<Nonblocking>) {
+    if let Some(p) = due {
+        if let Err(e) = (p.complete)(stream) {
+            with_scope(stream, |s| {
                 s.failed.get_or_insert(e);
-            }
+            });
         }
     }
 }
 
 /// Tells the capture scope of `stream`, if any, that a completion (NVSHMEM's quiet) of every
 /// non-blocking operation before it was captured on it.
-pub fn captured_completion(stream: &CudaStream) {
+///
+/// # Safety
+///
+/// That completion has just been enqueued on `stream`. Without it, the scope would end the
+/// capture without one, and the graph's launches would leave the operations running after the
+/// graph completes, on memory that may then be reused or freed.
+pub unsafe fn captured_completion(stream: &CudaStream) {
     with_scope(stream, |s| s.pending = None);
 }
 

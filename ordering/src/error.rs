@@ -56,6 +56,10 @@ pub enum OrderError {
     },
     /// Enqueuing the completion of an earlier non-blocking operation failed.
     Pending(String),
+    /// The stream is the per-thread default stream (cudarc's `per_thread_stream`, handle
+    /// `CU_STREAM_PER_THREAD`): one handle that names a different stream on each thread, so that
+    /// a use on it cannot be told from a use on another thread's, nor waited for from there.
+    PerThreadStream,
 }
 
 impl fmt::Display for OrderError {
@@ -95,6 +99,12 @@ impl fmt::Display for OrderError {
             }
             OrderError::ResourceClosed { kind } => write!(f, "the graph's {kind} was closed since the capture"),
             OrderError::Pending(e) => write!(f, "completing an earlier non-blocking operation failed: {e}"),
+            OrderError::PerThreadStream => write!(
+                f,
+                "the per-thread default stream (cudarc's per_thread_stream) names another stream on each \
+                 thread, which the buffers' ordering cannot follow: use a stream of CudaContext::new_stream \
+                 (or the default stream)"
+            ),
         }
     }
 }

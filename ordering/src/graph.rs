@@ -28,9 +28,14 @@
 //!   [`StreamTracker`](crate::StreamTracker) (`MemBuffer`, `Symmetric`) through cudarc's
 //!   `DevicePtr`: recorded and checked like the calls' uses. On a stream captured by anything
 //!   else, such a use makes CUDA refuse that capture.
-//! * cudarc work on cudarc's own `CudaSlice` inside a capture waits on the slice's events, which
-//!   CUDA refuses inside a capture: the capture fails ([`OrderError::CaptureBroken`]). Give such
-//!   buffers to the communication calls instead, which take them without waiting.
+//! * cudarc work on cudarc's own `CudaSlice` inside a capture waits on the slice's events. For a
+//!   slice used before the capture, CUDA refuses that wait inside it, and the capture fails
+//!   ([`OrderError::CaptureBroken`]): give such buffers to the communication calls instead, which
+//!   take them without waiting. A slice allocated inside `f` has no earlier event; its
+//!   stream-ordered allocation is captured with it, so the graph's launches allocate that memory
+//!   themselves. The per-thread default stream is refused ([`OrderError::PerThreadStream`]): in a
+//!   context with that stream only, cudarc orders nothing by events, and its work on a slice would
+//!   be captured without a trace.
 //! * What a kernel reaches through raw addresses (a window handle, a pointer passed by value) is
 //!   the kernel launch's own `unsafe` promise; keep what owns that memory in `keep` (its borrow
 //!   then outlives the graph).
@@ -403,8 +408,8 @@ impl Drop for Capturing<'_> {
 /// [`OrderError::ResourceNotKept`]). Calls on other streams inside `f` run eagerly, as outside.
 /// cudarc copies and kernels on `stream` are captured too: on buffers with a
 /// [`StreamTracker`](crate::StreamTracker) their uses are checked like the calls'; on cudarc's
-/// own `CudaSlice`, cudarc's event waits break the capture, which is then refused
-/// ([`OrderError::CaptureBroken`]).
+/// own `CudaSlice` used before the capture, cudarc's event waits break the capture, which is
+/// then refused ([`OrderError::CaptureBroken`]).
 ///
 /// A non-blocking operation captured without a completion after it is completed before the
 /// next captured use of its local buffer, or else at the end of the capture (its completion is
@@ -413,7 +418,8 @@ impl Drop for Capturing<'_> {
 ///
 /// Errors, each with `keep` handed back unchanged (`Err((keep, error))`), so that owned members
 /// are never lost to a refused capture: [`OrderError::NestedCapture`] when this thread is already
-/// capturing, [`OrderError::ForeignCapture`] when `stream` is already being captured, `f`'s own
+/// capturing, [`OrderError::PerThreadStream`] for the per-thread default stream,
+/// [`OrderError::ForeignCapture`] when `stream` is already being captured, `f`'s own
 /// error (the capture is discarded), [`OrderError::Pending`] when the closing completion could
 /// not be enqueued, the keep set's refusals ([`OrderError::NotKept`] and friends), and CUDA's.
 #[doc(alias = "cuStreamBeginCapture")]
@@ -425,6 +431,9 @@ pub fn capture<K: Keep, E: From<OrderError>>(
 ) -> Captured<K, E> {
     if capture::scope_open() {
         return Err((keep, OrderError::NestedCapture.into()));
+    }
+    if let Err(e) = capture::refuse_per_thread(stream) {
+        return Err((keep, e.into()));
     }
     match is_capturing(stream) {
         Ok(false) => {}

@@ -20,7 +20,9 @@ use crate::{access, Access, DeviceBufferMut, OrderError};
 /// every call uses ([`Access::write`]: cudarc's events, or the buffer's
 /// [`StreamTracker`](crate::StreamTracker)), then only that stream is waited for. When cudarc does
 /// not manage synchronisation (one stream per context), its buffers are used on their own stream
-/// only, so that stream is waited for.
+/// only, so the buffer's own stream takes the private stream's place: a new stream would count as
+/// the context's second one without the device-wide synchronisation cudarc makes at that switch,
+/// and cudarc would then trust events that its buffers never recorded.
 ///
 /// `Ok(true)` once the uses have finished, `Ok(false)` when `timeout` expired first (the uses are
 /// then still running: the caller must keep the buffer, and whatever a library holds of it).
@@ -30,12 +32,7 @@ pub fn wait_for_uses<T>(
     ctx: &Arc<CudaContext>,
     timeout: Option<Duration>,
 ) -> Result<bool, OrderError> {
-    // Asked before the private stream exists: a second stream switches cudarc to managing.
-    let managed = ctx.is_managing_stream_synchronization();
-    let waiter = private_stream(ctx)?;
-    if !managed {
-        waiter.join(buf.stream())?;
-    }
+    let waiter = if ctx.is_managing_stream_synchronization() { private_stream(ctx)? } else { buf.stream().clone() };
     {
         let access = Access::new(&waiter);
         let _guard = access.write(buf)?;

@@ -108,7 +108,9 @@ impl fmt::Debug for StreamTracker {
 
 impl StreamTracker {
     /// A tracker for memory whose first use (its allocation, or its first write) is on `home`.
-    pub fn new(home: &Arc<CudaStream>) -> Result<Self, DriverError> {
+    /// The per-thread default stream is refused ([`OrderError::PerThreadStream`]).
+    pub fn new(home: &Arc<CudaStream>) -> Result<Self, OrderError> {
+        capture::refuse_per_thread(home)?;
         let state = State { writer: Some(End::Stream(home.clone())), ..State::default() };
         Ok(StreamTracker {
             state: Mutex::new(state),
@@ -244,7 +246,9 @@ impl StreamTracker {
     }
 
     /// Blocks the host until every outstanding use has finished (after enqueuing a pending
-    /// completion), e.g. before the memory is freed.
+    /// completion), e.g. before the memory is freed. What the tracker knows of those uses is kept:
+    /// another thread may be ordering a use at the same time (placed here, not yet enqueued),
+    /// which later uses and the free must still wait for.
     pub fn synchronize(&self) -> Result<(), OrderError> {
         let mut state = self.lock();
         self.complete_pending(&mut state)?;
@@ -261,9 +265,6 @@ impl StreamTracker {
                 End::Event { event, .. } => event.synchronize()?,
             }
         }
-        let old = state.writer.take().into_iter().chain(state.readers.drain(..));
-        let freed: Vec<_> = old.filter_map(into_event).collect();
-        state.spare.extend(freed);
         self.refresh(&state);
         Ok(())
     }
@@ -279,7 +280,13 @@ impl StreamTracker {
     }
 
     /// Forgets the pending operation on `stream`: its completion was enqueued there.
-    pub fn completed(&self, stream: &CudaStream) {
+    ///
+    /// # Safety
+    ///
+    /// A completion of every non-blocking operation issued on `stream` before this call (for
+    /// NVSHMEM: `nvshmemx_quiet_on_stream`) has been enqueued on `stream`. Without it, the memory
+    /// could be reused or freed while the operation still reads or writes it.
+    pub unsafe fn completed(&self, stream: &CudaStream) {
         let mut state = self.lock();
         if state.pending.as_ref().is_some_and(|p| same(&p.stream, stream)) {
             state.pending = None;
@@ -404,6 +411,7 @@ fn into_event(end: End) -> Option<Box<CudaEvent>> {
 fn to_driver(e: OrderError) -> DriverError {
     match e {
         OrderError::Cuda(e) => e,
+        OrderError::PerThreadStream => DriverError(sys::cudaError_enum::CUDA_ERROR_NOT_SUPPORTED),
         _ => DriverError(sys::cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_ISOLATION),
     }
 }

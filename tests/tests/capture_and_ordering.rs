@@ -522,3 +522,63 @@ fn a_graph_keeps_an_nvshmem_registration() {
         rt.finalize().map_err(|(_, e)| e).unwrap();
     });
 }
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn the_per_thread_default_stream_is_refused() {
+    // cudarc's `per_thread_stream` is one handle (CU_STREAM_PER_THREAD) that names another stream
+    // on each thread. Before the fix, the buffers' ordering took it for one stream: a use on one
+    // thread's and then on another thread's waited for nothing, and a capture on it took cudarc's
+    // work on a slice (which cudarc orders by no event there) without keeping the slice.
+    let test = "the_per_thread_default_stream_is_refused";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let per_thread = ctx.per_thread_stream();
+    let refused = |e: &Error| matches!(e, Error::Ordering(gpucomm_ordering::OrderError::PerThreadStream));
+    let mut buf = MemBuffer::from_host(comm.stream(), &[3.0f32; N]).unwrap();
+
+    let e = comm.on(&per_thread).all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap_err();
+    assert!(refused(&e), "a call on the per-thread stream: {e}");
+    let e = MemBuffer::<f32>::zeroed(&per_thread, N).unwrap_err();
+    assert!(refused(&e), "a buffer made on the per-thread stream: {e}");
+    let (_, e) = nccl::capture(&per_thread, (), |_| Ok(())).unwrap_err();
+    assert!(refused(&e), "a capture on the per-thread stream: {e}");
+
+    // Nothing was lost: the buffer and the communicator still work.
+    comm.all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
+    all_equal("the buffer after the refusals", &comm.stream().clone_dtoh(&buf).unwrap(), 3.0);
+}
+
+/// How many times [`reenter_the_scope`] ran.
+static REENTERED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// A non-blocking operation's completion that asks the capture scope about its stream, as a
+/// completion that enqueues through the crates does.
+fn reenter_the_scope(stream: &CudaStream) -> Result<(), String> {
+    REENTERED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    gpucomm_ordering::admit(stream, &[]).map_err(|e| e.to_string())
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_completion_may_ask_the_capture_scope_again() {
+    // A non-blocking operation is captured on a buffer, then a captured call uses that buffer, so
+    // the scope enqueues the operation's completion first. Before the fix the scope called the
+    // completion while it held its own state mutably borrowed: a completion that asked the scope
+    // anything (here: admitting a call on the stream) panicked with "already mutably borrowed".
+    let test = "a_completion_may_ask_the_capture_scope_again";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let side = ctx.new_stream().unwrap();
+    let mem = MemBuffer::from_host(comm.stream(), &[2.0f32; N]).unwrap();
+    REENTERED.store(0, std::sync::atomic::Ordering::SeqCst);
+
+    let mut graph = nccl::capture(&side, (&comm, mem), |(comm, mem)| {
+        let tracker = gpucomm_ordering::DeviceMemory::tracked(&*mem).expect("a MemBuffer is tracked").tracker();
+        assert!(gpucomm_ordering::captured_nonblocking(&side, tracker, reenter_the_scope));
+        comm.on(&side).all_reduce_in_place(mem, ReduceOp::SUM)
+    })
+    .unwrap();
+    assert_eq!(REENTERED.load(std::sync::atomic::Ordering::SeqCst), 1, "the completion ran once, before the use");
+    graph.launch().unwrap();
+    let (_, mem) = graph.kept();
+    all_equal("after the launch", &comm.stream().clone_dtoh(mem).unwrap(), 2.0);
+}

@@ -7,15 +7,17 @@
 //! Every test needs one GPU: one-rank communicators on it. Each says what the code before these
 //! fixes did.
 
+use std::cell::Cell;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaStream, DevicePtr, DevicePtrMut, DeviceSlice, SyncOnDrop};
 use gpucomm_tests::{multi_process, occupy, require_gpus, skip};
 use nccl::device::{DevComm, DevCommRequirements};
 use nccl::{
-    group, AbortStatus, Collectives, Comm, Config, Error, MemBuffer, PreMulSum, ReduceOp, ResultCode, UniqueId,
-    WindowFlags,
+    group, AbortStatus, Collectives, Comm, Config, DeviceMemory, Error, MemBuffer, PreMulSum, ReduceOp, ResultCode,
+    UniqueId, WindowFlags,
 };
 
 const N: usize = 1 << 16;
@@ -501,4 +503,211 @@ fn a_failed_group_still_orders_its_streams() {
     x.finalize().map_err(|(_, e)| e).unwrap();
     z.finalize().map_err(|(_, e)| e).unwrap();
     drop(y);
+}
+
+/// Set in the child process of the `NCCL_COMM_BLOCKING=0` test.
+const ENV_BLOCKING_CHILD: &str = "GPUCOMM_ENV_BLOCKING_CHILD";
+
+/// Registers a window and creates a device communicator on `comm`, and checks that both are
+/// complete when the calls return (NCCL 2.28 answers a nonblocking communicator's
+/// `ncclCommWindowRegister` and `ncclDevCommCreate` `ncclSuccess` while its background job still
+/// writes them), then tears both down. `test` names a skip when the device API is unavailable.
+fn window_and_device_communicator_are_complete(comm: &Comm, stream: &Arc<CudaStream>, test: &str) {
+    let buf = MemBuffer::<f32>::zeroed(stream, N).unwrap();
+    let window = comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e).expect("a window");
+    assert!(!window.as_raw().is_null(), "register_window returned before NCCL wrote the window");
+    match DevComm::new(comm, &DevCommRequirements::default().lsa_barriers(1)) {
+        Ok(dev) => {
+            // All zero until NCCL's job has written it: a one-rank LSA team has size 1.
+            assert_eq!((dev.rank(), dev.lsa_size()), (0, 1), "DevComm::new returned before NCCL wrote it: {dev:?}");
+            drop(dev);
+        }
+        Err(Error::Nccl { code: ResultCode::INVALID_USAGE, detail, .. }) => {
+            skip(test, &format!("no device API on this communicator ({detail:?}): DevComm not exercised"));
+        }
+        Err(e) => panic!("DevComm::new: {e}"),
+    }
+    window.deregister().map_err(|(_, e)| e).unwrap().free().map_err(|(_, e)| e).unwrap();
+}
+
+/// Audit finding 1, `NCCL_COMM_BLOCKING=0`: NCCL then makes every communicator nonblocking
+/// whatever the config says. Before: a default config counted as blocking, so `register_window`
+/// and `DevComm::new` trusted NCCL's early `ncclSuccess` and read (and freed) the out-parameters
+/// NCCL's background job was still writing. Now the communicator counts as nonblocking, and both
+/// calls wait for it anyway. Runs a child process with the variable set (NCCL reads it once).
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn nccl_comm_blocking_0_makes_the_communicator_nonblocking() {
+    const TEST: &str = "nccl_comm_blocking_0_makes_the_communicator_nonblocking";
+    if std::env::var_os(ENV_BLOCKING_CHILD).is_some() {
+        let stream = CudaContext::new(0).unwrap().new_stream().unwrap();
+        let comm = one_rank(&stream, &Config::new());
+        assert!(comm.is_nonblocking(), "NCCL_COMM_BLOCKING=0 makes NCCL's communicator nonblocking");
+        window_and_device_communicator_are_complete(&comm, &stream, TEST);
+        comm.finalize().map_err(|(_, e)| e).unwrap();
+        return println!("with NCCL_COMM_BLOCKING=0 the communicator counted as nonblocking and was waited for");
+    }
+    let Some(_) = require_gpus(TEST, 1) else { return };
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args(["--exact", TEST, "--include-ignored", "--nocapture", "--test-threads=1"])
+        .env("NCCL_COMM_BLOCKING", "0")
+        .env(ENV_BLOCKING_CHILD, "1")
+        .output()
+        .expect("run the child");
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    eprint!("{}", String::from_utf8_lossy(&out.stderr));
+    assert!(out.status.success(), "the child with NCCL_COMM_BLOCKING=0: {:?}", out.status);
+}
+
+/// Audit finding 1, `Comm::from_raw`: it cannot know the blocking mode and counts the
+/// communicator as blocking. Before: a nonblocking one adopted that way had `register_window` and
+/// `DevComm::new` trust NCCL's early `ncclSuccess`. Now both wait for the communicator whatever it
+/// counts as.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn an_adopted_nonblocking_communicator_is_waited_for() {
+    const TEST: &str = "an_adopted_nonblocking_communicator_is_waited_for";
+    let Some(stream) = stream_of(TEST) else { return };
+    let raw = one_rank(&stream, &Config::new().blocking(false)).into_raw();
+    // SAFETY: `raw` is a live, ready communicator that nothing else owns (given up just above).
+    let comm = unsafe { Comm::from_raw(raw, stream.clone()) }.unwrap();
+    assert!(!comm.is_nonblocking(), "from_raw counts an adopted communicator as blocking");
+    window_and_device_communicator_are_complete(&comm, &stream, TEST);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+/// Audit finding 3. Before: aborting began with cudarc's `bind_to_thread`, which first returns
+/// (and clears) an error that an unrelated cudarc operation recorded on the context; the abort then
+/// returned that error without calling `ncclCommAbort`, and the communicator still counted as
+/// closed (its memory freed under NCCL, the recorded error lost). Now the context is made current
+/// through the driver: `ncclCommAbort` runs and the recorded error stays for its owner.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn an_unrelated_recorded_cuda_error_does_not_stop_an_abort() {
+    use cudarc::driver::{sys::CUresult, DriverError};
+    let Some(stream) = stream_of("an_unrelated_recorded_cuda_error_does_not_stop_an_abort") else { return };
+    let ctx = stream.context().clone();
+    let recorded = DriverError(CUresult::CUDA_ERROR_INVALID_VALUE);
+    // Through `Comm::abort`.
+    let comm = one_rank(&stream, &Config::new());
+    ctx.record_err::<()>(Err(recorded));
+    comm.abort().expect("ncclCommAbort despite an unrelated recorded error");
+    assert_eq!(ctx.check_err().err(), Some(recorded), "the recorded error was consumed by the abort");
+    // Through an abort handle, carried out by the owner's next call.
+    let comm = one_rank(&stream, &Config::new().blocking(false));
+    let handle = comm.abort_handle().unwrap();
+    ctx.record_err::<()>(Err(recorded));
+    assert_eq!(handle.abort().unwrap(), AbortStatus::Requested);
+    assert!(matches!(comm.async_error(), Err(Error::Aborted)));
+    assert!(comm.is_aborted() && handle.is_closed());
+    assert_eq!(ctx.check_err().err(), Some(recorded), "the recorded error was consumed by the abort");
+}
+
+/// A buffer whose own code aborts its communicator (an abort request, carried out by the owner's
+/// next call) when it hands out its pointer while armed: user code that runs inside a call, after
+/// the call checked the communicator.
+struct AbortsOnUse {
+    inner: cudarc::driver::CudaSlice<f32>,
+    comm: Rc<Comm>,
+    armed: Rc<Cell<bool>>,
+}
+
+impl AbortsOnUse {
+    fn abort_if_armed(&self) {
+        if self.armed.replace(false) {
+            assert_eq!(self.comm.abort_handle().unwrap().abort().unwrap(), AbortStatus::Requested);
+            // Carries the request out: NCCL frees the communicator.
+            assert!(matches!(self.comm.async_error(), Err(Error::Aborted)));
+        }
+    }
+}
+
+impl DeviceSlice<f32> for AbortsOnUse {
+    fn len(&self) -> usize {
+        self.inner.len()
+    }
+    fn stream(&self) -> &Arc<CudaStream> {
+        self.inner.stream()
+    }
+}
+
+impl DevicePtr<f32> for AbortsOnUse {
+    fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (cudarc::driver::sys::CUdeviceptr, SyncOnDrop<'a>) {
+        self.abort_if_armed();
+        self.inner.device_ptr(stream)
+    }
+}
+
+impl DevicePtrMut<f32> for AbortsOnUse {
+    fn device_ptr_mut<'a>(&'a mut self, stream: &'a CudaStream) -> (cudarc::driver::sys::CUdeviceptr, SyncOnDrop<'a>) {
+        self.abort_if_armed();
+        self.inner.device_ptr_mut(stream)
+    }
+}
+
+// SAFETY: the memory, its length and the ordering of its uses are `inner`'s, a cudarc slice, to
+// which every method forwards; aborting the communicator does not touch it.
+unsafe impl DeviceMemory for AbortsOnUse {
+    type Elem = f32;
+}
+
+/// Audit finding 4. Before: a direct call, `register` and `deregister` checked the communicator
+/// before running the buffer's own code (its pointer, its uses), then called NCCL with the handle
+/// even when that code had aborted the communicator: `ncclAllReduce`, `ncclCommRegister` and
+/// `ncclCommDeregister` on a freed communicator. Now each checks again right before NCCL:
+/// `Error::Aborted`, nothing launched, the buffers back.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_communicator_aborted_by_a_buffer_never_reaches_nccl() {
+    let Some(stream) = stream_of("a_communicator_aborted_by_a_buffer_never_reaches_nccl") else { return };
+    let nonblocking = Config::new().blocking(false);
+    let buffer = |comm: &Rc<Comm>, armed: bool| AbortsOnUse {
+        inner: stream.clone_htod(&vec![1.0f32; N]).unwrap(),
+        comm: comm.clone(),
+        armed: Rc::new(Cell::new(armed)),
+    };
+
+    // A direct all-reduce whose send buffer aborts while its pointer is taken.
+    let comm = Rc::new(one_rank(&stream, &nonblocking));
+    let send = buffer(&comm, true);
+    let mut recv = stream.alloc_zeros::<f32>(N).unwrap();
+    let issued = comm.all_reduce(&send, &mut recv, ReduceOp::SUM);
+    assert!(matches!(issued, Err(Error::Aborted)), "{issued:?}");
+    assert_eq!(stream.clone_dtoh(&recv).unwrap(), vec![0.0; N], "the all-reduce launched");
+    drop(send);
+
+    // A registration whose buffer aborts while its pointer is taken: refused, the buffer back.
+    let comm = Rc::new(one_rank(&stream, &nonblocking));
+    let (back, e) = comm.register(buffer(&comm, true)).expect_err("a registration aborted by its buffer");
+    assert!(matches!(e, Error::Aborted), "{e}");
+    assert_eq!(stream.clone_dtoh(&back.inner).unwrap(), vec![1.0; N]);
+    drop(back);
+
+    // A deregistration whose buffer aborts while its uses are waited for: nothing left to
+    // deregister (NCCL released the registration with the communicator), the buffer back.
+    let comm = Rc::new(one_rank(&stream, &nonblocking));
+    let buf = buffer(&comm, false);
+    let armed = buf.armed.clone();
+    let registration = comm.register(buf).map_err(|(_, e)| e).unwrap();
+    armed.set(true);
+    let back = registration.deregister().map_err(|(_, e)| e).expect("deregistering after the buffer aborted");
+    assert!(comm.is_aborted() && !armed.get(), "the buffer's code did not run");
+    assert_eq!(stream.clone_dtoh(&back.inner).unwrap(), vec![1.0; N]);
+    println!("a communicator aborted by a buffer's own code never reached NCCL");
+}
+
+/// Audit finding 6. Before: a split with the timeout `Duration::MAX` computed its deadline as
+/// `Instant::now() + timeout`, which overflows: a panic. Now a timeout too large for an `Instant`
+/// means no deadline.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_split_with_the_largest_timeout_does_not_panic() {
+    let Some(stream) = stream_of("a_split_with_the_largest_timeout_does_not_panic") else { return };
+    let comm = one_rank(&stream, &Config::new());
+    comm.set_timeout(Some(Duration::MAX));
+    let child = comm.split(Some(0), 0, None, None).unwrap().expect("a child");
+    assert_eq!((child.rank(), child.size()), (0, 1));
+    child.finalize().map_err(|(_, e)| e).unwrap();
+    comm.finalize().map_err(|(_, e)| e).unwrap();
 }

@@ -4,8 +4,8 @@
 //! bootstrap's hold on NVSHMEM's loader.
 //!
 //! One PE (one GPU) per test, each in a process of its own (NVSHMEM starts once per process),
-//! except `every_pe_must_ask_for_the_same_allocation`, which needs two. Each test says what the
-//! code before these fixes did.
+//! except `every_pe_must_ask_for_the_same_allocation` and `every_pe_must_free_the_same_buffer`,
+//! which need two. Each test says what the code before these fixes did.
 
 mod nvshmem_support;
 
@@ -265,6 +265,111 @@ fn every_pe_must_ask_for_the_same_allocation() {
         let prev = (me + n - 1) % n;
         assert_eq!(stream.clone_dtoh(&buf).unwrap(), (0..1000).map(|i| value(prev, i)).collect::<Vec<_>>());
         buf.free().map_err(|(_, e)| e).unwrap();
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
+/// Audit: `Symmetric::free` was not checked across PEs. Before: PE 0 freeing buffer `a` while PE 1
+/// freed buffer `b` (or allocated) succeeded on both, and NVSHMEM's first fit then placed the next
+/// allocation at different offsets on the two PEs, so that puts landed in unrelated live buffers.
+/// Now the PEs compare the freed buffer's heap offset and size first: both get
+/// `Error::AsymmetricFree` (or `Error::MixedHeapCollectives` when one allocates) and their buffers
+/// back, nothing is freed, and matching frees and a ring of puts afterwards work. Needs two PEs.
+#[test]
+#[ignore = "needs 2 GPUs: run by the GPU bundle"]
+fn every_pe_must_free_the_same_buffer() {
+    multi_process("every_pe_must_free_the_same_buffer", 2, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let (me, n) = (rt.my_pe(), rt.n_pes());
+        let (a, b) = (rt.alloc::<i32>(1024).unwrap(), rt.alloc::<i32>(1024).unwrap());
+        // Different buffers of one size.
+        let different = |e: Error| match e {
+            Error::AsymmetricFree { min_offset, max_offset, min_bytes: 4096, max_bytes: 4096 } => {
+                assert!(max_offset - min_offset >= 4096, "offsets {min_offset:#x}, {max_offset:#x}")
+            }
+            other => panic!("PE {me}: different frees gave {other:?}"),
+        };
+        let (a, b) = if me == 0 {
+            let (a, e) = a.free().expect_err("PE 0 frees a while PE 1 frees b");
+            different(e);
+            (a, b)
+        } else {
+            let (b, e) = b.free().expect_err("PE 1 frees b while PE 0 frees a");
+            different(e);
+            (a, b)
+        };
+        // PE 0 frees while PE 1 allocates.
+        let a = if me == 0 {
+            let (a, e) = a.free().expect_err("PE 0 frees while PE 1 allocates");
+            assert!(matches!(e, Error::MixedHeapCollectives), "PE 0: {e:?}");
+            a
+        } else {
+            let e = rt.alloc::<i32>(1024).expect_err("PE 1 allocates while PE 0 frees");
+            assert!(matches!(e, Error::MixedHeapCollectives), "PE 1: {e:?}");
+            a
+        };
+        // The heaps are still in step: matching frees work, and a ring of puts lands where it should.
+        b.free().map_err(|(_, e)| e).unwrap();
+        a.free().map_err(|(_, e)| e).unwrap();
+        let buf = rt.alloc::<i32>(1000).unwrap();
+        let src = stream.clone_htod(&(0..1000).map(|i| value(me, i)).collect::<Vec<_>>()).unwrap();
+        rt.put_on_stream(&buf, &src, (me + 1) % n, &stream).unwrap();
+        rt.barrier_all_on_stream(&stream).unwrap();
+        let prev = (me + n - 1) % n;
+        assert_eq!(stream.clone_dtoh(&buf).unwrap(), (0..1000).map(|i| value(prev, i)).collect::<Vec<_>>());
+        buf.free().map_err(|(_, e)| e).unwrap();
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
+/// Audit: destroying a team did not wait for collectives queued on it. NVSHMEM 3.4.5's
+/// `nvshmemi_team_destroy` clears the team's device state (a plain `cudaMemset`) and resets its
+/// psync before it synchronises, so a team barrier still queued on a non-blocking stream read a
+/// destroyed team. Before: `destroy` returned at once with the barrier still queued behind 2 s of
+/// work. Now it returns once the device is idle; with the device busy past the runtime's timeout,
+/// `destroy` hands the team back with `Error::StillInUse`, and a dropped team is leaked.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn destroying_a_team_waits_for_its_queued_collectives() {
+    multi_process("destroying_a_team_waits_for_its_queued_collectives", 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let world = rt.world().unwrap();
+        let split = || world.split_strided(0, 1, 1).unwrap().expect("PE 0 is in the team");
+        let side = stream.context().new_stream().unwrap();
+
+        let team = split();
+        occupy(&side, Duration::from_secs(2));
+        team.barrier_on_stream(&side).unwrap();
+        let queued = side.record_event(None).unwrap();
+        let start_destroy = Instant::now();
+        team.destroy().map_err(|(_, e)| e).unwrap();
+        let took = start_destroy.elapsed();
+        assert!(queued.try_is_complete().unwrap(), "destroyed after {took:?} with the team's barrier still queued");
+        assert!(took >= Duration::from_millis(1500), "destroying took {took:?}");
+
+        // Busy past the timeout: the team comes back, and is destroyed once the device is idle.
+        rt.set_timeout(Some(Duration::from_secs(1)));
+        let team = split();
+        occupy(&side, Duration::from_secs(6));
+        team.barrier_on_stream(&side).unwrap();
+        let start_destroy = Instant::now();
+        let (team, e) = team.destroy().expect_err("destroying while the device is busy");
+        let took = start_destroy.elapsed();
+        assert!(matches!(e, Error::StillInUse { .. }), "{e:?}");
+        assert!(took < Duration::from_secs(3), "destroying gave up after {took:?}");
+        side.synchronize().unwrap();
+        team.destroy().map_err(|(_, e)| e).unwrap();
+
+        // Dropped while busy: leaked (with a warning), not destroyed under the queued barrier.
+        let team = split();
+        occupy(&side, Duration::from_secs(6));
+        team.barrier_on_stream(&side).unwrap();
+        let start_drop = Instant::now();
+        drop(team);
+        assert!(start_drop.elapsed() < Duration::from_secs(3), "dropping took {:?}", start_drop.elapsed());
+        side.synchronize().unwrap();
+        still_works(&rt, &stream);
+        drop(world);
         rt.finalize().map_err(|(_, e)| e).unwrap();
     });
 }

@@ -154,9 +154,11 @@ impl Comm {
         let slot = unsafe { &*cell };
         // NCCL 2.28.9 can store the child from the split's job after the call has returned, even
         // for a blocking parent (seen on the GPU machine): wait for it, within the timeout.
-        let deadline = std::time::Instant::now() + self.timeout().unwrap_or(std::time::Duration::from_secs(60));
-        while expected && done.is_ok() && slot.load(Ordering::Acquire).is_null() && std::time::Instant::now() < deadline
-        {
+        // A timeout too large for an `Instant` (`Duration::MAX`) waits without a deadline.
+        let wait = self.timeout().unwrap_or(std::time::Duration::from_secs(60));
+        let deadline = std::time::Instant::now().checked_add(wait);
+        let before_deadline = || deadline.is_none_or(|d| std::time::Instant::now() < d);
+        while expected && done.is_ok() && slot.load(Ordering::Acquire).is_null() && before_deadline() {
             std::thread::sleep(std::time::Duration::from_micros(50));
         }
         let child = NonNull::new(slot.load(Ordering::Acquire));

@@ -196,6 +196,8 @@ int_fields! {
     /// communicators never block the host inside NCCL: calls NCCL answers with "in progress" are
     /// polled to completion by this crate, a [timeout](Config::timeout) can bound every wait, and
     /// an [`AbortHandle`](crate::AbortHandle) can abort them from a watchdog thread.
+    /// `NCCL_COMM_BLOCKING=0` or `1` in the environment overrides this in NCCL; with `0` this crate
+    /// counts the communicator as nonblocking too.
     blocking since (2, 14, 3): fn blocking(on: bool) => i64::from(on);
     /// CGA cluster size of NCCL's kernels, 0–8 (NCCL's default: 4 on sm90 and newer).
     cgaClusterSize since (2, 17, 1): fn cga_cluster_size(size: u32) => i64::from(size);
@@ -353,10 +355,38 @@ impl Config {
         Ok(RawConfig { raw, strings })
     }
 
-    /// What a communicator created with this config keeps on this crate's side.
+    /// What a communicator created with this config keeps on this crate's side. Nonblocking when
+    /// the config says so, or when `NCCL_COMM_BLOCKING` reads as 0: NCCL then makes the
+    /// communicator nonblocking whatever the config says.
     pub(crate) fn settings(&self, strings: Option<Arc<ConfigStrings>>) -> Settings {
-        Settings { nonblocking: self.ints.blocking == Some(0), timeout: self.timeout, strings }
+        let env = std::env::var("NCCL_COMM_BLOCKING").ok();
+        let nonblocking = self.ints.blocking == Some(0) || env_forces_nonblocking(env.as_deref());
+        Settings { nonblocking, timeout: self.timeout, strings }
     }
+}
+
+/// True when `NCCL_COMM_BLOCKING` (`value`) makes NCCL create nonblocking communicators whatever
+/// the config says: NCCL reads it with `strtoll(value, NULL, 0)` (leading white space, a sign, a
+/// `0x` or `0` prefix, as many digits as there are, 0 when there are none) and overrides the
+/// config's `blocking` when the number is 0 or 1 (`envConfigOverride` in NCCL's `src/init.cc`).
+///
+/// Only 0 is taken into account: counting a communicator that is really blocking as nonblocking
+/// costs polls, while the converse would trust results NCCL gives before it is done. (NCCL reads
+/// the variable once per process, possibly from `NCCL_CONF_FILE`, `~/.nccl.conf` or
+/// `/etc/nccl.conf`, which this cannot see: calls whose results NCCL writes in the background
+/// wait for the communicator whatever it is counted as.)
+fn env_forces_nonblocking(value: Option<&str>) -> bool {
+    let Some(value) = value.filter(|v| !v.is_empty()) else { return false };
+    let value = value.trim_start_matches([' ', '\t', '\n', '\x0b', '\x0c', '\r']);
+    let value = value.strip_prefix(['+', '-']).unwrap_or(value);
+    let hex = value.strip_prefix("0x").or_else(|| value.strip_prefix("0X"));
+    let (radix, digits) = match hex {
+        Some(rest) if rest.starts_with(|c: char| c.is_ascii_hexdigit()) => (16, rest),
+        _ if value.starts_with('0') => (8, value),
+        _ => (10, value),
+    };
+    // The number is 0 exactly when every digit read is a zero (or none is read). "-0" is 0 too.
+    digits.chars().take_while(|c| c.is_digit(radix)).all(|c| c == '0')
 }
 
 #[cfg(test)]
@@ -396,7 +426,22 @@ mod tests {
         let net = unsafe { std::ffi::CStr::from_ptr(raw.raw.netName) };
         assert_eq!(net.to_str().unwrap(), "Socket");
         assert!(config.settings(None).nonblocking);
-        assert!(!Config::new().blocking(true).settings(None).nonblocking);
+        if std::env::var_os("NCCL_COMM_BLOCKING").is_none() {
+            assert!(!Config::new().blocking(true).settings(None).nonblocking);
+        }
+    }
+
+    #[test]
+    fn nccl_comm_blocking_0_counts_as_nonblocking() {
+        // What NCCL's strtoll reads as 0: the communicator is nonblocking whatever the config says.
+        for zero in ["0", "00", " 0", "+0", "-0", "0x0", "0x", "0abc", "false", "no", "08"] {
+            assert!(env_forces_nonblocking(Some(zero)), "{zero:?}");
+        }
+        // Unset, empty (NCCL's default), 1 (blocking) and other numbers (ignored by NCCL).
+        for other in [None, Some(""), Some("1"), Some(" 1"), Some("0x1"), Some("01"), Some("2"), Some("-1"), Some("10")]
+        {
+            assert!(!env_forces_nonblocking(other), "{other:?}");
+        }
     }
 
     #[cfg(nccl_2_27)]

@@ -8,7 +8,6 @@ use std::time::Duration;
 use cudarc::driver::CudaStream;
 use nccl_sys::{ncclComm_t, ncclResult_t};
 
-use super::config::Settings;
 use super::{c_count, Comm, Config};
 use crate::error::{Error, Result};
 use crate::ffi::{call, call_unchecked, check, lib_version};
@@ -303,7 +302,8 @@ impl Comm {
         Ok(comms)
     }
 
-    /// Wraps a communicator a blocking creating call returned.
+    /// Wraps a communicator a creating call without a config returned (blocking, unless
+    /// `NCCL_COMM_BLOCKING=0` made it nonblocking).
     fn created(
         call: &'static str,
         rc: ncclResult_t,
@@ -316,7 +316,8 @@ impl Comm {
             check(call, rc, None)?;
             return Err(Error::NullCommunicator);
         };
-        let mut comm = Comm::unready(raw, stream, rank, nranks, Settings::default());
+        // NCCL's defaults, which `NCCL_COMM_BLOCKING=0` makes nonblocking.
+        let mut comm = Comm::unready(raw, stream, rank, nranks, Config::new().settings(None));
         if let Err(e) = comm.complete(call, rc).and_then(|()| comm.identify()) {
             comm.health.abort_quietly();
             return Err(e);

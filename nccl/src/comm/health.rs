@@ -9,8 +9,15 @@
 //!   (`REQUESTED`), which the owner carries out at its next call into this crate.
 //! * `PARKED`: the owner is waiting between two polls inside this crate ([`Comm::wait`](crate::Comm::wait), or a
 //!   call NCCL answered with "in progress"), guaranteed outside NCCL. An [`AbortHandle`](crate::AbortHandle) may abort
-//!   right away (`ABORTING`); the owner, waking up, cannot leave `PARKED` and waits for `CLOSED`.
+//!   right away (`ABORTING`); the owner, waking up, cannot leave `PARKED` and waits for `CLOSED`
+//!   (or `ABANDONED`).
 //! * `CLOSED`: aborted or destroyed (or given away with [`Comm::into_raw`](crate::Comm::into_raw)); the handle is gone.
+//!   Reached from `ABORTING` only once `ncclCommAbort` was called (whatever it returned), so NCCL
+//!   has released everything the communicator used.
+//! * `ABANDONED`: an abort that could not call `ncclCommAbort` (its CUDA context could not be made
+//!   current). The handle must not be used again, like a closed one, but NCCL may still own and use
+//!   what the communicator was given — its background jobs' out-pointers, config strings,
+//!   registered memory — so none of it is freed: it is leaked ([`Health::is_abandoned`]).
 //! * `PEEKING`: a [`crate::Watchdog`] reads NCCL's error state (`ncclCommGetAsyncError`) while the
 //!   owner is parked; entered only from `PARKED` and left back to it. The owner waking up, and an
 //!   [`AbortHandle`](crate::AbortHandle), wait for it to end (one NCCL query).
@@ -24,7 +31,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::CudaContext;
+use cudarc::driver::{CudaContext, DriverError};
 use nccl_sys::{ncclComm, ncclResult_t};
 
 use crate::error::{Error, Result};
@@ -36,6 +43,7 @@ const REQUESTED: u8 = 2;
 const ABORTING: u8 = 3;
 const CLOSED: u8 = 4;
 const PEEKING: u8 = 5;
+const ABANDONED: u8 = 6;
 
 /// The abort state of one communicator, shared by its [`Comm`](crate::Comm) and its [`AbortHandle`](crate::AbortHandle)s.
 pub(crate) struct Health {
@@ -59,16 +67,22 @@ impl Health {
         Health { state: AtomicU8::new(LIVE), raw, context }
     }
 
-    /// True once aborted, destroyed or given away: the handle must not be used.
+    /// True once aborted, destroyed or given away (or abandoned): the handle must not be used.
     pub(crate) fn is_closed(&self) -> bool {
-        matches!(self.state.load(Ordering::Acquire), ABORTING | CLOSED)
+        matches!(self.state.load(Ordering::Acquire), ABORTING | CLOSED | ABANDONED)
+    }
+
+    /// True once an abort could not call `ncclCommAbort` (module docs): NCCL may still use what
+    /// the communicator was given, which must then be leaked, never freed.
+    pub(crate) fn is_abandoned(&self) -> bool {
+        self.state.load(Ordering::Acquire) == ABANDONED
     }
 
     /// Runs `query` with the handle while the owner is parked (outside NCCL, and unable to tear the
     /// communicator down until `query` returns); `None` when it is not parked.
     pub(crate) fn peek<R>(&self, query: impl FnOnce(NonNull<ncclComm>) -> R) -> Option<R> {
         self.state.compare_exchange(PARKED, PEEKING, Ordering::AcqRel, Ordering::Acquire).ok()?;
-        let result = self.context.bind_to_thread().map(|()| query(self.raw));
+        let result = make_current(&self.context).map(|()| query(self.raw));
         self.state.store(PARKED, Ordering::Release);
         result.ok()
     }
@@ -89,7 +103,8 @@ impl Health {
 
     /// The owner aborts (`ncclCommAbort`): `Ok(true)` if this call did, `Ok(false)` if the
     /// communicator was already closed. The communicator is closed afterwards even when NCCL
-    /// reports a failure: it must not be used again either way.
+    /// reports a failure: it must not be used again either way. When `ncclCommAbort` could not be
+    /// called at all, it is abandoned instead (module docs) and the error says why.
     pub(crate) fn abort(&self) -> Result<bool> {
         let mut state = self.state.load(Ordering::Acquire);
         loop {
@@ -101,9 +116,7 @@ impl Health {
                 Err(now) => state = now,
             }
         }
-        let result = self.call_abort();
-        self.state.store(CLOSED, Ordering::Release);
-        result.map(|()| true)
+        self.call_abort().map(|()| true)
     }
 
     /// [`Health::abort`] where the caller has nothing to report a failure to.
@@ -119,12 +132,23 @@ impl Health {
         self.state.store(CLOSED, Ordering::Release);
     }
 
+    /// Calls `ncclCommAbort` for whoever moved the state to `ABORTING`, and ends that state:
+    /// `CLOSED` once NCCL was called (whatever it returned), `ABANDONED` if it could not be.
     fn call_abort(&self) -> Result<()> {
-        self.context.bind_to_thread()?;
+        if let Err(e) = make_current(&self.context) {
+            self.state.store(ABANDONED, Ordering::Release);
+            log::error!(
+                "nccl: cannot abort a communicator ({e}); it is abandoned, and what NCCL may still use is leaked"
+            );
+            return Err(Error::Abandoned { cause: Some(e) });
+        }
         let raw = self.raw.as_ptr();
         // SAFETY: the caller moved the state to ABORTING, which only happens once and only while
-        // the owner is outside NCCL (module docs), so the handle is live and nothing else uses it.
-        unsafe { call!(ncclCommAbort(raw)) }
+        // the owner is outside NCCL (module docs), so the handle is live and nothing else uses it;
+        // the communicator's context is current (just above).
+        let result = unsafe { call!(ncclCommAbort(raw)) };
+        self.state.store(CLOSED, Ordering::Release);
+        result
     }
 
     /// The owner is about to wait without calling NCCL: handles may abort from now on.
@@ -150,11 +174,21 @@ impl Health {
                 Err(_) => break,
             }
         }
-        while self.state.load(Ordering::Acquire) != CLOSED {
+        while !matches!(self.state.load(Ordering::Acquire), CLOSED | ABANDONED) {
             std::thread::sleep(Duration::from_micros(200));
         }
         Err(Error::Aborted)
     }
+}
+
+/// Makes `context` current on this thread for `ncclCommAbort`, through the driver: cudarc's
+/// `bind_to_thread` first returns (and clears) an error that some earlier, unrelated cudarc
+/// operation recorded on the context, which would leave the communicator unaborted. That error
+/// stays recorded for whoever checks it.
+fn make_current(context: &CudaContext) -> std::result::Result<(), DriverError> {
+    // SAFETY: `cu_ctx` is the context `context` owns, alive as long as `context` (borrowed here);
+    // making a live context current has no other precondition.
+    unsafe { cudarc::driver::result::ctx::set_current(context.cu_ctx()) }
 }
 
 /// A handle that aborts a communicator from another thread (a watchdog): obtained with
@@ -205,7 +239,8 @@ impl AbortHandle {
 
     /// Aborts the communicator (`ncclCommAbort`) as soon as NCCL's rules allow: now if its owner
     /// is waiting inside this crate, otherwise at the owner's next call (see [`AbortHandle`](crate::AbortHandle)).
-    /// An `Err` is NCCL's or CUDA's report from `ncclCommAbort`; the communicator is closed anyway.
+    /// An `Err` is NCCL's or CUDA's report from `ncclCommAbort`; the communicator is closed anyway
+    /// ([`Error::Abandoned`] when `ncclCommAbort` could not be called at all).
     #[doc(alias = "ncclCommAbort")]
     pub fn abort(&self) -> Result<AbortStatus> {
         let state = &self.health.state;
@@ -225,9 +260,7 @@ impl AbortHandle {
                 continue;
             }
             if next == ABORTING {
-                let result = self.health.call_abort();
-                state.store(CLOSED, Ordering::Release);
-                result?;
+                self.health.call_abort()?;
             }
             return Ok(status);
         }

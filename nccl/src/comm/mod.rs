@@ -214,11 +214,13 @@ impl Comm {
     /// The out-pointers that earlier [`Comm::split`]s and [`Comm::shrink`]s handed to NCCL stay
     /// allocated for good (8 bytes each): NCCL's background job can write one after the call has
     /// returned (a split that timed out, or whose child this crate gave up waiting for), and after
-    /// this call nothing tells when the communicator is gone.
-    pub fn into_raw(self) -> ncclComm_t {
+    /// this call nothing tells when the communicator is gone. So do the config strings NCCL keeps
+    /// pointers to.
+    pub fn into_raw(mut self) -> ncclComm_t {
         let raw = self.as_raw();
         self.health.detach();
         std::mem::forget(self.child_slots.take());
+        std::mem::forget(self._strings.take());
         raw
     }
 
@@ -326,6 +328,19 @@ impl Comm {
     pub fn live_raw(&self) -> Result<ncclComm_t> {
         self.health.check()?;
         Ok(self.raw.as_ptr())
+    }
+
+    /// For teardown that found the communicator closed: `Ok` when NCCL released everything with it
+    /// (aborted, destroyed, or given away), so that what was registered with it may be freed;
+    /// [`Error::Abandoned`] when its abort could not call NCCL, so that NCCL may still use it and
+    /// it must be kept (leaked).
+    #[cfg(nccl_2_19)]
+    pub(crate) fn released_by_nccl(&self) -> Result<()> {
+        if self.health.is_abandoned() {
+            Err(Error::Abandoned { cause: None })
+        } else {
+            Ok(())
+        }
     }
 
     /// Aborts the communicator (`ncclCommAbort`) from its owner, logging a failure: the last resort

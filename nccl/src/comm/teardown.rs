@@ -96,7 +96,8 @@ impl Comm {
     /// Stops outstanding operations and frees the communicator (`ncclCommAbort`); use after an
     /// error or to unblock a hung job. Every other rank must abort its communicator too (NCCL's
     /// rule). `Ok` also when it was already aborted; an `Err` is NCCL's report, after which the
-    /// communicator is freed anyway.
+    /// communicator is freed anyway, or [`Error::Abandoned`] when NCCL could not be called (what
+    /// NCCL may still use is then leaked).
     #[doc(alias = "ncclCommAbort")]
     pub fn abort(self) -> Result<()> {
         self.health.abort().map(drop)
@@ -133,16 +134,31 @@ impl Comm {
 
 impl Drop for Comm {
     fn drop(&mut self) {
+        let left_alive = self.end();
+        if left_alive || self.health.is_abandoned() {
+            // Leaked, or its abort could not call NCCL: NCCL's background jobs may still write the
+            // child slots and read the config strings, so both are kept for good.
+            std::mem::forget(self.child_slots.take());
+            std::mem::forget(self._strings.take());
+        }
+    }
+}
+
+impl Comm {
+    /// What dropping does to a communicator that is not closed yet: finalize and destroy it, or
+    /// abort it (see [`Comm`]). True when it is left alive instead (dropped inside a group).
+    fn end(&self) -> bool {
         if self.health.is_closed() {
-            return;
+            return false;
         }
         if is_open() {
             // NCCL would only record the teardown until the group ends; leaking is the safe choice.
             log::warn!("nccl: a Comm dropped inside nccl::group is leaked; drop communicators outside groups");
-            return;
+            return true;
         }
         if std::thread::panicking() || self.async_error().is_err() {
-            return self.health.abort_quietly();
+            self.health.abort_quietly();
+            return false;
         }
         let closed = self
             .begin_finalize()
@@ -154,5 +170,6 @@ impl Drop for Comm {
             }
             self.health.abort_quietly();
         }
+        false
     }
 }

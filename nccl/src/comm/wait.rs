@@ -90,6 +90,11 @@ impl Comm {
     /// runs (their group's `ncclInProgress` is dropped on the way out) and will still write the
     /// window handle or the device communicator through the caller's out-pointer. Only
     /// `ncclCommGetAsyncError` says when it is done; one query when it already is.
+    ///
+    /// `nonblocking` can be wrong, though ([`Comm::from_raw`] assumes blocking; a job started with
+    /// `NCCL_COMM_BLOCKING` set differently, or with an NCCL config file, overrides the config), so
+    /// callers whose out-parameter NCCL's background job writes do not rely on this: after it
+    /// they call [`Comm::await_ready`] whatever `nonblocking` says.
     pub(crate) fn complete(&self, call: &'static str, rc: ncclResult_t) -> Result<()> {
         match rc {
             ncclResult_t::ncclSuccess if !self.nonblocking => Ok(()),
@@ -101,8 +106,12 @@ impl Comm {
     }
 
     /// Polls until the communicator is out of `ncclInProgress`, for `call`: bounded by the
-    /// communicator's timeout unless `timeout` says otherwise.
-    pub(super) fn await_ready(&self, call: &'static str, timeout: Option<Duration>) -> Result<()> {
+    /// communicator's timeout unless `timeout` says otherwise. On a ready communicator (every
+    /// blocking one) this is one `ncclCommGetAsyncError`: the wait that calls whose out-parameter
+    /// NCCL may still write from a background job (`ncclCommWindowRegister`, `ncclDevCommCreate`)
+    /// make before they read, move or free it, whether or not the communicator is known to be
+    /// nonblocking.
+    pub(crate) fn await_ready(&self, call: &'static str, timeout: Option<Duration>) -> Result<()> {
         self.poll(call, Deadline::after(timeout.or(self.timeout())), |c| c.nccl_ready(call))
     }
 
