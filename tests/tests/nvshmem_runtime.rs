@@ -9,19 +9,7 @@ use std::path::Path;
 
 use gpucomm_tests::multi_process;
 use nvshmem::{Bootstrap, Error, InitStatus, NcclUse, Runtime, UniqueId};
-use nvshmem_support::{pes, start, value};
-
-/// A put to the next PE and a barrier, checked: the runtime still works.
-fn still_works(rt: &Runtime, stream: &std::sync::Arc<cudarc::driver::CudaStream>, what: &str) {
-    let (me, n) = (rt.my_pe(), rt.n_pes());
-    let buf = rt.alloc::<i32>(1000).unwrap();
-    let src = stream.clone_htod(&(0..1000).map(|i| value(me, i)).collect::<Vec<_>>()).unwrap();
-    rt.put_on_stream(&buf, &src, (me + 1) % n, stream).unwrap();
-    rt.barrier_all_on_stream(stream).unwrap();
-    let prev = (me + n - 1) % n;
-    assert_eq!(stream.clone_dtoh(&buf).unwrap(), (0..1000).map(|i| value(prev, i)).collect::<Vec<_>>(), "{what}");
-    buf.free().map_err(|(_, e)| e).unwrap();
-}
+use nvshmem_support::{pes, ring_still_works as still_works, start};
 
 #[test]
 #[ignore = "needs 2 GPUs: run by the GPU bundle"]

@@ -50,3 +50,17 @@ pub fn grid(blocks: u32) -> LaunchConfig {
 pub fn value(pe: usize, i: usize) -> i32 {
     (pe as i32 + 1) * 1_000_000 + i as i32
 }
+
+/// A put to the next PE and a barrier, checked: the runtime still works, and the symmetric heaps
+/// are in step (a buffer allocated now, put by each PE into the next one's, holds the previous
+/// PE's values on every PE).
+pub fn ring_still_works(rt: &Runtime, stream: &Arc<CudaStream>, what: &str) {
+    let (me, n) = (rt.my_pe(), rt.n_pes());
+    let buf = rt.alloc::<i32>(1000).unwrap();
+    let src = stream.clone_htod(&(0..1000).map(|i| value(me, i)).collect::<Vec<_>>()).unwrap();
+    rt.put_on_stream(&buf, &src, (me + 1) % n, stream).unwrap();
+    rt.barrier_all_on_stream(stream).unwrap();
+    let prev = (me + n - 1) % n;
+    assert_eq!(stream.clone_dtoh(&buf).unwrap(), (0..1000).map(|i| value(prev, i)).collect::<Vec<_>>(), "{what}");
+    buf.free().map_err(|(_, e)| e).unwrap();
+}
