@@ -126,10 +126,8 @@ impl Drop for Module<'_> {
         let ctx = self.rt.context();
         // Kernels of the module may still be running, on streams this crate does not know: wait
         // for the device, within the runtime's timeout, and keep the module loaded otherwise.
-        match gpucomm_ordering::device_idle_within(ctx, self.rt.timeout()) {
-            Ok(true) => {}
-            Ok(false) => return log::warn!("nvshmem: the device is still busy; a dropped module stays loaded"),
-            Err(e) => return log::warn!("nvshmem: waiting for the device failed ({e}); a dropped module stays loaded"),
+        if let Err(e) = self.rt.wait_for_device("a module (its kernels may still run on the PE's device)") {
+            return log::warn!("nvshmem: {e}; a dropped module stays loaded");
         }
         if let Err(e) = ctx.bind_to_thread() {
             return log::warn!("nvshmem: binding the PE's context failed ({e}); a dropped module stays loaded");

@@ -398,23 +398,22 @@ impl Runtime {
     // The runtime comes back on failure, as fallible teardown does throughout the family.
     #[allow(clippy::result_large_err)]
     pub fn finalize(mut self) -> std::result::Result<(), (Self, Error)> {
-        if let Err(e) = self.wait_for_device() {
+        if let Err(e) = self.wait_for_device("the PE's device (NVSHMEM's finalize waits for all of its work)") {
             return Err((self, e));
         }
         self.finish();
         Ok(())
     }
 
-    /// Waits until the device is idle, within the timeout.
-    fn wait_for_device(&self) -> Result<()> {
+    /// Waits until the PE's device is idle, within the timeout ([`Error::StillInUse`] about `what`
+    /// otherwise): before tearing down what work queued on streams this crate does not know may
+    /// still use (NVSHMEM itself, a team, a module).
+    pub(crate) fn wait_for_device(&self, what: &'static str) -> Result<()> {
         let timeout = self.timeout.get();
         if gpucomm_ordering::device_idle_within(self.context(), timeout)? {
             Ok(())
         } else {
-            Err(Error::StillInUse {
-                what: "the PE's device (NVSHMEM's finalize waits for all of its work)",
-                after: timeout.unwrap_or_default(),
-            })
+            Err(Error::StillInUse { what, after: timeout.unwrap_or_default() })
         }
     }
 
@@ -477,7 +476,7 @@ impl Drop for Runtime {
         }
         // Pending kernels may still use the symmetric heap that finalize releases, and NVSHMEM's
         // finalize would wait for the whole device anyway.
-        if let Err(e) = self.wait_for_device() {
+        if let Err(e) = self.wait_for_device("the PE's device (NVSHMEM's finalize waits for all of its work)") {
             log::warn!("nvshmem: {e}: NVSHMEM stays initialised (not finalised) in this process");
             return STATE.store(FINISHED, Ordering::Release);
         }

@@ -194,15 +194,7 @@ impl<'rt> Team<'rt> {
     /// still be queued on any stream, and `nvshmem_team_destroy` clears the team's device state
     /// before it synchronises.
     fn wait_for_device(&self) -> Result<()> {
-        let timeout = self.rt.timeout();
-        if gpucomm_ordering::device_idle_within(self.rt.context(), timeout)? {
-            Ok(())
-        } else {
-            Err(Error::StillInUse {
-                what: "a team (its collectives may still be queued on the PE's device)",
-                after: timeout.unwrap_or_default(),
-            })
-        }
+        self.rt.wait_for_device("a team (its collectives may still be queued on the PE's device)")
     }
 
     fn child(&self, raw: nvshmem_team_t) -> Result<Option<Team<'rt>>> {
@@ -398,12 +390,8 @@ impl Drop for Team<'_> {
         }
         // Collectives on the team may still be queued, on streams this crate does not know: wait
         // for the device, within the runtime's timeout, and leak the team otherwise.
-        match gpucomm_ordering::device_idle_within(self.rt.context(), self.rt.timeout()) {
-            Ok(true) => {}
-            Ok(false) => return log::warn!("nvshmem: the device is still busy; dropped team {} is leaked", self.raw),
-            Err(e) => {
-                return log::warn!("nvshmem: waiting for the device failed ({e}); dropped team {} is leaked", self.raw)
-            }
+        if let Err(e) = self.wait_for_device() {
+            return log::warn!("nvshmem: {e}; dropped team {} is leaked", self.raw);
         }
         if let Err(e) = self.rt.context().bind_to_thread() {
             return log::warn!("nvshmem: binding the PE's context failed ({e}); dropped team {} is leaked", self.raw);
