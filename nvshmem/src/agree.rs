@@ -33,6 +33,7 @@ use cudarc::driver::{result, sys::CUdeviceptr, sys::CUstream};
 
 use crate::error::{Error, Result};
 use crate::ffi::call;
+use crate::quiesce;
 
 /// Values each PE sends per check: operation, bytes, alignment, offset, refused.
 const WORDS: usize = 5;
@@ -223,8 +224,10 @@ impl Agreement {
 
     /// What all PEs ask for, given what this one asks for. Collective over all PEs, in the order
     /// of their allocations and frees; blocks until every PE has asked. The PE's context must be
-    /// current.
+    /// current. Refused, before anything is enqueued, while a capture holds NVSHMEM's copy
+    /// streams (its barrier would quiesce them).
     pub(crate) fn agree(&self, ask: Ask) -> Result<Agreed> {
+        quiesce::host_call()?;
         let Layout { n_pes, .. } = self.layout;
         let parity = self.rounds.get() % 2;
         self.rounds.set(self.rounds.get() + 1);
@@ -250,7 +253,7 @@ impl Agreement {
                 let pe = pe as i32;
                 call!(nvshmemx_putmem_on_stream(slot, outbox as *const c_void, WORD_BYTES, pe, stream))?;
             }
-            call!(nvshmemx_barrier_all_on_stream(stream))?;
+            quiesce::quiescing(self.stream, false, || call!(nvshmemx_barrier_all_on_stream(stream)))?;
             result::memcpy_dtoh_async(&mut all, at(self.layout.list(parity)), self.stream)?;
             result::stream::synchronize(self.stream)?;
         }

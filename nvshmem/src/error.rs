@@ -389,6 +389,16 @@ pub enum Error {
         /// The timeout that expired.
         after: std::time::Duration,
     },
+    /// A capture holds NVSHMEM's internal copy streams: a non-blocking (`_nbi`) operation was
+    /// captured on `stream`, which joined them to that capture until it ends. Until then NVSHMEM
+    /// cannot use them for anything else without breaking the capture or losing track of its
+    /// copies, so every other non-blocking operation, quiet or barrier (on another stream), host
+    /// barrier, allocation, free, team split and team destroy is refused; nothing was called.
+    #[error("a capture on stream {stream:#x} holds NVSHMEM's copy streams until it ends (a non-blocking operation was captured there): no other non-blocking operation, quiet, barrier, allocation, free or team split or destroy can run until the capture ends")]
+    CopyStreamsCaptured {
+        /// The captured stream (its driver handle).
+        stream: usize,
+    },
 }
 
 gpucomm_build_support::family_error_conversions!(Error);

@@ -8,6 +8,7 @@ use cudarc::driver::CudaStream;
 use gpucomm_ordering::{Captured, Keep};
 
 use crate::error::{Error, Result};
+use crate::quiesce;
 
 /// Captures the NVSHMEM operations (and NCCL calls, and cudarc work) `f` makes on `stream` into
 /// a CUDA graph that keeps `keep` — the runtime, teams, modules and buffers those operations
@@ -23,6 +24,9 @@ use crate::error::{Error, Result};
 /// non-blocking operation is completed inside `f` by [`crate::Pending::quiet`] (or the handle's
 /// drop); if its handle is forgotten, the capture enqueues the quiet before the next captured use
 /// of the operation's local buffer, or else at its end, so every launch completes the operation.
+/// Until the capture ends, a captured non-blocking operation holds NVSHMEM's internal copy
+/// streams: other NVSHMEM calls that use them (on other streams, allocations, frees, team splits,
+/// the host barrier) are refused with [`Error::CopyStreamsCaptured`].
 ///
 /// Every failure hands `keep` back with the error, `Err((keep, error))`: members given by value
 /// (symmetric buffers) are never lost to a refused capture.
@@ -47,5 +51,7 @@ use crate::error::{Error, Result};
 #[doc(alias = "cuStreamBeginCapture")]
 #[doc(alias = "cuStreamEndCapture")]
 pub fn capture<K: Keep>(stream: &Arc<CudaStream>, keep: K, f: impl FnOnce(&mut K) -> Result<()>) -> Captured<K, Error> {
-    gpucomm_ordering::capture(stream, keep, f)
+    let captured = gpucomm_ordering::capture(stream, keep, f);
+    quiesce::capture_ended(stream);
+    captured
 }

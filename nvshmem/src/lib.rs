@@ -60,6 +60,7 @@ mod module;
 mod nccl;
 pub mod ops;
 mod overlap;
+mod quiesce;
 mod register;
 mod rma;
 mod runtime;

@@ -21,6 +21,11 @@
 //! captured use of the buffer, or else at the end of the capture, so every launch of the graph
 //! completes the operation before the buffer is reused.
 //!
+//! NVSHMEM forgets its non-blocking copies at any quiet or barrier, on whatever stream: the crate
+//! chains these calls so that each one still waits for what was issued before it on every
+//! stream, and refuses NVSHMEM calls outside a capture that holds captured `_nbi` copies until it
+//! ends ([`Error::CopyStreamsCaptured`]; the rules are in `src/quiesce.rs`).
+//!
 //! Remote completion — the data visible at the other PE — needs a quiet (for the PE that issued
 //! it) and a synchronisation with the other PE: a barrier ([`Runtime::barrier_all_on_stream`],
 //! [`crate::Team::barrier_on_stream`]) or a signal the other PE waits for
@@ -32,12 +37,13 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, DeviceRepr, DeviceSlice};
-use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut, StreamTracker};
-use nvshmem_sys::{nvshmemi_cmp_type, nvshmemx_signal_op_t};
+use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut, Resource, StreamTracker};
+use nvshmem_sys::{cudaStream_t, nvshmemi_cmp_type, nvshmemx_signal_op_t};
 
 use crate::error::{Error, Result};
 use crate::ffi::call;
 use crate::overlap::{self, Span};
+use crate::quiesce;
 use crate::{Runtime, SymmetricMemory};
 
 /// How a signal word is updated (`NVSHMEM_SIGNAL_SET`, `NVSHMEM_SIGNAL_ADD`).
@@ -161,13 +167,14 @@ impl Runtime {
         // For `_nbi`, NVSHMEM reads the source on an internal stream until a quiet on this stream:
         // the caller marks `src` (symmetric) pending with `nonblocking`, so that its next use and
         // its free enqueue that quiet first, and hands out a `Pending` that enqueues it.
-        unsafe {
+        let enqueue = || unsafe {
             if nbi {
                 call!(nvshmemx_putmem_nbi_on_stream(d, s, bytes, pe, raw))
             } else {
                 call!(nvshmemx_putmem_on_stream(d, s, bytes, pe, raw))
             }
-        }
+        };
+        issue(nbi, &access, stream, enqueue)
     }
 
     /// Checks and enqueues `nvshmemx_getmem_on_stream` or its `_nbi` variant.
@@ -196,13 +203,14 @@ impl Runtime {
         // an internal stream until a quiet on this stream: the caller marks `dst` (symmetric)
         // pending with `nonblocking`, so that its next use and its free enqueue that quiet first,
         // and hands out a `Pending` that enqueues it.
-        unsafe {
+        let enqueue = || unsafe {
             if nbi {
                 call!(nvshmemx_getmem_nbi_on_stream(d, s, bytes, pe, raw))
             } else {
                 call!(nvshmemx_getmem_on_stream(d, s, bytes, pe, raw))
             }
-        }
+        };
+        issue(nbi, &access, stream, enqueue)
     }
 
     /// Checks and enqueues `nvshmemx_putmem_signal_on_stream` or its `_nbi` variant.
@@ -241,13 +249,14 @@ impl Runtime {
         let (d, s, sig) = (d as *mut c_void, s as *const c_void, sig as *mut u64);
         // SAFETY: as for `putmem`; `signal` is one symmetric u64 (checked), apart from the
         // destination and the source (checked), `op` one of NVSHMEM's signal operations.
-        unsafe {
+        let enqueue = || unsafe {
             if nbi {
                 call!(nvshmemx_putmem_signal_nbi_on_stream(d, s, bytes, sig, value, op.raw(), pe, raw))
             } else {
                 call!(nvshmemx_putmem_signal_on_stream(d, s, bytes, sig, value, op.raw(), pe, raw))
             }
-        }
+        };
+        issue(nbi, &access, stream, enqueue)
     }
 
     /// Copies `src` (local device memory of the same length) into `pe`'s copy of `dst`, in stream
@@ -399,13 +408,8 @@ impl Runtime {
     #[doc(alias = "nvshmem_quiet")]
     #[doc(alias = "nvshmem_fence")]
     pub fn quiet_on_stream(&self, stream: &CudaStream) -> Result<()> {
-        gpucomm_ordering::admit(stream, &[self.resource()])?;
-        let raw = self.enqueue_on(stream)?;
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
-        unsafe { call!(nvshmemx_quiet_on_stream(raw)) }?;
-        // SAFETY: the quiet, a completion of every operation before it, was just enqueued on `stream`.
-        unsafe { gpucomm_ordering::captured_completion(stream) };
-        Ok(())
+        self.quiesce_on(stream, self.resource(), |raw| unsafe { call!(nvshmemx_quiet_on_stream(raw)) })
     }
 
     /// Enqueues a barrier over all PEs on `stream` (`nvshmemx_barrier_all_on_stream`): when it
@@ -413,12 +417,26 @@ impl Runtime {
     /// visible. Collective.
     #[doc(alias = "nvshmemx_barrier_all_on_stream")]
     pub fn barrier_all_on_stream(&self, stream: &CudaStream) -> Result<()> {
-        gpucomm_ordering::admit(stream, &[self.resource()])?;
-        let raw = self.enqueue_on(stream)?;
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
-        unsafe { call!(nvshmemx_barrier_all_on_stream(raw)) }?;
-        // SAFETY: a barrier completes this PE's operations, as a quiet does, and was just enqueued
-        // on `stream`.
+        self.quiesce_on(stream, self.resource(), |raw| unsafe { call!(nvshmemx_barrier_all_on_stream(raw)) })
+    }
+
+    /// Enqueues `call`, a quiescing call (a quiet or a barrier; given the stream's handle), on
+    /// `stream` through the quiet chain ([`quiesce::quiescing`]), inside this thread's capture
+    /// scope if it captures `stream` (recording that the call uses `resource`), and then tells the
+    /// scope that the non-blocking operations issued before it are complete.
+    pub(crate) fn quiesce_on(
+        &self,
+        stream: &CudaStream,
+        resource: Resource,
+        call: impl FnOnce(cudaStream_t) -> Result<()>,
+    ) -> Result<()> {
+        gpucomm_ordering::admit(stream, &[resource])?;
+        let raw = self.enqueue_on(stream)?;
+        let captured = gpucomm_ordering::is_capturing(stream)?;
+        quiesce::quiescing(stream.cu_stream(), captured, || call(raw))?;
+        // SAFETY: a quiet or a barrier, either of which completes every operation this PE issued
+        // before it, was just enqueued on `stream`.
         unsafe { gpucomm_ordering::captured_completion(stream) };
         Ok(())
     }
@@ -451,19 +469,33 @@ impl Runtime {
     }
 }
 
+/// Runs `enqueue`, the checked call of a blocking operation or of its `_nbi` variant (`nbi`) on
+/// `stream`: a `_nbi` one through the quiet chain ([`quiesce::nonblocking`]).
+fn issue(nbi: bool, access: &Access<'_>, stream: &Arc<CudaStream>, enqueue: impl FnOnce() -> Result<()>) -> Result<()> {
+    if nbi {
+        quiesce::nonblocking(stream, access.capturing()?, enqueue)
+    } else {
+        enqueue()
+    }
+}
+
 /// `nvshmemx_quiet_on_stream` on `stream`, as a tracker (or a capture scope) enqueues it for a
 /// forgotten [`Pending`].
 fn quiet(stream: &CudaStream) -> std::result::Result<(), String> {
-    // Not cudarc's `bind_to_thread`, which would first fail with (and take) an unrelated error
-    // recorded in the context, skipping the quiet.
-    // SAFETY: the stream holds its context alive; making it current has no other effect.
-    unsafe { cudarc::driver::result::ctx::set_current(stream.context().cu_ctx()) }.map_err(|e| e.to_string())?;
-    let raw = stream.cu_stream() as nvshmem_sys::cudaStream_t;
-    // SAFETY: a tracker with a pending operation belongs to a symmetric buffer, and a capture
-    // scope's operation was issued by a runtime the capture's closure borrows; either way NVSHMEM
-    // is initialised. The stream is alive (held by the tracker, or borrowed by the capture) and
-    // its context current.
-    unsafe { call!(nvshmemx_quiet_on_stream(raw)) }.map_err(|e| e.to_string())
+    let chained = || -> Result<()> {
+        // Not cudarc's `bind_to_thread`, which would first fail with (and take) an unrelated error
+        // recorded in the context, skipping the quiet.
+        // SAFETY: the stream holds its context alive; making it current has no other effect.
+        unsafe { cudarc::driver::result::ctx::set_current(stream.context().cu_ctx()) }?;
+        let raw = stream.cu_stream();
+        let captured = gpucomm_ordering::is_capturing(stream)?;
+        // SAFETY: a tracker with a pending operation belongs to a symmetric buffer, and a capture
+        // scope's operation was issued by a runtime the capture's closure borrows; either way
+        // NVSHMEM is initialised. The stream is alive (held by the tracker, or borrowed by the
+        // capture) and its context current.
+        quiesce::quiescing(raw, captured, || unsafe { call!(nvshmemx_quiet_on_stream(raw as cudaStream_t)) })
+    };
+    chained().map_err(|e| e.to_string())
 }
 
 /// A `_nbi` operation in flight: it borrows the operation's local buffer until it enqueues

@@ -18,6 +18,7 @@ use crate::error::{Error, Result};
 use crate::ffi::{call, call_unchecked, lib};
 use crate::heap::HeapLimit;
 use crate::nccl::{self, NcclUse};
+use crate::quiesce;
 use crate::unique_id::{self, UniqueId};
 use crate::Version;
 
@@ -280,6 +281,7 @@ impl Runtime {
             (false, None, Err(reason)) => NcclUse::Missing { reason },
             (false, None, Ok(())) => NcclUse::Missing { reason: "no libnccl.so.2 is loaded".into() },
         };
+        quiesce::start()?;
         rt.agreement = Some(Agreement::new(rt.my_pe, rt.n_pes)?);
         Ok(rt)
     }
@@ -359,6 +361,7 @@ impl Runtime {
     /// use [`Runtime::barrier_all_on_stream`] for that.
     #[doc(alias = "nvshmem_barrier_all")]
     pub fn barrier_all(&self) -> Result<()> {
+        quiesce::host_call()?;
         self.context().bind_to_thread()?;
         // SAFETY: NVSHMEM is initialised and the PE's context is current.
         unsafe { call!(nvshmem_barrier_all()) }
@@ -423,6 +426,7 @@ impl Runtime {
         if let Some(agreement) = self.agreement.take() {
             agreement.close();
         }
+        quiesce::stop();
         if let Err(e) = self.context().bind_to_thread() {
             log::warn!("nvshmem: binding the PE's CUDA context before finalising failed: {e}");
         }

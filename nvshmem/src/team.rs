@@ -11,6 +11,7 @@ use crate::error::{Error, Result};
 use crate::ffi::{call, call_unchecked};
 use crate::ops::ReduceOp;
 use crate::overlap::{self, Span};
+use crate::quiesce;
 use crate::rma::expect_len;
 use crate::{Runtime, SymmetricMemory};
 
@@ -143,6 +144,7 @@ impl<'rt> Team<'rt> {
             return Err(Error::InvalidSplit { start, stride, size, n_pes: self.n_pes });
         }
         let mut new = nvshmem_team_id_t::NVSHMEM_TEAM_INVALID.0;
+        quiesce::host_call()?;
         self.rt.context().bind_to_thread()?;
         // SAFETY: `self.raw` is a valid team; start, stride and size describe PEs inside it
         // (checked) and fit an int; no configuration is passed (mask 0); `new` is a live local.
@@ -170,6 +172,7 @@ impl<'rt> Team<'rt> {
         }
         let invalid = nvshmem_team_id_t::NVSHMEM_TEAM_INVALID.0;
         let (mut x, mut y) = (invalid, invalid);
+        quiesce::host_call()?;
         self.rt.context().bind_to_thread()?;
         // SAFETY: `self.raw` is a valid team, `xrange` is at least 1 (NVSHMEM divides by it) and
         // fits an int after clamping; no configurations (masks 0); both outputs are live locals.
@@ -192,8 +195,10 @@ impl<'rt> Team<'rt> {
 
     /// Waits until the PE's device is idle, within the runtime's timeout: team collectives may
     /// still be queued on any stream, and `nvshmem_team_destroy` clears the team's device state
-    /// before it synchronises.
+    /// before it synchronises. Refused while a capture holds NVSHMEM's copy streams (destroying
+    /// quiesces them).
     fn wait_for_device(&self) -> Result<()> {
+        quiesce::host_call()?;
         self.rt.wait_for_device("a team (its collectives may still be queued on the PE's device)")
     }
 
@@ -235,14 +240,8 @@ impl<'rt> Team<'rt> {
     /// completes, every member's earlier operations are complete and visible. Collective.
     #[doc(alias = "nvshmemx_barrier_on_stream")]
     pub fn barrier_on_stream(&self, stream: &CudaStream) -> Result<()> {
-        gpucomm_ordering::admit(stream, &[self.resource()])?;
-        let raw = self.rt.enqueue_on(stream)?;
         // SAFETY: valid team; the stream is on the PE's device (checked) and its context current.
-        unsafe { call!(nvshmemx_barrier_on_stream(self.raw, raw)) }?;
-        // SAFETY: a barrier completes this PE's operations, as a quiet does, and was just enqueued
-        // on `stream`.
-        unsafe { gpucomm_ordering::captured_completion(stream) };
-        Ok(())
+        self.rt.quiesce_on(stream, self.resource(), |raw| unsafe { call!(nvshmemx_barrier_on_stream(self.raw, raw)) })
     }
 
     /// Enqueues a synchronisation of the team on `stream` (`nvshmemx_team_sync_on_stream`): a

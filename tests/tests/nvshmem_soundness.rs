@@ -361,3 +361,145 @@ fn destroying_a_team_waits_for_its_queued_collectives() {
         rt.finalize().map_err(|(_, e)| e).unwrap();
     });
 }
+
+/// A `_nbi` put on stream `a` whose copy NVSHMEM starts late, `forget(rt, b)` (a quiescing call on
+/// stream `b`, which makes NVSHMEM forget the put's copy), then the put's own quiet on `a` and an
+/// overwrite of its source on `a`, right after that quiet: the destination must hold the source as
+/// it was before the overwrite.
+///
+/// NVSHMEM copies to this PE on one internal stream, in order. An earlier put, which waits for
+/// stream `c` (busy 1.5 s), holds back the copy under test; stream `a` is busy 1 s before the put,
+/// so its overwrite runs half a second before the copy can start unless the put's quiet waits.
+fn the_put_survives(rt: &Runtime, stream: &Arc<CudaStream>, forget: impl FnOnce(&Runtime, &Arc<CudaStream>)) {
+    let me = rt.my_pe();
+    let ctx = stream.context();
+    let (a, b, c) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let len = 16 << 20; // 64 MiB of i32
+    let (src, dst) = (rt.alloc::<i32>(len).unwrap(), rt.alloc_zeroed::<i32>(len).unwrap());
+    let (early_src, early_dst) = (rt.alloc_zeroed::<i32>(len).unwrap(), rt.alloc_zeroed::<i32>(len).unwrap());
+    stream.memcpy_htod(&vec![1i32; len], &mut src.as_slice()).unwrap();
+    let twos = stream.clone_htod(&vec![2i32; len]).unwrap();
+    stream.synchronize().unwrap();
+
+    occupy(&c, Duration::from_millis(1500));
+    let early = rt.put_nbi_on_stream(&early_dst, &early_src, me, &c).unwrap();
+    occupy(&a, Duration::from_millis(1000));
+    let put = rt.put_nbi_on_stream(&dst, &src, me, &a).unwrap();
+    forget(rt, &b);
+    put.quiet().unwrap();
+    rt.put_on_stream(&src, &twos, me, &a).unwrap();
+    early.quiet().unwrap();
+    for s in [&a, &b, &c] {
+        s.synchronize().unwrap();
+    }
+    let got = stream.clone_dtoh(&dst).unwrap();
+    if let Some(i) = got.iter().position(|&v| v != 1) {
+        panic!("element {i} of the put is {}: the source was overwritten before NVSHMEM's copy read it", got[i]);
+    }
+    assert!(stream.clone_dtoh(&src).unwrap().iter().all(|&v| v == 2), "the overwrite ran");
+    for buf in [src, dst, early_src, early_dst] {
+        buf.free().map_err(|(_, e)| e).unwrap();
+    }
+}
+
+/// The hole an audit found on 2026-12-03 (it was nvshmem/README.md's "Known limit"): NVSHMEM forgets
+/// every non-blocking copy at any quiet or barrier, on whatever stream (`nvshmemx_quiet_on_stream`
+/// clears its marks of the internal streams it made wait). Before: a quiet on stream `b` between a
+/// put_nbi on `a` and the put's own quiet made that quiet wait for nothing, and the source,
+/// overwritten on `a` right after it, reached the destination as 2s. Now every quiescing call
+/// that may make NVSHMEM forget copies is chained to the next ones: each waits for the last.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_quiet_on_another_stream_does_not_cancel_a_later_quiet() {
+    multi_process("a_quiet_on_another_stream_does_not_cancel_a_later_quiet", 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        the_put_survives(&rt, &stream, |rt, b| rt.quiet_on_stream(b).unwrap());
+        the_put_survives(&rt, &stream, |rt, b| rt.barrier_all_on_stream(b).unwrap());
+        the_put_survives(&rt, &stream, |rt, b| rt.world().unwrap().barrier_on_stream(b).unwrap());
+        still_works(&rt, &stream);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
+/// The same hole through a capture: a quiet captured into a graph made NVSHMEM forget an eager
+/// put's copy when it was captured, although it runs only when (and if) the graph is launched.
+/// Before: the put's own quiet then waited for nothing. Now the capture first completes, eagerly,
+/// what NVSHMEM would forget (on a private stream, chained like every quiet).
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_captured_quiet_does_not_cancel_an_eager_one() {
+    multi_process("a_captured_quiet_does_not_cancel_an_eager_one", 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        the_put_survives(&rt, &stream, |rt, b| {
+            let graph = nvshmem::capture(b, rt, |rt| rt.quiet_on_stream(b)).map_err(|(_, e)| e).unwrap();
+            drop(graph);
+        });
+        still_works(&rt, &stream);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
+/// A `_nbi` operation captured into a graph joins NVSHMEM's internal copy streams to the capture
+/// until it ends. Before, NVSHMEM calls outside the capture kept using them: an eager quiet on
+/// another stream inside the capture's closure made NVSHMEM forget the captured copy (the
+/// graph's own quiet then waited for nothing) and made an uncaptured stream wait for a captured
+/// event. Now each such call is `Error::CopyStreamsCaptured`, nothing is called, the graph works,
+/// and after the capture the same calls work again.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_capture_holding_nonblocking_copies_refuses_other_nvshmem_calls() {
+    multi_process("a_capture_holding_nonblocking_copies_refuses_other_nvshmem_calls", 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let me = rt.my_pe();
+        let ctx = stream.context();
+        let (s, other) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+        let world = rt.world().unwrap();
+        let (src, dst) = (rt.alloc::<i32>(1000).unwrap(), rt.alloc_zeroed::<i32>(1000).unwrap());
+        let spare = rt.alloc_zeroed::<i32>(1000).unwrap();
+        let values: Vec<i32> = (0..1000).map(|i| value(me, i)).collect();
+        stream.memcpy_htod(&values, &mut src.as_slice()).unwrap();
+        stream.synchronize().unwrap();
+
+        let mut refused = Vec::new();
+        let mut graph = nvshmem::capture(&s, (&rt, &src, &dst), |(rt, src, dst)| {
+            let put = rt.put_nbi_on_stream(*dst, *src, me, &s)?;
+            refused.push(("quiet on another stream", rt.quiet_on_stream(&other).err()));
+            refused.push(("barrier on another stream", rt.barrier_all_on_stream(&other).err()));
+            refused.push(("team barrier on another stream", world.barrier_on_stream(&other).err()));
+            refused.push(("put_nbi on another stream", rt.put_nbi_on_stream(&spare, *src, me, &other).err()));
+            refused.push(("host barrier", rt.barrier_all().err()));
+            refused.push(("allocation", rt.alloc::<i32>(4).err()));
+            refused.push(("team split", world.split_strided(0, 1, 1).err()));
+            put.quiet()
+        })
+        .map_err(|(_, e)| e)
+        .unwrap();
+        for (what, e) in refused {
+            match e {
+                Some(Error::CopyStreamsCaptured { stream: held }) => {
+                    assert_eq!(held, s.cu_stream() as usize, "{what}: the capture's stream is named")
+                }
+                other => panic!("{what} inside a capture holding NVSHMEM's copy streams: expected CopyStreamsCaptured, got {other:?}"),
+            }
+        }
+        graph.launch().unwrap();
+        s.synchronize().unwrap();
+        assert_eq!(stream.clone_dtoh(&dst).unwrap(), values, "the graph's put arrived");
+        drop(graph);
+
+        // After the capture, the same calls work.
+        rt.put_nbi_on_stream(&spare, &src, me, &other).unwrap().quiet().unwrap();
+        rt.barrier_all_on_stream(&other).unwrap();
+        world.barrier_on_stream(&other).unwrap();
+        rt.barrier_all().unwrap();
+        other.synchronize().unwrap();
+        assert_eq!(stream.clone_dtoh(&spare).unwrap(), values, "the eager put after the capture arrived");
+        drop(world.split_strided(0, 1, 1).unwrap());
+        still_works(&rt, &stream);
+        for buf in [src, dst, spare] {
+            buf.free().map_err(|(_, e)| e).unwrap();
+        }
+        drop(world);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}

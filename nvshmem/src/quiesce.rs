@@ -1,0 +1,196 @@
+//! NVSHMEM's non-blocking copies and the calls that complete them (quiets and barriers), kept in
+//! order across streams and captures.
+//!
+//! A `_nbi` operation on a stream hands its copy to one of NVSHMEM's internal streams and marks
+//! that internal stream. A quiet or a barrier on *any* stream makes that stream wait for the marked
+//! internal streams, then clears every mark (`nvshmemi_quiesce_internal_streams`, NVSHMEM 3.x). So
+//! a quiet on stream B completes, for NVSHMEM, an operation issued on stream A, and a later quiet
+//! on A — the one [`crate::Pending`] and the buffer's tracker enqueue — waits for nothing. Three
+//! rules keep every quiescing call meaning what the crate says it means (all of it is
+//! process-global, as NVSHMEM's marks are):
+//!
+//! - **Chained quiescing calls.** A quiescing call that may clear marks (a `_nbi` operation was
+//!   issued since the last one) records an event after itself, and every later quiescing call on
+//!   another stream waits for that event first. Chained like this, a quiet on any stream completes
+//!   everything issued before it, on every stream.
+//! - **Captures start clean.** A quiet captured into a graph clears the marks when it is captured,
+//!   but waits only when (and if) the graph is launched. Before the first NVSHMEM operation of a
+//!   capture that could clear marks, eager copies still marked are completed on a private stream,
+//!   chained like any quiescing call.
+//! - **Captured copies own the internal streams.** A `_nbi` operation captured into a graph joins
+//!   NVSHMEM's internal streams to that capture until it ends. Until then every other NVSHMEM
+//!   call that uses them (a `_nbi` operation or quiescing call outside that capture, the host
+//!   barrier, a team split or destroy; allocations and frees, through their agreement's barrier)
+//!   is refused with [`Error::CopyStreamsCaptured`].
+//!
+//! The crate's only quiescing calls on a stream are `nvshmemx_quiet_on_stream`,
+//! `nvshmemx_barrier_all_on_stream` and `nvshmemx_barrier_on_stream`; NVSHMEM's host calls that
+//! quiesce (`nvshmem_barrier_all`, allocation, free, team split and destroy) synchronise the
+//! internal streams on the host, so what they clear has finished.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use cudarc::driver::{result, sys, CudaStream};
+
+use crate::error::{Error, Result};
+use crate::ffi::call;
+
+/// The chain's state (see the module docs), set up by [`start`].
+struct Chain {
+    /// A private stream, never captured: eager copies are completed on it before a capture.
+    flush: sys::CUstream,
+    /// Recorded after the last quiescing call that may have cleared marks.
+    event: sys::CUevent,
+    /// The stream (its handle, only compared) `event` was last recorded on; `None` before.
+    last: Option<usize>,
+    /// NVSHMEM may hold marks: a `_nbi` operation was issued since the last quiescing call.
+    marked: bool,
+    /// The stream whose capture holds `_nbi` copies, and with them NVSHMEM's internal streams.
+    captured: Option<Arc<CudaStream>>,
+}
+
+// SAFETY: the stream and event handles are plain driver handles of the PE's context, usable from
+// any thread whose current context is the PE's (every caller binds it first); the mutex makes one
+// thread at a time use them.
+unsafe impl Send for Chain {}
+
+static CHAIN: Mutex<Option<Chain>> = Mutex::new(None);
+
+fn lock() -> MutexGuard<'static, Option<Chain>> {
+    CHAIN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Runs `f` on the chain, refusing (with [`Error::CopyStreamsCaptured`]) a call on `stream`
+/// (`None`: a host call) while another stream's capture holds NVSHMEM's internal streams.
+fn with_chain<R>(stream: Option<sys::CUstream>, f: impl FnOnce(&mut Chain) -> Result<R>) -> Result<R> {
+    let mut guard = lock();
+    let chain = guard.as_mut().ok_or(Error::Finalized)?;
+    if let Some(holder) = &chain.captured {
+        if !gpucomm_ordering::is_capturing(holder)? {
+            // The capture ended. Its copies were quieted inside it (the capture scope makes sure),
+            // but count them as marked: one chained record too many costs nothing.
+            chain.captured = None;
+            chain.marked = true;
+        } else if stream != Some(holder.cu_stream()) {
+            return Err(Error::CopyStreamsCaptured { stream: holder.cu_stream() as usize });
+        }
+    }
+    f(chain)
+}
+
+impl Chain {
+    /// Enqueues the quiescing call `call` on `stream` (not being captured), chained: after the
+    /// last quiescing call that may have cleared marks, and recorded as the last one when it may
+    /// clear marks itself.
+    fn chained(&mut self, stream: sys::CUstream, call: impl FnOnce() -> Result<()>) -> Result<()> {
+        let key = stream as usize;
+        if self.last.is_some_and(|last| last != key) {
+            // SAFETY: the stream is alive (the caller's) and not being captured, the event is the
+            // chain's and was recorded; the PE's context is current (the callers bind it).
+            unsafe { result::stream::wait_event(stream, self.event, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT) }?;
+        }
+        call()?;
+        if self.marked {
+            // SAFETY: as above.
+            if let Err(e) = unsafe { result::event::record(self.event, stream) } {
+                // NVSHMEM has forgotten its marks and later quiets cannot be chained to this one:
+                // wait for it here, so that what it completes has finished.
+                // SAFETY: as above; a host wait.
+                unsafe { result::stream::synchronize(stream) }?;
+                return Err(e.into());
+            }
+            self.last = Some(key);
+            self.marked = false;
+        }
+        Ok(())
+    }
+
+    /// Completes, eagerly on the private stream, the copies NVSHMEM may still have marked: before
+    /// a capture's first operation that could clear the marks.
+    fn flush(&mut self) -> Result<()> {
+        if self.marked {
+            let flush = self.flush;
+            // SAFETY: NVSHMEM is running (the chain exists between `start` and `stop`), the
+            // private stream is alive and never captured, and the PE's context is current.
+            self.chained(flush, || unsafe { call!(nvshmemx_quiet_on_stream(flush as nvshmem_sys::cudaStream_t)) })?;
+        }
+        Ok(())
+    }
+}
+
+/// Sets the chain up for NVSHMEM, which has just started on the current context.
+pub(crate) fn start() -> Result<()> {
+    let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+    let event = result::event::create(flags)?;
+    let flush = match result::stream::create(result::stream::StreamKind::NonBlocking) {
+        Ok(stream) => stream,
+        Err(e) => {
+            // SAFETY: the event was just created and nothing else has it.
+            let _ = unsafe { result::event::destroy(event) };
+            return Err(e.into());
+        }
+    };
+    *lock() = Some(Chain { flush, event, last: None, marked: false, captured: None });
+    Ok(())
+}
+
+/// Tears the chain down: NVSHMEM is about to be finalised and the device is idle.
+pub(crate) fn stop() {
+    if let Some(chain) = lock().take() {
+        // SAFETY: both were created by `start`, nothing uses them any more (the device is idle,
+        // and the chain is gone), and they are destroyed once, here.
+        unsafe {
+            if let Err(e) = result::event::destroy(chain.event) {
+                log::warn!("nvshmem: destroying the quiet chain's event failed: {e}");
+            }
+            if let Err(e) = result::stream::destroy(chain.flush) {
+                log::warn!("nvshmem: destroying the quiet chain's stream failed: {e}");
+            }
+        }
+    }
+}
+
+/// Issues a `_nbi` operation on `stream` with `issue`; `captured` says whether this thread's
+/// capture scope captures it.
+pub(crate) fn nonblocking(stream: &Arc<CudaStream>, captured: bool, issue: impl FnOnce() -> Result<()>) -> Result<()> {
+    with_chain(Some(stream.cu_stream()), |chain| {
+        if captured {
+            chain.flush()?;
+            issue()?;
+            chain.captured = Some(stream.clone());
+        } else {
+            issue()?;
+            chain.marked = true;
+        }
+        Ok(())
+    })
+}
+
+/// Enqueues a quiescing call on `stream` with `call`; `captured` says whether this thread's
+/// capture scope captures it.
+pub(crate) fn quiescing(stream: sys::CUstream, captured: bool, call: impl FnOnce() -> Result<()>) -> Result<()> {
+    with_chain(Some(stream), |chain| {
+        if captured {
+            chain.flush()?;
+            call()
+        } else {
+            chain.chained(stream, call)
+        }
+    })
+}
+
+/// Refuses ([`Error::CopyStreamsCaptured`]) a host call that quiesces NVSHMEM while a capture
+/// holds its internal streams.
+pub(crate) fn host_call() -> Result<()> {
+    with_chain(None, |_| Ok(()))
+}
+
+/// Forgets the capture of `stream`, which has ended.
+pub(crate) fn capture_ended(stream: &CudaStream) {
+    if let Some(chain) = lock().as_mut() {
+        if chain.captured.as_ref().is_some_and(|s| s.cu_stream() == stream.cu_stream()) {
+            chain.captured = None;
+            chain.marked = true;
+        }
+    }
+}
