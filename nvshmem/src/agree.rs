@@ -35,8 +35,10 @@ use crate::error::{Error, Result};
 use crate::ffi::call;
 use crate::quiesce;
 
-/// Values each PE sends per check: operation, bytes, alignment, offset, refused.
-const WORDS: usize = 5;
+/// Values each PE sends per check: operation, bytes, alignment, offset, refused, and the check's
+/// number (counted from 1 on each PE: words left in a slot by an earlier check, or never
+/// written, are told apart).
+const WORDS: usize = 6;
 /// Bytes of one PE's words.
 const WORD_BYTES: usize = WORDS * size_of::<u64>();
 
@@ -68,6 +70,10 @@ pub(crate) struct Ask {
 /// What the PEs asked for together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct Agreed {
+    /// The lowest and highest check number in the list: different when a PE's words are from
+    /// another check than this PE's (its slot is stale: the PEs are out of step).
+    pub(crate) min_check: u64,
+    pub(crate) max_check: u64,
     /// Not every PE makes the same operation.
     pub(crate) mixed: bool,
     pub(crate) min_bytes: u64,
@@ -81,9 +87,10 @@ pub(crate) struct Agreed {
 }
 
 impl Ask {
-    fn words(self) -> [u64; WORDS] {
+    /// The words this PE sends in its check number `check`.
+    fn words(self, check: u64) -> [u64; WORDS] {
         let bytes = if self.refused { 0 } else { self.bytes };
-        [self.op as u64, bytes, self.align, self.offset, u64::from(self.refused)]
+        [self.op as u64, bytes, self.align, self.offset, u64::from(self.refused), check]
     }
 }
 
@@ -91,6 +98,8 @@ impl Agreed {
     /// The verdict from every PE's words (`WORDS` per PE, in PE order), the same on every PE.
     fn from_words(all: &[u64]) -> Self {
         let mut agreed = Agreed {
+            min_check: u64::MAX,
+            max_check: 0,
             mixed: false,
             min_bytes: u64::MAX,
             max_bytes: 0,
@@ -110,6 +119,8 @@ impl Agreed {
             agreed.min_offset = agreed.min_offset.min(pe[3]);
             agreed.max_offset = agreed.max_offset.max(pe[3]);
             agreed.refused |= pe[4] != 0;
+            agreed.min_check = agreed.min_check.min(pe[5]);
+            agreed.max_check = agreed.max_check.max(pe[5]);
         }
         agreed
     }
@@ -119,6 +130,9 @@ impl Agreed {
     pub(crate) fn check(self, op: Op, local: Option<Error>) -> Result<()> {
         if let Some(local) = local {
             return Err(local);
+        }
+        if self.min_check != self.max_check {
+            return Err(Error::HeapCollectivesOutOfStep { min_check: self.min_check, max_check: self.max_check });
         }
         if self.mixed {
             return Err(Error::MixedHeapCollectives);
@@ -231,10 +245,11 @@ impl Agreement {
         let Layout { n_pes, .. } = self.layout;
         let parity = self.rounds.get() % 2;
         self.rounds.set(self.rounds.get() + 1);
+        let check = self.rounds.get();
         let base = self.scratch.as_ptr() as CUdeviceptr;
         let at = |offset: usize| base + offset as CUdeviceptr;
         let outbox = at(self.layout.outbox());
-        let words = ask.words();
+        let words = ask.words(check);
         let mut all = vec![0u64; n_pes * WORDS];
         // SAFETY: the outbox, this PE's slot of list `parity` and the whole list are ranges of the
         // symmetric scratch buffer (`Layout::bytes` covers them), which only this function uses,
@@ -276,7 +291,7 @@ mod tests {
 
     /// What every PE reads after the exchange: each PE's words in its slot, in PE order.
     fn combine(asks: &[Ask]) -> Agreed {
-        let all: Vec<u64> = asks.iter().flat_map(|a| a.words()).collect();
+        let all: Vec<u64> = asks.iter().flat_map(|a| a.words(7)).collect();
         Agreed::from_words(&all)
     }
 
@@ -325,11 +340,25 @@ mod tests {
     }
 
     #[test]
+    fn words_of_another_check_are_refused() {
+        // PE 1's slot still holds its words of check 5 (or zeros: never written), although both
+        // ask alike: the PEs are out of step, whatever the words say.
+        let stale: Vec<u64> = ask(4096, 0, false).words(7).into_iter().chain(ask(4096, 0, false).words(5)).collect();
+        let err = Agreed::from_words(&stale).check(Op::Alloc, None).unwrap_err();
+        assert!(matches!(err, Error::HeapCollectivesOutOfStep { min_check: 5, max_check: 7 }), "{err}");
+        let never: Vec<u64> = ask(4096, 0, false).words(1).into_iter().chain([0; WORDS]).collect();
+        let err = Agreed::from_words(&never).check(Op::Free, None).unwrap_err();
+        assert!(matches!(err, Error::HeapCollectivesOutOfStep { min_check: 0, max_check: 1 }), "{err}");
+    }
+
+    #[test]
     fn one_pe_agrees_with_itself() {
         let one = combine(&[ask(4096, 256, false)]);
         assert_eq!(
             one,
             Agreed {
+                min_check: 7,
+                max_check: 7,
                 mixed: false,
                 min_bytes: 4096,
                 max_bytes: 4096,

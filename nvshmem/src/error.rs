@@ -364,6 +364,18 @@ pub enum Error {
     /// freed, on any PE.
     #[error("some PEs allocated a symmetric buffer while others freed one at the same step; nothing was allocated or freed on any PE")]
     MixedHeapCollectives,
+    /// The PEs' collective allocations and frees are out of step: the check before an allocation
+    /// or a free read another PE's words of an earlier check (numbers `min_check..=max_check`; 0:
+    /// never written). A PE allocated or freed without the others, or a barrier of the check met
+    /// another barrier of that PE. Nothing was allocated or freed on this PE; the heaps can no
+    /// longer be trusted to be symmetric.
+    #[error("the PEs' symmetric allocations and frees are out of step (this check read words of checks {min_check} to {max_check}): a PE allocated or freed without the others; nothing was allocated or freed on this PE")]
+    HeapCollectivesOutOfStep {
+        /// The lowest check number read.
+        min_check: u64,
+        /// The highest check number read.
+        max_check: u64,
+    },
     /// A [`crate::UniqueId`] was created in this process before NVSHMEM was started with another
     /// bootstrap. Creating the id loads NVSHMEM's unique-id plugin and NVSHMEM keeps it: it would
     /// then start `requested` through that plugin, which dereferences the missing unique-id
