@@ -460,9 +460,9 @@ fn a_capture_holding_nonblocking_copies_refuses_other_nvshmem_calls() {
         stream.memcpy_htod(&values, &mut src.as_slice()).unwrap();
         stream.synchronize().unwrap();
 
-        let mut refused = Vec::new();
-        let mut graph = nvshmem::capture(&s, (&rt, &src, &dst), |(rt, src, dst)| {
-            let put = rt.put_nbi_on_stream(*dst, *src, me, &s)?;
+        let (mut dst, mut refused) = (dst, Vec::new());
+        let mut graph = nvshmem::capture(&s, (&rt, &src, &mut dst), |(rt, src, dst)| {
+            let put = rt.put_nbi_on_stream(&**dst, *src, me, &s)?;
             refused.push(("quiet on another stream", rt.quiet_on_stream(&other).err()));
             refused.push(("barrier on another stream", rt.barrier_all_on_stream(&other).err()));
             refused.push(("team barrier on another stream", world.barrier_on_stream(&other).err()));
@@ -484,7 +484,7 @@ fn a_capture_holding_nonblocking_copies_refuses_other_nvshmem_calls() {
         }
         graph.launch().unwrap();
         s.synchronize().unwrap();
-        assert_eq!(stream.clone_dtoh(&dst).unwrap(), values, "the graph's put arrived");
+        assert_eq!(stream.clone_dtoh(&*graph.kept().2).unwrap(), values, "the graph's put arrived");
         drop(graph);
 
         // After the capture, the same calls work.
