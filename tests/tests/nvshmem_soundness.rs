@@ -421,10 +421,12 @@ fn a_quiet_on_another_stream_does_not_cancel_a_later_quiet() {
     });
 }
 
-/// The same hole through a capture: a quiet captured into a graph made NVSHMEM forget an eager
-/// put's copy when it was captured, although it runs only when (and if) the graph is launched.
-/// Before: the put's own quiet then waited for nothing. Now the capture first completes, eagerly,
-/// what NVSHMEM would forget (on a private stream, chained like every quiet).
+/// The same hole through a capture: a quiet captured while an eager put's copy is outstanding
+/// makes NVSHMEM forget that copy when it is captured, although it runs only when (and if) the
+/// graph is launched. Before (on the GPU machine, 2026-12-03): NVSHMEM made the capturing stream
+/// wait for the copy's eager internal stream, CUDA refused ("dependency created on uncaptured work
+/// in another stream"), and NVSHMEM exited the process with status 255. Now the capture first
+/// completes, eagerly, what NVSHMEM would forget (on a private stream, chained like every quiet).
 #[test]
 #[ignore = "needs 1 GPU: run by the GPU bundle"]
 fn a_captured_quiet_does_not_cancel_an_eager_one() {
