@@ -23,6 +23,12 @@
 //!   barrier, a team split or destroy; allocations and frees, through their agreement's barrier)
 //!   is refused with [`Error::CopyStreamsCaptured`].
 //!
+//! A quiet captured for an operation issued outside the capture does not complete that operation
+//! for its buffer's tracker ([`crate::Pending`] checks what [`quiescing`] returns). What a graph's
+//! quiet or barrier completes when it runs is what was captured before it: an eager `_nbi`
+//! operation issued before the launch must be quieted eagerly for a peer to rely on the graph's
+//! barrier (its local buffer stays protected by its tracker either way).
+//!
 //! The crate's only quiescing calls on a stream are `nvshmemx_quiet_on_stream`,
 //! `nvshmemx_barrier_all_on_stream` and `nvshmemx_barrier_on_stream`; NVSHMEM's host calls that
 //! quiesce (`nvshmem_barrier_all`, allocation, free, team split and destroy) synchronise the
@@ -30,7 +36,8 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use cudarc::driver::{result, sys, CudaStream};
+use cudarc::driver::{result, sys, CudaStream, DriverError};
+use gpucomm_ordering::OrderError;
 
 use crate::error::{Error, Result};
 use crate::ffi::call;
@@ -60,9 +67,30 @@ fn lock() -> MutexGuard<'static, Option<Chain>> {
     CHAIN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Runs `f` on the chain, refusing (with [`Error::CopyStreamsCaptured`]) a call on `stream`
-/// (`None`: a host call) while another stream's capture holds NVSHMEM's internal streams.
-fn with_chain<R>(stream: Option<sys::CUstream>, f: impl FnOnce(&mut Chain) -> Result<R>) -> Result<R> {
+/// Whether `stream` is being captured. A capture that CUDA invalidated is refused
+/// ([`OrderError::CaptureBroken`]): NVSHMEM would take the stream for an uncaptured one, fail its
+/// own CUDA calls on it, and exit the process. The PE's context must be current.
+fn captured(stream: sys::CUstream) -> Result<bool> {
+    use sys::CUstreamCaptureStatus as Status;
+    // SAFETY: the stream is alive (the caller's) and the PE's context current; the call only
+    // reads the stream's state.
+    match unsafe { result::stream::is_capturing(stream) }? {
+        Status::CU_STREAM_CAPTURE_STATUS_NONE => Ok(false),
+        Status::CU_STREAM_CAPTURE_STATUS_ACTIVE => Ok(true),
+        _ => Err(Error::Ordering(OrderError::CaptureBroken(DriverError(
+            sys::cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+        )))),
+    }
+}
+
+/// Runs `f` on the chain with whether `stream` (`None`: a host call) is being captured, refusing
+/// (with [`Error::CopyStreamsCaptured`]) a call on `stream` while another stream's capture holds
+/// NVSHMEM's internal streams.
+fn with_chain<R>(stream: Option<sys::CUstream>, f: impl FnOnce(&mut Chain, bool) -> Result<R>) -> Result<R> {
+    let captured = match stream {
+        Some(stream) => captured(stream)?,
+        None => false,
+    };
     let mut guard = lock();
     let chain = guard.as_mut().ok_or(Error::Finalized)?;
     if let Some(holder) = &chain.captured {
@@ -75,7 +103,7 @@ fn with_chain<R>(stream: Option<sys::CUstream>, f: impl FnOnce(&mut Chain) -> Re
             return Err(Error::CopyStreamsCaptured { stream: holder.cu_stream() as usize });
         }
     }
-    f(chain)
+    f(chain, captured)
 }
 
 impl Chain {
@@ -150,10 +178,10 @@ pub(crate) fn stop() {
     }
 }
 
-/// Issues a `_nbi` operation on `stream` with `issue`; `captured` says whether this thread's
-/// capture scope captures it.
-pub(crate) fn nonblocking(stream: &Arc<CudaStream>, captured: bool, issue: impl FnOnce() -> Result<()>) -> Result<()> {
-    with_chain(Some(stream.cu_stream()), |chain| {
+/// Issues a `_nbi` operation on `stream` (admitted by the caller's access: not captured, or
+/// captured by this thread's capture scope) with `issue`.
+pub(crate) fn nonblocking(stream: &Arc<CudaStream>, issue: impl FnOnce() -> Result<()>) -> Result<()> {
+    with_chain(Some(stream.cu_stream()), |chain, captured| {
         if captured {
             chain.flush()?;
             issue()?;
@@ -166,29 +194,32 @@ pub(crate) fn nonblocking(stream: &Arc<CudaStream>, captured: bool, issue: impl 
     })
 }
 
-/// Enqueues a quiescing call on `stream` with `call`; `captured` says whether this thread's
-/// capture scope captures it.
-pub(crate) fn quiescing(stream: sys::CUstream, captured: bool, call: impl FnOnce() -> Result<()>) -> Result<()> {
-    with_chain(Some(stream), |chain| {
+/// Enqueues a quiescing call on `stream` (admitted like [`nonblocking`]'s) with `call`: `Ok(true)`
+/// when it was captured.
+pub(crate) fn quiescing(stream: sys::CUstream, call: impl FnOnce() -> Result<()>) -> Result<bool> {
+    with_chain(Some(stream), |chain, captured| {
         if captured {
             chain.flush()?;
-            call()
+            call()?;
         } else {
-            chain.chained(stream, call)
+            chain.chained(stream, call)?;
         }
+        Ok(captured)
     })
 }
 
 /// Refuses ([`Error::CopyStreamsCaptured`]) a host call that quiesces NVSHMEM while a capture
 /// holds its internal streams.
 pub(crate) fn host_call() -> Result<()> {
-    with_chain(None, |_| Ok(()))
+    with_chain(None, |_, _| Ok(()))
 }
 
-/// Forgets the capture of `stream`, which has ended.
+/// Forgets the capture of `stream` if it ended: after [`crate::capture`] returned, which may also
+/// have refused to open one (a capture of the stream may still be open then).
 pub(crate) fn capture_ended(stream: &CudaStream) {
     if let Some(chain) = lock().as_mut() {
-        if chain.captured.as_ref().is_some_and(|s| s.cu_stream() == stream.cu_stream()) {
+        let holds = chain.captured.as_ref().is_some_and(|s| s.cu_stream() == stream.cu_stream());
+        if holds && gpucomm_ordering::is_capturing(stream).is_ok_and(|capturing| !capturing) {
             chain.captured = None;
             chain.marked = true;
         }

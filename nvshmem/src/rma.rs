@@ -174,7 +174,7 @@ impl Runtime {
                 call!(nvshmemx_putmem_on_stream(d, s, bytes, pe, raw))
             }
         };
-        issue(nbi, &access, stream, enqueue)
+        issue(nbi, stream, enqueue)
     }
 
     /// Checks and enqueues `nvshmemx_getmem_on_stream` or its `_nbi` variant.
@@ -210,7 +210,7 @@ impl Runtime {
                 call!(nvshmemx_getmem_on_stream(d, s, bytes, pe, raw))
             }
         };
-        issue(nbi, &access, stream, enqueue)
+        issue(nbi, stream, enqueue)
     }
 
     /// Checks and enqueues `nvshmemx_putmem_signal_on_stream` or its `_nbi` variant.
@@ -256,7 +256,7 @@ impl Runtime {
                 call!(nvshmemx_putmem_signal_on_stream(d, s, bytes, sig, value, op.raw(), pe, raw))
             }
         };
-        issue(nbi, &access, stream, enqueue)
+        issue(nbi, stream, enqueue)
     }
 
     /// Copies `src` (local device memory of the same length) into `pe`'s copy of `dst`, in stream
@@ -409,36 +409,37 @@ impl Runtime {
     #[doc(alias = "nvshmem_fence")]
     pub fn quiet_on_stream(&self, stream: &CudaStream) -> Result<()> {
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
-        self.quiesce_on(stream, self.resource(), |raw| unsafe { call!(nvshmemx_quiet_on_stream(raw)) })
+        self.quiesce_on(stream, self.resource(), |raw| unsafe { call!(nvshmemx_quiet_on_stream(raw)) }).map(drop)
     }
 
     /// Enqueues a barrier over all PEs on `stream` (`nvshmemx_barrier_all_on_stream`): when it
     /// completes, every PE's earlier operations on its stream, puts included, are complete and
-    /// visible. Collective.
+    /// visible. Collective. Captured into a graph, it covers, when the graph runs, the operations
+    /// captured before it: quiet an earlier non-blocking operation before launching the graph.
     #[doc(alias = "nvshmemx_barrier_all_on_stream")]
     pub fn barrier_all_on_stream(&self, stream: &CudaStream) -> Result<()> {
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
-        self.quiesce_on(stream, self.resource(), |raw| unsafe { call!(nvshmemx_barrier_all_on_stream(raw)) })
+        self.quiesce_on(stream, self.resource(), |raw| unsafe { call!(nvshmemx_barrier_all_on_stream(raw)) }).map(drop)
     }
 
     /// Enqueues `call`, a quiescing call (a quiet or a barrier; given the stream's handle), on
     /// `stream` through the quiet chain ([`quiesce::quiescing`]), inside this thread's capture
     /// scope if it captures `stream` (recording that the call uses `resource`), and then tells the
-    /// scope that the non-blocking operations issued before it are complete.
+    /// scope that the non-blocking operations issued before it are complete. `Ok(true)` when the
+    /// call was captured.
     pub(crate) fn quiesce_on(
         &self,
         stream: &CudaStream,
         resource: Resource,
         call: impl FnOnce(cudaStream_t) -> Result<()>,
-    ) -> Result<()> {
+    ) -> Result<bool> {
         gpucomm_ordering::admit(stream, &[resource])?;
         let raw = self.enqueue_on(stream)?;
-        let captured = gpucomm_ordering::is_capturing(stream)?;
-        quiesce::quiescing(stream.cu_stream(), captured, || call(raw))?;
+        let captured = quiesce::quiescing(stream.cu_stream(), || call(raw))?;
         // SAFETY: a quiet or a barrier, either of which completes every operation this PE issued
         // before it, was just enqueued on `stream`.
         unsafe { gpucomm_ordering::captured_completion(stream) };
-        Ok(())
+        Ok(captured)
     }
 
     /// Enqueues a synchronisation of all PEs on `stream` (`nvshmemx_sync_all_on_stream`): a
@@ -471,9 +472,9 @@ impl Runtime {
 
 /// Runs `enqueue`, the checked call of a blocking operation or of its `_nbi` variant (`nbi`) on
 /// `stream`: a `_nbi` one through the quiet chain ([`quiesce::nonblocking`]).
-fn issue(nbi: bool, access: &Access<'_>, stream: &Arc<CudaStream>, enqueue: impl FnOnce() -> Result<()>) -> Result<()> {
+fn issue(nbi: bool, stream: &Arc<CudaStream>, enqueue: impl FnOnce() -> Result<()>) -> Result<()> {
     if nbi {
-        quiesce::nonblocking(stream, access.capturing()?, enqueue)
+        quiesce::nonblocking(stream, enqueue)
     } else {
         enqueue()
     }
@@ -488,12 +489,11 @@ fn quiet(stream: &CudaStream) -> std::result::Result<(), String> {
         // SAFETY: the stream holds its context alive; making it current has no other effect.
         unsafe { cudarc::driver::result::ctx::set_current(stream.context().cu_ctx()) }?;
         let raw = stream.cu_stream();
-        let captured = gpucomm_ordering::is_capturing(stream)?;
         // SAFETY: a tracker with a pending operation belongs to a symmetric buffer, and a capture
         // scope's operation was issued by a runtime the capture's closure borrows; either way
         // NVSHMEM is initialised. The stream is alive (held by the tracker, or borrowed by the
         // capture) and its context current.
-        quiesce::quiescing(raw, captured, || unsafe { call!(nvshmemx_quiet_on_stream(raw as cudaStream_t)) })
+        quiesce::quiescing(raw, || unsafe { call!(nvshmemx_quiet_on_stream(raw as cudaStream_t)) }).map(drop)
     };
     chained().map_err(|e| e.to_string())
 }
@@ -528,10 +528,18 @@ impl Pending<'_> {
     }
 
     fn complete(&self) -> Result<()> {
-        self.rt.quiet_on_stream(self.stream)?;
-        if let Some(local) = self.local {
-            // SAFETY: `quiet_on_stream` just enqueued the quiet on this stream.
-            unsafe { local.completed(self.stream) };
+        // SAFETY: NVSHMEM is initialised (the runtime is borrowed); the stream is on its device
+        // (checked by `quiesce_on`) and its context current.
+        let quiet = |raw| unsafe { call!(nvshmemx_quiet_on_stream(raw)) };
+        let captured = self.rt.quiesce_on(self.stream, self.rt.resource(), quiet)?;
+        match self.local {
+            // An operation issued outside a capture whose quiet was captured into one: the quiet
+            // runs only when the graph does, so the buffer's tracker keeps the operation, and its
+            // next eager use or its free enqueues an eager quiet first.
+            Some(_) if captured => {}
+            // SAFETY: the quiet was just enqueued (eagerly) on this stream.
+            Some(local) => unsafe { local.completed(self.stream) },
+            None => {}
         }
         Ok(())
     }

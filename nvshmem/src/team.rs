@@ -241,7 +241,9 @@ impl<'rt> Team<'rt> {
     #[doc(alias = "nvshmemx_barrier_on_stream")]
     pub fn barrier_on_stream(&self, stream: &CudaStream) -> Result<()> {
         // SAFETY: valid team; the stream is on the PE's device (checked) and its context current.
-        self.rt.quiesce_on(stream, self.resource(), |raw| unsafe { call!(nvshmemx_barrier_on_stream(self.raw, raw)) })
+        self.rt
+            .quiesce_on(stream, self.resource(), |raw| unsafe { call!(nvshmemx_barrier_on_stream(self.raw, raw)) })
+            .map(drop)
     }
 
     /// Enqueues a synchronisation of the team on `stream` (`nvshmemx_team_sync_on_stream`): a

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use cudarc::driver::CudaStream;
 use gpucomm_tests::{multi_process, occupy};
 use nvshmem::ops::Sum;
-use nvshmem::{Bootstrap, Error, Runtime, SignalOp, UniqueId};
+use nvshmem::{Bootstrap, Error, Pending, Runtime, SignalOp, UniqueId};
 use nvshmem_support::{ring_still_works, start, value};
 
 /// A put to this PE's own copy (through another buffer) and a barrier, checked.
@@ -362,15 +362,19 @@ fn destroying_a_team_waits_for_its_queued_collectives() {
     });
 }
 
-/// A `_nbi` put on stream `a` whose copy NVSHMEM starts late, `forget(rt, b)` (a quiescing call on
-/// stream `b`, which makes NVSHMEM forget the put's copy), then the put's own quiet on `a` and an
-/// overwrite of its source on `a`, right after that quiet: the destination must hold the source as
-/// it was before the overwrite.
+/// A `_nbi` put on stream `a` whose copy NVSHMEM starts late, `complete(rt, put, a, b)` (the put's
+/// own quiet, after something that makes NVSHMEM forget the put's copy, such as a quiescing call on
+/// stream `b`), then an overwrite of the put's source on `a`, which its tracker allows right after
+/// an eager quiet on `a`: the destination must hold the source as it was before the overwrite.
 ///
 /// NVSHMEM copies to this PE on one internal stream, in order. An earlier put, which waits for
 /// stream `c` (busy 1.5 s), holds back the copy under test; stream `a` is busy 1 s before the put,
 /// so its overwrite runs half a second before the copy can start unless the put's quiet waits.
-fn the_put_survives(rt: &Runtime, stream: &Arc<CudaStream>, forget: impl FnOnce(&Runtime, &Arc<CudaStream>)) {
+fn the_put_survives(
+    rt: &Runtime,
+    stream: &Arc<CudaStream>,
+    complete: impl for<'p> FnOnce(&'p Runtime, Pending<'p>, &'p Arc<CudaStream>, &'p Arc<CudaStream>),
+) {
     let me = rt.my_pe();
     let ctx = stream.context();
     let (a, b, c) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
@@ -385,8 +389,7 @@ fn the_put_survives(rt: &Runtime, stream: &Arc<CudaStream>, forget: impl FnOnce(
     let early = rt.put_nbi_on_stream(&early_dst, &early_src, me, &c).unwrap();
     occupy(&a, Duration::from_millis(1000));
     let put = rt.put_nbi_on_stream(&dst, &src, me, &a).unwrap();
-    forget(rt, &b);
-    put.quiet().unwrap();
+    complete(rt, put, &a, &b);
     rt.put_on_stream(&src, &twos, me, &a).unwrap();
     early.quiet().unwrap();
     for s in [&a, &b, &c] {
@@ -413,9 +416,18 @@ fn the_put_survives(rt: &Runtime, stream: &Arc<CudaStream>, forget: impl FnOnce(
 fn a_quiet_on_another_stream_does_not_cancel_a_later_quiet() {
     multi_process("a_quiet_on_another_stream_does_not_cancel_a_later_quiet", 1, |info, stream| {
         let (_rdzv, rt) = start(&info, &stream);
-        the_put_survives(&rt, &stream, |rt, b| rt.quiet_on_stream(b).unwrap());
-        the_put_survives(&rt, &stream, |rt, b| rt.barrier_all_on_stream(b).unwrap());
-        the_put_survives(&rt, &stream, |rt, b| rt.world().unwrap().barrier_on_stream(b).unwrap());
+        the_put_survives(&rt, &stream, |rt, put, _, b| {
+            rt.quiet_on_stream(b).unwrap();
+            put.quiet().unwrap();
+        });
+        the_put_survives(&rt, &stream, |rt, put, _, b| {
+            rt.barrier_all_on_stream(b).unwrap();
+            put.quiet().unwrap();
+        });
+        the_put_survives(&rt, &stream, |rt, put, _, b| {
+            rt.world().unwrap().barrier_on_stream(b).unwrap();
+            put.quiet().unwrap();
+        });
         still_works(&rt, &stream);
         rt.finalize().map_err(|(_, e)| e).unwrap();
     });
@@ -432,9 +444,10 @@ fn a_quiet_on_another_stream_does_not_cancel_a_later_quiet() {
 fn a_captured_quiet_does_not_cancel_an_eager_one() {
     multi_process("a_captured_quiet_does_not_cancel_an_eager_one", 1, |info, stream| {
         let (_rdzv, rt) = start(&info, &stream);
-        the_put_survives(&rt, &stream, |rt, b| {
+        the_put_survives(&rt, &stream, |rt, put, _, b| {
             let graph = nvshmem::capture(b, rt, |rt| rt.quiet_on_stream(b)).map_err(|(_, e)| e).unwrap();
             drop(graph);
+            put.quiet().unwrap();
         });
         still_works(&rt, &stream);
         rt.finalize().map_err(|(_, e)| e).unwrap();
@@ -472,6 +485,11 @@ fn a_capture_holding_nonblocking_copies_refuses_other_nvshmem_calls() {
             refused.push(("host barrier", rt.barrier_all().err()));
             refused.push(("allocation", rt.alloc::<i32>(4).err()));
             refused.push(("team split", world.split_strided(0, 1, 1).err()));
+            // A capture refused as nested does not end the holder's capture (it used to be taken
+            // for its end, which switched the refusals off).
+            let nested = nvshmem::capture(&s, *rt, |_| Ok(())).map(drop).map_err(|(_, e)| e);
+            assert!(matches!(nested, Err(Error::Ordering(gpucomm_ordering::OrderError::NestedCapture))), "{nested:?}");
+            refused.push(("host barrier after a refused nested capture", rt.barrier_all().err()));
             put.quiet()
         })
         .map_err(|(_, e)| e)
@@ -502,6 +520,77 @@ fn a_capture_holding_nonblocking_copies_refuses_other_nvshmem_calls() {
             buf.free().map_err(|(_, e)| e).unwrap();
         }
         drop(world);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
+/// An audit of the quiet chain (2026-12-03) found that a put's handle quieted inside a capture of
+/// the put's stream marked the put complete in its source's tracker, although the quiet was only
+/// captured (it runs when the graph does) and NVSHMEM had finished the copy on the chain's private
+/// stream, which the put's stream never waited for: the source, overwritten on that stream right
+/// after the capture, could reach the destination overwritten. Now the tracker keeps the put, and
+/// the overwrite enqueues an eager quiet first, which the chain orders after that copy.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_quiet_captured_for_an_eager_put_does_not_release_its_source() {
+    multi_process("a_quiet_captured_for_an_eager_put_does_not_release_its_source", 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        the_put_survives(&rt, &stream, |rt, put, a, _| {
+            let graph = nvshmem::capture(a, rt, move |_| put.quiet()).map_err(|(_, e)| e).unwrap();
+            drop(graph);
+        });
+        still_works(&rt, &stream);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
+/// The same audit: after CUDA invalidated a capture (here by a query of the capturing stream,
+/// which CUDA forbids), the stream still counts as captured, and NVSHMEM, which takes an
+/// invalidated capture for none, failed its own CUDA calls on it and exited the process. Now a
+/// non-blocking operation or a quiet on such a stream is `OrderError::CaptureBroken`, the capture
+/// fails with its own error, and the stream works afterwards.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn nvshmem_calls_on_an_invalidated_capture_are_refused() {
+    multi_process("nvshmem_calls_on_an_invalidated_capture_are_refused", 1, |info, stream| {
+        use cudarc::driver::sys::{CUresult, CUstreamCaptureStatus};
+        use gpucomm_ordering::OrderError;
+        let (_rdzv, rt) = start(&info, &stream);
+        let me = rt.my_pe();
+        let s = stream.context().new_stream().unwrap();
+        let (src, mut dst) = (rt.alloc_zeroed::<i32>(1000).unwrap(), rt.alloc_zeroed::<i32>(1000).unwrap());
+        let mut seen = Vec::new();
+        let (_, err) = nvshmem::capture(&s, (&rt, &src, &mut dst), |(rt, src, dst)| {
+            // SAFETY: the stream is alive; CUDA answers a query of a stream being captured by
+            // invalidating the capture, which is the point here.
+            let _ = unsafe { cudarc::driver::sys::cuStreamQuery(s.cu_stream()) };
+            seen.push(("status", Ok(s.capture_status().unwrap())));
+            seen.push(("quiet", rt.quiet_on_stream(&s).map(|()| CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)));
+            let put = rt
+                .put_nbi_on_stream(&**dst, *src, me, &s)
+                .map(|_| CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+            seen.push(("put_nbi", put));
+            Ok(())
+        })
+        .map(drop)
+        .unwrap_err();
+        let broken = |r: &std::result::Result<CUstreamCaptureStatus, Error>| matches!(r, Err(Error::Ordering(OrderError::CaptureBroken(e))) if e.0 == CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+        assert_eq!(
+            seen[0].1.as_ref().ok(),
+            Some(&CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED),
+            "the query invalidated the capture"
+        );
+        for (what, r) in &seen[1..] {
+            assert!(broken(r), "{what} on an invalidated capture: {r:?}");
+        }
+        assert!(matches!(err, Error::Ordering(OrderError::CaptureBroken(_))), "the capture fails: {err:?}");
+        assert_eq!(s.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+        rt.put_nbi_on_stream(&dst, &src, me, &s).unwrap().quiet().unwrap();
+        rt.quiet_on_stream(&s).unwrap();
+        still_works(&rt, &stream);
+        for buf in [src, dst] {
+            buf.free().map_err(|(_, e)| e).unwrap();
+        }
         rt.finalize().map_err(|(_, e)| e).unwrap();
     });
 }
