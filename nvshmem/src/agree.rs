@@ -95,7 +95,8 @@ impl Ask {
 }
 
 impl Agreed {
-    /// The verdict from every PE's words (`WORDS` per PE, in PE order), the same on every PE.
+    /// The verdict from every PE's words (`WORDS` per PE, in PE order): the same on every PE as
+    /// long as the PEs are in step (the check numbers tell).
     fn from_words(all: &[u64]) -> Self {
         let mut agreed = Agreed {
             min_check: u64::MAX,
@@ -202,6 +203,9 @@ pub(crate) struct Agreement {
     stream: CUstream,
     /// Checks made so far: the parity picks the list.
     rounds: Cell<u64>,
+    /// The check numbers a check read when it found the PEs out of step: every later check is
+    /// refused with them.
+    out_of_step: Cell<Option<(u64, u64)>>,
 }
 
 // SAFETY: the scratch pointer is device memory that NVSHMEM owns, with no tie to a thread, and
@@ -226,7 +230,7 @@ impl Agreement {
         let scratch = unsafe { call!(nvshmem_malloc(bytes)) }?;
         let scratch = NonNull::new(scratch).ok_or(Error::OutOfMemory { bytes })?;
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)?;
-        Ok(Agreement { layout, scratch, stream, rounds: Cell::new(0) })
+        Ok(Agreement { layout, scratch, stream, rounds: Cell::new(0), out_of_step: Cell::new(None) })
     }
 
     /// The offset of symmetric address `addr` from the scratch buffer, the first allocation of the
@@ -239,9 +243,13 @@ impl Agreement {
     /// What all PEs ask for, given what this one asks for. Collective over all PEs, in the order
     /// of their allocations and frees; blocks until every PE has asked. The PE's context must be
     /// current. Refused, before anything is enqueued, while a capture holds NVSHMEM's copy
-    /// streams (its barrier would quiesce them).
+    /// streams (its barrier would quiesce them) or this thread captures, and for good once a check
+    /// found the PEs out of step.
     pub(crate) fn agree(&self, ask: Ask) -> Result<Agreed> {
-        quiesce::host_call()?;
+        if let Some((min_check, max_check)) = self.out_of_step.get() {
+            return Err(Error::HeapCollectivesOutOfStep { min_check, max_check });
+        }
+        quiesce::host_call("a symmetric allocation or free")?;
         let Layout { n_pes, .. } = self.layout;
         let parity = self.rounds.get() % 2;
         self.rounds.set(self.rounds.get() + 1);
@@ -272,7 +280,13 @@ impl Agreement {
             result::memcpy_dtoh_async(&mut all, at(self.layout.list(parity)), self.stream)?;
             result::stream::synchronize(self.stream)?;
         }
-        Ok(Agreed::from_words(&all))
+        let agreed = Agreed::from_words(&all);
+        if agreed.min_check != agreed.max_check {
+            // Out of step once, out of step for good: a PE one check behind would read, at its
+            // next check, words of the same number and take them for an agreement.
+            self.out_of_step.set(Some((agreed.min_check, agreed.max_check)));
+        }
+        Ok(agreed)
     }
 
     /// Destroys the private stream (idle: every use is synchronised). The scratch buffer is

@@ -365,10 +365,12 @@ pub enum Error {
     #[error("some PEs allocated a symmetric buffer while others freed one at the same step; nothing was allocated or freed on any PE")]
     MixedHeapCollectives,
     /// The PEs' collective allocations and frees are out of step: the check before an allocation
-    /// or a free read another PE's words of an earlier check (numbers `min_check..=max_check`; 0:
-    /// never written). A PE allocated or freed without the others, or a barrier of the check met
-    /// another barrier of that PE. Nothing was allocated or freed on this PE; the heaps can no
-    /// longer be trusted to be symmetric.
+    /// or a free read another PE's words of another check (numbers `min_check..=max_check`; a slot
+    /// never written holds whatever the heap held). A PE allocated or freed without the others
+    /// (or refused its part alone, see [`Error::HostCallInCapture`]), or a barrier of the check
+    /// met another barrier of that PE. Nothing was allocated or freed on this PE, and every later
+    /// allocation and free of this PE is refused the same way: the heaps can no longer be trusted
+    /// to be symmetric.
     #[error("the PEs' symmetric allocations and frees are out of step (this check read words of checks {min_check} to {max_check}): a PE allocated or freed without the others; nothing was allocated or freed on this PE")]
     HeapCollectivesOutOfStep {
         /// The lowest check number read.
@@ -410,6 +412,17 @@ pub enum Error {
     CopyStreamsCaptured {
         /// The captured stream (its driver handle).
         stream: usize,
+    },
+    /// `what`, a host call that waits on the host for NVSHMEM's streams (an allocation, a free,
+    /// the host barrier, a team split or destroy), was made while this thread captures
+    /// ([`crate::capture`]): CUDA refuses host waits inside a capture, and NVSHMEM exits the
+    /// process on that refusal. Nothing was called. For a collective call the refusal is this
+    /// PE's alone: the other PEs wait inside the same call until this one makes it after its
+    /// capture.
+    #[error("{what} waits on the host, which CUDA refuses while this thread captures a graph: make it before or after the capture (nothing was called)")]
+    HostCallInCapture {
+        /// The refused call.
+        what: &'static str,
     },
 }
 

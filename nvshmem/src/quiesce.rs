@@ -54,11 +54,14 @@ struct Chain {
     marked: bool,
     /// The stream whose capture holds `_nbi` copies, and with them NVSHMEM's internal streams.
     captured: Option<Arc<CudaStream>>,
+    /// Why the chain is broken: a quiescing call that cleared marks could neither be recorded nor
+    /// waited for, so later quiets can no longer be ordered after it. Every later call is refused.
+    broken: Option<DriverError>,
 }
 
 // SAFETY: the stream and event handles are plain driver handles of the PE's context, usable from
-// any thread whose current context is the PE's (every caller binds it first); the mutex makes one
-// thread at a time use them.
+// any thread whose current context is the PE's (every call that enqueues binds it first; host
+// calls only query the holder's capture state); the mutex makes one thread at a time use them.
 unsafe impl Send for Chain {}
 
 static CHAIN: Mutex<Option<Chain>> = Mutex::new(None);
@@ -70,7 +73,7 @@ fn lock() -> MutexGuard<'static, Option<Chain>> {
 /// Whether `stream` is being captured. A capture that CUDA invalidated is refused
 /// ([`OrderError::CaptureBroken`]): NVSHMEM would take the stream for an uncaptured one, fail its
 /// own CUDA calls on it, and exit the process. The PE's context must be current.
-fn captured(stream: sys::CUstream) -> Result<bool> {
+pub(crate) fn captured(stream: sys::CUstream) -> Result<bool> {
     use sys::CUstreamCaptureStatus as Status;
     // SAFETY: the stream is alive (the caller's) and the PE's context current; the call only
     // reads the stream's state.
@@ -93,6 +96,9 @@ fn with_chain<R>(stream: Option<sys::CUstream>, f: impl FnOnce(&mut Chain, bool)
     };
     let mut guard = lock();
     let chain = guard.as_mut().ok_or(Error::Finalized)?;
+    if let Some(e) = chain.broken {
+        return Err(e.into());
+    }
     if let Some(holder) = &chain.captured {
         if !gpucomm_ordering::is_capturing(holder)? {
             // The capture ended. Its copies were quieted inside it (the capture scope makes sure),
@@ -122,9 +128,12 @@ impl Chain {
             // SAFETY: as above.
             if let Err(e) = unsafe { result::event::record(self.event, stream) } {
                 // NVSHMEM has forgotten its marks and later quiets cannot be chained to this one:
-                // wait for it here, so that what it completes has finished.
+                // wait for it here, so that what it completes has finished; if even that fails,
+                // nothing can be ordered after it any more.
                 // SAFETY: as above; a host wait.
-                unsafe { result::stream::synchronize(stream) }?;
+                if let Err(waited) = unsafe { result::stream::synchronize(stream) } {
+                    self.broken = Some(waited);
+                }
                 return Err(e.into());
             }
             self.last = Some(key);
@@ -158,7 +167,7 @@ pub(crate) fn start() -> Result<()> {
             return Err(e.into());
         }
     };
-    *lock() = Some(Chain { flush, event, last: None, marked: false, captured: None });
+    *lock() = Some(Chain { flush, event, last: None, marked: false, captured: None, broken: None });
     Ok(())
 }
 
@@ -208,10 +217,20 @@ pub(crate) fn quiescing(stream: sys::CUstream, call: impl FnOnce() -> Result<()>
     })
 }
 
-/// Refuses ([`Error::CopyStreamsCaptured`]) a host call that quiesces NVSHMEM while a capture
-/// holds its internal streams.
-pub(crate) fn host_call() -> Result<()> {
-    with_chain(None, |_, _| Ok(()))
+/// Refuses a host call that quiesces NVSHMEM (and waits on the host): with
+/// [`Error::CopyStreamsCaptured`] while a capture holds its internal streams, and with
+/// [`Error::HostCallInCapture`] while this thread has a capture scope open (CUDA refuses the
+/// host waits inside, and NVSHMEM exits the process on that refusal).
+///
+/// The refusal is this PE's alone: for a collective call (an allocation, a free, a team split,
+/// the host barrier) the other PEs wait inside the same call until this one makes it again,
+/// after its capture.
+pub(crate) fn host_call(what: &'static str) -> Result<()> {
+    with_chain(None, |_, _| Ok(()))?;
+    if gpucomm_ordering::scope_open() {
+        return Err(Error::HostCallInCapture { what });
+    }
+    Ok(())
 }
 
 /// Forgets the capture of `stream` if it ended: after [`crate::capture`] returned, which may also

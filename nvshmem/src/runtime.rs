@@ -349,10 +349,15 @@ impl Runtime {
 
     /// Prepares a call that enqueues work on `stream`: checks that the stream belongs to the PE's
     /// device, makes the PE's context current (NVSHMEM resolves the legacy default stream, and
-    /// does its own CUDA calls, through the current context), and returns the stream as C wants it.
+    /// does its own CUDA calls, through the current context), refuses a capture that CUDA
+    /// invalidated ([`gpucomm_ordering::OrderError::CaptureBroken`]), and returns the stream as C
+    /// wants it.
     pub(crate) fn enqueue_on(&self, stream: &CudaStream) -> Result<cudaStream_t> {
         self.check_device("stream", stream)?;
         self.context().bind_to_thread()?;
+        // A capture that CUDA invalidated: NVSHMEM's calls on the stream would fail, and NVSHMEM
+        // exits the process on such failures.
+        quiesce::captured(stream.cu_stream())?;
         Ok(stream.cu_stream() as cudaStream_t)
     }
 
@@ -361,7 +366,7 @@ impl Runtime {
     /// use [`Runtime::barrier_all_on_stream`] for that.
     #[doc(alias = "nvshmem_barrier_all")]
     pub fn barrier_all(&self) -> Result<()> {
-        quiesce::host_call()?;
+        quiesce::host_call("the host barrier (nvshmem_barrier_all)")?;
         self.context().bind_to_thread()?;
         // SAFETY: NVSHMEM is initialised and the PE's context is current.
         unsafe { call!(nvshmem_barrier_all()) }

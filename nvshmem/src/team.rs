@@ -144,7 +144,7 @@ impl<'rt> Team<'rt> {
             return Err(Error::InvalidSplit { start, stride, size, n_pes: self.n_pes });
         }
         let mut new = nvshmem_team_id_t::NVSHMEM_TEAM_INVALID.0;
-        quiesce::host_call()?;
+        quiesce::host_call("a team split")?;
         self.rt.context().bind_to_thread()?;
         // SAFETY: `self.raw` is a valid team; start, stride and size describe PEs inside it
         // (checked) and fit an int; no configuration is passed (mask 0); `new` is a live local.
@@ -172,7 +172,7 @@ impl<'rt> Team<'rt> {
         }
         let invalid = nvshmem_team_id_t::NVSHMEM_TEAM_INVALID.0;
         let (mut x, mut y) = (invalid, invalid);
-        quiesce::host_call()?;
+        quiesce::host_call("a team split")?;
         self.rt.context().bind_to_thread()?;
         // SAFETY: `self.raw` is a valid team, `xrange` is at least 1 (NVSHMEM divides by it) and
         // fits an int after clamping; no configurations (masks 0); both outputs are live locals.
@@ -198,7 +198,7 @@ impl<'rt> Team<'rt> {
     /// before it synchronises. Refused while a capture holds NVSHMEM's copy streams (destroying
     /// quiesces them).
     fn wait_for_device(&self) -> Result<()> {
-        quiesce::host_call()?;
+        quiesce::host_call("destroying a team")?;
         self.rt.wait_for_device("a team (its collectives may still be queued on the PE's device)")
     }
 

@@ -297,8 +297,9 @@ pub unsafe fn captured_completion(stream: &CudaStream) {
     with_scope(stream, |s| s.pending = None);
 }
 
-/// True when this thread has a capture scope open.
-pub(crate) fn scope_open() -> bool {
+/// True when this thread has a capture scope open ([`crate::capture`]): host-side waits on this
+/// thread are then refused by CUDA (the scope captures in thread-local mode).
+pub fn scope_open() -> bool {
     SCOPE.with(|s| s.borrow().is_some())
 }
 

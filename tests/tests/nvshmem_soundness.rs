@@ -507,6 +507,22 @@ fn a_capture_holding_nonblocking_copies_refuses_other_nvshmem_calls() {
         assert_eq!(stream.clone_dtoh(&*graph.kept().2).unwrap(), values, "the graph's put arrived");
         drop(graph);
 
+        // Host calls that wait on the host are refused inside any capture of this thread, one
+        // without non-blocking copies too: CUDA refuses the wait, and NVSHMEM exits on that.
+        let mut host = Vec::new();
+        let graph = nvshmem::capture(&s, &rt, |rt| {
+            host.push(rt.barrier_all().err());
+            host.push(rt.alloc::<i32>(4).err());
+            host.push(world.split_strided(0, 1, 1).err());
+            rt.quiet_on_stream(&s)
+        })
+        .map_err(|(_, e)| e)
+        .unwrap();
+        drop(graph);
+        for e in host {
+            assert!(matches!(e, Some(Error::HostCallInCapture { .. })), "a host call inside a capture: {e:?}");
+        }
+
         // After the capture, the same calls work.
         rt.put_nbi_on_stream(&spare, &src, me, &other).unwrap().quiet().unwrap();
         rt.barrier_all_on_stream(&other).unwrap();
@@ -570,6 +586,10 @@ fn nvshmem_calls_on_an_invalidated_capture_are_refused() {
                 .put_nbi_on_stream(&**dst, *src, me, &s)
                 .map(|_| CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
             seen.push(("put_nbi", put));
+            // A blocking put too: NVSHMEM's copy on the stream would fail, and NVSHMEM exits then.
+            let put =
+                rt.put_on_stream(&**dst, *src, me, &s).map(|()| CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+            seen.push(("put", put));
             Ok(())
         })
         .map(drop)
