@@ -101,10 +101,7 @@ fn with_chain<R>(stream: Option<sys::CUstream>, f: impl FnOnce(&mut Chain, bool)
     }
     if let Some(holder) = &chain.captured {
         if !gpucomm_ordering::is_capturing(holder)? {
-            // The capture ended. Its copies were quieted inside it (the capture scope makes sure),
-            // but count them as marked: one chained record too many costs nothing.
-            chain.captured = None;
-            chain.marked = true;
+            chain.release_capture();
         } else if stream != Some(holder.cu_stream()) {
             return Err(Error::CopyStreamsCaptured { stream: holder.cu_stream() as usize });
         }
@@ -113,6 +110,14 @@ fn with_chain<R>(stream: Option<sys::CUstream>, f: impl FnOnce(&mut Chain, bool)
 }
 
 impl Chain {
+    /// Forgets the capture that held NVSHMEM's internal streams: it ended. Its copies were
+    /// quieted inside it (the capture scope makes sure), but they count as marked: one chained
+    /// record too many costs nothing.
+    fn release_capture(&mut self) {
+        self.captured = None;
+        self.marked = true;
+    }
+
     /// Enqueues the quiescing call `call` on `stream` (not being captured), chained: after the
     /// last quiescing call that may have cleared marks, and recorded as the last one when it may
     /// clear marks itself.
@@ -239,8 +244,7 @@ pub(crate) fn capture_ended(stream: &CudaStream) {
     if let Some(chain) = lock().as_mut() {
         let holds = chain.captured.as_ref().is_some_and(|s| s.cu_stream() == stream.cu_stream());
         if holds && gpucomm_ordering::is_capturing(stream).is_ok_and(|capturing| !capturing) {
-            chain.captured = None;
-            chain.marked = true;
+            chain.release_capture();
         }
     }
 }
