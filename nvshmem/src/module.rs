@@ -26,6 +26,7 @@ use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut, Keep, Resource, Vi
 
 use crate::error::{Error, Result};
 use crate::ffi::call;
+use crate::runtime::Admitted;
 use crate::Runtime;
 
 /// The global that `libnvshmem_device.a` defines in every module device-linked against it.
@@ -314,8 +315,8 @@ impl<'rt> Kernel<'_, 'rt> {
         args: impl FnOnce(&mut KernelArgs<'_, 'b>) -> Result<()>,
     ) -> Result<()> {
         let access = Access::new(stream);
-        access.resource(self.module.resource())?;
-        self.module.rt.enqueue_on(stream)?;
+        let admitted = Admitted::access(&access, self.module.resource())?;
+        self.module.rt.enqueue_on(&admitted)?;
         let mut pushed = KernelArgs { access: &access, words: Vec::new(), starts: Vec::new(), guards: Vec::new() };
         args(&mut pushed)?;
         let base = pushed.words.as_mut_ptr();

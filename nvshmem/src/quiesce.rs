@@ -70,9 +70,11 @@ fn lock() -> MutexGuard<'static, Option<Chain>> {
     CHAIN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Whether `stream` is being captured. A capture that CUDA invalidated is refused
-/// ([`OrderError::CaptureBroken`]): NVSHMEM would take the stream for an uncaptured one, fail its
-/// own CUDA calls on it, and exit the process. The PE's context must be current.
+/// Whether `stream`, which no [`Access`](gpucomm_ordering::Access) admitted (the quiet a tracker
+/// enqueues for a forgotten [`crate::Pending`]), is being captured. A capture that CUDA
+/// invalidated is refused ([`OrderError::CaptureBroken`]): NVSHMEM would take the stream for an
+/// uncaptured one, fail its own CUDA calls on it, and exit the process. The PE's context must be
+/// current.
 pub(crate) fn captured(stream: sys::CUstream) -> Result<bool> {
     use sys::CUstreamCaptureStatus as Status;
     // SAFETY: the stream is alive (the caller's) and the PE's context current; the call only
@@ -86,14 +88,9 @@ pub(crate) fn captured(stream: sys::CUstream) -> Result<bool> {
     }
 }
 
-/// Runs `f` on the chain with whether `stream` (`None`: a host call) is being captured, refusing
-/// (with [`Error::CopyStreamsCaptured`]) a call on `stream` while another stream's capture holds
-/// NVSHMEM's internal streams.
-fn with_chain<R>(stream: Option<sys::CUstream>, f: impl FnOnce(&mut Chain, bool) -> Result<R>) -> Result<R> {
-    let captured = match stream {
-        Some(stream) => captured(stream)?,
-        None => false,
-    };
+/// Runs `f` on the chain, refusing (with [`Error::CopyStreamsCaptured`]) a call on `stream`
+/// (`None`: a host call) while another stream's capture holds NVSHMEM's internal streams.
+fn with_chain<R>(stream: Option<sys::CUstream>, f: impl FnOnce(&mut Chain) -> Result<R>) -> Result<R> {
     let mut guard = lock();
     let chain = guard.as_mut().ok_or(Error::Finalized)?;
     if let Some(e) = chain.broken {
@@ -106,7 +103,7 @@ fn with_chain<R>(stream: Option<sys::CUstream>, f: impl FnOnce(&mut Chain, bool)
             return Err(Error::CopyStreamsCaptured { stream: holder.cu_stream() as usize });
         }
     }
-    f(chain, captured)
+    f(chain)
 }
 
 impl Chain {
@@ -192,10 +189,11 @@ pub(crate) fn stop() {
     }
 }
 
-/// Issues a `_nbi` operation on `stream` (admitted by the caller's access: not captured, or
-/// captured by this thread's capture scope) with `issue`.
-pub(crate) fn nonblocking(stream: &Arc<CudaStream>, issue: impl FnOnce() -> Result<()>) -> Result<()> {
-    with_chain(Some(stream.cu_stream()), |chain, captured| {
+/// Issues a `_nbi` operation on `stream` with `issue`. The stream is admitted by the caller
+/// ([`crate::runtime::Admitted`]): `captured` when this thread's capture scope captures it, else
+/// not captured at all.
+pub(crate) fn nonblocking(stream: &Arc<CudaStream>, captured: bool, issue: impl FnOnce() -> Result<()>) -> Result<()> {
+    with_chain(Some(stream.cu_stream()), |chain| {
         if captured {
             chain.flush()?;
             issue()?;
@@ -208,17 +206,16 @@ pub(crate) fn nonblocking(stream: &Arc<CudaStream>, issue: impl FnOnce() -> Resu
     })
 }
 
-/// Enqueues a quiescing call on `stream` (admitted like [`nonblocking`]'s) with `call`: `Ok(true)`
-/// when it was captured.
-pub(crate) fn quiescing(stream: sys::CUstream, call: impl FnOnce() -> Result<()>) -> Result<bool> {
-    with_chain(Some(stream), |chain, captured| {
+/// Enqueues a quiescing call on `stream` with `call`; `captured` as for [`nonblocking`] (or as
+/// [`captured`] found it).
+pub(crate) fn quiescing(stream: sys::CUstream, captured: bool, call: impl FnOnce() -> Result<()>) -> Result<()> {
+    with_chain(Some(stream), |chain| {
         if captured {
             chain.flush()?;
-            call()?;
+            call()
         } else {
-            chain.chained(stream, call)?;
+            chain.chained(stream, call)
         }
-        Ok(captured)
     })
 }
 
@@ -231,7 +228,7 @@ pub(crate) fn quiescing(stream: sys::CUstream, call: impl FnOnce() -> Result<()>
 /// the host barrier) the other PEs wait inside the same call until this one makes it again,
 /// after its capture.
 pub(crate) fn host_call(what: &'static str) -> Result<()> {
-    with_chain(None, |_, _| Ok(()))?;
+    with_chain(None, |_| Ok(()))?;
     if gpucomm_ordering::scope_open() {
         return Err(Error::HostCallInCapture { what });
     }

@@ -44,6 +44,7 @@ use crate::error::{Error, Result};
 use crate::ffi::call;
 use crate::overlap::{self, Span};
 use crate::quiesce;
+use crate::runtime::Admitted;
 use crate::{Runtime, SymmetricMemory};
 
 /// How a signal word is updated (`NVSHMEM_SIGNAL_SET`, `NVSHMEM_SIGNAL_ADD`).
@@ -130,12 +131,12 @@ impl Runtime {
         symmetric_len: usize,
         local: &impl DeviceSlice<T>,
         pe: usize,
-        stream: &CudaStream,
+        admitted: &Admitted<'_>,
     ) -> Result<(i32, nvshmem_sys::cudaStream_t)> {
         expect_len("local buffer", symmetric_len, local.len())?;
         self.check_device("local buffer", local.stream())?;
         let pe = self.check_pe("pe", pe)?;
-        Ok((pe, self.enqueue_on(stream)?))
+        Ok((pe, self.enqueue_on(admitted)?))
     }
 
     /// Checks and enqueues `nvshmemx_putmem_on_stream` or its `_nbi` variant.
@@ -148,8 +149,8 @@ impl Runtime {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let access = Access::new(stream);
-        access.resource(self.resource())?;
-        let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
+        let admitted = Admitted::access(&access, self.resource())?;
+        let (pe, raw) = self.transfer(dst.len(), src, pe, &admitted)?;
         // The destination is written on `pe`: recorded as a write of the symmetric memory.
         let bytes = dst.num_bytes();
         let mut dst = dst.symmetric();
@@ -174,7 +175,7 @@ impl Runtime {
                 call!(nvshmemx_putmem_on_stream(d, s, bytes, pe, raw))
             }
         };
-        issue(nbi, stream, enqueue)
+        issue(nbi, stream, admitted.captured, enqueue)
     }
 
     /// Checks and enqueues `nvshmemx_getmem_on_stream` or its `_nbi` variant.
@@ -187,8 +188,8 @@ impl Runtime {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let access = Access::new(stream);
-        access.resource(self.resource())?;
-        let (pe, raw) = self.transfer(src.len(), dst, pe, stream)?;
+        let admitted = Admitted::access(&access, self.resource())?;
+        let (pe, raw) = self.transfer(src.len(), dst, pe, &admitted)?;
         let bytes = src.num_bytes();
         let (s, _s) = access.read(src)?;
         let (d, _d) = access.write(dst)?;
@@ -210,7 +211,7 @@ impl Runtime {
                 call!(nvshmemx_getmem_on_stream(d, s, bytes, pe, raw))
             }
         };
-        issue(nbi, stream, enqueue)
+        issue(nbi, stream, admitted.captured, enqueue)
     }
 
     /// Checks and enqueues `nvshmemx_putmem_signal_on_stream` or its `_nbi` variant.
@@ -228,8 +229,8 @@ impl Runtime {
     ) -> Result<()> {
         check_signal(signal)?;
         let access = Access::new(stream);
-        access.resource(self.resource())?;
-        let (pe, raw) = self.transfer(dst.len(), src, pe, stream)?;
+        let admitted = Admitted::access(&access, self.resource())?;
+        let (pe, raw) = self.transfer(dst.len(), src, pe, &admitted)?;
         // Destination and signal are written on `pe`: recorded as writes of the symmetric memory.
         let bytes = dst.num_bytes();
         let (mut dst, mut signal) = (dst.symmetric(), signal.symmetric());
@@ -256,7 +257,7 @@ impl Runtime {
                 call!(nvshmemx_putmem_signal_on_stream(d, s, bytes, sig, value, op.raw(), pe, raw))
             }
         };
-        issue(nbi, stream, enqueue)
+        issue(nbi, stream, admitted.captured, enqueue)
     }
 
     /// Copies `src` (local device memory of the same length) into `pe`'s copy of `dst`, in stream
@@ -369,8 +370,8 @@ impl Runtime {
         check_signal(signal)?;
         let pe = self.check_pe("pe", pe)?;
         let access = Access::new(stream);
-        access.resource(self.resource())?;
-        let raw = self.enqueue_on(stream)?;
+        let admitted = Admitted::access(&access, self.resource())?;
+        let raw = self.enqueue_on(&admitted)?;
         // The signal is written on `pe`: recorded as a write of the symmetric memory.
         let mut signal = signal.symmetric();
         let (sig, _sig) = access.write(&mut signal)?;
@@ -393,8 +394,8 @@ impl Runtime {
     ) -> Result<()> {
         check_signal(signal)?;
         let access = Access::new(stream);
-        access.resource(self.resource())?;
-        let raw = self.enqueue_on(stream)?;
+        let admitted = Admitted::access(&access, self.resource())?;
+        let raw = self.enqueue_on(&admitted)?;
         let (sig, _sig) = access.read(signal)?;
         // SAFETY: `signal` is one symmetric u64 of this PE (checked), `cmp` one of NVSHMEM's
         // comparisons; the stream is on this device (checked) and its context current.
@@ -433,13 +434,13 @@ impl Runtime {
         resource: Resource,
         call: impl FnOnce(cudaStream_t) -> Result<()>,
     ) -> Result<bool> {
-        gpucomm_ordering::admit(stream, &[resource])?;
-        let raw = self.enqueue_on(stream)?;
-        let captured = quiesce::quiescing(stream.cu_stream(), || call(raw))?;
+        let admitted = Admitted::stream(stream, resource)?;
+        let raw = self.enqueue_on(&admitted)?;
+        quiesce::quiescing(stream.cu_stream(), admitted.captured, || call(raw))?;
         // SAFETY: a quiet or a barrier, either of which completes every operation this PE issued
         // before it, was just enqueued on `stream`.
         unsafe { gpucomm_ordering::captured_completion(stream) };
-        Ok(captured)
+        Ok(admitted.captured)
     }
 
     /// Enqueues a synchronisation of all PEs on `stream` (`nvshmemx_sync_all_on_stream`): a
@@ -447,8 +448,7 @@ impl Runtime {
     /// Collective.
     #[doc(alias = "nvshmemx_sync_all_on_stream")]
     pub fn sync_all_on_stream(&self, stream: &CudaStream) -> Result<()> {
-        gpucomm_ordering::admit(stream, &[self.resource()])?;
-        let raw = self.enqueue_on(stream)?;
+        let raw = self.enqueue_on(&Admitted::stream(stream, self.resource())?)?;
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
         unsafe { call!(nvshmemx_sync_all_on_stream(raw)) }
     }
@@ -472,9 +472,9 @@ impl Runtime {
 
 /// Runs `enqueue`, the checked call of a blocking operation or of its `_nbi` variant (`nbi`) on
 /// `stream`: a `_nbi` one through the quiet chain ([`quiesce::nonblocking`]).
-fn issue(nbi: bool, stream: &Arc<CudaStream>, enqueue: impl FnOnce() -> Result<()>) -> Result<()> {
+fn issue(nbi: bool, stream: &Arc<CudaStream>, captured: bool, enqueue: impl FnOnce() -> Result<()>) -> Result<()> {
     if nbi {
-        quiesce::nonblocking(stream, enqueue)
+        quiesce::nonblocking(stream, captured, enqueue)
     } else {
         enqueue()
     }
@@ -489,11 +489,12 @@ fn quiet(stream: &CudaStream) -> std::result::Result<(), String> {
         // SAFETY: the stream holds its context alive; making it current has no other effect.
         unsafe { cudarc::driver::result::ctx::set_current(stream.context().cu_ctx()) }?;
         let raw = stream.cu_stream();
+        let captured = quiesce::captured(raw)?;
         // SAFETY: a tracker with a pending operation belongs to a symmetric buffer, and a capture
         // scope's operation was issued by a runtime the capture's closure borrows; either way
         // NVSHMEM is initialised. The stream is alive (held by the tracker, or borrowed by the
         // capture) and its context current.
-        quiesce::quiescing(raw, || unsafe { call!(nvshmemx_quiet_on_stream(raw as cudaStream_t)) }).map(drop)
+        quiesce::quiescing(raw, captured, || unsafe { call!(nvshmemx_quiet_on_stream(raw as cudaStream_t)) })
     };
     chained().map_err(|e| e.to_string())
 }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaStream};
-use gpucomm_ordering::{Keep, Resource, Visitor};
+use gpucomm_ordering::{Access, Keep, Resource, Visitor};
 use nvshmem_sys::{cudaStream_t, nvshmemx_init_attr_t, NVSHMEMX_INIT_WITH_MPI_COMM, NVSHMEMX_INIT_WITH_UNIQUEID};
 
 use crate::agree::Agreement;
@@ -347,18 +347,14 @@ impl Runtime {
         }
     }
 
-    /// Prepares a call that enqueues work on `stream`: checks that the stream belongs to the PE's
-    /// device, makes the PE's context current (NVSHMEM resolves the legacy default stream, and
-    /// does its own CUDA calls, through the current context), refuses a capture that CUDA
-    /// invalidated ([`gpucomm_ordering::OrderError::CaptureBroken`]), and returns the stream as C
-    /// wants it.
-    pub(crate) fn enqueue_on(&self, stream: &CudaStream) -> Result<cudaStream_t> {
-        self.check_device("stream", stream)?;
+    /// Prepares a call that enqueues work on the admitted stream: checks that the stream belongs
+    /// to the PE's device, makes the PE's context current (NVSHMEM resolves the legacy default
+    /// stream, and does its own CUDA calls, through the current context), and returns the stream as
+    /// C wants it.
+    pub(crate) fn enqueue_on(&self, admitted: &Admitted<'_>) -> Result<cudaStream_t> {
+        self.check_device("stream", admitted.stream)?;
         self.context().bind_to_thread()?;
-        // A capture that CUDA invalidated: NVSHMEM's calls on the stream would fail, and NVSHMEM
-        // exits the process on such failures.
-        quiesce::captured(stream.cu_stream())?;
-        Ok(stream.cu_stream() as cudaStream_t)
+        Ok(admitted.stream.cu_stream() as cudaStream_t)
     }
 
     /// Blocks the host until all PEs reach the barrier and all earlier NVSHMEM operations are
@@ -490,6 +486,35 @@ impl Drop for Runtime {
             return STATE.store(FINISHED, Ordering::Release);
         }
         self.finish();
+    }
+}
+
+/// A call's stream, admitted by the crates' ordering: not being captured, or captured by this
+/// thread's capture scope, which records the resource the call uses. Anything else is refused
+/// before NVSHMEM is called: a capture these crates did not open
+/// ([`gpucomm_ordering::OrderError::ForeignCapture`]), and one that CUDA invalidated
+/// ([`gpucomm_ordering::OrderError::CaptureBroken`]), on which NVSHMEM's CUDA calls would fail and
+/// NVSHMEM would exit the process. [`Runtime::enqueue_on`] takes one, so no call reaches NVSHMEM
+/// unadmitted; the driver is asked once per call, by the call's [`Access`] when it has one.
+#[derive(Clone, Copy)]
+pub(crate) struct Admitted<'s> {
+    stream: &'s CudaStream,
+    /// Captured by this thread's capture scope.
+    pub(crate) captured: bool,
+}
+
+impl<'s> Admitted<'s> {
+    /// Admits the call of `access` (which also takes its buffers' pointers), using `resource`.
+    #[inline]
+    pub(crate) fn access(access: &Access<'s>, resource: Resource) -> Result<Self> {
+        access.resource(resource)?;
+        Ok(Admitted { stream: access.stream(), captured: access.capturing()? })
+    }
+
+    /// Admits a call on `stream` that uses `resource` and no buffer (a barrier, a quiet).
+    #[inline]
+    pub(crate) fn stream(stream: &'s CudaStream, resource: Resource) -> Result<Self> {
+        Ok(Admitted { stream, captured: gpucomm_ordering::admit(stream, &[resource])? })
     }
 }
 

@@ -13,6 +13,7 @@ use crate::ops::ReduceOp;
 use crate::overlap::{self, Span};
 use crate::quiesce;
 use crate::rma::expect_len;
+use crate::runtime::Admitted;
 use crate::{Runtime, SymmetricMemory};
 
 /// A set of PEs that run collectives together (`nvshmem_team_t`), borrowed from the [`Runtime`].
@@ -250,8 +251,7 @@ impl<'rt> Team<'rt> {
     /// rendezvous that completes no outstanding operations. Collective.
     #[doc(alias = "nvshmemx_team_sync_on_stream")]
     pub fn sync_on_stream(&self, stream: &CudaStream) -> Result<()> {
-        gpucomm_ordering::admit(stream, &[self.resource()])?;
-        let raw = self.rt.enqueue_on(stream)?;
+        let raw = self.rt.enqueue_on(&Admitted::stream(stream, self.resource())?)?;
         // SAFETY: valid team; the stream is on the PE's device (checked) and its context current.
         unsafe { call!(nvshmemx_team_sync_on_stream(self.raw, raw)) }
     }
@@ -270,8 +270,8 @@ impl<'rt> Team<'rt> {
     ) -> Result<()> {
         expect_len("destination", src.len(), dst.len())?;
         let access = Access::new(stream);
-        access.resource(self.resource())?;
-        let raw = self.rt.enqueue_on(stream)?;
+        let admitted = Admitted::access(&access, self.resource())?;
+        let raw = self.rt.enqueue_on(&admitted)?;
         let (s, _s) = access.read(src)?;
         let (d, _d) = access.write(dst)?;
         let bytes = src.len() * size_of::<T>();
@@ -290,8 +290,8 @@ impl<'rt> Team<'rt> {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let access = Access::new(stream);
-        access.resource(self.resource())?;
-        let raw = self.rt.enqueue_on(stream)?;
+        let admitted = Admitted::access(&access, self.resource())?;
+        let raw = self.rt.enqueue_on(&admitted)?;
         let len = buf.len();
         let (p, _p) = access.write(buf)?;
         // SAFETY: one symmetric buffer of `len` elements as source and destination, which
@@ -312,8 +312,8 @@ impl<'rt> Team<'rt> {
         expect_len("destination", src.len(), dst.len())?;
         let root = self.check_pe("root", root)?;
         let access = Access::new(stream);
-        access.resource(self.resource())?;
-        let raw = self.rt.enqueue_on(stream)?;
+        let admitted = Admitted::access(&access, self.resource())?;
+        let raw = self.rt.enqueue_on(&admitted)?;
         let dst_bytes = dst.num_bytes();
         let (s, _s) = access.read(src)?;
         let (d, _d) = access.write(dst)?;
@@ -341,8 +341,8 @@ impl<'rt> Team<'rt> {
             .ok_or(Error::SizeOverflow { len: src.len(), elem_size: size_of::<T>() })?;
         expect_len("destination", total, dst.len())?;
         let access = Access::new(stream);
-        access.resource(self.resource())?;
-        let raw = self.rt.enqueue_on(stream)?;
+        let admitted = Admitted::access(&access, self.resource())?;
+        let raw = self.rt.enqueue_on(&admitted)?;
         let dst_bytes = dst.num_bytes();
         let (s, _s) = access.read(src)?;
         let (d, _d) = access.write(dst)?;
@@ -368,8 +368,8 @@ impl<'rt> Team<'rt> {
         }
         let block = src.num_bytes() / self.n_pes;
         let access = Access::new(stream);
-        access.resource(self.resource())?;
-        let raw = self.rt.enqueue_on(stream)?;
+        let admitted = Admitted::access(&access, self.resource())?;
+        let raw = self.rt.enqueue_on(&admitted)?;
         let dst_bytes = dst.num_bytes();
         let (s, _s) = access.read(src)?;
         let (d, _d) = access.write(dst)?;

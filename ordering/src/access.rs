@@ -74,7 +74,9 @@ pub(crate) fn report(ordered: Result<(), OrderError>) {
 ///   without waiting (cudarc's waits would break the capture; they go to a private idle stream)
 ///   and the uses are recorded for the graph, whose launch orders them;
 /// * **captured by anything else**: refused with [`OrderError::ForeignCapture`], because that
-///   graph would not keep the buffers alive.
+///   graph would not keep the buffers alive;
+/// * **a capture that CUDA invalidated** (whoever opened it): refused with
+///   [`OrderError::CaptureBroken`], before the library is called.
 pub struct Access<'s> {
     stream: &'s Arc<CudaStream>,
     mode: Cell<Option<Mode>>,
@@ -109,7 +111,8 @@ impl<'s> Access<'s> {
     }
 
     /// Whether the call is captured by this thread's capture scope (asked once, then remembered).
-    /// A capture this crate did not open is [`OrderError::ForeignCapture`].
+    /// A capture this crate did not open is [`OrderError::ForeignCapture`], one that CUDA
+    /// invalidated [`OrderError::CaptureBroken`].
     #[inline]
     pub fn capturing(&self) -> Result<bool, OrderError> {
         Ok(self.mode()? == Mode::Captured)

@@ -176,17 +176,28 @@ fn owns(stream: &CudaStream) -> bool {
 /// How work enqueued on `stream` now is handled: run eagerly, or recorded by this thread's scope.
 /// A capture the scope did not open (cudarc's `begin_capture`, another library's, another stream
 /// joined into the scope's capture) is refused: its graph would not keep alive what the work uses.
-/// The per-thread default stream is refused ([`OrderError::PerThreadStream`]).
+/// A capture that CUDA invalidated, whoever opened it, is refused with
+/// [`OrderError::CaptureBroken`]: CUDA would refuse the work anyway, and a library that takes that
+/// refusal for a fatal error (NVSHMEM exits the process) must not be called. The per-thread
+/// default stream is refused ([`OrderError::PerThreadStream`]). One `cuStreamIsCapturing`.
 #[inline]
 pub(crate) fn mode(stream: &CudaStream) -> Result<Mode, OrderError> {
+    use sys::CUstreamCaptureStatus as Status;
     refuse_per_thread(stream)?;
-    if !is_capturing(stream)? {
-        Ok(Mode::Eager)
-    } else if owns(stream) {
-        Ok(Mode::Captured)
-    } else {
-        Err(OrderError::ForeignCapture)
+    bind_if_implicit(stream)?;
+    // SAFETY: the stream is borrowed, so it and its context are alive.
+    match unsafe { result::stream::is_capturing(stream.cu_stream()) }? {
+        Status::CU_STREAM_CAPTURE_STATUS_NONE => Ok(Mode::Eager),
+        Status::CU_STREAM_CAPTURE_STATUS_ACTIVE if owns(stream) => Ok(Mode::Captured),
+        Status::CU_STREAM_CAPTURE_STATUS_ACTIVE => Err(OrderError::ForeignCapture),
+        _ => Err(broken()),
     }
+}
+
+/// [`OrderError::CaptureBroken`] for a capture that CUDA invalidated.
+#[cold]
+pub(crate) fn broken() -> OrderError {
+    OrderError::CaptureBroken(DriverError(sys::cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED))
 }
 
 /// Runs `f` on this thread's scope, if it captures `stream`.
@@ -230,14 +241,16 @@ pub(crate) fn record_resource(stream: &CudaStream, resource: Resource) {
 }
 
 /// Admits a call on `stream` that uses `resources` and no buffer (a barrier, a quiet): refused
-/// inside a capture this crate did not open, recorded inside its own.
-pub fn admit(stream: &CudaStream, resources: &[Resource]) -> Result<(), OrderError> {
-    if mode(stream)? == Mode::Captured {
+/// inside a capture this crate did not open and inside one CUDA invalidated, recorded inside its
+/// own. `Ok(true)` when the call is captured by this thread's scope.
+pub fn admit(stream: &CudaStream, resources: &[Resource]) -> Result<bool, OrderError> {
+    let captured = mode(stream)? == Mode::Captured;
+    if captured {
         for &r in resources {
             record_resource(stream, r);
         }
     }
-    Ok(())
+    Ok(captured)
 }
 
 /// The capture side of [`captured_nonblocking`](crate::captured_nonblocking): `local` is the key of

@@ -455,9 +455,8 @@ pub fn capture<K: Keep, E: From<OrderError>>(
     let made = (|| -> Result<_, E> {
         result?;
         completed.map_err(OrderError::Pending)?;
-        let broken = OrderError::CaptureBroken(DriverError(sys::cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED));
-        let scope = scope.ok_or(broken.clone())?;
-        let graph = graph.map_err(OrderError::CaptureBroken)?.ok_or(broken)?;
+        let scope = scope.ok_or_else(capture::broken)?;
+        let graph = graph.map_err(OrderError::CaptureBroken)?.ok_or_else(capture::broken)?;
         Ok((graph, scope))
     })();
     let (graph, scope) = match made {

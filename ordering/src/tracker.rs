@@ -340,6 +340,9 @@ impl StreamTracker {
                 }
                 return SyncOnDrop::Record(None);
             }
+            // CUDA invalidated the capture and refuses every enqueue into it: the use cannot
+            // happen, and a recorded error would keep cudarc's `end_capture` from ending it.
+            Err(OrderError::CaptureBroken(_)) => return SyncOnDrop::Record(None),
             Err(e) => {
                 stream.context().record_err(Err::<(), _>(to_driver(e)));
                 return SyncOnDrop::Record(None);

@@ -12,7 +12,8 @@
 //!   watches its eager ones;
 //! * a tracker that cannot order a buffer fails the call with its own error;
 //! * registrations (which own their buffers) are kept by the graphs that use them, and ending one
-//!   waits for the graph's launches.
+//!   waits for the graph's launches;
+//! * calls on a capture that CUDA invalidated are refused before NCCL is called.
 //!
 //! One-rank communicators and one-PE NVSHMEM jobs: one GPU is enough for every test.
 
@@ -555,7 +556,7 @@ static REENTERED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsiz
 /// completion that enqueues through the crates does.
 fn reenter_the_scope(stream: &CudaStream) -> Result<(), String> {
     REENTERED.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-    gpucomm_ordering::admit(stream, &[]).map_err(|e| e.to_string())
+    gpucomm_ordering::admit(stream, &[]).map(drop).map_err(|e| e.to_string())
 }
 
 #[test]
@@ -581,4 +582,63 @@ fn a_completion_may_ask_the_capture_scope_again() {
     graph.launch().unwrap();
     let (_, mem) = graph.kept();
     all_equal("after the launch", &comm.stream().clone_dtoh(mem).unwrap(), 2.0);
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn nccl_calls_on_an_invalidated_capture_are_refused() {
+    // CUDA invalidates a capture when something inside it is refused (here a query of the
+    // capturing stream); the stream stays in capture mode until the capture ends, and CUDA refuses
+    // every enqueue into it. Before the change the call's one driver query took such a capture
+    // for the scope's own (or, opened by cudarc, for a foreign one) and called NCCL on it. Now the
+    // call is refused with `CaptureBroken` before NCCL is called, in the scope's capture, in a
+    // group inside it, and in a capture cudarc opened; a cudarc memset of a `MemBuffer` in the
+    // latter records nothing in the context, so cudarc's `end_capture` still ends the capture.
+    use gpucomm_ordering::OrderError;
+    let test = "nccl_calls_on_an_invalidated_capture_are_refused";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let side = ctx.new_stream().unwrap();
+    let mut buf = MemBuffer::from_host(comm.stream(), &[3.0f32; N]).unwrap();
+    let broken = |r: &Result<(), Error>| matches!(r, Err(Error::Ordering(OrderError::CaptureBroken(e))) if e.0 == CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    // SAFETY: the stream is alive; CUDA answers a query of a stream being captured by
+    // invalidating the capture, which is the point here.
+    let invalidate = |s: &CudaStream| unsafe { cudarc::driver::sys::cuStreamQuery(s.cu_stream()) };
+
+    let mut seen = Vec::new();
+    let (_, err) = nccl::capture(&side, (&comm, &mut buf), |(comm, buf)| {
+        let _ = invalidate(&side);
+        seen.push((
+            "status",
+            side.capture_status()
+                .map(|s| assert_eq!(s, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED))
+                .map_err(Error::from),
+        ));
+        seen.push(("direct", comm.on(&side).all_reduce_in_place(*buf, ReduceOp::SUM)));
+        seen.push(("grouped", group(|g| g.with(comm).on(&side).all_reduce_in_place(*buf, ReduceOp::SUM))));
+        Ok(())
+    })
+    .map(drop)
+    .unwrap_err();
+    seen[0].1.as_ref().expect("the query invalidated the capture");
+    for (what, r) in &seen[1..] {
+        assert!(broken(r), "{what} call on an invalidated capture: {r:?}");
+    }
+    assert!(matches!(err, Error::Ordering(OrderError::CaptureBroken(_))), "the capture fails: {err}");
+    assert_eq!(side.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+
+    side.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
+    let _ = invalidate(&side);
+    let refused = comm.on(&side).all_reduce_in_place(&mut buf, ReduceOp::SUM);
+    let memset = side.memset_zeros(&mut buf);
+    let ended = side.end_capture(CUgraphInstantiate_flags(0)).map(|graph| graph.is_some());
+    assert!(broken(&refused), "a call on an invalidated cudarc capture: {refused:?}");
+    assert!(memset.is_err(), "CUDA refuses the memset");
+    assert_eq!(ended, Err(DriverError(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)));
+    assert_eq!(ctx.check_err(), Ok(()), "the tracker recorded nothing in the context");
+    assert_eq!(side.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+
+    // Nothing ran and nothing was lost: the buffer holds what it held, and the stream works.
+    comm.on(&side).all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
+    all_equal("the buffer after the refusals", &side.clone_dtoh(&buf).unwrap(), 3.0);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
 }
