@@ -200,6 +200,12 @@ impl<'a> Group<'a> {
         for (comm, _) in recorded.settle.iter() {
             comm.live_raw()?;
         }
+        // The closure ran after the calls were admitted, and may have begun (or invalidated) a
+        // capture of their streams: one driver query per stream, so that nothing is issued into a
+        // graph that keeps nothing alive.
+        for access in recorded.accesses.iter() {
+            access.recheck()?;
+        }
         // SAFETY: no NCCL group is open on this thread: this crate opens NCCL groups only in its own
         // functions, which end them before returning.
         unsafe { call!(ncclGroupStart()) }?;

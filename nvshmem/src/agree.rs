@@ -276,7 +276,7 @@ impl Agreement {
                 let pe = pe as i32;
                 call!(nvshmemx_putmem_on_stream(slot, outbox as *const c_void, WORD_BYTES, pe, stream))?;
             }
-            // The private stream is never captured: captures are refused above (`host_call`).
+            // The private stream is never captured: nothing but this function has its handle.
             quiesce::quiescing(self.stream, false, || call!(nvshmemx_barrier_all_on_stream(stream)))?;
             result::memcpy_dtoh_async(&mut all, at(self.layout.list(parity)), self.stream)?;
             result::stream::synchronize(self.stream)?;

@@ -24,7 +24,7 @@
 //!   is refused with [`Error::CopyStreamsCaptured`].
 //!
 //! A quiet captured for an operation issued outside the capture does not complete that operation
-//! for its buffer's tracker ([`crate::Pending`] checks what [`quiescing`] returns). What a graph's
+//! for its buffer's tracker ([`crate::Pending`] checks whether its quiet was captured). What a graph's
 //! quiet or barrier completes when it runs is what was captured before it: an eager `_nbi`
 //! operation issued before the launch must be quieted eagerly for a peer to rely on the graph's
 //! barrier (its local buffer stays protected by its tracker either way).

@@ -119,7 +119,8 @@ impl<'s> Access<'s> {
     }
 
     /// Admits the call: `Ok` unless its stream is captured by something other than this thread's
-    /// capture scope.
+    /// capture scope ([`OrderError::ForeignCapture`]) or by a capture CUDA invalidated
+    /// ([`OrderError::CaptureBroken`]).
     #[inline]
     pub fn admit(&self) -> Result<(), OrderError> {
         self.mode().map(drop)
@@ -133,6 +134,20 @@ impl<'s> Access<'s> {
             capture::record_resource(self.stream, resource);
         }
         Ok(())
+    }
+
+    /// Asks the driver again whether the call's stream is being captured, and refuses the call
+    /// unless the answer is still the one it was admitted with: for a call that is issued after
+    /// other code ran since its admission (a group launches its calls after its closure). A
+    /// capture that code began is refused as [`Access::admit`] would refuse it now
+    /// ([`OrderError::ForeignCapture`], [`OrderError::CaptureBroken`]); any other change is
+    /// [`OrderError::CaptureChanged`]. `Ok` for an access that admitted nothing yet.
+    pub fn recheck(&self) -> Result<(), OrderError> {
+        match self.mode.get() {
+            None | Some(Mode::Survey) => Ok(()),
+            Some(admitted) if capture::mode(self.stream)? == admitted => Ok(()),
+            Some(_) => Err(OrderError::CaptureChanged),
+        }
     }
 
     /// The helper stream for taking pointers without ordering (looked up once per `Access`).
@@ -232,8 +247,16 @@ impl<'s> Access<'s> {
         };
         match restore.reported() {
             Some(ordered) => ordered?,
-            // cudarc's protocol (or a type built on it) records a failed wait in the context.
-            None => self.stream.context().check_err()?,
+            None => {
+                // cudarc's protocol (or a type built on it) records a failed wait in the context.
+                self.stream.context().check_err()?;
+                // Its waits can make the stream join a capture: waiting for an event recorded
+                // inside one (a cudarc copy of the buffer inside an open capture) joins it. The
+                // call, admitted as eager, would land in that graph, which keeps nothing alive.
+                if mode == Mode::Eager {
+                    self.recheck()?;
+                }
+            }
         }
         Ok(taken)
     }

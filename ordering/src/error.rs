@@ -19,6 +19,11 @@ pub enum OrderError {
     ForeignCapture,
     /// A capture was started while this thread already had one open.
     NestedCapture,
+    /// The call's stream was admitted as not captured (or as captured by this thread's scope), and
+    /// is not any more when the call is about to be issued: a capture began, ended or was
+    /// invalidated in between (by code that ran between the two, such as a group's closure).
+    /// Nothing was enqueued.
+    CaptureChanged,
     /// A graph was launched on a stream that is being captured.
     LaunchInCapture,
     /// CUDA broke the capture: some work inside it waited for work outside it (a cudarc copy or
@@ -78,6 +83,11 @@ impl fmt::Display for OrderError {
                  (only the scope's own stream can be used inside it)"
             ),
             OrderError::NestedCapture => write!(f, "a capture is already open on this thread"),
+            OrderError::CaptureChanged => write!(
+                f,
+                "the stream's capture state changed between the call's admission and its launch (a capture \
+                 began, ended or was invalidated in between); nothing was enqueued"
+            ),
             OrderError::LaunchInCapture => write!(f, "a graph cannot be launched on a stream that is being captured"),
             OrderError::CaptureBroken(e) => write!(
                 f,

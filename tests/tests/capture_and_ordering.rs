@@ -13,7 +13,8 @@
 //! * a tracker that cannot order a buffer fails the call with its own error;
 //! * registrations (which own their buffers) are kept by the graphs that use them, and ending one
 //!   waits for the graph's launches;
-//! * calls on a capture that CUDA invalidated are refused before NCCL is called.
+//! * calls on a capture that CUDA invalidated are refused before NCCL is called, and so are calls
+//!   whose stream became captured after their admission (a group's closure, cudarc's waits).
 //!
 //! One-rank communicators and one-PE NVSHMEM jobs: one GPU is enough for every test.
 
@@ -640,5 +641,66 @@ fn nccl_calls_on_an_invalidated_capture_are_refused() {
     // Nothing ran and nothing was lost: the buffer holds what it held, and the stream works.
     comm.on(&side).all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
     all_equal("the buffer after the refusals", &side.clone_dtoh(&buf).unwrap(), 3.0);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_capture_that_begins_after_a_call_is_admitted_is_refused() {
+    // A call asks the driver once whether its stream is captured, when it is admitted; two things
+    // can change the answer before the call is issued. Before the change both put the call into a
+    // graph that kept nothing alive (its launch after the buffer's free would use freed memory):
+    //
+    // * a group's closure runs after its calls were admitted, and may begin a capture (cudarc's
+    //   safe `begin_capture`) of their stream: the group now asks again at launch, once per stream;
+    // * cudarc's own ordering of a `CudaSlice` makes the stream wait for the slice's last write;
+    //   when that write was captured, the wait joins the stream into the capture. The access now
+    //   asks again after a buffer that follows cudarc's protocol.
+    use gpucomm_ordering::OrderError;
+    let test = "a_capture_that_begins_after_a_call_is_admitted_is_refused";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let side = ctx.new_stream().unwrap();
+    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    let mut buf = MemBuffer::from_host(comm.stream(), &[3.0f32; N]).unwrap();
+
+    let err = group(|g| {
+        g.with(&comm).on(&side).all_reduce_in_place(&mut buf, ReduceOp::SUM)?;
+        side.begin_capture(mode)?;
+        Ok(())
+    })
+    .unwrap_err();
+    drop(side.end_capture(CUgraphInstantiate_flags(0)));
+    assert!(matches!(err, Error::Ordering(OrderError::ForeignCapture)), "a group launched into a capture: {err}");
+    assert_eq!(side.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+    all_equal("the buffer of the refused group", &side.clone_dtoh(&buf).unwrap(), 3.0);
+
+    // A slice whose events have never been recorded, so that the captured memset below waits for
+    // nothing outside the capture (which would invalidate it).
+    assert!(ctx.is_managing_stream_synchronization(), "cudarc orders slices with events here");
+    let origin = ctx.new_stream().unwrap();
+    // SAFETY: f32 has no invalid bit patterns; the contents are only written (by the captured
+    // memset, which never runs) and never read.
+    let mut slice = unsafe { comm.stream().alloc::<f32>(N) }.unwrap();
+    origin.begin_capture(mode).unwrap();
+    origin.memset_zeros(&mut slice).unwrap();
+    let refused = comm.on(&side).all_reduce_in_place(&mut slice, ReduceOp::SUM);
+    let joined = side.capture_status().unwrap();
+    // Join `side` back, so that the capture ends cleanly.
+    origin.join(&side).unwrap();
+    drop(origin.end_capture(CUgraphInstantiate_flags(0)));
+    let _ = ctx.check_err();
+    assert_eq!(joined, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE, "cudarc's wait joined the capture");
+    assert!(
+        matches!(refused, Err(Error::Ordering(OrderError::ForeignCapture))),
+        "a call joined into a capture: {refused:?}"
+    );
+    for s in [&side, &origin] {
+        assert_eq!(s.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+    }
+
+    // The communicator and the stream still work.
+    comm.on(&side).all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
+    all_equal("the buffer after the refusals", &side.clone_dtoh(&buf).unwrap(), 3.0);
+    drop(slice);
     comm.finalize().map_err(|(_, e)| e).unwrap();
 }
