@@ -177,7 +177,11 @@ impl DevicePtr<u8> for KernelWindow<'_> {
     fn device_ptr<'a>(&'a self, stream: &'a CudaStream) -> (CUdeviceptr, SyncOnDrop<'a>) {
         let buf = self.0.buffer();
         let ptr = buf.as_raw();
-        (ptr, buf.tracker().device_ptr_guard(stream, ptr, buf.num_bytes(), Use::Write))
+        // SAFETY: the window is private to its `LsaKernels`, which is not `Sync` (it holds a
+        // `&Comm`): its uses come from one thread, one call at a time, so this write through `&`
+        // excludes every other use as a `&mut` would.
+        let guard = unsafe { buf.tracker().device_ptr_guard(stream, ptr, buf.num_bytes(), Use::Write) };
+        (ptr, guard)
     }
 }
 

@@ -175,6 +175,10 @@ impl<'a> Group<'a> {
             }
         };
         accesses[i].resource(communicator(comm))?;
+        // Every access of the group has been admitted (each recorded a call): asked once each.
+        if accesses[0].capturing()? != accesses[i].capturing()? {
+            return Err(gpucomm_ordering::OrderError::MixedCapture.into());
+        }
         let (call, guards) = take(&accesses[i])?;
         recorded.calls.push(call);
         recorded.guards.extend(guards);

@@ -10,7 +10,7 @@ use std::ops::Deref;
 use std::ops::RangeBounds;
 
 use cudarc::driver::DeviceSlice;
-use gpucomm_ordering::{Access, DeviceBufferMut, Keep, PinnedMut, Visitor};
+use gpucomm_ordering::{Access, DeviceBufferMut, Keep, PinnedMut, Resource, Visitor};
 
 use crate::error::{Error, Result};
 use crate::ffi::call;
@@ -45,6 +45,8 @@ use crate::{MemBuffer, MemViewMut};
 pub struct Registration<'c, T, B: DeviceBufferMut<T>> {
     comm: &'c Comm,
     handle: *mut c_void,
+    /// Names this registration in the graphs that keep it ([`Resource::numbered`]).
+    serial: usize,
     /// Dropped only after a successful deregistration: NCCL may still use the memory otherwise.
     buf: ManuallyDrop<B>,
     /// Set by the consuming teardown once the C resource is gone: `Drop` then has nothing to do.
@@ -83,6 +85,7 @@ impl Comm {
             Ok(handle) => Ok(Registration {
                 comm: self,
                 handle,
+                serial: Resource::next_serial(),
                 buf: ManuallyDrop::new(buf),
                 released: false,
                 _elements: PhantomData,
@@ -208,10 +211,13 @@ impl<T, B: DeviceBufferMut<T>> Drop for Registration<'_, T, B> {
 }
 
 // SAFETY: the borrow keeps the registration, and so its buffer, alive and registered; the buffer
-// is only read through it.
+// is only read through it. The registration itself is reported too, by its number: a graph whose
+// member was swapped for another registration of the same memory (NCCL's captured work refers to
+// the first) is then stale, and refuses to launch.
 unsafe impl<T, B: DeviceBufferMut<T>> Keep for &Registration<'_, T, B> {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
         v.read(&*self.buf);
+        v.resource(Resource::numbered("registration", self.serial), true);
     }
 }
 
@@ -221,6 +227,7 @@ unsafe impl<T, B: DeviceBufferMut<T>> Keep for &Registration<'_, T, B> {
 unsafe impl<T, B: DeviceBufferMut<T>> Keep for &mut Registration<'_, T, B> {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
         v.write(&mut *self.buf);
+        v.resource(Resource::numbered("registration", self.serial), true);
     }
 }
 
@@ -268,6 +275,8 @@ impl WindowFlags {
 pub struct Window<'c, T> {
     comm: &'c Comm,
     raw: nccl_sys::ncclWindow_t,
+    /// Names this window in the graphs that keep it ([`Resource::numbered`]).
+    serial: usize,
     /// Dropped only after a successful deregistration: peers may have the memory mapped.
     buf: ManuallyDrop<MemBuffer<T>>,
     /// Set by the consuming teardown once the C resource is gone: `Drop` then has nothing to do.
@@ -425,7 +434,8 @@ fn register_raw<T>(
 impl<'c, T> Window<'c, T> {
     /// `buf`, not yet registered with `comm` (a null handle), for NCCL to fill in.
     fn unregistered(comm: &'c Comm, buf: MemBuffer<T>) -> Self {
-        Window { comm, raw: std::ptr::null_mut(), buf: ManuallyDrop::new(buf), released: false }
+        let serial = Resource::next_serial();
+        Window { comm, raw: std::ptr::null_mut(), serial, buf: ManuallyDrop::new(buf), released: false }
     }
 
     /// The buffer of a window whose registration failed, never still registered: a window NCCL
@@ -567,6 +577,7 @@ impl<T> Drop for Window<'_, T> {
 unsafe impl<T> Keep for &Window<'_, T> {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
         v.read(self.buffer());
+        v.resource(Resource::numbered("window", self.serial), true);
     }
 }
 
@@ -574,11 +585,15 @@ unsafe impl<T> Keep for &Window<'_, T> {
 // can use it while the graph lives: it is reported writable. The buffer is only handed to the
 // visitor, which takes its pointer; it cannot be replaced through this member (swapping the whole
 // window through `Graph::kept_mut` moves its memory out of the keep set, which the next launch
-// notices and refuses).
+// notices and refuses). The window itself is reported too, by its number: a window deregistered
+// and registered again on the same memory is another window to NCCL (its captured kernels refer
+// to the first), so a graph whose member was swapped for it is stale and refuses to launch.
 #[cfg(nccl_2_27)]
 unsafe impl<T> Keep for &mut Window<'_, T> {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        let serial = self.serial;
         v.write(self.kept_buffer());
+        v.resource(Resource::numbered("window", serial), true);
     }
 }
 
@@ -586,6 +601,8 @@ unsafe impl<T> Keep for &mut Window<'_, T> {
 #[cfg(nccl_2_27)]
 unsafe impl<T> Keep for Window<'_, T> {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        let serial = self.serial;
         v.write(self.kept_buffer());
+        v.resource(Resource::numbered("window", serial), true);
     }
 }

@@ -170,13 +170,23 @@ pub enum Error {
         /// The element type's alignment.
         min: usize,
     },
+    /// An aligned allocation whose size plus alignment (what `nvshmem_align` may need of the heap)
+    /// does not fit in `usize`.
+    #[error("{bytes} bytes aligned to {align} bytes overflow the address space (the heap may need size + alignment)")]
+    AlignedSizeOverflow {
+        /// Bytes requested.
+        bytes: usize,
+        /// The alignment given.
+        align: usize,
+    },
     /// The allocation cannot fit the symmetric heap's configured limit, so NVSHMEM (which can exit
     /// the process or tear its heap down on such a request) was not asked.
     #[error(
         "{bytes} more bytes do not fit the symmetric heap: {in_use} bytes in use, limit {limit} bytes ({limit_from})"
     )]
     HeapExhausted {
-        /// Bytes requested.
+        /// Bytes requested: for an aligned allocation, its size plus its alignment, which
+        /// `nvshmem_align` may need.
         bytes: usize,
         /// Bytes of this process's live symmetric buffers.
         in_use: usize,
@@ -424,6 +434,15 @@ pub enum Error {
         /// The refused call.
         what: &'static str,
     },
+    /// `call` is one that NVSHMEM does not support when several PEs share one GPU without MPS (a
+    /// limited-MPG run, [`crate::InitStatus::LIMITED_MPG`]) and exits the process in
+    /// (`NVSHMEM_API_NOT_SUPPORTED_WITH_LIMITED_MPG_RUNS`): a team collective or barrier on a
+    /// stream, a team split, a wait on a signal on a stream. Nothing was called.
+    #[error("{call} is not supported by NVSHMEM while several PEs share one GPU without MPS (a limited-MPG run), where it exits the process: run one PE per GPU, or the PEs that share a GPU under MPS (nothing was called)")]
+    NotSupportedWithLimitedMpg {
+        /// The refused NVSHMEM function.
+        call: &'static str,
+    },
 }
 
 gpucomm_build_support::family_error_conversions!(Error);
@@ -470,5 +489,12 @@ mod tests {
             Error::InvalidPeCount { got: 0 }.to_string(),
             "the number of PEs must be between 1 and 2147483647, got 0"
         );
+        let e = Error::NotSupportedWithLimitedMpg { call: "nvshmemx_barrier_on_stream" };
+        assert_eq!(
+            e.to_string(),
+            "nvshmemx_barrier_on_stream is not supported by NVSHMEM while several PEs share one GPU without MPS (a limited-MPG run), where it exits the process: run one PE per GPU, or the PEs that share a GPU under MPS (nothing was called)"
+        );
+        let e = Error::HostCallInCapture { what: "starting NVSHMEM (nvshmemx_hostlib_init_attr)" };
+        assert!(e.to_string().starts_with("starting NVSHMEM (nvshmemx_hostlib_init_attr) waits on the host"), "{e}");
     }
 }

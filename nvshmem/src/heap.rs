@@ -126,7 +126,8 @@ impl Runtime {
 
     /// Allocates `len` elements aligned to `align` bytes on the symmetric heap of every PE
     /// (`nvshmem_align`). `align` must be a power of two of at least `align_of::<T>()`.
-    /// Collective, like [`Runtime::alloc`].
+    /// Collective, like [`Runtime::alloc`]. The heap-limit check counts the size plus `align`
+    /// bytes, which `nvshmem_align` may need ([`Error::HeapExhausted`]).
     #[doc(alias = "nvshmem_align")]
     pub fn alloc_aligned<T: Element>(&self, len: usize, align: usize) -> Result<Symmetric<'_, T>> {
         self.allocate(len, Alloc::Align(align))
@@ -138,19 +139,21 @@ impl Runtime {
             Alloc::Malloc | Alloc::Calloc => 0,
         };
         // Every PE asks, whether or not it refuses, so that every PE reaches the same verdict.
-        let (ask, refusal) = match self.local_check::<T>(len, &how) {
-            Ok(bytes) => (Ask { op: Op::Alloc, bytes: bytes as u64, align, offset: 0, refused: false }, None),
-            Err(e) => (Ask { op: Op::Alloc, bytes: 0, align, offset: 0, refused: true }, Some(e)),
-        };
+        let local = self.local_check::<T>(len, &how);
+        let bytes = local.as_ref().map_or(0, |(bytes, _)| *bytes as u64);
+        let ask = Ask { op: Op::Alloc, bytes, align, offset: 0, refused: local.is_err() };
         let agreement = self.agreement()?;
         self.context().bind_to_thread()?;
-        agreement.agree(ask)?.check(Op::Alloc, refusal)?;
-        let bytes = ask.bytes as usize;
-        let tracker = StreamTracker::new(self.stream())?;
-        self.context().bind_to_thread()?;
-        // SAFETY: NVSHMEM is initialised (the runtime exists) and its context is current; the
-        // sizes are non-zero and within the heap's configured limit (checked above), and every PE
-        // asks for the same size and alignment (agreed above).
+        let agreed = agreement.agree(ask)?;
+        // This PE's refusal, decided before the agreement and told to the others through it:
+        // nothing after the agreement may fail on one PE alone, which would leave the others
+        // waiting inside `nvshmem_malloc`.
+        let (bytes, tracker) = local?;
+        agreed.check(Op::Alloc, None)?;
+        // SAFETY: NVSHMEM is initialised (the runtime exists) and its context is current (bound
+        // before the agreement, which binds no other); the sizes are non-zero and, with the
+        // alignment, within the heap's configured limit (checked above), and every PE asks for the
+        // same size and alignment (agreed above).
         let ptr = unsafe {
             match how {
                 Alloc::Malloc => call!(nvshmem_malloc(bytes)),
@@ -165,28 +168,40 @@ impl Runtime {
 }
 
 impl Runtime {
-    /// This PE's own verdict on an allocation of `len` elements of `T`: its size in bytes, or why
-    /// it is refused. Every refusal is decided here, so that a PE that refuses still takes part in
-    /// the agreement (the others would wait for it otherwise).
-    fn local_check<T>(&self, len: usize, how: &Alloc) -> Result<usize> {
-        if let Alloc::Align(align) = *how {
+    /// This PE's own verdict on an allocation of `len` elements of `T`: its size in bytes and the
+    /// buffer's tracker, or why it is refused. Every refusal is decided here, so that a PE that
+    /// refuses still takes part in the agreement (the others would wait for it otherwise).
+    fn local_check<T>(&self, len: usize, how: &Alloc) -> Result<(usize, StreamTracker)> {
+        let bytes = check_size::<T>(len, how, self.heap_in_use.get(), self.info().heap)?;
+        Ok((bytes, StreamTracker::new(self.stream())?))
+    }
+}
+
+/// The size in bytes of an allocation of `len` elements of `T` made `how`, checked: alignment,
+/// overflow, zero bytes, and the heap's `limit` with `in_use` bytes already allocated. An aligned
+/// allocation counts its alignment too: `nvshmem_align` may need up to size + alignment bytes of
+/// the heap (it exits the process, or grows the heap by as much, when they are not there).
+fn check_size<T>(len: usize, how: &Alloc, in_use: usize, limit: HeapLimit) -> Result<usize> {
+    let align = match *how {
+        Alloc::Align(align) => {
             let min = align_of::<T>();
             if !align.is_power_of_two() || align < min {
                 return Err(Error::InvalidAlignment { align, min });
             }
+            align
         }
-        let elem_size = size_of::<T>();
-        let bytes = len.checked_mul(elem_size).ok_or(Error::SizeOverflow { len, elem_size })?;
-        if bytes == 0 {
-            return Err(Error::ZeroSize { len, elem_size });
-        }
-        let limit = self.info().heap;
-        let in_use = self.heap_in_use.get();
-        if bytes > limit.limit.saturating_sub(in_use) {
-            return Err(Error::HeapExhausted { bytes, in_use, limit: limit.limit, limit_from: limit.limit_from });
-        }
-        Ok(bytes)
+        Alloc::Malloc | Alloc::Calloc => 0,
+    };
+    let elem_size = size_of::<T>();
+    let bytes = len.checked_mul(elem_size).ok_or(Error::SizeOverflow { len, elem_size })?;
+    if bytes == 0 {
+        return Err(Error::ZeroSize { len, elem_size });
     }
+    let needed = bytes.checked_add(align).ok_or(Error::AlignedSizeOverflow { bytes, align })?;
+    if needed > limit.limit.saturating_sub(in_use) {
+        return Err(Error::HeapExhausted { bytes: needed, in_use, limit: limit.limit, limit_from: limit.limit_from });
+    }
+    Ok(bytes)
 }
 
 /// The resolved bounds of `range` within `len` elements, or [`Error::OutOfBounds`].
@@ -481,6 +496,41 @@ unsafe impl<T> Keep for PeerView<'_, T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    const GIB: usize = 1 << 30;
+    const STATIC: HeapLimit = HeapLimit { dynamic: false, limit: GIB, limit_from: "NVSHMEM_SYMMETRIC_SIZE" };
+
+    #[test]
+    fn an_alignment_counts_against_the_heap_limit() {
+        // One byte aligned to 1 TiB: NVSHMEM may need 1 TiB + 1 of the heap, which exits the
+        // process on a static heap of 1 GiB.
+        let e = check_size::<u8>(1, &Alloc::Align(1 << 40), 0, STATIC).unwrap_err();
+        assert!(
+            matches!(e, Error::HeapExhausted { bytes, in_use: 0, limit: GIB, .. } if bytes == (1 << 40) + 1),
+            "{e}"
+        );
+        // Size plus alignment must fit what is left: exactly fits, one byte more does not.
+        assert_eq!(check_size::<u32>(1024, &Alloc::Align(4096), GIB - 8192, STATIC).unwrap(), 4096);
+        let e = check_size::<u32>(1025, &Alloc::Align(4096), GIB - 8192, STATIC).unwrap_err();
+        assert!(matches!(e, Error::HeapExhausted { bytes: 8196, .. }), "{e}");
+        // Without an alignment only the size counts.
+        assert_eq!(check_size::<u8>(GIB, &Alloc::Malloc, 0, STATIC).unwrap(), GIB);
+        assert!(matches!(check_size::<u8>(GIB + 1, &Alloc::Calloc, 0, STATIC), Err(Error::HeapExhausted { .. })));
+    }
+
+    #[test]
+    fn alignments_and_sizes_are_checked() {
+        let e = check_size::<u8>(8, &Alloc::Align(48), 0, STATIC).unwrap_err();
+        assert!(matches!(e, Error::InvalidAlignment { align: 48, min: 1 }), "{e}");
+        let e = check_size::<u64>(8, &Alloc::Align(4), 0, STATIC).unwrap_err();
+        assert!(matches!(e, Error::InvalidAlignment { align: 4, min: 8 }), "{e}");
+        let e = check_size::<u8>(usize::MAX - 1, &Alloc::Align(4), 0, STATIC).unwrap_err();
+        assert!(matches!(e, Error::AlignedSizeOverflow { bytes, align: 4 } if bytes == usize::MAX - 1), "{e}");
+        let e = check_size::<u32>(usize::MAX, &Alloc::Malloc, 0, STATIC).unwrap_err();
+        assert!(matches!(e, Error::SizeOverflow { len: usize::MAX, elem_size: 4 }), "{e}");
+        let e = check_size::<u32>(0, &Alloc::Align(4), 0, STATIC).unwrap_err();
+        assert!(matches!(e, Error::ZeroSize { len: 0, elem_size: 4 }), "{e}");
+    }
 
     #[test]
     fn ranges_are_checked() {

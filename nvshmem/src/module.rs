@@ -26,6 +26,7 @@ use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut, Keep, Resource, Vi
 
 use crate::error::{Error, Result};
 use crate::ffi::call;
+use crate::quiesce;
 use crate::runtime::Admitted;
 use crate::Runtime;
 
@@ -59,10 +60,15 @@ impl Runtime {
     /// Refused with [`Error::WrongArchitecture`] when the cubin was built for a GPU this device
     /// cannot run (checked from its header before loading, and from the driver's
     /// `CUDA_ERROR_NO_BINARY_FOR_GPU`), and with [`Error::NotNvshmemModule`] when it was not
-    /// device-linked against NVSHMEM's device library.
+    /// device-linked against NVSHMEM's device library. Refused with [`Error::HostCallInCapture`]
+    /// while this thread has a capture scope open ([`crate::capture`]), and with
+    /// [`Error::CopyStreamsCaptured`] while a capture holds NVSHMEM's copy streams:
+    /// `nvshmemx_cumodule_init` makes a synchronous copy, which CUDA refuses inside a capture, and
+    /// NVSHMEM exits the process on that refusal.
     #[doc(alias = "nvshmemx_cumodule_init")]
     #[doc(alias = "cuModuleLoadData")]
     pub fn load_module(&self, image: &[u8]) -> Result<Module<'_>> {
+        quiesce::host_call("loading a module (nvshmemx_cumodule_init)")?;
         let ctx = self.context();
         let major = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;

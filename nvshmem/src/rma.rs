@@ -153,6 +153,7 @@ impl Runtime {
         let (pe, raw) = self.transfer(dst.len(), src, pe, &admitted)?;
         // The destination is written on `pe`: recorded as a write of the symmetric memory.
         let bytes = dst.num_bytes();
+        let target = dst.tracker();
         let mut dst = dst.symmetric();
         let (d, _d) = access.write(&mut dst)?;
         let (s, _s) = access.read(src)?;
@@ -175,7 +176,9 @@ impl Runtime {
                 call!(nvshmemx_putmem_on_stream(d, s, bytes, pe, raw))
             }
         };
-        issue(nbi, stream, admitted.captured, enqueue)
+        issue(nbi, stream, admitted.captured, enqueue)?;
+        self.mark_target(nbi, pe, &[target], stream);
+        Ok(())
     }
 
     /// Checks and enqueues `nvshmemx_getmem_on_stream` or its `_nbi` variant.
@@ -211,7 +214,9 @@ impl Runtime {
                 call!(nvshmemx_getmem_on_stream(d, s, bytes, pe, raw))
             }
         };
-        issue(nbi, stream, admitted.captured, enqueue)
+        issue(nbi, stream, admitted.captured, enqueue)?;
+        self.mark_target(nbi, pe, &[src.tracker()], stream);
+        Ok(())
     }
 
     /// Checks and enqueues `nvshmemx_putmem_signal_on_stream` or its `_nbi` variant.
@@ -233,6 +238,7 @@ impl Runtime {
         let (pe, raw) = self.transfer(dst.len(), src, pe, &admitted)?;
         // Destination and signal are written on `pe`: recorded as writes of the symmetric memory.
         let bytes = dst.num_bytes();
+        let targets = [dst.tracker(), signal.tracker()];
         let (mut dst, mut signal) = (dst.symmetric(), signal.symmetric());
         let (d, _d) = access.write(&mut dst)?;
         let (s, _s) = access.read(src)?;
@@ -257,7 +263,9 @@ impl Runtime {
                 call!(nvshmemx_putmem_signal_on_stream(d, s, bytes, sig, value, op.raw(), pe, raw))
             }
         };
-        issue(nbi, stream, admitted.captured, enqueue)
+        issue(nbi, stream, admitted.captured, enqueue)?;
+        self.mark_target(nbi, pe, &targets, stream);
+        Ok(())
     }
 
     /// Copies `src` (local device memory of the same length) into `pe`'s copy of `dst`, in stream
@@ -383,7 +391,8 @@ impl Runtime {
     /// Makes `stream` wait until this PE's `signal` satisfies `signal <cmp> value`
     /// (`nvshmemx_signal_wait_until_on_stream`). The host does not block; work enqueued after it
     /// on the stream runs once the condition holds, and sees the data of every put-with-signal
-    /// that set it.
+    /// that set it. Refused with [`Error::NotSupportedWithLimitedMpg`] when several PEs share the
+    /// GPU without MPS (NVSHMEM exits the process there).
     #[doc(alias = "nvshmemx_signal_wait_until_on_stream")]
     pub fn signal_wait_until_on_stream(
         &self,
@@ -392,6 +401,7 @@ impl Runtime {
         value: u64,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.check_not_limited_mpg("nvshmemx_signal_wait_until_on_stream")?;
         check_signal(signal)?;
         let access = Access::new(stream);
         let admitted = Admitted::access(&access, self.resource())?;
@@ -462,12 +472,36 @@ impl Runtime {
     /// that its quiet is enqueued before the buffer's next use or free even if the handle is
     /// forgotten.
     fn nonblocking<'a>(&'a self, local: &'a StreamTracker, stream: &'a Arc<CudaStream>) -> Pending<'a> {
-        if gpucomm_ordering::captured_nonblocking(stream, local, quiet) {
-            return Pending { rt: self, stream, local: None, done: false };
-        }
-        local.pending(stream, quiet);
-        Pending { rt: self, stream, local: Some(local), done: false }
+        let local = (!mark_nonblocking(local, stream)).then_some(local);
+        Pending { rt: self, stream, local, done: false }
     }
+
+    /// After a `_nbi` operation (`nbi`) whose target is this PE (`pe`), marks the symmetric
+    /// memory it reaches there (`targets`: a put's destination and signal, a get's source) as
+    /// the operation's until its quiet, like its local buffer: NVSHMEM copies on an internal
+    /// stream, behind the back of the stream order that these trackers recorded when the call took
+    /// the pointers. Another PE's memory is that PE's to order (a barrier, a signal).
+    fn mark_target(&self, nbi: bool, pe: i32, targets: &[&StreamTracker], stream: &Arc<CudaStream>) {
+        // `pe` came from `check_pe`, so it is not negative.
+        if nbi && pe as usize == self.my_pe() {
+            for t in targets {
+                mark_nonblocking(t, stream);
+            }
+        }
+    }
+}
+
+/// Marks the memory of `tracker` as used by a `_nbi` operation just enqueued on `stream`, until
+/// its quiet. Inside a capture the scope is told, and captures the quiet before the next captured
+/// use of the memory, or at its end if none is captured after the operation (`true`); otherwise
+/// the tracker remembers the operation, so that its quiet is enqueued before the memory's next
+/// use or free, whatever becomes of the operation's handle.
+fn mark_nonblocking(tracker: &StreamTracker, stream: &Arc<CudaStream>) -> bool {
+    if gpucomm_ordering::captured_nonblocking(stream, tracker, quiet) {
+        return true;
+    }
+    tracker.pending(stream, quiet);
+    false
 }
 
 /// Runs `enqueue`, the checked call of a blocking operation or of its `_nbi` variant (`nbi`) on

@@ -37,12 +37,18 @@ fn state_error(state: u8) -> Error {
     }
 }
 
-/// `Ok` when NVSHMEM can still be started in this process.
-fn check_state() -> Result<()> {
+/// `Ok` when NVSHMEM can be started now: never started in this process, and no capture scope
+/// open on this thread ([`Error::HostCallInCapture`]: NVSHMEM's start waits on the host, which
+/// CUDA refuses inside a capture, and NVSHMEM exits the process on that refusal).
+fn check_start() -> Result<()> {
     match STATE.load(Ordering::Acquire) {
-        NEVER => Ok(()),
-        state => Err(state_error(state)),
+        NEVER => {}
+        state => return Err(state_error(state)),
     }
+    if gpucomm_ordering::scope_open() {
+        return Err(Error::HostCallInCapture { what: "starting NVSHMEM (nvshmemx_hostlib_init_attr)" });
+    }
+    Ok(())
 }
 
 /// What NVSHMEM reports about itself once running, and what this crate set up around it.
@@ -88,6 +94,9 @@ pub struct Runtime {
     agreement: Option<Agreement>,
     /// Bounds the waits of teardown ([`Runtime::set_timeout`]).
     timeout: Cell<Option<Duration>>,
+    /// Several PEs share this GPU without MPS ([`InitStatus::LIMITED_MPG`], read once at start):
+    /// NVSHMEM exits the process in the calls it does not support then.
+    limited_mpg: bool,
     /// Set by the consuming teardown once the C resource is gone (NVSHMEM finalised, by
     /// [`Runtime::finalize`]): `Drop` then has nothing to do.
     released: bool,
@@ -169,7 +178,7 @@ impl Runtime {
     /// ```
     pub fn from_rendezvous(stream: Arc<CudaStream>, rendezvous: &mut crate::launch::Rendezvous) -> Result<Self> {
         // Refuse before talking to the other PEs, which would otherwise wait for a second init.
-        check_state()?;
+        check_start()?;
         let bytes = rendezvous.broadcast(|| UniqueId::new().map(|id| id.to_bytes()).map_err(|e| e.to_string()))?;
         let id = UniqueId::from_bytes(&bytes)?;
         Self::init(stream, &id, rendezvous.rank(), rendezvous.world_size())
@@ -196,11 +205,19 @@ impl Runtime {
     ///
     /// Only [`Bootstrap::UniqueId`] can start NVSHMEM in a process that created a [`UniqueId`]
     /// ([`Error::BootstrapAfterUniqueId`]: NVSHMEM would start the other bootstrap through its
-    /// unique-id plugin, which dereferences arguments it does not have).
+    /// unique-id plugin, which dereferences arguments it does not have). A [`UniqueId::new`] on
+    /// another thread waits until the start has finished.
+    ///
+    /// Refused with [`Error::HostCallInCapture`] while this thread has a capture scope open
+    /// ([`crate::capture`]): NVSHMEM's start waits on the host, which CUDA refuses inside a
+    /// capture, and NVSHMEM exits the process on that refusal.
     pub fn with_bootstrap(stream: Arc<CudaStream>, bootstrap: Bootstrap<'_>) -> Result<Self> {
         let expected = bootstrap.expected_pes()?;
-        check_state()?;
-        if expected.is_none() && unique_id::plugin_loaded() {
+        check_start()?;
+        // Held until NVSHMEM has started: no `UniqueId::new` (on another thread) can load the
+        // unique-id plugin between this check and `nvshmemx_hostlib_init_attr`.
+        let plugin = unique_id::plugin();
+        if expected.is_none() && *plugin {
             return Err(Error::BootstrapAfterUniqueId { requested: bootstrap.name() });
         }
         let lib = lib()?;
@@ -236,6 +253,7 @@ impl Runtime {
             unsafe { call!(nvshmemx_hostlib_init_attr(flags as u32, attr_ptr)) }?;
             Ok::<_, Error>(nccl)
         })();
+        drop(plugin);
         let nccl_preload = match started {
             Ok(n) => n,
             Err(e) => {
@@ -254,6 +272,7 @@ impl Runtime {
             heap_in_use: Cell::new(0),
             agreement: None,
             timeout: Cell::new(None),
+            limited_mpg: false,
             released: false,
             _not_sync: PhantomData,
         };
@@ -268,6 +287,7 @@ impl Runtime {
             });
         }
         (rt.my_pe, rt.n_pes) = (me as usize, n as usize);
+        rt.limited_mpg = init_status()? == InitStatus::LIMITED_MPG;
         if let Some((pe, n_pes)) = expected {
             if (rt.my_pe, rt.n_pes) != (pe, n_pes) {
                 return Err(Error::PeMismatch { pe, n_pes, got_pe: rt.my_pe, got_n_pes: rt.n_pes });
@@ -344,6 +364,19 @@ impl Runtime {
             Ok(())
         } else {
             Err(Error::WrongDevice { what, expected: self.device(), got })
+        }
+    }
+
+    /// `Ok` unless this is a limited-MPG run (several PEs share the GPU without MPS,
+    /// [`InitStatus::LIMITED_MPG`]), in which NVSHMEM exits the process in `call`, one of the calls
+    /// it marks `NVSHMEM_API_NOT_SUPPORTED_WITH_LIMITED_MPG_RUNS`: then
+    /// [`Error::NotSupportedWithLimitedMpg`]. Made before anything else by those calls.
+    #[inline]
+    pub(crate) fn check_not_limited_mpg(&self, call: &'static str) -> Result<()> {
+        if self.limited_mpg {
+            Err(Error::NotSupportedWithLimitedMpg { call })
+        } else {
+            Ok(())
         }
     }
 

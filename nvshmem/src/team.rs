@@ -37,6 +37,10 @@ use crate::{Runtime, SymmetricMemory};
 /// first waits until the PE's device is idle, within [`Runtime::set_timeout`]; when the device
 /// stays busy, [`Team::destroy`] hands the team back with [`Error::StillInUse`] and a dropped team
 /// is leaked (with a warning through the `log` crate) rather than destroyed under running work.
+///
+/// When several PEs share one GPU without MPS ([`crate::InitStatus::LIMITED_MPG`]), NVSHMEM exits
+/// the process in splits and in the barriers and collectives on a stream: this crate refuses them
+/// with [`Error::NotSupportedWithLimitedMpg`] instead.
 pub struct Team<'rt> {
     raw: nvshmem_team_t,
     rt: &'rt Runtime,
@@ -140,6 +144,7 @@ impl<'rt> Team<'rt> {
     /// [`Error::InvalidSplit`] when the PEs do not all lie in this team.
     #[doc(alias = "nvshmem_team_split_strided")]
     pub fn split_strided(&self, start: usize, stride: usize, size: usize) -> Result<Option<Team<'rt>>> {
+        self.rt.check_not_limited_mpg("nvshmem_team_split_strided")?;
         let last = size.checked_sub(1).and_then(|k| k.checked_mul(stride)).and_then(|d| d.checked_add(start));
         if stride == 0 || !matches!(last, Some(l) if l < self.n_pes) {
             return Err(Error::InvalidSplit { start, stride, size, n_pes: self.n_pes });
@@ -168,6 +173,7 @@ impl<'rt> Team<'rt> {
     /// `xrange` larger than the team is clamped to it. [`Error::ZeroXRange`] for `xrange == 0`.
     #[doc(alias = "nvshmem_team_split_2d")]
     pub fn split_2d(&self, xrange: usize) -> Result<(Option<Team<'rt>>, Option<Team<'rt>>)> {
+        self.rt.check_not_limited_mpg("nvshmem_team_split_2d")?;
         if xrange == 0 {
             return Err(Error::ZeroXRange);
         }
@@ -241,6 +247,7 @@ impl<'rt> Team<'rt> {
     /// completes, every member's earlier operations are complete and visible. Collective.
     #[doc(alias = "nvshmemx_barrier_on_stream")]
     pub fn barrier_on_stream(&self, stream: &CudaStream) -> Result<()> {
+        self.rt.check_not_limited_mpg("nvshmemx_barrier_on_stream")?;
         // SAFETY: valid team; the stream is on the PE's device (checked) and its context current.
         self.rt
             .quiesce_on(stream, self.resource(), |raw| unsafe { call!(nvshmemx_barrier_on_stream(self.raw, raw)) })
@@ -251,6 +258,7 @@ impl<'rt> Team<'rt> {
     /// rendezvous that completes no outstanding operations. Collective.
     #[doc(alias = "nvshmemx_team_sync_on_stream")]
     pub fn sync_on_stream(&self, stream: &CudaStream) -> Result<()> {
+        self.rt.check_not_limited_mpg("nvshmemx_team_sync_on_stream")?;
         let raw = self.rt.enqueue_on(&Admitted::stream(stream, self.resource())?)?;
         // SAFETY: valid team; the stream is on the PE's device (checked) and its context current.
         unsafe { call!(nvshmemx_team_sync_on_stream(self.raw, raw)) }
@@ -268,6 +276,7 @@ impl<'rt> Team<'rt> {
         src: &impl SymmetricMemory<T>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.rt.check_not_limited_mpg("nvshmemx_<type>_<op>_reduce_on_stream")?;
         expect_len("destination", src.len(), dst.len())?;
         let access = Access::new(stream);
         let admitted = Admitted::access(&access, self.resource())?;
@@ -289,6 +298,7 @@ impl<'rt> Team<'rt> {
         buf: &mut impl SymmetricMemory<T>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.rt.check_not_limited_mpg("nvshmemx_<type>_<op>_reduce_on_stream")?;
         let access = Access::new(stream);
         let admitted = Admitted::access(&access, self.resource())?;
         let raw = self.rt.enqueue_on(&admitted)?;
@@ -309,6 +319,7 @@ impl<'rt> Team<'rt> {
         root: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.rt.check_not_limited_mpg("nvshmemx_broadcastmem_on_stream")?;
         expect_len("destination", src.len(), dst.len())?;
         let root = self.check_pe("root", root)?;
         let access = Access::new(stream);
@@ -335,6 +346,7 @@ impl<'rt> Team<'rt> {
         src: &impl SymmetricMemory<T>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.rt.check_not_limited_mpg("nvshmemx_fcollectmem_on_stream")?;
         let total = src
             .len()
             .checked_mul(self.n_pes)
@@ -362,6 +374,7 @@ impl<'rt> Team<'rt> {
         src: &impl SymmetricMemory<T>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.rt.check_not_limited_mpg("nvshmemx_alltoallmem_on_stream")?;
         expect_len("destination", src.len(), dst.len())?;
         if src.len() % self.n_pes != 0 {
             return Err(Error::NotDivisible { what: "source", len: src.len(), parts: self.n_pes });

@@ -1,25 +1,31 @@
 //! The token that lets PEs bootstrap without MPI or a launcher plugin.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use nvshmem_sys::nvshmemx_uniqueid_t;
 
 use crate::error::{Error, Result};
 use crate::ffi::call;
 
-/// Set once this process asked NVSHMEM for a unique id. `nvshmemx_get_uniqueid` loads NVSHMEM's
+/// True once this process asked NVSHMEM for a unique id. `nvshmemx_get_uniqueid` loads NVSHMEM's
 /// unique-id bootstrap plugin and leaves it loaded; NVSHMEM's loader then reuses that plugin for
 /// whatever bootstrap starts it next (3.4.5 `bootstrap_loader.cpp`: the plugin handle is opened
 /// only while none is loaded), and the unique-id plugin dereferences the unique-id arguments that
 /// the other bootstraps do not pass (a null pointer). So after an id, only the unique-id bootstrap
 /// may start NVSHMEM.
-static UNIQUE_ID_PLUGIN: AtomicBool = AtomicBool::new(false);
+///
+/// The mutex also makes making an id and starting NVSHMEM exclusive: [`UniqueId::new`] holds it
+/// across its call, and a start holds it from its check of the flag until NVSHMEM has started, so
+/// no id can load the plugin between a start's check and its `nvshmemx_hostlib_init_attr`. Neither
+/// calls the other while holding it.
+static UNIQUE_ID_PLUGIN: Mutex<bool> = Mutex::new(false);
 
-/// True once this process asked NVSHMEM for a unique id, which leaves NVSHMEM's unique-id plugin
-/// loaded (see [`UNIQUE_ID_PLUGIN`]).
-pub(crate) fn plugin_loaded() -> bool {
-    UNIQUE_ID_PLUGIN.load(Ordering::Acquire)
+/// The flag of [`UNIQUE_ID_PLUGIN`], locked: hold it from the check of the flag until NVSHMEM has
+/// started.
+pub(crate) fn plugin() -> MutexGuard<'static, bool> {
+    // A panic while it was held left a valid bool (set before NVSHMEM is called): still usable.
+    UNIQUE_ID_PLUGIN.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// Identifies one NVSHMEM job before it starts (`nvshmemx_uniqueid_t`): PE 0 creates it with
@@ -38,11 +44,14 @@ impl UniqueId {
     ///
     /// It loads NVSHMEM's unique-id bootstrap plugin, which stays loaded: in this process NVSHMEM
     /// can then only start with [`Bootstrap::UniqueId`](crate::Bootstrap::UniqueId) (see
-    /// [`Error::BootstrapAfterUniqueId`]). Making an id while a runtime runs does not touch it.
+    /// [`Error::BootstrapAfterUniqueId`]). Making an id while a runtime runs does not touch it;
+    /// while another thread starts NVSHMEM, it waits until the start has finished.
     #[doc(alias = "nvshmemx_get_uniqueid")]
     pub fn new() -> Result<Self> {
-        // The plugin is (about to be) loaded in this process.
-        UNIQUE_ID_PLUGIN.store(true, Ordering::Release);
+        let mut plugin = plugin();
+        // The plugin is (about to be) loaded in this process; no start is between its check and
+        // NVSHMEM's start while `plugin` is held.
+        *plugin = true;
         let mut id = nvshmemx_uniqueid_t::initializer();
         // SAFETY: `id` is an initialised id (version word set), which the call fills in.
         unsafe { call!(nvshmemx_get_uniqueid(&mut id)) }?;
@@ -85,7 +94,23 @@ impl fmt::Debug for UniqueId {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
+
+    /// A start holds the flag's lock from its check until NVSHMEM has started: an id made
+    /// meanwhile on another thread waits, so it cannot load the unique-id plugin in between.
+    #[test]
+    fn an_id_waits_for_a_start_in_progress() {
+        let start = plugin();
+        // Made without a GPU; whether NVSHMEM loads here does not matter, only when it is asked.
+        let made = std::thread::spawn(|| drop(UniqueId::new()));
+        std::thread::sleep(Duration::from_millis(200));
+        assert!(!made.is_finished(), "an id was made while a start held the lock");
+        drop(start);
+        made.join().unwrap();
+        assert!(*plugin(), "the id marked the plugin as loaded");
+    }
 
     #[test]
     fn bytes_round_trip_and_are_checked() {

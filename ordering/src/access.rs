@@ -142,11 +142,28 @@ impl<'s> Access<'s> {
     /// capture that code began is refused as [`Access::admit`] would refuse it now
     /// ([`OrderError::ForeignCapture`], [`OrderError::CaptureBroken`]); any other change is
     /// [`OrderError::CaptureChanged`]. `Ok` for an access that admitted nothing yet.
+    ///
+    /// A stream admitted as not captured that is captured now has its capture invalidated before
+    /// the refusal returns: the guards of the buffers already taken, dropped on the way out, would
+    /// otherwise record their use into that capture, and a later use (or free) of such a buffer
+    /// would wait for the captured record instead of the work queued before it. Invalidated, the
+    /// capture refuses the records, the buffers keep their earlier events, and its graph cannot be
+    /// made.
     pub fn recheck(&self) -> Result<(), OrderError> {
-        match self.mode.get() {
-            None | Some(Mode::Survey) => Ok(()),
-            Some(admitted) if capture::mode(self.stream)? == admitted => Ok(()),
-            Some(_) => Err(OrderError::CaptureChanged),
+        let admitted = match self.mode.get() {
+            None | Some(Mode::Survey) => return Ok(()),
+            Some(admitted) => admitted,
+        };
+        let now = capture::mode(self.stream);
+        if now.as_ref().is_ok_and(|&m| m == admitted) {
+            return Ok(());
+        }
+        if admitted == Mode::Eager && capture::is_capturing(self.stream).unwrap_or(true) {
+            capture::invalidate(self.stream);
+        }
+        match now {
+            Ok(_) => Err(OrderError::CaptureChanged),
+            Err(e) => Err(e),
         }
     }
 

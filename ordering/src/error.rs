@@ -24,6 +24,10 @@ pub enum OrderError {
     /// invalidated in between (by code that ran between the two, such as a group's closure).
     /// Nothing was enqueued.
     CaptureChanged,
+    /// A group's calls go to streams of which some are captured by this thread's capture scope
+    /// and some are not: NCCL cannot launch them together, and ordering the group's streams after
+    /// each other would pull the uncaptured ones into the capture.
+    MixedCapture,
     /// A graph was launched on a stream that is being captured.
     LaunchInCapture,
     /// CUDA broke the capture: some work inside it waited for work outside it (a cudarc copy or
@@ -83,6 +87,11 @@ impl fmt::Display for OrderError {
                  (only the scope's own stream can be used inside it)"
             ),
             OrderError::NestedCapture => write!(f, "a capture is already open on this thread"),
+            OrderError::MixedCapture => write!(
+                f,
+                "a group's calls go to a stream being captured and to one that is not: capture the whole \
+                 group on the capture's stream, or make the other calls outside the capture"
+            ),
             OrderError::CaptureChanged => write!(
                 f,
                 "the stream's capture state changed between the call's admission and its launch (a capture \

@@ -459,11 +459,22 @@ pub fn capture<K: Keep, E: From<OrderError>>(
         let graph = graph.map_err(OrderError::CaptureBroken)?.ok_or_else(capture::broken)?;
         Ok((graph, scope))
     })();
-    let (graph, scope) = match made {
+    let (graph, mut scope) = match made {
         Ok(made) => made,
         Err(e) => return Err((keep, e)),
     };
-    let planned = survey(&mut keep, stream).and_then(|members| plan(members, &scope.used, &scope.resources));
+    let planned = survey(&mut keep, stream).and_then(|members| {
+        // Registrations kept now are the ones the captured work refers to (NCCL's kernels know a
+        // window by its handle, not its memory): later launches need these very ones.
+        for m in &members {
+            if let Member::Resource(r) = m {
+                if r.is_numbered() && !scope.resources.contains(r) {
+                    scope.resources.push(*r);
+                }
+            }
+        }
+        plan(members, &scope.used, &scope.resources)
+    });
     match planned {
         Ok(plan) => {
             Ok(Graph { graph, stream: stream.clone(), plan, used: scope.used, resources: scope.resources, keep })

@@ -306,7 +306,16 @@ impl StreamTracker {
     /// would use the memory without keeping it alive); otherwise it waits for the conflicting
     /// uses, and the returned guard records it in an event. CUDA errors are recorded in the
     /// context, as cudarc does in its own guards.
-    pub fn device_ptr_guard<'a>(
+    ///
+    /// # Safety
+    ///
+    /// A [`Use::Write`] needs exclusive access to the memory until the guard is dropped, as a
+    /// `&mut` to the buffer gives ([`DevicePtrMut`](cudarc::driver::DevicePtrMut)): a write
+    /// forgets the earlier readers, since later uses wait for the write, which waits for them. A
+    /// write racing a read on another thread (between the read's ordering and its enqueue) would
+    /// be waited for by nobody, and the memory could be freed under the read. A [`Use::Read`]
+    /// needs nothing more than the tracker's own promise.
+    pub unsafe fn device_ptr_guard<'a>(
         &'a self,
         stream: &'a CudaStream,
         ptr: sys::CUdeviceptr,
@@ -511,7 +520,9 @@ macro_rules! tracked_device_ptr {
                 let $b = &*self;
                 let parts: $crate::Tracked<'__a> = $parts;
                 let bytes = parts.len() * ::std::mem::size_of::<T>();
-                (parts.ptr(), parts.tracker().device_ptr_guard(stream, parts.ptr(), bytes, $crate::Use::Write))
+                // SAFETY: `&mut self` is exclusive access to the memory for the guard's life.
+                let guard = unsafe { parts.tracker().device_ptr_guard(stream, parts.ptr(), bytes, $crate::Use::Write) };
+                (parts.ptr(), guard)
             }
         }
     };
@@ -536,7 +547,9 @@ macro_rules! tracked_device_ptr {
                 let $b = self;
                 let parts: $crate::Tracked<'__a> = $parts;
                 let bytes = parts.len() * ::std::mem::size_of::<T>();
-                (parts.ptr(), parts.tracker().device_ptr_guard(stream, parts.ptr(), bytes, $crate::Use::Read))
+                // SAFETY: a read, which needs nothing more.
+                let guard = unsafe { parts.tracker().device_ptr_guard(stream, parts.ptr(), bytes, $crate::Use::Read) };
+                (parts.ptr(), guard)
             }
         }
         // SAFETY: the parts come from `Tracked::new`, whose caller (the invoker of this macro)

@@ -31,12 +31,36 @@ pub(crate) enum Mode {
 pub struct Resource {
     kind: &'static str,
     id: usize,
+    /// Made by [`Resource::numbered`]: a graph that keeps it when captured needs it kept.
+    numbered: bool,
 }
 
 impl Resource {
     /// The resource `value`, of kind `kind`.
     pub fn of<R: ?Sized>(kind: &'static str, value: &R) -> Self {
-        Resource { kind, id: value as *const R as *const () as usize }
+        Resource { kind, id: value as *const R as *const () as usize, numbered: false }
+    }
+
+    /// The resource of kind `kind` numbered `serial`, for a value that can move (a graph may own
+    /// it) and must not be taken for another one later made at the same place: a registration,
+    /// which NCCL's captured kernels refer to by its handle, not by its memory. The caller makes
+    /// `serial` unique to that value for the life of the process ([`Resource::next_serial`]).
+    /// A graph whose keep set reports it when the graph is made counts it as used by the captured
+    /// calls: a launch without it (the member replaced by another registration of the same
+    /// memory) is refused with [`OrderError::ResourceNotKept`](crate::OrderError::ResourceNotKept).
+    pub fn numbered(kind: &'static str, serial: usize) -> Self {
+        Resource { kind, id: serial, numbered: true }
+    }
+
+    /// Made by [`Resource::numbered`].
+    pub(crate) fn is_numbered(&self) -> bool {
+        self.numbered
+    }
+
+    /// A number no earlier call returned in this process, for [`Resource::numbered`].
+    pub fn next_serial() -> usize {
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     }
 
     /// What it is.

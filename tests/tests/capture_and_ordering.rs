@@ -709,3 +709,71 @@ fn a_capture_that_begins_after_a_call_is_admitted_is_refused() {
     let _ = ctx.check_err();
     comm.finalize().map_err(|(_, e)| e).unwrap();
 }
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_group_mixing_a_captured_stream_with_an_uncaptured_one_is_refused() {
+    // Inside a capture, a group whose calls go to the scope's stream and to an uncaptured one
+    // cannot be launched by NCCL, and ordering its streams after each other (as a group on two
+    // streams of a device does) would have pulled the uncaptured stream into the capture: its
+    // buffers' guards would then record their uses there, and a later free would wait for those
+    // records instead of the work queued before them. Now the second call is refused.
+    use gpucomm_ordering::OrderError;
+    let test = "a_group_mixing_a_captured_stream_with_an_uncaptured_one_is_refused";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let (side, other) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let mut kept = MemBuffer::from_host(comm.stream(), &[3.0f32; N]).unwrap();
+    let mut outside = MemBuffer::from_host(comm.stream(), &[5.0f32; N]).unwrap();
+    let (_, err) = nccl::capture(&side, (&comm, &mut kept), |(comm, kept)| {
+        let comm: &Comm = comm;
+        group(|g| {
+            g.with(comm).on(&side).all_reduce_in_place(*kept, ReduceOp::SUM)?;
+            g.with(comm).on(&other).all_reduce_in_place(&mut outside, ReduceOp::SUM)
+        })
+    })
+    .map(drop)
+    .unwrap_err();
+    assert!(matches!(err, Error::Ordering(OrderError::MixedCapture)), "{err}");
+    for s in [&side, &other] {
+        assert_eq!(s.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+    }
+    all_equal("the kept buffer", &other.clone_dtoh(&kept).unwrap(), 3.0);
+    all_equal("the buffer outside", &other.clone_dtoh(&outside).unwrap(), 5.0);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_graph_refuses_a_window_registered_again_on_the_same_memory() {
+    // NCCL's captured work refers to a window by its handle, not by its memory. A graph owning a
+    // window checked only the memory: taking the window out, deregistering it and registering
+    // its buffer again put the same memory back, and the launch went ahead with a window NCCL had
+    // released. Now the graph keeps the window itself (by its number) and refuses the launch.
+    use gpucomm_ordering::OrderError;
+    use nccl::WindowFlags;
+    let test = "a_graph_refuses_a_window_registered_again_on_the_same_memory";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let side = ctx.new_stream().unwrap();
+    let buf = MemBuffer::from_host(comm.stream(), &[2.0f32; N]).unwrap();
+    let win = comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e).unwrap();
+    let mut graph = nccl::capture(&side, (&comm, Some(win)), |(comm, win)| {
+        let comm: &Comm = comm;
+        let win = win.as_mut().expect("the window is kept");
+        comm.on(&side).all_reduce_in_place(&mut win.as_view_mut(), ReduceOp::SUM)
+    })
+    .unwrap();
+    graph.launch().unwrap();
+
+    let win = graph.kept_mut().1.take().unwrap();
+    let buf = win.deregister().map_err(|(_, e)| e).unwrap();
+    let again = comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e).unwrap();
+    graph.kept_mut().1 = Some(again);
+    let err = graph.launch().unwrap_err();
+    assert!(matches!(err, OrderError::ResourceNotKept { kind: "window" }), "{err}");
+
+    let (_, win) = graph.into_kept();
+    let win = win.unwrap();
+    all_equal("the window after one launch (a one-rank sum)", &side.clone_dtoh(&*win).unwrap(), 2.0);
+    win.deregister().map_err(|(_, e)| e).unwrap();
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}

@@ -4,8 +4,10 @@
 //! bootstrap's hold on NVSHMEM's loader.
 //!
 //! One PE (one GPU) per test, each in a process of its own (NVSHMEM starts once per process),
-//! except `every_pe_must_ask_for_the_same_allocation` and `every_pe_must_free_the_same_buffer`,
-//! which need two. Each test says what the code before these fixes did.
+//! except `every_pe_must_ask_for_the_same_allocation`, `every_pe_must_free_the_same_buffer` and
+//! `a_pe_that_cannot_track_the_buffer_refuses_before_the_others_allocate`, which need two GPUs, and
+//! `calls_nvshmem_exits_on_in_limited_mpg_runs_are_refused`, which runs two PEs on one GPU. Each
+//! test says what the code before these fixes did.
 
 mod nvshmem_support;
 
@@ -13,10 +15,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaStream;
-use gpucomm_tests::{multi_process, occupy};
+use gpucomm_tests::{multi_node_on_one_gpu, multi_process, occupy, skip};
+use nvshmem::launch::{Options, Rendezvous};
 use nvshmem::ops::Sum;
-use nvshmem::{Bootstrap, Error, Pending, Runtime, SignalOp, UniqueId};
-use nvshmem_support::{ring_still_works, start, value};
+use nvshmem::{Bootstrap, Cmp, Error, InitStatus, Pending, Runtime, SignalOp, UniqueId};
+use nvshmem_support::{ring_still_works, start, value, RING};
 
 /// A put to this PE's own copy (through another buffer) and a barrier, checked.
 fn still_works(rt: &Runtime, stream: &Arc<CudaStream>) {
@@ -607,6 +610,171 @@ fn nvshmem_calls_on_an_invalidated_capture_are_refused() {
         assert_eq!(s.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
         rt.put_nbi_on_stream(&dst, &src, me, &s).unwrap().quiet().unwrap();
         rt.quiet_on_stream(&s).unwrap();
+        still_works(&rt, &stream);
+        for buf in [src, dst] {
+            buf.free().map_err(|(_, e)| e).unwrap();
+        }
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
+/// Audit: starting NVSHMEM and loading a module were not refused inside a capture.
+/// Before: NVSHMEM's start (host waits) and `nvshmemx_cumodule_init` (a synchronous copy) ran
+/// inside this thread's capture, CUDA refused them, and NVSHMEM exited the process. Now both are
+/// `Error::HostCallInCapture` naming the call, nothing is called (the rendezvous is not used), and
+/// both work after the capture.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn starting_and_loading_a_module_are_refused_inside_a_capture() {
+    multi_process("starting_and_loading_a_module_are_refused_inside_a_capture", 1, |info, stream| {
+        let s = stream.context().new_stream().unwrap();
+        let mut rdzv = Rendezvous::connect(&info, &Options::from_env().unwrap()).unwrap();
+        let mut starts = Vec::new();
+        // Whether the empty capture makes a graph does not matter here.
+        let _ = nvshmem::capture(&s, (), |_| {
+            starts.push(Runtime::from_rendezvous(stream.clone(), &mut rdzv).err());
+            starts.push(Runtime::with_bootstrap(stream.clone(), Bootstrap::Pmi).err());
+            Ok(())
+        });
+        for e in starts {
+            match e {
+                Some(Error::HostCallInCapture { what }) => {
+                    assert_eq!(what, "starting NVSHMEM (nvshmemx_hostlib_init_attr)")
+                }
+                other => panic!("a start inside a capture: {other:?}"),
+            }
+        }
+        let rt = Runtime::from_rendezvous(stream.clone(), &mut rdzv).expect("the start after the capture");
+
+        let mut loaded = None;
+        let graph = nvshmem::capture(&s, &rt, |rt| {
+            loaded = Some(rt.load_module(RING).map(drop));
+            rt.quiet_on_stream(&s)
+        })
+        .map_err(|(_, e)| e)
+        .unwrap();
+        drop(graph);
+        match loaded {
+            Some(Err(Error::HostCallInCapture { what })) => {
+                assert_eq!(what, "loading a module (nvshmemx_cumodule_init)")
+            }
+            other => panic!("loading a module inside a capture: {other:?}"),
+        }
+        let module = rt.load_module(RING).expect("loading after the capture");
+        module.kernel("ring_put_plain").unwrap();
+        drop(module);
+        still_works(&rt, &stream);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
+/// Audit: an allocation made its buffer's tracker after the PEs agreed, and the tracker
+/// refuses the per-thread default stream. Before: PE 0, whose runtime stream is the per-thread
+/// default stream, agreed with PE 1, then failed alone (`OrderError::PerThreadStream`), while PE 1
+/// went on into `nvshmem_malloc` and waited there for PE 0 forever. Now PE 0 refuses before the
+/// agreement and tells PE 1, which gets `Error::PeerRefusedAlloc`; nobody allocates, and both go
+/// on to the next collective. Needs two PEs (two GPUs).
+#[test]
+#[ignore = "needs 2 GPUs: run by the GPU bundle"]
+fn a_pe_that_cannot_track_the_buffer_refuses_before_the_others_allocate() {
+    multi_process("a_pe_that_cannot_track_the_buffer_refuses_before_the_others_allocate", 2, |info, stream| {
+        let home = if info.rank == 0 { stream.context().per_thread_stream() } else { stream.clone() };
+        let (_rdzv, rt) = start(&info, &home);
+        let me = rt.my_pe();
+        match (me, rt.alloc::<i32>(1024)) {
+            (0, Err(Error::Ordering(gpucomm_ordering::OrderError::PerThreadStream)))
+            | (1, Err(Error::PeerRefusedAlloc)) => {}
+            (_, other) => panic!("PE {me}: an allocation PE 0 cannot track gave {other:?}"),
+        }
+        // Both PEs reach the next collective: nobody waits inside `nvshmem_malloc`.
+        rt.barrier_all().unwrap();
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
+/// Audit: with several PEs on one GPU and no MPS (a limited-MPG run,
+/// `InitStatus::LIMITED_MPG`), NVSHMEM exits the process (`exit(-1)`) in the calls it marks
+/// `NVSHMEM_API_NOT_SUPPORTED_WITH_LIMITED_MPG_RUNS`. Before: each call below exited both PEs.
+/// Now each is `Error::NotSupportedWithLimitedMpg` naming the C function, nothing is called, and
+/// what NVSHMEM supports there (allocations, puts, barriers over all PEs) still works. Two PEs on
+/// GPU 0; skipped where MPS makes it a full-MPG run.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn calls_nvshmem_exits_on_in_limited_mpg_runs_are_refused() {
+    let test = "calls_nvshmem_exits_on_in_limited_mpg_runs_are_refused";
+    multi_node_on_one_gpu(test, 2, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let status = rt.init_status().unwrap();
+        if status != InitStatus::LIMITED_MPG {
+            skip(test, &format!("two PEs on one GPU started as {status}, not a limited-MPG run (MPS?)"));
+            return rt.finalize().map_err(|(_, e)| e).unwrap();
+        }
+        let world = rt.world().unwrap();
+        let (mut a, b) = (rt.alloc_zeroed::<i32>(64).unwrap(), rt.alloc_zeroed::<i32>(64).unwrap());
+        let half = rt.alloc_zeroed::<i32>(32).unwrap();
+        let signal = rt.alloc_zeroed::<u64>(1).unwrap();
+        let reduce = "nvshmemx_<type>_<op>_reduce_on_stream";
+        let refused = [
+            ("nvshmemx_barrier_on_stream", world.barrier_on_stream(&stream).err()),
+            ("nvshmemx_team_sync_on_stream", world.sync_on_stream(&stream).err()),
+            (reduce, world.reduce_on_stream(Sum, &mut a, &b, &stream).err()),
+            (reduce, world.reduce_in_place_on_stream(Sum, &mut a, &stream).err()),
+            ("nvshmemx_broadcastmem_on_stream", world.broadcast_on_stream(&mut a, &b, 0, &stream).err()),
+            ("nvshmemx_fcollectmem_on_stream", world.fcollect_on_stream(&mut a, &half, &stream).err()),
+            ("nvshmemx_alltoallmem_on_stream", world.alltoall_on_stream(&mut a, &b, &stream).err()),
+            ("nvshmem_team_split_strided", world.split_strided(0, 1, 1).err()),
+            ("nvshmem_team_split_2d", world.split_2d(1).err()),
+            (
+                "nvshmemx_signal_wait_until_on_stream",
+                rt.signal_wait_until_on_stream(&signal, Cmp::Eq, 0, &stream).err(),
+            ),
+        ];
+        for (expected, e) in refused {
+            match e {
+                Some(Error::NotSupportedWithLimitedMpg { call }) => assert_eq!(call, expected),
+                other => panic!("{expected} in a limited-MPG run: {other:?}"),
+            }
+        }
+        ring_still_works(&rt, &stream, "after the refused calls");
+        for buf in [a, b, half] {
+            buf.free().map_err(|(_, e)| e).unwrap();
+        }
+        signal.free().map_err(|(_, e)| e).unwrap();
+        drop(world);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
+/// An audit finding: a `_nbi` put to this PE itself writes this PE's copy of the destination on
+/// one of NVSHMEM's internal streams, but only the source was marked as the operation's until its
+/// quiet: a read of the destination on another stream right after the put waited for nothing and
+/// could see it half written (the same for a `_nbi` get's source, read on an internal stream).
+/// Now the destination is marked too, so the read enqueues the quiet first and sees every byte.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_nonblocking_put_to_this_pe_orders_its_destination() {
+    multi_process("a_nonblocking_put_to_this_pe_orders_its_destination", 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let me = rt.my_pe();
+        // Large enough that the copy is still running when the read is enqueued.
+        const WORDS: usize = 32 << 20;
+        let (a, b) = (stream.context().new_stream().unwrap(), stream.context().new_stream().unwrap());
+        let mut src = rt.alloc_zeroed::<u32>(WORDS).unwrap();
+        let mut dst = rt.alloc_zeroed::<u32>(WORDS).unwrap();
+        let pattern: Vec<u32> = (0..WORDS as u32).map(|i| i.wrapping_mul(2654435761) | 1).collect();
+        stream.memcpy_htod(&pattern, &mut src).unwrap();
+        stream.synchronize().unwrap();
+        for round in 0..3 {
+            let pending = rt.put_nbi_on_stream(&dst, &src, me, &a).unwrap();
+            // The handle is kept, not quieted: the read on `b` must wait by itself.
+            let got = b.clone_dtoh(&dst).unwrap();
+            if let Some(i) = got.iter().zip(&pattern).position(|(g, p)| g != p) {
+                panic!("round {round}: word {i} of the destination is {:#x}, the put wrote {:#x}", got[i], pattern[i]);
+            }
+            pending.quiet().unwrap();
+            // Zeroed again, so that the next round's read can tell a partial copy.
+            a.memset_zeros(&mut dst).unwrap();
+        }
         still_works(&rt, &stream);
         for buf in [src, dst] {
             buf.free().map_err(|(_, e)| e).unwrap();
