@@ -655,7 +655,8 @@ fn a_capture_that_begins_after_a_call_is_admitted_is_refused() {
     //   safe `begin_capture`) of their stream: the group now asks again at launch, once per stream;
     // * cudarc's own ordering of a `CudaSlice` makes the stream wait for the slice's last write;
     //   when that write was captured, the wait joins the stream into the capture. The access now
-    //   asks again after a buffer that follows cudarc's protocol.
+    //   asks again after a buffer that follows cudarc's protocol, and invalidates such a capture
+    //   (so that the guards of the refused call cannot record their uses into it).
     use gpucomm_ordering::OrderError;
     let test = "a_capture_that_begins_after_a_call_is_admitted_is_refused";
     let Some((comm, ctx)) = one_rank(test) else { return };
@@ -685,11 +686,19 @@ fn a_capture_that_begins_after_a_call_is_admitted_is_refused() {
     origin.memset_zeros(&mut slice).unwrap();
     let refused = comm.on(&side).all_reduce_in_place(&mut slice, ReduceOp::SUM);
     let joined = side.capture_status().unwrap();
-    // Join `side` back, so that the capture ends cleanly.
-    origin.join(&side).unwrap();
-    drop(origin.end_capture(CUgraphInstantiate_flags(0)));
+    // The refusal invalidated the capture `side` had joined, so that the guard of the slice could
+    // not record into it (the record failed, and cudarc kept that failure in the context, which
+    // must be cleared for cudarc's `end_capture` to end the capture). Ending it then fails, and
+    // takes both streams out of capture.
     let _ = ctx.check_err();
-    assert_eq!(joined, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE, "cudarc's wait joined the capture");
+    let ended = origin.end_capture(CUgraphInstantiate_flags(0)).map(|graph| graph.is_some());
+    let _ = ctx.check_err();
+    assert_eq!(
+        joined,
+        CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED,
+        "cudarc's wait joined the capture, and the refusal invalidated it"
+    );
+    assert_eq!(ended, Err(DriverError(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)));
     assert!(
         matches!(refused, Err(Error::Ordering(OrderError::ForeignCapture))),
         "a call joined into a capture: {refused:?}"
