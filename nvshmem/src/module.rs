@@ -265,7 +265,15 @@ impl<'rt> Kernel<'_, 'rt> {
     /// # Safety
     ///
     /// The arguments must match the kernel's parameters in number, order and type, and the
-    /// kernel must stay within the buffers it is given (as for any CUDA kernel launch).
+    /// kernel must stay within the buffers it is given (as for any CUDA kernel launch). Besides:
+    ///
+    /// - a buffer passed read-only ([`KernelArgs::buffer`]) is only read by the kernel, on every
+    ///   PE it reaches; one it writes, here or remotely, is passed writable;
+    /// - addresses the kernel hands to NVSHMEM's remote operations (puts, gets, atomics, signals)
+    ///   are symmetric memory, as NVSHMEM requires;
+    /// - the kernel completes (`nvshmem_quiet`) the non-blocking operations it starts before it
+    ///   ends: the buffers' ordering takes the kernel's end as the end of every use it made, so
+    ///   a copy still in flight afterwards could meet a reuse or a free of its memory.
     #[doc(alias = "cuLaunchKernel")]
     pub unsafe fn launch<'b>(
         &self,
