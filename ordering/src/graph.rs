@@ -464,15 +464,7 @@ pub fn capture<K: Keep, E: From<OrderError>>(
         Err(e) => return Err((keep, e)),
     };
     let planned = survey(&mut keep, stream).and_then(|members| {
-        // Registrations kept now are the ones the captured work refers to (NCCL's kernels know a
-        // window by its handle, not its memory): later launches need these very ones.
-        for m in &members {
-            if let Member::Resource(r) = m {
-                if r.is_numbered() && !scope.resources.contains(r) {
-                    scope.resources.push(*r);
-                }
-            }
-        }
+        pin_numbered(&members, &mut scope.resources);
         plan(members, &scope.used, &scope.resources)
     });
     match planned {
@@ -480,6 +472,20 @@ pub fn capture<K: Keep, E: From<OrderError>>(
             Ok(Graph { graph, stream: stream.clone(), plan, used: scope.used, resources: scope.resources, keep })
         }
         Err(e) => Err((keep, e.into())),
+    }
+}
+
+/// Counts the numbered resources among a new graph's `members` (registrations, see
+/// [`Resource::numbered`]) as used by its captured calls: the captured work refers to these very
+/// ones (NCCL's kernels know a window by its handle, not its memory), so every later plan of the
+/// graph needs them kept.
+fn pin_numbered(members: &[Member], resources: &mut Vec<Resource>) {
+    for m in members {
+        if let Member::Resource(r) = m {
+            if r.is_numbered() && !resources.contains(r) {
+                resources.push(*r);
+            }
+        }
     }
 }
 
@@ -615,6 +621,27 @@ mod tests {
         assert_eq!(err, OrderError::KeptShared { ordinal: 0, ptr: 0x1000, bytes: 4 });
         // Empty uses touch nothing.
         assert!(self::plan(members, &[used(0x9000, 0, Use::Write)], &[]).is_ok());
+    }
+
+    #[test]
+    fn a_registration_kept_when_captured_must_stay_kept() {
+        let (first, again) = (Resource::next_serial(), Resource::next_serial());
+        let window = Resource::numbered("window", first);
+        let members = vec![buffer(0x1000, 64, true), Member::Resource(window)];
+        let uses = [used(0x1000, 64, Use::Write)];
+        let mut resources = Vec::new();
+        pin_numbered(&members, &mut resources);
+        pin_numbered(&members, &mut resources);
+        assert_eq!(resources, [window], "pinned once");
+        assert!(plan(members, &uses, &resources).is_ok());
+        // The same memory, kept with another registration of it: the re-plan is refused.
+        let swapped = vec![buffer(0x1000, 64, true), Member::Resource(Resource::numbered("window", again))];
+        assert_eq!(plan(swapped, &uses, &resources).unwrap_err(), OrderError::ResourceNotKept { kind: "window" });
+        // Resources named by address are not pinned: only the captured calls' own count.
+        let comm = 7u8;
+        let mut resources = Vec::new();
+        pin_numbered(&[Member::Resource(Resource::of("communicator", &comm))], &mut resources);
+        assert!(resources.is_empty());
     }
 
     #[test]
