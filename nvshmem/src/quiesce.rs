@@ -37,7 +37,6 @@
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{result, sys, CudaStream, DriverError};
-use gpucomm_ordering::OrderError;
 
 use crate::error::{Error, Result};
 use crate::ffi::call;
@@ -68,24 +67,6 @@ static CHAIN: Mutex<Option<Chain>> = Mutex::new(None);
 
 fn lock() -> MutexGuard<'static, Option<Chain>> {
     CHAIN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// Whether `stream`, which no [`Access`](gpucomm_ordering::Access) admitted (the quiet a tracker
-/// enqueues for a forgotten [`crate::Pending`]), is being captured. A capture that CUDA
-/// invalidated is refused ([`OrderError::CaptureBroken`]): NVSHMEM would take the stream for an
-/// uncaptured one, fail its own CUDA calls on it, and exit the process. The PE's context must be
-/// current.
-pub(crate) fn captured(stream: sys::CUstream) -> Result<bool> {
-    use sys::CUstreamCaptureStatus as Status;
-    // SAFETY: the stream is alive (the caller's) and the PE's context current; the call only
-    // reads the stream's state.
-    match unsafe { result::stream::is_capturing(stream) }? {
-        Status::CU_STREAM_CAPTURE_STATUS_NONE => Ok(false),
-        Status::CU_STREAM_CAPTURE_STATUS_ACTIVE => Ok(true),
-        _ => Err(Error::Ordering(OrderError::CaptureBroken(DriverError(
-            sys::cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
-        )))),
-    }
 }
 
 /// Runs `f` on the chain, refusing (with [`Error::CopyStreamsCaptured`]) a call on `stream`
@@ -207,7 +188,7 @@ pub(crate) fn nonblocking(stream: &Arc<CudaStream>, captured: bool, issue: impl 
 }
 
 /// Enqueues a quiescing call on `stream` with `call`; `captured` as for [`nonblocking`] (or as
-/// [`captured`] found it).
+/// [`gpucomm_ordering::capturing`] found it).
 pub(crate) fn quiescing(stream: sys::CUstream, captured: bool, call: impl FnOnce() -> Result<()>) -> Result<()> {
     with_chain(Some(stream), |chain| {
         if captured {

@@ -523,7 +523,9 @@ fn quiet(stream: &CudaStream) -> std::result::Result<(), String> {
         // SAFETY: the stream holds its context alive; making it current has no other effect.
         unsafe { cudarc::driver::result::ctx::set_current(stream.context().cu_ctx()) }?;
         let raw = stream.cu_stream();
-        let captured = quiesce::captured(raw)?;
+        // No access admitted this stream: ask (refusing an invalidated capture, on which NVSHMEM
+        // would exit).
+        let captured = gpucomm_ordering::capturing(stream)?;
         // SAFETY: a tracker with a pending operation belongs to a symmetric buffer, and a capture
         // scope's operation was issued by a runtime the capture's closure borrows; either way
         // NVSHMEM is initialised. The stream is alive (held by the tracker, or borrowed by the

@@ -158,7 +158,9 @@ impl<'s> Access<'s> {
         if now.as_ref().is_ok_and(|&m| m == admitted) {
             return Ok(());
         }
-        if admitted == Mode::Eager && capture::is_capturing(self.stream).unwrap_or(true) {
+        // Admitted eager and not eager now: captured (or broken). The query that invalidates a
+        // capture is harmless on a stream that is not being captured.
+        if admitted == Mode::Eager {
             capture::invalidate(self.stream);
         }
         match now {

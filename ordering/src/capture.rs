@@ -182,14 +182,28 @@ fn owns(stream: &CudaStream) -> bool {
 /// default stream is refused ([`OrderError::PerThreadStream`]). One `cuStreamIsCapturing`.
 #[inline]
 pub(crate) fn mode(stream: &CudaStream) -> Result<Mode, OrderError> {
-    use sys::CUstreamCaptureStatus as Status;
     refuse_per_thread(stream)?;
+    if !capturing(stream)? {
+        Ok(Mode::Eager)
+    } else if owns(stream) {
+        Ok(Mode::Captured)
+    } else {
+        Err(OrderError::ForeignCapture)
+    }
+}
+
+/// True while `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`), by anyone; a
+/// capture that CUDA invalidated is refused with [`OrderError::CaptureBroken`]: CUDA refuses any
+/// work on it, and a library that takes that refusal for a fatal error (NVSHMEM exits the
+/// process) must not be called on it.
+#[inline]
+pub fn capturing(stream: &CudaStream) -> Result<bool, OrderError> {
+    use sys::CUstreamCaptureStatus as Status;
     bind_if_implicit(stream)?;
     // SAFETY: the stream is borrowed, so it and its context are alive.
     match unsafe { result::stream::is_capturing(stream.cu_stream()) }? {
-        Status::CU_STREAM_CAPTURE_STATUS_NONE => Ok(Mode::Eager),
-        Status::CU_STREAM_CAPTURE_STATUS_ACTIVE if owns(stream) => Ok(Mode::Captured),
-        Status::CU_STREAM_CAPTURE_STATUS_ACTIVE => Err(OrderError::ForeignCapture),
+        Status::CU_STREAM_CAPTURE_STATUS_NONE => Ok(false),
+        Status::CU_STREAM_CAPTURE_STATUS_ACTIVE => Ok(true),
         _ => Err(broken()),
     }
 }

@@ -40,7 +40,7 @@ mod usage;
 
 pub use access::Access;
 pub use buffer::{DeviceBuffer, DeviceBufferMut, DeviceMemory};
-pub use capture::{admit, captured_completion, is_capturing, relaxed, scope_open, Complete};
+pub use capture::{admit, captured_completion, capturing, is_capturing, relaxed, scope_open, Complete};
 pub use error::OrderError;
 pub use graph::{capture, Captured, Graph, Keep, Visitor};
 pub use pinned::PinnedMut;
