@@ -91,6 +91,10 @@ macro_rules! entry {
     }};
 }
 
+/// A call's send and receive buffer addresses, as taken through its `Access` (0 for a buffer the
+/// function does not use).
+pub(crate) type Buffers = (CUdeviceptr, CUdeviceptr);
+
 /// Which NCCL function a call goes to, with its operator, root or peer (all already checked).
 #[derive(Clone, Copy, Debug)]
 pub(crate) enum Kind {
@@ -129,7 +133,8 @@ impl Call {
     /// library does not know, and an aborted communicator), for `count` elements on `comm`,
     /// enqueued on `stream`. A count of zero is a call like any other, which NCCL treats as a
     /// no-op; every rank must still make it, as any call. The buffer pointers are added with
-    /// [`Call::buffers`] once taken.
+    /// [`Call::set_buffers`] once taken.
+    #[inline]
     pub(crate) fn new<T: NcclType>(kind: Kind, count: usize, comm: &Comm, stream: &CudaStream) -> Result<Self> {
         let (name, entry) = match kind {
             Kind::AllReduce(op) => entry!(ncclAllReduce: ReducingFn, |f| Entry::Reducing(f, op)),
@@ -159,9 +164,10 @@ impl Call {
         })
     }
 
-    /// The call with its buffers' device addresses (0 for a buffer the function does not use).
-    pub(crate) fn buffers(self, send: CUdeviceptr, recv: CUdeviceptr) -> Self {
-        Call { send, recv, ..self }
+    /// Sets the buffers' device addresses (0 for a buffer the function does not use).
+    #[inline]
+    pub(crate) fn set_buffers(&mut self, (send, recv): Buffers) {
+        (self.send, self.recv) = (send, recv);
     }
 
     /// The C function's name, for errors and [`Comm::settle`].
@@ -206,6 +212,7 @@ impl Call {
     /// `Group::launch`). If the stream is being
     /// captured, it must be by the capture scope of `gpucomm-ordering`, whose graph keeps the
     /// buffers and the communicator (taking the pointers through an `Access` ensures both).
+    #[inline]
     pub(crate) unsafe fn issue(&self) -> ncclResult_t {
         let (send, recv) = (self.send as *const c_void, self.recv as *mut c_void);
         let (n, t, c, s) = (self.count, self.dtype, self.comm, self.stream);

@@ -8,8 +8,7 @@
 //! builds a [`Call`], and hands it to its target, which takes the buffers' pointers through
 //! [`gpucomm_ordering::Access`] and issues or records it.
 
-use cudarc::driver::SyncOnDrop;
-use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut};
+use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut, Guard};
 
 use crate::call::{Call, Kind};
 use crate::error::{Error, Result};
@@ -76,12 +75,12 @@ fn block_offset<T>(index: usize, count: usize) -> u64 {
 }
 
 /// A guard for a buffer the call does not use.
-fn unused<'b>() -> SyncOnDrop<'b> {
-    SyncOnDrop::Record(None)
+fn unused<'b>() -> Guard<'b> {
+    Guard::NONE
 }
 
 /// The guard of the operator's device scalar, if any.
-fn op_guard<'b, T>(op: &Option<OpUse<'b, T>>, access: &Access<'b>) -> Result<SyncOnDrop<'b>> {
+fn op_guard<'b, T>(op: &Option<OpUse<'b, T>>, access: &Access<'b>) -> Result<Guard<'b>> {
     match op {
         Some(op) => op.guard(access),
         None => Ok(unused()),
@@ -101,10 +100,11 @@ fn two_buffers<'b, T: NcclType>(
     p.check_device("send buffer", send)?;
     p.check_device("recv buffer", &*recv)?;
     let call = Call::new::<T>(kind, count, p.comm, p.stream)?;
-    p.submit(|a| {
+    p.submit(call, |a, kept| {
         let (s, gs) = a.read(send)?;
         let (r, gr) = a.write(recv)?;
-        Ok((call.buffers(s, r), [gs, gr, op_guard(&op, a)?]))
+        *kept = [gs, gr, op_guard(&op, a)?];
+        Ok((s, r))
     })
 }
 
@@ -121,9 +121,10 @@ fn one_buffer<'b, T: NcclType>(
 ) -> Result<()> {
     p.check_device("buffer", &*buf)?;
     let call = Call::new::<T>(kind, count, p.comm, p.stream)?;
-    p.submit(|a| {
+    p.submit(call, |a, kept| {
         let (b, g) = a.write(buf)?;
-        Ok((call.buffers(b + send, recv.map_or(0, |r| b + r)), [g, op_guard(&op, a)?]))
+        *kept = [g, op_guard(&op, a)?];
+        Ok((b + send, recv.map_or(0, |r| b + r)))
     })
 }
 
@@ -197,7 +198,7 @@ pub trait Collectives<'b>: Target<'b> {
             }
             p.check_device("recv buffer", &*recv)?;
             let call = Call::new::<T>(Kind::Broadcast(root), recv.len(), p.comm, p.stream)?;
-            p.submit(|a| {
+            p.submit(call, |a, kept| {
                 let (r, gr) = a.write(recv)?;
                 // Off the root NCCL does not read the send buffer; passing the receive buffer
                 // there is what the in-place `ncclBcast` does.
@@ -205,7 +206,8 @@ pub trait Collectives<'b>: Target<'b> {
                     Some(send) => a.read::<T>(send)?,
                     None => (r, unused()),
                 };
-                Ok((call.buffers(s, r), [gs, gr]))
+                *kept = [gs, gr];
+                Ok((s, r))
             })
         })
     }
@@ -240,14 +242,15 @@ pub trait Collectives<'b>: Target<'b> {
             p.check_device("send buffer", send)?;
             let op = op.resolve(p.comm)?;
             let call = Call::new::<T>(Kind::Reduce(op.raw(), root), send.len(), p.comm, p.stream)?;
-            p.submit(|a| {
+            p.submit(call, |a, kept| {
                 let (s, gs) = a.read(send)?;
                 // NCCL: "recvbuff may be NULL on all calls except for root device".
                 let (r, gr) = match recv {
                     Some(recv) => a.write::<T>(recv)?,
                     None => (0, unused()),
                 };
-                Ok((call.buffers(s, r), [gs, gr, op.guard(a)?]))
+                *kept = [gs, gr, op.guard(a)?];
+                Ok((s, r))
             })
         })
     }
@@ -396,9 +399,10 @@ pub trait Collectives<'b>: Target<'b> {
             let peer = p.check_rank("peer", peer)?;
             p.check_device("send buffer", buf)?;
             let call = Call::new::<T>(Kind::Send(peer), buf.len(), p.comm, p.stream)?;
-            p.submit(|a| {
+            p.submit(call, |a, kept| {
                 let (s, g) = a.read(buf)?;
-                Ok((call.buffers(s, 0), [g]))
+                *kept = [g];
+                Ok((s, 0))
             })
         })
     }
@@ -411,9 +415,10 @@ pub trait Collectives<'b>: Target<'b> {
             let peer = p.check_rank("peer", peer)?;
             p.check_device("recv buffer", &*buf)?;
             let call = Call::new::<T>(Kind::Recv(peer), buf.len(), p.comm, p.stream)?;
-            p.submit(|a| {
+            p.submit(call, |a, kept| {
                 let (r, g) = a.write(buf)?;
-                Ok((call.buffers(0, r), [g]))
+                *kept = [g];
+                Ok((0, r))
             })
         })
     }

@@ -27,13 +27,13 @@ use std::sync::Arc;
 #[cfg(nccl_2_22)]
 use std::time::Duration;
 
-use cudarc::driver::{CudaStream, SyncOnDrop};
-use gpucomm_ordering::Access;
+use cudarc::driver::CudaStream;
+use gpucomm_ordering::{Access, Guard};
 use nccl_sys::ncclResult_t;
 
 pub(crate) mod open;
 
-use crate::call::Call;
+use crate::call::{Buffers, Call};
 use crate::error::{Error, Result};
 use crate::ffi::{call, check, resolve};
 use crate::graph::communicator;
@@ -56,7 +56,7 @@ struct Recorded<'a> {
     /// One access per stream: a stream's capture state is asked at most once per group.
     accesses: Vec<Access<'a>>,
     /// The recorded calls' stream guards, released after the group is settled.
-    guards: Vec<SyncOnDrop<'a>>,
+    guards: Vec<Guard<'a>>,
     /// Calls refused inside the group.
     refused: usize,
 }
@@ -68,7 +68,7 @@ struct Spare {
     calls: Vec<Call>,
     settle: Vec<(&'static Comm, &'static Arc<CudaStream>)>,
     accesses: Vec<Access<'static>>,
-    guards: Vec<SyncOnDrop<'static>>,
+    guards: Vec<Guard<'static>>,
 }
 
 thread_local! {
@@ -157,13 +157,14 @@ impl<'a> Group<'a> {
         self.recorded.borrow_mut().refused += 1;
     }
 
-    /// Records one call: takes its pointers through this group's access for `stream`, and keeps the
+    /// Records `call`: takes its pointers through this group's access for `stream`, and keeps the
     /// call and its guards until the group is launched.
     pub(crate) fn record<const N: usize>(
         &self,
         comm: &'a Comm,
         stream: &'a Arc<CudaStream>,
-        take: impl FnOnce(&Access<'a>) -> Result<(Call, [SyncOnDrop<'a>; N])>,
+        mut call: Call,
+        take: impl FnOnce(&Access<'a>, &mut [Guard<'a>; N]) -> Result<Buffers>,
     ) -> Result<()> {
         let mut recorded = self.recorded.borrow_mut();
         let accesses = &mut recorded.accesses;
@@ -179,9 +180,15 @@ impl<'a> Group<'a> {
         if accesses[0].capturing()? != accesses[i].capturing()? {
             return Err(gpucomm_ordering::OrderError::MixedCapture.into());
         }
-        let (call, guards) = take(&accesses[i])?;
+        let mut guards = [const { Guard::NONE }; N];
+        let buffers = take(&accesses[i], &mut guards)?;
+        call.set_buffers(buffers);
         recorded.calls.push(call);
-        recorded.guards.extend(guards);
+        for guard in guards {
+            if !guard.is_empty() {
+                recorded.guards.push(guard);
+            }
+        }
         if !recorded.settle.iter().any(|(c, s)| std::ptr::eq(*c, comm) && same_stream(s, stream)) {
             recorded.settle.push((comm, stream));
         }

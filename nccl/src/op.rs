@@ -4,8 +4,7 @@
 use std::ffi::c_void;
 use std::fmt;
 
-use cudarc::driver::SyncOnDrop;
-use gpucomm_ordering::{Access, DeviceBuffer, Keep, Resource, Visitor};
+use gpucomm_ordering::{Access, DeviceBuffer, Guard, Keep, Resource, Visitor};
 use nccl_sys::{ncclRedOp_t, ncclScalarResidence_t};
 
 use crate::error::{Error, Result};
@@ -57,13 +56,23 @@ impl<'b, T> OpUse<'b, T> {
     /// through the call's access, so that it is ordered after earlier writes and not freed before
     /// the call has run. A no-op guard for operators without one. A custom operator is recorded as
     /// used, for a capture.
-    pub(crate) fn guard(&self, access: &Access<'b>) -> Result<SyncOnDrop<'b>> {
+    #[inline]
+    pub(crate) fn guard(&self, access: &Access<'b>) -> Result<Guard<'b>> {
+        if self.custom.is_none() && self.scalar.is_none() {
+            return Ok(Guard::NONE);
+        }
+        self.custom_guard(access)
+    }
+
+    /// [`OpUse::guard`] of a custom operator, out of line.
+    #[inline(never)]
+    fn custom_guard(&self, access: &Access<'b>) -> Result<Guard<'b>> {
         if let Some(custom) = self.custom {
             access.resource(custom)?;
         }
         match self.scalar {
             Some(scalar) => Ok(access.read::<T>(scalar)?.1),
-            None => Ok(SyncOnDrop::Record(None)),
+            None => Ok(Guard::NONE),
         }
     }
 }

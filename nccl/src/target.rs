@@ -7,10 +7,10 @@
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaStream, DeviceSlice, SyncOnDrop};
-use gpucomm_ordering::Access;
+use cudarc::driver::{CudaStream, DeviceSlice};
+use gpucomm_ordering::{Access, Guard};
 
-use crate::call::Call;
+use crate::call::{Buffers, Call};
 use crate::error::{Error, Result};
 use crate::graph::communicator;
 use crate::group::open::refuse_inside;
@@ -119,23 +119,27 @@ impl<'b> Plan<'_, 'b> {
         }
     }
 
-    /// Takes the buffers' pointers with `take` (through an [`Access`] on the call's stream, which
-    /// refuses a capture this crate did not open and, inside [`crate::capture`], records the
-    /// communicator and buffers for the graph), then issues the call: a direct call at once —
+    /// Takes the buffers' pointers for `call` with `take` (through an [`Access`] on the call's
+    /// stream, which refuses a capture this crate did not open and, inside [`crate::capture`],
+    /// records the communicator and buffers for the graph; `take` leaves the buffers' guards in
+    /// the array it is given), then issues the call: a direct call at once —
     /// NCCL, then [`Comm::settle`], then the stream guards are released — and a grouped one by
     /// recording it (with its guards) until the group ends. A CUDA error while ordering the
     /// buffers is returned here and nothing is issued.
     #[inline]
     pub(crate) fn submit<const N: usize>(
         self,
-        take: impl FnOnce(&Access<'b>) -> Result<(Call, [SyncOnDrop<'b>; N])>,
+        mut call: Call,
+        take: impl FnOnce(&Access<'b>, &mut [Guard<'b>; N]) -> Result<Buffers>,
     ) -> Result<()> {
         if let Some(group) = self.group {
-            return group.record(self.comm, self.stream, take);
+            return group.record(self.comm, self.stream, call, take);
         }
         let access = Access::new(self.stream);
         access.resource(communicator(self.comm))?;
-        let (call, guards) = take(&access)?;
+        let mut guards = [const { Guard::NONE }; N];
+        let buffers = take(&access, &mut guards)?;
+        call.set_buffers(buffers);
         // `take` ran the buffers' own code (their pointers and stream tracking), which can reach
         // this communicator (a `Comm::wait` that times out aborts it) after `Call::new` checked
         // it: check again, with nothing in between but the issue.

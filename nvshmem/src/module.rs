@@ -20,9 +20,9 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction, CUmodule};
-use cudarc::driver::{result, CudaStream, DeviceRepr, DriverError, LaunchConfig, SyncOnDrop};
+use cudarc::driver::{result, CudaStream, DeviceRepr, DriverError, LaunchConfig};
 use gpucomm_build_support::cubin;
-use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut, Keep, Resource, Visitor};
+use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut, Guard, Keep, Resource, Visitor};
 
 use crate::error::{Error, Result};
 use crate::ffi::call;
@@ -187,7 +187,7 @@ pub struct KernelArgs<'s, 'b> {
     access: &'s Access<'b>,
     words: Vec<u64>,
     starts: Vec<usize>,
-    guards: Vec<SyncOnDrop<'s>>,
+    guards: Vec<Guard<'s>>,
 }
 
 impl<'s, 'b: 's> KernelArgs<'s, 'b> {

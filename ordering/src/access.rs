@@ -100,11 +100,18 @@ impl<'s> Access<'s> {
         self.stream
     }
 
+    /// The call's mode: asked once (out of line, so that the calls after the first stay small
+    /// enough to inline), then remembered.
     #[inline]
     fn mode(&self) -> Result<Mode, OrderError> {
-        if let Some(m) = self.mode.get() {
-            return Ok(m);
+        match self.mode.get() {
+            Some(m) => Ok(m),
+            None => self.ask_mode(),
         }
+    }
+
+    #[inline(never)]
+    fn ask_mode(&self) -> Result<Mode, OrderError> {
         let m = capture::mode(self.stream)?;
         self.mode.set(Some(m));
         Ok(m)
@@ -183,31 +190,33 @@ impl<'s> Access<'s> {
     ///
     /// The guard borrows the buffer and the stream, not the `Access`, so guards of several calls
     /// can be kept together until their work is enqueued (a group).
+    #[inline]
     pub fn read<'a, T>(
         &self,
         buf: &'a (impl DeviceBuffer<T> + ?Sized),
-    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), OrderError>
+    ) -> Result<(sys::CUdeviceptr, Guard<'a>), OrderError>
     where
         's: 'a,
     {
         let bytes = buf.num_bytes();
         if let Some(ptr) = self.tracked_only(buf.tracked(), bytes, Use::Read)? {
-            return Ok((ptr, SyncOnDrop::Record(None)));
+            return Ok((ptr, Guard::NONE));
         }
         self.take(bytes, Use::Read, |stream| buf.device_ptr(stream))
     }
 
     /// The pointer of `buf` for writing on the call's stream, and the guard to drop after enqueue.
+    #[inline]
     pub fn write<'a, T>(
         &self,
         buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
-    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), OrderError>
+    ) -> Result<(sys::CUdeviceptr, Guard<'a>), OrderError>
     where
         's: 'a,
     {
         let bytes = buf.num_bytes();
         if let Some(ptr) = self.tracked_only(buf.tracked(), bytes, Use::Write)? {
-            return Ok((ptr, SyncOnDrop::Record(None)));
+            return Ok((ptr, Guard::NONE));
         }
         self.take(bytes, Use::Write, |stream| buf.device_ptr_mut(stream))
     }
@@ -235,12 +244,15 @@ impl<'s> Access<'s> {
         })
     }
 
+    /// The buffer's own `device_ptr` protocol (`get`), out of line: the tracked fast path of
+    /// `read` / `write` stays small enough to inline into every call.
+    #[inline(never)]
     fn take<'a>(
         &self,
         bytes: usize,
         how: Use,
         get: impl FnOnce(&'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>),
-    ) -> Result<(sys::CUdeviceptr, SyncOnDrop<'a>), OrderError>
+    ) -> Result<(sys::CUdeviceptr, Guard<'a>), OrderError>
     where
         's: 'a,
     {
@@ -260,9 +272,12 @@ impl<'s> Access<'s> {
                 if mode == Mode::Captured {
                     capture::record_use(self.stream, ptr, bytes, how);
                 }
-                (ptr, SyncOnDrop::Record(None))
+                (ptr, Guard::NONE)
             }
-            None => get(self.stream),
+            None => {
+                let (ptr, guard) = get(self.stream);
+                (ptr, Guard::from(guard))
+            }
         };
         match restore.reported() {
             Some(ordered) => ordered?,
@@ -278,6 +293,40 @@ impl<'s> Access<'s> {
             }
         }
         Ok(taken)
+    }
+}
+
+/// What a pointer taken through an [`Access`] still owes its buffer: dropped once the work that
+/// uses the pointer is enqueued, it records that use (cudarc's event, a tracker's), so that later
+/// uses and the free wait for the work. Most uses owe nothing (a tracked buffer on the stream it
+/// was last used on, a captured use): their guard is empty, and dropping it costs one branch.
+#[must_use = "drop the guard only after the work that uses the pointer is enqueued"]
+#[derive(Debug)]
+pub struct Guard<'a>(Option<SyncOnDrop<'a>>);
+
+impl Guard<'_> {
+    /// A guard that owes nothing.
+    pub const NONE: Self = Guard(None);
+
+    /// True when dropping the guard does nothing.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_none()
+    }
+}
+
+impl<'a> From<SyncOnDrop<'a>> for Guard<'a> {
+    /// The guard a buffer's `device_ptr` / `device_ptr_mut` returned; empty when it records and
+    /// synchronises nothing.
+    #[inline]
+    fn from(guard: SyncOnDrop<'a>) -> Self {
+        if matches!(guard, SyncOnDrop::Record(None) | SyncOnDrop::Sync(None)) {
+            // Dropping it would do nothing.
+            std::mem::forget(guard);
+            Guard::NONE
+        } else {
+            Guard(Some(guard))
+        }
     }
 }
 
@@ -342,4 +391,18 @@ pub(crate) fn idle_stream(ctx: &Arc<CudaContext>) -> Result<&'static CudaStream,
     map.insert(key, leaked);
     LAST.with(|l| l.set(Some((key, leaked))));
     Ok(leaked)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guards_that_would_do_nothing_are_empty() {
+        assert!(Guard::NONE.is_empty());
+        assert!(Guard::from(SyncOnDrop::Record(None)).is_empty());
+        assert!(Guard::from(SyncOnDrop::Sync(None)).is_empty());
+        // No larger than cudarc's guard: an empty one is its own niche.
+        assert_eq!(size_of::<Guard<'_>>(), size_of::<SyncOnDrop<'_>>());
+    }
 }

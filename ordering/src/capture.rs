@@ -215,14 +215,15 @@ pub(crate) fn broken() -> OrderError {
 }
 
 /// Runs `f` on this thread's scope, if it captures `stream`.
+#[inline]
 fn with_scope(stream: &CudaStream, f: impl FnOnce(&mut Scope)) {
-    if owns(stream) {
-        SCOPE.with(|s| {
-            if let Some(scope) = s.borrow_mut().as_mut() {
+    SCOPE.with(|s| {
+        if let Some(scope) = s.borrow_mut().as_mut() {
+            if scope.stream == stream.cu_stream() && scope.ctx == stream.context().cu_ctx() {
                 f(scope);
             }
-        });
-    }
+        }
+    });
 }
 
 /// Records a captured use of `bytes` bytes at `ptr` on `stream`'s device.
@@ -302,13 +303,20 @@ fn take_pending_use(s: &mut Scope, local: usize) -> Option<Nonblocking> {
 /// Enqueues the completion of `due` (taken out of the scope of `stream`) into the capture, with
 /// the scope not borrowed: the completion is a caller's function, which may ask the scope again.
 /// A failure is kept in the scope, for [`close`] to return.
+#[inline]
 fn complete_now(stream: &CudaStream, due: Option<Nonblocking>) {
     if let Some(p) = due {
-        if let Err(e) = (p.complete)(stream) {
-            with_scope(stream, |s| {
-                s.failed.get_or_insert(e);
-            });
-        }
+        complete_due(stream, p);
+    }
+}
+
+/// [`complete_now`] of a due completion, out of line.
+#[inline(never)]
+fn complete_due(stream: &CudaStream, p: Nonblocking) {
+    if let Err(e) = (p.complete)(stream) {
+        with_scope(stream, |s| {
+            s.failed.get_or_insert(e);
+        });
     }
 }
 

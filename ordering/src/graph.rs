@@ -70,9 +70,9 @@
 use std::fmt;
 use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaStream, DevicePtr, DevicePtrMut, DriverError, SyncOnDrop};
+use cudarc::driver::{sys, CudaStream, DevicePtr, DevicePtrMut, DriverError};
 
-use crate::access::Access;
+use crate::access::{Access, Guard};
 use crate::capture::{self, is_capturing, Exec, Used};
 pub use crate::usage::Resource;
 use crate::usage::{Mode, Use};
@@ -113,7 +113,7 @@ pub struct Visitor<'k> {
 
 enum Job<'k> {
     Survey { access: &'k Access<'k>, members: Vec<Member> },
-    Launch { access: &'k Access<'k>, plan: &'k [(Member, Option<Use>)], guards: Vec<SyncOnDrop<'k>>, stale: bool },
+    Launch { access: &'k Access<'k>, plan: &'k [(Member, Option<Use>)], guards: Vec<Guard<'k>>, stale: bool },
 }
 
 impl<'k> Visitor<'k> {
@@ -161,7 +161,9 @@ impl<'k> Visitor<'k> {
             }),
             Job::Launch { access, guards, stale, .. } => match planned {
                 Some((Member::Buffer { writable: false, .. }, Some(Use::Read))) => access.read(buf).map(|(ptr, g)| {
-                    guards.push(g);
+                    if !g.is_empty() {
+                        guards.push(g);
+                    }
                     Some(ptr)
                 }),
                 Some((Member::Buffer { writable: false, .. }, None)) => Ok(None),
@@ -191,7 +193,9 @@ impl<'k> Visitor<'k> {
                         Use::Write => access.write(buf),
                     };
                     taken.map(|(ptr, g)| {
-                        guards.push(g);
+                        if !g.is_empty() {
+                            guards.push(g);
+                        }
                         Some(ptr)
                     })
                 }
@@ -246,7 +250,7 @@ fn order_members<'k, K: Keep>(
     keep: &'k mut K,
     access: &'k Access<'k>,
     plan: &'k [(Member, Option<Use>)],
-) -> Result<(Vec<SyncOnDrop<'k>>, bool), OrderError> {
+) -> Result<(Vec<Guard<'k>>, bool), OrderError> {
     let mut v = Visitor { job: Job::Launch { access, plan, guards: Vec::new(), stale: false }, next: 0, error: None };
     keep.visit(&mut v);
     let Visitor { job, next, error } = v;

@@ -38,7 +38,7 @@ pub mod range;
 mod tracker;
 mod usage;
 
-pub use access::Access;
+pub use access::{Access, Guard};
 pub use buffer::{DeviceBuffer, DeviceBufferMut, DeviceMemory};
 pub use capture::{admit, captured_completion, capturing, is_capturing, relaxed, scope_open, Complete};
 pub use error::OrderError;

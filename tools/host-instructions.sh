@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The instruction counts of docs/host-cost.md, on any Linux machine (no GPU, no driver): how many
+# host instructions a safe NCCL all_reduce executes beside the raw nccl-sys call, eagerly, inside
+# nccl::capture and in groups of 16. benches/host-instructions runs under valgrind's callgrind
+# against CPU stand-ins for the driver and NCCL (tools/cpu-standins/, built into
+# target/cpu-standins), once with 0 calls and once with CALLS, per path; the difference divided by
+# CALLS is one call's instructions. The counts do not move from run to run, unlike timings. The
+# stand-ins' own instructions are in both columns; the real driver's cuStreamIsCapturing (one per
+# safe call, about 50 ns on the GPU machine) is not.
+#
+#   tools/host-instructions.sh [CALLS]     (default 3200; needs valgrind, and .deps from ./dev.sh)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+calls=${1:-3200}
+command -v valgrind >/dev/null || { echo "host-instructions: needs valgrind (apt-get install valgrind)" >&2; exit 1; }
+export GPUCOMM_PREFIX=${GPUCOMM_PREFIX:-$PWD/.deps}
+include=$GPUCOMM_PREFIX/py/nvidia/cu13/include
+[ -f "$include/cuda.h" ] || { echo "host-instructions: no cuda.h under $include: run ./dev.sh test once" >&2; exit 1; }
+standins=target/cpu-standins
+python3 tools/libcuda-stub.py "$include" "$standins" tools/cpu-standins/driver.c >/dev/null
+cc -O2 -shared -fPIC -o "$standins/libnccl.so.2" -Wl,-soname,libnccl.so.2 tools/cpu-standins/nccl.c
+bin=$(cargo build --profile bundle -p gpucomm-examples --bench host-instructions --message-format=json |
+    python3 -c 'import json, sys
+for line in sys.stdin:
+    msg = json.loads(line)
+    if msg.get("reason") == "compiler-artifact" and msg["target"]["name"] == "host-instructions" and msg.get("executable"):
+        print(msg["executable"])')
+export LD_LIBRARY_PATH=$PWD/$standins NCCL_SYS_LIBRARY=$PWD/$standins/libnccl.so.2
+
+# Instructions callgrind counted for `host-instructions PATH N`.
+count() {
+    valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" "$1" "$2" 2>&1 | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+}
+# Instructions per call of PATH.
+per_call() {
+    local none many
+    none=$(count "$1" 0)
+    many=$(count "$1" "$calls")
+    echo $(((many - none) / calls))
+}
+
+echo "host instructions per 256-byte all_reduce, $calls calls per path, CPU stand-ins (tools/cpu-standins)"
+printf '  %-8s %8s %8s %9s\n' scope raw safe overhead
+for scope in eager capture group; do
+    case $scope in
+        eager) raw=raw safe=safe ;;
+        *) raw=$scope-raw safe=$scope ;;
+    esac
+    r=$(per_call "$raw")
+    s=$(per_call "$safe")
+    printf '  %-8s %8d %8d %+9d\n' "$scope" "$r" "$s" $((s - r))
+done
