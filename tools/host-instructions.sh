@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The instruction counts of docs/host-cost.md, on any Linux machine (no GPU, no driver): how many
 # host instructions a safe NCCL all_reduce executes beside the raw nccl-sys call, eagerly, inside
-# nccl::capture and in groups of 16. benches/host-instructions runs under valgrind's callgrind
-# against CPU stand-ins for the driver and NCCL (tools/cpu-standins/, built into
-# target/cpu-standins), once with 0 calls and once with CALLS, per path; the difference divided by
-# CALLS is one call's instructions. The counts do not move from run to run, unlike timings. The
-# stand-ins' own instructions are in both columns; the real driver's cuStreamIsCapturing (one per
-# safe call, about 50 ns on the GPU machine) is not.
+# nccl::capture and in groups of 16, and a safe NVSHMEM put (64 bytes, blocking, on a stream, to
+# the PE itself) beside the raw nvshmem-sys nvshmemx_putmem_on_stream. benches/host-instructions
+# runs under valgrind's callgrind against CPU stand-ins for the driver, NCCL and NVSHMEM's host
+# library (tools/cpu-standins/, built into target/cpu-standins), once with 0 calls and once with
+# CALLS, per path; the difference divided by CALLS is one call's instructions. The counts do not
+# move from run to run, unlike timings. The stand-ins' own instructions are in both columns; the
+# real driver's cuStreamIsCapturing (one per safe call, about 50 ns on the GPU machine) is not, nor
+# the real nvshmem_ptr (one per safe put).
 #
 #   tools/host-instructions.sh [CALLS]     (default 3200; needs valgrind, and .deps from ./dev.sh)
 set -euo pipefail
@@ -19,13 +21,16 @@ include=$GPUCOMM_PREFIX/py/nvidia/cu13/include
 standins=target/cpu-standins
 python3 tools/libcuda-stub.py "$include" "$standins" tools/cpu-standins/driver.c >/dev/null
 cc -O2 -shared -fPIC -o "$standins/libnccl.so.2" -Wl,-soname,libnccl.so.2 tools/cpu-standins/nccl.c
+cc -O2 -shared -fPIC -o "$standins/libnvshmem_host.so.3" -Wl,-soname,libnvshmem_host.so.3 tools/cpu-standins/nvshmem.c
 bin=$(cargo build --profile bundle -p gpucomm-examples --bench host-instructions --message-format=json |
     python3 -c 'import json, sys
 for line in sys.stdin:
     msg = json.loads(line)
     if msg.get("reason") == "compiler-artifact" and msg["target"]["name"] == "host-instructions" and msg.get("executable"):
         print(msg["executable"])')
-export LD_LIBRARY_PATH=$PWD/$standins NCCL_SYS_LIBRARY=$PWD/$standins/libnccl.so.2
+# The -sys crates' own variables win over the real libraries that the build found.
+export LD_LIBRARY_PATH=$PWD/$standins NCCL_SYS_LIBRARY=$PWD/$standins/libnccl.so.2 \
+    NVSHMEM_SYS_LIBRARY=$PWD/$standins/libnvshmem_host.so.3
 
 # Instructions callgrind counted for `host-instructions PATH N`.
 count() {
@@ -39,9 +44,9 @@ per_call() {
     echo $(((many - none) / calls))
 }
 
-echo "host instructions per 256-byte all_reduce, $calls calls per path, CPU stand-ins (tools/cpu-standins)"
+echo "host instructions per 256-byte all_reduce (put: per 64-byte put), $calls calls per path, CPU stand-ins (tools/cpu-standins)"
 printf '  %-8s %8s %8s %9s\n' scope raw safe overhead
-for scope in eager capture group; do
+for scope in eager capture group put; do
     case $scope in
         eager) raw=raw safe=safe ;;
         *) raw=$scope-raw safe=$scope ;;

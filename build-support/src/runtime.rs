@@ -49,6 +49,7 @@ impl<A> Library<A> {
 
     /// Turns one dynamically resolved function (a field of the table) into a `Result` that names
     /// the function and the version that added it. Use through [`crate::function!`].
+    #[inline]
     pub fn resolve<'a, F>(
         &self,
         field: &'a Result<F, libloading::Error>,
@@ -116,12 +117,29 @@ impl<A> LazyLibrary<A> {
         LazyLibrary { binding, cell: OnceLock::new() }
     }
 
-    /// Loads on first call.
+    /// Loads on first call. Once loaded, a call is a load and a branch (inlined into every
+    /// function call of the safe crates); loading and a failed load's error stay out of line.
     ///
     /// # Safety
     ///
     /// As for [`Binding::load`].
+    #[inline]
     pub unsafe fn get(&self) -> Result<&Library<A>, LoadError> {
+        match self.cell.get() {
+            Some(Ok(library)) => Ok(library),
+            // SAFETY: forwarded from this function's contract.
+            _ => unsafe { self.load_or_error() },
+        }
+    }
+
+    /// [`LazyLibrary::get`] before the library is loaded, or when it could not be.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Binding::load`].
+    #[cold]
+    #[inline(never)]
+    unsafe fn load_or_error(&self) -> Result<&Library<A>, LoadError> {
         // SAFETY: forwarded from this function's contract.
         self.cell.get_or_init(|| unsafe { self.binding.load() }).as_ref().map_err(Clone::clone)
     }
@@ -325,6 +343,7 @@ macro_rules! sys_crate {
         ///
         /// Loading happens once per process; later calls return the same table or a clone of the
         /// same error. Resolve functions with [`function!`](crate::function).
+        #[inline]
         pub fn library() -> ::std::result::Result<&'static $crate::runtime::Library<$api>, $crate::runtime::LoadError> {
             #[cfg(feature = "link")]
             ::std::hint::black_box($probe as *const ());

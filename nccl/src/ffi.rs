@@ -13,6 +13,7 @@ use nccl_sys::{ncclComm_t, ncclResult_t, Version};
 use crate::error::{Error, Result, ResultCode};
 
 /// The loaded library, as this crate's error type.
+#[inline]
 pub(crate) fn lib() -> Result<&'static nccl_sys::Library<nccl_sys::Nccl>> {
     Ok(nccl_sys::library()?)
 }

@@ -12,6 +12,7 @@ use nvshmem_sys::Version;
 use crate::error::{Error, Result, Status};
 
 /// The loaded library, as this crate's error type.
+#[inline]
 pub(crate) fn lib() -> Result<&'static nvshmem_sys::Library<nvshmem_sys::Nvshmem>> {
     Ok(nvshmem_sys::library()?)
 }

@@ -58,6 +58,7 @@ pub(crate) fn disjoint_or_identical(a: Span, b: Span) -> Result<()> {
 /// The range `span` of symmetric memory names on PE `pe`, as this PE addresses it through a
 /// load/store mapping (`nvshmem_ptr`): `None` when `pe`'s memory is not mapped here (then no
 /// local range can be part of it, nor can an empty range).
+#[inline]
 pub(crate) fn on_pe(span: Span, pe: i32) -> Result<Option<Span>> {
     if span.bytes == 0 {
         // Zero-element calls are allowed; an empty range overlaps nothing, and its address need

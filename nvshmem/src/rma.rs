@@ -481,6 +481,7 @@ impl Runtime {
     /// the operation's until its quiet, like its local buffer: NVSHMEM copies on an internal
     /// stream, behind the back of the stream order that these trackers recorded when the call took
     /// the pointers. Another PE's memory is that PE's to order (a barrier, a signal).
+    #[inline]
     fn mark_target(&self, nbi: bool, pe: i32, targets: &[&StreamTracker], stream: &Arc<CudaStream>) {
         // `pe` came from `check_pe`, so it is not negative.
         if nbi && pe as usize == self.my_pe() {
@@ -506,6 +507,7 @@ fn mark_nonblocking(tracker: &StreamTracker, stream: &Arc<CudaStream>) -> bool {
 
 /// Runs `enqueue`, the checked call of a blocking operation or of its `_nbi` variant (`nbi`) on
 /// `stream`: a `_nbi` one through the quiet chain ([`quiesce::nonblocking`]).
+#[inline]
 fn issue(nbi: bool, stream: &Arc<CudaStream>, captured: bool, enqueue: impl FnOnce() -> Result<()>) -> Result<()> {
     if nbi {
         quiesce::nonblocking(stream, captured, enqueue)

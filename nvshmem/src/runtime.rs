@@ -384,6 +384,7 @@ impl Runtime {
     /// to the PE's device, makes the PE's context current (NVSHMEM resolves the legacy default
     /// stream, and does its own CUDA calls, through the current context), and returns the stream as
     /// C wants it.
+    #[inline]
     pub(crate) fn enqueue_on(&self, admitted: &Admitted<'_>) -> Result<cudaStream_t> {
         self.check_device("stream", admitted.stream)?;
         self.context().bind_to_thread()?;
