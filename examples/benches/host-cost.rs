@@ -37,15 +37,13 @@
 //! the machine.
 
 use std::error::Error;
-use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{result, sys, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
-use gpucomm_examples::bench::{flag, switch};
+use gpucomm_examples::bench::{flag, switch, RawAllReduce};
 use gpucomm_ordering::Access;
 use nccl::launch::run_main;
-use nccl::sys::{cudaStream_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
 use nccl::{Collectives, Comm, DeviceBufferMut, MemBuffer, ReduceOp};
 
 /// 256 bytes of f32.
@@ -56,65 +54,6 @@ const BATCH: usize = 32;
 const REPS: usize = 100;
 /// Calls per group in the grouped rows.
 const GROUP: usize = 16;
-
-type AllReduceFn = unsafe extern "C" fn(
-    *const c_void,
-    *mut c_void,
-    usize,
-    ncclDataType_t,
-    ncclRedOp_t,
-    nccl::sys::ncclComm_t,
-    cudaStream_t,
-) -> ncclResult_t;
-
-/// The raw `nccl-sys` entry points, resolved once.
-struct Raw {
-    all_reduce: AllReduceFn,
-    group_start: unsafe extern "C" fn() -> ncclResult_t,
-    group_end: unsafe extern "C" fn() -> ncclResult_t,
-    comm: nccl::sys::ncclComm_t,
-    stream: cudaStream_t,
-}
-
-impl Raw {
-    /// One raw all-reduce of `ELEMS` floats from `send` to `recv`.
-    fn all_reduce(&self, send: u64, recv: u64) -> Result<(), Box<dyn Error>> {
-        // SAFETY: `send` and `recv` are device addresses of buffers of ELEMS floats on the
-        // communicator's device, alive for the whole program; the communicator and stream are live.
-        let rc = unsafe {
-            (self.all_reduce)(
-                send as *const c_void,
-                recv as *mut c_void,
-                ELEMS,
-                ncclDataType_t::ncclFloat32,
-                ncclRedOp_t::ncclSum,
-                self.comm,
-                self.stream,
-            )
-        };
-        ok("ncclAllReduce", rc)
-    }
-
-    /// `GROUP` raw all-reduces into `recvs` between ncclGroupStart and ncclGroupEnd.
-    fn group(&self, send: u64, recvs: &[u64]) -> Result<(), Box<dyn Error>> {
-        // SAFETY: plain group brackets on this thread, around calls as in `all_reduce`.
-        ok("ncclGroupStart", unsafe { (self.group_start)() })?;
-        let calls: Result<(), Box<dyn Error>> = recvs.iter().try_for_each(|&r| self.all_reduce(send, r));
-        // SAFETY: closes the group opened above.
-        let rc = unsafe { (self.group_end)() };
-        calls?;
-        ok("ncclGroupEnd", rc)
-    }
-}
-
-/// A raw result code as a `Result`.
-fn ok(call: &str, rc: ncclResult_t) -> Result<(), Box<dyn Error>> {
-    if rc == ncclResult_t::ncclSuccess {
-        Ok(())
-    } else {
-        Err(format!("raw {call} returned {}", rc.0).into())
-    }
-}
 
 /// Nanoseconds `f` took.
 fn timed(f: impl FnOnce() -> Result<(), Box<dyn Error>>) -> Result<u64, Box<dyn Error>> {
@@ -248,12 +187,14 @@ impl<B: DeviceBufferMut<f32>> Buffers<B> {
 
     /// Eager calls, raw and safe alternating call by call (the first of each pair alternating too),
     /// from an idle stream: both paths see the same queue, the same caches and the same clock.
-    fn eager(&mut self, raw: &Raw, comm: &Comm, cell: &mut Cell) -> Result<(), Box<dyn Error>> {
+    fn eager(&mut self, raw: &RawAllReduce, comm: &Comm, cell: &mut Cell) -> Result<(), Box<dyn Error>> {
         comm.stream().synchronize()?;
         for i in 0..BATCH {
             let (send, recv) = (&self.send, &mut self.recvs[0]);
             let safe = || Ok(comm.all_reduce(send, recv, ReduceOp::SUM)?);
-            let raw_call = || raw.all_reduce(self.send_addr, self.recv_addrs[0]);
+            // SAFETY: the addresses are of this program's buffers of ELEMS floats (`Buffers`),
+            // which live, with the communicator, until the program ends.
+            let raw_call = || unsafe { raw.all_reduce(self.send_addr, self.recv_addrs[0]) };
             if i % 2 == 0 {
                 cell.raw.push(timed(raw_call)?);
                 cell.safe.push(timed(safe)?);
@@ -268,7 +209,7 @@ impl<B: DeviceBufferMut<f32>> Buffers<B> {
     /// The same while the stream is captured into a CUDA graph, raw and safe calls alternating in
     /// one capture opened by [`nccl::capture`] (a raw call on a captured stream is the caller's
     /// business; these buffers outlive the graph, which is dropped at once).
-    fn captured(&mut self, raw: &Raw, comm: &Comm, cell: &mut Cell) -> Result<(), Box<dyn Error>> {
+    fn captured(&mut self, raw: &RawAllReduce, comm: &Comm, cell: &mut Cell) -> Result<(), Box<dyn Error>> {
         let (send_addr, recv_addr) = (self.send_addr, self.recv_addrs[1]);
         let mut raw_failed = None;
         nccl::capture(comm.stream(), (comm, &self.send, &mut self.recvs[2]), |(comm, send, recv)| {
@@ -279,7 +220,8 @@ impl<B: DeviceBufferMut<f32>> Buffers<B> {
                     cell.safe.push(start.elapsed().as_nanos() as u64);
                 }
                 let raw_start = Instant::now();
-                if let Err(e) = raw.all_reduce(send_addr, recv_addr) {
+                // SAFETY: as in `eager`; the graph is launched only while they live.
+                if let Err(e) = unsafe { raw.all_reduce(send_addr, recv_addr) } {
                     raw_failed.get_or_insert(e.to_string());
                 }
                 cell.raw.push(raw_start.elapsed().as_nanos() as u64);
@@ -298,11 +240,12 @@ impl<B: DeviceBufferMut<f32>> Buffers<B> {
     /// Replays one raw graph (into receive buffer 1) and one safe graph (into buffer 2) into
     /// zeroed buffers, and checks both sums. The safe graph's result is read on the buffers' home
     /// stream without synchronising: the launch is recorded as the buffer's last use.
-    fn replay(&mut self, raw: &Raw, comm: &Comm, size: usize) -> Result<(), Box<dyn Error>> {
+    fn replay(&mut self, raw: &RawAllReduce, comm: &Comm, size: usize) -> Result<(), Box<dyn Error>> {
         let stream = comm.stream();
         self.zero(stream)?;
         stream.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)?;
-        let captured = raw.all_reduce(self.send_addr, self.recv_addrs[1]);
+        // SAFETY: as in `eager`; the graph is launched below, while they live.
+        let captured = unsafe { raw.all_reduce(self.send_addr, self.recv_addrs[1]) };
         let raw_graph = stream.end_capture(sys::CUgraphInstantiate_flags(0))?.ok_or("empty raw capture")?;
         captured?;
         let mut safe_graph = nccl::capture(stream, (comm, &self.send, &mut self.recvs[2]), |(comm, send, recv)| {
@@ -318,11 +261,12 @@ impl<B: DeviceBufferMut<f32>> Buffers<B> {
     }
 
     /// Groups of `GROUP` calls, timed per group and divided by `GROUP`.
-    fn grouped(&mut self, raw: &Raw, comm: &Comm, cell: &mut Cell) -> Result<(), Box<dyn Error>> {
+    fn grouped(&mut self, raw: &RawAllReduce, comm: &Comm, cell: &mut Cell) -> Result<(), Box<dyn Error>> {
         let raw_first = cell.raw.len().is_multiple_of(2);
         if raw_first {
             comm.stream().synchronize()?;
-            cell.raw.push(timed(|| raw.group(self.send_addr, &self.recv_addrs))? / GROUP as u64);
+            // SAFETY: as in `eager`, for every receive buffer.
+            cell.raw.push(timed(|| unsafe { raw.group(self.send_addr, &self.recv_addrs) })? / GROUP as u64);
         }
         comm.stream().synchronize()?;
         let (send, recvs) = (&self.send, &mut self.recvs);
@@ -337,7 +281,8 @@ impl<B: DeviceBufferMut<f32>> Buffers<B> {
         cell.safe.push(ns / GROUP as u64);
         if !raw_first {
             comm.stream().synchronize()?;
-            cell.raw.push(timed(|| raw.group(self.send_addr, &self.recv_addrs))? / GROUP as u64);
+            // SAFETY: as in `eager`, for every receive buffer.
+            cell.raw.push(timed(|| unsafe { raw.group(self.send_addr, &self.recv_addrs) })? / GROUP as u64);
         }
         Ok(())
     }
@@ -363,7 +308,7 @@ impl Parts {
         &mut self,
         round: usize,
         (send, recv): (&MemBuffer<f32>, &mut MemBuffer<f32>),
-        raw: &Raw,
+        raw: &RawAllReduce,
         comm: &Comm,
     ) -> Result<(), Box<dyn Error>> {
         let stream = comm.stream();
@@ -371,7 +316,8 @@ impl Parts {
         for k in 0..4 {
             let recv = &mut *recv;
             match (round + k) % 4 {
-                0 => self.raw.push(timed(|| raw.all_reduce(send_addr, recv_addr))?),
+                // SAFETY: the addresses of `send` and `recv`, borrowed for this function.
+                0 => self.raw.push(timed(|| unsafe { raw.all_reduce(send_addr, recv_addr) })?),
                 1 => self.ordering.push(timed(|| {
                     let access = Access::new(stream);
                     let (_, read) = access.read(send)?;
@@ -383,7 +329,8 @@ impl Parts {
                     let access = Access::new(stream);
                     let (s, read) = access.read(send)?;
                     let (r, write) = access.write(recv)?;
-                    raw.all_reduce(s, r)?;
+                    // SAFETY: the addresses the access just took, of buffers borrowed here.
+                    unsafe { raw.all_reduce(s, r) }?;
                     drop((read, write));
                     Ok(())
                 })?),
@@ -408,7 +355,7 @@ impl Parts {
 /// [`Parts`] eagerly (from an idle stream) and inside one capture of `nccl::capture`.
 fn parts(
     bufs: &mut Buffers<MemBuffer<f32>>,
-    raw: &Raw,
+    raw: &RawAllReduce,
     comm: &Comm,
     reps: usize,
 ) -> Result<[Parts; 2], Box<dyn Error>> {
@@ -442,7 +389,7 @@ fn parts(
 /// One batch of every cell (eager, captured, grouped) for one kind of buffer.
 fn measure<B: DeviceBufferMut<f32>>(
     bufs: &mut Buffers<B>,
-    raw: &Raw,
+    raw: &RawAllReduce,
     comm: &Comm,
     cells: &mut [Cell; 3],
 ) -> Result<(), Box<dyn Error>> {
@@ -460,14 +407,7 @@ fn main() -> std::process::ExitCode {
         // events.
         let (stream, comm) = gpucomm_examples::rank_comm(&info)?;
         let (rank, size) = (comm.rank(), comm.size());
-        let lib = nccl::sys::library()?;
-        let raw = Raw {
-            all_reduce: *nccl::sys::function!(lib, ncclAllReduce)?,
-            group_start: *nccl::sys::function!(lib, ncclGroupStart)?,
-            group_end: *nccl::sys::function!(lib, ncclGroupEnd)?,
-            comm: comm.as_raw(),
-            stream: stream.cu_stream() as cudaStream_t,
-        };
+        let raw = RawAllReduce::new(&comm, ELEMS)?;
 
         let mut mem = Buffers::new("MemBuffer", &stream, |h| Ok(MemBuffer::from_host(&stream, h)?))?;
         let mut plain: Buffers<CudaSlice<f32>> = Buffers::new("CudaSlice", &stream, |h| Ok(stream.clone_htod(h)?))?;

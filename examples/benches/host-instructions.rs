@@ -33,7 +33,7 @@ use std::ffi::c_void;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaStream};
-use nccl::sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
+use gpucomm_examples::bench::RawAllReduce;
 use nccl::{Collectives, Comm, MemBuffer, ReduceOp, UniqueId};
 use nvshmem::{Runtime, Symmetric};
 
@@ -45,66 +45,6 @@ const GROUP: usize = 16;
 const PUT_BYTES: usize = 64;
 /// The paths, in the order a run without arguments takes them: the all-reduces, then the puts.
 const PATHS: [&str; 8] = ["raw", "safe", "capture-raw", "capture", "group-raw", "group", "put-raw", "put"];
-
-/// `ncclAllReduce`.
-type AllReduceFn = unsafe extern "C" fn(
-    *const c_void,
-    *mut c_void,
-    usize,
-    ncclDataType_t,
-    ncclRedOp_t,
-    ncclComm_t,
-    cudaStream_t,
-) -> ncclResult_t;
-
-/// The raw NCCL entry points and handles.
-struct Raw {
-    all_reduce: AllReduceFn,
-    group_start: unsafe extern "C" fn() -> ncclResult_t,
-    group_end: unsafe extern "C" fn() -> ncclResult_t,
-    comm: ncclComm_t,
-    stream: cudaStream_t,
-}
-
-impl Raw {
-    /// One raw all-reduce from `send` to `recv`.
-    fn all_reduce(&self, send: u64, recv: u64) -> Result<(), Box<dyn Error>> {
-        // SAFETY: `send` and `recv` are device addresses of buffers of ELEMS floats on the
-        // communicator's device, alive for the whole program; the communicator and stream are live.
-        let rc = unsafe {
-            (self.all_reduce)(
-                send as *const c_void,
-                recv as *mut c_void,
-                ELEMS,
-                ncclDataType_t::ncclFloat32,
-                ncclRedOp_t::ncclSum,
-                self.comm,
-                self.stream,
-            )
-        };
-        ok("ncclAllReduce", rc)
-    }
-
-    /// One raw group of `recvs.len()` all-reduces.
-    fn group(&self, send: u64, recvs: &[u64]) -> Result<(), Box<dyn Error>> {
-        // SAFETY: plain group brackets on this thread, around calls as in `all_reduce`.
-        ok("ncclGroupStart", unsafe { (self.group_start)() })?;
-        let calls: Result<(), Box<dyn Error>> = recvs.iter().try_for_each(|&r| self.all_reduce(send, r));
-        // SAFETY: closes the group opened above.
-        let rc = unsafe { (self.group_end)() };
-        calls?;
-        ok("ncclGroupEnd", rc)
-    }
-}
-
-/// A raw result code as a `Result`.
-fn ok(call: &str, rc: ncclResult_t) -> Result<(), Box<dyn Error>> {
-    if rc == ncclResult_t::ncclSuccess {
-        Ok(())
-    } else {
-        Err(format!("raw {call} returned {}", rc.0).into())
-    }
-}
 
 /// `nvshmemx_putmem_on_stream`.
 type PutFn = unsafe extern "C" fn(*mut c_void, *const c_void, usize, i32, nvshmem::sys::cudaStream_t);
@@ -130,7 +70,7 @@ impl RawPut {
 fn run(
     path: &str,
     calls: usize,
-    raw: &Raw,
+    raw: &RawAllReduce,
     comm: &Comm,
     send: &MemBuffer<f32>,
     recvs: &mut [MemBuffer<f32>],
@@ -138,7 +78,11 @@ fn run(
     let (send_addr, recv_addr) = (send.as_raw(), recvs[0].as_raw());
     let recv_addrs: Vec<u64> = recvs.iter().map(MemBuffer::as_raw).collect();
     match path {
-        "raw" => (0..calls).try_for_each(|_| raw.all_reduce(send_addr, recv_addr))?,
+        "raw" => (0..calls).try_for_each(|_| {
+            // SAFETY: the addresses are of `send` and `recvs`, borrowed here, with the
+            // communicator (the captured graph below is launched before this function returns).
+            unsafe { raw.all_reduce(send_addr, recv_addr) }
+        })?,
         "safe" => (0..calls).try_for_each(|_| comm.all_reduce(send, &mut recvs[0], ReduceOp::SUM))?,
         "capture-raw" | "capture" => {
             let mut raw_failed = None;
@@ -146,7 +90,8 @@ fn run(
                 for _ in 0..calls {
                     if path == "capture" {
                         comm.all_reduce(*send, *recv, ReduceOp::SUM)?;
-                    } else if let Err(e) = raw.all_reduce(send_addr, recv_addr) {
+                    // SAFETY: see the raw path above.
+                    } else if let Err(e) = unsafe { raw.all_reduce(send_addr, recv_addr) } {
                         raw_failed.get_or_insert(e.to_string());
                     }
                 }
@@ -158,7 +103,8 @@ fn run(
             }
             graph.launch()?;
         }
-        "group-raw" => (0..calls / GROUP).try_for_each(|_| raw.group(send_addr, &recv_addrs))?,
+        // SAFETY: see the raw path above.
+        "group-raw" => (0..calls / GROUP).try_for_each(|_| unsafe { raw.group(send_addr, &recv_addrs) })?,
         "group" => (0..calls / GROUP).try_for_each(|_| {
             nccl::group(|g| {
                 for recv in recvs.iter_mut() {
@@ -201,14 +147,7 @@ fn all_reduces(stream: &Arc<CudaStream>, paths: &[&str], calls: usize) -> Result
     let comm = Comm::init_rank(stream.clone(), &UniqueId::new()?, 0, 1)?;
     let send = MemBuffer::from_host(stream, &[1.0f32; ELEMS])?;
     let mut recvs = (0..GROUP).map(|_| MemBuffer::<f32>::zeroed(stream, ELEMS)).collect::<Result<Vec<_>, _>>()?;
-    let lib = nccl::sys::library()?;
-    let raw = Raw {
-        all_reduce: *nccl::sys::function!(lib, ncclAllReduce)?,
-        group_start: *nccl::sys::function!(lib, ncclGroupStart)?,
-        group_end: *nccl::sys::function!(lib, ncclGroupEnd)?,
-        comm: comm.as_raw(),
-        stream: stream.cu_stream() as cudaStream_t,
-    };
+    let raw = RawAllReduce::new(&comm, ELEMS)?;
     // The first call of each kind resolves functions and connects: outside the counted calls.
     comm.all_reduce(&send, &mut recvs[0], ReduceOp::SUM)?;
     for &path in paths {

@@ -2,14 +2,107 @@
 //! back-to-back calls, then one stream synchronisation), eagerly and replayed from a CUDA graph,
 //! with every rank starting together.
 
+use std::ffi::c_void;
 use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{CudaStream, DriverError};
+use nccl::sys::{cudaStream_t, ncclComm_t, ncclDataType_t, ncclRedOp_t, ncclResult_t};
 use nccl::{Collectives, Comm, Keep, MemBuffer, ReduceOp};
 
 /// Everything a timing loop can fail with.
 pub type BoxError = Box<dyn std::error::Error>;
+
+/// `ncclAllReduce`'s C signature.
+type AllReduceFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    usize,
+    ncclDataType_t,
+    ncclRedOp_t,
+    ncclComm_t,
+    cudaStream_t,
+) -> ncclResult_t;
+
+/// The raw `nccl-sys` all-reduce that the host-cost programs put beside the safe call: the entry
+/// points resolved once, the communicator's raw handle and its stream, `count` floats summed per
+/// call.
+pub struct RawAllReduce {
+    all_reduce: AllReduceFn,
+    group_start: unsafe extern "C" fn() -> ncclResult_t,
+    group_end: unsafe extern "C" fn() -> ncclResult_t,
+    comm: ncclComm_t,
+    stream: cudaStream_t,
+    count: usize,
+}
+
+impl RawAllReduce {
+    /// The raw calls of `comm`, on its own stream, of `count` floats each.
+    pub fn new(comm: &Comm, count: usize) -> Result<Self, BoxError> {
+        let lib = nccl::sys::library()?;
+        Ok(RawAllReduce {
+            all_reduce: *nccl::sys::function!(lib, ncclAllReduce)?,
+            group_start: *nccl::sys::function!(lib, ncclGroupStart)?,
+            group_end: *nccl::sys::function!(lib, ncclGroupEnd)?,
+            comm: comm.as_raw(),
+            stream: comm.stream().cu_stream() as cudaStream_t,
+            count,
+        })
+    }
+
+    /// One raw `ncclAllReduce` (sum) from `send` to `recv`.
+    ///
+    /// # Safety
+    ///
+    /// `send` and `recv` are device addresses of at least `count` floats on the communicator's
+    /// device, which stay allocated until the work is done; the communicator is alive and not
+    /// aborted; its stream is not being captured, or captured into a graph launched only while
+    /// all of that holds.
+    #[inline]
+    pub unsafe fn all_reduce(&self, send: u64, recv: u64) -> Result<(), BoxError> {
+        // SAFETY: the arguments are as this function's contract says; the rest is NCCL's
+        // signature, with a data type and operator it knows.
+        let rc = unsafe {
+            (self.all_reduce)(
+                send as *const c_void,
+                recv as *mut c_void,
+                self.count,
+                ncclDataType_t::ncclFloat32,
+                ncclRedOp_t::ncclSum,
+                self.comm,
+                self.stream,
+            )
+        };
+        ok("ncclAllReduce", rc)
+    }
+
+    /// Raw all-reduces from `send` into each of `recvs`, between `ncclGroupStart` and
+    /// `ncclGroupEnd`.
+    ///
+    /// # Safety
+    ///
+    /// As for [`RawAllReduce::all_reduce`], for `send` and every one of `recvs`.
+    pub unsafe fn group(&self, send: u64, recvs: &[u64]) -> Result<(), BoxError> {
+        // SAFETY: plain group brackets on this thread.
+        ok("ncclGroupStart", unsafe { (self.group_start)() })?;
+        // SAFETY: forwarded from this function's contract.
+        let calls: Result<(), BoxError> = recvs.iter().try_for_each(|&r| unsafe { self.all_reduce(send, r) });
+        // SAFETY: closes the group opened above.
+        let rc = unsafe { (self.group_end)() };
+        calls?;
+        ok("ncclGroupEnd", rc)
+    }
+}
+
+/// A raw result code as a `Result`.
+#[inline]
+fn ok(call: &str, rc: ncclResult_t) -> Result<(), BoxError> {
+    if rc == ncclResult_t::ncclSuccess {
+        Ok(())
+    } else {
+        Err(format!("raw {call} returned {}", rc.0).into())
+    }
+}
 
 /// The value after `name` on the command line (`--max 1048576` → `Some("1048576")`), `None`
 /// when `name` is absent; the measuring programs' options.
