@@ -185,9 +185,7 @@ impl<'a> Group<'a> {
         call.set_buffers(buffers);
         recorded.calls.push(call);
         for guard in guards {
-            if !guard.is_empty() {
-                recorded.guards.push(guard);
-            }
+            guard.keep_in(&mut recorded.guards);
         }
         if !recorded.settle.iter().any(|(c, s)| std::ptr::eq(*c, comm) && same_stream(s, stream)) {
             recorded.settle.push((comm, stream));

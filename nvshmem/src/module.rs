@@ -194,14 +194,14 @@ impl<'s, 'b: 's> KernelArgs<'s, 'b> {
     /// A device buffer the kernel reads (its address is passed).
     pub fn buffer<T>(&mut self, buf: &'b impl DeviceBuffer<T>) -> Result<&mut Self> {
         let (ptr, guard) = self.access.read(buf)?;
-        self.guards.push(guard);
+        guard.keep_in(&mut self.guards);
         self.value(ptr)
     }
 
     /// A device buffer the kernel writes (its address is passed).
     pub fn buffer_mut<T>(&mut self, buf: &'b mut impl DeviceBufferMut<T>) -> Result<&mut Self> {
         let (ptr, guard) = self.access.write(buf)?;
-        self.guards.push(guard);
+        guard.keep_in(&mut self.guards);
         self.value(ptr)
     }
 

@@ -150,6 +150,14 @@ pub(crate) struct Scope {
     failed: Option<String>,
 }
 
+impl Scope {
+    /// True when this scope captures `stream`.
+    #[inline]
+    fn captures(&self, stream: &CudaStream) -> bool {
+        self.stream == stream.cu_stream() && self.ctx == stream.context().cu_ctx()
+    }
+}
+
 /// Non-blocking operations awaiting their completion inside a capture.
 struct Nonblocking {
     complete: Complete,
@@ -168,9 +176,7 @@ thread_local! {
 /// True when this thread's scope captures `stream`.
 #[inline]
 fn owns(stream: &CudaStream) -> bool {
-    SCOPE.with(|s| {
-        s.borrow().as_ref().is_some_and(|s| s.stream == stream.cu_stream() && s.ctx == stream.context().cu_ctx())
-    })
+    SCOPE.with(|s| s.borrow().as_ref().is_some_and(|s| s.captures(stream)))
 }
 
 /// How work enqueued on `stream` now is handled: run eagerly, or recorded by this thread's scope.
@@ -218,10 +224,8 @@ pub(crate) fn broken() -> OrderError {
 #[inline]
 fn with_scope(stream: &CudaStream, f: impl FnOnce(&mut Scope)) {
     SCOPE.with(|s| {
-        if let Some(scope) = s.borrow_mut().as_mut() {
-            if scope.stream == stream.cu_stream() && scope.ctx == stream.context().cu_ctx() {
-                f(scope);
-            }
+        if let Some(scope) = s.borrow_mut().as_mut().filter(|scope| scope.captures(stream)) {
+            f(scope);
         }
     });
 }

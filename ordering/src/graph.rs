@@ -161,9 +161,7 @@ impl<'k> Visitor<'k> {
             }),
             Job::Launch { access, guards, stale, .. } => match planned {
                 Some((Member::Buffer { writable: false, .. }, Some(Use::Read))) => access.read(buf).map(|(ptr, g)| {
-                    if !g.is_empty() {
-                        guards.push(g);
-                    }
+                    g.keep_in(guards);
                     Some(ptr)
                 }),
                 Some((Member::Buffer { writable: false, .. }, None)) => Ok(None),
@@ -193,9 +191,7 @@ impl<'k> Visitor<'k> {
                         Use::Write => access.write(buf),
                     };
                     taken.map(|(ptr, g)| {
-                        if !g.is_empty() {
-                            guards.push(g);
-                        }
+                        g.keep_in(guards);
                         Some(ptr)
                     })
                 }
