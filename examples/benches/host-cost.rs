@@ -25,7 +25,7 @@
 //! `cargo bench -p gpucomm-examples --bench host-cost -- --nproc 2`; in the GPU bundle,
 //! `bundle/benches/host-cost --nproc 2` (`bash bundle/gpu-host-cost.sh` runs it with the NVSHMEM
 //! bench for `docs/host-cost.md`). `--reps N` takes N batches per cell instead of 100 (the medians
-//! settle with more); after NCCL's setup each rank pins its thread to a CPU of its own (`--no-pin`
+//! settle with more; 500 untimed batches of every cell come first); after NCCL's setup each rank pins its thread to a CPU of its own (`--no-pin`
 //! leaves it to the scheduler).
 //!
 //! What it prints, once per rank: a table of median nanoseconds per call (raw, safe, the
@@ -54,6 +54,11 @@ const BATCH: usize = 32;
 const REPS: usize = 100;
 /// Calls per group in the grouped rows.
 const GROUP: usize = 16;
+/// Untimed batches of every cell before the measured ones (about a second): the first runs of a
+/// process on a machine that had been idle measured raw calls up to 1.35× slower than later runs
+/// (clocks rising, caches filling), and the overheads with them. A count, not a time: every
+/// rank must make the same collectives.
+const WARM_UP: usize = 500;
 
 /// Nanoseconds `f` took.
 fn timed(f: impl FnOnce() -> Result<(), Box<dyn Error>>) -> Result<u64, Box<dyn Error>> {
@@ -416,6 +421,11 @@ fn main() -> std::process::ExitCode {
         stream.synchronize()?;
         let cpu = if pinned { Some(pin(rank, size)?) } else { None };
 
+        for _ in 0..WARM_UP {
+            let mut discarded: [Cell; 3] = Default::default();
+            measure(&mut mem, &raw, &comm, &mut discarded)?;
+            measure(&mut plain, &raw, &comm, &mut discarded)?;
+        }
         let mut mem_cells: [Cell; 3] = Default::default();
         let mut plain_cells: [Cell; 3] = Default::default();
         for _ in 0..reps {

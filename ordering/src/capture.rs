@@ -127,7 +127,7 @@ pub fn relaxed<R>(f: impl FnOnce() -> Result<R, DriverError>) -> Result<R, Drive
 }
 
 /// One use of device memory by a captured call.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Used {
     pub(crate) ordinal: usize,
     pub(crate) ptr: sys::CUdeviceptr,
@@ -150,7 +150,20 @@ pub(crate) struct Scope {
     failed: Option<String>,
 }
 
+/// How many of the latest recorded uses a new one is compared with: a loop captures the same few
+/// buffers again and again, and a repeated use adds nothing to the graph's plan, so it is not
+/// recorded twice (the list, and the plan made from it, stay as long as the distinct uses).
+const RECENT_USES: usize = 8;
+
 impl Scope {
+    /// Records a captured use, unless one of the latest recorded ones is the same.
+    #[inline]
+    fn note(&mut self, used: Used) {
+        if !self.used.iter().rev().take(RECENT_USES).any(|u| *u == used) {
+            self.used.push(used);
+        }
+    }
+
     /// True when this scope captures `stream`.
     #[inline]
     fn captures(&self, stream: &CudaStream) -> bool {
@@ -233,7 +246,7 @@ fn with_scope(stream: &CudaStream, f: impl FnOnce(&mut Scope)) {
 /// Records a captured use of `bytes` bytes at `ptr` on `stream`'s device.
 pub(crate) fn record_use(stream: &CudaStream, ptr: sys::CUdeviceptr, bytes: usize, how: Use) {
     let ordinal = stream.context().ordinal();
-    with_scope(stream, |s| s.used.push(Used { ordinal, ptr, bytes, how }));
+    with_scope(stream, |s| s.note(Used { ordinal, ptr, bytes, how }));
 }
 
 /// Records a captured use of `bytes` bytes at `ptr` on `stream`'s device, in memory whose tracker
@@ -245,7 +258,7 @@ pub(crate) fn record_tracked_use(stream: &CudaStream, local: usize, ptr: sys::CU
     let mut due = None;
     with_scope(stream, |s| {
         due = take_pending_use(s, local);
-        s.used.push(Used { ordinal, ptr, bytes, how });
+        s.note(Used { ordinal, ptr, bytes, how });
     });
     complete_now(stream, due);
 }
@@ -370,4 +383,37 @@ pub(crate) fn close(stream: &CudaStream) -> (Option<Scope>, Result<(), String>) 
         None => completed,
     };
     (scope, completed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_repeated_use_is_recorded_once() {
+        let mut s = Scope {
+            stream: std::ptr::null_mut(),
+            ctx: std::ptr::null_mut(),
+            used: Vec::new(),
+            resources: Vec::new(),
+            pending: None,
+            failed: None,
+        };
+        let read = Used { ordinal: 0, ptr: 0x1000, bytes: 256, how: Use::Read };
+        let write = Used { ptr: 0x2000, how: Use::Write, ..read };
+        for _ in 0..100 {
+            s.note(read);
+            s.note(write);
+        }
+        assert_eq!(s.used, [read, write]);
+        // A use that differs in anything is recorded: here only in how the memory is used.
+        s.note(Used { how: Use::Write, ..read });
+        assert_eq!(s.used.len(), 3);
+        // Beyond the latest RECENT_USES, a repeat is recorded again (the plan is the same).
+        for i in 0..RECENT_USES as u64 {
+            s.note(Used { ptr: 0x10_000 + i, ..read });
+        }
+        s.note(read);
+        assert_eq!(s.used.len(), 4 + RECENT_USES);
+    }
 }

@@ -27,12 +27,23 @@ pub(crate) enum Mode {
 /// Something a captured call uses besides device memory (a communicator, a team, an NVSHMEM
 /// runtime, a module, a custom operator), named by its kind and the address of the Rust value:
 /// a graph must keep a borrow of that very value.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Eq)]
 pub struct Resource {
     kind: &'static str,
     id: usize,
     /// Made by [`Resource::numbered`]: a graph that keeps it when captured needs it kept.
     numbered: bool,
+}
+
+impl PartialEq for Resource {
+    /// Same kind, number and origin; the kinds, static strings, are compared by address before
+    /// their text (a captured call compares its resources with the scope's list each time).
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        self.id == other.id
+            && self.numbered == other.numbered
+            && (std::ptr::eq(self.kind, other.kind) || self.kind == other.kind)
+    }
 }
 
 impl Resource {
