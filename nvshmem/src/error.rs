@@ -328,6 +328,18 @@ pub enum Error {
         /// What NVSHMEM requires: `"disjoint"`, or `"disjoint or identical"`.
         needed: &'static str,
     },
+    /// The local buffer of a put or get (a put's source, a get's destination) whose target PE this
+    /// PE reaches over a network transport, not by loads and stores: NVSHMEM can use it there only
+    /// when it lies on the symmetric heap or inside one [`crate::Registration`], and crashes or
+    /// copies garbage otherwise. Nothing was called.
+    #[error("the {what} is neither on the symmetric heap nor inside one registered buffer, which NVSHMEM needs to reach PE {pe} over its network transport: allocate it with Runtime::alloc or register it with Runtime::register (nothing was called)")]
+    #[doc(alias = "nvshmemx_buffer_register")]
+    LocalNotRegistered {
+        /// Which buffer.
+        what: &'static str,
+        /// The target PE.
+        pe: usize,
+    },
     /// The PEs asked for different symmetric allocations in the same collective call: allocating
     /// would leave the symmetric heaps out of step (later buffers at different offsets on
     /// different PEs). Nothing was allocated, on any PE.

@@ -17,6 +17,7 @@ pub use limit::HeapLimit;
 use crate::agree::{Ask, Op};
 use crate::error::{Error, Result};
 use crate::ffi::call;
+use crate::runtime::make_current;
 use crate::Runtime;
 
 mod sealed {
@@ -143,15 +144,17 @@ impl Runtime {
         let bytes = local.as_ref().map_or(0, |(bytes, _)| *bytes as u64);
         let ask = Ask { op: Op::Alloc, bytes, align, offset: 0, refused: local.is_err() };
         let agreement = self.agreement()?;
-        self.context().bind_to_thread()?;
+        // Not `bind_to_thread`, which would first fail with an unrelated error recorded in the
+        // context (by any thread): this PE would leave, and the others wait in the agreement.
+        make_current(self.context())?;
         let agreed = agreement.agree(ask)?;
         // This PE's refusal, decided before the agreement and told to the others through it:
         // nothing after the agreement may fail on one PE alone, which would leave the others
         // waiting inside `nvshmem_malloc`.
         let (bytes, tracker) = local?;
         agreed.check(Op::Alloc, None)?;
-        // SAFETY: NVSHMEM is initialised (the runtime exists) and its context is current (bound
-        // before the agreement, which binds no other); the sizes are non-zero and, with the
+        // SAFETY: NVSHMEM is initialised (the runtime exists) and its context is current (made so
+        // before the agreement, which makes no other current); the sizes are non-zero and, with the
         // alignment, within the heap's configured limit (checked above), and every PE asks for the
         // same size and alignment (agreed above).
         let ptr = unsafe {
@@ -292,14 +295,17 @@ impl<'rt, T> Symmetric<'rt, T> {
                 offset: agreement.offset(self.device_address()),
                 refused: refusal.is_some(),
             };
-            self.rt.context().bind_to_thread()?;
+            // Not `bind_to_thread`, here or after the agreement: it would first fail with an
+            // unrelated error recorded in the context (by any thread), and this PE would leave
+            // the others waiting in the agreement, or keep the buffer while they free it.
+            make_current(self.rt.context())?;
             agreement.agree(ask)?.check(Op::Free, refusal)?;
-            self.rt.context().bind_to_thread()?;
             // SAFETY: the pointer came from nvshmem_malloc/calloc/align of this runtime; no queued
             // work uses it (its streams were waited for); every PE frees the buffer at the same
             // offset and of the same size (agreed above); `self` is consumed on success, so
-            // nothing refers to it afterwards; the PE's context is current. If the function does
-            // not resolve, nothing is called and the buffer is handed back intact.
+            // nothing refers to it afterwards; the PE's context is current (made so before the
+            // agreement, which makes no other current). If the function does not resolve,
+            // nothing is called and the buffer is handed back intact.
             unsafe { call!(nvshmem_free(self.ptr.as_ptr())) }
         })();
         match freed {

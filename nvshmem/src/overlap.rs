@@ -6,7 +6,8 @@
 //! overlapping ranges, so every call checks its ranges here before NVSHMEM sees them. A put or get
 //! that reaches the other PE's memory through a load/store mapping (its own PE, or a peer over
 //! NVLink) is checked against that mapping (`nvshmem_ptr`), since a local source there can be
-//! the very memory the put writes.
+//! the very memory the put writes. One that does not, reaching the other PE over a network
+//! transport, asks instead whether its local buffer lies on this PE's heap ([`on_my_heap`]).
 
 use std::ffi::c_void;
 
@@ -34,6 +35,13 @@ impl Span {
 
     fn shares_a_byte_with(&self, other: &Span) -> bool {
         self.bytes > 0 && other.bytes > 0 && self.addr < other.end() && other.addr < self.end()
+    }
+
+    /// True when every byte of the range lies in `outer` (and neither runs past the end of the
+    /// address space).
+    pub(crate) fn lies_in(&self, outer: &Span) -> bool {
+        let end = |s: &Span| s.addr.checked_add(s.bytes as CUdeviceptr);
+        matches!((end(self), end(outer)), (Some(e), Some(o)) if outer.addr <= self.addr && e <= o)
     }
 }
 
@@ -71,6 +79,22 @@ pub(crate) fn on_pe(span: Span, pe: i32) -> Result<Option<Span>> {
     Ok((!mapped.is_null()).then_some(Span { addr: mapped as CUdeviceptr, ..span }))
 }
 
+/// True when every byte of `span` lies on the symmetric heap of this PE, `my_pe`: on its own PE
+/// `nvshmem_ptr` gives back an address of the heap and null for any other, and the heap is one
+/// range, so its first and last byte tell.
+pub(crate) fn on_my_heap(span: Span, my_pe: i32) -> Result<bool> {
+    let last = span.addr.saturating_add(span.bytes.saturating_sub(1) as CUdeviceptr);
+    for addr in [span.addr, last] {
+        // SAFETY: nvshmem_ptr only computes an address (null for one outside the heap, which may
+        // be any address); `my_pe` is this PE's number.
+        let mapped = unsafe { call!(nvshmem_ptr(addr as *const c_void, my_pe)) }?;
+        if mapped.is_null() {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -93,5 +117,15 @@ mod tests {
         let err = disjoint_or_identical(s(0, 16), s(4, 16)).unwrap_err();
         assert!(err.to_string().ends_with("they must be disjoint or identical"), "{err}");
         assert!(disjoint(s(u64::MAX - 4, 8), s(0, 8)).is_ok(), "no wrap-around");
+    }
+
+    #[test]
+    fn a_range_lies_in_another_when_every_byte_does() {
+        let s = |addr, bytes| Span::new("x", addr, bytes);
+        assert!(s(16, 8).lies_in(&s(16, 8)), "itself");
+        assert!(s(20, 4).lies_in(&s(16, 8)), "its tail");
+        assert!(!s(20, 8).lies_in(&s(16, 8)), "past the end");
+        assert!(!s(12, 8).lies_in(&s(16, 8)), "before the start");
+        assert!(!s(u64::MAX - 4, 8).lies_in(&s(u64::MAX - 8, 8)), "past the address space");
     }
 }

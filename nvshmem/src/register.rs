@@ -1,20 +1,25 @@
 //! Registering local device memory with NVSHMEM's remote transports.
 
+use std::cell::RefCell;
 use std::ffi::c_void;
 use std::marker::PhantomData;
 use std::mem::ManuallyDrop;
 use std::ops::Deref;
 use std::ptr::NonNull;
 
+use cudarc::driver::sys::CUdeviceptr;
 use gpucomm_ordering::{DeviceBufferMut, Keep, PinnedMut, Visitor};
 
 use crate::error::{Error, Result};
 use crate::ffi::call;
+use crate::overlap::Span;
 use crate::Runtime;
 
 /// Local device memory registered with NVSHMEM (`nvshmemx_buffer_register`), so that remote
-/// transports (InfiniBand, …) can use it as the local side of puts and gets. Registration is local
-/// to this PE, not collective. Over NVLink and PCIe peer-to-peer it is not needed.
+/// transports (InfiniBand, …) can use it as the local side of puts and gets: a put or get to a PE
+/// reached over one refuses local memory that is neither symmetric nor inside one registration
+/// ([`Error::LocalNotRegistered`]). Registration is local to this PE, not collective. Over NVLink
+/// and PCIe peer-to-peer it is not needed.
 ///
 /// The registration owns the buffer — so it cannot be freed while NVSHMEM holds it — and gives it
 /// back with [`Registration::unregister`]; in between it is read through `&*reg` ([`Deref`]) and
@@ -55,8 +60,8 @@ impl Runtime {
     ///
     /// A refused registration hands the buffer back, untouched, with the error:
     /// [`Error::ZeroSize`] for an empty buffer, [`Error::WrongDevice`] for one on another device,
-    /// a CUDA error, or NVSHMEM's error when `nvshmemx_buffer_register` fails (NVSHMEM then
-    /// registered nothing).
+    /// a CUDA error, or NVSHMEM's error when `nvshmemx_buffer_register` fails (nothing stays
+    /// registered: what some of NVSHMEM's transports took before another failed is unregistered).
     #[doc(alias = "nvshmemx_buffer_register")]
     pub fn register<T, B: DeviceBufferMut<T> + 'static>(
         &self,
@@ -75,8 +80,8 @@ impl Runtime {
         }
     }
 
-    /// Checks `buf` and registers its memory (`nvshmemx_buffer_register`), giving its address;
-    /// nothing is registered when it fails.
+    /// Checks `buf` and registers its memory (`nvshmemx_buffer_register`), giving its address,
+    /// and adds its range to the runtime's [`Registered`]; nothing stays registered when it fails.
     fn register_ptr<T>(&self, buf: &mut impl DeviceBufferMut<T>) -> Result<NonNull<c_void>> {
         let bytes = buf.num_bytes();
         let empty = Error::ZeroSize { len: buf.len(), elem_size: size_of::<T>() };
@@ -92,8 +97,62 @@ impl Runtime {
         // registration (the caller builds it at once, from a `'static` buffer that borrows no
         // other owner's memory), which unregisters it before the memory can be freed — or, when
         // the registration is leaked, leaks the buffer with it.
-        unsafe { call!(nvshmemx_buffer_register(ptr.as_ptr(), bytes)) }?;
+        if let Err(e) = unsafe { call!(nvshmemx_buffer_register(ptr.as_ptr(), bytes)) } {
+            // NVSHMEM registers the buffer with each of its transports in turn and reports the
+            // last failure, keeping what the others took: undo that. The undoing's status is
+            // ignored: it fails where no transport took the buffer, and the registration's error
+            // is the one that says what went wrong.
+            // SAFETY: `ptr` is the address just passed to nvshmemx_buffer_register, of memory the
+            // caller still owns; no other registration of this crate holds any of it (each owns
+            // its own buffer), so this undoes only what the failed call registered.
+            let _ = unsafe { call!(nvshmemx_buffer_unregister(ptr.as_ptr())) };
+            return Err(e);
+        }
+        self.registered.add(addr, bytes);
         Ok(ptr)
+    }
+}
+
+/// The address ranges of this PE's live registrations, which the runtime keeps: added once
+/// NVSHMEM has registered a buffer, removed once it has unregistered it.
+#[derive(Debug, Default)]
+pub(crate) struct Registered(RefCell<Vec<(CUdeviceptr, usize)>>);
+
+impl Registered {
+    fn add(&self, addr: CUdeviceptr, bytes: usize) {
+        self.0.borrow_mut().push((addr, bytes));
+    }
+
+    fn remove(&self, addr: CUdeviceptr, bytes: usize) {
+        let mut ranges = self.0.borrow_mut();
+        if let Some(i) = ranges.iter().position(|&r| r == (addr, bytes)) {
+            ranges.swap_remove(i);
+        }
+    }
+
+    /// True when one registration holds every byte of `span`.
+    fn holds(&self, span: Span) -> bool {
+        self.0.borrow().iter().any(|&(addr, bytes)| span.lies_in(&Span { addr, bytes, ..span }))
+    }
+}
+
+/// `Ok` when NVSHMEM can use `local`, the local buffer of a transfer to PE `pe` (a put's source,
+/// a get's destination). Always when this PE maps `pe`'s memory (`mapped`: NVSHMEM copies by
+/// loads and stores), and for an empty range. Otherwise `pe` is reached over a network transport,
+/// which needs the range inside one of this PE's registrations (`registered`) or on its symmetric
+/// heap (`on_heap`, asked only then): else [`Error::LocalNotRegistered`].
+#[inline]
+pub(crate) fn check_local(
+    local: Span,
+    pe: usize,
+    mapped: bool,
+    registered: &Registered,
+    on_heap: impl FnOnce() -> Result<bool>,
+) -> Result<()> {
+    if mapped || local.bytes == 0 || registered.holds(local) || on_heap()? {
+        Ok(())
+    } else {
+        Err(Error::LocalNotRegistered { what: local.what, pe })
     }
 }
 
@@ -138,7 +197,9 @@ impl<T, B: DeviceBufferMut<T>> Registration<'_, T, B> {
         // SAFETY: the memory was registered by this handle and is unregistered at most once
         // (`unregister` marks the registration released, which `Drop` skips; a drop ends the
         // handle); no queued work uses it any more.
-        unsafe { call!(nvshmemx_buffer_unregister(self.ptr.as_ptr())) }
+        unsafe { call!(nvshmemx_buffer_unregister(self.ptr.as_ptr())) }?;
+        self.rt.registered.remove(self.ptr.as_ptr() as CUdeviceptr, self.bytes);
+        Ok(())
     }
 }
 
@@ -181,5 +242,64 @@ unsafe impl<T, B: DeviceBufferMut<T>> Keep for &Registration<'_, T, B> {
 unsafe impl<T, B: DeviceBufferMut<T>> Keep for &mut Registration<'_, T, B> {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
         v.write(&mut *self.buf);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// One registration of 4 KiB at 0x10000.
+    fn one() -> Registered {
+        let registered = Registered::default();
+        registered.add(0x10000, 4096);
+        registered
+    }
+
+    fn source(addr: CUdeviceptr, bytes: usize) -> Span {
+        Span::new("source", addr, bytes)
+    }
+
+    fn unasked() -> Result<bool> {
+        panic!("the heap was asked about")
+    }
+
+    #[test]
+    fn a_mapped_target_or_an_empty_range_needs_nothing() {
+        let none = Registered::default();
+        assert!(check_local(source(0x10000, 64), 1, true, &none, unasked).is_ok(), "mapped");
+        assert!(check_local(source(0x10000, 0), 1, false, &none, unasked).is_ok(), "empty");
+    }
+
+    #[test]
+    fn an_unmapped_target_needs_the_heap_or_one_registration() {
+        let registered = one();
+        assert!(check_local(source(0x90000, 64), 1, false, &registered, || Ok(true)).is_ok(), "on the heap");
+        assert!(check_local(source(0x10000, 4096), 1, false, &registered, unasked).is_ok(), "the whole registration");
+        assert!(check_local(source(0x10800, 64), 1, false, &registered, unasked).is_ok(), "inside it");
+        let e = check_local(source(0x10fc0, 128), 3, false, &registered, || Ok(false)).unwrap_err();
+        assert!(matches!(e, Error::LocalNotRegistered { what: "source", pe: 3 }), "past its end: {e:?}");
+        let e = check_local(source(0xffc0, 128), 3, false, &registered, || Ok(false)).unwrap_err();
+        assert!(matches!(e, Error::LocalNotRegistered { .. }), "before its start: {e:?}");
+        assert_eq!(
+            e.to_string(),
+            "the source is neither on the symmetric heap nor inside one registered buffer, which NVSHMEM needs to reach PE 3 over its network transport: allocate it with Runtime::alloc or register it with Runtime::register (nothing was called)"
+        );
+        // Two adjacent registrations are two: a range across both is in neither.
+        registered.add(0x11000, 4096);
+        let e = check_local(source(0x10fc0, 128), 3, false, &registered, || Ok(false)).unwrap_err();
+        assert!(matches!(e, Error::LocalNotRegistered { .. }), "across two: {e:?}");
+        let failed = check_local(source(0x90000, 64), 1, false, &registered, || Err(Error::Finalized));
+        assert!(matches!(failed, Err(Error::Finalized)), "the heap query's error comes back: {failed:?}");
+    }
+
+    #[test]
+    fn an_unregistered_range_is_forgotten() {
+        let registered = one();
+        registered.add(0x20000, 64);
+        registered.remove(0x10000, 4096);
+        let e = check_local(source(0x10000, 64), 0, false, &registered, || Ok(false)).unwrap_err();
+        assert!(matches!(e, Error::LocalNotRegistered { what: "source", pe: 0 }), "{e:?}");
+        assert!(check_local(source(0x20000, 64), 0, false, &registered, unasked).is_ok(), "the other stays");
     }
 }

@@ -1,8 +1,9 @@
 //! One-sided operations on a stream: puts and gets (blocking and `_nbi`), puts with a signal,
 //! signal updates and waits, quiet, and the world barrier and sync.
 //!
-//! Every call checks its arguments first (lengths, PE, the stream's and the buffers' device),
-//! binds the PE's CUDA context, takes the buffers' pointers through
+//! Every call checks its arguments first (lengths, PE, the stream's and the buffers' device; for
+//! a target PE reached over a network transport, that the local buffer is symmetric or
+//! registered), binds the PE's CUDA context, takes the buffers' pointers through
 //! [`gpucomm_ordering::Access`] (so that uses on other streams are waited for, a capture not
 //! opened by [`crate::capture`] is refused, and inside one the runtime and buffers are recorded
 //! for the graph), and only then enqueues the NVSHMEM operation.
@@ -44,7 +45,8 @@ use crate::error::{Error, Result};
 use crate::ffi::call;
 use crate::overlap::{self, Span};
 use crate::quiesce;
-use crate::runtime::Admitted;
+use crate::register;
+use crate::runtime::{make_current, Admitted};
 use crate::{Runtime, SymmetricMemory};
 
 /// How a signal word is updated (`NVSHMEM_SIGNAL_SET`, `NVSHMEM_SIGNAL_ADD`).
@@ -157,15 +159,19 @@ impl Runtime {
         let mut dst = dst.symmetric();
         let (d, _d) = access.write(&mut dst)?;
         let (s, _s) = access.read(src)?;
-        if let Some(target) = overlap::on_pe(Span::new("destination (on the target PE)", d, bytes), pe)? {
-            overlap::disjoint(target, Span::new("source", s, bytes))?;
+        let source = Span::new("source", s, bytes);
+        let mapped = overlap::on_pe(Span::new("destination (on the target PE)", d, bytes), pe)?;
+        if let Some(target) = mapped {
+            overlap::disjoint(target, source)?;
         }
+        self.check_local(source, pe, mapped.is_some())?;
         let (d, s) = (d as *mut c_void, s as *const c_void);
         // SAFETY: `dst` is symmetric, so the same range exists on `pe`; both ranges hold
         // `src.len()` elements (checked), the source on this device (checked) and apart from the
         // destination (checked where this PE maps the target's memory; elsewhere the source, local
-        // memory, cannot be part of it); both stay borrowed until the guards record after the
-        // enqueue; `pe` is in range; the context is current.
+        // memory, cannot be part of it, and is symmetric or registered, as the network transports
+        // need: checked); both stay borrowed until the guards record after the enqueue; `pe` is in
+        // range; the context is current.
         // For `_nbi`, NVSHMEM reads the source on an internal stream until a quiet on this stream:
         // the caller marks `src` (symmetric) pending with `nonblocking`, so that its next use and
         // its free enqueue that quiet first, and hands out a `Pending` that enqueues it.
@@ -177,7 +183,7 @@ impl Runtime {
             }
         };
         issue(nbi, stream, admitted.captured, enqueue)?;
-        self.mark_target(nbi, pe, &[target], stream);
+        self.mark_target(nbi, mapped.is_some(), &[target], stream);
         Ok(())
     }
 
@@ -196,17 +202,21 @@ impl Runtime {
         let bytes = src.num_bytes();
         let (s, _s) = access.read(src)?;
         let (d, _d) = access.write(dst)?;
-        if let Some(source) = overlap::on_pe(Span::new("source (on the target PE)", s, bytes), pe)? {
-            overlap::disjoint(source, Span::new("destination", d, bytes))?;
+        let destination = Span::new("destination", d, bytes);
+        let mapped = overlap::on_pe(Span::new("source (on the target PE)", s, bytes), pe)?;
+        if let Some(source) = mapped {
+            overlap::disjoint(source, destination)?;
         }
+        self.check_local(destination, pe, mapped.is_some())?;
         let (d, s) = (d as *mut c_void, s as *const c_void);
         // SAFETY: `src` is symmetric, so the range exists on `pe`; `dst` holds as many elements
         // (checked) on this device (checked), apart from the source (checked where this PE maps
-        // the target's memory); both stay borrowed until the guards record after the enqueue;
-        // `pe` is in range; the context is current. For `_nbi`, NVSHMEM writes the destination on
-        // an internal stream until a quiet on this stream: the caller marks `dst` (symmetric)
-        // pending with `nonblocking`, so that its next use and its free enqueue that quiet first,
-        // and hands out a `Pending` that enqueues it.
+        // the target's memory; elsewhere symmetric or registered, as the network transports need:
+        // checked); both stay borrowed until the guards record after the enqueue; `pe` is in
+        // range; the context is current. For `_nbi`, NVSHMEM writes the destination on an internal
+        // stream until a quiet on this stream: the caller marks `dst` (symmetric) pending with
+        // `nonblocking`, so that its next use and its free enqueue that quiet first, and hands out
+        // a `Pending` that enqueues it.
         let enqueue = || unsafe {
             if nbi {
                 call!(nvshmemx_getmem_nbi_on_stream(d, s, bytes, pe, raw))
@@ -215,7 +225,7 @@ impl Runtime {
             }
         };
         issue(nbi, stream, admitted.captured, enqueue)?;
-        self.mark_target(nbi, pe, &[src.tracker()], stream);
+        self.mark_target(nbi, mapped.is_some(), &[src.tracker()], stream);
         Ok(())
     }
 
@@ -250,9 +260,12 @@ impl Runtime {
         if let Some(target) = overlap::on_pe(Span { what: "destination (on the target PE)", ..data }, pe)? {
             overlap::disjoint(target, source)?;
         }
-        if let Some(target) = overlap::on_pe(Span { what: "signal (on the target PE)", ..flag }, pe)? {
+        // The signal is never empty: whether it is mapped says whether `pe`'s memory is.
+        let mapped = overlap::on_pe(Span { what: "signal (on the target PE)", ..flag }, pe)?;
+        if let Some(target) = mapped {
             overlap::disjoint(target, source)?;
         }
+        self.check_local(source, pe, mapped.is_some())?;
         let (d, s, sig) = (d as *mut c_void, s as *const c_void, sig as *mut u64);
         // SAFETY: as for `putmem`; `signal` is one symmetric u64 (checked), apart from the
         // destination and the source (checked), `op` one of NVSHMEM's signal operations.
@@ -264,13 +277,15 @@ impl Runtime {
             }
         };
         issue(nbi, stream, admitted.captured, enqueue)?;
-        self.mark_target(nbi, pe, &targets, stream);
+        self.mark_target(nbi, mapped.is_some(), &targets, stream);
         Ok(())
     }
 
     /// Copies `src` (local device memory of the same length) into `pe`'s copy of `dst`, in stream
     /// order (`nvshmemx_putmem_on_stream`). `src` may be reused once the stream is past the put;
-    /// the data is visible at `pe` after a barrier (or quiet + signal).
+    /// the data is visible at `pe` after a barrier (or quiet + signal). When this PE does not map
+    /// `pe`'s memory (`pe` is reached over a network transport), `src` must be symmetric or lie
+    /// inside one [`Runtime::register`]ed buffer ([`Error::LocalNotRegistered`]).
     #[doc(alias = "nvshmemx_putmem_on_stream")]
     pub fn put_on_stream<T: DeviceRepr>(
         &self,
@@ -299,6 +314,8 @@ impl Runtime {
 
     /// Copies `pe`'s copy of `src` into `dst` (local device memory of the same length), in stream
     /// order (`nvshmemx_getmem_on_stream`). `dst` holds the data once the stream is past the get.
+    /// When this PE does not map `pe`'s memory, `dst` must be symmetric or registered, as for
+    /// [`Runtime::put_on_stream`]'s source.
     #[doc(alias = "nvshmemx_getmem_on_stream")]
     pub fn get_on_stream<T: DeviceRepr>(
         &self,
@@ -329,7 +346,7 @@ impl Runtime {
     /// Puts `src` into `pe`'s copy of `dst`, then updates `pe`'s copy of `signal` with `op` and
     /// `value`, in that order: once `pe` sees the signal change, the data is there
     /// (`nvshmemx_putmem_signal_on_stream`). `signal` is one `u64` of symmetric memory (e.g.
-    /// `signals.slice(i..i + 1)?`).
+    /// `signals.slice(i..i + 1)?`). `src` is local memory, as for [`Runtime::put_on_stream`].
     #[doc(alias = "nvshmemx_putmem_signal_on_stream")]
     #[allow(clippy::too_many_arguments)]
     pub fn put_signal_on_stream<T: DeviceRepr>(
@@ -476,19 +493,31 @@ impl Runtime {
         Pending { rt: self, stream, local, done: false }
     }
 
-    /// After a `_nbi` operation (`nbi`) whose target is this PE (`pe`), marks the symmetric
-    /// memory it reaches there (`targets`: a put's destination and signal, a get's source) as
-    /// the operation's until its quiet, like its local buffer: NVSHMEM copies on an internal
-    /// stream, behind the back of the stream order that these trackers recorded when the call took
-    /// the pointers. Another PE's memory is that PE's to order (a barrier, a signal).
+    /// After a `_nbi` operation (`nbi`) whose target PE's memory this PE maps (`mapped`: this PE
+    /// itself, or a peer over NVLink or PCIe), marks the symmetric memory it reaches there
+    /// (`targets`: a put's destination and signal, a get's source) as the operation's until its
+    /// quiet, like its local buffer: NVSHMEM copies on an internal stream, behind the back of the
+    /// stream order that these trackers recorded when the call took the pointers, and this
+    /// process can use that memory through the same trackers ([`crate::Symmetric::peer`]).
+    /// Memory reached over a network transport is only the target PE's to use, and to order (a
+    /// barrier, a signal).
     #[inline]
-    fn mark_target(&self, nbi: bool, pe: i32, targets: &[&StreamTracker], stream: &Arc<CudaStream>) {
-        // `pe` came from `check_pe`, so it is not negative.
-        if nbi && pe as usize == self.my_pe() {
+    fn mark_target(&self, nbi: bool, mapped: bool, targets: &[&StreamTracker], stream: &Arc<CudaStream>) {
+        if nbi && mapped {
             for t in targets {
                 mark_nonblocking(t, stream);
             }
         }
+    }
+
+    /// `Ok` when NVSHMEM can use `local`, the local buffer of a transfer to `pe` (from
+    /// [`Runtime::check_pe`]), whose memory this PE maps or not (`mapped`): see
+    /// [`register::check_local`]. Only a target that is not mapped asks NVSHMEM anything.
+    #[inline]
+    fn check_local(&self, local: Span, pe: i32, mapped: bool) -> Result<()> {
+        // Both numbers are PEs NVSHMEM counted (with an `int`): not negative, and below `i32::MAX`.
+        let on_heap = || overlap::on_my_heap(local, self.my_pe() as i32);
+        register::check_local(local, pe as usize, mapped, &self.registered, on_heap)
     }
 }
 
@@ -498,10 +527,15 @@ impl Runtime {
 /// the tracker remembers the operation, so that its quiet is enqueued before the memory's next
 /// use or free, whatever becomes of the operation's handle.
 fn mark_nonblocking(tracker: &StreamTracker, stream: &Arc<CudaStream>) -> bool {
-    if gpucomm_ordering::captured_nonblocking(stream, tracker, quiet) {
+    // SAFETY: `quiet` completes every non-blocking operation issued on `stream`, captured or not,
+    // this one included, so it may replace the completion the scope held.
+    if unsafe { gpucomm_ordering::captured_nonblocking(stream, tracker, quiet) } {
         return true;
     }
-    tracker.pending(stream, quiet);
+    // SAFETY: the operation took the memory's pointer through this tracker (its `Access`), which
+    // enqueued the completion of the operation remembered before, if any; `quiet` completes every
+    // non-blocking operation issued on `stream`, this one included.
+    unsafe { tracker.pending(stream, quiet) };
     false
 }
 
@@ -522,8 +556,7 @@ fn quiet(stream: &CudaStream) -> std::result::Result<(), String> {
     let chained = || -> Result<()> {
         // Not cudarc's `bind_to_thread`, which would first fail with (and take) an unrelated error
         // recorded in the context, skipping the quiet.
-        // SAFETY: the stream holds its context alive; making it current has no other effect.
-        unsafe { cudarc::driver::result::ctx::set_current(stream.context().cu_ctx()) }?;
+        make_current(stream.context())?;
         let raw = stream.cu_stream();
         // No access admitted this stream: ask (refusing an invalidated capture, on which NVSHMEM
         // would exit).

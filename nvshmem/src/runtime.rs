@@ -19,6 +19,7 @@ use crate::ffi::{call, call_unchecked, lib};
 use crate::heap::HeapLimit;
 use crate::nccl::{self, NcclUse};
 use crate::quiesce;
+use crate::register::Registered;
 use crate::unique_id::{self, UniqueId};
 use crate::Version;
 
@@ -90,6 +91,9 @@ pub struct Runtime {
     info: Box<Info>,
     /// Bytes of this process's symmetric buffers that are still allocated (leaked ones included).
     pub(crate) heap_in_use: Cell<usize>,
+    /// The ranges of this PE's live registrations, which transfers over a network transport
+    /// check their local buffers against.
+    pub(crate) registered: Registered,
     /// The checks that every PE makes the same allocation; `None` only while starting.
     agreement: Option<Agreement>,
     /// Bounds the waits of teardown ([`Runtime::set_timeout`]).
@@ -111,6 +115,16 @@ impl std::fmt::Debug for Runtime {
             .field("device", &self.device())
             .finish()
     }
+}
+
+/// Makes `ctx` current on this thread. Not cudarc's `bind_to_thread`, which first fails with (and
+/// takes) an unrelated error that any use of the context, on any thread, recorded in it: for the
+/// calls that must not fail for that (a collective step that the other PEs take too, a quiet that
+/// must not be skipped), and that leave the error for cudarc's next checked call.
+pub(crate) fn make_current(ctx: &CudaContext) -> Result<()> {
+    // SAFETY: the borrowed context is alive; making it current has no other effect.
+    unsafe { cudarc::driver::result::ctx::set_current(ctx.cu_ctx()) }?;
+    Ok(())
 }
 
 /// NVSHMEM's initialisation state (`nvshmemx_init_status`), kept as the raw number.
@@ -270,6 +284,7 @@ impl Runtime {
             n_pes: 0,
             info: Box::new(placeholder),
             heap_in_use: Cell::new(0),
+            registered: Registered::default(),
             agreement: None,
             timeout: Cell::new(None),
             limited_mpg: false,

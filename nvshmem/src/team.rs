@@ -83,6 +83,24 @@ fn int(v: usize) -> i32 {
     i32::try_from(v).unwrap_or(i32::MAX)
 }
 
+/// The arguments of a strided split of a team of `n_pes` PEs — the PEs `start, start + stride, …`,
+/// `size` of them — as C wants them: `(start, stride, size)`. A team of one PE gets stride 1,
+/// whatever `stride` was (it names no second PE, and NVSHMEM multiplies it by the parent's
+/// stride). [`Error::InvalidSplit`] when the team is empty, the stride 0, a PE outside the parent
+/// team, or a value past C's `int`.
+fn split_args(start: usize, stride: usize, size: usize, n_pes: usize) -> Result<(i32, i32, i32)> {
+    let invalid = Error::InvalidSplit { start, stride, size, n_pes };
+    let c_stride = if size == 1 { 1 } else { stride };
+    let last = size.checked_sub(1).and_then(|k| k.checked_mul(c_stride)).and_then(|d| d.checked_add(start));
+    if stride == 0 || !matches!(last, Some(l) if l < n_pes) {
+        return Err(invalid);
+    }
+    match (i32::try_from(start), i32::try_from(c_stride), i32::try_from(size)) {
+        (Ok(start), Ok(stride), Ok(size)) => Ok((start, stride, size)),
+        _ => Err(invalid),
+    }
+}
+
 impl<'rt> Team<'rt> {
     /// Wraps a valid team handle, reading this PE's number and the size. `owned`: a team of a
     /// split, which the handle destroys (not a predefined one).
@@ -145,26 +163,15 @@ impl<'rt> Team<'rt> {
     #[doc(alias = "nvshmem_team_split_strided")]
     pub fn split_strided(&self, start: usize, stride: usize, size: usize) -> Result<Option<Team<'rt>>> {
         self.rt.check_not_limited_mpg("nvshmem_team_split_strided")?;
-        let last = size.checked_sub(1).and_then(|k| k.checked_mul(stride)).and_then(|d| d.checked_add(start));
-        if stride == 0 || !matches!(last, Some(l) if l < self.n_pes) {
-            return Err(Error::InvalidSplit { start, stride, size, n_pes: self.n_pes });
-        }
+        let (start, stride, size) = split_args(start, stride, size, self.n_pes)?;
         let mut new = nvshmem_team_id_t::NVSHMEM_TEAM_INVALID.0;
         quiesce::host_call("a team split")?;
         self.rt.context().bind_to_thread()?;
-        // SAFETY: `self.raw` is a valid team; start, stride and size describe PEs inside it
-        // (checked) and fit an int; no configuration is passed (mask 0); `new` is a live local.
-        unsafe {
-            call!(nvshmem_team_split_strided(
-                self.raw,
-                int(start),
-                int(stride),
-                int(size),
-                std::ptr::null(),
-                0,
-                &mut new
-            ))
-        }?;
+        // SAFETY: `self.raw` is a valid team; `split_args` checked that start, stride and size
+        // describe PEs inside it, converted them to ints exactly, and passes stride 1 for a team
+        // of one PE, so that NVSHMEM's product of the stride with this team's own cannot overflow;
+        // no configuration is passed (mask 0); `new` is a live local.
+        unsafe { call!(nvshmem_team_split_strided(self.raw, start, stride, size, std::ptr::null(), 0, &mut new)) }?;
         self.child(new)
     }
 
@@ -429,5 +436,48 @@ impl Team<'_> {
 unsafe impl Keep for &Team<'_> {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
         v.resource(self.resource(), true);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn strided_splits_inside_the_team_pass_as_ints() {
+        assert_eq!(split_args(0, 2, 2, 4).unwrap(), (0, 2, 2));
+        assert_eq!(split_args(1, 1, 3, 4).unwrap(), (1, 1, 3));
+        assert_eq!(split_args(0, 3, 2, 4).unwrap(), (0, 3, 2), "the last PE of the team");
+    }
+
+    #[test]
+    fn a_team_of_one_pe_gets_stride_1() {
+        // NVSHMEM multiplies the stride by the parent's: a huge one overflowed C's int.
+        assert_eq!(split_args(3, usize::MAX, 1, 4).unwrap(), (3, 1, 1));
+        assert_eq!(split_args(0, 1 << 40, 1, 4).unwrap(), (0, 1, 1));
+        assert!(matches!(split_args(0, 0, 1, 4), Err(Error::InvalidSplit { stride: 0, .. })), "stride 0");
+    }
+
+    #[test]
+    fn splits_outside_the_team_are_refused() {
+        let refused = |start, stride, size, n_pes| {
+            let e = split_args(start, stride, size, n_pes).unwrap_err();
+            assert!(
+                matches!(e, Error::InvalidSplit { start: s, stride: t, size: z, n_pes: n } if (s, t, z, n) == (start, stride, size, n_pes)),
+                "{e:?}"
+            );
+        };
+        refused(4, 1, 1, 4);
+        refused(0, 2, 3, 4);
+        refused(1, usize::MAX, 2, 4);
+        refused(usize::MAX, 1, 2, 4);
+        refused(0, 1, 0, 4);
+        refused(0, 0, 2, 4);
+        // Inside a (hypothetical) team, but past C's int.
+        refused(1 << 31, 1, 1, usize::MAX);
+        refused(0, 1 << 31, 2, usize::MAX);
+        refused(0, 1, (1 << 31) + 1, usize::MAX);
+        let e = split_args(4, 1, 1, 4).unwrap_err();
+        assert_eq!(e.to_string(), "team split <start 4, stride 1, size 1> does not fit a parent team of 4 PEs");
     }
 }
