@@ -21,6 +21,9 @@
 # on one H200). Logs go to bundle/logs-sanitize; with $OUT set, the summary is kept current
 # there (sanitize-summary.txt) and the logs end up in $OUT/sanitize-logs.tar.gz. Slow: 30-60 s per
 # lesson with one rank; run it in parts with FILTERs when a command's time is bounded.
+# SANITIZE_TEST_ARGS (split on spaces) is passed to every test binary after its own arguments:
+# test-name filters and `--skip NAME`, to run one long binary (nvshmem_soundness: about 50 s per
+# test under memcheck) in parts.
 #
 # compute-sanitizer's options, and why:
 # * --target-processes all: the spawner (`--nproc N`) and the tests' multi-process helper start
@@ -115,7 +118,8 @@ for t in "$HERE"/tests/*; do
     wanted "$name" || continue
     export GPUCOMM_SKIP_LOG=$LOGS/$name.skipped.txt
     : >"$GPUCOMM_SKIP_LOG"
-    sanitize "$name" memcheck "$t" --include-ignored --test-threads=1
+    # shellcheck disable=SC2086 # test names and --skip flags, split on purpose
+    sanitize "$name" memcheck "$t" --include-ignored --test-threads=1 ${SANITIZE_TEST_ARGS:-}
     grep -E '^test result:' "$LOGS/$name.memcheck.log" | tail -1 | sed 's/^/    /' | tee -a "$LOGS/summary.txt"
     sed 's/^/    skipped inside: /' "$GPUCOMM_SKIP_LOG" | tee -a "$LOGS/summary.txt"
 done

@@ -272,8 +272,16 @@ impl StreamTracker {
     /// Remembers a non-blocking operation on the memory, issued on `stream`, whose completion
     /// `complete(stream)` enqueues (NVSHMEM's quiet): every later use and the free enqueue it first
     /// (unless [`StreamTracker::completed`] says it was enqueued), so that forgetting the handle
-    /// of the operation cannot skip it.
-    pub fn pending(&self, stream: &Arc<CudaStream>, complete: Complete) {
+    /// of the operation cannot skip it. It replaces the operation remembered before, if any.
+    ///
+    /// # Safety
+    ///
+    /// The completion of any operation the tracker still remembers has been enqueued where that
+    /// operation ran, or `complete(stream)` completes it too: the one remembered before is
+    /// forgotten, and the memory could otherwise be reused or freed while it still reads or
+    /// writes it. (A use of the memory enqueues the remembered completion first, so an operation
+    /// whose own use of the memory went through this tracker meets this.)
+    pub unsafe fn pending(&self, stream: &Arc<CudaStream>, complete: Complete) {
         let mut state = self.lock();
         state.pending = Some(Pending { stream: stream.clone(), complete });
         self.refresh(&state);
@@ -304,8 +312,10 @@ impl StreamTracker {
     /// on the scope's stream of this thread's [`capture`](crate::capture) it is recorded for the
     /// graph; on a stream being captured by anything else the capture is made to fail (the graph
     /// would use the memory without keeping it alive); otherwise it waits for the conflicting
-    /// uses, and the returned guard records it in an event. CUDA errors are recorded in the
-    /// context, as cudarc does in its own guards.
+    /// uses, and the returned guard records it in an event. Where no event can order it (the
+    /// per-thread default stream, a failed CUDA call) the host waits for every earlier use and the
+    /// guard synchronises the stream after it. CUDA errors that leave a use unordered are recorded
+    /// in the context, as cudarc does in its own guards.
     ///
     /// # Safety
     ///
@@ -352,10 +362,9 @@ impl StreamTracker {
             // CUDA invalidated the capture and refuses every enqueue into it: the use cannot
             // happen, and a recorded error would keep cudarc's `end_capture` from ending it.
             Err(OrderError::CaptureBroken(_)) => return SyncOnDrop::Record(None),
-            Err(e) => {
-                stream.context().record_err(Err::<(), _>(to_driver(e)));
-                return SyncOnDrop::Record(None);
-            }
+            // The per-thread default stream (one handle, another stream on each thread), or the
+            // driver could not say whether the stream is captured: no event can order the use.
+            Err(e) => return self.order_on_host(stream, to_driver(e)),
             Ok(_) => {}
         }
         if self.needs_nothing(stream, how) {
@@ -365,15 +374,15 @@ impl StreamTracker {
         let event = match self.plain_event(&mut state, stream) {
             Ok(event) => event,
             Err(e) => {
-                stream.context().record_err(Err::<(), _>(e));
-                return SyncOnDrop::Sync(Some(stream));
+                drop(state);
+                return self.order_on_host(stream, e);
             }
         };
         if let Err(e) = self.wait_conflicts(&mut state, stream, how) {
             // Kept, never freed: a guard of an earlier use may still hold it.
             state.spare.push(event);
-            stream.context().record_err(Err::<(), _>(to_driver(e)));
-            return SyncOnDrop::Sync(Some(stream));
+            drop(state);
+            return self.order_on_host(stream, to_driver(e));
         }
         let event_ptr: *const CudaEvent = &*event;
         self.place(&mut state, End::Event { event, stream: stream.cu_stream() as usize }, how);
@@ -389,6 +398,23 @@ impl StreamTracker {
             // complete) stays truthful.
             SyncOnDrop::Sync(Some(stream))
         }
+    }
+
+    /// Orders a use through cudarc's protocol on `stream` that no event could order (`why`: the
+    /// per-thread default stream, whose one handle names another stream on each thread, or a
+    /// failed CUDA call): cudarc enqueues it whatever the guard says, so the host orders it
+    /// instead. Every recorded use is waited for before it, and the guard synchronises `stream`
+    /// once cudarc has enqueued it, so nothing of it is left running for later uses or the free
+    /// to wait for. Nothing is recorded in the context then: cudarc's synchronisation in the guard
+    /// would take a recorded error for its own and skip the wait. Only when the host cannot wait
+    /// (a use on a stream that is being captured) is `why` recorded, as cudarc does in its own
+    /// guards.
+    #[cold]
+    fn order_on_host<'a>(&self, stream: &'a CudaStream, why: DriverError) -> SyncOnDrop<'a> {
+        if self.synchronize().is_err() {
+            stream.context().record_err(Err::<(), _>(why));
+        }
+        SyncOnDrop::Sync(Some(stream))
     }
 
     /// An event for the end of a use on the plain stream `stream`: a reader's event of the same
@@ -576,7 +602,12 @@ macro_rules! tracked_device_ptr {
 /// A later captured use of the operation's local buffer (whose tracker is `local`) gets the
 /// completion enqueued before it, as an eager use does through the tracker: the buffer is the
 /// operation's until then.
-pub fn captured_nonblocking(stream: &CudaStream, local: &StreamTracker, complete: Complete) -> bool {
+///
+/// # Safety
+///
+/// `complete(stream)` completes every non-blocking operation captured on `stream` so far that no
+/// captured completion followed: it replaces the completion the scope held for them.
+pub unsafe fn captured_nonblocking(stream: &CudaStream, local: &StreamTracker, complete: Complete) -> bool {
     capture::nonblocking_captured(stream, local.key(), complete)
 }
 

@@ -24,7 +24,7 @@ use std::sync::{Arc, Barrier};
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUresult, CUstreamCaptureMode, CUstreamCaptureStatus};
 use cudarc::driver::{result, CudaContext, CudaStream, DevicePtr, DevicePtrMut, DriverError};
-use gpucomm_tests::{multi_process, require_gpus};
+use gpucomm_tests::{multi_process, occupy, require_gpus};
 use nccl::{group, Collectives, Comm, Error, MemBuffer, PreMulSum, ReduceOp};
 use nvshmem::SymmetricMemory;
 use nvshmem_support::start;
@@ -550,6 +550,30 @@ fn the_per_thread_default_stream_is_refused() {
     all_equal("the buffer after the refusals", &comm.stream().clone_dtoh(&buf).unwrap(), 3.0);
 }
 
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn cudarc_work_on_the_per_thread_stream_is_ordered_on_the_host() {
+    // cudarc's own copies cannot be refused: they take a buffer's pointer through cudarc's
+    // protocol, which cannot fail, and enqueue whatever it says. Before the fix a `MemBuffer`'s
+    // answer for a use on the per-thread default stream (no event can order it: one handle names
+    // another stream on each thread) recorded an error and ordered nothing, so cudarc's memset ran
+    // at once, beside a copy still queued on the buffer's stream, and the free did not wait for it
+    // either. Now the host waits for the earlier uses and the guard synchronises the per-thread
+    // stream after the memset.
+    let test = "cudarc_work_on_the_per_thread_stream_is_ordered_on_the_host";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let stream = comm.stream();
+    let per_thread = ctx.per_thread_stream();
+    let mut buf = MemBuffer::<f32>::zeroed(stream, N).unwrap();
+    stream.synchronize().unwrap();
+    occupy(stream, std::time::Duration::from_millis(300));
+    // Queued behind the busy kernel.
+    stream.memcpy_htod(&[1.0f32; N], &mut buf).unwrap();
+    per_thread.memset_zeros(&mut buf).unwrap();
+    ctx.check_err().expect("ordered on the host: no error recorded");
+    all_equal("the buffer after the per-thread memset", &stream.clone_dtoh(&buf).unwrap(), 0.0);
+}
+
 /// How many times [`reenter_the_scope`] ran.
 static REENTERED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
@@ -575,7 +599,9 @@ fn a_completion_may_ask_the_capture_scope_again() {
 
     let mut graph = nccl::capture(&side, (&comm, mem), |(comm, mem)| {
         let tracker = gpucomm_ordering::DeviceMemory::tracked(&*mem).expect("a MemBuffer is tracked").tracker();
-        assert!(gpucomm_ordering::captured_nonblocking(&side, tracker, reenter_the_scope));
+        // SAFETY: no real non-blocking operation is captured (this one is pretended), so the
+        // completion has nothing to complete.
+        assert!(unsafe { gpucomm_ordering::captured_nonblocking(&side, tracker, reenter_the_scope) });
         comm.on(&side).all_reduce_in_place(mem, ReduceOp::SUM)
     })
     .unwrap();
