@@ -236,6 +236,16 @@ pub enum Error {
     /// NCCL reported success but handed back a null communicator, or a null handle was adopted.
     #[error("null communicator handle")]
     NullCommunicator,
+    /// A split or shrink (`call`) would make a communicator that shares this one's resources
+    /// (`splitShare` or `shrinkShare` in its [`Config`](crate::Config), or
+    /// `NCCL_COMM_SPLIT_SHARE_RESOURCES` / `NCCL_COMM_SHRINK_SHARE_RESOURCES` set): NCCL forbids
+    /// calls on the two from different threads at the same time, and an abort of one stops the
+    /// other's work, which safe code could do with two `Send` communicators. Nothing was called.
+    #[error("{call} would make a communicator that shares this one's resources (splitShare or shrinkShare, set by the config or NCCL_COMM_SPLIT_SHARE_RESOURCES / NCCL_COMM_SHRINK_SHARE_RESOURCES), which must never be used from two threads at once: promise that with the unsafe Comm::allow_shared_resources first, or leave sharing off (nothing was called)")]
+    SharedResources {
+        /// The refused call (`ncclCommSplit`, `ncclCommShrink`).
+        call: &'static str,
+    },
     // The data path.
     /// An allocation or registration of zero bytes (`ncclMemAlloc`, `ncclCommRegister`), which
     /// NCCL does not define. (Calls with zero elements are accepted: NCCL treats them as no-ops.)

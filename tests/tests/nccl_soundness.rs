@@ -711,3 +711,33 @@ fn a_split_with_the_largest_timeout_does_not_panic() {
     child.finalize().map_err(|(_, e)| e).unwrap();
     comm.finalize().map_err(|(_, e)| e).unwrap();
 }
+
+/// A second audit: NCCL forbids calls from two threads at once on communicators that share
+/// resources (`splitShare`, `shrinkShare`), and gives them one abort flag. Before: `Comm::split`
+/// made such a child from safe code, and the parent and the child, both `Send`, could be used from
+/// two threads in parallel. Now a split that would share is refused until the unsafe
+/// `Comm::allow_shared_resources` promises otherwise; the child then inherits the promise, and an
+/// adopted communicator, whose config is unknown, counts as sharing.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_split_that_shares_resources_needs_a_promise() {
+    const TEST: &str = "a_split_that_shares_resources_needs_a_promise";
+    let Some(stream) = stream_of(TEST) else { return };
+    let parent = one_rank(&stream, &Config::new().split_share(true));
+    let err = parent.split(Some(0), 0, None, None).unwrap_err();
+    assert!(matches!(err, Error::SharedResources { call: "ncclCommSplit" }), "{err}");
+
+    // SAFETY: this test uses the parent and its children on this thread only.
+    unsafe { parent.allow_shared_resources() };
+    let child = parent.split(Some(0), 0, None, None).unwrap().expect("a child");
+    // The child inherits the parent's config (None) and the promise: its own split is made too.
+    let grandchild = child.split(Some(0), 0, None, None).unwrap().expect("a grandchild");
+    for comm in [&parent, &child, &grandchild] {
+        let mut buf = MemBuffer::from_host(comm.stream(), &[2.0f32; 64]).unwrap();
+        comm.all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
+        assert_eq!(comm.stream().clone_dtoh(&buf).unwrap(), vec![2.0f32; 64], "one rank sums to itself");
+    }
+    for comm in [grandchild, child, parent] {
+        comm.finalize().map_err(|(_, e)| e).unwrap();
+    }
+}

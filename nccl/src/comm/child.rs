@@ -50,12 +50,14 @@ impl Comm {
             Some(c) => c_int("color", u64::from(c))?,
             None => nccl_sys::NCCL_SPLIT_NOCOLOR,
         };
-        let child = self.make_child("ncclCommSplit", color.is_some(), config, stream, |parent, slot, config| {
-            // SAFETY: `parent` is live and ready; `slot` stays valid until NCCL is done with it
-            // (module docs); `config` is null or built from NCCL_CONFIG_INITIALIZER with its
-            // strings kept alive by the child.
-            unsafe { call_unchecked!(ncclCommSplit(parent, c_color, key, slot, config)) }
-        })?;
+        let shares = self.sharing.split_now();
+        let child =
+            self.make_child("ncclCommSplit", color.is_some(), shares, config, stream, |parent, slot, config| {
+                // SAFETY: `parent` is live and ready; `slot` stays valid until NCCL is done with it
+                // (module docs); `config` is null or built from NCCL_CONFIG_INITIALIZER with its
+                // strings kept alive by the child.
+                unsafe { call_unchecked!(ncclCommSplit(parent, c_color, key, slot, config)) }
+            })?;
         match (color, child) {
             (Some(_), None) => Err(Error::NullCommunicator),
             (_, child) => Ok(child),
@@ -93,7 +95,8 @@ impl Comm {
         // In range, so each fits an int; NCCL sorts the list in place during the call.
         let mut list: Vec<i32> = exclude.iter().map(|&r| r as i32).collect();
         let count = list.len() as i32;
-        let child = self.make_child("ncclCommShrink", true, config, stream, |parent, slot, config| {
+        let shares = flags.0 & ShrinkFlags::ABORT.0 == 0 && self.sharing.shrink_now();
+        let child = self.make_child("ncclCommShrink", true, shares, config, stream, |parent, slot, config| {
             // SAFETY: `parent` is live and ready; `list` holds `count` distinct ranks of it, not
             // this one (checked), and is writable; `slot` and `config` as for ncclCommSplit.
             unsafe { call_unchecked!(ncclCommShrink(parent, list.as_mut_ptr(), count, slot, config, flags.0)) }
@@ -123,18 +126,43 @@ impl Comm {
         self.complete("ncclCommRevoke", rc)
     }
 
+    /// Promises that this communicator, and every communicator made from it that shares its
+    /// resources, is never used from two threads at the same time — no calls, and no
+    /// [`AbortHandle`](crate::AbortHandle) or [watchdog](crate::watchdog) acting on one while
+    /// another thread uses another — so that [`Comm::split`] and [`Comm::shrink`] may make
+    /// children that share its resources ([`Config::split_share`], [`Config::shrink_share`],
+    /// `NCCL_COMM_SPLIT_SHARE_RESOURCES`, `NCCL_COMM_SHRINK_SHARE_RESOURCES`); without it they
+    /// refuse with [`Error::SharedResources`]. Children that share its resources inherit the
+    /// promise. Aborting one of them stops the others' work too (NCCL gives them one abort flag).
+    ///
+    /// # Safety
+    ///
+    /// NCCL forbids calls on communicators that share resources from several threads in parallel
+    /// ("Thread Safety" in NCCL's user guide); its shared state would race. The caller keeps them
+    /// on one thread at a time, including their abort handles and watchdogs.
+    pub unsafe fn allow_shared_resources(&self) {
+        self.sharing_allowed.set(true);
+    }
+
     /// The part split and shrink share: checks, the call (`start`, given the parent, the slot and
-    /// the config), waiting for NCCL, and adopting the child (`expected`: this rank gets one).
+    /// the config), waiting for NCCL, and adopting the child (`expected`: this rank gets one;
+    /// `shares`: it would share this communicator's resources).
     fn make_child(
         &self,
         call: &'static str,
         expected: bool,
+        shares: bool,
         config: Option<&Config>,
         stream: Option<Arc<CudaStream>>,
         start: impl FnOnce(nccl_sys::ncclComm_t, *mut nccl_sys::ncclComm_t, *mut ncclConfig_t) -> Result<ncclResult_t>,
     ) -> Result<Option<Comm>> {
         let parent = self.live_raw()?;
         refuse_inside()?;
+        // NCCL never shares the resources of a revoked communicator.
+        let shares = shares && !self.revoked.get();
+        if shares && !self.sharing_allowed.get() {
+            return Err(Error::SharedResources { call });
+        }
         let stream = stream.unwrap_or_else(|| self.stream.clone());
         self.check_device("the child's stream", &stream)?;
         let mut raw_config = config.map(|c| c.to_raw(lib_version()?)).transpose()?;
@@ -167,7 +195,11 @@ impl Comm {
         };
         // A child of a failed or aborted parent is aborted, never finalized: its peers may be gone.
         match done.and_then(|()| child.await_ready(call, None)).and_then(|()| child.identify()) {
-            Ok(()) => Ok(Some(child)),
+            Ok(()) => {
+                // The promise covers every communicator that shares these resources.
+                child.sharing_allowed.set(shares);
+                Ok(Some(child))
+            }
             Err(e) => {
                 child.health.abort_quietly();
                 Err(e)

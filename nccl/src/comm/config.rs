@@ -17,11 +17,44 @@ use crate::error::{Error, Result};
 use crate::ffi::check_version;
 
 /// What a new communicator takes from the config it was created with, besides NCCL's own fields.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub(crate) struct Settings {
     pub(super) nonblocking: bool,
     pub(super) timeout: Option<Duration>,
     pub(super) strings: Option<Arc<ConfigStrings>>,
+    pub(super) sharing: Sharing,
+}
+
+impl Settings {
+    /// For a communicator made elsewhere, whose config this crate cannot see: blocking, no
+    /// timeout, and counted as sharing its resources with the communicators made from it.
+    pub(super) fn unknown() -> Self {
+        Settings { nonblocking: false, timeout: None, strings: None, sharing: Sharing { split: true, shrink: true } }
+    }
+}
+
+/// Whether the communicators split (`split`) or shrunk (`shrink`) from a communicator share its
+/// resources, as its config set NCCL's `splitShare` and `shrinkShare` (inherited by a child made
+/// without a config). NCCL forbids calls on communicators that share resources from two threads
+/// at once, and an abort of one stops the others' work (they share its abort flag).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Sharing {
+    split: bool,
+    shrink: bool,
+}
+
+impl Sharing {
+    /// Whether a split made now shares resources: `NCCL_COMM_SPLIT_SHARE_RESOURCES` when set (NCCL
+    /// lets it override the config; by now NCCL has copied its configuration files into the
+    /// environment), else the config.
+    pub(super) fn split_now(self) -> bool {
+        env_may_share(std::env::var("NCCL_COMM_SPLIT_SHARE_RESOURCES").ok().as_deref()).unwrap_or(self.split)
+    }
+
+    /// As [`Sharing::split_now`], for a shrink (`NCCL_COMM_SHRINK_SHARE_RESOURCES`).
+    pub(super) fn shrink_now(self) -> bool {
+        env_may_share(std::env::var("NCCL_COMM_SHRINK_SHARE_RESOURCES").ok().as_deref()).unwrap_or(self.shrink)
+    }
 }
 
 /// `NCCL_CONFIG_UNDEF_INT`: "not set, use NCCL's default".
@@ -205,7 +238,9 @@ int_fields! {
     minCTAs since (2, 17, 1): fn min_ctas(ctas: u32) => i64::from(ctas);
     /// Most CTAs NCCL's kernels use (default and maximum 32, or 64 on newer releases).
     maxCTAs since (2, 17, 1): fn max_ctas(ctas: u32) => i64::from(ctas);
-    /// Whether communicators split from this one share its resources (default `false`).
+    /// Whether communicators split from this one share its resources (default `false`). Such
+    /// communicators must never be used from two threads at once: [`Comm::split`](crate::Comm::split)
+    /// makes them only after the unsafe [`Comm::allow_shared_resources`](crate::Comm::allow_shared_resources).
     splitShare since (2, 18, 1): fn split_share(on: bool) => i64::from(on);
     /// Network traffic class (InfiniBand service level / socket priority, network-specific).
     #[cfg(nccl_2_26)]
@@ -217,7 +252,9 @@ int_fields! {
     #[cfg(nccl_2_27)]
     CTAPolicy since (2, 27, 3): fn cta_policy(policy: CtaPolicy) => i64::from(policy.0);
     /// Whether communicators shrunk from this one share its resources (default `false`; ignored
-    /// with [`ShrinkFlags::ABORT`](crate::ShrinkFlags::ABORT)).
+    /// with [`ShrinkFlags::ABORT`](crate::ShrinkFlags::ABORT)). As for
+    /// [`split_share`](Config::split_share), [`Comm::shrink`](crate::Comm::shrink) makes them only
+    /// after the unsafe [`Comm::allow_shared_resources`](crate::Comm::allow_shared_resources).
     #[cfg(nccl_2_27)]
     shrinkShare since (2, 27, 3): fn shrink_share(on: bool) => i64::from(on);
     /// CTAs for NVLS (NVLink SHARP) kernels. Sizing only: NVLS itself stays off where
@@ -361,7 +398,12 @@ impl Config {
     pub(crate) fn settings(&self, strings: Option<Arc<ConfigStrings>>) -> Settings {
         let env = std::env::var("NCCL_COMM_BLOCKING").ok();
         let nonblocking = self.ints.blocking == Some(0) || env_forces_nonblocking(env.as_deref());
-        Settings { nonblocking, timeout: self.timeout, strings }
+        #[cfg(nccl_2_27)]
+        let shrink = self.ints.shrinkShare == Some(1);
+        #[cfg(not(nccl_2_27))]
+        let shrink = false;
+        let sharing = Sharing { split: self.ints.splitShare == Some(1), shrink };
+        Settings { nonblocking, timeout: self.timeout, strings, sharing }
     }
 }
 
@@ -376,7 +418,21 @@ impl Config {
 /// `/etc/nccl.conf`, which this cannot see: calls whose results NCCL writes in the background
 /// wait for the communicator whatever it is counted as.)
 fn env_forces_nonblocking(value: Option<&str>) -> bool {
-    let Some(value) = value.filter(|v| !v.is_empty()) else { return false };
+    value.filter(|v| !v.is_empty()).is_some_and(reads_as_zero)
+}
+
+/// What `NCCL_COMM_SPLIT_SHARE_RESOURCES` or `NCCL_COMM_SHRINK_SHARE_RESOURCES` (`value`) makes
+/// of the config's sharing field: `None` when unset or empty (the config decides), otherwise
+/// whether communicators may share resources. Any value that does not read as 0 counts as sharing
+/// (NCCL shares on 1): counting a communicator as sharing only makes this crate ask for a promise
+/// it did not need, while the converse would skip one it needs.
+fn env_may_share(value: Option<&str>) -> Option<bool> {
+    value.filter(|v| !v.is_empty()).map(|v| !reads_as_zero(v))
+}
+
+/// True when NCCL reads `value` as 0: it parses with `strtoll(value, NULL, 0)` (leading white
+/// space, a sign, a `0x` or `0` prefix, as many digits as there are, 0 when there are none).
+fn reads_as_zero(value: &str) -> bool {
     let value = value.trim_start_matches([' ', '\t', '\n', '\x0b', '\x0c', '\r']);
     let value = value.strip_prefix(['+', '-']).unwrap_or(value);
     let hex = value.strip_prefix("0x").or_else(|| value.strip_prefix("0X"));
@@ -408,6 +464,26 @@ mod tests {
         assert!(raw.commName.is_null());
         #[cfg(nccl_2_28)]
         assert_eq!(raw.nvlinkCentricSched, i32::MIN);
+    }
+
+    #[test]
+    fn sharing_comes_from_the_config_unless_the_environment_says() {
+        let set = Config::new().split_share(true).settings(None).sharing;
+        assert!(set.split && !set.shrink);
+        assert_eq!(Config::new().settings(None).sharing, Sharing::default(), "NCCL's default: no sharing");
+        assert_eq!(Config::new().split_share(false).settings(None).sharing, Sharing::default());
+        assert_eq!(Settings::unknown().sharing, Sharing { split: true, shrink: true }, "an adopted communicator");
+        // The environment wins, and any value that does not read as 0 counts as sharing.
+        assert_eq!(env_may_share(None), None);
+        assert_eq!(env_may_share(Some("")), None);
+        for on in ["1", " 1", "0x1", "2", "-1", "yes"] {
+            assert_eq!(env_may_share(Some(on)), Some(!reads_as_zero(on)), "{on:?}");
+        }
+        assert_eq!(env_may_share(Some("1")), Some(true));
+        assert_eq!(env_may_share(Some("0")), Some(false));
+        assert_eq!(env_may_share(Some("0x0")), Some(false));
+        // strtoll reads no digits in "yes": NCCL takes it for 0.
+        assert_eq!(env_may_share(Some("yes")), Some(false));
     }
 
     #[test]

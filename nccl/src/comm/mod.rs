@@ -47,7 +47,7 @@ pub use teardown::Finalizing;
 pub(crate) use config::MAGIC as API_MAGIC;
 #[cfg(nccl_2_30)]
 pub(crate) use config::UNDEF_INT;
-use config::{ConfigStrings, Settings};
+use config::{ConfigStrings, Settings, Sharing};
 use health::Health;
 use watch::Watch;
 
@@ -112,6 +112,10 @@ pub struct Comm {
     size: usize,
     /// Strings NCCL keeps pointers to (`commName`), alive as long as the communicator.
     _strings: Option<Arc<ConfigStrings>>,
+    /// Whether its children share its resources, as its config says.
+    sharing: Sharing,
+    /// Set by [`Comm::allow_shared_resources`]: children that share its resources may be made.
+    sharing_allowed: Cell<bool>,
     /// The out-pointers given to `ncclCommSplit`/`ncclCommShrink`, which NCCL's background job
     /// writes: kept until this communicator is gone (fields drop after `Drop::drop` has destroyed
     /// or aborted it), so that no late write can land in freed memory. Boxed: NCCL holds their
@@ -123,8 +127,10 @@ pub struct Comm {
 // SAFETY: NCCL's thread-safety rules allow a communicator to be used from any thread as long as
 // one thread at a time operates it (NCCL user guide, "Thread safety"). `Comm` is not `Sync` (its
 // `Cell`/`RefCell` fields make sure of that), so `&Comm` cannot be shared across threads, and
-// moving it hands over exclusive use. The other fields (`Arc<Health>`, cudarc streams, events) are
-// `Send`.
+// moving it hands over exclusive use. Communicators that share resources (which NCCL forbids
+// using from two threads at once) are made only after the unsafe `allow_shared_resources`, whose
+// caller keeps them on one thread at a time. The other fields (`Arc<Health>`, cudarc streams,
+// events) are `Send`.
 unsafe impl Send for Comm {}
 
 impl std::fmt::Debug for Comm {
@@ -156,6 +162,8 @@ impl Comm {
             revoked: Cell::new(false),
             watch: RefCell::new(Watch::new(settings.timeout)),
             _strings: settings.strings,
+            sharing: settings.sharing,
+            sharing_allowed: Cell::new(false),
             child_slots: RefCell::default(),
         }
     }
@@ -187,16 +195,19 @@ impl Comm {
     /// from NCCL; the communicator must live on `stream`'s device, which becomes its default
     /// stream. It is finalized or aborted by this `Comm` unless given back with [`Comm::into_raw`].
     /// Its blocking mode is unknown to this crate, so [`Comm::abort_handle`] refuses it; calls that
-    /// NCCL answers with "in progress" are still polled to completion. On error the communicator
-    /// is left untouched, still the caller's.
+    /// NCCL answers with "in progress" are still polled to completion. Its config is unknown too,
+    /// so it counts as sharing its resources with the communicators split or shrunk from it
+    /// ([`Comm::allow_shared_resources`]). On error the communicator is left untouched, still the
+    /// caller's.
     ///
     /// # Safety
     ///
     /// `raw` must be a live, ready communicator that nothing else will destroy, finalize or abort
-    /// while this `Comm` owns it, and that no other thread operates while this `Comm` does.
+    /// while this `Comm` owns it, and that no other thread operates while this `Comm` does — nor
+    /// any communicator that shares its resources (NCCL's `splitShare`).
     pub unsafe fn from_raw(raw: ncclComm_t, stream: Arc<CudaStream>) -> Result<Self> {
         let raw = NonNull::new(raw).ok_or(Error::NullCommunicator)?;
-        let mut comm = Comm::unready(raw, stream, 0, 0, Settings::default());
+        let mut comm = Comm::unready(raw, stream, 0, 0, Settings::unknown());
         match comm.identify() {
             Ok(()) => Ok(comm),
             Err(e) => {
@@ -432,7 +443,12 @@ impl Comm {
     fn child_settings(&self, config: Option<&Config>, strings: Option<Arc<ConfigStrings>>) -> Settings {
         match config {
             Some(config) => config.settings(strings),
-            None => Settings { nonblocking: self.nonblocking, timeout: self.timeout(), strings: self._strings.clone() },
+            None => Settings {
+                nonblocking: self.nonblocking,
+                timeout: self.timeout(),
+                strings: self._strings.clone(),
+                sharing: self.sharing,
+            },
         }
     }
 }
