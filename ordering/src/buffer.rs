@@ -143,6 +143,11 @@ impl<T, B: DeviceBuffer<T> + DevicePtrMut<T> + ?Sized> DeviceBufferMut<T> for B 
 // `device_ptr`/`device_ptr_mut` wait for and record those events (while the context tracks
 // events; a program that turns tracking off takes the ordering on itself through cudarc's unsafe
 // `disable_event_tracking`). Views borrow the slice and cover a checked sub-range of it.
+// Item 3 holds for one reading stream at a time only: cudarc keeps one read event, which each read
+// records again, so a write or the free after reads on two streams waits for the later reader
+// only — as cudarc's own copies and kernels do. This gap is open (a second audit, 2026-12-03);
+// `MemBuffer` and the symmetric buffers, whose trackers remember every reading stream, do not
+// have it.
 unsafe impl<T> DeviceMemory for CudaSlice<T> {
     type Elem = T;
 }
