@@ -17,7 +17,6 @@ pub use limit::HeapLimit;
 use crate::agree::{Ask, Op};
 use crate::error::{Error, Result};
 use crate::ffi::call;
-use crate::runtime::make_current;
 use crate::Runtime;
 
 mod sealed {
@@ -146,7 +145,7 @@ impl Runtime {
         let agreement = self.agreement()?;
         // Not `bind_to_thread`, which would first fail with an unrelated error recorded in the
         // context (by any thread): this PE would leave, and the others wait in the agreement.
-        make_current(self.context())?;
+        gpucomm_ordering::make_current(self.context())?;
         let agreed = agreement.agree(ask)?;
         // This PE's refusal, decided before the agreement and told to the others through it:
         // nothing after the agreement may fail on one PE alone, which would leave the others
@@ -298,7 +297,7 @@ impl<'rt, T> Symmetric<'rt, T> {
             // Not `bind_to_thread`, here or after the agreement: it would first fail with an
             // unrelated error recorded in the context (by any thread), and this PE would leave
             // the others waiting in the agreement, or keep the buffer while they free it.
-            make_current(self.rt.context())?;
+            gpucomm_ordering::make_current(self.rt.context())?;
             agreement.agree(ask)?.check(Op::Free, refusal)?;
             // SAFETY: the pointer came from nvshmem_malloc/calloc/align of this runtime; no queued
             // work uses it (its streams were waited for); every PE frees the buffer at the same

@@ -46,7 +46,7 @@ use crate::ffi::call;
 use crate::overlap::{self, Span};
 use crate::quiesce;
 use crate::register;
-use crate::runtime::{make_current, Admitted};
+use crate::runtime::Admitted;
 use crate::{Runtime, SymmetricMemory};
 
 /// How a signal word is updated (`NVSHMEM_SIGNAL_SET`, `NVSHMEM_SIGNAL_ADD`).
@@ -556,7 +556,7 @@ fn quiet(stream: &CudaStream) -> std::result::Result<(), String> {
     let chained = || -> Result<()> {
         // Not cudarc's `bind_to_thread`, which would first fail with (and take) an unrelated error
         // recorded in the context, skipping the quiet.
-        make_current(stream.context())?;
+        gpucomm_ordering::make_current(stream.context())?;
         let raw = stream.cu_stream();
         // No access admitted this stream: ask (refusing an invalidated capture, on which NVSHMEM
         // would exit).

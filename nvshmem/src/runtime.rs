@@ -117,16 +117,6 @@ impl std::fmt::Debug for Runtime {
     }
 }
 
-/// Makes `ctx` current on this thread. Not cudarc's `bind_to_thread`, which first fails with (and
-/// takes) an unrelated error that any use of the context, on any thread, recorded in it: for the
-/// calls that must not fail for that (a collective step that the other PEs take too, a quiet that
-/// must not be skipped), and that leave the error for cudarc's next checked call.
-pub(crate) fn make_current(ctx: &CudaContext) -> Result<()> {
-    // SAFETY: the borrowed context is alive; making it current has no other effect.
-    unsafe { cudarc::driver::result::ctx::set_current(ctx.cu_ctx()) }?;
-    Ok(())
-}
-
 /// NVSHMEM's initialisation state (`nvshmemx_init_status`), kept as the raw number.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 #[doc(alias = "nvshmemx_init_status_t")]

@@ -65,8 +65,7 @@ pub(crate) fn invalidate(stream: &CudaStream) -> bool {
 /// error recorded in the context (by cudarc's own guards, inside the capture or on another
 /// thread) *before* ending the capture, which would leave the stream capturing for good.
 pub(crate) fn end(stream: &CudaStream) -> Result<Option<Exec>, DriverError> {
-    // SAFETY: the context is alive (the stream holds it); making it current has no other effect.
-    unsafe { result::ctx::set_current(stream.context().cu_ctx()) }?;
+    crate::make_current(stream.context())?;
     // SAFETY: the stream is alive and being captured by this thread (the caller began it).
     let graph = unsafe { result::stream::end_capture(stream.cu_stream()) }?;
     if graph.is_null() {

@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use cudarc::driver::{CudaContext, DriverError};
+use cudarc::driver::CudaContext;
 use nccl_sys::{ncclComm, ncclResult_t};
 
 use crate::error::{Error, Result};
@@ -82,7 +82,7 @@ impl Health {
     /// communicator down until `query` returns); `None` when it is not parked.
     pub(crate) fn peek<R>(&self, query: impl FnOnce(NonNull<ncclComm>) -> R) -> Option<R> {
         self.state.compare_exchange(PARKED, PEEKING, Ordering::AcqRel, Ordering::Acquire).ok()?;
-        let result = make_current(&self.context).map(|()| query(self.raw));
+        let result = gpucomm_ordering::make_current(&self.context).map(|()| query(self.raw));
         self.state.store(PARKED, Ordering::Release);
         result.ok()
     }
@@ -135,7 +135,7 @@ impl Health {
     /// Calls `ncclCommAbort` for whoever moved the state to `ABORTING`, and ends that state:
     /// `CLOSED` once NCCL was called (whatever it returned), `ABANDONED` if it could not be.
     fn call_abort(&self) -> Result<()> {
-        if let Err(e) = make_current(&self.context) {
+        if let Err(e) = gpucomm_ordering::make_current(&self.context) {
             self.state.store(ABANDONED, Ordering::Release);
             log::error!(
                 "nccl: cannot abort a communicator ({e}); it is abandoned, and what NCCL may still use is leaked"
@@ -179,16 +179,6 @@ impl Health {
         }
         Err(Error::Aborted)
     }
-}
-
-/// Makes `context` current on this thread for `ncclCommAbort`, through the driver: cudarc's
-/// `bind_to_thread` first returns (and clears) an error that some earlier, unrelated cudarc
-/// operation recorded on the context, which would leave the communicator unaborted. That error
-/// stays recorded for whoever checks it.
-fn make_current(context: &CudaContext) -> std::result::Result<(), DriverError> {
-    // SAFETY: `cu_ctx` is the context `context` owns, alive as long as `context` (borrowed here);
-    // making a live context current has no other precondition.
-    unsafe { cudarc::driver::result::ctx::set_current(context.cu_ctx()) }
 }
 
 /// A handle that aborts a communicator from another thread (a watchdog): obtained with
