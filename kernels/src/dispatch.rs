@@ -435,7 +435,7 @@ unsafe impl<T> Keep for SymmetricBuffer<'_, T> {
 unsafe impl Keep for &AllReduce<'_> {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
         let ar: &'k AllReduce<'_> = self;
-        v.resource(ar.comm.resource(), !ar.comm.is_aborted());
+        ar.comm.report_kept(v);
         if let Ok(kernels) = &ar.kernels {
             kernels.visit_members(v);
         }

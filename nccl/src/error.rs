@@ -203,6 +203,13 @@ pub enum Error {
     /// after a failure): nothing can be done with it any more; create a new one.
     #[error("the communicator was aborted")]
     Aborted,
+    /// Releasing a registration or window of a communicator whose abort waits for its owner's
+    /// teardown: aborted while CUDA graphs that captured it may be alive, whom NCCL's
+    /// `ncclCommAbort` would wait for, it was only stopped, and NCCL releases what was registered
+    /// with it when the [`Comm`](crate::Comm) is dropped or [aborted](crate::Comm::abort). The
+    /// registration keeps its buffer, which is leaked when the registration is dropped.
+    #[error("the communicator was aborted while graphs that captured it may be alive; NCCL releases its registrations only when the communicator is dropped, so this buffer stays registered and is kept")]
+    AbortPending,
     /// An abort could not call `ncclCommAbort`: making the communicator's CUDA context current
     /// failed. The communicator is abandoned: every later call on it fails with
     /// [`Error::Aborted`], and what NCCL may still use — registered buffers, windows, the

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use cudarc::driver::CudaStream;
-use gpucomm_ordering::{Captured, Keep, Resource, Visitor};
+use gpucomm_ordering::{Access, Captured, Keep, Resource, Visitor};
 
 use crate::error::{Error, Result};
 use crate::group::open::refuse_inside;
@@ -19,21 +19,38 @@ pub(crate) fn communicator(comm: &Comm) -> Resource {
     Resource::of(KIND, comm)
 }
 
+/// Admits a call on `comm` through `access`: refuses a capture this crate did not open (or one
+/// CUDA invalidated), and inside this crate's capture scope records the communicator, which the
+/// graph must keep, and marks it kept by a graph (see [`Comm::report_kept`]): NCCL holds the
+/// captured work from the call on, before the graph is made.
+#[inline]
+pub(crate) fn admit_call(access: &Access<'_>, comm: &Comm) -> Result<()> {
+    access.resource(communicator(comm))?;
+    if access.capturing()? {
+        comm.kept_by_graph();
+    }
+    Ok(())
+}
+
 // SAFETY: the borrow keeps the communicator alive and in place; an aborted one is reported
 // closed, so that no launch reaches it.
 unsafe impl Keep for &Comm {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
-        v.resource(communicator(self), !self.is_aborted());
+        self.report_kept(v);
     }
 }
 
 impl Comm {
-    /// This communicator as a resource of the capture scope: what a call on it inside
-    /// [`capture`] records, and what `&Comm` in a keep set reports. For the [`Keep`]
-    /// implementation of a type that holds a `&Comm` and makes calls on it (such as
-    /// gpucomm-kernels' `AllReduce`), so that a graph keeping that type keeps the communicator.
-    pub fn resource(&self) -> Resource {
-        communicator(self)
+    /// Reports this communicator to a graph's visitor as a resource the graph keeps, closed once
+    /// aborted: what `&Comm` in a keep set does, and what the [`Keep`] implementation of a type
+    /// that holds a `&Comm` and makes calls on it (such as gpucomm-kernels' `AllReduce`) calls,
+    /// so that a graph keeping that type keeps the communicator. From then on an abort of the
+    /// communicator that cannot wait for such graphs (a timeout, an
+    /// [`AbortHandle`](crate::AbortHandle)) stops its work and leaves freeing it to its owner's
+    /// teardown: NCCL's own abort would wait until every graph holding its work is destroyed.
+    pub fn report_kept<'k>(&'k self, v: &mut Visitor<'k>) {
+        self.kept_by_graph();
+        v.resource(communicator(self), !self.is_aborted());
     }
 }
 

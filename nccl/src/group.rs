@@ -36,7 +36,7 @@ pub(crate) mod open;
 use crate::call::{Buffers, Call};
 use crate::error::{Error, Result};
 use crate::ffi::{call, check, resolve};
-use crate::graph::communicator;
+use crate::graph::admit_call;
 use crate::Comm;
 use open::{refuse_inside, Open};
 
@@ -175,7 +175,7 @@ impl<'a> Group<'a> {
                 accesses.len() - 1
             }
         };
-        accesses[i].resource(communicator(comm))?;
+        admit_call(&accesses[i], comm)?;
         // Every access of the group has been admitted (each recorded a call): asked once each.
         if accesses[0].capturing()? != accesses[i].capturing()? {
             return Err(gpucomm_ordering::OrderError::MixedCapture.into());

@@ -12,7 +12,7 @@ use gpucomm_ordering::{Access, Guard};
 
 use crate::call::{Buffers, Call};
 use crate::error::{Error, Result};
-use crate::graph::communicator;
+use crate::graph::admit_call;
 use crate::group::open::refuse_inside;
 use crate::group::{Group, Member};
 use crate::Comm;
@@ -136,7 +136,7 @@ impl<'b> Plan<'_, 'b> {
             return group.record(self.comm, self.stream, call, take);
         }
         let access = Access::new(self.stream);
-        access.resource(communicator(self.comm))?;
+        admit_call(&access, self.comm)?;
         let mut guards = [const { Guard::NONE }; N];
         let buffers = take(&access, &mut guards)?;
         call.set_buffers(buffers);

@@ -9,7 +9,6 @@ use nccl_sys::ncclComm_t;
 
 use super::Comm;
 use crate::error::Result;
-use crate::graph::communicator;
 use crate::group::{Group, Member};
 use crate::target::{OnStream, Plan, Target};
 
@@ -162,8 +161,7 @@ impl<'a> Group<'a> {
 // This crate never aborts it; it is reported closed if it ever is, so that no launch reaches it.
 unsafe impl Keep for &BorrowedComm<'_> {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
-        let comm = self.comm();
-        v.resource(communicator(comm), !comm.is_aborted());
+        self.comm().report_kept(v);
     }
 }
 

@@ -21,13 +21,21 @@
 //! * `PEEKING`: a [`crate::Watchdog`] reads NCCL's error state (`ncclCommGetAsyncError`) while the
 //!   owner is parked; entered only from `PARKED` and left back to it. The owner waking up, and an
 //!   [`AbortHandle`](crate::AbortHandle), wait for it to end (one NCCL query).
+//! * `DEFERRED`: aborted while CUDA graphs that captured the communicator may be alive. NCCL's
+//!   `ncclCommAbort` waits until every graph holding its work is destroyed, and those graphs
+//!   borrow the [`Comm`](crate::Comm), so an abort that cannot wait (a timeout, an
+//!   [`AbortHandle`](crate::AbortHandle)) only stops the communicator's work (`ncclCommRevoke`,
+//!   NCCL ≥ 2.28.7; older libraries leave it running) and closes it for every use. The owner's
+//!   teardown, which needs the `Comm` by value and so comes after every such graph is gone, then
+//!   calls `ncclCommAbort` ([`Health::finish`]). Until then NCCL keeps what was registered with
+//!   the communicator, so releasing a registration or window keeps (leaks) its buffer.
 //!
 //! Every transition out of `LIVE`/`REQUESTED` except `LIVE → REQUESTED` is the owner's, and
 //! every transition out of `PARKED` except `PARKED → LIVE` is a handle's, so `ncclCommAbort` can
 //! never run while the owner is inside NCCL, and runs at most once.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -35,7 +43,7 @@ use cudarc::driver::CudaContext;
 use nccl_sys::{ncclComm, ncclResult_t};
 
 use crate::error::{Error, Result};
-use crate::ffi::call;
+use crate::ffi::{call, call_unchecked, check};
 
 const LIVE: u8 = 0;
 const PARKED: u8 = 1;
@@ -44,6 +52,7 @@ const ABORTING: u8 = 3;
 const CLOSED: u8 = 4;
 const PEEKING: u8 = 5;
 const ABANDONED: u8 = 6;
+const DEFERRED: u8 = 7;
 
 /// The abort state of one communicator, shared by its [`Comm`](crate::Comm) and its [`AbortHandle`](crate::AbortHandle)s.
 pub(crate) struct Health {
@@ -51,6 +60,9 @@ pub(crate) struct Health {
     raw: NonNull<ncclComm>,
     /// Bound before `ncclCommAbort`, which may run on a thread that never used this device.
     context: Arc<CudaContext>,
+    /// Set once a CUDA graph kept the communicator (its calls were captured): from then on an
+    /// abort is deferred (module docs).
+    kept_by_graph: AtomicBool,
 }
 
 // SAFETY: `raw` is only passed to `ncclCommAbort`, and only by whoever moved `state` to
@@ -64,12 +76,41 @@ unsafe impl Sync for Health {}
 
 impl Health {
     pub(crate) fn new(raw: NonNull<ncclComm>, context: Arc<CudaContext>) -> Self {
-        Health { state: AtomicU8::new(LIVE), raw, context }
+        Health { state: AtomicU8::new(LIVE), raw, context, kept_by_graph: AtomicBool::new(false) }
     }
 
     /// True once aborted, destroyed or given away (or abandoned): the handle must not be used.
     pub(crate) fn is_closed(&self) -> bool {
-        matches!(self.state.load(Ordering::Acquire), ABORTING | CLOSED | ABANDONED)
+        matches!(self.state.load(Ordering::Acquire), ABORTING | CLOSED | ABANDONED | DEFERRED)
+    }
+
+    /// A CUDA graph keeps the communicator: its aborts are deferred from now on (module docs).
+    #[inline]
+    pub(crate) fn kept_by_graph(&self) {
+        if !self.kept_by_graph.load(Ordering::Relaxed) {
+            self.kept_by_graph.store(true, Ordering::Release);
+        }
+    }
+
+    /// The owner's teardown holds the `Comm` by value, so no graph borrows it any more: aborts
+    /// are immediate again.
+    pub(crate) fn no_graph_left(&self) {
+        self.kept_by_graph.store(false, Ordering::Release);
+    }
+
+    /// True while an abort waits for the owner's teardown (module docs): NCCL still holds what
+    /// was registered with the communicator.
+    pub(crate) fn is_deferred(&self) -> bool {
+        self.state.load(Ordering::Acquire) == DEFERRED
+    }
+
+    /// The owner's teardown (which holds the `Comm` by value, so no graph borrows it any more):
+    /// carries out a deferred abort with `ncclCommAbort`. `Ok` when there was none to carry out.
+    pub(crate) fn finish(&self) -> Result<()> {
+        if self.state.compare_exchange(DEFERRED, ABORTING, Ordering::AcqRel, Ordering::Acquire).is_err() {
+            return Ok(());
+        }
+        self.call_abort_now()
     }
 
     /// True once an abort could not call `ncclCommAbort` (module docs): NCCL may still use what
@@ -132,9 +173,54 @@ impl Health {
         self.state.store(CLOSED, Ordering::Release);
     }
 
+    /// Aborts for whoever moved the state to `ABORTING`: at once, or, once a graph kept the
+    /// communicator, deferred ([`Health::defer`]).
+    fn call_abort(&self) -> Result<()> {
+        if self.kept_by_graph.load(Ordering::Acquire) {
+            return self.defer();
+        }
+        self.call_abort_now()
+    }
+
+    /// An abort while graphs that captured the communicator may be alive (module docs): stops its
+    /// work (`ncclCommRevoke`, where the library has it) and ends `ABORTING` in `DEFERRED`, for
+    /// [`Health::finish`] to call `ncclCommAbort`. The communicator is closed for use either way.
+    fn defer(&self) -> Result<()> {
+        let stopped = gpucomm_ordering::make_current(&self.context).map_err(Error::from).and_then(|()| self.revoke());
+        self.state.store(DEFERRED, Ordering::Release);
+        match stopped {
+            // The library is older than the call: its kernels run on until the teardown aborts.
+            Err(Error::MissingFunction(_)) => Ok(()),
+            other => other,
+        }
+    }
+
+    /// `ncclCommRevoke`, polled until NCCL has stopped the communicator's work.
+    #[cfg(nccl_2_28_7)]
+    fn revoke(&self) -> Result<()> {
+        let raw = self.raw.as_ptr();
+        let flags = nccl_sys::NCCL_REVOKE_DEFAULT as i32;
+        // SAFETY: the caller moved the state to ABORTING, which only happens once and only while
+        // the owner is outside NCCL (module docs), so the handle is live and nothing else uses it;
+        // the flags are the only value NCCL accepts; the context is current.
+        let mut state = unsafe { call_unchecked!(ncclCommRevoke(raw, flags)) }?;
+        while state == ncclResult_t::ncclInProgress {
+            std::thread::sleep(Duration::from_micros(200));
+            // SAFETY: as above; the out-pointer is a live local of a newtype over an integer.
+            unsafe { call!(ncclCommGetAsyncError(raw, &mut state)) }?;
+        }
+        check("ncclCommRevoke", state, Some(raw))
+    }
+
+    /// Without `ncclCommRevoke` in the headers, the work runs on until the teardown aborts.
+    #[cfg(not(nccl_2_28_7))]
+    fn revoke(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Calls `ncclCommAbort` for whoever moved the state to `ABORTING`, and ends that state:
     /// `CLOSED` once NCCL was called (whatever it returned), `ABANDONED` if it could not be.
-    fn call_abort(&self) -> Result<()> {
+    fn call_abort_now(&self) -> Result<()> {
         if let Err(e) = gpucomm_ordering::make_current(&self.context) {
             self.state.store(ABANDONED, Ordering::Release);
             log::error!(
@@ -174,7 +260,7 @@ impl Health {
                 Err(_) => break,
             }
         }
-        while !matches!(self.state.load(Ordering::Acquire), CLOSED | ABANDONED) {
+        while !matches!(self.state.load(Ordering::Acquire), CLOSED | ABANDONED | DEFERRED) {
             std::thread::sleep(Duration::from_micros(200));
         }
         Err(Error::Aborted)
@@ -229,6 +315,9 @@ impl AbortHandle {
 
     /// Aborts the communicator (`ncclCommAbort`) as soon as NCCL's rules allow: now if its owner
     /// is waiting inside this crate, otherwise at the owner's next call (see [`AbortHandle`](crate::AbortHandle)).
+    /// Once a CUDA graph kept the communicator, the abort only stops its work (`ncclCommRevoke`,
+    /// NCCL ≥ 2.28.7) and the owner's [`Comm::abort`](crate::Comm::abort) or drop frees it: NCCL's
+    /// own abort would wait until every such graph is destroyed.
     /// An `Err` is NCCL's or CUDA's report from `ncclCommAbort`; the communicator is closed anyway
     /// ([`Error::Abandoned`] when `ncclCommAbort` could not be called at all).
     #[doc(alias = "ncclCommAbort")]

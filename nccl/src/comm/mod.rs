@@ -228,6 +228,10 @@ impl Comm {
     /// this call nothing tells when the communicator is gone. So do the config strings NCCL keeps
     /// pointers to.
     pub fn into_raw(mut self) -> ncclComm_t {
+        // An abort deferred while graphs borrowed it: nothing borrows it now.
+        if let Err(e) = self.health.finish() {
+            log::warn!("nccl: aborting a communicator given away after its abort was deferred failed: {e}");
+        }
         let raw = self.as_raw();
         self.health.detach();
         std::mem::forget(self.child_slots.take());
@@ -345,13 +349,23 @@ impl Comm {
     /// (aborted, destroyed, or given away), so that what was registered with it may be freed;
     /// [`Error::Abandoned`] when its abort could not call NCCL, so that NCCL may still use it and
     /// it must be kept (leaked).
+    /// [`Error::AbortPending`] while an abort waits for the owner's teardown (aborted while graphs
+    /// that captured it may be alive), which releases them.
     #[cfg(nccl_2_19)]
     pub(crate) fn released_by_nccl(&self) -> Result<()> {
         if self.health.is_abandoned() {
             Err(Error::Abandoned { cause: None })
+        } else if self.health.is_deferred() {
+            Err(Error::AbortPending)
         } else {
             Ok(())
         }
+    }
+
+    /// A CUDA graph keeps this communicator: aborts that cannot wait for the graph are deferred
+    /// from now on (see `health`).
+    pub(crate) fn kept_by_graph(&self) {
+        self.health.kept_by_graph();
     }
 
     /// Aborts the communicator (`ncclCommAbort`) from its owner, logging a failure: the last resort

@@ -97,10 +97,14 @@ impl Comm {
     /// error or to unblock a hung job. Every other rank must abort its communicator too (NCCL's
     /// rule). `Ok` also when it was already aborted; an `Err` is NCCL's report, after which the
     /// communicator is freed anyway, or [`Error::Abandoned`] when NCCL could not be called (what
-    /// NCCL may still use is then leaked).
+    /// NCCL may still use is then leaked). A communicator aborted earlier while CUDA graphs that
+    /// captured it were alive (by a timeout or an [`AbortHandle`](crate::AbortHandle)) was only
+    /// stopped then; it is freed here.
     #[doc(alias = "ncclCommAbort")]
     pub fn abort(self) -> Result<()> {
-        self.health.abort().map(drop)
+        self.health.no_graph_left();
+        let aborted = self.health.abort().map(drop);
+        aborted.and(self.health.finish())
     }
 
     /// The `ncclCommFinalize` call, leaving `ncclInProgress` to the caller's polling.
@@ -148,7 +152,9 @@ impl Comm {
     /// What dropping does to a communicator that is not closed yet: finalize and destroy it, or
     /// abort it (see [`Comm`]). True when it is left alive instead (dropped inside a group).
     fn end(&self) -> bool {
-        if self.health.is_closed() {
+        self.health.no_graph_left();
+        let deferred = self.health.is_deferred();
+        if self.health.is_closed() && !deferred {
             return false;
         }
         if is_open() {
@@ -156,9 +162,22 @@ impl Comm {
             log::warn!("nccl: a Comm dropped inside nccl::group is leaked; drop communicators outside groups");
             return true;
         }
+        if !deferred {
+            self.finalize_or_abort();
+        }
+        // Dropped, the communicator is borrowed by no graph any more: an abort deferred because
+        // graphs did (earlier, or just now) is carried out.
+        if let Err(e) = self.health.finish() {
+            log::warn!("nccl: aborting a dropped communicator failed: {e}");
+        }
+        false
+    }
+
+    /// Finalizes and destroys a live communicator, or aborts it after a failure (or a panic).
+    fn finalize_or_abort(&self) {
         if std::thread::panicking() || self.async_error().is_err() {
             self.health.abort_quietly();
-            return false;
+            return;
         }
         let closed = self
             .begin_finalize()
@@ -170,6 +189,5 @@ impl Comm {
             }
             self.health.abort_quietly();
         }
-        false
     }
 }

@@ -49,7 +49,10 @@ impl Comm {
     ///
     /// Bounded by `timeout` and by the communicator's own timeout, measured per call from its
     /// enqueue: when either expires, the communicator is **aborted** and the result is
-    /// [`Error::Timeout`] (NCCL offers no way to cancel one collective). With neither, it waits
+    /// [`Error::Timeout`] (NCCL offers no way to cancel one collective). While a CUDA graph that
+    /// captured the communicator ([`crate::capture`]) may be alive, the abort stops its work
+    /// (`ncclCommRevoke`, NCCL ≥ 2.28.7) and leaves freeing it to [`Comm::abort`] or the drop:
+    /// NCCL's `ncclCommAbort` would wait until every such graph is destroyed. With neither, it waits
     /// as long as it takes, but an [`AbortHandle`](crate::AbortHandle) can still end the wait ([`Error::Aborted`]).
     /// Polling costs up to a millisecond of latency compared with a stream synchronize.
     #[doc(alias = "ncclCommGetAsyncError")]
