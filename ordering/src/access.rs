@@ -181,7 +181,7 @@ impl<'s> Access<'s> {
         if let Some(p) = self.idle.get() {
             return Ok(p);
         }
-        let p = idle_stream(self.stream.context())?;
+        let p: &'static CudaStream = &helpers(self.stream.context())?.idle;
         self.idle.set(Some(p));
         Ok(p)
     }
@@ -282,6 +282,9 @@ impl<'s> Access<'s> {
         match restore.reported() {
             Some(ordered) => ordered?,
             None => {
+                if how == Use::Read && mode == Mode::Eager {
+                    taken.1.after_earlier_reader(self.stream)?;
+                }
                 // cudarc's protocol (or a type built on it) records a failed wait in the context.
                 self.stream.context().check_err()?;
                 // Its waits can make the stream join a capture: waiting for an event recorded
@@ -312,6 +315,32 @@ impl Guard<'_> {
     #[inline]
     pub fn is_empty(&self) -> bool {
         self.0.is_none()
+    }
+}
+
+impl Guard<'_> {
+    /// For a read through cudarc's protocol, which keeps one read event per buffer and re-records
+    /// it on the reading stream when this guard is dropped: makes `stream` wait first for the
+    /// reader that event stands for now, if it may still run (on another stream). The record
+    /// then stands for both reads, so that a later write or free — which waits for the read event
+    /// only — waits for each. Without it, reads on two streams followed by a write let the write
+    /// overtake the first read.
+    ///
+    /// An event last recorded inside a capture (a cudarc read in a graph being made) stands for
+    /// no work that runs now: it is not waited for — waiting would join the capture. The question
+    /// is asked in relaxed capture mode, so that it cannot disturb a capture open on this thread.
+    #[inline(never)]
+    fn after_earlier_reader(&self, stream: &CudaStream) -> Result<(), DriverError> {
+        let Some(SyncOnDrop::Record(Some((event, _)))) = &self.0 else { return Ok(()) };
+        let running = relaxed(|| match event.try_is_complete() {
+            Ok(done) => Ok(!done),
+            Err(DriverError(sys::CUresult::CUDA_ERROR_CAPTURED_EVENT)) => Ok(false),
+            Err(e) => Err(e),
+        })?;
+        if running {
+            stream.wait(event)?;
+        }
+        Ok(())
     }
 }
 
@@ -371,38 +400,54 @@ impl Drop for Restore {
     }
 }
 
-/// One idle, never-captured helper stream per context, for taking pointers without ordering and
-/// for recording events outside any capture. It lives as long as the process (a handful of bytes
-/// per GPU). The last one this thread used is remembered, so that captured calls skip the shared
-/// map.
-pub(crate) fn idle_stream(ctx: &Arc<CudaContext>) -> Result<&'static CudaStream, DriverError> {
+/// The helper streams of one context, made once and kept for the life of the process (a handful
+/// of bytes per GPU).
+pub(crate) struct Helpers {
+    /// Never captured, and never running anything: the stream on which pointers are taken
+    /// without ordering (a captured or surveyed call), and events recorded outside any capture.
+    /// cudarc's waits for those pointers land here, so it accumulates waits for whatever work
+    /// last used those buffers: never wait for it.
+    pub(crate) idle: Arc<CudaStream>,
+    /// Never given any work or wait at all: what [`quiesce`](crate::quiesce) forks its private
+    /// streams from, so that they start waiting for nothing.
+    pub(crate) clean: Arc<CudaStream>,
+}
+
+/// The helper streams of `ctx`. The last context this thread asked for is remembered, so that
+/// captured calls skip the shared map.
+pub(crate) fn helpers(ctx: &Arc<CudaContext>) -> Result<&'static Helpers, DriverError> {
     thread_local! {
-        static LAST: Cell<Option<(usize, &'static CudaStream)>> = const { Cell::new(None) };
+        static LAST: Cell<Option<(usize, &'static Helpers)>> = const { Cell::new(None) };
     }
-    static IDLE: Mutex<Option<HashMap<usize, &'static CudaStream>>> = Mutex::new(None);
+    static ALL: Mutex<Option<HashMap<usize, &'static Helpers>>> = Mutex::new(None);
     let key = ctx.cu_ctx() as usize;
-    if let Some((k, p)) = LAST.with(Cell::get) {
+    if let Some((k, h)) = LAST.with(Cell::get) {
         if k == key {
-            return Ok(p);
+            return Ok(h);
         }
     }
-    let mut idle = IDLE.lock().unwrap_or_else(|e| e.into_inner());
-    let map = idle.get_or_insert_with(HashMap::new);
-    if let Some(&p) = map.get(&key) {
-        LAST.with(|l| l.set(Some((key, p))));
-        return Ok(p);
+    let mut all = ALL.lock().unwrap_or_else(|e| e.into_inner());
+    let map = all.get_or_insert_with(HashMap::new);
+    if let Some(&h) = map.get(&key) {
+        LAST.with(|l| l.set(Some((key, h))));
+        return Ok(h);
     }
-    let stream = relaxed(|| {
+    let made: &'static Helpers = Box::leak(Box::new(Helpers { idle: leaked_stream(ctx)?, clean: leaked_stream(ctx)? }));
+    map.insert(key, made);
+    LAST.with(|l| l.set(Some((key, made))));
+    Ok(made)
+}
+
+/// A new non-blocking stream of `ctx`, never destroyed. Made through the driver: cudarc's
+/// `new_stream` synchronises the whole device when the context gets its first stream.
+fn leaked_stream(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>, DriverError> {
+    relaxed(|| {
         ctx.bind_to_thread()?;
         let raw = result::stream::create(result::stream::StreamKind::NonBlocking)?;
         // SAFETY: `raw` is a stream of this context that nothing else owns; it is never destroyed
-        // (leaked below), so the wrapper can never outlive it.
+        // (its only wrapper is leaked with the `Helpers`), so the wrapper can never outlive it.
         Ok(unsafe { ctx.wrap_borrowed_stream(raw) })
-    })?;
-    let leaked: &'static Arc<CudaStream> = Box::leak(Box::new(stream));
-    map.insert(key, leaked);
-    LAST.with(|l| l.set(Some((key, leaked))));
-    Ok(leaked)
+    })
 }
 
 #[cfg(test)]

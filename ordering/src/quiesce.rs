@@ -41,13 +41,15 @@ pub fn wait_for_uses<T>(
     Ok(wait_event(&done, timeout)?)
 }
 
-/// A new stream of `ctx` that waits for nothing: forked from the ordering crate's idle helper
-/// stream, because `CudaContext::new_stream` synchronises the whole device the first time a
-/// context gets a second stream — the very wait this module avoids. The stream is owned: it is
-/// destroyed when the last reference goes (a buffer's tracker may keep naming it as the stream of
-/// the buffer's last use), after its work.
+/// A new stream of `ctx` that waits for nothing: forked from the ordering crate's clean helper
+/// stream, which never gets any work or wait, because `CudaContext::new_stream` synchronises the
+/// whole device the first time a context gets a second stream — the very wait this module
+/// avoids. Not from the idle helper stream: the waits of captured calls' pointers land there, and
+/// a fork would wait for the work those buffers last did (an NCCL kernel stuck for a dead peer).
+/// The stream is owned: it is destroyed when the last reference goes (a buffer's tracker may
+/// keep naming it as the stream of the buffer's last use), after its work.
 fn private_stream(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>, DriverError> {
-    access::idle_stream(ctx)?.fork()
+    access::helpers(ctx)?.clean.fork()
 }
 
 /// Waits until all work on `ctx`'s device has finished (`cuCtxSynchronize`), for at most

@@ -5,14 +5,16 @@
 //! * finding 3: a capture keeps what its calls (and cudarc work on its stream) use, refuses what
 //!   it does not keep, and calls on a capture the crates did not open are refused (the compile-time half is in `nccl/tests/ui` and
 //!   `nvshmem/tests/ui`);
-//! * finding 6: a write waits for every reader of a `MemBuffer` that two threads read at once;
+//! * finding 6: a write waits for every reader of a `MemBuffer` that two threads read at once,
+//!   and for both readers of a cudarc buffer read on two streams (cudarc keeps one read event);
+//!   an eager read of a buffer whose last reader was captured leaves the open capture intact;
 //! * finding 10: forgetting a non-blocking put's handle does not skip its quiet;
 //! * zero-element collectives are no-ops, also inside groups;
 //! * a communicator with a timeout leaves its captured calls (direct and grouped) unwatched and
 //!   watches its eager ones;
 //! * a tracker that cannot order a buffer fails the call with its own error;
 //! * registrations (which own their buffers) are kept by the graphs that use them, and ending one
-//!   waits for the graph's launches;
+//!   waits for the graph's launches; deregistering waits for nothing that captured calls used;
 //! * calls on a capture that CUDA invalidated are refused before NCCL is called, and so are calls
 //!   whose stream became captured after their admission (a group's closure, cudarc's waits).
 //!
@@ -254,6 +256,92 @@ fn a_write_waits_for_every_reader_of_a_shared_membuffer() {
     all_equal("the zeroed buffer", &home.clone_dtoh(&x).unwrap(), 0.0);
 }
 
+/// A second one-rank communicator, on a stream of its own, warmed up like [`one_rank`]'s.
+fn second_rank(ctx: &Arc<CudaContext>) -> Comm {
+    let comm = Comm::init_rank(ctx.new_stream().unwrap(), &nccl::UniqueId::new().unwrap(), 0, 1).unwrap();
+    let mut warm = MemBuffer::from_host(comm.stream(), &[1.0f32; 4]).unwrap();
+    comm.all_reduce_in_place(&mut warm, ReduceOp::SUM).unwrap();
+    comm.stream().synchronize().unwrap();
+    comm
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_write_waits_for_both_readers_of_a_cudarc_buffer_read_on_two_streams() {
+    // A cudarc buffer is read by two all-reduces on two streams (the first held back behind
+    // 300 ms of work), then zeroed by cudarc on a third. cudarc keeps one read event per buffer,
+    // and the second read re-recorded it, so before the fix the zeroing waited for the second
+    // read only, ran before the first, and the first all-reduce summed zeros.
+    let test = "a_write_waits_for_both_readers_of_a_cudarc_buffer_read_on_two_streams";
+    let Some((first, ctx)) = one_rank(test) else { return };
+    let second = second_rank(&ctx);
+    let home = ctx.new_stream().unwrap();
+    let len = 16 << 20; // 64 MiB of f32
+    let mut x = home.clone_htod(&vec![1.0f32; len]).unwrap();
+    let mut from_first = first.stream().alloc_zeros::<f32>(len).unwrap();
+    let mut from_second = second.stream().alloc_zeros::<f32>(len).unwrap();
+    let zeroing = ctx.new_stream().unwrap();
+    home.synchronize().unwrap();
+    first.stream().synchronize().unwrap();
+    second.stream().synchronize().unwrap();
+    occupy(first.stream(), std::time::Duration::from_millis(300));
+    first.all_reduce(&x, &mut from_first, ReduceOp::SUM).unwrap();
+    second.all_reduce(&x, &mut from_second, ReduceOp::SUM).unwrap();
+    zeroing.memset_zeros(&mut x).unwrap();
+    for s in [first.stream(), second.stream(), &zeroing] {
+        s.synchronize().unwrap();
+    }
+    all_equal("the read held back on the first stream", &home.clone_dtoh(&from_first).unwrap(), 1.0);
+    all_equal("the read on the second stream", &home.clone_dtoh(&from_second).unwrap(), 1.0);
+    all_equal("the zeroed buffer", &home.clone_dtoh(&x).unwrap(), 0.0);
+    drop((from_first, from_second));
+    second.finalize().map_err(|(_, e)| e).unwrap();
+    first.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn an_eager_read_of_a_buffer_read_inside_an_open_capture_leaves_the_capture_intact() {
+    // Inside a capture, cudarc copies `x` on the captured stream (so its read event is recorded
+    // into the capture), and an all-reduce on the communicator's own stream reads `x` at once.
+    // The eager read asks whether the earlier reader still runs: for an event recorded in an open
+    // capture that question must neither wait (which would join the capture) nor break it.
+    let test = "an_eager_read_of_a_buffer_read_inside_an_open_capture_leaves_the_capture_intact";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let home = comm.stream().clone();
+    let side = ctx.new_stream().unwrap();
+    let values: Vec<i32> = (0..N as i32).collect();
+    // `x` with no event recorded yet (a recorded write would make the captured copy wait for
+    // work outside the capture, which breaks it): allocated uninitialised and filled through
+    // the driver.
+    // SAFETY: filled just below, before anything reads it.
+    let mut x = unsafe { home.alloc::<i32>(N) }.unwrap();
+    {
+        let (ptr, unrecorded) = x.device_ptr_mut(&home);
+        std::mem::forget(unrecorded);
+        // SAFETY: `x` holds N i32 on this device, `values` N i32 on the host, alive until the
+        // synchronize below.
+        unsafe { result::memcpy_htod_async(ptr, &values, home.cu_stream()) }.unwrap();
+        home.synchronize().unwrap();
+    }
+    let copy = MemBuffer::<i32>::zeroed(&home, N).unwrap();
+    let mut eager = home.alloc_zeros::<i32>(N).unwrap();
+    home.synchronize().unwrap();
+    let mut graph = nccl::capture(&side, (x, copy), |(x, copy)| {
+        side.memcpy_dtod(x, copy)?;
+        comm.all_reduce(x, &mut eager, ReduceOp::SUM)?;
+        Ok(())
+    })
+    .map_err(|(_, e)| e)
+    .expect("the capture survives the eager read");
+    assert_eq!(home.clone_dtoh(&eager).unwrap(), values, "the eager all-reduce");
+    assert_eq!(home.clone_dtoh(&graph.kept().1).unwrap(), vec![0; N], "the copy before any launch");
+    graph.launch().unwrap();
+    assert_eq!(home.clone_dtoh(&graph.kept().1).unwrap(), values, "the copy after a launch");
+    drop(graph);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
 #[test]
 #[ignore = "needs 1 GPU: run by the GPU bundle"]
 fn a_tracker_that_cannot_order_a_buffer_fails_the_call_with_its_reason() {
@@ -491,6 +579,41 @@ fn a_graph_keeps_an_nccl_registration_and_deregistering_waits_for_it() {
     let buf = registration.deregister().map_err(|(_, e)| e).unwrap();
     all_equal("after deregistering", &home.clone_dtoh(&buf).unwrap(), (1u64 << 30) as f32);
     drop(double);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn deregistering_does_not_wait_for_what_captured_calls_used() {
+    // A cudarc buffer last written behind 10 s of stuck work (stream A) is used by a captured
+    // call, whose pointer is taken on the ordering crate's idle helper stream: cudarc makes that
+    // stream wait for the stuck work. Then an unrelated buffer is deregistered, which waits for
+    // that buffer's uses only, bounded by the communicator's timeout (3 s). Before the fix the
+    // deregistration's private stream was forked from the idle helper stream, so it waited for
+    // the stuck work too: `Error::StillInUse` after 3 s, and the buffer kept registered.
+    let test = "deregistering_does_not_wait_for_what_captured_calls_used";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let (a, side) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let mut stuck = a.alloc_zeros::<f32>(N).unwrap();
+    occupy(&a, std::time::Duration::from_secs(10));
+    a.memset_zeros(&mut stuck).unwrap();
+    let graph = nccl::capture(&side, (&comm, &mut stuck), |(comm, stuck)| {
+        comm.on(&side).all_reduce_in_place(*stuck, ReduceOp::SUM)
+    })
+    .map_err(|(_, e)| e)
+    .unwrap();
+    comm.set_timeout(Some(std::time::Duration::from_secs(3)));
+    let registration = comm.register(comm.stream().clone_htod(&[2.0f32; N]).unwrap()).map_err(|(_, e)| e).unwrap();
+    let started = std::time::Instant::now();
+    let buf = registration.deregister().map_err(|(_, e)| e).unwrap();
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(2), "deregistering took {took:?}");
+    all_equal("the deregistered buffer", &comm.stream().clone_dtoh(&buf).unwrap(), 2.0);
+    // SAFETY: the stream is alive; the query only reads its state.
+    let a_state = unsafe { cudarc::driver::sys::cuStreamQuery(a.cu_stream()) };
+    assert_eq!(a_state, CUresult::CUDA_ERROR_NOT_READY, "premise: stream A is still busy");
+    drop(graph);
+    comm.set_timeout(None);
     comm.finalize().map_err(|(_, e)| e).unwrap();
 }
 
