@@ -65,9 +65,12 @@ pub(crate) fn report(ordered: Result<(), OrderError>) {
 ///
 /// * **not captured**: [`Access::read`] and [`Access::write`] follow cudarc's protocol: the stream
 ///   waits for earlier conflicting uses on other streams, and the returned guards record this use
-///   when dropped — drop them only after the work is enqueued. Buffers with a
-///   [`StreamTracker`](crate::StreamTracker) remember the stream, so that a later use on it costs
-///   nothing. A failure to order a buffer is returned by `read`/`write`: a tracker's at once, and
+///   when dropped — drop them only after the work is enqueued. cudarc keeps one read event per
+///   buffer, so a read through its protocol also waits for the reader that event stands for, if
+///   it still runs (not while a capture scope is open: see `Guard::after_earlier_reader`), so
+///   that the event it records stands for both. Buffers with a
+///   [`StreamTracker`](crate::StreamTracker) remember every stream, so that a later use on the
+///   same one costs nothing. A failure to order a buffer is returned by `read`/`write`: a tracker's at once, and
 ///   one that cudarc's protocol recorded in the context (where cudarc keeps the failures of its
 ///   waits) by checking the context after each buffer that follows that protocol;
 /// * **captured by this thread's [`capture`](crate::capture) scope**: the pointers are taken
@@ -326,12 +329,18 @@ impl Guard<'_> {
     /// only — waits for each. Without it, reads on two streams followed by a write let the write
     /// overtake the first read.
     ///
-    /// An event last recorded inside a capture (a cudarc read in a graph being made) stands for
-    /// no work that runs now: it is not waited for — waiting would join the capture. The question
-    /// is asked in relaxed capture mode, so that it cannot disturb a capture open on this thread.
+    /// Not while a capture scope is open on any thread (the reads are then not chained): the
+    /// event may have been recorded into that capture by a cudarc read on the captured stream,
+    /// and CUDA answers a question about such an event by invalidating the capture. An event
+    /// last recorded inside a capture that has ended stands for no work that runs now, and is not
+    /// waited for. The question is asked in relaxed capture mode, which no capture of another
+    /// thread forbids.
     #[inline(never)]
     fn after_earlier_reader(&self, stream: &CudaStream) -> Result<(), DriverError> {
         let Some(SyncOnDrop::Record(Some((event, _)))) = &self.0 else { return Ok(()) };
+        if capture::any_scope_open() {
+            return Ok(());
+        }
         let running = relaxed(|| match event.try_is_complete() {
             Ok(done) => Ok(!done),
             Err(DriverError(sys::CUresult::CUDA_ERROR_CAPTURED_EVENT)) => Ok(false),

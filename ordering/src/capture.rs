@@ -3,6 +3,7 @@
 //! whatever happened inside it, and host-side waits during a capture.
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::driver::{result, sys, CudaStream, DriverError};
 
@@ -60,11 +61,29 @@ pub(crate) fn invalidate(stream: &CudaStream) -> bool {
     status == Ok(sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED)
 }
 
-/// Ends the capture of `stream` whatever happened inside it, and instantiates its graph (`None`
-/// when CUDA returned none). Through the driver directly: cudarc's `end_capture` returns an
-/// error recorded in the context (by cudarc's own guards, inside the capture or on another
-/// thread) *before* ending the capture, which would leave the stream capturing for good.
+/// The captures this crate's scopes have open, on every thread ([`open`] to [`end`]).
+static OPEN: AtomicUsize = AtomicUsize::new(0);
+
+/// True while a capture scope is open on some thread: an event may then stand for work recorded
+/// into its capture, and asking CUDA about such an event (`cuEventQuery`) invalidates the
+/// capture, whatever the asking thread's capture mode.
+#[inline]
+pub(crate) fn any_scope_open() -> bool {
+    OPEN.load(Ordering::Acquire) > 0
+}
+
+/// Ends the capture of `stream` (opened with [`open`]) whatever happened inside it, and
+/// instantiates its graph (`None` when CUDA returned none).
 pub(crate) fn end(stream: &CudaStream) -> Result<Option<Exec>, DriverError> {
+    let ended = end_capture(stream);
+    OPEN.fetch_sub(1, Ordering::AcqRel);
+    ended
+}
+
+/// [`end`]'s work. Through the driver directly: cudarc's `end_capture` returns an error recorded
+/// in the context (by cudarc's own guards, inside the capture or on another thread) *before*
+/// ending the capture, which would leave the stream capturing for good.
+fn end_capture(stream: &CudaStream) -> Result<Option<Exec>, DriverError> {
     crate::make_current(stream.context())?;
     // SAFETY: the stream is alive and being captured by this thread (the caller began it).
     let graph = unsafe { result::stream::end_capture(stream.cu_stream()) }?;
@@ -365,6 +384,7 @@ pub(crate) fn open(stream: &CudaStream) {
         failed: None,
     };
     SCOPE.with(|s| *s.borrow_mut() = Some(scope));
+    OPEN.fetch_add(1, Ordering::AcqRel);
 }
 
 /// Closes this thread's scope and returns what it recorded, after enqueuing on `stream` the

@@ -304,8 +304,11 @@ fn a_write_waits_for_both_readers_of_a_cudarc_buffer_read_on_two_streams() {
 fn an_eager_read_of_a_buffer_read_inside_an_open_capture_leaves_the_capture_intact() {
     // Inside a capture, cudarc copies `x` on the captured stream (so its read event is recorded
     // into the capture), and an all-reduce on the communicator's own stream reads `x` at once.
-    // The eager read asks whether the earlier reader still runs: for an event recorded in an open
-    // capture that question must neither wait (which would join the capture) nor break it.
+    // An eager read waits for the reader that `x`'s read event stands for, if it still runs; but
+    // CUDA answers the question (`cuEventQuery`) about an event recorded in an open capture by
+    // invalidating the capture, in any capture mode (call 35 on the GPU machine). While a capture
+    // scope is open the reads are not chained; on the first version of the chaining this capture
+    // failed with `CaptureBroken(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)`.
     let test = "an_eager_read_of_a_buffer_read_inside_an_open_capture_leaves_the_capture_intact";
     let Some((comm, ctx)) = one_rank(test) else { return };
     let home = comm.stream().clone();
