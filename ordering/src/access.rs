@@ -4,7 +4,7 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{result, sys, CudaContext, CudaStream, DriverError, SyncOnDrop};
+use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError, SyncOnDrop};
 
 use crate::capture::{self, relaxed};
 use crate::usage::{Mode, Resource, Use};
@@ -66,9 +66,10 @@ pub(crate) fn report(ordered: Result<(), OrderError>) {
 /// * **not captured**: [`Access::read`] and [`Access::write`] follow cudarc's protocol: the stream
 ///   waits for earlier conflicting uses on other streams, and the returned guards record this use
 ///   when dropped — drop them only after the work is enqueued. cudarc keeps one read event per
-///   buffer, so a read through its protocol also waits for the reader that event stands for, if
-///   it still runs (not while a capture scope is open: see `Guard::after_earlier_reader`), so
-///   that the event it records stands for both. Buffers with a
+///   buffer, so a read through its protocol on another stream than this thread's last read of
+///   the buffer also waits for the reader that event stands for, if it still runs (not while a
+///   capture scope is open: see `Guard::after_earlier_reader`), so that the event it records
+///   stands for both. Buffers with a
 ///   [`StreamTracker`](crate::StreamTracker) remember every stream, so that a later use on the
 ///   same one costs nothing. A failure to order a buffer is returned by `read`/`write`: a tracker's at once, and
 ///   one that cudarc's protocol recorded in the context (where cudarc keeps the failures of its
@@ -321,6 +322,23 @@ impl Guard<'_> {
     }
 }
 
+/// Slots of [`LAST_READS`].
+const READ_SLOTS: usize = 64;
+
+thread_local! {
+    /// For cudarc read events this thread chained a read through (`Guard::after_earlier_reader`):
+    /// the event's handle and the stream the read recorded it on, in a slot chosen by the handle.
+    /// A later read of the same buffer on the same stream needs no question: its record follows
+    /// that one in stream order.
+    static LAST_READS: [Cell<(usize, usize)>; READ_SLOTS] = const { [const { Cell::new((0, 0)) }; READ_SLOTS] };
+}
+
+/// The slot of `event` in [`LAST_READS`] (Fibonacci hashing of the handle).
+#[inline]
+fn read_slot(event: usize) -> usize {
+    (event.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (usize::BITS - READ_SLOTS.trailing_zeros())) % READ_SLOTS
+}
+
 impl Guard<'_> {
     /// For a read through cudarc's protocol, which keeps one read event per buffer and re-records
     /// it on the reading stream when this guard is dropped: makes `stream` wait first for the
@@ -329,28 +347,44 @@ impl Guard<'_> {
     /// only — waits for each. Without it, reads on two streams followed by a write let the write
     /// overtake the first read.
     ///
-    /// Not while a capture scope is open on any thread (the reads are then not chained): the
-    /// event may have been recorded into that capture by a cudarc read on the captured stream,
-    /// and CUDA answers a question about such an event by invalidating the capture. An event
-    /// last recorded inside a capture that has ended stands for no work that runs now, and is not
-    /// waited for. The question is asked in relaxed capture mode, which no capture of another
-    /// thread forbids.
-    #[inline(never)]
+    /// Nothing is asked when this thread's previous read of the buffer recorded the event on the
+    /// same stream (the common case: one buffer, one stream), so reads recorded meanwhile by other
+    /// threads, or by cudarc's own copies and kernels, are not waited for then. Nor while a
+    /// capture scope is open on any thread: the event may have been recorded into that capture by
+    /// a cudarc read on the captured stream, and CUDA answers a question about such an event by
+    /// invalidating the capture. An event last recorded inside a capture that has ended stands
+    /// for no work that runs now, and is not waited for. The question is asked in relaxed capture
+    /// mode, which no capture of another thread forbids.
+    #[inline]
     fn after_earlier_reader(&self, stream: &CudaStream) -> Result<(), DriverError> {
         let Some(SyncOnDrop::Record(Some((event, _)))) = &self.0 else { return Ok(()) };
+        let this = (event.cu_event() as usize, stream.cu_stream() as usize);
+        let slot = read_slot(this.0);
+        if LAST_READS.with(|r| r[slot].get()) == this {
+            return Ok(());
+        }
         if capture::any_scope_open() {
             return Ok(());
         }
-        let running = relaxed(|| match event.try_is_complete() {
-            Ok(done) => Ok(!done),
-            Err(DriverError(sys::CUresult::CUDA_ERROR_CAPTURED_EVENT)) => Ok(false),
-            Err(e) => Err(e),
-        })?;
-        if running {
-            stream.wait(event)?;
-        }
+        wait_for_reader(event, stream)?;
+        LAST_READS.with(|r| r[slot].set(this));
         Ok(())
     }
+}
+
+/// Makes `stream` wait for `event` (a buffer's read event) if the read it stands for may still
+/// run: see `Guard::after_earlier_reader`.
+#[inline(never)]
+fn wait_for_reader(event: &CudaEvent, stream: &CudaStream) -> Result<(), DriverError> {
+    let running = relaxed(|| match event.try_is_complete() {
+        Ok(done) => Ok(!done),
+        Err(DriverError(sys::CUresult::CUDA_ERROR_CAPTURED_EVENT)) => Ok(false),
+        Err(e) => Err(e),
+    })?;
+    if running {
+        stream.wait(event)?;
+    }
+    Ok(())
 }
 
 impl<'a> Guard<'a> {
@@ -470,5 +504,14 @@ mod tests {
         assert!(Guard::from(SyncOnDrop::Sync(None)).is_empty());
         // No larger than cudarc's guard: an empty one is its own niche.
         assert_eq!(size_of::<Guard<'_>>(), size_of::<SyncOnDrop<'_>>());
+    }
+
+    #[test]
+    fn read_events_spread_over_every_slot() {
+        // Driver handles are aligned addresses; consecutive ones must not share a few slots.
+        let slots: std::collections::HashSet<usize> =
+            (0..4096usize).map(|i| read_slot(0x5555_0000_0000 + i * 64)).collect();
+        assert_eq!(slots.len(), READ_SLOTS);
+        assert!(slots.iter().all(|&s| s < READ_SLOTS));
     }
 }
