@@ -69,11 +69,11 @@ pub(crate) fn report(ordered: Result<(), OrderError>) {
 ///   buffer, so a read through its protocol on another stream than this thread's last read of
 ///   the buffer also waits for the reader that event stands for, if it still runs (not while a
 ///   capture scope is open: see `Guard::after_earlier_reader`), so that the event it records
-///   stands for both. Buffers with a
-///   [`StreamTracker`](crate::StreamTracker) remember every stream, so that a later use on the
-///   same one costs nothing. A failure to order a buffer is returned by `read`/`write`: a tracker's at once, and
-///   one that cudarc's protocol recorded in the context (where cudarc keeps the failures of its
-///   waits) by checking the context after each buffer that follows that protocol;
+///   stands for both. Buffers with a [`StreamTracker`](crate::StreamTracker) remember the
+///   streams of their uses, so that a later use on the same stream costs nothing. A failure to
+///   order a buffer is returned by `read`/`write`: a tracker's at once, and one that cudarc's
+///   protocol recorded in the context (where cudarc keeps the failures of its waits) by checking
+///   the context after each buffer that follows that protocol;
 /// * **captured by this thread's [`capture`](crate::capture) scope**: the pointers are taken
 ///   without waiting (cudarc's waits would break the capture; they go to a private idle stream)
 ///   and the uses are recorded for the graph, whose launch orders them;

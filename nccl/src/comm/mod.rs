@@ -348,9 +348,8 @@ impl Comm {
     /// For teardown that found the communicator closed: `Ok` when NCCL released everything with it
     /// (aborted, destroyed, or given away), so that what was registered with it may be freed;
     /// [`Error::Abandoned`] when its abort could not call NCCL, so that NCCL may still use it and
-    /// it must be kept (leaked).
-    /// [`Error::AbortPending`] while an abort waits for the owner's teardown (aborted while graphs
-    /// that captured it may be alive), which releases them.
+    /// it must be kept (leaked); [`Error::AbortPending`] while an abort waits for the owner's
+    /// teardown (aborted while graphs that captured it may be alive), which releases them.
     #[cfg(nccl_2_19)]
     pub(crate) fn released_by_nccl(&self) -> Result<()> {
         if self.health.is_abandoned() {
