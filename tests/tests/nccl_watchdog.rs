@@ -7,9 +7,10 @@
 //!   elsewhere, carried out at its next call. Works with one GPU: both ranks use GPU 0, each with
 //!   its own `NCCL_HOSTID` (`gpucomm_tests::multi_node_on_one_gpu`), so NCCL takes the two
 //!   processes for two machines (sockets) and lets them share the GPU.
-//! * A timeout while a CUDA graph that captured the communicator is alive (2 processes, as
-//!   above): the wait returns, the communicator's work is stopped, and NCCL's abort, which waits
-//!   for every such graph, runs when the owner drops or aborts the communicator.
+//! * A timeout, or an `AbortHandle`, while a CUDA graph that captured the communicator is alive
+//!   (2 processes, as above): the wait returns, the communicator's work is stopped, and NCCL's
+//!   abort, which waits for every such graph, runs when the owner drops or aborts the
+//!   communicator.
 //! * One GPU, one rank: the recorder numbers and completes the calls of a watched communicator,
 //!   groups included; a borrowed communicator is used (directly, in a group, captured into a graph
 //!   that must keep it) and left to its owner, alive.
@@ -120,57 +121,95 @@ fn rank(info: RankInfo, device: &Arc<CudaStream>, mode: Wait) {
 #[test]
 #[ignore = "needs 1 GPU (2 processes share it): run by the GPU bundle"]
 fn a_timeout_while_a_graph_holds_the_communicator_stops_it_without_waiting_for_the_graph() {
-    // Both ranks capture an all-reduce into a graph; rank 0 launches it, rank 1 never does, and
-    // rank 0 waits with a 2 s bound. Before the fix the timeout's `ncclCommAbort` waited, inside
-    // `Comm::wait`, until every graph holding the communicator's work was destroyed — the graph
-    // rank 0 still holds — so the wait never returned. Now the abort stops the work
-    // (`ncclCommRevoke`), the wait returns `Timeout`, the graph refuses to launch again, and the
-    // communicator is freed by `Comm::abort` once the graph is gone.
+    // Before the fix the timeout's `ncclCommAbort` waited, inside `Comm::wait`, until every graph
+    // holding the communicator's work was destroyed — the graph rank 0 still holds — so the wait
+    // never returned (call 36 on the GPU machine: killed after 30 s).
     let test = "a_timeout_while_a_graph_holds_the_communicator_stops_it_without_waiting_for_the_graph";
-    multi_node_on_one_gpu(test, 2, |info, device| {
-        let stream = device.context().new_stream().expect("a stream");
-        let mut rendezvous = Rendezvous::connect(&info, &Options::from_env().expect("options")).expect("rendezvous");
-        let config = Config::new().blocking(false).timeout(Duration::from_secs(60));
-        let comm = Comm::from_rendezvous_config(stream.clone(), &mut rendezvous, &config).expect("join");
-        comm.set_timeout(None);
-        let mut buf = stream.clone_htod(&vec![(info.rank + 1) as f32; COUNT]).unwrap();
-        comm.all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
-        comm.wait(None).unwrap();
-        let mut graph =
-            nccl::capture(&stream, (&comm, buf), |(comm, buf)| comm.all_reduce_in_place(buf, ReduceOp::SUM))
-                .map_err(|(_, e)| e)
-                .expect("capture");
-        rendezvous.barrier().expect("both ranks captured");
-        if info.rank == 1 {
-            rendezvous.barrier().expect("rank 0 done");
-            drop(graph);
-            return comm.abort().expect("abort");
-        }
-        let registration = comm.register(stream.clone_htod(&[7.0f32; 256]).unwrap()).map_err(|(_, e)| e).unwrap();
-        graph.launch().expect("the launch is enqueued");
-        let start = Instant::now();
-        let outcome = comm.wait(Some(TIMEOUT));
-        let took = start.elapsed();
-        assert!(matches!(outcome, Err(Error::Timeout { .. })), "{outcome:?}");
-        assert!(took < TIMEOUT + Duration::from_secs(3), "the timed-out wait returned after {took:?}");
-        assert!(comm.is_aborted());
-        // The graph's kernel was stopped: the stream drains although the peer never joined.
-        let drained = stream.record_event(None).unwrap();
-        let stopped = Instant::now();
-        while !drained.try_is_complete().unwrap() {
-            assert!(stopped.elapsed() < Duration::from_secs(10), "the graph's work still runs after the abort");
-            std::thread::sleep(POLL);
-        }
-        let refused = graph.launch().expect_err("a graph of an aborted communicator launched");
-        assert!(matches!(refused, OrderError::ResourceClosed { kind: "communicator" }), "{refused:?}");
-        // NCCL keeps the registration until the communicator is freed: the buffer is not given back.
-        let (registration, kept) = registration.deregister().expect_err("deregistered a stopped communicator's buffer");
-        assert!(matches!(kept, Error::AbortPending), "{kept:?}");
-        drop(registration);
+    multi_node_on_one_gpu(test, 2, |info, device| graph_rank(info, &device, Stop::Timeout));
+}
+
+#[test]
+#[ignore = "needs 1 GPU (2 processes share it): run by the GPU bundle"]
+fn an_abort_handle_while_a_graph_holds_the_communicator_stops_it_without_waiting_for_the_graph() {
+    // The same through an `AbortHandle` on another thread, while the owner waits parked: before
+    // the fix that thread's `ncclCommAbort` waited for the graph, and the owner for the abort.
+    let test = "an_abort_handle_while_a_graph_holds_the_communicator_stops_it_without_waiting_for_the_graph";
+    multi_node_on_one_gpu(test, 2, |info, device| graph_rank(info, &device, Stop::Handle));
+}
+
+/// What stops rank 0's hung graph launch.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Stop {
+    /// `Comm::wait` with a 2 s bound.
+    Timeout,
+    /// An `AbortHandle` on another thread after 2 s, while `Comm::wait` (unbounded) is parked.
+    Handle,
+}
+
+/// One rank: both capture an all-reduce into a graph; rank 0 launches it, rank 1 never does, and
+/// rank 0's communicator is aborted after 2 s (`stop`). The abort stops the work
+/// (`ncclCommRevoke`), the wait returns, the graph refuses to launch again, a registration stays
+/// with NCCL, and the communicator is freed by `Comm::abort` once the graph is gone.
+fn graph_rank(info: RankInfo, device: &Arc<CudaStream>, stop: Stop) {
+    let stream = device.context().new_stream().expect("a stream");
+    let mut rendezvous = Rendezvous::connect(&info, &Options::from_env().expect("options")).expect("rendezvous");
+    let config = Config::new().blocking(false).timeout(Duration::from_secs(60));
+    let comm = Comm::from_rendezvous_config(stream.clone(), &mut rendezvous, &config).expect("join");
+    comm.set_timeout(None);
+    let mut buf = stream.clone_htod(&vec![(info.rank + 1) as f32; COUNT]).unwrap();
+    comm.all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
+    comm.wait(None).unwrap();
+    let mut graph = nccl::capture(&stream, (&comm, buf), |(comm, buf)| comm.all_reduce_in_place(buf, ReduceOp::SUM))
+        .map_err(|(_, e)| e)
+        .expect("capture");
+    rendezvous.barrier().expect("both ranks captured");
+    if info.rank == 1 {
+        rendezvous.barrier().expect("rank 0 done");
         drop(graph);
-        comm.abort().expect("the abort, completed once the graph is gone");
-        rendezvous.barrier().expect("tell rank 1");
-    });
+        return comm.abort().expect("abort");
+    }
+    let registration = comm.register(stream.clone_htod(&[7.0f32; 256]).unwrap()).map_err(|(_, e)| e).unwrap();
+    graph.launch().expect("the launch is enqueued");
+    let start = Instant::now();
+    let outcome = match stop {
+        Stop::Timeout => comm.wait(Some(TIMEOUT)),
+        Stop::Handle => {
+            let handle = comm.abort_handle().expect("a nonblocking communicator");
+            std::thread::scope(|s| {
+                let aborter = s.spawn(move || {
+                    std::thread::sleep(TIMEOUT);
+                    handle.abort()
+                });
+                let outcome = comm.wait(None);
+                let status = aborter.join().expect("the aborting thread");
+                assert_eq!(status.expect("the abort"), AbortStatus::Aborted, "the owner was parked");
+                outcome
+            })
+        }
+    };
+    let took = start.elapsed();
+    match stop {
+        Stop::Timeout => assert!(matches!(outcome, Err(Error::Timeout { .. })), "{outcome:?}"),
+        Stop::Handle => assert!(matches!(outcome, Err(Error::Aborted)), "{outcome:?}"),
+    }
+    assert!(took < TIMEOUT + Duration::from_secs(3), "{stop:?}: the wait returned after {took:?}");
+    assert!(comm.is_aborted());
+    // The graph's kernel was stopped: the stream drains although the peer never joined.
+    let drained = stream.record_event(None).unwrap();
+    let stopped = Instant::now();
+    while !drained.try_is_complete().unwrap() {
+        assert!(stopped.elapsed() < Duration::from_secs(10), "the graph's work still runs after the abort");
+        std::thread::sleep(POLL);
+    }
+    let refused = graph.launch().expect_err("a graph of an aborted communicator launched");
+    assert!(matches!(refused, OrderError::ResourceClosed { kind: "communicator" }), "{refused:?}");
+    // NCCL keeps the registration until the communicator is freed: the buffer is not given back.
+    let (registration, kept) = registration.deregister().expect_err("deregistered a stopped communicator's buffer");
+    assert!(matches!(kept, Error::AbortPending), "{kept:?}");
+    drop(registration);
+    drop(graph);
+    comm.abort().expect("the abort, completed once the graph is gone");
+    rendezvous.barrier().expect("tell rank 1");
 }
 
 #[test]
