@@ -55,15 +55,22 @@ enum Wait {
     Busy,
 }
 
+/// A rank's stream of its own (the default stream is the legacy one, handle 0 in the records),
+/// its rendezvous, and a nonblocking communicator of both ranks without a timeout of its own
+/// (creation may take a while on a fresh process: bounded by 60 s).
+fn join(info: &RankInfo, device: &Arc<CudaStream>) -> (Arc<CudaStream>, Rendezvous, Comm) {
+    let stream = device.context().new_stream().expect("a stream");
+    let mut rendezvous = Rendezvous::connect(info, &Options::from_env().expect("options")).expect("rendezvous");
+    let config = Config::new().blocking(false).timeout(Duration::from_secs(60));
+    let comm = Comm::from_rendezvous_config(stream.clone(), &mut rendezvous, &config).expect("join");
+    comm.set_timeout(None);
+    (stream, rendezvous, comm)
+}
+
 /// One rank (both share GPU 0, each with its own `NCCL_HOSTID`): a nonblocking communicator
 /// watched with a 2 s timeout, three all-reduces on both ranks, then a fourth on rank 0 only.
 fn rank(info: RankInfo, device: &Arc<CudaStream>, mode: Wait) {
-    // A stream of its own (the default stream is the legacy one, handle 0 in the records).
-    let stream = device.context().new_stream().expect("a stream");
-    let mut rendezvous = Rendezvous::connect(&info, &Options::from_env().expect("options")).expect("rendezvous");
-    let config = Config::new().blocking(false).timeout(Duration::from_secs(60));
-    let mut comm = Comm::from_rendezvous_config(stream.clone(), &mut rendezvous, &config).expect("join");
-    comm.set_timeout(None);
+    let (stream, mut rendezvous, mut comm) = join(&info, device);
     let watchdog = Watchdog::start(POLL).expect("the watchdog thread");
     watchdog.watch(&comm, TIMEOUT).expect("watch a nonblocking communicator");
 
@@ -151,11 +158,7 @@ enum Stop {
 /// (`ncclCommRevoke`), the wait returns, the graph refuses to launch again, a registration stays
 /// with NCCL, and the communicator is freed by `Comm::abort` once the graph is gone.
 fn graph_rank(info: RankInfo, device: &Arc<CudaStream>, stop: Stop) {
-    let stream = device.context().new_stream().expect("a stream");
-    let mut rendezvous = Rendezvous::connect(&info, &Options::from_env().expect("options")).expect("rendezvous");
-    let config = Config::new().blocking(false).timeout(Duration::from_secs(60));
-    let comm = Comm::from_rendezvous_config(stream.clone(), &mut rendezvous, &config).expect("join");
-    comm.set_timeout(None);
+    let (stream, mut rendezvous, comm) = join(&info, device);
     let mut buf = stream.clone_htod(&vec![(info.rank + 1) as f32; COUNT]).unwrap();
     comm.all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
     comm.wait(None).unwrap();
