@@ -15,7 +15,7 @@ use crate::Comm;
 const KIND: &str = "communicator";
 
 /// The communicator as a resource a graph must keep.
-pub(crate) fn communicator(comm: &Comm) -> Resource {
+fn communicator(comm: &Comm) -> Resource {
     Resource::of(KIND, comm)
 }
 

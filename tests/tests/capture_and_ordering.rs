@@ -38,13 +38,17 @@ const N: usize = 4096;
 fn one_rank(test: &str) -> Option<(Comm, Arc<CudaContext>)> {
     let streams = require_gpus(test, 1)?;
     let ctx = streams[0].context().clone();
-    let home = ctx.new_stream().unwrap();
-    let comm = Comm::init_rank(home, &nccl::UniqueId::new().unwrap(), 0, 1).unwrap();
+    Some((warmed_rank(&ctx), ctx))
+}
+
+/// A one-rank communicator of `ctx` on a new stream of its own, connected.
+fn warmed_rank(ctx: &Arc<CudaContext>) -> Comm {
+    let comm = Comm::init_rank(ctx.new_stream().unwrap(), &nccl::UniqueId::new().unwrap(), 0, 1).unwrap();
     // NCCL connects at a communicator's first collective: do it here, on a buffer of its own.
     let mut warm = MemBuffer::from_host(comm.stream(), &[1.0f32; 4]).unwrap();
     comm.all_reduce_in_place(&mut warm, ReduceOp::SUM).unwrap();
     comm.stream().synchronize().unwrap();
-    Some((comm, ctx))
+    comm
 }
 
 fn all_equal(what: &str, got: &[f32], want: f32) {
@@ -256,15 +260,6 @@ fn a_write_waits_for_every_reader_of_a_shared_membuffer() {
     all_equal("the zeroed buffer", &home.clone_dtoh(&x).unwrap(), 0.0);
 }
 
-/// A second one-rank communicator, on a stream of its own, warmed up like [`one_rank`]'s.
-fn second_rank(ctx: &Arc<CudaContext>) -> Comm {
-    let comm = Comm::init_rank(ctx.new_stream().unwrap(), &nccl::UniqueId::new().unwrap(), 0, 1).unwrap();
-    let mut warm = MemBuffer::from_host(comm.stream(), &[1.0f32; 4]).unwrap();
-    comm.all_reduce_in_place(&mut warm, ReduceOp::SUM).unwrap();
-    comm.stream().synchronize().unwrap();
-    comm
-}
-
 #[test]
 #[ignore = "needs 1 GPU: run by the GPU bundle"]
 fn a_write_waits_for_both_readers_of_a_cudarc_buffer_read_on_two_streams() {
@@ -274,7 +269,7 @@ fn a_write_waits_for_both_readers_of_a_cudarc_buffer_read_on_two_streams() {
     // read only, ran before the first, and the first all-reduce summed zeros.
     let test = "a_write_waits_for_both_readers_of_a_cudarc_buffer_read_on_two_streams";
     let Some((first, ctx)) = one_rank(test) else { return };
-    let second = second_rank(&ctx);
+    let second = warmed_rank(&ctx);
     let home = ctx.new_stream().unwrap();
     let len = 16 << 20; // 64 MiB of f32
     let mut x = home.clone_htod(&vec![1.0f32; len]).unwrap();
