@@ -100,10 +100,12 @@ fn two_buffers<'b, T: NcclType>(
     p.check_device("send buffer", send)?;
     p.check_device("recv buffer", &*recv)?;
     let call = Call::new::<T>(kind, count, p.comm, p.stream)?;
-    p.submit(call, |a, kept| {
+    p.submit(call, |a, kept: &mut [_; 3]| {
         let (s, gs) = a.read(send)?;
+        kept[0] = gs;
         let (r, gr) = a.write(recv)?;
-        *kept = [gs, gr, op_guard(&op, a)?];
+        kept[1] = gr;
+        kept[2] = op_guard(&op, a)?;
         Ok((s, r))
     })
 }

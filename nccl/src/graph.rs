@@ -25,8 +25,8 @@ fn communicator(comm: &Comm) -> Resource {
 /// captured work from the call on, before the graph is made.
 #[inline]
 pub(crate) fn admit_call(access: &Access<'_>, comm: &Comm) -> Result<()> {
-    access.resource(communicator(comm))?;
     if access.capturing()? {
+        access.resource(communicator(comm))?;
         comm.kept_by_graph();
     }
     Ok(())

@@ -137,6 +137,8 @@ impl<'b> Plan<'_, 'b> {
         }
         let access = Access::new(self.stream);
         admit_call(&access, self.comm)?;
+        // Dropped when this function returns, after `settle` (not moved into `drop`, which
+        // would copy every empty guard).
         let mut guards = [const { Guard::NONE }; N];
         let buffers = take(&access, &mut guards)?;
         call.set_buffers(buffers);
@@ -154,12 +156,11 @@ impl<'b> Plan<'_, 'b> {
         let rc = unsafe { call.issue() };
         // The access asked the driver once (it admitted the call above); nothing after asks again.
         let captured = access.capturing().ok();
-        let settled = self.comm.settle(call.name(), rc, self.stream, captured);
+        self.comm.settle(call.name(), rc, self.stream, captured)?;
         // Watchdogs watch nonblocking communicators only: a blocking one skips the global flag.
-        if settled.is_ok() && self.comm.is_nonblocking() && crate::watchdog::active() {
+        if self.comm.is_nonblocking() && crate::watchdog::active() {
             crate::watchdog::note(self.comm, &call, self.stream, captured);
         }
-        drop(guards);
-        settled
+        Ok(())
     }
 }
