@@ -10,6 +10,13 @@
 # real driver's cuStreamIsCapturing (one per safe call, about 50 ns on the GPU machine) is not, nor
 # the real nvshmem_ptr (one per safe put).
 #
+# A second table counts what the instructions do not show: L1 cache misses per call when the
+# library call in between has evicted the caller's code and data from L1, as NCCL's enqueue and
+# the driver's launch behind it do on the GPU machine (tools/cpu-standins/evict.h). It runs the
+# same paths under valgrind's cachegrind against stand-ins built with -DEVICT, with an L1 of
+# 32 KiB of code and 48 KiB of data; each miss is a fetch from L2 (several nanoseconds) that the
+# raw call does not pay.
+#
 #   tools/host-instructions.sh [CALLS]     (default 3200; needs valgrind, and .deps from ./dev.sh)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,6 +29,9 @@ standins=target/cpu-standins
 python3 tools/libcuda-stub.py "$include" "$standins" tools/cpu-standins/driver.c >/dev/null
 cc -O2 -shared -fPIC -o "$standins/libnccl.so.2" -Wl,-soname,libnccl.so.2 tools/cpu-standins/nccl.c
 cc -O2 -shared -fPIC -o "$standins/libnvshmem_host.so.3" -Wl,-soname,libnvshmem_host.so.3 tools/cpu-standins/nvshmem.c
+mkdir -p "$standins/evict"
+cc -O2 -DEVICT -shared -fPIC -o "$standins/evict/libnccl.so.2" -Wl,-soname,libnccl.so.2 tools/cpu-standins/nccl.c
+cc -O2 -DEVICT -shared -fPIC -o "$standins/evict/libnvshmem_host.so.3" -Wl,-soname,libnvshmem_host.so.3 tools/cpu-standins/nvshmem.c
 bin=$(cargo build --profile bundle -p gpucomm-examples --bench host-instructions --message-format=json |
     python3 -c 'import json, sys
 for line in sys.stdin:
@@ -54,4 +64,39 @@ for scope in eager capture group put; do
     r=$(per_call "$raw")
     s=$(per_call "$safe")
     printf '  %-8s %8d %8d %+9d\n' "$scope" "$r" "$s" $((s - r))
+done
+
+# L1 code and data misses (reads and writes) cachegrind counted for `host-instructions PATH N`,
+# against the evicting stand-ins.
+misses() {
+    local out
+    out=$(mktemp)
+    NCCL_SYS_LIBRARY=$PWD/$standins/evict/libnccl.so.2 NVSHMEM_SYS_LIBRARY=$PWD/$standins/evict/libnvshmem_host.so.3 \
+        valgrind --tool=cachegrind --cache-sim=yes --I1=32768,8,64 --D1=49152,12,64 --LL=2097152,16,64 \
+        --cachegrind-out-file="$out" "$bin" "$1" "$2" >/dev/null 2>&1
+    # events: Ir I1mr ILmr Dr D1mr DLmr Dw D1mw DLmw
+    awk '/^summary:/ { print $3, $6 + $9 }' "$out"
+    rm -f "$out"
+}
+# L1 code and data misses per call of PATH, over COLD calls.
+misses_per_call() {
+    local none many
+    none=($(misses "$1" 0))
+    many=($(misses "$1" "$cold"))
+    echo $(((many[0] - none[0]) / cold)) $(((many[1] - none[1]) / cold))
+}
+
+cold=$((calls < 1000 ? calls : 1000))
+echo
+echo "L1 misses per call more than the raw call's, when the library call before it evicted L1"
+echo "(tools/cpu-standins/evict.h; in groups of 16 one eviction per group), $cold calls per path"
+printf '  %-8s %6s %6s\n' scope code data
+for scope in eager capture group put; do
+    case $scope in
+        eager) raw=raw safe=safe ;;
+        *) raw=$scope-raw safe=$scope ;;
+    esac
+    r=($(misses_per_call "$raw"))
+    s=($(misses_per_call "$safe"))
+    printf '  %-8s %+6d %+6d\n' "$scope" $((s[0] - r[0])) $((s[1] - r[1]))
 done

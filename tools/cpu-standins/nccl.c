@@ -1,9 +1,11 @@
 /* The CPU stand-in for NCCL (libnccl.so.2) that tools/host-instructions.sh counts the crates' host
    instructions against: one rank; ncclAllReduce copies its send buffer into its receive buffer (the
-   one-rank sum) at once, on the host; groups do nothing. */
+   one-rank sum) at once, on the host; groups only count their depth. Built with -DEVICT, each
+   ncclAllReduce outside a group, and the end of each group, evicts the caller's caches (evict.h). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "evict.h"
 typedef int ncclResult_t;
 typedef struct { char internal[128]; } ncclUniqueId;
 struct comm { int rank, n; };
@@ -21,8 +23,9 @@ ncclResult_t ncclCommDestroy(struct comm *c) { free(c); return 0; }
 ncclResult_t ncclCommAbort(struct comm *c) { free(c); return 0; }
 const char *ncclGetErrorString(ncclResult_t r) { (void)r; return "stand-in"; }
 const char *ncclGetLastError(struct comm *c) { (void)c; return ""; }
-ncclResult_t ncclGroupStart(void) { return 0; }
-ncclResult_t ncclGroupEnd(void) { return 0; }
-ncclResult_t ncclAllReduce(const void *s, void *r, size_t n, int t, int op, struct comm *c, void *st) { (void)op; (void)c; (void)st; if (s != r) memmove(r, s, n * sizes[t]); return 0; }
+static int group_depth;
+ncclResult_t ncclGroupStart(void) { group_depth++; return 0; }
+ncclResult_t ncclGroupEnd(void) { if (--group_depth == 0) evict(); return 0; }
+ncclResult_t ncclAllReduce(const void *s, void *r, size_t n, int t, int op, struct comm *c, void *st) { (void)op; (void)c; (void)st; if (!group_depth) evict(); if (s != r) memmove(r, s, n * sizes[t]); return 0; }
 ncclResult_t ncclMemAlloc(void **p, size_t b) { *p = calloc(1, b ? b : 1); return 0; }
 ncclResult_t ncclMemFree(void *p) { free(p); return 0; }

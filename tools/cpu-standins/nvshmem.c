@@ -4,9 +4,11 @@
    (malloc), so PE 0's copy is the address itself (nvshmem_ptr); nvshmemx_putmem_on_stream copies
    at once, on the host; barriers and finalize do nothing. Only the functions that starting, a
    symmetric allocation and free, a put and finalizing call through the nvshmem crate are here; the
-   crate reports any other as missing. */
+   crate reports any other as missing. Built with -DEVICT, each put first evicts the caller's caches
+   (evict.h). */
 #include <stdlib.h>
 #include <string.h>
+#include "evict.h"
 typedef struct { int version; char internal[124]; } nvshmemx_uniqueid_t;
 enum { SUCCESS = 0, ERROR_NOT_SUPPORTED = 3, WITH_UNIQUEID = 1 << 3, IS_INITIALIZED = 2 };
 static int status, uid_pe = -1, uid_n_pes = -1;
@@ -24,5 +26,5 @@ void nvshmem_info_get_version(int *major, int *minor) { *major = 1; *minor = 3; 
 void *nvshmem_malloc(size_t bytes) { return bytes ? malloc(bytes) : NULL; }
 void nvshmem_free(void *p) { free(p); }
 void *nvshmem_ptr(const void *p, int pe) { return pe == 0 ? (void *)p : NULL; }
-void nvshmemx_putmem_on_stream(void *dst, const void *src, size_t bytes, int pe, void *stream) { (void)pe; (void)stream; memcpy(dst, src, bytes); }
+void nvshmemx_putmem_on_stream(void *dst, const void *src, size_t bytes, int pe, void *stream) { (void)pe; (void)stream; evict(); memcpy(dst, src, bytes); }
 void nvshmemx_barrier_all_on_stream(void *stream) { (void)stream; }
