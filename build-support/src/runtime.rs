@@ -270,8 +270,12 @@ macro_rules! family_error_conversions {
         }
 
         /// A CUDA failure while ordering is the `Cuda` variant, so that its text appears once in
-        /// the chain.
+        /// the chain. Cold and out of line: every `?` on an ordering result in a call path
+        /// branches here only on a refusal, and the compiler then lays the refusal out of the way
+        /// of the path that succeeds.
         impl From<::gpucomm_ordering::OrderError> for $error {
+            #[cold]
+            #[inline(never)]
             fn from(e: ::gpucomm_ordering::OrderError) -> Self {
                 match e {
                     ::gpucomm_ordering::OrderError::Cuda(e) => Self::Cuda(e),

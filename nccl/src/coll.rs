@@ -89,6 +89,7 @@ fn op_guard<'b, T>(op: &Option<OpUse<'b, T>>, access: &Access<'b>) -> Result<Gua
 
 /// The end of every call with a send and a receive buffer (lengths already checked): both on the
 /// communicator's device, then `kind` over `count` elements from `send` to `recv`.
+#[inline]
 fn two_buffers<'b, T: NcclType>(
     p: Plan<'_, 'b>,
     kind: Kind,

@@ -249,7 +249,11 @@ impl<'s> Access<'s> {
     }
 
     /// The buffer's own `device_ptr` protocol (`get`), out of line: the tracked fast path of
-    /// `read` / `write` stays small enough to inline into every call.
+    /// `read` / `write` stays small enough to inline into every call. Marked cold so that the
+    /// compiler lays the calls to it out of the way of that fast path; the buffers that take it
+    /// (cudarc's, following its event protocol) pay microseconds there, beside which a jump is
+    /// nothing.
+    #[cold]
     #[inline(never)]
     fn take<'a>(
         &self,
