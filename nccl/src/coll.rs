@@ -80,6 +80,7 @@ fn unused<'b>() -> Guard<'b> {
 }
 
 /// The guard of the operator's device scalar, if any.
+#[inline]
 fn op_guard<'b, T>(op: &Option<OpUse<'b, T>>, access: &Access<'b>) -> Result<Guard<'b>> {
     match op {
         Some(op) => op.guard(access),
