@@ -13,7 +13,9 @@ median of the pairwise differences. Then, per rank and scope, it prints the medi
 and the verdict of issue 16's goal: every `MemBuffer` cell at most +150 ns on every rank. The
 verdict uses the per-rank medians over the runs, because one run's medians move by ~150 ns from
 one run to the next (docs/host-cost.md). Only `MemBuffer` is judged: on `CudaSlice`, the safe call
-also pays cudarc's own stream protocol.
+also pays cudarc's own stream protocol. Last, per rank, the median raw call and the overhead as a
+share of it: on these machines the overhead moves with the raw call from run to run (both slow
+down together), so the share is the steadier figure for comparing two programs.
 """
 
 import re
@@ -29,8 +31,8 @@ ROW = re.compile(
 
 
 def parse(paths):
-    """{(run, rank): {scope: (overhead, paired or None)}}; runs are numbered across the files (a
-    file without run headers is one run)."""
+    """{(run, rank): {scope: (overhead, paired or None, raw median)}}; runs are numbered across the
+    files (a file without run headers is one run)."""
     cells = {}
     run = 0
     for path in paths:
@@ -48,7 +50,7 @@ def parse(paths):
                         started = True
                     rank = int(m.group(1) or 0)
                     paired = int(m.group(6)) if m.group(6) else None
-                    cells.setdefault((run, rank), {})[m.group(2)] = (int(m.group(5)), paired)
+                    cells.setdefault((run, rank), {})[m.group(2)] = (int(m.group(5)), paired, int(m.group(3)))
     return cells
 
 
@@ -62,7 +64,7 @@ def main(paths):
     for (run, rank), row in sorted(cells.items()):
         shown = []
         for scope in SCOPES:
-            overhead, paired = row.get(scope, (None, None))
+            overhead, paired, _ = row.get(scope, (None, None, None))
             if overhead is None:
                 shown.append("—")
             else:
@@ -92,6 +94,17 @@ def main(paths):
             f"rank {rank}, median over {runs} run(s) of the paired overhead (the plain overhead for runs"
             " that printed no pairs): " + ", ".join(medians)
         )
+    for rank in ranks:
+        shares = []
+        for scope in SCOPES:
+            rows = [row[scope] for (_, r), row in cells.items() if r == rank and scope in row]
+            if rows:
+                raw = statistics.median(raw for _, _, raw in rows)
+                share = statistics.median(
+                    100 * (paired if paired is not None else overhead) / raw for overhead, paired, raw in rows
+                )
+                shares.append(f"{scope} {share:.1f} % of {raw / 1000:.2f} µs")
+        print(f"rank {rank}, the overhead as a share of the raw call (medians over the runs): " + ", ".join(shares))
     if over:
         print(f"goal (every MemBuffer cell <= +{GOAL_NS} ns on every rank): NOT met: " + "; ".join(over))
     else:
