@@ -9,7 +9,8 @@
 # with 300 batches per cell, one run after the other into the same log: its medians move by up to
 # ~150 ns from one run to the next on the same machine (docs/host-cost.md), so one run is not a
 # figure. host-cost-summary.py then writes $OUT/host-cost-summary.md: the table per run and rank,
-# each rank's medians over the runs, and the verdict on issue 16's 150 ns goal. Both need two GPUs for comparable figures; with
+# each rank's medians over the runs, the overhead as a share of the raw call, and the verdict on
+# issue 16's 150 ns goal. Both need two GPUs for comparable figures; with
 # one they still run (one rank: the NVSHMEM puts go to the PE itself and the ping-pong is left out).
 # Each program exits non-zero only when a result is wrong; so does this script.
 #
