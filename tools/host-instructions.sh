@@ -78,7 +78,7 @@ misses() {
     awk '/^summary:/ { print $3, $6 + $9 }' "$out"
     rm -f "$out"
 }
-# L1 code and data misses per call of PATH, over COLD calls.
+# L1 code and data misses per call of PATH, over $cold calls.
 misses_per_call() {
     local none many
     none=($(misses "$1" 0))
