@@ -8,7 +8,9 @@
 # CALLS, per path; the difference divided by CALLS is one call's instructions. The counts do not
 # move from run to run, unlike timings. The stand-ins' own instructions are in both columns; the
 # real driver's cuStreamIsCapturing (one per safe call, about 50 ns on the GPU machine) is not, nor
-# the real nvshmem_ptr (one per safe put).
+# the real nvshmem_ptr (one per safe put). The table also counts the calls each safe call makes into
+# the driver beyond the raw call's (tools/driver-calls.py), tens of nanoseconds each on the GPU
+# machine: a change that adds one to a call path shows there.
 #
 # A second table counts what the instructions do not show: L1 cache misses per call when the
 # library call in between has evicted the caller's code and data from L1, as NCCL's enqueue and
@@ -42,28 +44,36 @@ for line in sys.stdin:
 export LD_LIBRARY_PATH=$PWD/$standins NCCL_SYS_LIBRARY=$PWD/$standins/libnccl.so.2 \
     NVSHMEM_SYS_LIBRARY=$PWD/$standins/libnvshmem_host.so.3
 
-# Instructions callgrind counted for `host-instructions PATH N`.
+# Instructions callgrind counted for `host-instructions PATH N`, and the calls into the driver
+# (tools/driver-calls.py).
 count() {
-    valgrind --tool=callgrind --callgrind-out-file=/dev/null "$bin" "$1" "$2" 2>&1 | sed -n 's/.*Collected : \([0-9]*\).*/\1/p'
+    local out instructions
+    out=$(mktemp)
+    instructions=$(valgrind --tool=callgrind --callgrind-out-file="$out" "$bin" "$1" "$2" 2>&1 |
+        sed -n 's/.*Collected : \([0-9]*\).*/\1/p')
+    echo "$instructions" "$(python3 tools/driver-calls.py "$out")"
+    rm -f "$out"
 }
-# Instructions per call of PATH.
+# Instructions per call of PATH, and driver calls per call (two decimals: a group asks per group).
 per_call() {
     local none many
-    none=$(count "$1" 0)
-    many=$(count "$1" "$calls")
-    echo $(((many - none) / calls))
+    none=($(count "$1" 0))
+    many=($(count "$1" "$calls"))
+    echo $(((many[0] - none[0]) / calls)) "$(awk -v d=$((many[1] - none[1])) -v n="$calls" 'BEGIN { printf "%.2f", d / n }')"
 }
 
-echo "host instructions per 256-byte all_reduce (put: per 64-byte put), $calls calls per path, CPU stand-ins (tools/cpu-standins)"
-printf '  %-8s %8s %8s %9s\n' scope raw safe overhead
+echo "host instructions per 256-byte all_reduce (put: per 64-byte put), $calls calls per path, CPU stand-ins (tools/cpu-standins),"
+echo "and the driver calls the safe call makes per call beyond the raw one's"
+printf '  %-8s %8s %8s %9s %13s\n' scope raw safe overhead "driver calls"
 for scope in eager capture group put; do
     case $scope in
         eager) raw=raw safe=safe ;;
         *) raw=$scope-raw safe=$scope ;;
     esac
-    r=$(per_call "$raw")
-    s=$(per_call "$safe")
-    printf '  %-8s %8d %8d %+9d\n' "$scope" "$r" "$s" $((s - r))
+    r=($(per_call "$raw"))
+    s=($(per_call "$safe"))
+    printf '  %-8s %8d %8d %+9d %13s\n' "$scope" "${r[0]}" "${s[0]}" $((s[0] - r[0])) \
+        "$(awk -v s="${s[1]}" -v r="${r[1]}" 'BEGIN { printf "%+.2f", s - r }')"
 done
 
 # L1 code and data misses (reads and writes) cachegrind counted for `host-instructions PATH N`,
