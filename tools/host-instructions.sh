@@ -8,7 +8,9 @@
 # CALLS, per path; the difference divided by CALLS is one call's instructions. The counts do not
 # move from run to run, unlike timings. The stand-ins' own instructions are in both columns; the
 # real driver's cuStreamIsCapturing (one per safe call, about 50 ns on the GPU machine) is not, nor
-# the real nvshmem_ptr (one per safe put). The table also counts the calls each safe call makes into
+# the real nvshmem_ptr (one per safe put). `slice` is the eager call on cudarc's CudaSlice, which
+# follows cudarc's event protocol (stream waits and event records) instead of a tracker; the other
+# rows use the crates' own buffers. The table also counts the calls each safe call makes into
 # the driver beyond the raw call's (tools/driver-calls.py), tens of nanoseconds each on the GPU
 # machine: a change that adds one to a call path shows there.
 #
@@ -65,9 +67,10 @@ per_call() {
 echo "host instructions per 256-byte all_reduce (put: per 64-byte put), $calls calls per path, CPU stand-ins (tools/cpu-standins),"
 echo "and the driver calls the safe call makes per call beyond the raw one's"
 printf '  %-8s %8s %8s %9s %13s\n' scope raw safe overhead "driver calls"
-for scope in eager capture group put; do
+for scope in eager slice capture group put; do
     case $scope in
         eager) raw=raw safe=safe ;;
+        slice) raw=raw safe=slice ;;
         *) raw=$scope-raw safe=$scope ;;
     esac
     r=($(per_call "$raw"))
@@ -101,9 +104,10 @@ echo
 echo "L1 misses per call more than the raw call's, when the library call before it evicted L1"
 echo "(tools/cpu-standins/evict.h; in groups of 16 one eviction per group), $cold calls per path"
 printf '  %-8s %6s %6s\n' scope code data
-for scope in eager capture group put; do
+for scope in eager slice capture group put; do
     case $scope in
         eager) raw=raw safe=safe ;;
+        slice) raw=raw safe=slice ;;
         *) raw=$scope-raw safe=$scope ;;
     esac
     r=($(misses_per_call "$raw"))

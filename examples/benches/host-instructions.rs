@@ -16,7 +16,9 @@
 //!
 //! How to run it: `tools/host-instructions.sh` (needs valgrind). Here the program takes a path
 //! and a number of calls, `host-instructions safe 1000`. The all-reduce paths (256 bytes) are
-//! `raw` (nccl-sys's `ncclAllReduce`), `safe` (`Comm::all_reduce` on [`MemBuffer`]),
+//! `raw` (nccl-sys's `ncclAllReduce`), `safe` (`Comm::all_reduce` on [`MemBuffer`]), `slice`
+//! (the same on cudarc's `CudaSlice`, which follows cudarc's event protocol: stream waits and
+//! event records),
 //! `capture-raw` and `capture` (the same inside [`nccl::capture`]; the graph is launched once),
 //! `group-raw` and `group` (groups of 16 calls). The put paths (64 bytes, from one [`Symmetric`]
 //! buffer into another on the PE itself, as `benches/nvshmem` times them) are `put-raw`
@@ -32,7 +34,7 @@ use std::error::Error;
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::{CudaContext, CudaSlice, CudaStream};
 use gpucomm_examples::bench::RawAllReduce;
 use nccl::{Collectives, Comm, MemBuffer, ReduceOp, UniqueId};
 use nvshmem::{Runtime, Symmetric};
@@ -44,7 +46,7 @@ const GROUP: usize = 16;
 /// Bytes per put, as in the host time per put of `benches/nvshmem`.
 const PUT_BYTES: usize = 64;
 /// The paths, in the order a run without arguments takes them: the all-reduces, then the puts.
-const PATHS: [&str; 8] = ["raw", "safe", "capture-raw", "capture", "group-raw", "group", "put-raw", "put"];
+const PATHS: [&str; 9] = ["raw", "safe", "slice", "capture-raw", "capture", "group-raw", "group", "put-raw", "put"];
 
 /// `nvshmemx_putmem_on_stream`.
 type PutFn = unsafe extern "C" fn(*mut c_void, *const c_void, usize, i32, nvshmem::sys::cudaStream_t);
@@ -118,6 +120,12 @@ fn run(
     Ok(())
 }
 
+/// `calls` eager all-reduces on cudarc's buffers (the `slice` path).
+fn run_slices(calls: usize, comm: &Comm, send: &CudaSlice<f32>, recv: &mut CudaSlice<f32>) -> Result<(), Box<dyn Error>> {
+    (0..calls).try_for_each(|_| comm.all_reduce(send, recv, ReduceOp::SUM))?;
+    Ok(())
+}
+
 /// `calls` puts along `path`: raw, or through the safe crate, from `src` into this PE's `dst`.
 /// Both are passed as sub-ranges ([`Symmetric::slice`]) taken once before the calls, as
 /// `benches/nvshmem` passes the first 64 bytes of its larger buffers, so that the safe call
@@ -147,27 +155,33 @@ fn all_reduces(stream: &Arc<CudaStream>, paths: &[&str], calls: usize) -> Result
     let comm = Comm::init_rank(stream.clone(), &UniqueId::new()?, 0, 1)?;
     let send = MemBuffer::from_host(stream, &[1.0f32; ELEMS])?;
     let mut recvs = (0..GROUP).map(|_| MemBuffer::<f32>::zeroed(stream, ELEMS)).collect::<Result<Vec<_>, _>>()?;
+    let slice_send = stream.clone_htod(&[1.0f32; ELEMS])?;
+    let mut slice_recv = stream.alloc_zeros::<f32>(ELEMS)?;
     let raw = RawAllReduce::new(&comm, ELEMS)?;
     // The first call of each kind resolves functions and connects: outside the counted calls.
     comm.all_reduce(&send, &mut recvs[0], ReduceOp::SUM)?;
+    comm.all_reduce(&slice_send, &mut slice_recv, ReduceOp::SUM)?;
     for &path in paths {
         for recv in recvs.iter_mut() {
             stream.memset_zeros(recv)?;
         }
-        run(path, calls, &raw, &comm, &send, &mut recvs)?;
-        stream.synchronize()?;
+        stream.memset_zeros(&mut slice_recv)?;
+        let got = if path == "slice" {
+            run_slices(calls, &comm, &slice_send, &mut slice_recv)?;
+            stream.synchronize()?;
+            vec![stream.clone_dtoh(&slice_recv)?]
+        } else {
+            run(path, calls, &raw, &comm, &send, &mut recvs)?;
+            stream.synchronize()?;
+            let used = if path.starts_with("group") { GROUP } else { 1 };
+            recvs[..used].iter().map(|r| stream.clone_dtoh(r)).collect::<Result<Vec<_>, _>>()?
+        };
         // Grouped paths make whole groups only; with no call made, the buffers stay zero (the
         // runs with 0 calls that the counts subtract take the same path as the others).
-        let (used, made) = match path.starts_with("group") {
-            true => (GROUP, calls / GROUP * GROUP),
-            false => (1, calls),
-        };
+        let made = if path.starts_with("group") { calls / GROUP * GROUP } else { calls };
         let want = if made > 0 { 1.0f32 } else { 0.0 };
-        for recv in &recvs[..used] {
-            let got = stream.clone_dtoh(recv)?;
-            if got != [want; ELEMS] {
-                return Err(format!("{path}: a receive buffer holds {:?}, not {want}", got[0]).into());
-            }
+        if let Some(wrong) = got.iter().find(|g| **g != [want; ELEMS]) {
+            return Err(format!("{path}: a receive buffer holds {:?}, not {want}", wrong[0]).into());
         }
         println!("{path}: {calls} calls, every result checked");
     }
