@@ -134,7 +134,7 @@ impl Call {
     /// enqueued on `stream`. A count of zero is a call like any other, which NCCL treats as a
     /// no-op; every rank must still make it, as any call. The buffer pointers are added with
     /// [`Call::set_buffers`] once taken.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn new<T: NcclType>(kind: Kind, count: usize, comm: &Comm, stream: &CudaStream) -> Result<Self> {
         let (name, entry) = match kind {
             Kind::AllReduce(op) => entry!(ncclAllReduce: ReducingFn, |f| Entry::Reducing(f, op)),
@@ -212,7 +212,7 @@ impl Call {
     /// `Group::launch`). If the stream is being
     /// captured, it must be by the capture scope of `gpucomm-ordering`, whose graph keeps the
     /// buffers and the communicator (taking the pointers through an `Access` ensures both).
-    #[inline]
+    #[inline(always)]
     pub(crate) unsafe fn issue(&self) -> ncclResult_t {
         let (send, recv) = (self.send as *const c_void, self.recv as *mut c_void);
         let (n, t, c, s) = (self.count, self.dtype, self.comm, self.stream);

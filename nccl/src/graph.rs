@@ -23,7 +23,7 @@ fn communicator(comm: &Comm) -> Resource {
 /// CUDA invalidated), and inside this crate's capture scope records the communicator, which the
 /// graph must keep, and marks it kept by a graph (see [`Comm::report_kept`]): NCCL holds the
 /// captured work from the call on, before the graph is made.
-#[inline]
+#[inline(always)]
 pub(crate) fn admit_call(access: &Access<'_>, comm: &Comm) -> Result<()> {
     if access.capturing()? {
         access.resource(communicator(comm))?;

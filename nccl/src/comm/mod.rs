@@ -405,7 +405,7 @@ impl Comm {
     /// says so when the caller already asked the driver, `None` has the watch ask); without one, on
     /// a blocking communicator's own stream, this costs three branches (a nonblocking one adds one
     /// `ncclCommGetAsyncError`).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn settle(
         &self,
         call: &'static str,
