@@ -121,7 +121,12 @@ fn run(
 }
 
 /// `calls` eager all-reduces on cudarc's buffers (the `slice` path).
-fn run_slices(calls: usize, comm: &Comm, send: &CudaSlice<f32>, recv: &mut CudaSlice<f32>) -> Result<(), Box<dyn Error>> {
+fn run_slices(
+    calls: usize,
+    comm: &Comm,
+    send: &CudaSlice<f32>,
+    recv: &mut CudaSlice<f32>,
+) -> Result<(), Box<dyn Error>> {
     (0..calls).try_for_each(|_| comm.all_reduce(send, recv, ReduceOp::SUM))?;
     Ok(())
 }
