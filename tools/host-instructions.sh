@@ -46,6 +46,16 @@ for line in sys.stdin:
 export LD_LIBRARY_PATH=$PWD/$standins NCCL_SYS_LIBRARY=$PWD/$standins/libnccl.so.2 \
     NVSHMEM_SYS_LIBRARY=$PWD/$standins/libnvshmem_host.so.3
 
+# The rows of both tables, and the raw and the safe path of each, as host-instructions names them.
+scopes="eager slice capture group put"
+paths_of() {
+    case $1 in
+        eager) echo raw safe ;;
+        slice) echo raw slice ;;
+        *) echo "$1-raw" "$1" ;;
+    esac
+}
+
 # Instructions callgrind counted for `host-instructions PATH N`, and the calls into the driver
 # (tools/driver-calls.py).
 count() {
@@ -67,12 +77,8 @@ per_call() {
 echo "host instructions per 256-byte all_reduce (put: per 64-byte put), $calls calls per path, CPU stand-ins (tools/cpu-standins),"
 echo "and the driver calls the safe call makes per call beyond the raw one's"
 printf '  %-8s %8s %8s %9s %13s\n' scope raw safe overhead "driver calls"
-for scope in eager slice capture group put; do
-    case $scope in
-        eager) raw=raw safe=safe ;;
-        slice) raw=raw safe=slice ;;
-        *) raw=$scope-raw safe=$scope ;;
-    esac
+for scope in $scopes; do
+    read -r raw safe <<<"$(paths_of "$scope")"
     r=($(per_call "$raw"))
     s=($(per_call "$safe"))
     printf '  %-8s %8d %8d %+9d %13s\n' "$scope" "${r[0]}" "${s[0]}" $((s[0] - r[0])) \
@@ -104,12 +110,8 @@ echo
 echo "L1 misses per call more than the raw call's, when the library call before it evicted L1"
 echo "(tools/cpu-standins/evict.h; in groups of 16 one eviction per group), $cold calls per path"
 printf '  %-8s %6s %6s\n' scope code data
-for scope in eager slice capture group put; do
-    case $scope in
-        eager) raw=raw safe=safe ;;
-        slice) raw=raw safe=slice ;;
-        *) raw=$scope-raw safe=$scope ;;
-    esac
+for scope in $scopes; do
+    read -r raw safe <<<"$(paths_of "$scope")"
     r=($(misses_per_call "$raw"))
     s=($(misses_per_call "$safe"))
     printf '  %-8s %+6d %+6d\n' "$scope" $((s[0] - r[0])) $((s[1] - r[1]))
