@@ -177,7 +177,8 @@ impl Scope {
     /// Records a captured use, unless one of the latest recorded ones is the same.
     #[inline]
     fn note(&mut self, used: Used) {
-        if !self.used.iter().rev().take(RECENT_USES).any(|u| *u == used) {
+        let recent = &self.used[self.used.len().saturating_sub(RECENT_USES)..];
+        if !recent.iter().any(|u| *u == used) {
             self.used.push(used);
         }
     }
@@ -251,20 +252,22 @@ pub(crate) fn broken() -> OrderError {
     OrderError::CaptureBroken(DriverError(sys::cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED))
 }
 
-/// Runs `f` on this thread's scope, if it captures `stream`.
+/// Runs `f` on this thread's scope, if it captures `stream`, and returns what `f` returns. The
+/// recording functions below pass their values in and take their results out through it, so that
+/// the closure captures nothing but `stream` (a captured call records each buffer and resource
+/// through here: it is the capture path's cost).
 #[inline]
-fn with_scope(stream: &CudaStream, f: impl FnOnce(&mut Scope)) {
-    SCOPE.with(|s| {
-        if let Some(scope) = s.borrow_mut().as_mut().filter(|scope| scope.captures(stream)) {
-            f(scope);
-        }
-    });
+fn with_scope<R>(stream: &CudaStream, f: impl FnOnce(&mut Scope) -> R) -> Option<R> {
+    SCOPE.with(|s| match s.borrow_mut().as_mut() {
+        Some(scope) if scope.captures(stream) => Some(f(scope)),
+        _ => None,
+    })
 }
 
 /// Records a captured use of `bytes` bytes at `ptr` on `stream`'s device.
 pub(crate) fn record_use(stream: &CudaStream, ptr: sys::CUdeviceptr, bytes: usize, how: Use) {
-    let ordinal = stream.context().ordinal();
-    with_scope(stream, |s| s.note(Used { ordinal, ptr, bytes, how }));
+    let used = Used { ordinal: stream.context().ordinal(), ptr, bytes, how };
+    with_scope(stream, |s| s.note(used));
 }
 
 /// Records a captured use of `bytes` bytes at `ptr` on `stream`'s device, in memory whose tracker
@@ -272,13 +275,13 @@ pub(crate) fn record_use(stream: &CudaStream, ptr: sys::CUdeviceptr, bytes: usiz
 /// as [`complete_before_use`] enqueues it, then as [`record_use`] records it (one look at the
 /// scope for both).
 pub(crate) fn record_tracked_use(stream: &CudaStream, local: usize, ptr: sys::CUdeviceptr, bytes: usize, how: Use) {
-    let ordinal = stream.context().ordinal();
-    let mut due = None;
-    with_scope(stream, |s| {
-        due = take_pending_use(s, local);
-        s.note(Used { ordinal, ptr, bytes, how });
+    let used = Used { ordinal: stream.context().ordinal(), ptr, bytes, how };
+    let due = with_scope(stream, |s| {
+        let due = take_pending_use(s, local);
+        s.note(used);
+        due
     });
-    complete_now(stream, due);
+    complete_now(stream, due.flatten());
 }
 
 /// Records that a captured call uses `resource`.
@@ -306,23 +309,20 @@ pub fn admit(stream: &CudaStream, resources: &[Resource]) -> Result<bool, OrderE
 /// The capture side of [`captured_nonblocking`](crate::captured_nonblocking): `local` is the key of
 /// the operation's local buffer's tracker.
 pub(crate) fn nonblocking_captured(stream: &CudaStream, local: usize, complete: Complete) -> bool {
-    let mut captured = false;
     with_scope(stream, |s| {
         let pending = s.pending.get_or_insert(Nonblocking { complete, locals: Vec::new() });
         pending.complete = complete;
         pending.locals.push(local);
-        captured = true;
-    });
-    captured
+    })
+    .is_some()
 }
 
 /// Before a captured use on `stream` of memory whose tracker has the key `local`: if a
 /// non-blocking operation captured without a completion yet uses that memory, enqueues the
 /// completion first.
 pub(crate) fn complete_before_use(stream: &CudaStream, local: usize) {
-    let mut due = None;
-    with_scope(stream, |s| due = take_pending_use(s, local));
-    complete_now(stream, due);
+    let due = with_scope(stream, |s| take_pending_use(s, local));
+    complete_now(stream, due.flatten());
 }
 
 /// The scope's pending non-blocking operations, taken out, if one of them uses the memory whose
