@@ -178,7 +178,7 @@ impl Scope {
     #[inline]
     fn note(&mut self, used: Used) {
         let recent = &self.used[self.used.len().saturating_sub(RECENT_USES)..];
-        if !recent.iter().any(|u| *u == used) {
+        if !recent.contains(&used) {
             self.used.push(used);
         }
     }
