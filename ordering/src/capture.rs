@@ -252,10 +252,11 @@ pub(crate) fn broken() -> OrderError {
     OrderError::CaptureBroken(DriverError(sys::cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED))
 }
 
-/// Runs `f` on this thread's scope, if it captures `stream`, and returns what `f` returns. The
-/// recording functions below pass their values in and take their results out through it, so that
-/// the closure captures nothing but `stream` (a captured call records each buffer and resource
-/// through here: it is the capture path's cost).
+/// Runs `f` on this thread's scope, if it captures `stream`, and returns what `f` returns (`None`
+/// without such a scope). The recording functions below move their values into `f` and take their
+/// results out as its return value, rather than through references to their own locals: a
+/// captured call records each buffer and resource through here, and that indirection was most of
+/// a record's cost.
 #[inline]
 fn with_scope<R>(stream: &CudaStream, f: impl FnOnce(&mut Scope) -> R) -> Option<R> {
     SCOPE.with(|s| match s.borrow_mut().as_mut() {
