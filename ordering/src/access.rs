@@ -295,13 +295,14 @@ impl<'s> Access<'s> {
                 }
                 // cudarc's protocol (or a type built on it) records a failed wait in the context.
                 self.stream.context().check_err()?;
-                // Its waits can make the stream join a capture: waiting for an event recorded
-                // inside one (a cudarc copy of the buffer inside an open capture) joins it. The
-                // call, admitted as eager, would land in that graph, which keeps nothing alive.
-                if mode == Mode::Eager {
-                    self.recheck()?;
-                }
             }
+        }
+        // The waits of either protocol can make the stream join a capture: waiting for an event
+        // recorded inside one (a cudarc copy of the buffer, or the use of a tracked buffer whose
+        // guard dropped, inside an open capture) joins it. The call, admitted as eager, would
+        // land in that graph, which keeps nothing alive.
+        if mode == Mode::Eager {
+            self.recheck()?;
         }
         Ok(taken)
     }

@@ -193,7 +193,7 @@ impl Scope {
 /// Non-blocking operations awaiting their completion inside a capture.
 struct Nonblocking {
     complete: Complete,
-    /// The trackers of their local buffers, by address (only compared).
+    /// The keys of their local buffers' trackers ([`StreamTracker::key`](crate::StreamTracker)).
     locals: Vec<usize>,
 }
 

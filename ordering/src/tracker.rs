@@ -78,7 +78,13 @@ pub struct StreamTracker {
     state: Mutex<State>,
     /// Recorded on a stream and waited for at once, under the lock.
     scratch: CudaEvent,
+    /// This tracker's identity ([`StreamTracker::key`]), unique in the process: the tracker lives
+    /// inside its buffer and moves with it, so its address cannot name it.
+    key: usize,
 }
+
+/// The next [`StreamTracker::key`].
+static NEXT_KEY: AtomicUsize = AtomicUsize::new(1);
 
 /// A stream's handle as [`StreamTracker::fast`] stores it: never 0 (the legacy default stream's
 /// handle is 0), and stream handles are even, so tagging keeps them distinct.
@@ -118,6 +124,7 @@ impl StreamTracker {
             version: AtomicUsize::new(0),
             home: home.context().clone(),
             scratch: home.context().new_event(None)?,
+            key: NEXT_KEY.fetch_add(1, Ordering::Relaxed),
         })
     }
 
@@ -132,10 +139,12 @@ impl StreamTracker {
     }
 
     /// This tracker's identity, for the capture scope's list of buffers a pending non-blocking
-    /// operation still uses.
+    /// operation still uses: a number given at creation, not the address (a buffer swapped with
+    /// another inside a capture moves its tracker to the other's place, and a pending operation
+    /// must follow its memory, not the place).
     #[inline]
     pub(crate) fn key(&self) -> usize {
-        self as *const StreamTracker as usize
+        self.key
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
@@ -383,6 +392,16 @@ impl StreamTracker {
             state.spare.push(event);
             drop(state);
             return self.order_on_host(stream, to_driver(e));
+        }
+        // The event stands for this use from here on, and `place` forgets the uses a write
+        // replaces: it is recorded now, after the waits for them, and again when the guard drops.
+        // A guard can be forgotten (`mem::forget` is safe) and an event never recorded counts as
+        // complete, so without this record nothing would wait for those earlier uses any more,
+        // neither a later use nor the free.
+        if let Err(e) = event.record(stream) {
+            state.spare.push(event);
+            drop(state);
+            return self.order_on_host(stream, e);
         }
         let event_ptr: *const CudaEvent = &*event;
         self.place(&mut state, End::Event { event, stream: stream.cu_stream() as usize }, how);

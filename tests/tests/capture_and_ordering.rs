@@ -938,3 +938,78 @@ fn a_graph_refuses_a_window_registered_again_on_the_same_memory() {
     win.deregister().map_err(|(_, e)| e).unwrap();
     comm.finalize().map_err(|(_, e)| e).unwrap();
 }
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_forgotten_guard_of_a_membuffer_still_orders_the_write_it_replaced() {
+    // A MemBuffer's tracker forgets the uses that a write replaces as soon as the write's pointer
+    // is taken (later uses wait for the write, which waits for them); the write's event stood for
+    // them only once its guard, dropped, recorded it. A guard can be forgotten (`mem::forget` is
+    // safe), and an event never recorded counts as complete: before the fix, a read on a third
+    // stream read the buffer while the zeroing queued on its home stream had not run yet (and
+    // dropping the buffer would have freed it under that zeroing). The event is now recorded when
+    // the pointer is taken too, after the waits.
+    let test = "a_forgotten_guard_of_a_membuffer_still_orders_the_write_it_replaced";
+    let Some(streams) = require_gpus(test, 1) else { return };
+    let ctx = streams[0].context().clone();
+    let home = ctx.new_stream().unwrap();
+    let (other, reader) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let mut x = MemBuffer::from_host(&home, &[1.0f32; N]).unwrap();
+    home.synchronize().unwrap();
+    // The zeroing waits behind 300 ms of work on the home stream.
+    occupy(&home, std::time::Duration::from_millis(300));
+    home.memset_zeros(&mut x).unwrap();
+    let (_, forgotten) = x.device_ptr_mut(&other);
+    std::mem::forget(forgotten);
+    all_equal("a read after the zeroing", &reader.clone_dtoh(&x).unwrap(), 0.0);
+    drop(x);
+    home.synchronize().unwrap();
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_call_whose_tracked_wait_joins_a_capture_is_refused() {
+    // A MemBuffer's guard for a use on `origin` records the use's event when dropped; dropped
+    // after cudarc's safe `begin_capture` of `origin`, it records it inside that capture. An
+    // eager all-reduce of the buffer on `side` then waits for that event, which joins `side` into
+    // the capture. Before the fix the call went on into that graph, which keeps nothing alive
+    // (the access asked the driver again only after buffers that follow cudarc's protocol). It is
+    // refused now, and the capture `side` joined is invalidated, so that no graph holds the call.
+    use gpucomm_ordering::OrderError;
+    let test = "a_call_whose_tracked_wait_joins_a_capture_is_refused";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let (origin, side) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    let mut buf = MemBuffer::from_host(comm.stream(), &[3.0f32; N]).unwrap();
+    comm.stream().synchronize().unwrap();
+    let (_, guard) = buf.device_ptr_mut(&origin);
+    origin.begin_capture(mode).unwrap();
+    drop(guard);
+    let refused = comm.on(&side).all_reduce_in_place(&mut buf, ReduceOp::SUM);
+    let joined = side.capture_status();
+    // As in `a_capture_that_begins_after_a_call_is_admitted_is_refused`: clear what cudarc kept
+    // in the context, so that its `end_capture` ends the invalidated capture.
+    let _ = ctx.check_err();
+    let ended = origin.end_capture(CUgraphInstantiate_flags(0)).map(|graph| graph.is_some());
+    let _ = ctx.check_err();
+    assert!(
+        matches!(refused, Err(Error::Ordering(OrderError::ForeignCapture))),
+        "a call joined into a capture: {refused:?}"
+    );
+    assert!(
+        matches!(
+            joined,
+            Ok(CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+                | Err(DriverError(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED))
+        ),
+        "the tracker's wait joined the capture, and the refusal invalidated it: {joined:?}"
+    );
+    assert_eq!(ended, Err(DriverError(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)));
+    for s in [&side, &origin] {
+        assert_eq!(s.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+    }
+    // The communicator, the stream and the buffer still work.
+    comm.on(&side).all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
+    all_equal("the buffer after the refusal", &side.clone_dtoh(&buf).unwrap(), 3.0);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
