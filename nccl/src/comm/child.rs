@@ -175,6 +175,8 @@ impl Comm {
         let rc = start(parent, out, config_ptr)?;
         let done = self.complete(call, rc);
         if rc == ncclResult_t::ncclInProgress && done.is_err() && !self.health.is_closed() {
+            // NCCL's job may still be making the child, reading the config's strings.
+            settings.leak_strings();
             return done.map(|()| None);
         }
         // SAFETY: `cell` is the slot the parent owns (pushed above, boxed, never removed before the
@@ -189,10 +191,15 @@ impl Comm {
         while expected && done.is_ok() && slot.load(Ordering::Acquire).is_null() && before_deadline() {
             std::thread::sleep(std::time::Duration::from_micros(50));
         }
-        let child = NonNull::new(slot.load(Ordering::Acquire));
-        let Some(mut child) = child.map(|raw| Comm::unready(raw, stream, 0, 0, settings)) else {
+        let Some(raw) = NonNull::new(slot.load(Ordering::Acquire)) else {
+            // A child that was expected may still be stored later, by a job that reads the
+            // config's strings (the child's name) until then and keeps the pointer after.
+            if expected {
+                settings.leak_strings();
+            }
             return done.map(|()| None);
         };
+        let mut child = Comm::unready(raw, stream, 0, 0, settings);
         // A child of a failed or aborted parent is aborted, never finalized: its peers may be gone.
         match done.and_then(|()| child.await_ready(call, None)).and_then(|()| child.identify()) {
             Ok(()) => {

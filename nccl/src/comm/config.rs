@@ -26,6 +26,15 @@ pub(crate) struct Settings {
 }
 
 impl Settings {
+    /// Leaks the config's strings: for a child that NCCL may still be making after the call that
+    /// asked for it gave up waiting (the child's job reads `commName`, and the child keeps the
+    /// pointer). A few bytes per such failure.
+    pub(super) fn leak_strings(self) {
+        if let Some(strings) = self.strings {
+            std::mem::forget(strings);
+        }
+    }
+
     /// For a communicator made elsewhere, whose config this crate cannot see: blocking, no
     /// timeout, and counted as sharing its resources with the communicators made from it.
     pub(super) fn unknown() -> Self {
