@@ -51,6 +51,30 @@ fn warmed_rank(ctx: &Arc<CudaContext>) -> Comm {
     comm
 }
 
+/// Ends the capture of `origin` after `side` joined it and a refused call invalidated it, and
+/// checks each step: `side` reads as invalidated (or, driver 580.159.04, its query fails with
+/// that error); ending the capture fails with that error, once what cudarc kept in the context
+/// (a guard's record refused by the invalidated capture) is cleared, since cudarc's
+/// `end_capture` would return it before ending the capture; and both streams are out of capture.
+fn end_joined_capture(ctx: &CudaContext, origin: &Arc<CudaStream>, side: &CudaStream) {
+    let joined = side.capture_status();
+    let _ = ctx.check_err();
+    let ended = origin.end_capture(CUgraphInstantiate_flags(0)).map(|graph| graph.is_some());
+    let _ = ctx.check_err();
+    assert!(
+        matches!(
+            joined,
+            Ok(CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+                | Err(DriverError(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED))
+        ),
+        "the stream's wait joined the capture, and the refusal invalidated it: {joined:?}"
+    );
+    assert_eq!(ended, Err(DriverError(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)));
+    for s in [side, &**origin] {
+        assert_eq!(s.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+    }
+}
+
 fn all_equal(what: &str, got: &[f32], want: f32) {
     if let Some(i) = got.iter().position(|&x| x != want) {
         panic!("{what}: element {i} is {}, expected {want}", got[i]);
@@ -832,32 +856,14 @@ fn a_capture_that_begins_after_a_call_is_admitted_is_refused() {
     origin.begin_capture(mode).unwrap();
     origin.memset_zeros(&mut slice).unwrap();
     let refused = comm.on(&side).all_reduce_in_place(&mut slice, ReduceOp::SUM);
-    // A stream that joined a capture CUDA then invalidated reads as invalidated, or (driver
-    // 580.159.04) its query fails with that error.
-    let joined = side.capture_status();
-    // The refusal invalidated the capture `side` had joined, so that the guard of the slice could
-    // not record into it (the record failed, and cudarc kept that failure in the context, which
-    // must be cleared for cudarc's `end_capture` to end the capture). Ending it then fails, and
-    // takes both streams out of capture.
-    let _ = ctx.check_err();
-    let ended = origin.end_capture(CUgraphInstantiate_flags(0)).map(|graph| graph.is_some());
-    let _ = ctx.check_err();
-    assert!(
-        matches!(
-            joined,
-            Ok(CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED)
-                | Err(DriverError(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED))
-        ),
-        "cudarc's wait joined the capture, and the refusal invalidated it: {joined:?}"
-    );
-    assert_eq!(ended, Err(DriverError(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)));
+    // The refusal invalidated the capture `side` had joined through cudarc's wait, so that the
+    // guard of the slice could not record into it (the record failed, and cudarc kept that
+    // failure in the context).
+    end_joined_capture(&ctx, &origin, &side);
     assert!(
         matches!(refused, Err(Error::Ordering(OrderError::ForeignCapture))),
         "a call joined into a capture: {refused:?}"
     );
-    for s in [&side, &origin] {
-        assert_eq!(s.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
-    }
 
     // The communicator and the stream still work.
     comm.on(&side).all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
@@ -986,28 +992,11 @@ fn a_call_whose_tracked_wait_joins_a_capture_is_refused() {
     origin.begin_capture(mode).unwrap();
     drop(guard);
     let refused = comm.on(&side).all_reduce_in_place(&mut buf, ReduceOp::SUM);
-    let joined = side.capture_status();
-    // As in `a_capture_that_begins_after_a_call_is_admitted_is_refused`: clear what cudarc kept
-    // in the context, so that its `end_capture` ends the invalidated capture.
-    let _ = ctx.check_err();
-    let ended = origin.end_capture(CUgraphInstantiate_flags(0)).map(|graph| graph.is_some());
-    let _ = ctx.check_err();
+    end_joined_capture(&ctx, &origin, &side);
     assert!(
         matches!(refused, Err(Error::Ordering(OrderError::ForeignCapture))),
         "a call joined into a capture: {refused:?}"
     );
-    assert!(
-        matches!(
-            joined,
-            Ok(CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED)
-                | Err(DriverError(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED))
-        ),
-        "the tracker's wait joined the capture, and the refusal invalidated it: {joined:?}"
-    );
-    assert_eq!(ended, Err(DriverError(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED)));
-    for s in [&side, &origin] {
-        assert_eq!(s.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
-    }
     // The communicator, the stream and the buffer still work.
     comm.on(&side).all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
     all_equal("the buffer after the refusal", &side.clone_dtoh(&buf).unwrap(), 3.0);
