@@ -7,12 +7,13 @@ mod common;
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
+use std::sync::Mutex;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::*;
 use gpucomm_launch::store::{Limits, StoreServer};
-use gpucomm_launch::{JobKey, Options, RankInfo, Rendezvous, RendezvousError};
+use gpucomm_launch::{JobKey, Options, RankInfo, Rendezvous, RendezvousError, StoreMode};
 
 const KEY: &str = "k3y-7f1e0c9a5b2d4e6f8a0b1c2d3e4f5a6b";
 
@@ -404,4 +405,52 @@ fn torchrun_agent_store_restart_never_reads_the_previous_attempts_id() {
     let mut c = store_client(agent.local_addr().port());
     let old = format!("{}/op0/value", prefix(&format!("torchrun-{run_id}-attempt0"), 0));
     assert!(c.check(&[&old]).unwrap(), "attempt 0's id is still in the store; it was not read");
+}
+
+#[test]
+fn values_replayed_from_an_earlier_run_with_the_same_key_and_identity_are_refused() {
+    // Two runs with the same job key and identity (a key kept in a file, a fixed
+    // GPUCOMM_JOB_TOKEN, torchrun's default run id): whoever reads run A's store keeps rank 0's
+    // claim, the join's release (and rank 0's welcome of rank 1) and broadcast #0's value, and
+    // writes them into run B's store once run B's rank 1 has claimed its rank, before run B's
+    // rank 0 comes. Before, rank 1 took them for run B's and returned run A's id. Rank 0's
+    // release now names the run, and welcomes each rank's claim by its random nonce in that run;
+    // the values after it are bound to the run.
+    let token = "replayed-run";
+    // Each run is a new process in life; here both are threads of one, so the instance (which
+    // counts a process's rendezvous of one job) is set: 0 for both runs.
+    let keyed_external = || Options { instance: Some(0), ..keyed(10.0, KEY).with_store(StoreMode::External) };
+    let run_a = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
+    let port_a = run_a.local_addr().port();
+    let ranks: Vec<_> = (0..2)
+        .map(|rank| {
+            spawn(info(rank, 2, port_a, token), keyed_external(), |mut rv| rv.broadcast(|| Ok(b"id of run A".to_vec())))
+        })
+        .collect();
+    for rank in ranks {
+        assert_eq!(rank.join().unwrap().unwrap(), b"id of run A");
+    }
+    let p = prefix(token, 0);
+    let mut spy = store_client(port_a);
+    let kept: Vec<(String, Vec<u8>)> = ["rank/0", "welcome/1", "complete", "op0/value"]
+        .iter()
+        .map(|name| {
+            let key = format!("{p}/{name}");
+            let value = spy.get(&key).unwrap();
+            (key, value)
+        })
+        .collect();
+
+    let run_b = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
+    let port_b = run_b.local_addr().port();
+    let rank1 = spawn(info(1, 2, port_b, token), keyed_external(), |mut rv| rv.broadcast(|| Err("unused".into())));
+    let attacker = Mutex::new(store_client(port_b));
+    let claimed = format!("{p}/rank/1");
+    until(|| attacker.lock().unwrap().check(&[&claimed]).unwrap());
+    for (key, value) in &kept {
+        attacker.lock().unwrap().set(key, value).unwrap();
+    }
+    let error = rank1.join().unwrap().unwrap_err();
+    assert!(matches!(error, RendezvousError::Forged { .. }), "{error}");
+    assert!(error.to_string().contains("does not list this rank's claim"), "{error}");
 }

@@ -42,8 +42,9 @@ fn encode(s: &Session, label: &str, bytes: &[u8]) -> Result<Vec<u8>, RendezvousE
     let Some(seal) = &s.seal else { return Ok([&[PLAIN], bytes].concat()) };
     let nonce = seal::nonce()
         .map_err(|error| RendezvousError::Io { context: "getting random bytes for a nonce".into(), error })?;
-    let sealed =
-        seal.seal(label, bytes, nonce).ok_or(RendezvousError::TooLarge { len: bytes.len(), max: MAX_BROADCAST })?;
+    let sealed = seal
+        .seal(&s.bound(label), bytes, nonce)
+        .ok_or(RendezvousError::TooLarge { len: bytes.len(), max: MAX_BROADCAST })?;
     Ok([&[SEALED], sealed.as_slice()].concat())
 }
 
@@ -51,10 +52,10 @@ fn decode(s: &Session, label: &str, value: &[u8]) -> Result<Vec<u8>, RendezvousE
     let forged = |detail: String| RendezvousError::Forged { detail };
     match (value.split_first(), &s.seal) {
         (Some((&PLAIN, bytes)), None) => Ok(bytes.to_vec()),
-        (Some((&SEALED, sealed)), Some(seal)) => seal.open(label, sealed).ok_or_else(|| {
+        (Some((&SEALED, sealed)), Some(seal)) => seal.open(&s.bound(label), sealed).ok_or_else(|| {
             forged(format!(
-                "{label} does not open with this job's key: written by a process without the key, or rank 0 has \
-                 another GPUCOMM_JOB_KEY"
+                "{label} does not open with this job's key and run: written by a process without the key, or in \
+                 another run of this job (the same key and identity), or rank 0 has another GPUCOMM_JOB_KEY"
             ))
         }),
         (Some((&PLAIN, _)), Some(_)) => Err(forged(format!(

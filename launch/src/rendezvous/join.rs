@@ -2,9 +2,13 @@
 //! releases the others.
 
 use super::record::{verified, Claim};
-use super::session::{Session, Waited};
+use super::seal::TAG_LEN;
+use super::session::{Session, Waited, CHUNK};
 use super::RendezvousError;
 use crate::deadline::Deadline;
+
+/// Bytes of a claim's nonce.
+const NONCE_LEN: usize = 16;
 
 const DURING: &str = "the rendezvous (joining)";
 
@@ -23,9 +27,10 @@ fn claim(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
         return Err(late(s, deadline));
     }
     let label = s.keys.claim(s.rank);
-    let mut nonce = [0u8; 16];
+    let mut nonce = [0u8; NONCE_LEN];
     crate::random::fill(&mut nonce)
         .map_err(|error| RendezvousError::Io { context: "getting random bytes for a claim".into(), error })?;
+    s.nonce = nonce;
     let mut claim = Claim { rank: s.rank as u32, world_size: s.world_size as u32, who: s.me.clone(), nonce, tag: None };
     let mine = claim.encode(s.seal.as_ref(), &label);
     let current = s.client.compare_set_by(&label, b"", &mine, deadline).map_err(|e| s.store_error(DURING, e))?;
@@ -130,12 +135,91 @@ fn release(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
         }
     }
     let claims = s.get_all(&keys, deadline, DURING)?;
+    let mut nonces = Vec::with_capacity(claims.len());
     for (rank, value) in claims.iter().enumerate() {
         check_claim(s, rank, value).map_err(|error| s.fail(error))?;
+        // Checked just above, so it decodes.
+        nonces.push(Claim::decode(value).map_or([0; NONCE_LEN], |(claim, _)| claim.nonce));
     }
     let complete = s.keys.complete();
-    let value = s.release_value(&complete);
+    let value = match &s.seal {
+        // With a key, the release names this run: a random number under a MAC, and for each rank
+        // a welcome, the MAC of its claim's nonce with that number, written first. A rank finds
+        // its own claim welcomed, so a release kept from another run of the job (the same key and
+        // identity) is refused, and every later value is bound to the number.
+        Some(seal) => {
+            let mut run = [0u8; NONCE_LEN];
+            crate::random::fill(&mut run)
+                .map_err(|error| RendezvousError::Io { context: "getting random bytes for the run".into(), error })?;
+            let welcomes: Vec<(String, [u8; TAG_LEN])> = nonces
+                .iter()
+                .enumerate()
+                .map(|(rank, nonce)| {
+                    let key = s.keys.welcome(rank);
+                    let tag = seal.tag(&key, &[nonce.as_slice(), &run].concat());
+                    (key, tag)
+                })
+                .collect();
+            for chunk in welcomes.chunks(CHUNK) {
+                let pairs: Vec<(&str, &[u8])> = chunk.iter().map(|(key, tag)| (key.as_str(), tag.as_slice())).collect();
+                s.client.multi_set_by(&pairs, deadline).map_err(|e| s.store_error(DURING, e))?;
+            }
+            s.stale.extend(welcomes.into_iter().map(|(key, _)| key));
+            s.binding = run.to_vec();
+            let tag = seal.tag(&complete, &[b"release".as_slice(), &run].concat());
+            [run.as_slice(), &tag].concat()
+        }
+        None => s.release_value(&complete),
+    };
     s.client.set_by(&complete, &value, deadline).map_err(|e| s.store_error(DURING, e))
+}
+
+/// The other ranks, with a job key: rank 0's welcome of this rank's claim (empty when there is
+/// none), read before it is checked.
+fn read_welcome(s: &mut Session, deadline: Deadline) -> Result<Vec<u8>, RendezvousError> {
+    let welcome = s.keys.welcome(s.rank);
+    if s.client.check_by(&[&welcome], deadline).map_err(|e| s.store_error(DURING, e))? {
+        s.client.get_by(&welcome, deadline).map_err(|e| s.store_error(DURING, e))
+    } else {
+        Ok(Vec::new())
+    }
+}
+
+/// The other ranks: checks rank 0's release of the join (`value`, read from `complete`). With a
+/// job key: its MAC, and `mark`, rank 0's welcome of this rank's own claim in the run it names.
+fn check_join_release(s: &mut Session, complete: &str, value: &[u8], mark: &[u8]) -> Result<(), RendezvousError> {
+    let run = match &s.seal {
+        None => return s.check_release(complete, value),
+        Some(seal) => {
+            let signed = value.len() == NONCE_LEN + TAG_LEN && {
+                let (run, tag) = value.split_at(NONCE_LEN);
+                seal.verify(complete, &[b"release".as_slice(), run].concat(), tag)
+            };
+            if !signed {
+                return Err(RendezvousError::Forged {
+                    detail: format!(
+                        "{complete} is not rank 0's release signed with this job's key: written by a process \
+                         without the key, or rank 0 has another GPUCOMM_JOB_KEY"
+                    ),
+                });
+            }
+            let run = &value[..NONCE_LEN];
+            let welcome = s.keys.welcome(s.rank);
+            if !seal.verify(&welcome, &[s.nonce.as_slice(), run].concat(), mark) {
+                return Err(RendezvousError::Forged {
+                    detail: format!(
+                        "{complete} does not list this rank's claim: rank 0's release was kept from another run of \
+                         this job (the same key and identity) and written again, or rank 0 read another claim for \
+                         rank {}",
+                        s.rank
+                    ),
+                });
+            }
+            run.to_vec()
+        }
+    };
+    s.binding = run;
+    Ok(())
 }
 
 /// The other ranks: check rank 0's claim (same world size and key), then wait for the release.
@@ -147,7 +231,8 @@ fn wait(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
     let complete = s.keys.complete();
     wait_for(s, &complete, deadline, "rank 0 has not confirmed that every rank joined")?;
     let value = s.client.get_by(&complete, deadline).map_err(|e| s.store_error(DURING, e))?;
-    s.check_release(&complete, &value).map_err(|error| s.fail(error))?;
+    let mark = if s.seal.is_some() { read_welcome(s, deadline)? } else { Vec::new() };
+    check_join_release(s, &complete, &value, &mark).map_err(|error| s.fail(error))?;
     s.acknowledge(deadline, DURING)
 }
 

@@ -104,6 +104,11 @@ impl Keys {
         format!("{}/complete", self.prefix)
     }
 
+    /// Rank 0's welcome of rank `rank`'s claim (with a job key): see `join`.
+    pub(super) fn welcome(&self, rank: usize) -> String {
+        format!("{}/welcome/{rank}", self.prefix)
+    }
+
     pub(super) fn abort(&self) -> String {
         format!("{}/abort", self.prefix)
     }

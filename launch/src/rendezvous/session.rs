@@ -16,8 +16,8 @@ use crate::store::{ServerStats, StoreClient, StoreError, StoreServer};
 /// between them.
 const FIRST_SLICE: Duration = Duration::from_millis(10);
 const MAX_SLICE: Duration = Duration::from_millis(200);
-/// Keys per `WAIT` or `MULTI_GET`.
-const CHUNK: usize = 512;
+/// Keys per `WAIT`, `MULTI_GET` or `MULTI_SET`.
+pub(super) const CHUNK: usize = 512;
 /// How long writing the abort key may take.
 const GIVE_UP_WITHIN: Duration = Duration::from_secs(1);
 /// How long rank 0 keeps its store up after a failure, for the others to read why.
@@ -54,6 +54,12 @@ pub(super) struct Session {
     /// Rank 0: keys to delete at the next barrier, when every rank is past them.
     pub(super) stale: Vec<String>,
     pub(super) failed: bool,
+    /// The random nonce of this rank's claim.
+    pub(super) nonce: [u8; 16],
+    /// With a job key, once joined: the run's random number that rank 0's release of the join
+    /// carries (see `join`), which binds the values of the operations after the join to this
+    /// run; empty before, and without a key.
+    pub(super) binding: Vec<u8>,
 }
 
 impl Session {
@@ -90,6 +96,8 @@ impl Session {
             acknowledged: 0,
             stale: Vec::new(),
             failed: false,
+            nonce: [0; 16],
+            binding: Vec::new(),
         })
     }
 
@@ -240,11 +248,22 @@ impl Session {
         Ok(())
     }
 
-    /// The value marking a release (the join's completion, a barrier's): a MAC of the key with a
-    /// job key, else `ok`.
+    /// What the MACs and seals of the key `label` are bound to: the key, and after the join this
+    /// run's binding, so that a value of another run of the job (the same key and identity) does
+    /// not pass for one of this run.
+    pub(super) fn bound(&self, label: &str) -> String {
+        if self.binding.is_empty() {
+            return label.to_string();
+        }
+        let binding: String = self.binding.iter().map(|b| format!("{b:02x}")).collect();
+        format!("{label}#{binding}")
+    }
+
+    /// The value marking a release (a barrier's, an arrival): a MAC of the key with a job key,
+    /// else `ok`.
     pub(super) fn release_value(&self, label: &str) -> Vec<u8> {
         match &self.seal {
-            Some(seal) => seal.tag(label, b"release").to_vec(),
+            Some(seal) => seal.tag(&self.bound(label), b"release").to_vec(),
             None => b"ok".to_vec(),
         }
     }
@@ -252,7 +271,7 @@ impl Session {
     /// Checks a release value read from `label`.
     pub(super) fn check_release(&self, label: &str, value: &[u8]) -> Result<(), RendezvousError> {
         let ok = match &self.seal {
-            Some(seal) => seal.verify(label, b"release", value),
+            Some(seal) => seal.verify(&self.bound(label), b"release", value),
             None => value == b"ok",
         };
         if ok {
@@ -265,8 +284,8 @@ impl Session {
                      give every rank the same key"
                 ),
                 (Some(_), _) => format!(
-                    "{label} is not signed with this job's key: written by a process without the key, or rank 0 \
-                     has another GPUCOMM_JOB_KEY"
+                    "{label} is not signed with this job's key and run: written by a process without the key, or in \
+                     another run of this job (the same key and identity), or rank 0 has another GPUCOMM_JOB_KEY"
                 ),
                 (None, _) => format!("{label} holds an unexpected value ({} bytes)", value.len()),
             },

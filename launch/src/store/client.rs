@@ -279,7 +279,10 @@ impl StoreClient {
 
     /// `MULTI_SET`: stores every pair.
     pub fn multi_set(&mut self, pairs: &[(&str, &[u8])]) -> Result<(), StoreError> {
-        let deadline = self.deadline();
+        self.multi_set_by(pairs, self.deadline())
+    }
+
+    pub(crate) fn multi_set_by(&mut self, pairs: &[(&str, &[u8])], deadline: Deadline) -> Result<(), StoreError> {
         let pairs = pairs.iter().map(|(key, value)| (key.as_bytes(), *value)).collect();
         self.send("MULTI_SET", &Request::MultiSet { pairs }, deadline)
     }
