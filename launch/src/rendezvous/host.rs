@@ -6,7 +6,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener};
 use std::time::Duration;
 
 use super::plan::{connect_error, Keys, Plan};
-use super::record::{verified, Owner};
+use super::record::{verified, Owner, Printable};
 use super::RendezvousError;
 use crate::deadline::Deadline;
 use crate::env::Master;
@@ -132,8 +132,8 @@ fn check_owner(client: &mut StoreClient, plan: &Plan) -> Result<Owned, Rendezvou
             format!(
                 "belongs to another job: its identity comes from {} (hash {}), this process's from {} (hash {}). Two \
                  jobs use the same MASTER_ADDR:MASTER_PORT: give each job its own port{}",
-                owner.source,
-                owner.scope,
+                Printable(&owner.source),
+                Printable(&owner.scope),
                 scope.source,
                 scope.hash,
                 scope.hint()

@@ -38,7 +38,21 @@ impl Claimant {
 
 impl fmt::Display for Claimant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "pid {} on {} ({})", self.pid, self.host, self.addr)
+        write!(f, "pid {} on {} ({})", self.pid, Printable(&self.host), Printable(&self.addr))
+    }
+}
+
+/// A text read from a record, for messages: anyone who reaches the store can write a record, so
+/// control characters (line breaks, terminal escapes) are shown as `?` and the text is cut to
+/// [`MAX_TEXT`] characters, as a text this crate writes is.
+pub(super) struct Printable<'a>(pub(super) &'a str);
+
+impl fmt::Display for Printable<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for c in self.0.chars().take(MAX_TEXT) {
+            fmt::Write::write_char(f, if c.is_control() { '?' } else { c })?;
+        }
+        Ok(())
     }
 }
 
@@ -279,6 +293,18 @@ mod tests {
         assert_eq!(decoded, owner);
         assert_eq!(verified(Some(&seal()), "/gpucomm/v1/owner", body, decoded.tag.as_ref()), Some(true));
         assert!(Claim::decode(&bytes).is_none());
+    }
+
+    #[test]
+    fn texts_from_the_store_are_shown_without_control_characters() {
+        let mut c = claim();
+        c.who.host = format!("evil\n[rank 0] all good\x1b[2J{}", "x".repeat(400));
+        c.who.addr = "\r6.6.6.6:666".into();
+        let shown = c.who.to_string();
+        assert!(!shown.chars().any(char::is_control), "{shown:?}");
+        assert!(shown.starts_with("pid 4242 on evil?[rank 0] all good?[2J"), "{shown:?}");
+        assert!(shown.ends_with(" (?6.6.6.6:666)"), "{shown:?}");
+        assert!(shown.len() < 300, "{} characters", shown.len());
     }
 
     #[test]
