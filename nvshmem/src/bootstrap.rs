@@ -68,6 +68,11 @@ impl Bootstrap<'_> {
     /// Refuses a request that the environment contradicts, and opens the MPI plugin ahead of
     /// NVSHMEM so that its failure has a reason.
     pub(crate) fn check_environment(&self) -> Result<()> {
+        if !matches!(self, Bootstrap::UniqueId { .. }) {
+            if let Some((variable, value)) = unique_id_plugin_named(config::string) {
+                return Err(Error::UniqueIdPluginElsewhere { variable, value });
+            }
+        }
         match self {
             Bootstrap::Pmi => match config::string("NVSHMEM_BOOTSTRAP") {
                 Some(value) if !value.eq_ignore_ascii_case("PMI") => {
@@ -85,6 +90,25 @@ impl Bootstrap<'_> {
             Bootstrap::UniqueId { .. } => Ok(()),
         }
     }
+}
+
+/// The variables that name the plugin of a bootstrap other than the unique-id one.
+const PLUGIN_VARIABLES: [&str; 4] = [
+    "NVSHMEM_BOOTSTRAP_PLUGIN",
+    "NVSHMEM_BOOTSTRAP_PMI_PLUGIN",
+    "NVSHMEM_BOOTSTRAP_MPI_PLUGIN",
+    "NVSHMEM_BOOTSTRAP_SHMEM_PLUGIN",
+];
+
+/// The first of [`PLUGIN_VARIABLES`] (read through `lookup`) that names NVSHMEM's unique-id
+/// plugin (`nvshmem_bootstrap_uid.so…`), with its value. NVSHMEM would load that plugin for
+/// another bootstrap and hand it no unique-id arguments, which it reads through a null pointer.
+fn unique_id_plugin_named(lookup: impl Fn(&str) -> Option<String>) -> Option<(&'static str, String)> {
+    PLUGIN_VARIABLES.into_iter().find_map(|variable| {
+        let value = lookup(variable)?;
+        let file = value.rsplit('/').next().unwrap_or(&value);
+        file.starts_with("nvshmem_bootstrap_uid").then_some((variable, value))
+    })
 }
 
 /// Opens a bootstrap plugin (`RTLD_NOW`, as NVSHMEM does) and keeps it loaded for NVSHMEM. A
@@ -123,6 +147,29 @@ fn host_library_dir() -> Option<PathBuf> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_unique_id_plugin_named_for_another_bootstrap_is_found() {
+        let env = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string())
+        };
+        assert_eq!(unique_id_plugin_named(env(&[])), None);
+        assert_eq!(
+            unique_id_plugin_named(env(&[("NVSHMEM_BOOTSTRAP_PMI_PLUGIN", "nvshmem_bootstrap_pmi2.so.3")])),
+            None
+        );
+        assert_eq!(
+            unique_id_plugin_named(env(&[("NVSHMEM_BOOTSTRAP_PLUGIN", "nvshmem_bootstrap_uid.so.3")])),
+            Some(("NVSHMEM_BOOTSTRAP_PLUGIN", "nvshmem_bootstrap_uid.so.3".to_string()))
+        );
+        assert_eq!(
+            unique_id_plugin_named(env(&[(
+                "NVSHMEM_BOOTSTRAP_MPI_PLUGIN",
+                "/opt/nvshmem/lib/nvshmem_bootstrap_uid.so"
+            )])),
+            Some(("NVSHMEM_BOOTSTRAP_MPI_PLUGIN", "/opt/nvshmem/lib/nvshmem_bootstrap_uid.so".to_string()))
+        );
+    }
 
     #[test]
     fn unique_id_bootstraps_check_their_numbers() {

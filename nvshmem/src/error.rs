@@ -269,6 +269,18 @@ pub enum Error {
     /// A module image that was not device-linked with NVSHMEM's device library.
     #[error("the module is not device-linked with NVSHMEM's device library (no nvshmemi_device_lib_version_d): compile with `nvcc -rdc=true` and link with `nvcc -dlink … libnvshmem_device.a`")]
     NotNvshmemModule,
+    /// A module whose global that NVSHMEM reads or writes when it registers the module
+    /// (`nvshmemi_device_lib_version_d`, `nvshmemi_device_state_d`) does not have the size of the
+    /// loaded NVSHMEM's type: NVSHMEM would copy past it or past its own copy.
+    #[error("the module's {global} is {size} bytes, but this NVSHMEM's is {expected}: device-link the module with the libnvshmem_device.a of the NVSHMEM that runs it")]
+    ModuleGlobalSize {
+        /// The global.
+        global: &'static str,
+        /// Its size in the module, in bytes.
+        size: usize,
+        /// Its size in the NVSHMEM headers this crate was built with, in bytes.
+        expected: usize,
+    },
     /// A module built for a GPU architecture the device cannot run.
     #[error("the module holds code for {} but device {device} is sm_{arch}", module.map(|m| format!("sm_{m}")).unwrap_or_else(|| "other architectures".into()))]
     WrongArchitecture {
@@ -414,6 +426,16 @@ pub enum Error {
     #[error("NVSHMEM_BOOTSTRAP={value} selects the unique-id bootstrap, which needs an id that Bootstrap::Environment cannot pass: start with Bootstrap::UniqueId")]
     UniqueIdNeeded {
         /// The variable's value.
+        value: String,
+    },
+    /// A variable that names the plugin of another bootstrap names NVSHMEM's unique-id plugin,
+    /// which NVSHMEM would load without the unique id it needs (and dereference the missing
+    /// arguments).
+    #[error("{variable}={value} names NVSHMEM's unique-id bootstrap plugin for another bootstrap, which cannot pass it an id: unset it, or start with Bootstrap::UniqueId")]
+    UniqueIdPluginElsewhere {
+        /// The variable.
+        variable: &'static str,
+        /// Its value.
         value: String,
     },
     /// Teardown that must wait for queued GPU work gave up after the runtime's timeout

@@ -25,6 +25,8 @@ use gpucomm_build_support::cubin;
 use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut, Guard, Keep, Resource, Visitor};
 
 use crate::error::{Error, Result};
+use nvshmem_sys::{nvshmemi_device_host_state_t, nvshmemi_version_t};
+
 use crate::ffi::call;
 use crate::quiesce;
 use crate::runtime::Admitted;
@@ -32,6 +34,8 @@ use crate::Runtime;
 
 /// The global that `libnvshmem_device.a` defines in every module device-linked against it.
 const DEVICE_LIB_VERSION: &str = "nvshmemi_device_lib_version_d";
+/// The global that `nvshmemx_cumodule_init` writes the PE's device state into.
+const DEVICE_STATE: &str = "nvshmemi_device_state_d";
 
 /// A module of kernels that use NVSHMEM device calls, loaded into the PE's context and
 /// registered with NVSHMEM (`nvshmemx_cumodule_init`). Dropping it waits for the device (its
@@ -59,8 +63,9 @@ impl Runtime {
     ///
     /// Refused with [`Error::WrongArchitecture`] when the cubin was built for a GPU this device
     /// cannot run (checked from its header before loading, and from the driver's
-    /// `CUDA_ERROR_NO_BINARY_FOR_GPU`), and with [`Error::NotNvshmemModule`] when it was not
-    /// device-linked against NVSHMEM's device library. Refused with [`Error::HostCallInCapture`]
+    /// `CUDA_ERROR_NO_BINARY_FOR_GPU`), with [`Error::NotNvshmemModule`] when it was not
+    /// device-linked against NVSHMEM's device library, and with [`Error::ModuleGlobalSize`] when
+    /// the globals NVSHMEM reads and writes do not have the sizes of this NVSHMEM's types. Refused with [`Error::HostCallInCapture`]
     /// while this thread has a capture scope open ([`crate::capture`]), and with
     /// [`Error::CopyStreamsCaptured`] while a capture holds NVSHMEM's copy streams:
     /// `nvshmemx_cumodule_init` makes a synchronous copy, which CUDA refuses inside a capture, and
@@ -93,15 +98,23 @@ impl Runtime {
         let raw = NonNull::new(raw).ok_or(Error::Cuda(DriverError(sys::cudaError_enum::CUDA_ERROR_INVALID_HANDLE)))?;
         // From here on, dropping `module` unloads it.
         let mut module = Module { raw, rt: self, registered: false };
-        let name = CString::new(DEVICE_LIB_VERSION).map_err(|_| Error::NotNvshmemModule)?;
-        // SAFETY: live module; the name is NUL-terminated.
-        match unsafe { result::module::get_global(module.as_raw(), name) } {
-            Ok(_) => {}
-            Err(DriverError(sys::cudaError_enum::CUDA_ERROR_NOT_FOUND)) => return Err(Error::NotNvshmemModule),
-            Err(e) => return Err(e.into()),
+        // NVSHMEM copies the version global, whatever its size, into a value of its own type on
+        // the host stack, and its device state, at its own size, into the state global: a module
+        // whose globals have other sizes (PTX that declares them, say) would overflow one or the
+        // other.
+        let sizes = [
+            (DEVICE_LIB_VERSION, size_of::<nvshmemi_version_t>()),
+            (DEVICE_STATE, size_of::<nvshmemi_device_host_state_t>()),
+        ];
+        for (global, expected) in sizes {
+            let size = module.global_size(global)?.ok_or(Error::NotNvshmemModule)?;
+            if size != expected {
+                return Err(Error::ModuleGlobalSize { global, size, expected });
+            }
         }
-        // SAFETY: NVSHMEM is initialised; the module is live, loaded in the current context and
-        // device-linked against NVSHMEM's device library (checked).
+        // SAFETY: NVSHMEM is initialised; the module is live, loaded in the current context, and
+        // its two globals that NVSHMEM reads and writes have the sizes of the host library's
+        // types (checked).
         unsafe { call!(nvshmemx_cumodule_init(module.as_raw() as nvshmem_sys::CUmodule)) }?;
         module.registered = true;
         Ok(module)
@@ -109,6 +122,17 @@ impl Runtime {
 }
 
 impl<'rt> Module<'rt> {
+    /// The size of the module's global `name`, `None` when it has none.
+    fn global_size(&self, name: &str) -> Result<Option<usize>> {
+        let name = CString::new(name).map_err(|_| Error::NotNvshmemModule)?;
+        // SAFETY: live module; the name is NUL-terminated.
+        match unsafe { result::module::get_global(self.as_raw(), name) } {
+            Ok((_, size)) => Ok(Some(size)),
+            Err(DriverError(sys::cudaError_enum::CUDA_ERROR_NOT_FOUND)) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// The raw module handle, for driver calls this crate does not wrap. It stays owned by `self`.
     pub fn as_raw(&self) -> CUmodule {
         self.raw.as_ptr()

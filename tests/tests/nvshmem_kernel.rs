@@ -9,6 +9,16 @@ use gpucomm_tests::multi_process;
 use nvshmem::Error;
 use nvshmem_support::{grid, pes, start, value, OTHER_ARCH, PLAIN, RING};
 
+/// PTX (compiled by the driver at load) that declares the two globals NVSHMEM reads and writes
+/// when it registers a module, at sizes other than NVSHMEM's types.
+const WRONG_GLOBAL_SIZES: &str = "
+.version 7.8
+.target sm_80
+.address_size 64
+.visible .global .align 4 .b8 nvshmemi_device_lib_version_d[65536];
+.visible .global .align 8 .b8 nvshmemi_device_state_d[8];
+";
+
 const COUNT: usize = 1 << 16;
 
 /// What PE `pe` sends at `i` in plain-launch round `round`.
@@ -84,6 +94,13 @@ fn nvshmem_kernels_with_plain_and_collective_launches() {
         // Modules that must be refused: not device-linked with NVSHMEM, built for other GPUs
         // (a fatbin the driver rejects; a cubin whose header names another architecture).
         assert!(matches!(rt.load_module(PLAIN), Err(Error::NotNvshmemModule)));
+        // A module that declares NVSHMEM's two globals at other sizes: NVSHMEM's registration
+        // would copy 64 KiB of the first onto its 12-byte value on the host stack, and its device
+        // state past the second. Refused before NVSHMEM sees it (audit, session 14).
+        match rt.load_module(WRONG_GLOBAL_SIZES.as_bytes()) {
+            Err(Error::ModuleGlobalSize { global: "nvshmemi_device_lib_version_d", size: 65536, expected: 12 }) => {}
+            other => panic!("expected ModuleGlobalSize, got {other:?}"),
+        }
         let device_arch = {
             use cudarc::driver::sys::CUdevice_attribute::*;
             let ctx = stream.context();
