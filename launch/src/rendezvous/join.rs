@@ -199,7 +199,7 @@ fn check_join_release(s: &mut Session, complete: &str, value: &[u8], mark: &[u8]
                 return Err(RendezvousError::Forged {
                     detail: format!(
                         "{complete} is not rank 0's release signed with this job's key: written by a process \
-                         without the key, or rank 0 has another GPUCOMM_JOB_KEY"
+                         without the key, or rank 0 has another GPUCOMM_JOB_KEY or gpucomm version"
                     ),
                 });
             }
