@@ -3,7 +3,7 @@
 
 use super::record::{verified, Claim};
 use super::seal::TAG_LEN;
-use super::session::{Session, Waited, CHUNK};
+use super::session::{Session, Waited};
 use super::RendezvousError;
 use crate::deadline::Deadline;
 
@@ -160,9 +160,10 @@ fn release(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
                     (key, tag)
                 })
                 .collect();
-            for chunk in welcomes.chunks(CHUNK) {
-                let pairs: Vec<(&str, &[u8])> = chunk.iter().map(|(key, tag)| (key.as_str(), tag.as_slice())).collect();
-                s.client.multi_set_by(&pairs, deadline).map_err(|e| s.store_error(DURING, e))?;
+            // One `SET` each (it has no reply, so they go out back to back): every store this
+            // crate meets has it, PyTorch's older agent stores included.
+            for (key, tag) in &welcomes {
+                s.client.set_by(key, tag, deadline).map_err(|e| s.store_error(DURING, e))?;
             }
             s.stale.extend(welcomes.into_iter().map(|(key, _)| key));
             s.binding = run.to_vec();

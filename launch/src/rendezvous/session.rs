@@ -16,8 +16,8 @@ use crate::store::{ServerStats, StoreClient, StoreError, StoreServer};
 /// between them.
 const FIRST_SLICE: Duration = Duration::from_millis(10);
 const MAX_SLICE: Duration = Duration::from_millis(200);
-/// Keys per `WAIT`, `MULTI_GET` or `MULTI_SET`.
-pub(super) const CHUNK: usize = 512;
+/// Keys per `WAIT` or `MULTI_GET`.
+const CHUNK: usize = 512;
 /// How long writing the abort key may take.
 const GIVE_UP_WITHIN: Duration = Duration::from_secs(1);
 /// How long rank 0 keeps its store up after a failure, for the others to read why.

@@ -279,10 +279,7 @@ impl StoreClient {
 
     /// `MULTI_SET`: stores every pair.
     pub fn multi_set(&mut self, pairs: &[(&str, &[u8])]) -> Result<(), StoreError> {
-        self.multi_set_by(pairs, self.deadline())
-    }
-
-    pub(crate) fn multi_set_by(&mut self, pairs: &[(&str, &[u8])], deadline: Deadline) -> Result<(), StoreError> {
+        let deadline = self.deadline();
         let pairs = pairs.iter().map(|(key, value)| (key.as_bytes(), *value)).collect();
         self.send("MULTI_SET", &Request::MultiSet { pairs }, deadline)
     }
