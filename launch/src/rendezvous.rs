@@ -46,11 +46,12 @@ pub const MAX_BROADCAST: usize = (1 << 20) - 64;
 /// address, with a MAC when the job has a key). A rank claimed twice fails the rendezvous on
 /// every rank, naming both claimants; a process that comes after every rank joined fails at
 /// once ("rendezvous already complete"). Rank 0 checks every claim (world size, key) and then
-/// releases the others; with a key, its release lists every claim's random nonce under a MAC,
-/// each rank finds its own there, and every later value is bound to that list, so values kept
-/// from another run of the same job (the same key and identity) are refused. When rank 0 hosts
-/// the store, the others first check its owner record,
-/// so that a rank of another job (another identity, world size or key) fails at once.
+/// releases the others; with a key, the release names the run (a random number under a MAC)
+/// after rank 0 has welcomed each claim by its random nonce in that run (a MAC of both), each
+/// rank checks its welcome, and every later value is bound to the run, so values kept from
+/// another run of the same job (the same key and identity) are refused. When rank 0 hosts the
+/// store, the others first check its owner record, so that a rank of another job (another
+/// identity, world size or key) fails at once.
 ///
 /// **Operations.** After joining, [`broadcast`](Rendezvous::broadcast) and
 /// [`barrier`](Rendezvous::barrier) can be called any number of times, by every rank in the same
