@@ -100,9 +100,10 @@
 //!   identity, and bound to the run: rank 0's release of the join names the run (a random
 //!   number) and welcomes each rank's claim by its random nonce in that run, so values kept from
 //!   another run with the same key and identity are refused. A process without the key never
-//!   receives a unique id in the clear and cannot take a rank unnoticed: a claim it makes fails the rendezvous on every rank, naming both
-//!   claimants. It can still disrupt a job (abort it, fill the store up to its limits): that is
-//!   true of any service on an open port.
+//!   receives a unique id in the clear and cannot take a rank unnoticed: a claim it makes fails
+//!   the rendezvous on every rank, naming both claimants. It can still disrupt a job (abort it,
+//!   fill the store up to its limits, hold its connections): that is true of any service on an
+//!   open port.
 //! * **Without a key**, as PyTorch's documentation says of its own `TCPStore`: anyone who can
 //!   reach the port can read the unique id and join the communicator. A rank claimed twice still
 //!   fails every rank, naming both addresses, and the identity still keeps jobs apart. Use a key,
