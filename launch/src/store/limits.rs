@@ -11,7 +11,8 @@ use std::time::Duration;
 /// must not let strangers use much memory.
 ///
 /// **Memory bound.** Bytes a server holds for its connections (unparsed request bytes, unsent
-/// replies, the keys of a pending `WAIT`) stay at or below
+/// replies, the keys of a pending `WAIT`, counted with what the server keeps for each key)
+/// stay at or below
 /// `max_buffered + max_connections × connection_allowance` (with the defaults 32 MiB + 1024 ×
 /// 8 KiB = 40 MiB), and the store's keys and values at or below `max_store_bytes`.
 #[derive(Debug, Clone, PartialEq, Eq)]
