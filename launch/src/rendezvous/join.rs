@@ -68,8 +68,9 @@ fn describe(s: &Session, label: &str, value: &[u8]) -> String {
     }
 }
 
-/// Checks a claim read from rank `rank`'s key: the rank, the world size and the key.
-fn check_claim(s: &Session, rank: usize, value: &[u8]) -> Result<(), RendezvousError> {
+/// Checks a claim read from rank `rank`'s key: the rank, the world size and the key. Returns the
+/// claim's nonce.
+fn check_claim(s: &Session, rank: usize, value: &[u8]) -> Result<[u8; NONCE_LEN], RendezvousError> {
     let label = s.keys.claim(rank);
     let Some((claim, body)) = Claim::decode(value) else {
         return Err(RendezvousError::Forged {
@@ -109,7 +110,7 @@ fn check_claim(s: &Session, rank: usize, value: &[u8]) -> Result<(), RendezvousE
             ),
         });
     }
-    Ok(())
+    Ok(claim.nonce)
 }
 
 /// Rank 0: waits for every claim, checks them all, then marks the rendezvous complete.
@@ -137,9 +138,7 @@ fn release(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
     let claims = s.get_all(&keys, deadline, DURING)?;
     let mut nonces = Vec::with_capacity(claims.len());
     for (rank, value) in claims.iter().enumerate() {
-        check_claim(s, rank, value).map_err(|error| s.fail(error))?;
-        // Checked just above, so it decodes.
-        nonces.push(Claim::decode(value).map_or([0; NONCE_LEN], |(claim, _)| claim.nonce));
+        nonces.push(check_claim(s, rank, value).map_err(|error| s.fail(error))?);
     }
     let complete = s.keys.complete();
     let value = match &s.seal {
