@@ -14,13 +14,6 @@ use common::*;
 use gpucomm_launch::store::codec::{Request, VALIDATION_MAGIC};
 use gpucomm_launch::store::{Limits, StoreServer};
 
-/// This process's resident memory, in bytes (`VmRSS` of /proc/self/status).
-fn resident() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() * 1024
-}
-
 #[test]
 fn memory_stays_bounded_under_200_unfinished_1mib_messages() {
     // All 200 connect at once: more than the default cap on connections that have not validated

@@ -17,13 +17,6 @@ use common::*;
 use gpucomm_launch::store::codec::{Request, VALIDATION_MAGIC};
 use gpucomm_launch::store::{Limits, StoreServer};
 
-/// This process's resident memory, in bytes (`VmRSS` of /proc/self/status).
-fn resident() -> usize {
-    let status = std::fs::read_to_string("/proc/self/status").unwrap();
-    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
-    line.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() * 1024
-}
-
 /// Raises this process's file-descriptor limit to `wanted` (or as far as the hard limit allows),
 /// and returns it.
 fn raise_descriptor_limit(wanted: libc::rlim_t) -> libc::rlim_t {

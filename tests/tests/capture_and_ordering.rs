@@ -34,10 +34,14 @@ use nvshmem_support::start;
 /// Elements of the small buffers.
 const N: usize = 4096;
 
+/// The context of the first GPU (`None`, with a skip line, without one).
+fn one_gpu(test: &str) -> Option<Arc<CudaContext>> {
+    Some(require_gpus(test, 1)?[0].context().clone())
+}
+
 /// A one-rank communicator on a stream of its own, and the context.
 fn one_rank(test: &str) -> Option<(Comm, Arc<CudaContext>)> {
-    let streams = require_gpus(test, 1)?;
-    let ctx = streams[0].context().clone();
+    let ctx = one_gpu(test)?;
     Some((warmed_rank(&ctx), ctx))
 }
 
@@ -245,8 +249,7 @@ fn a_write_waits_for_every_reader_of_a_shared_membuffer() {
     // one reader (the last to finish enqueuing, B), so the zeroing ran before A's read, which
     // copied zeros.
     let test = "a_write_waits_for_every_reader_of_a_shared_membuffer";
-    let Some(streams) = require_gpus(test, 1) else { return };
-    let ctx = streams[0].context().clone();
+    let Some(ctx) = one_gpu(test) else { return };
     let home = ctx.new_stream().unwrap();
     let len = 16 << 20; // 64 MiB of f32
     let mut x = MemBuffer::from_host(&home, &vec![1.0f32; len]).unwrap();
@@ -956,8 +959,7 @@ fn a_forgotten_guard_of_a_membuffer_still_orders_the_write_it_replaced() {
     // dropping the buffer would have freed it under that zeroing). The event is now recorded when
     // the pointer is taken too, after the waits.
     let test = "a_forgotten_guard_of_a_membuffer_still_orders_the_write_it_replaced";
-    let Some(streams) = require_gpus(test, 1) else { return };
-    let ctx = streams[0].context().clone();
+    let Some(ctx) = one_gpu(test) else { return };
     let home = ctx.new_stream().unwrap();
     let (other, reader) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
     let mut x = MemBuffer::from_host(&home, &[1.0f32; N]).unwrap();

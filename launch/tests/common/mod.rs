@@ -18,6 +18,13 @@ use sha2::{Digest, Sha256};
 
 pub const SECOND: Duration = Duration::from_secs(1);
 
+/// This process's resident memory, in bytes (`VmRSS` of /proc/self/status).
+pub fn resident() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() * 1024
+}
+
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
