@@ -72,21 +72,86 @@ pub(crate) fn any_scope_open() -> bool {
     OPEN.load(Ordering::Acquire) > 0
 }
 
-/// Ends the capture of `stream` (opened with [`open`]) whatever happened inside it, and
-/// instantiates its graph (`None` when CUDA returned none).
-pub(crate) fn end(stream: &CudaStream) -> Result<Option<Exec>, DriverError> {
-    let ended = end_capture(stream);
+/// The private stream a scope's capture begins on ([`begin`]). CUDA lets only the stream that
+/// began a capture end it: the stream given to [`crate::capture`] joins the capture instead, so
+/// code that holds that stream (cudarc's safe `CudaStream::end_capture`, called inside the
+/// scope's closure) cannot end the capture and walk away with a graph that keeps nothing alive.
+pub(crate) struct Origin {
+    stream: sys::CUstream,
+}
+
+impl Drop for Origin {
+    fn drop(&mut self) {
+        // SAFETY: created by `begin` and destroyed once, here, after its capture ended (`end`)
+        // or failed to begin; CUDA releases a stream once its work is done. A failure cannot be
+        // acted on in a drop.
+        let _ = unsafe { result::stream::destroy(self.stream) };
+    }
+}
+
+/// Begins capturing `stream` in thread-local mode: on a new private [`Origin`] stream, which
+/// `stream` then joins (it waits for an event recorded into the capture), so that every call
+/// enqueued on `stream` is captured until [`end`].
+pub(crate) fn begin(stream: &CudaStream) -> Result<Origin, DriverError> {
+    crate::make_current(stream.context())?;
+    let origin = Origin { stream: result::stream::create(result::stream::StreamKind::NonBlocking)? };
+    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    // SAFETY: the origin was just created in the current context and is not capturing.
+    unsafe { result::stream::begin_capture(origin.stream, mode) }?;
+    if let Err(e) = follow(stream.cu_stream(), origin.stream) {
+        // `stream` could not join (the legacy default stream cannot): end the empty capture.
+        // SAFETY: this thread began the origin's capture just above.
+        if let Ok(graph) = unsafe { result::stream::end_capture(origin.stream) } {
+            destroy_graph(graph);
+        }
+        return Err(e);
+    }
+    Ok(origin)
+}
+
+/// Makes `waiter` wait for the work enqueued on `after` so far, through an event of its own:
+/// inside a capture, the stream that was not capturing joins the capture of the other.
+fn follow(waiter: sys::CUstream, after: sys::CUstream) -> Result<(), DriverError> {
+    let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)?;
+    let wait = sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT;
+    // SAFETY: the event was just created in the current context, the streams' own; both streams
+    // are alive (the caller's borrow, and the origin its capture scope owns).
+    let joined = unsafe { result::event::record(event, after).and_then(|()| result::stream::wait_event(waiter, event, wait)) };
+    // SAFETY: created above and destroyed once; a wait on it keeps what it needs (CUDA defers
+    // the release), and a captured record and wait are edges of the graph, not uses of the event.
+    let _ = unsafe { result::event::destroy(event) };
+    joined
+}
+
+/// Destroys a graph that nothing else refers to (null: nothing to destroy).
+fn destroy_graph(graph: sys::CUgraph) {
+    if !graph.is_null() {
+        // SAFETY: the caller owns the graph and hands it over; a failure leaves nothing to do.
+        let _ = unsafe { result::graph::destroy(graph) };
+    }
+}
+
+/// Ends the capture of `stream` ([`begin`] on `origin`, then [`open`]) whatever happened inside
+/// it, and instantiates its graph (`None` when CUDA returned none).
+pub(crate) fn end(stream: &CudaStream, origin: &Origin) -> Result<Option<Exec>, DriverError> {
+    let ended = end_capture(stream, origin);
     OPEN.fetch_sub(1, Ordering::AcqRel);
     ended
 }
 
-/// [`end`]'s work. Through the driver directly: cudarc's `end_capture` returns an error recorded
-/// in the context (by cudarc's own guards, inside the capture or on another thread) *before*
-/// ending the capture, which would leave the stream capturing for good.
-fn end_capture(stream: &CudaStream) -> Result<Option<Exec>, DriverError> {
-    crate::make_current(stream.context())?;
-    // SAFETY: the stream is alive and being captured by this thread (the caller began it).
-    let graph = unsafe { result::stream::end_capture(stream.cu_stream()) }?;
+/// [`end`]'s work: `stream` joins back into the origin, which ends the capture. Through the
+/// driver directly: cudarc's `end_capture` returns an error recorded in the context (by cudarc's
+/// own guards, inside the capture or on another thread) *before* ending the capture, which would
+/// leave the stream capturing for good. The capture is ended even when the join fails (a capture
+/// CUDA invalidated refuses it): ending it then fails, and every stream leaves the capture.
+fn end_capture(stream: &CudaStream, origin: &Origin) -> Result<Option<Exec>, DriverError> {
+    let joined = crate::make_current(stream.context()).and_then(|()| follow(origin.stream, stream.cu_stream()));
+    // SAFETY: the origin is alive and being captured by this thread (`begin`).
+    let graph = unsafe { result::stream::end_capture(origin.stream) }?;
+    if let Err(e) = joined {
+        destroy_graph(graph);
+        return Err(e);
+    }
     if graph.is_null() {
         return Ok(None);
     }
@@ -94,8 +159,7 @@ fn end_capture(stream: &CudaStream) -> Result<Option<Exec>, DriverError> {
     match unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) } {
         Ok(exec) => Ok(Some(Exec { graph, exec })),
         Err(e) => {
-            // SAFETY: as above; nothing else refers to it.
-            let _ = unsafe { result::graph::destroy(graph) };
+            destroy_graph(graph);
             Err(e)
         }
     }

@@ -48,6 +48,11 @@
 //! * However `capture` returns (an error of `f`, a broken capture, a panic), the stream leaves
 //!   capture mode: the capture is ended through the driver, not through cudarc's `end_capture`,
 //!   which gives up before ending it when an error is recorded in the context.
+//! * Only the scope can end its capture. The capture begins on a private stream that the given
+//!   stream joins, and CUDA lets only the stream that began a capture end it: cudarc's safe
+//!   `CudaStream::end_capture`, called on the given stream inside `f`, fails
+//!   (`CUDA_ERROR_STREAM_CAPTURE_UNMATCHED`) instead of handing out a graph of the calls so far
+//!   that would keep none of what they use.
 //!
 //! # Example
 //!
@@ -385,15 +390,28 @@ impl<K: Keep> Graph<K> {
 /// pending non-blocking operation first: the stream is never left capturing.
 struct Capturing<'a> {
     stream: &'a Arc<CudaStream>,
+    /// The stream the capture began on (destroyed with the guard, after the capture ended).
+    origin: capture::Origin,
     open: bool,
+}
+
+/// What ending a capture gives: what the scope recorded, with the closing completion's outcome,
+/// and the graph.
+type Ended = ((Option<capture::Scope>, Result<(), String>), Result<Option<Exec>, DriverError>);
+
+impl Capturing<'_> {
+    /// Closes the scope (enqueuing a pending completion) and ends the capture.
+    fn end(&mut self) -> Ended {
+        self.open = false;
+        (capture::close(self.stream), capture::end(self.stream, &self.origin))
+    }
 }
 
 impl Drop for Capturing<'_> {
     fn drop(&mut self) {
         if self.open {
-            let _ = capture::close(self.stream);
             // The half-made graph is dropped at once; a failure is moot here.
-            let _ = capture::end(self.stream);
+            let _ = self.end();
         }
     }
 }
@@ -440,18 +458,17 @@ pub fn capture<K: Keep, E: From<OrderError>>(
         Ok(true) => return Err((keep, OrderError::ForeignCapture.into())),
         Err(e) => return Err((keep, OrderError::from(e).into())),
     }
-    let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-    if let Err(e) = stream.begin_capture(mode) {
-        return Err((keep, OrderError::from(e).into()));
-    }
+    let origin = match capture::begin(stream) {
+        Ok(origin) => origin,
+        Err(e) => return Err((keep, OrderError::from(e).into())),
+    };
     capture::open(stream);
     let mut keep = keep;
-    let mut capturing = Capturing { stream, open: true };
+    let mut capturing = Capturing { stream, origin, open: true };
     let result = f(&mut keep);
     // Whatever `f` did, the capture ends here, with every non-blocking operation completed.
-    let (scope, completed) = capture::close(stream);
-    capturing.open = false;
-    let graph = capture::end(stream);
+    let ((scope, completed), graph) = capturing.end();
+    drop(capturing);
     let made = (|| -> Result<_, E> {
         result?;
         completed.map_err(OrderError::Pending)?;

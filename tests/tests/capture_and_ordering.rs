@@ -17,6 +17,8 @@
 //!   waits for the graph's launches; deregistering waits for nothing that captured calls used;
 //! * calls on a capture that CUDA invalidated are refused before NCCL is called, and so are calls
 //!   whose stream became captured after their admission (a group's closure, cudarc's waits).
+//! * only the scope ends its capture: cudarc's `end_capture` on the scope's stream inside it
+//!   gets no graph.
 //!
 //! One-rank communicators and one-PE NVSHMEM jobs: one GPU is enough for every test.
 
@@ -1002,5 +1004,54 @@ fn a_call_whose_tracked_wait_joins_a_capture_is_refused() {
     // The communicator, the stream and the buffer still work.
     comm.on(&side).all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
     all_equal("the buffer after the refusal", &side.clone_dtoh(&buf).unwrap(), 3.0);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn cudarc_end_capture_inside_a_capture_gets_no_graph() {
+    // cudarc's safe `end_capture`, called on the scope's stream inside the closure. Before the fix
+    // (the scope began the capture on that stream itself) it ended the scope's capture and
+    // returned a cudarc graph of the first all-reduce, which kept nothing alive: the buffer could
+    // be freed and the graph launched on freed memory. The scope now begins the capture on a
+    // private stream that `side` joins, and CUDA lets only that stream end it: cudarc's call
+    // fails (`CUDA_ERROR_STREAM_CAPTURE_UNMATCHED` is CUDA's documented answer).
+    use gpucomm_ordering::OrderError;
+    let test = "cudarc_end_capture_inside_a_capture_gets_no_graph";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let side = ctx.new_stream().unwrap();
+    let double = PreMulSum::host(&comm, 2.0f32).unwrap();
+    let mem = MemBuffer::from_host(comm.stream(), &[1.0f32; N]).unwrap();
+    let mut stolen = None;
+    let captured = nccl::capture(&side, (&comm, &double, mem), |(comm, double, mem)| {
+        comm.on(&side).all_reduce_in_place(mem, *double)?;
+        stolen = Some(side.end_capture(CUgraphInstantiate_flags(0)).map(|graph| graph.is_some()));
+        comm.on(&side).all_reduce_in_place(mem, *double)
+    });
+    let _ = ctx.check_err();
+    assert!(matches!(stolen, Some(Err(_))), "cudarc's end_capture inside the scope must fail: {stolen:?}");
+    assert_eq!(side.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+    // Whether CUDA went on with the capture after the refused end or invalidated it, the scope's
+    // outcome is whole: a graph of both all-reduces, or a refusal that ran nothing.
+    match captured {
+        Ok(mut graph) => {
+            graph.launch().unwrap();
+            all_equal("both captured all-reduces", &side.clone_dtoh(&graph.kept().2).unwrap(), 4.0);
+        }
+        Err(((_, _, mem), err)) => {
+            assert!(matches!(err, Error::Ordering(OrderError::CaptureBroken(_))), "{err}");
+            all_equal("a buffer handed back by the broken capture", &side.clone_dtoh(&mem).unwrap(), 1.0);
+        }
+    }
+    // The stream captures again as usual.
+    let mem = MemBuffer::from_host(&side, &[1.0f32; N]).unwrap();
+    let mut graph = nccl::capture(&side, (&comm, &double, mem), |(comm, double, mem)| {
+        comm.on(&side).all_reduce_in_place(mem, *double)
+    })
+    .unwrap();
+    graph.launch().unwrap();
+    all_equal("a capture after the refused end", &side.clone_dtoh(&graph.kept().2).unwrap(), 2.0);
+    drop(graph);
+    drop(double);
     comm.finalize().map_err(|(_, e)| e).unwrap();
 }

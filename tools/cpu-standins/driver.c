@@ -1,6 +1,8 @@
 /* The CPU stand-in for the driver (libcuda.so.1) that tools/host-instructions.sh counts the crates'
    host instructions against: device memory is host memory, streams are small structs whose capture
-   is a flag, events and graphs do nothing. Enough for one rank's communicator, MemBuffers, eager,
+   is the stream that began it (a stream waiting for an event recorded inside a capture joins it,
+   as on the GPU; ending the capture on its origin frees every stream of it), events remember
+   that capture and graphs do nothing. Enough for one rank's communicator, MemBuffers, eager,
    captured and grouped calls; no kernel ever runs. tools/libcuda-stub.py adds every other function
    of cuda.h, returning CUDA_ERROR_NOT_SUPPORTED and naming itself on stderr. */
 #include <stdio.h>
@@ -9,7 +11,7 @@
 #include <stdint.h>
 typedef int CUresult;
 typedef unsigned long long CUdeviceptr;
-struct stream { int capturing; int id; };
+struct stream { int capturing; int id; struct stream *origin; };
 static int ctx_dummy;
 static __thread void *current_ctx;
 CUresult cuInit(unsigned f) { (void)f; return 0; }
@@ -47,25 +49,39 @@ CUresult cuStreamIsCapturing(struct stream *s, int *st) { *st = live(s) ? s->cap
 CUresult cuStreamGetCaptureInfo(struct stream *s, int *st, unsigned long long *id) { *st = live(s) ? s->capturing : 0; if (id) *id = 1; return 0; }
 CUresult cuStreamGetCaptureInfo_v2(struct stream *s, int *st, unsigned long long *id, void **g, void **d, size_t *n) { (void)g; (void)d; if (n) *n = 0; return cuStreamGetCaptureInfo(s, st, id); }
 CUresult cuStreamGetCaptureInfo_v3(struct stream *s, int *st, unsigned long long *id, void **g, void **d, void **e, size_t *n) { (void)e; return cuStreamGetCaptureInfo_v2(s, st, id, g, d, n); }
-CUresult cuStreamBeginCapture(struct stream *s, int mode) { (void)mode; if (!live(s)) return 1; s->capturing = 1; return 0; }
+CUresult cuStreamBeginCapture(struct stream *s, int mode) { (void)mode; if (!live(s)) return 1; s->capturing = 1; s->origin = s; return 0; }
 CUresult cuStreamBeginCapture_v2(struct stream *s, int mode) { return cuStreamBeginCapture(s, mode); }
 static int graph_dummy, exec_dummy;
-CUresult cuStreamEndCapture(struct stream *s, void **g) { s->capturing = 0; *g = &graph_dummy; return 0; }
+#define MAX_JOINED 64
+static struct stream *joined[MAX_JOINED];
+CUresult cuStreamEndCapture(struct stream *s, void **g) {
+    if (!live(s) || s->origin != s) return 903; /* CUDA_ERROR_STREAM_CAPTURE_UNMATCHED */
+    for (int i = 0; i < MAX_JOINED; i++)
+        if (joined[i] && joined[i]->origin == s) { joined[i]->capturing = 0; joined[i]->origin = 0; joined[i] = 0; }
+    s->capturing = 0; s->origin = 0; *g = &graph_dummy; return 0;
+}
 CUresult cuThreadExchangeStreamCaptureMode(int *m) { (void)m; return 0; }
 CUresult cuGraphInstantiateWithFlags(void **e, void *g, unsigned long long f) { (void)g; (void)f; *e = &exec_dummy; return 0; }
 CUresult cuGraphLaunch(void *e, void *s) { (void)e; (void)s; return 0; }
 CUresult cuGraphExecDestroy(void *e) { (void)e; return 0; }
 CUresult cuGraphDestroy(void *g) { (void)g; return 0; }
 static int events;
-CUresult cuEventCreate(void **e, unsigned f) { (void)f; *e = malloc(8); events++; return 0; }
+CUresult cuEventCreate(void **e, unsigned f) { (void)f; *e = calloc(1, sizeof(struct stream *)); events++; return 0; }
 CUresult cuEventDestroy(void *e) { free(e); return 0; }
 CUresult cuEventDestroy_v2(void *e) { free(e); return 0; }
-CUresult cuEventRecord(void *e, struct stream *s) { (void)e; (void)s; return 0; }
-CUresult cuEventRecordWithFlags(void *e, struct stream *s, unsigned f) { (void)e; (void)s; (void)f; return 0; }
+CUresult cuEventRecord(void *e, struct stream *s) { *(struct stream **)e = live(s) && s->capturing ? s->origin : 0; return 0; }
+CUresult cuEventRecordWithFlags(void *e, struct stream *s, unsigned f) { (void)f; return cuEventRecord(e, s); }
 CUresult cuEventQuery(void *e) { (void)e; return 0; }
 CUresult cuEventSynchronize(void *e) { (void)e; return 0; }
 CUresult cuEventElapsedTime(float *ms, void *a, void *b) { (void)a; (void)b; *ms = 0; return 0; }
-CUresult cuStreamWaitEvent(struct stream *s, void *e, unsigned f) { (void)s; (void)e; (void)f; return 0; }
+CUresult cuStreamWaitEvent(struct stream *s, void *e, unsigned f) {
+    (void)f;
+    struct stream *origin = *(struct stream **)e;
+    if (!origin || !live(s) || s->capturing) return 0;
+    for (int i = 0; i < MAX_JOINED; i++)
+        if (!joined[i]) { joined[i] = s; s->capturing = 1; s->origin = origin; return 0; }
+    return 999; /* CUDA_ERROR_UNKNOWN: more joined streams than the stand-in keeps */
+}
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t b) { *p = (CUdeviceptr)calloc(1, b ? b : 1); return 0; }
 CUresult cuMemAllocAsync(CUdeviceptr *p, size_t b, void *s) { (void)s; return cuMemAlloc_v2(p, b); }
 CUresult cuMemFree_v2(CUdeviceptr p) { free((void *)p); return 0; }
