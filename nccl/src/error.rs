@@ -211,16 +211,26 @@ pub enum Error {
     #[error("the communicator was aborted while graphs that captured it may be alive; NCCL releases its registrations only when the communicator is dropped, so this buffer stays registered and is kept")]
     AbortPending,
     /// An abort could not call `ncclCommAbort`: making the communicator's CUDA context current
-    /// failed. The communicator is abandoned: every later call on it fails with
+    /// failed (the cause); or, without a cause, the communicator was abandoned for a forgotten
+    /// graph ([`Error::GraphForgotten`]). Every later call on it fails with
     /// [`Error::Aborted`], and what NCCL may still use — registered buffers, windows, the
     /// communicator's own allocations — is leaked rather than freed; releasing a registration or
     /// window of it returns this error (without a cause) and keeps the buffer.
-    #[error("the communicator could not be aborted (making its CUDA context current failed); it was abandoned, and what NCCL may still use is leaked")]
+    #[error("the communicator was abandoned (its abort could not make its CUDA context current, or a CUDA graph that captured it was forgotten), and what NCCL may still use is leaked")]
     Abandoned {
         /// Why the context could not be made current: the driver's error, from the abort itself.
         #[source]
         cause: Option<cudarc::driver::DriverError>,
     },
+    /// A CUDA graph that captured this communicator's calls was forgotten without being destroyed
+    /// (`mem::forget` of a [`Graph`](crate::Graph), a reference cycle): NCCL's destroy and abort
+    /// wait until every graph holding the communicator's work is destroyed, which a forgotten
+    /// graph never is. The communicator is abandoned instead of waiting for ever: later calls
+    /// fail with [`Error::Aborted`], releasing its registrations and windows returns
+    /// [`Error::Abandoned`] and keeps their buffers, and it is leaked with what NCCL may still
+    /// use.
+    #[error("a CUDA graph that captured this communicator was forgotten (mem::forget) and NCCL would wait for it for ever: the communicator was abandoned, and is leaked")]
+    GraphForgotten,
     /// A direct call (collective, init, finalize, nested group) while a group is open on this
     /// thread: NCCL would defer it to the end of the group, after this call had already released
     /// its buffers or needed its result.

@@ -48,8 +48,13 @@ impl Comm {
     /// communicator that cannot wait for such graphs (a timeout, an
     /// [`AbortHandle`](crate::AbortHandle)) stops its work and leaves freeing it to its owner's
     /// teardown: NCCL's own abort would wait until every graph holding its work is destroyed.
+    ///
+    /// The graph also holds a count on the communicator while it lives: a graph forgotten
+    /// without being destroyed (`mem::forget`), which NCCL's destroy and abort would wait for for
+    /// ever, makes the communicator's teardown abandon it instead ([`Error::GraphForgotten`]).
     pub fn report_kept<'k>(&'k self, v: &mut Visitor<'k>) {
         self.kept_by_graph();
+        v.hold(|| self.graph_hold());
         v.resource(communicator(self), !self.is_aborted());
     }
 }

@@ -108,6 +108,9 @@ enum Member {
 /// What the graph does with each member: `None` for members no captured call uses.
 type Plan = Vec<(Member, Option<Use>)>;
 
+/// What a graph holds for one of its members while it lives ([`Visitor::hold`]).
+type Held = Box<dyn Send + Sync>;
+
 /// Walks the members of a [`Keep`]: to list them (when a graph is planned) or to order the used
 /// ones on the launch stream (when it is launched).
 pub struct Visitor<'k> {
@@ -117,7 +120,7 @@ pub struct Visitor<'k> {
 }
 
 enum Job<'k> {
-    Survey { access: &'k Access<'k>, members: Vec<Member> },
+    Survey { access: &'k Access<'k>, members: Vec<Member>, held: Vec<Held> },
     Launch { access: &'k Access<'k>, plan: &'k [(Member, Option<Use>)], guards: Vec<Guard<'k>>, stale: bool },
 }
 
@@ -160,7 +163,7 @@ impl<'k> Visitor<'k> {
         let bytes = buf.num_bytes();
         let planned = self.planned();
         let taken = match &mut self.job {
-            Job::Survey { access, members } => access.read(buf).map(|(ptr, _)| {
+            Job::Survey { access, members, .. } => access.read(buf).map(|(ptr, _)| {
                 members.push(Member::Buffer { ordinal, ptr, bytes, writable: false });
                 None
             }),
@@ -185,7 +188,7 @@ impl<'k> Visitor<'k> {
         let bytes = buf.num_bytes();
         let planned = self.planned();
         let taken = match &mut self.job {
-            Job::Survey { access, members } => access.read(&*buf).map(|(ptr, _)| {
+            Job::Survey { access, members, .. } => access.read(&*buf).map(|(ptr, _)| {
                 members.push(Member::Buffer { ordinal, ptr, bytes, writable: true });
                 None
             }),
@@ -210,6 +213,17 @@ impl<'k> Visitor<'k> {
         self.taken(taken, ordinal, bytes);
     }
 
+    /// Something the graph holds for as long as it lives, made by `make` when the graph is
+    /// planned (not at its launches) and dropped after the executable graph is destroyed: how a
+    /// member's owner learns whether graphs that captured it are still alive, forgotten ones
+    /// (`mem::forget`) included. An NCCL communicator counts them: its teardown would wait for a
+    /// forgotten graph for ever.
+    pub fn hold(&mut self, make: impl FnOnce() -> Box<dyn Send + Sync>) {
+        if let Job::Survey { held, .. } = &mut self.job {
+            held.push(make());
+        }
+    }
+
     /// A resource the graph keeps; `live` is false once it cannot be used any more (an aborted
     /// communicator).
     pub fn resource(&mut self, resource: Resource, live: bool) {
@@ -229,19 +243,21 @@ impl<'k> Visitor<'k> {
     }
 }
 
-/// Lists the members of `keep`, taking buffer addresses without ordering anything.
-fn survey<K: Keep>(keep: &mut K, stream: &Arc<CudaStream>) -> Result<Vec<Member>, OrderError> {
+/// Lists the members of `keep`, taking buffer addresses without ordering anything, with what
+/// they asked the graph to hold.
+fn survey<K: Keep>(keep: &mut K, stream: &Arc<CudaStream>) -> Result<(Vec<Member>, Vec<Held>), OrderError> {
     let access = Access::with_mode(stream, Mode::Survey);
-    let mut v = Visitor { job: Job::Survey { access: &access, members: Vec::new() }, next: 0, error: None };
+    let job = Job::Survey { access: &access, members: Vec::new(), held: Vec::new() };
+    let mut v = Visitor { job, next: 0, error: None };
     keep.visit(&mut v);
     let Visitor { job, error, .. } = v;
-    let members = match job {
-        Job::Survey { members, .. } => members,
-        Job::Launch { .. } => Vec::new(),
+    let surveyed = match job {
+        Job::Survey { members, held, .. } => (members, held),
+        Job::Launch { .. } => (Vec::new(), Vec::new()),
     };
     match error {
         Some(e) => Err(e),
-        None => Ok(members),
+        None => Ok(surveyed),
     }
 }
 
@@ -313,6 +329,8 @@ pub struct Graph<K> {
     plan: Plan,
     used: Vec<Used>,
     resources: Vec<Resource>,
+    /// What the members asked the graph to hold ([`Visitor::hold`]), dropped after `graph`.
+    _held: Vec<Held>,
     keep: K,
 }
 
@@ -340,7 +358,7 @@ impl<K: Keep> Graph<K> {
         if is_capturing(&self.stream)? {
             return Err(OrderError::LaunchInCapture);
         }
-        let Graph { graph, stream, plan, used, resources, keep } = self;
+        let Graph { graph, stream, plan, used, resources, keep, .. } = self;
         // At most one re-plan: after it, the plan matches the members just surveyed.
         for _ in 0..2 {
             let access = Access::with_mode(stream, Mode::Eager);
@@ -354,7 +372,9 @@ impl<K: Keep> Graph<K> {
             // Some member changed since the plan: the guards taken record uses that order
             // nothing (no launch follows them), which is harmless.
             drop(guards);
-            let members = survey(keep, stream)?;
+            // What the members hold for this survey is dropped at once: the graph holds theirs
+            // from its capture.
+            let (members, _) = survey(keep, stream)?;
             *plan = self::plan(members, used, resources)?;
         }
         Err(OrderError::Cuda(DriverError(sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE)))
@@ -375,8 +395,9 @@ impl<K: Keep> Graph<K> {
     /// Destroys the executable graph and hands back what it kept. Dropping the buffers then waits
     /// for the last launch, as any later use does.
     pub fn into_kept(self) -> K {
-        let Graph { graph, keep, .. } = self;
+        let Graph { graph, keep, _held: held, .. } = self;
         drop(graph);
+        drop(held);
         keep
     }
 
@@ -480,14 +501,20 @@ pub fn capture<K: Keep, E: From<OrderError>>(
         Ok(made) => made,
         Err(e) => return Err((keep, e)),
     };
-    let planned = survey(&mut keep, stream).and_then(|members| {
+    let planned = survey(&mut keep, stream).and_then(|(members, held)| {
         pin_numbered(&members, &mut scope.resources);
-        plan(members, &scope.used, &scope.resources)
+        Ok((plan(members, &scope.used, &scope.resources)?, held))
     });
     match planned {
-        Ok(plan) => {
-            Ok(Graph { graph, stream: stream.clone(), plan, used: scope.used, resources: scope.resources, keep })
-        }
+        Ok((plan, held)) => Ok(Graph {
+            graph,
+            stream: stream.clone(),
+            plan,
+            used: scope.used,
+            resources: scope.resources,
+            _held: held,
+            keep,
+        }),
         Err(e) => Err((keep, e.into())),
     }
 }

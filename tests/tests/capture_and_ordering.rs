@@ -19,6 +19,8 @@
 //!   whose stream became captured after their admission (a group's closure, cudarc's waits).
 //! * only the scope ends its capture: cudarc's `end_capture` on the scope's stream inside it
 //!   gets no graph.
+//! * a communicator whose graph was forgotten (`mem::forget`) is abandoned by its teardown,
+//!   which NCCL would otherwise make wait for that graph for ever.
 //!
 //! One-rank communicators and one-PE NVSHMEM jobs: one GPU is enough for every test.
 
@@ -1053,5 +1055,52 @@ fn cudarc_end_capture_inside_a_capture_gets_no_graph() {
     all_equal("a capture after the refused end", &side.clone_dtoh(&graph.kept().2).unwrap(), 2.0);
     drop(graph);
     drop(double);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_communicator_whose_graph_was_forgotten_is_abandoned_not_waited_for() {
+    // NCCL (2.26 and later) destroys or aborts a communicator only once every CUDA graph holding
+    // its work is destroyed. Before the fix, finalizing, aborting or dropping a communicator after
+    // `mem::forget` of a graph that captured it waited for ever. Each of the three now abandons it
+    // at once (leaked, with what NCCL may still use); a graph dropped before the teardown, as
+    // usual, leaves nothing behind.
+    let test = "a_communicator_whose_graph_was_forgotten_is_abandoned_not_waited_for";
+    let Some(ctx) = one_gpu(test) else { return };
+    let side = ctx.new_stream().unwrap();
+    let forget_a_graph = |comm: &Comm| {
+        let mem = MemBuffer::from_host(&side, &[1.0f32; N]).unwrap();
+        let graph = nccl::capture(&side, (comm, mem), |(comm, mem)| comm.on(&side).all_reduce_in_place(mem, ReduceOp::SUM))
+            .unwrap();
+        std::mem::forget(graph);
+    };
+
+    let comm = warmed_rank(&ctx);
+    forget_a_graph(&comm);
+    let (comm, err) = comm.finalize().unwrap_err();
+    assert!(matches!(err, Error::GraphForgotten), "finalize: {err}");
+    let mut buf = MemBuffer::from_host(&side, &[1.0f32; N]).unwrap();
+    let refused = comm.all_reduce_in_place(&mut buf, ReduceOp::SUM);
+    assert!(matches!(refused, Err(Error::Aborted)), "a call on the abandoned communicator: {refused:?}");
+    drop(comm);
+
+    let comm = warmed_rank(&ctx);
+    forget_a_graph(&comm);
+    let err = comm.abort().unwrap_err();
+    assert!(matches!(err, Error::GraphForgotten), "abort: {err}");
+
+    let comm = warmed_rank(&ctx);
+    forget_a_graph(&comm);
+    drop(comm);
+
+    // A graph dropped first: the communicator finalizes as usual.
+    let comm = warmed_rank(&ctx);
+    let mem = MemBuffer::from_host(&side, &[1.0f32; N]).unwrap();
+    let mut graph =
+        nccl::capture(&side, (&comm, mem), |(comm, mem)| comm.on(&side).all_reduce_in_place(mem, ReduceOp::SUM)).unwrap();
+    graph.launch().unwrap();
+    all_equal("a one-rank sum", &side.clone_dtoh(&graph.kept().1).unwrap(), 1.0);
+    drop(graph);
     comm.finalize().map_err(|(_, e)| e).unwrap();
 }

@@ -15,7 +15,8 @@
 //!   Reached from `ABORTING` only once `ncclCommAbort` was called (whatever it returned), so NCCL
 //!   has released everything the communicator used.
 //! * `ABANDONED`: an abort that could not call `ncclCommAbort` (its CUDA context could not be made
-//!   current). The handle must not be used again, like a closed one, but NCCL may still own and use
+//!   current), or an owner's teardown that found a CUDA graph of the communicator forgotten
+//!   (`mem::forget`), which NCCL's destroy and abort would wait for for ever. The handle must not be used again, like a closed one, but NCCL may still own and use
 //!   what the communicator was given — its background jobs' out-pointers, config strings,
 //!   registered memory — so none of it is freed: it is leaked ([`Health::is_abandoned`]).
 //! * `PEEKING`: a [`crate::Watchdog`] reads NCCL's error state (`ncclCommGetAsyncError`) while the
@@ -35,7 +36,7 @@
 //! never run while the owner is inside NCCL, and runs at most once.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -54,6 +55,27 @@ const PEEKING: u8 = 5;
 const ABANDONED: u8 = 6;
 const DEFERRED: u8 = 7;
 
+/// A CUDA graph's hold on a communicator its calls were captured on ([`Visitor::hold`], made by
+/// [`Comm::report_kept`](crate::Comm::report_kept)): the communicator counts the graphs alive,
+/// so that its owner's teardown can tell a graph forgotten without being destroyed, which NCCL's
+/// destroy and abort would wait for for ever.
+///
+/// [`Visitor::hold`]: gpucomm_ordering::Visitor::hold
+pub(crate) struct GraphHold(Arc<Health>);
+
+impl GraphHold {
+    pub(crate) fn new(health: &Arc<Health>) -> Self {
+        health.graphs.fetch_add(1, Ordering::AcqRel);
+        GraphHold(health.clone())
+    }
+}
+
+impl Drop for GraphHold {
+    fn drop(&mut self) {
+        self.0.graphs.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// The abort state of one communicator, shared by its [`Comm`](crate::Comm) and its [`AbortHandle`](crate::AbortHandle)s.
 pub(crate) struct Health {
     state: AtomicU8,
@@ -63,6 +85,8 @@ pub(crate) struct Health {
     /// Set once a CUDA graph kept the communicator (its calls were captured): from then on an
     /// abort is deferred (module docs).
     kept_by_graph: AtomicBool,
+    /// The graphs alive that captured the communicator ([`GraphHold`]).
+    graphs: AtomicUsize,
 }
 
 // SAFETY: `raw` is only passed to `ncclCommAbort`, and only by whoever moved `state` to
@@ -76,7 +100,13 @@ unsafe impl Sync for Health {}
 
 impl Health {
     pub(crate) fn new(raw: NonNull<ncclComm>, context: Arc<CudaContext>) -> Self {
-        Health { state: AtomicU8::new(LIVE), raw, context, kept_by_graph: AtomicBool::new(false) }
+        Health {
+            state: AtomicU8::new(LIVE),
+            raw,
+            context,
+            kept_by_graph: AtomicBool::new(false),
+            graphs: AtomicUsize::new(0),
+        }
     }
 
     /// True once aborted, destroyed or given away (or abandoned): the handle must not be used.
@@ -93,9 +123,33 @@ impl Health {
     }
 
     /// The owner's teardown holds the `Comm` by value, so no graph borrows it any more: aborts
-    /// are immediate again.
-    pub(crate) fn no_graph_left(&self) {
+    /// are immediate again. A graph still counted ([`GraphHold`]) was forgotten without being
+    /// destroyed (`mem::forget`, a reference cycle), and NCCL's destroy and abort would wait for
+    /// it for ever: the communicator is abandoned instead (leaked, with what NCCL may still use)
+    /// and the error says so.
+    pub(crate) fn no_graph_left(&self) -> Result<()> {
+        if self.graphs.load(Ordering::Acquire) > 0 {
+            self.abandon();
+            return Err(Error::GraphForgotten);
+        }
         self.kept_by_graph.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// The owner's teardown gives up a communicator NCCL cannot release (module docs): from any
+    /// state in which the handle is still NCCL's (the owner is tearing down, so no handle can be
+    /// aborting it) to `ABANDONED`.
+    fn abandon(&self) {
+        let mut state = self.state.load(Ordering::Acquire);
+        while matches!(state, LIVE | REQUESTED | DEFERRED) {
+            match self.state.compare_exchange(state, ABANDONED, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => {
+                    log::error!("nccl: {}", Error::GraphForgotten);
+                    return;
+                }
+                Err(now) => state = now,
+            }
+        }
     }
 
     /// True while an abort waits for the owner's teardown (module docs): NCCL still holds what

@@ -228,8 +228,9 @@ impl Comm {
     /// this call nothing tells when the communicator is gone. So do the config strings NCCL keeps
     /// pointers to.
     pub fn into_raw(mut self) -> ncclComm_t {
-        // An abort deferred while graphs borrowed it: nothing borrows it now.
-        if let Err(e) = self.health.finish() {
+        // An abort deferred while graphs borrowed it: nothing borrows it now (unless one was
+        // forgotten, which NCCL's abort would wait for: then it is not aborted).
+        if let Err(e) = self.health.no_graph_left().and_then(|()| self.health.finish()) {
             log::warn!("nccl: aborting a communicator given away after its abort was deferred failed: {e}");
         }
         let raw = self.as_raw();
@@ -359,6 +360,11 @@ impl Comm {
         } else {
             Ok(())
         }
+    }
+
+    /// What a graph that captured this communicator holds while it lives (see `health`).
+    pub(crate) fn graph_hold(&self) -> Box<dyn Send + Sync> {
+        Box::new(health::GraphHold::new(&self.health))
     }
 
     /// A CUDA graph keeps this communicator: aborts that cannot wait for the graph are deferred

@@ -73,6 +73,10 @@ impl Comm {
     /// communicator comes back; unlike a refused call, this refusal does not stop the group (the
     /// group's value would be dropped, and the communicator with it): the group still launches
     /// its calls and returns the closure's value, which can carry the communicator out.
+    ///
+    /// [`Error::GraphForgotten`] when a CUDA graph that captured the communicator was forgotten
+    /// without being destroyed (`mem::forget`): NCCL's destroy would wait for it for ever, so the
+    /// communicator is abandoned, and leaked when dropped.
     #[doc(alias = "ncclCommFinalize")]
     #[doc(alias = "ncclCommDestroy")]
     #[allow(clippy::result_large_err)] // see `Finalizing::wait`
@@ -87,7 +91,7 @@ impl Comm {
     #[doc(alias = "ncclCommFinalize")]
     #[allow(clippy::result_large_err)] // see `Finalizing::wait`
     pub fn start_finalize(self) -> std::result::Result<Finalizing, (Self, Error)> {
-        match self.begin_finalize() {
+        match self.health.no_graph_left().and_then(|()| self.begin_finalize()) {
             Ok(()) => Ok(Finalizing { comm: Some(self) }),
             Err(e) => Err((self, e)),
         }
@@ -99,10 +103,11 @@ impl Comm {
     /// communicator is freed anyway, or [`Error::Abandoned`] when NCCL could not be called (what
     /// NCCL may still use is then leaked). A communicator aborted earlier while CUDA graphs that
     /// captured it were alive (by a timeout or an [`AbortHandle`](crate::AbortHandle)) was only
-    /// stopped then; it is freed here.
+    /// stopped then; it is freed here. [`Error::GraphForgotten`] when a CUDA graph that captured it
+    /// was forgotten: NCCL's abort would wait for it for ever, so the communicator is leaked.
     #[doc(alias = "ncclCommAbort")]
     pub fn abort(self) -> Result<()> {
-        self.health.no_graph_left();
+        self.health.no_graph_left()?;
         let aborted = self.health.abort().map(drop);
         aborted.and(self.health.finish())
     }
@@ -152,9 +157,12 @@ impl Comm {
     /// What dropping does to a communicator that is not closed yet: finalize and destroy it, or
     /// abort it (see [`Comm`]). True when it is left alive instead (dropped inside a group).
     fn end(&self) -> bool {
-        self.health.no_graph_left();
         let deferred = self.health.is_deferred();
         if self.health.is_closed() && !deferred {
+            return false;
+        }
+        if self.health.no_graph_left().is_err() {
+            // Abandoned, and logged: the caller leaks what NCCL may still use.
             return false;
         }
         if is_open() {
