@@ -116,7 +116,8 @@ fn follow(waiter: sys::CUstream, after: sys::CUstream) -> Result<(), DriverError
     let wait = sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT;
     // SAFETY: the event was just created in the current context, the streams' own; both streams
     // are alive (the caller's borrow, and the origin its capture scope owns).
-    let joined = unsafe { result::event::record(event, after).and_then(|()| result::stream::wait_event(waiter, event, wait)) };
+    let joined =
+        unsafe { result::event::record(event, after).and_then(|()| result::stream::wait_event(waiter, event, wait)) };
     // SAFETY: created above and destroyed once; a wait on it keeps what it needs (CUDA defers
     // the release), and a captured record and wait are edges of the graph, not uses of the event.
     let _ = unsafe { result::event::destroy(event) };

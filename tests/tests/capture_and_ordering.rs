@@ -1071,8 +1071,9 @@ fn a_communicator_whose_graph_was_forgotten_is_abandoned_not_waited_for() {
     let side = ctx.new_stream().unwrap();
     let forget_a_graph = |comm: &Comm| {
         let mem = MemBuffer::from_host(&side, &[1.0f32; N]).unwrap();
-        let graph = nccl::capture(&side, (comm, mem), |(comm, mem)| comm.on(&side).all_reduce_in_place(mem, ReduceOp::SUM))
-            .unwrap();
+        let graph =
+            nccl::capture(&side, (comm, mem), |(comm, mem)| comm.on(&side).all_reduce_in_place(mem, ReduceOp::SUM))
+                .unwrap();
         std::mem::forget(graph);
     };
 
@@ -1098,7 +1099,8 @@ fn a_communicator_whose_graph_was_forgotten_is_abandoned_not_waited_for() {
     let comm = warmed_rank(&ctx);
     let mem = MemBuffer::from_host(&side, &[1.0f32; N]).unwrap();
     let mut graph =
-        nccl::capture(&side, (&comm, mem), |(comm, mem)| comm.on(&side).all_reduce_in_place(mem, ReduceOp::SUM)).unwrap();
+        nccl::capture(&side, (&comm, mem), |(comm, mem)| comm.on(&side).all_reduce_in_place(mem, ReduceOp::SUM))
+            .unwrap();
     graph.launch().unwrap();
     all_equal("a one-rank sum", &side.clone_dtoh(&graph.kept().1).unwrap(), 1.0);
     drop(graph);
