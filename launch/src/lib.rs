@@ -110,8 +110,9 @@
 //!   or a trusted network.
 //! * No reply, record or error message contains the key or the identity. The store rank 0
 //!   hosts bounds what any client can cost it ([`store::Limits`]): connections that do not
-//!   validate in time are closed, memory is bounded, accept errors are reported, every request
-//!   and reply has a deadline.
+//!   validate in time are closed, one address may hold only so many connections, a connection
+//!   left idle gives its place to a new one once all are taken, memory is bounded, accept errors
+//!   are reported, every request and reply has a deadline.
 //! * A Python peer that talks plain `TCPStore` (lesson 16) has none of this protection: what it
 //!   stores, anyone who reaches the port can read or overwrite.
 //!

@@ -36,7 +36,8 @@ fn memory_stays_bounded_under_1000_waits_for_600_keys_each() {
     let room = raise_descriptor_limit(2400);
     let connections = 1000.min((room as usize).saturating_sub(200) / 2);
     assert!(connections >= 400, "too few file descriptors for the test: {room}");
-    let limits = Limits { max_buffered: 16 << 20, max_pending: 2000, ..Limits::default() };
+    // All from 127.0.0.1: more than the default cap on connections from one address (256).
+    let limits = Limits { max_buffered: 16 << 20, max_pending: 2000, max_per_peer: 2000, ..Limits::default() };
     let bound = limits.buffered_bound();
     let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), limits).unwrap();
     let addr = server.local_addr();

@@ -33,8 +33,24 @@ pub struct Limits {
     pub max_store_bytes: usize,
     /// The most keys the store holds. Default 65 536.
     pub max_store_keys: usize,
-    /// The most open connections, validated or not. Default 1024.
+    /// The most open connections, validated or not. Default 1024. When they are all open, a new
+    /// connection takes the place of one that has been idle for `evict_idle_after`, or is turned
+    /// away if none has.
     pub max_connections: usize,
+    /// The most open connections from one IP address, validated or not; more are turned away.
+    /// Default 256: the ranks of a node all connect from its one address (one connection each
+    /// for the rendezvous), so the cap leaves room for large nodes, while one host (an attacker)
+    /// can take at most a quarter of the default `max_connections` (a host with many addresses,
+    /// such as an IPv6 prefix, is not bounded by it). Raise it when many clients reach the store
+    /// through one address (a NAT, a proxy).
+    pub max_per_peer: usize,
+    /// How long a validated connection must have been idle (no request received and no reply
+    /// sent since, nothing buffered, no pending `WAIT`) before the server may close it to make
+    /// room for a new connection once `max_connections` are open: of those idle that long, one
+    /// from the address with the most connections goes first, the longest idle of them. Default
+    /// 30 s. Idle connections are closed for nothing else: ranks may stay quiet for long between
+    /// barriers, and PyTorch's client does not reconnect.
+    pub evict_idle_after: Duration,
     /// The most connections that have not yet sent `VALIDATE`. Default 64.
     pub max_pending: usize,
     /// How long a new connection has to send `VALIDATE` before it is closed. Default 5 s.
@@ -61,6 +77,8 @@ impl Default for Limits {
             max_store_bytes: 64 << 20,
             max_store_keys: 65_536,
             max_connections: 1024,
+            max_per_peer: 256,
+            evict_idle_after: Duration::from_secs(30),
             max_pending: 64,
             validate_within: Duration::from_secs(5),
             request_within: Duration::from_secs(10),

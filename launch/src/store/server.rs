@@ -5,7 +5,7 @@ mod table;
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::{self, Read, Write};
-use std::net::{SocketAddr, TcpListener};
+use std::net::{IpAddr, SocketAddr, TcpListener};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -45,8 +45,12 @@ pub struct ServerStats {
     pub store_bytes: usize,
     /// Connections accepted.
     pub accepted: u64,
-    /// Connections closed at once because `max_connections` or `max_pending` was reached.
+    /// Connections closed at once because `max_pending` or `max_per_peer` was reached, or
+    /// `max_connections` with no connection idle long enough to make room.
     pub turned_away: u64,
+    /// Idle connections closed to make room for a new one when `max_connections` was reached
+    /// (see [`Limits::evict_idle_after`]); not counted in `dropped`.
+    pub evicted: u64,
     /// Connections the server closed for a reason (no `VALIDATE` in time, a request over the
     /// limits or too slow, replies not read, …): see `events`.
     pub dropped: u64,
@@ -65,12 +69,17 @@ pub struct ServerStats {
 /// Built to face clients that may be hostile (an exposed port): every announced length is
 /// checked before anything is allocated; a connection must send `VALIDATE` within
 /// [`Limits::validate_within`] and each request must arrive within [`Limits::request_within`];
-/// unvalidated connections are capped ([`Limits::max_pending`]) and so are all connections;
-/// the bytes held for connections stay below [`Limits::buffered_bound`]; the store's size is
-/// capped; a client that does not read its replies is dropped. A request the server refuses
-/// (over a limit, an unknown query) closes that connection and is recorded in
-/// [`ServerStats::events`]; the server keeps serving the others. `accept` failures (out of file
-/// descriptors) are recorded in [`ServerStats::accept_errors`], and the server keeps working.
+/// unvalidated connections are capped ([`Limits::max_pending`]), and so are one address's
+/// ([`Limits::max_per_peer`]) and all connections ([`Limits::max_connections`]); when all are
+/// open, a new connection takes the place of a validated one idle for
+/// [`Limits::evict_idle_after`], preferably one from the address with the most connections, so
+/// that connections opened and left idle cannot keep a job's ranks out for long (connections are
+/// never closed for idling otherwise: ranks may wait long between barriers); the bytes held for
+/// connections stay below [`Limits::buffered_bound`]; the store's size is capped; a client that
+/// does not read its replies is dropped. A request the server refuses (over a limit, an unknown
+/// query) closes that connection and is recorded in [`ServerStats::events`]; the server keeps
+/// serving the others. `accept` failures (out of file descriptors) are recorded in
+/// [`ServerStats::accept_errors`], and the server keeps working.
 ///
 /// One thread serves every connection with non-blocking sockets and `poll(2)`: it sleeps until
 /// a socket is ready or the next deadline. Dropping the server (or
@@ -126,6 +135,7 @@ impl StoreServer {
             limits,
             table,
             conns: HashMap::new(),
+            peers: HashMap::new(),
             next_id: 0,
             waiters: HashMap::new(),
             budget_used: 0,
@@ -133,6 +143,7 @@ impl StoreServer {
             scratch: vec![0; READ_CHUNK],
             accepted: 0,
             turned_away: 0,
+            evicted: 0,
             dropped: 0,
             peak: 0,
             accept_errors: Vec::new(),
@@ -185,6 +196,8 @@ struct Server {
     limits: Limits,
     table: Table,
     conns: HashMap<u64, Conn>,
+    /// Peer address → its open connections.
+    peers: HashMap<IpAddr, usize>,
     next_id: u64,
     /// Key → the connections waiting for it.
     waiters: HashMap<Vec<u8>, Vec<u64>>,
@@ -194,6 +207,7 @@ struct Server {
     scratch: Vec<u8>,
     accepted: u64,
     turned_away: u64,
+    evicted: u64,
     dropped: u64,
     peak: usize,
     /// Distinct accept errors and their counts.
@@ -259,6 +273,7 @@ impl Server {
             store_bytes: self.table.bytes(),
             accepted: self.accepted,
             turned_away: self.turned_away,
+            evicted: self.evicted,
             dropped: self.dropped,
             accept_errors: self.accept_errors.iter().map(|(e, n)| format!("{e} (×{n})")).collect(),
             events: self.events.iter().cloned().collect(),
@@ -280,15 +295,7 @@ impl Server {
             match self.listener.accept() {
                 Ok((stream, peer)) => {
                     self.accepted += 1;
-                    let pending = self.conns.values().filter(|c| !c.validated).count();
-                    let full = if self.conns.len() >= self.limits.max_connections {
-                        Some(format!("the connection limit ({})", self.limits.max_connections))
-                    } else if pending >= self.limits.max_pending {
-                        Some(format!("the limit of connections without VALIDATE ({})", self.limits.max_pending))
-                    } else {
-                        None
-                    };
-                    if let Some(limit) = full {
+                    if let Err(limit) = self.make_room(peer.ip(), now) {
                         self.turned_away += 1;
                         if is_power_of_ten(self.turned_away) {
                             let n = self.turned_away;
@@ -299,6 +306,7 @@ impl Server {
                     match stream.set_nonblocking(true) {
                         Ok(()) => {
                             let _ = stream.set_nodelay(true);
+                            *self.peers.entry(peer.ip()).or_default() += 1;
                             self.conns.insert(self.next_id, Conn::new(stream, peer, now));
                             self.next_id += 1;
                         }
@@ -319,6 +327,50 @@ impl Server {
                 }
             }
         }
+    }
+
+    /// Whether a new connection from `ip` may be accepted, closing an idle connection when all
+    /// are open; `Err`: the limit that turns it away.
+    fn make_room(&mut self, ip: IpAddr, now: Instant) -> Result<(), String> {
+        let limits = &self.limits;
+        if self.peers.get(&ip).is_some_and(|&n| n >= limits.max_per_peer) {
+            return Err(format!("the limit of {} connections from one address ({ip})", limits.max_per_peer));
+        }
+        if self.conns.values().filter(|c| !c.validated).count() >= limits.max_pending {
+            return Err(format!("the limit of connections without VALIDATE ({})", limits.max_pending));
+        }
+        if self.conns.len() < limits.max_connections {
+            return Ok(());
+        }
+        let full = format!("the connection limit ({})", limits.max_connections);
+        let Some((id, idle)) = self.eviction_candidate(now) else { return Err(full) };
+        if let Some(conn) = self.remove(id) {
+            self.evicted += 1;
+            if is_power_of_ten(self.evicted) {
+                let n = self.evicted;
+                self.event(format!(
+                    "evicted {n} idle connection(s) so far to make room: {full} was reached; this one: {}, idle for {}",
+                    conn.peer,
+                    secs(idle)
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The connection to close for a new one when all are open, and how long it has been idle:
+    /// of those idle for at least `evict_idle_after`, one from the address with the most
+    /// connections, the longest idle of them.
+    fn eviction_candidate(&self, now: Instant) -> Option<(u64, Duration)> {
+        self.conns
+            .iter()
+            .filter_map(|(&id, conn)| {
+                let idle = now.saturating_duration_since(conn.idle_since()?);
+                let from_peer = self.peers.get(&conn.peer.ip()).copied().unwrap_or(0);
+                (idle >= self.limits.evict_idle_after).then_some((from_peer, idle, id))
+            })
+            .max()
+            .map(|(_, idle, id)| (id, idle))
     }
 
     /// The poll events a connection waits for.
@@ -600,14 +652,29 @@ impl Server {
         }
     }
 
+    /// Closes a connection; a `reason` counts it as dropped and records it.
     fn close(&mut self, id: u64, reason: Option<String>) {
-        self.clear_wait(id);
-        let Some(conn) = self.conns.remove(&id) else { return };
-        self.budget_used -= conn.reserved;
+        let Some(conn) = self.remove(id) else { return };
         if let Some(reason) = reason {
             self.dropped += 1;
             self.event(format!("closed {}: {reason}", conn.peer));
         }
+    }
+
+    /// Takes a connection out of the server (its wait, its budget, its address's count); the
+    /// only way one leaves. Dropping what it returns closes the socket.
+    fn remove(&mut self, id: u64) -> Option<Conn> {
+        self.clear_wait(id);
+        let conn = self.conns.remove(&id)?;
+        self.budget_used -= conn.reserved;
+        let ip = conn.peer.ip();
+        if let Some(count) = self.peers.get_mut(&ip) {
+            *count -= 1;
+            if *count == 0 {
+                self.peers.remove(&ip);
+            }
+        }
+        Some(conn)
     }
 
     /// Closes connections past a deadline.

@@ -51,6 +51,9 @@ pub(super) struct Conn {
     pub(super) wait: Option<Wait>,
     /// Bytes of the shared budget this connection may hold beyond its allowance.
     pub(super) reserved: usize,
+    /// When it was accepted, a request of it was last received whole, or its replies were last
+    /// all sent.
+    pub(super) last_active: Instant,
 }
 
 impl Conn {
@@ -68,12 +71,20 @@ impl Conn {
             write_progress: now,
             wait: None,
             reserved: 0,
+            last_active: now,
         }
     }
 
     /// Bytes held for this connection: unparsed input, unsent output, a pending wait's keys.
     pub(super) fn held(&self) -> usize {
         self.input.len() + self.borrowed + self.output.len() + self.wait.as_ref().map_or(0, Wait::bytes)
+    }
+
+    /// When it became idle, if it is: validated, with no request under way, no pending wait and
+    /// no unsent reply (a connection that may be closed to make room for a new one).
+    pub(super) fn idle_since(&self) -> Option<Instant> {
+        let quiet = self.validated && self.wait.is_none() && self.held() == 0;
+        quiet.then_some(self.last_active)
     }
 
     /// Reads at most `chunk.len()` bytes through `chunk`. `Ok(false)`: the peer closed the
@@ -104,6 +115,9 @@ impl Conn {
                 Ok(n) => {
                     self.output.drain(..n);
                     self.write_progress = now;
+                    if self.output.is_empty() {
+                        self.last_active = now;
+                    }
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
@@ -128,6 +142,7 @@ impl Conn {
     pub(super) fn consume(&mut self, len: usize, now: Instant) {
         self.input.drain(..len);
         self.needed = 1;
+        self.last_active = now;
         self.request_started = (!self.input.is_empty()).then_some(now);
         if self.input.is_empty() && self.input.capacity() > READ_CHUNK {
             self.input = Vec::new();

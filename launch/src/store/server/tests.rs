@@ -1,7 +1,7 @@
 //! The server and the client over loopback: every query, the deadlines, the limits.
 
 use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -21,7 +21,12 @@ fn client(server: &StoreServer) -> StoreClient {
 
 /// A raw connection, validated when `validate` is set.
 fn raw(server: &StoreServer, validate: bool) -> TcpStream {
-    let mut stream = TcpStream::connect(server.local_addr()).unwrap();
+    raw_to(server.local_addr(), validate)
+}
+
+/// A raw connection to `addr`, validated when `validate` is set.
+fn raw_to(addr: SocketAddr, validate: bool) -> TcpStream {
+    let mut stream = TcpStream::connect(addr).unwrap();
     stream.set_read_timeout(Some(5 * SECOND)).unwrap();
     if validate {
         let mut bytes = Vec::new();
@@ -29,6 +34,31 @@ fn raw(server: &StoreServer, validate: bool) -> TcpStream {
         stream.write_all(&bytes).unwrap();
     }
     stream
+}
+
+/// `n` raw validated connections, once the server has read their `VALIDATE`.
+fn validated(server: &StoreServer, n: usize) -> Vec<TcpStream> {
+    let before = server.stats().validated;
+    let streams = (0..n).map(|_| raw(server, true)).collect();
+    assert_eq!(stats_until(server, |s| s.validated == before + n).validated, before + n);
+    streams
+}
+
+/// Sends a `PING` on a validated connection and reads its reply.
+fn ping(stream: &mut TcpStream) {
+    let mut bytes = Vec::new();
+    Request::Ping { nonce: 7 }.encode(&mut bytes);
+    stream.write_all(&bytes).unwrap();
+    let mut reply = [0u8; 4];
+    stream.read_exact(&mut reply).unwrap();
+    assert_eq!(u32::from_le_bytes(reply), 7);
+}
+
+/// True while the server keeps `stream` open: a read of it still waits after 0.1 s.
+fn still_open(stream: &mut TcpStream) -> bool {
+    stream.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    let result = stream.read(&mut [0u8; 1]);
+    matches!(result, Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut))
 }
 
 /// True once the server has closed `stream` (reads give EOF or a reset).
@@ -306,4 +336,131 @@ fn fuzzed_replies_never_panic_or_allocate_beyond_the_limits() {
         }
     }
     fake.join().unwrap();
+}
+
+#[test]
+fn an_idle_connection_makes_room_for_a_new_one_when_all_are_open() {
+    // Eight connections validated and left idle hold every place: one of them gives its place to
+    // a real client, which gets in at its first try.
+    let limits = Limits { max_connections: 8, evict_idle_after: Duration::from_millis(200), ..Limits::default() };
+    let server = serve(limits);
+    let mut idle = validated(&server, 8);
+    thread::sleep(Duration::from_millis(250));
+    let mut c = client(&server);
+    c.set("/in", b"yes").unwrap();
+    assert_eq!(c.get("/in").unwrap(), b"yes");
+    let stats = stats_until(&server, |s| s.evicted == 1);
+    assert_eq!((stats.evicted, stats.turned_away, stats.dropped, stats.connections), (1, 0, 0, 8));
+    let events = stats.events.join("\n");
+    assert!(
+        events.contains("evicted 1 idle connection(s) so far to make room: the connection limit (8) was reached"),
+        "{events}"
+    );
+    assert_eq!(idle.iter_mut().map(still_open).filter(|&open| !open).count(), 1);
+}
+
+#[test]
+fn connections_in_use_keep_their_places_and_the_new_one_is_turned_away() {
+    // All eight were idle long enough, then each was served a request or started one: none is
+    // idle now (the limit leaves a second for the newcomer to come).
+    let limits = Limits { max_connections: 8, evict_idle_after: SECOND, ..Limits::default() };
+    let server = serve(limits);
+    let mut busy = validated(&server, 8);
+    thread::sleep(Duration::from_millis(1200));
+    let (unfinished, served) = busy.split_last_mut().unwrap();
+    for stream in served {
+        ping(stream);
+    }
+    let mut set = Vec::new();
+    Request::Set { key: b"/k", value: b"v" }.encode(&mut set);
+    unfinished.write_all(&set[..3]).unwrap();
+    assert_eq!(stats_until(&server, |s| s.buffered_bytes == 3).buffered_bytes, 3);
+    let mut newcomer = raw(&server, false);
+    let stats = stats_until(&server, |s| s.turned_away == 1);
+    assert_eq!((stats.turned_away, stats.evicted, stats.connections), (1, 0, 8));
+    let events = stats.events.join("\n");
+    assert!(events.contains("turned away 1 connection(s) so far: the connection limit (8) was reached"), "{events}");
+    assert!(!still_open(&mut newcomer));
+    assert!(busy.iter_mut().all(still_open));
+}
+
+#[test]
+fn a_connection_waiting_for_a_key_is_never_evicted() {
+    // The waiter is the longest idle, yet the other connection makes room, and the wait ends
+    // when the newcomer sets the key.
+    let limits = Limits { max_connections: 2, evict_idle_after: Duration::from_millis(200), ..Limits::default() };
+    let server = serve(limits);
+    let mut waiter = raw(&server, true);
+    let mut wait = Vec::new();
+    Request::Wait { keys: vec![b"/k"] }.encode(&mut wait);
+    waiter.write_all(&wait).unwrap();
+    assert!(stats_until(&server, |s| s.buffered_bytes > 0).buffered_bytes > 0, "the wait is held");
+    let mut idle = validated(&server, 1);
+    thread::sleep(Duration::from_millis(250));
+    let mut c = client(&server);
+    c.set("/k", b"v").unwrap();
+    let mut reply = [0u8; 1];
+    waiter.read_exact(&mut reply).unwrap();
+    assert_eq!(reply[0], WAIT_STOP);
+    assert!(!still_open(&mut idle[0]));
+    let stats = stats_until(&server, |s| s.evicted == 1);
+    assert_eq!((stats.evicted, stats.turned_away), (1, 0));
+}
+
+/// Whether this host's loopback takes IPv6 and IPv4 connections on one `[::]` socket.
+fn dual_stack() -> bool {
+    let Ok(listener) = TcpListener::bind("[::]:0") else { return false };
+    let port = listener.local_addr().unwrap().port();
+    TcpStream::connect((Ipv6Addr::LOCALHOST, port)).is_ok() && TcpStream::connect((Ipv4Addr::LOCALHOST, port)).is_ok()
+}
+
+#[test]
+fn the_address_with_the_most_connections_gives_up_one_first() {
+    // A rank (over IPv6) is the longest idle, but a host holding three connections (over IPv4,
+    // another address) loses one of its own to the newcomer.
+    if !dual_stack() {
+        eprintln!("skipped: the loopback does not take IPv6 and IPv4 on one socket here");
+        return;
+    }
+    let limits = Limits { max_connections: 4, evict_idle_after: Duration::from_millis(200), ..Limits::default() };
+    let server = StoreServer::bind("[::]:0".parse().unwrap(), limits).unwrap();
+    let port = server.local_addr().port();
+    let mut rank = raw_to((Ipv6Addr::LOCALHOST, port).into(), true);
+    stats_until(&server, |s| s.validated == 1);
+    let mut host: Vec<TcpStream> = (0..3).map(|_| raw_to((Ipv4Addr::LOCALHOST, port).into(), true)).collect();
+    stats_until(&server, |s| s.validated == 4);
+    thread::sleep(Duration::from_millis(250));
+    let mut c = client(&server);
+    c.set("/in", b"yes").unwrap();
+    ping(&mut rank);
+    assert_eq!(host.iter_mut().map(still_open).filter(|&open| !open).count(), 1);
+    assert_eq!(stats_until(&server, |s| s.evicted == 1).evicted, 1);
+}
+
+#[test]
+fn one_address_holds_at_most_max_per_peer_connections() {
+    // The fourth from 127.0.0.1 is turned away; a place is given back however a connection
+    // ends (its client closes it, or the server drops it), and only then.
+    let limits = Limits { max_per_peer: 3, ..Limits::default() };
+    let server = serve(limits);
+    let mut three = validated(&server, 3);
+    let mut fourth = raw(&server, false);
+    let stats = stats_until(&server, |s| s.turned_away == 1);
+    assert_eq!((stats.turned_away, stats.connections), (1, 3));
+    let events = stats.events.join("\n");
+    assert!(events.contains("the limit of 3 connections from one address (127.0.0.1) was reached"), "{events}");
+    assert!(!still_open(&mut fourth));
+    drop(three.pop());
+    // A PyTorch queue query: not served, so the server closes the connection.
+    three[0].write_all(&[14, 0, 0, 0, 0, 0, 0, 0, 0]).unwrap();
+    let stats = stats_until(&server, |s| s.connections == 1);
+    assert_eq!((stats.connections, stats.dropped), (1, 1));
+    let mut a = client(&server);
+    let mut b = client(&server);
+    a.set("/a", b"1").unwrap();
+    assert_eq!(a.get("/a").unwrap(), b"1");
+    b.ping().unwrap();
+    let _fifth = raw(&server, false);
+    let stats = stats_until(&server, |s| s.turned_away == 2);
+    assert_eq!((stats.turned_away, stats.connections), (2, 3));
 }
