@@ -21,13 +21,17 @@ fn communicator(comm: &Comm) -> Resource {
 
 /// Admits a call on `comm` through `access`: refuses a capture this crate did not open (or one
 /// CUDA invalidated), and inside this crate's capture scope records the communicator, which the
-/// graph must keep, and marks it kept by a graph (see [`Comm::report_kept`]): NCCL holds the
-/// captured work from the call on, before the graph is made.
+/// graph must keep, with a hold on it (the first time): NCCL holds the captured work from the
+/// call on, before the graph is made, and until that graph is destroyed. While such holds live,
+/// an abort that cannot wait for the graphs (a timeout, an [`AbortHandle`](crate::AbortHandle))
+/// only stops the communicator's work and leaves freeing it to its owner's teardown, and a
+/// teardown that finds one (a graph forgotten with `mem::forget`, or a teardown inside the
+/// capture) abandons the communicator ([`Error::GraphForgotten`](crate::Error::GraphForgotten)):
+/// NCCL's own destroy and abort would wait until every graph holding its work is destroyed.
 #[inline(always)]
 pub(crate) fn admit_call(access: &Access<'_>, comm: &Comm) -> Result<()> {
     if access.capturing()? {
-        access.resource(communicator(comm))?;
-        comm.kept_by_graph();
+        access.resource_held(communicator(comm), || comm.graph_hold())?;
     }
     Ok(())
 }
@@ -44,17 +48,10 @@ impl Comm {
     /// Reports this communicator to a graph's visitor as a resource the graph keeps, closed once
     /// aborted: what `&Comm` in a keep set does, and what the [`Keep`] implementation of a type
     /// that holds a `&Comm` and makes calls on it (such as gpucomm-kernels' `AllReduce`) calls,
-    /// so that a graph keeping that type keeps the communicator. From then on an abort of the
-    /// communicator that cannot wait for such graphs (a timeout, an
-    /// [`AbortHandle`](crate::AbortHandle)) stops its work and leaves freeing it to its owner's
-    /// teardown: NCCL's own abort would wait until every graph holding its work is destroyed.
-    ///
-    /// The graph also holds a count on the communicator while it lives: a graph forgotten
-    /// without being destroyed (`mem::forget`), which NCCL's destroy and abort would wait for for
-    /// ever, makes the communicator's teardown abandon it instead ([`Error::GraphForgotten`]).
+    /// so that a graph keeping that type keeps the communicator. (A graph whose captured calls
+    /// used the communicator also holds it, which aborts and teardown heed: see
+    /// [`Comm::abort`] and [`Error::GraphForgotten`].)
     pub fn report_kept<'k>(&'k self, v: &mut Visitor<'k>) {
-        self.kept_by_graph();
-        v.hold(|| self.graph_hold());
         v.resource(communicator(self), !self.is_aborted());
     }
 }

@@ -19,6 +19,8 @@ pub fn is_capturing(stream: &CudaStream) -> Result<bool, DriverError> {
     Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
+/// `CU_STREAM_LEGACY`: the handle of the legacy default stream (null names it too).
+const LEGACY: usize = 1;
 /// `CU_STREAM_PER_THREAD`: the handle of the calling thread's own default stream.
 const PER_THREAD: usize = 2;
 
@@ -93,6 +95,11 @@ impl Drop for Origin {
 /// `stream` then joins (it waits for an event recorded into the capture), so that every call
 /// enqueued on `stream` is captured until [`end`].
 pub(crate) fn begin(stream: &CudaStream) -> Result<Origin, DriverError> {
+    if stream.cu_stream() as usize <= LEGACY {
+        // CUDA refuses to capture the legacy default stream (`cuStreamBeginCapture` answers
+        // this), and the stream every thread shares must not join this thread's capture.
+        return Err(DriverError(sys::cudaError_enum::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED));
+    }
     crate::make_current(stream.context())?;
     let origin = Origin { stream: result::stream::create(result::stream::StreamKind::NonBlocking)? };
     let mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
@@ -225,6 +232,10 @@ pub(crate) struct Scope {
     ctx: sys::CUcontext,
     pub(crate) used: Vec<Used>,
     pub(crate) resources: Vec<Resource>,
+    /// What the resources asked to be held while captured work holds them
+    /// ([`Access::resource_held`](crate::Access::resource_held)): moved into the graph, or
+    /// dropped once the capture failed and its partial graph is gone.
+    pub(crate) held: Vec<Held>,
     /// Non-blocking operations captured with no completion after them yet: their completion is
     /// enqueued into the capture before a captured use of their local buffers, or else before
     /// the capture ends.
@@ -245,6 +256,15 @@ impl Scope {
         let recent = &self.used[self.used.len().saturating_sub(RECENT_USES)..];
         if !recent.contains(&used) {
             self.used.push(used);
+        }
+    }
+
+    /// Records a resource, unless it is recorded already, with what `hold` makes the first time.
+    #[inline]
+    fn note_resource(&mut self, resource: Resource, hold: Option<impl FnOnce() -> Held>) {
+        if !self.resources.contains(&resource) {
+            self.resources.push(resource);
+            self.held.extend(hold.map(|make| make()));
         }
     }
 
@@ -350,13 +370,14 @@ pub(crate) fn record_tracked_use(stream: &CudaStream, local: usize, ptr: sys::CU
     complete_now(stream, due.flatten());
 }
 
-/// Records that a captured call uses `resource`.
-pub(crate) fn record_resource(stream: &CudaStream, resource: Resource) {
-    with_scope(stream, |s| {
-        if !s.resources.contains(&resource) {
-            s.resources.push(resource);
-        }
-    });
+/// What a graph holds for a resource its captured calls use ([`Scope::held`]).
+pub(crate) type Held = Box<dyn Send + Sync>;
+
+/// Records that a captured call uses `resource`, and the first time the scope records it, what
+/// `hold` makes, if given.
+#[inline]
+pub(crate) fn record_resource(stream: &CudaStream, resource: Resource, hold: Option<impl FnOnce() -> Held>) {
+    with_scope(stream, |s| s.note_resource(resource, hold));
 }
 
 /// Admits a call on `stream` that uses `resources` and no buffer (a barrier, a quiet): refused
@@ -366,7 +387,7 @@ pub fn admit(stream: &CudaStream, resources: &[Resource]) -> Result<bool, OrderE
     let captured = mode(stream)? == Mode::Captured;
     if captured {
         for &r in resources {
-            record_resource(stream, r);
+            record_resource(stream, r, None::<fn() -> Held>);
         }
     }
     Ok(captured)
@@ -446,6 +467,7 @@ pub(crate) fn open(stream: &CudaStream) {
         ctx: stream.context().cu_ctx(),
         used: Vec::new(),
         resources: Vec::new(),
+        held: Vec::new(),
         pending: None,
         failed: None,
     };
@@ -474,16 +496,39 @@ pub(crate) fn close(stream: &CudaStream) -> (Option<Scope>, Result<(), String>) 
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_repeated_use_is_recorded_once() {
-        let mut s = Scope {
+    fn scope() -> Scope {
+        Scope {
             stream: std::ptr::null_mut(),
             ctx: std::ptr::null_mut(),
             used: Vec::new(),
             resources: Vec::new(),
+            held: Vec::new(),
             pending: None,
             failed: None,
-        };
+        }
+    }
+
+    #[test]
+    fn a_resource_is_recorded_and_held_once() {
+        use std::sync::Arc;
+        let (comm, team) = (1u8, 2u8);
+        let (comm, team) = (Resource::of("communicator", &comm), Resource::of("team", &team));
+        let count = Arc::new(());
+        let hold = || -> Held { Box::new(count.clone()) };
+        let mut s = scope();
+        for _ in 0..3 {
+            s.note_resource(comm, Some(hold));
+            s.note_resource(team, None::<fn() -> Held>);
+        }
+        assert_eq!(s.resources, [comm, team]);
+        assert_eq!((s.held.len(), Arc::strong_count(&count)), (1, 2), "one hold, taken at the first record");
+        drop(s);
+        assert_eq!(Arc::strong_count(&count), 1, "the hold goes with the scope");
+    }
+
+    #[test]
+    fn a_repeated_use_is_recorded_once() {
+        let mut s = scope();
         let read = Used { ordinal: 0, ptr: 0x1000, bytes: 256, how: Use::Read };
         let write = Used { ptr: 0x2000, how: Use::Write, ..read };
         for _ in 0..100 {

@@ -78,7 +78,7 @@ use std::sync::Arc;
 use cudarc::driver::{sys, CudaStream, DevicePtr, DevicePtrMut, DriverError};
 
 use crate::access::{Access, Guard};
-use crate::capture::{self, is_capturing, Exec, Used};
+use crate::capture::{self, is_capturing, Exec, Held, Used};
 pub use crate::usage::Resource;
 use crate::usage::{Mode, Use};
 use crate::{DeviceMemory, OrderError};
@@ -108,9 +108,6 @@ enum Member {
 /// What the graph does with each member: `None` for members no captured call uses.
 type Plan = Vec<(Member, Option<Use>)>;
 
-/// What a graph holds for one of its members while it lives ([`Visitor::hold`]).
-type Held = Box<dyn Send + Sync>;
-
 /// Walks the members of a [`Keep`]: to list them (when a graph is planned) or to order the used
 /// ones on the launch stream (when it is launched).
 pub struct Visitor<'k> {
@@ -120,7 +117,7 @@ pub struct Visitor<'k> {
 }
 
 enum Job<'k> {
-    Survey { access: &'k Access<'k>, members: Vec<Member>, held: Vec<Held> },
+    Survey { access: &'k Access<'k>, members: Vec<Member> },
     Launch { access: &'k Access<'k>, plan: &'k [(Member, Option<Use>)], guards: Vec<Guard<'k>>, stale: bool },
 }
 
@@ -213,17 +210,6 @@ impl<'k> Visitor<'k> {
         self.taken(taken, ordinal, bytes);
     }
 
-    /// Something the graph holds for as long as it lives, made by `make` when the graph is
-    /// planned (not at its launches) and dropped after the executable graph is destroyed: how a
-    /// member's owner learns whether graphs that captured it are still alive, forgotten ones
-    /// (`mem::forget`) included. An NCCL communicator counts them: its teardown would wait for a
-    /// forgotten graph for ever.
-    pub fn hold(&mut self, make: impl FnOnce() -> Box<dyn Send + Sync>) {
-        if let Job::Survey { held, .. } = &mut self.job {
-            held.push(make());
-        }
-    }
-
     /// A resource the graph keeps; `live` is false once it cannot be used any more (an aborted
     /// communicator).
     pub fn resource(&mut self, resource: Resource, live: bool) {
@@ -243,21 +229,19 @@ impl<'k> Visitor<'k> {
     }
 }
 
-/// Lists the members of `keep`, taking buffer addresses without ordering anything, with what
-/// they asked the graph to hold.
-fn survey<K: Keep>(keep: &mut K, stream: &Arc<CudaStream>) -> Result<(Vec<Member>, Vec<Held>), OrderError> {
+/// Lists the members of `keep`, taking buffer addresses without ordering anything.
+fn survey<K: Keep>(keep: &mut K, stream: &Arc<CudaStream>) -> Result<Vec<Member>, OrderError> {
     let access = Access::with_mode(stream, Mode::Survey);
-    let job = Job::Survey { access: &access, members: Vec::new(), held: Vec::new() };
-    let mut v = Visitor { job, next: 0, error: None };
+    let mut v = Visitor { job: Job::Survey { access: &access, members: Vec::new() }, next: 0, error: None };
     keep.visit(&mut v);
     let Visitor { job, error, .. } = v;
-    let surveyed = match job {
-        Job::Survey { members, held, .. } => (members, held),
-        Job::Launch { .. } => (Vec::new(), Vec::new()),
+    let members = match job {
+        Job::Survey { members, .. } => members,
+        Job::Launch { .. } => Vec::new(),
     };
     match error {
         Some(e) => Err(e),
-        None => Ok(surveyed),
+        None => Ok(members),
     }
 }
 
@@ -329,7 +313,8 @@ pub struct Graph<K> {
     plan: Plan,
     used: Vec<Used>,
     resources: Vec<Resource>,
-    /// What the members asked the graph to hold ([`Visitor::hold`]), dropped after `graph`.
+    /// What the captured calls' resources asked the graph to hold
+    /// ([`Access::resource_held`](crate::Access::resource_held)), dropped after `graph`.
     _held: Vec<Held>,
     keep: K,
 }
@@ -372,9 +357,7 @@ impl<K: Keep> Graph<K> {
             // Some member changed since the plan: the guards taken record uses that order
             // nothing (no launch follows them), which is harmless.
             drop(guards);
-            // What the members hold for this survey is dropped at once: the graph holds theirs
-            // from its capture.
-            let (members, _) = survey(keep, stream)?;
+            let members = survey(keep, stream)?;
             *plan = self::plan(members, used, resources)?;
         }
         Err(OrderError::Cuda(DriverError(sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE)))
@@ -421,10 +404,13 @@ struct Capturing<'a> {
 type Ended = ((Option<capture::Scope>, Result<(), String>), Result<Option<Exec>, DriverError>);
 
 impl Capturing<'_> {
-    /// Closes the scope (enqueuing a pending completion) and ends the capture.
+    /// Closes the scope (enqueuing a pending completion) and ends the capture. The guard stays
+    /// armed until the scope is closed: a completion that panics leaves the capture to the
+    /// guard's drop.
     fn end(&mut self) -> Ended {
+        let closed = capture::close(self.stream);
         self.open = false;
-        (capture::close(self.stream), capture::end(self.stream, &self.origin))
+        (closed, capture::end(self.stream, &self.origin))
     }
 }
 
@@ -501,18 +487,18 @@ pub fn capture<K: Keep, E: From<OrderError>>(
         Ok(made) => made,
         Err(e) => return Err((keep, e)),
     };
-    let planned = survey(&mut keep, stream).and_then(|(members, held)| {
+    let planned = survey(&mut keep, stream).and_then(|members| {
         pin_numbered(&members, &mut scope.resources);
-        Ok((plan(members, &scope.used, &scope.resources)?, held))
+        plan(members, &scope.used, &scope.resources)
     });
     match planned {
-        Ok((plan, held)) => Ok(Graph {
+        Ok(plan) => Ok(Graph {
             graph,
             stream: stream.clone(),
             plan,
             used: scope.used,
             resources: scope.resources,
-            _held: held,
+            _held: scope.held,
             keep,
         }),
         Err(e) => Err((keep, e.into())),

@@ -1063,9 +1063,9 @@ fn cudarc_end_capture_inside_a_capture_gets_no_graph() {
 fn a_communicator_whose_graph_was_forgotten_is_abandoned_not_waited_for() {
     // NCCL (2.26 and later) destroys or aborts a communicator only once every CUDA graph holding
     // its work is destroyed. Before the fix, finalizing, aborting or dropping a communicator after
-    // `mem::forget` of a graph that captured it waited for ever. Each of the three now abandons it
-    // at once (leaked, with what NCCL may still use); a graph dropped before the teardown, as
-    // usual, leaves nothing behind.
+    // `mem::forget` of a graph that captured it waited for ever, and so did a finalize inside the
+    // capture. Each now abandons it at once (its work stopped, itself leaked with what NCCL may
+    // still use); a graph dropped before the teardown, as usual, leaves nothing behind.
     let test = "a_communicator_whose_graph_was_forgotten_is_abandoned_not_waited_for";
     let Some(ctx) = one_gpu(test) else { return };
     let side = ctx.new_stream().unwrap();
@@ -1094,6 +1094,22 @@ fn a_communicator_whose_graph_was_forgotten_is_abandoned_not_waited_for() {
     let comm = warmed_rank(&ctx);
     forget_a_graph(&comm);
     drop(comm);
+
+    // Finalized inside the capture, after a captured call: the open capture holds its work, and
+    // NCCL's destroy would wait for the capture's graph, which is made only after the closure
+    // returns. The communicator is abandoned instead (before the fix: a wait for ever); the
+    // capture, whose keep set cannot hold it, is refused.
+    let mut owned = Some(warmed_rank(&ctx));
+    let mut inside = None;
+    let mem = MemBuffer::from_host(&side, &[1.0f32; N]).unwrap();
+    let refused = nccl::capture(&side, (mem,), |(mem,)| {
+        owned.as_ref().expect("the communicator").on(&side).all_reduce_in_place(mem, ReduceOp::SUM)?;
+        inside = owned.take().map(|comm| comm.finalize().map_err(|(_, e)| e));
+        Ok(())
+    });
+    assert!(matches!(inside, Some(Err(Error::GraphForgotten))), "finalize inside the capture: {inside:?}");
+    assert!(refused.is_err(), "a capture whose communicator was torn down inside it");
+    assert_eq!(side.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
 
     // A graph dropped first: the communicator finalizes as usual.
     let comm = warmed_rank(&ctx);

@@ -18,7 +18,10 @@ use crate::target::{OnStream, Plan, Target};
 ///
 /// Calls on it can be captured into a CUDA graph ([`crate::capture`]): the graph keeps
 /// `&BorrowedComm` (it then cannot outlive the borrowed communicator, nor so the owner's borrow),
-/// and a capture whose keep set lacks it fails like one that lacks a `&Comm`.
+/// and a capture whose keep set lacks it fails like one that lacks a `&Comm`. Destroy such a
+/// graph before the owner destroys or aborts the communicator: NCCL waits until every graph
+/// holding a communicator's work is destroyed, so after `mem::forget` of one the owner's
+/// `ncclCommDestroy` never returns (dropping the `BorrowedComm` logs a warning then).
 ///
 /// It is never finalized, destroyed or aborted by this crate — not when dropped, not on an error,
 /// not by a timeout (it has none, and hands out no [`crate::AbortHandle`]) — and it cannot outlive

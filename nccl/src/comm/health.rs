@@ -15,28 +15,32 @@
 //!   Reached from `ABORTING` only once `ncclCommAbort` was called (whatever it returned), so NCCL
 //!   has released everything the communicator used.
 //! * `ABANDONED`: an abort that could not call `ncclCommAbort` (its CUDA context could not be made
-//!   current), or an owner's teardown that found a CUDA graph of the communicator forgotten
-//!   (`mem::forget`), which NCCL's destroy and abort would wait for for ever. The handle must not be used again, like a closed one, but NCCL may still own and use
-//!   what the communicator was given — its background jobs' out-pointers, config strings,
-//!   registered memory — so none of it is freed: it is leaked ([`Health::is_abandoned`]).
+//!   current), or an owner's teardown that found graphs still holding the communicator's work
+//!   (one forgotten with `mem::forget`, or the capture open around the teardown), which NCCL's
+//!   destroy and abort would wait for for ever: its work is stopped as in `DEFERRED`. The handle
+//!   must not be used again, like a closed one, but NCCL may still own and use what the
+//!   communicator was given — its background jobs' out-pointers, config strings, registered
+//!   memory — so none of it is freed: it is leaked ([`Health::is_abandoned`]).
 //! * `PEEKING`: a [`crate::Watchdog`] reads NCCL's error state (`ncclCommGetAsyncError`) while the
 //!   owner is parked; entered only from `PARKED` and left back to it. The owner waking up, and an
 //!   [`AbortHandle`](crate::AbortHandle), wait for it to end (one NCCL query).
-//! * `DEFERRED`: aborted while CUDA graphs that captured the communicator may be alive. NCCL's
-//!   `ncclCommAbort` waits until every graph holding its work is destroyed, and those graphs
-//!   borrow the [`Comm`](crate::Comm), so an abort that cannot wait (a timeout, an
+//! * `DEFERRED`: aborted while captured work holds the communicator: a capture of its calls is
+//!   open, or a graph made of one is alive ([`GraphHold`] counts them). NCCL's `ncclCommAbort`
+//!   waits until every graph holding its work is destroyed, and those graphs borrow the
+//!   [`Comm`](crate::Comm), so an abort that cannot wait (a timeout, an
 //!   [`AbortHandle`](crate::AbortHandle)) only stops the communicator's work (`ncclCommRevoke`,
 //!   NCCL ≥ 2.28.7; older libraries leave it running) and closes it for every use. The owner's
-//!   teardown, which needs the `Comm` by value and so comes after every such graph is gone, then
-//!   calls `ncclCommAbort` ([`Health::finish`]). Until then NCCL keeps what was registered with
-//!   the communicator, so releasing a registration or window keeps (leaks) its buffer.
+//!   teardown, which needs the `Comm` by value and so comes after every such graph is gone (or
+//!   else abandons it), then calls `ncclCommAbort` ([`Health::finish`]). Until then NCCL keeps
+//!   what was registered with the communicator, so releasing a registration or window keeps
+//!   (leaks) its buffer.
 //!
 //! Every transition out of `LIVE`/`REQUESTED` except `LIVE → REQUESTED` is the owner's, and
 //! every transition out of `PARKED` except `PARKED → LIVE` is a handle's, so `ncclCommAbort` can
 //! never run while the owner is inside NCCL, and runs at most once.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -55,12 +59,12 @@ const PEEKING: u8 = 5;
 const ABANDONED: u8 = 6;
 const DEFERRED: u8 = 7;
 
-/// A CUDA graph's hold on a communicator its calls were captured on ([`Visitor::hold`], made by
-/// [`Comm::report_kept`](crate::Comm::report_kept)): the communicator counts the graphs alive,
-/// so that its owner's teardown can tell a graph forgotten without being destroyed, which NCCL's
-/// destroy and abort would wait for for ever.
+/// The hold of a capture of a communicator's calls, and of the graph made of it, on that
+/// communicator ([`Access::resource_held`], taken at the first captured call): the communicator
+/// counts them, so that an abort knows whether NCCL's abort would wait for graphs, and its
+/// owner's teardown can tell a graph forgotten without being destroyed.
 ///
-/// [`Visitor::hold`]: gpucomm_ordering::Visitor::hold
+/// [`Access::resource_held`]: gpucomm_ordering::Access::resource_held
 pub(crate) struct GraphHold(Arc<Health>);
 
 impl GraphHold {
@@ -82,10 +86,8 @@ pub(crate) struct Health {
     raw: NonNull<ncclComm>,
     /// Bound before `ncclCommAbort`, which may run on a thread that never used this device.
     context: Arc<CudaContext>,
-    /// Set once a CUDA graph kept the communicator (its calls were captured): from then on an
-    /// abort is deferred (module docs).
-    kept_by_graph: AtomicBool,
-    /// The graphs alive that captured the communicator ([`GraphHold`]).
+    /// The graphs alive (and captures open) that hold the communicator's work ([`GraphHold`]):
+    /// while there are any, an abort is deferred (module docs).
     graphs: AtomicUsize,
 }
 
@@ -100,13 +102,7 @@ unsafe impl Sync for Health {}
 
 impl Health {
     pub(crate) fn new(raw: NonNull<ncclComm>, context: Arc<CudaContext>) -> Self {
-        Health {
-            state: AtomicU8::new(LIVE),
-            raw,
-            context,
-            kept_by_graph: AtomicBool::new(false),
-            graphs: AtomicUsize::new(0),
-        }
+        Health { state: AtomicU8::new(LIVE), raw, context, graphs: AtomicUsize::new(0) }
     }
 
     /// True once aborted, destroyed or given away (or abandoned): the handle must not be used.
@@ -114,42 +110,51 @@ impl Health {
         matches!(self.state.load(Ordering::Acquire), ABORTING | CLOSED | ABANDONED | DEFERRED)
     }
 
-    /// A CUDA graph keeps the communicator: its aborts are deferred from now on (module docs).
-    #[inline]
-    pub(crate) fn kept_by_graph(&self) {
-        if !self.kept_by_graph.load(Ordering::Relaxed) {
-            self.kept_by_graph.store(true, Ordering::Release);
-        }
+    /// True while captured work holds the communicator: a capture of its calls is open, or a graph
+    /// made of one is alive (or was forgotten).
+    pub(crate) fn held_by_graphs(&self) -> bool {
+        self.graphs.load(Ordering::Acquire) > 0
     }
 
-    /// The owner's teardown holds the `Comm` by value, so no graph borrows it any more: aborts
-    /// are immediate again. A graph still counted ([`GraphHold`]) was forgotten without being
-    /// destroyed (`mem::forget`, a reference cycle), and NCCL's destroy and abort would wait for
-    /// it for ever: the communicator is abandoned instead (leaked, with what NCCL may still use)
-    /// and the error says so.
+    /// The owner's check before it destroys or aborts the communicator: `Ok` when no graph
+    /// holds its work. The owner holds the `Comm` by value then, so no graph borrows it: a graph
+    /// still counted ([`GraphHold`]) was forgotten without being destroyed (`mem::forget`, a
+    /// reference cycle), or the teardown runs inside the capture of the communicator's calls,
+    /// and NCCL's destroy and abort would wait for that graph for ever. The communicator is then
+    /// abandoned instead (its work stopped, itself leaked with what NCCL may still use) and the
+    /// error says so. `Ok` for a communicator NCCL has already released.
     pub(crate) fn no_graph_left(&self) -> Result<()> {
-        if self.graphs.load(Ordering::Acquire) > 0 {
-            self.abandon();
-            return Err(Error::GraphForgotten);
+        if !self.held_by_graphs() || (self.is_closed() && !self.is_deferred()) {
+            return Ok(());
         }
-        self.kept_by_graph.store(false, Ordering::Release);
-        Ok(())
+        self.abandon();
+        Err(Error::GraphForgotten)
     }
 
-    /// The owner's teardown gives up a communicator NCCL cannot release (module docs): from any
-    /// state in which the handle is still NCCL's (the owner is tearing down, so no handle can be
-    /// aborting it) to `ABANDONED`.
+    /// The owner's teardown gives up a communicator that graphs still hold ([`Health::no_graph_left`]):
+    /// stops its work as a deferred abort does, unless it is deferred (stopped already), and
+    /// ends in `ABANDONED`. The owner is tearing down, outside NCCL and not parked, so no handle
+    /// can be aborting it meanwhile.
     fn abandon(&self) {
         let mut state = self.state.load(Ordering::Acquire);
-        while matches!(state, LIVE | REQUESTED | DEFERRED) {
-            match self.state.compare_exchange(state, ABANDONED, Ordering::AcqRel, Ordering::Acquire) {
-                Ok(_) => {
-                    log::error!("nccl: {}", Error::GraphForgotten);
-                    return;
-                }
+        loop {
+            let next = match state {
+                LIVE | REQUESTED => ABORTING,
+                DEFERRED => ABANDONED,
+                _ => return,
+            };
+            match self.state.compare_exchange(state, next, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => break,
                 Err(now) => state = now,
             }
         }
+        if state != DEFERRED {
+            if let Err(e) = self.stop_work() {
+                log::warn!("nccl: stopping the work of an abandoned communicator failed: {e}");
+            }
+            self.state.store(ABANDONED, Ordering::Release);
+        }
+        log::error!("nccl: {}", Error::GraphForgotten);
     }
 
     /// True while an abort waits for the owner's teardown (module docs): NCCL still holds what
@@ -227,10 +232,11 @@ impl Health {
         self.state.store(CLOSED, Ordering::Release);
     }
 
-    /// Aborts for whoever moved the state to `ABORTING`: at once, or, once a graph kept the
-    /// communicator, deferred ([`Health::defer`]).
+    /// Aborts for whoever moved the state to `ABORTING`: at once, or, while graphs hold the
+    /// communicator's work, deferred ([`Health::defer`]). The count only changes on the owner's
+    /// thread, while it is outside this crate's waits: not while a handle may abort.
     fn call_abort(&self) -> Result<()> {
-        if self.kept_by_graph.load(Ordering::Acquire) {
+        if self.held_by_graphs() {
             return self.defer();
         }
         self.call_abort_now()
@@ -240,10 +246,16 @@ impl Health {
     /// work (`ncclCommRevoke`, where the library has it) and ends `ABORTING` in `DEFERRED`, for
     /// [`Health::finish`] to call `ncclCommAbort`. The communicator is closed for use either way.
     fn defer(&self) -> Result<()> {
-        let stopped = gpucomm_ordering::make_current(&self.context).map_err(Error::from).and_then(|()| self.revoke());
+        let stopped = self.stop_work();
         self.state.store(DEFERRED, Ordering::Release);
-        match stopped {
-            // The library is older than the call: its kernels run on until the teardown aborts.
+        stopped
+    }
+
+    /// Stops the communicator's work without waiting for the graphs that hold it
+    /// (`ncclCommRevoke`), for whoever moved the state to `ABORTING`. `Ok` also when the library
+    /// is older than the call: its kernels then run on until an abort.
+    fn stop_work(&self) -> Result<()> {
+        match gpucomm_ordering::make_current(&self.context).map_err(Error::from).and_then(|()| self.revoke()) {
             Err(Error::MissingFunction(_)) => Ok(()),
             other => other,
         }

@@ -228,9 +228,15 @@ impl Comm {
     /// this call nothing tells when the communicator is gone. So do the config strings NCCL keeps
     /// pointers to.
     pub fn into_raw(mut self) -> ncclComm_t {
-        // An abort deferred while graphs borrowed it: nothing borrows it now (unless one was
-        // forgotten, which NCCL's abort would wait for: then it is not aborted).
-        if let Err(e) = self.health.no_graph_left().and_then(|()| self.health.finish()) {
+        // An abort deferred while graphs held it: nothing borrows it now, unless a graph was
+        // forgotten, which NCCL's abort would wait for: then it is not aborted, nor stopped (it
+        // may be a borrowed communicator that its owner still uses).
+        if self.health.held_by_graphs() {
+            log::warn!(
+                "nccl: a communicator is given away while a forgotten CUDA graph holds its work: NCCL's destroy \
+                 or abort of it will wait for that graph for ever"
+            );
+        } else if let Err(e) = self.health.finish() {
             log::warn!("nccl: aborting a communicator given away after its abort was deferred failed: {e}");
         }
         let raw = self.as_raw();
@@ -362,15 +368,10 @@ impl Comm {
         }
     }
 
-    /// What a graph that captured this communicator holds while it lives (see `health`).
+    /// What a capture of this communicator's calls, and the graph made of it, hold while they
+    /// live (see `health`).
     pub(crate) fn graph_hold(&self) -> Box<dyn Send + Sync> {
         Box::new(health::GraphHold::new(&self.health))
-    }
-
-    /// A CUDA graph keeps this communicator: aborts that cannot wait for the graph are deferred
-    /// from now on (see `health`).
-    pub(crate) fn kept_by_graph(&self) {
-        self.health.kept_by_graph();
     }
 
     /// Aborts the communicator (`ncclCommAbort`) from its owner, logging a failure: the last resort
