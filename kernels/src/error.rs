@@ -33,6 +33,16 @@ pub enum Error {
         /// The buffer's or stream's device.
         got: usize,
     },
+    /// A buffer or stream of another CUDA context of the communicator's device (a context made
+    /// with cudarc's `CudaContext::new_non_primary`): the kernels run in the communicator's
+    /// context, where its memory is not mapped.
+    #[error("{what} belongs to another CUDA context of device {device} than the communicator's: its memory is not mapped there")]
+    WrongContext {
+        /// Which buffer or stream.
+        what: &'static str,
+        /// The device both contexts belong to.
+        device: usize,
+    },
     /// A message too large (or empty) for a kernel that has a fixed staging area.
     #[error("the {path} kernel takes 1 to {max} bytes per call; this call has {got}")]
     Size {

@@ -16,8 +16,10 @@
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUdeviceptr;
-use cudarc::driver::{CudaFunction, CudaStream, DevicePtr, DeviceSlice, LaunchConfig, PushKernelArg, SyncOnDrop};
-use gpucomm_ordering::{Access, DeviceMemory, Keep, Resource, Use, Visitor};
+use cudarc::driver::{
+    CudaContext, CudaFunction, CudaStream, DevicePtr, DeviceSlice, LaunchConfig, PushKernelArg, SyncOnDrop,
+};
+use gpucomm_ordering::{Access, DeviceMemory, Keep, Placement, Resource, Use, Visitor};
 use nccl::device::{DevComm, DevCommRequirements};
 use nccl::{
     Collectives, Comm, DataType, DeviceBuffer, DeviceBufferMut, MemBuffer, NcclType, ReduceOp, Version, Window,
@@ -458,11 +460,17 @@ impl<'c> LsaKernels<'c> {
     }
 
     fn check_stream(&self, stream: &Arc<CudaStream>) -> Result<()> {
-        let (expected, got) = (self.comm.device(), stream.context().ordinal());
-        if got != expected {
-            return Err(Error::WrongDevice { what: "the stream", expected, got });
+        self.check_context("the stream", stream.context())
+    }
+
+    /// `Ok` when `ctx` (a stream's, a buffer's) is the communicator's CUDA context.
+    fn check_context(&self, what: &'static str, ctx: &Arc<CudaContext>) -> Result<()> {
+        let device = self.comm.device();
+        match gpucomm_ordering::placement(self.comm.context(), ctx) {
+            Placement::Same => Ok(()),
+            Placement::OtherDevice { got } => Err(Error::WrongDevice { what, expected: device, got }),
+            Placement::OtherContext => Err(Error::WrongContext { what, device }),
         }
-        Ok(())
     }
 
     /// The kernels as a resource of the capture scope: a graph that captured a launch must keep
@@ -494,17 +502,15 @@ impl<'c> LsaKernels<'c> {
         &self,
         kernel: Kernel,
         stream: &Arc<CudaStream>,
-        bufs: &[(&'static str, usize, usize)],
+        bufs: &[(&'static str, usize, &Arc<CudaContext>)],
     ) -> Result<usize> {
         self.check_stream(stream)?;
         let count = bufs[0].1;
-        for &(what, len, device) in bufs {
+        for &(what, len, ctx) in bufs {
             if len != count {
                 return Err(Error::LengthMismatch { what, expected: count, got: len });
             }
-            if device != self.comm.device() {
-                return Err(Error::WrongDevice { what, expected: self.comm.device(), got: device });
-            }
+            self.check_context(what, ctx)?;
         }
         let bytes = count * size_of::<T>();
         let (path, max) = match kernel {
@@ -530,7 +536,10 @@ impl<'c> LsaKernels<'c> {
         let count = self.check::<T>(
             kernel,
             access.stream(),
-            &[("send buffer", send.len(), device_of(send)), ("recv buffer", recv.len(), device_of(recv))],
+            &[
+                ("send buffer", send.len(), send.stream().context()),
+                ("recv buffer", recv.len(), recv.stream().context()),
+            ],
         )?;
         let function = self.function(kernel, T::DATA_TYPE, type_name::<T>())?;
         self.admit(access)?;
@@ -551,7 +560,7 @@ impl<'c> LsaKernels<'c> {
         access: &Access<'_>,
         buf: &mut impl DeviceBufferMut<T>,
     ) -> Result<()> {
-        let count = self.check::<T>(kernel, access.stream(), &[("buffer", buf.len(), device_of(buf))])?;
+        let count = self.check::<T>(kernel, access.stream(), &[("buffer", buf.len(), buf.stream().context())])?;
         let function = self.function(kernel, T::DATA_TYPE, type_name::<T>())?;
         self.admit(access)?;
         let (ptr, _write) = access.write(buf)?;
@@ -639,11 +648,6 @@ unsafe impl Keep for &LsaKernels<'_> {
         let kernels: &'k LsaKernels<'_> = self;
         kernels.visit_members(v);
     }
-}
-
-/// The device a cudarc buffer lives on.
-fn device_of<T>(buf: &impl DeviceSlice<T>) -> usize {
-    buf.stream().context().ordinal()
 }
 
 /// 4 KiB multiples, so that every area starts aligned.

@@ -132,6 +132,16 @@ pub enum Error {
         /// The argument's device.
         got: usize,
     },
+    /// A buffer or stream of another CUDA context of the communicator's device (a context made
+    /// with cudarc's `CudaContext::new_non_primary`): each context has its own address space, so
+    /// NCCL's kernels, which run in the communicator's context, cannot use its memory.
+    #[error("{what} belongs to another CUDA context of device {device} than the communicator's: its memory is not mapped in the communicator's context")]
+    WrongContext {
+        /// Which argument.
+        what: &'static str,
+        /// The device both contexts belong to.
+        device: usize,
+    },
     /// A count (ranks of a communicator, streams, unique ids, excluded ranks) outside what the
     /// call accepts.
     #[error("{what} must be between 1 and {max}, got {got}")]

@@ -251,6 +251,16 @@ pub enum Error {
         /// The argument's device.
         got: usize,
     },
+    /// A buffer or stream of another CUDA context of the PE's device (a context made with
+    /// cudarc's `CudaContext::new_non_primary`): each context has its own address space, so
+    /// NVSHMEM, which runs in the PE's context, cannot use its memory.
+    #[error("{what} belongs to another CUDA context of device {device} than this PE's: its memory is not mapped in the PE's context")]
+    WrongContext {
+        /// Which argument.
+        what: &'static str,
+        /// The device both contexts belong to.
+        device: usize,
+    },
     /// A strided team split whose PEs do not all lie in the parent team.
     #[error("team split <start {start}, stride {stride}, size {size}> does not fit a parent team of {n_pes} PEs")]
     InvalidSplit {

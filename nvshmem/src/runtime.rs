@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaStream};
-use gpucomm_ordering::{Access, Keep, Resource, Visitor};
+use gpucomm_ordering::{Access, Keep, Placement, Resource, Visitor};
 use nvshmem_sys::{cudaStream_t, nvshmemx_init_attr_t, NVSHMEMX_INIT_WITH_MPI_COMM, NVSHMEMX_INIT_WITH_UNIQUEID};
 
 use crate::agree::Agreement;
@@ -362,13 +362,13 @@ impl Runtime {
     }
 
     /// `Ok` when `stream` (a stream to enqueue on, or a buffer's home stream) belongs to the PE's
-    /// device, else [`Error::WrongDevice`] naming `what`: the one check of that precondition.
+    /// CUDA context, else [`Error::WrongDevice`] or [`Error::WrongContext`] naming `what`: the one
+    /// check of that precondition.
     pub(crate) fn check_device(&self, what: &'static str, stream: &CudaStream) -> Result<()> {
-        let got = stream.context().ordinal();
-        if got == self.device() {
-            Ok(())
-        } else {
-            Err(Error::WrongDevice { what, expected: self.device(), got })
+        match gpucomm_ordering::placement(self.context(), stream.context()) {
+            Placement::Same => Ok(()),
+            Placement::OtherDevice { got } => Err(Error::WrongDevice { what, expected: self.device(), got }),
+            Placement::OtherContext => Err(Error::WrongContext { what, device: self.device() }),
         }
     }
 

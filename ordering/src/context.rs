@@ -1,6 +1,39 @@
-//! Making a CUDA context current without cudarc's recorded-error check.
+//! Making a CUDA context current without cudarc's recorded-error check, and telling whether an
+//! argument lives in the context a call runs in.
+
+use std::sync::Arc;
 
 use cudarc::driver::{result, CudaContext, DriverError};
+
+/// Where the CUDA context of a call's argument (a buffer's home stream, a stream to enqueue on)
+/// stands against the context the call runs in ([`placement`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// The same context (one handle, whichever `Arc` holds it).
+    Same,
+    /// A context of another device: `got` is its ordinal.
+    OtherDevice {
+        /// The argument's device.
+        got: usize,
+    },
+    /// Another context of the same device, such as one made with cudarc's
+    /// `CudaContext::new_non_primary`: each context has its own address space, so a kernel of
+    /// the call's context cannot use the argument's memory.
+    OtherContext,
+}
+
+/// Compares `arg`'s context with `own`, the context a call runs in (a communicator's, a PE's):
+/// the check of a buffer's or stream's device that every call makes. No driver call.
+#[inline]
+pub fn placement(own: &Arc<CudaContext>, arg: &Arc<CudaContext>) -> Placement {
+    if Arc::ptr_eq(own, arg) || own.cu_ctx() == arg.cu_ctx() {
+        Placement::Same
+    } else if own.ordinal() != arg.ordinal() {
+        Placement::OtherDevice { got: arg.ordinal() }
+    } else {
+        Placement::OtherContext
+    }
+}
 
 /// Makes `ctx` current on this thread, through the driver. Not cudarc's `bind_to_thread`, which
 /// first fails with (and takes) an unrelated error that any use of the context, on any thread,

@@ -42,7 +42,7 @@ mod usage;
 pub use access::{Access, Guard};
 pub use buffer::{DeviceBuffer, DeviceBufferMut, DeviceMemory};
 pub use capture::{admit, captured_completion, capturing, is_capturing, relaxed, scope_open, Complete};
-pub use context::make_current;
+pub use context::{make_current, placement, Placement};
 pub use error::OrderError;
 pub use graph::{capture, Captured, Graph, Keep, Visitor};
 pub use pinned::PinnedMut;

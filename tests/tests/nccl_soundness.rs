@@ -741,3 +741,37 @@ fn a_split_that_shares_resources_needs_a_promise() {
         comm.finalize().map_err(|(_, e)| e).unwrap();
     }
 }
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_buffer_or_stream_of_another_context_of_the_device_is_refused() {
+    // cudarc makes non-primary contexts safely (`CudaContext::new_non_primary`); each has its own
+    // address space. Before the fix a buffer or stream of such a context on the communicator's
+    // device passed the device check (the ordinals matched), and NCCL's kernel, in the
+    // communicator's context, would have used memory that context does not map. Now each is
+    // refused before NCCL is called, and the communicator keeps working.
+    let test = "a_buffer_or_stream_of_another_context_of_the_device_is_refused";
+    let Some(stream) = stream_of(test) else { return };
+    let comm = one_rank(&stream, &Config::new());
+    let other = CudaContext::new_non_primary(comm.device(), 0).expect("a non-primary context");
+    assert_ne!(other.cu_ctx(), stream.context().cu_ctx());
+    let elsewhere = other.new_stream().unwrap();
+    let mut theirs = elsewhere.clone_htod(&[1.0f32; 64]).unwrap();
+    let refused = comm.all_reduce_in_place(&mut theirs, ReduceOp::SUM);
+    assert!(
+        matches!(refused, Err(Error::WrongContext { what: "buffer", device }) if device == comm.device()),
+        "a buffer of another context: {refused:?}"
+    );
+    let mut ours = stream.clone_htod(&[2.0f32; 64]).unwrap();
+    let refused = comm.on(&elsewhere).all_reduce_in_place(&mut ours, ReduceOp::SUM);
+    assert!(
+        matches!(refused, Err(Error::WrongContext { what: "stream", .. })),
+        "a stream of another context: {refused:?}"
+    );
+    assert_eq!(elsewhere.clone_dtoh(&theirs).unwrap(), [1.0f32; 64], "nothing ran on the refused buffer");
+    // Another handle of the communicator's own (primary) context is the same context.
+    let same = CudaContext::new(comm.device()).unwrap().new_stream().unwrap();
+    comm.on(&same).all_reduce_in_place(&mut ours, ReduceOp::SUM).unwrap();
+    assert_eq!(same.clone_dtoh(&ours).unwrap(), [2.0f32; 64]);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}

@@ -840,3 +840,28 @@ fn an_unrelated_cuda_error_cannot_split_an_allocation_or_a_free() {
         rt.finalize().map_err(|(_, e)| e).unwrap();
     });
 }
+
+/// Before: a buffer or stream of another CUDA context of the PE's device (cudarc's safe
+/// `CudaContext::new_non_primary`) passed the device check, as the ordinals matched, and NVSHMEM,
+/// in the PE's context, would have used memory that context does not map. Now each is
+/// `Error::WrongContext`, and the runtime keeps working.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_buffer_or_stream_of_another_context_of_the_device_is_refused() {
+    multi_process("a_buffer_or_stream_of_another_context_of_the_device_is_refused", 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let me = rt.my_pe();
+        let other = cudarc::driver::CudaContext::new_non_primary(rt.device(), 0).expect("a non-primary context");
+        let elsewhere = other.new_stream().unwrap();
+        let dst = rt.alloc::<i32>(16).unwrap();
+        let theirs = elsewhere.clone_htod(&[5i32; 16]).unwrap();
+        let refused = rt.put_on_stream(&dst, &theirs, me, &stream).unwrap_err();
+        assert!(matches!(refused, Error::WrongContext { what: "local buffer", .. }), "{refused:?}");
+        let src = rt.alloc::<i32>(16).unwrap();
+        let refused = rt.put_on_stream(&dst, &src, me, &elsewhere).unwrap_err();
+        assert!(matches!(refused, Error::WrongContext { what: "stream", .. }), "{refused:?}");
+        dst.free().map_err(|(_, e)| e).unwrap();
+        src.free().map_err(|(_, e)| e).unwrap();
+        still_works(&rt, &stream);
+    });
+}

@@ -27,6 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use cudarc::driver::{CudaContext, CudaStream};
+use gpucomm_ordering::Placement;
 use nccl_sys::{ncclComm, ncclComm_t, ncclResult_t};
 
 use crate::error::{Error, Result};
@@ -265,19 +266,14 @@ impl Comm {
     }
 
     /// `Ok` when `stream` (a stream to enqueue on, or a buffer's home stream) belongs to the
-    /// communicator's device, else [`Error::WrongDevice`] naming `what`: the one check of that
-    /// precondition.
+    /// communicator's CUDA context, else [`Error::WrongDevice`] or [`Error::WrongContext`] naming
+    /// `what`: the one check of that precondition.
     #[inline]
     pub(crate) fn check_device(&self, what: &'static str, stream: &CudaStream) -> Result<()> {
-        // The communicator's own context (the usual case) is recognised without reading it.
-        if Arc::ptr_eq(stream.context(), self.stream.context()) {
-            return Ok(());
-        }
-        let got = stream.context().ordinal();
-        if got == self.device {
-            Ok(())
-        } else {
-            Err(Error::WrongDevice { what, expected: self.device, got })
+        match gpucomm_ordering::placement(self.stream.context(), stream.context()) {
+            Placement::Same => Ok(()),
+            Placement::OtherDevice { got } => Err(Error::WrongDevice { what, expected: self.device, got }),
+            Placement::OtherContext => Err(Error::WrongContext { what, device: self.device }),
         }
     }
 
