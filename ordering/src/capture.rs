@@ -106,7 +106,8 @@ pub(crate) fn begin(stream: &CudaStream) -> Result<Origin, DriverError> {
     // SAFETY: the origin was just created in the current context and is not capturing.
     unsafe { result::stream::begin_capture(origin.stream, mode) }?;
     if let Err(e) = follow(stream.cu_stream(), origin.stream) {
-        // `stream` could not join (the legacy default stream cannot): end the empty capture.
+        // `stream` could not join (another thread began capturing it since `capture` asked,
+        // say): end the empty capture.
         // SAFETY: this thread began the origin's capture just above.
         if let Ok(graph) = unsafe { result::stream::end_capture(origin.stream) } {
             destroy_graph(graph);
