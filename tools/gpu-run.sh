@@ -18,10 +18,10 @@
 # examples.tsv asks for more. TORCHRUN names torchrun (default: the one on PATH, else
 # /opt/torch/.venv/bin/torchrun).
 #
-#   bash bundle/run.sh [FILTER]   # FILTER: only tests binaries / lessons whose name contains it
+#   bash bundle/run.sh [FILTER...]   # FILTERs: only test binaries / lessons whose name contains one
 #   bash bundle/run.sh --sanitize [FILTER...]   # the compute-sanitizer mode: bundle/sanitize.sh
 #                                               # (also with GPUCOMM_SANITIZE=1)
-#   bash bundle/run.sh --torchrun-suites [FILTER]   # only the test binaries, their multi-process
+#   bash bundle/run.sh --torchrun-suites [FILTER...]   # only the test binaries, their multi-process
 #                                               # tests started by real torchrun (one agent, or one
 #                                               # agent per rank posing as nodes; logs in logs-torchrun)
 #
@@ -54,7 +54,16 @@ if [ "${1:-}" = --torchrun-suites ]; then
     export GPUCOMM_TEST_TORCHRUN=$TORCHRUN
     LOGS=$HERE/logs-torchrun SUITES_ONLY=1 TAG=-torchrun
 fi
-FILTER=${1:-}
+FILTERS=("$@")
+# True when `$1` is wanted: no FILTER given, or its name contains one of them.
+wanted() {
+    [ ${#FILTERS[@]} -eq 0 ] && return 0
+    local f
+    for f in "${FILTERS[@]}"; do
+        [[ "$1" == *"$f"* ]] && return 0
+    done
+    return 1
+}
 rm -rf "$LOGS"
 mkdir -p "$LOGS"
 # $OUT may name a folder that does not exist yet (a caller's subfolder): make it.
@@ -84,7 +93,7 @@ note() {
 for t in "$HERE"/tests/*; do
     [ -e "$t" ] || continue
     name=$(basename "$t")
-    [[ "$name" == *"$FILTER"* ]] || continue
+    wanted "$name" || continue
     log="$LOGS/$name.log"
     timeout "${TEST_TIMEOUT:-600}" "$t" --include-ignored --test-threads=1 >"$log" 2>&1
     rc=$?
@@ -221,7 +230,7 @@ net_socket() {
 if [ -f "$HERE/examples.tsv" ] && [ -z "$SUITES_ONLY" ]; then
     while IFS=$'\t' read -r -a row; do
         ex=${row[0]} mode=${row[1]%@*} args=("${row[@]:2}")
-        [[ "$ex" == *"$FILTER"* ]] || continue
+        wanted "$ex" || continue
         need=$(gpus_needed "$ex" "${row[1]}")
         if [ "$need" -gt "$NGPU" ]; then
             skipped=$((skipped + 1))
@@ -262,7 +271,7 @@ fi
 #    of cli/gpu (issue16.sh); this pass makes sure those scripts do not trip over the tool.
 GPUCOMM_BIN=$HERE/bin/gpucomm
 QUICK=(-b 8 -e 1M -f 16 -n 5 -w 2 -c 1)
-if [ -x "$GPUCOMM_BIN" ] && [ -z "$SUITES_ONLY" ] && [[ "gpucomm-bench" == *"$FILTER"* ]]; then
+if [ -x "$GPUCOMM_BIN" ] && [ -z "$SUITES_ONLY" ] && wanted gpucomm-bench; then
     check gpucomm-bench-spawner $T "$GPUCOMM_BIN" bench all_reduce "${QUICK[@]}" --nproc "$NGPU"
     check gpucomm-bench-alltoall-spawner $T "$GPUCOMM_BIN" bench alltoall "${QUICK[@]}" --nproc "$NGPU"
     check gpucomm-bench-mpirun with_mpirun "$GPUCOMM_BIN" bench all_reduce "${QUICK[@]}"
