@@ -87,7 +87,7 @@ impl fmt::Display for Master {
 /// | `Torchrun` | `RANK`, `WORLD_SIZE` | `LOCAL_RANK`, `LOCAL_WORLD_SIZE` | `TORCHELASTIC_RUN_ID` + `TORCHELASTIC_RESTART_COUNT`¹ |
 /// | `OpenMpi` | `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_SIZE` | `PMIX_NAMESPACE`, else `OMPI_MCA_ess_base_jobid` |
 /// | `Pmi` (MPICH / Hydra) | `PMI_RANK`, `PMI_SIZE` | `MPI_LOCALRANKID`, `MPI_LOCALNRANKS` | none² |
-/// | `Slurm` (`srun`) | `SLURM_PROCID`, `SLURM_STEP_NUM_TASKS` else `SLURM_NTASKS` | `SLURM_LOCALID`, this node's entry of `SLURM_STEP_TASKS_PER_NODE` else `SLURM_NTASKS_PER_NODE` (picked with `SLURM_NODEID`) | `SLURM_JOB_ID` + `SLURM_STEP_ID` |
+/// | `Slurm` (`srun`) | `SLURM_PROCID`, `SLURM_STEP_NUM_TASKS` | `SLURM_LOCALID`, this node's entry of `SLURM_STEP_TASKS_PER_NODE` (picked with `SLURM_NODEID`) | `SLURM_JOB_ID` + `SLURM_STEP_ID` |
 ///
 /// ¹ torchrun's run id is `none` unless `--rdzv-id` (or `--standalone`) sets one, the same for
 /// every job: it counts as an identity only under the agent's store
@@ -98,9 +98,12 @@ impl fmt::Display for Master {
 /// Rules, in order:
 ///
 /// * Empty values count as unset; surrounding whitespace is ignored.
-/// * A family is *present* when its rank or world-size variable is set (Slurm: when `SLURM_PROCID`
-///   is set, i.e. inside a task started by `srun`; an allocation alone does not count). A present
-///   family must be complete and valid, or [`RankInfo::from_vars`] fails naming the variables.
+/// * A family is *present* when its rank or world-size variable is set. Slurm's is its step's
+///   (`SLURM_STEP_NUM_TASKS`), which only `srun` sets: the batch script of `sbatch` carries
+///   `SLURM_PROCID=0` and the job's `SLURM_NTASKS`, as do the processes it starts without `srun`
+///   (torchrun, `mpirun`, the program itself), and none of them is one of `srun`'s tasks; an
+///   allocation alone does not count either. A present family must be complete and valid, or
+///   [`RankInfo::from_vars`] fails naming the variables.
 /// * The local pair is required when the world size is above 1 (it picks the GPU); with a world
 ///   size of 1 a missing local pair means local rank 0 of 1. This holds for PMI too: Hydra sets
 ///   `MPI_LOCALRANKID` / `MPI_LOCALNRANKS`, and guessing them on a multi-process job could put two
@@ -108,7 +111,11 @@ impl fmt::Display for Master {
 /// * Precedence: torchrun-style > Open MPI > PMI > Slurm (torchrun or `mpirun` inside a Slurm
 ///   allocation is normal). The other present families are only compared with the chosen one: if a
 ///   complete one reports the same world size but a different rank, that is an
-///   [`EnvError::Conflict`]; if it is incomplete or malformed it is ignored.
+///   [`EnvError::Conflict`]; if it is incomplete or malformed it is ignored. Slurm is not
+///   compared: `srun` may have started the chosen launcher (one torchrun agent or MPI daemon per
+///   node), whose ranks Slurm's numbering does not describe. PMI without its local pair under
+///   `srun` (Slurm's `pmi2` plugin sets only `PMI_RANK` and `PMI_SIZE`) gives way to Slurm.
+/// * A world size above 2^20 processes is refused (a rendezvous keeps a few keys per rank).
 /// * No family present: [`Launcher::Single`], rank 0 of 1, no master.
 /// * Job identity: `GPUCOMM_JOB_TOKEN` when set; else the family's (table above); else, inside a
 ///   Slurm step (`SLURM_JOB_ID` and `SLURM_STEP_ID` set, as under `srun` or an `mpirun` that
@@ -176,7 +183,7 @@ impl RankInfo {
             return Ok(info);
         };
         let chosen = chosen?;
-        for other in present.flatten() {
+        for other in present.flatten().filter(|other| other.launcher != Launcher::Slurm) {
             if other.world.value == chosen.world.value && other.rank.value != chosen.rank.value {
                 return Err(EnvError::Conflict {
                     chosen: chosen.rank.to_string(),
@@ -290,10 +297,17 @@ impl Num {
     fn parse(name: &'static str, raw: String) -> Result<Num, EnvError> {
         match raw.parse::<usize>() {
             Ok(value) => Ok(Num { name, raw, value }),
+            Err(e) if *e.kind() == std::num::IntErrorKind::PosOverflow => {
+                Err(invalid(name, raw, "a count that fits in 64 bits"))
+            }
             Err(_) => Err(EnvError::NotANumber { name: name.to_string(), value: raw }),
         }
     }
 }
+
+/// The most processes a job may have: a rendezvous keeps a few store keys per rank, and rank 0
+/// reads them all.
+pub const MAX_WORLD_SIZE: usize = 1 << 20;
 
 impl fmt::Display for Num {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -356,6 +370,9 @@ fn check(
 ) -> Result<Found, EnvError> {
     if world.value == 0 {
         return Err(EnvError::ZeroSize { name: world.name.to_string() });
+    }
+    if world.value > MAX_WORLD_SIZE {
+        return Err(invalid(world.name, world.raw, &format!("at most {MAX_WORLD_SIZE} processes")));
     }
     if rank.value >= world.value {
         return Err(EnvError::RankOutOfRange { rank: rank.to_string(), world_size: world.to_string() });
@@ -473,46 +490,56 @@ fn open_mpi(vars: &Vars) -> Option<Result<Found, EnvError>> {
 }
 
 fn pmi(vars: &Vars) -> Option<Result<Found, EnvError>> {
-    simple_family(vars, Launcher::Pmi, ["PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"])
+    let local = ["MPI_LOCALRANKID", "MPI_LOCALNRANKS"];
+    if local.iter().all(|name| vars.get(name).is_none()) && vars.get(SLURM_TASKS).is_some() {
+        // Slurm's `pmi2` plugin under `srun`: the same task, described in full by Slurm's family.
+        return None;
+    }
+    simple_family(vars, Launcher::Pmi, ["PMI_RANK", "PMI_SIZE", local[0], local[1]])
 }
 
+/// The size of the step `srun` started this task in: set by `srun` only (module docs).
+const SLURM_TASKS: &str = "SLURM_STEP_NUM_TASKS";
+const SLURM_PER_NODE: &str = "SLURM_STEP_TASKS_PER_NODE";
+
 fn slurm_family(vars: &Vars) -> Option<Result<Found, EnvError>> {
-    vars.get("SLURM_PROCID")?;
+    vars.get(SLURM_TASKS)?;
     Some(slurm(vars))
 }
 
-const SLURM_TASKS: [&str; 2] = ["SLURM_STEP_NUM_TASKS", "SLURM_NTASKS"];
-const SLURM_PER_NODE: [&str; 2] = ["SLURM_STEP_TASKS_PER_NODE", "SLURM_NTASKS_PER_NODE"];
-
 fn slurm(vars: &Vars) -> Result<Found, EnvError> {
     let launcher = Launcher::Slurm;
-    let global = global_pair(vars, launcher, "SLURM_PROCID", &SLURM_TASKS, "SLURM_NTASKS (or SLURM_STEP_NUM_TASKS)")
+    let global = global_pair(vars, launcher, "SLURM_PROCID", &[SLURM_TASKS], SLURM_TASKS)
         .unwrap_or_else(|| Err(EnvError::Incomplete { launcher, set: vec![], missing: names(&["SLURM_PROCID"]) }))?;
     let node = match vars.get("SLURM_NODEID") {
         Some(raw) => Some(Num::parse("SLURM_NODEID", raw)?.value),
         None => None,
     };
     let local_rank = vars.get("SLURM_LOCALID");
-    let per_node = vars.first(&SLURM_PER_NODE);
+    let per_node = vars.get(SLURM_PER_NODE);
     let local = match (local_rank, per_node) {
         (None, None) => None,
         (Some(_), None) => {
             return Err(EnvError::Incomplete {
                 launcher,
                 set: names(&["SLURM_LOCALID"]),
-                missing: names(&["SLURM_STEP_TASKS_PER_NODE (or SLURM_NTASKS_PER_NODE)"]),
+                missing: names(&[SLURM_PER_NODE]),
             })
         }
-        (None, Some((name, _))) => {
-            return Err(EnvError::Incomplete { launcher, set: names(&[name]), missing: names(&["SLURM_LOCALID"]) })
+        (None, Some(_)) => {
+            return Err(EnvError::Incomplete {
+                launcher,
+                set: names(&[SLURM_PER_NODE]),
+                missing: names(&["SLURM_LOCALID"]),
+            })
         }
-        (Some(local_rank), Some((name, spec))) => {
-            let count = slurm::tasks_on_node(&spec, node).map_err(|expected| invalid(name, spec.clone(), &expected))?;
-            Some((Num::parse("SLURM_LOCALID", local_rank)?, Num { name, raw: spec, value: count }))
+        (Some(local_rank), Some(spec)) => {
+            let count = slurm::tasks_on_node(&spec, node)
+                .map_err(|expected| invalid(SLURM_PER_NODE, spec.clone(), &expected))?;
+            Some((Num::parse("SLURM_LOCALID", local_rank)?, Num { name: SLURM_PER_NODE, raw: spec, value: count }))
         }
     };
-    let found =
-        check(launcher, global, local, &["SLURM_LOCALID", "SLURM_STEP_TASKS_PER_NODE (or SLURM_NTASKS_PER_NODE)"])?;
+    let found = check(launcher, global, local, &["SLURM_LOCALID", SLURM_PER_NODE])?;
     let host = match vars.first(&["SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST"]) {
         Some((name, list)) => Some(
             slurm::first_host(&list).ok_or_else(|| invalid(name, list, "a Slurm hostlist such as gpu[03-07,09]"))?,

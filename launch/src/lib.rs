@@ -53,11 +53,12 @@
 //! | `torchrun`, [`spawn_local`], by hand | `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`; torchrun also `TORCHELASTIC_RUN_ID`, `TORCHELASTIC_RESTART_COUNT`, `TORCHELASTIC_USE_AGENT_STORE`, `GROUP_RANK`, `ROLE_RANK` ([`Torchelastic`]) |
 //! | Open MPI `mpirun` | `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_SIZE` (`PMIX_NAMESPACE`) |
 //! | MPICH / Hydra `mpiexec` | `PMI_RANK`, `PMI_SIZE`, `MPI_LOCALRANKID`, `MPI_LOCALNRANKS` |
-//! | Slurm `srun` | `SLURM_PROCID`, `SLURM_NTASKS` / `SLURM_STEP_NUM_TASKS`, `SLURM_LOCALID`, `SLURM_STEP_TASKS_PER_NODE` / `SLURM_NTASKS_PER_NODE`, `SLURM_NODEID`, `SLURM_STEP_NODELIST` / `SLURM_JOB_NODELIST`, `SLURM_JOB_ID`, `SLURM_STEP_ID` |
+//! | Slurm `srun` | `SLURM_PROCID`, `SLURM_STEP_NUM_TASKS`, `SLURM_LOCALID`, `SLURM_STEP_TASKS_PER_NODE`, `SLURM_NODEID`, `SLURM_STEP_NODELIST` / `SLURM_JOB_NODELIST`, `SLURM_JOB_ID`, `SLURM_STEP_ID` (the batch script of `sbatch` sets `SLURM_PROCID` too, but is no `srun` task: it and what it starts without `srun` are not taken for Slurm ranks) |
 //!
 //! When several are present, torchrun-style variables win over Open MPI, which wins over PMI,
 //! which wins over Slurm (torchrun or `mpirun` inside a Slurm allocation is normal); two complete
-//! sets that report the same world size but different ranks are an error. `MASTER_ADDR` and
+//! sets that report the same world size but different ranks are an error, except Slurm's, which
+//! may describe the launcher `srun` started rather than this process. `MASTER_ADDR` and
 //! `MASTER_PORT` are read whatever the launcher. The full rules are in [`RankInfo`]'s
 //! documentation.
 //!

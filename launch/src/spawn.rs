@@ -28,7 +28,7 @@ pub const SAFETY_VARS: [(&str, &str); 3] =
 
 /// Variables of other launchers (and a store choice meant for the spawner's own launcher),
 /// removed from the ranks' environment so that they cannot contradict what the spawner sets.
-const FOREIGN_VARS: [&str; 17] = [
+const FOREIGN_VARS: [&str; 19] = [
     "OMPI_COMM_WORLD_RANK",
     "OMPI_COMM_WORLD_SIZE",
     "OMPI_COMM_WORLD_LOCAL_RANK",
@@ -39,6 +39,8 @@ const FOREIGN_VARS: [&str; 17] = [
     "MPI_LOCALNRANKS",
     "SLURM_PROCID",
     "SLURM_LOCALID",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_STEP_TASKS_PER_NODE",
     "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_MAX_RESTARTS",

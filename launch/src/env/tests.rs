@@ -179,9 +179,9 @@ fn multi_node_without_master_addr_has_no_master() {
 fn slurm_variables() {
     let vars = [
         ("SLURM_PROCID", "3"),
-        ("SLURM_NTASKS", "6"),
+        ("SLURM_STEP_NUM_TASKS", "6"),
         ("SLURM_LOCALID", "1"),
-        ("SLURM_NTASKS_PER_NODE", "2(x3)"),
+        ("SLURM_STEP_TASKS_PER_NODE", "2(x3)"),
         ("SLURM_JOB_NODELIST", "gpu[03-07,09],login1"),
         ("SLURM_JOB_ID", "777"),
         ("SLURM_STEP_ID", "2"),
@@ -193,7 +193,7 @@ fn slurm_variables() {
     let port = Master::port_for_token("slurm-777.2");
     assert_eq!(info.master, Some(Master { addr: "gpu03".into(), port }));
 
-    // The step's variables win over the job's; SLURM_NODEID picks this node's entry.
+    // The step's variables count, not the job's; SLURM_NODEID picks this node's entry.
     let step = [
         ("SLURM_PROCID", "4"),
         ("SLURM_NTASKS", "6"),
@@ -218,24 +218,98 @@ fn slurm_variables() {
 
 #[test]
 fn slurm_partial_and_bad_values() {
-    assert!(message(&[("SLURM_PROCID", "0")])
-        .starts_with("SLURM_PROCID is set but SLURM_NTASKS (or SLURM_STEP_NUM_TASKS) is not"));
-    let m = message(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("SLURM_LOCALID", "0")]);
     assert!(
-        m.starts_with("SLURM_LOCALID is set but SLURM_STEP_TASKS_PER_NODE (or SLURM_NTASKS_PER_NODE) is not"),
-        "{m}"
+        message(&[("SLURM_STEP_NUM_TASKS", "2")]).starts_with("SLURM_STEP_NUM_TASKS is set but SLURM_PROCID is not")
     );
+    let m = message(&[("SLURM_PROCID", "0"), ("SLURM_STEP_NUM_TASKS", "2"), ("SLURM_LOCALID", "0")]);
+    assert!(m.starts_with("SLURM_LOCALID is set but SLURM_STEP_TASKS_PER_NODE is not"), "{m}");
     let m = message(&[
         ("SLURM_PROCID", "0"),
-        ("SLURM_NTASKS", "2"),
+        ("SLURM_STEP_NUM_TASKS", "2"),
         ("SLURM_LOCALID", "0"),
-        ("SLURM_NTASKS_PER_NODE", "2(3)"),
+        ("SLURM_STEP_TASKS_PER_NODE", "2(3)"),
     ]);
-    assert!(m.starts_with("SLURM_NTASKS_PER_NODE=2(3) is not valid"), "{m}");
-    let bad_list = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1"), ("SLURM_JOB_NODELIST", "gpu[1-")];
+    assert!(m.starts_with("SLURM_STEP_TASKS_PER_NODE=2(3) is not valid"), "{m}");
+    let bad_list = [("SLURM_PROCID", "0"), ("SLURM_STEP_NUM_TASKS", "1"), ("SLURM_JOB_NODELIST", "gpu[1-")];
     assert!(message(&bad_list).starts_with("SLURM_JOB_NODELIST=gpu[1- is not valid"));
     // An allocation without a task (no SLURM_PROCID) is not a launcher.
     assert_eq!(parse(&[("SLURM_NTASKS", "4"), ("SLURM_JOB_ID", "1")]).unwrap().launcher, Launcher::Single);
+}
+
+/// What the batch script of `sbatch -N1 --ntasks-per-node=8` carries, and every process it
+/// starts without `srun`: task 0 of the job's 8 (no step variables).
+const SBATCH_SCRIPT: [(&str, &str); 6] = [
+    ("SLURM_PROCID", "0"),
+    ("SLURM_NTASKS", "8"),
+    ("SLURM_LOCALID", "0"),
+    ("SLURM_NTASKS_PER_NODE", "8"),
+    ("SLURM_NODEID", "0"),
+    ("SLURM_JOB_ID", "77"),
+];
+
+#[test]
+fn a_batch_script_is_not_a_slurm_task() {
+    // Before: the script's variables made a complete Slurm family of 8. A program started
+    // directly took itself for rank 0 of 8 and waited for 7 ranks that never came, and under
+    // `torchrun --nproc-per-node 8` in the script, ranks 1 to 7 failed at start with a conflict
+    // (RANK=1 but SLURM_PROCID=0, same world size 8).
+    assert_eq!(parse(&SBATCH_SCRIPT).unwrap().launcher, Launcher::Single);
+    let mut torchrun = vec![("RANK", "1"), ("WORLD_SIZE", "8"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "8")];
+    torchrun.extend(SBATCH_SCRIPT);
+    let info = parse(&torchrun).unwrap();
+    assert_eq!((info.launcher, info.rank, info.local_rank), (Launcher::Torchrun, 1, 1));
+}
+
+#[test]
+fn srun_starting_another_launcher_is_not_compared_with_it() {
+    // `srun -N2 --ntasks-per-node=1 torchrun --nnodes 2 --nproc-per-node 1`: torchrun numbers the
+    // nodes its own way (c10d sorts host names: node10 before node9), so the rank of the node's
+    // only worker may differ from the agent's SLURM_PROCID at the same world size. Before: a
+    // conflict, and the job died at start.
+    let mut vars = vec![("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1")];
+    vars.extend([
+        ("SLURM_PROCID", "1"),
+        ("SLURM_STEP_NUM_TASKS", "2"),
+        ("SLURM_LOCALID", "0"),
+        ("SLURM_STEP_TASKS_PER_NODE", "1(x2)"),
+        ("SLURM_NODEID", "1"),
+    ]);
+    let info = parse(&vars).unwrap();
+    assert_eq!((info.launcher, info.rank), (Launcher::Torchrun, 0));
+}
+
+#[test]
+fn srun_with_the_pmi2_plugin_is_a_slurm_task() {
+    // `srun --mpi=pmi2` sets PMI_RANK and PMI_SIZE but not MPI_LOCALRANKID / MPI_LOCALNRANKS.
+    // Before: PMI was chosen and refused as incomplete although Slurm described the task in full.
+    let vars = [
+        ("PMI_RANK", "3"),
+        ("PMI_SIZE", "8"),
+        ("SLURM_PROCID", "3"),
+        ("SLURM_STEP_NUM_TASKS", "8"),
+        ("SLURM_LOCALID", "3"),
+        ("SLURM_STEP_TASKS_PER_NODE", "4(x2)"),
+        ("SLURM_NODEID", "0"),
+    ];
+    let info = parse(&vars).unwrap();
+    assert_eq!(
+        (info.launcher, info.rank, info.world_size, info.local_rank, info.local_world_size),
+        (Launcher::Slurm, 3, 8, 3, 4)
+    );
+    // Without srun, PMI without its local pair is still refused for more than one process.
+    assert!(message(&vars[..2]).starts_with("PMI_RANK and PMI_SIZE are set but MPI_LOCALRANKID"));
+}
+
+#[test]
+fn world_sizes_beyond_reason_are_refused() {
+    // Before: WORLD_SIZE=4294967297 was taken, stored as 1 in the rendezvous's records, and rank
+    // 0 built billions of keys; a count past 64 bits was "not a number".
+    let vars = |size| [("RANK", "0"), ("WORLD_SIZE", size), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1")];
+    let m = message(&vars("4294967297"));
+    assert!(m.starts_with("WORLD_SIZE=4294967297 is not valid: expected at most 1048576 processes"), "{m}");
+    assert!(parse(&vars("1048576")).is_ok());
+    let m = message(&vars("18446744073709551616"));
+    assert!(m.contains("is not valid: expected a count that fits in 64 bits"), "{m}");
 }
 
 #[test]
@@ -275,14 +349,14 @@ fn pmi_local_rule() {
 
 #[test]
 fn precedence_and_conflicts() {
-    let slurm = [("SLURM_PROCID", "0"), ("SLURM_NTASKS", "1")];
+    let slurm = [("SLURM_PROCID", "0"), ("SLURM_STEP_NUM_TASKS", "1")];
     // torchrun inside a Slurm allocation with a different world size: torchrun wins.
     let mut vars = TORCH_R1.to_vec();
     vars.extend(slurm);
     assert_eq!(parse(&vars).unwrap().launcher, Launcher::Torchrun);
     // Open MPI > PMI > Slurm.
     let ompi = [("OMPI_COMM_WORLD_RANK", "0"), ("OMPI_COMM_WORLD_SIZE", "1")];
-    let pmi = [("PMI_RANK", "0"), ("PMI_SIZE", "1")];
+    let pmi = [("PMI_RANK", "0"), ("PMI_SIZE", "1"), ("MPI_LOCALRANKID", "0"), ("MPI_LOCALNRANKS", "1")];
     let all: Vec<_> = ompi.iter().chain(&pmi).chain(&slurm).copied().collect();
     assert_eq!(parse(&all).unwrap().launcher, Launcher::OpenMpi);
     assert_eq!(parse(&all[2..]).unwrap().launcher, Launcher::Pmi);
