@@ -24,7 +24,9 @@ const USAGE: u8 = 2;
 ///   started by the spawner (`GPUCOMM_SPAWNED` unset): starts `N` copies of the current executable
 ///   through [`spawn_local`], with the same arguments minus the flag, and returns their combined
 ///   exit code ([`Outcome::exit_code`](crate::Outcome::exit_code)). `body` does not run in
-///   this process.
+///   this process. Refused (exit 2) when a launcher already made this process one rank of
+///   several (`srun -n2 prog --nproc 2` would start two unrelated jobs on the same GPUs); one
+///   process per node (a world size of 1) may start its node's ranks.
 /// * Otherwise: reads [`RankInfo::from_env`] and runs `body` with it.
 ///
 /// Errors are printed to stderr as `error: {e}`, followed by one `caused by:` line per source, and
@@ -56,6 +58,10 @@ where
     };
     if let Some(nproc) = nproc {
         if std::env::var_os(SPAWNED_VAR).is_none() {
+            if let Err(error) = RankInfo::from_env().map_or(Ok(()), |info| alone(&info)) {
+                report(&error);
+                return ExitCode::from(USAGE);
+            }
             return spawn_copies(nproc, &rest);
         }
     }
@@ -103,6 +109,21 @@ fn exit_code(code: i32) -> ExitCode {
         Ok(code) => ExitCode::from(code),
         Err(_) => ExitCode::FAILURE,
     }
+}
+
+/// `Ok` unless a launcher made this process one rank of several: then `--nproc` would start one
+/// job per rank.
+fn alone(info: &RankInfo) -> Result<(), SpawnError> {
+    if info.world_size == 1 {
+        return Ok(());
+    }
+    Err(SpawnError::BadArgs {
+        message: format!(
+            "{NPROC_FLAG} starts a job of its own, but this process is already rank {} of {} ({}), and each of \
+             those ranks would start one: drop {NPROC_FLAG} under a launcher (or start one process per node)",
+            info.rank, info.world_size, info.launcher
+        ),
+    })
 }
 
 /// Takes `--nproc N` / `--nproc=N` out of `args` (not after a `--`).
@@ -168,6 +189,22 @@ mod tests {
 
     fn args(list: &[&str]) -> Vec<OsString> {
         list.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn nproc_is_refused_under_a_launcher_with_several_ranks() {
+        // Before: `srun -n2 prog --nproc 2` started two unrelated 2-rank jobs on the same GPUs.
+        let mut info = RankInfo::single();
+        assert!(alone(&info).is_ok());
+        (info.rank, info.world_size, info.launcher) = (1, 2, crate::Launcher::Slurm);
+        let m = alone(&info).unwrap_err().to_string();
+        assert!(
+            m.starts_with("--nproc starts a job of its own, but this process is already rank 1 of 2 (Slurm"),
+            "{m}"
+        );
+        // One process per node may start its node's ranks.
+        (info.rank, info.world_size) = (0, 1);
+        assert!(alone(&info).is_ok());
     }
 
     #[test]

@@ -93,7 +93,8 @@ impl fmt::Display for Outcome {
         match &self.first_failure {
             None if self.success() => write!(f, "all {} ranks exited successfully", self.statuses.len()),
             None => f.write_str("some ranks failed"),
-            Some((rank, how)) => write!(f, "rank {rank} {how}; the other ranks were stopped"),
+            Some((rank, how)) if self.statuses.len() == 1 => write!(f, "rank {rank} {how}"),
+            Some((rank, how)) => write!(f, "rank {rank} {how}; the ranks still running were stopped"),
         }
     }
 }

@@ -610,7 +610,7 @@ vm:1:2 [0] NCCL INFO Channel 00/0 : 1[1] -> 0[0] [receive] via NET/Socket/0
     #[test]
     fn failed_runs_two_nccls_and_nvshmem() {
         let mut f = facts(P2P, &[], 346.0);
-        f.errors.push("nccl phase: rank 1 exited with code 1; the other ranks were stopped".into());
+        f.errors.push("nccl phase: rank 1 exited with code 1; the ranks still running were stopped".into());
         f.log.read("vm:1:1 [0] NCCL INFO NCCL version 2.28.3+cuda13.0\n");
         f.nvshmem = vec![NvshmemPhase {
             rank: 0,

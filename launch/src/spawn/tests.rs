@@ -77,7 +77,7 @@ fn one_failure_stops_the_others_quickly() {
     assert!(!outcome.success());
     assert_eq!(outcome.first_failure, Some((1, "exited with code 3".to_string())));
     assert_eq!(outcome.exit_code(), 3);
-    assert_eq!(outcome.to_string(), "rank 1 exited with code 3; the other ranks were stopped");
+    assert_eq!(outcome.to_string(), "rank 1 exited with code 3; the ranks still running were stopped");
     for (rank, status) in &outcome.statuses {
         if *rank != 1 {
             use std::os::unix::process::ExitStatusExt;
@@ -111,6 +111,8 @@ fn a_signal_is_reported_as_such() {
     let outcome = sh(1, "kill -KILL $$", &[], Duration::from_secs(1), &captured);
     assert_eq!(outcome.first_failure, Some((0, "was killed by signal 9 (SIGKILL)".to_string())));
     assert_eq!(outcome.exit_code(), 1);
+    // One rank: no others to stop (the message said "the other ranks were stopped").
+    assert_eq!(outcome.to_string(), "rank 0 was killed by signal 9 (SIGKILL)");
 }
 
 #[test]
