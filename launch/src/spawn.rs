@@ -11,11 +11,10 @@ use std::io;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use crate::random;
-use relay::Sink;
+use relay::{Relays, Sink};
 
 /// Set (to `1`) in every spawned rank; [`run_main`](crate::run_main) does not spawn again
 /// when it sees it.
@@ -53,9 +52,13 @@ const FOREIGN_VARS: [&str; 19] = [
 /// How often the spawner checks on its children.
 const POLL: Duration = Duration::from_millis(10);
 
-/// How long the spawner waits for output still in flight once every child has exited (a
-/// grandchild may hold the pipe open; its output is then left behind).
+/// How long the spawner waits for output still in flight, once every child has exited, without a
+/// line relayed (a grandchild may hold the pipe open, or the parent's output may not drain: what
+/// is left is then left behind).
 const RELAY_LINGER: Duration = Duration::from_secs(2);
+/// The longest the spawner relays output after every child has exited (a grandchild that keeps
+/// printing).
+const RELAY_LIMIT: Duration = Duration::from_secs(30);
 
 /// How the ranks ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -207,7 +210,7 @@ pub(crate) fn spawn_to(
     let port = free_port().map_err(|error| SpawnError::FreePort { error })?;
     let token = random::hex(16).map_err(|error| SpawnError::Random { error })?;
     let key = random::hex(32).map_err(|error| SpawnError::Random { error })?;
-    let (done, relays_finished) = mpsc::channel::<()>();
+    let relays = Relays::new();
     let mut children: Vec<Child> = Vec::with_capacity(nproc);
     for rank in 0..nproc {
         let mut command = Command::new(program);
@@ -234,10 +237,10 @@ pub(crate) fn spawn_to(
             let pipes = (child.stdout.take(), child.stderr.take());
             children.push(child);
             if let Some(pipe) = pipes.0 {
-                relay::start(pipe, prefix.clone(), out.clone(), done.clone())?;
+                relays.start(pipe, prefix.clone(), out.clone())?;
             }
             if let Some(pipe) = pipes.1 {
-                relay::start(pipe, prefix, err.clone(), done.clone())?;
+                relays.start(pipe, prefix, err.clone())?;
             }
             Ok(())
         });
@@ -246,11 +249,8 @@ pub(crate) fn spawn_to(
             return Err(SpawnError::Spawn { rank, program: program.to_path_buf(), error });
         }
     }
-    drop(done);
     let outcome = supervise(&mut children, grace);
-    // Every relay thread drops its sender when its pipe closes: wait for that, briefly.
-    let linger = Instant::now() + RELAY_LINGER;
-    while relays_finished.recv_timeout(linger.saturating_duration_since(Instant::now())).is_ok() {}
+    relays.wait(RELAY_LINGER, RELAY_LIMIT);
     outcome
 }
 

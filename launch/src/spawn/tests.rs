@@ -169,3 +169,19 @@ fn child_rank() {
     });
     assert_eq!(code, ExitCode::SUCCESS);
 }
+
+#[test]
+fn output_still_draining_when_the_ranks_exit_is_all_relayed() {
+    // A rank prints 300 lines and exits at once, and the parent's output takes each line 10 ms
+    // later (a terminal that drains slowly): 3 s of relaying after the exit. Before: the spawner
+    // gave up 2 s after the exit, whatever the relays were still doing, and the last lines (an
+    // error's, usually) were lost.
+    let out = Arc::new(Mutex::new(Vec::new()));
+    let sinks = [Sink::Slow(out.clone(), Duration::from_millis(10)), Sink::Buffer(Arc::default())];
+    let args = [OsString::from("-c"), OsString::from("i=0; while [ $i -lt 300 ]; do echo line $i; i=$((i+1)); done")];
+    let outcome = spawn_to(1, Path::new("/bin/sh"), &args, &[], Duration::from_secs(1), sinks).unwrap();
+    assert!(outcome.success(), "{outcome}");
+    let out = String::from_utf8_lossy(&out.lock().unwrap()).into_owned();
+    assert_eq!(out.lines().count(), 300, "{out}");
+    assert!(out.ends_with("[rank 0] line 299\n"));
+}
