@@ -23,10 +23,12 @@ use crate::table::{Mode, Table};
 pub struct Options {
     /// Use the kernels where they are faster (default `true`); `false` sends every call to NCCL.
     pub kernels: bool,
-    /// The largest one-shot message in bytes (default 1 MiB; two slots of it are kept).
+    /// The largest one-shot message in bytes (default 1 MiB; two slots of it are kept; rounded
+    /// up to 4 KiB, at most [`MAX_AREA`](crate::lsa::MAX_AREA)).
     pub one_shot_max: usize,
     /// The largest staged two-shot launch in bytes (default 32 MiB; input and output regions of
-    /// it are kept; larger messages take several launches).
+    /// it are kept; larger messages take several launches; rounded up to 4 KiB, at most
+    /// [`MAX_AREA`](crate::lsa::MAX_AREA)).
     pub staged_max: usize,
     /// The crossover table; `None` (default): the committed table for this machine
     /// ([`Table::builtin`]), to be replaced by [`AllReduce::calibrate`] if wanted.
@@ -126,7 +128,7 @@ impl<'c> AllReduce<'c> {
     /// cannot serve gives an `AllReduce` that sends everything to NCCL and says why
     /// ([`AllReduce::fallback`]).
     pub fn new(comm: &'c Comm, options: Options) -> Result<Self> {
-        let sizes = Sizes { one_shot: options.one_shot_max, staged: options.staged_max };
+        let sizes = Sizes { one_shot: options.one_shot_max, staged: options.staged_max }.rounded()?;
         let local = if !options.kernels {
             Err(Fallback::Disabled)
         } else if !crate::image::COMPILED {

@@ -53,6 +53,16 @@ pub enum Error {
         /// The call's size, in bytes.
         got: usize,
     },
+    /// A staging area larger than [`MAX_AREA`](crate::lsa::MAX_AREA) bytes.
+    #[error("the {what} staging area of {bytes} bytes is over the limit of {max}")]
+    AreaTooLarge {
+        /// Which area (`one-shot`, `staged`).
+        what: &'static str,
+        /// The size asked for.
+        bytes: usize,
+        /// The limit.
+        max: usize,
+    },
     /// A window range past the window's end.
     #[error("{what}: elements {start}..{end} do not fit a window of {len} elements")]
     WindowRange {

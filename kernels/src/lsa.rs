@@ -90,7 +90,7 @@ pub(crate) fn type_name<T>() -> &'static str {
     full.rsplit("::").next().unwrap_or(full)
 }
 
-/// The staging areas of the window, in bytes (rounded up to 4 KiB each).
+/// The staging areas of the window, in bytes (rounded up to 4 KiB each, at most [`MAX_AREA`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Sizes {
     /// The largest one-shot message (two slots of it are kept); 0 for none.
@@ -98,6 +98,31 @@ pub struct Sizes {
     /// The largest staged two-shot launch (input and output regions of it are kept; larger
     /// messages take several launches); 0 for none.
     pub staged: usize,
+}
+
+/// The largest staging area: beyond any GPU's memory, and small enough that the window's size
+/// and every offset in it are computed without overflow.
+pub const MAX_AREA: usize = 1 << 40;
+
+impl Sizes {
+    /// The sizes as the window lays them out: each rounded up to 4 KiB, and
+    /// [`Error::AreaTooLarge`] for one above [`MAX_AREA`].
+    pub(crate) fn rounded(self) -> Result<Sizes> {
+        let area = |what, bytes: usize| {
+            if bytes > MAX_AREA {
+                Err(Error::AreaTooLarge { what, bytes, max: MAX_AREA })
+            } else {
+                Ok(round_area(bytes))
+            }
+        };
+        Ok(Sizes { one_shot: area("one-shot", self.one_shot)?, staged: area("staged", self.staged)? })
+    }
+
+    /// The window's bytes: the counters, two one-shot slots, the LL regions, the staged input
+    /// and output (sizes [`Sizes::rounded`], so no overflow).
+    fn window_bytes(self) -> usize {
+        CTRL_BYTES + 2 * self.one_shot + LL_BYTES + 2 * self.staged
+    }
 }
 
 /// How many bytes of the message each CTA of a launch handles, per kernel: the launch has
@@ -236,12 +261,13 @@ impl<'c> LsaKernels<'c> {
     /// ([`Error::Unavailable`]).
     pub fn new(comm: &'c Comm, sizes: Sizes) -> Result<Self> {
         check_team(comm).map_err(Error::Unavailable)?;
-        let sizes = Sizes { one_shot: round_area(sizes.one_shot), staged: round_area(sizes.staged) };
+        let sizes = sizes.rounded()?;
         agree_sizes(comm, sizes)?;
         Self::create(comm, sizes)
     }
 
-    /// [`LsaKernels::new`] after the dispatcher has done the checks (on every rank).
+    /// [`LsaKernels::new`] after the dispatcher has done the checks (on every rank; `sizes`
+    /// [`Sizes::rounded`]).
     pub(crate) fn create(comm: &'c Comm, sizes: Sizes) -> Result<Self> {
         if !crate::image::COMPILED {
             return Err(Error::Unavailable(Fallback::NotCompiled));
@@ -256,8 +282,7 @@ impl<'c> LsaKernels<'c> {
                 functions.push((kernel, suffix, module.load_function(&name)?));
             }
         }
-        let bytes = CTRL_BYTES + 2 * sizes.one_shot + LL_BYTES + 2 * sizes.staged;
-        let buf = MemBuffer::<u8>::zeroed(comm.stream(), bytes)?;
+        let buf = MemBuffer::<u8>::zeroed(comm.stream(), sizes.window_bytes())?;
         // Zeroed before any peer can reach it: the LL kernel of a peer stores into this window
         // without waiting for this rank, and a late memset would wipe its flags.
         buf.tracker().synchronize().map_err(nccl::Error::from)?;
@@ -743,6 +768,22 @@ mod tests {
     #[test]
     fn areas_are_rounded_to_whole_pages() {
         assert_eq!([round_area(0), round_area(1), round_area(4096), round_area(4097)], [0, 4096, 4096, 8192]);
+    }
+
+    #[test]
+    fn staging_sizes_beyond_max_area_are_refused() {
+        // Before: the window's size wrapped around (release builds), so a window of 2 MiB was
+        // made for sizes of 2^62 bytes, and the kernels staged past its end.
+        let huge = Sizes { one_shot: 1 << 62, staged: 1 << 62 };
+        assert!(matches!(huge.rounded(), Err(Error::AreaTooLarge { what: "one-shot", .. })));
+        let huge = Sizes { one_shot: 0, staged: usize::MAX };
+        let e = huge.rounded().unwrap_err();
+        assert!(matches!(e, Error::AreaTooLarge { what: "staged", max: MAX_AREA, .. }), "{e}");
+        // The largest sizes lay out without overflow.
+        let max = Sizes { one_shot: MAX_AREA, staged: MAX_AREA }.rounded().unwrap();
+        let expected = CTRL_BYTES as u128 + 4 * MAX_AREA as u128 + LL_BYTES as u128;
+        assert_eq!(max.window_bytes() as u128, expected);
+        assert_eq!(Sizes { one_shot: 1, staged: 4097 }.rounded().unwrap(), Sizes { one_shot: 4096, staged: 8192 });
     }
 
     #[test]
