@@ -415,18 +415,23 @@ impl<'c, T> Deref for SymmetricBuffer<'c, T> {
     }
 }
 
+// The window is its registration: captured kernels and NCCL's symmetric calls reach the memory
+// through the window's handle, so graphs that keep the buffer (`&`, `&mut`) keep the window too.
 gpucomm_ordering::tracked_device_ptr!(['c, T] SymmetricBuffer<'c, T>, |b| {
     let buf = b.window.buffer();
     // SAFETY: the parts are those of the window's `MemBuffer` (its address, length, tracker and
     // home stream), which the window owns and frees only after its tracker reports every use
     // finished; the buffer is never replaced (no `&mut` to it is handed out).
     unsafe { Tracked::new(buf.as_raw(), buf.len(), buf.tracker(), buf.stream()) }
-});
+}, registration |b| b.window.resource());
 
-// SAFETY: the graph owns the buffer (and so its window and memory); it is reported writable.
+// SAFETY: the graph owns the buffer (and so its window and memory); it is reported writable,
+// with its window.
 unsafe impl<T> Keep for SymmetricBuffer<'_, T> {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        let window = self.window.resource();
         v.write(self);
+        v.resource(window, true);
     }
 }
 

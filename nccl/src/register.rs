@@ -478,6 +478,13 @@ impl<'c, T> Window<'c, T> {
         &self.buf
     }
 
+    /// The window as the graphs that keep it name it ([`Resource::numbered`]): a type that
+    /// holds a window reports it through [`DeviceMemory::registration`](gpucomm_ordering::DeviceMemory::registration),
+    /// so that a graph keeping that type refuses to launch with another window swapped in.
+    pub fn resource(&self) -> Resource {
+        Resource::numbered("window", self.serial)
+    }
+
     /// The whole window's memory, writable, for calls that write it (collectives, copies,
     /// kernels): `comm.all_reduce_in_place(&mut window.as_view_mut(), ..)`. A view, which cannot
     /// replace the window's buffer.
@@ -577,7 +584,7 @@ impl<T> Drop for Window<'_, T> {
 unsafe impl<T> Keep for &Window<'_, T> {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
         v.read(self.buffer());
-        v.resource(Resource::numbered("window", self.serial), true);
+        v.resource(self.resource(), true);
     }
 }
 
@@ -591,9 +598,9 @@ unsafe impl<T> Keep for &Window<'_, T> {
 #[cfg(nccl_2_27)]
 unsafe impl<T> Keep for &mut Window<'_, T> {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
-        let serial = self.serial;
+        let window = self.resource();
         v.write(self.kept_buffer());
-        v.resource(Resource::numbered("window", serial), true);
+        v.resource(window, true);
     }
 }
 
@@ -601,8 +608,8 @@ unsafe impl<T> Keep for &mut Window<'_, T> {
 #[cfg(nccl_2_27)]
 unsafe impl<T> Keep for Window<'_, T> {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
-        let serial = self.serial;
+        let window = self.resource();
         v.write(self.kept_buffer());
-        v.resource(Resource::numbered("window", serial), true);
+        v.resource(window, true);
     }
 }

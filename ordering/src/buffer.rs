@@ -79,7 +79,7 @@
 
 use cudarc::driver::{CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut};
 
-use crate::Tracked;
+use crate::{Resource, Tracked};
 
 /// The promise a type makes so that the communication calls may pass its memory to C: its
 /// cudarc traits for [`DeviceMemory::Elem`] tell the truth. `nccl` and `nvshmem` accept a buffer
@@ -122,6 +122,16 @@ pub unsafe trait DeviceMemory {
     /// `device_ptr`.
     #[inline]
     fn tracked(&self) -> Option<Tracked<'_>> {
+        None
+    }
+
+    /// The registration this memory belongs to when captured work reaches the memory through
+    /// that registration's handle (an NCCL window), named as the registration's own keep-set
+    /// entries name it ([`Resource::numbered`]); `None` (the default) otherwise. A graph that
+    /// keeps the buffer (`&`, `&mut`) keeps that registration too, so a launch after the member
+    /// was swapped for a buffer of another registration at the same address is refused.
+    #[inline]
+    fn registration(&self) -> Option<Resource> {
         None
     }
 }

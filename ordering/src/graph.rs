@@ -527,17 +527,27 @@ unsafe impl Keep for () {
     fn visit<'k>(&'k mut self, _v: &mut Visitor<'k>) {}
 }
 
-// SAFETY: a shared borrow keeps the buffer alive, and unwritable by anyone, for the borrow's life.
+// SAFETY: a shared borrow keeps the buffer alive, and unwritable by anyone, for the borrow's life
+// (and with it the registration it reports, which owns or outlives it).
 unsafe impl<B: DeviceMemory + DevicePtr<B::Elem>> Keep for &B {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        let registration = self.registration();
         v.read(&**self);
+        if let Some(r) = registration {
+            v.resource(r, true);
+        }
     }
 }
 
-// SAFETY: an exclusive borrow keeps the buffer alive for the borrow's life.
+// SAFETY: an exclusive borrow keeps the buffer alive for the borrow's life (and with it the
+// registration it reports).
 unsafe impl<B: DeviceMemory + DevicePtr<B::Elem> + DevicePtrMut<B::Elem>> Keep for &mut B {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        let registration = self.registration();
         v.write(&mut **self);
+        if let Some(r) = registration {
+            v.resource(r, true);
+        }
     }
 }
 

@@ -549,14 +549,15 @@ impl<'a> Tracked<'a> {
 /// `unsafe` block (and its `// SAFETY:` comment) is the invoker's. The element type parameter
 /// must be named `T`. With `read` in front (`tracked_device_ptr!(read ['a, T] View<'a, T>, |v| …)`)
 /// only `DeviceSlice` and `DevicePtr` are implemented: for shared views, which must not be written
-/// through.
+/// through. With `, registration |b| expr` after the closure, [`DeviceMemory::registration`](crate::DeviceMemory::registration)
+/// returns `Some(expr)`: for memory that captured work reaches through a registration.
 #[macro_export]
 macro_rules! tracked_device_ptr {
     (read [$($gen:tt)*] $ty:ty, |$b:ident| $parts:expr) => {
         $crate::tracked_device_ptr!(@common [$($gen)*] $ty, |$b| $parts);
     };
-    ([$($gen:tt)*] $ty:ty, |$b:ident| $parts:expr) => {
-        $crate::tracked_device_ptr!(@common [$($gen)*] $ty, |$b| $parts);
+    ([$($gen:tt)*] $ty:ty, |$b:ident| $parts:expr $(, registration |$r:ident| $reg:expr)?) => {
+        $crate::tracked_device_ptr!(@common [$($gen)*] $ty, |$b| $parts $(, registration |$r| $reg)?);
         impl<$($gen)*> ::cudarc::driver::DevicePtrMut<T> for $ty {
             fn device_ptr_mut<'__a>(
                 &'__a mut self,
@@ -571,7 +572,7 @@ macro_rules! tracked_device_ptr {
             }
         }
     };
-    (@common [$($gen:tt)*] $ty:ty, |$b:ident| $parts:expr) => {
+    (@common [$($gen:tt)*] $ty:ty, |$b:ident| $parts:expr $(, registration |$r:ident| $reg:expr)?) => {
         impl<$($gen)*> ::cudarc::driver::DeviceSlice<T> for $ty {
             fn len(&self) -> usize {
                 let $b = self;
@@ -607,6 +608,13 @@ macro_rules! tracked_device_ptr {
                 let $b = self;
                 ::std::option::Option::Some($parts)
             }
+            $(
+                #[inline]
+                fn registration(&self) -> ::std::option::Option<$crate::Resource> {
+                    let $r = self;
+                    ::std::option::Option::Some($reg)
+                }
+            )?
         }
     };
 }

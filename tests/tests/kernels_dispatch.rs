@@ -367,3 +367,44 @@ fn every_path_sums_two_ranks() {
         println!("rank {}: every path sums two ranks", info.rank);
     });
 }
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle (./dev.sh bundle)"]
+fn a_graph_refuses_a_symmetric_buffer_swapped_for_another_window() {
+    // A graph captured a two-shot into `recv`, whose kernels reach it through its window's handle.
+    // The captured buffer is swapped out (through `kept_mut`) and freed with its window, and a new
+    // symmetric buffer of the same length is swapped in. Before the fix the graph knew the member
+    // by address only: when the new buffer reused the freed memory (ncclMemAlloc often does) the
+    // launch went ahead with the freed window's handle. Now the member names its window, and the
+    // launch is refused either way.
+    let test = "a_graph_refuses_a_symmetric_buffer_swapped_for_another_window";
+    let Some((stream, comm)) = one_rank(test) else { return };
+    let mut ar = AllReduce::new(&comm, options()).unwrap();
+    ar.force(Some(Path::TwoShot));
+    let count = 4096;
+    let mut send = ar.alloc::<f32>(count).unwrap();
+    let mut recv = ar.alloc::<f32>(count).unwrap();
+    stream.memcpy_htod(&input(0, count, |x| x), &mut send.slice_mut(..).unwrap()).unwrap();
+    let side = stream.context().new_stream().unwrap();
+    let mut graph = gpucomm_kernels::capture(&side, (&ar, &send, &mut recv), |(ar, send, recv)| {
+        ar.all_reduce_symmetric(&side, (*send, 0), (*recv, 0), count, ReduceOp::SUM).map(drop)
+    })
+    .unwrap();
+    graph.launch().unwrap();
+    let captured = graph.kept().2.buffer().as_raw();
+    let mut out = ar.alloc::<f32>(count).unwrap();
+    std::mem::swap(graph.kept_mut().2, &mut out);
+    drop(out);
+    let mut again = ar.alloc::<f32>(count).unwrap();
+    let reused = again.buffer().as_raw() == captured;
+    std::mem::swap(graph.kept_mut().2, &mut again);
+    let refused = graph.launch().unwrap_err();
+    assert!(
+        matches!(refused, OrderError::ResourceNotKept { kind: "window" } | OrderError::NotKept { .. }),
+        "{refused:?}"
+    );
+    if reused {
+        assert!(matches!(refused, OrderError::ResourceNotKept { kind: "window" }), "{refused:?}");
+    }
+    println!("a swapped symmetric buffer: launch refused ({refused}); the memory was reused: {reused}");
+}
