@@ -18,7 +18,9 @@ use crate::lsa::{self, CtaBytes, Kernel, LsaKernels, Sizes, LL_MAX_BYTES};
 use crate::path::Path;
 use crate::table::{Mode, Table};
 
-/// How an [`AllReduce`] is set up. Every rank must pass the same options.
+/// How an [`AllReduce`] is set up. Every rank must pass the same options: [`AllReduce::new`]
+/// compares the staging sizes, the launch shapes and the crossover table's steps across the
+/// ranks and refuses to start when they differ.
 #[derive(Clone, Debug)]
 pub struct Options {
     /// Use the kernels where they are faster (default `true`); `false` sends every call to NCCL.
@@ -137,12 +139,24 @@ impl<'c> AllReduce<'c> {
             lsa::check_team(comm)
         };
         let everyone = lsa::min_max(comm, &[u64::from(local.is_ok())], ReduceOp::MIN)?[0] == 1;
+        let table = match options.table {
+            Some(t) => t,
+            None => Table::builtin(&comm.context().name().unwrap_or_default(), comm.size()),
+        };
         let mut setup_error = None;
         let kernels = match local {
             Err(why) => Err(why),
             Ok(()) if !everyone => Err(Fallback::PeerCannot),
             Ok(()) => {
-                lsa::agree_sizes(comm, sizes)?;
+                // The ranks' kernels meet in each other's windows, CTA by CTA, and each rank picks
+                // its path from the table: all of it must match.
+                let cta = options.cta_bytes;
+                let settings = [sizes.one_shot, sizes.staged, cta.ll, cta.one_shot, cta.two_shot].map(|v| v as u64);
+                lsa::agree(
+                    comm,
+                    "staging sizes, launch shapes (CTA bytes) or crossover tables",
+                    &[&settings[..], &[table.fingerprint()]].concat(),
+                )?;
                 match LsaKernels::create(comm, sizes) {
                     Ok(mut k) => {
                         k.set_cta_bytes(options.cta_bytes);
@@ -154,10 +168,6 @@ impl<'c> AllReduce<'c> {
                     }
                 }
             }
-        };
-        let table = match options.table {
-            Some(t) => t,
-            None => Table::builtin(&comm.context().name().unwrap_or_default(), comm.size()),
         };
         Ok(AllReduce { comm, kernels, setup_error, table, force: None, last: Cell::new(None) })
     }
@@ -188,7 +198,9 @@ impl<'c> AllReduce<'c> {
         &self.table
     }
 
-    /// Replaces the crossover table (every rank must use the same).
+    /// Replaces the crossover table (every rank must use the same: unlike [`AllReduce::new`],
+    /// this does not compare it across the ranks, whose kernels would otherwise meet different
+    /// kernels or NCCL).
     pub fn set_table(&mut self, table: Table) {
         self.table = table;
     }

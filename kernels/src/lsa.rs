@@ -262,7 +262,7 @@ impl<'c> LsaKernels<'c> {
     pub fn new(comm: &'c Comm, sizes: Sizes) -> Result<Self> {
         check_team(comm).map_err(Error::Unavailable)?;
         let sizes = sizes.rounded()?;
-        agree_sizes(comm, sizes)?;
+        agree(comm, "staging sizes", &[sizes.one_shot as u64, sizes.staged as u64])?;
         Self::create(comm, sizes)
     }
 
@@ -716,16 +716,14 @@ fn team(lsa: usize, ranks: usize) -> Result<(), Fallback> {
     }
 }
 
-/// Fails unless every rank asked for the same `sizes` (a MIN and a MAX all-reduce on the
-/// communicator's stream): the kernels write into the peers' windows at offsets this rank
-/// computes from its own sizes.
-pub(crate) fn agree_sizes(comm: &Comm, sizes: Sizes) -> Result<()> {
-    let mine = [sizes.one_shot as u64, sizes.staged as u64];
-    let (min, max) = (min_max(comm, &mine, ReduceOp::MIN)?, min_max(comm, &mine, ReduceOp::MAX)?);
+/// Fails unless every rank passed the same `values` (a MIN and a MAX all-reduce on the
+/// communicator's stream), named `what` in the error: the kernels write into the peers' windows
+/// at offsets each rank computes from its own sizes, and meet the peers' CTAs at barriers.
+pub(crate) fn agree(comm: &Comm, what: &str, mine: &[u64]) -> Result<()> {
+    let (min, max) = (min_max(comm, mine, ReduceOp::MIN)?, min_max(comm, mine, ReduceOp::MAX)?);
     if min != mine || max != mine {
         return Err(Error::Calibration(format!(
-            "the ranks asked for different staging sizes (this rank: one-shot {} B, staged {} B; smallest {:?}, largest {:?})",
-            sizes.one_shot, sizes.staged, min, max
+            "the ranks asked for different {what} (this rank: {mine:?}; smallest {min:?}, largest {max:?})"
         )));
     }
     Ok(())

@@ -75,6 +75,25 @@ pub struct Table {
 const H200_2: &str = include_str!("../tables/h200-2.txt");
 
 impl Table {
+    /// A number that differs between tables whose steps differ (FNV-1a over both sections'
+    /// steps): what the ranks compare to make sure they pick the same paths.
+    pub(crate) fn fingerprint(&self) -> u64 {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        let mut eat = |value: u64| {
+            for byte in value.to_le_bytes() {
+                hash = (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3);
+            }
+        };
+        for (section, steps) in [&self.eager, &self.graph].into_iter().enumerate() {
+            eat(section as u64);
+            for step in steps {
+                eat(step.upto.unwrap_or(u64::MAX));
+                eat(Path::ALL.iter().position(|&p| p == step.path).unwrap_or(Path::ALL.len()) as u64);
+            }
+        }
+        hash
+    }
+
     /// Reads a table from its text form.
     pub fn parse(text: &str) -> Result<Table> {
         let mut eager = Vec::new();
@@ -425,6 +444,20 @@ mod tests {
         let other = Table::builtin("NVIDIA A100-SXM4-80GB", 8);
         assert!(other.source().contains("measured on another machine (NVIDIA A100-SXM4-80GB, 8 ranks here)"));
         assert_eq!(t.steps(Mode::Eager), other.steps(Mode::Eager));
+    }
+
+    #[test]
+    fn tables_with_other_steps_have_other_fingerprints() {
+        // What AllReduce::new compares across the ranks: the steps, not the names.
+        let h200 = Table::builtin("NVIDIA H200", 2);
+        let elsewhere = Table::builtin("NVIDIA A100-SXM4-80GB", 8);
+        assert_eq!(h200.fingerprint(), elsewhere.fingerprint(), "same steps, other machine names");
+        assert_ne!(h200.fingerprint(), Table::nccl_only().fingerprint());
+        let one = |path| Table::new(vec![Step { upto: None, path }], vec![Step { upto: None, path }], "x").unwrap();
+        assert_ne!(one(Path::Ll).fingerprint(), one(Path::OneShot).fingerprint());
+        let eager_only =
+            Table::new(vec![Step { upto: None, path: Path::Ll }], vec![Step { upto: None, path: Path::Nccl }], "x");
+        assert_ne!(eager_only.unwrap().fingerprint(), one(Path::Ll).fingerprint(), "the graph section counts");
     }
 
     #[test]
