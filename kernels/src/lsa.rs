@@ -272,8 +272,25 @@ impl<'c> LsaKernels<'c> {
         if !crate::image::COMPILED {
             return Err(Error::Unavailable(Fallback::NotCompiled));
         }
-        // What can fail on this rank alone comes first: a failure after the collective steps
-        // below would leave the other ranks waiting in them.
+        // What can fail on this rank alone comes first, and every rank learns whether it did
+        // everywhere: a rank that failed would otherwise fall back while the others wait for it
+        // in the collective steps below.
+        let local = Self::load(comm, sizes);
+        let everyone = min_max(comm, &[u64::from(local.is_ok())], ReduceOp::MIN)?[0] == 1;
+        let (functions, buf) = match local {
+            Ok(loaded) if everyone => loaded,
+            Ok(_) => return Err(Error::Unavailable(Fallback::PeerCannot)),
+            Err(e) => return Err(e),
+        };
+        let dev = DevComm::new(comm, &DevCommRequirements::default().lsa_barriers(MAX_CTAS))?;
+        let window = KernelWindow(comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e)?);
+        Ok(LsaKernels { comm, dev, window, sizes, cta: CtaBytes::default(), functions })
+    }
+
+    /// [`LsaKernels::create`]'s steps on this rank alone: the kernels, and the window's memory,
+    /// zeroed and synchronized.
+    #[allow(clippy::type_complexity)]
+    fn load(comm: &Comm, sizes: Sizes) -> Result<(Vec<(Kernel, &'static str, CudaFunction)>, MemBuffer<u8>)> {
         let module = nccl::device::load_module(comm.context(), crate::image::LSA_ALLREDUCE)?;
         let mut functions = Vec::new();
         for kernel in [Kernel::Ll, Kernel::OneShot, Kernel::TwoShot, Kernel::Staged] {
@@ -286,9 +303,7 @@ impl<'c> LsaKernels<'c> {
         // Zeroed before any peer can reach it: the LL kernel of a peer stores into this window
         // without waiting for this rank, and a late memset would wipe its flags.
         buf.tracker().synchronize().map_err(nccl::Error::from)?;
-        let dev = DevComm::new(comm, &DevCommRequirements::default().lsa_barriers(MAX_CTAS))?;
-        let window = KernelWindow(comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e)?);
-        Ok(LsaKernels { comm, dev, window, sizes, cta: CtaBytes::default(), functions })
+        Ok((functions, buf))
     }
 
     /// The communicator.
