@@ -182,9 +182,13 @@ impl std::error::Error for SpawnError {}
 /// these. Standard input is closed.
 ///
 /// Every line a rank prints is re-printed on the parent's stdout or stderr as `[rank N] line`.
-/// When a rank fails (non-zero exit or a signal) the others get `SIGTERM`, and `SIGKILL` after
-/// `grace`. On Linux the ranks also get `SIGTERM` if the spawner itself dies. Ctrl-C in a terminal
-/// reaches every rank directly (they stay in the terminal's process group).
+/// Each rank runs in a process group of its own, so that stopping a rank stops what it started
+/// too (a shell's commands, Python's workers). When a rank fails (non-zero exit or a signal) the
+/// others' groups get `SIGTERM`, and `SIGKILL` after `grace`. `SIGINT`, `SIGTERM` and `SIGHUP`
+/// sent to the spawner while the ranks run (Ctrl-C in a terminal reaches the spawner only) are
+/// passed on to every rank's group, and the ranks still running get `SIGKILL` after `grace`:
+/// meanwhile this process's own handlers of those signals are set aside, and put back when the
+/// call returns. On Linux the ranks also get `SIGTERM` if the spawner itself dies.
 pub fn spawn_local(
     nproc: usize,
     program: &Path,
@@ -211,6 +215,8 @@ pub(crate) fn spawn_to(
     let token = random::hex(16).map_err(|error| SpawnError::Random { error })?;
     let key = random::hex(32).map_err(|error| SpawnError::Random { error })?;
     let relays = Relays::new();
+    // Before the first rank starts: a Ctrl-C from now on is the job's, not only the spawner's.
+    let forwarding = process::Forwarding::start();
     let mut children: Vec<Child> = Vec::with_capacity(nproc);
     for rank in 0..nproc {
         let mut command = Command::new(program);
@@ -232,6 +238,7 @@ pub(crate) fn spawn_to(
         command.envs(extra_env.iter().map(|(k, v)| (k, v)));
         command.envs(SAFETY_VARS);
         process::stop_with_parent(&mut command);
+        process::own_group(&mut command);
         let started = command.spawn().and_then(|mut child| {
             let prefix = format!("[rank {rank}] ");
             let pipes = (child.stdout.take(), child.stderr.take());
@@ -249,13 +256,15 @@ pub(crate) fn spawn_to(
             return Err(SpawnError::Spawn { rank, program: program.to_path_buf(), error });
         }
     }
-    let outcome = supervise(&mut children, grace);
+    let outcome = supervise(&mut children, grace, &forwarding);
     relays.wait(RELAY_LINGER, RELAY_LIMIT);
     outcome
 }
 
-/// Polls the children until all have exited, stopping the rest after the first failure.
-fn supervise(children: &mut [Child], grace: Duration) -> Result<Outcome, SpawnError> {
+/// Polls the children until all have exited, stopping the rest after the first failure, and
+/// passing on to every running rank's group a signal the spawner received (then stopping them
+/// like after a failure: `SIGKILL` after `grace`).
+fn supervise(children: &mut [Child], grace: Duration, forwarding: &process::Forwarding) -> Result<Outcome, SpawnError> {
     let mut statuses: Vec<Option<ExitStatus>> = vec![None; children.len()];
     let mut first_failure: Option<(usize, String)> = None;
     let mut stopping_since: Option<Instant> = None;
@@ -283,6 +292,13 @@ fn supervise(children: &mut [Child], grace: Duration) -> Result<Outcome, SpawnEr
         if running().next().is_none() {
             break;
         }
+        #[cfg(unix)]
+        if let Some(signal) = forwarding.take() {
+            for rank in running() {
+                process::signal_group(&children[rank], signal);
+            }
+            stopping_since.get_or_insert_with(Instant::now);
+        }
         if first_failure.is_some() && stopping_since.is_none() {
             for rank in running().collect::<Vec<_>>() {
                 process::terminate(&mut children[rank]);
@@ -292,7 +308,7 @@ fn supervise(children: &mut [Child], grace: Duration) -> Result<Outcome, SpawnEr
         if let Some(since) = stopping_since {
             if !killed && since.elapsed() >= grace {
                 for rank in running().collect::<Vec<_>>() {
-                    let _ = children[rank].kill();
+                    process::kill(&mut children[rank]);
                 }
                 killed = true;
             }
@@ -310,7 +326,7 @@ fn children_running(statuses: &[Option<ExitStatus>]) -> impl Iterator<Item = usi
 /// Kills and reaps every child (error paths).
 fn kill_all(children: &mut [Child]) {
     for child in children.iter_mut() {
-        let _ = child.kill();
+        process::kill(child);
         let _ = child.wait();
     }
 }

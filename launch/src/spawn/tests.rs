@@ -185,3 +185,39 @@ fn output_still_draining_when_the_ranks_exit_is_all_relayed() {
     assert_eq!(out.lines().count(), 300, "{out}");
     assert!(out.ends_with("[rank 0] line 299\n"));
 }
+
+/// True while process `pid` runs (gone, or a zombie waiting for its parent, counts as ended).
+fn runs(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses.
+        Ok(stat) => stat.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+#[test]
+fn stopping_a_rank_stops_what_it_started() {
+    // Rank 1 fails; rank 0 is a shell waiting for a `sleep` it started. Before: the SIGTERM went
+    // to the shell only, which died, and the `sleep` ran on, orphaned, holding the output pipes.
+    // Now the rank's whole process group gets it.
+    let dir = std::env::temp_dir().join(format!("gpucomm-spawn-group-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pid_file = dir.join("sleep.pid");
+    let script =
+        format!("if [ $RANK = 1 ]; then sleep 0.3; exit 3; fi; sleep 600 & echo $! > {}; wait $!", pid_file.display());
+    let captured = Captured::new();
+    let outcome = sh(2, &script, &[], Duration::from_secs(2), &captured);
+    assert_eq!(outcome.first_failure, Some((1, "exited with code 3".to_string())), "{outcome}");
+    let pid: u32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while runs(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let survived = runs(pid);
+    if survived {
+        // SAFETY: kill(2) has no memory-safety preconditions; the test started this `sleep`.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!survived, "the sleep rank 0 started outlived the job");
+}
