@@ -62,10 +62,15 @@ extern "C" fn received(signal: libc::c_int) {
 }
 
 /// While it lives, `SIGINT`, `SIGTERM` and `SIGHUP` to this process are caught for the ranks
-/// ([`Forwarding::take`]) instead of ending it; dropping it puts the earlier handlers back.
+/// ([`Forwarding::take`]) instead of ending it; dropping it puts the earlier handlers back and,
+/// if one of those signals was caught, raises it again, so that the spawner then ends (or runs
+/// its own handler) as it would have without the ranks: a `timeout` or a batch system that
+/// stops the spawner still stops it, once its ranks are stopped.
 pub(super) struct Forwarding {
     #[cfg(unix)]
     earlier: Vec<(libc::c_int, libc::sigaction)>,
+    #[cfg(unix)]
+    caught: std::cell::Cell<Option<libc::c_int>>,
 }
 
 impl Forwarding {
@@ -89,7 +94,7 @@ impl Forwarding {
                     }
                 }
             }
-            Forwarding { earlier }
+            Forwarding { earlier, caught: std::cell::Cell::new(None) }
         }
         #[cfg(not(unix))]
         Forwarding {}
@@ -98,17 +103,32 @@ impl Forwarding {
     /// The signal received since the last call, if any, to send on to the ranks.
     #[cfg(unix)]
     pub(super) fn take(&self) -> Option<libc::c_int> {
-        Some(RECEIVED.swap(0, Ordering::Relaxed)).filter(|&signal| signal != 0)
+        let signal = Some(RECEIVED.swap(0, Ordering::Relaxed)).filter(|&signal| signal != 0);
+        if signal.is_some() {
+            self.caught.set(signal);
+        }
+        signal
     }
 }
 
 impl Drop for Forwarding {
     fn drop(&mut self) {
         #[cfg(unix)]
-        for (signal, old) in &self.earlier {
-            // SAFETY: `old` is the action sigaction(2) reported for `signal` in `start`.
-            unsafe {
-                libc::sigaction(*signal, old, std::ptr::null_mut());
+        {
+            for (signal, old) in &self.earlier {
+                // SAFETY: `old` is the action sigaction(2) reported for `signal` in `start`.
+                unsafe {
+                    libc::sigaction(*signal, old, std::ptr::null_mut());
+                }
+            }
+            // One that came after the ranks were gone was never passed on: it is this process's.
+            let caught = self.caught.get().or_else(|| self.take());
+            if let Some(signal) = caught {
+                // SAFETY: raise(3) has no memory-safety preconditions; the earlier action of
+                // `signal` is back in place.
+                unsafe {
+                    libc::raise(signal);
+                }
             }
         }
     }

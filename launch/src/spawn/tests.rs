@@ -221,3 +221,49 @@ fn stopping_a_rank_stops_what_it_started() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(!survived, "the sleep rank 0 started outlived the job");
 }
+
+/// Set by [`a_signal_to_the_spawner_reaches_the_ranks_and_then_the_spawner`] for its child.
+const SPAWNER_CHILD: &str = "GPUCOMM_TEST_SPAWNER_CHILD";
+
+#[test]
+fn a_signal_to_the_spawner_reaches_the_ranks_and_then_the_spawner() {
+    // A spawner (this test binary, running only `spawner_child`) with one rank that traps SIGINT.
+    // SIGINT to the spawner — what Ctrl-C does, the ranks being in groups of their own — is
+    // passed on to the rank, whose trap runs, and then ends the spawner itself, as it would have
+    // without ranks (a `timeout` that stops the spawner still stops it).
+    let exe = std::env::current_exe().unwrap();
+    let mut spawner = std::process::Command::new(exe)
+        .args(["spawn::tests::spawner_child", "--exact", "--nocapture", "--test-threads=1"])
+        .env(SPAWNER_CHILD, "1")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(spawner.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("trap set") {
+        line.clear();
+        assert!(std::io::BufRead::read_line(&mut out, &mut line).unwrap() > 0, "the spawner ended early");
+    }
+    // SAFETY: kill(2) has no memory-safety preconditions; the test started this process.
+    unsafe { libc::kill(spawner.id() as libc::pid_t, libc::SIGINT) };
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest).unwrap();
+    let status = spawner.wait().unwrap();
+    assert!(rest.contains("[rank 0] got SIGINT"), "{rest}");
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGINT), "{status:?}\n{rest}");
+}
+
+/// Child half: does nothing unless started by the test above.
+#[test]
+fn spawner_child() {
+    if std::env::var_os(SPAWNER_CHILD).is_none() {
+        return;
+    }
+    // In the foreground, so that the SIGINT reaches the `sleep` too (a shell's background
+    // commands ignore it) and nothing outlives the test.
+    let script = "trap 'echo got SIGINT; exit 5' INT; echo trap set; while :; do sleep 0.1; done";
+    let args = [OsString::from("-c"), OsString::from(script)];
+    let _ = spawn_local(1, Path::new("/bin/sh"), &args, &[], Duration::from_secs(2));
+    unreachable!("the SIGINT passed on to the rank ends the spawner too");
+}
