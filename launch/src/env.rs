@@ -115,7 +115,8 @@ impl fmt::Display for Master {
 ///   compared: `srun` may have started the chosen launcher (one torchrun agent or MPI daemon per
 ///   node), whose ranks Slurm's numbering does not describe. PMI without its local pair under
 ///   `srun` (Slurm's `pmi2` plugin sets only `PMI_RANK` and `PMI_SIZE`) gives way to Slurm.
-/// * A world size above 2^20 processes is refused (a rendezvous keeps a few keys per rank).
+/// * A world size above [`MAX_WORLD_SIZE`] (2^20) processes is refused (a rendezvous keeps a few
+///   keys per rank).
 /// * No family present: [`Launcher::Single`], rank 0 of 1, no master.
 /// * Job identity: `GPUCOMM_JOB_TOKEN` when set; else the family's (table above); else, inside a
 ///   Slurm step (`SLURM_JOB_ID` and `SLURM_STEP_ID` set, as under `srun` or an `mpirun` that

@@ -163,7 +163,9 @@ mod spawn;
 pub mod store;
 
 pub use entry::{run_main, NPROC_FLAG};
-pub use env::{EnvError, JobIdentity, Launcher, Master, RankInfo, Torchelastic, DEFAULT_PORT, JOB_TOKEN_VAR};
+pub use env::{
+    EnvError, JobIdentity, Launcher, Master, RankInfo, Torchelastic, DEFAULT_PORT, JOB_TOKEN_VAR, MAX_WORLD_SIZE,
+};
 pub use rendezvous::{
     JobKey, Options, Rendezvous, RendezvousError, StoreMode, DEFAULT_TIMEOUT, JOB_KEY_VAR, MAX_BROADCAST, MAX_TIMEOUT,
     MIN_KEY_LEN, MIN_TIMEOUT, STORE_VAR, TIMEOUT_VAR,
