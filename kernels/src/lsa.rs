@@ -118,10 +118,18 @@ impl Sizes {
         Ok(Sizes { one_shot: area("one-shot", self.one_shot)?, staged: area("staged", self.staged)? })
     }
 
-    /// The window's bytes: the counters, two one-shot slots, the LL regions, the staged input
-    /// and output (sizes [`Sizes::rounded`], so no overflow).
+    /// Byte offsets in the window of the LL regions, the staged input and the staged output (the
+    /// counters come first, then the two one-shot slots, where the kernel finds them; sizes
+    /// [`Sizes::rounded`], so no overflow).
+    fn offsets(self) -> (usize, usize, usize) {
+        let ll = CTRL_BYTES + 2 * self.one_shot;
+        let staged_in = ll + LL_BYTES;
+        (ll, staged_in, staged_in + self.staged)
+    }
+
+    /// The window's bytes: everything [`Sizes::offsets`] lays out, up to the staged output's end.
     fn window_bytes(self) -> usize {
-        CTRL_BYTES + 2 * self.one_shot + LL_BYTES + 2 * self.staged
+        self.offsets().2 + self.staged
     }
 }
 
@@ -345,14 +353,6 @@ impl<'c> LsaKernels<'c> {
             Path::TwoShot => self.sizes.staged,
             Path::Nccl => usize::MAX,
         }
-    }
-
-    /// Byte offsets in the window of the LL regions, the staged input and the staged output (the
-    /// one-shot slots follow the counters, where the kernel finds them).
-    fn offsets(&self) -> (usize, usize, usize) {
-        let ll = CTRL_BYTES + 2 * self.sizes.one_shot;
-        let staged_in = ll + LL_BYTES;
-        (ll, staged_in, staged_in + self.sizes.staged)
     }
 
     /// LL all-reduce (sum) of `send` into `recv` on `stream`, for messages of 1 to
@@ -629,7 +629,7 @@ impl<'c> LsaKernels<'c> {
         count: usize,
     ) -> Result<()> {
         let win = self.window.0.arg();
-        let (ll_off, in_off, out_off) = self.offsets();
+        let (ll_off, in_off, out_off) = self.sizes.offsets();
         let (base, slot, region) = (0usize, self.sizes.one_shot, LL_REGION);
         let elem = size_of::<T>();
         match kernel {
