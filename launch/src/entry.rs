@@ -20,6 +20,10 @@ const USAGE: u8 = 2;
 
 /// Runs `body` as one rank of a job, or starts the job first.
 ///
+/// First of all it turns NVLink multicast off in this process ([`safety::enforce`](crate::safety::enforce):
+/// `NCCL_NVLS_ENABLE=0` and its NVSHMEM and PyTorch twins, replacing other values with a note on
+/// stderr), so call it first thing in `main`, before starting threads or loading NCCL.
+///
 /// * With `--nproc N` (or `--nproc=N`) among the arguments (before any `--`), and not itself
 ///   started by the spawner (`GPUCOMM_SPAWNED` unset): starts `N` copies of the current executable
 ///   through [`spawn_local`], with the same arguments minus the flag, and returns their combined
@@ -48,6 +52,7 @@ pub fn run_main<F>(body: F) -> ExitCode
 where
     F: FnOnce(RankInfo) -> Result<(), Box<dyn Error>>,
 {
+    crate::safety::enforce_with_note();
     let args: Vec<OsString> = std::env::args_os().skip(1).collect();
     let (nproc, rest) = match split_nproc(&args) {
         Ok(split) => split,
@@ -230,6 +235,49 @@ mod tests {
             let message = split_nproc(&args(list)).unwrap_err().to_string();
             assert!(message.starts_with(expected), "{list:?}: {message}");
         }
+    }
+
+    /// Set in the child half of the test below.
+    const SAFETY_CHILD: &str = "GPUCOMM_TEST_SAFETY_CHILD";
+
+    #[test]
+    fn run_main_turns_nvlink_multicast_off_for_its_process() {
+        // Before: only ranks the spawner started had the variables; a rank started by torchrun,
+        // mpirun or srun left NCCL's and NVSHMEM's multicast defaults on.
+        let exe = std::env::current_exe().unwrap();
+        let out = std::process::Command::new(exe)
+            .args(["entry::tests::safety_child", "--exact", "--nocapture", "--test-threads=1"])
+            .env(SAFETY_CHILD, "1")
+            .env("NCCL_NVLS_ENABLE", "1")
+            .env_remove("NVSHMEM_DISABLE_NVLS")
+            .env_remove("TORCH_SYMM_MEM_DISABLE_MULTICAST")
+            .envs([("RANK", "0"), ("WORLD_SIZE", "1")])
+            .output()
+            .unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{stdout}\n{stderr}");
+        assert!(
+            stdout.contains("seen: NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1"),
+            "{stdout}"
+        );
+        assert!(stderr.contains("note: NVLink multicast stays off: using NCCL_NVLS_ENABLE=0 (was \"1\")"), "{stderr}");
+    }
+
+    /// Child half: does nothing unless started by the test above.
+    #[test]
+    fn safety_child() {
+        if std::env::var_os(SAFETY_CHILD).is_none() {
+            return;
+        }
+        let code = run_main(|_| {
+            let seen: Vec<String> = crate::SAFETY_VARS
+                .iter()
+                .map(|(name, _)| format!("{name}={}", std::env::var(name).unwrap_or_default()))
+                .collect();
+            println!("seen: {}", seen.join(" "));
+            Ok(())
+        });
+        assert_eq!(code, ExitCode::SUCCESS);
     }
 
     #[test]

@@ -111,13 +111,24 @@ impl fmt::Display for Master {
 /// * Precedence: torchrun-style > Open MPI > PMI > Slurm (torchrun or `mpirun` inside a Slurm
 ///   allocation is normal). The other present families are only compared with the chosen one: if a
 ///   complete one reports the same world size but a different rank, that is an
-///   [`EnvError::Conflict`]; if it is incomplete or malformed it is ignored. Slurm is not
-///   compared: `srun` may have started the chosen launcher (one torchrun agent or MPI daemon per
-///   node), whose ranks Slurm's numbering does not describe. PMI without its local pair under
-///   `srun` (Slurm's `pmi2` plugin sets only `PMI_RANK` and `PMI_SIZE`) gives way to Slurm.
+///   [`EnvError::Conflict`]; if it is incomplete or malformed it is ignored. Which are compared:
+///   * none when torchrun set the torchrun-style variables (its agent always sets
+///     `TORCHELASTIC_RUN_ID`): torchrun numbers its workers itself (its rendezvous picks the order
+///     of the nodes), whether `srun`, `mpirun` or a PMI launcher started it;
+///   * otherwise (the torchrun-style variables set by hand or exported by a batch script, or an
+///     MPI family chosen) every other family, Slurm only when no MPI family (Open MPI, PMI) is
+///     present: `mpirun`'s daemons (and Hydra's proxies) may run as a Slurm step, numbered their
+///     own way. So torchrun-style variables exported at batch level, which every `srun` task
+///     inherits (`RANK=0 WORLD_SIZE=4` in all four tasks), are a conflict with `SLURM_PROCID`
+///     rather than four ranks 0.
+///
+///   PMI without its local pair under `srun` (Slurm's `pmi2` plugin sets only `PMI_RANK` and
+///   `PMI_SIZE`) gives way to Slurm.
 /// * A world size above [`MAX_WORLD_SIZE`] (2^20) processes is refused (a rendezvous keeps a few
 ///   keys per rank).
 /// * No family present: [`Launcher::Single`], rank 0 of 1, no master.
+/// * GPUs per task: `SLURM_GPUS_PER_TASK` when Slurm gave the rank ([`RankInfo::gpus_per_task`]);
+///   a malformed value is an error naming it.
 /// * Job identity: `GPUCOMM_JOB_TOKEN` when set; else the family's (table above); else, inside a
 ///   Slurm step (`SLURM_JOB_ID` and `SLURM_STEP_ID` set, as under `srun` or an `mpirun` that
 ///   Slurm started), the step's ids; else none (set `GPUCOMM_JOB_TOKEN` to the same value on
@@ -149,6 +160,11 @@ pub struct RankInfo {
     pub job_identity: Option<JobIdentity>,
     /// torchrun's other variables, when torchrun started this process.
     pub torchelastic: Option<Torchelastic>,
+    /// The GPUs Slurm binds to each task, when Slurm gave the rank and `SLURM_GPUS_PER_TASK` is
+    /// set (`srun --gpus-per-task N`; the total of its counts, as in `a100:2,v100:1`): such a task
+    /// sees only its own GPUs, unless `--gpu-bind` overrides the binding, so
+    /// [`RankInfo::device_ordinal`] picks the first of them when exactly that many are visible.
+    pub gpus_per_task: Option<usize>,
 }
 
 impl RankInfo {
@@ -163,6 +179,7 @@ impl RankInfo {
             launcher: Launcher::Single,
             job_identity: None,
             torchelastic: None,
+            gpus_per_task: None,
         }
     }
 
@@ -184,7 +201,8 @@ impl RankInfo {
             return Ok(info);
         };
         let chosen = chosen?;
-        for other in present.flatten().filter(|other| other.launcher != Launcher::Slurm) {
+        let others: Vec<Found> = present.flatten().collect();
+        for other in others.iter().filter(|other| compared(&vars, &chosen, other, &others)) {
             if other.world.value == chosen.world.value && other.rank.value != chosen.rank.value {
                 return Err(EnvError::Conflict {
                     chosen: chosen.rank.to_string(),
@@ -195,6 +213,10 @@ impl RankInfo {
         }
         let torchelastic = match chosen.launcher {
             Launcher::Torchrun => torchelastic(&vars)?,
+            _ => None,
+        };
+        let gpus_per_task = match chosen.launcher {
+            Launcher::Slurm => slurm_gpus_per_task(&vars)?,
             _ => None,
         };
         let family_identity = match (&chosen.launcher, &torchelastic) {
@@ -229,15 +251,20 @@ impl RankInfo {
             launcher: chosen.launcher,
             job_identity,
             torchelastic,
+            gpus_per_task,
         })
     }
 
-    /// The CUDA device this process should use, given how many are visible:
-    /// the local rank when it is below `device_count`; device 0 when exactly one device is visible
-    /// (one GPU per process, e.g. `CUDA_VISIBLE_DEVICES` set per rank); an error otherwise.
+    /// The CUDA device this process should use, given how many are visible: device 0 when they
+    /// are this task's own (as many as [`RankInfo::gpus_per_task`], which Slurm binds to each
+    /// task); else the local rank when it is below `device_count`; device 0 when exactly one
+    /// device is visible (one GPU per process, e.g. `CUDA_VISIBLE_DEVICES` set per rank); an error
+    /// otherwise.
     pub fn device_ordinal(&self, device_count: usize) -> Result<usize, EnvError> {
         if device_count == 0 {
             Err(EnvError::NoDevice)
+        } else if self.gpus_per_task == Some(device_count) {
+            Ok(0)
         } else if self.local_rank < device_count {
             Ok(self.local_rank)
         } else if device_count == 1 {
@@ -270,6 +297,25 @@ impl fmt::Display for RankInfo {
         Ok(())
     }
 }
+
+/// Whether the complete family `other` is compared with the chosen one (see [`RankInfo`]'s
+/// rules): none when torchrun set the chosen variables, since it numbers the workers itself;
+/// Slurm only when no MPI family is present, since `srun` may have started `mpirun`'s daemons
+/// (or Hydra's proxies), whose numbering is not the ranks'.
+fn compared(vars: &Vars, chosen: &Found, other: &Found, others: &[Found]) -> bool {
+    let mpi = |launcher| matches!(launcher, Launcher::OpenMpi | Launcher::Pmi);
+    if chosen.launcher == Launcher::Torchrun && vars.get(TORCHRUN_MARK).is_some() {
+        false
+    } else if other.launcher == Launcher::Slurm {
+        !mpi(chosen.launcher) && !others.iter().any(|o| mpi(o.launcher))
+    } else {
+        true
+    }
+}
+
+/// The variable torchrun's agent always sets in its workers' environment: torchrun-style
+/// variables without it were set by something else (by hand, a batch script, another tool).
+const TORCHRUN_MARK: &str = "TORCHELASTIC_RUN_ID";
 
 /// The variable lookup, with empty values treated as unset.
 struct Vars<'a> {
@@ -502,6 +548,18 @@ fn pmi(vars: &Vars) -> Option<Result<Found, EnvError>> {
 /// The size of the step `srun` started this task in: set by `srun` only (module docs).
 const SLURM_TASKS: &str = "SLURM_STEP_NUM_TASKS";
 const SLURM_PER_NODE: &str = "SLURM_STEP_TASKS_PER_NODE";
+
+/// `SLURM_GPUS_PER_TASK` (`[type:]count`, comma-separated): the total count.
+fn slurm_gpus_per_task(vars: &Vars) -> Result<Option<usize>, EnvError> {
+    const NAME: &str = "SLURM_GPUS_PER_TASK";
+    let Some(raw) = vars.get(NAME) else { return Ok(None) };
+    let count = |item: &str| item.rsplit(':').next().and_then(|n| n.trim().parse::<usize>().ok());
+    raw.split(',')
+        .try_fold(0usize, |total, item| total.checked_add(count(item)?))
+        .filter(|&total| total > 0)
+        .map(Some)
+        .ok_or_else(|| invalid(NAME, raw.clone(), "a GPU count per task such as 2, a100:2 or a100:2,v100:1"))
+}
 
 fn slurm_family(vars: &Vars) -> Option<Result<Found, EnvError>> {
     vars.get(SLURM_TASKS)?;

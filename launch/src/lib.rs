@@ -57,8 +57,11 @@
 //!
 //! When several are present, torchrun-style variables win over Open MPI, which wins over PMI,
 //! which wins over Slurm (torchrun or `mpirun` inside a Slurm allocation is normal); two complete
-//! sets that report the same world size but different ranks are an error, except Slurm's, which
-//! may describe the launcher `srun` started rather than this process. `MASTER_ADDR` and
+//! sets that report the same world size but different ranks are an error (stale variables of an
+//! outer launcher or a batch script), except when torchrun set the chosen ones
+//! (`TORCHELASTIC_RUN_ID`: it numbers its workers itself, whoever started it) and except
+//! Slurm's next to an MPI family (`srun` may have started `mpirun`'s daemons, numbered
+//! otherwise). `MASTER_ADDR` and
 //! `MASTER_PORT` are read whatever the launcher. The full rules are in [`RankInfo`]'s
 //! documentation.
 //!
@@ -159,6 +162,7 @@ mod entry;
 mod env;
 mod random;
 mod rendezvous;
+pub mod safety;
 mod spawn;
 pub mod store;
 
@@ -170,4 +174,5 @@ pub use rendezvous::{
     JobKey, Options, Rendezvous, RendezvousError, StoreMode, DEFAULT_TIMEOUT, JOB_KEY_VAR, MAX_BROADCAST, MAX_TIMEOUT,
     MIN_KEY_LEN, MIN_TIMEOUT, STORE_VAR, TIMEOUT_VAR,
 };
-pub use spawn::{spawn_local, Outcome, SpawnError, SAFETY_VARS, SPAWNED_VAR};
+pub use safety::SAFETY_VARS;
+pub use spawn::{spawn_local, Outcome, SpawnError, SPAWNED_VAR};

@@ -34,7 +34,8 @@ pub const MAX_BROADCAST: usize = (1 << 20) - 64;
 /// PyTorch's `TCPStore(host, port, is_master=False)` can also use), or, with
 /// `GPUCOMM_STORE=external`, one that someone else hosts. Rank 0 listens on `MASTER_ADDR` itself
 /// when it is an IP address of this machine (so `127.0.0.1` keeps the store local), on every
-/// interface when it is a host name or an address this machine does not have.
+/// interface when it is an address this machine does not have, and on every interface of both
+/// IPv6 and IPv4 when it is a host name (which the other ranks may resolve to either).
 ///
 /// **Keys.** Everything lives under `/gpucomm/v1/<scope>/<n>/`, where the scope is a hash of the
 /// job identity ([`RankInfo::job_identity`]; torchrun's includes the restart count, so a
@@ -62,6 +63,9 @@ pub const MAX_BROADCAST: usize = (1 << 20) - 64;
 ///
 /// **Rank 0's store outlives its last use**: dropping rank 0's `Rendezvous` waits (within the
 /// timeout) until every other rank has finished its last operation or closed its connection.
+/// Each rank acknowledges the operations it finished under a key of its own, with a MAC when
+/// the job has a key, so that a process without the key cannot make rank 0 close its store
+/// early.
 ///
 /// **Security**: see the crate's documentation. In short: with a job key (`GPUCOMM_JOB_KEY`) no
 /// process without it can read a broadcast value or take a rank unnoticed; without one, anyone

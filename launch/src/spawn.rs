@@ -14,16 +14,12 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::random;
+use crate::safety::SAFETY_VARS;
 use relay::{Relays, Sink};
 
 /// Set (to `1`) in every spawned rank; [`run_main`](crate::run_main) does not spawn again
 /// when it sees it.
 pub const SPAWNED_VAR: &str = "GPUCOMM_SPAWNED";
-
-/// Variables every spawned rank gets, overriding the caller's environment and `extra_env`: they
-/// turn off NVLink multicast (NVLS) in NCCL, NVSHMEM and PyTorch symmetric memory.
-pub const SAFETY_VARS: [(&str, &str); 3] =
-    [("NCCL_NVLS_ENABLE", "0"), ("NVSHMEM_DISABLE_NVLS", "1"), ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")];
 
 /// Variables of other launchers (and a store choice meant for the spawner's own launcher),
 /// removed from the ranks' environment so that they cannot contradict what the spawner sets.

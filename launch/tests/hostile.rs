@@ -303,16 +303,91 @@ fn a_late_joiner_fails_at_once() {
     assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
     assert!(matches!(err, RendezvousError::LateJoiner { rank: 1, .. }), "{err}");
     let message = err.to_string();
-    assert!(
-        message.starts_with(
-            "rendezvous already complete: every rank joined before this process, and rank 1 is held by pid "
-        ),
-        "{message}"
+    let (held, rest) = message.split_once(". The keys").unwrap();
+    let by = format!(
+        "rendezvous already complete: every rank joined before this process, and rank 1 is held by pid {} on ",
+        std::process::id()
+    );
+    assert!(held.starts_with(&by), "{message}");
+    assert_eq!(
+        rest,
+        format!(
+            " may be an earlier run's with the same job identity (from GPUCOMM_JOB_TOKEN) in the store at \
+             127.0.0.1:{port}, which an earlier run's rank 0 serves until that run's slowest rank is done (another \
+             MASTER_PORT for each run helps too). Give each run its own GPUCOMM_JOB_TOKEN, the same on all its \
+             ranks (e.g. `export GPUCOMM_JOB_TOKEN=$(uuidgen)` before each launch, or one per program: \
+             `GPUCOMM_JOB_TOKEN=a ./a && GPUCOMM_JOB_TOKEN=b ./b`). Otherwise this process is a second copy of rank \
+             1: start each rank of a job once, and if the holder is not of this job, protect the job with \
+             GPUCOMM_JOB_KEY"
+        )
     );
     // The job goes on.
     tx.send(()).unwrap();
     rank1.barrier().unwrap();
     rank0.join().unwrap().unwrap();
+}
+
+#[test]
+fn a_second_program_in_a_torchrun_worker_is_told_to_use_its_own_job_token() {
+    // `torchrun ... bash -c './a && ./b'`: both programs read the same torchrun variables, so
+    // they have the same job identity, and the agent's store keeps program a's keys while b runs.
+    // Before: b failed with "rendezvous already complete", which blamed a second copy of the rank.
+    let agent = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
+    let port = agent.local_addr().port();
+    let run_id = format!("two-programs-{}", std::process::id());
+    let worker = |rank: usize, token: Option<&str>| -> RankInfo {
+        let mut vars = vec![
+            ("RANK", rank.to_string()),
+            ("WORLD_SIZE", "2".into()),
+            ("LOCAL_RANK", rank.to_string()),
+            ("LOCAL_WORLD_SIZE", "2".into()),
+            ("MASTER_ADDR", "127.0.0.1".into()),
+            ("MASTER_PORT", port.to_string()),
+            ("TORCHELASTIC_RUN_ID", run_id.clone()),
+            ("TORCHELASTIC_RESTART_COUNT", "0".into()),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
+        ];
+        vars.extend(token.map(|token| ("GPUCOMM_JOB_TOKEN", token.to_string())));
+        RankInfo::from_vars(|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone())).unwrap()
+    };
+    // Each program is a process of its own in life: its first rendezvous is #0.
+    let program = |name: &'static str, token: Option<&str>| -> Vec<Result<Vec<u8>, RendezvousError>> {
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                spawn(worker(rank, token), options(10.0).clone_instance(0), move |mut rv| {
+                    rv.broadcast(|| Ok(name.into()))
+                })
+            })
+            .collect();
+        ranks.into_iter().map(|r| r.join().unwrap()).collect()
+    };
+    for result in program("a", None) {
+        assert_eq!(result.unwrap(), b"a");
+    }
+    let started = Instant::now();
+    for (rank, result) in program("b", None).into_iter().enumerate() {
+        let err = result.unwrap_err();
+        assert!(matches!(&err, RendezvousError::LateJoiner { rank: r, .. } if *r == rank), "{err}");
+        let message = err.to_string();
+        let (_, rest) = message.split_once(". The keys").unwrap();
+        assert_eq!(
+            rest,
+            format!(
+                " may be an earlier run's with the same job identity (from TORCHELASTIC_RUN_ID and \
+                 TORCHELASTIC_RESTART_COUNT) in torchrun's agent store at 127.0.0.1:{port}, which serves every \
+                 program that a worker runs, one after another (`./a && ./b`). Give each run its own \
+                 GPUCOMM_JOB_TOKEN, the same on all its ranks (e.g. `export GPUCOMM_JOB_TOKEN=$(uuidgen)` before \
+                 each launch, or one per program: `GPUCOMM_JOB_TOKEN=a ./a && GPUCOMM_JOB_TOKEN=b ./b`). Otherwise \
+                 this process is a second copy of rank {rank}: start each rank of a job once, and if the holder is \
+                 not of this job, protect the job with GPUCOMM_JOB_KEY"
+            )
+        );
+    }
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    // With a token of its own, program b meets at the same store.
+    for result in program("b", Some("program-b")) {
+        assert_eq!(result.unwrap(), b"b");
+    }
 }
 
 #[test]
@@ -453,4 +528,40 @@ fn values_replayed_from_an_earlier_run_with_the_same_key_and_identity_are_refuse
     let error = rank1.join().unwrap().unwrap_err();
     assert!(matches!(error, RendezvousError::Forged { .. }), "{error}");
     assert!(error.to_string().contains("does not list this rank's claim"), "{error}");
+}
+
+#[test]
+fn acknowledgements_written_without_the_key_do_not_end_rank_0s_linger() {
+    // Rank 0 keeps its store up after its last operation until every rank has acknowledged
+    // that operation. The acknowledgements were one counter that anyone reaching the port could
+    // raise: rank 0 then closed its store while rank 1 still had to read the broadcast value.
+    // Each rank now acknowledges under a key of its own, with a MAC.
+    let port = free_port();
+    let token = "forged-acknowledgements";
+    let p = prefix(token, 0);
+    let (broadcast_done, broadcast_seen) = std::sync::mpsc::channel();
+    let (forged_done, forged_seen) = std::sync::mpsc::channel();
+    let rank0 = spawn(info(0, 2, port, token), keyed(10.0, KEY), move |mut rv| {
+        let id = rv.broadcast(|| Ok(b"the id".to_vec()))?;
+        broadcast_done.send(()).unwrap();
+        forged_seen.recv().unwrap();
+        Ok(id)
+    });
+    let rank1 = spawn(info(1, 2, port, token), keyed(10.0, KEY), |mut rv| {
+        thread::sleep(Duration::from_millis(1500));
+        rv.broadcast(|| Err("unused".into()))
+    });
+    broadcast_seen.recv().unwrap();
+    let mut attacker = store_client(port);
+    attacker.add(&format!("{p}/done"), 1000).unwrap();
+    let count = 1000u64.to_le_bytes();
+    for forged in [count.to_vec(), [count.as_slice(), &[0; 32]].concat()] {
+        attacker.set(&format!("{p}/done/1"), &forged).unwrap();
+    }
+    drop(attacker);
+    let started = Instant::now();
+    forged_done.send(()).unwrap();
+    assert_eq!(rank0.join().unwrap().unwrap(), b"the id");
+    assert_eq!(rank1.join().unwrap().unwrap(), b"the id");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
 }

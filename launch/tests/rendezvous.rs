@@ -188,8 +188,8 @@ fn ranks_can_meet_at_a_store_someone_else_hosts() {
         .collect();
     let results: Vec<_> = ranks.into_iter().map(|r| r.join().unwrap().unwrap()).collect();
     assert!(results.iter().all(|r| r == &results[0] && r.1));
-    // What is left after the barrier: three claims, the completion, the done counter is not
-    // used (no rank hosts), the barrier's release; the broadcast value and the arrivals are gone.
+    // What is left after the barrier: three claims, the completion, the barrier's release; no
+    // acknowledgements (no rank hosts); the broadcast value and the arrivals are gone.
     let mut c = store_client(port);
     let p = prefix("external-store", 0);
     assert!(c.check(&[&format!("{p}/rank/2"), &format!("{p}/complete"), &format!("{p}/op1/release")]).unwrap());

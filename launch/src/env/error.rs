@@ -152,8 +152,9 @@ impl fmt::Display for EnvError {
             EnvError::NotEnoughDevices { local_rank, device_count } => write!(
                 f,
                 "local rank {local_rank} has no GPU of its own: only {device_count} CUDA devices are visible; \
-                 start at most {device_count} processes per node, or give each process one GPU through \
-                 CUDA_VISIBLE_DEVICES"
+                 start at most {device_count} processes per node, or give each process its own GPUs: one through \
+                 CUDA_VISIBLE_DEVICES, or with Slurm `srun --gpus-per-task N` (which binds them to each task; \
+                 SLURM_GPUS_PER_TASK then tells this process to use the first)"
             ),
         }
     }

@@ -65,6 +65,7 @@ fn torchrun_variables() {
                 group_rank: Some(0),
                 role_rank: Some(1),
             }),
+            gpus_per_task: None,
         }
     );
     assert_eq!(
@@ -260,14 +261,24 @@ fn a_batch_script_is_not_a_slurm_task() {
     assert_eq!((info.launcher, info.rank, info.local_rank), (Launcher::Torchrun, 1, 1));
 }
 
+/// Task 2 of `srun -n 4` on one node (each task one GPU).
+const SRUN_TASK_2: [(&str, &str); 5] = [
+    ("SLURM_PROCID", "2"),
+    ("SLURM_STEP_NUM_TASKS", "4"),
+    ("SLURM_LOCALID", "2"),
+    ("SLURM_STEP_TASKS_PER_NODE", "4"),
+    ("SLURM_NODEID", "0"),
+];
+
 #[test]
-fn srun_starting_another_launcher_is_not_compared_with_it() {
+fn srun_starting_torchrun_is_not_compared_with_it() {
     // `srun -N2 --ntasks-per-node=1 torchrun --nnodes 2 --nproc-per-node 1`: torchrun numbers the
     // nodes its own way (c10d sorts host names: node10 before node9), so the rank of the node's
     // only worker may differ from the agent's SLURM_PROCID at the same world size. Before: a
-    // conflict, and the job died at start.
+    // conflict, and the job died at start. (torchrun's agent always sets TORCHELASTIC_RUN_ID.)
     let mut vars = vec![("RANK", "0"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1")];
     vars.extend([
+        ("TORCHELASTIC_RUN_ID", "none"),
         ("SLURM_PROCID", "1"),
         ("SLURM_STEP_NUM_TASKS", "2"),
         ("SLURM_LOCALID", "0"),
@@ -276,6 +287,67 @@ fn srun_starting_another_launcher_is_not_compared_with_it() {
     ]);
     let info = parse(&vars).unwrap();
     assert_eq!((info.launcher, info.rank), (Launcher::Torchrun, 0));
+}
+
+#[test]
+fn stale_torchrun_style_variables_under_srun_are_a_conflict() {
+    // `export RANK=0 WORLD_SIZE=4 LOCAL_RANK=0 LOCAL_WORLD_SIZE=4` in a batch script, then
+    // `srun -n 4 ./prog`: every task inherits them. Before: all four took themselves for rank 0
+    // of 4 (Slurm was never compared), and the rendezvous failed with a rank claimed four times.
+    let mut vars = vec![("RANK", "0"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "4")];
+    vars.extend(SRUN_TASK_2);
+    let err = parse(&vars).unwrap_err();
+    assert_eq!(err, EnvError::Conflict { chosen: "RANK=0".into(), other: "SLURM_PROCID=2".into(), world_size: 4 });
+    assert_eq!(
+        err.to_string(),
+        "RANK=0 but SLURM_PROCID=2 (same world size 4): two launchers disagree about this process's rank; \
+         unset the stale variables or start the job with a single launcher"
+    );
+    // Variables that agree with Slurm's are fine (a wrapper that copies them).
+    vars[0] = ("RANK", "2");
+    assert_eq!((parse(&vars).unwrap().launcher, parse(&vars).unwrap().rank), (Launcher::Torchrun, 2));
+    // Under `mpirun` in a Slurm step, Slurm describes mpirun's daemons: not compared.
+    vars[0] = ("RANK", "0");
+    vars.extend([
+        ("OMPI_COMM_WORLD_RANK", "0"),
+        ("OMPI_COMM_WORLD_SIZE", "4"),
+        ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE", "4"),
+    ]);
+    assert_eq!(parse(&vars).unwrap().rank, 0);
+}
+
+#[test]
+fn torchrun_started_by_another_launcher_numbers_its_workers_itself() {
+    // `mpirun -np 2 torchrun --nnodes 2 --nproc-per-node 1 ...` (or mpiexec, or a PMI launcher):
+    // torchrun's rendezvous picks the node order, so its worker's RANK may differ from the
+    // agent's MPI rank at the same world size. Before: a conflict, and the job died at start.
+    let mut vars = vec![("RANK", "1"), ("WORLD_SIZE", "2"), ("LOCAL_RANK", "0"), ("LOCAL_WORLD_SIZE", "1")];
+    vars.extend([
+        ("TORCHELASTIC_RUN_ID", "job-7"),
+        ("OMPI_COMM_WORLD_RANK", "0"),
+        ("OMPI_COMM_WORLD_SIZE", "2"),
+        ("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+        ("OMPI_COMM_WORLD_LOCAL_SIZE", "1"),
+        ("PMI_RANK", "0"),
+        ("PMI_SIZE", "2"),
+        ("MPI_LOCALRANKID", "0"),
+        ("MPI_LOCALNRANKS", "1"),
+        ("SLURM_PROCID", "0"),
+        ("SLURM_STEP_NUM_TASKS", "2"),
+        ("SLURM_LOCALID", "0"),
+        ("SLURM_STEP_TASKS_PER_NODE", "1(x2)"),
+        ("SLURM_NODEID", "0"),
+    ]);
+    let info = parse(&vars).unwrap();
+    assert_eq!((info.launcher, info.rank, info.world_size), (Launcher::Torchrun, 1, 2));
+    // The same variables without TORCHELASTIC_RUN_ID were not set by torchrun: Open MPI's rank
+    // disagrees.
+    vars.retain(|(name, _)| *name != "TORCHELASTIC_RUN_ID");
+    assert_eq!(
+        parse(&vars).unwrap_err(),
+        EnvError::Conflict { chosen: "RANK=1".into(), other: "OMPI_COMM_WORLD_RANK=0".into(), world_size: 2 }
+    );
 }
 
 #[test]
@@ -390,8 +462,51 @@ fn device_ordinal_rules() {
     assert_eq!(info.device_ordinal(0), Err(EnvError::NoDevice));
     assert!(info.device_ordinal(0).unwrap_err().to_string().starts_with("no CUDA device visible"));
     info.local_rank = 3;
-    let m = info.device_ordinal(2).unwrap_err().to_string();
-    assert!(m.starts_with("local rank 3 has no GPU of its own: only 2 CUDA devices are visible"), "{m}");
+    assert_eq!(info.device_ordinal(2), Err(EnvError::NotEnoughDevices { local_rank: 3, device_count: 2 }));
+    assert_eq!(
+        info.device_ordinal(2).unwrap_err().to_string(),
+        "local rank 3 has no GPU of its own: only 2 CUDA devices are visible; start at most 2 processes per node, \
+         or give each process its own GPUs: one through CUDA_VISIBLE_DEVICES, or with Slurm `srun \
+         --gpus-per-task N` (which binds them to each task; SLURM_GPUS_PER_TASK then tells this process to use the \
+         first)"
+    );
+}
+
+#[test]
+fn gpus_bound_to_each_slurm_task_are_its_own() {
+    // `srun --ntasks-per-node 4 --gpus-per-task 2`: each task sees its own 2 GPUs. Before: local
+    // rank 1 took its second GPU, and local ranks 2 and 3 failed ("start at most 2 processes per
+    // node").
+    let mut vars = SRUN_TASK_2.to_vec();
+    vars.push(("SLURM_GPUS_PER_TASK", "2"));
+    let info = parse(&vars).unwrap();
+    assert_eq!((info.launcher, info.local_rank, info.gpus_per_task), (Launcher::Slurm, 2, Some(2)));
+    assert_eq!(info.device_ordinal(2), Ok(0));
+    // `--gpu-bind=none` lets every task see the node's 8 GPUs: the local rank picks.
+    assert_eq!(info.device_ordinal(8), Ok(2));
+    // Typed and listed counts add up.
+    for (value, total) in [("a100:2", 2), ("a100:2,v100:1", 3), (" 4 ", 4)] {
+        vars.pop();
+        vars.push(("SLURM_GPUS_PER_TASK", value));
+        assert_eq!(parse(&vars).unwrap().gpus_per_task, Some(total), "{value}");
+    }
+    for bad in ["two", "a100:", "0", "1,,1"] {
+        vars.pop();
+        vars.push(("SLURM_GPUS_PER_TASK", bad));
+        assert_eq!(
+            parse(&vars).unwrap_err().to_string(),
+            format!(
+                "SLURM_GPUS_PER_TASK={bad} is not valid: expected a GPU count per task such as 2, a100:2 or \
+                 a100:2,v100:1"
+            )
+        );
+    }
+    // Only Slurm's tasks: under torchrun (started by srun), the workers share the agent's GPUs.
+    let mut torchrun = vec![("RANK", "1"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", "4")];
+    torchrun.extend([("TORCHELASTIC_RUN_ID", "none"), ("SLURM_GPUS_PER_TASK", "4")]);
+    let info = parse(&torchrun).unwrap();
+    assert_eq!(info.gpus_per_task, None);
+    assert_eq!(info.device_ordinal(4), Ok(1));
 }
 
 #[test]

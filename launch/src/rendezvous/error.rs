@@ -30,6 +30,19 @@ pub enum RendezvousError {
         /// The OS error.
         error: io::Error,
     },
+    /// Rank 0 cannot have a file descriptor for each rank's connection to the store it hosts:
+    /// even its hard `RLIMIT_NOFILE` is too low (reported before it listens, instead of ranks
+    /// being turned away until the join times out).
+    TooFewDescriptors {
+        /// The job's world size.
+        world_size: usize,
+        /// The descriptors rank 0 needs: those open, one per rank, and the store's own.
+        needed: u64,
+        /// This process's hard limit (`ulimit -Hn`).
+        hard_limit: u64,
+        /// The descriptors this process had open.
+        open: usize,
+    },
     /// `MASTER_ADDR` does not resolve (reported at once, not retried).
     Resolve {
         /// The store's address.
@@ -65,12 +78,21 @@ pub enum RendezvousError {
         /// This process.
         me: String,
     },
-    /// Every rank had already joined when this process came (a second copy of a rank).
+    /// Every rank had already joined when this process came: a second copy of a rank, or a
+    /// process of a later run with the same job identity that finds an earlier run's keys (in a
+    /// store that outlives runs, such as torchrun's agent store shared by `./a && ./b`, or an
+    /// external one).
     LateJoiner {
         /// The rank.
         rank: usize,
         /// The process that holds it.
         holder: String,
+        /// Where the job identity came from (variable names, or `Options::token`); `None` when
+        /// the job has none.
+        identity: Option<String>,
+        /// The store, why an earlier run's keys may be in it, and what else keeps runs apart
+        /// there.
+        store: String,
     },
     /// A record or value in the store is not what a process with this job's key wrote (an
     /// impostor, or ranks started with different keys); the rendezvous is aborted.
@@ -145,6 +167,15 @@ impl fmt::Display for RendezvousError {
                  Python TCPStore(is_master=True)), set GPUCOMM_STORE=external to join it",
                 addr.port()
             ),
+            RendezvousError::TooFewDescriptors { world_size, needed, hard_limit, open } => write!(
+                f,
+                "rank 0 cannot host the store of {world_size} ranks: it needs {needed} file descriptors (one for \
+                 each rank's connection, {open} already open, and a few for the store), and its hard limit \
+                 (RLIMIT_NOFILE, `ulimit -Hn`) is {hard_limit}. Start rank 0 with a hard limit of at least \
+                 {needed} (which root raises: /etc/security/limits.conf, or LimitNOFILE= of the service that \
+                 starts the job) and `ulimit -n {needed}` before it, or host the store elsewhere \
+                 (GPUCOMM_STORE=external)"
+            ),
             RendezvousError::Resolve { master, error } => write!(
                 f,
                 "MASTER_ADDR {:?} does not resolve ({error}); set MASTER_ADDR to rank 0's host name or IP address",
@@ -164,12 +195,31 @@ impl fmt::Display for RendezvousError {
                  aborted on every rank. Start each rank once; if the first is not a process of this job, someone \
                  else joined in its place: protect the job with GPUCOMM_JOB_KEY"
             ),
-            RendezvousError::LateJoiner { rank, holder } => write!(
-                f,
-                "rendezvous already complete: every rank joined before this process, and rank {rank} is held by \
-                 {holder}. Start each rank of a job once; if that process is not of this job, protect the job \
-                 with GPUCOMM_JOB_KEY"
-            ),
+            RendezvousError::LateJoiner { rank, holder, identity, store } => {
+                write!(
+                    f,
+                    "rendezvous already complete: every rank joined before this process, and rank {rank} is held \
+                     by {holder}. The keys may be an earlier run's with the same job identity "
+                )?;
+                match identity {
+                    Some(source) => write!(f, "(from {source})")?,
+                    None => f.write_str("(none: nothing names this job)")?,
+                }
+                write!(f, " in {store}. Give each run ")?;
+                match identity.as_deref() {
+                    Some("Options::token") => f.write_str("its own Options::token (this program sets it)")?,
+                    _ => f.write_str(
+                        "its own GPUCOMM_JOB_TOKEN, the same on all its ranks (e.g. `export \
+                         GPUCOMM_JOB_TOKEN=$(uuidgen)` before each launch, or one per program: \
+                         `GPUCOMM_JOB_TOKEN=a ./a && GPUCOMM_JOB_TOKEN=b ./b`)",
+                    )?,
+                }
+                write!(
+                    f,
+                    ". Otherwise this process is a second copy of rank {rank}: start each rank of a job once, and if \
+                     the holder is not of this job, protect the job with GPUCOMM_JOB_KEY"
+                )
+            }
             RendezvousError::Forged { detail } => write!(f, "rendezvous aborted: {detail}"),
             RendezvousError::Aborted { reason } => write!(f, "rendezvous aborted by {reason}"),
             RendezvousError::TimedOut { during, waited, missing: _, waiting_for, store_notes } => {

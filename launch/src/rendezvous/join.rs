@@ -1,6 +1,7 @@
 //! Joining: every rank claims its rank with `COMPARE_SET`; rank 0 checks every claim and
 //! releases the others.
 
+use super::plan::Mode;
 use super::record::{verified, Claim};
 use super::seal::TAG_LEN;
 use super::session::{Session, Waited};
@@ -47,14 +48,35 @@ fn claim(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
     Err(error)
 }
 
-/// The error for a process that came after every rank had joined.
+/// The error for a process that came after every rank had joined: a second copy of its rank, or
+/// a process of a later run with the same identity that meets an earlier run's keys (the store
+/// outlives runs, or an earlier run's rank 0 still serves it).
 fn late(s: &mut Session, deadline: Deadline) -> RendezvousError {
     let label = s.keys.claim(s.rank);
     let holder = match s.client.get_by(&label, deadline) {
         Ok(value) if !value.is_empty() => describe(s, &label, &value),
         _ => "no process (the rank's claim is gone)".to_string(),
     };
-    RendezvousError::LateJoiner { rank: s.rank, holder }
+    let store = match s.mode {
+        Mode::Agent => format!(
+            "torchrun's agent store at {}, which serves every program that a worker runs, one after another \
+             (`./a && ./b`)",
+            s.master
+        ),
+        Mode::External => {
+            format!(
+                "the store at {}, which keeps its keys from run to run (a fresh store for each run helps too)",
+                s.master
+            )
+        }
+        Mode::Hosted => format!(
+            "the store at {}, which an earlier run's rank 0 serves until that run's slowest rank is done (another \
+             MASTER_PORT for each run helps too)",
+            s.master
+        ),
+    };
+    let identity = (!s.scope.anonymous).then(|| s.scope.source.clone());
+    RendezvousError::LateJoiner { rank: s.rank, holder, identity, store }
 }
 
 /// A claim's holder, for messages.

@@ -92,6 +92,22 @@ pub struct Options {
     /// Where the ranks meet.
     pub store: StoreMode,
     /// The limits of the store rank 0 hosts ([`StoreMode::Rank0`]) and of every rank's client.
+    ///
+    /// **Large jobs.** Every rank keeps one connection to rank 0's store for the whole
+    /// rendezvous, and a few keys in it, so rank 0 hosts its store with these limits raised to
+    /// what the world size needs (never lowered): `max_connections` to at least world size + 64,
+    /// `max_store_keys` to at least 6 × world size + 1024, `max_store_bytes` to at least
+    /// 1.5 KiB × world size + 8 MiB. The others stay as set, `max_per_peer` (default 256) among
+    /// them: the ranks of one node all connect from its one address, so a node that starts more
+    /// ranks than that needs it raised, on rank 0. The bound on the memory the store holds for
+    /// connections ([`Limits::buffered_bound`]) grows with `max_connections`, by 8 KiB a rank
+    /// with the defaults.
+    ///
+    /// Rank 0 also needs a file descriptor for every rank's connection: when its soft
+    /// `RLIMIT_NOFILE` leaves no room for them and 64 more, it raises it (within the hard limit)
+    /// to room for `max_connections`; when even the hard limit leaves no room for one connection
+    /// per rank, [`Rendezvous::connect`](super::Rendezvous::connect) fails at once with
+    /// [`RendezvousError::TooFewDescriptors`], which says how far to raise it (`ulimit -n`).
     pub store_limits: Limits,
     /// Which rendezvous of the job this is. `None` (the default): this process's rendezvous
     /// for this job and rank are counted from 0, and an attempt that fails does not count, so

@@ -113,8 +113,9 @@ impl Keys {
         format!("{}/abort", self.prefix)
     }
 
-    pub(super) fn done(&self) -> String {
-        format!("{}/done", self.prefix)
+    /// Rank `rank`'s acknowledgement of the operations it finished ([`Mode::Hosted`]).
+    pub(super) fn done(&self, rank: usize) -> String {
+        format!("{}/done/{rank}", self.prefix)
     }
 
     pub(super) fn value(&self, seq: u64) -> String {

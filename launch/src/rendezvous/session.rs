@@ -73,9 +73,8 @@ impl Session {
         };
         let (client, server) = match plan.mode {
             Mode::Hosted if info.rank == 0 => {
-                let server = host::serve(&plan)?;
-                let addr = host::loopback(server.local_addr());
-                (connect(&addr.ip().to_string(), addr.port())?, Some(server))
+                let (server, own) = host::serve(&plan)?;
+                (connect(&own.ip().to_string(), own.port())?, Some(server))
             }
             Mode::Hosted => (host::join(&plan)?, None),
             Mode::Agent | Mode::External => (connect(&master.addr, master.port)?, None),
@@ -239,13 +238,36 @@ impl Session {
     }
 
     /// A client's acknowledgement that it finished an operation, so that rank 0 keeps its
-    /// store up until every client is done with it ([`Mode::Hosted`]).
+    /// store up until every client is done with it ([`Mode::Hosted`]): the number of operations
+    /// it finished, under a key of its own, with a MAC when the job has a key (so that a process
+    /// without it cannot end rank 0's linger early).
     pub(super) fn acknowledge(&mut self, deadline: Deadline, during: &str) -> Result<(), RendezvousError> {
         if self.mode == Mode::Hosted && self.rank != 0 {
-            let done = self.keys.done();
-            self.client.add_by(&done, 1, deadline).map_err(|e| self.store_error(during, e))?;
+            let label = self.keys.done(self.rank);
+            let value = self.acknowledgement(&label, self.acknowledged + 1);
+            self.client.set_by(&label, &value, deadline).map_err(|e| self.store_error(during, e))?;
         }
         Ok(())
+    }
+
+    /// The value of an acknowledgement of `count` operations under `label`.
+    fn acknowledgement(&self, label: &str, count: u64) -> Vec<u8> {
+        let mut value = count.to_le_bytes().to_vec();
+        if let Some(seal) = &self.seal {
+            value.extend_from_slice(&seal.tag(&self.bound(label), &value));
+        }
+        value
+    }
+
+    /// The count an acknowledgement read from `label` carries, if it is one (with its MAC when
+    /// the job has a key).
+    fn acknowledged_count(&self, label: &str, value: &[u8]) -> Option<u64> {
+        let (count, tag) = value.split_first_chunk::<8>()?;
+        let ok = match &self.seal {
+            Some(seal) => seal.verify(&self.bound(label), count, tag),
+            None => tag.is_empty(),
+        };
+        ok.then_some(u64::from_le_bytes(*count))
     }
 
     /// What the MACs and seals of the key `label` are bound to: the key, and after the join this
@@ -300,19 +322,17 @@ impl Session {
         }
         let bound = if self.failed { LINGER_AFTER_FAILURE.min(self.timeout) } else { self.timeout };
         let deadline = Deadline::after(bound);
-        let expected = (self.world_size as u64 - 1) * self.acknowledged;
-        let done = self.keys.done();
+        let mut pending: Vec<usize> = (1..self.world_size).collect();
         let mut pause = Duration::from_millis(1);
         while !deadline.passed() {
             // Rank 0's own connection is the last one.
             if self.stats().is_none_or(|stats| stats.validated <= 1) {
                 return;
             }
-            if !self.failed && expected > 0 {
-                let acks = self.client.get_by(&done, deadline.slice(Duration::from_secs(1)));
-                match acks.ok().and_then(|v| String::from_utf8(v).ok()).and_then(|v| v.parse::<u64>().ok()) {
-                    Some(acks) if acks >= expected => return,
-                    Some(_) => {}
+            if !self.failed && self.acknowledged > 0 {
+                match self.unacknowledged(&pending, deadline.slice(Duration::from_secs(1))) {
+                    Some(left) if left.is_empty() => return,
+                    Some(left) => pending = left,
                     None if self.client_broken() => return,
                     None => {}
                 }
@@ -320,6 +340,24 @@ impl Session {
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(20));
         }
+    }
+
+    /// Those of `ranks` that have not acknowledged every operation rank 0 finished; `None` when
+    /// the store could not be read.
+    fn unacknowledged(&mut self, ranks: &[usize], deadline: Deadline) -> Option<Vec<usize>> {
+        let mut left = Vec::new();
+        for chunk in ranks.chunks(CHUNK) {
+            let labels: Vec<String> = chunk.iter().map(|&rank| self.keys.done(rank)).collect();
+            let refs: Vec<&str> = labels.iter().map(String::as_str).collect();
+            // A key that does not exist reads as empty: not an acknowledgement.
+            let values = self.client.multi_get_by(&refs, deadline).ok()?;
+            for ((&rank, label), value) in chunk.iter().zip(&labels).zip(&values) {
+                if self.acknowledged_count(label, value).is_none_or(|count| count < self.acknowledged) {
+                    left.push(rank);
+                }
+            }
+        }
+        Some(left)
     }
 
     fn client_broken(&mut self) -> bool {

@@ -14,7 +14,9 @@ use std::time::Duration;
 /// replies, the keys of a pending `WAIT`, counted with what the server keeps for each key)
 /// stay at or below
 /// `max_buffered + max_connections × connection_allowance` (with the defaults 32 MiB + 1024 ×
-/// 8 KiB = 40 MiB), and the store's keys and values at or below `max_store_bytes`.
+/// 8 KiB = 40 MiB), and the store's keys and values at or below `max_store_bytes`. Beyond a
+/// pending `WAIT`'s keys, a connection cannot hold its share for long: a request must arrive,
+/// and queued replies must be read, within `request_within`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
     /// The longest key, in bytes. Default 4 KiB.
@@ -35,14 +37,17 @@ pub struct Limits {
     pub max_store_keys: usize,
     /// The most open connections, validated or not. Default 1024. When they are all open, a new
     /// connection takes the place of one that has been idle for `evict_idle_after`, or is turned
-    /// away if none has.
+    /// away if none has. A rendezvous's rank 0 raises it (and `max_store_keys`,
+    /// `max_store_bytes`) for its store to what the world size needs: see
+    /// [`Options::store_limits`](crate::Options::store_limits).
     pub max_connections: usize,
     /// The most open connections from one IP address, validated or not; more are turned away.
     /// Default 256: the ranks of a node all connect from its one address (one connection each
     /// for the rendezvous), so the cap leaves room for large nodes, while one host (an attacker)
     /// can take at most a quarter of the default `max_connections` (a host with many addresses,
     /// such as an IPv6 prefix, is not bounded by it). Raise it when many clients reach the store
-    /// through one address (a NAT, a proxy).
+    /// through one address (a NAT, a proxy), and on a rendezvous's rank 0 when a node starts more
+    /// ranks than this: rank 0 does not raise it for the world size.
     pub max_per_peer: usize,
     /// How long a validated connection must have been idle (no request received and no reply
     /// sent since, nothing buffered, no pending `WAIT`) before the server may close it to make
@@ -55,7 +60,14 @@ pub struct Limits {
     pub max_pending: usize,
     /// How long a new connection has to send `VALIDATE` before it is closed. Default 5 s.
     pub validate_within: Duration,
-    /// How long a request may take to arrive, from its first byte to its last. Default 10 s.
+    /// How long a request may take to arrive, from its first byte to its last; and how long a
+    /// connection's replies may take to be read: once a reply is queued for a connection that had
+    /// no unsent reply, all its unsent replies must be sent within this time, however much it
+    /// read meanwhile, or it is dropped. So a client must read at least `max_reply_len /
+    /// request_within` bytes per second for its largest replies (with the defaults 4 MiB / 10 s,
+    /// about 410 KiB/s), and one that sends requests before reading earlier replies must let
+    /// its unsent replies run out within this time; a client reading a byte at a time holds its
+    /// share of the `max_buffered` budget for at most this long. Default 10 s.
     pub request_within: Duration,
     /// Bytes every connection may hold without drawing on `max_buffered`. Default 8 KiB (a key,
     /// its length prefixes and a small value).

@@ -52,7 +52,7 @@ pub struct ServerStats {
     /// (see [`Limits::evict_idle_after`]); not counted in `dropped`.
     pub evicted: u64,
     /// Connections the server closed for a reason (no `VALIDATE` in time, a request over the
-    /// limits or too slow, replies not read, …): see `events`.
+    /// limits or too slow, replies not read in time, …): see `events`.
     pub dropped: u64,
     /// Distinct errors of `accept` (such as "Too many open files"), with how often each
     /// happened; the server pauses accepting briefly after each and keeps serving.
@@ -76,10 +76,12 @@ pub struct ServerStats {
 /// that connections opened and left idle cannot keep a job's ranks out for long (connections are
 /// never closed for idling otherwise: ranks may wait long between barriers); the bytes held for
 /// connections stay below [`Limits::buffered_bound`]; the store's size is capped; a client that
-/// does not read its replies is dropped. A request the server refuses (over a limit, an unknown
-/// query) closes that connection and is recorded in [`ServerStats::events`]; the server keeps
-/// serving the others. `accept` failures (out of file descriptors) are recorded in
-/// [`ServerStats::accept_errors`], and the server keeps working.
+/// does not read its replies, or reads them too slowly to take them all within
+/// [`Limits::request_within`] of their being queued, is dropped (so that it cannot hold its
+/// share of the buffer budget for long by reading a byte at a time). A request the server
+/// refuses (over a limit, an unknown query) closes that connection and is recorded in
+/// [`ServerStats::events`]; the server keeps serving the others. `accept` failures (out of file
+/// descriptors) are recorded in [`ServerStats::accept_errors`], and the server keeps working.
 ///
 /// One thread serves every connection with non-blocking sockets and `poll(2)`: it sleeps until
 /// a socket is ready or the next deadline. Dropping the server (or
@@ -379,7 +381,7 @@ impl Server {
         if self.read_room(id) > 0 {
             events |= libc::POLLIN;
         }
-        if self.conns.get(&id).is_some_and(|c| !c.output.is_empty()) {
+        if self.conns.get(&id).is_some_and(|c| c.unsent() > 0) {
             events |= libc::POLLOUT;
         }
         events
@@ -572,14 +574,15 @@ impl Server {
         self.reply(id, &bytes, now)
     }
 
-    /// Queues a reply, within the connection's bound and the shared budget.
+    /// Queues a reply, within the connection's bound and the shared budget; a reply queued when
+    /// none was unsent starts the time its replies have to be sent in.
     fn reply(&mut self, id: u64, bytes: &[u8], now: Instant) -> Result<(), String> {
         let Some(conn) = self.conns.get_mut(&id) else { return Ok(()) };
         conn.reply(bytes, now);
-        if conn.output.len() > self.limits.max_reply_len {
+        if conn.unsent() > self.limits.max_reply_len {
             return Err(format!(
                 "it does not read its replies ({} unsent bytes, over the limit of {})",
-                conn.output.len(),
+                conn.unsent(),
                 self.limits.max_reply_len
             ));
         }
@@ -692,8 +695,14 @@ impl Server {
                         secs(limits.request_within),
                         c.input.len()
                     )
-                } else if !c.output.is_empty() && now >= c.write_progress + limits.request_within {
-                    format!("it read none of its replies for {}", secs(limits.request_within))
+                } else if c.unsent() > 0 && now >= c.queued_at + limits.request_within {
+                    // However much it read meanwhile: a client taking its replies a byte at a
+                    // time would otherwise hold their bytes of the budget for ever.
+                    format!(
+                        "its replies were not all read within {} of being queued ({} bytes unsent)",
+                        secs(limits.request_within),
+                        c.unsent()
+                    )
                 } else {
                     return None;
                 };
@@ -715,7 +724,7 @@ impl Server {
                 [
                     (!c.validated).then(|| c.accepted_at + limits.validate_within),
                     c.request_started.map(|t| t + limits.request_within),
-                    (!c.output.is_empty()).then(|| c.write_progress + limits.request_within),
+                    (c.unsent() > 0).then(|| c.queued_at + limits.request_within),
                 ]
             })
             .flatten()

@@ -44,10 +44,12 @@ pub(super) struct Conn {
     pub(super) needed: usize,
     /// When the first byte of the request now in `input` arrived.
     pub(super) request_started: Option<Instant>,
-    /// Replies not yet sent.
-    pub(super) output: Vec<u8>,
-    /// When `output` last shrank (or became non-empty).
-    pub(super) write_progress: Instant,
+    /// Replies queued: `output[sent..]` is not sent yet.
+    output: Vec<u8>,
+    sent: usize,
+    /// When the replies not sent yet began to be queued: when the last reply was queued while
+    /// every earlier one had been sent.
+    pub(super) queued_at: Instant,
     pub(super) wait: Option<Wait>,
     /// Bytes of the shared budget this connection may hold beyond its allowance.
     pub(super) reserved: usize,
@@ -68,7 +70,8 @@ impl Conn {
             needed: 1,
             request_started: None,
             output: Vec::new(),
-            write_progress: now,
+            sent: 0,
+            queued_at: now,
             wait: None,
             reserved: 0,
             last_active: now,
@@ -77,7 +80,12 @@ impl Conn {
 
     /// Bytes held for this connection: unparsed input, unsent output, a pending wait's keys.
     pub(super) fn held(&self) -> usize {
-        self.input.len() + self.borrowed + self.output.len() + self.wait.as_ref().map_or(0, Wait::bytes)
+        self.input.len() + self.borrowed + self.unsent() + self.wait.as_ref().map_or(0, Wait::bytes)
+    }
+
+    /// Bytes of replies not sent yet.
+    pub(super) fn unsent(&self) -> usize {
+        self.output.len() - self.sent
     }
 
     /// When it became idle, if it is: validated, with no request under way, no pending wait and
@@ -107,15 +115,17 @@ impl Conn {
         }
     }
 
-    /// Writes what the socket takes.
+    /// Writes what the socket takes (without moving what is left: a client that takes a few
+    /// bytes at a time must not make the server copy the rest each time).
     pub(super) fn flush(&mut self, now: Instant) -> io::Result<()> {
-        while !self.output.is_empty() {
-            match self.stream.write(&self.output) {
+        while self.unsent() > 0 {
+            match self.stream.write(&self.output[self.sent..]) {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
                 Ok(n) => {
-                    self.output.drain(..n);
-                    self.write_progress = now;
-                    if self.output.is_empty() {
+                    self.sent += n;
+                    if self.unsent() == 0 {
+                        self.output.clear();
+                        self.sent = 0;
                         self.last_active = now;
                     }
                 }
@@ -132,8 +142,14 @@ impl Conn {
 
     /// Queues a reply.
     pub(super) fn reply(&mut self, bytes: &[u8], now: Instant) {
-        if self.output.is_empty() {
-            self.write_progress = now;
+        if self.unsent() == 0 {
+            self.queued_at = now;
+        }
+        // What was sent goes once it is as long as what was not (each byte moves at most once
+        // on average), so that a client that reads promptly but never all makes it hold little.
+        if self.sent > 0 && self.sent >= self.unsent() {
+            self.output.drain(..self.sent);
+            self.sent = 0;
         }
         self.output.extend_from_slice(bytes);
     }

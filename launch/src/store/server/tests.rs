@@ -464,3 +464,65 @@ fn one_address_holds_at_most_max_per_peer_connections() {
     let stats = stats_until(&server, |s| s.turned_away == 2);
     assert_eq!((stats.turned_away, stats.connections), (2, 3));
 }
+
+/// A server whose replies must be sent within 2 s of being queued, holding 32 values of 1 MiB
+/// (one `MULTI_GET` of them all: a 32 MiB reply, far more than loopback's socket buffers take),
+/// with a budget that holds one such reply but not two; a client with the same limits; the keys
+/// and their values.
+fn large_values() -> (StoreServer, StoreClient, Vec<String>, Vec<Vec<u8>>) {
+    let limits =
+        Limits { request_within: 2 * SECOND, max_reply_len: 40 << 20, max_buffered: 48 << 20, ..Limits::default() };
+    let server = serve(limits.clone());
+    let mut client = StoreClient::connect_with("127.0.0.1", server.local_addr().port(), 5 * SECOND, limits).unwrap();
+    let keys: Vec<String> = (0..32).map(|i| format!("/v{i}")).collect();
+    let values: Vec<Vec<u8>> = (0..32u8).map(|i| vec![i; 1 << 20]).collect();
+    for (key, value) in keys.iter().zip(&values) {
+        client.set(key, value).unwrap();
+    }
+    (server, client, keys, values)
+}
+
+#[test]
+fn a_large_reply_read_promptly_arrives_whole() {
+    let (server, mut client, keys, values) = large_values();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    for _ in 0..2 {
+        assert_eq!(client.multi_get(&refs).unwrap(), values);
+    }
+    let stats = stats_until(&server, |s| s.buffered_bytes == 0);
+    assert_eq!((stats.dropped, stats.buffered_bytes), (0, 0), "{:?}", stats.events);
+}
+
+#[test]
+fn a_client_that_reads_its_replies_too_slowly_is_dropped_and_its_budget_released() {
+    let (server, mut honest, keys, values) = large_values();
+    let mut get = Vec::new();
+    Request::MultiGet { keys: keys.iter().map(|k| k.as_bytes()).collect() }.encode(&mut get);
+    let mut trickle = raw(&server, true);
+    trickle.write_all(&get).unwrap();
+    assert!(stats_until(&server, |s| s.buffered_bytes > 16 << 20).buffered_bytes > 16 << 20, "the reply is held");
+    // It reads steadily (64 KiB every 20 ms), fast enough that the server's writes keep making
+    // progress, far too slowly to take 32 MiB within the 2 s allowed.
+    let mut chunk = vec![0u8; 64 << 10];
+    let started = Instant::now();
+    let mut received = 0;
+    while server.stats().dropped == 0 && started.elapsed() < 8 * SECOND {
+        match trickle.read(&mut chunk) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => received += n,
+        }
+        thread::sleep(Duration::from_millis(20));
+    }
+    let elapsed = started.elapsed();
+    assert!(elapsed < 5 * SECOND, "the connection was still open after {elapsed:?} ({received} bytes read)");
+    assert!(received > 0 && received < 32 << 20, "{received} bytes read");
+    assert!(closed_by_server(&mut trickle));
+    let stats = stats_until(&server, |s| s.dropped == 1 && s.buffered_bytes == 0);
+    assert_eq!((stats.dropped, stats.buffered_bytes), (1, 0), "{:?}", stats.events);
+    let events = stats.events.join("\n");
+    assert!(events.contains("its replies were not all read within 2s of being queued"), "{events}");
+    // The budget it held is back: an honest client's MULTI_GET of the same 32 MiB fits.
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    assert_eq!(honest.multi_get(&refs).unwrap(), values);
+    assert_eq!(server.stats().dropped, 1);
+}
