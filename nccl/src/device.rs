@@ -5,9 +5,9 @@
 //! `ncclDevComm` and symmetric [windows](crate::Window). [`DevComm::new`] creates the device
 //! communicator from typed [`DevCommRequirements`]; [`DevComm::arg`] and
 //! [`Window::arg`](crate::Window::arg) are the values a cudarc launch builder takes
-//! (`builder.arg(dev_comm.arg())`). The device communicator borrows its [`Comm`], so it cannot
-//! outlive it, and is destroyed only after every kernel queued on the communicator's device has
-//! finished.
+//! (`let dev = dev_comm.arg(); builder.arg(&dev)`), each borrowing what it stands for. The device
+//! communicator borrows its [`Comm`], so it cannot outlive it, and is destroyed only after every
+//! kernel queued on the communicator's device has finished. [`load_module`] loads the kernels.
 //!
 //! NVLink multicast (NVLS, "multimem") is never requested: [`DevCommRequirements::lsa_multimem`]
 //! exists so that code written for other machines gets a clear refusal instead of silently losing
@@ -31,12 +31,14 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 
 use cudarc::driver::{CudaContext, CudaModule, DeviceRepr};
+use gpucomm_ordering::ModuleImage;
 use nccl_sys::{
     ncclDevComm, ncclDevCommRequirements, ncclDevResourceHandle_t, ncclDevResourceRequirements, ncclTeam_t,
 };
 
 use crate::error::{Error, Result};
 use crate::ffi::{call, call_unchecked, require};
+use crate::group::open::refuse_inside;
 use crate::{Comm, Version};
 
 /// The first NCCL release with the device API.
@@ -89,6 +91,34 @@ fn check_layouts(header: Version, library: Version) -> Result<()> {
     }
 }
 
+/// `NCCL_GIN_MAX_CONTEXTS` (`nccl_device/gin/gin_device_host_common.h`, 4 in 2.28 to 2.32): up to
+/// 2.29 a GIN barrier takes one 4-byte word per context.
+const GIN_MAX_CONTEXTS: u64 = 4;
+/// NCCL hands out a resource buffer as a 32-bit handle counting 128-byte units from the start of
+/// the device communicator's resource window, and aligns each buffer to at least that.
+const RESOURCE_UNIT: u64 = 128;
+/// The largest resource-buffer alignment accepted.
+const MAX_RESOURCE_ALIGN: usize = 1 << 30;
+
+/// The sizes of the teams NCCL sizes a device communicator's barriers by.
+#[derive(Clone, Copy, Debug)]
+struct TeamSizes {
+    world: u64,
+    lsa: u64,
+    rail: u64,
+}
+
+impl TeamSizes {
+    /// `comm`'s teams. A size outside `1..=comm.size()` — what `ncclTeamLsa` and `ncclTeamRail`
+    /// answer (a zeroed team) when NCCL's device-API setup fails, which `ncclDevCommCreate` then
+    /// tries again — counts as the communicator's size, the most either team can have.
+    fn of(comm: &Comm) -> Result<Self> {
+        let world = comm.size();
+        let bound = |size: usize| if (1..=world).contains(&size) { size } else { world } as u64;
+        Ok(TeamSizes { world: world as u64, lsa: bound(comm.team_lsa()?.size), rail: bound(comm.team_rail()?.size) })
+    }
+}
+
 /// A group of ranks as the device API sees it (`ncclTeam`): `size` ranks, this rank's index in it,
 /// and the stride between consecutive members' world ranks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -127,10 +157,11 @@ impl Team {
 /// A buffer NCCL allocates for a kernel inside the device communicator's resource window
 /// (`ncclDevResourceRequirements`); its handle is [`DevComm::resource`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[doc(alias = "ncclDevResourceRequirements")]
 pub struct ResourceBuffer {
     /// Bytes.
     pub size: usize,
-    /// Alignment in bytes (a power of two).
+    /// Alignment in bytes: a power of two, at most 1 GiB.
     pub align: usize,
 }
 
@@ -206,6 +237,69 @@ impl DevCommRequirements {
         self
     }
 
+    /// `Ok` when what NCCL (2.28.3 to 2.32) derives from these requirements on a communicator
+    /// with `teams` fits the C types it computes it in — NCCL checks none of it, and a signed
+    /// `int` that overflows is undefined behaviour in C. Recomputed in checked `u64`, for every
+    /// release's layout at once:
+    ///
+    /// * an LSA barrier (`lsaBarrierCount`, and `barrierCount`'s LSA half) takes
+    ///   `(3 + LSA team size) × 4` bytes, a product NCCL forms in an `int`
+    ///   ([`Error::RequirementTooLarge`]);
+    /// * a GIN barrier (`railGinBarrierCount`, and `barrierCount`'s GIN half) takes
+    ///   `NCCL_GIN_MAX_CONTEXTS` (4) words up to 2.29, counted in an `int`, and from 2.30 one GIN
+    ///   signal per member of its team (the rail team; for `barrierCount` also the world);
+    ///   NCCL adds up the signals, with `ginSignalCount`, in an `int`, and multiplies the sum by the
+    ///   GIN contexts (at most 4 up to 2.29, the `ginContextCount` hint from 2.30) in another
+    ///   ([`Error::RequirementTooLarge`]);
+    /// * the resource buffers, NCCL's barrier buffers first, are laid out one after the other,
+    ///   each at its alignment (a power of two, at least 128 bytes; at most 1 GiB accepted here,
+    ///   [`Error::InvalidAlignment`]), and each gets the 32-bit handle `offset / 128`, computed in
+    ///   `size_t` and truncated: the window must end within `u32::MAX × 128` bytes
+    ///   ([`Error::ResourceWindowTooLarge`]).
+    fn check_sizes(&self, teams: TeamSizes) -> Result<()> {
+        let gin = self.gin.unwrap_or_default();
+        let int = |what: &'static str, value: u32, derived: Option<u64>| {
+            derived.filter(|&d| d <= i32::MAX as u64).ok_or(Error::RequirementTooLarge { what, value })
+        };
+        // The team sizes are at most the communicator's, an int: no overflow before the products.
+        let lsa_barrier_bytes =
+            |what, n: u32| int(what, n, (3 + teams.lsa).checked_mul(u64::from(n)).and_then(|b| b.checked_mul(4)));
+        let lsa = lsa_barrier_bytes("LSA barriers", self.lsa_barriers)?;
+        let hybrid_lsa = lsa_barrier_bytes("barriers", self.barriers)?;
+        // The words of a GIN barrier are counted in an int, then multiplied by 4 in size_t.
+        let gin_barrier_bytes = |what, n: u32| int(what, n, Some(u64::from(n) * GIN_MAX_CONTEXTS)).map(|w| w * 4);
+        let rail_gin = gin_barrier_bytes("rail GIN barriers", gin.rail_barriers)?;
+        let hybrid_gin = gin_barrier_bytes("barriers", self.barriers)?;
+        let signals_of = |what, n: u32, team: u64| int(what, n, u64::from(n).checked_mul(team));
+        // Each term fits an int, so the sum fits a u64.
+        let signals = u64::from(gin.signals)
+            + signals_of("rail GIN barriers", gin.rail_barriers, teams.rail)?
+            + signals_of("barriers", self.barriers, teams.rail)?
+            + signals_of("barriers", self.barriers, teams.world)?;
+        let contexts = u64::from(gin.contexts).max(GIN_MAX_CONTEXTS);
+        let total = u32::try_from(signals).unwrap_or(u32::MAX);
+        int("GIN signals in all (those requested and the barriers')", total, signals.checked_mul(contexts))?;
+
+        let place = |end: u64, size: u64, align: u64| end.checked_next_multiple_of(align)?.checked_add(size);
+        let limit = u64::from(u32::MAX) * RESOURCE_UNIT;
+        // NCCL's own buffers come first (those of every release: at least its end), each at most
+        // an int (checked above): no overflow.
+        let own = [rail_gin, lsa, hybrid_gin, hybrid_lsa];
+        let mut end = own.into_iter().fold(0u64, |end, size| end.next_multiple_of(RESOURCE_UNIT) + size);
+        for (index, buf) in self.resources.iter().enumerate() {
+            if !buf.align.is_power_of_two() || buf.align > MAX_RESOURCE_ALIGN {
+                return Err(Error::InvalidAlignment { align: buf.align });
+            }
+            let align = (buf.align as u64).max(RESOURCE_UNIT);
+            end = place(end, buf.size as u64, align).filter(|&e| e <= limit).ok_or(Error::ResourceWindowTooLarge {
+                index,
+                size: buf.size,
+                align: buf.align,
+            })?;
+        }
+        Ok(())
+    }
+
     /// The C struct, as `NCCL_DEV_COMM_REQUIREMENTS_INITIALIZER` of the compiled headers leaves
     /// it, with these requirements and `resources` linked in (their handles are written to
     /// `handles`).
@@ -253,9 +347,6 @@ impl DevCommRequirements {
         }
         let mut next: *mut ncclDevResourceRequirements = std::ptr::null_mut();
         for ((req, handle), buf) in resources.iter_mut().zip(handles.iter_mut()).zip(&self.resources).rev() {
-            if !buf.align.is_power_of_two() {
-                return Err(Error::InvalidAlignment { align: buf.align });
-            }
             // SAFETY: plain data; all-zero means "no GIN signals or counters".
             *req = unsafe { std::mem::zeroed() };
             req.bufferSize = buf.size;
@@ -270,11 +361,12 @@ impl DevCommRequirements {
 }
 
 /// A device communicator (`ncclDevComm`): what kernels written against `nccl_device.h` receive by
-/// value. Created collectively from a [`Comm`], which it borrows.
+/// value ([`DevComm::arg`]). Created collectively from a [`Comm`], which it borrows.
 ///
-/// Dropping it destroys it (`ncclDevCommDestroy`, collective like its creation: drop it on every
-/// rank in the same order) after waiting for all work queued on the communicator's device, so no
-/// kernel that still uses it can be running. That wait is bounded by the communicator's
+/// Dropping it destroys it (`ncclDevCommDestroy`, which, unlike the creation, is local: in NCCL
+/// 2.28.9 it deregisters this rank's resource window and frees its GIN signals and counters, with
+/// no other rank taking part) after waiting for all work queued on the communicator's device, so
+/// no kernel that still uses it can be running. That wait is bounded by the communicator's
 /// [timeout](Comm::timeout): when it expires (a kernel stuck on another stream of the device), the
 /// device communicator is kept, not destroyed, and NCCL frees it with the communicator. After the
 /// communicator was aborted there is nothing left to destroy: NCCL freed it with the
@@ -282,48 +374,60 @@ impl DevCommRequirements {
 #[doc(alias = "ncclDevComm")]
 #[doc(alias = "ncclDevComm_t")]
 pub struct DevComm<'comm> {
-    arg: DevCommArg,
+    raw: ncclDevComm,
     comm: &'comm Comm,
     resources: Vec<ncclDevResourceHandle_t>,
 }
 
-/// The value a kernel takes as its `ncclDevComm` parameter; borrow it from [`DevComm::arg`] and
-/// pass it to a cudarc launch builder (`.arg(dev_comm.arg())`). It has the C layout of
-/// `ncclDevComm` (checked against the headers at build time).
+/// The value a kernel takes as its `ncclDevComm` parameter, borrowed from a [`DevComm`]
+/// ([`DevComm::arg`]) so that it cannot outlive it: pass a reference to a cudarc launch builder
+/// (`let dev = dev_comm.arg(); builder.arg(&dev)`). It has the C layout of `ncclDevComm` (checked
+/// against the headers at build time).
 #[repr(transparent)]
 #[derive(Clone, Copy)]
-pub struct DevCommArg(ncclDevComm);
+#[doc(alias = "ncclDevComm")]
+pub struct DevCommArg<'d> {
+    raw: ncclDevComm,
+    _dev: PhantomData<&'d ()>,
+}
 
-// SAFETY: `DevCommArg` is `#[repr(transparent)]` over bindgen's `ncclDevComm`, whose layout
-// bindgen asserts equal to C's; kernels take it by value, so its bytes are copied as they are.
-unsafe impl DeviceRepr for DevCommArg {}
+// SAFETY: `DevCommArg` is `#[repr(transparent)]` over bindgen's `ncclDevComm` (the marker is
+// zero-sized), whose layout bindgen asserts equal to C's; kernels take it by value, so its bytes
+// are copied as they are.
+unsafe impl DeviceRepr for DevCommArg<'_> {}
 
-impl fmt::Debug for DevCommArg {
+impl fmt::Debug for DevCommArg<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DevCommArg")
-            .field("rank", &self.0.rank)
-            .field("nRanks", &self.0.nRanks)
-            .field("lsaRank", &self.0.lsaRank)
-            .field("lsaSize", &self.0.lsaSize)
+            .field("rank", &self.raw.rank)
+            .field("nRanks", &self.raw.nRanks)
+            .field("lsaRank", &self.raw.lsaRank)
+            .field("lsaSize", &self.raw.lsaSize)
             .finish()
     }
 }
 
 impl fmt::Debug for DevComm<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DevComm").field("arg", &self.arg).field("resources", &self.resources).finish()
+        f.debug_struct("DevComm").field("arg", &self.arg()).field("resources", &self.resources).finish()
     }
 }
 
 impl<'comm> DevComm<'comm> {
     /// Creates the device communicator (`ncclDevCommCreate`, NCCL ≥ 2.28.3). Collective: every
-    /// rank calls it with the same requirements. Refuses NVLink multicast
-    /// ([`Error::MulticastRefused`]), and headers and a library whose device-API structs differ
-    /// ([`Error::DeviceApiLayout`], see the module docs), before calling NCCL; a GIN request that
-    /// NCCL cannot satisfy is [`Error::GinUnavailable`]. On a nonblocking communicator NCCL
-    /// creates it in the background: the call waits for it, bounded by the communicator's timeout.
+    /// rank calls it with the same requirements. Refused before NCCL is called: inside a
+    /// [`group`](crate::group) ([`Error::InsideGroup`]: NCCL would create it only when the group
+    /// ends, after this call returned), NVLink multicast ([`Error::MulticastRefused`]), headers
+    /// and a library whose device-API structs differ ([`Error::DeviceApiLayout`], see the module
+    /// docs), and requirements from which NCCL would compute sizes that overflow its C types
+    /// ([`Error::RequirementTooLarge`], [`Error::ResourceWindowTooLarge`],
+    /// [`Error::InvalidAlignment`]; the team sizes they depend on come from `ncclTeamLsa` and
+    /// `ncclTeamRail`). A GIN request that NCCL cannot satisfy is [`Error::GinUnavailable`]. On a
+    /// nonblocking communicator NCCL creates it in the background: the call waits for it, bounded
+    /// by the communicator's timeout.
     #[doc(alias = "ncclDevCommCreate")]
     pub fn new(comm: &'comm Comm, reqs: &DevCommRequirements) -> Result<Self> {
+        refuse_inside()?;
         if reqs.multimem {
             return Err(Error::MulticastRefused);
         }
@@ -334,6 +438,7 @@ impl<'comm> DevComm<'comm> {
         let mut resources = vec![unsafe { std::mem::zeroed::<ncclDevResourceRequirements>() }; n];
         let mut handles = vec![0; n];
         let raw_reqs = reqs.to_raw(&mut resources, &mut handles)?;
+        reqs.check_sizes(TeamSizes::of(comm)?)?;
         let raw = comm.live_raw()?;
         comm.context().bind_to_thread()?;
         // NCCL writes the device communicator (and the resource handles) when its group task runs:
@@ -351,7 +456,7 @@ impl<'comm> DevComm<'comm> {
         // (one `ncclCommGetAsyncError` for a ready one) before `dev` is read and freed.
         let done = comm.complete("ncclDevCommCreate", rc).and_then(|()| comm.await_ready("ncclDevCommCreate", None));
         let failed = match done {
-            Ok(()) => return Ok(DevComm { arg: DevCommArg(*dev), comm, resources: handles }),
+            Ok(()) => return Ok(DevComm { raw: *dev, comm, resources: handles }),
             Err(e) => e,
         };
         if matches!(rc, nccl_sys::ncclResult_t::ncclInProgress | nccl_sys::ncclResult_t::ncclSuccess) {
@@ -366,30 +471,30 @@ impl<'comm> DevComm<'comm> {
         }
     }
 
-    /// The kernel argument (`ncclDevComm` by value).
-    pub fn arg(&self) -> &DevCommArg {
-        &self.arg
+    /// The kernel argument (`ncclDevComm` by value), valid while the device communicator lives.
+    pub fn arg(&self) -> DevCommArg<'_> {
+        DevCommArg { raw: self.raw, _dev: PhantomData }
     }
 
     /// This rank in the communicator.
     pub fn rank(&self) -> usize {
-        self.arg.0.rank as usize
+        self.raw.rank as usize
     }
 
     /// This rank's index in its LSA team (the ranks it can load from and store to directly).
     pub fn lsa_rank(&self) -> usize {
-        self.arg.0.lsaRank as usize
+        self.raw.lsaRank as usize
     }
 
     /// Size of the LSA team.
     pub fn lsa_size(&self) -> usize {
-        self.arg.0.lsaSize as usize
+        self.raw.lsaSize as usize
     }
 
     /// GIN contexts NCCL actually created (0 without a GIN-capable network).
     pub fn gin_contexts(&self) -> usize {
         // uint8_t in the 2.28.9 headers, uint32_t in 2.32.3: both widen losslessly.
-        self.arg.0.ginContextCount as usize
+        self.raw.ginContextCount as usize
     }
 
     /// The handle of resource buffer `index` (in the order of
@@ -410,6 +515,10 @@ impl Drop for DevComm<'_> {
         if self.comm.live_raw().is_err() {
             return;
         }
+        // A wait for the device inside a capture scope would invalidate the capture.
+        if gpucomm_ordering::scope_open() {
+            return log::warn!("nccl: a DevComm dropped inside a capture is kept; NCCL frees it with the communicator");
+        }
         // No kernel that received this device communicator may still run when it is destroyed;
         // kernels are launched by the caller on streams this crate does not know, hence the whole
         // device, within the communicator's timeout.
@@ -428,7 +537,7 @@ impl Drop for DevComm<'_> {
         // SAFETY: `raw` is live (checked just above, and only this thread can abort it) and the
         // device communicator was created from it; no kernel that received it is still running (the
         // device is idle), and it is not used after this.
-        if let Err(e) = unsafe { call!(ncclDevCommDestroy(raw, &self.arg.0), comm = raw) } {
+        if let Err(e) = unsafe { call!(ncclDevCommDestroy(raw, &self.raw), comm = raw) } {
             log::warn!("nccl: ncclDevCommDestroy failed: {e}");
         }
     }
@@ -456,14 +565,21 @@ impl<T> crate::Window<'_, T> {
 }
 
 /// Loads a module of kernels (a cubin or fat binary, e.g. one that
-/// `gpucomm_build_support::build` compiled and the crate embedded) on `ctx`'s device, after
-/// checking that a cubin was built for that GPU: a cubin for another architecture is
-/// [`Error::KernelImage`] naming both, instead of the driver's `CUDA_ERROR_NO_BINARY_FOR_GPU`.
+/// `gpucomm_build_support::build` compiled and the crate embedded, or PTX text) on `ctx`'s device
+/// (`cuModuleLoadData`), after checking the image, before the driver sees it:
+///
+/// * that it is a complete cubin, fat binary or PTX text ([`Error::ModuleImage`] otherwise): the
+///   driver takes no length and finds the image's end from its contents, so it would read past
+///   the end of a truncated one (see [`gpucomm_ordering::ModuleImage`]);
+/// * that a cubin was built for that GPU: one for another architecture is [`Error::KernelImage`]
+///   naming both, instead of the driver's `CUDA_ERROR_NO_BINARY_FOR_GPU`.
+#[doc(alias = "cuModuleLoadData")]
 pub fn load_module(ctx: &Arc<CudaContext>, image: &[u8]) -> Result<Arc<CudaModule>> {
+    let checked = ModuleImage::new(image)?;
     let (major, minor) = ctx.compute_capability()?;
     gpucomm_build_support::cubin::check_arch(image, major as u32, minor as u32)
         .map_err(|reason| Error::KernelImage { reason })?;
-    Ok(ctx.load_module(cudarc::nvrtc::Ptx::from_binary(image.to_vec()))?)
+    Ok(ctx.load_module(cudarc::nvrtc::Ptx::from_binary(checked.into_bytes()))?)
 }
 
 impl Comm {
@@ -641,13 +757,111 @@ mod tests {
     #[test]
     fn bad_requirements_are_refused_before_nccl() {
         let too_many = DevCommRequirements::default().lsa_barriers(u32::MAX);
-        // SAFETY: plain data.
         let err = too_many.to_raw(&mut [], &mut []).unwrap_err();
+        assert!(matches!(err, Error::RequirementTooLarge { what: "LSA barriers", value: u32::MAX }), "{err}");
+        let teams = TeamSizes { world: 8, lsa: 8, rail: 1 };
+        for align in [0, 3, 96, 1 << 31] {
+            let odd = DevCommRequirements::default().resource_buffer(ResourceBuffer { size: 8, align });
+            assert!(
+                matches!(odd.check_sizes(teams), Err(Error::InvalidAlignment { align: a }) if a == align),
+                "{align}"
+            );
+        }
+        let most = DevCommRequirements::default().resource_buffer(ResourceBuffer { size: 8, align: 1 << 30 });
+        assert!(most.check_sizes(teams).is_ok());
+    }
+
+    /// What NCCL computes in C ints from the requirements (undefined behaviour when it overflows)
+    /// and the resource handles it truncates to 32 bits are refused; usual sizes pass.
+    #[test]
+    fn sizes_nccl_derives_must_fit_its_c_types() {
+        let (one, node) = (TeamSizes { world: 1, lsa: 1, rail: 1 }, TeamSizes { world: 16, lsa: 8, rail: 2 });
+        let usual = DevCommRequirements::default()
+            .lsa_barriers(128)
+            .barriers(32)
+            .gin(GinRequirements { force: false, contexts: 4, signals: 1024, counters: 64, rail_barriers: 32 })
+            .resource_buffer(ResourceBuffer { size: 4096, align: 256 })
+            .resource_buffer(ResourceBuffer { size: 1 << 30, align: 1 << 20 });
+        assert!(usual.check_sizes(node).is_ok());
+        // NCCL's barrier buffers come before the requested ones.
+        let after_barriers = |n| {
+            DevCommRequirements::default()
+                .lsa_barriers(n)
+                .resource_buffer(ResourceBuffer { size: (u32::MAX as usize) * 128 - 127, align: 128 })
+        };
+        assert!(after_barriers(0).check_sizes(one).is_ok());
+        assert!(matches!(after_barriers(1).check_sizes(one), Err(Error::ResourceWindowTooLarge { index: 0, .. })));
+        assert!(DevCommRequirements::default().check_sizes(one).is_ok());
+
+        // (3 × n + n × LSA size) × 4 bytes in an int: 2^30 barriers overflow on any team.
+        let err = DevCommRequirements::default().lsa_barriers(1 << 30).check_sizes(one).unwrap_err();
+        assert!(matches!(err, Error::RequirementTooLarge { what: "LSA barriers", value: 0x4000_0000 }), "{err}");
+        assert_eq!(err.to_string(), "LSA barriers = 1073741824 is more than NCCL accepts");
+        // With one rank per LSA team that is 16 bytes a barrier: 2^27 − 1 barriers fit, 2^27 do not.
+        assert!(DevCommRequirements::default().lsa_barriers((1 << 27) - 1).check_sizes(one).is_ok());
+        let err = DevCommRequirements::default().lsa_barriers(1 << 27).check_sizes(one).unwrap_err();
         assert!(matches!(err, Error::RequirementTooLarge { what: "LSA barriers", .. }), "{err}");
-        let odd = DevCommRequirements::default().resource_buffer(ResourceBuffer { size: 8, align: 3 });
-        // SAFETY: plain data, overwritten.
-        let mut res = vec![unsafe { std::mem::zeroed::<ncclDevResourceRequirements>() }; 1];
-        let err = odd.to_raw(&mut res, &mut [0]).unwrap_err();
-        assert!(matches!(err, Error::InvalidAlignment { align: 3 }), "{err}");
+        // The LSA team's size counts: 2^26 barriers fit 1 rank, not 8 ((3 + 8) × 4 × 2^26 > 2^31).
+        let lsa = DevCommRequirements::default().lsa_barriers(1 << 26);
+        assert!(lsa.check_sizes(one).is_ok());
+        assert!(matches!(lsa.check_sizes(node), Err(Error::RequirementTooLarge { what: "LSA barriers", .. })));
+        // `barrierCount` makes LSA barriers too.
+        let err = DevCommRequirements::default().barriers(1 << 30).check_sizes(one).unwrap_err();
+        assert!(matches!(err, Error::RequirementTooLarge { what: "barriers", value: 0x4000_0000 }), "{err}");
+
+        // GIN barriers: n × NCCL_GIN_MAX_CONTEXTS words in an int, and one signal per rail member.
+        let rail = |n| DevCommRequirements::default().gin(GinRequirements { rail_barriers: n, ..Default::default() });
+        assert!(rail((1 << 29) - 1).check_sizes(one).is_ok());
+        let err = rail(1 << 29).check_sizes(one).unwrap_err();
+        assert!(matches!(err, Error::RequirementTooLarge { what: "rail GIN barriers", .. }), "{err}");
+        let wide = TeamSizes { world: 1 << 20, lsa: 1, rail: 1 << 20 };
+        assert!(matches!(
+            rail(1 << 12).check_sizes(wide),
+            Err(Error::RequirementTooLarge { what: "rail GIN barriers", value: 4096 })
+        ));
+        // Signals add up in an int, and are multiplied by the contexts in another.
+        let signals = |signals, contexts| {
+            DevCommRequirements::default().gin(GinRequirements { signals, contexts, ..Default::default() })
+        };
+        assert!(signals((1 << 29) - 1, 4).check_sizes(one).is_ok());
+        let err = signals(1 << 29, 4).check_sizes(one).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "GIN signals in all (those requested and the barriers') = 536870912 is more than NCCL accepts"
+        );
+        assert!(matches!(
+            signals(1 << 20, 1 << 11).check_sizes(one),
+            Err(Error::RequirementTooLarge { value: 0x10_0000, .. })
+        ));
+        // The barriers' signals count: 2^17 barriers over 2^12 ranks (rail and world) have 2^30.
+        let many = TeamSizes { world: 1 << 12, lsa: 1, rail: 1 << 12 };
+        let err = DevCommRequirements::default().barriers(1 << 17).check_sizes(many).unwrap_err();
+        assert!(matches!(err, Error::RequirementTooLarge { value: 0x4000_0000, .. }), "{err}");
+
+        // Resource buffers: a sum that overflows, and one whose handle would not fit 32 bits.
+        let err = DevCommRequirements::default()
+            .resource_buffer(ResourceBuffer { size: usize::MAX - 127, align: 128 })
+            .resource_buffer(ResourceBuffer { size: 256, align: 128 })
+            .check_sizes(one)
+            .unwrap_err();
+        assert!(
+            matches!(err, Error::ResourceWindowTooLarge { index: 0, size, align: 128 } if size == usize::MAX - 127),
+            "{err}"
+        );
+        let window = (u32::MAX as usize) * 128;
+        let buffers = |first| {
+            DevCommRequirements::default()
+                .resource_buffer(ResourceBuffer { size: first, align: 128 })
+                .resource_buffer(ResourceBuffer { size: 256, align: 128 })
+        };
+        // The second buffer starts at the next multiple of 128 bytes.
+        assert!(buffers(window - 256).check_sizes(one).is_ok());
+        let err = buffers(window - 255).check_sizes(one).unwrap_err();
+        assert!(matches!(err, Error::ResourceWindowTooLarge { index: 1, size: 256, align: 128 }), "{err}");
+        assert_eq!(
+            err.to_string(),
+            "resource buffer 1 (256 bytes aligned to 128) ends past the 549755813760 bytes that NCCL's 32-bit \
+             resource handles (in 128-byte units) can address, counting the buffers before it and NCCL's own"
+        );
     }
 }

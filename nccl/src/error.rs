@@ -361,12 +361,13 @@ pub enum Error {
         /// `ncclGetLastError`, when NCCL had something to say.
         detail: Option<String>,
     },
-    /// A device-communicator requirement does not fit NCCL's `int`.
+    /// A device-communicator requirement, or a size or count NCCL derives from it (barrier
+    /// buffers, GIN signals), does not fit NCCL's `int`.
     #[error("{what} = {value} is more than NCCL accepts")]
     RequirementTooLarge {
-        /// Which requirement.
+        /// Which requirement, or which count NCCL derives.
         what: &'static str,
-        /// The value given.
+        /// The value given, or the derived count (at most `u32::MAX`).
         value: u32,
     },
     /// A kernel image cannot run on this GPU (built for another architecture, or not an image).
@@ -375,6 +376,12 @@ pub enum Error {
         /// What is wrong, naming the image's and the device's architectures.
         reason: String,
     },
+    /// A module image that is not a complete cubin, fat binary or PTX text (truncated, corrupt,
+    /// or something else), refused before the driver saw it: `cuModuleLoadData` takes no length,
+    /// and would read past the end of such an image.
+    #[error(transparent)]
+    #[doc(alias = "cuModuleLoadData")]
+    ModuleImage(#[from] gpucomm_ordering::ImageError),
     /// The device-API structs (`ncclDevCommRequirements`, `ncclDevComm`) of the headers this
     /// crate was compiled against and of the loaded library have different layouts, so NCCL would
     /// read and write fields that are not where this crate put them.
@@ -410,10 +417,23 @@ pub enum Error {
         /// What is wrong with it.
         reason: &'static str,
     },
-    /// A resource buffer's alignment is not a power of two.
-    #[error("resource buffer alignment {align} is not a power of two")]
+    /// A resource buffer's alignment is not a power of two, or is more than 1 GiB.
+    #[error("resource buffer alignment {align} is not a power of two of at most 1 GiB (2^30 bytes)")]
     InvalidAlignment {
         /// The alignment given.
+        align: usize,
+    },
+    /// A device communicator's resource buffers (NCCL's barrier buffers first, then the ones
+    /// requested, each at its alignment) do not fit its resource window, which NCCL addresses with
+    /// 32-bit handles in 128-byte units: NCCL would truncate the buffer's handle.
+    #[error("resource buffer {index} ({size} bytes aligned to {align}) ends past the {} bytes that NCCL's 32-bit resource handles (in 128-byte units) can address, counting the buffers before it and NCCL's own", u64::from(u32::MAX) * 128)]
+    #[doc(alias = "ncclDevResourceHandle_t")]
+    ResourceWindowTooLarge {
+        /// Its index in the order of `DevCommRequirements::resource_buffer`.
+        index: usize,
+        /// Its size in bytes.
+        size: usize,
+        /// Its alignment in bytes.
         align: usize,
     },
 }

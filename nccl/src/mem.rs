@@ -137,27 +137,44 @@ impl<T: DeviceRepr> MemBuffer<T> {
     }
 
     /// `len` zeroed elements (allocated as [`MemBuffer::uninit`], then cleared on `stream`).
+    /// Refused on a stream that is being captured
+    /// ([`OrderError::InitInCapture`](gpucomm_ordering::OrderError::InitInCapture)): the clearing
+    /// would only be recorded into the graph.
     #[doc(alias = "ncclMemAlloc")]
     pub fn zeroed(stream: &Arc<CudaStream>, len: usize) -> Result<Self>
     where
         T: ValidAsZeroBits,
     {
+        refuse_fill_in_capture(stream)?;
         // SAFETY: every byte is written (zero, a valid `T`) before anything can read it: the
-        // buffer is not handed out before the memset is enqueued, and it is ordered on `stream`.
+        // buffer is not handed out before the memset is enqueued, and it is ordered on `stream`,
+        // which is not being captured (checked above), so the memset runs.
         let mut buf = unsafe { Self::uninit(stream, len) }?;
         stream.memset_zeros(&mut buf)?;
         Ok(buf)
     }
 
-    /// A copy of `host` (allocated as [`MemBuffer::uninit`], then copied on `stream`).
+    /// A copy of `host` (allocated as [`MemBuffer::uninit`], then copied on `stream`). Refused on
+    /// a stream that is being captured, as [`MemBuffer::zeroed`] is.
     #[doc(alias = "ncclMemAlloc")]
     pub fn from_host(stream: &Arc<CudaStream>, host: &[T]) -> Result<Self> {
+        refuse_fill_in_capture(stream)?;
         // SAFETY: every element is written by the copy before anything can read it (the copy is
-        // enqueued before the buffer is handed out, and ordered on `stream`).
+        // enqueued before the buffer is handed out, and ordered on `stream`, which is not being
+        // captured: checked above).
         let mut buf = unsafe { Self::uninit(stream, host.len()) }?;
         stream.memcpy_htod(host, &mut buf)?;
         Ok(buf)
     }
+}
+
+/// Refuses to fill a new buffer on a stream being captured (by anything): the fill would only be
+/// recorded into the graph, and the buffer handed out unwritten.
+fn refuse_fill_in_capture(stream: &CudaStream) -> Result<()> {
+    if gpucomm_ordering::is_capturing(stream)? {
+        return Err(gpucomm_ordering::OrderError::InitInCapture.into());
+    }
+    Ok(())
 }
 
 impl<T> MemBuffer<T> {

@@ -29,7 +29,9 @@ use crate::{MemBuffer, MemViewMut};
 /// [`reg.buffer_mut()`](Registration::buffer_mut), like any other. There is no `&mut` to the buffer
 /// itself: with one, safe code could replace the buffer (`std::mem::replace`) and free the
 /// registered memory while NCCL still holds it. The registration borrows its communicator, so it
-/// cannot outlive it, and it is deregistered on drop. A [`crate::capture`] whose calls use the
+/// cannot outlive it, and it is deregistered on drop, after the wait
+/// [`deregister`](Registration::deregister) makes (which a watchdog or the communicator's
+/// timeout ends when a collective on the buffer hangs). A [`crate::capture`] whose calls use the
 /// buffer keeps the registration (`&reg`, `&mut reg`, or `reg.buffer_mut()` in its keep set), so
 /// it outlives the graph.
 ///
@@ -144,6 +146,14 @@ impl<'c, T, B: DeviceBufferMut<T>> Registration<'c, T, B> {
     /// at once — unless the abort could not call NCCL ([`Error::Abandoned`]: NCCL may still use
     /// the memory, which stays registered and is leaked when the registration is dropped). On
     /// failure the registration is handed back with the error.
+    ///
+    /// The wait is parked ([`Comm::parked`]): a [`Watchdog`](crate::Watchdog) or an
+    /// [`AbortHandle`](crate::AbortHandle) may abort the communicator meanwhile, and so does a
+    /// call of the communicator whose work still runs its [timeout](Comm::timeout) after it was
+    /// enqueued, as in [`Comm::wait`]; the buffer then comes back as after any abort. So a
+    /// collective on the buffer stuck behind a dead peer ends the wait (and a drop) by the
+    /// communicator's timeout or its watchdog; with neither, the wait lasts as long as the
+    /// collective does.
     #[doc(alias = "ncclCommDeregister")]
     pub fn deregister(mut self) -> std::result::Result<B, (Self, Error)> {
         match self.release() {
@@ -164,13 +174,16 @@ impl<'c, T, B: DeviceBufferMut<T>> Registration<'c, T, B> {
         if self.comm.live_raw().is_err() {
             return self.comm.released_by_nccl();
         }
-        quiesce(&mut *self.buf, self.comm, "a registered buffer")?;
+        let quiet = quiesce(&mut *self.buf, self.comm, "a registered buffer");
         // Taken after the wait, which runs the buffer's own code (its stream tracking), and that
-        // can reach this communicator (a `Comm::wait` that times out aborts it).
+        // can reach this communicator (a `Comm::wait` that times out aborts it). A communicator
+        // aborted before or during the wait (its timeout, a watchdog) took the registration with
+        // it, whatever the wait returned.
         let c = match self.comm.live_raw() {
             Ok(c) => c,
-            Err(_) => return self.comm.released_by_nccl(),
+            Err(_) => return released_after(self.comm, quiet),
         };
+        quiet?;
         // SAFETY: `handle` came from ncclCommRegister on `c`, which is live (checked just above,
         // after the last code that could abort it); it is deregistered once (`deregister` marks
         // the registration released, which `Drop` skips); no work using the buffer is pending.
@@ -179,13 +192,28 @@ impl<'c, T, B: DeviceBufferMut<T>> Registration<'c, T, B> {
 }
 
 /// Waits until `buf`'s earlier uses have finished, and for nothing else, bounded by `comm`'s
-/// timeout: [`Error::StillInUse`] naming `what` when it expires.
+/// timeout: [`Error::StillInUse`] naming `what` when it expires. The wait is parked
+/// ([`Comm::wait_parked`]), so that a watchdog or an [`AbortHandle`](crate::AbortHandle) can
+/// abort the communicator meanwhile ([`Error::Aborted`]), and it ends with [`Error::Timeout`],
+/// having aborted the communicator, once one of its own calls is overdue — a collective on the
+/// buffer stuck behind a dead peer ends the wait either way.
 fn quiesce<T>(buf: &mut impl DeviceBufferMut<T>, comm: &Comm, what: &'static str) -> Result<()> {
     let timeout = comm.timeout();
-    match gpucomm_ordering::wait_for_uses(buf, comm.context(), timeout)? {
+    let ctx = comm.context();
+    match comm.wait_parked(timeout, |bound| Ok(gpucomm_ordering::wait_for_uses(buf, ctx, bound)?))? {
         true => Ok(()),
         false => Err(Error::StillInUse { what, after: timeout.unwrap_or_default() }),
     }
+}
+
+/// The release of what was registered with `comm`, found closed after [`quiesce`] returned
+/// `waited`: NCCL released it with the communicator ([`Comm::released_by_nccl`]). A timeout the
+/// wait hit, which aborted the communicator, is logged: nothing else reports it.
+fn released_after(comm: &Comm, waited: Result<()>) -> Result<()> {
+    if let Err(e @ Error::Timeout { .. }) = waited {
+        log::warn!("nccl: {e} (while a buffer's uses were awaited before deregistering it)");
+    }
+    comm.released_by_nccl()
 }
 
 impl<T, B: DeviceBufferMut<T>> Deref for Registration<'_, T, B> {
@@ -510,10 +538,12 @@ impl<'c, T> Window<'c, T> {
 
     /// Deregisters the window (`ncclCommWindowDeregister`) once the buffer's last use has finished,
     /// and gives the buffer back. The wait is bounded by the communicator's timeout
-    /// ([`Error::StillInUse`] when it expires). After the communicator was aborted, NCCL released
-    /// the window with it: the buffer comes back at once (not when the abort could not call NCCL:
-    /// [`Error::Abandoned`], and the buffer is leaked when the window is dropped). On failure the
-    /// window is handed back with the error.
+    /// ([`Error::StillInUse`] when it expires), and parked like [`Registration::deregister`]'s: an
+    /// abort meanwhile (a watchdog, an [`AbortHandle`](crate::AbortHandle), or a call of the
+    /// communicator overrunning its timeout) ends it. After the communicator was aborted, NCCL
+    /// released the window with it: the buffer comes back at once (not when the abort could not
+    /// call NCCL: [`Error::Abandoned`], and the buffer is leaked when the window is dropped). On
+    /// failure the window is handed back with the error.
     #[doc(alias = "ncclCommWindowDeregister")]
     // The buffer comes back on failure, as fallible teardown does throughout the crate.
     #[allow(clippy::result_large_err)]
@@ -541,11 +571,13 @@ impl<'c, T> Window<'c, T> {
             return self.comm.released_by_nccl();
         }
         // Kernels using the window read its state, which deregistering frees.
-        quiesce(&mut *self.buf, self.comm, "a window's buffer")?;
+        let quiet = quiesce(&mut *self.buf, self.comm, "a window's buffer");
+        // Aborted before or during the wait (its timeout, a watchdog): NCCL freed the window.
         let c = match self.comm.live_raw() {
             Ok(c) => c,
-            Err(_) => return self.comm.released_by_nccl(),
+            Err(_) => return released_after(self.comm, quiet),
         };
+        quiet?;
         // SAFETY: `raw` came from ncclCommWindowRegister on `c`, which is live (checked just
         // above, after the wait); it is deregistered once (`deregister` marks the window released,
         // which `Drop` skips); the buffer's last use has finished.

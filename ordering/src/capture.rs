@@ -221,6 +221,9 @@ pub fn relaxed<R>(f: impl FnOnce() -> Result<R, DriverError>) -> Result<R, Drive
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Used {
     pub(crate) ordinal: usize,
+    /// The CUDA context the use was made in (`CUcontext` as a number): two contexts of one
+    /// device map the same address to different memory.
+    pub(crate) ctx: usize,
     pub(crate) ptr: sys::CUdeviceptr,
     pub(crate) bytes: usize,
     pub(crate) how: Use,
@@ -353,7 +356,7 @@ fn with_scope<R>(stream: &CudaStream, f: impl FnOnce(&mut Scope) -> R) -> Option
 
 /// Records a captured use of `bytes` bytes at `ptr` on `stream`'s device.
 pub(crate) fn record_use(stream: &CudaStream, ptr: sys::CUdeviceptr, bytes: usize, how: Use) {
-    let used = Used { ordinal: stream.context().ordinal(), ptr, bytes, how };
+    let used = Used { ordinal: stream.context().ordinal(), ctx: stream.context().cu_ctx() as usize, ptr, bytes, how };
     with_scope(stream, |s| s.note(used));
 }
 
@@ -362,7 +365,7 @@ pub(crate) fn record_use(stream: &CudaStream, ptr: sys::CUdeviceptr, bytes: usiz
 /// as [`complete_before_use`] enqueues it, then as [`record_use`] records it (one look at the
 /// scope for both).
 pub(crate) fn record_tracked_use(stream: &CudaStream, local: usize, ptr: sys::CUdeviceptr, bytes: usize, how: Use) {
-    let used = Used { ordinal: stream.context().ordinal(), ptr, bytes, how };
+    let used = Used { ordinal: stream.context().ordinal(), ctx: stream.context().cu_ctx() as usize, ptr, bytes, how };
     let due = with_scope(stream, |s| {
         let due = take_pending_use(s, local);
         s.note(used);
@@ -530,7 +533,7 @@ mod tests {
     #[test]
     fn a_repeated_use_is_recorded_once() {
         let mut s = scope();
-        let read = Used { ordinal: 0, ptr: 0x1000, bytes: 256, how: Use::Read };
+        let read = Used { ordinal: 0, ctx: 1, ptr: 0x1000, bytes: 256, how: Use::Read };
         let write = Used { ptr: 0x2000, how: Use::Write, ..read };
         for _ in 0..100 {
             s.note(read);

@@ -30,6 +30,10 @@ pub enum OrderError {
     MixedCapture,
     /// A graph was launched on a stream that is being captured.
     LaunchInCapture,
+    /// A new buffer's first contents (zeros, a copy of host memory) were to be written on a
+    /// stream that is being captured: the write would only be recorded into the graph, and the
+    /// buffer handed out before anything wrote it.
+    InitInCapture,
     /// CUDA broke the capture: some work inside it waited for work outside it (a cudarc copy or
     /// kernel on a `CudaSlice` whose events were recorded before the capture, an event of another
     /// stream), or a stream joined into it was not joined back.
@@ -98,6 +102,11 @@ impl fmt::Display for OrderError {
                  began, ended or was invalidated in between); nothing was enqueued"
             ),
             OrderError::LaunchInCapture => write!(f, "a graph cannot be launched on a stream that is being captured"),
+            OrderError::InitInCapture => write!(
+                f,
+                "a new buffer cannot be filled on a stream that is being captured (the fill would only be recorded \
+                 into the graph): make it before the capture, or on a stream that is not captured"
+            ),
             OrderError::CaptureBroken(e) => write!(
                 f,
                 "CUDA broke the capture ({e}): something inside it waited for work outside it (a cudarc copy \

@@ -101,7 +101,15 @@ pub unsafe trait Keep {
 /// One member of a [`Keep`], as the graph saw it when it was planned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Member {
-    Buffer { ordinal: usize, ptr: sys::CUdeviceptr, bytes: usize, writable: bool },
+    /// `ctx`: its CUDA context (`CUcontext` as a number), since two contexts of one device map
+    /// the same address to different memory.
+    Buffer {
+        ordinal: usize,
+        ctx: usize,
+        ptr: sys::CUdeviceptr,
+        bytes: usize,
+        writable: bool,
+    },
     Resource(Resource),
 }
 
@@ -135,9 +143,9 @@ impl<'k> Visitor<'k> {
     }
 
     /// Compares a used buffer's address now with the plan's.
-    fn check(&mut self, ptr: sys::CUdeviceptr, ordinal: usize, bytes: usize) {
-        let same = matches!(self.planned(), Some((Member::Buffer { ptr: p, ordinal: o, bytes: b, .. }, _))
-            if p == ptr && o == ordinal && b == bytes);
+    fn check(&mut self, ptr: sys::CUdeviceptr, (ordinal, ctx): (usize, usize), bytes: usize) {
+        let same = matches!(self.planned(), Some((Member::Buffer { ptr: p, ordinal: o, ctx: c, bytes: b, .. }, _))
+            if p == ptr && o == ordinal && c == ctx && b == bytes);
         if let Job::Launch { stale, .. } = &mut self.job {
             *stale |= !same;
         }
@@ -145,9 +153,9 @@ impl<'k> Visitor<'k> {
 
     /// Ends the visit of one buffer member: what taking its pointer gave (a pointer to compare
     /// with the plan, nothing, or an error to keep), and on to the next member.
-    fn taken(&mut self, taken: Result<Option<sys::CUdeviceptr>, OrderError>, ordinal: usize, bytes: usize) {
+    fn taken(&mut self, taken: Result<Option<sys::CUdeviceptr>, OrderError>, at: (usize, usize), bytes: usize) {
         match taken {
-            Ok(Some(ptr)) => self.check(ptr, ordinal, bytes),
+            Ok(Some(ptr)) => self.check(ptr, at, bytes),
             Ok(None) => {}
             Err(e) => self.fail(e),
         }
@@ -156,12 +164,13 @@ impl<'k> Visitor<'k> {
 
     /// A buffer the graph keeps and may only read.
     pub fn read<B: DeviceMemory + DevicePtr<B::Elem>>(&mut self, buf: &'k B) {
-        let ordinal = buf.stream().context().ordinal();
+        let context = buf.stream().context();
+        let (ordinal, ctx) = (context.ordinal(), context.cu_ctx() as usize);
         let bytes = buf.num_bytes();
         let planned = self.planned();
         let taken = match &mut self.job {
             Job::Survey { access, members, .. } => access.read(buf).map(|(ptr, _)| {
-                members.push(Member::Buffer { ordinal, ptr, bytes, writable: false });
+                members.push(Member::Buffer { ordinal, ctx, ptr, bytes, writable: false });
                 None
             }),
             Job::Launch { access, guards, stale, .. } => match planned {
@@ -176,17 +185,18 @@ impl<'k> Visitor<'k> {
                 }
             },
         };
-        self.taken(taken, ordinal, bytes);
+        self.taken(taken, (ordinal, ctx), bytes);
     }
 
     /// A buffer the graph keeps and may write.
     pub fn write<B: DeviceMemory + DevicePtr<B::Elem> + DevicePtrMut<B::Elem>>(&mut self, buf: &'k mut B) {
-        let ordinal = buf.stream().context().ordinal();
+        let context = buf.stream().context();
+        let (ordinal, ctx) = (context.ordinal(), context.cu_ctx() as usize);
         let bytes = buf.num_bytes();
         let planned = self.planned();
         let taken = match &mut self.job {
             Job::Survey { access, members, .. } => access.read(&*buf).map(|(ptr, _)| {
-                members.push(Member::Buffer { ordinal, ptr, bytes, writable: true });
+                members.push(Member::Buffer { ordinal, ctx, ptr, bytes, writable: true });
                 None
             }),
             Job::Launch { access, guards, stale, .. } => match planned {
@@ -207,7 +217,7 @@ impl<'k> Visitor<'k> {
                 }
             },
         };
-        self.taken(taken, ordinal, bytes);
+        self.taken(taken, (ordinal, ctx), bytes);
     }
 
     /// A resource the graph keeps; `live` is false once it cannot be used any more (an aborted
@@ -270,8 +280,9 @@ fn plan(members: Vec<Member>, used: &[Used], resources: &[Resource]) -> Result<P
     let mut plan: Plan = members.into_iter().map(|m| (m, None)).collect();
     for u in used.iter().filter(|u| u.bytes > 0) {
         let holds = |m: &Member| match *m {
-            Member::Buffer { ordinal, ptr, bytes, .. } => {
+            Member::Buffer { ordinal, ctx, ptr, bytes, .. } => {
                 ordinal == u.ordinal
+                    && ctx == u.ctx
                     && u.ptr >= ptr
                     && u.ptr - ptr <= bytes as u64
                     && u.bytes as u64 <= bytes as u64 - (u.ptr - ptr)
@@ -637,11 +648,11 @@ mod tests {
     use super::*;
 
     fn buffer(ptr: u64, bytes: usize, writable: bool) -> Member {
-        Member::Buffer { ordinal: 0, ptr, bytes, writable }
+        Member::Buffer { ordinal: 0, ctx: 1, ptr, bytes, writable }
     }
 
     fn used(ptr: u64, bytes: usize, how: Use) -> Used {
-        Used { ordinal: 0, ptr, bytes, how }
+        Used { ordinal: 0, ctx: 1, ptr, bytes, how }
     }
 
     #[test]
@@ -656,6 +667,10 @@ mod tests {
         // Another device.
         let other = Used { ordinal: 1, ..used(0x1000, 4, Use::Read) };
         assert!(matches!(self::plan(members.clone(), &[other], &[]), Err(OrderError::NotKept { ordinal: 1, .. })));
+        // Another context of the same device, at the same address (the audit: a kept buffer
+        // swapped for one of another context that got the freed address).
+        let other = Used { ctx: 2, ..used(0x1000, 4, Use::Read) };
+        assert!(matches!(self::plan(members.clone(), &[other], &[]), Err(OrderError::NotKept { ordinal: 0, .. })));
         // Written, but kept only shared.
         let err = self::plan(members.clone(), &[used(0x1000, 4, Use::Write)], &[]).unwrap_err();
         assert_eq!(err, OrderError::KeptShared { ordinal: 0, ptr: 0x1000, bytes: 4 });

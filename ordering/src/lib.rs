@@ -33,6 +33,7 @@ mod capture;
 mod context;
 mod error;
 pub mod graph;
+pub mod image;
 mod pinned;
 mod quiesce;
 pub mod range;
@@ -45,6 +46,7 @@ pub use capture::{admit, captured_completion, capturing, is_capturing, relaxed, 
 pub use context::{make_current, placement, Placement};
 pub use error::OrderError;
 pub use graph::{capture, Captured, Graph, Keep, Visitor};
+pub use image::{ImageError, ImageKind, ModuleImage};
 pub use pinned::PinnedMut;
 pub use quiesce::{device_idle_within, wait_for_uses};
 pub use tracker::{captured_nonblocking, StreamTracker, Tracked};

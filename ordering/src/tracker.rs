@@ -379,17 +379,38 @@ impl StreamTracker {
         if self.needs_nothing(stream, how) {
             return SyncOnDrop::Record(None);
         }
+        if stream.cu_stream().is_null() {
+            // The legacy default stream, which cudarc does not count among the context's
+            // streams: the context may enter or leave cudarc's multi-stream mode (another thread
+            // creating its first stream, or dropping its last) between this guard's creation and
+            // its drop, and cudarc's guard would then skip its record or its synchronisation. So
+            // the use ends "on the stream" instead: later uses and the free wait for everything
+            // queued on it by then, this use included, with no guard to rely on.
+            return match self.use_on(&stream.context().default_stream(), how) {
+                Ok(()) => SyncOnDrop::Record(None),
+                Err(e) => self.order_on_host(stream, to_driver(e)),
+            };
+        }
         let mut state = self.lock();
-        let event = match self.plain_event(&mut state, stream) {
-            Ok(event) => event,
+        let (event, was_reader) = match self.plain_event(&mut state, stream) {
+            Ok(taken) => taken,
             Err(e) => {
                 drop(state);
                 return self.order_on_host(stream, e);
             }
         };
+        // Kept, never freed: a guard of an earlier use may still hold it. A reader's event goes
+        // back among the readers: that reader's guard may yet record it, and later uses must
+        // still wait for it.
+        let give_back = |state: &mut State, event: Box<CudaEvent>| {
+            if was_reader {
+                state.readers.push(End::Event { event, stream: stream.cu_stream() as usize });
+            } else {
+                state.spare.push(event);
+            }
+        };
         if let Err(e) = self.wait_conflicts(&mut state, stream, how) {
-            // Kept, never freed: a guard of an earlier use may still hold it.
-            state.spare.push(event);
+            give_back(&mut state, event);
             drop(state);
             return self.order_on_host(stream, to_driver(e));
         }
@@ -399,7 +420,7 @@ impl StreamTracker {
         // complete, so without this record nothing would wait for those earlier uses any more,
         // neither a later use nor the free.
         if let Err(e) = event.record(stream) {
-            state.spare.push(event);
+            give_back(&mut state, event);
             drop(state);
             return self.order_on_host(stream, e);
         }
@@ -438,20 +459,21 @@ impl StreamTracker {
 
     /// An event for the end of a use on the plain stream `stream`: a reader's event of the same
     /// stream that holds nothing unfinished (its last record completed, or its guard has yet to
-    /// record on that very stream, which its borrow keeps alive), else a spare or a new one.
-    fn plain_event(&self, state: &mut State, stream: &CudaStream) -> Result<Box<CudaEvent>, DriverError> {
+    /// record on that very stream, which its borrow keeps alive), else a spare or a new one; with
+    /// whether it was a reader's.
+    fn plain_event(&self, state: &mut State, stream: &CudaStream) -> Result<(Box<CudaEvent>, bool), DriverError> {
         let reusable = state.readers.iter().position(|r| match r {
             End::Event { event, stream: s } => *s == stream.cu_stream() as usize && event.is_complete(),
             End::Stream(_) => false,
         });
         if let Some(i) = reusable {
             if let Some(event) = into_event(state.readers.swap_remove(i)) {
-                return Ok(event);
+                return Ok((event, true));
             }
         }
         match state.spare.pop() {
-            Some(event) => Ok(event),
-            None => Ok(Box::new(self.home.new_event(None)?)),
+            Some(event) => Ok((event, false)),
+            None => Ok((Box::new(self.home.new_event(None)?), false)),
         }
     }
 }

@@ -66,6 +66,15 @@ impl<'a> BorrowedComm<'a> {
     /// (NCCL allows one thread at a time; a framework's own watchdog that only polls
     /// `ncclCommGetAsyncError` is fine). `owner` is whatever guarantees that, e.g. the framework's
     /// process-group object.
+    ///
+    /// No NCCL group opened outside this crate (`ncclGroupStart` called by the caller or by the
+    /// framework — PyTorch's coalescing manager, `torch.distributed._coalescing_manager`, opens
+    /// one around the calls it coalesces) may be open on a thread while it calls through this
+    /// value. NCCL only records the calls made inside a group and enqueues them at that group's
+    /// `ncclGroupEnd`, while this crate ends its buffers' stream bookkeeping when the call
+    /// returns: the buffers could then be freed or reused before NCCL's kernels run on them (a
+    /// use after free). This crate knows its own [groups](crate::group()) only, and cannot tell
+    /// that another is open.
     pub unsafe fn from_raw_borrowed<O: ?Sized>(raw: ncclComm_t, stream: Arc<CudaStream>, owner: &'a O) -> Result<Self> {
         let _ = owner;
         // SAFETY: forwarded; `Comm::from_raw`'s ownership is never exercised: the communicator is

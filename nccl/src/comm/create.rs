@@ -265,7 +265,9 @@ impl Comm {
 
     /// Creates one communicator per stream, each on its stream's device, in one process
     /// (`ncclCommInitAll`). Rank `i` is the communicator of `streams[i]`. The devices must all
-    /// differ. Drive the communicators together through [`crate::group`].
+    /// differ. Drive the communicators together through [`crate::group`]. With
+    /// `NCCL_COMM_BLOCKING=0` in the environment NCCL makes them nonblocking, and their creation
+    /// is polled to completion.
     #[doc(alias = "ncclCommInitAll")]
     pub fn init_all(streams: &[Arc<CudaStream>]) -> Result<Vec<Self>> {
         refuse_inside()?;
@@ -283,7 +285,13 @@ impl Comm {
         // SAFETY: `raws` has room for `n` communicators, `devlist` holds `n` distinct device
         // ordinals that cudarc opened.
         let rc = unsafe { call_unchecked!(ncclCommInitAll(raws.as_mut_ptr(), n, devlist.as_ptr())) }?;
-        if let Err(e) = check("ncclCommInitAll", rc, None) {
+        // `ncclInProgress`: nonblocking communicators (`NCCL_COMM_BLOCKING=0`) still being
+        // created, which `created` polls until each is ready.
+        let started = match rc {
+            ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => Ok(()),
+            failed => check("ncclCommInitAll", failed, None),
+        };
+        if let Err(e) = started {
             raws.iter().filter_map(|&raw| NonNull::new(raw)).for_each(abort_raw);
             return Err(e);
         }

@@ -9,7 +9,8 @@
 //! * [`watch`]: the opt-in timeout's record of enqueued work.
 //! * [`teardown`]: finalize, abort, drop.
 //! * [`borrowed`]: communicators someone else owns ([`BorrowedComm`]).
-//! * [`parked`]: waiting outside this crate where a watchdog can abort ([`Comm::parked`]).
+//! * [`parked`]: waiting outside NCCL where a watchdog can abort ([`Comm::parked`], and the
+//!   bounded wait of a registration's teardown).
 
 mod borrowed;
 mod child;
@@ -92,8 +93,15 @@ use watch::Watch;
 /// communicator back if it fails. [`Comm::abort`] stops outstanding work (after a failure). If a
 /// `Comm` is simply dropped, it is finalized and destroyed when it is healthy and no panic is
 /// unwinding; otherwise it is aborted, so that a failed job does not hang waiting for peers that
-/// are gone (inside a [`crate::group`] closure it is leaked instead, with a message). `Drop` never
-/// panics; failures there are logged through the `log` crate.
+/// are gone (inside a [`crate::group`] closure it is leaked instead, with a message). With a
+/// [timeout](Config::timeout) set, finalizing (dropping included) first waits for the outstanding
+/// work within it, and aborts the communicator when it does not finish: a collective stuck behind
+/// a dead peer, which NCCL keeps reporting as a success, would otherwise keep NCCL's finalize
+/// waiting. A *blocking* communicator without a timeout has no such bound: dropping it while its
+/// work is stuck blocks inside NCCL for as long as that work runs, for ever behind a dead peer
+/// (abort it instead, or use a nonblocking one, whose drop an [`AbortHandle`] or a
+/// [`Watchdog`](crate::Watchdog) can end). `Drop` never panics; failures there are logged through
+/// the `log` crate.
 #[doc(alias = "ncclComm_t")]
 // What every call reads (handle, abort state, stream, device, blocking mode, and the watch's borrow
 // flag and timeout) comes first, in this order: 64 bytes, one or two cache lines. (Not aligned to
@@ -206,6 +214,14 @@ impl Comm {
     /// `raw` must be a live, ready communicator that nothing else will destroy, finalize or abort
     /// while this `Comm` owns it, and that no other thread operates while this `Comm` does — nor
     /// any communicator that shares its resources (NCCL's `splitShare`).
+    ///
+    /// No NCCL group opened outside this crate (`ncclGroupStart` called by the caller, by C code
+    /// or by a framework — PyTorch's coalescing manager, say) may be open on a thread while it
+    /// calls through this `Comm`, or through anything made from it. NCCL only records the calls
+    /// made inside a group and enqueues them at that group's `ncclGroupEnd`, while this crate
+    /// ends its buffers' stream bookkeeping when the call returns: the buffers could then be
+    /// freed or reused before NCCL's kernels run on them (a use after free). This crate knows
+    /// its own [groups](crate::group()) only, and cannot tell that another is open.
     pub unsafe fn from_raw(raw: ncclComm_t, stream: Arc<CudaStream>) -> Result<Self> {
         let raw = NonNull::new(raw).ok_or(Error::NullCommunicator)?;
         let mut comm = Comm::unready(raw, stream, 0, 0, Settings::unknown());

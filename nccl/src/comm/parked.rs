@@ -1,4 +1,8 @@
-//! Waiting outside this crate, abortable: [`Comm::parked`].
+//! Waiting outside NCCL, abortable: [`Comm::parked`], and the bounded waits of teardown
+//! ([`Comm::wait_parked`]).
+
+#[cfg(nccl_2_19)]
+use std::time::{Duration, Instant};
 
 use super::health::Health;
 use super::Comm;
@@ -45,5 +49,47 @@ impl Comm {
         let value = wait();
         parked.leave()?;
         Ok(value)
+    }
+
+    /// Waits parked, as [`Comm::parked`] does, for work that this communicator does not track as
+    /// a whole — a buffer's uses before it is deregistered — bounded like the communicator's own
+    /// waits. `wait(bound)` waits at most `bound` (`None`: until done) and says whether the work
+    /// has finished; it runs parked, so an [`AbortHandle`](crate::AbortHandle) or a
+    /// [`Watchdog`](crate::Watchdog) may abort the communicator meanwhile (which stops its
+    /// kernels, and so ends a wait for work stuck behind a dead peer), and calls on this
+    /// communicator from inside it are refused with [`Error::Aborted`](crate::Error::Aborted)
+    /// before reaching NCCL. It is called again until the work has finished or a bound is
+    /// reached: `timeout` from now, or the time at which this communicator's oldest unfinished
+    /// call becomes overdue ([`Config::timeout`](crate::Config::timeout), counted from its
+    /// enqueue).
+    ///
+    /// `Ok(true)` once the work has finished, `Ok(false)` when `timeout` expired first;
+    /// [`Error::Timeout`](crate::Error::Timeout) when one of this communicator's calls is overdue,
+    /// which aborts it (as in [`Comm::wait`]); [`Error::Aborted`](crate::Error::Aborted) when it
+    /// was aborted before or meanwhile (what `wait` returned then is dropped).
+    #[cfg(nccl_2_19)]
+    pub(crate) fn wait_parked(
+        &self,
+        timeout: Option<Duration>,
+        mut wait: impl FnMut(Option<Duration>) -> Result<bool>,
+    ) -> Result<bool> {
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        loop {
+            let next = self.watch.borrow_mut().next_due()?;
+            let due = match next {
+                Some((due, late)) if Instant::now() >= due => return Err(self.time_out(late.call, late.after)),
+                next => next.map(|(due, _)| due),
+            };
+            let until = deadline.into_iter().chain(due).min();
+            let parked = Parked::enter(&self.health)?;
+            let done = wait(until.map(|at| at.saturating_duration_since(Instant::now())));
+            parked.leave()?;
+            if done? {
+                return Ok(true);
+            }
+            if deadline.is_some_and(|at| Instant::now() >= at) {
+                return Ok(false);
+            }
+        }
     }
 }

@@ -77,6 +77,16 @@ impl Comm {
     /// [`Error::GraphForgotten`] when a CUDA graph that captured the communicator was forgotten
     /// without being destroyed (`mem::forget`): NCCL's destroy would wait for it for ever, so the
     /// communicator is abandoned, and leaked when dropped.
+    ///
+    /// With a [timeout](Comm::timeout) set, the communicator's outstanding work is waited for
+    /// first, as [`Comm::wait`]`(Some(timeout))` does: work that does not finish in time — a
+    /// collective whose kernel waits for a dead peer, which NCCL keeps reporting as a success —
+    /// aborts the communicator, and the result is [`Error::Timeout`] (or NCCL's error, or
+    /// [`Error::Aborted`] after a watchdog's abort) instead of a finalize. Without a timeout,
+    /// finalizing a *blocking* communicator whose work is stuck blocks inside NCCL for as long as
+    /// that work runs — for ever behind a dead peer — out of every timeout's and watchdog's reach;
+    /// a nonblocking one waits parked, where an [`AbortHandle`](crate::AbortHandle) or a
+    /// [`Watchdog`](crate::Watchdog) can abort it.
     #[doc(alias = "ncclCommFinalize")]
     #[doc(alias = "ncclCommDestroy")]
     #[allow(clippy::result_large_err)] // see `Finalizing::wait`
@@ -86,8 +96,9 @@ impl Comm {
 
     /// Starts finalizing (`ncclCommFinalize`) and returns without waiting for a nonblocking
     /// communicator to finish (a blocking one has finished when this returns); complete it with
-    /// [`Finalizing::wait`]. After [`Comm::revoke`], which NCCL forbids finalizing after, only the
-    /// destroy remains to be done.
+    /// [`Finalizing::wait`]. With a timeout set, the communicator's outstanding work is waited for
+    /// first, bounded by it (see [`Comm::finalize`]). After [`Comm::revoke`], which NCCL forbids
+    /// finalizing after, only the destroy remains to be done.
     #[doc(alias = "ncclCommFinalize")]
     #[allow(clippy::result_large_err)] // see `Finalizing::wait`
     pub fn start_finalize(self) -> std::result::Result<Finalizing, (Self, Error)> {
@@ -112,13 +123,22 @@ impl Comm {
         aborted.and(self.health.finish())
     }
 
-    /// The `ncclCommFinalize` call, leaving `ncclInProgress` to the caller's polling.
+    /// The `ncclCommFinalize` call, leaving `ncclInProgress` to the caller's polling. With a
+    /// timeout set, the communicator's outstanding work is waited for first ([`Comm::wait`],
+    /// bounded by the timeout, whose expiry aborts it): NCCL keeps reporting success while a
+    /// collective's kernel waits for a dead peer, and a blocking `ncclCommFinalize` would wait
+    /// for that kernel inside NCCL, where no timeout or watchdog reaches.
     fn begin_finalize(&self) -> Result<()> {
-        let raw = self.live_raw()?;
+        self.live_raw()?;
         refuse_teardown_inside()?;
         if self.revoked.get() {
             return Ok(());
         }
+        if let Some(timeout) = self.timeout() {
+            self.wait(Some(timeout))?;
+        }
+        // Taken after the wait, which may have aborted it.
+        let raw = self.live_raw()?;
         self.context().bind_to_thread()?;
         // SAFETY: `raw` is live and owned, and no NCCL call on it is in flight.
         let rc = unsafe { call_unchecked!(ncclCommFinalize(raw)) }?;
@@ -181,7 +201,9 @@ impl Comm {
         false
     }
 
-    /// Finalizes and destroys a live communicator, or aborts it after a failure (or a panic).
+    /// Finalizes and destroys a live communicator, or aborts it after a failure (or a panic), as
+    /// [`Comm::finalize`] would: with a timeout set, outstanding work that does not finish within
+    /// it aborts the communicator instead.
     fn finalize_or_abort(&self) {
         if std::thread::panicking() || self.async_error().is_err() {
             self.health.abort_quietly();

@@ -139,11 +139,18 @@ impl Watch {
 
     /// Drops finished calls from the front; the oldest unfinished one once it is overdue.
     pub(crate) fn overdue(&mut self) -> Result<Option<Overdue>> {
+        Ok(self.next_due()?.and_then(|(due, late)| (Instant::now() >= due).then_some(late)))
+    }
+
+    /// Drops finished calls from the front; the oldest unfinished one, with the time it becomes
+    /// overdue. `None` without a timeout, with nothing unfinished, or when that time is beyond
+    /// what an `Instant` can hold (never, then).
+    pub(crate) fn next_due(&mut self) -> Result<Option<(Instant, Overdue)>> {
         let Some(timeout) = self.timeout else { return Ok(None) };
         while let Some(oldest) = self.running.front() {
             if !oldest.event.try_is_complete()? {
-                let late = oldest.at.elapsed() >= timeout;
-                return Ok(late.then_some(Overdue { call: oldest.call, after: timeout }));
+                let due = oldest.at.checked_add(timeout);
+                return Ok(due.map(|due| (due, Overdue { call: oldest.call, after: timeout })));
             }
             if let Some(done) = self.running.pop_front() {
                 self.spare.push(done.event);
