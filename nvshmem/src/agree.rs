@@ -24,12 +24,25 @@
 //! Consecutive checks alternate between two lists, so that a PE that is one check ahead never
 //! overwrites a list another PE is still reading: it can only write the list of check `r + 2` after
 //! the barrier of check `r + 1`, which every PE enters only after reading check `r`'s list.
+//!
+//! The same scratch buffer serves collectives over a team (team splits, which NVSHMEM computes
+//! from each member's own arguments): [`Agreement::team_exchange`] puts each member's words into
+//! its slot, numbered by world PE, of a third list on every member, a barrier over the team
+//! completes the puts, each member reads the members' slots and zeroes them (so that a member
+//! that did not take part shows as a zeroed slot, not as stale words), and a sync over the team
+//! keeps every member from writing the next exchange's words before all have read and zeroed.
+//! A PE outside the team may write its own slot early, for a later exchange over another team;
+//! that slot is neither read nor zeroed here.
+//!
+//! The check before [`crate::Runtime::alloc_zeroed`] returns a buffer uses the private stream
+//! too ([`Agreement::zero`]): every PE zeroes its copy there, then a barrier over all PEs.
 
 use std::cell::Cell;
 use std::ffi::c_void;
 use std::ptr::NonNull;
 
 use cudarc::driver::{result, sys::CUdeviceptr, sys::CUstream};
+use nvshmem_sys::nvshmem_team_t;
 
 use crate::error::{Error, Result};
 use crate::ffi::call;
@@ -37,8 +50,8 @@ use crate::quiesce;
 
 /// Values each PE sends per check: operation, bytes, alignment, offset, refused, and the check's
 /// number (counted from 1 on each PE: words left in a slot by an earlier check, or never
-/// written, are told apart).
-const WORDS: usize = 6;
+/// written, are told apart). A team exchange sends as many words of its caller's.
+pub(crate) const WORDS: usize = 6;
 /// Bytes of one PE's words.
 const WORD_BYTES: usize = WORDS * size_of::<u64>();
 
@@ -167,7 +180,8 @@ impl Agreed {
 }
 
 /// Where things sit in the scratch buffer: this PE's outgoing words, then two lists of every PE's
-/// words (one slot of `WORDS` per PE each).
+/// words for allocations and frees, then one for team exchanges (one slot of `WORDS` per PE
+/// each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Layout {
     my_pe: usize,
@@ -177,7 +191,7 @@ struct Layout {
 impl Layout {
     /// Size of the scratch buffer in bytes.
     fn bytes(self) -> usize {
-        (1 + 2 * self.n_pes) * WORD_BYTES
+        (1 + 3 * self.n_pes) * WORD_BYTES
     }
 
     /// Offset of this PE's outgoing words.
@@ -194,6 +208,22 @@ impl Layout {
     fn my_slot(self, parity: u64) -> usize {
         self.list(parity) + self.my_pe * WORD_BYTES
     }
+
+    /// Offset of the team exchanges' list.
+    fn team_list(self) -> usize {
+        self.list(2)
+    }
+
+    /// Offset of world PE `pe`'s slot in the team exchanges' list, on every PE.
+    fn team_slot(self, pe: usize) -> usize {
+        self.team_list() + pe * WORD_BYTES
+    }
+}
+
+/// Size in bytes of the scratch buffer of a job of `n_pes` PEs, which every PE allocates when it
+/// starts (counted against the heap's limit as NVSHMEM's own buffers are).
+pub(crate) fn scratch_bytes(n_pes: usize) -> usize {
+    Layout { my_pe: 0, n_pes }.bytes()
 }
 
 /// The stream and scratch buffer of the allocation checks.
@@ -230,7 +260,22 @@ impl Agreement {
         let scratch = unsafe { call!(nvshmem_malloc(bytes)) }?;
         let scratch = NonNull::new(scratch).ok_or(Error::OutOfMemory { bytes })?;
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)?;
-        Ok(Agreement { layout, scratch, stream, rounds: Cell::new(0), out_of_step: Cell::new(None) })
+        let agreement = Agreement { layout, scratch, stream, rounds: Cell::new(0), out_of_step: Cell::new(None) };
+        // The team exchanges' list starts zeroed on every PE, before any PE can write to it (its
+        // first exchange follows this barrier): a slot no member wrote reads as zeros.
+        let list = agreement.at(layout.team_list());
+        match agreement.zero(list, n_pes * WORD_BYTES) {
+            Ok(()) => Ok(agreement),
+            Err(e) => {
+                agreement.close();
+                Err(e)
+            }
+        }
+    }
+
+    /// The address of `offset` in the scratch buffer.
+    fn at(&self, offset: usize) -> CUdeviceptr {
+        self.scratch.as_ptr() as CUdeviceptr + offset as CUdeviceptr
     }
 
     /// The offset of symmetric address `addr` from the scratch buffer, the first allocation of the
@@ -276,8 +321,8 @@ impl Agreement {
                 let pe = pe as i32;
                 call!(nvshmemx_putmem_on_stream(slot, outbox as *const c_void, WORD_BYTES, pe, stream))?;
             }
-            // The private stream is never captured: nothing but this function has its handle.
-            quiesce::quiescing(self.stream, false, || call!(nvshmemx_barrier_all_on_stream(stream)))?;
+            // The private stream is never captured: nothing but this type has its handle.
+            quiesce::collective(self.stream, false, true, || call!(nvshmemx_barrier_all_on_stream(stream)))?;
             result::memcpy_dtoh_async(&mut all, at(self.layout.list(parity)), self.stream)?;
             result::stream::synchronize(self.stream)?;
         }
@@ -288,6 +333,86 @@ impl Agreement {
             self.out_of_step.set(Some((agreed.min_check, agreed.max_check)));
         }
         Ok(agreed)
+    }
+
+    /// Zeroes `bytes` at `ptr` (this PE's copy of a symmetric buffer just allocated) on the private
+    /// stream, then makes a barrier over all PEs there, and waits for both: when it returns, every
+    /// PE has zeroed its copy, so that no write to the buffer, from any PE, can land before the
+    /// zeros. Collective over all PEs, right after a collective allocation; the barrier is
+    /// enqueued even when the zeroing cannot be, so that no PE waits for this one in it. The PE's
+    /// context must be current.
+    pub(crate) fn zero(&self, ptr: CUdeviceptr, bytes: usize) -> Result<()> {
+        let stream = self.stream as nvshmem_sys::cudaStream_t;
+        // SAFETY: `ptr` is the start of `bytes` of this PE's symmetric heap that the caller just
+        // allocated and that nothing else uses yet; the stream is this context's and idle (every use
+        // is synchronised before returning).
+        let zeroed = unsafe { result::memset_d8_async(ptr, 0, bytes, self.stream) };
+        // SAFETY: NVSHMEM is running and the PE's context current (the caller's contract); every
+        // PE makes this barrier at the same step (allocation is collective). The private stream is
+        // never captured: nothing but this type has its handle.
+        let barrier =
+            quiesce::collective(self.stream, false, true, || unsafe { call!(nvshmemx_barrier_all_on_stream(stream)) });
+        // SAFETY: the stream is alive and this context's.
+        let waited = unsafe { result::stream::synchronize(self.stream) };
+        zeroed?;
+        barrier?;
+        Ok(waited?)
+    }
+
+    /// Every member's words for a team split over `team`, given this PE's (`words`, whose last
+    /// word must not be 0): collective over the members of `team`, whose world PE numbers
+    /// `members` lists in team order, at the same step of the team's collectives. Blocks until
+    /// every member has sent its words, and returns them in team order; a member that did not
+    /// take part in this exchange (out of step) shows as zeros. The PE's context must be current.
+    /// Refused, before anything is enqueued, while a capture holds NVSHMEM's copy streams (the
+    /// barrier would quiesce them) or this thread captures.
+    pub(crate) fn team_exchange(
+        &self,
+        team: nvshmem_team_t,
+        members: &[usize],
+        words: [u64; WORDS],
+    ) -> Result<Vec<[u64; WORDS]>> {
+        let Layout { my_pe, n_pes } = self.layout;
+        if let Some(&pe) = members.iter().find(|&&pe| pe >= n_pes) {
+            return Err(Error::InvalidPe { what: "a team member's world PE", pe, n_pes });
+        }
+        quiesce::host_call("a team split")?;
+        let outbox = self.at(self.layout.outbox());
+        let mine = self.at(self.layout.team_slot(my_pe)) as *mut c_void;
+        let stream = self.stream as nvshmem_sys::cudaStream_t;
+        let mut all = vec![0u64; n_pes * WORDS];
+        // SAFETY: the outbox, the team list and its slots are ranges of the symmetric scratch
+        // buffer (`Layout::bytes` covers them), which only this type uses, one call at a time
+        // (`Runtime` is not `Sync`, and the stream is synchronised before returning, so none of
+        // this PE's earlier copies, puts or barriers is still running); every member PE is below
+        // `n_pes` (checked) and has the same layout; a member writes only its own slot, and writes
+        // it for the next exchange only after the closing sync, which every member enters after
+        // reading and zeroing (module docs); `words` and `all` outlive the synchronisation; the
+        // stream is this context's and never captured; `team` is a valid team of this runtime
+        // (members out of step pair these barriers with other collectives of the team, which
+        // shows as zeroed slots, not as a write outside the scratch buffer).
+        unsafe {
+            result::memcpy_htod_async(outbox, &words, self.stream)?;
+            for &pe in members {
+                // World PEs came from NVSHMEM's `int`s.
+                call!(nvshmemx_putmem_on_stream(mine, outbox as *const c_void, WORD_BYTES, pe as i32, stream))?;
+            }
+            quiesce::collective(self.stream, false, true, || call!(nvshmemx_barrier_on_stream(team, stream)))?;
+            result::memcpy_dtoh_async(&mut all, self.at(self.layout.team_list()), self.stream)?;
+            for &pe in members {
+                result::memset_d8_async(self.at(self.layout.team_slot(pe)), 0, WORD_BYTES, self.stream)?;
+            }
+            quiesce::collective(self.stream, false, false, || call!(nvshmemx_team_sync_on_stream(team, stream)))?;
+            result::stream::synchronize(self.stream)?;
+        }
+        Ok(members
+            .iter()
+            .map(|&pe| {
+                let mut slot = [0; WORDS];
+                slot.copy_from_slice(&all[pe * WORDS..(pe + 1) * WORDS]);
+                slot
+            })
+            .collect())
     }
 
     /// Destroys the private stream (idle: every use is synchronised). The scratch buffer is
@@ -406,7 +531,16 @@ mod tests {
             }
             // The two lists do not overlap: a PE one check ahead writes the other one.
             assert_eq!(layouts[0].list(1), layouts[0].list(0) + n_pes * WORD_BYTES);
-            assert_eq!(layouts[0].list(1) + n_pes * WORD_BYTES, bytes);
+            // The team exchanges' list follows, with one slot per world PE, up to the end.
+            let team = layouts[0].team_list();
+            assert_eq!(team, layouts[0].list(1) + n_pes * WORD_BYTES);
+            assert!(layouts.iter().all(|l| l.team_list() == team));
+            assert_eq!(
+                (0..n_pes).map(|pe| layouts[0].team_slot(pe)).collect::<Vec<_>>(),
+                (0..n_pes).map(|pe| team + pe * WORD_BYTES).collect::<Vec<_>>()
+            );
+            assert_eq!(layouts[0].team_slot(n_pes - 1) + WORD_BYTES, bytes);
+            assert_eq!(scratch_bytes(n_pes), bytes);
         }
     }
 }

@@ -179,17 +179,21 @@ pub enum Error {
         /// The alignment given.
         align: usize,
     },
-    /// The allocation cannot fit the symmetric heap's configured limit, so NVSHMEM (which can exit
-    /// the process or tear its heap down on such a request) was not asked.
+    /// The allocation cannot fit the symmetric heap's limit (see [`crate::HeapLimit`]), so NVSHMEM
+    /// (which tears its dynamic heap down on such a request) was not asked.
     #[error(
-        "{bytes} more bytes do not fit the symmetric heap: {in_use} bytes in use, limit {limit} bytes ({limit_from})"
+        "{bytes} more bytes do not fit the symmetric heap: {in_use} bytes in use and {reserved} reserved for NVSHMEM's own buffers, limit {limit} bytes ({limit_from})"
     )]
     HeapExhausted {
-        /// Bytes requested: for an aligned allocation, its size plus its alignment, which
-        /// `nvshmem_align` may need.
+        /// What the request takes of the limit: its size (plus its alignment for an aligned
+        /// allocation, which `nvshmem_align` may need), rounded up to the heap's granularity
+        /// ([`crate::HeapLimit::granularity`]).
         bytes: usize,
         /// Bytes of this process's live symmetric buffers.
         in_use: usize,
+        /// Bytes of the limit held back for NVSHMEM's own symmetric buffers
+        /// ([`crate::HeapLimit::reserved`]).
+        reserved: usize,
         /// The limit.
         limit: usize,
         /// Where the limit comes from (the variable, or the device's memory).
@@ -273,6 +277,18 @@ pub enum Error {
         /// Size of the parent team.
         n_pes: usize,
     },
+    /// The members of the parent team made different team splits at the same step: other
+    /// arguments, another kind of split, or none (a member at another collective of the team).
+    /// NVSHMEM computes each member's new team from that member's own arguments, so it would wait
+    /// for ever or give members teams that share NVSHMEM's per-team state. The members compare
+    /// their splits first: no team was created, on any member.
+    #[error("the members of the parent team made different team splits (member {pe}'s differs from member 0's); no team was created on any member")]
+    #[doc(alias = "nvshmem_team_split_strided")]
+    #[doc(alias = "nvshmem_team_split_2d")]
+    AsymmetricSplit {
+        /// The lowest member (numbered in the parent team) whose split differs from member 0's.
+        pe: usize,
+    },
     /// A 2-D team split with an x range of zero.
     #[error("a 2-D team split needs an x range of at least 1")]
     ZeroXRange,
@@ -291,6 +307,12 @@ pub enum Error {
         /// Its size in the NVSHMEM headers this crate was built with, in bytes.
         expected: usize,
     },
+    /// A module image that is not a complete cubin, fat binary or PTX text (truncated, corrupt,
+    /// or something else), refused before the driver saw it: `cuModuleLoadData` takes no length,
+    /// and would read past the end of such an image.
+    #[error(transparent)]
+    #[doc(alias = "cuModuleLoadData")]
+    ModuleImage(#[from] gpucomm_ordering::ImageError),
     /// A module built for a GPU architecture the device cannot run.
     #[error("the module holds code for {} but device {device} is sm_{arch}", module.map(|m| format!("sm_{m}")).unwrap_or_else(|| "other architectures".into()))]
     WrongArchitecture {
@@ -431,6 +453,15 @@ pub enum Error {
         /// The bootstrap requested.
         requested: &'static str,
     },
+    /// [`crate::UniqueId::new`] while NVSHMEM runs in this process: `nvshmemx_get_uniqueid` runs
+    /// the unique-id bootstrap's set-up again, which rewrites, without a lock, the plugin's
+    /// options and debug flag that the running bootstrap reads (NVSHMEM 3.4.5 `bootstrap_uid.cpp`,
+    /// `nvshmemi_bootstrap_plugin_pre_init`), and it may run on any thread, while the runtime's
+    /// thread is inside NVSHMEM, which runs `NVSHMEM_THREAD_SERIALIZED`. Nothing was called: make
+    /// ids before starting NVSHMEM (a process starts it once).
+    #[error("a UniqueId cannot be made while NVSHMEM runs in this process: NVSHMEM would redo its bootstrap's set-up under the running bootstrap (nothing was called)")]
+    #[doc(alias = "nvshmemx_get_uniqueid")]
+    UniqueIdWhileRunning,
     /// `NVSHMEM_BOOTSTRAP=UID` with [`crate::Bootstrap::Environment`], which cannot pass the
     /// unique id that bootstrap needs (NVSHMEM would dereference the missing arguments).
     #[error("NVSHMEM_BOOTSTRAP={value} selects the unique-id bootstrap, which needs an id that Bootstrap::Environment cannot pass: start with Bootstrap::UniqueId")]
@@ -521,11 +552,16 @@ mod tests {
 
     #[test]
     fn messages_name_the_facts() {
-        let e =
-            Error::HeapExhausted { bytes: 8, in_use: 1 << 30, limit: 1 << 30, limit_from: "NVSHMEM_SYMMETRIC_SIZE" };
+        let e = Error::HeapExhausted {
+            bytes: 8,
+            in_use: 1 << 30,
+            reserved: 0,
+            limit: 1 << 30,
+            limit_from: "NVSHMEM_SYMMETRIC_SIZE",
+        };
         assert_eq!(
             e.to_string(),
-            "8 more bytes do not fit the symmetric heap: 1073741824 bytes in use, limit 1073741824 bytes (NVSHMEM_SYMMETRIC_SIZE)"
+            "8 more bytes do not fit the symmetric heap: 1073741824 bytes in use and 0 reserved for NVSHMEM's own buffers, limit 1073741824 bytes (NVSHMEM_SYMMETRIC_SIZE)"
         );
         let e = Error::WrongArchitecture { module: Some(80), device: 1, arch: 90 };
         assert_eq!(e.to_string(), "the module holds code for sm_80 but device 1 is sm_90");

@@ -95,10 +95,14 @@ impl<T> std::fmt::Debug for Symmetric<'_, T> {
     }
 }
 
-/// The three allocation functions.
+/// The three kinds of allocation.
 enum Alloc {
+    /// `nvshmem_malloc`.
     Malloc,
-    Calloc,
+    /// `nvshmem_malloc`, then zeroed by this crate (not `nvshmem_calloc`: see
+    /// [`Runtime::alloc_zeroed`]).
+    Zeroed,
+    /// `nvshmem_align` with this alignment.
     Align(usize),
 }
 
@@ -107,21 +111,29 @@ impl Runtime {
     /// Collective: all PEs call it in the same order with the same `len`. The contents are
     /// whatever the heap held (hence [`Element`]: types valid for any bits).
     ///
-    /// Refused before NVSHMEM is called, on every PE: zero bytes ([`Error::ZeroSize`]), sizes past
-    /// the heap's limit ([`Error::HeapExhausted`], see [`HeapLimit`]), PEs asking for different
-    /// sizes ([`Error::AsymmetricAlloc`]), and another PE's refusal ([`Error::PeerRefusedAlloc`]).
+    /// Refused before NVSHMEM is called, on every PE: zero bytes ([`Error::ZeroSize`]), sizes that
+    /// do not fit the heap's limit ([`Error::HeapExhausted`], see [`HeapLimit`]), PEs asking for
+    /// different sizes ([`Error::AsymmetricAlloc`]), and another PE's refusal
+    /// ([`Error::PeerRefusedAlloc`]).
     #[doc(alias = "nvshmem_malloc")]
     pub fn alloc<T: Element>(&self, len: usize) -> Result<Symmetric<'_, T>> {
         self.allocate(len, Alloc::Malloc)
     }
 
-    /// Allocates `len` zeroed elements on the symmetric heap of every PE (`nvshmem_calloc`).
-    /// Collective, like [`Runtime::alloc`]. Zeroed contents alone would not make a type such as
-    /// `bool` sound here: other PEs write this PE's copy with their own element type, which the
-    /// allocation checks by size only, so elements are [`Element`]s (valid for any bits) as well.
+    /// Allocates `len` zeroed elements on the symmetric heap of every PE. Collective, like
+    /// [`Runtime::alloc`]. Zeroed contents alone would not make a type such as `bool` sound here:
+    /// other PEs write this PE's copy with their own element type, which the allocation checks by
+    /// size only, so elements are [`Element`]s (valid for any bits) as well.
+    ///
+    /// The buffer is allocated like [`Runtime::alloc`]'s, then zeroed on a private stream of this
+    /// crate, and the call returns once every PE has zeroed its copy (a barrier over all PEs on
+    /// that stream, waited for): writes made afterwards, on any stream and by any PE, land on
+    /// zeros. (`nvshmem_calloc` zeroes with a `cudaMemset` on the legacy default stream, which
+    /// nothing orders with other streams or with the other PEs: the zeros could land after them.
+    /// On the static heap a failing `nvshmem_calloc` also exits the process.)
     #[doc(alias = "nvshmem_calloc")]
     pub fn alloc_zeroed<T: Element>(&self, len: usize) -> Result<Symmetric<'_, T>> {
-        self.allocate(len, Alloc::Calloc)
+        self.allocate(len, Alloc::Zeroed)
     }
 
     /// Allocates `len` elements aligned to `align` bytes on the symmetric heap of every PE
@@ -136,7 +148,7 @@ impl Runtime {
     fn allocate<T>(&self, len: usize, how: Alloc) -> Result<Symmetric<'_, T>> {
         let align = match how {
             Alloc::Align(align) => align as u64,
-            Alloc::Malloc | Alloc::Calloc => 0,
+            Alloc::Malloc | Alloc::Zeroed => 0,
         };
         // Every PE asks, whether or not it refuses, so that every PE reaches the same verdict.
         let local = self.local_check::<T>(len, &how);
@@ -154,18 +166,24 @@ impl Runtime {
         agreed.check(Op::Alloc, None)?;
         // SAFETY: NVSHMEM is initialised (the runtime exists) and its context is current (made so
         // before the agreement, which makes no other current); the sizes are non-zero and, with the
-        // alignment, within the heap's configured limit (checked above), and every PE asks for the
-        // same size and alignment (agreed above).
+        // alignment, within the heap's limit (checked above), and every PE asks for the same size
+        // and alignment (agreed above).
         let ptr = unsafe {
             match how {
-                Alloc::Malloc => call!(nvshmem_malloc(bytes)),
-                Alloc::Calloc => call!(nvshmem_calloc(len, size_of::<T>())),
+                Alloc::Malloc | Alloc::Zeroed => call!(nvshmem_malloc(bytes)),
                 Alloc::Align(align) => call!(nvshmem_align(align, bytes)),
             }
         }?;
         let ptr = NonNull::new(ptr).ok_or(Error::OutOfMemory { bytes })?;
         self.heap_in_use.set(self.heap_in_use.get() + bytes);
-        Ok(Symmetric { ptr, len, rt: self, tracker, released: false, _elem: PhantomData })
+        let buffer = Symmetric { ptr, len, rt: self, tracker, released: false, _elem: PhantomData };
+        if let Alloc::Zeroed = how {
+            // Zeroed, on every PE, before this returns: the tracker, which knows no use of the
+            // buffer, needs nothing recorded. On failure the buffer is dropped, and so leaked (with
+            // a warning) while the other PEs keep theirs: the heaps stay in step.
+            agreement.zero(buffer.device_address(), bytes)?;
+        }
+        Ok(buffer)
     }
 }
 
@@ -180,9 +198,10 @@ impl Runtime {
 }
 
 /// The size in bytes of an allocation of `len` elements of `T` made `how`, checked: alignment,
-/// overflow, zero bytes, and the heap's `limit` with `in_use` bytes already allocated. An aligned
-/// allocation counts its alignment too: `nvshmem_align` may need up to size + alignment bytes of
-/// the heap (it exits the process, or grows the heap by as much, when they are not there).
+/// overflow, zero bytes, and the heap's `limit` with `in_use` bytes already allocated (see
+/// [`HeapLimit`]). An aligned allocation counts its alignment too: `nvshmem_align` may need up to
+/// size + alignment bytes of the heap (it grows the dynamic heap by as much, rounded up, when they
+/// are not there).
 fn check_size<T>(len: usize, how: &Alloc, in_use: usize, limit: HeapLimit) -> Result<usize> {
     let align = match *how {
         Alloc::Align(align) => {
@@ -192,7 +211,7 @@ fn check_size<T>(len: usize, how: &Alloc, in_use: usize, limit: HeapLimit) -> Re
             }
             align
         }
-        Alloc::Malloc | Alloc::Calloc => 0,
+        Alloc::Malloc | Alloc::Zeroed => 0,
     };
     let elem_size = size_of::<T>();
     let bytes = len.checked_mul(elem_size).ok_or(Error::SizeOverflow { len, elem_size })?;
@@ -200,8 +219,15 @@ fn check_size<T>(len: usize, how: &Alloc, in_use: usize, limit: HeapLimit) -> Re
         return Err(Error::ZeroSize { len, elem_size });
     }
     let needed = bytes.checked_add(align).ok_or(Error::AlignedSizeOverflow { bytes, align })?;
-    if needed > limit.limit.saturating_sub(in_use) {
-        return Err(Error::HeapExhausted { bytes: needed, in_use, limit: limit.limit, limit_from: limit.limit_from });
+    let charged = limit.charge(needed);
+    if !limit.fits(in_use, charged) {
+        return Err(Error::HeapExhausted {
+            bytes: charged,
+            in_use,
+            reserved: limit.reserved,
+            limit: limit.limit,
+            limit_from: limit.limit_from,
+        });
     }
     Ok(bytes)
 }
@@ -299,7 +325,7 @@ impl<'rt, T> Symmetric<'rt, T> {
             // the others waiting in the agreement, or keep the buffer while they free it.
             gpucomm_ordering::make_current(self.rt.context())?;
             agreement.agree(ask)?.check(Op::Free, refusal)?;
-            // SAFETY: the pointer came from nvshmem_malloc/calloc/align of this runtime; no queued
+            // SAFETY: the pointer came from nvshmem_malloc/align of this runtime; no queued
             // work uses it (its streams were waited for); every PE frees the buffer at the same
             // offset and of the same size (agreed above); `self` is consumed on success, so
             // nothing refers to it afterwards; the PE's context is current (made so before the
@@ -503,7 +529,17 @@ mod tests {
     use super::*;
 
     const GIB: usize = 1 << 30;
-    const STATIC: HeapLimit = HeapLimit { dynamic: false, limit: GIB, limit_from: "NVSHMEM_SYMMETRIC_SIZE" };
+    const STATIC: HeapLimit =
+        HeapLimit { dynamic: false, limit: GIB, limit_from: "NVSHMEM_SYMMETRIC_SIZE", reserved: 0, granularity: 1 };
+    const GRANULE: usize = 512 << 20;
+    /// An 8 GiB dynamic heap with 1 GiB reserved for NVSHMEM.
+    const DYNAMIC: HeapLimit = HeapLimit {
+        dynamic: true,
+        limit: 8 * GIB,
+        limit_from: "NVSHMEM_MAX_MEMORY_PER_GPU",
+        reserved: 2 * GRANULE,
+        granularity: GRANULE,
+    };
 
     #[test]
     fn an_alignment_counts_against_the_heap_limit() {
@@ -520,7 +556,31 @@ mod tests {
         assert!(matches!(e, Error::HeapExhausted { bytes: 8196, .. }), "{e}");
         // Without an alignment only the size counts.
         assert_eq!(check_size::<u8>(GIB, &Alloc::Malloc, 0, STATIC).unwrap(), GIB);
-        assert!(matches!(check_size::<u8>(GIB + 1, &Alloc::Calloc, 0, STATIC), Err(Error::HeapExhausted { .. })));
+        assert!(matches!(check_size::<u8>(GIB + 1, &Alloc::Zeroed, 0, STATIC), Err(Error::HeapExhausted { .. })));
+    }
+
+    /// Audit: the dynamic heap's check accepted a request that filled the limit exactly, and counted
+    /// neither NVSHMEM's own buffers nor the granules NVSHMEM maps (it fails, tearing the heap down,
+    /// at `mapped + step >= size`). Now the reserve and whole granules count, and the sum must stay
+    /// below the limit.
+    #[test]
+    fn the_dynamic_heap_check_counts_the_reserve_and_granules() {
+        // 7 GiB after the reserve: a request that fills them is refused, one granule less passes.
+        let e = check_size::<u8>(7 * GIB, &Alloc::Malloc, 0, DYNAMIC).unwrap_err();
+        assert!(
+            matches!(e, Error::HeapExhausted { bytes, in_use: 0, reserved, limit, .. }
+                if (bytes, reserved, limit) == (7 * GIB, GIB, 8 * GIB)),
+            "{e}"
+        );
+        assert_eq!(check_size::<u8>(7 * GIB - GRANULE, &Alloc::Malloc, 0, DYNAMIC).unwrap(), 7 * GIB - GRANULE);
+        // One byte takes a granule: it does not fit next to 6.5 GiB of buffers.
+        assert_eq!(check_size::<u8>(1, &Alloc::Zeroed, 13 * GRANULE - 1, DYNAMIC).unwrap(), 1);
+        let e = check_size::<u8>(1, &Alloc::Zeroed, 13 * GRANULE, DYNAMIC).unwrap_err();
+        assert!(matches!(e, Error::HeapExhausted { bytes: GRANULE, .. }), "{e}");
+        // Size plus alignment, rounded up: 4 KiB aligned to 512 MiB takes two granules.
+        let e = check_size::<u32>(1024, &Alloc::Align(GRANULE), 12 * GRANULE, DYNAMIC).unwrap_err();
+        assert!(matches!(e, Error::HeapExhausted { bytes, .. } if bytes == 2 * GRANULE), "{e}");
+        assert_eq!(check_size::<u32>(1024, &Alloc::Align(GRANULE), 12 * GRANULE - 1, DYNAMIC).unwrap(), 4096);
     }
 
     #[test]

@@ -10,10 +10,11 @@
 //! ```
 //!
 //! (`gpucomm_build_support::build::nvcc::Nvcc::device_linked_module` does both from a build
-//! script.) [`Runtime::load_module`] loads the image into the PE's context, refuses one that was
-//! not device-linked or was built for another GPU, and runs `nvshmemx_cumodule_init` on it, which
-//! points the module's copy of NVSHMEM's device state at the running library. The kernels are
-//! `extern "C" __global__` functions found by name with [`Module::kernel`].
+//! script.) [`Runtime::load_module`] loads the image into the PE's context, refuses one that is
+//! truncated or corrupt, was not device-linked or was built for another GPU, and runs
+//! `nvshmemx_cumodule_init` on it, which points the module's copy of NVSHMEM's device state at the
+//! running library. The kernels are `extern "C" __global__` functions found by name with
+//! [`Module::kernel`].
 
 use std::ffi::{c_void, CString};
 use std::ptr::NonNull;
@@ -22,7 +23,7 @@ use std::sync::Arc;
 use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction, CUmodule};
 use cudarc::driver::{result, CudaStream, DeviceRepr, DriverError, LaunchConfig};
 use gpucomm_build_support::cubin;
-use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut, Guard, Keep, Resource, Visitor};
+use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut, Guard, Keep, ModuleImage, Resource, Visitor};
 
 use crate::error::{Error, Result};
 use nvshmem_sys::{nvshmemi_device_host_state_t, nvshmemi_version_t};
@@ -41,7 +42,10 @@ const DEVICE_STATE: &str = "nvshmemi_device_state_d";
 /// registered with NVSHMEM (`nvshmemx_cumodule_init`). Dropping it waits for the device (its
 /// kernels may run on any stream), within [`Runtime::set_timeout`], then unregisters
 /// (`nvshmemx_cumodule_finalize`) and unloads it; when the device does not become idle in time,
-/// the module stays loaded (with a warning) rather than be unloaded under a running kernel.
+/// the module stays loaded (with a warning) rather than be unloaded under a running kernel. So it
+/// does, without waiting, when it is dropped while this thread has a capture scope open
+/// ([`crate::capture`]): a wait for the device there would break the capture (CUDA refuses host
+/// waits inside it), and NVSHMEM can exit the process when a call of its own is refused so.
 #[doc(alias = "nvshmemx_cumodule_finalize")]
 #[doc(alias = "cuModuleUnload")]
 pub struct Module<'rt> {
@@ -61,8 +65,11 @@ impl Runtime {
     /// Loads a module image (a cubin from `nvcc -dlink -cubin`, or a fatbin) into the PE's
     /// context and registers it with NVSHMEM (`nvshmemx_cumodule_init`).
     ///
-    /// Refused with [`Error::WrongArchitecture`] when the cubin was built for a GPU this device
-    /// cannot run (checked from its header before loading, and from the driver's
+    /// Refused with [`Error::ModuleImage`] when the image is not a complete cubin, fat binary or
+    /// PTX text (checked before the driver sees it: `cuModuleLoadData` takes no length, and would
+    /// read past the end of a truncated image; see [`gpucomm_ordering::ModuleImage`]), with
+    /// [`Error::WrongArchitecture`] when the cubin was built for a GPU this device cannot run
+    /// (checked from its header before loading, and from the driver's
     /// `CUDA_ERROR_NO_BINARY_FOR_GPU`), with [`Error::NotNvshmemModule`] when it was not
     /// device-linked against NVSHMEM's device library, and with [`Error::ModuleGlobalSize`] when
     /// the globals NVSHMEM reads and writes do not have the sizes of this NVSHMEM's types. Refused with [`Error::HostCallInCapture`]
@@ -73,6 +80,7 @@ impl Runtime {
     #[doc(alias = "nvshmemx_cumodule_init")]
     #[doc(alias = "cuModuleLoadData")]
     pub fn load_module(&self, image: &[u8]) -> Result<Module<'_>> {
+        let checked = ModuleImage::new(image)?;
         quiesce::host_call("loading a module (nvshmemx_cumodule_init)")?;
         let ctx = self.context();
         let major = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
@@ -83,14 +91,11 @@ impl Runtime {
         if module_arch.is_some_and(|m| !cubin::runs_on(m, arch)) {
             return Err(wrong());
         }
-        // cuModuleLoadData reads PTX text up to a NUL: a terminated copy keeps it in bounds.
-        let mut owned = Vec::with_capacity(image.len() + 1);
-        owned.extend_from_slice(image);
-        owned.push(0);
         ctx.bind_to_thread()?;
-        // SAFETY: the image is NUL-terminated (for PTX) and complete (for binaries); the PE's
+        // SAFETY: `checked` is a cubin or fat binary whose parts lie within its bytes, or
+        // NUL-terminated PTX text (`ModuleImage::new`), alive until after the call; the PE's
         // context is current.
-        let raw = match unsafe { result::module::load_data(owned.as_ptr() as *const c_void) } {
+        let raw = match unsafe { result::module::load_data(checked.as_ptr()) } {
             Ok(raw) => raw,
             Err(DriverError(sys::cudaError_enum::CUDA_ERROR_NO_BINARY_FOR_GPU)) => return Err(wrong()),
             Err(e) => return Err(e.into()),
@@ -154,6 +159,12 @@ impl<'rt> Module<'rt> {
 
 impl Drop for Module<'_> {
     fn drop(&mut self) {
+        if gpucomm_ordering::scope_open() {
+            return log::warn!(
+                "nvshmem: a module dropped inside a capture stays loaded (waiting for the device there would break \
+                 the capture)"
+            );
+        }
         let ctx = self.rt.context();
         // Kernels of the module may still be running, on streams this crate does not know: wait
         // for the device, within the runtime's timeout, and keep the module loaded otherwise.
@@ -357,6 +368,9 @@ impl<'rt> Kernel<'_, 'rt> {
         self.module.rt.enqueue_on(&admitted)?;
         let mut pushed = KernelArgs { access: &access, words: Vec::new(), starts: Vec::new(), guards: Vec::new() };
         args(&mut pushed)?;
+        // The closure may have begun a capture of the stream (cudarc's `begin_capture` is safe):
+        // its graph would keep neither the buffers nor the module.
+        access.recheck()?;
         let base = pushed.words.as_mut_ptr();
         // SAFETY: every start indexes into `words`, which is no longer resized.
         let mut params: Vec<*mut c_void> =

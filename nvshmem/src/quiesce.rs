@@ -33,6 +33,29 @@
 //! `nvshmemx_barrier_all_on_stream` and `nvshmemx_barrier_on_stream`; NVSHMEM's host calls that
 //! quiesce (`nvshmem_barrier_all`, allocation, free, team split and destroy) synchronise the
 //! internal streams on the host, so what they clear has finished.
+//!
+//! # The collective chain
+//!
+//! NVSHMEM's collectives on a stream (barriers, syncs, reductions, broadcasts, fcollects,
+//! alltoalls) update per-team device state — the team's sync counters, its psync slots — with
+//! plain reads and writes from one kernel at a time, and pair up across PEs by the order those
+//! updates happen in. Two collectives of one PE running at once on two streams lose an increment,
+//! and the PEs' counters drift apart for good (later collectives wait for ever or pass early). The
+//! host calls that run a collective on NVSHMEM's own stream (the host barrier, and the barriers
+//! and reductions inside allocation, free and team split) are no different. So every eager
+//! collective this crate enqueues (the user's, and the allocation checks' and the team splits'
+//! on the private stream of [`crate::agree`]) goes through [`collective`]: it waits for an event
+//! recorded after the last collective enqueued on another stream, and records that event after
+//! itself. Each PE's collectives then run one at a time in the order they were enqueued, which
+//! means that collectives over teams that share PEs must be enqueued in the same order on every
+//! PE, as blocking collectives would need. Host calls that make a collective wait for that event
+//! on the host first ([`host_collective`]); those whose own agreement enqueues a chained
+//! collective and synchronises it (allocation, free, split) need no more, and team destroy and
+//! finalize wait for the whole device.
+//!
+//! Not ordered by the chain: collectives captured into a graph (a captured stream cannot wait for
+//! an eager event; the graph's collectives run when it is launched), and collectives that kernels
+//! make on the device (a [`crate::Module`]'s collective launches).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -53,14 +76,21 @@ struct Chain {
     marked: bool,
     /// The stream whose capture holds `_nbi` copies, and with them NVSHMEM's internal streams.
     captured: Option<Arc<CudaStream>>,
-    /// Why the chain is broken: a quiescing call that cleared marks could neither be recorded nor
-    /// waited for, so later quiets can no longer be ordered after it. Every later call is refused.
+    /// Recorded after the last eager collective enqueued (see the module docs).
+    collective: sys::CUevent,
+    /// The stream (its handle, only compared) `collective` was last recorded on; `None` before the
+    /// first, and once every collective enqueued so far is known to have finished.
+    collective_on: Option<usize>,
+    /// Why the chain is broken: a quiescing call that cleared marks, or a collective, could
+    /// neither be recorded nor waited for, so later calls can no longer be ordered after it. Every
+    /// later call is refused.
     broken: Option<DriverError>,
 }
 
 // SAFETY: the stream and event handles are plain driver handles of the PE's context, usable from
-// any thread whose current context is the PE's (every call that enqueues binds it first; host
-// calls only query the holder's capture state); the mutex makes one thread at a time use them.
+// any thread whose current context is the PE's (every call that enqueues or waits binds it first;
+// other host calls only query the holder's capture state); the mutex makes one thread at a time
+// use them.
 unsafe impl Send for Chain {}
 
 static CHAIN: Mutex<Option<Chain>> = Mutex::new(None);
@@ -69,14 +99,25 @@ fn lock() -> MutexGuard<'static, Option<Chain>> {
     CHAIN.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// Runs `f` on the chain, refusing (with [`Error::CopyStreamsCaptured`]) a call on `stream`
-/// (`None`: a host call) while another stream's capture holds NVSHMEM's internal streams.
-fn with_chain<R>(stream: Option<sys::CUstream>, f: impl FnOnce(&mut Chain) -> Result<R>) -> Result<R> {
+/// Runs `f` on the chain, unless it is broken.
+fn with_live_chain<R>(f: impl FnOnce(&mut Chain) -> Result<R>) -> Result<R> {
     let mut guard = lock();
     let chain = guard.as_mut().ok_or(Error::Finalized)?;
     if let Some(e) = chain.broken {
         return Err(e.into());
     }
+    f(chain)
+}
+
+/// Runs `f` on the chain, refusing (with [`Error::CopyStreamsCaptured`]) a call on `stream`
+/// (`None`: a host call) while another stream's capture holds NVSHMEM's internal streams.
+fn with_chain<R>(stream: Option<sys::CUstream>, f: impl FnOnce(&mut Chain) -> Result<R>) -> Result<R> {
+    with_live_chain(|chain| held_elsewhere(chain, stream).and_then(|()| f(chain)))
+}
+
+/// `Ok` unless another stream's capture than `stream`'s holds NVSHMEM's internal streams (see
+/// [`with_chain`]); forgets a holder whose capture ended.
+fn held_elsewhere(chain: &mut Chain, stream: Option<sys::CUstream>) -> Result<()> {
     if let Some(holder) = &chain.captured {
         if !gpucomm_ordering::is_capturing(holder)? {
             chain.release_capture();
@@ -84,7 +125,7 @@ fn with_chain<R>(stream: Option<sys::CUstream>, f: impl FnOnce(&mut Chain) -> Re
             return Err(Error::CopyStreamsCaptured { stream: holder.cu_stream() as usize });
         }
     }
-    f(chain)
+    Ok(())
 }
 
 impl Chain {
@@ -125,6 +166,43 @@ impl Chain {
         Ok(())
     }
 
+    /// Makes `stream` (not being captured) wait for the last eager collective, when that was
+    /// enqueued on another stream.
+    fn after_collectives(&self, stream: sys::CUstream) -> Result<()> {
+        if self.collective_on.is_some_and(|on| on != stream as usize) {
+            // SAFETY: the stream is alive (the caller's) and not being captured, the event is the
+            // chain's and was recorded; the PE's context is current (the callers bind it).
+            unsafe {
+                result::stream::wait_event(stream, self.collective, sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT)
+            }?;
+        }
+        Ok(())
+    }
+
+    /// Records `stream`, on which a collective was just enqueued (after
+    /// [`Chain::after_collectives`]), as the last collective's. When the event cannot be
+    /// recorded, the collective is waited for on the host instead (it follows every earlier
+    /// collective, so then none is left to wait for); when even that fails, the chain is broken.
+    fn collective_done(&mut self, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: as in `after_collectives`.
+        let Err(e) = (unsafe { result::event::record(self.collective, stream) }) else {
+            self.collective_on = Some(stream as usize);
+            return Ok(());
+        };
+        // SAFETY: as above; a host wait.
+        match unsafe { result::stream::synchronize(stream) } {
+            Ok(()) => {
+                log::warn!("nvshmem: recording a collective failed ({e}); it was waited for instead");
+                self.collective_on = None;
+                Ok(())
+            }
+            Err(waited) => {
+                self.broken = Some(waited);
+                Err(e.into())
+            }
+        }
+    }
+
     /// Completes, eagerly on the private stream, the copies NVSHMEM may still have marked: before
     /// a capture's first operation that could clear the marks.
     fn flush(&mut self) -> Result<()> {
@@ -142,15 +220,34 @@ impl Chain {
 pub(crate) fn start() -> Result<()> {
     let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
     let event = result::event::create(flags)?;
-    let flush = match result::stream::create(result::stream::StreamKind::NonBlocking) {
-        Ok(stream) => stream,
+    let made = result::event::create(flags).and_then(|collective| {
+        match result::stream::create(result::stream::StreamKind::NonBlocking) {
+            Ok(flush) => Ok((collective, flush)),
+            Err(e) => {
+                // SAFETY: the event was just created and nothing else has it.
+                let _ = unsafe { result::event::destroy(collective) };
+                Err(e)
+            }
+        }
+    });
+    let (collective, flush) = match made {
+        Ok(made) => made,
         Err(e) => {
             // SAFETY: the event was just created and nothing else has it.
             let _ = unsafe { result::event::destroy(event) };
             return Err(e.into());
         }
     };
-    *lock() = Some(Chain { flush, event, last: None, marked: false, captured: None, broken: None });
+    *lock() = Some(Chain {
+        flush,
+        event,
+        last: None,
+        marked: false,
+        captured: None,
+        collective,
+        collective_on: None,
+        broken: None,
+    });
     Ok(())
 }
 
@@ -160,8 +257,10 @@ pub(crate) fn stop() {
         // SAFETY: both were created by `start`, nothing uses them any more (the device is idle,
         // and the chain is gone), and they are destroyed once, here.
         unsafe {
-            if let Err(e) = result::event::destroy(chain.event) {
-                log::warn!("nvshmem: destroying the quiet chain's event failed: {e}");
+            for event in [chain.event, chain.collective] {
+                if let Err(e) = result::event::destroy(event) {
+                    log::warn!("nvshmem: destroying an event of the quiet chain failed: {e}");
+                }
             }
             if let Err(e) = result::stream::destroy(chain.flush) {
                 log::warn!("nvshmem: destroying the quiet chain's stream failed: {e}");
@@ -197,6 +296,56 @@ pub(crate) fn quiescing(stream: sys::CUstream, captured: bool, call: impl FnOnce
         } else {
             chain.chained(stream, call)
         }
+    })
+}
+
+/// Enqueues the collective `call` on `stream` (see the module docs): after the last eager
+/// collective, when that was enqueued on another stream, and recorded as the last one. A barrier
+/// (`quiesces`) also goes through the quiet chain, as [`quiescing`] does. `captured` as for
+/// [`nonblocking`] (or as [`gpucomm_ordering::capturing`] found it): a captured collective is not
+/// chained. Only a barrier, which uses NVSHMEM's internal streams, is refused while another
+/// stream's capture holds them. When the collective was enqueued but cannot be ordered before
+/// later ones (its event could neither be recorded nor waited for), the error says so and every
+/// later call is refused.
+pub(crate) fn collective(
+    stream: sys::CUstream,
+    captured: bool,
+    quiesces: bool,
+    call: impl FnOnce() -> Result<()>,
+) -> Result<()> {
+    with_live_chain(|chain| {
+        if quiesces {
+            held_elsewhere(chain, Some(stream))?;
+        }
+        if captured {
+            if quiesces {
+                chain.flush()?;
+            }
+            return call();
+        }
+        chain.after_collectives(stream)?;
+        if quiesces {
+            chain.chained(stream, call)?;
+        } else {
+            call()?;
+        }
+        chain.collective_done(stream)
+    })
+}
+
+/// [`host_call`] for a host call that makes a collective on NVSHMEM's own stream (the host
+/// barrier): refused the same way, and then waits on the host until the last eager collective
+/// (see the module docs) has finished. The PE's context must be current.
+pub(crate) fn host_collective(what: &'static str) -> Result<()> {
+    host_call(what)?;
+    with_chain(None, |chain| {
+        if chain.collective_on.is_some() {
+            // SAFETY: the event is the chain's and was recorded (on a stream of the PE's context);
+            // a host wait.
+            unsafe { result::event::synchronize(chain.collective) }?;
+            chain.collective_on = None;
+        }
+        Ok(())
     })
 }
 

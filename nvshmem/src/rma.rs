@@ -437,33 +437,42 @@ impl Runtime {
     #[doc(alias = "nvshmem_fence")]
     pub fn quiet_on_stream(&self, stream: &CudaStream) -> Result<()> {
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
-        self.quiesce_on(stream, self.resource(), |raw| unsafe { call!(nvshmemx_quiet_on_stream(raw)) }).map(drop)
+        self.quiesce_on(stream, self.resource(), false, |raw| unsafe { call!(nvshmemx_quiet_on_stream(raw)) }).map(drop)
     }
 
     /// Enqueues a barrier over all PEs on `stream` (`nvshmemx_barrier_all_on_stream`): when it
     /// completes, every PE's earlier operations on its stream, puts included, are complete and
     /// visible. Collective. Captured into a graph, it covers, when the graph runs, the operations
     /// captured before it: quiet an earlier non-blocking operation before launching the graph.
+    /// Like every collective this crate enqueues, it runs after the collectives enqueued before it
+    /// on other streams (see [`crate::Team`]).
     #[doc(alias = "nvshmemx_barrier_all_on_stream")]
     pub fn barrier_all_on_stream(&self, stream: &CudaStream) -> Result<()> {
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
-        self.quiesce_on(stream, self.resource(), |raw| unsafe { call!(nvshmemx_barrier_all_on_stream(raw)) }).map(drop)
+        self.quiesce_on(stream, self.resource(), true, |raw| unsafe { call!(nvshmemx_barrier_all_on_stream(raw)) })
+            .map(drop)
     }
 
-    /// Enqueues `call`, a quiescing call (a quiet or a barrier; given the stream's handle), on
-    /// `stream` through the quiet chain ([`quiesce::quiescing`]), inside this thread's capture
-    /// scope if it captures `stream` (recording that the call uses `resource`), and then tells the
-    /// scope that the non-blocking operations issued before it are complete. `Ok(true)` when the
-    /// call was captured.
+    /// Enqueues `call`, a quiescing call (a quiet, or a barrier: `collective`; given the stream's
+    /// handle), on `stream` through the quiet chain ([`quiesce::quiescing`], or
+    /// [`quiesce::collective`] for a barrier), inside this thread's capture scope if it captures
+    /// `stream` (recording that the call uses `resource`), and then tells the scope that the
+    /// non-blocking operations issued before it are complete. `Ok(true)` when the call was
+    /// captured.
     pub(crate) fn quiesce_on(
         &self,
         stream: &CudaStream,
         resource: Resource,
+        collective: bool,
         call: impl FnOnce(cudaStream_t) -> Result<()>,
     ) -> Result<bool> {
         let admitted = Admitted::stream(stream, resource)?;
         let raw = self.enqueue_on(&admitted)?;
-        quiesce::quiescing(stream.cu_stream(), admitted.captured, || call(raw))?;
+        if collective {
+            quiesce::collective(stream.cu_stream(), admitted.captured, true, || call(raw))?;
+        } else {
+            quiesce::quiescing(stream.cu_stream(), admitted.captured, || call(raw))?;
+        }
         // SAFETY: a quiet or a barrier, either of which completes every operation this PE issued
         // before it, was just enqueued on `stream`.
         unsafe { gpucomm_ordering::captured_completion(stream) };
@@ -472,12 +481,16 @@ impl Runtime {
 
     /// Enqueues a synchronisation of all PEs on `stream` (`nvshmemx_sync_all_on_stream`): a
     /// rendezvous only, which completes no outstanding operations (use a barrier for that).
-    /// Collective.
+    /// Collective, and ordered after the collectives enqueued before it on other streams (see
+    /// [`crate::Team`]).
     #[doc(alias = "nvshmemx_sync_all_on_stream")]
     pub fn sync_all_on_stream(&self, stream: &CudaStream) -> Result<()> {
-        let raw = self.enqueue_on(&Admitted::stream(stream, self.resource())?)?;
+        let admitted = Admitted::stream(stream, self.resource())?;
+        let raw = self.enqueue_on(&admitted)?;
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
-        unsafe { call!(nvshmemx_sync_all_on_stream(raw)) }
+        quiesce::collective(stream.cu_stream(), admitted.captured, false, || unsafe {
+            call!(nvshmemx_sync_all_on_stream(raw))
+        })
     }
 }
 
@@ -603,7 +616,7 @@ impl Pending<'_> {
         // SAFETY: NVSHMEM is initialised (the runtime is borrowed); the stream is on its device
         // (checked by `quiesce_on`) and its context current.
         let quiet = |raw| unsafe { call!(nvshmemx_quiet_on_stream(raw)) };
-        let captured = self.rt.quiesce_on(self.stream, self.rt.resource(), quiet)?;
+        let captured = self.rt.quiesce_on(self.stream, self.rt.resource(), false, quiet)?;
         match self.local {
             // An operation issued outside a capture whose quiet was captured into one: the quiet
             // runs only when the graph does, so the buffer's tracker keeps the operation, and its

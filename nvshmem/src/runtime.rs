@@ -38,6 +38,20 @@ fn state_error(state: u8) -> Error {
     }
 }
 
+/// True while NVSHMEM runs in this process (started by a [`Runtime`], neither finalised nor
+/// left running by a dropped one). Stable while the lock of [`unique_id::plugin`] is held: a start
+/// sets it under that lock.
+pub(crate) fn running() -> bool {
+    STATE.load(Ordering::Acquire) == RUNNING
+}
+
+/// Makes the process look as if a runtime runs (`true`) or never started (`false`), for unit tests
+/// of what is refused meanwhile, which need no GPU.
+#[cfg(test)]
+pub(crate) fn pretend_running(running: bool) {
+    STATE.store(if running { RUNNING } else { NEVER }, Ordering::Release);
+}
+
 /// `Ok` when NVSHMEM can be started now: never started in this process, and no capture scope
 /// open on this thread ([`Error::HostCallInCapture`]: NVSHMEM's start waits on the host, which
 /// CUDA refuses inside a capture, and NVSHMEM exits the process on that refusal).
@@ -84,6 +98,13 @@ pub struct Info {
 /// device first, bounded by [`Runtime::set_timeout`]: when that expires, `finalize` hands the
 /// runtime back with [`Error::StillInUse`], and a drop leaves NVSHMEM running (not finalised) in
 /// this process rather than hang on work that is stuck elsewhere on the device.
+///
+/// Finalising is collective (a barrier over all PEs, then one of the bootstrap) and waits on the
+/// host, so a drop also leaves NVSHMEM running, with a warning through the `log` crate, while its
+/// thread panics (the other PEs are not finalising at this step: it would wait for them for ever,
+/// and for the device without bound) and inside a capture ([`crate::capture`]: CUDA refuses host
+/// waits there, and NVSHMEM exits the process on that refusal). Either way the process cannot
+/// start NVSHMEM again ([`Error::Finalized`]).
 pub struct Runtime {
     stream: Arc<CudaStream>,
     my_pe: usize,
@@ -226,7 +247,9 @@ impl Runtime {
         }
         let lib = lib()?;
         bootstrap.check_environment()?;
-        let heap = HeapLimit::from_environment(stream.context())?;
+        // Read before NVSHMEM starts, so that a failure leaves it untouched; NVSHMEM's own buffers
+        // grow with the PE count, which only NVSHMEM knows for every bootstrap: read again below.
+        let heap = HeapLimit::from_environment(stream.context(), 1)?;
         STATE.compare_exchange(NEVER, RUNNING, Ordering::AcqRel, Ordering::Acquire).map_err(state_error)?;
         // NVSHMEM binds the PE to the current device; the context must exist before init.
         let reached_c = Cell::new(false);
@@ -298,6 +321,7 @@ impl Runtime {
                 return Err(Error::PeMismatch { pe, n_pes, got_pe: rt.my_pe, got_n_pes: rt.n_pes });
             }
         }
+        rt.info.heap = HeapLimit::from_environment(rt.context(), rt.n_pes)?;
         rt.info.name = library_name()?;
         rt.info.spec_version = spec_version()?;
         rt.info.nccl = match (nccl::disabled(), nccl::in_process(), nccl_preload) {
@@ -398,11 +422,14 @@ impl Runtime {
 
     /// Blocks the host until all PEs reach the barrier and all earlier NVSHMEM operations are
     /// complete (`nvshmem_barrier_all`). It does not wait for work queued on your own streams:
-    /// use [`Runtime::barrier_all_on_stream`] for that.
+    /// use [`Runtime::barrier_all_on_stream`] for that — except for the collectives enqueued on
+    /// them (barriers, syncs, team collectives): NVSHMEM runs this barrier on its own stream, with
+    /// the same per-team state, so it first waits on the host until they have finished (see
+    /// [`crate::Team`]).
     #[doc(alias = "nvshmem_barrier_all")]
     pub fn barrier_all(&self) -> Result<()> {
-        quiesce::host_call("the host barrier (nvshmem_barrier_all)")?;
         self.context().bind_to_thread()?;
+        quiesce::host_collective("the host barrier (nvshmem_barrier_all)")?;
         // SAFETY: NVSHMEM is initialised and the PE's context is current.
         unsafe { call!(nvshmem_barrier_all()) }
     }
@@ -436,16 +463,31 @@ impl Runtime {
     /// NCCL kernel waiting for a dead peer), the runtime comes back with [`Error::StillInUse`],
     /// and NVSHMEM is untouched. A failing wait comes back the same way. (Dropping a runtime whose
     /// device does not become idle leaves NVSHMEM initialised in the process, with a warning.)
+    ///
+    /// Refused, with the runtime handed back and nothing called, while this thread has a capture
+    /// scope open ([`Error::HostCallInCapture`]: NVSHMEM's finalize waits on the host, which CUDA
+    /// refuses inside a capture, and NVSHMEM exits the process on that refusal) and while a
+    /// capture holds NVSHMEM's copy streams ([`Error::CopyStreamsCaptured`]).
     #[doc(alias = "nvshmemx_hostlib_finalize")]
     #[doc(alias = "nvshmem_finalize")]
     // The runtime comes back on failure, as fallible teardown does throughout the family.
     #[allow(clippy::result_large_err)]
     pub fn finalize(mut self) -> std::result::Result<(), (Self, Error)> {
+        if let Err(e) = quiesce::host_call("finalising NVSHMEM (nvshmemx_hostlib_finalize)") {
+            return Err((self, e));
+        }
         if let Err(e) = self.wait_for_device("the PE's device (NVSHMEM's finalize waits for all of its work)") {
             return Err((self, e));
         }
         self.finish();
         Ok(())
+    }
+
+    /// Leaves NVSHMEM running (not finalised) in this process because of `why`, with a warning:
+    /// the process cannot start it again.
+    fn leak(&self, why: &str) {
+        log::warn!("nvshmem: {why}: NVSHMEM stays initialised (not finalised) in this process");
+        STATE.store(FINISHED, Ordering::Release);
     }
 
     /// Waits until the PE's device is idle, within the timeout ([`Error::StillInUse`] about `what`
@@ -518,11 +560,21 @@ impl Drop for Runtime {
         if self.released {
             return;
         }
+        // Finalising is collective (a barrier over all PEs and one of the bootstrap): while this
+        // thread unwinds, the other PEs are not finalising at this step, and the device wait below
+        // would be unbounded without a timeout. `Team`'s drop leaks for the same reason.
+        if std::thread::panicking() {
+            return self.leak("the runtime was dropped while its thread panics (finalising is collective)");
+        }
+        // The host waits of finalising would be refused by CUDA inside the capture, and NVSHMEM
+        // exits the process on that refusal.
+        if gpucomm_ordering::scope_open() {
+            return self.leak("the runtime was dropped inside a capture, where it cannot be finalised");
+        }
         // Pending kernels may still use the symmetric heap that finalize releases, and NVSHMEM's
         // finalize would wait for the whole device anyway.
         if let Err(e) = self.wait_for_device("the PE's device (NVSHMEM's finalize waits for all of its work)") {
-            log::warn!("nvshmem: {e}: NVSHMEM stays initialised (not finalised) in this process");
-            return STATE.store(FINISHED, Ordering::Release);
+            return self.leak(&e.to_string());
         }
         self.finish();
     }

@@ -7,6 +7,7 @@ use cudarc::driver::{CudaStream, DeviceRepr};
 use gpucomm_ordering::{Access, Keep, Resource, Visitor};
 use nvshmem_sys::{nvshmem_team_id_t, nvshmem_team_t};
 
+use crate::agree::WORDS;
 use crate::error::{Error, Result};
 use crate::ffi::{call, call_unchecked};
 use crate::ops::ReduceOp;
@@ -25,7 +26,11 @@ use crate::{Runtime, SymmetricMemory};
 /// # Collective creation and destruction
 ///
 /// Splitting is collective over the parent team and destroying is collective over the team:
-/// every member must do it, in the same order relative to the team's other collectives. Drop
+/// every member must do it, in the same order relative to the team's other collectives. Before
+/// NVSHMEM splits, the members compare their splits (one barrier and one sync over the parent
+/// team), and when they differ every member gets [`Error::AsymmetricSplit`] and no team is made:
+/// NVSHMEM computes each member's new team from that member's own arguments, and would otherwise
+/// wait for ever or give members teams that share its per-team state. Drop
 /// order differs between PEs on error paths, so a team dropped while a panic unwinds is leaked
 /// (with a warning through the `log` crate) instead of destroyed; otherwise, drop teams in the same
 /// order on every PE, or call [`Team::destroy`]. NVSHMEM has room for `NVSHMEM_MAX_TEAMS` teams
@@ -37,6 +42,21 @@ use crate::{Runtime, SymmetricMemory};
 /// first waits until the PE's device is idle, within [`Runtime::set_timeout`]; when the device
 /// stays busy, [`Team::destroy`] hands the team back with [`Error::StillInUse`] and a dropped team
 /// is leaked (with a warning through the `log` crate) rather than destroyed under running work.
+///
+/// # Collectives on several streams
+///
+/// NVSHMEM's collectives on a stream update the team's device state (its sync counters and psync
+/// slots) without atomics, and pair up across PEs by the order of those updates: two of one PE's
+/// collectives running at once, on two streams, would leave the PEs' counters apart for good. So
+/// each PE's collectives on a stream — barriers, syncs, reductions, broadcasts, fcollects,
+/// alltoalls, over any team, [`Runtime::barrier_all_on_stream`] and
+/// [`Runtime::sync_all_on_stream`] included — run one at a time, in the order they were enqueued:
+/// one enqueued on another stream than the last one waits for it (an event), and host calls that
+/// run a collective on NVSHMEM's own stream ([`Runtime::barrier_all`], allocations, frees, splits)
+/// wait for it too. Enqueue the collectives of teams that share PEs in the same order on every PE,
+/// as blocking collectives would need. Collectives captured into a graph ([`crate::capture`]) and
+/// those made by kernels on the device are not ordered this way: launch such a graph or kernel
+/// only when no collective of this PE can run at the same time.
 ///
 /// When several PEs share one GPU without MPS ([`crate::InitStatus::LIMITED_MPG`]), NVSHMEM exits
 /// the process in splits and in the barriers and collectives on a stream: this crate refuses them
@@ -101,6 +121,28 @@ fn split_args(start: usize, stride: usize, size: usize, n_pes: usize) -> Result<
     }
 }
 
+/// What a split's words name it: a strided split.
+const STRIDED: u64 = 1;
+/// What a split's words name it: a 2-D split.
+const TWO_D: u64 = 2;
+
+/// The words a member of team `parent` sends before a split of `kind` with `args` (as the caller
+/// gave them): the last word, 1, marks the slot as written.
+fn split_words(kind: u64, args: [usize; 3], parent: nvshmem_team_t) -> [u64; WORDS] {
+    // `as u64` is exact for usize on the 64-bit targets CUDA runs on; the handle is an `int`.
+    [kind, args[0] as u64, args[1] as u64, args[2] as u64, u64::from(parent as u32), 1]
+}
+
+/// `Ok` when every member's split words (in team order) are member 0's, else
+/// [`Error::AsymmetricSplit`] naming the lowest member whose words differ (zeros for a member that
+/// made no split at this step).
+fn split_verdict(all: &[[u64; WORDS]]) -> Result<()> {
+    match all.iter().position(|words| Some(words) != all.first()) {
+        Some(pe) => Err(Error::AsymmetricSplit { pe }),
+        None => Ok(()),
+    }
+}
+
 impl<'rt> Team<'rt> {
     /// Wraps a valid team handle, reading this PE's number and the size. `owned`: a team of a
     /// split, which the handle destroys (not a predefined one).
@@ -158,53 +200,74 @@ impl<'rt> Team<'rt> {
 
     /// Makes a team of the PEs `start, start + stride, …` (`size` of them, numbered in this
     /// team) (`nvshmem_team_split_strided`). Collective over this team: every member calls it
-    /// with the same arguments; members outside the new team get `None`.
+    /// with the same arguments (compared first: [`Error::AsymmetricSplit`] on every member when
+    /// they differ, and no team is made); members outside the new team get `None`.
     /// [`Error::InvalidSplit`] when the PEs do not all lie in this team.
     #[doc(alias = "nvshmem_team_split_strided")]
     pub fn split_strided(&self, start: usize, stride: usize, size: usize) -> Result<Option<Team<'rt>>> {
         self.rt.check_not_limited_mpg("nvshmem_team_split_strided")?;
-        let (start, stride, size) = split_args(start, stride, size, self.n_pes)?;
+        let local = split_args(start, stride, size, self.n_pes);
+        let (start, stride, size) = self.agree_split(STRIDED, [start, stride, size], local)?;
         let mut new = nvshmem_team_id_t::NVSHMEM_TEAM_INVALID.0;
-        quiesce::host_call("a team split")?;
-        self.rt.context().bind_to_thread()?;
         // SAFETY: `self.raw` is a valid team; `split_args` checked that start, stride and size
         // describe PEs inside it, converted them to ints exactly, and passes stride 1 for a team
         // of one PE, so that NVSHMEM's product of the stride with this team's own cannot overflow;
-        // no configuration is passed (mask 0); `new` is a live local.
+        // every member passes the same arguments (compared above); no configuration is passed
+        // (mask 0); `new` is a live local; the PE's context is current (made so before the
+        // comparison, which makes no other current).
         unsafe { call!(nvshmem_team_split_strided(self.raw, start, stride, size, std::ptr::null(), 0, &mut new)) }?;
         self.child(new)
     }
 
     /// Splits this team into a 2-D grid with `xrange` PEs per row (`nvshmem_team_split_2d`): the
-    /// first team holds this PE's row, the second its column. Collective over this team; an
-    /// `xrange` larger than the team is clamped to it. [`Error::ZeroXRange`] for `xrange == 0`.
+    /// first team holds this PE's row, the second its column. Collective over this team, with the
+    /// same `xrange` on every member (compared first, as for [`Team::split_strided`]); an `xrange`
+    /// larger than the team is clamped to it. [`Error::ZeroXRange`] for `xrange == 0`.
     #[doc(alias = "nvshmem_team_split_2d")]
     pub fn split_2d(&self, xrange: usize) -> Result<(Option<Team<'rt>>, Option<Team<'rt>>)> {
         self.rt.check_not_limited_mpg("nvshmem_team_split_2d")?;
-        if xrange == 0 {
-            return Err(Error::ZeroXRange);
-        }
+        let local = if xrange == 0 { Err(Error::ZeroXRange) } else { Ok(int(xrange.min(self.n_pes))) };
+        let xrange = self.agree_split(TWO_D, [xrange, 0, 0], local)?;
         let invalid = nvshmem_team_id_t::NVSHMEM_TEAM_INVALID.0;
         let (mut x, mut y) = (invalid, invalid);
-        quiesce::host_call("a team split")?;
-        self.rt.context().bind_to_thread()?;
-        // SAFETY: `self.raw` is a valid team, `xrange` is at least 1 (NVSHMEM divides by it) and
-        // fits an int after clamping; no configurations (masks 0); both outputs are live locals.
+        // SAFETY: `self.raw` is a valid team, `xrange` is at least 1 (NVSHMEM divides by it), fits
+        // an int after clamping and is the same on every member (compared above); no
+        // configurations (masks 0); both outputs are live locals; the PE's context is current
+        // (made so before the comparison, which makes no other current).
         unsafe {
-            call!(nvshmem_team_split_2d(
-                self.raw,
-                int(xrange.min(self.n_pes)),
-                std::ptr::null(),
-                0,
-                &mut x,
-                std::ptr::null(),
-                0,
-                &mut y
-            ))
+            call!(nvshmem_team_split_2d(self.raw, xrange, std::ptr::null(), 0, &mut x, std::ptr::null(), 0, &mut y))
         }?;
         // Adopt both before reporting an error, so that neither leaks.
         let (x, y) = (self.child(x), self.child(y));
         Ok((x?, y?))
+    }
+
+    /// Compares this member's split (`kind`, with the arguments `args` as given) with every other
+    /// member's, before NVSHMEM is asked: collective over this team (a barrier and a sync over it
+    /// on the agreement's private stream). `local` is this member's own verdict on its arguments;
+    /// the member takes part whatever it is, since the others would wait for it otherwise (equal
+    /// arguments give every member the same verdict). Gives `local`'s value when every member
+    /// made the same split and this member's arguments are valid; `local`'s error first, then
+    /// [`Error::AsymmetricSplit`].
+    fn agree_split<T>(&self, kind: u64, args: [usize; 3], local: Result<T>) -> Result<T> {
+        let agreement = self.rt.agreement()?;
+        let members = (0..self.n_pes).map(|pe| self.world_pe(pe)).collect::<Result<Vec<_>>>()?;
+        // Not `bind_to_thread`, here or before the split: it would first fail with an unrelated
+        // error recorded in the context (by any thread), and this member would leave the others
+        // waiting in the comparison or in NVSHMEM's split.
+        gpucomm_ordering::make_current(self.rt.context())?;
+        let all = agreement.team_exchange(self.raw, &members, split_words(kind, args, self.raw))?;
+        let local = local?;
+        split_verdict(&all)?;
+        Ok(local)
+    }
+
+    /// The world PE number of this team's PE `pe` (below `n_pes`).
+    fn world_pe(&self, pe: usize) -> Result<usize> {
+        let world = nvshmem_team_id_t::NVSHMEM_TEAM_WORLD.0;
+        // SAFETY: both teams are valid handles of this runtime and `pe` is a member of `self`.
+        let got = unsafe { call_unchecked!(nvshmem_team_translate_pe(self.raw, int(pe), world)) }?;
+        usize::try_from(got).map_err(|_| Error::InvalidPe { what: "a team member's world PE", pe, n_pes: self.n_pes })
     }
 
     /// Waits until the PE's device is idle, within the runtime's timeout: team collectives may
@@ -256,9 +319,8 @@ impl<'rt> Team<'rt> {
     pub fn barrier_on_stream(&self, stream: &CudaStream) -> Result<()> {
         self.rt.check_not_limited_mpg("nvshmemx_barrier_on_stream")?;
         // SAFETY: valid team; the stream is on the PE's device (checked) and its context current.
-        self.rt
-            .quiesce_on(stream, self.resource(), |raw| unsafe { call!(nvshmemx_barrier_on_stream(self.raw, raw)) })
-            .map(drop)
+        let barrier = |raw| unsafe { call!(nvshmemx_barrier_on_stream(self.raw, raw)) };
+        self.rt.quiesce_on(stream, self.resource(), true, barrier).map(drop)
     }
 
     /// Enqueues a synchronisation of the team on `stream` (`nvshmemx_team_sync_on_stream`): a
@@ -266,9 +328,12 @@ impl<'rt> Team<'rt> {
     #[doc(alias = "nvshmemx_team_sync_on_stream")]
     pub fn sync_on_stream(&self, stream: &CudaStream) -> Result<()> {
         self.rt.check_not_limited_mpg("nvshmemx_team_sync_on_stream")?;
-        let raw = self.rt.enqueue_on(&Admitted::stream(stream, self.resource())?)?;
+        let admitted = Admitted::stream(stream, self.resource())?;
+        let raw = self.rt.enqueue_on(&admitted)?;
         // SAFETY: valid team; the stream is on the PE's device (checked) and its context current.
-        unsafe { call!(nvshmemx_team_sync_on_stream(self.raw, raw)) }
+        quiesce::collective(stream.cu_stream(), admitted.captured, false, || unsafe {
+            call!(nvshmemx_team_sync_on_stream(self.raw, raw))
+        })
     }
 
     /// Reduces `src` over the team with `op` and writes the result to `dst` on every member
@@ -292,10 +357,13 @@ impl<'rt> Team<'rt> {
         let (d, _d) = access.write(dst)?;
         let bytes = src.len() * size_of::<T>();
         overlap::disjoint_or_identical(Span::new("destination", d, bytes), Span::new("source", s, bytes))?;
-        // SAFETY: both buffers are symmetric with `src.len()` elements (checked), disjoint or the
-        // same range (checked); `Op::reduce` calls the C function for exactly `T`; the stream is
-        // on this device, its context current.
-        unsafe { op.reduce(self.raw, d, s, src.len(), raw) }
+        let len = src.len();
+        // SAFETY: both buffers are symmetric with `len` elements (checked), disjoint or the same
+        // range (checked); `Op::reduce` calls the C function for exactly `T`; the stream is on this
+        // device, its context current.
+        quiesce::collective(stream.cu_stream(), admitted.captured, false, || unsafe {
+            op.reduce(self.raw, d, s, len, raw)
+        })
     }
 
     /// [`Team::reduce_on_stream`] with one buffer as input and output.
@@ -313,7 +381,9 @@ impl<'rt> Team<'rt> {
         let (p, _p) = access.write(buf)?;
         // SAFETY: one symmetric buffer of `len` elements as source and destination, which
         // OpenSHMEM reductions allow; otherwise as for `reduce_on_stream`.
-        unsafe { op.reduce(self.raw, p, p, len, raw) }
+        quiesce::collective(stream.cu_stream(), admitted.captured, false, || unsafe {
+            op.reduce(self.raw, p, p, len, raw)
+        })
     }
 
     /// Copies `src` of team PE `root` into `dst` on every member (`nvshmemx_broadcastmem_on_stream`).
@@ -336,11 +406,12 @@ impl<'rt> Team<'rt> {
         let (s, _s) = access.read(src)?;
         let (d, _d) = access.write(dst)?;
         overlap::disjoint(Span::new("destination", d, dst_bytes), Span::new("source", s, src.num_bytes()))?;
-        // SAFETY: both symmetric with `src.num_bytes()` bytes (checked) and disjoint (checked);
-        // `root` is a member; the stream is on this device and its context current.
-        unsafe {
-            call!(nvshmemx_broadcastmem_on_stream(self.raw, d as *mut _, s as *const _, src.num_bytes(), root, raw))
-        }
+        let bytes = src.num_bytes();
+        // SAFETY: both symmetric with `bytes` bytes (checked) and disjoint (checked); `root` is a
+        // member; the stream is on this device and its context current.
+        quiesce::collective(stream.cu_stream(), admitted.captured, false, || unsafe {
+            call!(nvshmemx_broadcastmem_on_stream(self.raw, d as *mut _, s as *const _, bytes, root, raw))
+        })
     }
 
     /// Concatenates every member's `src` into `dst`, in team order, on every member
@@ -366,9 +437,12 @@ impl<'rt> Team<'rt> {
         let (s, _s) = access.read(src)?;
         let (d, _d) = access.write(dst)?;
         overlap::disjoint(Span::new("destination", d, dst_bytes), Span::new("source", s, src.num_bytes()))?;
-        // SAFETY: `src` holds `src.num_bytes()` bytes and `dst` n_pes times as many (checked), both
-        // symmetric and disjoint (checked); the stream is on this device and its context current.
-        unsafe { call!(nvshmemx_fcollectmem_on_stream(self.raw, d as *mut _, s as *const _, src.num_bytes(), raw)) }
+        let bytes = src.num_bytes();
+        // SAFETY: `src` holds `bytes` bytes and `dst` n_pes times as many (checked), both symmetric
+        // and disjoint (checked); the stream is on this device and its context current.
+        quiesce::collective(stream.cu_stream(), admitted.captured, false, || unsafe {
+            call!(nvshmemx_fcollectmem_on_stream(self.raw, d as *mut _, s as *const _, bytes, raw))
+        })
     }
 
     /// Exchanges blocks: block `j` of `src` on member `i` lands in block `i` of `dst` on member `j`
@@ -396,7 +470,9 @@ impl<'rt> Team<'rt> {
         overlap::disjoint(Span::new("destination", d, dst_bytes), Span::new("source", s, src.num_bytes()))?;
         // SAFETY: both symmetric with n_pes blocks of `block` bytes (checked) and disjoint
         // (checked); the stream is on this device and its context current.
-        unsafe { call!(nvshmemx_alltoallmem_on_stream(self.raw, d as *mut _, s as *const _, block, raw)) }
+        quiesce::collective(stream.cu_stream(), admitted.captured, false, || unsafe {
+            call!(nvshmemx_alltoallmem_on_stream(self.raw, d as *mut _, s as *const _, block, raw))
+        })
     }
 }
 
@@ -456,6 +532,35 @@ mod tests {
         assert_eq!(split_args(3, usize::MAX, 1, 4).unwrap(), (3, 1, 1));
         assert_eq!(split_args(0, 1 << 40, 1, 4).unwrap(), (0, 1, 1));
         assert!(matches!(split_args(0, 0, 1, 4), Err(Error::InvalidSplit { stride: 0, .. })), "stride 0");
+    }
+
+    /// Audit: split arguments were not compared across the parent team, and NVSHMEM computes each
+    /// member's new team from its own. Now each member's words must equal member 0's.
+    #[test]
+    fn members_must_make_the_same_split() {
+        assert_eq!(split_words(TWO_D, [4, 0, 0], 7), [2, 4, 0, 0, 7, 1]);
+        assert_eq!(split_words(STRIDED, [0, 1, 2], 0), [1, 0, 1, 2, 0, 1]);
+        let a = split_words(STRIDED, [0, 1, 2], 0);
+        assert!(split_verdict(&[a]).is_ok(), "one member");
+        assert!(split_verdict(&[a, a, a]).is_ok());
+        // Other arguments, on any member: the lowest that differs is named.
+        let b = split_words(STRIDED, [1, 1, 1], 0);
+        assert!(matches!(split_verdict(&[a, b]), Err(Error::AsymmetricSplit { pe: 1 })));
+        assert!(matches!(split_verdict(&[a, a, b, b]), Err(Error::AsymmetricSplit { pe: 2 })));
+        assert!(matches!(split_verdict(&[b, a, a]), Err(Error::AsymmetricSplit { pe: 1 })));
+        // The same numbers in another kind of split, or over another parent.
+        assert!(matches!(split_verdict(&[a, split_words(TWO_D, [0, 1, 2], 0)]), Err(Error::AsymmetricSplit { pe: 1 })));
+        assert!(matches!(
+            split_verdict(&[a, split_words(STRIDED, [0, 1, 2], 3)]),
+            Err(Error::AsymmetricSplit { pe: 1 })
+        ));
+        // A member that made no split at this step left its slot zeroed.
+        assert!(matches!(split_verdict(&[a, [0; WORDS]]), Err(Error::AsymmetricSplit { pe: 1 })));
+        let e = Error::AsymmetricSplit { pe: 1 };
+        assert_eq!(
+            e.to_string(),
+            "the members of the parent team made different team splits (member 1's differs from member 0's); no team was created on any member"
+        );
     }
 
     #[test]

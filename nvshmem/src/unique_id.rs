@@ -7,6 +7,7 @@ use nvshmem_sys::nvshmemx_uniqueid_t;
 
 use crate::error::{Error, Result};
 use crate::ffi::call;
+use crate::runtime;
 
 /// True once this process asked NVSHMEM for a unique id. `nvshmemx_get_uniqueid` loads NVSHMEM's
 /// unique-id bootstrap plugin and leaves it loaded; NVSHMEM's loader then reuses that plugin for
@@ -44,11 +45,17 @@ impl UniqueId {
     ///
     /// It loads NVSHMEM's unique-id bootstrap plugin, which stays loaded: in this process NVSHMEM
     /// can then only start with [`Bootstrap::UniqueId`](crate::Bootstrap::UniqueId) (see
-    /// [`Error::BootstrapAfterUniqueId`]). Making an id while a runtime runs does not touch it;
-    /// while another thread starts NVSHMEM, it waits until the start has finished.
+    /// [`Error::BootstrapAfterUniqueId`]). While another thread starts NVSHMEM, it waits until the
+    /// start has finished; while a [`Runtime`](crate::Runtime) runs in this process it is refused
+    /// ([`Error::UniqueIdWhileRunning`]: NVSHMEM would redo its bootstrap's set-up under the running
+    /// bootstrap), before NVSHMEM is called.
     #[doc(alias = "nvshmemx_get_uniqueid")]
     pub fn new() -> Result<Self> {
         let mut plugin = plugin();
+        // Stable while `plugin` is held: a start changes it under that lock.
+        if runtime::running() {
+            return Err(Error::UniqueIdWhileRunning);
+        }
         // The plugin is (about to be) loaded in this process; no start is between its check and
         // NVSHMEM's start while `plugin` is held.
         *plugin = true;
@@ -98,10 +105,18 @@ mod tests {
 
     use super::*;
 
+    /// The tests that make ids, one at a time: one of them pretends that a runtime runs.
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    fn serial() -> std::sync::MutexGuard<'static, ()> {
+        SERIAL.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
     /// A start holds the flag's lock from its check until NVSHMEM has started: an id made
     /// meanwhile on another thread waits, so it cannot load the unique-id plugin in between.
     #[test]
     fn an_id_waits_for_a_start_in_progress() {
+        let _serial = serial();
         let start = plugin();
         // Made without a GPU; whether NVSHMEM loads here does not matter, only when it is asked.
         let made = std::thread::spawn(|| drop(UniqueId::new()));
@@ -110,6 +125,21 @@ mod tests {
         drop(start);
         made.join().unwrap();
         assert!(*plugin(), "the id marked the plugin as loaded");
+    }
+
+    /// Audit: `nvshmemx_get_uniqueid` redoes the unique-id bootstrap's set-up (its options and
+    /// debug flag, rewritten without a lock) under a running bootstrap, from any thread. Now an id
+    /// is refused while NVSHMEM runs, before NVSHMEM is loaded or called (so without a GPU or the
+    /// library here), and the refusal marks no plugin as loaded.
+    #[test]
+    fn an_id_is_refused_while_nvshmem_runs() {
+        let _serial = serial();
+        let loaded = *plugin();
+        runtime::pretend_running(true);
+        let made = UniqueId::new();
+        runtime::pretend_running(false);
+        assert!(matches!(made, Err(Error::UniqueIdWhileRunning)), "{made:?}");
+        assert_eq!(*plugin(), loaded, "a refused id changed the plugin flag");
     }
 
     #[test]
