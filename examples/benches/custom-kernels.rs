@@ -44,7 +44,7 @@ fn main() -> std::process::ExitCode {
         let rt = nvshmem::Runtime::from_rendezvous(stream.clone(), &mut rendezvous)?;
         let rows = run(&comm, &rt, &stream, max)?;
         if comm.rank() == 0 {
-            print_table(&rows);
+            print_table(&rows, comm.size());
             if let Some(path) = json {
                 let mut f = std::fs::File::create(&path)?;
                 writeln!(f, "[")?;
@@ -98,7 +98,7 @@ fn run(
     let shmem = module.kernel("oneshot_sum_f32")?;
     let staging = rt.alloc_zeroed::<f32>(2 * ONE_SHOT_MAX / 4)?;
     let flags = rt.alloc_zeroed::<u64>(NVSHMEM_CTAS as usize * rt.n_pes())?;
-    let mut calls = stream.alloc_zeros::<u32>(NVSHMEM_CTAS as usize)?;
+    let mut calls = stream.alloc_zeros::<u64>(NVSHMEM_CTAS as usize)?;
 
     let mut rows = Vec::new();
     let mut bytes = 8usize;
@@ -137,10 +137,10 @@ fn run(
                           dst: &mut MemViewMut<'_, f32>,
                           st: &mut SymmetricSlice<'_, f32>,
                           fl: &mut SymmetricSlice<'_, u64>,
-                          calls: &mut CudaSlice<u32>|
+                          calls: &mut CudaSlice<u64>|
              -> Result<(), BoxError> {
                 // SAFETY: the arguments match `oneshot_sum_f32(const float *send, float *recv,
-                // size_t n, float *staging, size_t slot_elems, uint64_t *flags, uint32_t *calls)`;
+                // size_t n, float *staging, size_t slot_elems, uint64_t *flags, uint64_t *calls)`;
                 // `src` and `dst` hold `c` ≤ `slot` floats, the symmetric staging 2 × `slot`, the
                 // symmetric flags NVSHMEM_CTAS × n_pes signals, `calls` NVSHMEM_CTAS call counters; every
                 // PE launches the same grid with the same count.
@@ -198,10 +198,10 @@ fn run(
     Ok(rows)
 }
 
-fn print_table(rows: &[Row]) {
+fn print_table(rows: &[Row], ranks: usize) {
     let ours = ["LL", "one-shot", "nvshmem one-shot", "two-shot"];
     for mode in ["eager", "graph"] {
-        println!("\n### {mode}: µs per all-reduce (f32 sum), 2 ranks\n");
+        println!("\n### {mode}: µs per all-reduce (f32 sum), {ranks} ranks\n");
         println!(
             "| size | LL | one-shot | NVSHMEM one-shot | two-shot | NCCL | NCCL symmetric | best ours / best NCCL |"
         );

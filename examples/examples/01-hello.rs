@@ -22,6 +22,9 @@ use gpucomm_examples::cuda_devices;
 use nccl::{Collectives, Comm, ReduceOp};
 
 fn main() -> ExitCode {
+    // NVLink multicast stays off in this process (the lessons that go through `run_main` get
+    // this from it).
+    nccl::launch::safety::enforce_with_note();
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -126,12 +126,12 @@ unsafe fn one_shot(
     let range = input.slice(..count)?;
     let (_, _read) = range.device_ptr(stream);
     let (out, _write) = output.device_ptr_mut(stream);
-    let window = input.arg();
+    let (dev, window) = (dev.arg(), input.arg());
 
     let ctas = count.div_ceil(THREADS as usize).clamp(1, MAX_CTAS as usize) as u32;
     let cfg = LaunchConfig { grid_dim: (ctas, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
     let mut launch = stream.launch_builder(kernel);
-    launch.arg(dev.arg()).arg(&window).arg(&out).arg(&count);
+    launch.arg(&dev).arg(&window).arg(&out).arg(&count);
     // SAFETY: the kernel is `one_shot_sum_f32(ncclDevComm, ncclWindow_t, float *, size_t)`,
     // matching the arguments pushed: the device communicator (the C layout of ncclDevComm), the
     // window's handle, `out` (a device address) and `count` (a usize, as size_t). `out` holds

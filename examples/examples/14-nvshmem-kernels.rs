@@ -93,14 +93,14 @@ struct OneShot<'rt> {
     rt: &'rt Runtime,
     staging: nvshmem::Symmetric<'rt, u8>,
     flags: nvshmem::Symmetric<'rt, u64>,
-    calls: cudarc::driver::CudaSlice<u32>,
+    calls: cudarc::driver::CudaSlice<u64>,
 }
 
 impl<'rt> OneShot<'rt> {
     fn new(rt: &'rt Runtime, stream: &Arc<CudaStream>) -> Result<Self, BoxError> {
         let staging = rt.alloc_zeroed::<u8>(2 * MAX_COUNT * 4)?;
         let flags = rt.alloc_zeroed::<u64>(MAX_CTAS as usize * rt.n_pes())?;
-        let calls = stream.alloc_zeros::<u32>(MAX_CTAS as usize)?;
+        let calls = stream.alloc_zeros::<u64>(MAX_CTAS as usize)?;
         Ok(OneShot { rt, staging, flags, calls })
     }
 
@@ -126,7 +126,7 @@ impl<'rt> OneShot<'rt> {
         // Twice, so that both staging slots and increasing call numbers are used.
         for _ in 0..2 {
             // SAFETY: the arguments match `oneshot_sum_<T>(const T *send, T *recv, size_t n, T
-            // *staging, size_t slot_elems, uint64_t *flags, uint32_t *calls)`; `send` and `recv`
+            // *staging, size_t slot_elems, uint64_t *flags, uint64_t *calls)`; `send` and `recv`
             // hold `count` ≤ `slot` elements, `staging` 2 × `slot` (symmetric), `flags` MAX_CTAS ×
             // n_pes signals (symmetric), `calls` MAX_CTAS call counters; `ctas` ≤ MAX_CTAS; every PE
             // launches the same grid with the same count.
@@ -142,13 +142,13 @@ impl<'rt> OneShot<'rt> {
         if let Some(i) = (0..count).find(|&i| got[i] != expected[i]) {
             return Err(format!(
                 "PE {me}: one-shot {} × {count}: element {i} is {:?}, expected {:?}",
-                std::any::type_name::<T>(),
+                short_name::<T>(),
                 got[i],
                 expected[i]
             )
             .into());
         }
-        println!("PE {me}: one-shot all-reduce over nvshmem_ptr of {count} {} correct", std::any::type_name::<T>());
+        println!("PE {me}: one-shot all-reduce over nvshmem_ptr of {count} {} correct", short_name::<T>());
         Ok(())
     }
 
@@ -157,4 +157,10 @@ impl<'rt> OneShot<'rt> {
         self.staging.free().map_err(|(_, e)| e)?;
         Ok(())
     }
+}
+
+/// `f32`, `bf16`: the element type's name without its module path.
+fn short_name<T>() -> &'static str {
+    let full = std::any::type_name::<T>();
+    full.rsplit("::").next().unwrap_or(full)
 }

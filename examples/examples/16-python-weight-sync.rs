@@ -70,6 +70,9 @@ fn weight(step: usize, i: usize) -> f32 {
 }
 
 fn main() -> ExitCode {
+    // NVLink multicast stays off in this process (the lessons that go through `run_main` get
+    // this from it).
+    nccl::launch::safety::enforce_with_note();
     match run() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -83,11 +86,17 @@ fn run() -> Result<(), Box<dyn Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let join = args.iter().any(|a| a == "--join-store");
     let device = match args.iter().position(|a| a == "--device") {
-        Some(i) => args.get(i + 1).ok_or("--device needs a GPU number")?.parse()?,
+        Some(i) => {
+            let value = args.get(i + 1).ok_or("--device needs a GPU number")?;
+            value.parse().map_err(|e| format!("--device {value}: {e} (a GPU number is expected)"))?
+        }
         None => 0,
     };
     let addr = std::env::var("MASTER_ADDR").unwrap_or_else(|_| "127.0.0.1".into());
-    let port: u16 = std::env::var("MASTER_PORT").map_or(Ok(29517), |p| p.parse())?;
+    let port: u16 = match std::env::var("MASTER_PORT") {
+        Ok(p) => p.parse().map_err(|e| format!("MASTER_PORT={p}: {e} (a TCP port number is expected)"))?,
+        Err(_) => 29517,
+    };
     gpucomm_examples::cuda_devices()?;
 
     // 1. Meet Python at the store, and agree on the NCCL unique id.

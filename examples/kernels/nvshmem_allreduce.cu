@@ -28,8 +28,9 @@ extern "C" __global__ void ring_put_signal(int* dst, const int* src, size_t n, u
 }
 
 // `staging`: symmetric, 2 slots of `slot_elems` elements. `flags`: symmetric, gridDim.x × npes
-// uint64 signals. `calls`: local, ONESHOT_MAX_CTAS uint32 call counters kept equal to the number
-// of launches so far, as in the LSA kernels (kernels/cu/lsa_allreduce.cu): CTA b reads counter b,
+// uint64 signals. `calls`: local, ONESHOT_MAX_CTAS uint64 call counters kept equal to the number
+// of launches so far (64 bits: the signals compare call numbers with "≥", which a 32-bit number
+// wrapping to 0 after 2^32 launches would pass at once), as in the LSA kernels (kernels/cu/lsa_allreduce.cu): CTA b reads counter b,
 // and at the end advances counters b, b + gridDim.x, b + 2·gridDim.x, ..., so every counter moves
 // once per launch whatever grid each call uses and all CTAs of a launch agree on the call number.
 // No atomic and no fence: each counter has one writer per launch, and launches on one stream do
@@ -39,10 +40,10 @@ constexpr unsigned ONESHOT_MAX_CTAS = 32;
 
 template <typename T>
 __device__ void oneshot_sum(const T* send, T* recv, size_t n, T* staging, size_t slot_elems, uint64_t* flags,
-                            uint32_t* calls) {
+                            uint64_t* calls) {
   const int me = nvshmem_my_pe(), npes = nvshmem_n_pes();
-  __shared__ uint32_t call;
-  if (threadIdx.x == 0) call = ((volatile uint32_t*)calls)[blockIdx.x] + 1;
+  __shared__ uint64_t call;
+  if (threadIdx.x == 0) call = ((volatile uint64_t*)calls)[blockIdx.x] + 1;
   __syncthreads();
   const size_t per = ((n + gridDim.x - 1) / gridDim.x + 7) / 8 * 8;
   const size_t begin = min(n, per * blockIdx.x), end = min(n, begin + per);
@@ -65,17 +66,17 @@ __device__ void oneshot_sum(const T* send, T* recv, size_t n, T* staging, size_t
   }
   // Every thread has read `call` (the barrier above), so the counters may move.
   for (unsigned c = blockIdx.x + threadIdx.x * gridDim.x; c < ONESHOT_MAX_CTAS; c += blockDim.x * gridDim.x)
-    ((volatile uint32_t*)calls)[c] = call;
+    ((volatile uint64_t*)calls)[c] = call;
 }
 
 extern "C" __global__ void __launch_bounds__(512)
     oneshot_sum_f32(const float* send, float* recv, size_t n, float* staging, size_t slot_elems, uint64_t* flags,
-                    uint32_t* calls) {
+                    uint64_t* calls) {
   oneshot_sum<float>(send, recv, n, staging, slot_elems, flags, calls);
 }
 
 extern "C" __global__ void __launch_bounds__(512)
     oneshot_sum_bf16(const __nv_bfloat16* send, __nv_bfloat16* recv, size_t n, __nv_bfloat16* staging,
-                     size_t slot_elems, uint64_t* flags, uint32_t* calls) {
+                     size_t slot_elems, uint64_t* flags, uint64_t* calls) {
   oneshot_sum<__nv_bfloat16>(send, recv, n, staging, slot_elems, flags, calls);
 }

@@ -101,6 +101,12 @@ def main():
             f"(expected {expected}) and {int(wrong)} wrong -> {'ok' if ok else 'MISMATCH'}",
             flush=True,
         )
+        if wrong > 0:
+            # The server stops at a step where it received wrong values (it returns an error): the
+            # next broadcast would wait for it for ever.
+            comm.abort()
+            print("trainer: stopping, since the server stops after wrong values", flush=True)
+            return 1
     comm.destroy()
 
     store.set(TRAINER_DONE, "checksums confirmed" if all_ok else "checksum mismatch")

@@ -16,7 +16,8 @@
 //   number); a peer knows a word has arrived when its flag matches, since an aligned 8-byte store
 //   lands whole (one 64-bit access, single-copy atomic in PTX's memory model). One NVLink
 //   crossing per call, like NCCL's LL protocol. Two slots again, by call parity, so a rank can be
-//   one call ahead of a peer.
+//   one call ahead of a peer. Every 2^31 calls each slot's whole region is written once, so that
+//   a stale word never carries the flag of a later call (the flags are 32-bit).
 // * two-shot over windows (larger messages, zero copy): input and output both live in symmetric
 //   windows. After a barrier, rank r reduces its 1/N share of the elements by loading it from
 //   every peer (reduce-scatter) and stores the result into every peer's output (all-gather); a
@@ -235,6 +236,20 @@ __device__ __forceinline__ uint64_t ld_pair(const uint64_t* at) {
   return v;
 }
 
+// Whether the communicator was aborted or revoked, looked at once every 10 000 calls (`steps`
+// counts them): a wait for a peer's words ends then, since the peer may be gone. NCCL's device
+// communicator carries the abort flag from 2.29.7 on (its barriers watch it themselves); built
+// against older headers, the LL kernel waits for its peers regardless.
+__device__ __forceinline__ bool aborted(const ncclDevComm& comm, uint32_t& steps) {
+#if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 7)
+  return nccl::utility::testAbort(comm.abortFlag, steps);
+#else
+  (void)comm;
+  (void)steps;
+  return false;
+#endif
+}
+
 // Words each thread loads before the call number is known, and keeps for the sum.
 constexpr int LL_PREFETCH = 4;
 
@@ -271,11 +286,20 @@ __device__ void ll_oneshot(ncclDevComm comm, ncclWindow_t win, size_t base, size
   for (int k = 0; k < LL_PREFETCH; k++)
     if (wb + threadIdx.x + k * stride < we) push(wb + threadIdx.x + k * stride, pre[k]);
   for (size_t w = rest; w < we; w += stride) push(w, load_word(send, count, w));
+  // The flags are call numbers in 32 bits, so a word that no launch had written for 2^32 calls
+  // would pass for this call's. Twice every 2^31 calls (one call of each slot) the launch also
+  // pushes the rest of its region, (0, flag) past the message, so that no word of a region is
+  // ever more than 2^31 + 1 calls old. The peers read only the message's words of this call.
+  if ((call & 0x7ffffffeu) == 0) {
+    const size_t all = region / sizeof(uint64_t), threads = (size_t)gridDim.x * blockDim.x;
+    for (size_t w = words + (size_t)blockIdx.x * blockDim.x + threadIdx.x; w < all; w += threads) push(w, 0);
+  }
   // Pull the peers' words from this rank's own window as they arrive, and sum.
   const uint64_t* from[MAX_PEERS];
 #pragma unroll
   for (int p = 0; p < MAX_PEERS; p++)
     from[p] = (p < n && p != me) ? (const uint64_t*)ncclGetLocalPointer(win, slot + (size_t)p * region) : nullptr;
+  uint32_t steps = 0;
   auto pull = [&](size_t w, uint32_t acc) {
 #pragma unroll
     for (int p = 0; p < MAX_PEERS; p++) {
@@ -283,7 +307,7 @@ __device__ void ll_oneshot(ncclDevComm comm, ncclWindow_t win, size_t base, size
       uint64_t v;
       do {
         v = ld_pair(from[p] + w);
-      } while ((uint32_t)(v >> 32) != flag);
+      } while ((uint32_t)(v >> 32) != flag && !aborted(comm, steps));
       acc = add_word<T>(acc, (uint32_t)v);
     }
     store_word(recv, count, w, acc);

@@ -9,10 +9,12 @@ use nccl::{Collectives, MemBuffer, MemView, MemViewMut, ReduceOp};
 
 use crate::dispatch::AllReduce;
 use crate::error::{Error, Result};
+use crate::lsa;
 use crate::path::Path;
 use crate::table::{size_text, Step, Table};
 
-/// How [`AllReduce::calibrate`] measures. Every rank must pass the same settings.
+/// How [`AllReduce::calibrate`] measures. Every rank must pass the same settings (compared
+/// across the ranks: [`Error::Mismatch`]).
 #[derive(Clone, Debug)]
 pub struct Calibration {
     /// The largest message measured, in bytes (default 64 MiB); sizes go from 8 bytes up by
@@ -53,6 +55,13 @@ impl Calibration {
         out
     }
 
+    /// The settings, as the ranks compare them.
+    fn values(&self) -> [u64; 6] {
+        let [max_bytes, factor, iters, warmup, replays] =
+            [self.max_bytes, self.factor, self.iters, self.warmup, self.replays].map(|v| v as u64);
+        [max_bytes, factor, iters, warmup, u64::from(self.graph), replays]
+    }
+
     fn check(&self, stream: &CudaStream) -> Result<()> {
         if self.factor < 2 || self.iters == 0 || self.max_bytes < 8 || (self.graph && self.replays == 0) {
             return Err(Error::Calibration(format!(
@@ -78,15 +87,24 @@ impl<'c> AllReduce<'c> {
     /// saved and passed back through [`crate::Options::table`]). Without the kernels the table
     /// is NCCL only. Buffers of `max_bytes` are allocated for the measurement and freed after.
     pub fn calibrate(&mut self, stream: &Arc<CudaStream>, how: &Calibration) -> Result<&Table> {
-        how.check(stream)?;
+        // Compared before anything else, with whether each rank's settings are usable: a rank
+        // that stopped alone would leave the others waiting in the measurement.
+        let usable = how.check(stream);
+        let values = [&how.values()[..], &[u64::from(usable.is_ok())]].concat();
+        let agreed =
+            lsa::agree(self.comm(), "calibration settings (or whether they are usable on every rank)", &values);
+        usable?;
+        agreed?;
         if let Some(why) = self.fallback() {
             let all = vec![Step { upto: None, path: Path::Nccl }];
-            self.set_table(Table::new(all.clone(), all, format!("NCCL only: {why}"))?);
+            self.set_table(Table::new(all.clone(), all, format!("NCCL only: {why}"))?)?;
             return Ok(self.table());
         }
         let forced = self.forced();
         let measured = self.measure_all(stream, how);
-        self.force(forced);
+        // Restored on this rank alone: a rank whose measurement failed may not reach another
+        // collective call.
+        self.restore_force(forced);
         let (eager, graph) = measured?;
         let source = format!(
             "calibrated on this machine: {} ranks, f32 sum, 8 B–{} ×{}, {} calls per timing{}",
@@ -99,7 +117,8 @@ impl<'c> AllReduce<'c> {
         let graph = if how.graph { graph } else { eager.clone() };
         let table = Table::from_measurements(&eager, &graph, source);
         let gpu = self.comm().context().name().unwrap_or_default();
-        self.set_table(table.for_machine(gpu, self.comm().size()));
+        // The same on every rank (the times are averaged over the ranks): compared all the same.
+        self.set_table(table.for_machine(gpu, self.comm().size()))?;
         Ok(self.table())
     }
 
@@ -118,7 +137,7 @@ impl<'c> AllReduce<'c> {
         for bytes in how.sizes() {
             let count = (bytes / size_of::<f32>()).max(1);
             for path in Path::ALL {
-                self.force(Some(path));
+                self.force(Some(path))?;
                 if self.plan::<f32>(count, ReduceOp::SUM, crate::Mode::Eager).is_err() {
                     continue; // this path cannot take this size
                 }

@@ -150,16 +150,15 @@ impl<'c> AllReduce<'c> {
             Ok(()) => {
                 // The ranks' kernels meet in each other's windows, CTA by CTA, and each rank picks
                 // its path from the table: all of it must match.
-                let cta = options.cta_bytes;
-                let settings = [sizes.one_shot, sizes.staged, cta.ll, cta.one_shot, cta.two_shot].map(|v| v as u64);
+                let sizes_and_table = [sizes.one_shot as u64, sizes.staged as u64, table.fingerprint()];
                 lsa::agree(
                     comm,
                     "staging sizes, launch shapes (CTA bytes) or crossover tables",
-                    &[&settings[..], &[table.fingerprint()]].concat(),
+                    &[&sizes_and_table[..], &options.cta_bytes.values()].concat(),
                 )?;
                 match LsaKernels::create(comm, sizes) {
                     Ok(mut k) => {
-                        k.set_cta_bytes(options.cta_bytes);
+                        k.use_cta_bytes(options.cta_bytes);
                         Ok(k)
                     }
                     Err(e) => {
@@ -198,17 +197,27 @@ impl<'c> AllReduce<'c> {
         &self.table
     }
 
-    /// Replaces the crossover table (every rank must use the same: unlike [`AllReduce::new`],
-    /// this does not compare it across the ranks, whose kernels would otherwise meet different
-    /// kernels or NCCL).
-    pub fn set_table(&mut self, table: Table) {
+    /// Collective (every rank, outside any capture): replaces the crossover table, which must be
+    /// the same on every rank (whose kernels would otherwise meet different kernels or NCCL);
+    /// compared across the ranks ([`Error::Mismatch`], the table in use is kept).
+    pub fn set_table(&mut self, table: Table) -> Result<()> {
+        lsa::agree(self.comm, "crossover tables", &[table.fingerprint()])?;
         self.table = table;
+        Ok(())
     }
 
-    /// Sends every call to `path` (`None`: back to the table), for tests and benchmarks. A
-    /// forced kernel that cannot take a call makes the call fail ([`Error::Forced`]) instead of
-    /// falling back. Every rank must force the same path.
-    pub fn force(&mut self, path: Option<Path>) {
+    /// Collective (every rank, outside any capture): sends every call to `path` (`None`: back to
+    /// the table), for tests and benchmarks. A forced kernel that cannot take a call makes the
+    /// call fail ([`Error::Forced`]) instead of falling back. Every rank must force the same
+    /// path: compared across the ranks ([`Error::Mismatch`], nothing changed).
+    pub fn force(&mut self, path: Option<Path>) -> Result<()> {
+        lsa::agree(self.comm, "forced paths", &[path.map_or(0, |p| 1 + p as u64)])?;
+        self.force = path;
+        Ok(())
+    }
+
+    /// Forces a path every rank has already agreed on.
+    pub(crate) fn restore_force(&mut self, path: Option<Path>) {
         self.force = path;
     }
 
@@ -303,14 +312,7 @@ impl<'c> AllReduce<'c> {
     /// (its symmetric-memory kernels) read and write these buffers in the peers' memory directly,
     /// without staging copies.
     pub fn alloc<T: NcclType + cudarc::driver::ValidAsZeroBits>(&self, len: usize) -> Result<SymmetricBuffer<'c, T>> {
-        let mine = [len as u64];
-        let (lo, hi) = (lsa::min_max(self.comm, &mine, ReduceOp::MIN)?, lsa::min_max(self.comm, &mine, ReduceOp::MAX)?);
-        if lo != mine || hi != mine {
-            return Err(Error::Calibration(format!(
-                "symmetric buffers must have the same length on every rank (this rank {len}, smallest {}, largest {})",
-                lo[0], hi[0]
-            )));
-        }
+        lsa::agree(self.comm, "symmetric buffer lengths", &[len as u64])?;
         let buf = MemBuffer::<T>::zeroed(self.comm.stream(), len)?;
         Ok(SymmetricBuffer { window: self.comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e)? })
     }

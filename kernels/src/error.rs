@@ -109,6 +109,20 @@ pub enum Error {
     /// A calibration setting that cannot be used.
     #[error("calibration: {0}")]
     Calibration(String),
+    /// The ranks passed different values to a collective call that needs the same on every
+    /// rank (options, a forced path, a table, launch shapes, a symmetric buffer's length):
+    /// nothing was changed or allocated on any rank.
+    #[error("the ranks asked for different {what} (this rank {mine:?}; smallest {smallest:?}, largest {largest:?}); nothing changed on any rank")]
+    Mismatch {
+        /// What was compared.
+        what: &'static str,
+        /// This rank's values.
+        mine: Vec<u64>,
+        /// The smallest value of each over the ranks.
+        smallest: Vec<u64>,
+        /// The largest value of each over the ranks.
+        largest: Vec<u64>,
+    },
 }
 
 impl From<gpucomm_ordering::OrderError> for Error {

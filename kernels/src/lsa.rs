@@ -153,6 +153,11 @@ impl Default for CtaBytes {
 }
 
 impl CtaBytes {
+    /// The three shares, as the ranks compare them.
+    pub(crate) fn values(&self) -> [u64; 3] {
+        [self.ll, self.one_shot, self.two_shot].map(|v| v as u64)
+    }
+
     /// The launch of a message of `bytes` with `per_cta` bytes per CTA.
     fn config(bytes: usize, per_cta: usize) -> LaunchConfig {
         let ctas = bytes.div_ceil(per_cta.max(1)).clamp(1, MAX_CTAS as usize) as u32;
@@ -319,6 +324,27 @@ impl<'c> LsaKernels<'c> {
         self.comm
     }
 
+    /// Collective, for tests only (feature `test-hooks`): sets the launch count that every
+    /// kernel call reads as its call number (LL's flag is the call number plus one) to `calls`
+    /// on every rank, once this rank's earlier launches have finished, so that a test can see
+    /// what the kernels do after 2^32 launches without making them. Every rank must pass the
+    /// same count (compared: [`Error::Mismatch`]).
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn set_launch_count(&mut self, calls: u32) -> Result<()> {
+        agree(self.comm, "launch counts", &[u64::from(calls)])?;
+        let stream = self.comm.stream();
+        let counters = [calls; MAX_CTAS as usize];
+        let (ptr, guard) = self.window.device_ptr(stream);
+        // SAFETY: the window begins with the MAX_CTAS 4-byte call counters (at `base` 0, before
+        // anything else, see `Sizes::offsets`), and the guard orders this copy after every
+        // earlier use of the window; `counters` outlives the copy (synchronized below).
+        unsafe { cudarc::driver::result::memcpy_htod_async(ptr, &counters, stream.cu_stream()) }?;
+        drop(guard);
+        stream.synchronize()?;
+        Ok(())
+    }
+
     /// The staging areas (as agreed, rounded up to 4 KiB).
     pub fn sizes(&self) -> Sizes {
         self.sizes
@@ -329,9 +355,17 @@ impl<'c> LsaKernels<'c> {
         self.cta
     }
 
-    /// Sets the launch shapes (every rank must use the same, since CTA `i` meets CTA `i` of the
-    /// peers at each barrier).
-    pub fn set_cta_bytes(&mut self, cta: CtaBytes) {
+    /// Collective (every rank, outside any capture): sets the launch shapes, which must be the
+    /// same on every rank, since CTA `i` meets CTA `i` of the peers at each barrier; compared
+    /// across the ranks ([`Error::Mismatch`], nothing changed).
+    pub fn set_cta_bytes(&mut self, cta: CtaBytes) -> Result<()> {
+        agree(self.comm, "launch shapes (CTA bytes)", &cta.values())?;
+        self.cta = cta;
+        Ok(())
+    }
+
+    /// Sets launch shapes every rank has already agreed on.
+    pub(crate) fn use_cta_bytes(&mut self, cta: CtaBytes) {
         self.cta = cta;
     }
 
@@ -484,8 +518,9 @@ impl<'c> LsaKernels<'c> {
         let (_, _window) = access.read(&self.window)?;
         let (send_off, recv_off) = (send_at * size_of::<T>(), recv_at * size_of::<T>());
         let stream = access.stream();
+        let dev = self.dev.arg();
         let mut launch = stream.launch_builder(kernel);
-        launch.arg(self.dev.arg()).arg(&send_win).arg(&send_off).arg(&recv_win).arg(&recv_off).arg(&count);
+        launch.arg(&dev).arg(&send_win).arg(&send_off).arg(&recv_win).arg(&recv_off).arg(&count);
         let cfg = CtaBytes::config(count * size_of::<T>(), self.cta.two_shot);
         // SAFETY: the kernel takes (ncclDevComm, ncclWindow_t, size_t, ncclWindow_t, size_t,
         // size_t), matching the arguments pushed (a window handle is a pointer, pushed as the
@@ -628,7 +663,7 @@ impl<'c> LsaKernels<'c> {
         dst: u64,
         count: usize,
     ) -> Result<()> {
-        let win = self.window.0.arg();
+        let (dev, win) = (self.dev.arg(), self.window.0.arg());
         let (ll_off, in_off, out_off) = self.sizes.offsets();
         let (base, slot, region) = (0usize, self.sizes.one_shot, LL_REGION);
         let elem = size_of::<T>();
@@ -636,7 +671,7 @@ impl<'c> LsaKernels<'c> {
             Kernel::Ll | Kernel::OneShot => {
                 let bytes = count * elem;
                 let mut launch = stream.launch_builder(function);
-                launch.arg(self.dev.arg()).arg(&win).arg(&base);
+                launch.arg(&dev).arg(&win).arg(&base);
                 let cfg = if kernel == Kernel::Ll {
                     launch.arg(&ll_off).arg(&region);
                     CtaBytes::config(bytes, self.cta.ll)
@@ -663,7 +698,7 @@ impl<'c> LsaKernels<'c> {
                     let n = per.min(count - at);
                     let (s, d) = (src + (at * elem) as u64, dst + (at * elem) as u64);
                     let mut launch = stream.launch_builder(function);
-                    launch.arg(self.dev.arg()).arg(&win).arg(&in_off).arg(&out_off).arg(&s).arg(&d).arg(&n);
+                    launch.arg(&dev).arg(&win).arg(&in_off).arg(&out_off).arg(&s).arg(&d).arg(&n);
                     // SAFETY: the kernel takes (ncclDevComm, ncclWindow_t, size_t in_off, size_t
                     // out_off, const T*, T*, size_t), matching the arguments pushed; elements
                     // at..at + n of `src`/`dst` exist (the caller's contract, n ≤ count − at);
@@ -734,12 +769,10 @@ fn team(lsa: usize, ranks: usize) -> Result<(), Fallback> {
 /// Fails unless every rank passed the same `values` (a MIN and a MAX all-reduce on the
 /// communicator's stream), named `what` in the error: the kernels write into the peers' windows
 /// at offsets each rank computes from its own sizes, and meet the peers' CTAs at barriers.
-pub(crate) fn agree(comm: &Comm, what: &str, mine: &[u64]) -> Result<()> {
-    let (min, max) = (min_max(comm, mine, ReduceOp::MIN)?, min_max(comm, mine, ReduceOp::MAX)?);
-    if min != mine || max != mine {
-        return Err(Error::Calibration(format!(
-            "the ranks asked for different {what} (this rank: {mine:?}; smallest {min:?}, largest {max:?})"
-        )));
+pub(crate) fn agree(comm: &Comm, what: &'static str, mine: &[u64]) -> Result<()> {
+    let (smallest, largest) = (min_max(comm, mine, ReduceOp::MIN)?, min_max(comm, mine, ReduceOp::MAX)?);
+    if smallest != mine || largest != mine {
+        return Err(Error::Mismatch { what, mine: mine.to_vec(), smallest, largest });
     }
     Ok(())
 }
