@@ -64,7 +64,9 @@ pub enum Command {
 /// `gpucomm doctor`.
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
-    /// Print the report as JSON.
+    /// Print the report as JSON (alone on stdout; anything else goes to stderr). It carries only
+    /// the environment variables the doctor reasons about, with secret values (names containing
+    /// KEY, TOKEN, SECRET, PASSWORD or CREDENTIAL) redacted.
     #[arg(long)]
     pub json: bool,
     /// Skip the live layer (no processes are started, no GPU work is done).
@@ -117,7 +119,8 @@ pub struct BenchArgs {
     /// Start N processes, one per GPU (default when no launcher variables and no -g: every GPU).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..), conflicts_with = "ngpus")]
     pub nproc: Option<u32>,
-    /// Print the run as JSON instead of the table.
+    /// Print the run as JSON instead of the table, alone on stdout: NCCL's log and anything else
+    /// written to stdout goes to stderr.
     #[arg(long)]
     pub json: bool,
     /// Draw bus bandwidth against size into this SVG file.

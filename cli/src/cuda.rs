@@ -5,11 +5,36 @@ use cudarc::driver::sys::{self, CUdevice_attribute};
 use cudarc::driver::{result, DriverError};
 use serde::Serialize;
 
+use crate::error::CliError;
+
 /// True when `libcuda.so` can be loaded (cudarc panics on a missing driver library otherwise).
 pub fn driver_present() -> bool {
     // SAFETY: only tries to open the driver library with dlopen, which runs its initialisers; the
     // CUDA driver's are sound to run from any thread.
     unsafe { sys::is_culib_present() }
+}
+
+/// Why the CUDA driver library cannot be loaded, in the dynamic loader's words; `None` when it
+/// can.
+pub fn driver_load_error() -> Option<String> {
+    if driver_present() {
+        return None;
+    }
+    // SAFETY: as in `driver_present`: dlopen runs the driver library's initialisers, which are
+    // sound to run from any thread.
+    Some(match unsafe { libloading::Library::new("libcuda.so.1") } {
+        Err(e) => e.to_string(),
+        Ok(_) => "libcuda.so.1 loads, but cudarc found no usable CUDA driver library".into(),
+    })
+}
+
+/// Number of CUDA devices, or [`CliError::NoDriver`] when the driver library cannot be loaded
+/// (a run needs it; the doctor reports it as one of its checks).
+pub fn devices() -> Result<usize, CliError> {
+    match driver_load_error() {
+        Some(why) => Err(CliError::NoDriver(why)),
+        None => Ok(device_count()),
+    }
 }
 
 /// Number of CUDA devices; 0 without a driver or a device.
@@ -88,6 +113,19 @@ pub fn peer_matrix() -> Result<Vec<PeerAccess>, DriverError> {
 
 #[cfg(test)]
 mod tests {
+    use crate::error::{CliError, EXIT_RUN_FAILED};
+
+    #[test]
+    fn a_missing_driver_is_a_failed_run_that_points_at_the_doctor() {
+        let e = CliError::NoDriver("libcuda.so.1: cannot open shared object file: No such file or directory".into());
+        assert_eq!(
+            e.to_string(),
+            "no CUDA driver: libcuda.so.1 could not be loaded (libcuda.so.1: cannot open shared object file: No \
+             such file or directory); run `gpucomm doctor`"
+        );
+        assert_eq!(e.exit_code(), EXIT_RUN_FAILED);
+    }
+
     #[test]
     fn version_codes() {
         assert_eq!(super::version_text(13000), "13.0");

@@ -81,6 +81,9 @@ pub enum CliError {
     /// gpucomm-kernels (the dispatching all-reduce).
     #[error("gpucomm-kernels: {0}")]
     Kernels(#[from] gpucomm_kernels::Error),
+    /// The CUDA driver library cannot be loaded (the loader's words).
+    #[error("no CUDA driver: libcuda.so.1 could not be loaded ({0}); run `gpucomm doctor`")]
+    NoDriver(String),
     /// A CUDA driver call failed.
     #[error("CUDA driver error")]
     Cuda(#[source] cudarc::driver::DriverError),

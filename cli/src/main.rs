@@ -7,9 +7,9 @@ mod cli;
 mod cuda;
 mod doctor;
 mod error;
+mod json_stdout;
 mod ncclog;
 mod progress;
-mod safety;
 mod units;
 
 use std::io::Write;
@@ -22,9 +22,9 @@ use crate::error::CliError;
 
 fn main() -> ExitCode {
     // Before anything can load NCCL or NVSHMEM, and while this process has one thread.
-    let overridden = safety::enforce();
+    let overridden = gpucomm_launch::safety::enforce();
     let cli = Cli::parse();
-    if let Some(w) = safety::warning(&overridden) {
+    if let Some(w) = gpucomm_launch::safety::warning(&overridden) {
         if !matches!(cli.command, Command::DoctorWorker(_) | Command::ProbeNccl { .. }) {
             eprintln!("note: {w}");
         }

@@ -1,5 +1,6 @@
 //! The `gpucomm` binary on a machine without GPUs (CI): help, every command-line error path and
-//! its exit status, `compare` end to end, and the doctor's report when no driver is installed.
+//! its exit status, `compare` end to end, and the doctor's report when no driver is installed
+//! (with no secret of the environment in it).
 
 use std::path::Path;
 use std::process::{Command, Output};
@@ -70,7 +71,12 @@ fn bench_command_line_errors() {
     fails_with(&["bench", "hypercube"], 2, "invalid value 'hypercube'");
     fails_with(&["bench", "-d", "float128"], 2, "error: -d \"float128\": expected int8, uint8");
     fails_with(&["bench", "-o", "xor"], 2, "error: -o \"xor\": expected sum, prod, max, min or avg");
-    fails_with(&["bench", "-o", "mulsum"], 2, "PreMulSum is not wired");
+    fails_with(
+        &["bench", "-o", "mulsum"],
+        2,
+        "error: -o \"mulsum\": PreMulSum (nccl-tests' mulsum) is not wired into gpucomm bench yet: use sum, prod, \
+         max, min or avg\n",
+    );
     fails_with(&["bench", "-f", "1"], 2, "invalid value '1' for '--stepfactor");
     fails_with(&["bench", "-n", "0"], 2, "invalid value '0' for '--iters");
     fails_with(&["bench", "-c", "2"], 2, "invalid value '2' for '--check");
@@ -85,7 +91,13 @@ fn bench_command_line_errors() {
         2,
         "error: cannot write plot /nonexistent/dir/busbw.svg: ",
     );
-    fails_with(&["bench", "-g", "4096"], 2, "error: -g 4096 needs 4096 GPUs, CUDA sees");
+    // Checked before any GPU work, for the rank count -g gives.
+    fails_with(
+        &["bench", "all_gather", "-b", "8", "-e", "32", "-g", "4"],
+        2,
+        "error: invalid size range: no size from -b 8 to -e 32 (8, 16, 32 bytes) gives each of 4 ranks one float \
+         element for all_gather: the smallest that does is 64 bytes; raise -e\n",
+    );
     // The measurement knobs are checked before any GPU work.
     fails_with(&["bench", "alltoall", "--api", "raw"], 2, "error: --api raw runs all_reduce only, not alltoall");
     fails_with(&["bench", "broadcast", "--impl", "ll"], 2, "error: --impl runs all_reduce only, not broadcast");
@@ -124,6 +136,29 @@ fn compare_log_of_another_collective_is_refused_before_running() {
 }
 
 #[test]
+fn bench_compare_with_another_setup_is_refused_before_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("c.log");
+    std::fs::write(&log, C_LOG).unwrap();
+    let log = log.to_str().unwrap();
+    let same = "run both tools with the same rank count (-g, --nproc or the launcher's), data type (-d), operator \
+                (-o) and root (-r)\n";
+    fails_with(
+        &["bench", "--compare", log, "-g", "4"],
+        2,
+        &format!("error: cannot compare all_reduce: the runs differ in rank count (gpucomm: 4; nccl-tests: 2); {same}"),
+    );
+    fails_with(
+        &["bench", "--compare", log, "-g", "2", "-d", "half", "-o", "max"],
+        2,
+        &format!(
+            "error: cannot compare all_reduce: the runs differ in data type (gpucomm: half; nccl-tests: float), \
+             reduction operator (gpucomm: max; nccl-tests: sum); {same}"
+        ),
+    );
+}
+
+#[test]
 fn safety_variables_are_enforced_and_reported() {
     let out = Command::new(env!("CARGO_BIN_EXE_gpucomm"))
         .args(["bench", "-b", "8X"])
@@ -131,10 +166,7 @@ fn safety_variables_are_enforced_and_reported() {
         .output()
         .unwrap();
     let err = text(&out.stderr);
-    assert!(
-        err.contains("note: gpucomm never enables NVLink multicast: using NCCL_NVLS_ENABLE=0 (was \"1\")"),
-        "{err}"
-    );
+    assert!(err.contains("note: NVLink multicast stays off: using NCCL_NVLS_ENABLE=0 (was \"1\")"), "{err}");
 }
 
 const C_LOG: &str = "\
@@ -208,6 +240,32 @@ fn compare_end_to_end() {
 }
 
 #[test]
+fn compare_refuses_other_setups_and_withholds_goals_without_a_rank_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let (c, r) = (dir.path().join("c.log"), dir.path().join("r.txt"));
+    std::fs::write(&r, RUST_TABLE).unwrap();
+    let args = ["compare", "--rust", r.to_str().unwrap(), "--nccl-tests", c.to_str().unwrap()];
+    std::fs::write(&c, C_LOG.replace("float", " half")).unwrap();
+    fails_with(
+        &args,
+        2,
+        "error: cannot compare all_reduce: the runs differ in data type (gpucomm: float; nccl-tests: half); run both \
+         tools with the same rank count",
+    );
+    let without_ranks: String = C_LOG.lines().filter(|l| !l.starts_with("#  Rank")).map(|l| format!("{l}\n")).collect();
+    std::fs::write(&c, without_ranks).unwrap();
+    let out = gpucomm(&args);
+    let (table, err) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "{err}");
+    let warning = "the nccl-tests output does not state its rank count (no '#  Rank' lines), so the runs may differ \
+                   in it: goals not judged";
+    assert_eq!(err, format!("warning: {warning}\n"));
+    assert!(table.contains("vs nccl-tests (1 run(s), ? ranks, NCCL 2.28.9)"), "{table}");
+    assert!(table.contains(&format!("\n- {warning}\n")), "{table}");
+    assert!(!table.contains("goal ≥") && !table.contains("goal ≤"), "{table}");
+}
+
+#[test]
 fn doctor_without_a_driver_says_so_and_fails() {
     if driver_present() {
         eprintln!("SKIPPED: an NVIDIA driver is installed here; this test covers machines without one");
@@ -229,7 +287,10 @@ fn doctor_without_a_driver_says_so_and_fails() {
     assert_eq!((nvml["layer"].as_str(), nvml["status"].as_str()), (Some("physical"), Some("fail")));
     assert!(nvml["fix"].as_str().unwrap().contains("libnvidia-ml.so.1"));
     assert!(v["failures"].as_u64().unwrap() >= 2);
-    assert!(v["facts"]["software"]["env"].is_array());
+    // Only the variables the doctor reasons about: not PATH, HOME or the like.
+    let env = v["facts"]["software"]["env"].as_array().unwrap();
+    let names: Vec<&str> = env.iter().map(|pair| pair[0].as_str().unwrap()).collect();
+    assert!(!names.iter().any(|n| ["PATH", "HOME", "USER", "PWD"].contains(n)), "{names:?}");
     // The figures' places exist even when there is nothing to put in them.
     assert_eq!(v["facts"]["limits"], serde_json::Value::Null);
     assert_eq!(v["facts"]["bandwidth"], serde_json::json!([]));
@@ -238,12 +299,105 @@ fn doctor_without_a_driver_says_so_and_fails() {
 }
 
 #[test]
-fn bench_without_a_gpu_is_a_clear_usage_error() {
+fn bench_without_a_driver_is_a_failed_run_that_points_at_the_doctor() {
     if driver_present() {
-        eprintln!("SKIPPED: an NVIDIA driver is installed here");
+        fails_with(&["bench", "-g", "4096"], 2, "error: -g 4096 needs 4096 GPUs, CUDA sees");
+        eprintln!("SKIPPED: an NVIDIA driver is installed here; the rest covers machines without one");
         return;
     }
-    fails_with(&["bench", "-b", "8", "-e", "8"], 2, "error: no GPU found (CUDA reports 0 devices)");
+    let no_driver = "error: no CUDA driver: libcuda.so.1 could not be loaded (libcuda.so.1: cannot open shared \
+                     object file: No such file or directory); run `gpucomm doctor`\n";
+    for args in [&["bench", "-b", "8", "-e", "8"][..], &["bench", "-g", "4096"], &["bench", "--nproc", "2", "--json"]] {
+        let out = gpucomm(args);
+        assert_eq!(out.status.code(), Some(3), "{args:?}");
+        assert_eq!(text(&out.stderr), no_driver, "{args:?}");
+        assert_eq!(text(&out.stdout), "", "{args:?}");
+    }
+}
+
+/// Secret values the environment of the doctor test holds.
+const SECRETS: [(&str, &str); 3] = [
+    ("GPUCOMM_JOB_KEY", "job-key-0123456789abcdef"),
+    ("MY_API_TOKEN", "api-token-fedcba9876"),
+    ("NCCL_PLUGIN_TOKEN", "plugin-token-55aa"),
+];
+
+#[test]
+fn doctor_reports_carry_no_secrets() {
+    for json in [true, false] {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_gpucomm"));
+        cmd.args(["doctor", "--skip-live"]).env("NCCL_DEBUG", "INFO");
+        if json {
+            cmd.arg("--json");
+        }
+        for (name, value) in SECRETS {
+            cmd.env(name, value);
+        }
+        let out = cmd.output().unwrap();
+        let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+        for (_, value) in SECRETS {
+            assert!(!stdout.contains(value) && !stderr.contains(value), "{value} shown:\n{stdout}\n{stderr}");
+        }
+        if json {
+            let v: serde_json::Value = serde_json::from_str(&stdout).expect("doctor --json is JSON");
+            let env = v["facts"]["software"]["env"].as_array().unwrap();
+            let pair = |n: &str, v: &str| serde_json::json!([n, v]);
+            assert!(env.contains(&pair("NCCL_DEBUG", "INFO")), "{env:?}");
+            assert!(env.contains(&pair("GPUCOMM_JOB_KEY", "<redacted, 24 bytes>")), "{env:?}");
+            assert!(env.contains(&pair("NCCL_PLUGIN_TOKEN", "<redacted, 17 bytes>")), "{env:?}");
+            assert!(!env.iter().any(|p| p[0] == "MY_API_TOKEN"), "not a variable the doctor reasons about: {env:?}");
+        } else {
+            assert!(stdout.contains("\n      NCCL_DEBUG=INFO — NCCL log level INFO\n"), "{stdout}");
+            assert!(stdout.contains("\n      NCCL_PLUGIN_TOKEN=<redacted, 17 bytes> — set (not one"), "{stdout}");
+        }
+    }
+}
+
+#[test]
+fn doctor_names_the_variable_that_stopped_the_nccl_search() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path().to_str().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_gpucomm"))
+        .args(["doctor", "--skip-live"])
+        .env("NCCL_LIB_DIR", d)
+        .output()
+        .unwrap();
+    let report = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{report}");
+    assert!(report.contains("\n  ✗ NCCL could not be loaded\n"), "{report}");
+    assert!(
+        report.contains(&format!("\n      fix: NCCL_LIB_DIR={d} holds no libnccl.so.2: fix or unset it\n")),
+        "{report}"
+    );
+    // The check's own fix line (the loader's report above it has install advice of its own).
+    assert!(!report.contains("\n      fix: pip install nvidia-nccl"), "{report}");
+}
+
+#[test]
+fn doctor_tells_python_without_wheels_from_python_not_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let python = dir.path().join("python3");
+    std::fs::write(&python, "#!/bin/sh\necho \"GPUCOMM_PY_ERROR=ModuleNotFoundError: No module named 'nvidia'\"\n")
+        .unwrap();
+    let mut perms = std::fs::metadata(&python).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perms, 0o755);
+    std::fs::set_permissions(&python, perms).unwrap();
+    let run = |python: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_gpucomm"))
+            .args(["doctor", "--skip-live"])
+            .env("NCCL_SYS_PYTHON", python)
+            .output();
+        text(&out.unwrap().stdout)
+    };
+    let p = python.to_str().unwrap();
+    let report = run(p);
+    assert!(
+        report.contains(&format!("\n  • no NVIDIA wheels in {p} (ModuleNotFoundError: No module named 'nvidia')\n")),
+        "{report}"
+    );
+    assert!(!report.contains("Python wheels not searched"), "{report}");
+    let report = run("/nonexistent/python3");
+    assert!(report.contains("\n  • Python wheels not searched: could not run `/nonexistent/python3`: "), "{report}");
 }
 
 #[test]

@@ -113,6 +113,18 @@ impl Collective {
         }
     }
 
+    /// The smallest size (bytes) that gives each of `nranks` ranks at least one element of `elem`
+    /// bytes: one element, or (all-gather, reduce-scatter, all-to-all) one 16-byte-aligned piece
+    /// per rank (see [`Collective::counts`]).
+    pub fn min_bytes(self, elem: usize, nranks: usize) -> u64 {
+        match self {
+            Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
+                ((16 / elem).max(1) * elem * nranks) as u64
+            }
+            _ => elem as u64,
+        }
+    }
+
     /// Algorithm bandwidth in GB/s (1 GB = 1e9 B) for `param` elements of `elem` bytes moved in
     /// `seconds`: nccl-tests' bytes S (see the module docs) over the time.
     pub fn algbw(self, param: usize, elem: usize, seconds: f64, nranks: usize) -> f64 {
@@ -166,6 +178,22 @@ mod tests {
         assert_eq!(Collective::AllGather.counts(48, 8, 2).param, 2);
         // int8: 16 elements.
         assert_eq!(Collective::AllGather.counts(100, 1, 2).param, 48);
+    }
+
+    #[test]
+    fn min_bytes_is_the_first_size_with_an_element_per_rank() {
+        assert_eq!(Collective::AllGather.min_bytes(4, 2), 32);
+        assert_eq!(Collective::AllToAll.min_bytes(1, 4), 64);
+        assert_eq!(Collective::AllReduce.min_bytes(8, 4), 8);
+        for coll in Collective::ALL {
+            for elem in [1, 2, 4, 8] {
+                for nranks in [1, 2, 3, 8] {
+                    let min = coll.min_bytes(elem, nranks);
+                    assert!(coll.counts(min, elem, nranks).param > 0, "{coll} {elem} {nranks}");
+                    assert_eq!(coll.counts(min - 1, elem, nranks).param, 0, "{coll} {elem} {nranks}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -2,12 +2,14 @@
 //! repeated runs with their spread, the bus-bandwidth ratio Rust/C and the time difference, and
 //! the issue's two goals (ratio ≥ 0.99 from 1 MiB up, time ≤ C + 0.3 µs below).
 
+use std::collections::BTreeSet;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
 use super::coll::Collective;
+use super::engine::Spec;
 use super::nccltests;
 use super::plot::{self, Curve};
 use super::results::{Measure, Row, Run};
@@ -50,6 +52,113 @@ pub fn read_gpucomm(path: &Path) -> Result<Vec<Run>> {
         return Ok(vec![serde_json::from_value(run).map_err(bad)?]);
     }
     nccltests::parse(path, &text)
+}
+
+/// What a set of runs was measured with, as both tools print it: the rank count, and each row's
+/// data type, reduction operator and root. Two sets compare only when these are one and the same.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Setup {
+    /// The rank counts the runs state.
+    ranks: BTreeSet<usize>,
+    /// How many runs do not state their rank count.
+    ranks_unknown: usize,
+    /// The "type" column's values.
+    dtypes: BTreeSet<String>,
+    /// The "redop" column's values.
+    redops: BTreeSet<String>,
+    /// The "root" column's values.
+    roots: BTreeSet<i64>,
+}
+
+/// A field's values for a message: `float`, `float, half`, `—` for none.
+fn listed<T: ToString>(values: &BTreeSet<T>) -> String {
+    if values.is_empty() {
+        return "—".into();
+    }
+    values.iter().map(T::to_string).collect::<Vec<_>>().join(", ")
+}
+
+/// `what (gpucomm: …; nccl-tests: …)`.
+fn describe<T: ToString>(what: &str, rust: &BTreeSet<T>, c: &BTreeSet<T>) -> String {
+    format!("{what} (gpucomm: {}; nccl-tests: {})", listed(rust), listed(c))
+}
+
+/// [`describe`] when the two sides are not one and the same single value.
+fn difference<T: Ord + ToString>(what: &str, rust: &BTreeSet<T>, c: &BTreeSet<T>) -> Option<String> {
+    (rust != c || rust.len() != 1).then(|| describe(what, rust, c))
+}
+
+impl Setup {
+    /// The setup of `runs`.
+    pub fn of(runs: &[Run]) -> Setup {
+        let mut s = Setup::default();
+        for run in runs {
+            match run.nranks {
+                Some(n) => {
+                    s.ranks.insert(n);
+                }
+                None => s.ranks_unknown += 1,
+            }
+            for row in &run.rows {
+                s.dtypes.insert(row.dtype.clone());
+                s.redops.insert(row.redop.clone());
+                s.roots.insert(row.root);
+            }
+        }
+        s
+    }
+
+    /// The setup `gpucomm bench` will print for `spec` on `nranks` ranks.
+    pub fn planned(spec: &Spec, nranks: usize) -> Setup {
+        Setup {
+            ranks: BTreeSet::from([nranks]),
+            ranks_unknown: 0,
+            dtypes: BTreeSet::from([spec.dtype.name().to_string()]),
+            redops: BTreeSet::from([spec.redop_column().to_string()]),
+            roots: BTreeSet::from([spec.root_column()]),
+        }
+    }
+
+    /// Checks that gpucomm's runs (`self`) and nccl-tests' (`c`) of `coll` were measured alike:
+    /// an error names every field that differs (between the tools, or among one tool's runs).
+    /// Where a side does not state its rank count, only the stated ones are compared and the
+    /// answer is a warning that the goals cannot be judged.
+    pub fn check(&self, c: &Setup, coll: Collective) -> Result<Option<String>> {
+        let ranks = if self.ranks.is_empty() || c.ranks.is_empty() {
+            // One side states none: only a disagreement among one side's own runs shows.
+            (self.ranks.len() > 1 || c.ranks.len() > 1).then(|| describe("rank count", &self.ranks, &c.ranks))
+        } else {
+            difference("rank count", &self.ranks, &c.ranks)
+        };
+        let differ: Vec<String> = [
+            ranks,
+            difference("data type", &self.dtypes, &c.dtypes),
+            difference("reduction operator", &self.redops, &c.redops),
+            difference("root", &self.roots, &c.roots),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if !differ.is_empty() {
+            return Err(CliError::Usage(format!(
+                "cannot compare {coll}: the runs differ in {}; run both tools with the same rank count (-g, \
+                 --nproc or the launcher's), data type (-d), operator (-o) and root (-r)",
+                differ.join(", ")
+            )));
+        }
+        let unstated: Vec<&str> = [("gpucomm", self.ranks_unknown), ("nccl-tests", c.ranks_unknown)]
+            .into_iter()
+            .filter(|(_, n)| *n > 0)
+            .map(|(tool, _)| tool)
+            .collect();
+        Ok((!unstated.is_empty()).then(|| {
+            format!(
+                "the {} output does not state its rank count (no '#  Rank' lines), so the runs may differ in it: \
+                 goals not judged",
+                unstated.join(" and ")
+            )
+        }))
+    }
 }
 
 /// Median, smallest and largest of some values.
@@ -129,8 +238,10 @@ pub struct Comparison {
     pub rust_runs: usize,
     /// nccl-tests runs read.
     pub c_runs: usize,
-    /// Ranks (gpucomm, nccl-tests).
-    pub nranks: (usize, usize),
+    /// Ranks (gpucomm, nccl-tests), where stated.
+    pub nranks: (Option<usize>, Option<usize>),
+    /// Why the goals are not judged (a side does not state its rank count), if so.
+    pub warning: Option<String>,
     /// NCCL versions (gpucomm, nccl-tests).
     pub nccl: (Option<String>, Option<String>),
     /// Out-of-place lines.
@@ -165,19 +276,23 @@ fn lines(rust: &[Run], c: &[Run], pick: fn(&Row) -> Option<&Measure>) -> Vec<Lin
 }
 
 impl Comparison {
-    /// Compares the `coll` runs of both sets.
-    pub fn new(coll: Collective, rust: &[Run], c: &[Run]) -> Comparison {
+    /// Compares the `coll` runs of both sets; refuses runs measured with different rank counts,
+    /// data types, operators or roots ([`Setup::check`]).
+    pub fn new(coll: Collective, rust: &[Run], c: &[Run]) -> Result<Comparison> {
         let rust: Vec<Run> = rust.iter().filter(|r| r.collective == coll).cloned().collect();
         let c: Vec<Run> = c.iter().filter(|r| r.collective == coll).cloned().collect();
-        Comparison {
+        let (rust_setup, c_setup) = (Setup::of(&rust), Setup::of(&c));
+        let warning = rust_setup.check(&c_setup, coll)?;
+        Ok(Comparison {
             collective: coll,
             rust_runs: rust.len(),
             c_runs: c.len(),
-            nranks: (rust.first().map_or(0, |r| r.nranks), c.first().map_or(0, |r| r.nranks)),
+            nranks: (rust_setup.ranks.first().copied(), c_setup.ranks.first().copied()),
+            warning,
             nccl: (rust.first().and_then(|r| r.nccl_version.clone()), c.first().and_then(|r| r.nccl_version.clone())),
             out_of_place: lines(&rust, &c, |r| r.out_of_place.as_ref()),
             in_place: lines(&rust, &c, |r| r.in_place.as_ref()),
-        }
+        })
     }
 
     /// The goals' verdicts on `lines`.
@@ -207,15 +322,16 @@ impl Comparison {
     /// The comparison as Markdown tables, one per variant, with the goals under each.
     pub fn markdown(&self) -> String {
         let mut s = String::new();
+        let ranks = |n: Option<usize>| n.map_or("?".to_string(), |n| n.to_string());
         let _ = writeln!(
             s,
             "## {}: gpucomm ({} run(s), {} ranks, NCCL {}) vs nccl-tests ({} run(s), {} ranks, NCCL {})",
             self.collective,
             self.rust_runs,
-            self.nranks.0,
+            ranks(self.nranks.0),
             self.nccl.0.as_deref().unwrap_or("?"),
             self.c_runs,
-            self.nranks.1,
+            ranks(self.nranks.1),
             self.nccl.1.as_deref().unwrap_or("?")
         );
         for (name, lines) in [("out-of-place", &self.out_of_place), ("in-place", &self.in_place)] {
@@ -243,8 +359,15 @@ impl Comparison {
                 );
             }
             s.push('\n');
-            for g in Self::goals(lines) {
-                let _ = writeln!(s, "- {g}");
+            match &self.warning {
+                Some(w) => {
+                    let _ = writeln!(s, "- {w}");
+                }
+                None => {
+                    for g in Self::goals(lines) {
+                        let _ = writeln!(s, "- {g}");
+                    }
+                }
             }
         }
         s
@@ -268,7 +391,8 @@ impl Comparison {
             curve("nccl-tests (C)", |l| Some(l.c.as_ref()?.busbw.median)),
         ];
         let ratio = curve("busbw ratio Rust/C", |l| l.ratio);
-        let title = format!("{} {variant} bus bandwidth, {} ranks", self.collective, self.nranks.0);
+        let ranks = self.nranks.0.or(self.nranks.1).map_or("?".to_string(), |n| n.to_string());
+        let title = format!("{} {variant} bus bandwidth, {ranks} ranks", self.collective);
         plot::draw(path, &title, &curves, (!ratio.points.is_empty()).then_some(&ratio))
     }
 }
@@ -306,7 +430,10 @@ pub fn run(args: &CompareArgs) -> Result<()> {
     if let Some(p) = &args.plot {
         plot::check_writable(&plot_path(p, colls[0], colls.len() > 1))?;
     }
-    let comparisons: Vec<Comparison> = colls.iter().map(|&k| Comparison::new(k, &rust, &c)).collect();
+    let comparisons: Vec<Comparison> = colls.iter().map(|&k| Comparison::new(k, &rust, &c)).collect::<Result<_>>()?;
+    for w in comparisons.iter().filter_map(|cmp| cmp.warning.as_ref()) {
+        eprintln!("warning: {w}");
+    }
     if args.json {
         let doc = serde_json::to_string_pretty(&comparisons)
             .map_err(|source| CliError::Json { what: "the comparison".into(), source })?;
@@ -327,6 +454,7 @@ pub fn run(args: &CompareArgs) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::bench::elem::{DType, Op};
     use crate::bench::results::Tool;
 
     fn run(tool: Tool, rows: &[(u64, f64, f64)]) -> Run {
@@ -353,7 +481,7 @@ mod tests {
             run(Tool::Gpucomm, &[(8, 9.6, 0.0), (8 << 30, 24660.0, 348.3)]),
         ];
         let c = [run(Tool::NcclTests, &[(8, 10.03, 0.0), (8 << 30, 24665.8, 348.25)])];
-        let cmp = Comparison::new(Collective::AllReduce, &rust, &c);
+        let cmp = Comparison::new(Collective::AllReduce, &rust, &c).unwrap();
         assert_eq!((cmp.rust_runs, cmp.c_runs), (3, 1));
         let small = &cmp.out_of_place[0];
         assert_eq!(small.rust.as_ref().unwrap().time_us, Stat { median: 10.0, min: 9.6, max: 10.4 });
@@ -373,9 +501,95 @@ mod tests {
     fn goals_not_met_are_said_so() {
         let rust = [run(Tool::Gpucomm, &[(8, 11.0, 0.0), (1 << 20, 30.0, 60.0)])];
         let c = [run(Tool::NcclTests, &[(8, 10.0, 0.0), (1 << 20, 29.0, 70.0)])];
-        let md = Comparison::new(Collective::AllReduce, &rust, &c).markdown();
+        let md = Comparison::new(Collective::AllReduce, &rust, &c).unwrap().markdown();
         assert!(md.contains("lowest 0.857 (at 1 MiB) — goal ≥ 0.99: NOT met"), "{md}");
         assert!(md.contains("largest +1.00 µs (at 8 B) — goal ≤ +0.3 µs: NOT met"), "{md}");
+    }
+
+    /// The fix every refusal ends with.
+    const SAME: &str = "run both tools with the same rank count (-g, --nproc or the launcher's), data type (-d), \
+                        operator (-o) and root (-r)";
+
+    #[test]
+    fn runs_of_another_rank_count_are_refused() {
+        let rust = [run(Tool::Gpucomm, &[(8, 10.0, 0.0), (1 << 20, 30.0, 60.0)])];
+        let mut c = run(Tool::NcclTests, &[(8, 10.0, 0.0), (1 << 20, 29.0, 70.0)]);
+        c.nranks = Some(4);
+        let e = Comparison::new(Collective::AllReduce, &rust, &[c]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("cannot compare all_reduce: the runs differ in rank count (gpucomm: 2; nccl-tests: 4); {SAME}")
+        );
+        assert_eq!(e.exit_code(), crate::error::EXIT_USAGE);
+    }
+
+    #[test]
+    fn runs_of_another_type_operator_or_root_are_refused() {
+        let rust = [run(Tool::Gpucomm, &[(8, 10.0, 0.0)])];
+        let mut c = run(Tool::NcclTests, &[(8, 10.0, 0.0)]);
+        c.rows[0].dtype = "half".into();
+        c.rows[0].redop = "max".into();
+        c.rows[0].root = 1;
+        let e = Comparison::new(Collective::AllReduce, &rust, &[c]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "cannot compare all_reduce: the runs differ in data type (gpucomm: float; nccl-tests: half), \
+                 reduction operator (gpucomm: sum; nccl-tests: max), root (gpucomm: -1; nccl-tests: 1); {SAME}"
+            )
+        );
+        // One tool's runs that differ among themselves (nccl-tests -d all) are refused too.
+        let mut half = run(Tool::Gpucomm, &[(8, 10.0, 0.0)]);
+        half.rows[0].dtype = "half".into();
+        let both = [rust[0].clone(), half];
+        let e = Comparison::new(Collective::AllReduce, &both, &[run(Tool::NcclTests, &[(8, 10.0, 0.0)])]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!("cannot compare all_reduce: the runs differ in data type (gpucomm: float, half; nccl-tests: float); {SAME}")
+        );
+    }
+
+    #[test]
+    fn an_unstated_rank_count_withholds_the_goals() {
+        let rust = [run(Tool::Gpucomm, &[(8, 11.0, 0.0), (1 << 20, 30.0, 60.0)])];
+        let mut c = run(Tool::NcclTests, &[(8, 10.0, 0.0), (1 << 20, 29.0, 70.0)]);
+        c.nranks = None;
+        let cmp = Comparison::new(Collective::AllReduce, &rust, &[c]).unwrap();
+        let warning = "the nccl-tests output does not state its rank count (no '#  Rank' lines), so the runs may \
+                       differ in it: goals not judged";
+        assert_eq!(cmp.warning.as_deref(), Some(warning));
+        assert_eq!(cmp.nranks, (Some(2), None));
+        let md = cmp.markdown();
+        assert!(md.contains("vs nccl-tests (1 run(s), ? ranks, NCCL 2.28.9)"), "{md}");
+        assert!(md.contains(&format!("- {warning}")), "{md}");
+        assert!(!md.contains("goal ≥") && !md.contains("goal ≤"), "{md}");
+    }
+
+    #[test]
+    fn the_planned_run_is_checked_against_the_reference() {
+        let spec = |dtype| Spec {
+            coll: Collective::AllReduce,
+            dtype,
+            op: Op::Sum,
+            root: 0,
+            min: 8,
+            max: 8,
+            factor: 2,
+            warmup: 1,
+            iters: 1,
+            check: true,
+            knobs: crate::cli::Knobs::default(),
+        };
+        let c = Setup::of(&[run(Tool::NcclTests, &[(8, 10.0, 0.0)])]);
+        assert_eq!(Setup::planned(&spec(DType::F32), 2).check(&c, Collective::AllReduce).unwrap(), None);
+        let e = Setup::planned(&spec(DType::Bf16), 8).check(&c, Collective::AllReduce).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "cannot compare all_reduce: the runs differ in rank count (gpucomm: 8; nccl-tests: 2), data type \
+                 (gpucomm: bfloat16; nccl-tests: float); {SAME}"
+            )
+        );
     }
 
     #[test]

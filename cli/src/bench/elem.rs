@@ -7,7 +7,9 @@ use nccl::{NcclType, ReduceOp};
 
 use crate::error::CliError;
 
-/// The reduction operators nccl-tests names (`mulsum`, PreMulSum, is not wired yet).
+/// The reduction operators nccl-tests names, but `mulsum` (PreMulSum): the nccl crate has it
+/// (`nccl::PreMulSum`), but the bench's calls, validation and graph captures do not carry a
+/// per-communicator operator yet.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Op {
     /// `sum`
@@ -35,9 +37,9 @@ impl Op {
                 return Err(CliError::BadChoice {
                     what: "-o",
                     value: text.into(),
-                    why:
-                        "PreMulSum is not wired into gpucomm bench yet (the nccl crate has no ncclRedOpCreatePreMulSum)"
-                            .into(),
+                    why: "PreMulSum (nccl-tests' mulsum) is not wired into gpucomm bench yet: use sum, prod, max, \
+                          min or avg"
+                        .into(),
                 })
             }
             _ => {
@@ -99,6 +101,38 @@ pub enum DType {
 }
 
 impl DType {
+    /// nccl-tests' name (the "type" column), as [`Elem::NAME`] of its element type.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::I8 => i8::NAME,
+            DType::U8 => u8::NAME,
+            DType::I32 => i32::NAME,
+            DType::U32 => u32::NAME,
+            DType::I64 => i64::NAME,
+            DType::U64 => u64::NAME,
+            DType::F16 => f16::NAME,
+            DType::Bf16 => bf16::NAME,
+            DType::F32 => f32::NAME,
+            DType::F64 => f64::NAME,
+        }
+    }
+
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            DType::I8 => size_of::<i8>(),
+            DType::U8 => size_of::<u8>(),
+            DType::I32 => size_of::<i32>(),
+            DType::U32 => size_of::<u32>(),
+            DType::I64 => size_of::<i64>(),
+            DType::U64 => size_of::<u64>(),
+            DType::F16 => size_of::<f16>(),
+            DType::Bf16 => size_of::<bf16>(),
+            DType::F32 => size_of::<f32>(),
+            DType::F64 => size_of::<f64>(),
+        }
+    }
+
     /// Parses `-d` (nccl-tests' names, and the usual aliases).
     pub fn parse(text: &str) -> Result<DType, CliError> {
         Ok(match text {
@@ -235,7 +269,13 @@ mod tests {
         assert!(e.to_string().starts_with("-d \"float128\": expected int8"), "{e}");
         assert!(DType::parse("f8e4m3").unwrap_err().to_string().contains("FP8 is not wired"));
         assert_eq!(Op::parse("max").unwrap().name(), "max");
-        assert!(Op::parse("mulsum").unwrap_err().to_string().contains("PreMulSum is not wired"));
+        assert_eq!(
+            Op::parse("mulsum").unwrap_err().to_string(),
+            "-o \"mulsum\": PreMulSum (nccl-tests' mulsum) is not wired into gpucomm bench yet: use sum, prod, \
+             max, min or avg"
+        );
+        assert_eq!((DType::Bf16.name(), DType::Bf16.size()), ("bfloat16", 2));
+        assert_eq!((DType::U64.name(), DType::U64.size()), ("uint64", 8));
         assert_eq!(Op::parse("xor").unwrap_err().to_string(), "-o \"xor\": expected sum, prod, max, min or avg");
     }
 

@@ -65,6 +65,47 @@ impl Spec {
         out
     }
 
+    /// The "redop" column: the operator's name, or `none` for collectives that do not reduce.
+    pub fn redop_column(&self) -> &'static str {
+        if self.coll.reduces() {
+            self.op.name()
+        } else {
+            "none"
+        }
+    }
+
+    /// The "root" column: the root of rooted collectives, -1 for the others.
+    pub fn root_column(&self) -> i64 {
+        if self.coll.rooted() {
+            self.root as i64
+        } else {
+            -1
+        }
+    }
+
+    /// Checks that some size gives each of `nranks` ranks at least one element. Sizes too small
+    /// for that stay in the table with count 0, as nccl-tests prints and times them (its
+    /// `TimeTest` runs every size; the calls move nothing, so their bandwidths are 0 and count
+    /// in the average); a range of nothing but such sizes is refused.
+    pub fn check_sizes(&self, nranks: usize) -> Result<()> {
+        let elem = self.dtype.size();
+        let sizes = self.sizes();
+        if sizes.iter().any(|&s| self.coll.counts(s, elem, nranks).param > 0) {
+            return Ok(());
+        }
+        let list: Vec<String> = sizes.iter().map(u64::to_string).collect();
+        Err(CliError::SizeRange(format!(
+            "no size from -b {} to -e {} ({} bytes) gives each of {nranks} ranks one {} element for {}: \
+             the smallest that does is {} bytes; raise -e",
+            self.min,
+            self.max,
+            list.join(", "),
+            self.dtype.name(),
+            self.coll,
+            self.coll.min_bytes(elem, nranks)
+        )))
+    }
+
     /// Checks the sizes, that this collective and its variants can run, and that the knobs fit
     /// together.
     pub fn validate(&self) -> Result<()> {
@@ -209,7 +250,7 @@ fn dispatcher<'c>(comm: &'c Comm, knobs: &Knobs, max: u64) -> Result<AllReduce<'
         Impl::OneShot => Some(gpucomm_kernels::Path::OneShot),
         Impl::TwoShot => Some(gpucomm_kernels::Path::TwoShot),
         Impl::Nccl | Impl::Dispatch => None,
-    });
+    })?;
     if let Some(why) = ar.fallback() {
         eprintln!("gpucomm bench: the dispatcher sends every call to NCCL: {why}");
     }
@@ -272,11 +313,11 @@ fn run_typed<T: Elem>(ranks: &Ranks, spec: &Spec, emit: &mut dyn FnMut(&Row)) ->
     let world = ranks.world();
     let (out_ok, in_ok) = nccl_ops::variants(spec.coll);
     b.barrier()?;
-    // Warm-up over every size, doubling, as nccl-tests does.
+    // Warm-up over every size, doubling, as nccl-tests does (calls of count 0 included).
     let mut size = spec.min;
     while size <= spec.max {
         let counts = spec.coll.counts(size, elem, world);
-        for iter in 0..spec.warmup * u32::from(counts.param > 0) {
+        for iter in 0..spec.warmup {
             b.start(counts, !out_ok, iter)?;
         }
         b.complete()?;
@@ -287,18 +328,16 @@ fn run_typed<T: Elem>(ranks: &Ranks, spec: &Spec, emit: &mut dyn FnMut(&Row)) ->
     }
     let mut rows = Vec::new();
     let mut wrong_total = 0;
+    // Every size, those too small for one element per rank too: nccl-tests times their calls of
+    // count 0 and prints them (size and count 0, bandwidths 0, counted in the average).
     for size in spec.sizes() {
         let counts = spec.coll.counts(size, elem, world);
-        // Too small for one element per rank (nccl-tests starts such collectives higher up too).
-        if counts.param == 0 {
-            continue;
-        }
         let mut row = Row {
             size: counts.printed_bytes(elem),
             count: counts.param as u64,
             dtype: T::NAME.to_string(),
-            redop: if spec.coll.reduces() { spec.op.name().to_string() } else { "none".to_string() },
-            root: if spec.coll.rooted() { spec.root as i64 } else { -1 },
+            redop: spec.redop_column().to_string(),
+            root: spec.root_column(),
             out_of_place: None,
             in_place: None,
         };
@@ -316,7 +355,7 @@ fn run_typed<T: Elem>(ranks: &Ranks, spec: &Spec, emit: &mut dyn FnMut(&Row)) ->
     Ok(Run {
         tool: Tool::Gpucomm,
         collective: spec.coll,
-        nranks: world,
+        nranks: Some(world),
         nccl_version: nccl::version().ok().map(|v| v.to_string()),
         mode: None,
         variant: Some(knobs.describe()),
@@ -497,8 +536,12 @@ impl<'a, T: Elem> Bench<'a, T> {
         })
     }
 
-    /// Runs one call on fresh inputs and counts wrong output elements over all ranks.
+    /// Runs one call on fresh inputs and counts wrong output elements over all ranks. A call that
+    /// moves nothing (count 0, the same on every rank) has nothing to check.
     fn check(&mut self, counts: Counts, in_place: bool) -> Result<u64> {
+        if counts.send.max(counts.recv) == 0 {
+            return Ok(0);
+        }
         let comms = self.ranks.comms();
         for (comm, bufs) in comms.iter().zip(self.bufs.iter_mut()) {
             fill::<T>(comm, bufs, self.spec, counts, in_place)?;
@@ -646,6 +689,37 @@ mod tests {
         assert_eq!(spec(8, 100, 4).sizes(), [8, 32]);
         assert_eq!(spec(8 << 30, 8 << 30, 2).sizes(), [8 << 30]);
         assert_eq!(spec(1 << 62, u64::MAX, 4).sizes(), [1 << 62], "stops before overflowing");
+    }
+
+    #[test]
+    fn sizes_without_an_element_per_rank_stay_unless_all_are() {
+        // all_reduce of floats from 1 byte: 1 and 2 bytes give count 0 and stay in the table.
+        let s = spec(1, 8, 2);
+        assert_eq!(s.sizes(), [1, 2, 4, 8]);
+        let counts: Vec<usize> = s.sizes().iter().map(|&b| s.coll.counts(b, 4, 2).param).collect();
+        assert_eq!(counts, [0, 0, 1, 2]);
+        s.check_sizes(2).unwrap();
+        let mut s = spec(8, 32, 2);
+        s.coll = Collective::AllGather;
+        s.check_sizes(2).unwrap();
+        let e = s.check_sizes(4).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "invalid size range: no size from -b 8 to -e 32 (8, 16, 32 bytes) gives each of 4 ranks one float \
+             element for all_gather: the smallest that does is 64 bytes; raise -e"
+        );
+        assert_eq!(e.exit_code(), crate::error::EXIT_USAGE);
+    }
+
+    #[test]
+    fn columns_follow_nccl_tests() {
+        let mut s = spec(8, 8, 2);
+        assert_eq!((s.redop_column(), s.root_column()), ("sum", -1));
+        s.coll = Collective::Broadcast;
+        s.root = 1;
+        assert_eq!((s.redop_column(), s.root_column()), ("none", 1));
+        s.coll = Collective::Reduce;
+        assert_eq!((s.redop_column(), s.root_column()), ("sum", 1));
     }
 
     #[test]

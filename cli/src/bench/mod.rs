@@ -29,6 +29,7 @@ use self::table::{DeviceLine, Header};
 use crate::cli::BenchArgs;
 use crate::cuda;
 use crate::error::{CliError, Result};
+use crate::json_stdout::JsonStdout;
 use crate::units::parse_size;
 
 /// How long ranks get to stop after one of them failed.
@@ -36,6 +37,8 @@ const GRACE: Duration = Duration::from_secs(5);
 
 /// Runs `gpucomm bench`.
 pub fn run(args: &BenchArgs) -> Result<()> {
+    // Before anything loads NCCL, whose log (NCCL_DEBUG=INFO) goes to standard output.
+    let json = args.json.then(JsonStdout::reserve).transpose()?;
     let spec = spec_of(args)?;
     let reference = args.compare.as_deref().map(|p| compare::read_nccl_tests(p, spec.coll)).transpose()?;
     if let Some(p) = &args.plot {
@@ -50,7 +53,8 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 info.rank, info.world_size, info.launcher
             )));
         }
-        return present(args, &spec, reference.as_deref(), run_group(args, &spec, n as usize)?);
+        check_plan(&spec, reference.as_deref(), n as usize)?;
+        return present(args, &spec, reference.as_deref(), run_group(args, &spec, n as usize)?, json);
     }
     if spawned || info.launcher != Launcher::Single {
         if let (Some(n), false) = (args.nproc, spawned) {
@@ -59,19 +63,34 @@ pub fn run(args: &BenchArgs) -> Result<()> {
                 info.rank, info.launcher
             )));
         }
+        check_plan(&spec, reference.as_deref(), info.world_size)?;
         return match run_rank(args, &spec, &info)? {
-            Some(done) => present(args, &spec, reference.as_deref(), done),
+            Some(done) => present(args, &spec, reference.as_deref(), done, json),
             None => Ok(()),
         };
     }
     let nproc = match args.nproc {
         Some(n) => n as usize,
-        None => match cuda::device_count() {
+        None => match cuda::devices()? {
             0 => return Err(CliError::Usage("no GPU found (CUDA reports 0 devices): nothing to benchmark".into())),
             n => n,
         },
     };
-    present(args, &spec, reference.as_deref(), spawn_ranks(args, nproc)?)
+    check_plan(&spec, reference.as_deref(), nproc)?;
+    // The ranks need the driver: said once here rather than by every rank.
+    cuda::devices()?;
+    present(args, &spec, reference.as_deref(), spawn_ranks(args, nproc)?, json)
+}
+
+/// The checks that need the rank count, made before any GPU work: a size range that gives no
+/// rank an element, and an nccl-tests log (`--compare`) measured with another rank count, data
+/// type, operator or root.
+fn check_plan(spec: &Spec, reference: Option<&[Run]>, nranks: usize) -> Result<()> {
+    spec.check_sizes(nranks)?;
+    if let Some(c) = reference {
+        compare::Setup::planned(spec, nranks).check(&compare::Setup::of(c), spec.coll)?;
+    }
+    Ok(())
 }
 
 fn spec_of(args: &BenchArgs) -> Result<Spec> {
@@ -164,7 +183,7 @@ fn device_line(rank: usize, ordinal: usize) -> DeviceLine {
 
 /// `-g N`: one process, N communicators, groups.
 fn run_group(args: &BenchArgs, spec: &Spec, n: usize) -> Result<Done> {
-    let have = cuda::device_count();
+    let have = cuda::devices()?;
     if n > have {
         return Err(CliError::Usage(format!("-g {n} needs {n} GPUs, CUDA sees {have}")));
     }
@@ -223,7 +242,7 @@ fn run_rank(args: &BenchArgs, spec: &Spec, info: &RankInfo) -> Result<Option<Don
         // The parent prints; NCCL's or NVSHMEM's own stdout output must not mix into it.
         crate::doctor::worker::stdout_to_stderr();
     }
-    let ordinal = info.device_ordinal(cuda::device_count())?;
+    let ordinal = info.device_ordinal(cuda::devices()?)?;
     let stream = nccl_ops::rank_stream(ordinal, spec.knobs.stream_null == 1)?;
     let mut rendezvous = Rendezvous::connect(info, &Options::from_env()?)?;
     let comm = nccl_ops::join(stream, &mut rendezvous, spec.knobs.init)?;
@@ -301,16 +320,26 @@ fn spawn_ranks(args: &BenchArgs, nproc: usize) -> Result<Done> {
     Ok(Done { printer })
 }
 
-/// The end of a run: JSON, comparison, plot, and the exit status for wrong elements.
-fn present(args: &BenchArgs, spec: &Spec, reference: Option<&[Run]>, done: Done) -> Result<()> {
+/// The end of a run: JSON (to the standard output `json` kept), comparison, plot, and the exit
+/// status for wrong elements.
+fn present(
+    args: &BenchArgs,
+    spec: &Spec,
+    reference: Option<&[Run]>,
+    done: Done,
+    json: Option<JsonStdout>,
+) -> Result<()> {
     let Done { printer } = done;
     let (Some(header), Some(run)) = (printer.header, printer.run) else {
         return Err(CliError::Usage("the ranks finished without reporting a result".into()));
     };
-    let comparison = reference.map(|c| compare::Comparison::new(spec.coll, std::slice::from_ref(&run), c));
-    if args.json {
-        let doc = serde_json::json!({ "header": header, "run": run, "comparison": comparison });
-        println!("{doc:#}");
+    let comparison =
+        reference.map(|c| compare::Comparison::new(spec.coll, std::slice::from_ref(&run), c)).transpose()?;
+    if let Some(w) = comparison.as_ref().and_then(|c| c.warning.as_ref()) {
+        eprintln!("warning: {w}");
+    }
+    if let Some(out) = json {
+        out.write(&serde_json::json!({ "header": header, "run": run, "comparison": comparison }))?;
     } else if let Some(c) = &comparison {
         println!();
         print!("{}", c.markdown());

@@ -82,7 +82,7 @@ impl Partial {
             run: Run {
                 tool,
                 collective,
-                nranks: 0,
+                nranks: None,
                 nccl_version,
                 mode: None,
                 variant: None,
@@ -139,8 +139,9 @@ fn finish(runs: &mut Vec<Run>, partial: Option<Partial>) {
         if p.run.rows.is_empty() {
             return;
         }
-        // With MPI every process lists its GPUs; without, one process lists them all.
-        p.run.nranks = p.ranks_listed.max(p.per_process.unwrap_or(1));
+        // Rank 0 lists every rank's GPU (with MPI too). Without those lines the rank count is
+        // unknown: "nGpus" counts one process's GPUs only.
+        p.run.nranks = (p.ranks_listed > 0).then(|| p.ranks_listed.max(p.per_process.unwrap_or(1)));
         runs.push(p.run);
     }
 }
@@ -212,7 +213,7 @@ mod tests {
         assert_eq!(runs.len(), 1);
         let run = &runs[0];
         assert_eq!(run.collective, Collective::AllReduce);
-        assert_eq!(run.nranks, 2);
+        assert_eq!(run.nranks, Some(2));
         assert_eq!(run.nccl_version.as_deref(), Some("2.28.9"));
         assert_eq!((run.warmup, run.iters), (Some(5), Some(20)));
         assert_eq!(run.out_of_bounds, Some(0));
@@ -249,9 +250,16 @@ NCCL WARN something printed on stdout
         let runs = parse(Path::new("c.log"), &text).unwrap();
         assert_eq!(runs.len(), 2);
         assert_eq!(runs[1].collective, Collective::SendRecv);
-        assert_eq!(runs[1].nranks, 2, "one process listing two GPUs");
+        assert_eq!(runs[1].nranks, Some(2), "one process listing two GPUs");
         assert_eq!(runs[1].nccl_version.as_deref(), Some("2.28.3"));
         assert_eq!(runs[1].rows[0].in_place.as_ref().unwrap().wrong, None);
+    }
+
+    #[test]
+    fn a_log_without_rank_lines_has_an_unknown_rank_count() {
+        let text: String = MPI_LOG.lines().filter(|l| !l.contains("#  Rank")).map(|l| format!("{l}\n")).collect();
+        let runs = parse(Path::new("c.log"), &text).unwrap();
+        assert_eq!(runs[0].nranks, None);
     }
 
     #[test]

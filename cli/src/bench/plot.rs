@@ -47,7 +47,7 @@ pub fn draw_run(path: &Path, run: &Run) -> Result<()> {
     let title = format!(
         "{} bus bandwidth, {} ranks, NCCL {}",
         run.collective,
-        run.nranks,
+        run.nranks.map_or("?".to_string(), |n| n.to_string()),
         run.nccl_version.as_deref().unwrap_or("?")
     );
     draw(path, &title, &curves, None)

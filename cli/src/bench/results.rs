@@ -74,8 +74,9 @@ pub struct Run {
     pub tool: Tool,
     /// The collective.
     pub collective: Collective,
-    /// Number of ranks (GPUs).
-    pub nranks: usize,
+    /// Number of ranks (GPUs); `None` when an nccl-tests log does not say (it has no `#  Rank`
+    /// lines).
+    pub nranks: Option<usize>,
     /// The loaded NCCL (`2.28.9`), when known.
     pub nccl_version: Option<String>,
     /// How the ranks were run (`1 process per GPU (spawner)`, `-g 2`, …), when known.
@@ -116,7 +117,7 @@ impl Run {
         Run {
             tool,
             collective: Collective::AllReduce,
-            nranks: 2,
+            nranks: Some(2),
             nccl_version: Some("2.28.9".into()),
             mode: None,
             variant: None,
@@ -126,5 +127,28 @@ impl Run {
             rows,
             out_of_bounds: Some(0),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_average_counts_rows_of_count_zero() {
+        let row = |size, count, busbw| Row {
+            size,
+            count,
+            dtype: "float".into(),
+            redop: "none".into(),
+            root: -1,
+            out_of_place: Some(Measure { time_us: 10.0, busbw, ..Measure::default() }),
+            in_place: Some(Measure { time_us: 10.0, busbw, ..Measure::default() }),
+        };
+        // all_gather -b 8 -e 32 on 2 ranks: 8 and 16 bytes give count 0 (busbw 0), as nccl-tests
+        // prints them; its "Avg bus bandwidth" divides by every printed measurement.
+        let rows = [row(0, 0, 0.0), row(0, 0, 0.0), row(32, 4, 3.0)];
+        assert_eq!(Run::mean_busbw(&rows), 1.0);
+        assert_eq!(Run::mean_busbw(&[]), 0.0);
     }
 }

@@ -94,6 +94,66 @@ fn listed(name: &str) -> bool {
         || meaning(name, "").is_some()
 }
 
+/// The variables `gpucomm-launch` reads to find a job's ranks (torchrun, Open MPI, MPICH's PMI,
+/// Slurm), which `gpucomm bench` and the doctor's live layer follow.
+const LAUNCHER_VARS: &[&str] = &[
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "OMPI_COMM_WORLD_RANK",
+    "OMPI_COMM_WORLD_SIZE",
+    "OMPI_COMM_WORLD_LOCAL_RANK",
+    "OMPI_COMM_WORLD_LOCAL_SIZE",
+    "PMIX_NAMESPACE",
+    "OMPI_MCA_ess_base_jobid",
+    "PMI_RANK",
+    "PMI_SIZE",
+    "PMI_FD",
+    "MPI_LOCALRANKID",
+    "MPI_LOCALNRANKS",
+    "SLURM_PROCID",
+    "SLURM_NODEID",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS",
+    "SLURM_NTASKS_PER_NODE",
+    "SLURM_STEP_NUM_TASKS",
+    "SLURM_STEP_TASKS_PER_NODE",
+    "SLURM_GPUS_PER_TASK",
+    "SLURM_JOB_ID",
+    "SLURM_STEP_ID",
+    "SLURM_JOB_NODELIST",
+    "SLURM_STEP_NODELIST",
+];
+
+/// Words that mark a variable's value as a secret (case-insensitive): its value is never shown.
+const SECRET_WORDS: [&str; 5] = ["KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL"];
+
+/// True for the variables the doctor reasons about, the only ones its report carries: those it
+/// lists ([`relevant`]), every `CUDA_*` and `GPUCOMM_*` variable, and the launcher variables.
+pub fn kept(name: &str) -> bool {
+    listed(name) || name.starts_with("CUDA_") || name.starts_with("GPUCOMM_") || LAUNCHER_VARS.contains(&name)
+}
+
+/// `value` as a report may show it: `<redacted, N bytes>` when `name` marks it as a secret
+/// (`GPUCOMM_JOB_KEY`, `…_TOKEN`, `…_PASSWORD`, …), else unchanged.
+pub fn shown(name: &str, value: String) -> String {
+    let upper = name.to_ascii_uppercase();
+    if SECRET_WORDS.iter().any(|w| upper.contains(w)) {
+        format!("<redacted, {} bytes>", value.len())
+    } else {
+        value
+    }
+}
+
 /// The variables of `vars` worth showing, sorted, with what each does (or a note that the doctor
 /// does not know it).
 pub fn relevant(vars: impl IntoIterator<Item = (String, String)>) -> Vec<(String, String, String)> {
@@ -163,6 +223,37 @@ mod tests {
         let names: Vec<&str> = r.iter().map(|(n, _, _)| n.as_str()).collect();
         assert_eq!(names, ["CUDA_VISIBLE_DEVICES", "NCCL_FOO", "NCCL_SHM_DISABLE", "NVSHMEM_DISABLE_NVLS"]);
         assert!(r[1].2.starts_with("set (not one the doctor explains"));
+    }
+
+    #[test]
+    fn only_the_variables_the_doctor_reasons_about_are_kept() {
+        for name in [
+            "NCCL_DEBUG",
+            "NVSHMEM_BOOTSTRAP",
+            "TORCH_SYMM_MEM_DISABLE_MULTICAST",
+            "CUDA_HOME",
+            "LD_LIBRARY_PATH",
+            "LD_PRELOAD",
+            "GPUCOMM_JOB_KEY",
+            "MASTER_PORT",
+            "OMPI_COMM_WORLD_RANK",
+            "SLURM_PROCID",
+        ] {
+            assert!(kept(name), "{name}");
+        }
+        for name in ["HOME", "PATH", "MY_API_TOKEN", "AWS_SECRET_ACCESS_KEY", "SLURM_JOB_ACCOUNT", "RANKING"] {
+            assert!(!kept(name), "{name}");
+        }
+    }
+
+    #[test]
+    fn secret_values_are_redacted_with_their_length() {
+        assert_eq!(shown("GPUCOMM_JOB_KEY", "0123456789abcdef".into()), "<redacted, 16 bytes>");
+        assert_eq!(shown("NCCL_IB_Token", "t".into()), "<redacted, 1 bytes>");
+        assert_eq!(shown("MY_SECRET", String::new()), "<redacted, 0 bytes>");
+        assert_eq!(shown("DB_PASSWORD", "pw".into()), "<redacted, 2 bytes>");
+        assert_eq!(shown("GCP_CREDENTIALS", "{}".into()), "<redacted, 2 bytes>");
+        assert_eq!(shown("NCCL_DEBUG", "INFO".into()), "INFO");
     }
 
     #[test]

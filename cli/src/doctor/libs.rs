@@ -82,9 +82,8 @@ fn places(stem: &str, wheel: &str, notes: &mut Vec<String>) -> Vec<(String, Path
                 }
             }
         }
-        NvidiaDirs::NoPackage(why) | NvidiaDirs::NoInterpreter(why) => {
-            notes.push(format!("Python wheels not searched: {why}"))
-        }
+        NvidiaDirs::NoPackage(why) => notes.push(format!("no NVIDIA wheels in {python} ({why})")),
+        NvidiaDirs::NoInterpreter(why) => notes.push(format!("Python wheels not searched: {why}")),
     }
     if let Some(paths) = std::env::var_os("LD_LIBRARY_PATH") {
         for d in std::env::split_paths(&paths).filter(|d| !d.as_os_str().is_empty()) {

@@ -19,8 +19,9 @@ use self::source::{normalize_bus_id, Machine};
 use crate::cli::DoctorArgs;
 use crate::cuda::{self, PeerAccess};
 use crate::error::{CliError, Result};
+use crate::json_stdout::JsonStdout;
 use crate::progress::Progress;
-use crate::safety::Overridden;
+use gpucomm_launch::safety::Overridden;
 
 /// Everything the doctor saw, for `--json`.
 #[derive(Serialize)]
@@ -39,6 +40,8 @@ struct Facts<'a> {
 
 /// Runs `gpucomm doctor`.
 pub fn run(args: &DoctorArgs, overridden: &[Overridden]) -> Result<()> {
+    // Before NCCL is loaded (the software layer loads it), whose log may go to standard output.
+    let json = args.json.then(JsonStdout::reserve).transpose()?;
     let mut report = Report::default();
     let mut progress = Progress::new("doctor", if args.skip_live { 2 } else { 3 });
     progress.note("physical layer (NVML, CUDA)");
@@ -100,7 +103,7 @@ pub fn run(args: &DoctorArgs, overridden: &[Overridden]) -> Result<()> {
         }
     }
     progress.finish();
-    if args.json {
+    if let Some(out) = json {
         let facts = Facts {
             machine: machine.as_ref(),
             limits: machine.as_ref().map(topo::limits),
@@ -110,8 +113,7 @@ pub fn run(args: &DoctorArgs, overridden: &[Overridden]) -> Result<()> {
             bandwidth: &bandwidth,
             nvlink_error_growth: growth.as_deref(),
         };
-        let doc = serde_json::json!({ "checks": report.checks, "failures": report.failures(), "facts": facts });
-        println!("{doc:#}");
+        out.write(&serde_json::json!({ "checks": report.checks, "failures": report.failures(), "facts": facts }))?;
     } else {
         print!("{}", report.render());
     }

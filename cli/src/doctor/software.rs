@@ -5,13 +5,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
+use gpucomm_build_support::runtime::{Library, LoadError};
 use serde::Serialize;
 
 use super::envvars;
 use super::libs::{self, LibCopy, Probe, NCCL_STEM, NVSHMEM_STEM};
 use super::report::{Check, Layer, Status};
 use crate::cuda;
-use crate::safety::Overridden;
+use gpucomm_launch::safety::Overridden;
 
 const L: Layer = Layer::Software;
 
@@ -26,13 +27,22 @@ pub struct Loaded {
     pub place: String,
 }
 
+/// Why a -sys crate's loader found no library, and what to do about it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LoadFailure {
+    /// The loader's report: every attempt, in order.
+    pub report: String,
+    /// The fix: the variable that stopped the search, when one did; else how to install it.
+    pub fix: String,
+}
+
 /// Everything the software layer looks at.
 #[derive(Clone, Debug, Serialize)]
 pub struct SoftwareFacts {
-    /// NCCL as `nccl-sys` loaded it, or the load error.
-    pub nccl: Result<Loaded, String>,
-    /// NVSHMEM as `nvshmem-sys` loaded it, or the load error.
-    pub nvshmem: Result<Loaded, String>,
+    /// NCCL as `nccl-sys` loaded it, or why it could not.
+    pub nccl: Result<Loaded, LoadFailure>,
+    /// NVSHMEM as `nvshmem-sys` loaded it, or why it could not.
+    pub nvshmem: Result<Loaded, LoadFailure>,
     /// NCCL copies on the machine.
     pub nccl_copies: Vec<LibCopy>,
     /// NVSHMEM host-library copies on the machine.
@@ -41,24 +51,49 @@ pub struct SoftwareFacts {
     pub nccl_soname: Probe,
     /// `cuDriverGetVersion`.
     pub cuda_driver: Option<i32>,
-    /// The user's environment (safety variables as the user had them).
+    /// The environment variables the doctor reasons about ([`envvars::kept`]), as the user set
+    /// them (safety variables with the user's values), secrets redacted ([`envvars::shown`]).
     pub env: Vec<(String, String)>,
     /// Places that could not be searched.
     pub notes: Vec<String>,
 }
 
-/// What a -sys crate's loader gave.
-fn loaded<A>(
-    lib: Result<&gpucomm_build_support::runtime::Library<A>, gpucomm_build_support::runtime::LoadError>,
-) -> Result<Loaded, String> {
+/// How to install NCCL when nothing named it.
+const NCCL_INSTALL: &str =
+    "pip install nvidia-nccl-cu13 (or -cu12), or set NCCL_LIB_DIR to the directory that holds libnccl.so.2";
+/// How to install NVSHMEM when nothing named it.
+const NVSHMEM_INSTALL: &str =
+    "pip install nvidia-nvshmem-cu13, or set NVSHMEM_LIB_DIR to the directory that holds libnvshmem_host.so.3";
+
+/// What a -sys crate's loader gave; `install` is the fix when no variable stopped the search.
+fn loaded<A>(lib: Result<&Library<A>, LoadError>, install: &str) -> Result<Loaded, LoadFailure> {
     lib.map(|l| Loaded { path: l.path().to_path_buf(), version: l.version().to_string(), place: l.place().to_string() })
-        .map_err(|e| e.to_string())
+        .map_err(|e| LoadFailure { report: e.to_string(), fix: stopped_fix(&e).unwrap_or_else(|| install.to_string()) })
+}
+
+/// The fix for a search that a variable stopped (`NCCL_LIB_DIR=/tmp`): that variable, which
+/// named a place without a loadable library. `None` when no variable stopped it.
+fn stopped_fix(e: &LoadError) -> Option<String> {
+    if !e.stopped_by_variable {
+        return None;
+    }
+    let last = e.attempts.last()?;
+    let path = last.path.to_string_lossy();
+    Some(if last.place.ends_with(&format!("={path}")) {
+        // The variable names the file itself (`NCCL_SYS_LIBRARY`).
+        format!("{} could not be loaded ({}): fix or unset it", last.place, last.error)
+    } else if last.path.exists() {
+        format!("{}: {path} could not be loaded ({}): fix or unset it", last.place, last.error)
+    } else {
+        let file = last.path.file_name().map_or(path.clone(), |f| f.to_string_lossy());
+        format!("{} holds no {file}: fix or unset it", last.place)
+    })
 }
 
 /// Loads the libraries and looks around.
 pub fn gather(overridden: &[Overridden]) -> SoftwareFacts {
-    let nccl = loaded(nccl_sys::library());
-    let nvshmem = loaded(nvshmem_sys::library());
+    let nccl = loaded(nccl_sys::library(), NCCL_INSTALL);
+    let nvshmem = loaded(nvshmem_sys::library(), NVSHMEM_INSTALL);
     let mut notes = Vec::new();
     let mut nccl_copies = libs::find_copies(NCCL_STEM, "nccl", &mut notes);
     if let Ok(l) = &nccl {
@@ -90,12 +125,22 @@ pub fn gather(overridden: &[Overridden]) -> SoftwareFacts {
     }
 }
 
-/// The environment as the user set it: the safety variables this process changed are shown with
-/// their original values (or left out when they were unset).
+/// The variables the doctor reasons about, as the user set them: the safety variables this
+/// process changed are shown with their original values (or left out when they were unset);
+/// every other variable is left out, and secret values are redacted.
 fn user_env(overridden: &[Overridden]) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> =
-        std::env::vars().filter(|(n, _)| !overridden.iter().any(|o| o.name == n)).collect();
-    env.extend(overridden.iter().filter_map(|o| Some((o.name.to_string(), o.was.clone()?))));
+    let from_process = std::env::vars_os()
+        .map(|(n, v)| (n.to_string_lossy().into_owned(), v.to_string_lossy().into_owned()))
+        .filter(|(n, _)| !overridden.iter().any(|o| o.name == n));
+    let as_the_user_had = overridden.iter().filter_map(|o| Some((o.name.to_string(), o.was.clone()?)));
+    let mut env: Vec<(String, String)> = from_process
+        .chain(as_the_user_had)
+        .filter(|(n, _)| envvars::kept(n))
+        .map(|(n, v)| {
+            let v = envvars::shown(&n, v);
+            (n, v)
+        })
+        .collect();
     env.sort();
     env
 }
@@ -124,19 +169,18 @@ pub fn checks(f: &SoftwareFacts) -> Vec<Check> {
             format!("NCCL {} loaded from {} (found by: {})", l.version, l.path.display(), l.place),
         )),
         Err(e) => out.push(
-            Check::fail(
-                L,
-                "NCCL could not be loaded",
-                "pip install nvidia-nccl-cu13 (or -cu12), or set NCCL_LIB_DIR to the directory that holds libnccl.so.2",
-            )
-            .with_detail(e.lines().map(str::to_string)),
+            Check::fail(L, "NCCL could not be loaded", e.fix.clone()).with_detail(e.report.lines().map(str::to_string)),
         ),
     }
     match &f.nvshmem {
-        Ok(l) => out.push(Check::new(L, Status::Pass, format!("NVSHMEM {} loaded from {} (found by: {})", l.version, l.path.display(), l.place))),
+        Ok(l) => out.push(Check::new(
+            L,
+            Status::Pass,
+            format!("NVSHMEM {} loaded from {} (found by: {})", l.version, l.path.display(), l.place),
+        )),
         Err(e) => out.push(
-            Check::warn(L, "NVSHMEM could not be loaded (only NVSHMEM programs need it)", "pip install nvidia-nvshmem-cu13, or set NVSHMEM_LIB_DIR to the directory that holds libnvshmem_host.so.3")
-                .with_detail(e.lines().map(str::to_string)),
+            Check::warn(L, "NVSHMEM could not be loaded (only NVSHMEM programs need it)", e.fix.clone())
+                .with_detail(e.report.lines().map(str::to_string)),
         ),
     }
     out.extend(copies_check(f));
@@ -261,7 +305,10 @@ mod tests {
         let system = PathBuf::from("/lib/x86_64-linux-gnu/libnccl.so.2");
         SoftwareFacts {
             nccl: Ok(Loaded { path: wheel.clone(), version: "2.28.9".into(), place: "NCCL_LIB_DIR".into() }),
-            nvshmem: Err("could not load the NVSHMEM library. Tried, in order:\n  1. …".into()),
+            nvshmem: Err(LoadFailure {
+                report: "could not load the NVSHMEM library. Tried, in order:\n  1. …".into(),
+                fix: NVSHMEM_INSTALL.into(),
+            }),
             nccl_copies: vec![
                 LibCopy { path: wheel, found: vec!["python3 wheel".into()], version: Some("2.28.9".into()) },
                 LibCopy { path: system.clone(), found: vec!["ldconfig cache".into()], version: Some("2.28.3".into()) },
@@ -307,7 +354,10 @@ mod tests {
     #[test]
     fn nothing_loaded_is_a_failure_with_a_fix() {
         let mut f = facts();
-        f.nccl = Err("could not load the NCCL library. Tried, in order:\n  1. libnccl.so.2 (soname): not found".into());
+        f.nccl = Err(LoadFailure {
+            report: "could not load the NCCL library. Tried, in order:\n  1. libnccl.so.2 (soname): not found".into(),
+            fix: NCCL_INSTALL.into(),
+        });
         f.cuda_driver = None;
         let c = checks(&f);
         let fails: Vec<&Check> = c.iter().filter(|c| c.status == Status::Fail).collect();
@@ -316,6 +366,44 @@ mod tests {
         assert!(fails[0].fix.as_deref().unwrap().starts_with("pip install nvidia-nccl-cu13"));
         assert_eq!(fails[1].title, "no CUDA driver: libcuda.so.1 cannot be loaded");
         assert!(c.iter().any(|c| c.title.contains("your process loaded none")));
+    }
+
+    fn stopped_at(place: &str, path: &std::path::Path, error: &str) -> LoadError {
+        LoadError {
+            name: "NCCL",
+            attempts: vec![gpucomm_build_support::runtime::Attempt {
+                place: place.into(),
+                path: path.into(),
+                error: error.into(),
+            }],
+            vars: vec!["NCCL_LIB_DIR".into()],
+            hint: "pip install nvidia-nccl-cu13",
+            docs: "nccl-sys",
+            stopped_by_variable: true,
+        }
+    }
+
+    #[test]
+    fn a_variable_that_stopped_the_search_is_the_fix() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path().display();
+        let missing = dir.path().join("libnccl.so.2");
+        let e = stopped_at(&format!("NCCL_LIB_DIR={d}"), &missing, "cannot open shared object file");
+        assert_eq!(stopped_fix(&e).unwrap(), format!("NCCL_LIB_DIR={d} holds no libnccl.so.2: fix or unset it"));
+        std::fs::write(&missing, b"not a library").unwrap();
+        let e = stopped_at(&format!("NCCL_LIB_DIR={d}"), &missing, "invalid ELF header");
+        assert_eq!(
+            stopped_fix(&e).unwrap(),
+            format!("NCCL_LIB_DIR={d}: {d}/libnccl.so.2 could not be loaded (invalid ELF header): fix or unset it")
+        );
+        let e = stopped_at("NCCL_SYS_LIBRARY=/x/libnccl.so.2", std::path::Path::new("/x/libnccl.so.2"), "not found");
+        assert_eq!(
+            stopped_fix(&e).unwrap(),
+            "NCCL_SYS_LIBRARY=/x/libnccl.so.2 could not be loaded (not found): fix or unset it"
+        );
+        let searched = LoadError { stopped_by_variable: false, ..e };
+        assert_eq!(stopped_fix(&searched), None);
+        assert_eq!(loaded::<()>(Err(searched), NCCL_INSTALL).unwrap_err().fix, NCCL_INSTALL);
     }
 
     #[test]
