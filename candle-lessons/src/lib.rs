@@ -1,4 +1,4 @@
-//! What the candle lessons (20–22) share, so that each lesson file shows only its lesson:
+//! What the candle lessons (17–19) share, so that each lesson file shows only its lesson:
 //!
 //! * [`setup`]: one rank's candle device, the communication stream and the communicator, in the
 //!   order cudarc needs (the second stream before any tensor), and the command-line flags;

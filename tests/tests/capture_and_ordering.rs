@@ -1122,3 +1122,29 @@ fn a_communicator_whose_graph_was_forgotten_is_abandoned_not_waited_for() {
     drop(graph);
     comm.finalize().map_err(|(_, e)| e).unwrap();
 }
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_new_buffer_is_not_filled_on_a_captured_stream() {
+    // Before: `MemBuffer::zeroed` (and `from_host`) inside a capture recorded the fill into the
+    // graph and handed the buffer out unwritten; a buffer kept by the graph was zeroed again at
+    // every launch, wiping what was written into it between launches.
+    let test = "a_new_buffer_is_not_filled_on_a_captured_stream";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let side = ctx.new_stream().unwrap();
+    let mut refused = Vec::new();
+    let graph = nccl::capture(&side, (), |()| {
+        refused.push(MemBuffer::<f32>::zeroed(&side, N).map(drop));
+        refused.push(MemBuffer::from_host(&side, &[1.0f32; N]).map(drop));
+        Ok(())
+    });
+    assert!(graph.is_ok(), "{:?}", graph.err().map(|(_, e)| e));
+    for result in refused {
+        assert!(matches!(result, Err(Error::Ordering(gpucomm_ordering::OrderError::InitInCapture))), "{result:?}");
+    }
+    // Outside the capture the same calls fill the buffer.
+    let zeroed = MemBuffer::<f32>::zeroed(&side, N).unwrap();
+    all_equal("zeroed after the capture", &side.clone_dtoh(&zeroed).unwrap(), 0.0);
+    drop(zeroed);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}

@@ -55,7 +55,7 @@ where
     T: NcclType + DeviceRepr + ValidAsZeroBits + PartialEq + std::fmt::Debug + Copy,
 {
     let (rank, n) = (ar.comm().rank(), ar.comm().size());
-    ar.force(Some(path));
+    ar.force(Some(path)).unwrap();
     for count in counts(path, size_of::<T>()) {
         for at in [0, 1] {
             let host = input(rank, count, from);
@@ -79,7 +79,7 @@ where
             assert_eq!(ar.last().map(|d| d.path), Some(path));
         }
     }
-    ar.force(None);
+    ar.force(None).unwrap();
 }
 
 fn check_every_path(ar: &mut AllReduce<'_>, stream: &Arc<CudaStream>) {
@@ -138,7 +138,7 @@ fn the_table_and_the_fallbacks_pick_the_path() {
 fn forced_paths_that_cannot_take_a_call_fail_plainly() {
     let Some((stream, comm)) = one_rank("forced_paths_that_cannot_take_a_call_fail_plainly") else { return };
     let mut ar = AllReduce::new(&comm, options()).unwrap();
-    ar.force(Some(Path::Ll));
+    ar.force(Some(Path::Ll)).unwrap();
     let send = stream.alloc_zeros::<f32>(1 << 20).unwrap();
     let mut recv = stream.alloc_zeros::<f32>(1 << 20).unwrap();
     let err = ar.all_reduce(&stream, &send, &mut recv, ReduceOp::SUM).unwrap_err();
@@ -148,7 +148,7 @@ fn forced_paths_that_cannot_take_a_call_fail_plainly() {
     assert_eq!(off.fallback(), Some(Fallback::Disabled));
     let d = off.all_reduce(&stream, &send, &mut recv, ReduceOp::SUM).unwrap();
     assert_eq!(d.why, Why::Fallback(Fallback::Disabled));
-    off.force(Some(Path::OneShot));
+    off.force(Some(Path::OneShot)).unwrap();
     let err = off.all_reduce(&stream, &send, &mut recv, ReduceOp::SUM).unwrap_err();
     assert_eq!(err.to_string(), "the forced one-shot path cannot take this call: turned off in the options");
 }
@@ -172,7 +172,7 @@ fn every_path_replays_from_a_graph_that_keeps_the_dispatcher() {
                       // the buffers' stream between launches, ordered by the launches themselves.
     let side = stream.context().new_stream().unwrap();
     for path in Path::ALL {
-        ar.force(Some(path));
+        ar.force(Some(path)).unwrap();
         // A cudarc slice (event-tracked) as input, an ncclMemAlloc buffer as output.
         let send = stream.clone_htod(&input(0, count, |x| x)).unwrap();
         let mut recv = MemBuffer::<f32>::zeroed(&stream, count).unwrap();
@@ -205,7 +205,7 @@ fn every_path_replays_from_a_graph_that_keeps_the_dispatcher() {
         drop((send, recv));
     }
     // The table's graph section decides inside a capture.
-    ar.force(None);
+    ar.force(None).unwrap();
     assert_eq!(ar.plan::<f32>(count, ReduceOp::SUM, Mode::Graph).unwrap().mode, Mode::Graph);
     println!("every path replays from a CUDA graph captured through nccl::capture, with new inputs each time");
 }
@@ -223,12 +223,12 @@ fn captures_that_would_not_keep_what_the_calls_use_are_refused() {
     let mut recv = MemBuffer::<f32>::zeroed(&stream, count).unwrap();
     // Every path once eagerly first (module loads, NCCL's first call), then a zeroed output.
     for path in Path::ALL {
-        ar.force(Some(path));
+        ar.force(Some(path)).unwrap();
         ar.all_reduce(&stream, &send, &mut recv, ReduceOp::SUM).unwrap();
     }
     stream.memset_zeros(&mut recv).unwrap();
     for path in Path::ALL {
-        ar.force(Some(path));
+        ar.force(Some(path)).unwrap();
         // A capture cudarc opened: its graph would keep nothing alive. Refused before anything is
         // enqueued.
         side.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).unwrap();
@@ -276,19 +276,19 @@ fn symmetric_buffers_reduce_without_copies() {
     let mut recv = ar.alloc::<f32>(count + 1).unwrap();
     stream.memcpy_htod(&host, &mut send.slice_mut(1..).unwrap()).unwrap();
     for path in [Path::Nccl, Path::OneShot, Path::TwoShot] {
-        ar.force(Some(path));
+        ar.force(Some(path)).unwrap();
         let d = ar.all_reduce_symmetric(&stream, (&send, 1), (&mut recv, 1), count, ReduceOp::SUM).unwrap();
         assert_eq!(d.path, path);
         assert_eq!(stream.clone_dtoh(&recv.slice(1..).unwrap()).unwrap(), host, "{path}");
         stream.memset_zeros(&mut recv.slice_mut(..).unwrap()).unwrap();
     }
     // LL holds 64 KiB: a smaller range.
-    ar.force(Some(Path::Ll));
+    ar.force(Some(Path::Ll)).unwrap();
     ar.all_reduce_symmetric(&stream, (&send, 1), (&mut recv, 1), 1000, ReduceOp::SUM).unwrap();
     assert_eq!(stream.clone_dtoh(&recv.slice(1..1001).unwrap()).unwrap(), &host[..1000]);
     // In place, every path.
     for path in Path::ALL {
-        ar.force(Some(path));
+        ar.force(Some(path)).unwrap();
         let n = if path == Path::Ll { 1000 } else { count };
         stream.memcpy_htod(&host[..n], &mut recv.slice_mut(1..n + 1).unwrap()).unwrap();
         ar.all_reduce_symmetric_in_place(&stream, &mut recv, 1, n, ReduceOp::SUM).unwrap();
@@ -300,7 +300,7 @@ fn symmetric_buffers_reduce_without_copies() {
     // reads and writes the windows directly).
     let side = stream.context().new_stream().unwrap();
     for path in [Path::TwoShot, Path::OneShot, Path::Nccl] {
-        ar.force(Some(path));
+        ar.force(Some(path)).unwrap();
         stream.memset_zeros(&mut recv.slice_mut(..).unwrap()).unwrap();
         let mut graph = gpucomm_kernels::capture(&side, (&ar, &send, &mut recv), |(ar, send, recv)| {
             ar.all_reduce_symmetric(&side, (*send, 1), (*recv, 1), count, ReduceOp::SUM).map(drop)
@@ -380,7 +380,7 @@ fn a_graph_refuses_a_symmetric_buffer_swapped_for_another_window() {
     let test = "a_graph_refuses_a_symmetric_buffer_swapped_for_another_window";
     let Some((stream, comm)) = one_rank(test) else { return };
     let mut ar = AllReduce::new(&comm, options()).unwrap();
-    ar.force(Some(Path::TwoShot));
+    ar.force(Some(Path::TwoShot)).unwrap();
     let count = 4096;
     let mut send = ar.alloc::<f32>(count).unwrap();
     let mut recv = ar.alloc::<f32>(count).unwrap();
@@ -407,4 +407,124 @@ fn a_graph_refuses_a_symmetric_buffer_swapped_for_another_window() {
         assert!(matches!(refused, OrderError::ResourceNotKept { kind: "window" }), "{refused:?}");
     }
     println!("a swapped symmetric buffer: launch refused ({refused}); the memory was reused: {reused}");
+}
+
+/// Each rank asks the collective setters for something of its own: every call is refused on both
+/// ranks with [`gpucomm_kernels::Error::Mismatch`] naming what differs, nothing changes, and the
+/// dispatcher still sums both ranks' inputs afterwards. Before, `force` and `set_table` took
+/// each rank's word, and the ranks' kernels met different kernels or NCCL.
+fn disagreeing_setters_are_refused(ar: &mut AllReduce<'_>, stream: &Arc<CudaStream>) {
+    use gpucomm_kernels::Error;
+    let rank = ar.comm().rank();
+    let refused = |result: gpucomm_kernels::Result<()>, what: &str| match result {
+        Err(Error::Mismatch { what: got, .. }) if got == what => {}
+        other => panic!("rank {rank}: different {what} must be refused, got {other:?}"),
+    };
+    refused(ar.force(Some([Path::Ll, Path::OneShot][rank])), "forced paths");
+    assert_eq!(ar.forced(), None);
+    let before = ar.table().to_text();
+    let tables = ["source: a\n[eager]\nll <= 64K\nnccl\n", "source: b\n[eager]\nll <= 32K\nnccl\n"];
+    refused(ar.set_table(Table::parse(tables[rank]).unwrap()), "crossover tables");
+    assert_eq!(ar.table().to_text(), before);
+    refused(ar.alloc::<f32>(1000 + rank).map(drop), "symmetric buffer lengths");
+    let how = Calibration { max_bytes: [1 << 10, 4 << 10][rank], iters: 1, graph: false, ..Calibration::default() };
+    refused(ar.calibrate(stream, &how).map(drop), "calibration settings (or whether they are usable on every rank)");
+    assert_eq!(ar.table().to_text(), before);
+    // The same word on both ranks is taken.
+    ar.force(Some(Path::Nccl)).unwrap();
+    assert_eq!(ar.forced(), Some(Path::Nccl));
+    let count = 1000;
+    let send = stream.clone_htod(&input(rank, count, |x| x)).unwrap();
+    let mut recv = stream.alloc_zeros::<f32>(count).unwrap();
+    ar.all_reduce(stream, &send, &mut recv, ReduceOp::SUM).unwrap();
+    assert_eq!(stream.clone_dtoh(&recv).unwrap(), summed(2, count, |x| x));
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle (./dev.sh bundle)"]
+fn disagreeing_setters_are_refused_between_nodes() {
+    // Two processes on one GPU that NCCL takes for two nodes: the dispatcher falls back to NCCL,
+    // and its setters are compared all the same.
+    multi_node_on_one_gpu("disagreeing_setters_are_refused_between_nodes", 2, |info, stream| {
+        let mut rdzv = Rendezvous::connect(&info, &RdzvOptions::from_env().unwrap()).unwrap();
+        let comm = Comm::from_rendezvous(stream.clone(), &mut rdzv).unwrap();
+        let mut ar = AllReduce::new(&comm, options()).unwrap();
+        disagreeing_setters_are_refused(&mut ar, &stream);
+        println!("rank {}: disagreeing setters refused on both ranks (NCCL fallback)", info.rank);
+    });
+}
+
+#[test]
+#[ignore = "needs 2 GPUs: run by the GPU bundle (./dev.sh bundle)"]
+fn disagreeing_options_and_setters_are_refused_on_two_gpus() {
+    multi_process("disagreeing_options_and_setters_are_refused_on_two_gpus", 2, |info, stream| {
+        let stream = stream.context().new_stream().unwrap();
+        let mut rdzv = Rendezvous::connect(&info, &RdzvOptions::from_env().unwrap()).unwrap();
+        let comm = Comm::from_rendezvous(stream.clone(), &mut rdzv).unwrap();
+        let rank = info.rank;
+        let mismatched = Options { one_shot_max: [256 << 10, 512 << 10][rank], ..options() };
+        match AllReduce::new(&comm, mismatched) {
+            Err(gpucomm_kernels::Error::Mismatch { .. }) => {}
+            other => panic!("rank {rank}: different staging sizes must be refused, got {other:?}"),
+        }
+        let mut ar = AllReduce::new(&comm, options()).unwrap();
+        assert_eq!(ar.fallback(), None, "{:?}", ar.setup_error());
+        let kernels = ar.kernels().unwrap();
+        let shapes = [
+            gpucomm_kernels::lsa::CtaBytes::default(),
+            gpucomm_kernels::lsa::CtaBytes { ll: 4 << 10, ..Default::default() },
+        ];
+        let mut with_other_shapes = gpucomm_kernels::lsa::LsaKernels::new(&comm, kernels.sizes()).unwrap();
+        match with_other_shapes.set_cta_bytes(shapes[rank]) {
+            Err(gpucomm_kernels::Error::Mismatch { what: "launch shapes (CTA bytes)", .. }) => {}
+            other => panic!("rank {rank}: different launch shapes must be refused, got {other:?}"),
+        }
+        assert_eq!(with_other_shapes.cta_bytes().ll, shapes[0].ll);
+        drop(with_other_shapes);
+        disagreeing_setters_are_refused(&mut ar, &stream);
+        println!("rank {rank}: disagreeing options and setters refused on both ranks");
+    });
+}
+
+#[test]
+#[ignore = "needs 2 GPUs: run by the GPU bundle (./dev.sh bundle)"]
+fn ll_words_left_from_2_pow_32_launches_earlier_are_not_taken_for_new_ones() {
+    // LL's flags are call numbers in 32 bits. A full-size LL call writes every word of its slot;
+    // 2^32 launches later (of small messages only, which rewrite the first words alone) the flag
+    // of that call comes round again. Before the fix the words past the small messages still
+    // carried it, and a rank whose peer had not pushed yet summed the peer's old words. The
+    // launch counters are set (a test hook) instead of making 2^32 launches.
+    use gpucomm_kernels::lsa::{LsaKernels, Sizes, LL_MAX_BYTES};
+    let test = "ll_words_left_from_2_pow_32_launches_earlier_are_not_taken_for_new_ones";
+    multi_process(test, 2, |info, stream| {
+        let stream = stream.context().new_stream().unwrap();
+        let mut rdzv = Rendezvous::connect(&info, &RdzvOptions::from_env().unwrap()).unwrap();
+        let comm = Comm::from_rendezvous(stream.clone(), &mut rdzv).unwrap();
+        let mut lsa = LsaKernels::new(&comm, Sizes { one_shot: 64 << 10, staged: 0 }).unwrap();
+        let rank = info.rank;
+        let run = |lsa: &LsaKernels<'_>, count: usize, scale: f32| {
+            let send = stream.clone_htod(&vec![(rank + 1) as f32 * scale; count]).unwrap();
+            let mut recv = stream.alloc_zeros::<f32>(count).unwrap();
+            lsa.ll(&stream, &send, &mut recv).unwrap();
+            stream.clone_dtoh(&recv).unwrap()
+        };
+        let full = LL_MAX_BYTES / size_of::<f32>();
+        let start = (1u32 << 31) - 2;
+        lsa.set_launch_count(start).unwrap();
+        // Call 2^31 − 2 writes every word of slot 0; calls 2^31 − 1 to 2^31 + 1 are 8 bytes.
+        assert_eq!(run(&lsa, full, 1.0), vec![3.0; full]);
+        for _ in 0..3 {
+            assert_eq!(run(&lsa, 2, 1.0), vec![3.0; 2]);
+        }
+        // 2^32 launches after the full call, the counters read what they read then.
+        lsa.set_launch_count(start).unwrap();
+        if rank == 1 {
+            // Rank 0 reads rank 1's words before they come: old words must not pass for them.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        let sums = run(&lsa, full, 10.0);
+        let wrong = sums.iter().filter(|&&x| x != 30.0).count();
+        assert_eq!(wrong, 0, "rank {rank}: {wrong} of {full} sums are not 30 (first: {:?})", &sums[..4]);
+        println!("rank {rank}: LL after a wrapped call number: every sum right");
+    });
 }

@@ -2,7 +2,8 @@
 //! defects it lists, and the NCCL defects of issue 17): after an abort no handle reaches NCCL, a
 //! group launches nothing for a communicator aborted inside it, device-API structs are matched
 //! between headers and library, refused direct calls stop a group, `Comm::wait` covers every
-//! stream, and teardown waits for what it must and no more.
+//! stream, teardown waits for what it must and no more, and `NCCL_COMM_BLOCKING=0` communicators
+//! are waited for (`Comm::init_all` included).
 //!
 //! Every test needs one GPU: one-rank communicators on it. Each says what the code before these
 //! fixes did.
@@ -505,7 +506,7 @@ fn a_failed_group_still_orders_its_streams() {
     drop(y);
 }
 
-/// Set in the child process of the `NCCL_COMM_BLOCKING=0` test.
+/// Set in the child processes of the `NCCL_COMM_BLOCKING=0` tests.
 const ENV_BLOCKING_CHILD: &str = "GPUCOMM_ENV_BLOCKING_CHILD";
 
 /// Registers a window and creates a device communicator on `comm`, and checks that both are
@@ -548,16 +549,53 @@ fn nccl_comm_blocking_0_makes_the_communicator_nonblocking() {
         return println!("with NCCL_COMM_BLOCKING=0 the communicator counted as nonblocking and was waited for");
     }
     let Some(_) = require_gpus(TEST, 1) else { return };
+    in_child_with_nccl_comm_blocking_0(TEST);
+}
+
+/// `Comm::init_all` with `NCCL_COMM_BLOCKING=0` (the teardown audit's finding 3): NCCL then
+/// creates nonblocking communicators, and `ncclCommInitAll` returns its group's
+/// `ncclInProgress` while they are being created. Before: `init_all` took that for an error,
+/// aborted them and returned `Error::Nccl { call: "ncclCommInitAll", code: IN_PROGRESS }`. Now the
+/// creation is polled to completion, and the communicator works. Runs a child process with the
+/// variable set (NCCL reads it once).
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn init_all_with_nccl_comm_blocking_0_waits_for_the_creation() {
+    const TEST: &str = "init_all_with_nccl_comm_blocking_0_waits_for_the_creation";
+    if std::env::var_os(ENV_BLOCKING_CHILD).is_some() {
+        let stream = CudaContext::new(0).unwrap().new_stream().unwrap();
+        let mut comms = match Comm::init_all(std::slice::from_ref(&stream)) {
+            Ok(comms) => comms,
+            Err(e) => panic!("init_all with NCCL_COMM_BLOCKING=0: {e:?}"),
+        };
+        assert_eq!(comms.len(), 1);
+        let comm = comms.remove(0);
+        assert!(comm.is_nonblocking(), "NCCL_COMM_BLOCKING=0 makes NCCL's communicators nonblocking");
+        assert_eq!((comm.rank(), comm.size(), comm.device()), (0, 1, 0));
+        let mut buf = stream.clone_htod(&[2.5f32; 1024]).unwrap();
+        comm.all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
+        comm.wait(None).unwrap();
+        assert_eq!(stream.clone_dtoh(&buf).unwrap(), vec![2.5f32; 1024]);
+        comm.finalize().map_err(|(_, e)| e).unwrap();
+        return println!("with NCCL_COMM_BLOCKING=0 init_all waited for its nonblocking communicator");
+    }
+    let Some(_) = require_gpus(TEST, 1) else { return };
+    in_child_with_nccl_comm_blocking_0(TEST);
+}
+
+/// Runs `test` of this binary again in a child process with `NCCL_COMM_BLOCKING=0` and
+/// [`ENV_BLOCKING_CHILD`] set, and fails when the child does.
+fn in_child_with_nccl_comm_blocking_0(test: &str) {
     let exe = std::env::current_exe().unwrap();
     let out = std::process::Command::new(exe)
-        .args(["--exact", TEST, "--include-ignored", "--nocapture", "--test-threads=1"])
+        .args(["--exact", test, "--include-ignored", "--nocapture", "--test-threads=1"])
         .env("NCCL_COMM_BLOCKING", "0")
         .env(ENV_BLOCKING_CHILD, "1")
         .output()
         .expect("run the child");
     print!("{}", String::from_utf8_lossy(&out.stdout));
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "the child with NCCL_COMM_BLOCKING=0: {:?}", out.status);
+    assert!(out.status.success(), "{test}: the child with NCCL_COMM_BLOCKING=0: {:?}", out.status);
 }
 
 /// Audit finding 1, `Comm::from_raw`: it cannot know the blocking mode and counts the

@@ -89,10 +89,25 @@ fn bad_input_is_refused_and_the_process_keeps_working() {
         assert!(matches!(rt.alloc::<u64>(usize::MAX), Err(Error::SizeOverflow { .. })));
         assert!(matches!(rt.alloc_aligned::<u32>(16, 3), Err(Error::InvalidAlignment { align: 3, min: 4 })));
         assert!(matches!(rt.alloc_aligned::<u64>(16, 4), Err(Error::InvalidAlignment { align: 4, min: 8 })));
-        let limit = rt.info().heap.limit;
+        let heap = rt.info().heap;
+        let limit = heap.limit;
         match rt.alloc::<u8>(limit + 1) {
-            Err(Error::HeapExhausted { bytes, limit: l, .. }) => assert_eq!((bytes, l), (limit + 1, limit)),
+            Err(Error::HeapExhausted { bytes, in_use: 0, reserved, limit: l, .. }) => {
+                assert_eq!((bytes, reserved, l), ((limit + 1).next_multiple_of(heap.granularity), heap.reserved, limit))
+            }
             other => panic!("PE {me}: expected HeapExhausted, got {other:?}"),
+        }
+        if heap.dynamic {
+            assert!(heap.granularity >= 2 << 20 && heap.granularity.is_power_of_two(), "{heap:?}");
+            assert!(heap.reserved > 0 && heap.reserved % heap.granularity == 0, "NVSHMEM's own buffers: {heap:?}");
+            // All the limit leaves after NVSHMEM's own buffers: NVSHMEM would fail at `mapped +
+            // step >= size` and tear the heap down, so the crate refuses it.
+            match rt.alloc::<u8>(limit - heap.reserved) {
+                Err(Error::HeapExhausted { bytes, .. }) => {
+                    assert_eq!(bytes, (limit - heap.reserved).next_multiple_of(heap.granularity))
+                }
+                other => panic!("PE {me}: expected HeapExhausted for the whole rest of the heap, got {other:?}"),
+            }
         }
         still_works(&rt, &stream, "after refused allocations");
 

@@ -99,18 +99,23 @@ fn overlapping_ranges_are_refused() {
     });
 }
 
-/// Issue 19, suspected "`UniqueId::new` while a runtime runs rewrites the live bootstrap state" —
-/// refuted: NVSHMEM 3.4.5's `nvshmemx_get_uniqueid` re-runs the unique-id plugin's pre-init, which
-/// keeps the live handle's state (`pre_init_ops` is only set when empty, the options are only read
-/// once), and starts a listener for the new id. The runtime keeps working, before and after.
+/// Issue 19 suspected "`UniqueId::new` while a runtime runs rewrites the live bootstrap state"; an
+/// earlier session refuted it for the runtime's own thread, but the audit of 2026-12 confirmed it
+/// across threads: NVSHMEM 3.4.5's `nvshmemx_get_uniqueid` re-runs the unique-id plugin's pre-init,
+/// which rewrites the plugin's options and debug flag without a lock, on whatever thread asks,
+/// while the runtime's thread uses the running bootstrap (NVSHMEM runs `THREAD_SERIALIZED`).
+/// Before: an id was made while NVSHMEM ran, on any thread. Now it is
+/// `Error::UniqueIdWhileRunning`, on this thread and on another, nothing is called, and the
+/// runtime keeps working.
 #[test]
 #[ignore = "needs 1 GPU: run by the GPU bundle"]
-fn a_unique_id_made_while_a_runtime_runs_leaves_it_working() {
-    multi_process("a_unique_id_made_while_a_runtime_runs_leaves_it_working", 1, |info, stream| {
+fn a_unique_id_is_refused_while_a_runtime_runs() {
+    multi_process("a_unique_id_is_refused_while_a_runtime_runs", 1, |info, stream| {
         let (_rdzv, rt) = start(&info, &stream);
         still_works(&rt, &stream);
-        let other = UniqueId::new().expect("an id while NVSHMEM runs");
-        assert_eq!(other.to_bytes().len(), UniqueId::BYTES);
+        assert!(matches!(UniqueId::new(), Err(Error::UniqueIdWhileRunning)));
+        let elsewhere = std::thread::spawn(|| UniqueId::new().map(drop)).join().unwrap();
+        assert!(matches!(elsewhere, Err(Error::UniqueIdWhileRunning)), "{elsewhere:?}");
         still_works(&rt, &stream);
         rt.finalize().map_err(|(_, e)| e).unwrap();
     });
@@ -177,6 +182,178 @@ fn finalize_is_bounded_by_the_timeout() {
         println!("finalize gave up after {took:?}: {err}");
         unrelated.synchronize().unwrap();
         still_works(&rt, &stream);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
+/// An id for a start that must be refused: never used by NVSHMEM.
+fn unused_id() -> UniqueId {
+    let mut bytes = nvshmem::sys::nvshmemx_uniqueid_t::initializer().version.to_ne_bytes().to_vec();
+    bytes.resize(UniqueId::BYTES, 0);
+    UniqueId::from_bytes(&bytes).unwrap()
+}
+
+/// Asserts that NVSHMEM was left running, not finalised, and that the process cannot start it
+/// again.
+fn left_running(stream: &Arc<CudaStream>) {
+    assert_eq!(nvshmem::init_status().unwrap(), InitStatus::IS_INITIALIZED, "NVSHMEM was finalised");
+    let again = Runtime::init(stream.clone(), &unused_id(), 0, 1);
+    assert!(matches!(again, Err(Error::Finalized)), "{again:?}");
+}
+
+/// Audit: a runtime dropped while its thread panicked ran NVSHMEM's finalize, which is collective
+/// (a barrier over all PEs, then one of the bootstrap, which PEs that are not finalising at this
+/// step never join) and first waited, without bound, for the whole device. Before: the panic
+/// below unwound only after the 6 s of work queued on another stream, then finalised. Now the
+/// runtime is left running at once, with a warning: the panic is caught within 3 s, NVSHMEM
+/// is still initialised, and a later start is `Error::Finalized`.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_runtime_dropped_during_a_panic_is_left_running() {
+    multi_process("a_runtime_dropped_during_a_panic_is_left_running", 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        still_works(&rt, &stream);
+        let busy = stream.context().new_stream().unwrap();
+        occupy(&busy, Duration::from_secs(6));
+        let began = Instant::now();
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let _rt = rt;
+            panic!("a failure while the runtime lives");
+        }));
+        let took = began.elapsed();
+        assert!(caught.is_err(), "the closure panics");
+        assert!(took < Duration::from_secs(3), "the panic unwound after {took:?}");
+        left_running(&stream);
+        busy.synchronize().unwrap();
+    });
+}
+
+/// Audit: `Runtime::finalize` was not refused inside a capture. NVSHMEM's finalize waits on the
+/// host, which CUDA refuses while this thread captures, and NVSHMEM exits the process on that
+/// refusal. Now it is `Error::HostCallInCapture`, the runtime comes back untouched, works, and
+/// finalises after the capture.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn finalize_is_refused_inside_a_capture() {
+    multi_process("finalize_is_refused_inside_a_capture", 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let s = stream.context().new_stream().unwrap();
+        let mut back = None;
+        let captured = nvshmem::capture(&s, (), |_| match rt.finalize() {
+            Ok(()) => Ok(()),
+            Err((rt, e)) => {
+                back = Some(rt);
+                Err(e)
+            }
+        });
+        match captured.map(drop).map_err(|(_, e)| e) {
+            Err(Error::HostCallInCapture { what }) => {
+                assert_eq!(what, "finalising NVSHMEM (nvshmemx_hostlib_finalize)")
+            }
+            other => panic!("finalize inside a capture: {other:?}"),
+        }
+        let rt = back.expect("the refused finalize hands the runtime back");
+        assert_eq!(rt.init_status().unwrap(), InitStatus::IS_INITIALIZED);
+        still_works(&rt, &stream);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
+/// The same audit, for the drop: with a timeout set (so that the device wait runs on a helper
+/// thread, which CUDA lets through), a runtime dropped inside a capture went on into NVSHMEM's
+/// finalize on the capturing thread, whose host waits CUDA refuses, and NVSHMEM exited the
+/// process. Now it is left running, with a warning, and the process carries on.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_runtime_dropped_inside_a_capture_is_left_running() {
+    multi_process("a_runtime_dropped_inside_a_capture_is_left_running", 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        rt.set_timeout(Some(Duration::from_secs(5)));
+        let s = stream.context().new_stream().unwrap();
+        // Whether the empty capture makes a graph does not matter here.
+        let _ = nvshmem::capture(&s, (), move |_| {
+            drop(rt);
+            Ok(())
+        });
+        left_running(&stream);
+        stream.synchronize().unwrap();
+    });
+}
+
+/// Audit: `alloc_zeroed` used `nvshmem_calloc`, which zeroes with a `cudaMemset` on the legacy
+/// default stream: nothing ordered it with the runtime's (non-blocking) stream, the buffer's
+/// tracker or the other PEs. Before: with the legacy stream busy for 2 s, the zeros landed after
+/// the ones written on the runtime's stream right after the allocation, and the buffer read back
+/// as zeros. Now the buffer is zeroed on the crate's private stream, on every PE, before
+/// `alloc_zeroed` returns, and reads back as the ones written after it.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_zeroed_allocation_is_zero_before_anything_writes_it() {
+    multi_process("a_zeroed_allocation_is_zero_before_anything_writes_it", 1, |info, stream| {
+        const LEN: usize = 16 << 20;
+        let ctx = stream.context().clone();
+        let home = ctx.new_stream().unwrap();
+        let (_rdzv, rt) = start(&info, &home);
+        // The heap maps room for the buffer now, so that the allocation below waits for nothing.
+        rt.alloc::<i32>(LEN).unwrap().free().map_err(|(_, e)| e).unwrap();
+        occupy(&ctx.default_stream(), Duration::from_secs(2));
+        let mut buf = rt.alloc_zeroed::<i32>(LEN).unwrap();
+        home.memcpy_htod(&vec![1i32; LEN], &mut buf).unwrap();
+        ctx.synchronize().unwrap();
+        let got = home.clone_dtoh(&buf).unwrap();
+        if let Some(i) = got.iter().position(|&v| v != 1) {
+            panic!("element {i} is {}: the zeroing landed after the write", got[i]);
+        }
+        buf.free().map_err(|(_, e)| e).unwrap();
+        still_works(&rt, &home);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
+/// Audit: collectives on different streams were not ordered. NVSHMEM's collectives update the
+/// team's device state (its sync counters) with plain reads and writes, and pair up across PEs by
+/// the order of those updates, so two of one PE's collectives running at once lose an increment
+/// and the PEs' counters drift apart for good. Before: a world barrier on `s2`, enqueued after one
+/// on `s1` (queued behind 2 s of work), ran at once, next to it when `s1` got there. Now every
+/// eager collective waits for the one enqueued before it on another stream: an event recorded on
+/// `s2` after its barrier, sync and reduction completes only after `s1`'s barrier; and the host
+/// barrier, which NVSHMEM runs on its own stream, first waits for a collective still queued.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn collectives_on_two_streams_run_in_the_order_they_were_enqueued() {
+    multi_process("collectives_on_two_streams_run_in_the_order_they_were_enqueued", 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let ctx = stream.context();
+        let (s1, s2) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+        let world = rt.world().unwrap();
+        let mut sum = rt.alloc::<i32>(1024).unwrap();
+        s2.memcpy_htod(&[3i32; 1024], &mut sum).unwrap();
+        s2.synchronize().unwrap();
+
+        occupy(&s1, Duration::from_secs(2));
+        world.barrier_on_stream(&s1).unwrap();
+        world.barrier_on_stream(&s2).unwrap();
+        let after_barrier = s2.record_event(None).unwrap();
+        world.sync_on_stream(&s2).unwrap();
+        world.reduce_in_place_on_stream(Sum, &mut sum, &s2).unwrap();
+        let after_all = s2.record_event(None).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(!after_barrier.try_is_complete().unwrap(), "the barrier on s2 ran while s1's was queued");
+        assert!(!after_all.try_is_complete().unwrap(), "the collectives on s2 ran while s1's barrier was queued");
+        s1.synchronize().unwrap();
+        s2.synchronize().unwrap();
+        assert_eq!(s2.clone_dtoh(&sum).unwrap(), vec![3; 1024], "one PE's sum is its own");
+
+        occupy(&s1, Duration::from_secs(1));
+        world.sync_on_stream(&s1).unwrap();
+        let began = Instant::now();
+        rt.barrier_all().unwrap();
+        let took = began.elapsed();
+        assert!(took >= Duration::from_millis(500), "the host barrier ran after {took:?}, with s1's sync queued");
+
+        sum.free().map_err(|(_, e)| e).unwrap();
+        still_works(&rt, &stream);
+        drop(world);
         rt.finalize().map_err(|(_, e)| e).unwrap();
     });
 }

@@ -7,12 +7,13 @@ mod nvshmem_support;
 
 use std::fmt::Debug;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaStream, ValidAsZeroBits};
 use gpucomm_tests::multi_process;
 use nvshmem::ops::{And, Max, Min, Or, Prod, ReduceOp, Sum, Xor};
 use nvshmem::{Element, Error, Runtime, Team};
-use nvshmem_support::{pes, start};
+use nvshmem_support::{pes, ring_still_works, start};
 
 const LEN: usize = 4096;
 
@@ -83,6 +84,49 @@ fn teams_split_translate_and_synchronise() {
         drop(world);
         rt.finalize().map_err(|(_, e)| e).unwrap();
         println!("PE {me}: strided and 2-D splits, translation, barriers and syncs correct");
+    });
+}
+
+/// Audit: split arguments were not compared across the parent team, and NVSHMEM computes each
+/// member's new team from its own. Before: PE 0 splitting `<0, 1, 2>` while PE 1 split `<1, 1, 1>`
+/// left PE 0 waiting for ever in NVSHMEM's reduction over a team PE 1 was not making (and other
+/// mismatches gave members teams that share NVSHMEM's per-team state). Now the members compare
+/// their splits first: both get `Error::AsymmetricSplit` within seconds and no team is made; a
+/// member with invalid arguments gets its own error; then the same split works. Exactly two PEs.
+#[test]
+#[ignore = "needs 2 GPUs: run by the GPU bundle"]
+fn members_making_different_splits_are_refused() {
+    multi_process("members_making_different_splits_are_refused", 2, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let me = rt.my_pe();
+        let world = rt.world().unwrap();
+        let asymmetric = |what: &str, split: Result<(), Error>| match split {
+            Err(Error::AsymmetricSplit { pe: 1 }) => {}
+            other => panic!("PE {me}: {what}: expected AsymmetricSplit naming member 1, got {other:?}"),
+        };
+
+        let began = Instant::now();
+        let split = if me == 0 { world.split_strided(0, 1, 2) } else { world.split_strided(1, 1, 1) };
+        let took = began.elapsed();
+        asymmetric("<0, 1, 2> against <1, 1, 1>", split.map(drop));
+        assert!(took < Duration::from_secs(10), "PE {me}: the refusal took {took:?}");
+        asymmetric("2-D splits with x ranges 1 and 2", world.split_2d(me + 1).map(drop));
+        let split = if me == 0 { world.split_strided(0, 1, 2).map(drop) } else { world.split_2d(2).map(drop) };
+        asymmetric("a strided split against a 2-D one", split);
+        // Invalid arguments on PE 1 only: its own error there, the mismatch on PE 0.
+        match (me, world.split_strided(if me == 0 { 0 } else { 5 }, 1, 1)) {
+            (0, Err(Error::AsymmetricSplit { pe: 1 })) | (1, Err(Error::InvalidSplit { start: 5, .. })) => {}
+            (_, other) => panic!("PE {me}: an invalid split on PE 1: {other:?}"),
+        }
+
+        // The same split on both members works, and so does the team it makes.
+        let both = world.split_strided(0, 1, 2).unwrap().expect("both PEs are members");
+        assert_eq!((both.my_pe(), both.n_pes()), (me, 2));
+        both.barrier_on_stream(&stream).unwrap();
+        both.destroy().map_err(|(_, e)| e).unwrap();
+        ring_still_works(&rt, &stream, "after the refused splits");
+        drop(world);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
     });
 }
 
