@@ -422,6 +422,59 @@ impl<'a> Guard<'a> {
     }
 }
 
+impl Drop for Guard<'_> {
+    /// Records the use's event, or synchronises its stream, as dropping cudarc's guard would —
+    /// but also when the context holds a recorded error: see [`settle`].
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(guard) = self.0.take() {
+            settle(guard);
+        }
+    }
+}
+
+/// Does what dropping cudarc's guard `guard` does — record the buffer's event on the stream of the
+/// use (while cudarc manages synchronisation), or synchronise that stream — without cudarc's check
+/// of the context's recorded error first. That check takes an error that any use of the context,
+/// on any thread, recorded since the call's own check (another buffer's guard of the same call
+/// that failed, say) and skips the record: the work was enqueued all the same, and the buffer's
+/// event would stand for a point before it, so that a later write or the free would not wait for
+/// it. A failure here is recorded in the context, as cudarc does.
+#[cold]
+#[inline(never)]
+fn settle(mut guard: SyncOnDrop<'_>) {
+    match &mut guard {
+        SyncOnDrop::Record(target) => {
+            if let Some((event, stream)) = target.take() {
+                let ctx = stream.context();
+                if !ctx.is_managing_stream_synchronization() {
+                    return;
+                }
+                let done = if event.context().cu_ctx() == ctx.cu_ctx() {
+                    crate::make_current(ctx).and_then(|()| {
+                        // SAFETY: the event and the stream are alive (borrowed by the guard), both
+                        // of the context just made current.
+                        unsafe { result::event::record(event.cu_event(), stream.cu_stream()) }
+                    })
+                } else {
+                    Err(DriverError(sys::CUresult::CUDA_ERROR_INVALID_CONTEXT))
+                };
+                ctx.record_err(done);
+            }
+        }
+        SyncOnDrop::Sync(target) => {
+            if let Some(stream) = target.take() {
+                let done = crate::make_current(stream.context()).and_then(|()| {
+                    // SAFETY: the stream is alive (borrowed by the guard), of the context just
+                    // made current.
+                    unsafe { result::stream::synchronize(stream.cu_stream()) }
+                });
+                stream.context().record_err(done);
+            }
+        }
+    }
+}
+
 impl<'a> From<SyncOnDrop<'a>> for Guard<'a> {
     /// The guard a buffer's `device_ptr` / `device_ptr_mut` returned; empty when it records and
     /// synchronises nothing.

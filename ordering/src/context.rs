@@ -1,7 +1,8 @@
 //! Making a CUDA context current without cudarc's recorded-error check, and telling whether an
 //! argument lives in the context a call runs in.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result, CudaContext, DriverError};
 
@@ -44,4 +45,32 @@ pub fn make_current(ctx: &CudaContext) -> Result<(), DriverError> {
     // SAFETY: `cu_ctx` is the context `ctx` owns, alive as long as `ctx` (borrowed here); making a
     // live context current has no other precondition.
     unsafe { result::ctx::set_current(ctx.cu_ctx()) }
+}
+
+/// A handle on `ctx`'s context whose recorded-error state nothing but cudarc's own checks of it
+/// touches: the trackers make their events from it. cudarc's guards record an event through the
+/// event's handle of the context, which first takes and returns any error recorded there (by any
+/// use of that handle, on any thread) and then skips the record; an event of the user's handle
+/// could thus stand for a point before the work its guard was handed for, and a later write or the
+/// free would not wait for that work. For a primary context it is a second handle, made once per
+/// context and kept for the life of the process (as the helper streams keep theirs); cudarc can
+/// make no second handle on another context, which gets its own handle back.
+pub(crate) fn unchecked(ctx: &Arc<CudaContext>) -> Result<Arc<CudaContext>, DriverError> {
+    static SECOND: Mutex<Option<HashMap<usize, Arc<CudaContext>>>> = Mutex::new(None);
+    if !ctx.is_primary() {
+        return Ok(ctx.clone());
+    }
+    let key = ctx.cu_ctx() as usize;
+    let mut all = SECOND.lock().unwrap_or_else(|e| e.into_inner());
+    let map = all.get_or_insert_with(HashMap::new);
+    if let Some(second) = map.get(&key) {
+        return Ok(second.clone());
+    }
+    // Retains the device's primary context again: the same context while `ctx` holds it.
+    let second = CudaContext::new(ctx.ordinal())?;
+    if second.cu_ctx() != ctx.cu_ctx() {
+        return Ok(ctx.clone());
+    }
+    map.insert(key, second.clone());
+    Ok(second)
 }

@@ -8,6 +8,7 @@ use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream, DriverError, SyncO
 
 use crate::access;
 use crate::capture::{self, is_capturing, Complete};
+use crate::context;
 use crate::usage::{Mode, Use};
 use crate::OrderError;
 
@@ -78,6 +79,9 @@ pub struct StreamTracker {
     state: Mutex<State>,
     /// Recorded on a stream and waited for at once, under the lock.
     scratch: CudaEvent,
+    /// The context handle the tracker's events are made from ([`context::unchecked`]): an error
+    /// recorded in the user's handle makes cudarc skip no record of them.
+    events: Arc<CudaContext>,
     /// This tracker's identity ([`StreamTracker::key`]), unique in the process: the tracker lives
     /// inside its buffer and moves with it, so its address cannot name it.
     key: usize,
@@ -118,12 +122,14 @@ impl StreamTracker {
     pub fn new(home: &Arc<CudaStream>) -> Result<Self, OrderError> {
         capture::refuse_per_thread(home)?;
         let state = State { writer: Some(End::Stream(home.clone())), ..State::default() };
+        let events = context::unchecked(home.context())?;
         Ok(StreamTracker {
             state: Mutex::new(state),
             fast: [AtomicUsize::new(tag(home)), AtomicUsize::new(tag(home))],
             version: AtomicUsize::new(0),
             home: home.context().clone(),
-            scratch: home.context().new_event(None)?,
+            scratch: events.new_event(None)?,
+            events,
             key: NEXT_KEY.fetch_add(1, Ordering::Relaxed),
         })
     }
@@ -473,7 +479,7 @@ impl StreamTracker {
         }
         match state.spare.pop() {
             Some(event) => Ok((event, false)),
-            None => Ok((Box::new(self.home.new_event(None)?), false)),
+            None => Ok((Box::new(self.events.new_event(None)?), false)),
         }
     }
 }

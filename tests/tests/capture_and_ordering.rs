@@ -21,6 +21,8 @@
 //!   gets no graph.
 //! * a communicator whose graph was forgotten (`mem::forget`) is abandoned by its teardown,
 //!   which NCCL would otherwise make wait for that graph for ever.
+//! * a use whose guard drops after an error was recorded in the context is still recorded
+//!   (a `MemBuffer`'s tracker event, a cudarc slice's event in the calls' guard).
 //!
 //! One-rank communicators and one-PE NVSHMEM jobs: one GPU is enough for every test.
 
@@ -30,6 +32,7 @@ use std::sync::{Arc, Barrier};
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUresult, CUstreamCaptureMode, CUstreamCaptureStatus};
 use cudarc::driver::{result, CudaContext, CudaStream, DevicePtr, DevicePtrMut, DriverError};
+use gpucomm_ordering::Guard;
 use gpucomm_tests::{multi_process, occupy, require_gpus};
 use nccl::{group, Collectives, Comm, Error, MemBuffer, PreMulSum, ReduceOp};
 use nvshmem::SymmetricMemory;
@@ -1147,4 +1150,54 @@ fn a_new_buffer_is_not_filled_on_a_captured_stream() {
     all_equal("zeroed after the capture", &side.clone_dtoh(&zeroed).unwrap(), 0.0);
     drop(zeroed);
     comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+/// Zeroes `bytes` bytes at `ptr` on `stream`.
+fn zero_raw(ptr: cudarc::driver::sys::CUdeviceptr, bytes: usize, stream: &CudaStream) {
+    // SAFETY: the callers pass the address a buffer's `device_ptr_mut` returned for `stream`, valid
+    // for `bytes` bytes, whose guard is still alive (so the use is recorded after this write).
+    unsafe { result::memset_d8_async(ptr, 0, bytes, stream.cu_stream()) }.unwrap();
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_use_is_recorded_although_the_context_holds_an_error() {
+    // cudarc's guards record a buffer's event through a handle of the context whose first step
+    // takes any error recorded there since (by any use of the context, on any thread) and then
+    // skips the record. Before the fix, a zeroing enqueued behind 300 ms of work, whose guard
+    // dropped after another use recorded an error, was left out of the buffer's events: a read on
+    // a third stream read the buffer before the zeroing ran. Two guards: a `MemBuffer`'s, whose
+    // tracker event cudarc's own guard records, and a cudarc slice's held in the calls' `Guard`.
+    let test = "a_use_is_recorded_although_the_context_holds_an_error";
+    let Some(ctx) = one_gpu(test) else { return };
+    let (home, other, reader) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let unrelated = DriverError(CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
+    let bytes = N * size_of::<f32>();
+
+    let mut tracked = MemBuffer::from_host(&home, &[1.0f32; N]).unwrap();
+    home.synchronize().unwrap();
+    {
+        let (ptr, guard) = tracked.device_ptr_mut(&other);
+        occupy(&other, std::time::Duration::from_millis(300));
+        zero_raw(ptr, bytes, &other);
+        ctx.record_err(Err::<(), _>(unrelated));
+        drop(guard);
+    }
+    // The error stays for cudarc's next check, which reports it (and clears it).
+    assert_eq!(ctx.check_err(), Err(unrelated));
+    all_equal("a MemBuffer read after the zeroing", &reader.clone_dtoh(&tracked).unwrap(), 0.0);
+
+    let mut slice = home.clone_htod(&[1.0f32; N]).unwrap();
+    home.synchronize().unwrap();
+    {
+        let (ptr, guard) = slice.device_ptr_mut(&other);
+        let guard = Guard::from(guard);
+        occupy(&other, std::time::Duration::from_millis(300));
+        zero_raw(ptr, bytes, &other);
+        ctx.record_err(Err::<(), _>(unrelated));
+        drop(guard);
+    }
+    assert_eq!(ctx.check_err(), Err(unrelated));
+    all_equal("a cudarc slice read after the zeroing", &reader.clone_dtoh(&slice).unwrap(), 0.0);
+    other.synchronize().unwrap();
 }
