@@ -322,7 +322,7 @@ impl Agreement {
                 call!(nvshmemx_putmem_on_stream(slot, outbox as *const c_void, WORD_BYTES, pe, stream))?;
             }
             // The private stream is never captured: nothing but this type has its handle.
-            quiesce::collective(self.stream, false, true, || call!(nvshmemx_barrier_all_on_stream(stream)))?;
+            quiesce::collective(self.stream, None, true, || call!(nvshmemx_barrier_all_on_stream(stream)))?;
             result::memcpy_dtoh_async(&mut all, at(self.layout.list(parity)), self.stream)?;
             result::stream::synchronize(self.stream)?;
         }
@@ -351,7 +351,7 @@ impl Agreement {
         // PE makes this barrier at the same step (allocation is collective). The private stream is
         // never captured: nothing but this type has its handle.
         let barrier =
-            quiesce::collective(self.stream, false, true, || unsafe { call!(nvshmemx_barrier_all_on_stream(stream)) });
+            quiesce::collective(self.stream, None, true, || unsafe { call!(nvshmemx_barrier_all_on_stream(stream)) });
         // SAFETY: the stream is alive and this context's.
         let waited = unsafe { result::stream::synchronize(self.stream) };
         zeroed?;
@@ -397,12 +397,12 @@ impl Agreement {
                 // World PEs came from NVSHMEM's `int`s.
                 call!(nvshmemx_putmem_on_stream(mine, outbox as *const c_void, WORD_BYTES, pe as i32, stream))?;
             }
-            quiesce::collective(self.stream, false, true, || call!(nvshmemx_barrier_on_stream(team, stream)))?;
+            quiesce::collective(self.stream, None, true, || call!(nvshmemx_barrier_on_stream(team, stream)))?;
             result::memcpy_dtoh_async(&mut all, self.at(self.layout.team_list()), self.stream)?;
             for &pe in members {
                 result::memset_d8_async(self.at(self.layout.team_slot(pe)), 0, WORD_BYTES, self.stream)?;
             }
-            quiesce::collective(self.stream, false, false, || call!(nvshmemx_team_sync_on_stream(team, stream)))?;
+            quiesce::collective(self.stream, None, false, || call!(nvshmemx_team_sync_on_stream(team, stream)))?;
             result::stream::synchronize(self.stream)?;
         }
         Ok(members

@@ -53,13 +53,16 @@
 //! collective and synchronises it (allocation, free, split) need no more, and team destroy and
 //! finalize wait for the whole device.
 //!
-//! Not ordered by the chain: collectives captured into a graph (a captured stream cannot wait for
-//! an eager event; the graph's collectives run when it is launched), and collectives that kernels
-//! make on the device (a [`crate::Module`]'s collective launches).
+//! Collectives captured into a graph cannot wait for an eager event inside the capture; the graph
+//! joins the chain instead ([`gpucomm_ordering::join_launches`]): each launch of a graph with a
+//! collective waits for the last eager collective on another stream, and is recorded as the last
+//! one. Not ordered by the chain: collectives that kernels make on the device (a
+//! [`crate::Module`]'s collective launches).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::driver::{result, sys, CudaStream, DriverError};
+use gpucomm_ordering::OrderError;
 
 use crate::error::{Error, Result};
 use crate::ffi::call;
@@ -301,15 +304,16 @@ pub(crate) fn quiescing(stream: sys::CUstream, captured: bool, call: impl FnOnce
 
 /// Enqueues the collective `call` on `stream` (see the module docs): after the last eager
 /// collective, when that was enqueued on another stream, and recorded as the last one. A barrier
-/// (`quiesces`) also goes through the quiet chain, as [`quiescing`] does. `captured` as for
-/// [`nonblocking`] (or as [`gpucomm_ordering::capturing`] found it): a captured collective is not
-/// chained. Only a barrier, which uses NVSHMEM's internal streams, is refused while another
-/// stream's capture holds them. When the collective was enqueued but cannot be ordered before
+/// (`quiesces`) also goes through the quiet chain, as [`quiescing`] does. `captured` is the
+/// stream when this thread's capture scope captures it (as [`crate::runtime::Admitted`] or
+/// [`gpucomm_ordering::capturing`] found it): a captured collective is not chained, and the
+/// graph's launches join the chain instead ([`graph_launch`]). Only a barrier, which uses
+/// NVSHMEM's internal streams, is refused while another stream's capture holds them. When the collective was enqueued but cannot be ordered before
 /// later ones (its event could neither be recorded nor waited for), the error says so and every
 /// later call is refused.
 pub(crate) fn collective(
     stream: sys::CUstream,
-    captured: bool,
+    captured: Option<&CudaStream>,
     quiesces: bool,
     call: impl FnOnce() -> Result<()>,
 ) -> Result<()> {
@@ -317,10 +321,11 @@ pub(crate) fn collective(
         if quiesces {
             held_elsewhere(chain, Some(stream))?;
         }
-        if captured {
+        if let Some(captured) = captured {
             if quiesces {
                 chain.flush()?;
             }
+            gpucomm_ordering::join_launches(captured, graph_launch);
             return call();
         }
         chain.after_collectives(stream)?;
@@ -331,6 +336,28 @@ pub(crate) fn collective(
         }
         chain.collective_done(stream)
     })
+}
+
+/// The chain's [`gpucomm_ordering::LaunchChain`]: a graph with a captured collective is launched
+/// on `stream` after the last eager collective (when that was enqueued on another stream), and
+/// recorded as the last one, under the chain's lock, as an eager collective is.
+fn graph_launch(
+    stream: &CudaStream,
+    launch: &mut dyn FnMut() -> std::result::Result<(), OrderError>,
+) -> std::result::Result<(), OrderError> {
+    let mut launched = Ok(());
+    let chained = gpucomm_ordering::make_current(stream.context()).map_err(Error::from).and_then(|()| {
+        with_live_chain(|chain| {
+            chain.after_collectives(stream.cu_stream())?;
+            launched = launch();
+            if launched.is_ok() {
+                chain.collective_done(stream.cu_stream())?;
+            }
+            Ok(())
+        })
+    });
+    launched?;
+    chained.map_err(|e| OrderError::LaunchChain(e.to_string()))
 }
 
 /// [`host_call`] for a host call that makes a collective on NVSHMEM's own stream (the host

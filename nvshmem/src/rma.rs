@@ -469,7 +469,7 @@ impl Runtime {
         let admitted = Admitted::stream(stream, resource)?;
         let raw = self.enqueue_on(&admitted)?;
         if collective {
-            quiesce::collective(stream.cu_stream(), admitted.captured, true, || call(raw))?;
+            quiesce::collective(stream.cu_stream(), admitted.captured.then_some(stream), true, || call(raw))?;
         } else {
             quiesce::quiescing(stream.cu_stream(), admitted.captured, || call(raw))?;
         }
@@ -488,7 +488,7 @@ impl Runtime {
         let admitted = Admitted::stream(stream, self.resource())?;
         let raw = self.enqueue_on(&admitted)?;
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
-        quiesce::collective(stream.cu_stream(), admitted.captured, false, || unsafe {
+        quiesce::collective(stream.cu_stream(), admitted.captured.then_some(stream), false, || unsafe {
             call!(nvshmemx_sync_all_on_stream(raw))
         })
     }

@@ -54,9 +54,10 @@ use crate::{Runtime, SymmetricMemory};
 /// one enqueued on another stream than the last one waits for it (an event), and host calls that
 /// run a collective on NVSHMEM's own stream ([`Runtime::barrier_all`], allocations, frees, splits)
 /// wait for it too. Enqueue the collectives of teams that share PEs in the same order on every PE,
-/// as blocking collectives would need. Collectives captured into a graph ([`crate::capture`]) and
-/// those made by kernels on the device are not ordered this way: launch such a graph or kernel
-/// only when no collective of this PE can run at the same time.
+/// as blocking collectives would need. A graph with captured collectives ([`crate::capture`]) is
+/// ordered the same way at each launch, as one collective. Collectives made by kernels on the
+/// device are not: launch such a kernel only when no collective of this PE can run at the same
+/// time.
 ///
 /// When several PEs share one GPU without MPS ([`crate::InitStatus::LIMITED_MPG`]), NVSHMEM exits
 /// the process in splits and in the barriers and collectives on a stream: this crate refuses them
@@ -331,7 +332,7 @@ impl<'rt> Team<'rt> {
         let admitted = Admitted::stream(stream, self.resource())?;
         let raw = self.rt.enqueue_on(&admitted)?;
         // SAFETY: valid team; the stream is on the PE's device (checked) and its context current.
-        quiesce::collective(stream.cu_stream(), admitted.captured, false, || unsafe {
+        quiesce::collective(stream.cu_stream(), admitted.captured.then_some(stream), false, || unsafe {
             call!(nvshmemx_team_sync_on_stream(self.raw, raw))
         })
     }
@@ -361,7 +362,7 @@ impl<'rt> Team<'rt> {
         // SAFETY: both buffers are symmetric with `len` elements (checked), disjoint or the same
         // range (checked); `Op::reduce` calls the C function for exactly `T`; the stream is on this
         // device, its context current.
-        quiesce::collective(stream.cu_stream(), admitted.captured, false, || unsafe {
+        quiesce::collective(stream.cu_stream(), admitted.captured.then_some(stream), false, || unsafe {
             op.reduce(self.raw, d, s, len, raw)
         })
     }
@@ -381,7 +382,7 @@ impl<'rt> Team<'rt> {
         let (p, _p) = access.write(buf)?;
         // SAFETY: one symmetric buffer of `len` elements as source and destination, which
         // OpenSHMEM reductions allow; otherwise as for `reduce_on_stream`.
-        quiesce::collective(stream.cu_stream(), admitted.captured, false, || unsafe {
+        quiesce::collective(stream.cu_stream(), admitted.captured.then_some(stream), false, || unsafe {
             op.reduce(self.raw, p, p, len, raw)
         })
     }
@@ -409,7 +410,7 @@ impl<'rt> Team<'rt> {
         let bytes = src.num_bytes();
         // SAFETY: both symmetric with `bytes` bytes (checked) and disjoint (checked); `root` is a
         // member; the stream is on this device and its context current.
-        quiesce::collective(stream.cu_stream(), admitted.captured, false, || unsafe {
+        quiesce::collective(stream.cu_stream(), admitted.captured.then_some(stream), false, || unsafe {
             call!(nvshmemx_broadcastmem_on_stream(self.raw, d as *mut _, s as *const _, bytes, root, raw))
         })
     }
@@ -440,7 +441,7 @@ impl<'rt> Team<'rt> {
         let bytes = src.num_bytes();
         // SAFETY: `src` holds `bytes` bytes and `dst` n_pes times as many (checked), both symmetric
         // and disjoint (checked); the stream is on this device and its context current.
-        quiesce::collective(stream.cu_stream(), admitted.captured, false, || unsafe {
+        quiesce::collective(stream.cu_stream(), admitted.captured.then_some(stream), false, || unsafe {
             call!(nvshmemx_fcollectmem_on_stream(self.raw, d as *mut _, s as *const _, bytes, raw))
         })
     }
@@ -470,7 +471,7 @@ impl<'rt> Team<'rt> {
         overlap::disjoint(Span::new("destination", d, dst_bytes), Span::new("source", s, src.num_bytes()))?;
         // SAFETY: both symmetric with n_pes blocks of `block` bytes (checked) and disjoint
         // (checked); the stream is on this device and its context current.
-        quiesce::collective(stream.cu_stream(), admitted.captured, false, || unsafe {
+        quiesce::collective(stream.cu_stream(), admitted.captured.then_some(stream), false, || unsafe {
             call!(nvshmemx_alltoallmem_on_stream(self.raw, d as *mut _, s as *const _, block, raw))
         })
     }

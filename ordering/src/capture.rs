@@ -240,6 +240,8 @@ pub(crate) struct Scope {
     /// ([`Access::resource_held`](crate::Access::resource_held)): moved into the graph, or
     /// dropped once the capture failed and its partial graph is gone.
     pub(crate) held: Vec<Held>,
+    /// The chains the graph's launches join ([`join_launches`]), each once.
+    pub(crate) chains: Vec<LaunchChain>,
     /// Non-blocking operations captured with no completion after them yet: their completion is
     /// enqueued into the capture before a captured use of their local buffers, or else before
     /// the capture ends.
@@ -384,6 +386,22 @@ pub(crate) fn record_resource(stream: &CudaStream, resource: Resource, hold: Opt
     with_scope(stream, |s| s.note_resource(resource, hold));
 }
 
+/// How a graph's launch joins the order that work of its kind keeps among eager work: called with
+/// the launch stream (its context current) and the launch itself, it runs the launch in that
+/// order (after the work before it, and recorded for the work after it). NVSHMEM's collective
+/// chain is one: a PE's collectives, eager or in a graph, run one at a time.
+pub type LaunchChain = fn(&CudaStream, &mut dyn FnMut() -> Result<(), OrderError>) -> Result<(), OrderError>;
+
+/// Records that the work a call captures on `stream` (by this thread's scope; nothing otherwise)
+/// makes the graph's launches join `chain`.
+pub fn join_launches(stream: &CudaStream, chain: LaunchChain) {
+    with_scope(stream, |s| {
+        if !s.chains.iter().any(|&c| std::ptr::fn_addr_eq(c, chain)) {
+            s.chains.push(chain);
+        }
+    });
+}
+
 /// Admits a call on `stream` that uses `resources` and no buffer (a barrier, a quiet): refused
 /// inside a capture this crate did not open and inside one CUDA invalidated, recorded inside its
 /// own. `Ok(true)` when the call is captured by this thread's scope.
@@ -472,6 +490,7 @@ pub(crate) fn open(stream: &CudaStream) {
         used: Vec::new(),
         resources: Vec::new(),
         held: Vec::new(),
+        chains: Vec::new(),
         pending: None,
         failed: None,
     };
@@ -507,6 +526,7 @@ mod tests {
             used: Vec::new(),
             resources: Vec::new(),
             held: Vec::new(),
+            chains: Vec::new(),
             pending: None,
             failed: None,
         }

@@ -69,6 +69,10 @@ pub enum OrderError {
     },
     /// Enqueuing the completion of an earlier non-blocking operation failed.
     Pending(String),
+    /// A graph's launch could not join the order its work keeps among eager work
+    /// ([`LaunchChain`](crate::LaunchChain)); the launch did not happen, or (when the text says
+    /// so) it happened and later work of its kind cannot be ordered after it.
+    LaunchChain(String),
     /// The stream is the per-thread default stream (cudarc's `per_thread_stream`, handle
     /// `CU_STREAM_PER_THREAD`): one handle that names a different stream on each thread, so that
     /// a use on it cannot be told from a use on another thread's, nor waited for from there.
@@ -127,6 +131,9 @@ impl fmt::Display for OrderError {
             }
             OrderError::ResourceClosed { kind } => write!(f, "the graph's {kind} was closed since the capture"),
             OrderError::Pending(e) => write!(f, "completing an earlier non-blocking operation failed: {e}"),
+            OrderError::LaunchChain(e) => {
+                write!(f, "ordering the graph's launch among the eager work of its kind failed: {e}")
+            }
             OrderError::PerThreadStream => write!(
                 f,
                 "the per-thread default stream (cudarc's per_thread_stream) names another stream on each \

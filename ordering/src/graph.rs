@@ -78,7 +78,7 @@ use std::sync::Arc;
 use cudarc::driver::{sys, CudaStream, DevicePtr, DevicePtrMut, DriverError};
 
 use crate::access::{Access, Guard};
-use crate::capture::{self, is_capturing, Exec, Held, Used};
+use crate::capture::{self, is_capturing, Exec, Held, LaunchChain, Used};
 pub use crate::usage::Resource;
 use crate::usage::{Mode, Use};
 use crate::{DeviceMemory, OrderError};
@@ -327,6 +327,8 @@ pub struct Graph<K> {
     /// What the captured calls' resources asked the graph to hold
     /// ([`Access::resource_held`](crate::Access::resource_held)), dropped after `graph`.
     _held: Vec<Held>,
+    /// The chains each launch joins ([`join_launches`](crate::join_launches)).
+    chains: Vec<LaunchChain>,
     keep: K,
 }
 
@@ -343,7 +345,9 @@ impl<K> fmt::Debug for Graph<K> {
 impl<K: Keep> Graph<K> {
     /// Launches the graph on the stream it was captured on (`cuGraphLaunch`), ordered like a call:
     /// the stream first waits for earlier uses of the kept buffers on other streams, and each
-    /// buffer records the launch as its last use (a write where a captured call writes it).
+    /// buffer records the launch as its last use (a write where a captured call writes it). A
+    /// graph whose captured calls joined a chain ([`join_launches`](crate::join_launches):
+    /// NVSHMEM's collectives) is launched inside it.
     ///
     /// Refused, launching nothing: while the stream is being captured
     /// ([`OrderError::LaunchInCapture`]); when a kept communicator was aborted
@@ -354,13 +358,13 @@ impl<K: Keep> Graph<K> {
         if is_capturing(&self.stream)? {
             return Err(OrderError::LaunchInCapture);
         }
-        let Graph { graph, stream, plan, used, resources, keep, .. } = self;
+        let Graph { graph, stream, plan, used, resources, keep, chains, .. } = self;
         // At most one re-plan: after it, the plan matches the members just surveyed.
         for _ in 0..2 {
             let access = Access::with_mode(stream, Mode::Eager);
             let (guards, fresh) = order_members(keep, &access, plan)?;
             if fresh {
-                graph.launch(stream)?;
+                launch_in(chains, stream, &mut || Ok(graph.launch(stream)?))?;
                 // The guards record the launch as the buffers' last use.
                 drop(guards);
                 return Ok(());
@@ -398,6 +402,18 @@ impl<K: Keep> Graph<K> {
     /// The stream the graph was captured on and is launched on.
     pub fn stream(&self) -> &Arc<CudaStream> {
         &self.stream
+    }
+}
+
+/// Runs `launch` inside every chain of `chains` (the first outermost).
+fn launch_in(
+    chains: &[LaunchChain],
+    stream: &CudaStream,
+    launch: &mut dyn FnMut() -> Result<(), OrderError>,
+) -> Result<(), OrderError> {
+    match chains.split_first() {
+        None => launch(),
+        Some((chain, rest)) => chain(stream, &mut || launch_in(rest, stream, launch)),
     }
 }
 
@@ -510,6 +526,7 @@ pub fn capture<K: Keep, E: From<OrderError>>(
             used: scope.used,
             resources: scope.resources,
             _held: scope.held,
+            chains: scope.chains,
             keep,
         }),
         Err(e) => Err((keep, e.into())),

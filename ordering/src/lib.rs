@@ -42,7 +42,9 @@ mod usage;
 
 pub use access::{Access, Guard};
 pub use buffer::{DeviceBuffer, DeviceBufferMut, DeviceMemory};
-pub use capture::{admit, captured_completion, capturing, is_capturing, relaxed, scope_open, Complete};
+pub use capture::{
+    admit, captured_completion, capturing, is_capturing, join_launches, relaxed, scope_open, Complete, LaunchChain,
+};
 pub use context::{make_current, placement, Placement};
 pub use error::OrderError;
 pub use graph::{capture, Captured, Graph, Keep, Visitor};

@@ -358,6 +358,48 @@ fn collectives_on_two_streams_run_in_the_order_they_were_enqueued() {
     });
 }
 
+/// Session 16's open finding: collectives captured into a graph were not ordered with the eager
+/// ones of another stream (the chain covered eager collectives only). Before: a graph holding a
+/// world sync, launched on `s2` after a barrier on `s1` queued behind 2 s of work, ran at once,
+/// next to that barrier when `s1` got there. Now each launch of a graph with a collective waits
+/// for the last eager collective on another stream, and an eager collective after the launch
+/// waits for the graph.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_graph_launch_joins_the_collective_chain() {
+    multi_process("a_graph_launch_joins_the_collective_chain", 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let ctx = stream.context();
+        let (s1, s2) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+        let world = rt.world().unwrap();
+        let mut graph =
+            nvshmem::capture(&s2, (&rt, &world), |(_, world)| world.sync_on_stream(&s2)).map_err(|(_, e)| e).unwrap();
+
+        occupy(&s1, Duration::from_secs(2));
+        world.barrier_on_stream(&s1).unwrap();
+        graph.launch().unwrap();
+        let after_launch = s2.record_event(None).unwrap();
+        std::thread::sleep(Duration::from_millis(500));
+        assert!(!after_launch.try_is_complete().unwrap(), "the graph's sync ran while s1's barrier was queued");
+        s1.synchronize().unwrap();
+        s2.synchronize().unwrap();
+
+        occupy(&s2, Duration::from_secs(1));
+        graph.launch().unwrap();
+        world.sync_on_stream(&s1).unwrap();
+        let after_sync = s1.record_event(None).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!after_sync.try_is_complete().unwrap(), "s1's sync ran while the graph's launch was queued");
+        s1.synchronize().unwrap();
+        s2.synchronize().unwrap();
+
+        drop(graph);
+        still_works(&rt, &stream);
+        drop(world);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
 /// Issue 17 and issue 19 (suspected, confirmed): an NVSHMEM registration ended without waiting for
 /// the queued uses of its buffer, so a transfer still queued behind other work would run against a
 /// registration that is gone. Before: `unregister` returned at once, with the memset of the
