@@ -302,6 +302,10 @@ impl<'rt> Kernel<'_, 'rt> {
     /// The arguments must match the kernel's parameters in number, order and type, and the
     /// kernel must stay within the buffers it is given (as for any CUDA kernel launch). Besides:
     ///
+    /// - the kernel makes no NVSHMEM collective (barrier, sync, reduction, broadcast, fcollect,
+    ///   alltoall, over any team): those update the team's device state without atomics, and
+    ///   only [`Kernel::launch_collective`] orders them with the PE's other collectives (see
+    ///   [`crate::Team`]);
     /// - a buffer passed read-only ([`KernelArgs::buffer`]) is only read by the kernel, on every
     ///   PE it reaches; one it writes, here or remotely, is passed writable;
     /// - addresses the kernel hands to NVSHMEM's remote operations (puts, gets, atomics, signals)
@@ -324,10 +328,13 @@ impl<'rt> Kernel<'_, 'rt> {
     /// its blocks can be resident at once ([`Error::GridTooLarge`] otherwise, see
     /// [`Kernel::max_collective_blocks`]): what kernels that synchronise across blocks or PEs need,
     /// and what `nvshmemx_collective_launch` does for runtime-API kernels. Every PE launches it.
+    /// The launch counts as one of the PE's collectives (see [`crate::Team`]): it waits for the
+    /// last collective enqueued on another stream, later ones wait for it, and a graph that
+    /// captures it joins that order at each launch.
     ///
     /// # Safety
     ///
-    /// As for [`Kernel::launch`].
+    /// As for [`Kernel::launch`], except that the kernel may make NVSHMEM collectives.
     #[doc(alias = "nvshmemx_collective_launch")]
     #[doc(alias = "cuLaunchCooperativeKernel")]
     pub unsafe fn launch_collective<'b>(
@@ -375,13 +382,20 @@ impl<'rt> Kernel<'_, 'rt> {
         // SAFETY: every start indexes into `words`, which is no longer resized.
         let mut params: Vec<*mut c_void> =
             pushed.starts.iter().map(|&i| unsafe { base.add(i) } as *mut c_void).collect();
-        let launch = if cooperative { result::launch_cooperative_kernel } else { result::launch_kernel };
-        // SAFETY: the function is live (its module is borrowed); `params` points at one value per
-        // kernel parameter (the caller's contract), alive until after the call; the stream is on
-        // the PE's device and its context current.
-        unsafe {
-            launch(self.raw, cfg.grid_dim, cfg.block_dim, cfg.shared_mem_bytes, stream.cu_stream(), &mut params)
-        }?;
+        let mut launch = || {
+            let launch = if cooperative { result::launch_cooperative_kernel } else { result::launch_kernel };
+            // SAFETY: the function is live (its module is borrowed); `params` points at one value
+            // per kernel parameter (the caller's contract), alive until after the call; the
+            // stream is on the PE's device and its context current.
+            Ok(unsafe {
+                launch(self.raw, cfg.grid_dim, cfg.block_dim, cfg.shared_mem_bytes, stream.cu_stream(), &mut params)
+            }?)
+        };
+        if cooperative {
+            quiesce::collective(stream.cu_stream(), admitted.captured.then_some(&**stream), false, launch)?;
+        } else {
+            launch()?;
+        }
         // The guards record the buffers' use now that the kernel is enqueued.
         drop(pushed);
         Ok(())

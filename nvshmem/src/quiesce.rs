@@ -56,8 +56,9 @@
 //! Collectives captured into a graph cannot wait for an eager event inside the capture; the graph
 //! joins the chain instead ([`gpucomm_ordering::join_launches`]): each launch of a graph with a
 //! collective waits for the last eager collective on another stream, and is recorded as the last
-//! one. Not ordered by the chain: collectives that kernels make on the device (a
-//! [`crate::Module`]'s collective launches).
+//! one. A kernel launched with [`crate::Kernel::launch_collective`] counts as one collective (the
+//! kernels that make collectives on the device; [`crate::Kernel::launch`]'s contract rules them
+//! out).
 
 use std::sync::{Arc, Mutex, MutexGuard};
 

@@ -55,9 +55,9 @@ use crate::{Runtime, SymmetricMemory};
 /// run a collective on NVSHMEM's own stream ([`Runtime::barrier_all`], allocations, frees, splits)
 /// wait for it too. Enqueue the collectives of teams that share PEs in the same order on every PE,
 /// as blocking collectives would need. A graph with captured collectives ([`crate::capture`]) is
-/// ordered the same way at each launch, as one collective. Collectives made by kernels on the
-/// device are not: launch such a kernel only when no collective of this PE can run at the same
-/// time.
+/// ordered the same way at each launch, as one collective, and so is a kernel launched with
+/// [`crate::Kernel::launch_collective`] (the only launch whose kernel may make collectives on the
+/// device).
 ///
 /// When several PEs share one GPU without MPS ([`crate::InitStatus::LIMITED_MPG`]), NVSHMEM exits
 /// the process in splits and in the barriers and collectives on a stream: this crate refuses them

@@ -358,16 +358,17 @@ fn collectives_on_two_streams_run_in_the_order_they_were_enqueued() {
     });
 }
 
-/// Session 16's open finding: collectives captured into a graph were not ordered with the eager
-/// ones of another stream (the chain covered eager collectives only). Before: a graph holding a
-/// world sync, launched on `s2` after a barrier on `s1` queued behind 2 s of work, ran at once,
-/// next to that barrier when `s1` got there. Now each launch of a graph with a collective waits
-/// for the last eager collective on another stream, and an eager collective after the launch
-/// waits for the graph.
+/// Session 16's open finding: collectives captured into a graph, and those a kernel makes on the
+/// device, were not ordered with the eager ones of another stream (the chain covered eager
+/// collectives only). Before: a graph holding a world sync, launched on `s2` after a barrier on
+/// `s1` queued behind 2 s of work, ran at once, next to that barrier when `s1` got there; so did
+/// lesson 11's kernel (a device-side `nvshmem_barrier_all`) launched collectively on `s2`. Now
+/// each launch of such a graph, and each collective kernel launch, waits for the last eager
+/// collective on another stream, and an eager collective after it waits for it.
 #[test]
 #[ignore = "needs 1 GPU: run by the GPU bundle"]
-fn a_graph_launch_joins_the_collective_chain() {
-    multi_process("a_graph_launch_joins_the_collective_chain", 1, |info, stream| {
+fn graph_launches_and_collective_kernels_join_the_collective_chain() {
+    multi_process("graph_launches_and_collective_kernels_join_the_collective_chain", 1, |info, stream| {
         let (_rdzv, rt) = start(&info, &stream);
         let ctx = stream.context();
         let (s1, s2) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
@@ -392,8 +393,36 @@ fn a_graph_launch_joins_the_collective_chain() {
         assert!(!after_sync.try_is_complete().unwrap(), "s1's sync ran while the graph's launch was queued");
         s1.synchronize().unwrap();
         s2.synchronize().unwrap();
-
         drop(graph);
+
+        // Lesson 11's kernel: puts to the next PE (this one), a device-side barrier, a check.
+        const LEN: usize = 1024;
+        let module = rt.load_module(RING).unwrap();
+        let ring = module.kernel("ring_put").unwrap();
+        let mut inbox = rt.alloc_zeroed::<i32>(LEN).unwrap();
+        let mine = s2.clone_htod(&(0..LEN).map(|i| value(0, i)).collect::<Vec<_>>()).unwrap();
+        let mut errors = s2.alloc_zeros::<i32>(1).unwrap();
+        s2.synchronize().unwrap();
+        occupy(&s1, Duration::from_secs(1));
+        world.barrier_on_stream(&s1).unwrap();
+        // SAFETY: ring_put(int *inbox, const int *mine, int n, int *errors) writes `n` elements of
+        // the next PE's `inbox`, reads `n` of `mine` and writes one int of `errors`.
+        unsafe {
+            ring.launch_collective(nvshmem_support::grid(1), &s2, |a| {
+                a.buffer_mut(&mut inbox)?.buffer(&mine)?.value(LEN as i32)?.buffer_mut(&mut errors)?;
+                Ok(())
+            })
+        }
+        .unwrap();
+        let after_kernel = s2.record_event(None).unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(!after_kernel.try_is_complete().unwrap(), "the collective kernel ran while s1's barrier was queued");
+        s1.synchronize().unwrap();
+        s2.synchronize().unwrap();
+        assert_eq!(s2.clone_dtoh(&errors).unwrap(), [0], "mismatches seen by the kernel");
+
+        inbox.free().map_err(|(_, e)| e).unwrap();
+        drop(module);
         still_works(&rt, &stream);
         drop(world);
         rt.finalize().map_err(|(_, e)| e).unwrap();
