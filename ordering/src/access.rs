@@ -332,7 +332,13 @@ impl<'s> Access<'s> {
 /// was last used on, a captured use): their guard is empty, and dropping it costs one branch.
 #[must_use = "drop the guard only after the work that uses the pointer is enqueued"]
 #[derive(Debug)]
-pub struct Guard<'a>(Option<SyncOnDrop<'a>>);
+pub struct Guard<'a>(Option<Owed<'a>>);
+
+/// cudarc's guard for a use that owes a record or a synchronisation, settled by [`settle`] when
+/// dropped. A wrapper of its own, so that [`Guard`] needs no `Drop` of its own: dropping an empty
+/// guard stays one branch.
+#[derive(Debug)]
+struct Owed<'a>(SyncOnDrop<'a>);
 
 impl Guard<'_> {
     /// A guard that owes nothing.
@@ -380,7 +386,7 @@ impl Guard<'_> {
     /// mode, which no capture of another thread forbids.
     #[inline]
     fn after_earlier_reader(&self, stream: &CudaStream) -> Result<(), DriverError> {
-        let Some(SyncOnDrop::Record(Some((event, _)))) = &self.0 else { return Ok(()) };
+        let Some(Owed(SyncOnDrop::Record(Some((event, _))))) = &self.0 else { return Ok(()) };
         let this = (event.cu_event() as usize, stream.cu_stream() as usize);
         let slot = read_slot(this.0);
         if LAST_READS.with(|r| r[slot].get()) == this {
@@ -422,14 +428,11 @@ impl<'a> Guard<'a> {
     }
 }
 
-impl Drop for Guard<'_> {
+impl Drop for Owed<'_> {
     /// Records the use's event, or synchronises its stream, as dropping cudarc's guard would —
     /// but also when the context holds a recorded error: see [`settle`].
-    #[inline]
     fn drop(&mut self) {
-        if let Some(guard) = self.0.take() {
-            settle(guard);
-        }
+        settle(&mut self.0);
     }
 }
 
@@ -440,10 +443,11 @@ impl Drop for Guard<'_> {
 /// that failed, say) and skips the record: the work was enqueued all the same, and the buffer's
 /// event would stand for a point before it, so that a later write or the free would not wait for
 /// it. A failure here is recorded in the context, as cudarc does.
+/// cudarc's own drop then finds nothing left to do.
 #[cold]
 #[inline(never)]
-fn settle(mut guard: SyncOnDrop<'_>) {
-    match &mut guard {
+fn settle(guard: &mut SyncOnDrop<'_>) {
+    match guard {
         SyncOnDrop::Record(target) => {
             if let Some((event, stream)) = target.take() {
                 let ctx = stream.context();
@@ -485,7 +489,7 @@ impl<'a> From<SyncOnDrop<'a>> for Guard<'a> {
             std::mem::forget(guard);
             Guard::NONE
         } else {
-            Guard(Some(guard))
+            Guard(Some(Owed(guard)))
         }
     }
 }
