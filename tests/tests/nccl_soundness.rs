@@ -642,20 +642,21 @@ fn an_unrelated_recorded_cuda_error_does_not_stop_an_abort() {
     assert_eq!(ctx.check_err().err(), Some(recorded), "the recorded error was consumed by the abort");
 }
 
-/// A buffer whose own code aborts its communicator (an abort request, carried out by the owner's
-/// next call) when it hands out its pointer while armed: user code that runs inside a call, after
-/// the call checked the communicator.
+/// A buffer whose own code aborts its communicator through an abort handle when it hands out its
+/// pointer while armed: user code that runs inside a call, after the call checked the
+/// communicator. Armed with the status the handle is to report: `Requested` inside a call (carried
+/// out by the owner's next call), `Aborted` inside a parked wait (carried out at once).
 struct AbortsOnUse {
     inner: cudarc::driver::CudaSlice<f32>,
     comm: Rc<Comm>,
-    armed: Rc<Cell<bool>>,
+    armed: Rc<Cell<Option<AbortStatus>>>,
 }
 
 impl AbortsOnUse {
     fn abort_if_armed(&self) {
-        if self.armed.replace(false) {
-            assert_eq!(self.comm.abort_handle().unwrap().abort().unwrap(), AbortStatus::Requested);
-            // Carries the request out: NCCL frees the communicator.
+        if let Some(expected) = self.armed.take() {
+            assert_eq!(self.comm.abort_handle().unwrap().abort().unwrap(), expected);
+            // Carries a request out: NCCL frees the communicator.
             assert!(matches!(self.comm.async_error(), Err(Error::Aborted)));
         }
     }
@@ -700,7 +701,7 @@ unsafe impl DeviceMemory for AbortsOnUse {
 fn a_communicator_aborted_by_a_buffer_never_reaches_nccl() {
     let Some(stream) = stream_of("a_communicator_aborted_by_a_buffer_never_reaches_nccl") else { return };
     let nonblocking = Config::new().blocking(false);
-    let buffer = |comm: &Rc<Comm>, armed: bool| AbortsOnUse {
+    let buffer = |comm: &Rc<Comm>, armed: Option<AbortStatus>| AbortsOnUse {
         inner: stream.clone_htod(&vec![1.0f32; N]).unwrap(),
         comm: comm.clone(),
         armed: Rc::new(Cell::new(armed)),
@@ -708,7 +709,7 @@ fn a_communicator_aborted_by_a_buffer_never_reaches_nccl() {
 
     // A direct all-reduce whose send buffer aborts while its pointer is taken.
     let comm = Rc::new(one_rank(&stream, &nonblocking));
-    let send = buffer(&comm, true);
+    let send = buffer(&comm, Some(AbortStatus::Requested));
     let mut recv = stream.alloc_zeros::<f32>(N).unwrap();
     let issued = comm.all_reduce(&send, &mut recv, ReduceOp::SUM);
     assert!(matches!(issued, Err(Error::Aborted)), "{issued:?}");
@@ -717,20 +718,22 @@ fn a_communicator_aborted_by_a_buffer_never_reaches_nccl() {
 
     // A registration whose buffer aborts while its pointer is taken: refused, the buffer back.
     let comm = Rc::new(one_rank(&stream, &nonblocking));
-    let (back, e) = comm.register(buffer(&comm, true)).expect_err("a registration aborted by its buffer");
+    let (back, e) =
+        comm.register(buffer(&comm, Some(AbortStatus::Requested))).expect_err("a registration aborted by its buffer");
     assert!(matches!(e, Error::Aborted), "{e}");
     assert_eq!(stream.clone_dtoh(&back.inner).unwrap(), vec![1.0; N]);
     drop(back);
 
     // A deregistration whose buffer aborts while its uses are waited for: nothing left to
-    // deregister (NCCL released the registration with the communicator), the buffer back.
+    // deregister (NCCL released the registration with the communicator), the buffer back. The
+    // wait runs parked, so the handle aborts at once.
     let comm = Rc::new(one_rank(&stream, &nonblocking));
-    let buf = buffer(&comm, false);
+    let buf = buffer(&comm, None);
     let armed = buf.armed.clone();
     let registration = comm.register(buf).map_err(|(_, e)| e).unwrap();
-    armed.set(true);
+    armed.set(Some(AbortStatus::Aborted));
     let back = registration.deregister().map_err(|(_, e)| e).expect("deregistering after the buffer aborted");
-    assert!(comm.is_aborted() && !armed.get(), "the buffer's code did not run");
+    assert!(comm.is_aborted() && armed.take().is_none(), "the buffer's code did not run");
     assert_eq!(stream.clone_dtoh(&back.inner).unwrap(), vec![1.0; N]);
     println!("a communicator aborted by a buffer's own code never reached NCCL");
 }
