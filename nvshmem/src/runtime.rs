@@ -102,9 +102,11 @@ pub struct Info {
 /// Finalising is collective (a barrier over all PEs, then one of the bootstrap) and waits on the
 /// host, so a drop also leaves NVSHMEM running, with a warning through the `log` crate, while its
 /// thread panics (the other PEs are not finalising at this step: it would wait for them for ever,
-/// and for the device without bound) and inside a capture ([`crate::capture`]: CUDA refuses host
-/// waits there, and NVSHMEM exits the process on that refusal). Either way the process cannot
-/// start NVSHMEM again ([`Error::Finalized`]).
+/// and for the device without bound); the process cannot start NVSHMEM again then
+/// ([`Error::Finalized`]), and its exit may crash (NVSHMEM's proxy thread racing the exit
+/// handlers). Dropped inside a capture ([`crate::capture`]: CUDA refuses host waits there, and
+/// NVSHMEM exits the process on that refusal), the runtime is finalised as soon as the capture
+/// has ended, before `capture` returns.
 pub struct Runtime {
     stream: Arc<CudaStream>,
     my_pe: usize,
@@ -485,6 +487,24 @@ impl Runtime {
 
     /// Leaves NVSHMEM running (not finalised) in this process because of `why`, with a warning:
     /// the process cannot start it again.
+    /// Moves this runtime into a new value, leaving this one released (its drop does nothing).
+    fn take_over(&mut self) -> Runtime {
+        self.released = true;
+        Runtime {
+            stream: self.stream.clone(),
+            my_pe: self.my_pe,
+            n_pes: self.n_pes,
+            info: self.info.clone(),
+            heap_in_use: self.heap_in_use.clone(),
+            registered: std::mem::take(&mut self.registered),
+            agreement: self.agreement.take(),
+            timeout: self.timeout.clone(),
+            limited_mpg: self.limited_mpg,
+            released: false,
+            _not_sync: PhantomData,
+        }
+    }
+
     fn leak(&self, why: &str) {
         log::warn!("nvshmem: {why}: NVSHMEM stays initialised (not finalised) in this process");
         STATE.store(FINISHED, Ordering::Release);
@@ -567,9 +587,14 @@ impl Drop for Runtime {
             return self.leak("the runtime was dropped while its thread panics (finalising is collective)");
         }
         // The host waits of finalising would be refused by CUDA inside the capture, and NVSHMEM
-        // exits the process on that refusal.
+        // exits the process on that refusal: the runtime is finalised once the capture has ended
+        // (leaving NVSHMEM initialised instead can crash the process at exit, its proxy thread
+        // racing the exit handlers). Without a scope open, `after_scope` hands the drop back,
+        // and dropping it finalises now.
         if gpucomm_ordering::scope_open() {
-            return self.leak("the runtime was dropped inside a capture, where it cannot be finalised");
+            let moved = self.take_over();
+            let _ = gpucomm_ordering::after_scope(Box::new(move || drop(moved)));
+            return;
         }
         // Pending kernels may still use the symmetric heap that finalize releases, and NVSHMEM's
         // finalize would wait for the whole device anyway.

@@ -482,6 +482,32 @@ pub fn scope_open() -> bool {
     SCOPE.with(|s| s.borrow().is_some())
 }
 
+thread_local! {
+    /// What [`after_scope`] put off until this thread's scope closes.
+    static AFTER: RefCell<Vec<Box<dyn FnOnce()>>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Puts `f` off until this thread's capture scope has closed and its capture has ended, on every
+/// path out of [`crate::capture`] (a panic in its closure included): for a teardown that waits on
+/// the host, which CUDA refuses inside the capture — NVSHMEM's finalize when its runtime is
+/// dropped inside the closure. `Err(f)` when this thread has no scope open (then nothing needs
+/// putting off).
+pub fn after_scope(f: Box<dyn FnOnce()>) -> Result<(), Box<dyn FnOnce()>> {
+    if !scope_open() {
+        return Err(f);
+    }
+    AFTER.with(|a| a.borrow_mut().push(f));
+    Ok(())
+}
+
+/// Runs, in order, what [`after_scope`] put off: once the scope is closed and the capture ended.
+pub(crate) fn run_after_scope() {
+    let put_off = AFTER.with(|a| std::mem::take(&mut *a.borrow_mut()));
+    for f in put_off {
+        f();
+    }
+}
+
 /// Opens this thread's scope for `stream`, which is being captured from now on.
 pub(crate) fn open(stream: &CudaStream) {
     let scope = Scope {
@@ -548,6 +574,26 @@ mod tests {
         assert_eq!((s.held.len(), Arc::strong_count(&count)), (1, 2), "one hold, taken at the first record");
         drop(s);
         assert_eq!(Arc::strong_count(&count), 1, "the hold goes with the scope");
+    }
+
+    #[test]
+    fn what_is_put_off_runs_once_after_the_scope_in_order() {
+        use std::cell::RefCell;
+        use std::rc::Rc;
+        let ran = Rc::new(RefCell::new(Vec::new()));
+        let note = |n: u8| -> Box<dyn FnOnce()> {
+            let ran = ran.clone();
+            Box::new(move || ran.borrow_mut().push(n))
+        };
+        // No scope open: handed back, nothing kept.
+        assert!(after_scope(note(0)).is_err());
+        SCOPE.with(|s| *s.borrow_mut() = Some(scope()));
+        assert!(after_scope(note(1)).is_ok() && after_scope(note(2)).is_ok());
+        assert!(ran.borrow().is_empty(), "nothing runs while the scope is open");
+        SCOPE.with(|s| s.borrow_mut().take());
+        run_after_scope();
+        run_after_scope();
+        assert_eq!(*ran.borrow(), [1, 2]);
     }
 
     #[test]

@@ -447,6 +447,8 @@ impl Drop for Capturing<'_> {
             // The half-made graph is dropped at once; a failure is moot here.
             let _ = self.end();
         }
+        // The capture has ended, on every path: what waited for that runs now.
+        capture::run_after_scope();
     }
 }
 
