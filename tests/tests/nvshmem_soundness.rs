@@ -15,7 +15,7 @@ mod nvshmem_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaEvent, CudaStream};
 use gpucomm_tests::{multi_node_on_one_gpu, multi_process, occupy, skip};
 use nvshmem::launch::{Options, Rendezvous};
 use nvshmem::ops::Sum;
@@ -339,30 +339,41 @@ fn collectives_on_two_streams_run_in_the_order_they_were_enqueued() {
 
         occupy(&s1, Duration::from_secs(2));
         world.barrier_on_stream(&s1).unwrap();
+        let s1_barrier = s1.record_event(None).unwrap();
         world.barrier_on_stream(&s2).unwrap();
         let after_barrier = s2.record_event(None).unwrap();
         world.sync_on_stream(&s2).unwrap();
         world.reduce_in_place_on_stream(Sum, &mut sum, &s2).unwrap();
         let after_all = s2.record_event(None).unwrap();
         std::thread::sleep(Duration::from_millis(500));
-        assert!(!after_barrier.try_is_complete().unwrap(), "the barrier on s2 ran while s1's was queued");
-        assert!(!after_all.try_is_complete().unwrap(), "the collectives on s2 ran while s1's barrier was queued");
+        in_order(&s1_barrier, &after_barrier, "the barrier on s2 ran while s1's was queued");
+        in_order(&s1_barrier, &after_all, "the collectives on s2 ran while s1's barrier was queued");
         s1.synchronize().unwrap();
         s2.synchronize().unwrap();
         assert_eq!(s2.clone_dtoh(&sum).unwrap(), vec![3; 1024], "one PE's sum is its own");
 
         occupy(&s1, Duration::from_secs(1));
         world.sync_on_stream(&s1).unwrap();
-        let began = Instant::now();
+        let s1_sync = s1.record_event(None).unwrap();
         rt.barrier_all().unwrap();
-        let took = began.elapsed();
-        assert!(took >= Duration::from_millis(500), "the host barrier ran after {took:?}, with s1's sync queued");
+        assert!(s1_sync.try_is_complete().unwrap(), "the host barrier returned with s1's sync queued");
 
         sum.free().map_err(|(_, e)| e).unwrap();
         still_works(&rt, &stream);
         drop(world);
         rt.finalize().map_err(|(_, e)| e).unwrap();
     });
+}
+
+/// Asserts that `then` (an event after a collective) did not complete before `first` (an event
+/// after the collective it must follow). In the plain run `first` is held back behind seconds of
+/// work, so a collective that did not wait would have completed by now; under compute-sanitizer,
+/// which serialises kernel launches, both have usually completed, and the check holds trivially
+/// (the sanitizer mode checks memory, the plain run the order).
+fn in_order(first: &CudaEvent, then: &CudaEvent, what: &str) {
+    let then_done = then.try_is_complete().unwrap();
+    let first_done = first.try_is_complete().unwrap();
+    assert!(!then_done || first_done, "{what}");
 }
 
 /// Session 16's open finding: collectives captured into a graph, and those a kernel makes on the
@@ -385,19 +396,21 @@ fn graph_launches_and_collective_kernels_join_the_collective_chain() {
 
         occupy(&s1, Duration::from_secs(2));
         world.barrier_on_stream(&s1).unwrap();
+        let s1_barrier = s1.record_event(None).unwrap();
         graph.launch().unwrap();
         let after_launch = s2.record_event(None).unwrap();
         std::thread::sleep(Duration::from_millis(500));
-        assert!(!after_launch.try_is_complete().unwrap(), "the graph's sync ran while s1's barrier was queued");
+        in_order(&s1_barrier, &after_launch, "the graph's sync ran while s1's barrier was queued");
         s1.synchronize().unwrap();
         s2.synchronize().unwrap();
 
         occupy(&s2, Duration::from_secs(1));
         graph.launch().unwrap();
+        let launched = s2.record_event(None).unwrap();
         world.sync_on_stream(&s1).unwrap();
         let after_sync = s1.record_event(None).unwrap();
         std::thread::sleep(Duration::from_millis(300));
-        assert!(!after_sync.try_is_complete().unwrap(), "s1's sync ran while the graph's launch was queued");
+        in_order(&launched, &after_sync, "s1's sync ran while the graph's launch was queued");
         s1.synchronize().unwrap();
         s2.synchronize().unwrap();
         drop(graph);
@@ -412,6 +425,7 @@ fn graph_launches_and_collective_kernels_join_the_collective_chain() {
         s2.synchronize().unwrap();
         occupy(&s1, Duration::from_secs(1));
         world.barrier_on_stream(&s1).unwrap();
+        let s1_barrier = s1.record_event(None).unwrap();
         // SAFETY: ring_put(int *inbox, const int *mine, int n, int *errors) writes `n` elements of
         // the next PE's `inbox`, reads `n` of `mine` and writes one int of `errors`.
         unsafe {
@@ -423,7 +437,7 @@ fn graph_launches_and_collective_kernels_join_the_collective_chain() {
         .unwrap();
         let after_kernel = s2.record_event(None).unwrap();
         std::thread::sleep(Duration::from_millis(300));
-        assert!(!after_kernel.try_is_complete().unwrap(), "the collective kernel ran while s1's barrier was queued");
+        in_order(&s1_barrier, &after_kernel, "the collective kernel ran while s1's barrier was queued");
         s1.synchronize().unwrap();
         s2.synchronize().unwrap();
         assert_eq!(s2.clone_dtoh(&errors).unwrap(), [0], "mismatches seen by the kernel");
