@@ -309,9 +309,9 @@ pub(crate) fn quiescing(stream: sys::CUstream, captured: bool, call: impl FnOnce
 /// stream when this thread's capture scope captures it (as [`crate::runtime::Admitted`] or
 /// [`gpucomm_ordering::capturing`] found it): a captured collective is not chained, and the
 /// graph's launches join the chain instead ([`graph_launch`]). Only a barrier, which uses
-/// NVSHMEM's internal streams, is refused while another stream's capture holds them. When the collective was enqueued but cannot be ordered before
-/// later ones (its event could neither be recorded nor waited for), the error says so and every
-/// later call is refused.
+/// NVSHMEM's internal streams, is refused while another stream's capture holds them. When the
+/// collective was enqueued but cannot be ordered before later ones (its event could neither be
+/// recorded nor waited for), the error says so and every later call is refused.
 pub(crate) fn collective(
     stream: sys::CUstream,
     captured: Option<&CudaStream>,

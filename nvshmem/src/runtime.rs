@@ -485,8 +485,6 @@ impl Runtime {
         Ok(())
     }
 
-    /// Leaves NVSHMEM running (not finalised) in this process because of `why`, with a warning:
-    /// the process cannot start it again.
     /// Moves this runtime into a new value, leaving this one released (its drop does nothing).
     fn take_over(&mut self) -> Runtime {
         self.released = true;
@@ -505,6 +503,8 @@ impl Runtime {
         }
     }
 
+    /// Leaves NVSHMEM running (not finalised) in this process because of `why`, with a warning:
+    /// the process cannot start it again.
     fn leak(&self, why: &str) {
         log::warn!("nvshmem: {why}: NVSHMEM stays initialised (not finalised) in this process");
         STATE.store(FINISHED, Ordering::Release);

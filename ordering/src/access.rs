@@ -442,8 +442,8 @@ impl Drop for Owed<'_> {
 /// on any thread, recorded since the call's own check (another buffer's guard of the same call
 /// that failed, say) and skips the record: the work was enqueued all the same, and the buffer's
 /// event would stand for a point before it, so that a later write or the free would not wait for
-/// it. A failure here is recorded in the context, as cudarc does.
-/// cudarc's own drop then finds nothing left to do.
+/// it. A failure here is recorded in the context, as cudarc does; cudarc's own drop then finds
+/// nothing left to do.
 #[cold]
 #[inline(never)]
 fn settle(guard: &mut SyncOnDrop<'_>) {
