@@ -1152,11 +1152,24 @@ fn a_new_buffer_is_not_filled_on_a_captured_stream() {
     comm.finalize().map_err(|(_, e)| e).unwrap();
 }
 
-/// Zeroes `bytes` bytes at `ptr` on `stream`.
-fn zero_raw(ptr: cudarc::driver::sys::CUdeviceptr, bytes: usize, stream: &CudaStream) {
-    // SAFETY: the callers pass the address a buffer's `device_ptr_mut` returned for `stream`, valid
-    // for `bytes` bytes, whose guard is still alive (so the use is recorded after this write).
-    unsafe { result::memset_d8_async(ptr, 0, bytes, stream.cu_stream()) }.unwrap();
+/// Zeroes `buf` on `on` behind 300 ms of work, with the pointer of its `device_ptr_mut`, and
+/// records `error` in the context before the use's guard drops — held in the calls' `Guard` when
+/// `calls_guard`, else dropped as cudarc's own.
+fn zero_behind_work_then_an_error<B: DevicePtrMut<f32>>(
+    buf: &mut B,
+    on: &Arc<CudaStream>,
+    error: DriverError,
+    calls_guard: bool,
+) {
+    let bytes = buf.num_bytes();
+    let (ptr, guard) = buf.device_ptr_mut(on);
+    let (cudarcs, ours) = if calls_guard { (None, Some(Guard::from(guard))) } else { (Some(guard), None) };
+    occupy(on, std::time::Duration::from_millis(300));
+    // SAFETY: `ptr` is the buffer's address for `on`, valid for `bytes` bytes, and its guard is
+    // still alive (so the use is recorded after this write).
+    unsafe { result::memset_d8_async(ptr, 0, bytes, on.cu_stream()) }.unwrap();
+    on.context().record_err(Err::<(), _>(error));
+    drop((cudarcs, ours));
 }
 
 #[test]
@@ -1172,31 +1185,17 @@ fn a_use_is_recorded_although_the_context_holds_an_error() {
     let Some(ctx) = one_gpu(test) else { return };
     let (home, other, reader) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
     let unrelated = DriverError(CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
-    let bytes = N * size_of::<f32>();
 
     let mut tracked = MemBuffer::from_host(&home, &[1.0f32; N]).unwrap();
     home.synchronize().unwrap();
-    {
-        let (ptr, guard) = tracked.device_ptr_mut(&other);
-        occupy(&other, std::time::Duration::from_millis(300));
-        zero_raw(ptr, bytes, &other);
-        ctx.record_err(Err::<(), _>(unrelated));
-        drop(guard);
-    }
+    zero_behind_work_then_an_error(&mut tracked, &other, unrelated, false);
     // The error stays for cudarc's next check, which reports it (and clears it).
     assert_eq!(ctx.check_err(), Err(unrelated));
     all_equal("a MemBuffer read after the zeroing", &reader.clone_dtoh(&tracked).unwrap(), 0.0);
 
     let mut slice = home.clone_htod(&[1.0f32; N]).unwrap();
     home.synchronize().unwrap();
-    {
-        let (ptr, guard) = slice.device_ptr_mut(&other);
-        let guard = Guard::from(guard);
-        occupy(&other, std::time::Duration::from_millis(300));
-        zero_raw(ptr, bytes, &other);
-        ctx.record_err(Err::<(), _>(unrelated));
-        drop(guard);
-    }
+    zero_behind_work_then_an_error(&mut slice, &other, unrelated, true);
     assert_eq!(ctx.check_err(), Err(unrelated));
     all_equal("a cudarc slice read after the zeroing", &reader.clone_dtoh(&slice).unwrap(), 0.0);
     other.synchronize().unwrap();
