@@ -2,7 +2,7 @@
 //! captured calls use), breaking a capture these crates did not open, ending the scope's capture
 //! whatever happened inside it, and host-side waits during a capture.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::driver::{result, sys, CudaStream, DriverError};
@@ -217,16 +217,30 @@ pub fn relaxed<R>(f: impl FnOnce() -> Result<R, DriverError>) -> Result<R, Drive
     restored.map(|()| out)
 }
 
-/// One use of device memory by a captured call.
+/// One use of device memory by a captured call, on the scope's stream (a scope records uses on
+/// that stream only, so each is made in its device and CUDA context: see [`Place`]). The address
+/// comes first, so that comparing two uses of different buffers stops at the first field.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Used {
-    pub(crate) ordinal: usize,
-    /// The CUDA context the use was made in (`CUcontext` as a number): two contexts of one
-    /// device map the same address to different memory.
-    pub(crate) ctx: usize,
     pub(crate) ptr: sys::CUdeviceptr,
     pub(crate) bytes: usize,
     pub(crate) how: Use,
+}
+
+/// The device and CUDA context (`CUcontext` as a number) of a scope's stream, where all of the
+/// scope's recorded uses were made: two contexts of one device map the same address to different
+/// memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Place {
+    pub(crate) ordinal: usize,
+    pub(crate) ctx: usize,
+}
+
+impl Place {
+    /// The place of `stream`'s uses.
+    pub(crate) fn of(stream: &CudaStream) -> Self {
+        Place { ordinal: stream.context().ordinal(), ctx: stream.context().cu_ctx() as usize }
+    }
 }
 
 /// The capture this thread has open through [`crate::capture`]: its stream, and what the calls
@@ -256,19 +270,23 @@ pub(crate) struct Scope {
 const RECENT_USES: usize = 8;
 
 impl Scope {
-    /// Records a captured use, unless one of the latest recorded ones is the same.
+    /// Records a captured use, unless one of the latest recorded ones is the same (looked for
+    /// from the latest back: a loop's repeated call finds its uses among the last few).
     #[inline]
     fn note(&mut self, used: Used) {
         let recent = &self.used[self.used.len().saturating_sub(RECENT_USES)..];
-        if !recent.contains(&used) {
+        if !recent.iter().rev().any(|u| *u == used) {
             self.used.push(used);
         }
     }
 
     /// Records a resource, unless it is recorded already, with what `hold` makes the first time.
+    /// (`iter().any` rather than `contains`, which is not inlined: 34 instructions more per
+    /// captured call, `tools/host-instructions.sh`.)
     #[inline]
+    #[allow(clippy::manual_contains)]
     fn note_resource(&mut self, resource: Resource, hold: Option<impl FnOnce() -> Held>) {
-        if !self.resources.contains(&resource) {
+        if !self.resources.iter().any(|r| *r == resource) {
             self.resources.push(resource);
             self.held.extend(hold.map(|make| make()));
         }
@@ -293,13 +311,42 @@ struct Nonblocking {
 pub type Complete = fn(&CudaStream) -> Result<(), String>;
 
 thread_local! {
-    static SCOPE: RefCell<Option<Scope>> = const { RefCell::new(None) };
+    /// This thread's open scope: set by [`open`] to a scope that [`close`] takes back, null
+    /// otherwise. A pointer, not the scope itself: a thread-local without a destructor is reached
+    /// with one load, where one that owns vectors first checks its registration (every captured
+    /// call reaches the scope several times).
+    static SCOPE: Cell<*const RefCell<Scope>> = const { Cell::new(std::ptr::null()) };
+}
+
+/// Installs `scope` as this thread's open scope (none may be open).
+fn install(scope: Scope) {
+    let scope = Box::into_raw(Box::new(RefCell::new(scope)));
+    let earlier = SCOPE.replace(scope);
+    debug_assert!(earlier.is_null(), "one scope per thread (`capture` refuses nesting)");
+}
+
+/// Takes this thread's open scope back, if one is open.
+fn uninstall() -> Option<Scope> {
+    let scope = SCOPE.replace(std::ptr::null());
+    // SAFETY: a non-null pointer is the box `install` leaked, and taking it out of the
+    // thread-local first makes this its only owner.
+    (!scope.is_null()).then(|| unsafe { Box::from_raw(scope as *mut RefCell<Scope>) }.into_inner())
+}
+
+/// Runs `f` on this thread's open scope, if one is open.
+#[inline]
+fn on_scope<R>(f: impl FnOnce(&RefCell<Scope>) -> R) -> Option<R> {
+    let scope = SCOPE.get();
+    // SAFETY: a non-null pointer is the box `install` leaked, freed only by `uninstall` on this
+    // thread, which nulls the pointer first; `f` gets it for this call only and nothing it is
+    // handed reaches `uninstall` (closing happens in `crate::capture`'s own frame).
+    (!scope.is_null()).then(|| f(unsafe { &*scope }))
 }
 
 /// True when this thread's scope captures `stream`.
 #[inline]
 fn owns(stream: &CudaStream) -> bool {
-    SCOPE.with(|s| s.borrow().as_ref().is_some_and(|s| s.captures(stream)))
+    on_scope(|s| s.borrow().captures(stream)).unwrap_or(false)
 }
 
 /// How work enqueued on `stream` now is handled: run eagerly, or recorded by this thread's scope.
@@ -350,16 +397,16 @@ pub(crate) fn broken() -> OrderError {
 /// and stores on every record (a captured `all_reduce`: 50 instructions fewer this way).
 #[inline]
 fn with_scope<R>(stream: &CudaStream, f: impl FnOnce(&mut Scope) -> R) -> Option<R> {
-    SCOPE.with(|s| match s.borrow_mut().as_mut() {
-        Some(scope) if scope.captures(stream) => Some(f(scope)),
-        _ => None,
+    on_scope(|s| {
+        let mut scope = s.borrow_mut();
+        scope.captures(stream).then(|| f(&mut scope))
     })
+    .flatten()
 }
 
 /// Records a captured use of `bytes` bytes at `ptr` on `stream`'s device.
 pub(crate) fn record_use(stream: &CudaStream, ptr: sys::CUdeviceptr, bytes: usize, how: Use) {
-    let used = Used { ordinal: stream.context().ordinal(), ctx: stream.context().cu_ctx() as usize, ptr, bytes, how };
-    with_scope(stream, |s| s.note(used));
+    with_scope(stream, |s| s.note(Used { ptr, bytes, how }));
 }
 
 /// Records a captured use of `bytes` bytes at `ptr` on `stream`'s device, in memory whose tracker
@@ -367,10 +414,9 @@ pub(crate) fn record_use(stream: &CudaStream, ptr: sys::CUdeviceptr, bytes: usiz
 /// as [`complete_before_use`] enqueues it, then as [`record_use`] records it (one look at the
 /// scope for both).
 pub(crate) fn record_tracked_use(stream: &CudaStream, local: usize, ptr: sys::CUdeviceptr, bytes: usize, how: Use) {
-    let used = Used { ordinal: stream.context().ordinal(), ctx: stream.context().cu_ctx() as usize, ptr, bytes, how };
     let due = with_scope(stream, |s| {
         let due = take_pending_use(s, local);
-        s.note(used);
+        s.note(Used { ptr, bytes, how });
         due
     });
     complete_now(stream, due.flatten());
@@ -479,7 +525,7 @@ pub unsafe fn captured_completion(stream: &CudaStream) {
 /// True when this thread has a capture scope open ([`crate::capture`]): host-side waits on this
 /// thread are then refused by CUDA (the scope captures in thread-local mode).
 pub fn scope_open() -> bool {
-    SCOPE.with(|s| s.borrow().is_some())
+    !SCOPE.get().is_null()
 }
 
 thread_local! {
@@ -520,7 +566,7 @@ pub(crate) fn open(stream: &CudaStream) {
         pending: None,
         failed: None,
     };
-    SCOPE.with(|s| *s.borrow_mut() = Some(scope));
+    install(scope);
     OPEN.fetch_add(1, Ordering::AcqRel);
 }
 
@@ -528,7 +574,7 @@ pub(crate) fn open(stream: &CudaStream) {
 /// completion of non-blocking operations captured without one (a failure to enqueue this or an
 /// earlier completion is returned with the scope).
 pub(crate) fn close(stream: &CudaStream) -> (Option<Scope>, Result<(), String>) {
-    let mut scope = SCOPE.with(|s| s.borrow_mut().take());
+    let mut scope = uninstall();
     let Some(s) = scope.as_mut() else { return (None, Ok(())) };
     let completed = match s.pending.take() {
         Some(p) => (p.complete)(stream),
@@ -587,10 +633,10 @@ mod tests {
         };
         // No scope open: handed back, nothing kept.
         assert!(after_scope(note(0)).is_err());
-        SCOPE.with(|s| *s.borrow_mut() = Some(scope()));
+        install(scope());
         assert!(after_scope(note(1)).is_ok() && after_scope(note(2)).is_ok());
         assert!(ran.borrow().is_empty(), "nothing runs while the scope is open");
-        SCOPE.with(|s| s.borrow_mut().take());
+        drop(uninstall());
         run_after_scope();
         run_after_scope();
         assert_eq!(*ran.borrow(), [1, 2]);
@@ -599,7 +645,7 @@ mod tests {
     #[test]
     fn a_repeated_use_is_recorded_once() {
         let mut s = scope();
-        let read = Used { ordinal: 0, ctx: 1, ptr: 0x1000, bytes: 256, how: Use::Read };
+        let read = Used { ptr: 0x1000, bytes: 256, how: Use::Read };
         let write = Used { ptr: 0x2000, how: Use::Write, ..read };
         for _ in 0..100 {
             s.note(read);

@@ -78,7 +78,7 @@ use std::sync::Arc;
 use cudarc::driver::{sys, CudaStream, DevicePtr, DevicePtrMut, DriverError};
 
 use crate::access::{Access, Guard};
-use crate::capture::{self, is_capturing, Exec, Held, LaunchChain, Used};
+use crate::capture::{self, is_capturing, Exec, Held, LaunchChain, Place, Used};
 pub use crate::usage::Resource;
 use crate::usage::{Mode, Use};
 use crate::{DeviceMemory, OrderError};
@@ -274,15 +274,16 @@ fn order_members<'k, K: Keep>(
     }
 }
 
-/// Which member holds each use: every use must lie inside a kept buffer (a writable one for a
-/// write) and every resource must be kept.
-fn plan(members: Vec<Member>, used: &[Used], resources: &[Resource]) -> Result<Plan, OrderError> {
+/// Which member holds each use (all made at `place`, the captured stream's device and context):
+/// every use must lie inside a kept buffer (a writable one for a write) and every resource must
+/// be kept.
+fn plan(members: Vec<Member>, place: Place, used: &[Used], resources: &[Resource]) -> Result<Plan, OrderError> {
     let mut plan: Plan = members.into_iter().map(|m| (m, None)).collect();
     for u in used.iter().filter(|u| u.bytes > 0) {
         let holds = |m: &Member| match *m {
             Member::Buffer { ordinal, ctx, ptr, bytes, .. } => {
-                ordinal == u.ordinal
-                    && ctx == u.ctx
+                ordinal == place.ordinal
+                    && ctx == place.ctx
                     && u.ptr >= ptr
                     && u.ptr - ptr <= bytes as u64
                     && u.bytes as u64 <= bytes as u64 - (u.ptr - ptr)
@@ -294,7 +295,7 @@ fn plan(members: Vec<Member>, used: &[Used], resources: &[Resource]) -> Result<P
             Use::Write => plan.iter().position(|(m, _)| holds(m) && writable(m)),
             Use::Read => plan.iter().position(|(m, _)| holds(m)),
         };
-        let (ordinal, ptr, bytes) = (u.ordinal, u.ptr, u.bytes);
+        let (ordinal, ptr, bytes) = (place.ordinal, u.ptr, u.bytes);
         match found {
             Some(i) => {
                 let how = &mut plan[i].1;
@@ -373,7 +374,7 @@ impl<K: Keep> Graph<K> {
             // nothing (no launch follows them), which is harmless.
             drop(guards);
             let members = survey(keep, stream)?;
-            *plan = self::plan(members, used, resources)?;
+            *plan = self::plan(members, Place::of(stream), used, resources)?;
         }
         Err(OrderError::Cuda(DriverError(sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE)))
     }
@@ -518,7 +519,7 @@ pub fn capture<K: Keep, E: From<OrderError>>(
     };
     let planned = survey(&mut keep, stream).and_then(|members| {
         pin_numbered(&members, &mut scope.resources);
-        plan(members, &scope.used, &scope.resources)
+        plan(members, Place::of(stream), &scope.used, &scope.resources)
     });
     match planned {
         Ok(plan) => Ok(Graph {
@@ -671,30 +672,36 @@ mod tests {
     }
 
     fn used(ptr: u64, bytes: usize, how: Use) -> Used {
-        Used { ordinal: 0, ctx: 1, ptr, bytes, how }
+        Used { ptr, bytes, how }
     }
+
+    /// The device and context of `buffer`'s members.
+    const HERE: Place = Place { ordinal: 0, ctx: 1 };
 
     #[test]
     fn every_use_must_lie_in_a_kept_buffer() {
         let members = vec![buffer(0x1000, 256, false), buffer(0x2000, 256, true)];
-        let plan = plan(members.clone(), &[used(0x1010, 16, Use::Read), used(0x2000, 256, Use::Write)], &[]).unwrap();
+        let plan =
+            plan(members.clone(), HERE, &[used(0x1010, 16, Use::Read), used(0x2000, 256, Use::Write)], &[]).unwrap();
         assert_eq!(plan.iter().map(|p| p.1).collect::<Vec<_>>(), [Some(Use::Read), Some(Use::Write)]);
 
         // Past the end of the buffer by one byte.
-        let err = self::plan(members.clone(), &[used(0x2001, 256, Use::Read)], &[]).unwrap_err();
+        let err = self::plan(members.clone(), HERE, &[used(0x2001, 256, Use::Read)], &[]).unwrap_err();
         assert_eq!(err, OrderError::NotKept { ordinal: 0, ptr: 0x2001, bytes: 256 });
         // Another device.
-        let other = Used { ordinal: 1, ..used(0x1000, 4, Use::Read) };
-        assert!(matches!(self::plan(members.clone(), &[other], &[]), Err(OrderError::NotKept { ordinal: 1, .. })));
+        let other = Place { ordinal: 1, ..HERE };
+        let err = self::plan(members.clone(), other, &[used(0x1000, 4, Use::Read)], &[]);
+        assert!(matches!(err, Err(OrderError::NotKept { ordinal: 1, .. })));
         // Another context of the same device, at the same address (the audit: a kept buffer
         // swapped for one of another context that got the freed address).
-        let other = Used { ctx: 2, ..used(0x1000, 4, Use::Read) };
-        assert!(matches!(self::plan(members.clone(), &[other], &[]), Err(OrderError::NotKept { ordinal: 0, .. })));
+        let other = Place { ctx: 2, ..HERE };
+        let err = self::plan(members.clone(), other, &[used(0x1000, 4, Use::Read)], &[]);
+        assert!(matches!(err, Err(OrderError::NotKept { ordinal: 0, .. })));
         // Written, but kept only shared.
-        let err = self::plan(members.clone(), &[used(0x1000, 4, Use::Write)], &[]).unwrap_err();
+        let err = self::plan(members.clone(), HERE, &[used(0x1000, 4, Use::Write)], &[]).unwrap_err();
         assert_eq!(err, OrderError::KeptShared { ordinal: 0, ptr: 0x1000, bytes: 4 });
         // Empty uses touch nothing.
-        assert!(self::plan(members, &[used(0x9000, 0, Use::Write)], &[]).is_ok());
+        assert!(self::plan(members, HERE, &[used(0x9000, 0, Use::Write)], &[]).is_ok());
     }
 
     #[test]
@@ -707,10 +714,10 @@ mod tests {
         pin_numbered(&members, &mut resources);
         pin_numbered(&members, &mut resources);
         assert_eq!(resources, [window], "pinned once");
-        assert!(plan(members, &uses, &resources).is_ok());
+        assert!(plan(members, HERE, &uses, &resources).is_ok());
         // The same memory, kept with another registration of it: the re-plan is refused.
         let swapped = vec![buffer(0x1000, 64, true), Member::Resource(Resource::numbered("window", again))];
-        assert_eq!(plan(swapped, &uses, &resources).unwrap_err(), OrderError::ResourceNotKept { kind: "window" });
+        assert_eq!(plan(swapped, HERE, &uses, &resources).unwrap_err(), OrderError::ResourceNotKept { kind: "window" });
         // Resources named by address are not pinned: only the captured calls' own count.
         let comm = 7u8;
         let mut resources = Vec::new();
@@ -724,11 +731,11 @@ mod tests {
         let r = Resource::of("communicator", &comm);
         let members = vec![buffer(0x1000, 64, true), Member::Resource(r)];
         let uses = [used(0x1000, 8, Use::Write), used(0x1008, 8, Use::Read)];
-        let plan = plan(members.clone(), &uses, &[r]).unwrap();
+        let plan = plan(members.clone(), HERE, &uses, &[r]).unwrap();
         assert_eq!(plan[0].1, Some(Use::Write));
         assert_eq!(plan[1].1, Some(Use::Read));
         let other = 8u8;
-        let err = self::plan(members, &[], &[Resource::of("team", &other)]).unwrap_err();
+        let err = self::plan(members, HERE, &[], &[Resource::of("team", &other)]).unwrap_err();
         assert_eq!(err, OrderError::ResourceNotKept { kind: "team" });
         assert_eq!(err.to_string(), "a captured call used a team that the graph does not keep: give it to the capture");
     }
