@@ -2,6 +2,7 @@
 
 use std::cell::Cell;
 use std::collections::HashMap;
+use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError, SyncOnDrop};
@@ -212,7 +213,7 @@ impl<'s> Access<'s> {
     ///
     /// The guard borrows the buffer and the stream, not the `Access`, so guards of several calls
     /// can be kept together until their work is enqueued (a group).
-    #[inline]
+    #[inline(always)]
     pub fn read<'a, T>(
         &self,
         buf: &'a (impl DeviceBuffer<T> + ?Sized),
@@ -228,7 +229,7 @@ impl<'s> Access<'s> {
     }
 
     /// The pointer of `buf` for writing on the call's stream, and the guard to drop after enqueue.
-    #[inline]
+    #[inline(always)]
     pub fn write<'a, T>(
         &self,
         buf: &'a mut (impl DeviceBufferMut<T> + ?Sized),
@@ -334,11 +335,12 @@ impl<'s> Access<'s> {
 #[derive(Debug)]
 pub struct Guard<'a>(Option<Owed<'a>>);
 
-/// cudarc's guard for a use that owes a record or a synchronisation, settled by [`settle`] when
-/// dropped. A wrapper of its own, so that [`Guard`] needs no `Drop` of its own: dropping an empty
-/// guard stays one branch.
+/// cudarc's guard for a use that owes a record or a synchronisation, settled and dropped by
+/// [`settle`] when dropped. A wrapper of its own, so that [`Guard`] needs no `Drop` of its own,
+/// and holding cudarc's guard in a `ManuallyDrop`, so that all of its dropping happens out of
+/// line: dropping an empty guard stays one inlined branch.
 #[derive(Debug)]
-struct Owed<'a>(SyncOnDrop<'a>);
+struct Owed<'a>(ManuallyDrop<SyncOnDrop<'a>>);
 
 impl Guard<'_> {
     /// A guard that owes nothing.
@@ -386,7 +388,8 @@ impl Guard<'_> {
     /// mode, which no capture of another thread forbids.
     #[inline]
     fn after_earlier_reader(&self, stream: &CudaStream) -> Result<(), DriverError> {
-        let Some(Owed(SyncOnDrop::Record(Some((event, _))))) = &self.0 else { return Ok(()) };
+        let Some(Owed(owed)) = &self.0 else { return Ok(()) };
+        let SyncOnDrop::Record(Some((event, _))) = &**owed else { return Ok(()) };
         let this = (event.cu_event() as usize, stream.cu_stream() as usize);
         let slot = read_slot(this.0);
         if LAST_READS.with(|r| r[slot].get()) == this {
@@ -431,8 +434,10 @@ impl<'a> Guard<'a> {
 impl Drop for Owed<'_> {
     /// Records the use's event, or synchronises its stream, as dropping cudarc's guard would —
     /// but also when the context holds a recorded error: see [`settle`].
+    #[inline]
     fn drop(&mut self) {
-        settle(&mut self.0);
+        // SAFETY: cudarc's guard is dropped here only, once, as `self` is.
+        unsafe { settle(&mut self.0) }
     }
 }
 
@@ -442,12 +447,16 @@ impl Drop for Owed<'_> {
 /// on any thread, recorded since the call's own check (another buffer's guard of the same call
 /// that failed, say) and skips the record: the work was enqueued all the same, and the buffer's
 /// event would stand for a point before it, so that a later write or the free would not wait for
-/// it. A failure here is recorded in the context, as cudarc does; cudarc's own drop then finds
-/// nothing left to do.
+/// it. A failure here is recorded in the context, as cudarc does; cudarc's own drop, run here
+/// after, then finds nothing left to do.
+///
+/// # Safety
+///
+/// `guard` is dropped here: it must not be used or dropped again.
 #[cold]
 #[inline(never)]
-fn settle(guard: &mut SyncOnDrop<'_>) {
-    match guard {
+unsafe fn settle(guard: &mut ManuallyDrop<SyncOnDrop<'_>>) {
+    match &mut **guard {
         SyncOnDrop::Record(target) => {
             if let Some((event, stream)) = target.take() {
                 let ctx = stream.context();
@@ -477,6 +486,8 @@ fn settle(guard: &mut SyncOnDrop<'_>) {
             }
         }
     }
+    // SAFETY: the caller's promise: dropped once, here.
+    unsafe { ManuallyDrop::drop(guard) }
 }
 
 impl<'a> From<SyncOnDrop<'a>> for Guard<'a> {
@@ -489,7 +500,7 @@ impl<'a> From<SyncOnDrop<'a>> for Guard<'a> {
             std::mem::forget(guard);
             Guard::NONE
         } else {
-            Guard(Some(Owed(guard)))
+            Guard(Some(Owed(ManuallyDrop::new(guard))))
         }
     }
 }
