@@ -270,6 +270,20 @@ pub(crate) struct Scope {
 const RECENT_USES: usize = 8;
 
 impl Scope {
+    /// A scope for the capture of stream `stream` of context `ctx`, with nothing recorded yet.
+    fn empty(stream: sys::CUstream, ctx: sys::CUcontext) -> Self {
+        Scope {
+            stream,
+            ctx,
+            used: Vec::new(),
+            resources: Vec::new(),
+            held: Vec::new(),
+            chains: Vec::new(),
+            pending: None,
+            failed: None,
+        }
+    }
+
     /// Records a captured use, unless one of the latest recorded ones is the same (looked for
     /// from the latest back: a loop's repeated call finds its uses among the last few).
     #[inline]
@@ -556,17 +570,7 @@ pub(crate) fn run_after_scope() {
 
 /// Opens this thread's scope for `stream`, which is being captured from now on.
 pub(crate) fn open(stream: &CudaStream) {
-    let scope = Scope {
-        stream: stream.cu_stream(),
-        ctx: stream.context().cu_ctx(),
-        used: Vec::new(),
-        resources: Vec::new(),
-        held: Vec::new(),
-        chains: Vec::new(),
-        pending: None,
-        failed: None,
-    };
-    install(scope);
+    install(Scope::empty(stream.cu_stream(), stream.context().cu_ctx()));
     OPEN.fetch_add(1, Ordering::AcqRel);
 }
 
@@ -592,16 +596,7 @@ mod tests {
     use super::*;
 
     fn scope() -> Scope {
-        Scope {
-            stream: std::ptr::null_mut(),
-            ctx: std::ptr::null_mut(),
-            used: Vec::new(),
-            resources: Vec::new(),
-            held: Vec::new(),
-            chains: Vec::new(),
-            pending: None,
-            failed: None,
-        }
+        Scope::empty(std::ptr::null_mut(), std::ptr::null_mut())
     }
 
     #[test]
