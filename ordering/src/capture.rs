@@ -24,10 +24,16 @@ const LEGACY: usize = 1;
 /// `CU_STREAM_PER_THREAD`: the handle of the calling thread's own default stream.
 const PER_THREAD: usize = 2;
 
+/// True for the per-thread default stream (cudarc's `per_thread_stream`).
+#[inline]
+pub(crate) fn is_per_thread(stream: &CudaStream) -> bool {
+    stream.cu_stream() as usize == PER_THREAD
+}
+
 /// [`OrderError::PerThreadStream`] for the per-thread default stream.
 #[inline]
 pub(crate) fn refuse_per_thread(stream: &CudaStream) -> Result<(), OrderError> {
-    if stream.cu_stream() as usize == PER_THREAD {
+    if is_per_thread(stream) {
         Err(OrderError::PerThreadStream)
     } else {
         Ok(())

@@ -2,7 +2,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream, DriverError, SyncOnDrop};
 
@@ -82,6 +82,10 @@ pub struct StreamTracker {
     /// The context handle the tracker's events are made from ([`context::unchecked`]): an error
     /// recorded in the user's handle makes cudarc skip no record of them.
     events: Arc<CudaContext>,
+    /// The per-thread default stream under `events`' handle, made at the first use on that
+    /// stream: the guard of such a use synchronises it, and cudarc's synchronisation through the
+    /// user's handle would take an error recorded there and skip the wait.
+    per_thread: OnceLock<Arc<CudaStream>>,
     /// This tracker's identity ([`StreamTracker::key`]), unique in the process: the tracker lives
     /// inside its buffer and moves with it, so its address cannot name it.
     key: usize,
@@ -130,6 +134,7 @@ impl StreamTracker {
             home: home.context().clone(),
             scratch: events.new_event(None)?,
             events,
+            per_thread: OnceLock::new(),
             key: NEXT_KEY.fetch_add(1, Ordering::Relaxed),
         })
     }
@@ -455,10 +460,21 @@ impl StreamTracker {
     /// would take a recorded error for its own and skip the wait. Only when the host cannot wait
     /// (a use on a stream that is being captured) is `why` recorded, as cudarc does in its own
     /// guards.
+    ///
+    /// The guard synchronises the per-thread default stream through the tracker's own handle of
+    /// the context (the stream's handle names the same stream there, on the thread that drops the
+    /// guard): through the user's handle, cudarc would take an error recorded there meanwhile (by
+    /// any use of the context, on any thread) and skip the wait, and the use would be left running
+    /// unrecorded. A use that a failed CUDA call left to the host on another stream keeps that
+    /// stream's own synchronisation.
     #[cold]
-    fn order_on_host<'a>(&self, stream: &'a CudaStream, why: DriverError) -> SyncOnDrop<'a> {
+    fn order_on_host<'a>(&'a self, stream: &'a CudaStream, why: DriverError) -> SyncOnDrop<'a> {
         if self.synchronize().is_err() {
             stream.context().record_err(Err::<(), _>(why));
+        }
+        if capture::is_per_thread(stream) {
+            let unchecked = self.per_thread.get_or_init(|| self.events.per_thread_stream());
+            return SyncOnDrop::Sync(Some(unchecked));
         }
         SyncOnDrop::Sync(Some(stream))
     }

@@ -23,7 +23,8 @@
 //!   which NCCL would otherwise make wait for that graph for ever.
 //! * a use whose guard drops after an error was recorded in the context is still recorded
 //!   (a `MemBuffer`'s tracker event, a cudarc slice's event in the calls' guard), also in a
-//!   context that is not the device's primary one.
+//!   context that is not the device's primary one, and a use on the per-thread default stream
+//!   is still synchronised.
 //!
 //! One-rank communicators and one-PE NVSHMEM jobs: one GPU is enough for every test.
 
@@ -1227,4 +1228,24 @@ fn a_use_in_a_non_primary_context_is_recorded_although_it_holds_an_error() {
         // The context is still usable after its buffer (and the tracker's handle) went.
         assert_eq!(reader.clone_dtoh(&reader.clone_htod(&[2.0f32; N]).unwrap()).unwrap(), [2.0f32; N], "round {round}");
     }
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_use_on_the_per_thread_stream_is_synchronised_although_the_context_holds_an_error() {
+    // A tracked buffer's use on the per-thread default stream is ordered on the host: its guard
+    // synchronises the stream once cudarc has enqueued the use. Before, that synchronisation went
+    // through the user's handle of the context, which first took an error recorded there
+    // meanwhile and skipped the wait: the zeroing below was left running unrecorded, and a read
+    // on another stream read the buffer before it. The guard now synchronises through the
+    // tracker's own handle, and the error stays for cudarc's next check.
+    let test = "a_use_on_the_per_thread_stream_is_synchronised_although_the_context_holds_an_error";
+    let Some(ctx) = one_gpu(test) else { return };
+    let (home, reader) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let unrelated = DriverError(CUresult::CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES);
+    let mut tracked = MemBuffer::from_host(&home, &[1.0f32; N]).unwrap();
+    home.synchronize().unwrap();
+    zero_behind_work_then_an_error(&mut tracked, &ctx.per_thread_stream(), unrelated, false);
+    assert_eq!(ctx.check_err(), Err(unrelated));
+    all_equal("a read after the per-thread zeroing", &reader.clone_dtoh(&tracked).unwrap(), 0.0);
 }
