@@ -74,22 +74,131 @@ impl Comm {
         mut wait: impl FnMut(Option<Duration>) -> Result<bool>,
     ) -> Result<bool> {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-        loop {
-            let next = self.watch.borrow_mut().next_due()?;
-            let due = match next {
-                Some((due, late)) if Instant::now() >= due => return Err(self.time_out(late.call, late.after)),
-                next => next.map(|(due, _)| due),
-            };
-            let until = deadline.into_iter().chain(due).min();
-            let parked = Parked::enter(&self.health)?;
-            let done = wait(until.map(|at| at.saturating_duration_since(Instant::now())));
-            parked.leave()?;
-            if done? {
-                return Ok(true);
-            }
-            if deadline.is_some_and(|at| Instant::now() >= at) {
-                return Ok(false);
-            }
+        within(
+            deadline,
+            || self.watch.borrow_mut().next_due(),
+            |late| self.time_out(late.call, late.after),
+            |bound| {
+                let parked = Parked::enter(&self.health)?;
+                let done = wait(bound);
+                parked.leave()?;
+                done
+            },
+        )
+    }
+}
+
+/// The loop of [`Comm::wait_parked`]: calls `wait(bound)` until it says the work has finished,
+/// each time bounded by `deadline` and by the due time of the oldest unfinished call
+/// (`next_due`). An overdue call wins over the deadline — `overdue` turns it into the error —
+/// whenever both have passed by the time a wait returns: the deadline is taken when the wait
+/// begins, a call enqueued just before it is due a few microseconds earlier, and a wait bounded
+/// by that due time returns after both. The deadline is looked at only after one wait, so that a
+/// zero timeout still asks once whether the work has finished.
+#[cfg(nccl_2_19)]
+fn within<L>(
+    deadline: Option<Instant>,
+    mut next_due: impl FnMut() -> Result<Option<(Instant, L)>>,
+    overdue: impl FnOnce(L) -> crate::Error,
+    mut wait: impl FnMut(Option<Duration>) -> Result<bool>,
+) -> Result<bool> {
+    let mut waited = false;
+    loop {
+        let due = match next_due()? {
+            Some((due, late)) if Instant::now() >= due => return Err(overdue(late)),
+            next => next.map(|(due, _)| due),
+        };
+        if waited && deadline.is_some_and(|at| Instant::now() >= at) {
+            return Ok(false);
         }
+        let until = deadline.into_iter().chain(due).min();
+        if wait(until.map(|at| at.saturating_duration_since(Instant::now())))? {
+            return Ok(true);
+        }
+        waited = true;
+    }
+}
+
+#[cfg(all(test, nccl_2_19))]
+mod tests {
+    use super::*;
+    use crate::Error;
+
+    fn timed_out(call: &'static str) -> Error {
+        Error::Timeout { what: call, after: Duration::from_millis(20) }
+    }
+
+    /// The teardown of a registration behind a dead peer: the hung call is due a little before
+    /// the wait's own deadline, and the wait bounded by it returns after both. Before, the
+    /// deadline was looked at first: `Ok(false)` (the buffer still in use, the communicator left
+    /// running) instead of the timeout that aborts it.
+    #[test]
+    fn an_overdue_call_wins_over_the_deadline() {
+        let start = Instant::now();
+        let due = start + Duration::from_millis(20);
+        let deadline = Some(due + Duration::from_micros(5));
+        let mut bounds = Vec::new();
+        let got = within(
+            deadline,
+            || Ok(Some((due, "ncclAllReduce"))),
+            timed_out,
+            |bound| {
+                bounds.push(bound);
+                std::thread::sleep(bound.unwrap_or_default() + Duration::from_millis(1));
+                Ok(false)
+            },
+        );
+        assert!(matches!(got, Err(Error::Timeout { what: "ncclAllReduce", .. })), "{got:?}");
+        assert_eq!(bounds.len(), 1, "one wait, bounded by the due time: {bounds:?}");
+        assert!(bounds[0].is_some_and(|b| b <= Duration::from_millis(20)), "{bounds:?}");
+    }
+
+    #[test]
+    fn the_deadline_ends_a_wait_with_nothing_overdue() {
+        let deadline = Some(Instant::now() + Duration::from_millis(10));
+        let mut waits = 0;
+        let got = within(
+            deadline,
+            || Ok(None::<(Instant, &str)>),
+            timed_out,
+            |bound| {
+                waits += 1;
+                std::thread::sleep(bound.unwrap_or_default());
+                Ok(false)
+            },
+        );
+        assert!(matches!(got, Ok(false)), "{got:?}");
+        assert!(waits >= 1);
+    }
+
+    #[test]
+    fn a_zero_timeout_still_asks_once() {
+        let mut waits = 0;
+        let got = within(
+            Some(Instant::now()),
+            || Ok(None::<(Instant, &str)>),
+            timed_out,
+            |_| {
+                waits += 1;
+                Ok(true)
+            },
+        );
+        assert!(matches!(got, Ok(true)) && waits == 1, "{got:?} after {waits} waits");
+    }
+
+    #[test]
+    fn finished_work_ends_the_wait() {
+        let mut left = 3;
+        let got = within(
+            None,
+            || Ok(None::<(Instant, &str)>),
+            timed_out,
+            |bound| {
+                assert_eq!(bound, None, "no deadline, nothing due: unbounded");
+                left -= 1;
+                Ok(left == 0)
+            },
+        );
+        assert!(matches!(got, Ok(true)) && left == 0, "{got:?}");
     }
 }
