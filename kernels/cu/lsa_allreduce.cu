@@ -17,7 +17,8 @@
 //   lands whole (one 64-bit access, single-copy atomic in PTX's memory model). One NVLink
 //   crossing per call, like NCCL's LL protocol. Two slots again, by call parity, so a rank can be
 //   one call ahead of a peer. Every 2^31 calls each slot's whole region is written once, so that
-//   a stale word never carries the flag of a later call (the flags are 32-bit).
+//   a stale word never carries the flag of a later call (the flags are 32-bit); LL counts its own
+//   calls (counters of its own), so that other kernels' launches cannot take the calls that do it.
 // * two-shot over windows (larger messages, zero copy): input and output both live in symmetric
 //   windows. After a barrier, rank r reduces its 1/N share of the elements by loading it from
 //   every peer (reduce-scatter) and stores the result into every peer's output (all-gather); a
@@ -132,14 +133,15 @@ __device__ __forceinline__ void sum_from_peers(const Peers<T>& in, T* out, size_
 // a slot holds `count` elements.
 constexpr size_t CTRL_BYTES = 4096;
 
-// Call counters: one u32 per possible CTA (MAX_CTAS, as in examples/src/lsa.rs), kept equal to the
-// number of launches so far. CTA b reads counter b; at the end CTA b advances counters b,
+// Call counters: one u32 per possible CTA (MAX_CTAS, as in kernels/src/lsa.rs), kept equal to the
+// number of launches so far of the kernels that share them (the host passes their offset as
+// `base`: the one-shot's at 0, the LL kernel's after them). CTA b reads counter b; at the end CTA b advances counters b,
 // b + gridDim.x, b + 2·gridDim.x, ..., so every counter moves once per launch whatever grid each
 // call uses, and all CTAs of a launch agree on the call number. No atomics and no fence: each
 // counter has one writer per launch, and launches on one stream do not overlap. (A fence here
 // would wait for this CTA's stores to peers to complete, a full NVLink round trip per call.)
 constexpr unsigned MAX_CTAS = 32;
-static_assert(MAX_CTAS * sizeof(uint32_t) <= CTRL_BYTES, "call counters fit the control area");
+static_assert(2 * MAX_CTAS * sizeof(uint32_t) <= CTRL_BYTES, "both kernels' call counters fit the control area");
 
 __device__ __forceinline__ uint32_t begin_call(ncclWindow_t win, size_t base) {
   __shared__ uint32_t call;
@@ -189,7 +191,7 @@ __device__ void oneshot(ncclDevComm comm, ncclWindow_t win, size_t base, size_t 
   end_call(win, base, call);
 }
 
-// The LL one-shot: the call counter shared with `oneshot` (at `base`), then for each (slot, source rank) a
+// The LL one-shot: call counters of its own (at `base`), then for each (slot, source rank) a
 // region of `region` bytes at `ll_off` + (slot × MAX_PEERS + source) × `region`, holding one
 // 8-byte (data, flag) pair per 4-byte word of the message.
 template <typename T>
@@ -269,7 +271,7 @@ __device__ void ll_oneshot(ncclDevComm comm, ncclWindow_t win, size_t base, size
     pre[k] = w < we ? load_word(send, count, w) : 0;
   }
   const uint32_t call = begin_call(win, base);
-  const uint32_t flag = call + 1;  // never 0, the window's initial contents
+  const uint32_t flag = call + 1;  // 0 only at call 2^32 - 1, after the refreshes (below)
   const size_t slot = ll_off + (size_t)(call & 1) * MAX_PEERS * region;
   // Push this rank's words to every peer, data and flag in one 8-byte store.
   uint64_t* to[MAX_PEERS];
@@ -289,7 +291,10 @@ __device__ void ll_oneshot(ncclDevComm comm, ncclWindow_t win, size_t base, size
   // The flags are call numbers in 32 bits, so a word that no launch had written for 2^32 calls
   // would pass for this call's. Twice every 2^31 calls (one call of each slot) the launch also
   // pushes the rest of its region, (0, flag) past the message, so that no word of a region is
-  // ever more than 2^31 + 1 calls old. The peers read only the message's words of this call.
+  // ever more than 2^31 + 1 calls old. These are LL calls (its counters count nothing else), so
+  // the refreshing calls always come; on shared counters, another kernel's launches could take
+  // them. The refresh at calls 0 and 1 also overwrites the window's initial zeros, whose flag 0 is
+  // the flag of call 2^32 - 1. The peers read only the message's words of this call.
   if ((call & 0x7ffffffeu) == 0) {
     const size_t all = region / sizeof(uint64_t), threads = (size_t)gridDim.x * blockDim.x;
     for (size_t w = words + (size_t)blockIdx.x * blockDim.x + threadIdx.x; w < all; w += threads) push(w, 0);

@@ -7,7 +7,7 @@
 //!
 //! | offset | size | what |
 //! |---|---|---|
-//! | 0 | 4 KiB | per-CTA call counters (LL and one-shot) |
+//! | 0 | 4 KiB | per-CTA call counters: the one-shot's at 0, the LL kernel's at 128 |
 //! | 4 KiB | 2 × `one_shot` | one-shot staging slots |
 //! | … | 2 × 8 × 128 KiB | LL regions: (slot, source rank) pairs of (data, flag) words |
 //! | … | `staged` | staged two-shot: input region |
@@ -36,6 +36,11 @@ pub const MAX_CTAS: u32 = 32;
 const THREADS: u32 = 512;
 /// Bytes of the per-CTA call counters at the start of the window (see the kernels).
 const CTRL_BYTES: usize = 4096;
+/// Where the LL kernel's call counters start, after the one-shot's (at 0): each kernel counts its
+/// own calls, so that the LL kernel's refresh of its regions (every 2^31 of its calls) cannot be
+/// skipped by one-shot launches taking the call numbers that do it.
+const LL_COUNTERS: usize = MAX_CTAS as usize * size_of::<u32>();
+const _: () = assert!(2 * LL_COUNTERS <= CTRL_BYTES, "both kernels' counters fit the control area");
 /// The largest message of the LL kernel.
 pub const LL_MAX_BYTES: usize = 64 << 10;
 /// The most ranks the kernels handle.
@@ -334,9 +339,9 @@ impl<'c> LsaKernels<'c> {
     pub fn set_launch_count(&mut self, calls: u32) -> Result<()> {
         agree(self.comm, "launch counts", &[u64::from(calls)])?;
         let stream = self.comm.stream();
-        let counters = [calls; MAX_CTAS as usize];
+        let counters = [calls; 2 * MAX_CTAS as usize];
         let (ptr, guard) = self.window.device_ptr(stream);
-        // SAFETY: the window begins with the MAX_CTAS 4-byte call counters (at `base` 0, before
+        // SAFETY: the window begins with both kernels' MAX_CTAS 4-byte call counters (before
         // anything else, see `Sizes::offsets`), and the guard orders this copy after every
         // earlier use of the window; `counters` outlives the copy (synchronized below).
         unsafe { cudarc::driver::result::memcpy_htod_async(ptr, &counters, stream.cu_stream()) }?;
@@ -665,7 +670,8 @@ impl<'c> LsaKernels<'c> {
     ) -> Result<()> {
         let (dev, win) = (self.dev.arg(), self.window.0.arg());
         let (ll_off, in_off, out_off) = self.sizes.offsets();
-        let (base, slot, region) = (0usize, self.sizes.one_shot, LL_REGION);
+        let (slot, region) = (self.sizes.one_shot, LL_REGION);
+        let base: usize = if kernel == Kernel::Ll { LL_COUNTERS } else { 0 };
         let elem = size_of::<T>();
         match kernel {
             Kernel::Ll | Kernel::OneShot => {
@@ -684,7 +690,8 @@ impl<'c> LsaKernels<'c> {
                 // size_t region, const T*, T*, size_t), one-shot (ncclDevComm, ncclWindow_t,
                 // size_t base, size_t slot_bytes, const T*, T*, size_t), matching the arguments
                 // pushed; `src`/`dst` hold `count` elements (the caller's contract); the window
-                // (the same size on every rank, agreed at creation) holds the counters at `base`,
+                // (the same size on every rank, agreed at creation) holds the kernel's counters at
+                // `base` (inside the control area: the one-shot's at 0, LL's at LL_COUNTERS),
                 // two one-shot slots of `slot` ≥ `bytes` bytes after them and, at `ll_off`,
                 // 2 × MAX_PEERS LL regions of LL_REGION bytes, room for the pairs of LL_MAX_BYTES
                 // ≥ `bytes`; the LSA team has at most MAX_PEERS ranks (checked at creation); the

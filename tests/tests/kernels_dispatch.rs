@@ -493,7 +493,9 @@ fn ll_words_left_from_2_pow_32_launches_earlier_are_not_taken_for_new_ones() {
     // 2^32 launches later (of small messages only, which rewrite the first words alone) the flag
     // of that call comes round again. Before the fix the words past the small messages still
     // carried it, and a rank whose peer had not pushed yet summed the peer's old words. The
-    // launch counters are set (a test hook) instead of making 2^32 launches.
+    // launch counters are set (a test hook) instead of making 2^32 launches. One-shot launches
+    // run between: while the two kernels shared their call counters, these took the call numbers
+    // at which LL refreshes its regions (2^31 and 2^31 + 1 here), and the old words stayed.
     use gpucomm_kernels::lsa::{LsaKernels, Sizes, LL_MAX_BYTES};
     let test = "ll_words_left_from_2_pow_32_launches_earlier_are_not_taken_for_new_ones";
     multi_process(test, 2, |info, stream| {
@@ -508,12 +510,23 @@ fn ll_words_left_from_2_pow_32_launches_earlier_are_not_taken_for_new_ones() {
             lsa.ll(&stream, &send, &mut recv).unwrap();
             stream.clone_dtoh(&recv).unwrap()
         };
+        let one_shot = |lsa: &LsaKernels<'_>| {
+            let send = stream.clone_htod(&[(rank + 1) as f32; 2]).unwrap();
+            let mut recv = stream.alloc_zeros::<f32>(2).unwrap();
+            lsa.one_shot(&stream, &send, &mut recv).unwrap();
+            stream.clone_dtoh(&recv).unwrap()
+        };
         let full = LL_MAX_BYTES / size_of::<f32>();
         let start = (1u32 << 31) - 2;
         lsa.set_launch_count(start).unwrap();
-        // Call 2^31 − 2 writes every word of slot 0; calls 2^31 − 1 to 2^31 + 1 are 8 bytes.
+        // LL call 2^31 − 2 writes every word of slot 0; LL calls 2^31 − 1 to 2^31 + 1 are 8 bytes,
+        // with two one-shot launches after the first of them.
         assert_eq!(run(&lsa, full, 1.0), vec![3.0; full]);
-        for _ in 0..3 {
+        assert_eq!(run(&lsa, 2, 1.0), vec![3.0; 2]);
+        for _ in 0..2 {
+            assert_eq!(one_shot(&lsa), vec![3.0; 2]);
+        }
+        for _ in 0..2 {
             assert_eq!(run(&lsa, 2, 1.0), vec![3.0; 2]);
         }
         // 2^32 launches after the full call, the counters read what they read then.
