@@ -77,13 +77,18 @@ fn check_layouts(header: Version, library: Version) -> Result<()> {
         (Some(h), Some(l)) => match (LAYOUTS[h].1, LAYOUTS[l].1) {
             (Layout::Unversioned, Layout::Unversioned) if h == l => Ok(()),
             (Layout::Unversioned, Layout::Unversioned) => refuse(
-                "NCCL 2.28.7 inserted barrierCount before lsaBarrierCount and grew ncclDevComm by                  its GIN fields, so NCCL would take another field for the LSA barrier count and write                  past the device communicator; use headers and a library both older than 2.28.7, or                  both from 2.28.7 on",
+                "NCCL 2.28.7 inserted barrierCount before lsaBarrierCount and grew ncclDevComm by \
+                its GIN fields, so NCCL would take another field for the LSA barrier count and write \
+                past the device communicator; use headers and a library both older than 2.28.7, or \
+                both from 2.28.7 on",
             ),
             (Layout::Unversioned, Layout::Versioned) => refuse(
-                "NCCL ≥ 2.29.2 requires the version fields (size, magic, version) that headers                  older than 2.29.2 lack, and refuses the call; build against the library's headers",
+                "NCCL ≥ 2.29.2 requires the version fields (size, magic, version) that headers \
+                older than 2.29.2 lack, and refuses the call; build against the library's headers",
             ),
             (Layout::Versioned, _) if library < header => refuse(
-                "the library is older than the headers and cannot read their structs; load a                  library at least as new as the headers",
+                "the library is older than the headers and cannot read their structs; load a \
+                library at least as new as the headers",
             ),
             (Layout::Versioned, _) => Ok(()),
         },

@@ -154,7 +154,9 @@ fn ensure_descriptors(world_size: usize, max_connections: usize) -> Result<(), R
             match plan_descriptors(open, world_size, world_size, soft, soft) {
                 Descriptors::TooFew(needed) => Err(RendezvousError::Io {
                     context: format!(
-                        "rank 0 needs {needed} file descriptors for the store of {world_size} ranks, and raising                          its soft limit (RLIMIT_NOFILE) from {soft} to {target} failed; start it with a higher                          limit (`ulimit -n {target}`)"
+                        "rank 0 needs {needed} file descriptors for the store of {world_size} ranks, and raising \
+                        its soft limit (RLIMIT_NOFILE) from {soft} to {target} failed; start it with a higher \
+                        limit (`ulimit -n {target}`)"
                     ),
                     error,
                 }),
