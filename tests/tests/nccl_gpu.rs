@@ -7,7 +7,7 @@ use gpucomm_tests::{multi_process, require_gpus};
 use nccl::{group, Collectives, Comm, Error, ReduceOp};
 
 #[test]
-#[ignore = "needs 2 GPUs: run by the GPU bundle (./dev.sh bundle)"]
+#[ignore = "needs 1 GPU: run by the GPU bundle (./dev.sh bundle)"]
 fn init_rank_checks_its_arguments() {
     let Some(streams) = require_gpus("init_rank_checks_its_arguments", 1) else { return };
     let id = nccl::UniqueId::new().unwrap();
