@@ -1,7 +1,9 @@
 //! A dead rank (issue 7, "Must show"): two processes, one killed with SIGKILL (a) after it joined
 //! the communicator but before the first collective, and (b) after some collectives succeeded.
 //! The survivor (nonblocking communicator, 3 s timeout) must get an `Err` within twice its
-//! timeout, find its stream free again, and exit cleanly; 10 repetitions of each.
+//! timeout, find its stream free again, and exit cleanly; 10 repetitions of each
+//! (`GPUCOMM_DEAD_RANK_REPETITIONS` sets another number, for a GPU session short of time: each
+//! repetition is a two-process job of 6–8 s).
 //!
 //! Each repetition starts this test binary twice through the launch crate's spawner: rank 1 is
 //! the victim, which kills itself with SIGKILL at the chosen point; rank 0 is the survivor, which
@@ -18,6 +20,7 @@ use gpucomm_tests::{device_count, skip};
 use nccl::{Collectives, Comm, Config, Error, ReduceOp};
 
 const TIMEOUT: Duration = Duration::from_secs(3);
+/// Repetitions of each test, unless `GPUCOMM_DEAD_RANK_REPETITIONS` says otherwise.
 const REPETITIONS: usize = 10;
 /// Elements per all-reduce; rank r contributes r + 1.
 const COUNT: usize = 1 << 16;
@@ -36,7 +39,8 @@ fn peer_killed_after_some_collectives() {
     repeat("peer_killed_after_some_collectives", 3);
 }
 
-/// The parent: `REPETITIONS` two-process jobs; the survivor must exit 0, the victim by SIGKILL.
+/// The parent: `REPETITIONS` two-process jobs (or `GPUCOMM_DEAD_RANK_REPETITIONS`); the survivor
+/// must exit 0, the victim by SIGKILL.
 fn repeat(test: &str, warm_up: usize) {
     if let Ok(w) = std::env::var(WARM_UP_VAR) {
         return rank(w.parse().expect("a count"));
@@ -49,7 +53,11 @@ fn repeat(test: &str, warm_up: usize) {
     let args: Vec<OsString> =
         ["--exact", test, "--include-ignored", "--nocapture", "--test-threads=1"].map(Into::into).into();
     let env = [(WARM_UP_VAR.to_string(), warm_up.to_string())];
-    for repetition in 0..REPETITIONS {
+    let repetitions = match std::env::var("GPUCOMM_DEAD_RANK_REPETITIONS") {
+        Ok(n) => n.parse().expect("GPUCOMM_DEAD_RANK_REPETITIONS: a number"),
+        Err(_) => REPETITIONS,
+    };
+    for repetition in 0..repetitions {
         let outcome = spawn_local(2, &exe, &args, &env, Duration::from_secs(30)).expect("spawn the two ranks");
         let status =
             |r: usize| outcome.statuses.iter().find(|(rank, _)| *rank == r).map(|(_, s)| *s).expect("a status");
