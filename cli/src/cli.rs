@@ -78,6 +78,10 @@ pub struct DoctorArgs {
     /// Keep NCCL's logs and the ranks' results in DIR (default: a temporary directory, removed).
     #[arg(long, value_name = "DIR")]
     pub logs: Option<PathBuf>,
+    /// Also write the report as JSON (what `--json` prints) to FILE, from the same run: the text
+    /// report and every figure of one live run.
+    #[arg(long, value_name = "FILE")]
+    pub json_out: Option<PathBuf>,
 }
 
 /// `gpucomm bench`.

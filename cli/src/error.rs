@@ -65,7 +65,7 @@ pub enum CliError {
         /// What is wrong with it.
         why: String,
     },
-    /// An output file (`--plot`, `--out`) that cannot be written.
+    /// An output file (`--plot`, `--out`, `--json-out`) that cannot be written.
     #[error("cannot write {what} {}: {why}", path.display())]
     WriteOutput {
         /// What the file is.

@@ -295,6 +295,22 @@ fn doctor_without_a_driver_says_so_and_fails() {
     assert_eq!(v["facts"]["limits"], serde_json::Value::Null);
     assert_eq!(v["facts"]["bandwidth"], serde_json::json!([]));
     assert_eq!(v["facts"]["nvlink_error_growth"], serde_json::Value::Null);
+    // --json-out: the text report on stdout and the same run's JSON in the file.
+    let dir = std::env::temp_dir().join(format!("gpucomm-doctor-json-out-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("doctor.json");
+    let out = gpucomm(&["doctor", "--skip-live", "--json-out", file.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stdout).contains("✗ NVML unavailable: "), "{}", text(&out.stdout));
+    let written: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).expect("JSON in the file");
+    assert_eq!(written["failures"], v["failures"]);
+    assert_eq!(written["facts"]["bandwidth"], serde_json::json!([]));
+    std::fs::remove_dir_all(&dir).unwrap();
+    let missing = dir.join("no-such-folder").join("doctor.json");
+    let out = gpucomm(&["doctor", "--skip-live", "--json-out", missing.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("cannot write the JSON report (--json-out)"), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("✗ NVML unavailable: "), "the report comes first: {}", text(&out.stdout));
     fails_with(&["doctor", "--nproc", "1"], 2, "invalid value '1' for '--nproc");
 }
 

@@ -103,19 +103,27 @@ pub fn run(args: &DoctorArgs, overridden: &[Overridden]) -> Result<()> {
         }
     }
     progress.finish();
-    if let Some(out) = json {
-        let facts = Facts {
-            machine: machine.as_ref(),
-            limits: machine.as_ref().map(topo::limits),
-            peer_access: peers.as_deref().ok(),
-            software: &sw,
-            live: live_facts.as_ref(),
-            bandwidth: &bandwidth,
-            nvlink_error_growth: growth.as_deref(),
-        };
-        out.write(&serde_json::json!({ "checks": report.checks, "failures": report.failures(), "facts": facts }))?;
-    } else {
-        print!("{}", report.render());
+    let facts = Facts {
+        machine: machine.as_ref(),
+        limits: machine.as_ref().map(topo::limits),
+        peer_access: peers.as_deref().ok(),
+        software: &sw,
+        live: live_facts.as_ref(),
+        bandwidth: &bandwidth,
+        nvlink_error_growth: growth.as_deref(),
+    };
+    let doc = || serde_json::json!({ "checks": report.checks, "failures": report.failures(), "facts": facts });
+    match json {
+        Some(out) => out.write(&doc())?,
+        None => print!("{}", report.render()),
+    }
+    // After the report, so that a file that cannot be written loses nothing of the run.
+    if let Some(path) = &args.json_out {
+        std::fs::write(path, format!("{:#}\n", doc())).map_err(|e| CliError::WriteOutput {
+            what: "the JSON report (--json-out)",
+            path: path.clone(),
+            why: e.to_string(),
+        })?;
     }
     match report.failures() {
         0 => Ok(()),

@@ -192,7 +192,15 @@ impl GpuSource for NvmlSource {
 
     fn nvlink_p2p(&self, a: usize, b: usize) -> Result<bool, SourceError> {
         let (da, db) = (self.device(a)?, self.device(b)?);
-        Ok(da.p2p_status(&db, P2pCapabilitiesIndex::NvLink).map_err(err)? == P2pStatus::Ok)
+        match da.p2p_status(&db, P2pCapabilitiesIndex::NvLink).map_err(err)? {
+            P2pStatus::Ok => Ok(true),
+            // No answer, not a "no": a virtual machine that hides the NVLink switches may say so
+            // of links that are up and carry P2P. Undecided, so that the links decide.
+            status @ (P2pStatus::NotSupported | P2pStatus::Unknown) => {
+                Err(SourceError(format!("NVLink P2P status {status:?}")))
+            }
+            _ => Ok(false),
+        }
     }
 }
 

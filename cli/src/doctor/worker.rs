@@ -96,7 +96,10 @@ pub fn run(args: &DoctorWorkerArgs) -> Result<()> {
     std::thread::spawn(|| {
         std::thread::sleep(DEADLINE);
         eprintln!("doctor worker: no result after {} s, giving up", DEADLINE.as_secs());
-        std::process::exit(124);
+        // `_exit`, not `exit`: exit handlers (CUDA's and NCCL's teardown) could block behind the
+        // main thread, which is stuck in the GPU work this deadline gives up on.
+        // SAFETY: `_exit` ends the process at once; it has no preconditions.
+        unsafe { libc::_exit(124) }
     });
     let info = RankInfo::from_env()?;
     let ordinal = info.device_ordinal(cuda::device_count())?;
