@@ -8,6 +8,7 @@ nccl-tests times are its out-of-place column (µs, host wall clock over back-to-
 the same method (examples/src/bench.rs)."""
 import json
 import os
+import re
 import sys
 
 VARIANTS = {"default": "default", "R2": "-R 2", "R2D1": "-R 2 -D 1", "R2D2": "-R 2 -D 2"}
@@ -34,9 +35,24 @@ def label(n):
     return f"{n} B"
 
 
+def machine(root):
+    """`2×H200` from the run's `nvidia-smi -L` (gpus.txt, written by gpu-custom-bench.sh): the GPUs
+    the figures came from, which a two-GPU call does not choose."""
+    try:
+        with open(os.path.join(root, "gpus.txt")) as f:
+            names = [m.group(1) for m in (re.match(r"GPU \d+: (?:NVIDIA )?(.+?) \(UUID", l) for l in f) if m]
+    except OSError:
+        return "GPUs not recorded"
+    if not names:
+        return "GPUs not recorded"
+    model = names[0].split()[0] if len(set(names)) == 1 else " + ".join(sorted(set(names)))
+    return f"{len(names)}×{model}"
+
+
 def main(root):
     with open(os.path.join(root, "ours.json")) as f:
         ours = json.load(f)
+    where = machine(root)
     theirs = {}
     for name in VARIANTS:
         for mode in ("eager", "graph"):
@@ -44,7 +60,7 @@ def main(root):
             if os.path.exists(path):
                 theirs[(name, mode)] = nccl_tests(path)
     sizes = sorted({r["bytes"] for r in ours})
-    lines = ["# Custom all-reduce kernels vs nccl-tests 2.19.6 (2×H200, f32 sum, µs per call)", ""]
+    lines = [f"# Custom all-reduce kernels vs nccl-tests 2.19.6 ({where}, f32 sum, µs per call)", ""]
     series = {}
     for mode in ("eager", "graph"):
         lines += [f"## {mode}", "", "| size | best ours | µs | best nccl-tests | µs | ours / NCCL | faster |",
@@ -79,7 +95,7 @@ def main(root):
     ax.set_yscale("log")
     ax.set_xlabel("message size per rank (bytes)")
     ax.set_ylabel("µs per all-reduce")
-    ax.set_title("Custom all-reduce kernels vs nccl-tests, 2×H200")
+    ax.set_title(f"Custom all-reduce kernels vs nccl-tests, {where}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.savefig(os.path.join(root, "custom-vs-nccl-tests.svg"))

@@ -12,7 +12,9 @@ export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAS
 HERE=$(cd "$(dirname "$0")" && pwd)
 OUTDIR=${OUT:-$PWD/custom-bench-out}
 mkdir -p "$OUTDIR/nccl-tests"
-NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+# The GPUs the figures come from (custom-vs-nccl-tests.py names them in the table and the plot).
+nvidia-smi -L >"$OUTDIR/gpus.txt" 2>/dev/null || true
+NGPU=$(grep -c '^GPU' "$OUTDIR/gpus.txt" || true)
 [ -n "${NCCL_LIB_DIR:-}" ] || NCCL_LIB_DIR=$(python3 -c "import nvidia, os; print(next(os.path.join(p, 'nccl/lib') for p in nvidia.__path__ if os.path.isdir(os.path.join(p, 'nccl/lib'))))")
 [ -n "${NVSHMEM_LIB_DIR:-}" ] || NVSHMEM_LIB_DIR=$(python3 -c "import nvidia, os; print(next(os.path.join(p, 'nvshmem/lib') for p in nvidia.__path__ if os.path.isdir(os.path.join(p, 'nvshmem/lib'))))")
 export NCCL_LIB_DIR NVSHMEM_LIB_DIR
@@ -27,13 +29,13 @@ for variant in "default:" "R2:-R 2" "R2D1:-R 2 -D 1" "R2D2:-R 2 -D 2"; do
         extra=()
         [ "$mode" = graph ] && extra=(-G 10)
         # shellcheck disable=SC2086 # $flags holds several options
-        LD_LIBRARY_PATH=$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout 300 mpirun -np "$NGPU" --allow-run-as-root \
+        LD_LIBRARY_PATH=$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} timeout -k 10 120 mpirun -np "$NGPU" --allow-run-as-root \
             --bind-to none -x LD_LIBRARY_PATH "${XS[@]}" "$NT/all_reduce_perf" -b 8 -e 64M -f 2 -g 1 -n 50 -w 10 -c 0 \
             $flags "${extra[@]}" >"$OUTDIR/nccl-tests/$name.$mode.log" 2>&1 </dev/null \
             || { echo "FAIL nccl-tests $name $mode"; fails=$((fails + 1)); }
     done
 done
-timeout 600 "$HERE/benches/custom-kernels" --nproc "$NGPU" --json "$OUTDIR/ours.json" >"$OUTDIR/ours.log" 2>&1 </dev/null \
+timeout -k 10 240 "$HERE/benches/custom-kernels" --nproc "$NGPU" --json "$OUTDIR/ours.json" >"$OUTDIR/ours.log" 2>&1 </dev/null \
     || { echo "FAIL custom-kernels"; tail -20 "$OUTDIR/ours.log"; fails=$((fails + 1)); }
 python3 "$HERE/custom-vs-nccl-tests.py" "$OUTDIR" || fails=$((fails + 1))
 echo "custom bench: $fails failure(s)"

@@ -30,13 +30,15 @@ fails=0
 : >"$OUTDIR/host-cost.log"
 for run in $(seq "${HOST_COST_RUNS:-5}"); do
     echo "host-cost run $run" >>"$OUTDIR/host-cost.log"
-    timeout 300 "$HERE/benches/host-cost" --nproc "$NGPU" --reps 300 >>"$OUTDIR/host-cost.log" 2>&1 </dev/null \
+    timeout -k 10 "${HOST_COST_TIMEOUT:-60}" "$HERE/benches/host-cost" --nproc "$NGPU" --reps 300 >>"$OUTDIR/host-cost.log" 2>&1 </dev/null \
         || { echo "FAIL host-cost run $run (see host-cost.log)"; fails=$((fails + 1)); }
 done
 cat "$OUTDIR/host-cost.log"
 # The per-rank medians over the runs, and the verdict on the 150 ns goal.
-python3 "$HERE/host-cost-summary.py" "$OUTDIR/host-cost.log" | tee "$OUTDIR/host-cost-summary.md"
-timeout 600 "$HERE/benches/nvshmem" --nproc "$NGPU" >"$OUTDIR/nvshmem.log" 2>&1 </dev/null \
+python3 "$HERE/host-cost-summary.py" "$OUTDIR/host-cost.log" >"$OUTDIR/host-cost-summary.md" \
+    || { echo "FAIL host-cost-summary.py"; fails=$((fails + 1)); }
+cat "$OUTDIR/host-cost-summary.md"
+timeout -k 10 "${NVSHMEM_BENCH_TIMEOUT:-120}" "$HERE/benches/nvshmem" --nproc "$NGPU" >"$OUTDIR/nvshmem.log" 2>&1 </dev/null \
     || { echo "FAIL nvshmem (see nvshmem.log)"; fails=$((fails + 1)); }
 cat "$OUTDIR/nvshmem.log"
 echo "host cost: $fails failure(s)"

@@ -18,7 +18,8 @@ tarball=$(ls "${REF:-/nonexistent}"/nccl-tests-*.tar.gz "$HERE"/ref/nccl-tests-*
 [ -n "$tarball" ] || { echo "no nccl-tests tarball (set REF to the folder holding nccl-tests-*.tar.gz)" >&2; exit 2; }
 work=${NCCL_TESTS_WORK:-/tmp/gpucomm-nccl-tests}/mpi$MPI
 build=$work/nccl-tests/build
-if [ ! -x "$build/all_reduce_perf" ]; then
+# A stamp written after a whole build: a build cut short (on a warm machine) is made again.
+if [ ! -f "$work/built" ]; then
     lib=${NCCL_LIB_DIR:-$(python3 -c "import nvidia, os; print(next(os.path.join(p, 'nccl/lib') for p in nvidia.__path__ if os.path.isdir(os.path.join(p, 'nccl/lib'))))")}
     inc=$(dirname "$lib")/include
     mkdir -p "$work/home/lib"
@@ -30,5 +31,6 @@ if [ ! -x "$build/all_reduce_perf" ]; then
     make -C "$work/nccl-tests" -j"$(nproc)" MPI="$MPI" MPI_HOME="$mpi" NCCL_HOME="$work/home" CUDA_HOME=/usr/local/cuda \
         NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" >"$work/build.log" 2>&1 \
         || { tail -20 "$work/build.log" >&2; exit 1; }
+    touch "$work/built"
 fi
 echo "$build $work/home/lib"

@@ -25,9 +25,13 @@
 #                                               # tests started by real torchrun (one agent, or one
 #                                               # agent per rank posing as nodes; logs in logs-torchrun)
 #
-# TEST_TIMEOUT (default 600) and LESSON_TIMEOUT (default 300) bound each test binary and each lesson
-# process, in seconds. With $OUT set, the summary there is kept current after every line, so a run
-# cut short still reports what finished.
+# TEST_TIMEOUT (default 300) and LESSON_TIMEOUT (default 300) bound each test binary and each lesson
+# process, in seconds. RUN_BUDGET (seconds, default none) bounds the whole run from within: each
+# item's bound is cut to what is left, and once less than 30 s is left the remaining items are not
+# started (counted as "not run", named in the summary) — use it instead of an outer `timeout`, which
+# would stop this script but leave its running test and that test's ranks on the GPUs. With $OUT
+# set, the summary there is kept current after every line and the log of every failure is copied
+# to $OUT/failed/ at once, so a run cut short still reports what finished and why it failed.
 #
 # NCCL and NVSHMEM: the wheels of the machine's python3 are named explicitly (NCCL_LIB_DIR,
 # NVSHMEM_LIB_DIR; bundle/lib.sh), because the dynamic loader would find the system's older
@@ -71,11 +75,32 @@ if [ -n "${OUT:-}" ]; then mkdir -p "$OUT"; fi
 export GPUCOMM_SKIP_LOG=$LOGS/skipped.txt
 : >"$GPUCOMM_SKIP_LOG"
 export RUST_BACKTRACE=1
-passed=0 failed=0 skipped=0
+passed=0 failed=0 skipped=0 not_run=0
 
 note() {
     printf '%s\n' "$*" | tee -a "$LOGS/summary.txt"
     if [ -n "${OUT:-}" ]; then cp "$LOGS/summary.txt" "$OUT/summary$TAG.txt"; fi
+}
+
+# Keeps the log of a failure where the device tool brings it back, at once.
+keep_failed() {
+    if [ -n "${OUT:-}" ] && [ -f "$1" ]; then mkdir -p "$OUT/failed$TAG" && cp "$1" "$OUT/failed$TAG/"; fi
+}
+
+# Sets LIMIT, the bound in seconds for the next item, whose own bound is $1: cut to what RUN_BUDGET
+# leaves; fails (and counts the item, named $2, as not run) when less than 30 s is left. Called
+# directly, not in $(…): it counts and notes in this shell.
+bound() {
+    LIMIT=$1
+    [ -z "${RUN_BUDGET:-}" ] && return 0
+    local left=$((RUN_BUDGET - SECONDS - 10))
+    if [ "$left" -lt 20 ]; then
+        not_run=$((not_run + 1))
+        note "not run $2: RUN_BUDGET=$RUN_BUDGET s spent"
+        return 1
+    fi
+    [ "$left" -lt "$LIMIT" ] && LIMIT=$left
+    return 0
 }
 
 {
@@ -95,7 +120,8 @@ for t in "$HERE"/tests/*; do
     name=$(basename "$t")
     wanted "$name" || continue
     log="$LOGS/$name.log"
-    timeout "${TEST_TIMEOUT:-600}" "$t" --include-ignored --test-threads=1 >"$log" 2>&1
+    bound "${TEST_TIMEOUT:-300}" "$name" || continue
+    timeout -k 10 "$LIMIT" "$t" --include-ignored --test-threads=1 >"$log" 2>&1
     rc=$?
     line=$(grep -E '^test result:' "$log" | tail -1)
     p=$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<<"$line")
@@ -103,6 +129,7 @@ for t in "$HERE"/tests/*; do
     if [ -z "$line" ]; then
         note "FAIL $name (exit $rc, no test summary; see $name.log)"
         tail -5 "$log" | sed 's/^/    /' | tee -a "$LOGS/summary.txt"
+        keep_failed "$log"
         failed=$((failed + 1))
         continue
     fi
@@ -111,17 +138,23 @@ for t in "$HERE"/tests/*; do
     [ "$rc" -ne 0 ] && [ "$f" -eq 0 ] && { failed=$((failed + 1)); note "FAIL $name (exit $rc)"; }
     note "$( [ "$f" -eq 0 ] && [ "$rc" -eq 0 ] && echo ok || echo FAIL ) $name: $line"
     grep -E '^test .* FAILED$' "$log" | sed 's/^/    /' | tee -a "$LOGS/summary.txt"
+    { [ "$f" -ne 0 ] || [ "$rc" -ne 0 ]; } && keep_failed "$log"
 done
 skipped=$(grep -c . "$GPUCOMM_SKIP_LOG" || true)
 passed=$((passed - skipped))
 [ "$skipped" -gt 0 ] && sed 's/^/    skipped: /' "$GPUCOMM_SKIP_LOG" | tee -a "$LOGS/summary.txt"
 
 # 2. Lessons and benches, each in the modes bundle/examples.tsv lists. Each run is one pass or failure; every
-#    process runs under `timeout` so that a hang fails the check instead of the whole run.
-T="timeout ${LESSON_TIMEOUT:-300}"
+#    process runs under `timeout` ($T, set by `check` from LESSON_TIMEOUT and RUN_BUDGET) so that a
+#    hang fails the check instead of the whole run.
+T="timeout -k 10 ${LESSON_TIMEOUT:-300}"
 check() {
     local name=$1 rc
     shift
+    bound "${LESSON_TIMEOUT:-300}" "$name" || return 0
+    # The bound of every process a mode function starts ($T), and of a program run directly.
+    T="timeout -k 10 $LIMIT"
+    [ "$(type -t "$1")" = function ] || set -- $T "$@"
     "$@" </dev/null >"$LOGS/$name.log" 2>&1
     rc=$?
     if [ "$rc" -eq 0 ]; then
@@ -134,6 +167,7 @@ check() {
         failed=$((failed + 1))
         note "FAIL $name (exit $rc; see $name.log)"
         tail -5 "$LOGS/$name.log" | sed 's/^/    /' | tee -a "$LOGS/summary.txt"
+        keep_failed "$LOGS/$name.log"
     fi
 }
 
@@ -179,18 +213,27 @@ with_torchrun() {
 }
 
 # Two torchrun agents on this machine posing as two nodes, one rank each; NCCL_HOSTID differs, so
-# NCCL sees two hosts. With one GPU both ranks use GPU 0; with two, each agent gets its own.
+# NCCL sees two hosts. With one GPU both ranks use GPU 0; with two, each agent gets its own as its
+# device 0 (its local rank's), the other GPUs listed after it rather than hidden: NVSHMEM reaches
+# a peer's memory only through a GPU it can see.
 torchrun_2nodes() {
     local port=$((20000 + RANDOM % 9000)) pids=() rc=0 n
     have_torchrun || return $SKIP
     for n in 0 1; do
-        NCCL_HOSTID=node$n CUDA_VISIBLE_DEVICES=$((n % NGPU)) NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET \
+        NCCL_HOSTID=node$n CUDA_VISIBLE_DEVICES=$(own_gpu_first $((n % NGPU))) NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,NET \
             $T "$TORCHRUN" --nnodes 2 --node-rank $n --master-addr 127.0.0.1 --master-port "$port" \
             --nproc-per-node 1 --no-python "$@" > >(sed "s/^/[node $n] /") 2>&1 &
         pids+=($!)
     done
     for p in "${pids[@]}"; do wait "$p" || rc=1; done
     return $rc
+}
+
+# CUDA_VISIBLE_DEVICES with GPU $1 first, then every other GPU of the machine.
+own_gpu_first() {
+    local list=$1 g
+    for ((g = 0; g < NGPU; g++)); do [ "$g" -ne "$1" ] && list+=",$g"; done
+    echo "$list"
 }
 
 # Lesson 16: the Rust binary and examples/python/weight_sync_trainer.py in one communicator.
@@ -239,10 +282,10 @@ if [ -f "$HERE/examples.tsv" ] && [ -z "$SUITES_ONLY" ]; then
         fi
         bin=$(program "$ex")
         case "$mode" in
-            single) check "$ex-single" $T "$bin" "${args[@]}" ;;
-            spawner) check "$ex-spawner" $T "$bin" --nproc "$NGPU" "${args[@]}" ;;
+            single) check "$ex-single" "$bin" "${args[@]}" ;;
+            spawner) check "$ex-spawner" "$bin" --nproc "$NGPU" "${args[@]}" ;;
             # Two ranks whatever the number of GPUs: each sets its own NCCL_HOSTID (sockets).
-            split-hosts) check "$ex-split-hosts" $T "$bin" --nproc 2 --split-hosts "${args[@]}" ;;
+            split-hosts) check "$ex-split-hosts" "$bin" --nproc 2 --split-hosts "${args[@]}" ;;
             by-hand) check "$ex-by-hand" by_hand "$bin" "${args[@]}" ;;
             mpirun) check "$ex-mpirun" with_mpirun "$bin" "${args[@]}" ;;
             net-socket)
@@ -272,14 +315,14 @@ fi
 GPUCOMM_BIN=$HERE/bin/gpucomm
 QUICK=(-b 8 -e 1M -f 16 -n 5 -w 2 -c 1)
 if [ -x "$GPUCOMM_BIN" ] && [ -z "$SUITES_ONLY" ] && wanted gpucomm-bench; then
-    check gpucomm-bench-spawner $T "$GPUCOMM_BIN" bench all_reduce "${QUICK[@]}" --nproc "$NGPU"
-    check gpucomm-bench-alltoall-spawner $T "$GPUCOMM_BIN" bench alltoall "${QUICK[@]}" --nproc "$NGPU"
+    check gpucomm-bench-spawner "$GPUCOMM_BIN" bench all_reduce "${QUICK[@]}" --nproc "$NGPU"
+    check gpucomm-bench-alltoall-spawner "$GPUCOMM_BIN" bench alltoall "${QUICK[@]}" --nproc "$NGPU"
     check gpucomm-bench-mpirun with_mpirun "$GPUCOMM_BIN" bench all_reduce "${QUICK[@]}"
-    check gpucomm-bench-group $T "$GPUCOMM_BIN" bench all_reduce "${QUICK[@]}" -g "$NGPU"
-    check gpucomm-bench-dispatch $T "$GPUCOMM_BIN" bench all_reduce "${QUICK[@]}" --nproc "$NGPU" --impl dispatch
+    check gpucomm-bench-group "$GPUCOMM_BIN" bench all_reduce "${QUICK[@]}" -g "$NGPU"
+    check gpucomm-bench-dispatch "$GPUCOMM_BIN" bench all_reduce "${QUICK[@]}" --nproc "$NGPU" --impl dispatch
 fi
 
-note "$passed passed, $failed failed, $skipped skipped"
+note "$passed passed, $failed failed, $skipped skipped$([ "$not_run" -gt 0 ] && echo ", $not_run not run (RUN_BUDGET)")"
 if [ -n "${OUT:-}" ]; then
     cp "$LOGS/summary.txt" "$OUT/summary$TAG.txt"
     tar czf "$OUT/logs$TAG.tar.gz" -C "$LOGS" .

@@ -28,7 +28,13 @@ for d in "$@"; do
     [ -f "$d/variants.md" ] && cp "$d/variants.md" "$docs/variants.md" && echo "copied $docs/variants.md"
     if [ -f "$d/dispatch.md" ]; then
         cp "$d/dispatch.md" "$docs/dispatch.md" && echo "copied $docs/dispatch.md"
-        if [ -s "$d/dispatch/table.txt" ]; then
+        # The committed table is the H200 one (kernels/src/table.rs): a calibration on other GPUs
+        # (a two-GPU call may land on H100s) goes to docs only.
+        gpu=$(sed -n 's/^gpu: *//p' "$d/dispatch/table.txt" 2>/dev/null | head -1)
+        if [ -s "$d/dispatch/table.txt" ] && [[ "$gpu" != *H200* ]]; then
+            cp "$d/dispatch/table.txt" "$docs/dispatch-table.txt"
+            echo "kernels/tables/h200-2.txt left as it is: the calibration ran on ${gpu:-an unnamed GPU}, not an H200"
+        elif [ -s "$d/dispatch/table.txt" ]; then
             cp "$d/dispatch/table.txt" "$docs/dispatch-table.txt"
             {
                 echo "# Crossovers of the dispatching all-reduce (gpucomm-kernels), calibrated on the GPU machine by"

@@ -56,14 +56,14 @@ export LD_LIBRARY_PATH=$LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 
 XS=()
 for v in "${SAFETY_VARS[@]}" PATH LD_LIBRARY_PATH NCCL_LIB_DIR NVSHMEM_LIB_DIR; do XS+=(-x "$v"); done
-RUN_TIMEOUT=${RUN_TIMEOUT:-300}
-mpi() { timeout "$RUN_TIMEOUT" mpirun -np "$NGPU" --allow-run-as-root --bind-to none "${XS[@]}" "$@" </dev/null; }
+RUN_TIMEOUT=${RUN_TIMEOUT:-180}
+mpi() { timeout -k 10 "$RUN_TIMEOUT" mpirun -np "$NGPU" --allow-run-as-root --bind-to none "${XS[@]}" "$@" </dev/null; }
 # $1: extra mpirun options (word-split), then the command. Options after --bind-to none override it.
 mpi_with() {
     local extra=$1
     shift
     # shellcheck disable=SC2086 # $extra holds several options
-    timeout "$RUN_TIMEOUT" mpirun -np "$NGPU" --allow-run-as-root --bind-to none $extra "${XS[@]}" "$@" </dev/null
+    timeout -k 10 "$RUN_TIMEOUT" mpirun -np "$NGPU" --allow-run-as-root --bind-to none $extra "${XS[@]}" "$@" </dev/null
 }
 # NGPU processes with torchrun-style variables, as `RANK=… WORLD_SIZE=… prog &` by hand: rank 0's
 # output on stdout, the others' on stderr.

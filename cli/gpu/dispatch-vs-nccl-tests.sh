@@ -81,14 +81,14 @@ if [ "$SWEEP" = 1 ]; then
         for g in "eager|" "graph|-G 10"; do
             # shellcheck disable=SC2086 # word list
             mpi "$GPUCOMM" bench all_reduce -b 8 -e 64K -f 2 -n 20 -w 5 -c 0 --impl ll --buffers window \
-                --cta-bytes "$cta,8K,64K" ${g#*|} --json >"$LOGS/s.ll.$cta.${g%%|*}.json" 2>/dev/null || fail "sweep ll $cta ${g%%|*}"
+                --cta-bytes "$cta,8K,64K" ${g#*|} --json >"$LOGS/s.ll.$cta.${g%%|*}.json" 2>"$LOGS/s.ll.$cta.${g%%|*}.err" || fail "sweep ll $cta ${g%%|*}"
         done
     done
     for cta in 32K 64K 128K; do
         for g in "eager|" "graph|-G 10"; do
             # shellcheck disable=SC2086 # word list
             mpi "$GPUCOMM" bench all_reduce -b 512K -e 8M -f 2 -n 20 -w 5 -c 0 --impl two-shot --buffers window \
-                --cta-bytes "2K,8K,$cta" ${g#*|} --json >"$LOGS/s.two-shot.$cta.${g%%|*}.json" 2>/dev/null || fail "sweep two-shot $cta ${g%%|*}"
+                --cta-bytes "2K,8K,$cta" ${g#*|} --json >"$LOGS/s.two-shot.$cta.${g%%|*}.json" 2>"$LOGS/s.two-shot.$cta.${g%%|*}.err" || fail "sweep two-shot $cta ${g%%|*}"
         done
     done
 fi

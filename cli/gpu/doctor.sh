@@ -21,10 +21,11 @@ WHEEL=$(python3 -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "n
 export NCCL_LIB_DIR=$WHEEL
 # One doctor run: the text report in $name.txt and the same run's JSON (every figure) in
 # $name.json. 1 = ✗ found (expected for the second run), anything above 1 = the doctor could not
-# run (124: it ran past its bound of DOCTOR_TIMEOUT seconds, default 300). The logs folder is
-# emptied first, so that a retry in the same $OUT reads no earlier run's results.
+# run (124: it ran past its bound of DOCTOR_TIMEOUT seconds, default 190, so that the three runs
+# fit one device command). The logs folder is emptied first, so that a retry in the same $OUT
+# reads no earlier run's results.
 d() { local name=$1 rc; shift; rm -rf "$OUTDIR/$name.logs"
-      timeout -k 10 "${DOCTOR_TIMEOUT:-300}" env "$@" "$GPUCOMM" doctor --logs "$OUTDIR/$name.logs" \
+      timeout -k 10 "${DOCTOR_TIMEOUT:-190}" env "$@" "$GPUCOMM" doctor --logs "$OUTDIR/$name.logs" \
           --json-out "$OUTDIR/$name.json" >"$OUTDIR/$name.txt" 2>"$OUTDIR/$name.err"; rc=$?
       echo "== $name: exit $rc"; cat "$OUTDIR/$name.txt"; return $((rc > 1)); }
 NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
