@@ -458,11 +458,10 @@ impl Drop for Owed<'_> {
 unsafe fn settle(guard: &mut ManuallyDrop<SyncOnDrop<'_>>) {
     match &mut **guard {
         SyncOnDrop::Record(target) => {
-            if let Some((event, stream)) = target.take() {
+            // cudarc records events only while it manages synchronisation.
+            let owed = target.take().filter(|(_, stream)| stream.context().is_managing_stream_synchronization());
+            if let Some((event, stream)) = owed {
                 let ctx = stream.context();
-                if !ctx.is_managing_stream_synchronization() {
-                    return;
-                }
                 let done = if event.context().cu_ctx() == ctx.cu_ctx() {
                     crate::make_current(ctx).and_then(|()| {
                         // SAFETY: the event and the stream are alive (borrowed by the guard), both

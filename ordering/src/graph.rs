@@ -445,8 +445,11 @@ impl Capturing<'_> {
 impl Drop for Capturing<'_> {
     fn drop(&mut self) {
         if self.open {
-            // The half-made graph is dropped at once; a failure is moot here.
-            let _ = self.end();
+            // The half-made graph is dropped at once (before the scope's holds, see `capture`); a
+            // failure is moot here.
+            let (closed, graph) = self.end();
+            drop(graph);
+            drop(closed);
         }
         // The capture has ended, on every path: what waited for that runs now.
         capture::run_after_scope();
@@ -506,22 +509,35 @@ pub fn capture<K: Keep, E: From<OrderError>>(
     // Whatever `f` did, the capture ends here, with every non-blocking operation completed.
     let ((scope, completed), graph) = capturing.end();
     drop(capturing);
-    let made = (|| -> Result<_, E> {
-        result?;
-        completed.map_err(OrderError::Pending)?;
-        let scope = scope.ok_or_else(capture::broken)?;
-        let graph = graph.map_err(OrderError::CaptureBroken)?.ok_or_else(capture::broken)?;
-        Ok((graph, scope))
-    })();
-    let (graph, mut scope) = match made {
-        Ok(made) => made,
-        Err(e) => return Err((keep, e)),
+    let refused: Option<E> = match (result, completed) {
+        (Err(e), _) => Some(e),
+        (Ok(()), Err(why)) => Some(OrderError::Pending(why).into()),
+        (Ok(()), Ok(())) => None,
+    };
+    // On every path the graph goes before the scope's holds: while a hold lives, its resource's
+    // owner counts a graph that holds its work (an abort meanwhile must see it).
+    let (graph, mut scope) = match (graph, scope, refused) {
+        (Ok(Some(graph)), Some(scope), None) => (graph, scope),
+        (graph, scope, refused) => {
+            let e = refused.unwrap_or_else(|| match (&scope, &graph) {
+                (Some(_), Err(e)) => OrderError::CaptureBroken(*e).into(),
+                _ => capture::broken().into(),
+            });
+            drop(graph);
+            drop(scope);
+            return Err((keep, e));
+        }
     };
     let planned = survey(&mut keep, stream).and_then(|members| {
         pin_numbered(&members, &mut scope.resources);
         plan(members, Place::of(stream), &scope.used, &scope.resources)
     });
     match planned {
+        Err(e) => {
+            drop(graph);
+            drop(scope);
+            Err((keep, e.into()))
+        }
         Ok(plan) => Ok(Graph {
             graph,
             stream: stream.clone(),
@@ -532,7 +548,6 @@ pub fn capture<K: Keep, E: From<OrderError>>(
             chains: scope.chains,
             keep,
         }),
-        Err(e) => Err((keep, e.into())),
     }
 }
 
