@@ -57,7 +57,8 @@ fi
 # How run.sh starts each lesson and bench (bundle/examples.tsv: one line per (target, mode), the
 # arguments after the mode) and what each needs (bundle/lessons.tsv: one line per target, its
 # minimum number of GPUs and the sanitizer tools of `run.sh --sanitize`, comma-separated), from the
-# metadata of both workspaces (one JSON document per line).
+# metadata of both workspaces (one JSON document per line); bundle/sanitize-args.tsv: the arguments
+# the `--sanitize` mode gives a target in place of its run's (`[package.metadata.bundle.sanitize-args]`).
 {
     cargo metadata --no-deps --format-version 1
     if [ -f candle-lessons/Cargo.toml ]; then
@@ -66,7 +67,8 @@ fi
 } | python3 -c '
 import json, sys
 lessons = ("gpucomm-examples", "gpucomm-candle-lessons")
-with open("bundle/examples.tsv", "w") as runs_out, open("bundle/lessons.tsv", "w") as needs_out:
+with open("bundle/examples.tsv", "w") as runs_out, open("bundle/lessons.tsv", "w") as needs_out, \
+        open("bundle/sanitize-args.tsv", "w") as sanitize_out:
     for line in sys.stdin:
         for pkg in json.loads(line)["packages"]:
             if pkg["name"] not in lessons:
@@ -74,11 +76,14 @@ with open("bundle/examples.tsv", "w") as runs_out, open("bundle/lessons.tsv", "w
             conf = (pkg.get("metadata") or {}).get("bundle") or {}
             runs, args = conf.get("runs", {}), conf.get("args", {})
             gpus, tools = conf.get("min-gpus", {}), conf.get("sanitizers", {})
+            sanitize_args = conf.get("sanitize-args", {})
             programs = (t["name"] for t in pkg["targets"] if {"example", "bench"} & set(t["kind"]))
             for t in sorted(programs):
                 for mode in runs.get(t, ["spawner"]):
                     runs_out.write("\t".join([t, mode] + args.get(t, [])) + "\n")
                 needs_out.write("\t".join([t, str(int(gpus.get(t, 1))), ",".join(tools.get(t, ["memcheck"]))]) + "\n")
+                if t in sanitize_args:
+                    sanitize_out.write("\t".join([t] + sanitize_args[t]) + "\n")
 '
 cp tools/gpu-run.sh bundle/run.sh
 cp tools/gpu-lib.sh bundle/lib.sh

@@ -47,3 +47,27 @@ gpus_needed() {
     [ "$asked" -gt "$n" ] && n=$asked
     echo "$n"
 }
+
+# Keeps the log $1 of a failure where the device tool brings it back ($OUT/$FAILED_DIR), at once:
+# a command cut short still returns why its items failed.
+keep_failed() {
+    if [ -n "${OUT:-}" ] && [ -f "$1" ]; then mkdir -p "$OUT/${FAILED_DIR:-failed}" && cp "$1" "$OUT/${FAILED_DIR:-failed}/"; fi
+}
+
+# Sets LIMIT, the bound in seconds for the next item, whose own bound is $1: cut to what RUN_BUDGET
+# (seconds since the script began, none when unset) leaves, `$3` seconds (default 10) kept for the
+# kill's grace; fails, counting the item (named $2) in not_run and noting it, when less than 20 s
+# would be left. Called directly, not in $(…): it counts and notes in the calling shell, whose
+# `note` it uses.
+bound() {
+    LIMIT=$1
+    [ -z "${RUN_BUDGET:-}" ] && return 0
+    local left=$((RUN_BUDGET - SECONDS - ${3:-10}))
+    if [ "$left" -lt 20 ]; then
+        not_run=$((${not_run:-0} + 1))
+        note "not run $2: RUN_BUDGET=$RUN_BUDGET s spent"
+        return 1
+    fi
+    [ "$left" -lt "$LIMIT" ] && LIMIT=$left
+    return 0
+}

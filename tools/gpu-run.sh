@@ -82,26 +82,7 @@ note() {
     if [ -n "${OUT:-}" ]; then cp "$LOGS/summary.txt" "$OUT/summary$TAG.txt"; fi
 }
 
-# Keeps the log of a failure where the device tool brings it back, at once.
-keep_failed() {
-    if [ -n "${OUT:-}" ] && [ -f "$1" ]; then mkdir -p "$OUT/failed$TAG" && cp "$1" "$OUT/failed$TAG/"; fi
-}
-
-# Sets LIMIT, the bound in seconds for the next item, whose own bound is $1: cut to what RUN_BUDGET
-# leaves; fails (and counts the item, named $2, as not run) when less than 30 s is left. Called
-# directly, not in $(…): it counts and notes in this shell.
-bound() {
-    LIMIT=$1
-    [ -z "${RUN_BUDGET:-}" ] && return 0
-    local left=$((RUN_BUDGET - SECONDS - 10))
-    if [ "$left" -lt 20 ]; then
-        not_run=$((not_run + 1))
-        note "not run $2: RUN_BUDGET=$RUN_BUDGET s spent"
-        return 1
-    fi
-    [ "$left" -lt "$LIMIT" ] && LIMIT=$left
-    return 0
-}
+FAILED_DIR=failed$TAG
 
 {
     echo "== machine"

@@ -16,11 +16,17 @@
 # rank per GPU: the other launch modes start the same code. A lesson that needs more GPUs than the
 # machine has is skipped (counted, with the reason); tests that need more GPUs skip themselves
 # (listed under their binary). A lesson with no single-process or spawner row (16, whose ranks
-# are Python processes) is skipped and counted, saying so. SANITIZE_TIMEOUT (default 420) bounds
-# each run, in seconds; a run cut short fails (nvshmem_soundness takes about 330 s under memcheck
-# on one H200). Logs go to bundle/logs-sanitize; with $OUT set, the summary is kept current
-# there (sanitize-summary.txt) and the logs end up in $OUT/sanitize-logs.tar.gz. Slow: 30-60 s per
-# lesson with one rank; run it in parts with FILTERs when a command's time is bounded.
+# are Python processes) is skipped and counted, saying so. A target with arguments in
+# bundle/sanitize-args.tsv (`[package.metadata.bundle.sanitize-args]`: a few small steps of the
+# candle lessons, fewer repetitions of a bench) gets those instead of its row's. SANITIZE_TIMEOUT
+# (default 420) bounds each run, in seconds; a run cut short fails (nvshmem_soundness takes about
+# 330 s under memcheck on one H200; on two GPUs split it with SANITIZE_TEST_ARGS). RUN_BUDGET bounds
+# the whole mode from within, as in run.sh (runs cut to what is left, the rest named as not run):
+# use it, not an outer `timeout`, which would leave the sanitizer and its ranks on the GPUs. Logs go
+# to bundle/logs-sanitize; with $OUT set, the summary is kept current there
+# (sanitize-summary.txt), each failed run's log is copied to $OUT/sanitize-failed/ at once, and the
+# logs end up in $OUT/sanitize-logs.tar.gz. Slow: 30-60 s per lesson with one rank; run it in parts
+# with FILTERs when a command's time is bounded.
 # SANITIZE_TEST_ARGS (split on spaces) is passed to every test binary after its own arguments:
 # test-name filters and `--skip NAME`, to run one long binary (nvshmem_soundness: about 50 s per
 # test under memcheck) in parts.
@@ -51,8 +57,9 @@ if [ -n "${OUT:-}" ]; then mkdir -p "$OUT"; fi
 export RUST_BACKTRACE=1
 SANITIZER=${COMPUTE_SANITIZER:-/usr/local/cuda/bin/compute-sanitizer}
 [ -x "$SANITIZER" ] || SANITIZER=$(command -v compute-sanitizer || true)
-passed=0 failed=0 skipped=0 runs=0
+passed=0 failed=0 skipped=0 runs=0 not_run=0
 declare -A errors_by_tool=([memcheck]=0 [synccheck]=0)
+FAILED_DIR=sanitize-failed
 
 note() {
     printf '%s\n' "$*" | tee -a "$LOGS/summary.txt"
@@ -87,7 +94,8 @@ sanitize() {
     local name=$1 tool=$2 log rc counts errs procs
     shift 2
     log="$LOGS/$name.$tool.log"
-    timeout -k 20 "${SANITIZE_TIMEOUT:-420}" "$SANITIZER" --tool "$tool" --target-processes all \
+    bound "${SANITIZE_TIMEOUT:-420}" "$name ($tool)" 30 || return 0
+    timeout -k 20 "$LIMIT" "$SANITIZER" --tool "$tool" --target-processes all \
         --report-api-errors no --launch-timeout 120 "$@" </dev/null >"$log" 2>&1
     rc=$?
     runs=$((runs + 1))
@@ -96,8 +104,8 @@ sanitize() {
     errs=$(awk '{ s += $1 } END { print s + 0 }' <<<"$counts")
     errors_by_tool[$tool]=$((${errors_by_tool[$tool]:-0} + errs))
     local what="$tool: $errs errors in $procs process(es)"
-    if [ "$rc" -eq 124 ]; then
-        what="$tool: cut short after ${SANITIZE_TIMEOUT:-420} s ($errs errors so far)"
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        what="$tool: cut short after $LIMIT s ($errs errors so far)"
     elif [ "$procs" -eq 0 ]; then
         what="$tool: no ERROR SUMMARY (the sanitizer did not finish)"
     fi
@@ -109,11 +117,13 @@ sanitize() {
         note "FAIL $name — $what, exit $rc (see logs-sanitize/$name.$tool.log)"
         { grep -E '^=+ +(Invalid|Barrier|Divergent|Program hit|Malloc|Race|Uninitialized|Error)' "$log" | sort | uniq -c | head -8
           tail -3 "$log"; } | sed 's/^/    /' | tee -a "$LOGS/summary.txt"
+        keep_failed "$log"
     fi
 }
 
 # 1. Test binaries, memcheck, one test at a time.
 for t in "$HERE"/tests/*; do
+    [ -e "$t" ] || continue
     name=$(basename "$t")
     wanted "$name" || continue
     export GPUCOMM_SKIP_LOG=$LOGS/$name.skipped.txt
@@ -129,16 +139,22 @@ unset GPUCOMM_SKIP_LOG
 declare -A done_lesson=()
 if [ -f "$HERE/examples.tsv" ]; then
     while IFS=$'\t' read -r -a row; do
-        ex=${row[0]} mode=${row[1]} args=("${row[@]:2}")
+        ex=${row[0]} mode=${row[1]%@*} args=("${row[@]:2}")
         wanted "$ex" || continue
         [ -z "${done_lesson[$ex]:-}" ] || continue
+        # The sanitizer's own arguments for this target, if any, in place of the row's.
+        own=$(awk -F'\t' -v ex="$ex" '$1 == ex' "$HERE/sanitize-args.tsv" 2>/dev/null)
+        if [ -n "$own" ]; then
+            IFS=$'\t' read -r -a args <<<"$own"
+            args=("${args[@]:1}")
+        fi
         case "$mode" in
             single) cmd=("$(program "$ex")" "${args[@]}") ;;
             spawner) cmd=("$(program "$ex")" --nproc "$NGPU" "${args[@]}") ;;
             *) continue ;;
         esac
         done_lesson[$ex]=1
-        need=$(gpus_needed "$ex" "$mode")
+        need=$(gpus_needed "$ex" "${row[1]}")
         if [ "$need" -gt "$NGPU" ]; then
             skipped=$((skipped + 1))
             note "skip $ex: needs $need GPUs, this machine has $NGPU"
@@ -161,9 +177,14 @@ if [ -f "$HERE/examples.tsv" ]; then
     done <"$HERE/examples.tsv"
 fi
 
-total=$((errors_by_tool[memcheck] + errors_by_tool[synccheck]))
-note "sanitizer: $runs runs, $total errors (memcheck ${errors_by_tool[memcheck]}, synccheck ${errors_by_tool[synccheck]})"
-note "$passed passed, $failed failed, $skipped skipped"
+total=0
+by_tool=()
+for tool in "${!errors_by_tool[@]}"; do
+    total=$((total + errors_by_tool[$tool]))
+    by_tool+=("$tool ${errors_by_tool[$tool]}")
+done
+note "sanitizer: $runs runs, $total errors ($(IFS=,; sorted=$(printf '%s\n' "${by_tool[@]}" | sort | paste -sd, -); echo "${sorted//,/, }"))"
+note "$passed passed, $failed failed, $skipped skipped$([ "$not_run" -gt 0 ] && echo ", $not_run not run (RUN_BUDGET)")"
 if [ -n "${OUT:-}" ]; then
     cp "$LOGS/summary.txt" "$OUT/sanitize-summary.txt"
     tar czf "$OUT/sanitize-logs.tar.gz" -C "$LOGS" .

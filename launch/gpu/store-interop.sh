@@ -9,5 +9,5 @@ export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAS
 HERE=$(cd "$(dirname "$0")" && pwd)
 BIN=${1:-$HERE/examples/store-interop}
 [ -x "$BIN" ] || { echo "store-interop binary not found at $BIN (build the bundle, or pass its path)"; exit 2; }
-timeout 300 python3 "$HERE/store_interop.py" "$BIN" 2>&1 | tee "${OUT:-/tmp}/store-interop.log"
+timeout -k 10 300 python3 -u "$HERE/store_interop.py" "$BIN" 2>&1 | tee "${OUT:-/tmp}/store-interop.log"
 exit "${PIPESTATUS[0]}"
