@@ -108,7 +108,9 @@ for t in "$HERE"/tests/*; do
     p=$(sed -nE 's/.* ([0-9]+) passed.*/\1/p' <<<"$line")
     f=$(sed -nE 's/.* ([0-9]+) failed.*/\1/p' <<<"$line")
     if [ -z "$line" ]; then
-        note "FAIL $name (exit $rc, no test summary; see $name.log)"
+        cut=
+        { [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; } && cut=", cut at $LIMIT s$([ "$LIMIT" -lt "${TEST_TIMEOUT:-300}" ] && echo ' by RUN_BUDGET')"
+        note "FAIL $name (exit $rc$cut, no test summary; see $name.log)"
         tail -5 "$log" | sed 's/^/    /' | tee -a "$LOGS/summary.txt"
         keep_failed "$log"
         failed=$((failed + 1))
