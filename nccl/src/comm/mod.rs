@@ -237,7 +237,9 @@ impl Comm {
 
     /// Gives up ownership without finalizing or destroying: the caller becomes responsible for the
     /// returned communicator (the inverse of [`Comm::from_raw`]). [`AbortHandle`]s of this
-    /// communicator do nothing afterwards. Null if the communicator was aborted.
+    /// communicator do nothing afterwards. Null if the communicator was aborted, or an abort was
+    /// requested of it (by an [`AbortHandle`](crate::AbortHandle) or a
+    /// [`Watchdog`](crate::Watchdog)), which is carried out first.
     ///
     /// The out-pointers that earlier [`Comm::split`]s and [`Comm::shrink`]s handed to NCCL stay
     /// allocated for good (8 bytes each): NCCL's background job can write one after the call has
@@ -245,6 +247,9 @@ impl Comm {
     /// this call nothing tells when the communicator is gone. So do the config strings NCCL keeps
     /// pointers to.
     pub fn into_raw(mut self) -> ncclComm_t {
+        // An abort requested of it (a watchdog's, an abort handle's, while this thread was inside
+        // NCCL) is carried out, as its next call would: it was judged hung. The error only says so.
+        let _ = self.health.check();
         // An abort deferred while graphs held it: nothing borrows it now, unless a graph was
         // forgotten, which NCCL's abort would wait for: then it is not aborted, nor stopped (it
         // may be a borrowed communicator that its owner still uses).

@@ -1,8 +1,10 @@
 //! Waiting on a communicator: [`Comm::wait`], and polling NCCL's state with a deadline, parked
 //! between polls so that an [`AbortHandle`](super::AbortHandle) can abort (see `health`).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use cudarc::driver::CudaStream;
 use nccl_sys::ncclResult_t;
 
 use super::Comm;
@@ -59,8 +61,21 @@ impl Comm {
     pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
         self.health.check()?;
         let sides = self.watch.borrow_mut().take_sides();
+        let waited = self.wait_with_sides(&sides, timeout);
+        if waited.is_err() {
+            // Not waited for: a later wait must still wait for the work on these streams.
+            let mut watch = self.watch.borrow_mut();
+            for side in &sides {
+                watch.side_stream(side);
+            }
+        }
+        waited
+    }
+
+    /// [`Comm::wait`] for the communicator's stream and `sides`.
+    fn wait_with_sides(&self, sides: &[Arc<CudaStream>], timeout: Option<Duration>) -> Result<()> {
         let mut markers = vec![self.stream.record_event(None)?];
-        for side in &sides {
+        for side in sides {
             if !gpucomm_ordering::is_capturing(side)? {
                 markers.push(side.record_event(None)?);
             }

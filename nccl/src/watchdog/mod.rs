@@ -26,6 +26,7 @@
 
 mod flight;
 
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
@@ -264,7 +265,9 @@ impl Shared {
                     forget(|x| std::ptr::eq(x, &*w));
                     log::error!("{report}");
                     if self.print.load(Ordering::Relaxed) {
-                        eprint!("{report}");
+                        // Not `eprint!`, which panics when stderr is gone (a launcher that read
+                        // the pipe died): the watchdog thread must outlive that.
+                        let _ = write!(std::io::stderr(), "{report}");
                     }
                     reports.push(report);
                 }
