@@ -7,9 +7,12 @@
 //!
 //! * marks the calls whose work finished (their events), oldest first;
 //! * reads NCCL's asynchronous error state (`ncclCommGetAsyncError`) when it may;
-//! * when the oldest unfinished call is older than the timeout, or NCCL reports an error, aborts
-//!   the communicator and reports which call hung, with the recorder's contents
-//!   ([`HangReport`]: printed to stderr, logged, and kept for [`Watchdog::reports`]).
+//! * when the oldest unfinished call is older than the timeout, or NCCL reports an error, or NCCL
+//!   has said "in progress" for longer than the timeout (a host-side operation that never
+//!   completes: connecting to a hung peer at a first call, a group's end, a split, a finalize —
+//!   work the recorder has no event for), aborts the communicator and reports why and which call
+//!   hung, with the recorder's contents ([`HangReport`]: printed to stderr, logged, and kept for
+//!   [`Watchdog::reports`]).
 //!
 //! It does not wait for the owner's next call — with one condition that NCCL sets: a communicator
 //! may be aborted from another thread only while no thread is inside another NCCL call on it. The
@@ -67,6 +70,8 @@ struct Watched {
     device: usize,
     timeout: Duration,
     recorder: Mutex<Recorder>,
+    /// Since when NCCL has said `ncclInProgress` at every poll (`None`: it did not at the last).
+    in_progress: Mutex<Option<Instant>>,
 }
 
 /// Why the watchdog stepped in.
@@ -82,6 +87,15 @@ pub enum Cause {
     },
     /// NCCL reported an asynchronous error (`ncclCommGetAsyncError`).
     AsyncError(ResultCode),
+    /// NCCL had said `ncclInProgress` at every poll for this long, past the timeout: a host-side
+    /// operation of a nonblocking communicator (connecting at a first call, a group's end, a
+    /// split, a finalize) that never completes, with no call of it for the recorder to time.
+    InProgress {
+        /// How long NCCL had been saying so.
+        waited: Duration,
+        /// The communicator's timeout.
+        timeout: Duration,
+    },
 }
 
 /// What the watchdog found and did about one communicator.
@@ -115,6 +129,11 @@ impl std::fmt::Display for HangReport {
             Cause::AsyncError(code) => {
                 write!(f, "NCCL reports {} ({})", code.name().unwrap_or("an error"), code.message())?
             }
+            Cause::InProgress { waited, timeout } => write!(
+                f,
+                "NCCL has said ncclInProgress for {waited:.1?} (timeout {timeout:.1?}): an operation of the \
+                 communicator does not complete"
+            )?,
         }
         match &self.abort {
             Ok(AbortStatus::Aborted) => writeln!(f, "; the communicator was aborted")?,
@@ -196,6 +215,7 @@ impl Watchdog {
             device: comm.device(),
             timeout,
             recorder: Mutex::new(Recorder::new(calls)),
+            in_progress: Mutex::new(None),
         }));
         ACTIVE.store(watched.len(), Ordering::Relaxed);
         Ok(())
@@ -291,12 +311,22 @@ fn check(w: &Watched) -> Option<HangReport> {
     let oldest = recorder.reap(Instant::now(), |e| e.try_is_complete().unwrap_or(false));
     let cause = match oldest {
         Some((_, waited)) if waited >= w.timeout => Cause::Timeout { waited, timeout: w.timeout },
-        _ => match w.handle.peek_async_error() {
-            Some(rc) if rc != ncclResult_t::ncclSuccess && rc != ncclResult_t::ncclInProgress => {
-                Cause::AsyncError(ResultCode(rc.0))
+        _ => {
+            let rc = w.handle.peek_async_error();
+            let since = &mut *lock(&w.in_progress);
+            match rc {
+                Some(rc) if rc != ncclResult_t::ncclSuccess && rc != ncclResult_t::ncclInProgress => {
+                    Cause::AsyncError(ResultCode(rc.0))
+                }
+                rc => {
+                    let waited = in_progress_for(since, rc, Instant::now())?;
+                    if waited < w.timeout {
+                        return None;
+                    }
+                    Cause::InProgress { waited, timeout: w.timeout }
+                }
             }
-            _ => return None,
-        },
+        }
     };
     let abort = w.handle.abort().map_err(|e| e.to_string());
     Some(HangReport {
@@ -308,6 +338,21 @@ fn check(w: &Watched) -> Option<HangReport> {
         abort,
         recent: recorder.dump(),
     })
+}
+
+/// How long NCCL has said `ncclInProgress` at every poll that got an answer, given this poll's
+/// answer `rc` at `now`; `since` keeps when the run of such answers began. `None` when this answer
+/// ends the run, or when there was none (`rc` is `None`: the owner was inside NCCL, polling the
+/// same operation itself, at that moment), which leaves the run as it was.
+fn in_progress_for(since: &mut Option<Instant>, rc: Option<ncclResult_t>, now: Instant) -> Option<Duration> {
+    match rc {
+        None => None,
+        Some(ncclResult_t::ncclInProgress) => Some(now.saturating_duration_since(*since.get_or_insert(now))),
+        Some(_) => {
+            *since = None;
+            None
+        }
+    }
 }
 
 /// True while any communicator is watched: the one check on the call path when none is.
@@ -357,6 +402,23 @@ pub(crate) fn note(comm: &Comm, call: &Call, stream: &CudaStream, captured: Opti
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn in_progress_is_timed_from_the_first_of_a_run_of_answers() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let busy = Some(ncclResult_t::ncclInProgress);
+        let mut since = None;
+        assert_eq!(in_progress_for(&mut since, busy, at(0)), Some(Duration::ZERO));
+        assert_eq!(in_progress_for(&mut since, busy, at(40)), Some(Duration::from_millis(40)));
+        // An owner inside NCCL cannot be asked: no answer, and the run goes on.
+        assert_eq!(in_progress_for(&mut since, None, at(50)), None);
+        assert_eq!(in_progress_for(&mut since, busy, at(60)), Some(Duration::from_millis(60)));
+        assert_eq!(in_progress_for(&mut since, Some(ncclResult_t::ncclSuccess), at(70)), None);
+        assert_eq!(since, None);
+        assert_eq!(in_progress_for(&mut since, busy, at(90)), Some(Duration::ZERO));
+        assert_eq!(in_progress_for(&mut since, busy, at(95)), Some(Duration::from_millis(5)));
+    }
 
     #[test]
     fn the_idle_check_costs_nanoseconds() {
