@@ -295,6 +295,7 @@ fn doctor_without_a_driver_says_so_and_fails() {
     assert_eq!(v["facts"]["limits"], serde_json::Value::Null);
     assert_eq!(v["facts"]["bandwidth"], serde_json::json!([]));
     assert_eq!(v["facts"]["nvlink_error_growth"], serde_json::Value::Null);
+    assert_eq!(v["facts"]["nvlink_far_ends"], serde_json::json!([]));
     // --json-out: the text report on stdout and the same run's JSON in the file.
     let dir = std::env::temp_dir().join(format!("gpucomm-doctor-json-out-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -36,6 +36,9 @@ struct Facts<'a> {
     bandwidth: &'a [live::Verdict],
     /// How much each link's error counters grew during the live run.
     nvlink_error_growth: Option<&'a [counters::LinkGrowth]>,
+    /// What each GPU's active NVLink links reach (GPUs named from the topology where the driver's
+    /// far end is none).
+    nvlink_far_ends: Vec<physical::FarEnd>,
 }
 
 /// Runs `gpucomm doctor`.
@@ -111,6 +114,9 @@ pub fn run(args: &DoctorArgs, overridden: &[Overridden]) -> Result<()> {
         live: live_facts.as_ref(),
         bandwidth: &bandwidth,
         nvlink_error_growth: growth.as_deref(),
+        nvlink_far_ends: machine.as_ref().map_or_else(Vec::new, |m| {
+            m.gpus.iter().filter(|g| g.active_links().next().is_some()).map(|g| physical::far_end(m, g)).collect()
+        }),
     };
     let doc = || serde_json::json!({ "checks": report.checks, "failures": report.failures(), "facts": facts });
     match json {

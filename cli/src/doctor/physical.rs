@@ -75,7 +75,7 @@ fn link_checks(m: &Machine, g: &GpuFacts) -> Vec<Check> {
         active.len(),
         g.links.len(),
         speed_text(g, &active),
-        far_ends(m, g, &active)
+        far_ends(m, g)
     );
     let down: Vec<String> = g.links.iter().filter(|l| !l.active).map(|l| l.link.to_string()).collect();
     if down.is_empty() {
@@ -104,44 +104,80 @@ fn speed_text(g: &GpuFacts, active: &[&LinkFacts]) -> String {
     }
 }
 
-/// What the active links reach: GPUs by the far end's PCI address; through a switch, or where
-/// the driver's far end is no GPU of this machine (a VM that hides the NVSwitches answers
+/// What one GPU's active NVLink links reach, for the report and for `--json`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct FarEnd {
+    /// The GPU whose links these are.
+    pub gpu: usize,
+    /// GPUs named by a link's own far end (its PCI address is a GPU of this machine).
+    pub direct: Vec<usize>,
+    /// GPUs reached through an NVSwitch, or through links whose far end the driver does not name
+    /// as a GPU of this machine: found from the topology.
+    pub through_topology: Vec<usize>,
+    /// What told `through_topology`: `"nvml_nvlink_p2p"` (NVML's NVLink P2P status says yes for
+    /// each) or `"topology"` (the links alone); `None` when it is empty.
+    pub named_by: Option<&'static str>,
+    /// Links whose far end is an NVSwitch.
+    pub switch_links: usize,
+    /// Far-end addresses the driver gives that are no GPU of this machine (`ffffffff:ff:ff.0` on
+    /// a VM that hides its NVSwitches).
+    pub unnamed: Vec<String>,
+}
+
+/// What the active links of `g` reach: GPUs by the far end's PCI address; through a switch, or
+/// where the driver's far end is no GPU of this machine (a VM that hides the NVSwitches answers
 /// `ffffffff:ff:ff.0`), the GPUs that the topology (NVML's NVLink P2P status) reaches over NVLink.
-fn far_ends(m: &Machine, g: &GpuFacts, active: &[&LinkFacts]) -> String {
-    let gpu_name = |x: &GpuFacts| format!("GPU{} ({})", x.index, x.bus_id);
-    let mut direct: Vec<String> = Vec::new();
-    let mut switches = 0;
+pub fn far_end(m: &Machine, g: &GpuFacts) -> FarEnd {
+    let mut direct = Vec::new();
+    let mut switch_links = 0;
     let mut unnamed: Vec<String> = Vec::new();
-    for l in active {
+    for l in g.active_links() {
         match (l.remote, l.remote_bus_id.as_deref().and_then(|id| m.gpu_at(id))) {
-            (Some(Remote::Switch), _) => switches += 1,
-            (_, Some(peer)) => direct.push(gpu_name(peer)),
+            (Some(Remote::Switch), _) => switch_links += 1,
+            (_, Some(peer)) => direct.push(peer.index),
             _ => unnamed.push(l.remote_bus_id.clone().unwrap_or_else(|| "unknown".into())),
         }
     }
-    direct.sort();
+    direct.sort_unstable();
     direct.dedup();
     unnamed.sort();
     unnamed.dedup();
-    let mut parts = direct;
-    if switches + unnamed.len() > 0 {
-        let reached: Vec<&GpuFacts> = m
+    let mut through_topology = Vec::new();
+    if switch_links + unnamed.len() > 0 {
+        through_topology = m
             .gpus
             .iter()
             .filter(|b| b.index != g.index && topo::direct_links(g, b) == 0)
             .filter(|b| matches!(topo::link(m, g.index, b.index), Link::Nvlink(_)))
+            .map(|b| b.index)
             .collect();
-        let names = reached.iter().map(|b| gpu_name(b)).collect::<Vec<_>>().join(", ");
-        let by = if reached.iter().all(|b| m.nvlink_p2p(g.index, b.index) == Some(true)) {
-            "NVML's NVLink P2P status"
+    }
+    let named_by = (!through_topology.is_empty()).then(|| {
+        if through_topology.iter().all(|&b| m.nvlink_p2p(g.index, b) == Some(true)) {
+            "nvml_nvlink_p2p"
         } else {
-            "the topology"
+            "topology"
+        }
+    });
+    FarEnd { gpu: g.index, direct, through_topology, named_by, switch_links, unnamed }
+}
+
+/// [`far_end`] as the report's words.
+fn far_ends(m: &Machine, g: &GpuFacts) -> String {
+    let end = far_end(m, g);
+    let name = |i: &usize| m.gpu(*i).map_or(format!("GPU{i}"), |x| format!("GPU{} ({})", x.index, x.bus_id));
+    let mut parts: Vec<String> = end.direct.iter().map(name).collect();
+    if end.switch_links + end.unnamed.len() > 0 {
+        let names = end.through_topology.iter().map(name).collect::<Vec<_>>().join(", ");
+        let by = match end.named_by {
+            Some("nvml_nvlink_p2p") => "NVML's NVLink P2P status",
+            _ => "the topology",
         };
-        parts.push(match (reached.is_empty(), unnamed.is_empty()) {
+        parts.push(match (end.through_topology.is_empty(), end.unnamed.is_empty()) {
             (true, true) => "NVSwitch".to_string(),
-            (true, false) => format!("{} (no GPU of this machine)", unnamed.join(", ")),
+            (true, false) => format!("{} (no GPU of this machine)", end.unnamed.join(", ")),
             (false, true) => format!("{names} through NVSwitch"),
-            (false, false) => format!("{names} (by {by}; the driver names the far end {})", unnamed.join(", ")),
+            (false, false) => format!("{names} (by {by}; the driver names the far end {})", end.unnamed.join(", ")),
         });
     }
     parts.join(", ")
@@ -283,6 +319,17 @@ mod tests {
             titles(&c)
         );
         assert!(t_has(&c, "GPU1: 18/18 NVLink links up, NVLink 4.0, 26.56 GB/s each, 478 GB/s per direction; far end GPU0 (0000:00:06.0) (by NVML's"));
+        // The same for `--json`.
+        let end = far_end(&m, &m.gpus[0]);
+        let want = FarEnd {
+            gpu: 0,
+            direct: vec![],
+            through_topology: vec![1],
+            named_by: Some("nvml_nvlink_p2p"),
+            switch_links: 0,
+            unnamed: vec!["ffffffff:ff:ff.0".into()],
+        };
+        assert_eq!(end, want);
         // Without NVML's P2P answer, the topology alone.
         let mut fake = h200_vm();
         fake.nvlink_p2p = None;
