@@ -46,7 +46,7 @@ else
     expect doctor 'NVLink error counters (did not grow|grew) during the live load' "the counters' growth under load"
     expect_json doctor 'len(j["facts"]["bandwidth"]) > 0 and j["facts"]["nvlink_error_growth"] is not None' \
         "the bandwidth verdicts and the counters' growth in the JSON"
-    expect_json doctor 'all(e["direct"] or e["through_topology"] for e in j["facts"]["nvlink_far_ends"])' \
+    expect_json doctor 'j["facts"]["nvlink_far_ends"] and all(e["direct"] or e["through_topology"] for e in j["facts"]["nvlink_far_ends"])' \
         "each GPU's NVLink far end named as a GPU in the JSON"
     if d doctor-no-p2p-shm NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1; then passed=$((passed + 1)); else fails=$((fails + 1)); fi
     expect doctor-no-p2p-shm 'NVLink present but NCCL uses NET' "the sockets verdict"
