@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use nccl_sys::ncclResult_t;
 
+use super::wait::Deadline;
 use super::Comm;
 use crate::error::{Error, Result};
 use crate::ffi::{call, call_unchecked, check};
@@ -18,6 +19,10 @@ use crate::group::open::{is_open, refuse_teardown_inside};
 #[derive(Debug)]
 pub struct Finalizing {
     comm: Option<Comm>,
+    /// The communicator's timeout from when the finalize started: the wait for outstanding work
+    /// before `ncclCommFinalize` and the finalize itself share it, so that a teardown ends within
+    /// one timeout.
+    deadline: Option<Deadline>,
 }
 
 impl Finalizing {
@@ -31,7 +36,9 @@ impl Finalizing {
     }
 
     /// Waits for the finalize, then destroys the communicator (`ncclCommDestroy`). Bounded by
-    /// `timeout`, or else the communicator's own; when that expires the communicator is aborted.
+    /// `timeout` from now, or else by the communicator's own from when the finalize started
+    /// ([`Comm::start_finalize`], whose wait for outstanding work counts); when that expires the
+    /// communicator is aborted.
     /// On failure the communicator comes back with the error, as from [`Comm::finalize`].
     #[doc(alias = "ncclCommDestroy")]
     // The project's teardown convention hands the object back on failure; the size of the error
@@ -39,7 +46,8 @@ impl Finalizing {
     #[allow(clippy::result_large_err)]
     pub fn wait(mut self, timeout: Option<Duration>) -> std::result::Result<(), (Comm, Error)> {
         let Some(comm) = self.comm.take() else { return Ok(()) };
-        match comm.await_ready("ncclCommFinalize", timeout).and_then(|()| comm.destroy()) {
+        let deadline = if timeout.is_some() { Deadline::after(timeout) } else { self.deadline };
+        match comm.await_ready_until("ncclCommFinalize", deadline).and_then(|()| comm.destroy()) {
             Ok(()) => Ok(()),
             Err(e) => Err((comm, e)),
         }
@@ -64,7 +72,8 @@ impl Drop for Finalizing {
 impl Comm {
     /// Flushes outstanding operations and releases the communicator (`ncclCommFinalize` then
     /// `ncclCommDestroy`). Collective within the node: every rank must finalize. A nonblocking
-    /// finalize is polled to completion, bounded by the communicator's timeout (which aborts it);
+    /// finalize is polled to completion, bounded by the communicator's timeout (which aborts it;
+    /// one timeout for the whole teardown, the wait for outstanding work below included);
     /// [`Comm::start_finalize`] lets one thread finalize several communicators. On failure the
     /// communicator is handed back with the error, so the caller can [`abort`](Self::abort) it;
     /// after an abort that is [`Error::Aborted`] with a communicator that needs nothing more.
@@ -102,8 +111,9 @@ impl Comm {
     #[doc(alias = "ncclCommFinalize")]
     #[allow(clippy::result_large_err)] // see `Finalizing::wait`
     pub fn start_finalize(self) -> std::result::Result<Finalizing, (Self, Error)> {
+        let deadline = Deadline::after(self.timeout());
         match self.health.no_graph_left().and_then(|()| self.begin_finalize()) {
-            Ok(()) => Ok(Finalizing { comm: Some(self) }),
+            Ok(()) => Ok(Finalizing { comm: Some(self), deadline }),
             Err(e) => Err((self, e)),
         }
     }
@@ -209,9 +219,11 @@ impl Comm {
             self.health.abort_quietly();
             return;
         }
+        // One timeout for the wait before the finalize and the finalize itself.
+        let deadline = Deadline::after(self.timeout());
         let closed = self
             .begin_finalize()
-            .and_then(|()| self.await_ready("ncclCommFinalize", None))
+            .and_then(|()| self.await_ready_until("ncclCommFinalize", deadline))
             .and_then(|()| self.destroy());
         if let Err(e) = closed {
             if !matches!(e, Error::Aborted) {

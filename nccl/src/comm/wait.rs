@@ -27,14 +27,15 @@ impl Backoff {
 }
 
 /// A deadline: when it expires, and the timeout it came from (for the message).
-#[derive(Clone, Copy)]
-struct Deadline {
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Deadline {
     at: Instant,
     after: Duration,
 }
 
 impl Deadline {
-    fn after(timeout: Option<Duration>) -> Option<Self> {
+    /// `timeout` from now (`None`: none, or too far away for an `Instant`).
+    pub(super) fn after(timeout: Option<Duration>) -> Option<Self> {
         let after = timeout?;
         Some(Deadline { at: Instant::now().checked_add(after)?, after })
     }
@@ -130,7 +131,13 @@ impl Comm {
     /// make before they read, move or free it, whether or not the communicator is known to be
     /// nonblocking.
     pub(crate) fn await_ready(&self, call: &'static str, timeout: Option<Duration>) -> Result<()> {
-        self.poll(call, Deadline::after(timeout.or(self.timeout())), |c| c.nccl_ready(call))
+        self.await_ready_until(call, Deadline::after(timeout.or(self.timeout())))
+    }
+
+    /// [`Comm::await_ready`] bounded by `deadline` (`None`: unbounded), taken earlier: a
+    /// teardown's steps share one.
+    pub(super) fn await_ready_until(&self, call: &'static str, deadline: Option<Deadline>) -> Result<()> {
+        self.poll(call, deadline, |c| c.nccl_ready(call))
     }
 
     /// One poll of NCCL's state: `Ok(true)` ready, `Ok(false)` still in progress, or the failure
