@@ -121,7 +121,7 @@ impl Comm {
         // SAFETY: `raw` is live and owned; the flags are the only value NCCL accepts.
         let rc = unsafe { call_unchecked!(ncclCommRevoke(raw, flags)) }?;
         if rc == ncclResult_t::ncclSuccess || rc == ncclResult_t::ncclInProgress {
-            self.revoked.set(true);
+            self.health.note_revoked();
         }
         self.complete("ncclCommRevoke", rc)
     }
@@ -159,7 +159,7 @@ impl Comm {
         let parent = self.live_raw()?;
         refuse_inside()?;
         // NCCL never shares the resources of a revoked communicator.
-        let shares = shares && !self.revoked.get();
+        let shares = shares && !self.health.is_revoked();
         if shares && !self.sharing_allowed.get() {
             return Err(Error::SharedResources { call });
         }

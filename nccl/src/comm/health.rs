@@ -40,7 +40,7 @@
 //! never run while the owner is inside NCCL, and runs at most once.
 
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -89,6 +89,9 @@ pub(crate) struct Health {
     /// The graphs alive (and captures open) that hold the communicator's work ([`GraphHold`]):
     /// while there are any, an abort is deferred (module docs).
     graphs: AtomicUsize,
+    /// Set once `ncclCommRevoke` was called (by the owner, [`Health::note_revoked`], or by a
+    /// deferred abort): NCCL refuses a second revoke, and `ncclCommFinalize` after one.
+    revoked: AtomicBool,
 }
 
 // SAFETY: `raw` is only passed to `ncclCommAbort`, and only by whoever moved `state` to
@@ -102,7 +105,23 @@ unsafe impl Sync for Health {}
 
 impl Health {
     pub(crate) fn new(raw: NonNull<ncclComm>, context: Arc<CudaContext>) -> Self {
-        Health { state: AtomicU8::new(LIVE), raw, context, graphs: AtomicUsize::new(0) }
+        Health {
+            state: AtomicU8::new(LIVE),
+            raw,
+            context,
+            graphs: AtomicUsize::new(0),
+            revoked: AtomicBool::new(false),
+        }
+    }
+
+    /// The owner revoked the communicator (`Comm::revoke`): its work is stopped already.
+    pub(crate) fn note_revoked(&self) {
+        self.revoked.store(true, Ordering::Release);
+    }
+
+    /// True once the communicator was revoked.
+    pub(crate) fn is_revoked(&self) -> bool {
+        self.revoked.load(Ordering::Acquire)
     }
 
     /// True once aborted, destroyed or given away (or abandoned): the handle must not be used.
@@ -255,6 +274,10 @@ impl Health {
     /// (`ncclCommRevoke`), for whoever moved the state to `ABORTING`. `Ok` also when the library
     /// is older than the call: its kernels then run on until an abort.
     fn stop_work(&self) -> Result<()> {
+        // Revoked already (NCCL would refuse a second revoke with ncclInvalidArgument): stopped.
+        if self.revoked.swap(true, Ordering::AcqRel) {
+            return Ok(());
+        }
         match gpucomm_ordering::make_current(&self.context).map_err(Error::from).and_then(|()| self.revoke()) {
             Err(Error::MissingFunction(_)) => Ok(()),
             other => other,

@@ -114,8 +114,6 @@ pub struct Comm {
     stream: Arc<CudaStream>,
     device: usize,
     nonblocking: bool,
-    /// Set once `ncclCommRevoke` was called: NCCL then refuses `ncclCommFinalize`.
-    revoked: Cell<bool>,
     watch: RefCell<Watch>,
     rank: usize,
     size: usize,
@@ -168,7 +166,6 @@ impl Comm {
             size,
             device,
             nonblocking: settings.nonblocking,
-            revoked: Cell::new(false),
             watch: RefCell::new(Watch::new(settings.timeout)),
             _strings: settings.strings,
             sharing: settings.sharing,

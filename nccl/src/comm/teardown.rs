@@ -141,7 +141,7 @@ impl Comm {
     fn begin_finalize(&self) -> Result<()> {
         self.live_raw()?;
         refuse_teardown_inside()?;
-        if self.revoked.get() {
+        if self.health.is_revoked() {
             return Ok(());
         }
         if let Some(timeout) = self.timeout() {
