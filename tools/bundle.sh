@@ -20,8 +20,8 @@ rm -rf bundle
 mkdir -p bundle/tests bundle/examples bundle/benches bundle/bin
 
 # The lessons and measuring programs, and the launch crate's store-interop example (for
-# bundle/store-interop.sh).
-bins=(-p gpucomm-examples --examples --benches -p gpucomm-launch --example store-interop)
+# bundle/store-interop.sh) and barrier-skew (how far apart two ranks leave a barrier: no GPU).
+bins=(-p gpucomm-examples --examples --benches -p gpucomm-launch --example store-interop --example barrier-skew)
 cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; sys.exit(0 if any(p["name"]=="gpucomm" for p in json.load(sys.stdin)["packages"]) else 1)' \
     && bins+=(-p gpucomm --bins)
 candle=(--manifest-path candle-lessons/Cargo.toml --target-dir target)
