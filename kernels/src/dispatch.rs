@@ -308,11 +308,14 @@ impl<'c> AllReduce<'c> {
     }
 
     /// Collective: `len` zeroed elements of `T` in a symmetric window on every rank (the same
-    /// `len` everywhere, checked), for [`AllReduce::all_reduce_symmetric`]: the kernels and NCCL
-    /// (its symmetric-memory kernels) read and write these buffers in the peers' memory directly,
-    /// without staging copies.
+    /// `len` and element type everywhere, checked), for [`AllReduce::all_reduce_symmetric`]: the
+    /// kernels and NCCL (its symmetric-memory kernels) read and write these buffers in the peers'
+    /// memory directly, without staging copies.
     pub fn alloc<T: NcclType + cudarc::driver::ValidAsZeroBits>(&self, len: usize) -> Result<SymmetricBuffer<'c, T>> {
-        lsa::agree(self.comm, "symmetric buffer lengths", &[len as u64])?;
+        // The bytes, not only the count: a rank allocating bf16 where another allocates f32 would
+        // have the peers' kernels address twice its buffer.
+        let shape = [len as u64, size_of::<T>() as u64, T::DATA_TYPE.raw().0 as u64];
+        lsa::agree(self.comm, "symmetric buffer lengths (elements, element bytes, data type)", &shape)?;
         let buf = MemBuffer::<T>::zeroed(self.comm.stream(), len)?;
         Ok(SymmetricBuffer { window: self.comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e)? })
     }
@@ -340,7 +343,7 @@ impl<'c> AllReduce<'c> {
             Path::TwoShot => {
                 let lsa = self.lsa()?;
                 // SAFETY: both buffers were allocated by `alloc`, which made every rank's the same
-                // length, and the ranges (of `count` ≥ 1 elements: zero is decided for NCCL) are
+                // length of the same element type, and the ranges (of `count` ≥ 1 elements: zero is decided for NCCL) are
                 // within it (checked above), on every rank alike.
                 unsafe {
                     lsa.two_shot_windows::<T>(

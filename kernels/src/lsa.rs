@@ -13,6 +13,7 @@
 //! | … | `staged` | staged two-shot: input region |
 //! | … | `staged` | staged two-shot: output region |
 
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use cudarc::driver::sys::CUdeviceptr;
@@ -259,7 +260,29 @@ pub struct LsaKernels<'c> {
     window: KernelWindow<'c>,
     sizes: Sizes,
     cta: CtaBytes,
-    functions: Vec<(Kernel, &'static str, CudaFunction)>,
+    // Dropped last, after the device communicator and the window: see `Functions`.
+    functions: Functions<'c>,
+}
+
+/// The module's kernels, one per (kernel, element type), and the communicator they run on.
+/// Dropped after the device communicator and the window, whose drops wait for the kernels —
+/// except behind an abort (a watchdog's, an abort handle's, a timeout's, which those waits can
+/// make themselves): then they return at once, and kernels may still run (spinning behind a dead
+/// peer), so the module is leaked rather than unloaded under them.
+struct Functions<'c> {
+    comm: &'c Comm,
+    list: ManuallyDrop<Vec<(Kernel, &'static str, CudaFunction)>>,
+}
+
+impl Drop for Functions<'_> {
+    fn drop(&mut self) {
+        if self.comm.is_aborted() {
+            log::warn!("gpucomm-kernels: the communicator was aborted; the kernels' module is leaked, not unloaded");
+            return;
+        }
+        // SAFETY: dropped once, here, as `self` is.
+        unsafe { ManuallyDrop::drop(&mut self.list) }
+    }
 }
 
 impl std::fmt::Debug for LsaKernels<'_> {
@@ -302,6 +325,7 @@ impl<'c> LsaKernels<'c> {
         };
         let dev = DevComm::new(comm, &DevCommRequirements::default().lsa_barriers(MAX_CTAS))?;
         let window = KernelWindow(comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e)?);
+        let functions = Functions { comm, list: ManuallyDrop::new(functions) };
         Ok(LsaKernels { comm, dev, window, sizes, cta: CtaBytes::default(), functions })
     }
 
@@ -377,6 +401,7 @@ impl<'c> LsaKernels<'c> {
     fn function(&self, kernel: Kernel, dtype: DataType, name: &'static str) -> Result<&CudaFunction> {
         let s = suffix(dtype).ok_or(Error::UnsupportedType { dtype: name })?;
         self.functions
+            .list
             .iter()
             .find(|(k, sx, _)| *k == kernel && *sx == s)
             .map(|(_, _, f)| f)

@@ -426,7 +426,10 @@ fn disagreeing_setters_are_refused(ar: &mut AllReduce<'_>, stream: &Arc<CudaStre
     let tables = ["source: a\n[eager]\nll <= 64K\nnccl\n", "source: b\n[eager]\nll <= 32K\nnccl\n"];
     refused(ar.set_table(Table::parse(tables[rank]).unwrap()), "crossover tables");
     assert_eq!(ar.table().to_text(), before);
-    refused(ar.alloc::<f32>(1000 + rank).map(drop), "symmetric buffer lengths");
+    let lengths = "symmetric buffer lengths (elements, element bytes, data type)";
+    refused(ar.alloc::<f32>(1000 + rank).map(drop), lengths);
+    // The same count of another element type: twice the bytes on one rank.
+    refused(if rank == 0 { ar.alloc::<f32>(1000).map(drop) } else { ar.alloc::<f64>(1000).map(drop) }, lengths);
     let how = Calibration { max_bytes: [1 << 10, 4 << 10][rank], iters: 1, graph: false, ..Calibration::default() };
     refused(ar.calibrate(stream, &how).map(drop), "calibration settings (or whether they are usable on every rank)");
     assert_eq!(ar.table().to_text(), before);
