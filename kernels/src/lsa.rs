@@ -358,9 +358,16 @@ impl<'c> LsaKernels<'c> {
     /// on every rank, once this rank's earlier launches have finished, so that a test can see
     /// what the kernels do after 2^32 launches without making them. Every rank must pass the
     /// same count (compared: [`Error::Mismatch`]).
+    ///
+    /// # Safety
+    ///
+    /// The count moves backwards or forwards by anything, so the LL kernel's words of earlier
+    /// launches can carry the flags of later ones: every word of each slot the next launches read
+    /// must have been written since with another flag (a test writes whole slots first), or the
+    /// kernels sum stale data; and every rank's earlier launches must have finished.
     #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
-    pub fn set_launch_count(&mut self, calls: u32) -> Result<()> {
+    pub unsafe fn set_launch_count(&mut self, calls: u32) -> Result<()> {
         agree(self.comm, "launch counts", &[u64::from(calls)])?;
         let stream = self.comm.stream();
         let counters = [calls; 2 * MAX_CTAS as usize];

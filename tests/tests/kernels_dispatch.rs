@@ -521,7 +521,8 @@ fn ll_words_left_from_2_pow_32_launches_earlier_are_not_taken_for_new_ones() {
         };
         let full = LL_MAX_BYTES / size_of::<f32>();
         let start = (1u32 << 31) - 2;
-        lsa.set_launch_count(start).unwrap();
+        // SAFETY: nothing was launched yet; the first call below writes every word of slot 0.
+        unsafe { lsa.set_launch_count(start) }.unwrap();
         // LL call 2^31 − 2 writes every word of slot 0; LL calls 2^31 − 1 to 2^31 + 1 are 8 bytes,
         // with two one-shot launches after the first of them.
         assert_eq!(run(&lsa, full, 1.0), vec![3.0; full]);
@@ -533,7 +534,9 @@ fn ll_words_left_from_2_pow_32_launches_earlier_are_not_taken_for_new_ones() {
             assert_eq!(run(&lsa, 2, 1.0), vec![3.0; 2]);
         }
         // 2^32 launches after the full call, the counters read what they read then.
-        lsa.set_launch_count(start).unwrap();
+        // SAFETY: every launch above finished (their results were read back); the stale words this
+        // test sets the count back onto are exactly what it checks the refresh against.
+        unsafe { lsa.set_launch_count(start) }.unwrap();
         if rank == 1 {
             // Rank 0 reads rank 1's words before they come: old words must not pass for them.
             std::thread::sleep(std::time::Duration::from_millis(300));
