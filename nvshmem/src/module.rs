@@ -159,6 +159,11 @@ impl<'rt> Module<'rt> {
 
 impl Drop for Module<'_> {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            // A kernel of it may be stuck behind a dead peer, the likely cause of the panic; the
+            // wait below could last for ever (as the runtime and teams, it is left as it is).
+            return log::warn!("nvshmem: a module dropped while panicking stays loaded");
+        }
         if gpucomm_ordering::scope_open() {
             return log::warn!(
                 "nvshmem: a module dropped inside a capture stays loaded (waiting for the device there would break \

@@ -215,6 +215,15 @@ impl<T, B: DeviceBufferMut<T>> Drop for Registration<'_, T, B> {
         if self.released {
             return;
         }
+        if std::thread::panicking() {
+            // Its queued uses may be stuck behind a dead peer, the likely cause of the panic, and
+            // waiting for them could last for ever: the registration and its buffer are leaked.
+            return log::warn!(
+                "nvshmem: a registration of {} bytes at {:p} dropped while panicking is leaked",
+                self.bytes,
+                self.ptr
+            );
+        }
         match self.release() {
             // SAFETY: dropped once, here; the registration is gone afterwards.
             Ok(()) => unsafe { ManuallyDrop::drop(&mut self.buf) },

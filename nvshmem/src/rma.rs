@@ -445,7 +445,9 @@ impl Runtime {
     /// visible. Collective. Captured into a graph, it covers, when the graph runs, the operations
     /// captured before it: quiet an earlier non-blocking operation before launching the graph.
     /// Like every collective this crate enqueues, it runs after the collectives enqueued before it
-    /// on other streams (see [`crate::Team`]).
+    /// on other streams (see [`crate::Team`]). Captured in a limited-MPG run (several PEs on one
+    /// GPU without MPS) it is refused with [`Error::NotSupportedWithLimitedMpg`]: NVSHMEM then
+    /// waits for the other PEs' events, which a capture cannot.
     #[doc(alias = "nvshmemx_barrier_all_on_stream")]
     pub fn barrier_all_on_stream(&self, stream: &CudaStream) -> Result<()> {
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
@@ -467,6 +469,12 @@ impl Runtime {
         call: impl FnOnce(cudaStream_t) -> Result<()>,
     ) -> Result<bool> {
         let admitted = Admitted::stream(stream, resource)?;
+        if collective && admitted.captured {
+            // In a limited-MPG run NVSHMEM syncs the PEs sharing the GPU through a host barrier
+            // and waits for their events recorded outside the capture: CUDA refuses that inside a
+            // capture, and NVSHMEM exits the process on the refusal.
+            self.check_not_limited_mpg("nvshmemx_barrier_all_on_stream, captured")?;
+        }
         let raw = self.enqueue_on(&admitted)?;
         if collective {
             quiesce::collective(stream.cu_stream(), admitted.captured.then_some(stream), true, || call(raw))?;
@@ -486,6 +494,10 @@ impl Runtime {
     #[doc(alias = "nvshmemx_sync_all_on_stream")]
     pub fn sync_all_on_stream(&self, stream: &CudaStream) -> Result<()> {
         let admitted = Admitted::stream(stream, self.resource())?;
+        if admitted.captured {
+            // As for a captured barrier over all PEs (`quiesce_on`).
+            self.check_not_limited_mpg("nvshmemx_sync_all_on_stream, captured")?;
+        }
         let raw = self.enqueue_on(&admitted)?;
         // SAFETY: NVSHMEM is initialised; the stream is on this device and its context current.
         quiesce::collective(stream.cu_stream(), admitted.captured.then_some(stream), false, || unsafe {
