@@ -281,7 +281,14 @@ pub(crate) fn nonblocking(stream: &Arc<CudaStream>, captured: bool, issue: impl 
         if captured {
             chain.flush()?;
             issue()?;
-            chain.captured = Some(stream.clone());
+            if chain.captured.replace(stream.clone()).is_none() {
+                // The hold ends with this capture, on every path out of its scope (whichever
+                // crate's `capture` opened it, a panic included): found only later, a new
+                // capture of the same stream would pass for this one, and its first quiescing
+                // call would skip the flush that NVSHMEM's internal streams need.
+                let held = stream.clone();
+                let _ = gpucomm_ordering::after_scope(Box::new(move || capture_ended(&held)));
+            }
         } else {
             issue()?;
             chain.marked = true;
