@@ -52,7 +52,7 @@ sanitize() {
     shift 2
     run "sanitizer-$tool-$lesson" "$SANITIZER" --tool "$tool" --report-api-errors no --error-exitcode 1 \
         "$EX/$lesson" "$@"
-    grep -h 'ERROR SUMMARY' "$LOGS/sanitizer-$tool-$lesson.log" | sed 's/^/    /' | tee -a "$LOGS/summary.txt"
+    [ -f "$LOGS/sanitizer-$tool-$lesson.log" ] && grep -h 'ERROR SUMMARY' "$LOGS/sanitizer-$tool-$lesson.log" | sed 's/^/    /' | tee -a "$LOGS/summary.txt"
 }
 
 {

@@ -8,7 +8,7 @@
 # gpu-host-cost.sh and gpu-custom-bench.sh), then the gpucomm tool's bench (a quick, checked pass
 # in each way of starting its ranks). Logs go to bundle/logs; when $OUT is set (the device
 # tool), the summary and a tarball of the logs are copied there. The last line is
-# `N passed, N failed, N skipped`.
+# `N passed, N failed, N skipped` (and `, N not run (RUN_BUDGET)` when the budget cut items).
 #
 # A lesson or mode that needs more GPUs than the machine has is skipped and counted as skipped, with
 # the reason (gpus_needed in lib.sh): a lesson's minimum comes from bundle/lessons.tsv
@@ -273,7 +273,7 @@ if [ -f "$HERE/examples.tsv" ] && [ -z "$SUITES_ONLY" ]; then
             mpirun) check "$ex-mpirun" with_mpirun "$bin" "${args[@]}" ;;
             net-socket)
                 check "$ex-net-socket" net_socket "$bin" "${args[@]}"
-                grep -hE 'via NET/Socket|NET/Socket : Using' "$LOGS/$ex-net-socket.log" | head -4 | sed 's/^/    /' \
+                [ -f "$LOGS/$ex-net-socket.log" ] && grep -hE 'via NET/Socket|NET/Socket : Using' "$LOGS/$ex-net-socket.log" | head -4 | sed 's/^/    /' \
                     | tee -a "$LOGS/summary.txt"
                 ;;
             torchrun) check "$ex-torchrun" with_torchrun static "$bin" "${args[@]}" ;;
@@ -281,7 +281,7 @@ if [ -f "$HERE/examples.tsv" ] && [ -z "$SUITES_ONLY" ]; then
             torchrun-standalone) check "$ex-torchrun-standalone" with_torchrun standalone "$bin" "${args[@]}" ;;
             torchrun-2nodes)
                 check "$ex-torchrun-2nodes" torchrun_2nodes "$bin" "${args[@]}"
-                grep -hE 'via NET/|nNodes' "$LOGS/$ex-torchrun-2nodes.log" | head -4 | sed 's/^/    /' \
+                [ -f "$LOGS/$ex-torchrun-2nodes.log" ] && grep -hE 'via NET/|nNodes' "$LOGS/$ex-torchrun-2nodes.log" | head -4 | sed 's/^/    /' \
                     | tee -a "$LOGS/summary.txt"
                 ;;
             python-peer) check "$ex-python-peer" python_pair rust "$bin" "${args[@]}" ;;

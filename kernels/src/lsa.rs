@@ -267,8 +267,10 @@ pub struct LsaKernels<'c> {
 /// The module's kernels, one per (kernel, element type), and the communicator they run on.
 /// Dropped after the device communicator and the window, whose drops wait for the kernels —
 /// except behind an abort (a watchdog's, an abort handle's, a timeout's, which those waits can
-/// make themselves): then they return at once, and kernels may still run (spinning behind a dead
-/// peer), so the module is leaked rather than unloaded under them.
+/// make themselves) or inside a capture scope: then they return at once, and kernels may still run
+/// (spinning behind a dead peer), so the module is leaked rather than unloaded under them. (A
+/// device communicator whose wait for the device ran out of its timeout without an abort does not
+/// say so here: the module is unloaded then; see README, "Known and not closed".)
 struct Functions<'c> {
     comm: &'c Comm,
     list: ManuallyDrop<Vec<(Kernel, &'static str, CudaFunction)>>,
@@ -276,8 +278,11 @@ struct Functions<'c> {
 
 impl Drop for Functions<'_> {
     fn drop(&mut self) {
-        if self.comm.is_aborted() {
-            log::warn!("gpucomm-kernels: the communicator was aborted; the kernels' module is leaked, not unloaded");
+        if self.comm.is_aborted() || gpucomm_ordering::scope_open() {
+            log::warn!(
+                "gpucomm-kernels: the communicator was aborted, or a capture is open; the kernels' module is leaked, \
+                 not unloaded"
+            );
             return;
         }
         // SAFETY: dropped once, here, as `self` is.

@@ -306,11 +306,11 @@ impl Agreement {
         let mut all = vec![0u64; n_pes * WORDS];
         // SAFETY: the outbox, this PE's slot of list `parity` and the whole list are ranges of the
         // symmetric scratch buffer (`Layout::bytes` covers them), which only this type's functions
-        // (this one, `zero`, `team_exchange`) use, one call at a time (`Runtime` is not `Sync`, and the stream is synchronised before
-        // returning, so none of this PE's earlier copies, puts or barriers is still running); the
-        // outbox and the slots are disjoint; the slot exists on every PE (symmetric, same layout);
-        // no other PE writes this list before every PE has passed this check's barrier (module
-        // docs); `words` and `all` outlive the synchronisation; the stream is this context's and
+        // (this one and `team_exchange`) use, one call at a time (`Runtime` is not `Sync`, and the
+        // stream is synchronised before returning, so none of this PE's earlier copies, puts or
+        // barriers is still running); the outbox and the slots are disjoint; the slot exists on
+        // every PE (symmetric, same layout); no other PE writes this list before every PE has
+        // passed this check's barrier (module docs); `words` and `all` outlive the synchronisation; the stream is this context's and
         // every PE makes the same puts and barrier in the same order (allocation is collective).
         unsafe {
             result::memcpy_htod_async(outbox, &words, self.stream)?;

@@ -20,8 +20,8 @@ use crate::group::open::{is_open, refuse_teardown_inside};
 pub struct Finalizing {
     comm: Option<Comm>,
     /// The communicator's timeout from when the finalize started: the wait for outstanding work
-    /// before `ncclCommFinalize` and the finalize itself share it, so that a teardown ends within
-    /// one timeout.
+    /// before `ncclCommFinalize` and the finalize itself share it (the finalize gets at least
+    /// [`Deadline::finalize_grace`]), so that a teardown ends within one timeout and that grace.
     deadline: Option<Deadline>,
 }
 
@@ -46,7 +46,8 @@ impl Finalizing {
     #[allow(clippy::result_large_err)]
     pub fn wait(mut self, timeout: Option<Duration>) -> std::result::Result<(), (Comm, Error)> {
         let Some(comm) = self.comm.take() else { return Ok(()) };
-        let deadline = if timeout.is_some() { Deadline::after(timeout) } else { self.deadline };
+        let deadline =
+            if timeout.is_some() { Deadline::after(timeout) } else { self.deadline.map(Deadline::finalize_grace) };
         match comm.await_ready_until("ncclCommFinalize", deadline).and_then(|()| comm.destroy()) {
             Ok(()) => Ok(()),
             Err(e) => Err((comm, e)),
@@ -73,7 +74,8 @@ impl Comm {
     /// Flushes outstanding operations and releases the communicator (`ncclCommFinalize` then
     /// `ncclCommDestroy`). Collective within the node: every rank must finalize. A nonblocking
     /// finalize is polled to completion, bounded by the communicator's timeout (which aborts it;
-    /// one timeout for the whole teardown, the wait for outstanding work below included);
+    /// one timeout for the whole teardown, the wait for outstanding work below included, with up
+    /// to a second's grace for the finalize itself);
     /// [`Comm::start_finalize`] lets one thread finalize several communicators. On failure the
     /// communicator is handed back with the error, so the caller can [`abort`](Self::abort) it;
     /// after an abort that is [`Error::Aborted`] with a communicator that needs nothing more.
@@ -223,7 +225,7 @@ impl Comm {
         let deadline = Deadline::after(self.timeout());
         let closed = self
             .begin_finalize()
-            .and_then(|()| self.await_ready_until("ncclCommFinalize", deadline))
+            .and_then(|()| self.await_ready_until("ncclCommFinalize", deadline.map(Deadline::finalize_grace)))
             .and_then(|()| self.destroy());
         if let Err(e) = closed {
             if !matches!(e, Error::Aborted) {

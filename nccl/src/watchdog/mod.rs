@@ -193,7 +193,10 @@ impl Watchdog {
     }
 
     /// Watches `comm`: its calls are recorded from now on, and it is aborted when a call's work
-    /// has not finished `timeout` after it was enqueued, or NCCL reports an error. Nonblocking
+    /// has not finished `timeout` after it was enqueued, or NCCL reports an error, or NCCL has said
+    /// "in progress" for `timeout` at every poll of an owner parked in it (a host-side operation:
+    /// a first call connecting to a peer, a group's end, a split, a window registration, a
+    /// finalize — these are collective, so a peer later than `timeout` counts as hung). Nonblocking
     /// communicators only ([`Error::NeedsNonblocking`](crate::Error::NeedsNonblocking)): a blocking
     /// NCCL call cannot be interrupted.
     pub fn watch(&self, comm: &Comm, timeout: Duration) -> Result<()> {
@@ -340,19 +343,18 @@ fn check(w: &Watched) -> Option<HangReport> {
     })
 }
 
-/// How long NCCL has said `ncclInProgress` at every poll that got an answer, given this poll's
-/// answer `rc` at `now`; `since` keeps when the run of such answers began. `None` when this answer
-/// ends the run, or when there was none (`rc` is `None`: the owner was inside NCCL, polling the
-/// same operation itself, at that moment), which leaves the run as it was.
+/// How long NCCL has said `ncclInProgress` at every poll in a row, given this poll's answer `rc`
+/// at `now`; `since` keeps when the run of such answers began. `None` when this answer ends the
+/// run: another answer, or none (`rc` is `None`: the owner was not parked, so nothing is known of
+/// that moment — it may have finished one operation and begun another, which must not inherit the
+/// first one's start). An operation stuck "in progress" has its owner parked in its poll nearly
+/// all the time, so a run rarely breaks for it; one broken run delays the abort by the run so far.
 fn in_progress_for(since: &mut Option<Instant>, rc: Option<ncclResult_t>, now: Instant) -> Option<Duration> {
-    match rc {
-        None => None,
-        Some(ncclResult_t::ncclInProgress) => Some(now.saturating_duration_since(*since.get_or_insert(now))),
-        Some(_) => {
-            *since = None;
-            None
-        }
+    if rc != Some(ncclResult_t::ncclInProgress) {
+        *since = None;
+        return None;
     }
+    Some(now.saturating_duration_since(*since.get_or_insert(now)))
 }
 
 /// True while any communicator is watched: the one check on the call path when none is.
@@ -411,9 +413,11 @@ mod tests {
         let mut since = None;
         assert_eq!(in_progress_for(&mut since, busy, at(0)), Some(Duration::ZERO));
         assert_eq!(in_progress_for(&mut since, busy, at(40)), Some(Duration::from_millis(40)));
-        // An owner inside NCCL cannot be asked: no answer, and the run goes on.
+        // An owner that is not parked cannot be asked: no answer, and the run starts again (an
+        // operation seen after it may be another one, which must not inherit this one's start).
         assert_eq!(in_progress_for(&mut since, None, at(50)), None);
-        assert_eq!(in_progress_for(&mut since, busy, at(60)), Some(Duration::from_millis(60)));
+        assert_eq!(in_progress_for(&mut since, busy, at(60)), Some(Duration::ZERO));
+        assert_eq!(in_progress_for(&mut since, busy, at(61)), Some(Duration::from_millis(1)));
         assert_eq!(in_progress_for(&mut since, Some(ncclResult_t::ncclSuccess), at(70)), None);
         assert_eq!(since, None);
         assert_eq!(in_progress_for(&mut since, busy, at(90)), Some(Duration::ZERO));
