@@ -315,6 +315,15 @@ impl Comm {
         Ok(AbortHandle::new(self.health.clone()))
     }
 
+    /// This communicator's identity for the watchdog: the address of its shared health state,
+    /// which lives as long as the communicator or any of its abort handles (a watched entry holds
+    /// one), so no other communicator has it meanwhile — unlike NCCL's handle, which an abort
+    /// frees while the `Comm` lives on.
+    #[inline]
+    pub(crate) fn identity(&self) -> usize {
+        Arc::as_ptr(&self.health) as usize
+    }
+
     /// True for a communicator created nonblocking ([`Config::blocking`]`(false)`).
     #[inline]
     pub fn is_nonblocking(&self) -> bool {

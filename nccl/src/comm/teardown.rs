@@ -176,6 +176,9 @@ impl Comm {
 impl Drop for Comm {
     fn drop(&mut self) {
         let left_alive = self.end();
+        if crate::watchdog::active() {
+            crate::watchdog::forget_comm(self.identity());
+        }
         if left_alive || self.health.is_abandoned() {
             // Leaked, or its abort could not call NCCL: NCCL's background jobs may still write the
             // child slots and read the config strings, so both are kept for good.

@@ -62,7 +62,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// One watched communicator.
 struct Watched {
     watchdog: u64,
-    /// The communicator handle, to find the entry from a call (compared, never dereferenced).
+    /// The communicator's identity ([`Comm::identity`]), to find the entry from a call: unique
+    /// while this entry lives, since the entry's abort handle keeps what it is the address of.
     key: usize,
     handle: AbortHandle,
     rank: usize,
@@ -72,6 +73,9 @@ struct Watched {
     recorder: Mutex<Recorder>,
     /// Since when NCCL has said `ncclInProgress` at every poll (`None`: it did not at the last).
     in_progress: Mutex<Option<Instant>>,
+    /// Set once a report was made: one per communicator (an abort only requested of a busy owner
+    /// leaves it open until the owner's next call).
+    reported: AtomicBool,
 }
 
 /// Why the watchdog stepped in.
@@ -206,9 +210,10 @@ impl Watchdog {
     /// [`Watchdog::watch`] keeping the last `calls` calls in the flight recorder (64 by default).
     pub fn watch_with_history(&self, comm: &Comm, timeout: Duration, calls: usize) -> Result<()> {
         let handle = comm.abort_handle()?;
-        let key = comm.live_raw()? as usize;
+        comm.live_raw()?;
+        let key = comm.identity();
         let mut watched = lock(&WATCHED);
-        watched.retain(|w| w.key != key || w.handle.is_closed());
+        watched.retain(|w| w.key != key);
         watched.push(Arc::new(Watched {
             watchdog: self.shared.id,
             key,
@@ -219,6 +224,7 @@ impl Watchdog {
             timeout,
             recorder: Mutex::new(Recorder::new(calls)),
             in_progress: Mutex::new(None),
+            reported: AtomicBool::new(false),
         }));
         ACTIVE.store(watched.len(), Ordering::Relaxed);
         Ok(())
@@ -226,14 +232,15 @@ impl Watchdog {
 
     /// Stops watching `comm` (its recorder is dropped).
     pub fn unwatch(&self, comm: &Comm) {
-        let key = comm.as_raw() as usize;
+        let key = comm.identity();
         forget(|w| w.watchdog == self.shared.id && w.key == key);
     }
 
     /// The flight recorder of `comm` (its recent calls, oldest first), or `None` when this
-    /// watchdog does not watch it.
+    /// watchdog does not watch it. Kept after the communicator was aborted (by this watchdog, its
+    /// own timeout or an abort handle), until it is unwatched or dropped.
     pub fn flight_record(&self, comm: &Comm) -> Option<Vec<CallRecord>> {
-        let key = comm.as_raw() as usize;
+        let key = comm.identity();
         let watched = lock(&WATCHED).iter().find(|w| w.watchdog == self.shared.id && w.key == key).cloned()?;
         let record = lock(&watched.recorder).dump();
         Some(record)
@@ -265,6 +272,13 @@ impl Drop for Watchdog {
     }
 }
 
+/// Forgets the communicator whose identity is `key` ([`Comm::identity`]): it is being dropped.
+/// Call only when [`active`].
+#[cold]
+pub(crate) fn forget_comm(key: usize) {
+    forget(|w| w.key == key);
+}
+
 /// Removes the watched communicators `which` selects.
 fn forget(which: impl Fn(&Watched) -> bool) {
     let mut watched = lock(&WATCHED);
@@ -277,15 +291,16 @@ impl Shared {
         loop {
             let mine: Vec<Arc<Watched>> = lock(&WATCHED).iter().filter(|w| w.watchdog == self.id).cloned().collect();
             for w in mine {
-                if w.handle.is_closed() {
-                    forget(|x| std::ptr::eq(x, &*w));
+                // A closed or reported communicator is not watched any more; its entry (and flight
+                // record) stays until it is unwatched or dropped (`forget_comm`).
+                if w.handle.is_closed() || w.reported.load(Ordering::Acquire) {
                     continue;
                 }
                 // Held across the abort, so that an owner who sees its communicator aborted and
                 // asks for the reports finds this one (not an empty list a moment too early).
                 let mut reports = lock(&self.reports);
                 if let Some(report) = check(&w) {
-                    forget(|x| std::ptr::eq(x, &*w));
+                    w.reported.store(true, Ordering::Release);
                     log::error!("{report}");
                     if self.print.load(Ordering::Relaxed) {
                         // Not `eprint!`, which panics when stderr is gone (a launcher that read
@@ -368,7 +383,7 @@ pub(crate) fn active() -> bool {
 /// only when [`active`].
 #[cold]
 pub(crate) fn note(comm: &Comm, call: &Call, stream: &CudaStream, captured: Option<bool>) {
-    let key = comm.as_raw() as usize;
+    let key = comm.identity();
     let Some(w) = lock(&WATCHED).iter().find(|w| w.key == key && !w.handle.is_closed()).cloned() else {
         return;
     };
