@@ -143,7 +143,7 @@ impl<'k> Visitor<'k> {
     }
 
     /// Compares a used buffer's address now with the plan's.
-    fn check(&mut self, ptr: sys::CUdeviceptr, (ordinal, ctx): (usize, usize), bytes: usize) {
+    fn check(&mut self, ptr: sys::CUdeviceptr, Place { ordinal, ctx }: Place, bytes: usize) {
         let same = matches!(self.planned(), Some((Member::Buffer { ptr: p, ordinal: o, ctx: c, bytes: b, .. }, _))
             if p == ptr && o == ordinal && c == ctx && b == bytes);
         if let Job::Launch { stale, .. } = &mut self.job {
@@ -153,7 +153,7 @@ impl<'k> Visitor<'k> {
 
     /// Ends the visit of one buffer member: what taking its pointer gave (a pointer to compare
     /// with the plan, nothing, or an error to keep), and on to the next member.
-    fn taken(&mut self, taken: Result<Option<sys::CUdeviceptr>, OrderError>, at: (usize, usize), bytes: usize) {
+    fn taken(&mut self, taken: Result<Option<sys::CUdeviceptr>, OrderError>, at: Place, bytes: usize) {
         match taken {
             Ok(Some(ptr)) => self.check(ptr, at, bytes),
             Ok(None) => {}
@@ -164,8 +164,7 @@ impl<'k> Visitor<'k> {
 
     /// A buffer the graph keeps and may only read.
     pub fn read<B: DeviceMemory + DevicePtr<B::Elem>>(&mut self, buf: &'k B) {
-        let context = buf.stream().context();
-        let (ordinal, ctx) = (context.ordinal(), context.cu_ctx() as usize);
+        let Place { ordinal, ctx } = Place::of(buf.stream());
         let bytes = buf.num_bytes();
         let planned = self.planned();
         let taken = match &mut self.job {
@@ -185,13 +184,12 @@ impl<'k> Visitor<'k> {
                 }
             },
         };
-        self.taken(taken, (ordinal, ctx), bytes);
+        self.taken(taken, Place { ordinal, ctx }, bytes);
     }
 
     /// A buffer the graph keeps and may write.
     pub fn write<B: DeviceMemory + DevicePtr<B::Elem> + DevicePtrMut<B::Elem>>(&mut self, buf: &'k mut B) {
-        let context = buf.stream().context();
-        let (ordinal, ctx) = (context.ordinal(), context.cu_ctx() as usize);
+        let Place { ordinal, ctx } = Place::of(buf.stream());
         let bytes = buf.num_bytes();
         let planned = self.planned();
         let taken = match &mut self.job {
@@ -217,7 +215,7 @@ impl<'k> Visitor<'k> {
                 }
             },
         };
-        self.taken(taken, (ordinal, ctx), bytes);
+        self.taken(taken, Place { ordinal, ctx }, bytes);
     }
 
     /// A resource the graph keeps; `live` is false once it cannot be used any more (an aborted
