@@ -8,7 +8,6 @@ use cudarc::driver::CudaStream;
 use gpucomm_ordering::{Captured, Keep};
 
 use crate::error::{Error, Result};
-use crate::quiesce;
 
 /// Captures the NVSHMEM operations (and NCCL calls, and cudarc work) `f` makes on `stream` into
 /// a CUDA graph that keeps `keep` — the runtime, teams, modules and buffers those operations
@@ -51,7 +50,7 @@ use crate::quiesce;
 #[doc(alias = "cuStreamBeginCapture")]
 #[doc(alias = "cuStreamEndCapture")]
 pub fn capture<K: Keep>(stream: &Arc<CudaStream>, keep: K, f: impl FnOnce(&mut K) -> Result<()>) -> Captured<K, Error> {
-    let captured = gpucomm_ordering::capture(stream, keep, f);
-    quiesce::capture_ended(stream);
-    captured
+    // A captured non-blocking operation's hold on NVSHMEM's internal streams ends with the
+    // capture itself (`quiesce::nonblocking` puts that off until the scope closes).
+    gpucomm_ordering::capture(stream, keep, f)
 }

@@ -400,8 +400,8 @@ pub(crate) fn host_call(what: &'static str) -> Result<()> {
     Ok(())
 }
 
-/// Forgets the capture of `stream` if it ended: after [`crate::capture`] returned, which may also
-/// have refused to open one (a capture of the stream may still be open then).
+/// Forgets the capture of `stream` if it ended: run once the capture scope of a captured
+/// non-blocking operation closed ([`nonblocking`], through `gpucomm_ordering::after_scope`).
 pub(crate) fn capture_ended(stream: &CudaStream) {
     if let Some(chain) = lock().as_mut() {
         let holds = chain.captured.as_ref().is_some_and(|s| s.cu_stream() == stream.cu_stream());
