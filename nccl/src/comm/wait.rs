@@ -40,19 +40,15 @@ impl Deadline {
         Some(Deadline { at: Instant::now().checked_add(after)?, after })
     }
 
-    /// This deadline, moved to `grace` from now if it would come sooner: for the last step of a
-    /// teardown whose earlier steps may have used up the timeout on work that did finish.
-    pub(super) fn at_least(self, grace: Duration) -> Self {
-        match Instant::now().checked_add(grace) {
+    /// This deadline, moved to a grace from now if it would come sooner: for a teardown's
+    /// finalize, whose earlier wait may have used up the timeout on work that did finish. The
+    /// grace is a second, or the timeout if shorter, so that a teardown ends within the timeout
+    /// plus at most that.
+    pub(super) fn finalize_grace(self) -> Self {
+        match Instant::now().checked_add(self.after.min(Duration::from_secs(1))) {
             Some(at) if at > self.at => Deadline { at, ..self },
             _ => self,
         }
-    }
-
-    /// The grace of a teardown's finalize ([`Deadline::at_least`]): a second, or the timeout if
-    /// shorter, so that a teardown ends within the timeout plus at most that.
-    pub(super) fn finalize_grace(self) -> Self {
-        self.at_least(self.after.min(Duration::from_secs(1)))
     }
 }
 
