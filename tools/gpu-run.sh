@@ -300,6 +300,8 @@ QUICK=(-b 8 -e 1M -f 16 -n 5 -w 2 -c 1)
 if [ -x "$GPUCOMM_BIN" ] && [ -z "$SUITES_ONLY" ] && wanted gpucomm-bench; then
     check gpucomm-bench-spawner "$GPUCOMM_BIN" bench all_reduce "${QUICK[@]}" --nproc "$NGPU"
     check gpucomm-bench-alltoall-spawner "$GPUCOMM_BIN" bench alltoall "${QUICK[@]}" --nproc "$NGPU"
+    check gpucomm-bench-gather-spawner "$GPUCOMM_BIN" bench gather "${QUICK[@]}" -r $((NGPU - 1)) --nproc "$NGPU"
+    check gpucomm-bench-scatter-spawner "$GPUCOMM_BIN" bench scatter "${QUICK[@]}" -r $((NGPU - 1)) --nproc "$NGPU"
     check gpucomm-bench-mpirun with_mpirun "$GPUCOMM_BIN" bench all_reduce "${QUICK[@]}"
     check gpucomm-bench-group "$GPUCOMM_BIN" bench all_reduce "${QUICK[@]}" -g "$NGPU"
     check gpucomm-bench-dispatch "$GPUCOMM_BIN" bench all_reduce "${QUICK[@]}" --nproc "$NGPU" --impl dispatch

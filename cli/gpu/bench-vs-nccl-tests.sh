@@ -31,7 +31,7 @@ ITERS=${ITERS:-20}
 WARMUP=${WARMUP:-5}
 MAXBYTES=${MAXBYTES:-8G}
 CHECK=${CHECK:-1}
-read -r -a COLLS <<<"${COLLS:-all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv}"
+read -r -a COLLS <<<"${COLLS:-all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv gather scatter}"
 # The one-process mode (-g NGPU) runs for these only (it takes as long again per collective).
 G_COLLS=" ${G_COLLS:-all_reduce} "
 note "bench-vs-nccl-tests: modes ${MODE_LIST[*]}, repeats $REPEATS, -b 8 -e $MAXBYTES -f $FACTOR -n $ITERS -w $WARMUP"

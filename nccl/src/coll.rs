@@ -394,6 +394,38 @@ pub trait Collectives<'b>: Target<'b> {
         })
     }
 
+    /// [`gather`](Self::gather) in place: every rank passes `buf` of one block per rank, its
+    /// contribution in its own block, `buf[rank × n .. (rank + 1) × n]` with `n = buf.len() /
+    /// size()` (NCCL's rule `sendbuff == recvbuff + rank × sendcount`); the root's `buf` receives
+    /// every block, the others' are left as they were.
+    #[cfg(nccl_2_28)]
+    #[cfg_attr(docsrs, doc(cfg(nccl_2_28)))]
+    #[doc(alias = "ncclGather")]
+    fn gather_in_place<T: NcclType>(self, buf: &'b mut impl DeviceBufferMut<T>, root: usize) -> Result<()> {
+        self.dispatch(|p| {
+            let root = p.check_rank("root", root)?;
+            let count = blocks("buffer", buf.len(), p.comm.size())?;
+            let own = block_offset::<T>(p.comm.rank(), count);
+            one_buffer(p, Kind::Gather(root), count, buf, (own, Some(0)), None)
+        })
+    }
+
+    /// [`scatter`](Self::scatter) in place: every rank passes `buf` of one block per rank; block
+    /// `i` of the root's `buf` lands in block `i` of rank `i`'s, `buf[i × n .. (i + 1) × n]` with
+    /// `n = buf.len() / size()` (NCCL's rule `recvbuff == sendbuff + rank × recvcount`); the
+    /// other blocks are left as they were.
+    #[cfg(nccl_2_28)]
+    #[cfg_attr(docsrs, doc(cfg(nccl_2_28)))]
+    #[doc(alias = "ncclScatter")]
+    fn scatter_in_place<T: NcclType>(self, buf: &'b mut impl DeviceBufferMut<T>, root: usize) -> Result<()> {
+        self.dispatch(|p| {
+            let root = p.check_rank("root", root)?;
+            let count = blocks("buffer", buf.len(), p.comm.size())?;
+            let own = block_offset::<T>(p.comm.rank(), count);
+            one_buffer(p, Kind::Scatter(root), count, buf, (0, Some(own)), None)
+        })
+    }
+
     /// Sends `buf` to `peer` (`ncclSend`), which must post a matching [`recv`](Self::recv) of the
     /// same length and type. A direct send blocks the stream until the peer receives; pair sends
     /// with receives in a [`group`](crate::group) (rings, exchanges) or they deadlock.

@@ -262,6 +262,33 @@ fn check_collectives(l: &Local) {
     .unwrap();
     l.expect("scatter from rank 1", &recvs, |r, i| Some(v(1, r * M + i)));
 
+    // gather in place to the last rank: each rank's own block is its input; the others' buffers
+    // are left as they were.
+    let mut bufs = l.up(|r| (0..n * M).map(|k| if k / M == r { v(r, k % M) } else { -1.0 }).collect());
+    group(|g| {
+        for (c, b) in l.comms.iter().zip(bufs.iter_mut()) {
+            g.with(c).gather_in_place(b, last)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    l.expect("gather_in_place to the last rank", &bufs, |r, k| {
+        Some(if r == last || k / M == r { v(k / M, k % M) } else { -1.0 })
+    });
+
+    // scatter in place from rank 1: block r of rank 1's buffer lands in block r of rank r's.
+    let mut bufs = l.up(|r| (0..n * M).map(|k| if r == 1 { v(1, k) } else { -1.0 }).collect());
+    group(|g| {
+        for (c, b) in l.comms.iter().zip(bufs.iter_mut()) {
+            g.with(c).scatter_in_place(b, 1)?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    l.expect("scatter_in_place from rank 1", &bufs, |r, k| {
+        Some(if r == 1 || k / M == r { v(1, k) } else { -1.0 })
+    });
+
     // send/recv ring: each rank sends to the next and receives from the previous.
     let sends = l.up(|r| (0..M).map(|i| v(r, i)).collect());
     let mut recvs = l.up(|_| vec![-1.0f32; M]);
@@ -770,10 +797,17 @@ fn bad_arguments_are_refused_and_lose_nothing() {
     let err = c0.reduce_scatter_in_place(&mut odd, ReduceOp::SUM).unwrap_err();
     assert!(matches!(err, Error::NotDivisible { what: "buffer", len, parts } if len == n + 1 && parts == n), "{err}");
     l.still_works();
+    let err = c0.gather_in_place(&mut odd, 0).unwrap_err();
+    assert!(matches!(err, Error::NotDivisible { what: "buffer", len, parts } if len == n + 1 && parts == n), "{err}");
+    l.still_works();
 
     // Roots and peers.
     let mut buf = s0.alloc_zeros::<f32>(8).unwrap();
     let err = c0.broadcast_in_place(&mut buf, n).unwrap_err();
+    assert!(matches!(err, Error::InvalidRank { what: "root", rank, size } if rank == n && size == n), "{err}");
+    l.still_works();
+    let mut blocks = s0.alloc_zeros::<f32>(8 * n).unwrap();
+    let err = c0.scatter_in_place(&mut blocks, n).unwrap_err();
     assert!(matches!(err, Error::InvalidRank { what: "root", rank, size } if rank == n && size == n), "{err}");
     l.still_works();
     let err = c0.reduce(&send, Root::Rank(0), ReduceOp::SUM).unwrap_err();

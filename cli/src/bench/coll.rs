@@ -2,8 +2,9 @@
 //! (nccl-tests 2.19.6 `src/<coll>.cu`: `GetCollByteCount`, `GetBw`; its `doc/PERFORMANCE.md`):
 //! `algbw = S / t` in GB/s (1 GB = 1e9 B) with S the per-rank buffer (all-reduce, broadcast,
 //! reduce, send/recv) or the total over the ranks (all-gather's output, reduce-scatter's input,
-//! all-to-all's send buffer), and `busbw = algbw × factor` (2(n−1)/n for all-reduce, (n−1)/n for
-//! all-gather, reduce-scatter and all-to-all, 1 otherwise).
+//! all-to-all's send buffer, gather's output, scatter's input), and `busbw = algbw × factor`
+//! (2(n−1)/n for all-reduce, (n−1)/n for all-gather, reduce-scatter, all-to-all, gather and
+//! scatter, 1 otherwise).
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +31,10 @@ pub enum Collective {
     #[value(name = "sendrecv", alias = "send_recv")]
     #[serde(rename = "sendrecv")]
     SendRecv,
+    /// As gather_perf (NCCL ≥ 2.28.3).
+    Gather,
+    /// As scatter_perf (NCCL ≥ 2.28.3).
+    Scatter,
 }
 
 /// Element counts of one measurement, as nccl-tests sets them up for a size (`setupArgs`).
@@ -52,7 +57,7 @@ impl Counts {
 
 impl Collective {
     /// Every collective, in nccl-tests' usual order.
-    pub const ALL: [Collective; 7] = [
+    pub const ALL: [Collective; 9] = [
         Collective::AllReduce,
         Collective::AllGather,
         Collective::ReduceScatter,
@@ -60,6 +65,8 @@ impl Collective {
         Collective::Reduce,
         Collective::AllToAll,
         Collective::SendRecv,
+        Collective::Gather,
+        Collective::Scatter,
     ];
 
     /// The command-line and JSON name (`all_reduce`, `alltoall`, …).
@@ -72,6 +79,8 @@ impl Collective {
             Collective::Reduce => "reduce",
             Collective::AllToAll => "alltoall",
             Collective::SendRecv => "sendrecv",
+            Collective::Gather => "gather",
+            Collective::Scatter => "scatter",
         }
     }
 
@@ -93,12 +102,25 @@ impl Collective {
 
     /// True when nccl-tests prints a root for it (it prints `-1` otherwise).
     pub fn rooted(self) -> bool {
-        matches!(self, Collective::Broadcast | Collective::Reduce)
+        matches!(self, Collective::Broadcast | Collective::Reduce | Collective::Gather | Collective::Scatter)
+    }
+
+    /// True when the collective sends or receives one block per rank, so that its per-rank
+    /// piece is rounded to 16 bytes and the bytes it moves are the total over the ranks.
+    fn blockwise(self) -> bool {
+        matches!(
+            self,
+            Collective::AllGather
+                | Collective::ReduceScatter
+                | Collective::AllToAll
+                | Collective::Gather
+                | Collective::Scatter
+        )
     }
 
     /// Element counts for a size of `bytes` with `elem`-byte elements on `nranks` ranks. The
-    /// per-rank pieces of all-gather, reduce-scatter and all-to-all are rounded down to a multiple
-    /// of 16 bytes, as nccl-tests does.
+    /// per-rank pieces of the blockwise collectives (all-gather, reduce-scatter, all-to-all,
+    /// gather, scatter) are rounded down to a multiple of 16 bytes, as nccl-tests does.
     pub fn counts(self, bytes: u64, elem: usize, nranks: usize) -> Counts {
         let count = (bytes / elem as u64) as usize;
         let align = (16 / elem).max(1);
@@ -107,21 +129,22 @@ impl Collective {
             Collective::AllReduce | Collective::Broadcast | Collective::Reduce | Collective::SendRecv => {
                 Counts { send: count, recv: count, param: count }
             }
-            Collective::AllGather => Counts { send: piece, recv: piece * nranks, param: piece },
-            Collective::ReduceScatter => Counts { send: piece * nranks, recv: piece, param: piece },
+            Collective::AllGather | Collective::Gather => Counts { send: piece, recv: piece * nranks, param: piece },
+            Collective::ReduceScatter | Collective::Scatter => {
+                Counts { send: piece * nranks, recv: piece, param: piece }
+            }
             Collective::AllToAll => Counts { send: piece * nranks, recv: piece * nranks, param: piece },
         }
     }
 
     /// The smallest size (bytes) that gives each of `nranks` ranks at least one element of `elem`
-    /// bytes: one element, or (all-gather, reduce-scatter, all-to-all) one 16-byte-aligned piece
-    /// per rank (see [`Collective::counts`]).
+    /// bytes: one element, or (the blockwise collectives) one 16-byte-aligned piece per rank (see
+    /// [`Collective::counts`]).
     pub fn min_bytes(self, elem: usize, nranks: usize) -> u64 {
-        match self {
-            Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
-                ((16 / elem).max(1) * elem * nranks) as u64
-            }
-            _ => elem as u64,
+        if self.blockwise() {
+            ((16 / elem).max(1) * elem * nranks) as u64
+        } else {
+            elem as u64
         }
     }
 
@@ -129,10 +152,7 @@ impl Collective {
     /// `seconds`: nccl-tests' bytes S (see the module docs) over the time.
     pub fn algbw(self, param: usize, elem: usize, seconds: f64, nranks: usize) -> f64 {
         let per_rank = (param * elem) as f64;
-        let s = match self {
-            Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => per_rank * nranks as f64,
-            _ => per_rank,
-        };
+        let s = if self.blockwise() { per_rank * nranks as f64 } else { per_rank };
         if seconds > 0.0 {
             s / 1.0e9 / seconds
         } else {
@@ -140,13 +160,13 @@ impl Collective {
         }
     }
 
-    /// The factor from algorithm to bus bandwidth: 2(n−1)/n for all-reduce, (n−1)/n for
-    /// all-gather, reduce-scatter and all-to-all, 1 otherwise.
+    /// The factor from algorithm to bus bandwidth: 2(n−1)/n for all-reduce, (n−1)/n for the
+    /// blockwise collectives, 1 otherwise.
     pub fn bus_factor(self, nranks: usize) -> f64 {
         let n = nranks as f64;
         match self {
             Collective::AllReduce => 2.0 * (n - 1.0) / n,
-            Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => (n - 1.0) / n,
+            c if c.blockwise() => (n - 1.0) / n,
             _ => 1.0,
         }
     }
@@ -178,6 +198,11 @@ mod tests {
         assert_eq!(Collective::AllGather.counts(48, 8, 2).param, 2);
         // int8: 16 elements.
         assert_eq!(Collective::AllGather.counts(100, 1, 2).param, 48);
+        // gather_perf and scatter_perf: all-gather's and reduce-scatter's shapes, rooted.
+        assert_eq!(Collective::Gather.counts(1 << 20, 4, 2), Counts { send: 1 << 17, recv: 1 << 18, param: 1 << 17 });
+        assert_eq!(Collective::Scatter.counts(100, 4, 3), Counts { send: 24, recv: 8, param: 8 });
+        assert!(Collective::Gather.rooted() && Collective::Scatter.rooted());
+        assert!(!Collective::Gather.reduces() && !Collective::Scatter.reduces());
     }
 
     #[test]
@@ -210,9 +235,13 @@ mod tests {
         let alg = Collective::AllGather.algbw(c.param, 4, 14581.3e-6, 2);
         assert!((alg - 589.1).abs() < 0.1, "{alg}");
         assert!((alg * Collective::AllGather.bus_factor(2) - 294.55).abs() < 0.01);
-        for c in [Collective::ReduceScatter, Collective::AllToAll] {
+        for c in [Collective::ReduceScatter, Collective::AllToAll, Collective::Gather, Collective::Scatter] {
             assert_eq!(c.bus_factor(4), 0.75);
         }
+        // Gather of 1 MiB of floats in all on 2 ranks in 10 µs: 104.86 GB/s algbw.
+        let c = Collective::Gather.counts(1 << 20, 4, 2);
+        let alg = Collective::Gather.algbw(c.param, 4, 10e-6, 2);
+        assert!((alg - 104.8576).abs() < 1e-6, "{alg}");
         for c in [Collective::Broadcast, Collective::Reduce, Collective::SendRecv] {
             assert_eq!(c.bus_factor(8), 1.0);
         }
@@ -225,5 +254,6 @@ mod tests {
         assert_eq!(Collective::from_program("alltoall_perf"), Some(Collective::AllToAll));
         assert_eq!(Collective::from_program("hypercube_perf"), None);
         assert_eq!(Collective::SendRecv.nccl_tests_program(), "sendrecv_perf");
+        assert_eq!(Collective::from_program("scatter_perf"), Some(Collective::Scatter));
     }
 }

@@ -612,16 +612,16 @@ fn dispatch<'c, T: Elem>(
 }
 
 /// Writes this rank's pattern into the input window (at shift 0) and zeroes the output. In place,
-/// the one buffer holds the input as NCCL expects it: all-gather's input is this rank's block of
-/// the output (so block `rank` holds the rank's `count` input elements), the others use the whole
-/// buffer as input.
+/// the one buffer holds the input as NCCL expects it: all-gather's and gather's input is this
+/// rank's block of the output (so block `rank` holds the rank's `count` input elements), the
+/// others use the whole buffer as input.
 fn fill<T: Elem>(comm: &Comm, bufs: &mut Buffers<T>, spec: &Spec, counts: Counts, in_place: bool) -> Result<()> {
     let stream = comm.stream();
     let rank = comm.rank();
     let c = counts.param.max(1);
     let (_, recv) = bufs.ranges(counts, 0, in_place)?;
     if in_place {
-        let gather = spec.coll == Collective::AllGather;
+        let gather = matches!(spec.coll, Collective::AllGather | Collective::Gather);
         let input: Vec<T> = (0..recv.len()).map(|i| T::pattern(rank, if gather { i % c } else { i })).collect();
         bufs.write(stream, false, 0, &input)?;
     } else {
@@ -633,8 +633,8 @@ fn fill<T: Elem>(comm: &Comm, bufs: &mut Buffers<T>, spec: &Spec, counts: Counts
 }
 
 /// The output elements of this rank that differ from the prediction. Elements NCCL does not
-/// define (a non-root's output of reduce, the other blocks of an in-place reduce-scatter) are not
-/// checked.
+/// define or write (a non-root's output of reduce and gather, the other blocks of an in-place
+/// reduce-scatter and scatter) are not checked.
 fn count_wrong<T: Elem>(
     comm: &Comm,
     bufs: &mut Buffers<T>,
@@ -658,6 +658,9 @@ fn count_wrong<T: Elem>(
             Collective::Reduce => in_place.then(|| T::pattern(rank, i)),
             Collective::AllToAll => Some(T::pattern(i / c, rank * c + i % c)),
             Collective::SendRecv => Some(T::pattern((rank + n - 1) % n, i)),
+            Collective::Gather => root.then(|| T::pattern(i / c, i % c)),
+            Collective::Scatter if in_place => (i / c == rank).then(|| T::pattern(spec.root, i)),
+            Collective::Scatter => Some(T::pattern(spec.root, rank * c + i)),
         }
     };
     Ok(got.iter().enumerate().filter(|(i, g)| want(*i).is_some_and(|w| !T::close(**g, w))).count() as u64)
@@ -731,8 +734,10 @@ mod tests {
         let mut s = spec(8, 8, 2);
         s.coll = Collective::Reduce;
         s.validate().unwrap();
-        // The pinned NCCL (2.28.9) has ncclAlltoAll.
-        s.coll = Collective::AllToAll;
-        s.validate().unwrap();
+        // The pinned NCCL (2.28.9) has ncclAlltoAll, ncclGather and ncclScatter.
+        for coll in [Collective::AllToAll, Collective::Gather, Collective::Scatter] {
+            s.coll = coll;
+            s.validate().unwrap();
+        }
     }
 }

@@ -2,8 +2,8 @@
 //! gpucomm-kernels), in one place, so that they can follow the crate's API as it grows.
 //!
 //! Every collective the bench knows, out of place and in place where NCCL has both: all_reduce,
-//! broadcast, reduce, all_gather, reduce_scatter, alltoall (out of place), sendrecv (out of place,
-//! `ncclSend`/`ncclRecv` in a group).
+//! broadcast, reduce, all_gather, reduce_scatter, gather, scatter, alltoall (out of place),
+//! sendrecv (out of place, `ncclSend`/`ncclRecv` in a group).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -42,7 +42,9 @@ pub fn rank_stream(ordinal: usize, null: bool) -> Result<Arc<CudaStream>, Driver
 }
 
 /// Whether the bench can run `coll` out-of-place and in-place: every collective has both, except
-/// all-to-all and sendrecv, which NCCL has only out of place.
+/// all-to-all and sendrecv, which NCCL has only out of place (nccl-tests runs them in place too,
+/// with the input and output in one buffer, but checks no data there: its sources say it does
+/// not support them).
 pub fn variants(coll: Collective) -> (bool, bool) {
     match coll {
         Collective::AllToAll | Collective::SendRecv => (true, false),
@@ -50,11 +52,18 @@ pub fn variants(coll: Collective) -> (bool, bool) {
     }
 }
 
-/// Why `coll` cannot be run at all, if so: all-to-all needs a loaded NCCL ≥ 2.28.3.
+/// Why `coll` cannot be run at all, if so: all-to-all, gather and scatter need a loaded NCCL ≥
+/// 2.28.3.
 pub fn missing(coll: Collective) -> Option<String> {
     let loaded = nccl::version().ok()?;
-    (coll == Collective::AllToAll && loaded < nccl::Version::new(2, 28, 3))
-        .then(|| format!("ncclAlltoAll needs NCCL ≥ 2.28.3; the loaded library is {loaded}"))
+    let function = match coll {
+        Collective::AllToAll => "ncclAlltoAll",
+        Collective::Gather => "ncclGather",
+        Collective::Scatter => "ncclScatter",
+        _ => return None,
+    };
+    (loaded < nccl::Version::new(2, 28, 3))
+        .then(|| format!("{function} needs NCCL ≥ 2.28.3; the loaded library is {loaded}"))
 }
 
 /// One buffer of the bench, from one of the allocators it can compare.
@@ -269,7 +278,7 @@ pub struct Call {
     pub coll: Collective,
     /// The reduction.
     pub op: ReduceOp,
-    /// Root of broadcast and reduce.
+    /// Root of broadcast, reduce, gather and scatter.
     pub root: usize,
     /// Element counts.
     pub counts: Counts,
@@ -310,6 +319,10 @@ fn one<'b, C: Collectives<'b>, T: Elem, S: DeviceBuffer<T>, R: DeviceBufferMut<T
         (Collective::ReduceScatter, Some(send)) => target.reduce_scatter(send, recv, op),
         (Collective::ReduceScatter, None) => target.reduce_scatter_in_place(recv, op),
         (Collective::AllToAll, Some(send)) => target.all_to_all(send, recv),
+        (Collective::Gather, Some(send)) => target.gather(send, recv, root),
+        (Collective::Gather, None) => target.gather_in_place(recv, root),
+        (Collective::Scatter, Some(send)) => target.scatter(send, recv, root),
+        (Collective::Scatter, None) => target.scatter_in_place(recv, root),
         (Collective::SendRecv, Some(send)) => pair(send, recv),
         _ => unreachable!("variants() refuses the rest before any call"),
     }
