@@ -117,6 +117,10 @@
 //!   validate in time are closed, one address may hold only so many connections, a connection
 //!   left idle gives its place to a new one once all are taken, memory is bounded, accept errors
 //!   are reported, every request and reply has a deadline.
+//! * Where rank 0 hosts the store it listens on `MASTER_ADDR` when that is one of the machine's
+//!   addresses (`127.0.0.1` keeps it on the machine, and so does `localhost`, served on the
+//!   loopback address it resolves to), on every interface otherwise (another host name, an
+//!   address behind NAT).
 //! * A Python peer that talks plain `TCPStore` (lesson 16) has none of this protection: what it
 //!   stores, anyone who reaches the port can read or overwrite.
 //!

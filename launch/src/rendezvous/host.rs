@@ -170,10 +170,17 @@ fn ensure_descriptors(world_size: usize, max_connections: usize) -> Result<(), R
 /// local), or every interface: `0.0.0.0` (`::` for an IPv6 address) when it is an address this
 /// machine does not have (as behind NAT), and both IPv6 and IPv4 when it is a host name, since
 /// the other ranks may resolve it to addresses of either family (IPv4 only where this machine
-/// has no IPv6). Returns the listener and the address rank 0 reaches it at.
+/// has no IPv6). A loopback name (`localhost`, `*.localhost`: [`loopback_name`]) is bound on the
+/// loopback address it resolves to, IPv4 first (the clients try each address of the name), so
+/// that a job meant to stay on this machine is not served to the network. Returns the listener
+/// and the address rank 0 reaches it at.
 fn listen(master: &Master) -> Result<(TcpListener, IpAddr), RendezvousError> {
     let port = master.port;
-    let Ok(ip) = master.addr.trim_start_matches('[').trim_end_matches(']').parse::<IpAddr>() else {
+    let bare = master.addr.trim_start_matches('[').trim_end_matches(']');
+    if let Some(ip) = loopback_name(bare, port) {
+        return Ok((bind(SocketAddr::new(ip, port))?, ip));
+    }
+    let Ok(ip) = bare.parse::<IpAddr>() else {
         let listener = match dual_stack(port) {
             Ok(listener) => listener,
             // This machine has no IPv6.
@@ -205,6 +212,27 @@ fn listen(master: &Master) -> Result<(TcpListener, IpAddr), RendezvousError> {
         _ => ip,
     };
     Ok((listener, own))
+}
+
+/// The loopback address to serve a loopback host name on: `localhost`, a name under `localhost.`
+/// (RFC 6761 keeps them on the machine), `localhost.localdomain`, `ip6-localhost` or
+/// `ip6-loopback`, when every address it resolves to is a loopback address (IPv4 first). Other
+/// names get `None`, even where they resolve to loopback here: Debian maps the machine's own name
+/// to `127.0.1.1`, which the other nodes of a job resolve to the machine's network address.
+fn loopback_name(name: &str, port: u16) -> Option<IpAddr> {
+    use std::net::ToSocketAddrs;
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    let local = name == "localhost"
+        || name.ends_with(".localhost")
+        || matches!(name.as_str(), "localhost.localdomain" | "ip6-localhost" | "ip6-loopback");
+    if !local {
+        return None;
+    }
+    let ips: Vec<IpAddr> = (name.as_str(), port).to_socket_addrs().ok()?.map(|a| a.ip()).collect();
+    if ips.is_empty() || !ips.iter().all(IpAddr::is_loopback) {
+        return None;
+    }
+    ips.iter().find(|ip| ip.is_ipv4()).or(ips.first()).copied()
 }
 
 fn bind(addr: SocketAddr) -> Result<TcpListener, RendezvousError> {
@@ -478,11 +506,28 @@ mod tests {
         TcpStream::connect_timeout(&SocketAddr::new(ip, port), Duration::from_secs(2)).is_ok()
     }
 
+    /// This machine's own name, where it resolves.
+    fn own_name() -> Option<String> {
+        use std::net::ToSocketAddrs;
+        let mut buf = [0u8; 256];
+        // SAFETY: the pointer and length describe `buf`, which lives across the call.
+        let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+        let end = buf.iter().position(|&b| b == 0)?;
+        let name = std::str::from_utf8(&buf[..end]).ok()?.to_string();
+        let resolves = (name.as_str(), 0).to_socket_addrs().is_ok_and(|mut a| a.next().is_some());
+        (rc == 0 && !name.is_empty() && loopback_name(&name, 0).is_none() && resolves).then_some(name)
+    }
+
     #[test]
     fn a_host_name_is_served_on_both_families() {
         // The other ranks may resolve the name to IPv6 addresses only: an IPv4 wildcard would
-        // refuse them.
-        let (listener, own) = listen(&master("localhost")).unwrap();
+        // refuse them. (Even where the name resolves to 127.0.1.1 here, as Debian's does: other
+        // nodes resolve it to the network address.)
+        let Some(name) = own_name() else {
+            eprintln!("this machine's name does not resolve: the test did not run");
+            return;
+        };
+        let (listener, own) = listen(&master(&name)).unwrap();
         let port = listener.local_addr().unwrap().port();
         assert_eq!(own, IpAddr::V4(Ipv4Addr::LOCALHOST));
         assert!(reaches(own, port));
@@ -490,8 +535,24 @@ mod tests {
             assert_eq!(listener.local_addr().unwrap().ip(), IpAddr::V6(Ipv6Addr::UNSPECIFIED));
             assert!(reaches(IpAddr::V6(Ipv6Addr::LOCALHOST), port));
         } else {
+            assert_eq!(listener.local_addr().unwrap().ip(), IpAddr::V4(Ipv4Addr::UNSPECIFIED));
             eprintln!("this machine has no IPv6 loopback: the IPv6 half of this test did not run");
         }
+    }
+
+    #[test]
+    fn localhost_is_served_on_loopback_only() {
+        // A job told MASTER_ADDR=localhost means to stay on this machine: nothing on the network
+        // may reach its store.
+        let (listener, own) = listen(&master("localhost")).unwrap();
+        let bound = listener.local_addr().unwrap();
+        assert!(bound.ip().is_loopback(), "bound {bound}");
+        assert_eq!(own, bound.ip());
+        assert!(reaches(own, bound.port()));
+        let (listener, _) = listen(&master("LocalHost.")).unwrap();
+        assert!(listener.local_addr().unwrap().ip().is_loopback());
+        assert_eq!(loopback_name("db.example.com", 0), None);
+        assert_eq!(loopback_name("localhostx", 0), None);
     }
 
     #[test]
