@@ -129,7 +129,9 @@ impl fmt::Display for Master {
 /// * No family present: [`Launcher::Single`], rank 0 of 1, no master.
 /// * GPUs per task: `SLURM_GPUS_PER_TASK` when Slurm gave the rank ([`RankInfo::gpus_per_task`]);
 ///   a malformed value is an error naming it.
-/// * Job identity: `GPUCOMM_JOB_TOKEN` when set; else the family's (table above); else, inside a
+/// * Job identity: `GPUCOMM_JOB_TOKEN` when set (followed by `-attempt<N>` under torchrun, `N`
+///   its `TORCHELASTIC_RESTART_COUNT`, so that a restarted job never meets the keys of the
+///   attempt before); else the family's (table above); else, inside a
 ///   Slurm step (`SLURM_JOB_ID` and `SLURM_STEP_ID` set, as under `srun` or an `mpirun` that
 ///   Slurm started), the step's ids; else none (set `GPUCOMM_JOB_TOKEN` to the same value on
 ///   every rank, e.g. `mpiexec -genv GPUCOMM_JOB_TOKEN $(uuidgen) …`).
@@ -223,12 +225,20 @@ impl RankInfo {
             // The run id is the same (`none`) for every job unless set: an identity only
             // inside the agent's own store.
             (Launcher::Torchrun, Some(t)) if t.run_id != "none" || t.use_agent_store => Some(JobIdentity {
-                value: format!("torchrun-{}-attempt{}", t.run_id, t.restart_count),
+                value: attempt(&format!("torchrun-{}", t.run_id), t.restart_count),
                 source: "TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT",
             }),
             _ => chosen.identity,
         };
-        let job_identity = token_identity(&vars).or(family_identity).or_else(|| slurm_step(&vars));
+        let job_identity = match (token_identity(&vars), &torchelastic) {
+            // torchrun restarts its workers with the same variables but the restart count, and
+            // each attempt is a job of its own: its keys must not meet the last attempt's.
+            (Some(token), Some(t)) => Some(JobIdentity {
+                value: attempt(&token.value, t.restart_count),
+                source: "GPUCOMM_JOB_TOKEN and TORCHELASTIC_RESTART_COUNT",
+            }),
+            (token, _) => token.or(family_identity).or_else(|| slurm_step(&vars)),
+        };
         let addr = match vars.get("MASTER_ADDR") {
             Some(addr) => Some(addr),
             None => match chosen.host {
@@ -485,6 +495,11 @@ fn simple_family(
 
 fn torchrun(vars: &Vars) -> Option<Result<Found, EnvError>> {
     simple_family(vars, Launcher::Torchrun, ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"])
+}
+
+/// The identity of attempt `restart_count` of a torchrun job named `name`.
+pub(crate) fn attempt(name: &str, restart_count: u32) -> String {
+    format!("{name}-attempt{restart_count}")
 }
 
 fn token_identity(vars: &Vars) -> Option<JobIdentity> {

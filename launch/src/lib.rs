@@ -71,7 +71,7 @@
 //! |---|---|
 //! | `GPUCOMM_RENDEZVOUS_TIMEOUT` | seconds (fractions allowed, 0.001 to 604800; default 60) that bound joining and each broadcast and barrier ([`TIMEOUT_VAR`]) |
 //! | `GPUCOMM_JOB_KEY` | the secret that protects the rendezvous, at least 16 bytes, the same on every rank ([`JOB_KEY_VAR`]); see [Security](#security) |
-//! | `GPUCOMM_JOB_TOKEN` | the job identity, replacing what the launcher gives ([`JOB_TOKEN_VAR`]); not secret |
+//! | `GPUCOMM_JOB_TOKEN` | the job identity, replacing what the launcher gives (under torchrun, with its restart count appended) ([`JOB_TOKEN_VAR`]); not secret |
 //! | `GPUCOMM_STORE` | `auto` (default: torchrun's agent store when torchrun says so, else rank 0 hosts one), `rank0` or `external` (join a store someone else hosts at `MASTER_ADDR:MASTER_PORT`, e.g. a Python `TCPStore(is_master=True)`) ([`STORE_VAR`], [`StoreMode`]) |
 //!
 //! A malformed value is an error that names the variable (a timeout of `1e-12`, `NaN` or `-1`

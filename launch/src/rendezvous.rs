@@ -117,7 +117,11 @@ impl Rendezvous {
             return Ok(rendezvous);
         }
         let master = info.master_or_err()?.clone();
-        let identity = match (&options.token, &info.job_identity) {
+        let token = match &info.torchelastic {
+            Some(t) if !options.token.is_empty() => crate::env::attempt(&options.token, t.restart_count),
+            _ => options.token.clone(),
+        };
+        let identity = match (&token, &info.job_identity) {
             (token, _) if !token.is_empty() => Some((token.as_str(), "Options::token")),
             (_, Some(identity)) => Some((identity.value.as_str(), identity.source)),
             (_, None) => None,

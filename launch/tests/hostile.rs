@@ -439,12 +439,25 @@ fn bad_timeouts_are_refused_naming_the_variable() {
 
 #[test]
 fn torchrun_agent_store_restart_never_reads_the_previous_attempts_id() {
+    agent_store_restart(None);
+}
+
+#[test]
+fn torchrun_agent_store_restart_with_a_job_token_never_reads_the_previous_attempts_id() {
+    // The token names the job; the restart count still tells its attempts apart (before, every
+    // restarted attempt failed: attempt 0's completion and claims were still in the store).
+    agent_store_restart(Some("token-of-the-job"));
+}
+
+/// Attempt 0 and then attempt 1 of a two-rank torchrun job under its agent's store (with
+/// `GPUCOMM_JOB_TOKEN=token` when given): attempt 1 joins and reads its own id, never attempt 0's.
+fn agent_store_restart(token: Option<&str>) {
     // A StoreServer plays the agent's store; the ranks read the variables torchrun sets.
     let agent = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
     let port = agent.local_addr().port().to_string();
     let run_id = format!("agent-test-{}", std::process::id());
     let worker = |rank: usize, restart: u32| -> RankInfo {
-        let vars = [
+        let mut vars = vec![
             ("RANK", rank.to_string()),
             ("WORLD_SIZE", "2".into()),
             ("LOCAL_RANK", rank.to_string()),
@@ -457,6 +470,7 @@ fn torchrun_agent_store_restart_never_reads_the_previous_attempts_id() {
             ("TORCHELASTIC_RESTART_COUNT", restart.to_string()),
             ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
         ];
+        vars.extend(token.map(|t| ("GPUCOMM_JOB_TOKEN", t.to_string())));
         RankInfo::from_vars(|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone())).unwrap()
     };
     // Attempt 0 completes.
@@ -478,7 +492,8 @@ fn torchrun_agent_store_restart_never_reads_the_previous_attempts_id() {
     rank0.broadcast(|| Ok(b"id of attempt 1".to_vec())).unwrap();
     assert_eq!(rank1.join().unwrap().unwrap(), b"id of attempt 1");
     let mut c = store_client(agent.local_addr().port());
-    let old = format!("{}/op0/value", prefix(&format!("torchrun-{run_id}-attempt0"), 0));
+    let name = token.map_or(format!("torchrun-{run_id}"), str::to_string);
+    let old = format!("{}/op0/value", prefix(&format!("{name}-attempt0"), 0));
     assert!(c.check(&[&old]).unwrap(), "attempt 0's id is still in the store; it was not read");
 }
 

@@ -72,8 +72,11 @@ fn torchrun_variables() {
         info.to_string(),
         "rank 1 of 2 (local 1 of 2) from torchrun-style variables, rendezvous at 10.0.0.7:1234"
     );
+    // The token replaces the run id, not the attempt: a restart is a job of its own.
     vars.push(("GPUCOMM_JOB_TOKEN", "override"));
-    assert_eq!(identity(&parse(&vars).unwrap()), Some("override"));
+    let info = parse(&vars).unwrap();
+    assert_eq!(identity(&info), Some("override-attempt2"));
+    assert_eq!(info.job_identity.unwrap().source, "GPUCOMM_JOB_TOKEN and TORCHELASTIC_RESTART_COUNT");
 }
 
 #[test]

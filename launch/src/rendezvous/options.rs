@@ -84,7 +84,8 @@ pub struct Options {
     /// The bound on every wait (joining, each broadcast, each barrier), from
     /// [`MIN_TIMEOUT`] to [`MAX_TIMEOUT`]. Default 60 s.
     pub timeout: Duration,
-    /// Replaces [`RankInfo::job_identity`](crate::RankInfo::job_identity) when not empty.
+    /// Replaces [`RankInfo::job_identity`](crate::RankInfo::job_identity) when not empty (under
+    /// torchrun followed by `-attempt<N>`, `N` its restart count, as `GPUCOMM_JOB_TOKEN` is).
     pub token: String,
     /// The secret job key; `None`: the rendezvous is unprotected (see the crate's security
     /// section).
