@@ -188,7 +188,21 @@ impl RankInfo {
     /// Reads the process environment (see [`RankInfo`] for the rules).
     /// Values that are not valid Unicode are read lossily and then fail to parse.
     pub fn from_env() -> Result<RankInfo, EnvError> {
-        RankInfo::from_vars(|name| std::env::var_os(name).map(|value| value.to_string_lossy().into_owned()))
+        RankInfo::from_os_vars(|name| std::env::var_os(name))
+    }
+
+    /// Like [`RankInfo::from_env`], with the variables as the operating system gives them, from
+    /// `lookup`. A `GPUCOMM_JOB_TOKEN` that is not UTF-8 text is refused: read as text, tokens
+    /// that differ only in their invalid bytes would name one job.
+    pub fn from_os_vars(lookup: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<RankInfo, EnvError> {
+        if let Some(token) = lookup(JOB_TOKEN_VAR).filter(|t| t.to_str().is_none()) {
+            return Err(invalid(
+                JOB_TOKEN_VAR,
+                token.to_string_lossy().into_owned(),
+                "UTF-8 text (tokens that differ only in other bytes would name one job)",
+            ));
+        }
+        RankInfo::from_vars(|name| lookup(name).map(|value| value.to_string_lossy().into_owned()))
     }
 
     /// Like [`RankInfo::from_env`], with the variables given by `lookup` (for tests and for

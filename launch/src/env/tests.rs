@@ -518,3 +518,20 @@ fn launcher_and_master_display() {
     assert_eq!(Master { addr: "::1".into(), port: 5 }.to_string(), "[::1]:5");
     assert_eq!(Master { addr: "h".into(), port: 5 }.to_string(), "h:5");
 }
+
+#[test]
+fn a_token_that_is_not_utf8_is_refused() {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+    let with = |token: Vec<u8>| {
+        RankInfo::from_os_vars(|name| (name == "GPUCOMM_JOB_TOKEN").then(|| OsString::from_vec(token.clone())))
+    };
+    // Lossily, both would be "job-\u{fffd}": one job.
+    let e = with(b"job-\xff".to_vec()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "GPUCOMM_JOB_TOKEN=job-\u{fffd} is not valid: expected UTF-8 text (tokens that differ only in other bytes \
+         would name one job)"
+    );
+    assert_eq!(identity(&with(b"job-7".to_vec()).unwrap()), Some("job-7"));
+}

@@ -118,6 +118,11 @@ pub struct Options {
     pub instance: Option<u64>,
 }
 
+/// A variable's value as text, invalid bytes replaced.
+fn lossy(value: std::ffi::OsString) -> String {
+    value.to_string_lossy().into_owned()
+}
+
 impl Default for Options {
     fn default() -> Self {
         Options {
@@ -135,7 +140,21 @@ impl Options {
     /// The defaults, with `GPUCOMM_RENDEZVOUS_TIMEOUT` (seconds), `GPUCOMM_JOB_KEY` and
     /// `GPUCOMM_STORE` when set. A malformed value is an error naming the variable.
     pub fn from_env() -> Result<Options, RendezvousError> {
-        Options::from_vars(|name| std::env::var_os(name).map(|value| value.to_string_lossy().into_owned()))
+        Options::from_os_vars(|name| std::env::var_os(name))
+    }
+
+    /// Like [`Options::from_env`], with the variables as the operating system gives them, from
+    /// `lookup`: the job key is taken byte for byte (a key that is not UTF-8 text keeps every
+    /// byte: read as text, each invalid byte would become one replacement character, and keys
+    /// that differ only there would be one key).
+    pub fn from_os_vars(lookup: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<Options, RendezvousError> {
+        use std::os::unix::ffi::OsStringExt;
+        let mut options =
+            Options::from_vars(|name| (name != JOB_KEY_VAR).then(|| lookup(name)).flatten().map(lossy))?;
+        if let Some(key) = lookup(JOB_KEY_VAR).filter(|k| !k.is_empty()) {
+            options.job_key = Some(JobKey::new(key.into_vec())?);
+        }
+        Ok(options)
     }
 
     /// Like [`Options::from_env`], with the variables given by `lookup`.
@@ -214,4 +233,30 @@ fn parse_timeout(value: &str) -> Option<Duration> {
     let secs: f64 = value.parse().ok()?;
     let limit = secs.is_finite() && secs >= MIN_TIMEOUT.as_secs_f64() && secs <= MAX_TIMEOUT.as_secs_f64();
     limit.then(|| Duration::from_secs_f64(secs))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsString;
+    use std::os::unix::ffi::OsStringExt;
+
+    use super::*;
+
+    fn key_of(bytes: &[u8]) -> Result<Option<JobKey>, RendezvousError> {
+        Options::from_os_vars(|name| (name == JOB_KEY_VAR).then(|| OsString::from_vec(bytes.to_vec())))
+            .map(|o| o.job_key)
+    }
+
+    #[test]
+    fn a_key_that_is_not_utf8_keeps_every_byte() {
+        // Read as text, both would be sixteen U+FFFD (48 bytes): one key, and a short key of
+        // six such bytes would pass the length check as 18 bytes.
+        let a = key_of(&[0xff; 16]).unwrap().unwrap();
+        let b = key_of(&[0xfe; 16]).unwrap().unwrap();
+        assert_eq!(a.bytes(), [0xff; 16]);
+        assert_ne!(a.bytes(), b.bytes());
+        let e = key_of(&[0xff; 6]).unwrap_err().to_string();
+        assert!(e.contains("GPUCOMM_JOB_KEY is 6 bytes long"), "{e}");
+        assert!(key_of(b"").unwrap().is_none());
+    }
 }
