@@ -11,11 +11,11 @@ pub(crate) struct Deadline {
 }
 
 impl Deadline {
-    /// `limit` from now. Limits are validated far below what an `Instant` can hold; one that
-    /// does not fit ends now.
+    /// `limit` from now. A limit beyond what an `Instant` holds (`Duration::MAX`: wait for ever)
+    /// is taken as [`FOREVER`] (over a century), never as now.
     pub(crate) fn after(limit: Duration) -> Deadline {
         let now = Instant::now();
-        Deadline { at: now.checked_add(limit).unwrap_or(now), limit }
+        Deadline { at: later(now, limit).unwrap_or_else(|| later(now, FOREVER).unwrap_or(now)), limit }
     }
 
     /// The time left, or `None` once it has passed.
@@ -47,6 +47,14 @@ impl Deadline {
     pub(crate) fn slice(self, slice: Duration) -> Deadline {
         self.min(Deadline::after(slice))
     }
+}
+
+/// What a deadline of a longer limit than an `Instant` holds waits: 2^32 s, about 136 years.
+const FOREVER: Duration = Duration::from_secs(1 << 32);
+
+/// `limit` after `t`, or `None` (never) where an `Instant` cannot hold it.
+pub(crate) fn later(t: Instant, limit: Duration) -> Option<Instant> {
+    t.checked_add(limit)
 }
 
 /// A duration for messages: `3s`, `2.5s`, `0.25s`.

@@ -17,7 +17,7 @@ use table::Table;
 
 use super::codec::{self, decode_request, Decoded, Request, CHECK_NOT_READY, CHECK_READY, WAIT_CANCELED, WAIT_STOP};
 use super::Limits;
-use crate::deadline::secs;
+use crate::deadline::{later, secs};
 
 /// How long accepting pauses after `accept` fails (out of file descriptors, …), so that a
 /// listener that stays readable does not spin.
@@ -687,15 +687,16 @@ impl Server {
             .conns
             .iter()
             .filter_map(|(&id, c)| {
-                let reason = if !c.validated && now >= c.accepted_at + limits.validate_within {
+                let past = |t: Instant, limit| later(t, limit).is_some_and(|at| now >= at);
+                let reason = if !c.validated && past(c.accepted_at, limits.validate_within) {
                     format!("no VALIDATE within {}", secs(limits.validate_within))
-                } else if c.request_started.is_some_and(|t| now >= t + limits.request_within) {
+                } else if c.request_started.is_some_and(|t| past(t, limits.request_within)) {
                     format!(
                         "a request did not arrive within {} ({} bytes so far)",
                         secs(limits.request_within),
                         c.input.len()
                     )
-                } else if c.unsent() > 0 && now >= c.queued_at + limits.request_within {
+                } else if c.unsent() > 0 && past(c.queued_at, limits.request_within) {
                     // However much it read meanwhile: a client taking its replies a byte at a
                     // time would otherwise hold their bytes of the budget for ever.
                     format!(
@@ -722,9 +723,9 @@ impl Server {
             .values()
             .flat_map(|c| {
                 [
-                    (!c.validated).then(|| c.accepted_at + limits.validate_within),
-                    c.request_started.map(|t| t + limits.request_within),
-                    (c.unsent() > 0).then(|| c.queued_at + limits.request_within),
+                    (!c.validated).then(|| later(c.accepted_at, limits.validate_within)).flatten(),
+                    c.request_started.and_then(|t| later(t, limits.request_within)),
+                    (c.unsent() > 0).then(|| later(c.queued_at, limits.request_within)).flatten(),
                 ]
             })
             .flatten()

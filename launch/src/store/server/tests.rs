@@ -117,6 +117,25 @@ fn every_query_is_served_as_pytorch_serves_it() {
 }
 
 #[test]
+fn limits_too_long_for_an_instant_mean_for_ever() {
+    // Duration::MAX as a server limit panicked the store's thread at a connection's first bytes;
+    // as a client's wait it timed out at once.
+    let server = serve(Limits { validate_within: Duration::MAX, request_within: Duration::MAX, ..Limits::default() });
+    let mut waiter = client(&server);
+    waiter.set("/k", b"v").unwrap();
+    assert_eq!(waiter.get("/k").unwrap(), b"v");
+    let port = server.local_addr().port();
+    let setter = thread::spawn(move || {
+        let mut c = StoreClient::connect("127.0.0.1", port, 5 * SECOND).unwrap();
+        thread::sleep(Duration::from_millis(100));
+        c.set("/later", b"v").unwrap();
+    });
+    assert!(waiter.wait(&["/later"], Duration::MAX).unwrap());
+    setter.join().unwrap();
+    assert_eq!(server.stats().dropped, 0);
+}
+
+#[test]
 fn a_wait_ends_when_another_client_sets_the_key_or_is_canceled() {
     let server = serve(Limits::default());
     let mut waiter = client(&server);
