@@ -12,6 +12,9 @@ const FIRST_BACKOFF: Duration = Duration::from_millis(20);
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// The limit of one connection attempt; more follow until the deadline.
 const ATTEMPT: Duration = Duration::from_secs(2);
+/// Keys one round trip of [`StoreClient::delete_keys`] deletes at most: their replies (8 bytes
+/// each, 4 KiB) stay far below the unread bytes a store lets one client have.
+const DELETE_CHUNK: usize = 512;
 
 /// A connection to a TCPStore: PyTorch's (`torch.distributed.TCPStore`, either server backend),
 /// or this crate's [`StoreServer`](super::StoreServer).
@@ -233,21 +236,25 @@ impl StoreClient {
         Ok(self.delete_keys_by(&[key], self.deadline())? == 1)
     }
 
-    /// Several `DELETE_KEY`s in one round trip (the requests are sent together, then the
-    /// replies read); returns how many keys existed.
+    /// Several `DELETE_KEY`s in one round trip per [`DELETE_CHUNK`] keys (the requests of a
+    /// chunk are sent together, then their replies read, so that the replies waiting in the
+    /// store stay far below what it lets one client leave unread); returns how many keys
+    /// existed.
     pub fn delete_keys(&mut self, keys: &[&str]) -> Result<usize, StoreError> {
         self.delete_keys_by(keys, self.deadline())
     }
 
     pub(crate) fn delete_keys_by(&mut self, keys: &[&str], deadline: Deadline) -> Result<usize, StoreError> {
-        let requests: Vec<Request> = keys.iter().map(|key| Request::DeleteKey { key: key.as_bytes() }).collect();
-        self.send_all("DELETE_KEY", &requests, deadline)?;
         let mut deleted = 0;
-        for _ in keys {
-            match i64::from_le_bytes(self.read_array("DELETE_KEY", deadline)?) {
-                0 => {}
-                1 => deleted += 1,
-                other => return Err(self.protocol("DELETE_KEY", format!("reply {other}, expected 0 or 1"))),
+        for chunk in keys.chunks(DELETE_CHUNK) {
+            let requests: Vec<Request> = chunk.iter().map(|key| Request::DeleteKey { key: key.as_bytes() }).collect();
+            self.send_all("DELETE_KEY", &requests, deadline)?;
+            for _ in chunk {
+                match i64::from_le_bytes(self.read_array("DELETE_KEY", deadline)?) {
+                    0 => {}
+                    1 => deleted += 1,
+                    other => return Err(self.protocol("DELETE_KEY", format!("reply {other}, expected 0 or 1"))),
+                }
             }
         }
         Ok(deleted)

@@ -117,6 +117,20 @@ fn every_query_is_served_as_pytorch_serves_it() {
 }
 
 #[test]
+fn deleting_more_keys_than_the_store_keeps_replies_for_takes_several_round_trips() {
+    // Rank 0's barrier deletes about one key per rank. All requests sent before any reply was
+    // read, a world of ~600,000 ranks or more left more unread replies than a client may (4 MiB), and
+    // the store dropped rank 0.
+    let server = serve(Limits::default());
+    let mut c = client(&server);
+    c.set("/k300000", b"v").unwrap();
+    let keys: Vec<String> = (0..1_500_000).map(|i| format!("/k{i}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    assert_eq!(c.delete_keys(&refs).unwrap(), 1);
+    assert_eq!(server.stats().dropped, 0);
+}
+
+#[test]
 fn limits_too_long_for_an_instant_mean_for_ever() {
     // Duration::MAX as a server limit panicked the store's thread at a connection's first bytes;
     // as a client's wait it timed out at once.
