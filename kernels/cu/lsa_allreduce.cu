@@ -64,6 +64,9 @@ template <> __device__ __forceinline__ __half narrow(float v) { return __float2h
 constexpr int VEC_BYTES = 16;
 template <typename T> __host__ __device__ constexpr int lanes() { return VEC_BYTES / sizeof(T); }
 
+// The lane-wise sum of two 16-byte vectors of T, rounded to T: the window two-shot's unrolled loop,
+// whose 16-bit sums would spill registers as PackedSum's floats (below). Each share of a two-shot
+// is summed by one rank and copied to all, so every rank gets the same bits whatever path summed.
 template <typename T>
 __device__ __forceinline__ uint4 add_vec(uint4 a, uint4 b) {
   const T* x = reinterpret_cast<const T*>(&a);
@@ -74,6 +77,33 @@ __device__ __forceinline__ uint4 add_vec(uint4 a, uint4 b) {
   for (int i = 0; i < lanes<T>(); i++) z[i] = narrow<T>(widen(x[i]) + widen(y[i]));
   return out;
 }
+
+// A sum of packed values of T (`P`: a 16-byte vector or a 4-byte word), accumulated lane by lane
+// in Acc<T> and rounded to T once, at the end, as the scalar loops do: a sum comes out the same
+// bits whichever packing computed it, so ranks that take different paths for one call (the vector
+// path depends on each rank's own buffer addresses) agree bit for bit.
+template <typename T, typename P>
+struct PackedSum {
+  static constexpr int N = sizeof(P) / sizeof(T);
+  typename Acc<T>::Type lane[N];
+  __device__ __forceinline__ void load(P p) {
+    const T* x = reinterpret_cast<const T*>(&p);
+#pragma unroll
+    for (int k = 0; k < N; k++) lane[k] = widen(x[k]);
+  }
+  __device__ __forceinline__ void add(P p) {
+    const T* x = reinterpret_cast<const T*>(&p);
+#pragma unroll
+    for (int k = 0; k < N; k++) lane[k] += widen(x[k]);
+  }
+  __device__ __forceinline__ P get() const {
+    P out;
+    T* z = reinterpret_cast<T*>(&out);
+#pragma unroll
+    for (int k = 0; k < N; k++) z[k] = narrow<T>(lane[k]);
+    return out;
+  }
+};
 
 __device__ __forceinline__ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
@@ -112,11 +142,12 @@ __device__ __forceinline__ void sum_from_peers(const Peers<T>& in, T* out, size_
   if (aligned16(out + begin) && in.aligned(begin)) {
     const size_t nvec = (end - begin) / lanes<T>();
     for (size_t v = threadIdx.x; v < nvec; v += blockDim.x) {
-      uint4 acc = reinterpret_cast<const uint4*>(in.at[0] + begin)[v];
+      PackedSum<T, uint4> acc;
+      acc.load(reinterpret_cast<const uint4*>(in.at[0] + begin)[v]);
 #pragma unroll
       for (int p = 1; p < MAX_PEERS; p++)
-        if (p < in.n) acc = add_vec<T>(acc, reinterpret_cast<const uint4*>(in.at[p] + begin)[v]);
-      reinterpret_cast<uint4*>(out + begin)[v] = acc;
+        if (p < in.n) acc.add(reinterpret_cast<const uint4*>(in.at[p] + begin)[v]);
+      reinterpret_cast<uint4*>(out + begin)[v] = acc.get();
     }
     i = begin + nvec * lanes<T>();
   }
@@ -214,18 +245,6 @@ __device__ __forceinline__ void store_word(T* dst, size_t count, size_t w, uint3
     if (w * per + k < count) dst[w * per + k] = parts[k];
 }
 
-template <typename T>
-__device__ __forceinline__ uint32_t add_word(uint32_t a, uint32_t b) {
-  constexpr int per = 4 / sizeof(T);
-  const T* x = reinterpret_cast<const T*>(&a);
-  const T* y = reinterpret_cast<const T*>(&b);
-  uint32_t out;
-  T* z = reinterpret_cast<T*>(&out);
-#pragma unroll
-  for (int k = 0; k < per; k++) z[k] = narrow<T>(widen(x[k]) + widen(y[k]));
-  return out;
-}
-
 // One (data, flag) pair as a single 64-bit access, so that it is single-copy atomic.
 __device__ __forceinline__ void st_pair(uint64_t* at, uint32_t data, uint32_t flag) {
   const uint64_t v = (uint64_t)flag << 32 | data;
@@ -299,23 +318,31 @@ __device__ void ll_oneshot(ncclDevComm comm, ncclWindow_t win, size_t base, size
     const size_t all = region / sizeof(uint64_t), threads = (size_t)gridDim.x * blockDim.x;
     for (size_t w = words + (size_t)blockIdx.x * blockDim.x + threadIdx.x; w < all; w += threads) push(w, 0);
   }
-  // Pull the peers' words from this rank's own window as they arrive, and sum.
+  // Pull the peers' words from this rank's own window as they arrive, and sum them with this
+  // rank's own in rank order, so that every rank adds the same terms in the same order (floating
+  // point addition is not associative: starting from its own word, each rank got other bits).
   const uint64_t* from[MAX_PEERS];
 #pragma unroll
   for (int p = 0; p < MAX_PEERS; p++)
     from[p] = (p < n && p != me) ? (const uint64_t*)ncclGetLocalPointer(win, slot + (size_t)p * region) : nullptr;
   uint32_t steps = 0;
-  auto pull = [&](size_t w, uint32_t acc) {
+  auto pull = [&](size_t w, uint32_t own) {
+    PackedSum<T, uint32_t> acc;
 #pragma unroll
     for (int p = 0; p < MAX_PEERS; p++) {
-      if (!from[p]) continue;
-      uint64_t v;
-      do {
-        v = ld_pair(from[p] + w);
-      } while ((uint32_t)(v >> 32) != flag && !aborted(comm, steps));
-      acc = add_word<T>(acc, (uint32_t)v);
+      if (p >= n) break;
+      uint32_t word = own;
+      if (from[p]) {
+        uint64_t v;
+        do {
+          v = ld_pair(from[p] + w);
+        } while ((uint32_t)(v >> 32) != flag && !aborted(comm, steps));
+        word = (uint32_t)v;
+      }
+      if (p == 0) acc.load(word);
+      else acc.add(word);
     }
-    store_word(recv, count, w, acc);
+    store_word(recv, count, w, acc.get());
   };
 #pragma unroll
   for (int k = 0; k < LL_PREFETCH; k++)
@@ -433,14 +460,16 @@ __device__ void twoshot_staged(ncclDevComm comm, ncclWindow_t win, size_t in_off
   if (aligned16(send + lo) && aligned16(recv + lo) && in.aligned(lo) && out.aligned(lo)) {
     const size_t nvec = (hi - lo) / lanes<T>();
     for (size_t v = threadIdx.x; v < nvec; v += blockDim.x) {
-      uint4 acc = reinterpret_cast<const uint4*>(send + lo)[v];
+      PackedSum<T, uint4> acc;
+      acc.load(reinterpret_cast<const uint4*>(send + lo)[v]);
 #pragma unroll
       for (int p = 0; p < MAX_PEERS; p++)
-        if (p < n && p != r) acc = add_vec<T>(acc, reinterpret_cast<const uint4*>(in.at[p] + lo)[v]);
-      reinterpret_cast<uint4*>(recv + lo)[v] = acc;
+        if (p < n && p != r) acc.add(reinterpret_cast<const uint4*>(in.at[p] + lo)[v]);
+      const uint4 sum = acc.get();
+      reinterpret_cast<uint4*>(recv + lo)[v] = sum;
 #pragma unroll
       for (int p = 0; p < MAX_PEERS; p++)
-        if (p < n && p != r) reinterpret_cast<uint4*>(out.at[p] + lo)[v] = acc;
+        if (p < n && p != r) reinterpret_cast<uint4*>(out.at[p] + lo)[v] = sum;
     }
     i = lo + nvec * lanes<T>();
   }

@@ -369,6 +369,41 @@ fn every_path_sums_two_ranks() {
 }
 
 #[test]
+#[ignore = "needs 3 GPUs: run by the GPU bundle (./dev.sh bundle)"]
+fn every_rank_gets_the_same_bits_from_three_ranks() {
+    // Floating-point sums depend on their order. With three ranks the LL kernel began each sum
+    // with the rank's own word (rank 2 summed 1 + 1e8 − 1e8 = 0, ranks 0 and 1 1e8 − 1e8 + 1 =
+    // 1), and the one-shot's 16-bit vector path rounded after each addition where its scalar
+    // path (taken by a rank whose output is not 16-byte aligned) rounds once (256 + 1 + 1 in bf16:
+    // 256 against 258). Every path now sums in rank order and rounds once: every rank gets the
+    // bits of that sum.
+    multi_process("every_rank_gets_the_same_bits_from_three_ranks", 3, |info, stream| {
+        let stream = stream.context().new_stream().unwrap();
+        let mut rdzv = Rendezvous::connect(&info, &RdzvOptions::from_env().unwrap()).unwrap();
+        let comm = Comm::from_rendezvous(stream.clone(), &mut rdzv).unwrap();
+        let mut ar = AllReduce::new(&comm, options()).unwrap();
+        assert_eq!(ar.fallback(), None, "{:?}", ar.setup_error());
+        let rank = info.rank;
+        let count = 1000;
+        // rank 1's output one element into its buffer: not 16-byte aligned, the scalar path.
+        let at = usize::from(rank == 1);
+        ar.force(Some(Path::OneShot)).unwrap();
+        let send = stream.clone_htod(&vec![half::bf16::from_f32([256.0, 1.0, 1.0][rank]); count]).unwrap();
+        let mut recv_all = stream.alloc_zeros::<half::bf16>(at + count).unwrap();
+        ar.all_reduce(&stream, &send, &mut recv_all.slice_mut(at..), ReduceOp::SUM).unwrap();
+        let got = stream.clone_dtoh(&recv_all.slice(at..)).unwrap();
+        assert!(got.iter().all(|x| x.to_f32() == 258.0), "rank {rank}: one-shot bf16 gave {:?}", &got[..8]);
+        ar.force(Some(Path::Ll)).unwrap();
+        let send = stream.clone_htod(&vec![[1e8f32, -1e8, 1.0][rank]; count]).unwrap();
+        let mut recv = stream.alloc_zeros::<f32>(count).unwrap();
+        ar.all_reduce(&stream, &send, &mut recv, ReduceOp::SUM).unwrap();
+        let got = stream.clone_dtoh(&recv).unwrap();
+        assert!(got.iter().all(|&x| x == 1.0), "rank {rank}: LL f32 gave {:?}", &got[..8]);
+        println!("rank {rank}: one-shot bf16 and LL f32 sums in rank order, the same bits on every rank");
+    });
+}
+
+#[test]
 #[ignore = "needs 1 GPU: run by the GPU bundle (./dev.sh bundle)"]
 fn a_graph_refuses_a_symmetric_buffer_swapped_for_another_window() {
     // A graph captured a two-shot into `recv`, whose kernels reach it through its window's handle.
