@@ -130,7 +130,7 @@ impl<'c> AllReduce<'c> {
     /// cannot serve gives an `AllReduce` that sends everything to NCCL and says why
     /// ([`AllReduce::fallback`]).
     pub fn new(comm: &'c Comm, options: Options) -> Result<Self> {
-        let sizes = Sizes { one_shot: options.one_shot_max, staged: options.staged_max }.rounded()?;
+        let sizes = Sizes { one_shot: options.one_shot_max, staged: options.staged_max }.rounded();
         let local = if !options.kernels {
             Err(Fallback::Disabled)
         } else if !crate::image::COMPILED {
@@ -138,7 +138,19 @@ impl<'c> AllReduce<'c> {
         } else {
             lsa::check_team(comm)
         };
-        let everyone = lsa::min_max(comm, &[u64::from(local.is_ok())], ReduceOp::MIN)?[0] == 1;
+        // Whether the sizes are valid goes into the first collective step with the rest: a rank
+        // that refused its options alone would leave the others waiting in it.
+        let all = lsa::min_max(comm, &[u64::from(local.is_ok()), u64::from(sizes.is_ok())], ReduceOp::MIN)?;
+        let sizes = sizes?;
+        if all[1] == 0 {
+            return Err(Error::Mismatch {
+                what: "staging sizes (valid on this rank, refused on another)",
+                mine: vec![1],
+                smallest: vec![0],
+                largest: vec![1],
+            });
+        }
+        let everyone = all[0] == 1;
         let table = match options.table {
             Some(t) => t,
             None => Table::builtin(&comm.context().name().unwrap_or_default(), comm.size()),
@@ -314,9 +326,17 @@ impl<'c> AllReduce<'c> {
     pub fn alloc<T: NcclType + cudarc::driver::ValidAsZeroBits>(&self, len: usize) -> Result<SymmetricBuffer<'c, T>> {
         // The bytes, not only the count: a rank allocating bf16 where another allocates f32 would
         // have the peers' kernels address twice its buffer.
-        let shape = [len as u64, size_of::<T>() as u64, T::DATA_TYPE.raw().0 as u64];
-        lsa::agree(self.comm, "symmetric buffer lengths (elements, element bytes, data type)", &shape)?;
-        let buf = MemBuffer::<T>::zeroed(self.comm.stream(), len)?;
+        // Whether the allocation succeeded is compared with them: a rank out of memory alone
+        // would leave the others waiting in the window's registration.
+        let buf = MemBuffer::<T>::zeroed(self.comm.stream(), len);
+        let shape = [len as u64, size_of::<T>() as u64, T::DATA_TYPE.raw().0 as u64, u64::from(buf.is_ok())];
+        let agreed = lsa::agree(
+            self.comm,
+            "symmetric buffer lengths (elements, element bytes, data type, allocated on every rank)",
+            &shape,
+        );
+        let buf = buf?;
+        agreed?;
         Ok(SymmetricBuffer { window: self.comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e)? })
     }
 

@@ -306,9 +306,15 @@ impl<'c> LsaKernels<'c> {
     /// window, and loads the kernels. Nothing is created when a check fails
     /// ([`Error::Unavailable`]).
     pub fn new(comm: &'c Comm, sizes: Sizes) -> Result<Self> {
-        check_team(comm).map_err(Error::Unavailable)?;
-        let sizes = sizes.rounded()?;
-        agree(comm, "staging sizes", &[sizes.one_shot as u64, sizes.staged as u64])?;
+        // Each rank's own verdicts are compared with the sizes, before anything fails: a rank
+        // that stopped alone would leave the others waiting in the comparison.
+        let (team, sizes) = (check_team(comm), sizes.rounded());
+        let (one_shot, staged) = sizes.as_ref().map_or((0, 0), |s| (s.one_shot as u64, s.staged as u64));
+        let mine = [u64::from(team.is_ok()), u64::from(sizes.is_ok()), one_shot, staged];
+        let agreed = agree(comm, "staging sizes (and whether every rank can use the kernels and the sizes)", &mine);
+        team.map_err(Error::Unavailable)?;
+        let sizes = sizes?;
+        agreed?;
         Self::create(comm, sizes)
     }
 

@@ -505,6 +505,14 @@ fn disagreeing_options_and_setters_are_refused_on_two_gpus() {
             Err(gpucomm_kernels::Error::Mismatch { .. }) => {}
             other => panic!("rank {rank}: different staging sizes must be refused, got {other:?}"),
         }
+        // Sizes one rank refuses by itself: before, that rank returned alone and the other waited
+        // in the next collective step for ever.
+        use gpucomm_kernels::lsa::MAX_AREA;
+        let too_large = Options { staged_max: [MAX_AREA + 1, 64 << 10][rank], ..options() };
+        match (rank, AllReduce::new(&comm, too_large)) {
+            (0, Err(gpucomm_kernels::Error::AreaTooLarge { .. })) | (1, Err(gpucomm_kernels::Error::Mismatch { .. })) => {}
+            (_, other) => panic!("rank {rank}: sizes refused on rank 0 must fail both ranks, got {other:?}"),
+        }
         let mut ar = AllReduce::new(&comm, options()).unwrap();
         assert_eq!(ar.fallback(), None, "{:?}", ar.setup_error());
         let kernels = ar.kernels().unwrap();
