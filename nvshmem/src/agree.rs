@@ -58,10 +58,14 @@ const WORD_BYTES: usize = WORDS * size_of::<u64>();
 /// The collective heap operation a PE is about to make.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Op {
-    /// `nvshmem_malloc`, `nvshmem_calloc` or `nvshmem_align`.
+    /// `nvshmem_malloc` or `nvshmem_align`.
     Alloc = 1,
     /// `nvshmem_free`.
     Free = 2,
+    /// `nvshmem_malloc` then zeroed, with a barrier over every PE that a plain allocation does
+    /// not make: a PE zeroing while another does not would pair that barrier with the other's
+    /// next one.
+    AllocZeroed = 3,
 }
 
 /// What one PE asks for.
@@ -153,12 +157,12 @@ impl Agreed {
         }
         if self.refused {
             return Err(match op {
-                Op::Alloc => Error::PeerRefusedAlloc,
+                Op::Alloc | Op::AllocZeroed => Error::PeerRefusedAlloc,
                 Op::Free => Error::PeerRefusedFree,
             });
         }
         match op {
-            Op::Alloc if self.min_bytes != self.max_bytes || self.min_align != self.max_align => {
+            Op::Alloc | Op::AllocZeroed if self.min_bytes != self.max_bytes || self.min_align != self.max_align => {
                 Err(Error::AsymmetricAlloc {
                     min_bytes: self.min_bytes,
                     max_bytes: self.max_bytes,
@@ -174,7 +178,7 @@ impl Agreed {
                     max_bytes: self.max_bytes,
                 })
             }
-            Op::Alloc | Op::Free => Ok(()),
+            Op::Alloc | Op::AllocZeroed | Op::Free => Ok(()),
         }
     }
 }
@@ -477,6 +481,13 @@ mod tests {
         let mixed = combine(&[free(4096, 0, false), ask(4096, 0, false)]);
         assert!(matches!(mixed.check(Op::Free, None), Err(Error::MixedHeapCollectives)));
         assert!(matches!(mixed.check(Op::Alloc, None), Err(Error::MixedHeapCollectives)));
+        // One PE zeroing its allocation while another does not: the zeroing PE's extra barrier
+        // would pair with the other's next one.
+        let zeroed = Ask { op: Op::AllocZeroed, ..ask(4096, 0, false) };
+        let mixed = combine(&[ask(4096, 0, false), zeroed]);
+        assert!(matches!(mixed.check(Op::AllocZeroed, None), Err(Error::MixedHeapCollectives)));
+        assert!(matches!(mixed.check(Op::Alloc, None), Err(Error::MixedHeapCollectives)));
+        assert!(combine(&[zeroed, zeroed]).check(Op::AllocZeroed, None).is_ok());
     }
 
     #[test]

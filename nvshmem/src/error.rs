@@ -425,10 +425,13 @@ pub enum Error {
         "another PE could not free its copy of this symmetric buffer (see its error); nothing was freed on any PE"
     )]
     PeerRefusedFree,
-    /// Some PEs allocated while others freed, in the same collective step (a buffer dropped or
-    /// freed on some PEs only, or allocations made in different orders). Nothing was allocated or
-    /// freed, on any PE.
-    #[error("some PEs allocated a symmetric buffer while others freed one at the same step; nothing was allocated or freed on any PE")]
+    /// Some PEs allocated while others freed, or some allocated zeroed
+    /// ([`Runtime::alloc_zeroed`](crate::Runtime::alloc_zeroed)) while others did not, in the same
+    /// collective step (a buffer dropped or freed on some PEs only, allocations made in different
+    /// orders). Nothing was allocated or freed, on any PE.
+    #[error(
+        "the PEs made different symmetric-heap collectives at the same step (some allocated, some allocated zeroed, some freed); nothing was allocated or freed on any PE"
+    )]
     MixedHeapCollectives,
     /// The PEs' collective allocations and frees are out of step: the check before an allocation
     /// or a free read another PE's words of another check (numbers `min_check..=max_check`; a slot

@@ -153,7 +153,8 @@ impl Runtime {
         // Every PE asks, whether or not it refuses, so that every PE reaches the same verdict.
         let local = self.local_check::<T>(len, &how);
         let bytes = local.as_ref().map_or(0, |(bytes, _)| *bytes as u64);
-        let ask = Ask { op: Op::Alloc, bytes, align, offset: 0, refused: local.is_err() };
+        let op = if let Alloc::Zeroed = how { Op::AllocZeroed } else { Op::Alloc };
+        let ask = Ask { op, bytes, align, offset: 0, refused: local.is_err() };
         let agreement = self.agreement()?;
         // Not `bind_to_thread`, which would first fail with an unrelated error recorded in the
         // context (by any thread): this PE would leave, and the others wait in the agreement.
@@ -163,7 +164,7 @@ impl Runtime {
         // nothing after the agreement may fail on one PE alone, which would leave the others
         // waiting inside `nvshmem_malloc`.
         let (bytes, tracker) = local?;
-        agreed.check(Op::Alloc, None)?;
+        agreed.check(op, None)?;
         // SAFETY: NVSHMEM is initialised (the runtime exists) and its context is current (made so
         // before the agreement, which makes no other current); the sizes are non-zero and, with the
         // alignment, within the heap's limit (checked above), and every PE asks for the same size

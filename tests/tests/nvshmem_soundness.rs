@@ -541,7 +541,8 @@ fn every_pe_must_ask_for_the_same_allocation() {
 /// allocation at different offsets on the two PEs, so that puts landed in unrelated live buffers.
 /// Now the PEs compare the freed buffer's heap offset and size first: both get
 /// `Error::AsymmetricFree` (or `Error::MixedHeapCollectives` when one allocates) and their buffers
-/// back, nothing is freed, and matching frees and a ring of puts afterwards work. Needs two PEs.
+/// back, nothing is freed, and matching frees and a ring of puts afterwards work. An allocation
+/// zeroed on one PE only is refused the same way. Needs two PEs.
 #[test]
 #[ignore = "needs 2 GPUs: run by the GPU bundle"]
 fn every_pe_must_free_the_same_buffer() {
@@ -575,6 +576,11 @@ fn every_pe_must_free_the_same_buffer() {
             assert!(matches!(e, Error::MixedHeapCollectives), "PE 1: {e:?}");
             a
         };
+        // PE 0 allocates zeroed while PE 1 allocates without zeroing: the zeroing PE's extra
+        // barrier would have paired with PE 1's next one (before, both allocations succeeded).
+        let e = if me == 0 { rt.alloc_zeroed::<i32>(1024) } else { rt.alloc::<i32>(1024) }
+            .expect_err("an allocation zeroed on one PE only");
+        assert!(matches!(e, Error::MixedHeapCollectives), "PE {me}: {e:?}");
         // The heaps are still in step: matching frees work, and a ring of puts lands where it should.
         b.free().map_err(|(_, e)| e).unwrap();
         a.free().map_err(|(_, e)| e).unwrap();
