@@ -176,12 +176,14 @@ impl Drop for Module<'_> {
         if let Err(e) = self.rt.wait_for_device("a module (its kernels may still run on the PE's device)") {
             return log::warn!("nvshmem: {e}; a dropped module stays loaded");
         }
-        if let Err(e) = ctx.bind_to_thread() {
-            return log::warn!("nvshmem: binding the PE's context failed ({e}); a dropped module stays loaded");
+        // Not `bind_to_thread`, which would fail with (and take) an error something else recorded
+        // in the context, and keep the module loaded for it.
+        if let Err(e) = gpucomm_ordering::make_current(ctx) {
+            return log::warn!("nvshmem: making the PE's context current failed ({e}); a dropped module stays loaded");
         }
         if self.registered {
             // SAFETY: the module is live and registered with NVSHMEM; the context is current
-            // (bound above); no kernel runs (the device is idle).
+            // (made so above); no kernel runs (the device is idle).
             let finalized = unsafe { call!(nvshmemx_cumodule_finalize(self.as_raw() as nvshmem_sys::CUmodule)) };
             if let Err(e) = finalized {
                 log::warn!("nvshmem: nvshmemx_cumodule_finalize failed: {e}");

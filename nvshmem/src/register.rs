@@ -193,7 +193,9 @@ impl<T, B: DeviceBufferMut<T>> Registration<'_, T, B> {
         if !gpucomm_ordering::wait_for_uses(&mut *self.buf, self.rt.context(), timeout)? {
             return Err(Error::StillInUse { what: "a registered buffer", after: timeout.unwrap_or_default() });
         }
-        self.rt.context().bind_to_thread()?;
+        // Not `bind_to_thread`: an error something else recorded in the context would leak the
+        // buffer and be taken from its owner.
+        gpucomm_ordering::make_current(self.rt.context())?;
         // SAFETY: the memory was registered by this handle and is unregistered at most once
         // (`unregister` marks the registration released, which `Drop` skips; a drop ends the
         // handle); no queued work uses it any more.

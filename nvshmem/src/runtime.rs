@@ -418,7 +418,9 @@ impl Runtime {
     #[inline]
     pub(crate) fn enqueue_on(&self, admitted: &Admitted<'_>) -> Result<cudaStream_t> {
         self.check_device("stream", admitted.stream)?;
-        self.context().bind_to_thread()?;
+        // Not `bind_to_thread`: an error something else recorded in the context (any thread, any
+        // use) would refuse a collective on this PE alone, and be taken from its owner.
+        gpucomm_ordering::make_current(self.context())?;
         Ok(admitted.stream.cu_stream() as cudaStream_t)
     }
 
@@ -430,7 +432,7 @@ impl Runtime {
     /// [`crate::Team`]).
     #[doc(alias = "nvshmem_barrier_all")]
     pub fn barrier_all(&self) -> Result<()> {
-        self.context().bind_to_thread()?;
+        gpucomm_ordering::make_current(self.context())?;
         quiesce::host_collective("the host barrier (nvshmem_barrier_all)")?;
         // SAFETY: NVSHMEM is initialised and the PE's context is current.
         unsafe { call!(nvshmem_barrier_all()) }
@@ -529,8 +531,8 @@ impl Runtime {
             agreement.close();
         }
         quiesce::stop();
-        if let Err(e) = self.context().bind_to_thread() {
-            log::warn!("nvshmem: binding the PE's CUDA context before finalising failed: {e}");
+        if let Err(e) = gpucomm_ordering::make_current(self.context()) {
+            log::warn!("nvshmem: making the PE's CUDA context current before finalising failed: {e}");
         }
         // SAFETY: NVSHMEM was initialised by this runtime, which is the only one, and is
         // finalised exactly once (it is marked released above); the device is idle (both callers waited

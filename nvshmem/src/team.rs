@@ -299,7 +299,9 @@ impl<'rt> Team<'rt> {
         }
         let destroyed = (|| {
             self.wait_for_device()?;
-            self.rt.context().bind_to_thread()?;
+            // Not `bind_to_thread`: an error something else recorded in the context would keep
+            // this member's team while the others destroy theirs.
+            gpucomm_ordering::make_current(self.rt.context())?;
             // SAFETY: the team was created by a split and is destroyed once: it is marked released
             // below on success, so Drop does nothing; no queued work uses it (the device is idle);
             // if the function does not resolve, nothing is called.
@@ -491,8 +493,8 @@ impl Drop for Team<'_> {
         if let Err(e) = self.wait_for_device() {
             return log::warn!("nvshmem: {e}; dropped team {} is leaked", self.raw);
         }
-        if let Err(e) = self.rt.context().bind_to_thread() {
-            return log::warn!("nvshmem: binding the PE's context failed ({e}); dropped team {} is leaked", self.raw);
+        if let Err(e) = gpucomm_ordering::make_current(self.rt.context()) {
+            return log::warn!("nvshmem: making the PE's context current failed ({e}); dropped team {} is leaked", self.raw);
         }
         // SAFETY: the team was created by a split and is destroyed exactly once, here; no queued
         // work uses it (the device is idle); the PE's context is current.

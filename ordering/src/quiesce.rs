@@ -11,7 +11,7 @@ use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::{CudaContext, CudaEvent, CudaStream, DriverError};
+use cudarc::driver::{result, CudaContext, CudaEvent, CudaStream, DriverError};
 
 use crate::{access, Access, DeviceBufferMut, OrderError};
 
@@ -58,15 +58,21 @@ fn private_stream(ctx: &Arc<CudaContext>) -> Result<Arc<CudaStream>, DriverError
 /// The driver has no bounded device-wide wait, so with a timeout the synchronisation runs on a
 /// helper thread, which is left behind (blocked until the device is idle) when the bound expires.
 /// A helper thread that cannot be started counts as an expired bound.
+///
+/// An error recorded in `ctx` by something else (a failed cudarc guard, `record_err` on any
+/// thread) neither fails the wait nor is taken: cudarc's `CudaContext::synchronize` would first
+/// return that error and clear it, and a teardown would then give up on an idle device (leaving
+/// the other ranks waiting in their collective teardown) and its owner never see it.
 pub fn device_idle_within(ctx: &Arc<CudaContext>, timeout: Option<Duration>) -> Result<bool, DriverError> {
     let Some(timeout) = timeout else {
-        ctx.synchronize()?;
+        synchronize_device(ctx)?;
         return Ok(true);
     };
     let (tx, rx) = mpsc::channel();
     let waited = ctx.clone();
-    let spawned =
-        std::thread::Builder::new().name("gpucomm-device-wait".into()).spawn(move || tx.send(waited.synchronize()));
+    let spawned = std::thread::Builder::new()
+        .name("gpucomm-device-wait".into())
+        .spawn(move || tx.send(synchronize_device(&waited)));
     if spawned.is_err() {
         return Ok(false);
     }
@@ -74,6 +80,12 @@ pub fn device_idle_within(ctx: &Arc<CudaContext>, timeout: Option<Duration>) -> 
         Ok(synchronized) => synchronized.map(|()| true),
         Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => Ok(false),
     }
+}
+
+/// `cuCtxSynchronize` on `ctx`, made current on this thread without looking at its recorded error.
+fn synchronize_device(ctx: &CudaContext) -> Result<(), DriverError> {
+    crate::context::make_current(ctx)?;
+    result::ctx::synchronize()
 }
 
 /// Waits for `event`: blocking without a timeout, polling with one.

@@ -1116,6 +1116,36 @@ fn an_unrelated_cuda_error_cannot_split_an_allocation_or_a_free() {
     });
 }
 
+/// Audit (session 19): the teardowns waited for the device through cudarc's
+/// `CudaContext::synchronize`, and made the context current through `bind_to_thread`, both of
+/// which first fail with (and take) an error that anything recorded in the context. Before: PE 0,
+/// with such an error recorded, kept its team while PE 1 destroyed its own, refused the host
+/// barrier alone, and failed to finalise (a dropped runtime then stayed initialised, and PE 1
+/// waited in NVSHMEM's finalising barrier). Now every step succeeds on both PEs and the error
+/// stays recorded for cudarc's next checked call. Two PEs on GPU 0.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn an_unrelated_cuda_error_does_not_stop_a_teardown() {
+    multi_node_on_one_gpu("an_unrelated_cuda_error_does_not_stop_a_teardown", 2, |info, stream| {
+        use cudarc::driver::{sys::CUresult, DriverError};
+        let unknown = DriverError(CUresult::CUDA_ERROR_UNKNOWN);
+        let (_rdzv, rt) = start(&info, &stream);
+        let me = rt.my_pe();
+        let ctx = stream.context().clone();
+        let team = rt.world().unwrap().split_strided(0, 1, 2).unwrap().expect("both PEs are in the team");
+        if me == 0 {
+            ctx.record_err(Err::<(), _>(unknown));
+        }
+        team.destroy().map_err(|(_, e)| e).unwrap_or_else(|e| panic!("PE {me}: destroying a team: {e}"));
+        rt.barrier_all().unwrap_or_else(|e| panic!("PE {me}: the host barrier: {e}"));
+        rt.finalize().map_err(|(_, e)| e).unwrap_or_else(|e| panic!("PE {me}: finalising: {e}"));
+        if me == 0 {
+            let left = ctx.check_err();
+            assert!(matches!(left, Err(e) if e == unknown), "PE 0: the teardown took the unrelated error: {left:?}");
+        }
+    });
+}
+
 /// Before: a buffer or stream of another CUDA context of the PE's device (cudarc's safe
 /// `CudaContext::new_non_primary`) passed the device check, as the ordinals matched, and NVSHMEM,
 /// in the PE's context, would have used memory that context does not map. Now each is
