@@ -173,7 +173,11 @@ crate::error::named_code!(
 /// GPU.
 #[doc(alias = "nvshmemx_init_status")]
 pub fn init_status() -> Result<InitStatus> {
-    // SAFETY: nvshmemx_init_status only reads process state and may be called at any time.
+    // Any thread may ask, while another starts or finalises NVSHMEM (which write that state):
+    // both hold this lock across their NVSHMEM call.
+    let _serial = unique_id::plugin();
+    // SAFETY: nvshmemx_init_status only reads process state; no start or finalise runs meanwhile
+    // (the lock above), which is all NVSHMEM's serialised threading asks of another thread.
     Ok(InitStatus(unsafe { call_unchecked!(nvshmemx_init_status()) }?))
 }
 
@@ -534,6 +538,8 @@ impl Runtime {
         if let Err(e) = gpucomm_ordering::make_current(self.context()) {
             log::warn!("nvshmem: making the PE's CUDA context current before finalising failed: {e}");
         }
+        // No other thread reads NVSHMEM's state meanwhile (`init_status` takes this lock too).
+        let _serial = unique_id::plugin();
         // SAFETY: NVSHMEM was initialised by this runtime, which is the only one, and is
         // finalised exactly once (it is marked released above); the device is idle (both callers waited
         // for it successfully), so nothing uses the heap that finalising releases.

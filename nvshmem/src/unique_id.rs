@@ -6,7 +6,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError};
 use nvshmem_sys::nvshmemx_uniqueid_t;
 
 use crate::error::{Error, Result};
-use crate::ffi::call;
+use crate::ffi::{resolve, Returned};
 use crate::runtime;
 
 /// True once this process asked NVSHMEM for a unique id. `nvshmemx_get_uniqueid` loads NVSHMEM's
@@ -19,7 +19,9 @@ use crate::runtime;
 /// The mutex also makes making an id and starting NVSHMEM exclusive: [`UniqueId::new`] holds it
 /// across its call, and a start holds it from its check of the flag until NVSHMEM has started, so
 /// no id can load the plugin between a start's check and its `nvshmemx_hostlib_init_attr`. Neither
-/// calls the other while holding it.
+/// calls the other while holding it. It also serialises the calls that read or write NVSHMEM's
+/// process state from any thread (NVSHMEM runs at `NVSHMEM_THREAD_SERIALIZED`): finalising
+/// holds it across `nvshmemx_hostlib_finalize`, and [`crate::init_status`] across its read.
 static UNIQUE_ID_PLUGIN: Mutex<bool> = Mutex::new(false);
 
 /// The flag of [`UNIQUE_ID_PLUGIN`], locked: hold it from the check of the flag until NVSHMEM has
@@ -56,12 +58,15 @@ impl UniqueId {
         if runtime::running() {
             return Err(Error::UniqueIdWhileRunning);
         }
+        // Resolved first: a library that does not load, or lacks the function, loads no plugin,
+        // and must not make later starts refuse other bootstraps for one.
+        let get_uniqueid = resolve!(nvshmemx_get_uniqueid)?;
         // The plugin is (about to be) loaded in this process; no start is between its check and
         // NVSHMEM's start while `plugin` is held.
         *plugin = true;
         let mut id = nvshmemx_uniqueid_t::initializer();
         // SAFETY: `id` is an initialised id (version word set), which the call fills in.
-        unsafe { call!(nvshmemx_get_uniqueid(&mut id)) }?;
+        unsafe { get_uniqueid(&mut id) }.checked("nvshmemx_get_uniqueid")?;
         Ok(Self(id))
     }
 
@@ -119,12 +124,16 @@ mod tests {
         let _serial = serial();
         let start = plugin();
         // Made without a GPU; whether NVSHMEM loads here does not matter, only when it is asked.
-        let made = std::thread::spawn(|| drop(UniqueId::new()));
+        let made = std::thread::spawn(UniqueId::new);
         std::thread::sleep(Duration::from_millis(200));
         assert!(!made.is_finished(), "an id was made while a start held the lock");
         drop(start);
-        made.join().unwrap();
-        assert!(*plugin(), "the id marked the plugin as loaded");
+        let made = made.join().unwrap();
+        // The plugin is marked loaded exactly when NVSHMEM was called: not when the library did
+        // not load or lacks the function (before, the flag was set first, and a later start with
+        // another bootstrap was refused for a plugin that was never loaded).
+        let reached = !matches!(made, Err(Error::Load(_) | Error::MissingFunction(_)));
+        assert_eq!(*plugin(), reached, "{made:?}");
     }
 
     /// Audit: `nvshmemx_get_uniqueid` redoes the unique-id bootstrap's set-up (its options and
