@@ -59,6 +59,9 @@ struct Recorded<'a> {
     guards: Vec<Guard<'a>>,
     /// Calls refused inside the group.
     refused: usize,
+    /// Every access was rechecked after the closure, and nothing but this crate ran since (a
+    /// launch that got past its rechecks).
+    rechecked: bool,
 }
 
 /// The emptied vectors of this thread's last group, kept for the next one. Their element types
@@ -99,6 +102,7 @@ impl Recorded<'_> {
             accesses: recycle(spare.accesses),
             guards: recycle(spare.guards),
             refused: 0,
+            rechecked: false,
         }
     }
 }
@@ -106,7 +110,18 @@ impl Recorded<'_> {
 impl Drop for Recorded<'_> {
     /// Releases the guards (recording "in use until here"), then keeps the vectors for the
     /// thread's next group.
+    ///
+    /// On every way out that did not recheck the streams after the closure (its error, a refused
+    /// call, a panic, a launch refused before or at its rechecks), each stream is rechecked first,
+    /// errors ignored: a capture the closure began on a stream admitted as not captured is
+    /// invalidated, so that the guards dropped here cannot record their buffers' uses into it
+    /// (a later use, or the free, would then wait for that record instead of the work before).
     fn drop(&mut self) {
+        if !self.rechecked {
+            for access in self.accesses.iter() {
+                let _ = access.recheck();
+            }
+        }
         self.guards.clear();
         let spare = Spare {
             calls: recycle(std::mem::take(&mut self.calls)),
@@ -215,6 +230,7 @@ impl<'a> Group<'a> {
         for access in recorded.accesses.iter() {
             access.recheck()?;
         }
+        recorded.rechecked = true;
         // SAFETY: no NCCL group is open on this thread: this crate opens NCCL groups only in its own
         // functions, which end them before returning.
         unsafe { call!(ncclGroupStart()) }?;

@@ -857,6 +857,28 @@ fn a_capture_that_begins_after_a_call_is_admitted_is_refused() {
     assert_eq!(side.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
     all_equal("the buffer of the refused group", &side.clone_dtoh(&buf).unwrap(), 3.0);
 
+    // The same capture begun by a closure that then fails: the group launches nothing, and
+    // before the change dropped its calls' guards without asking again, so a cudarc slice's
+    // guard recorded its use into that capture (and a later free would wait for the record, not
+    // for the work before it). Now every stream is asked again on every way out of the group,
+    // and such a capture is invalidated first. (Session 19 audit.)
+    let mut slice = comm.stream().clone_htod(&[3.0f32; N]).unwrap();
+    let failed = DriverError(CUresult::CUDA_ERROR_UNKNOWN);
+    let err = group(|g| {
+        g.with(&comm).on(&side).all_reduce_in_place(&mut slice, ReduceOp::SUM)?;
+        side.begin_capture(mode)?;
+        Err::<(), _>(Error::Cuda(failed))
+    })
+    .unwrap_err();
+    assert!(matches!(err, Error::Cuda(e) if e == failed), "{err}");
+    let status = side.capture_status().unwrap();
+    drop(side.end_capture(CUgraphInstantiate_flags(0)));
+    assert_eq!(status, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED, "the capture was left usable");
+    // The guard's record into the invalidated capture failed, and cudarc kept that failure in the
+    // context, where its next call would return it.
+    let _ = ctx.check_err();
+    all_equal("the slice of the failed group", &side.clone_dtoh(&slice).unwrap(), 3.0);
+
     // A slice whose events have never been recorded, so that the captured memset below waits for
     // nothing outside the capture (which would invalidate it).
     assert!(ctx.is_managing_stream_synchronization(), "cudarc orders slices with events here");
