@@ -403,6 +403,15 @@ pub enum Error {
         /// The timeout that expired.
         after: Duration,
     },
+    /// A registration or window released while this thread has a capture scope open
+    /// ([`crate::capture`]): calls captured earlier in the scope may use it, and their graph
+    /// cannot keep it any more once the closure let it go. Nothing was released (a dropped one is
+    /// kept, its memory leaked, until the communicator goes).
+    #[error("{what} inside a capture: calls captured into the graph may use it; release it after the capture (nothing was released)")]
+    ReleaseInCapture {
+        /// What was being released.
+        what: &'static str,
+    },
     /// A device-API team (`nccl::device::Team`) NCCL cannot take: a field larger than a C int, or a rank
     /// whose translation would overflow one (NCCL computes it in C ints). Teams NCCL describes
     /// never are.

@@ -174,6 +174,11 @@ impl<'c, T, B: DeviceBufferMut<T>> Registration<'c, T, B> {
         if self.comm.live_raw().is_err() {
             return self.comm.released_by_nccl();
         }
+        // The graph of an open capture finds what it keeps only when the closure returns: a
+        // registration let go inside would not be kept for the calls captured before.
+        if gpucomm_ordering::scope_open() {
+            return Err(Error::ReleaseInCapture { what: "deregistering a buffer (ncclCommDeregister)" });
+        }
         let quiet = quiesce(&mut *self.buf, self.comm, "a registered buffer");
         // Taken after the wait, which runs the buffer's own code (its stream tracking), and that
         // can reach this communicator (a `Comm::wait` that times out aborts it). A communicator
@@ -569,6 +574,11 @@ impl<'c, T> Window<'c, T> {
         // the communicator before anything else in ncclCommWindowDeregister).
         if self.comm.live_raw().is_err() {
             return self.comm.released_by_nccl();
+        }
+        // As for a registration: the graph of an open capture would not keep a window let go
+        // inside it, and its launches would use the freed window.
+        if gpucomm_ordering::scope_open() {
+            return Err(Error::ReleaseInCapture { what: "deregistering a window (ncclCommWindowDeregister)" });
         }
         // Kernels using the window read its state, which deregistering frees.
         let quiet = quiesce(&mut *self.buf, self.comm, "a window's buffer");

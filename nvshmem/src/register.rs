@@ -189,6 +189,11 @@ impl<T, B: DeviceBufferMut<T>> Registration<'_, T, B> {
 
     /// Waits for the buffer's queued uses, then unregisters it.
     fn release(&mut self) -> Result<()> {
+        // The wait below is a host wait, and the graph of an open capture would not keep a
+        // registration let go inside it.
+        if gpucomm_ordering::scope_open() {
+            return Err(Error::HostCallInCapture { what: "unregistering a buffer (nvshmemx_buffer_unregister)" });
+        }
         let timeout = self.rt.timeout();
         if !gpucomm_ordering::wait_for_uses(&mut *self.buf, self.rt.context(), timeout)? {
             return Err(Error::StillInUse { what: "a registered buffer", after: timeout.unwrap_or_default() });

@@ -1243,3 +1243,43 @@ fn a_use_on_the_per_thread_stream_is_synchronised_although_the_context_holds_an_
     assert_eq!(ctx.check_err(), Err(unrelated));
     all_equal("a read after the per-thread zeroing", &reader.clone_dtoh(&tracked).unwrap(), 0.0);
 }
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_window_or_registration_released_inside_a_capture_is_kept() {
+    // Session 19 audit: a window or registration let go inside a capture's closure was
+    // deregistered (and a window's memory freed), while calls captured before may use it: the
+    // graph finds what it keeps only when the closure returns, so it would not keep that one, and
+    // a new buffer of the keep set could even take the freed address, pinning no window at all.
+    // Now releasing either inside a capture is refused (`Error::ReleaseInCapture`: nothing is
+    // released) and a dropped one is kept, its memory leaked, until the communicator goes.
+    use nccl::WindowFlags;
+    let test = "a_window_or_registration_released_inside_a_capture_is_kept";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let side = ctx.new_stream().unwrap();
+    let zeroed = || MemBuffer::<f32>::zeroed(comm.stream(), N).unwrap();
+    let window = comm.register_window(zeroed(), WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e).unwrap();
+    let mut registration = Some(comm.register(zeroed()).map_err(|(_, e)| e).unwrap());
+    let mut graph = nccl::capture(&side, (&comm, Some(window)), |(comm, w)| {
+        let comm: &Comm = comm;
+        comm.on(&side).all_reduce_in_place(&mut w.as_mut().unwrap().as_view_mut(), ReduceOp::SUM)?;
+        match w.take().unwrap().deregister() {
+            Err((back, Error::ReleaseInCapture { .. })) => *w = Some(back),
+            Err((_, e)) => panic!("a window deregistered inside a capture failed otherwise: {e}"),
+            Ok(_) => panic!("a window was deregistered inside a capture"),
+        }
+        match registration.take().unwrap().deregister() {
+            Err((back, Error::ReleaseInCapture { .. })) => registration = Some(back),
+            Err((_, e)) => panic!("a registration deregistered inside a capture failed otherwise: {e}"),
+            Ok(_) => panic!("a registration was deregistered inside a capture"),
+        }
+        Ok(())
+    })
+    .map_err(|(_, e)| e)
+    .unwrap();
+    // The graph kept the window, and runs; after the capture both are released as usual.
+    graph.launch().unwrap();
+    graph.into_kept().1.unwrap().deregister().map_err(|(_, e)| e).unwrap();
+    registration.unwrap().deregister().map_err(|(_, e)| e).unwrap();
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
