@@ -1283,3 +1283,35 @@ fn a_window_or_registration_released_inside_a_capture_is_kept() {
     registration.unwrap().deregister().map_err(|(_, e)| e).unwrap();
     comm.finalize().map_err(|(_, e)| e).unwrap();
 }
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn eager_calls_on_many_streams_inside_a_capture_leave_it_whole() {
+    // Session 19 audit: a communicator remembers the streams its calls went to, and past eight
+    // forgets the idle ones, asking each whether it is idle (`cuStreamQuery`). A captured call's
+    // stream was among them, and CUDA answers that query by invalidating the capture: a capture
+    // with a captured call and eager calls on eight more streams broke. `Comm::wait` inside it
+    // recorded and queried an event on the captured stream likewise. Neither asks a stream being
+    // captured now.
+    let test = "eager_calls_on_many_streams_inside_a_capture_leave_it_whole";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let side = ctx.new_stream().unwrap();
+    let others: Vec<_> = (0..9).map(|_| ctx.new_stream().unwrap()).collect();
+    let mut eager = MemBuffer::from_host(comm.stream(), &[1.0f32; N]).unwrap();
+    let buf = MemBuffer::from_host(comm.stream(), &[2.0f32; N]).unwrap();
+    let mut graph = nccl::capture(&side, (&comm, buf), |(comm, buf)| {
+        let comm: &Comm = comm;
+        comm.on(&side).all_reduce_in_place(buf, ReduceOp::SUM)?;
+        for other in &others {
+            comm.on(other).all_reduce_in_place(&mut eager, ReduceOp::SUM)?;
+        }
+        comm.wait(None)
+    })
+    .map_err(|(_, e)| e)
+    .unwrap();
+    graph.launch().unwrap();
+    let (_, buf) = graph.into_kept();
+    all_equal("the captured buffer after one launch (a one-rank sum)", &side.clone_dtoh(&buf).unwrap(), 2.0);
+    all_equal("the eager buffer", &others[8].clone_dtoh(&eager).unwrap(), 1.0);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}

@@ -59,7 +59,9 @@ impl Comm {
     /// ([`Comm::on`], group members on other streams) since the last wait. Polls
     /// `ncclCommGetAsyncError`, so an asynchronous NCCL error comes back as [`Error::Nccl`]
     /// instead of a hang. Work captured into a CUDA graph is not waited for: it runs when the
-    /// graph is launched.
+    /// graph is launched. A stream that is being captured (inside [`crate::capture`]) is not
+    /// waited for at all, its earlier work included: a marker recorded on it would only join the
+    /// graph.
     ///
     /// Bounded by `timeout` and by the communicator's own timeout, measured per call from its
     /// enqueue: when either expires, the communicator is **aborted** and the result is
@@ -86,10 +88,12 @@ impl Comm {
 
     /// [`Comm::wait`] for the communicator's stream and `sides`.
     fn wait_with_sides(&self, sides: &[Arc<CudaStream>], timeout: Option<Duration>) -> Result<()> {
-        let mut markers = vec![self.stream.record_event(None)?];
-        for side in sides {
-            if !gpucomm_ordering::is_capturing(side)? {
-                markers.push(side.record_event(None)?);
+        // A stream being captured gets no marker: its event would be recorded into the capture,
+        // and asking whether it completed would invalidate the capture.
+        let mut markers = Vec::with_capacity(sides.len() + 1);
+        for stream in std::iter::once(&self.stream).chain(sides) {
+            if !gpucomm_ordering::is_capturing(stream)? {
+                markers.push(stream.record_event(None)?);
             }
         }
         let bound = Deadline::after(timeout);

@@ -26,6 +26,11 @@ const SIDES_KEPT: usize = 8;
 /// True when everything enqueued on `stream` has finished (`cuStreamQuery`); any failure (a stream
 /// being captured, say) counts as busy.
 fn is_idle(stream: &CudaStream) -> bool {
+    // A stream being captured is never asked: CUDA answers a query of one by invalidating its
+    // capture (a capture scope's own stream, listed by a captured call, would break).
+    if !matches!(gpucomm_ordering::is_capturing(stream), Ok(false)) {
+        return false;
+    }
     // SAFETY: the stream is alive (borrowed); the call only reads its state.
     let status = unsafe { cudarc::driver::sys::cuStreamQuery(stream.cu_stream()) };
     status == cudarc::driver::sys::CUresult::CUDA_SUCCESS
