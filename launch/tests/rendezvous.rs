@@ -74,6 +74,37 @@ fn a_missing_rank_times_out_and_is_named_on_every_rank() {
 }
 
 #[test]
+fn a_rank_that_panics_aborts_the_others_at_once() {
+    // Before: a rank panicking after the join sent no notice; the others waited for its next step
+    // until their timeout, and rank 0 (the store's host) kept its store up for as long.
+    for panicking in [0, 1] {
+        let port = free_port();
+        let token = format!("panicking-rank-{panicking}");
+        let started = Instant::now();
+        let ranks: Vec<_> = (0..2)
+            .map(|rank| {
+                spawn(info(rank, 2, port, &token), options(10.0), move |mut rv| {
+                    rv.barrier()?;
+                    if rank == panicking {
+                        panic!("rank {rank} panics on purpose");
+                    }
+                    rv.barrier()
+                })
+            })
+            .collect();
+        let mut results = ranks.into_iter().map(|r| r.join());
+        let (first, second) = (results.next().unwrap(), results.next().unwrap());
+        let (survivor, died) = if panicking == 0 { (second, first) } else { (first, second) };
+        assert!(died.is_err(), "rank {panicking} was to panic");
+        let err = survivor.unwrap().unwrap_err();
+        assert!(matches!(err, RendezvousError::Aborted { .. }), "{err}");
+        assert!(err.to_string().contains(&format!("rank {panicking} (")), "{err}");
+        assert!(err.to_string().contains("it panicked"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    }
+}
+
+#[test]
 fn explicit_options_token_wins() {
     let port = free_port();
     let mut a = info(0, 2, port, "one identity");

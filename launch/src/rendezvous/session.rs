@@ -367,6 +367,11 @@ impl Session {
 
 impl Drop for Session {
     fn drop(&mut self) {
+        // Dropped by a panic unwinding through this rank: the others would wait for its next step
+        // until their timeout (and rank 0's store would stay up for as long). Tell them now.
+        if std::thread::panicking() && !self.failed {
+            self.give_up("it panicked");
+        }
         self.linger();
     }
 }
