@@ -57,6 +57,10 @@ pub const MAX_BROADCAST: usize = (1 << 20) - 64;
 /// **Operations.** After joining, [`broadcast`](Rendezvous::broadcast) and
 /// [`barrier`](Rendezvous::barrier) can be called any number of times, by every rank in the same
 /// order; each is bounded by [`Options::timeout`] as a whole, however slowly bytes arrive. A
+/// broadcast's value stays in the store until the next barrier (only then has every rank read
+/// it): between two barriers the values must fit the store (rank 0's: 64 MiB by default,
+/// [`Limits::max_store_bytes`](crate::store::Limits::max_store_bytes), so about 60 broadcasts of
+/// [`MAX_BROADCAST`] bytes); call `barrier` between long runs of broadcasts. A
 /// rank that gives up (a timeout, a failed check, rank 0's closure failing) writes an abort
 /// notice that every waiting rank sees within about 200 ms. A failure poisons the
 /// [`Rendezvous`]: every later call returns [`RendezvousError::Poisoned`].
