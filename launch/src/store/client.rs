@@ -236,7 +236,7 @@ impl StoreClient {
         Ok(self.delete_keys_by(&[key], self.deadline())? == 1)
     }
 
-    /// Several `DELETE_KEY`s in one round trip per [`DELETE_CHUNK`] keys (the requests of a
+    /// Several `DELETE_KEY`s in one round trip per 512 keys (the requests of a
     /// chunk are sent together, then their replies read, so that the replies waiting in the
     /// store stay far below what it lets one client leave unread); returns how many keys
     /// existed.
