@@ -73,8 +73,10 @@ pub struct Limits {
     /// its length prefixes and a small value).
     pub connection_allowance: usize,
     /// Bytes shared by all connections beyond their allowance: a request larger than the
-    /// allowance is read only once its whole length can be set aside here (otherwise the
-    /// connection waits, and is dropped when its request deadline passes). Default 32 MiB.
+    /// allowance is read only once its whole length can be set aside here, and a `GET` or
+    /// `MULTI_GET` whose reply does not fit waits (its connection reading nothing more) until
+    /// it does (otherwise the connection waits, and is dropped when its request deadline passes).
+    /// Default 32 MiB.
     pub max_buffered: usize,
 }
 

@@ -75,7 +75,8 @@ pub struct ServerStats {
 /// [`Limits::evict_idle_after`], preferably one from the address with the most connections, so
 /// that connections opened and left idle cannot keep a job's ranks out for long (connections are
 /// never closed for idling otherwise: ranks may wait long between barriers); the bytes held for
-/// connections stay below [`Limits::buffered_bound`]; the store's size is capped; a client that
+/// connections stay below [`Limits::buffered_bound`] (a read whose reply does not fit waits for
+/// room, within its request deadline, rather than failing); the store's size is capped; a client that
 /// does not read its replies, or reads them too slowly to take them all within
 /// [`Limits::request_within`] of their being queued, is dropped (so that it cannot hold its
 /// share of the buffer budget for long by reading a byte at a time). A request the server
@@ -141,6 +142,7 @@ impl StoreServer {
             next_id: 0,
             waiters: HashMap::new(),
             budget_used: 0,
+            stalled: Vec::new(),
             accept_paused_until: None,
             scratch: vec![0; READ_CHUNK],
             accepted: 0,
@@ -205,6 +207,9 @@ struct Server {
     waiters: HashMap<Vec<u8>, Vec<u64>>,
     /// Bytes of `max_buffered` reserved by connections.
     budget_used: usize,
+    /// Connections whose next request waits for budget for its reply ([`Conn::stalled`]), in the
+    /// order they stalled.
+    stalled: Vec<u64>,
     accept_paused_until: Option<Instant>,
     scratch: Vec<u8>,
     accepted: u64,
@@ -258,7 +263,45 @@ impl Server {
                     self.service(id, revents, now);
                 }
             }
+            self.unstall(now);
         }
+    }
+
+    /// Serves again the stalled connections' waiting requests, first stalled first, as far as
+    /// the budget that replies sent and connections closed gave back allows.
+    fn unstall(&mut self, now: Instant) {
+        if self.stalled.is_empty() {
+            return;
+        }
+        for id in std::mem::take(&mut self.stalled) {
+            let Some(conn) = self.conns.get_mut(&id) else { continue };
+            conn.stalled = false;
+            self.process(id, now);
+            self.settle(id);
+            self.flush(id, now);
+        }
+    }
+
+    /// Whether a reply of `bytes` more fits the connection's allowance and the shared budget.
+    /// When it does not, and other connections hold budget that their replies' sending or their
+    /// closing gives back, the request waits ([`Conn::stalled`]: `Ok(false)`); when nothing else
+    /// holds any, it never will fit, and the connection is refused as before.
+    fn room_for_reply(&mut self, id: u64, bytes: usize) -> Result<bool, String> {
+        let allowance = self.limits.connection_allowance;
+        let Some(conn) = self.conns.get_mut(&id) else { return Ok(true) };
+        let over = (conn.held() + bytes).saturating_sub(allowance + conn.reserved);
+        if over == 0 || self.budget_used + over <= self.limits.max_buffered {
+            return Ok(true);
+        }
+        if self.budget_used == conn.reserved {
+            return Err(format!(
+                "a reply of {bytes} bytes would pass the server's buffer budget ({} bytes)",
+                self.limits.max_buffered
+            ));
+        }
+        conn.stalled = true;
+        self.stalled.push(id);
+        Ok(false)
     }
 
     /// Publishes the stats; true when the owner asked the server to stop.
@@ -378,7 +421,7 @@ impl Server {
     /// The poll events a connection waits for.
     fn interest(&mut self, id: u64) -> libc::c_short {
         let mut events = 0;
-        if self.read_room(id) > 0 {
+        if !self.conns.get(&id).is_some_and(|c| c.stalled) && self.read_room(id) > 0 {
             events |= libc::POLLIN;
         }
         if self.conns.get(&id).is_some_and(|c| c.unsent() > 0) {
@@ -427,6 +470,13 @@ impl Server {
             self.flush(id, now);
         }
         if revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) == 0 || !self.conns.contains_key(&id) {
+            return;
+        }
+        // A stalled connection reads nothing until `unstall` has served its waiting request.
+        if self.conns.get(&id).is_some_and(|c| c.stalled) {
+            if revents & (libc::POLLHUP | libc::POLLERR) != 0 {
+                self.close(id, None);
+            }
             return;
         }
         let room = self.read_room(id);
@@ -486,6 +536,10 @@ impl Server {
             let Some(conn) = self.conns.get_mut(&id) else { return };
             conn.input = input;
             conn.borrowed = 0;
+            if conn.stalled {
+                // Served again, whole, once its reply fits (`unstall`).
+                return;
+            }
             match step {
                 Step::Served(len) => {
                     conn.validated = true;
@@ -518,6 +572,10 @@ impl Server {
                 self.reply_value(id, &current, now)
             }
             Request::Get { key } => {
+                let len = self.table.get(key).map_or(0, <[u8]>::len);
+                if !self.room_for_reply(id, 8 + len)? {
+                    return Ok(());
+                }
                 let value = self.table.get(key).unwrap_or_default().to_vec();
                 self.reply_value(id, &value, now)
             }
@@ -542,6 +600,10 @@ impl Server {
                 Ok(())
             }
             Request::MultiGet { keys } => {
+                let len: usize = keys.iter().map(|key| 8 + self.table.get(key).map_or(0, <[u8]>::len)).sum();
+                if len <= self.limits.max_reply_len && !self.room_for_reply(id, len)? {
+                    return Ok(());
+                }
                 let mut reply = Vec::new();
                 for key in &keys {
                     codec::put_bytes(&mut reply, self.table.get(key).unwrap_or_default());
@@ -690,6 +752,11 @@ impl Server {
                 let past = |t: Instant, limit| later(t, limit).is_some_and(|at| now >= at);
                 let reason = if !c.validated && past(c.accepted_at, limits.validate_within) {
                     format!("no VALIDATE within {}", secs(limits.validate_within))
+                } else if c.stalled && c.request_started.is_some_and(|t| past(t, limits.request_within)) {
+                    format!(
+                        "its request waited longer than {} for room in the server's buffer budget for its reply",
+                        secs(limits.request_within)
+                    )
                 } else if c.request_started.is_some_and(|t| past(t, limits.request_within)) {
                     format!(
                         "a request did not arrive within {} ({} bytes so far)",

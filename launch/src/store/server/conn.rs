@@ -56,6 +56,9 @@ pub(super) struct Conn {
     /// When it was accepted, a request of it was last received whole, or its replies were last
     /// all sent.
     pub(super) last_active: Instant,
+    /// The request at the front of `input` (a read, which changes nothing) waits for budget for
+    /// its reply: nothing more is read or served until that fits.
+    pub(super) stalled: bool,
 }
 
 impl Conn {
@@ -75,6 +78,7 @@ impl Conn {
             wait: None,
             reserved: 0,
             last_active: now,
+            stalled: false,
         }
     }
 

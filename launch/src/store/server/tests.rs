@@ -559,3 +559,27 @@ fn a_client_that_reads_its_replies_too_slowly_is_dropped_and_its_budget_released
     assert_eq!(honest.multi_get(&refs).unwrap(), values);
     assert_eq!(server.stats().dropped, 1);
 }
+
+#[test]
+fn a_reply_waits_for_budget_that_another_connection_holds() {
+    // Before: a reply that did not fit the shared budget closed its connection at once, however
+    // promptly its client read: a rank's GET of a large value failed while other ranks' replies
+    // were still on their way (a 1 MiB broadcast to tens of ranks on other nodes), or while a few
+    // clients that do not read held the budget. Now the request waits, and its connection reads
+    // nothing more, until budget comes back: here when the client that does not read is dropped.
+    let (server, mut honest, keys, values) = large_values();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let mut get = Vec::new();
+    Request::MultiGet { keys: refs.iter().map(|k| k.as_bytes()).collect() }.encode(&mut get);
+    let mut hog = raw(&server, true);
+    hog.write_all(&get).unwrap();
+    assert!(stats_until(&server, |s| s.buffered_bytes > 16 << 20).buffered_bytes > 16 << 20, "the reply is held");
+    let started = Instant::now();
+    assert_eq!(honest.multi_get(&refs).unwrap(), values);
+    let stats = server.stats();
+    assert_eq!(stats.dropped, 1, "only the client that does not read: {:?}", stats.events);
+    let events = stats.events.join("\n");
+    assert!(events.contains("its replies were not all read within 2s of being queued"), "{events}");
+    assert!(started.elapsed() < 4 * SECOND, "{:?}", started.elapsed());
+    assert!(closed_by_server(&mut hog));
+}
