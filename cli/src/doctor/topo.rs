@@ -42,13 +42,24 @@ pub fn direct_links(from: &GpuFacts, to: &GpuFacts) -> u32 {
 
 /// Active links from `g` into an NVSwitch: links whose far end is a switch, or whose far end's
 /// address names no GPU of `m` (whatever type the driver gives it: a VM that hides the switches
-/// answers `ffffffff:ff:ff.0`), or no address at all.
+/// answers `ffffffff:ff:ff.0`), or no address at all — except a link to a GPU at a real PCI
+/// address that `m` does not show (a GPU hidden from this container): a bridge to it reaches no
+/// GPU of `m`.
 fn switch_links(m: &Machine, g: &GpuFacts) -> u32 {
     g.active_links()
-        .filter(|l| {
-            l.remote == Some(Remote::Switch) || l.remote_bus_id.as_deref().is_none_or(|id| m.gpu_at(id).is_none())
+        .filter(|l| match (l.remote, l.remote_bus_id.as_deref()) {
+            (Some(Remote::Switch), _) => true,
+            (_, None) => true,
+            (Some(Remote::Gpu), Some(id)) if real_address(id) => false,
+            (_, Some(id)) => m.gpu_at(id).is_none(),
         })
         .count() as u32
+}
+
+/// Whether `id` is a PCI address a device can have: a 16-bit domain, where the driver's answer
+/// for a far end it does not name has all 32 bits set (`ffffffff:ff:ff.0`).
+fn real_address(id: &str) -> bool {
+    normalize_bus_id(id).split_once(':').is_some_and(|(domain, _)| domain.len() <= 4)
 }
 
 /// How GPUs `a` and `b` (NVML indexes) are connected. Links into a switch, or to a far end the
@@ -221,6 +232,19 @@ mod tests {
         let mut gpu_typed = h200_vm();
         gpu_typed.gpus.iter_mut().flat_map(|g| g.links.iter_mut()).for_each(|l| l.remote = Some(Remote::Gpu));
         assert_eq!(link(&Machine::read(&gpu_typed).unwrap(), 0, 1), Link::Nvlink(18));
+        // But bridges to GPUs at real addresses that this machine (a container given GPU0 and
+        // GPU2 of bridged pairs) does not show reach no GPU it has: the pair is on PCIe.
+        let hidden = FakeSource {
+            gpus: vec![
+                gpu(0, "0000:00:06.0", &[(Remote::Gpu, "0000:00:09.0", true); 4]),
+                gpu(1, "0000:00:07.0", &[(Remote::Gpu, "0000:00:0a.0", true); 4]),
+            ],
+            default_path: Some(PathLevel::System),
+            paths: vec![],
+            nvlink_p2p: None,
+            driver: h200_vm().driver,
+        };
+        assert_eq!(link(&Machine::read(&hidden).unwrap(), 0, 1), Link::Pcie(PathLevel::System));
         let mut no_p2p = h200_vm();
         no_p2p.nvlink_p2p = Some(false);
         let m = Machine::read(&no_p2p).unwrap();
