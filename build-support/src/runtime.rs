@@ -188,10 +188,19 @@ impl<A> Binding<A> {
     }
 }
 
-/// `Err` (the message) for a library older than `min`, the oldest supported release.
+/// `Err` (the message) for a library older than `min`, the oldest supported release, or of
+/// another major version: its functions would be called through types generated from headers of
+/// `min`'s major version (a `libnccl.so` that points at a future `libnccl.so.3`).
 fn supported(spec: &Spec, version: Version, min: Version) -> Result<(), String> {
     if version < min {
         return Err(format!("{} {version} is older than {min}, the oldest release these bindings support", spec.name));
+    }
+    if version.major != min.major {
+        return Err(format!(
+            "{} {version} is of another major version than these bindings ({}.x): its functions may differ from \
+             the headers they were generated from",
+            spec.name, min.major
+        ));
     }
     Ok(())
 }
@@ -549,6 +558,14 @@ mod tests {
         // SAFETY: as above.
         let err = unsafe { preload(&LIBM, None, Version::new(3, 0, 0), fixed_version) }.unwrap_err();
         assert_eq!(err.attempts[0].error, "libm 2.28.9 is older than 3.0.0, the oldest release these bindings support");
+        // A newer major version is refused too (before, anything from the minimum up was taken).
+        // SAFETY: as above.
+        let err = unsafe { preload(&LIBM, None, Version::new(1, 0, 0), fixed_version) }.unwrap_err();
+        assert_eq!(
+            err.attempts[0].error,
+            "libm 2.28.9 is of another major version than these bindings (1.x): its functions may differ from the \
+             headers they were generated from"
+        );
     }
 
     #[test]
