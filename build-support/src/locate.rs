@@ -462,17 +462,28 @@ fn check_place(spec: &Spec, place: &Place) -> Result<Install, String> {
 }
 
 fn push_lib_candidates(spec: &Spec, place: &Place, explicit: bool, out: &mut Vec<RuntimeCandidate>) {
+    let first = || place.lib.first().cloned().unwrap_or_default().join(spec.libraries[0]);
     match find_library(spec, &place.lib) {
         Some(path) => out.push(RuntimeCandidate { place: place.label.clone(), path, explicit, unavailable: None }),
+        // Variables that give no library directory (`X_INCLUDE_DIR` alone, which only the build
+        // reads) offer nothing to load.
+        None if place.lib.is_empty() => {}
         // An explicit place without the library is kept as a failing candidate so that loading
         // stops there with a precise message.
-        None if explicit => out.push(RuntimeCandidate {
+        None if explicit => {
+            out.push(RuntimeCandidate { place: place.label.clone(), path: first(), explicit, unavailable: None })
+        }
+        // Any other place was searched too: reported, not tried.
+        None => out.push(RuntimeCandidate {
             place: place.label.clone(),
-            path: place.lib.first().cloned().unwrap_or_default().join(spec.libraries[0]),
+            path: first(),
             explicit,
-            unavailable: None,
+            unavailable: Some(format!(
+                "no {} in {}",
+                spec.libraries.join(" or "),
+                place.lib.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+            )),
         }),
-        None => {}
     }
 }
 
@@ -637,6 +648,27 @@ mod tests {
             ]
         );
         assert_eq!(c.iter().map(|c| c.explicit).collect::<Vec<_>>(), [true, true, false, false, false]);
+    }
+
+    #[test]
+    fn runtime_candidates_report_every_place_and_skip_a_header_only_variable() {
+        // NCCL_INCLUDE_DIR alone (read by builds only) made an explicit candidate of the bare
+        // soname, tried before the build's directory, and loading stopped there; a prefix and a
+        // build directory without the library went unreported.
+        let tmp = tempfile::tempdir().unwrap();
+        let build = tmp.path().join("build");
+        touch(&build.join("libnccl.so.2"));
+        let env = Env::from_pairs(None, [("NCCL_INCLUDE_DIR", "/x/include")]);
+        let c = Locator::new(&env).runtime_candidates_early(&NCCL, Some(&build));
+        assert_eq!(c[0].path, build.join("libnccl.so.2"));
+        assert!(!c[0].explicit);
+        let empty = tmp.path().join("empty");
+        fs::create_dir_all(&empty).unwrap();
+        let env = Env::from_pairs(None, [("GPUCOMM_PREFIX", empty.to_str().unwrap())]);
+        let c = Locator::new(&env).runtime_candidates_early(&NCCL, Some(&empty));
+        let reported: Vec<_> = c.iter().filter(|c| c.unavailable.is_some()).map(|c| c.place.as_str()).collect();
+        assert!(reported.iter().any(|p| p.starts_with("directory used by the build")), "{reported:?}");
+        assert!(reported.iter().any(|p| p.contains("GPUCOMM_PREFIX")), "{reported:?}");
     }
 
     #[test]
