@@ -8,7 +8,8 @@
 //!
 //! By default `libnccl.so.2` is loaded at run time by [`library()`], along the search order of
 //! `gpucomm_build_support::locate` (`NCCL_SYS_LIBRARY`, `NCCL_LIB_DIR`, `NCCL_HOME`, the directory the
-//! build used, the project prefix, `python3`'s NVIDIA wheels, then the soname). With the `link`
+//! build used, the project prefix, the soname through the dynamic loader, then, as a last resort,
+//! `python3`'s NVIDIA wheels; a library of another major version is refused). With the `link`
 //! feature the library is linked at build time instead and [`library()`] reads the same table from
 //! the process.
 //!

@@ -22,8 +22,9 @@
 //! # Loading
 //!
 //! By default `libnvshmem_host.so.3` is loaded at run time by [`library()`] (`NVSHMEM_SYS_LIBRARY`,
-//! `NVSHMEM_LIB_DIR`, `NVSHMEM_HOME`, the build's directory, the project prefix, `python3`'s
-//! NVIDIA wheels, then the soname). Its bootstrap and transport plugins are found next to it
+//! `NVSHMEM_LIB_DIR`, `NVSHMEM_HOME`, the build's directory, the project prefix, the soname
+//! through the dynamic loader, then, as a last resort, `python3`'s NVIDIA wheels; a library of
+//! another major version is refused). Its bootstrap and transport plugins are found next to it
 //! through its own `$ORIGIN` rpath. With the `link` feature it is linked at build time instead.
 //! Functions are `Result` fields of [`Nvshmem`]; resolve one with [`function!`] to get a
 //! [`MissingFunction`] error (naming the version that added it) instead of a panic.
