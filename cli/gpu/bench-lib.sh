@@ -31,7 +31,8 @@ NGPU=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 
 # One NCCL for both tools: the python3 wheel's (the system's older libnccl.so.2 is in the ldconfig
 # cache); the builder links nccl-tests against it and names a folder to put first on the library path.
-SP=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))')
+SP=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))') && [ -n "$SP" ] \
+    || { echo "python3 has no NVIDIA wheels (import nvidia failed): install nvidia-nccl-cu13"; exit 2; }
 WHEEL=$SP/nvidia/nccl/lib
 export NCCL_LIB_DIR=$WHEEL
 [ -d "$SP/nvidia/nvshmem/lib" ] && export NVSHMEM_LIB_DIR=$SP/nvidia/nvshmem/lib

@@ -38,7 +38,12 @@ note "bench-vs-nccl-tests: modes ${MODE_LIST[*]}, repeats $REPEATS, -b 8 -e $MAX
 
 LOGS=$OUTDIR/logs
 mkdir -p "$LOGS" "$OUTDIR"/bench
-for mode in "${MODE_LIST[@]}"; do mkdir -p "$LOGS/$mode" "$OUTDIR/bench/$mode"; done
+# Each run starts its folders empty: the C logs are appended to, and an earlier run's repeats
+# (other sizes, more repeats) would join this run's medians.
+for mode in "${MODE_LIST[@]}"; do
+    rm -rf "${LOGS:?}/$mode" "$OUTDIR/bench/$mode"
+    mkdir -p "$LOGS/$mode" "$OUTDIR/bench/$mode"
+done
 passed=0 failed=0
 SIZES=(-b 8 -e "$MAXBYTES" -f "$FACTOR" -n "$ITERS" -w "$WARMUP")
 
@@ -48,7 +53,7 @@ run() {
     shift 2
     "$@" >>"$out" 2>>"$out.err"
     rc=$?
-    if [ "$rc" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); note "FAIL $label (exit $rc; see ${out#$OUTDIR/}.err)"; fi
+    if [ "$rc" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); note "FAIL $label (exit $rc; see ${out#"$OUTDIR"/}.err)"; fi
 }
 
 c_run() { # mode coll rep

@@ -25,6 +25,8 @@ REPEATS=${REPEATS:-2}
 MAXBYTES=${MAXBYTES:-8G}
 CALIBRATE=${CALIBRATE:-1}
 LOGS=$OUTDIR/dispatch
+# Empty at each run: an earlier run's logs would join this run's table.
+rm -rf "$LOGS"
 mkdir -p "$LOGS"
 fails=0
 fail() { fails=$((fails + 1)); note "FAIL $*"; }
@@ -56,7 +58,7 @@ r_run() { # variant range rep
     local sizes=${rest%%|*} graph=${rest#*|} out=$LOGS/r.$name.$rname.$3.json
     # shellcheck disable=SC2086 # word lists
     mpi "$GPUCOMM" bench all_reduce $sizes $graph -c 0 --impl dispatch $flags "${TABLE[@]}" --json >"$out" 2>"$out.err" \
-        || fail "gpucomm dispatch $name $rname #$3 (see ${out#$OUTDIR/}.err)"
+        || fail "gpucomm dispatch $name $rname #$3 (see ${out#"$OUTDIR"/}.err)"
 }
 for ((rep = 1; rep <= REPEATS; rep++)); do
     for range in "${RANGES[@]}"; do

@@ -22,6 +22,8 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/bench-lib.sh"
 REPEATS=${REPEATS:-3}
 LOGS=$OUTDIR/variants
+# Empty at each run: an earlier run's logs would join this run's table.
+rm -rf "$LOGS"
 mkdir -p "$LOGS"
 SIZES=(-b 8 -e 256K -f 8 -n "${ITERS:-20}" -w "${WARMUP:-5}" -c 0)
 SCHED=NCCL_NVLINK_UTIL_CENTRIC_SCHED_ENABLE
@@ -73,7 +75,7 @@ one() { # variant-line repeat
         esac
     fi
     rc=$?
-    [ "$rc" -eq 0 ] || { fails=$((fails + 1)); note "FAIL $name #$2 (exit $rc; see ${out#$OUTDIR/})"; }
+    [ "$rc" -eq 0 ] || { fails=$((fails + 1)); note "FAIL $name #$2 (exit $rc; see ${out#"$OUTDIR"/})"; }
 }
 for ((rep = 1; rep <= REPEATS; rep++)); do
     order=("${VARIANTS[@]}")

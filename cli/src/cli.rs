@@ -37,8 +37,8 @@ pub enum Command {
     ///
     /// Time is host wall clock around -n back-to-back calls followed by a stream sync, averaged
     /// over ranks; algbw = S / time with S per collective as nccl-tests defines it (1 GB = 1e9 B);
-    /// busbw = algbw × 2(n−1)/n for all_reduce, (n−1)/n for all_gather, reduce_scatter and alltoall,
-    /// 1 otherwise.
+    /// busbw = algbw × 2(n−1)/n for all_reduce, (n−1)/n for all_gather, reduce_scatter, alltoall,
+    /// gather and scatter, 1 otherwise.
     ///
     /// Ranks: one process per GPU through the built-in spawner (default: every GPU; --nproc N),
     /// or under torchrun / mpirun / srun (their variables are read), or one process driving N
@@ -111,7 +111,7 @@ pub struct BenchArgs {
     /// Reduction: sum, prod, max, min, avg.
     #[arg(short = 'o', long = "op", default_value = "sum")]
     pub op: String,
-    /// Root rank of broadcast and reduce.
+    /// Root rank of broadcast, reduce, gather and scatter.
     #[arg(short = 'r', long = "root", default_value_t = 0)]
     pub root: usize,
     /// Check results (1) and count wrong elements in the #wrong column, or not (0).
@@ -139,8 +139,10 @@ pub struct BenchArgs {
     pub knobs: Knobs,
 }
 
-/// The measurement variants of `gpucomm bench`: each default is what nccl-tests 2.19.6 does where
-/// the two tools can do the same, and the crate's normal path otherwise.
+/// The measurement variants of `gpucomm bench`. The stream, buffer and barrier defaults are what
+/// nccl-tests 2.19.6 does; communicators are created and blocks waited for the crate's normal way
+/// (`ncclCommInitRank`, a stream synchronize), where nccl-tests wraps its init in a group and
+/// polls: `--init group --wait poll` measures its way.
 #[derive(Debug, Args, Clone, PartialEq, Eq)]
 pub struct Knobs {
     /// Capture the -n calls into a CUDA graph and replay it N times (nccl-tests' -G).

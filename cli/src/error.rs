@@ -46,6 +46,10 @@ pub enum CliError {
     /// Options that cannot be used together, or a mode this machine cannot run.
     #[error("{0}")]
     Usage(String),
+    /// The run failed in a way no argument explains: a raw NCCL call's code, the spawner's
+    /// thread, ranks that reported nothing, a broken invariant of the bench (exit 3).
+    #[error("{0}")]
+    RunFailed(String),
     /// An input file (an nccl-tests log, a bench JSON) that cannot be read.
     #[error("cannot read {what} {}: {source}", path.display())]
     ReadInput {
@@ -161,9 +165,36 @@ impl CliError {
         }
     }
 
-    /// Reads `path` as the input file `what`.
+    /// Reads `path` as the input file `what`: at most [`MAX_INPUT`] bytes of UTF-8 text (a
+    /// larger file, or an endless one such as `/dev/zero`, is refused without reading it all).
     pub fn read_input(what: &'static str, path: &std::path::Path) -> Result<String, CliError> {
-        std::fs::read_to_string(path).map_err(|source| CliError::ReadInput { what, path: path.to_path_buf(), source })
+        use std::io::Read;
+        let failed = |source| CliError::ReadInput { what, path: path.to_path_buf(), source };
+        let mut bytes = Vec::new();
+        std::fs::File::open(path).and_then(|f| f.take(MAX_INPUT + 1).read_to_end(&mut bytes)).map_err(failed)?;
+        if bytes.len() as u64 > MAX_INPUT {
+            return Err(CliError::BadInput {
+                path: path.to_path_buf(),
+                why: format!("larger than {} MiB: not a {what}", MAX_INPUT >> 20),
+            });
+        }
+        String::from_utf8(bytes).map_err(|e| failed(std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
+    }
+}
+
+/// The largest input file (an nccl-tests log, a bench JSON, a crossover table) read, in bytes.
+pub const MAX_INPUT: u64 = 64 << 20;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endless_or_huge_inputs_are_refused_and_run_failures_exit_3() {
+        let e = CliError::read_input("nccl-tests log", std::path::Path::new("/dev/zero")).unwrap_err();
+        assert_eq!(e.to_string(), "/dev/zero: larger than 64 MiB: not a nccl-tests log");
+        assert_eq!(e.exit_code(), EXIT_USAGE);
+        assert_eq!(CliError::RunFailed("the spawner thread panicked".into()).exit_code(), EXIT_RUN_FAILED);
     }
 }
 

@@ -313,7 +313,7 @@ fn spawn_ranks(args: &BenchArgs, nproc: usize) -> Result<Done> {
         std::thread::sleep(Duration::from_millis(50));
     }
     follower.poll(&mut printer)?;
-    let outcome = ranks.join().map_err(|_| CliError::Usage("the spawner thread panicked".into()))??;
+    let outcome = ranks.join().map_err(|_| CliError::RunFailed("the spawner thread panicked".into()))??;
     if !outcome.success() {
         return Err(CliError::RanksFailed(outcome));
     }
@@ -331,7 +331,7 @@ fn present(
 ) -> Result<()> {
     let Done { printer } = done;
     let (Some(header), Some(run)) = (printer.header, printer.run) else {
-        return Err(CliError::Usage("the ranks finished without reporting a result".into()));
+        return Err(CliError::RunFailed("the ranks finished without reporting a result".into()));
     };
     let comparison =
         reference.map(|c| compare::Comparison::new(spec.coll, std::slice::from_ref(&run), c)).transpose()?;

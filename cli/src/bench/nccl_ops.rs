@@ -193,7 +193,7 @@ impl<'c, T: Elem> Buffers<'c, T> {
             if in_place { (0, counts.send.max(counts.recv)) } else { (counts.send, counts.recv) };
         let (s, r) = (shift..shift + send_len, shift..shift + recv_len);
         if s.end > self.send.len() || r.end > self.recv.len() {
-            return Err(CliError::Usage(format!("window {shift}+{counts:?} outside the bench buffers")));
+            return Err(CliError::RunFailed(format!("window {shift}+{counts:?} outside the bench buffers")));
         }
         Ok((s, r))
     }
@@ -205,7 +205,7 @@ impl<'c, T: Elem> Buffers<'c, T> {
         match m {
             Mem::Cudarc(b) => {
                 let mut v =
-                    b.try_slice_mut(r).ok_or_else(|| CliError::Usage("write outside the bench buffers".into()))?;
+                    b.try_slice_mut(r).ok_or_else(|| CliError::RunFailed("write outside the bench buffers".into()))?;
                 stream.memcpy_htod(host, &mut v)?
             }
             m => stream.memcpy_htod(host, &mut nccl_view_mut(m, r)?)?,
@@ -218,7 +218,7 @@ impl<'c, T: Elem> Buffers<'c, T> {
         match &mut self.recv {
             Mem::Cudarc(b) => {
                 let mut v =
-                    b.try_slice_mut(r).ok_or_else(|| CliError::Usage("write outside the bench buffers".into()))?;
+                    b.try_slice_mut(r).ok_or_else(|| CliError::RunFailed("write outside the bench buffers".into()))?;
                 stream.memset_zeros(&mut v)?
             }
             m => stream.memset_zeros(&mut nccl_view_mut(m, r)?)?,
@@ -230,7 +230,7 @@ impl<'c, T: Elem> Buffers<'c, T> {
     pub fn read_recv(&mut self, stream: &Arc<CudaStream>, r: std::ops::Range<usize>) -> Result<Vec<T>> {
         Ok(match &self.recv {
             Mem::Cudarc(b) => stream
-                .clone_dtoh(&b.try_slice(r).ok_or_else(|| CliError::Usage("read outside the bench buffers".into()))?)?,
+                .clone_dtoh(&b.try_slice(r).ok_or_else(|| CliError::RunFailed("read outside the bench buffers".into()))?)?,
             m => stream.clone_dtoh(&nccl_view(m, r)?)?,
         })
     }
@@ -238,7 +238,7 @@ impl<'c, T: Elem> Buffers<'c, T> {
     /// The views of one call (see [`Buffers::ranges`]).
     pub fn views(&mut self, counts: Counts, shift: usize, in_place: bool) -> Result<Views<'_, T>> {
         let (s, r) = self.ranges(counts, shift, in_place)?;
-        let outside = || CliError::Usage(format!("window {shift}+{counts:?} outside the bench buffers"));
+        let outside = || CliError::RunFailed(format!("window {shift}+{counts:?} outside the bench buffers"));
         let send = (!in_place).then_some(s);
         Ok(match (&self.send, &mut self.recv) {
             (Mem::Cudarc(sb), Mem::Cudarc(rb)) => {
@@ -258,7 +258,7 @@ fn nccl_view<'a, T: Elem>(m: &'a Mem<'_, T>, r: std::ops::Range<usize>) -> Resul
         Mem::Nccl(b) => b.slice(r)?,
         Mem::Window(w) => w.slice(r)?,
         Mem::Symmetric(s) => s.slice(r)?,
-        Mem::Cudarc(_) => return Err(CliError::Usage("mixed buffer kinds".into())),
+        Mem::Cudarc(_) => return Err(CliError::RunFailed("mixed buffer kinds".into())),
     })
 }
 
@@ -267,7 +267,7 @@ fn nccl_view_mut<'a, T: Elem>(m: &'a mut Mem<'_, T>, r: std::ops::Range<usize>) 
         Mem::Nccl(b) => b.slice_mut(r)?,
         Mem::Window(w) => w.slice_mut(r)?,
         Mem::Symmetric(s) => s.slice_mut(r)?,
-        Mem::Cudarc(_) => return Err(CliError::Usage("mixed buffer kinds".into())),
+        Mem::Cudarc(_) => return Err(CliError::RunFailed("mixed buffer kinds".into())),
     })
 }
 
@@ -422,7 +422,7 @@ impl RawAllReduce {
     /// the receive buffer) on `comm` (the communicator this was made for).
     pub fn call<T: Elem>(&self, comm: &Comm, count: usize, shift: usize, in_place: bool, op: ReduceOp) -> Result<()> {
         if shift + count > self.len {
-            return Err(CliError::Usage(format!("raw call {shift}+{count} outside the bench buffers")));
+            return Err(CliError::RunFailed(format!("raw call {shift}+{count} outside the bench buffers")));
         }
         let raw = comm.live_raw()?;
         let at = |base: u64| base + (shift * size_of::<T>()) as u64;
@@ -443,7 +443,7 @@ impl RawAllReduce {
             )
         };
         if rc != ncclResult_t::ncclSuccess {
-            return Err(CliError::Usage(format!("raw ncclAllReduce returned {}", rc.0)));
+            return Err(CliError::RunFailed(format!("raw ncclAllReduce returned {}", rc.0)));
         }
         Ok(())
     }
@@ -474,7 +474,7 @@ pub fn wait_polling(comm: &Comm, stream: &Arc<CudaStream>) -> Result<()> {
 pub fn sum_over_ranks(comm: &Comm, values: &[f64], scratch: &mut CudaSlice<f64>) -> Result<Vec<f64>> {
     let held = scratch.len();
     let mut part = scratch.try_slice_mut(..values.len()).ok_or_else(|| {
-        CliError::Usage(format!("internal: a sum over the ranks of {} values, in scratch for {held}", values.len()))
+        CliError::RunFailed(format!("internal: a sum over the ranks of {} values, in scratch for {held}", values.len()))
     })?;
     let stream = comm.stream();
     stream.memcpy_htod(values, &mut part)?;
@@ -505,7 +505,7 @@ pub fn join(stream: Arc<CudaStream>, rendezvous: &mut gpucomm_launch::Rendezvous
             // stream's context is current, so NCCL creates the communicator on its device.
             let rcs = unsafe { [start(), init_rank(&mut raw, n, raw_id, rank), end()] };
             if let Some(rc) = rcs.iter().find(|rc| **rc != ncclResult_t::ncclSuccess) {
-                return Err(CliError::Usage(format!("ncclCommInitRank in a group returned {}", rc.0)));
+                return Err(CliError::RunFailed(format!("ncclCommInitRank in a group returned {}", rc.0)));
             }
             // SAFETY: `raw` is the live, ready communicator just created (blocking, the group
             // ended), owned by nothing else and used from this thread only.
@@ -545,7 +545,7 @@ pub fn gather_json<V: serde::Serialize + serde::de::DeserializeOwned>(
     let json = |source| CliError::Json { what: "a rank's record".into(), source };
     let mut record = serde_json::to_vec(value).map_err(json)?;
     if record.len() > RECORD {
-        return Err(CliError::Usage(format!("a rank's record has {} bytes, more than {RECORD}", record.len())));
+        return Err(CliError::RunFailed(format!("a rank's record has {} bytes, more than {RECORD}", record.len())));
     }
     record.resize(RECORD, b' ');
     let stream = comm.stream();
