@@ -48,11 +48,17 @@ pub struct Env {
 }
 
 impl Env {
-    /// The real process environment. In a build script the target triple comes from `TARGET`;
-    /// at run time there is no target prefix.
+    /// The real process environment of a build script: the target triple comes from `TARGET`
+    /// (set by Cargo), whose prefixed spellings are tried first.
     pub fn process() -> Self {
         let target = std::env::var("TARGET").ok();
         Env { target_prefix: target.map(|t| target_prefix(&t)), source: Source::Process, read: RefCell::default() }
+    }
+
+    /// The real process environment of a running program: no target prefix, whatever `TARGET`
+    /// holds (an unrelated `TARGET=foo` would make the loader read `FOO_NCCL_SYS_LIBRARY`).
+    pub fn running() -> Self {
+        Env { target_prefix: None, source: Source::Process, read: RefCell::default() }
     }
 
     /// A fixed set of variables, for tests. `target` is the triple whose prefixed names are tried.

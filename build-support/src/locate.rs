@@ -246,7 +246,9 @@ impl<'e> Locator<'e> {
     fn places_before_python(&self, spec: &Spec) -> Vec<Place> {
         let mut places = Vec::new();
         let inc = self.env.get(&format!("{}_INCLUDE_DIR", spec.var));
-        let lib = self.env.get(&format!("{}_LIB_DIR", spec.var));
+        // A headers-only spec (CUDA's) has no library directory to name: `CUDA_LIB_DIR`, set for
+        // other tools, must not become an explicit place without headers that stops the search.
+        let lib = (!spec.libraries.is_empty()).then(|| self.env.get(&format!("{}_LIB_DIR", spec.var))).flatten();
         if inc.is_some() || lib.is_some() {
             let names: Vec<String> = [&inc, &lib].iter().filter_map(|v| v.as_ref().map(|v| v.to_string())).collect();
             places.push(Place {
@@ -679,5 +681,10 @@ mod tests {
         let install = Locator::new(&env).find(&CUDA).unwrap();
         assert_eq!(install.origin, format!("CUDA_PATH={}", tmp.path().display()));
         assert_eq!(install.library, None);
+        // CUDA_LIB_DIR (set for other tools) named an explicit place without headers that
+        // stopped the search before CUDA_PATH.
+        let env = Env::from_pairs(None, [("CUDA_LIB_DIR", "/x/lib64"), ("CUDA_PATH", tmp.path().to_str().unwrap())]);
+        let install = Locator::new(&env).find(&CUDA).unwrap();
+        assert_eq!(install.origin, format!("CUDA_PATH={}", tmp.path().display()));
     }
 }

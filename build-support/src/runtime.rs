@@ -427,7 +427,7 @@ unsafe fn open<T>(
     build_lib_dir: Option<&Path>,
     make: impl Fn(libloading::Library) -> Result<T, String>,
 ) -> Result<(T, PathBuf, String), LoadError> {
-    let env = Env::process();
+    let env = Env::running();
     let locator = Locator::new(&env);
     let mut attempts = Vec::new();
     let early = locator.runtime_candidates_early(spec, build_lib_dir);

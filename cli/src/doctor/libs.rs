@@ -71,7 +71,7 @@ fn places(stem: &str, wheel: &str, notes: &mut Vec<String>) -> Vec<(String, Path
     use gpucomm_build_support::python::NvidiaDirs;
 
     let mut out = Vec::new();
-    let env = Env::process();
+    let env = Env::running();
     let (python, dirs) = Locator::new(&env).nvidia_dirs(&NCCL);
     match dirs {
         NvidiaDirs::Found(dirs) => {
