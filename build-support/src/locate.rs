@@ -226,6 +226,11 @@ impl<'e> Locator<'e> {
         if self.env.flag(&off) {
             return (python, NvidiaDirs::NoInterpreter(format!("not asked: {off} is set")));
         }
+        // A bare name is looked up on `PATH`, which then decides the install: recorded, so that
+        // a build reruns when another environment (another venv's wheels) comes first.
+        if !python.contains('/') {
+            self.env.get_exact("PATH");
+        }
         let answer = self
             .python_answers
             .borrow_mut()
@@ -650,6 +655,14 @@ mod tests {
             ]
         );
         assert_eq!(c.iter().map(|c| c.explicit).collect::<Vec<_>>(), [true, true, false, false, false]);
+    }
+
+    #[test]
+    fn an_interpreter_found_on_path_makes_path_an_input() {
+        let env = Env::from_pairs(None, [("NCCL_SYS_PYTHON", "gpucomm-no-such-python3")]);
+        let (_, answer) = Locator::new(&env).nvidia_dirs(&NCCL);
+        assert!(matches!(answer, NvidiaDirs::NoInterpreter(_)), "{answer:?}");
+        assert!(env.names_read().iter().any(|n| n == "PATH"), "{:?}", env.names_read());
     }
 
     #[test]
