@@ -108,9 +108,26 @@ enum Member {
         ctx: usize,
         ptr: sys::CUdeviceptr,
         bytes: usize,
+        elem: ElemType,
         writable: bool,
     },
     Resource(Resource),
+}
+
+/// A buffer's element type as a graph compares it: a buffer of another type swapped in (through
+/// `Graph::kept_mut`) at the same address and size is another buffer, whose elements the
+/// captured calls would write with bytes of the old type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ElemType {
+    name: &'static str,
+    size: usize,
+    align: usize,
+}
+
+impl ElemType {
+    fn of<T>() -> Self {
+        ElemType { name: std::any::type_name::<T>(), size: size_of::<T>(), align: align_of::<T>() }
+    }
 }
 
 /// What the graph does with each member: `None` for members no captured call uses.
@@ -142,10 +159,9 @@ impl<'k> Visitor<'k> {
         }
     }
 
-    /// Compares a used buffer's address now with the plan's.
-    fn check(&mut self, ptr: sys::CUdeviceptr, Place { ordinal, ctx }: Place, bytes: usize) {
-        let same = matches!(self.planned(), Some((Member::Buffer { ptr: p, ordinal: o, ctx: c, bytes: b, .. }, _))
-            if p == ptr && o == ordinal && c == ctx && b == bytes);
+    /// Compares a used buffer's address, size and element type now with the plan's.
+    fn check(&mut self, now: Member) {
+        let same = self.planned().is_some_and(|(planned, _)| same_buffer(planned, now));
         if let Job::Launch { stale, .. } = &mut self.job {
             *stale |= !same;
         }
@@ -153,9 +169,10 @@ impl<'k> Visitor<'k> {
 
     /// Ends the visit of one buffer member: what taking its pointer gave (a pointer to compare
     /// with the plan, nothing, or an error to keep), and on to the next member.
-    fn taken(&mut self, taken: Result<Option<sys::CUdeviceptr>, OrderError>, at: Place, bytes: usize) {
+    fn taken(&mut self, taken: Result<Option<sys::CUdeviceptr>, OrderError>, at: Place, bytes: usize, elem: ElemType) {
+        let Place { ordinal, ctx } = at;
         match taken {
-            Ok(Some(ptr)) => self.check(ptr, at, bytes),
+            Ok(Some(ptr)) => self.check(Member::Buffer { ordinal, ctx, ptr, bytes, elem, writable: false }),
             Ok(None) => {}
             Err(e) => self.fail(e),
         }
@@ -165,11 +182,11 @@ impl<'k> Visitor<'k> {
     /// A buffer the graph keeps and may only read.
     pub fn read<B: DeviceMemory + DevicePtr<B::Elem>>(&mut self, buf: &'k B) {
         let Place { ordinal, ctx } = Place::of(buf.stream());
-        let bytes = buf.num_bytes();
+        let (bytes, elem) = (buf.num_bytes(), ElemType::of::<B::Elem>());
         let planned = self.planned();
         let taken = match &mut self.job {
             Job::Survey { access, members, .. } => access.read(buf).map(|(ptr, _)| {
-                members.push(Member::Buffer { ordinal, ctx, ptr, bytes, writable: false });
+                members.push(Member::Buffer { ordinal, ctx, ptr, bytes, elem, writable: false });
                 None
             }),
             Job::Launch { access, guards, stale, .. } => match planned {
@@ -184,17 +201,17 @@ impl<'k> Visitor<'k> {
                 }
             },
         };
-        self.taken(taken, Place { ordinal, ctx }, bytes);
+        self.taken(taken, Place { ordinal, ctx }, bytes, elem);
     }
 
     /// A buffer the graph keeps and may write.
     pub fn write<B: DeviceMemory + DevicePtr<B::Elem> + DevicePtrMut<B::Elem>>(&mut self, buf: &'k mut B) {
         let Place { ordinal, ctx } = Place::of(buf.stream());
-        let bytes = buf.num_bytes();
+        let (bytes, elem) = (buf.num_bytes(), ElemType::of::<B::Elem>());
         let planned = self.planned();
         let taken = match &mut self.job {
             Job::Survey { access, members, .. } => access.read(&*buf).map(|(ptr, _)| {
-                members.push(Member::Buffer { ordinal, ctx, ptr, bytes, writable: true });
+                members.push(Member::Buffer { ordinal, ctx, ptr, bytes, elem, writable: true });
                 None
             }),
             Job::Launch { access, guards, stale, .. } => match planned {
@@ -215,7 +232,7 @@ impl<'k> Visitor<'k> {
                 }
             },
         };
-        self.taken(taken, Place { ordinal, ctx }, bytes);
+        self.taken(taken, Place { ordinal, ctx }, bytes, elem);
     }
 
     /// A resource the graph keeps; `live` is false once it cannot be used any more (an aborted
@@ -235,6 +252,15 @@ impl<'k> Visitor<'k> {
         }
         self.next += 1;
     }
+}
+
+/// Whether buffer `now` is the buffer the plan saw as `planned`: the same device, context,
+/// address, size and element type.
+fn same_buffer(planned: Member, now: Member) -> bool {
+    matches!((planned, now), (
+        Member::Buffer { ptr: p, ordinal: o, ctx: c, bytes: b, elem: e, .. },
+        Member::Buffer { ptr, ordinal, ctx, bytes, elem, .. },
+    ) if p == ptr && o == ordinal && c == ctx && b == bytes && e == elem)
 }
 
 /// Lists the members of `keep`, taking buffer addresses without ordering anything.
@@ -274,11 +300,19 @@ fn order_members<'k, K: Keep>(
 
 /// Which member holds each use (all made at `place`, the captured stream's device and context):
 /// every use must lie inside a kept buffer (a writable one for a write) and every resource must
-/// be kept.
-fn plan(members: Vec<Member>, place: Place, used: &[Used], resources: &[Resource]) -> Result<Plan, OrderError> {
+/// be kept. Planned again (`before`: the last plan) after members changed, a use must also lie in
+/// a buffer of the element type that held it before: the captured calls write their own type's
+/// bytes.
+fn plan(
+    members: Vec<Member>,
+    place: Place,
+    used: &[Used],
+    resources: &[Resource],
+    before: Option<&Plan>,
+) -> Result<Plan, OrderError> {
     let mut plan: Plan = members.into_iter().map(|m| (m, None)).collect();
     for u in used.iter().filter(|u| u.bytes > 0) {
-        let holds = |m: &Member| match *m {
+        let contains = |m: &Member| match *m {
             Member::Buffer { ordinal, ctx, ptr, bytes, .. } => {
                 ordinal == place.ordinal
                     && ctx == place.ctx
@@ -288,6 +322,12 @@ fn plan(members: Vec<Member>, place: Place, used: &[Used], resources: &[Resource
             }
             Member::Resource(_) => false,
         };
+        let elem = |m: &Member| match *m {
+            Member::Buffer { elem, .. } => Some(elem),
+            Member::Resource(_) => None,
+        };
+        let was = before.and_then(|b| b.iter().find(|(m, _)| contains(m))).and_then(|(m, _)| elem(m));
+        let holds = |m: &Member| contains(m) && was.is_none_or(|e| elem(m) == Some(e));
         let writable = |m: &Member| matches!(m, Member::Buffer { writable: true, .. });
         let found = match u.how {
             Use::Write => plan.iter().position(|(m, _)| holds(m) && writable(m)),
@@ -372,7 +412,7 @@ impl<K: Keep> Graph<K> {
             // nothing (no launch follows them), which is harmless.
             drop(guards);
             let members = survey(keep, stream)?;
-            *plan = self::plan(members, Place::of(stream), used, resources)?;
+            *plan = self::plan(members, Place::of(stream), used, resources, Some(plan))?;
         }
         Err(OrderError::Cuda(DriverError(sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE)))
     }
@@ -528,7 +568,7 @@ pub fn capture<K: Keep, E: From<OrderError>>(
     };
     let planned = survey(&mut keep, stream).and_then(|members| {
         pin_numbered(&members, &mut scope.resources);
-        plan(members, Place::of(stream), &scope.used, &scope.resources)
+        plan(members, Place::of(stream), &scope.used, &scope.resources, None)
     });
     match planned {
         Err(e) => {
@@ -681,7 +721,7 @@ mod tests {
     use super::*;
 
     fn buffer(ptr: u64, bytes: usize, writable: bool) -> Member {
-        Member::Buffer { ordinal: 0, ctx: 1, ptr, bytes, writable }
+        Member::Buffer { ordinal: 0, ctx: 1, ptr, bytes, elem: ElemType::of::<f32>(), writable }
     }
 
     fn used(ptr: u64, bytes: usize, how: Use) -> Used {
@@ -692,29 +732,52 @@ mod tests {
     const HERE: Place = Place { ordinal: 0, ctx: 1 };
 
     #[test]
+    fn a_buffer_of_another_element_type_at_the_same_place_is_another_buffer() {
+        // Before, a kept f32 buffer swapped (through `kept_mut`) for a bool buffer that the
+        // allocator put at the same address, with the same byte count, passed for the planned one,
+        // and the graph wrote f32 bytes into bools.
+        let planned = buffer(0x1000, 256, true);
+        assert!(same_buffer(planned, buffer(0x1000, 256, true)));
+        let Member::Buffer { ordinal, ctx, ptr, bytes, writable, .. } = planned else { unreachable!() };
+        let bools = Member::Buffer { ordinal, ctx, ptr, bytes, elem: ElemType::of::<bool>(), writable };
+        assert!(!same_buffer(planned, bools));
+        let u32s = Member::Buffer { ordinal, ctx, ptr, bytes, elem: ElemType::of::<u32>(), writable };
+        assert!(!same_buffer(planned, u32s), "same size and alignment, another type");
+        assert!(!same_buffer(planned, buffer(0x1000, 128, true)));
+        assert!(!same_buffer(planned, buffer(0x2000, 256, true)));
+        // Planned again after the swap, the write the graph captured into the f32 buffer finds
+        // no buffer of its type: refused, where it used to be planned into the bools.
+        let write = [used(0x1000, 256, Use::Write)];
+        let before = plan(vec![planned], HERE, &write, &[], None).unwrap();
+        let err = plan(vec![bools], HERE, &write, &[], Some(&before)).unwrap_err();
+        assert_eq!(err, OrderError::NotKept { ordinal: 0, ptr: 0x1000, bytes: 256 });
+        assert!(plan(vec![buffer(0x1000, 256, true)], HERE, &write, &[], Some(&before)).is_ok());
+    }
+
+    #[test]
     fn every_use_must_lie_in_a_kept_buffer() {
         let members = vec![buffer(0x1000, 256, false), buffer(0x2000, 256, true)];
         let plan =
-            plan(members.clone(), HERE, &[used(0x1010, 16, Use::Read), used(0x2000, 256, Use::Write)], &[]).unwrap();
+            plan(members.clone(), HERE, &[used(0x1010, 16, Use::Read), used(0x2000, 256, Use::Write)], &[], None).unwrap();
         assert_eq!(plan.iter().map(|p| p.1).collect::<Vec<_>>(), [Some(Use::Read), Some(Use::Write)]);
 
         // Past the end of the buffer by one byte.
-        let err = self::plan(members.clone(), HERE, &[used(0x2001, 256, Use::Read)], &[]).unwrap_err();
+        let err = self::plan(members.clone(), HERE, &[used(0x2001, 256, Use::Read)], &[], None).unwrap_err();
         assert_eq!(err, OrderError::NotKept { ordinal: 0, ptr: 0x2001, bytes: 256 });
         // Another device.
         let other = Place { ordinal: 1, ..HERE };
-        let err = self::plan(members.clone(), other, &[used(0x1000, 4, Use::Read)], &[]);
+        let err = self::plan(members.clone(), other, &[used(0x1000, 4, Use::Read)], &[], None);
         assert!(matches!(err, Err(OrderError::NotKept { ordinal: 1, .. })));
         // Another context of the same device, at the same address (the audit: a kept buffer
         // swapped for one of another context that got the freed address).
         let other = Place { ctx: 2, ..HERE };
-        let err = self::plan(members.clone(), other, &[used(0x1000, 4, Use::Read)], &[]);
+        let err = self::plan(members.clone(), other, &[used(0x1000, 4, Use::Read)], &[], None);
         assert!(matches!(err, Err(OrderError::NotKept { ordinal: 0, .. })));
         // Written, but kept only shared.
-        let err = self::plan(members.clone(), HERE, &[used(0x1000, 4, Use::Write)], &[]).unwrap_err();
+        let err = self::plan(members.clone(), HERE, &[used(0x1000, 4, Use::Write)], &[], None).unwrap_err();
         assert_eq!(err, OrderError::KeptShared { ordinal: 0, ptr: 0x1000, bytes: 4 });
         // Empty uses touch nothing.
-        assert!(self::plan(members, HERE, &[used(0x9000, 0, Use::Write)], &[]).is_ok());
+        assert!(self::plan(members, HERE, &[used(0x9000, 0, Use::Write)], &[], None).is_ok());
     }
 
     #[test]
@@ -727,10 +790,10 @@ mod tests {
         pin_numbered(&members, &mut resources);
         pin_numbered(&members, &mut resources);
         assert_eq!(resources, [window], "pinned once");
-        assert!(plan(members, HERE, &uses, &resources).is_ok());
+        assert!(plan(members, HERE, &uses, &resources, None).is_ok());
         // The same memory, kept with another registration of it: the re-plan is refused.
         let swapped = vec![buffer(0x1000, 64, true), Member::Resource(Resource::numbered("window", again))];
-        assert_eq!(plan(swapped, HERE, &uses, &resources).unwrap_err(), OrderError::ResourceNotKept { kind: "window" });
+        assert_eq!(plan(swapped, HERE, &uses, &resources, None).unwrap_err(), OrderError::ResourceNotKept { kind: "window" });
         // Resources named by address are not pinned: only the captured calls' own count.
         let comm = 7u8;
         let mut resources = Vec::new();
@@ -744,11 +807,11 @@ mod tests {
         let r = Resource::of("communicator", &comm);
         let members = vec![buffer(0x1000, 64, true), Member::Resource(r)];
         let uses = [used(0x1000, 8, Use::Write), used(0x1008, 8, Use::Read)];
-        let plan = plan(members.clone(), HERE, &uses, &[r]).unwrap();
+        let plan = plan(members.clone(), HERE, &uses, &[r], None).unwrap();
         assert_eq!(plan[0].1, Some(Use::Write));
         assert_eq!(plan[1].1, Some(Use::Read));
         let other = 8u8;
-        let err = self::plan(members, HERE, &[], &[Resource::of("team", &other)]).unwrap_err();
+        let err = self::plan(members, HERE, &[], &[Resource::of("team", &other)], None).unwrap_err();
         assert_eq!(err, OrderError::ResourceNotKept { kind: "team" });
         assert_eq!(err.to_string(), "a captured call used a team that the graph does not keep: give it to the capture");
     }

@@ -27,18 +27,31 @@ use crate::{access, Access, DeviceBufferMut, OrderError};
 /// `Ok(true)` once the uses have finished, `Ok(false)` when `timeout` expired first (the uses are
 /// then still running: the caller must keep the buffer, and whatever a library holds of it).
 /// Without a timeout it blocks until they finish.
+///
+/// An error that something else recorded in `ctx` (a failed cudarc guard, `record_err` on any
+/// thread) is set aside for the wait and recorded again after it: cudarc's checks on the way would
+/// fail on it, and take it, and a release waiting here would keep (leak) its buffer for an error
+/// that is not its own.
 pub fn wait_for_uses<T>(
     buf: &mut (impl DeviceBufferMut<T> + ?Sized),
     ctx: &Arc<CudaContext>,
     timeout: Option<Duration>,
 ) -> Result<bool, OrderError> {
-    let waiter = if ctx.is_managing_stream_synchronization() { private_stream(ctx)? } else { buf.stream().clone() };
-    {
-        let access = Access::new(&waiter);
-        let _guard = access.write(buf)?;
+    let aside = ctx.check_err();
+    let waited = (|| {
+        let waiter =
+            if ctx.is_managing_stream_synchronization() { private_stream(ctx)? } else { buf.stream().clone() };
+        {
+            let access = Access::new(&waiter);
+            let _guard = access.write(buf)?;
+        }
+        let done = waiter.record_event(None)?;
+        Ok(wait_event(&done, timeout)?)
+    })();
+    if let Err(e) = aside {
+        ctx.record_err::<()>(Err(e));
     }
-    let done = waiter.record_event(None)?;
-    Ok(wait_event(&done, timeout)?)
+    waited
 }
 
 /// A new stream of `ctx` that waits for nothing: forked from the ordering crate's clean helper

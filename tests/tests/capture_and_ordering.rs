@@ -1315,3 +1315,53 @@ fn eager_calls_on_many_streams_inside_a_capture_leave_it_whole() {
     all_equal("the eager buffer", &others[8].clone_dtoh(&eager).unwrap(), 1.0);
     comm.finalize().map_err(|(_, e)| e).unwrap();
 }
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_buffer_swapped_for_another_element_type_at_the_same_address_is_refused() {
+    // Session 19 audit: a graph knew a kept buffer by device, context, address and size. A kept
+    // f32 buffer swapped (through `kept_mut`) for a u8 buffer of the same bytes that the allocator
+    // placed at the same address passed for it, and the launch wrote f32 bytes into it (into
+    // `bool`s, invalid values). Now the graph compares element types too, and the use it captured
+    // finds no buffer of its type.
+    use gpucomm_ordering::OrderError;
+    let test = "a_buffer_swapped_for_another_element_type_at_the_same_address_is_refused";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let side = ctx.new_stream().unwrap();
+    let buf = side.clone_htod(&[2.0f32; N]).unwrap();
+    let mut graph = nccl::capture(&side, (&comm, Some(buf), None::<cudarc::driver::CudaSlice<u8>>), |(comm, b, _)| {
+        let comm: &Comm = comm;
+        comm.on(&side).all_reduce_in_place(b.as_mut().unwrap(), ReduceOp::SUM)
+    })
+    .map_err(|(_, e)| e)
+    .unwrap();
+    graph.launch().unwrap();
+    let old = graph.kept().1.as_ref().unwrap().device_ptr(&side).0;
+    drop(graph.kept_mut().1.take());
+    let bytes = side.alloc_zeros::<u8>(N * 4).unwrap();
+    let reused = bytes.device_ptr(&side).0 == old;
+    graph.kept_mut().2 = Some(bytes);
+    let refused = graph.launch().unwrap_err();
+    assert!(matches!(refused, OrderError::NotKept { .. }), "{refused}");
+    println!("a f32 buffer swapped for u8s: launch refused ({refused}); the memory was reused: {reused}");
+    drop(graph);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_release_waits_for_its_buffer_despite_an_unrelated_recorded_error() {
+    // Session 19 audit: the wait for a buffer's uses before it is deregistered went through
+    // cudarc's checks, which fail on (and take) any error recorded in the context: the release
+    // failed, the buffer was leaked, and the error's owner never saw it. The error is now set
+    // aside for the wait and recorded again after it.
+    let test = "a_release_waits_for_its_buffer_despite_an_unrelated_recorded_error";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let registration = comm.register(MemBuffer::<f32>::zeroed(comm.stream(), N).unwrap()).map_err(|(_, e)| e).unwrap();
+    let unknown = DriverError(CUresult::CUDA_ERROR_UNKNOWN);
+    ctx.record_err::<()>(Err(unknown));
+    registration.deregister().map_err(|(_, e)| e).unwrap();
+    let left = ctx.check_err();
+    assert!(matches!(left, Err(e) if e == unknown), "the release took the unrelated error: {left:?}");
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
