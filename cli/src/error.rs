@@ -185,6 +185,9 @@ impl CliError {
 /// The largest input file (an nccl-tests log, a bench JSON, a crossover table) read, in bytes.
 pub const MAX_INPUT: u64 = 64 << 20;
 
+/// Shorthand for this crate's results.
+pub type Result<T, E = CliError> = std::result::Result<T, E>;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -197,6 +200,3 @@ mod tests {
         assert_eq!(CliError::RunFailed("the spawner thread panicked".into()).exit_code(), EXIT_RUN_FAILED);
     }
 }
-
-/// Shorthand for this crate's results.
-pub type Result<T, E = CliError> = std::result::Result<T, E>;

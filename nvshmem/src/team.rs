@@ -494,7 +494,10 @@ impl Drop for Team<'_> {
             return log::warn!("nvshmem: {e}; dropped team {} is leaked", self.raw);
         }
         if let Err(e) = gpucomm_ordering::make_current(self.rt.context()) {
-            return log::warn!("nvshmem: making the PE's context current failed ({e}); dropped team {} is leaked", self.raw);
+            return log::warn!(
+                "nvshmem: making the PE's context current failed ({e}); dropped team {} is leaked",
+                self.raw
+            );
         }
         // SAFETY: the team was created by a split and is destroyed exactly once, here; no queued
         // work uses it (the device is idle); the PE's context is current.

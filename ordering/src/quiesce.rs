@@ -39,8 +39,7 @@ pub fn wait_for_uses<T>(
 ) -> Result<bool, OrderError> {
     let aside = ctx.check_err();
     let waited = (|| {
-        let waiter =
-            if ctx.is_managing_stream_synchronization() { private_stream(ctx)? } else { buf.stream().clone() };
+        let waiter = if ctx.is_managing_stream_synchronization() { private_stream(ctx)? } else { buf.stream().clone() };
         {
             let access = Access::new(&waiter);
             let _guard = access.write(buf)?;

@@ -510,7 +510,8 @@ fn disagreeing_options_and_setters_are_refused_on_two_gpus() {
         use gpucomm_kernels::lsa::MAX_AREA;
         let too_large = Options { staged_max: [MAX_AREA + 1, 64 << 10][rank], ..options() };
         match (rank, AllReduce::new(&comm, too_large)) {
-            (0, Err(gpucomm_kernels::Error::AreaTooLarge { .. })) | (1, Err(gpucomm_kernels::Error::Mismatch { .. })) => {}
+            (0, Err(gpucomm_kernels::Error::AreaTooLarge { .. }))
+            | (1, Err(gpucomm_kernels::Error::Mismatch { .. })) => {}
             (_, other) => panic!("rank {rank}: sizes refused on rank 0 must fail both ranks, got {other:?}"),
         }
         let mut ar = AllReduce::new(&comm, options()).unwrap();

@@ -285,9 +285,7 @@ fn check_collectives(l: &Local) {
         Ok(())
     })
     .unwrap();
-    l.expect("scatter_in_place from rank 1", &bufs, |r, k| {
-        Some(if r == 1 || k / M == r { v(1, k) } else { -1.0 })
-    });
+    l.expect("scatter_in_place from rank 1", &bufs, |r, k| Some(if r == 1 || k / M == r { v(1, k) } else { -1.0 }));
 
     // send/recv ring: each rank sends to the next and receives from the previous.
     let sends = l.up(|r| (0..M).map(|i| v(r, i)).collect());

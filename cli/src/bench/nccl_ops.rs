@@ -229,8 +229,9 @@ impl<'c, T: Elem> Buffers<'c, T> {
     /// Elements `r` of the receive buffer, copied to the host.
     pub fn read_recv(&mut self, stream: &Arc<CudaStream>, r: std::ops::Range<usize>) -> Result<Vec<T>> {
         Ok(match &self.recv {
-            Mem::Cudarc(b) => stream
-                .clone_dtoh(&b.try_slice(r).ok_or_else(|| CliError::RunFailed("read outside the bench buffers".into()))?)?,
+            Mem::Cudarc(b) => stream.clone_dtoh(
+                &b.try_slice(r).ok_or_else(|| CliError::RunFailed("read outside the bench buffers".into()))?,
+            )?,
             m => stream.clone_dtoh(&nccl_view(m, r)?)?,
         })
     }

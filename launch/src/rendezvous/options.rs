@@ -149,8 +149,7 @@ impl Options {
     /// that differ only there would be one key).
     pub fn from_os_vars(lookup: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<Options, RendezvousError> {
         use std::os::unix::ffi::OsStringExt;
-        let mut options =
-            Options::from_vars(|name| (name != JOB_KEY_VAR).then(|| lookup(name)).flatten().map(lossy))?;
+        let mut options = Options::from_vars(|name| (name != JOB_KEY_VAR).then(|| lookup(name)).flatten().map(lossy))?;
         if let Some(key) = lookup(JOB_KEY_VAR).filter(|k| !k.is_empty()) {
             options.job_key = Some(JobKey::new(key.into_vec())?);
         }
