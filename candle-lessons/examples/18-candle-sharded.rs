@@ -178,6 +178,9 @@ impl<'a> Sharded<'a> {
 
     /// The loss averaged over ranks (the loss of the global batch).
     fn global_loss(&self, loss: &Tensor) -> Result<f32, BoxError> {
+        // candle wrote the loss on its own stream without a write event (see `tensor.rs`): the
+        // communication stream waits for candle's work so far before reading it.
+        self.gpu.comm.wait(&self.gpu.compute.record_event(None)?)?;
         let mut out = self.gpu.comm.alloc_zeros::<f32>(1)?;
         with_slice(loss, |l| Ok(self.comm.all_reduce(&l, &mut out, ReduceOp::AVG)?))?;
         Ok(self.gpu.comm.clone_dtoh(&out)?[0])

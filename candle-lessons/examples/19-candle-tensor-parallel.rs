@@ -38,6 +38,7 @@
 
 use candle_core::{Device, Tensor};
 use cudarc::driver::{CudaEvent, CudaSlice};
+use gpucomm_candle_lessons::model::worse;
 use gpucomm_candle_lessons::setup::{self, Flags, Gpu};
 use gpucomm_candle_lessons::tensor::{from_slice, with_slice};
 use gpucomm_candle_lessons::timeline::{Kind, StepTimes, Timeline};
@@ -204,9 +205,9 @@ fn main() -> std::process::ExitCode {
                 }
                 let scale = expected.abs()?.max_all()?.to_scalar::<f32>()?;
                 let diff = (&mb.x - &expected)?.abs()?.max_all()?.to_scalar::<f32>()? / scale.max(f32::MIN_POSITIVE);
-                step_worst = step_worst.max(diff);
+                step_worst = worse(step_worst, diff);
             }
-            worst = worst.max(step_worst);
+            worst = worse(worst, step_worst);
             if rank == 0 && (step % log_every == 0 || step + 1 == steps) {
                 let first: Vec<f32> = flight[0].x.narrow(0, 0, 1)?.narrow(1, 0, 4)?.flatten_all()?.to_vec1()?;
                 println!("step {step:3}  output[0, ..4] {first:.4?}  max difference {step_worst:.1e}  {t}");

@@ -174,6 +174,16 @@ pub const LOSS_TOLERANCE: f32 = 1e-3;
 /// last-bit difference only.
 pub const ONE_RANK_LOSS_TOLERANCE: f32 = 1e-6;
 
+/// The larger of two differences, NaN if either is: `f32::max` returns the other argument for a
+/// NaN, so a NaN output would pass a comparison with a tolerance.
+pub fn worse(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else {
+        a.max(b)
+    }
+}
+
 /// The tolerance of a run with `ranks` ranks: [`ONE_RANK_LOSS_TOLERANCE`] for one,
 /// [`LOSS_TOLERANCE`] otherwise.
 pub fn loss_tolerance(ranks: usize) -> f32 {
@@ -196,7 +206,7 @@ pub fn compare_losses(ours: &[(usize, f32)], reference: &[(usize, f32)], ranks: 
     let mut worst = 0f32;
     for (&(step, a), &(_, b)) in ours.iter().zip(reference) {
         let rel = (a - b).abs() / b.abs().max(f32::MIN_POSITIVE);
-        worst = worst.max(rel);
+        worst = worse(worst, rel);
         println!("| {step} | {a:.6} | {b:.6} | {rel:.2e} |");
     }
     if worst.is_nan() || worst > tolerance {
@@ -209,6 +219,14 @@ pub fn compare_losses(ours: &[(usize, f32)], reference: &[(usize, f32)], ranks: 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_nan_difference_is_the_worst() {
+        // `f32::max` would have kept 0.1, and a NaN loss passed the tolerance.
+        assert!(worse(0.1, f32::NAN).is_nan());
+        assert!(worse(f32::NAN, 0.1).is_nan());
+        assert_eq!(worse(0.1, 0.2), 0.2);
+    }
 
     #[test]
     fn one_rank_must_match_the_reference_several_ranks_within_1e_3() {

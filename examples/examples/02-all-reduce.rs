@@ -20,8 +20,9 @@
 //!   `--standalone` or `--rdzv-backend c10d --rdzv-endpoint HOST:PORT`);
 //! * `mpirun -np 2 target/debug/examples/02-all-reduce` or `srun -n 2 --gpus-per-task=1 …`.
 //!
-//! Add `NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_DEBUG=INFO` to make NCCL use its network
-//! transport between the processes, as between two nodes (the log then shows `via NET/Socket`).
+//! Add `NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_DEBUG=INFO` to make NCCL use
+//! its network transport between the processes, as between two nodes (the log then shows `via
+//! NET/Socket`; without `NCCL_IB_DISABLE=1`, a machine with InfiniBand shows `NET/IB`).
 //!
 //! What you should see, once per rank (prefixed `[rank N]` under the spawner):
 //! `rank 0 of 2 on GPU 0: all-reduce of 1048576 floats correct (every element 3)`.

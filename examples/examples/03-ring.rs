@@ -31,6 +31,8 @@ fn block_of(rank: usize) -> f32 {
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
+        // One rank would pass trivially (nothing to pass round, or to average): refused, clearly.
+        gpucomm_examples::require_ranks(&info, 2)?;
         let (stream, comm) = gpucomm_examples::rank_comm(&info)?;
         let (rank, size) = (comm.rank(), comm.size());
         let (right, left) = ((rank + 1) % size, (rank + size - 1) % size);

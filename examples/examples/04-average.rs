@@ -32,6 +32,8 @@ fn gradient(rank: usize, i: usize) -> f32 {
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
+        // One rank would pass trivially (nothing to pass round, or to average): refused, clearly.
+        gpucomm_examples::require_ranks(&info, 2)?;
         let (stream, comm) = gpucomm_examples::rank_comm(&info)?;
         let (rank, size) = (comm.rank(), comm.size());
         let grads: Vec<f32> = (0..COUNT).map(|i| gradient(rank, i)).collect();
@@ -61,7 +63,8 @@ fn main() -> std::process::ExitCode {
         for (how, buf) in results {
             let host = stream.clone_dtoh(buf)?;
             // 1/N is inexact unless N is a power of two: allow float rounding.
-            let wrong = host.iter().enumerate().find(|&(i, &v)| (v - expected(i)).abs() > 1e-5 * expected(i));
+            // `!(… <= …)`: a NaN is wrong too (every comparison with NaN is false).
+            let wrong = host.iter().enumerate().find(|&(i, &v)| !((v - expected(i)).abs() <= 1e-5 * expected(i)));
             if let Some((i, v)) = wrong {
                 return Err(format!("rank {rank}, {how}: element {i} is {v}, expected {}", expected(i)).into());
             }

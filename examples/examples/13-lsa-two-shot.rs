@@ -39,6 +39,10 @@ fn main() -> std::process::ExitCode {
             check::<f32>(&lsa, count, |v| v as f32)?;
             check::<half::bf16>(&lsa, count, |v| half::bf16::from_f32(v as f32))?;
         }
+        // Collective teardown, checked: the kernels' window and device communicator, then the
+        // communicator (dropping would hide a failure).
+        drop(lsa);
+        comm.finalize().map_err(|(_, e)| e)?;
         Ok(())
     })
 }
@@ -74,5 +78,9 @@ fn check<T: Element + PartialEq + std::fmt::Debug + cudarc::driver::ValidAsZeroB
     let mut theirs = MemBuffer::<T>::zeroed(stream, count)?;
     comm.all_reduce(&send.slice(1..)?, &mut theirs, ReduceOp::SUM)?;
     let theirs = stream.clone_dtoh(&theirs)?;
-    lsa::compare(rank as usize, "two-shot", &ours, &expected, &theirs)
+    lsa::compare(rank as usize, "two-shot", &ours, &expected, &theirs)?;
+    // Deregistered explicitly, so that a failure is an error here rather than a log line.
+    send.deregister().map_err(|(_, e)| e)?;
+    recv.deregister().map_err(|(_, e)| e)?;
+    Ok(())
 }

@@ -14,8 +14,9 @@
 //! * why both kernels are launched **collectively** ([`nvshmem::Kernel::launch_collective`]): their
 //!   CTAs wait for the peers' CTAs, so every CTA of every PE must be resident at once.
 //!
-//! How to run it (2 or more GPUs): `cargo run --release -p gpucomm-examples --example
-//! 14-nvshmem-kernels -- --nproc 2`.
+//! How to run it (2 to 8 GPUs of one machine that reach each other's memory by loads and stores:
+//! NVLink or PCIe P2P): `cargo run --release -p gpucomm-examples --example 14-nvshmem-kernels --
+//! --nproc 2`. Where a peer is not reachable that way the lesson says so and stops.
 //!
 //! What you should see, on every PE: `ring: 3 rounds … correct`, then one `one-shot … correct`
 //! line per (type, count), for f32 and bf16 and counts 1, 3, 1000 and 1000003.
@@ -50,6 +51,9 @@ fn main() -> std::process::ExitCode {
             })?;
         }
         one_shot.free()?;
+        // Collective teardown, checked (dropping would hide a failure).
+        drop(module);
+        rt.finalize().map_err(|(_, e)| e)?;
         Ok(())
     })
 }
@@ -99,6 +103,21 @@ struct OneShot<'rt> {
 impl<'rt> OneShot<'rt> {
     fn new(rt: &'rt Runtime, stream: &Arc<CudaStream>) -> Result<Self, BoxError> {
         let staging = rt.alloc_zeroed::<u8>(2 * MAX_COUNT * 4)?;
+        // The kernel loads every peer's staged share through `nvshmem_ptr` and sums at most 8
+        // PEs: what it cannot serve is refused here, before it would dereference a null pointer.
+        let (me, n) = (rt.my_pe(), rt.n_pes());
+        if n > 8 {
+            return Err(format!("the one-shot kernel sums at most 8 PEs, and this job has {n}").into());
+        }
+        for pe in 0..n {
+            if staging.peer(pe)?.is_none() {
+                return Err(format!(
+                    "PE {pe}'s memory is not reachable by loads and stores from PE {me} (nvshmem_ptr gives \
+                     null: no NVLink or PCIe P2P path, or another machine); the one-shot kernel needs every peer's"
+                )
+                .into());
+            }
+        }
         let flags = rt.alloc_zeroed::<u64>(MAX_CTAS as usize * rt.n_pes())?;
         let calls = stream.alloc_zeros::<u64>(MAX_CTAS as usize)?;
         Ok(OneShot { rt, staging, flags, calls })
@@ -129,7 +148,8 @@ impl<'rt> OneShot<'rt> {
             // *staging, size_t slot_elems, uint64_t *flags, uint64_t *calls)`; `send` and `recv`
             // hold `count` ≤ `slot` elements, `staging` 2 × `slot` (symmetric), `flags` MAX_CTAS ×
             // n_pes signals (symmetric), `calls` MAX_CTAS call counters; `ctas` ≤ MAX_CTAS; every PE
-            // launches the same grid with the same count.
+            // launches the same grid with the same count; at most 8 PEs, each of whose staging the
+            // kernel can load through `nvshmem_ptr` (checked in `OneShot::new`).
             unsafe {
                 kernel.launch_collective(cfg, stream, |a| {
                     a.buffer(&send)?.buffer_mut(&mut recv)?.value(count)?;

@@ -7,14 +7,19 @@
 //! * the side that hosts the store creates the NCCL unique id and stores it; the other reads it
 //!   (Python's `TCPStore` puts `/` in front of its keys: Python's `weight-sync/nccl-id` is
 //!   `/weight-sync/nccl-id` here);
-//! * both then join one NCCL communicator: this process is rank 0 ([`Comm::init_rank`]), the
-//!   Python trainer (`examples/python/weight_sync_trainer.py`, CuPy's `cupy.cuda.nccl`) rank 1;
+//! * both then join one NCCL communicator: this process is rank 0 ([`Comm::init_rank_config`],
+//!   nonblocking with a timeout, so that a trainer that never comes or dies midway ends this
+//!   process with an error instead of a hang), the Python trainer
+//!   (`examples/python/weight_sync_trainer.py`, CuPy's `cupy.cuda.nccl`) rank 1;
 //! * the weight sync that RL frameworks (vLLM and others) run beside their own process groups:
 //!   the trainer broadcasts its weights, the server checks every value and answers with a
 //!   checksum and an error count (an all-reduce to which the trainer adds zeros), which the
 //!   trainer checks in turn — the values are checked on both sides.
 //!
-//! How to run it (two shells; `--device N` picks this process's GPU, default 0):
+//! How to run it: build it (`cargo build -p gpucomm-examples --example 16-python-weight-sync`),
+//! then in two shells (`--device N` picks this process's GPU, default 0), with NVLink multicast
+//! off in both (`export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1`; each side also sets these
+//! for itself before NCCL loads, and this one says so when it overrides a value):
 //! * this process hosts the store:
 //!   `MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 target/debug/examples/16-python-weight-sync`, and
 //!   `MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 python3 examples/python/weight_sync_trainer.py`;
@@ -48,7 +53,7 @@ use std::time::{Duration, Instant};
 
 use cudarc::driver::CudaContext;
 use nccl::launch::store::{Limits, StoreClient, StoreServer};
-use nccl::{Collectives, Comm, ReduceOp, UniqueId};
+use nccl::{Collectives, Comm, Config, ReduceOp, UniqueId};
 
 /// Weight syncs, and weights per sync.
 const STEPS: usize = 3;
@@ -56,7 +61,8 @@ const COUNT: usize = 1 << 20;
 /// This process's rank, and the trainer's (the broadcast's root).
 const SERVER: usize = 0;
 const TRAINER: usize = 1;
-/// How long either side waits for the other.
+/// How long either side waits for the other: at the store, to join the communicator, and for
+/// each collective.
 const PATIENCE: Duration = Duration::from_secs(120);
 
 const ID_KEY: &str = "/weight-sync/nccl-id";
@@ -118,14 +124,19 @@ fn run() -> Result<(), Box<dyn Error>> {
         (Some(server), store, id)
     };
 
-    // 2. One communicator with the trainer: this process is rank 0 of 2.
+    // 2. One communicator with the trainer: this process is rank 0 of 2. Nonblocking with a
+    //    timeout: a trainer that never joins (CuPy failed to import) or dies midway ends this
+    //    process with `Error::Timeout` after PATIENCE, where a blocking call would wait for ever.
     let stream = CudaContext::new(device)?.default_stream();
-    let comm = Comm::init_rank(stream.clone(), &id, SERVER, 2)?;
+    let config = Config::new().blocking(false).timeout(PATIENCE);
+    let comm = Comm::init_rank_config(stream.clone(), &id, SERVER, 2, &config)?;
 
     // 3. The weight syncs: receive, check every value, report back.
     let mut weights = stream.alloc_zeros::<f32>(COUNT)?;
     for step in 0..STEPS {
         comm.broadcast_in_place(&mut weights, TRAINER)?;
+        // Finished, or `Error::Timeout` (which aborts the communicator) after PATIENCE.
+        comm.wait(None)?;
         let host = stream.clone_dtoh(&weights)?;
         let wrong = host.iter().enumerate().filter(|&(i, &w)| w != weight(step, i)).count();
         let checksum: f64 = host.iter().map(|&w| f64::from(w)).sum();
@@ -135,7 +146,7 @@ fn run() -> Result<(), Box<dyn Error>> {
         // The trainer adds zeros: what it reads back is this process's report.
         let mut report = stream.clone_htod(&[checksum, wrong as f64])?;
         comm.all_reduce_in_place(&mut report, ReduceOp::SUM)?;
-        stream.synchronize()?;
+        comm.wait(None)?;
         if wrong > 0 {
             return Err(format!("step {step}: {wrong} of {COUNT} weights differ from the trainer's").into());
         }

@@ -12,7 +12,8 @@ wrong values (an all-reduce to which it adds zeros) and checks them. Exits 1 on 
 
 Needs CuPy with NCCL and PyTorch. If CuPy cannot load NCCL, preload the NVIDIA wheel's library
 (see the lesson). On a one-GPU machine, run both sides on GPU 0 with different NCCL_HOSTID
-values.
+values. NVLink multicast stays off: the trainer sets NCCL_NVLS_ENABLE=0 (and NVSHMEM's and
+PyTorch's switches) before NCCL is loaded; on shared GPUs it can take them out of service.
 
 Security: TCPStore has no access control; anyone who can reach the port can read the unique id.
 Use a trusted network.
@@ -22,9 +23,14 @@ import os
 import sys
 from datetime import timedelta
 
-import cupy
-import torch.distributed as dist
-from cupy.cuda import nccl
+# Before CuPy loads NCCL: never NVLink multicast (the Rust side sets the same for itself).
+os.environ["NCCL_NVLS_ENABLE"] = "0"
+os.environ["NVSHMEM_DISABLE_NVLS"] = "1"
+os.environ["TORCH_SYMM_MEM_DISABLE_MULTICAST"] = "1"
+
+import cupy  # noqa: E402 (after the variables above)
+import torch.distributed as dist  # noqa: E402
+from cupy.cuda import nccl  # noqa: E402
 
 STEPS = 3
 COUNT = 1 << 20
