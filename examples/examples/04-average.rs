@@ -63,8 +63,9 @@ fn main() -> std::process::ExitCode {
         for (how, buf) in results {
             let host = stream.clone_dtoh(buf)?;
             // 1/N is inexact unless N is a power of two: allow float rounding.
-            // `!(… <= …)`: a NaN is wrong too (every comparison with NaN is false).
-            let wrong = host.iter().enumerate().find(|&(i, &v)| !((v - expected(i)).abs() <= 1e-5 * expected(i)));
+            // A NaN is wrong too (it compares false with everything, so `>` alone would pass it).
+            let off = |i: usize, v: f32| (v - expected(i)).abs();
+            let wrong = host.iter().enumerate().find(|&(i, &v)| off(i, v).is_nan() || off(i, v) > 1e-5 * expected(i));
             if let Some((i, v)) = wrong {
                 return Err(format!("rank {rank}, {how}: element {i} is {v}, expected {}", expected(i)).into());
             }

@@ -129,8 +129,9 @@ impl Step<'_, '_> {
         let ranks = comm.size() as f32;
         let y = stream.clone_dtoh(&b.2)?;
         let last = (REPLAYS - 1) as f32;
-        // `!(… <= …)`: a NaN is wrong too (every comparison with NaN is false).
-        let wrong = (0..n).find(|&i| !((y[i] - ((ranks + 1.0) / 2.0 * (i % 7) as f32 + last)).abs() <= 1e-3));
+        // A NaN is wrong too (it compares false with everything, so `>` alone would pass it).
+        let off = |i: usize| (y[i] - ((ranks + 1.0) / 2.0 * (i % 7) as f32 + last)).abs();
+        let wrong = (0..n).find(|&i| off(i).is_nan() || off(i) > 1e-3);
         if let Some(i) = wrong {
             return Err(format!("rank {}: element {i} after {REPLAYS} replays is {}", comm.rank(), y[i]).into());
         }
