@@ -476,7 +476,9 @@ impl<'a, T: Elem> Bench<'a, T> {
             }
             None => None,
         };
-        Ok(Timed { wall: wall / calls, cpu: cpu / calls, gpu })
+        // The host time as nccl-tests' -C 1 reports it: per iteration, not per call, with -G too
+        // (its cputime is the graph launches' time over `iters`).
+        Ok(Timed { wall: wall / calls, cpu: cpu / spec.iters as f64, gpu })
     }
 
     /// Captures `iters` calls on the rank's stream into one graph (nccl-tests' -G), through the

@@ -16,8 +16,9 @@ pub struct Measure {
     pub busbw: f64,
     /// Wrong elements found by validation; `None` when not checked.
     pub wrong: Option<u64>,
-    /// Host time per call up to the return of the last call (nccl-tests' -C 1 "cputime"), µs,
-    /// averaged over ranks; `None` for nccl-tests logs.
+    /// Host time per iteration up to the return of the last call (nccl-tests' -C 1 "cputime":
+    /// per call, except with -G, where it is the graph launches' host time over -n), µs, averaged
+    /// over ranks; `None` for nccl-tests logs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_us: Option<f64>,
     /// CUDA-event time per call on the stream (`gpucomm bench --events`), µs.
