@@ -227,6 +227,8 @@ impl Server {
         loop {
             let now = Instant::now();
             self.expire(now);
+            // Closing connections past their deadlines gave budget back.
+            self.unstall(now);
             let listening = self.accept_paused_until.is_none_or(|until| now >= until);
             if listening {
                 self.accept_paused_until = None;
@@ -284,8 +286,9 @@ impl Server {
 
     /// Whether a reply of `bytes` more fits the connection's allowance and the shared budget.
     /// When it does not, and other connections hold budget that their replies' sending or their
-    /// closing gives back, the request waits ([`Conn::stalled`]: `Ok(false)`); when nothing else
-    /// holds any, it never will fit, and the connection is refused as before.
+    /// closing gives back, the request waits ([`Conn::stalled`]: `Ok(false)`); when only this
+    /// connection holds any, it is refused as before (a client that sends reads without taking
+    /// their replies is dropped once its unsent replies pass `max_reply_len`, in `reply`).
     fn room_for_reply(&mut self, id: u64, bytes: usize) -> Result<bool, String> {
         let allowance = self.limits.connection_allowance;
         let Some(conn) = self.conns.get_mut(&id) else { return Ok(true) };
