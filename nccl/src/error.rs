@@ -412,6 +412,12 @@ pub enum Error {
         /// What was being released.
         what: &'static str,
     },
+    /// [`Comm::wait`](crate::Comm::wait) inside a capture scope ([`crate::capture`]): the work
+    /// captured so far runs only when the graph is launched, and CUDA refuses the host-side
+    /// queries the wait makes while this thread captures (`CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED`
+    /// on the GPU machine). Nothing was waited for; the capture goes on.
+    #[error("Comm::wait inside a capture: wait after the capture (the captured work runs when the graph is launched)")]
+    WaitInCapture,
     /// A device-API team (`nccl::device::Team`) NCCL cannot take: a field larger than a C int, or a rank
     /// whose translation would overflow one (NCCL computes it in C ints). Teams NCCL describes
     /// never are.

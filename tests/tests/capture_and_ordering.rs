@@ -871,11 +871,14 @@ fn a_capture_that_begins_after_a_call_is_admitted_is_refused() {
     })
     .unwrap_err();
     assert!(matches!(err, Error::Cuda(e) if e == failed), "{err}");
+    // The guard's record into the invalidated capture failed, and cudarc kept that failure in the
+    // context, where its next call (the status query below) would return it.
+    let recorded = ctx.check_err();
     let status = side.capture_status().unwrap();
     drop(side.end_capture(CUgraphInstantiate_flags(0)));
     assert_eq!(status, CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_INVALIDATED, "the capture was left usable");
-    // The guard's record into the invalidated capture failed, and cudarc kept that failure in the
-    // context, where its next call would return it.
+    let invalidated = DriverError(CUresult::CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    assert!(matches!(recorded, Err(e) if e == invalidated), "the guard's record: {recorded:?}");
     let _ = ctx.check_err();
     all_equal("the slice of the failed group", &side.clone_dtoh(&slice).unwrap(), 3.0);
 
@@ -1290,9 +1293,9 @@ fn eager_calls_on_many_streams_inside_a_capture_leave_it_whole() {
     // Session 19 audit: a communicator remembers the streams its calls went to, and past eight
     // forgets the idle ones, asking each whether it is idle (`cuStreamQuery`). A captured call's
     // stream was among them, and CUDA answers that query by invalidating the capture: a capture
-    // with a captured call and eager calls on eight more streams broke. `Comm::wait` inside it
-    // recorded and queried an event on the captured stream likewise. Neither asks a stream being
-    // captured now.
+    // with a captured call and eager calls on eight more streams broke. A stream being captured is
+    // not asked now. `Comm::wait` inside the capture is refused (`Error::WaitInCapture`): on the
+    // GPU machine its host-side queries failed with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED.
     let test = "eager_calls_on_many_streams_inside_a_capture_leave_it_whole";
     let Some((comm, ctx)) = one_rank(test) else { return };
     let side = ctx.new_stream().unwrap();
@@ -1305,7 +1308,10 @@ fn eager_calls_on_many_streams_inside_a_capture_leave_it_whole() {
         for other in &others {
             comm.on(other).all_reduce_in_place(&mut eager, ReduceOp::SUM)?;
         }
-        comm.wait(None)
+        match comm.wait(None) {
+            Err(Error::WaitInCapture) => Ok(()),
+            other => panic!("Comm::wait inside a capture: {other:?}"),
+        }
     })
     .map_err(|(_, e)| e)
     .unwrap();
@@ -1360,8 +1366,10 @@ fn a_release_waits_for_its_buffer_despite_an_unrelated_recorded_error() {
     let registration = comm.register(MemBuffer::<f32>::zeroed(comm.stream(), N).unwrap()).map_err(|(_, e)| e).unwrap();
     let unknown = DriverError(CUresult::CUDA_ERROR_UNKNOWN);
     ctx.record_err::<()>(Err(unknown));
-    registration.deregister().map_err(|(_, e)| e).unwrap();
+    // The buffer is kept until the error is looked at: its drop's own cudarc calls would take it.
+    let buf = registration.deregister().map_err(|(_, e)| e).unwrap();
     let left = ctx.check_err();
     assert!(matches!(left, Err(e) if e == unknown), "the release took the unrelated error: {left:?}");
+    drop(buf);
     comm.finalize().map_err(|(_, e)| e).unwrap();
 }

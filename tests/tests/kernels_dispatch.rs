@@ -461,7 +461,7 @@ fn disagreeing_setters_are_refused(ar: &mut AllReduce<'_>, stream: &Arc<CudaStre
     let tables = ["source: a\n[eager]\nll <= 64K\nnccl\n", "source: b\n[eager]\nll <= 32K\nnccl\n"];
     refused(ar.set_table(Table::parse(tables[rank]).unwrap()), "crossover tables");
     assert_eq!(ar.table().to_text(), before);
-    let lengths = "symmetric buffer lengths (elements, element bytes, data type)";
+    let lengths = "symmetric buffer lengths (elements, element bytes, data type, allocated on every rank)";
     refused(ar.alloc::<f32>(1000 + rank).map(drop), lengths);
     // The same count of another element type: twice the bytes on one rank.
     refused(if rank == 0 { ar.alloc::<f32>(1000).map(drop) } else { ar.alloc::<f64>(1000).map(drop) }, lengths);

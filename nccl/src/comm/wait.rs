@@ -59,9 +59,10 @@ impl Comm {
     /// ([`Comm::on`], group members on other streams) since the last wait. Polls
     /// `ncclCommGetAsyncError`, so an asynchronous NCCL error comes back as [`Error::Nccl`]
     /// instead of a hang. Work captured into a CUDA graph is not waited for: it runs when the
-    /// graph is launched. A stream that is being captured (inside [`crate::capture`]) is not
-    /// waited for at all, its earlier work included: a marker recorded on it would only join the
-    /// graph.
+    /// graph is launched. Inside a capture scope ([`crate::capture`]) it is refused
+    /// ([`Error::WaitInCapture`]): CUDA refuses its host-side queries there. A stream that another
+    /// thread's capture holds is not waited for at all, its earlier work included: a marker
+    /// recorded on it would only join that graph.
     ///
     /// Bounded by `timeout` and by the communicator's own timeout, measured per call from its
     /// enqueue: when either expires, the communicator is **aborted** and the result is
@@ -74,6 +75,9 @@ impl Comm {
     #[doc(alias = "ncclCommGetAsyncError")]
     pub fn wait(&self, timeout: Option<Duration>) -> Result<()> {
         self.health.check()?;
+        if gpucomm_ordering::scope_open() {
+            return Err(Error::WaitInCapture);
+        }
         let sides = self.watch.borrow_mut().take_sides();
         let waited = self.wait_with_sides(&sides, timeout);
         if waited.is_err() {
