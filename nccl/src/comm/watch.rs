@@ -31,9 +31,15 @@ fn is_idle(stream: &CudaStream) -> bool {
     if !matches!(gpucomm_ordering::is_capturing(stream), Ok(false)) {
         return false;
     }
-    // SAFETY: the stream is alive (borrowed); the call only reads its state.
-    let status = unsafe { cudarc::driver::sys::cuStreamQuery(stream.cu_stream()) };
-    status == cudarc::driver::sys::CUresult::CUDA_SUCCESS
+    // Asked in relaxed capture mode: while this thread captures (a `capture` scope), the default
+    // mode forbids querying any stream, and CUDA invalidates the capture for it (on one H100,
+    // eager calls on nine streams inside a capture broke it so).
+    gpucomm_ordering::relaxed(|| {
+        // SAFETY: the stream is alive (borrowed); the call only reads its state.
+        let status = unsafe { cudarc::driver::sys::cuStreamQuery(stream.cu_stream()) };
+        Ok(status == cudarc::driver::sys::CUresult::CUDA_SUCCESS)
+    })
+    .unwrap_or(false)
 }
 
 /// A call whose work is still running after its timeout.
