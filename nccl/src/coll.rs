@@ -68,10 +68,12 @@ fn blocks(what: &'static str, len: usize, ranks: usize) -> Result<usize> {
     }
 }
 
-/// Byte offset of block `index` of `count` elements of `T`. The block lies inside a buffer that
-/// exists, so it cannot overflow.
-fn block_offset<T>(index: usize, count: usize) -> u64 {
-    (index * count * size_of::<T>()) as u64
+/// This rank's block of an in-place buffer of `len` elements of `T`, one block per rank of
+/// `comm`: the block's element count and its byte offset (the block lies inside a buffer that
+/// exists, so the offset cannot overflow).
+fn own_block<T>(comm: &crate::Comm, len: usize) -> Result<(usize, u64)> {
+    let count = blocks("buffer", len, comm.size())?;
+    Ok((count, (comm.rank() * count * size_of::<T>()) as u64))
 }
 
 /// A guard for a buffer the call does not use.
@@ -297,8 +299,7 @@ pub trait Collectives<'b>: Target<'b> {
     #[doc(alias = "ncclAllGather")]
     fn all_gather_in_place<T: NcclType>(self, buf: &'b mut impl DeviceBufferMut<T>) -> Result<()> {
         self.dispatch(|p| {
-            let count = blocks("buffer", buf.len(), p.comm.size())?;
-            let own = block_offset::<T>(p.comm.rank(), count);
+            let (count, own) = own_block::<T>(p.comm, buf.len())?;
             one_buffer(p, Kind::AllGather, count, buf, (own, Some(0)), None)
         })
     }
@@ -330,8 +331,7 @@ pub trait Collectives<'b>: Target<'b> {
         op: impl Reduction<'b, T>,
     ) -> Result<()> {
         self.dispatch(|p| {
-            let count = blocks("buffer", buf.len(), p.comm.size())?;
-            let own = block_offset::<T>(p.comm.rank(), count);
+            let (count, own) = own_block::<T>(p.comm, buf.len())?;
             let op = op.resolve(p.comm)?;
             one_buffer(p, Kind::ReduceScatter(op.raw()), count, buf, (0, Some(own)), Some(op))
         })
@@ -404,8 +404,7 @@ pub trait Collectives<'b>: Target<'b> {
     fn gather_in_place<T: NcclType>(self, buf: &'b mut impl DeviceBufferMut<T>, root: usize) -> Result<()> {
         self.dispatch(|p| {
             let root = p.check_rank("root", root)?;
-            let count = blocks("buffer", buf.len(), p.comm.size())?;
-            let own = block_offset::<T>(p.comm.rank(), count);
+            let (count, own) = own_block::<T>(p.comm, buf.len())?;
             one_buffer(p, Kind::Gather(root), count, buf, (own, Some(0)), None)
         })
     }
@@ -420,8 +419,7 @@ pub trait Collectives<'b>: Target<'b> {
     fn scatter_in_place<T: NcclType>(self, buf: &'b mut impl DeviceBufferMut<T>, root: usize) -> Result<()> {
         self.dispatch(|p| {
             let root = p.check_rank("root", root)?;
-            let count = blocks("buffer", buf.len(), p.comm.size())?;
-            let own = block_offset::<T>(p.comm.rank(), count);
+            let (count, own) = own_block::<T>(p.comm, buf.len())?;
             one_buffer(p, Kind::Scatter(root), count, buf, (0, Some(own)), None)
         })
     }
