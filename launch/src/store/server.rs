@@ -226,9 +226,9 @@ impl Server {
     fn run(mut self) {
         loop {
             let now = Instant::now();
+            // Also serves the stalled requests that the budget of the connections it closes
+            // makes room for.
             self.expire(now);
-            // Closing connections past their deadlines gave budget back.
-            self.unstall(now);
             let listening = self.accept_paused_until.is_none_or(|until| now >= until);
             if listening {
                 self.accept_paused_until = None;
@@ -745,22 +745,21 @@ impl Server {
         Some(conn)
     }
 
-    /// Closes connections past a deadline.
+    /// Closes connections past a deadline: first those past one that is not a stalled request's,
+    /// then, once the budget they gave back has served what it can of the stalled requests
+    /// ([`unstall`](Server::unstall)), the stalled requests still past theirs. Checked all
+    /// against the same `now`, a late wake-up closed a request that had waited for budget
+    /// together with the connection whose closing gave that budget back.
     fn expire(&mut self, now: Instant) {
+        let past = |t: Instant, limit| later(t, limit).is_some_and(|at| now >= at);
         let limits = &self.limits;
         let late: Vec<(u64, String)> = self
             .conns
             .iter()
             .filter_map(|(&id, c)| {
-                let past = |t: Instant, limit| later(t, limit).is_some_and(|at| now >= at);
                 let reason = if !c.validated && past(c.accepted_at, limits.validate_within) {
                     format!("no VALIDATE within {}", secs(limits.validate_within))
-                } else if c.stalled && c.request_started.is_some_and(|t| past(t, limits.request_within)) {
-                    format!(
-                        "its request waited longer than {} for room in the server's buffer budget for its reply",
-                        secs(limits.request_within)
-                    )
-                } else if c.request_started.is_some_and(|t| past(t, limits.request_within)) {
+                } else if !c.stalled && c.request_started.is_some_and(|t| past(t, limits.request_within)) {
                     format!(
                         "a request did not arrive within {} ({} bytes so far)",
                         secs(limits.request_within),
@@ -782,6 +781,26 @@ impl Server {
             .collect();
         for (id, reason) in late {
             self.close(id, Some(reason));
+        }
+        self.unstall(now);
+        let limits = &self.limits;
+        let late: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.stalled && c.request_started.is_some_and(|t| past(t, limits.request_within)))
+            .map(|(&id, _)| id)
+            .collect();
+        let closed_stalled = !late.is_empty();
+        for id in late {
+            let reason = format!(
+                "its request waited longer than {} for room in the server's buffer budget for its reply",
+                secs(self.limits.request_within)
+            );
+            self.close(id, Some(reason));
+        }
+        if closed_stalled {
+            // What they held (their requests' bytes) may make room for the others.
+            self.unstall(now);
         }
     }
 

@@ -575,12 +575,17 @@ fn a_reply_waits_for_budget_that_another_connection_holds() {
     let mut hog = raw(&server, true);
     hog.write_all(&get).unwrap();
     assert!(stats_until(&server, |s| s.buffered_bytes > 16 << 20).buffered_bytes > 16 << 20, "the reply is held");
+    // Half a second between the hog's deadline and the honest request's: the server closes the
+    // hog and serves the waiting request before it checks waiting requests against their
+    // deadlines, however late it wakes up, but the test does not rest on that alone.
+    thread::sleep(Duration::from_millis(500));
     let started = Instant::now();
     assert_eq!(honest.multi_get(&refs).unwrap(), values);
     let stats = server.stats();
     assert_eq!(stats.dropped, 1, "only the client that does not read: {:?}", stats.events);
     let events = stats.events.join("\n");
     assert!(events.contains("its replies were not all read within 2s of being queued"), "{events}");
+    // Served when the hog is dropped (about 1.5 s), long before the client's own 5 s timeout.
     assert!(started.elapsed() < 4 * SECOND, "{:?}", started.elapsed());
     assert!(closed_by_server(&mut hog));
 }
