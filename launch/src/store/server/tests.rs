@@ -167,7 +167,7 @@ fn a_wait_ends_when_another_client_sets_the_key_or_is_canceled() {
     // A wait that times out is canceled; the connection stays in step.
     let started = Instant::now();
     assert!(!waiter.wait(&["/never"], Duration::from_millis(100)).unwrap());
-    assert!(started.elapsed() < SECOND);
+    assert!(started.elapsed() < 5 * SECOND, "{:?}", started.elapsed());
     assert_eq!(waiter.get("/later").unwrap(), b"v");
     assert_eq!(stats_until(&server, |s| s.buffered_bytes == 0).buffered_bytes, 0);
 }
@@ -298,7 +298,7 @@ fn a_client_gives_up_on_an_unreachable_store_and_fails_at_once_on_an_unknown_hos
     let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
     let started = Instant::now();
     let error = StoreClient::connect("127.0.0.1", port, Duration::from_millis(300)).unwrap_err();
-    assert!(started.elapsed() >= Duration::from_millis(290) && started.elapsed() < 2 * SECOND);
+    assert!(started.elapsed() >= Duration::from_millis(290) && started.elapsed() < 5 * SECOND, "{:?}", started.elapsed());
     assert!(error.to_string().starts_with(&format!("no store answered at 127.0.0.1:{port} within 0.3s")), "{error}");
     let started = Instant::now();
     let error = StoreClient::connect("no-such-host.invalid", port, 30 * SECOND).unwrap_err();
@@ -355,7 +355,8 @@ fn fuzzed_replies_never_panic_or_allocate_beyond_the_limits() {
     let (port, fake) = fake_store(replies);
     let limits = Limits { max_value_len: 1024, max_reply_len: 2048, ..Limits::default() };
     for case in 0..CASES {
-        let mut c = StoreClient::connect_with("127.0.0.1", port, SECOND, limits.clone()).unwrap();
+        // A reply that left the client waiting for bytes that never come would take its 10 s.
+        let mut c = StoreClient::connect_with("127.0.0.1", port, 10 * SECOND, limits.clone()).unwrap();
         let started = Instant::now();
         let result = match case % 7 {
             0 => c.get("/k").map(|v| assert!(v.len() <= 1024)),
@@ -366,7 +367,7 @@ fn fuzzed_replies_never_panic_or_allocate_beyond_the_limits() {
             5 => c.compare_set("/k", b"", b"v").map(drop),
             _ => c.delete_key("/k").map(drop),
         };
-        assert!(started.elapsed() < 2 * SECOND, "case {case} took {:?}", started.elapsed());
+        assert!(started.elapsed() < 5 * SECOND, "case {case} took {:?}", started.elapsed());
         if let Err(error) = result {
             assert!(!error.to_string().is_empty());
         }
