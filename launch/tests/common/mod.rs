@@ -108,7 +108,8 @@ pub fn until(cond: impl Fn() -> bool) {
 }
 
 /// A TCP proxy in front of a store: records every byte the store sends, and, once `trickle`
-/// is set, passes them on one byte every 0.7 s.
+/// is set, passes them on one byte every 1.5 s (under a 2 s deadline, so that a timeout of each
+/// read never fires; the whole of any reply takes longer than twice the deadline).
 pub struct Proxy {
     pub port: u16,
     pub from_store: Arc<Mutex<Vec<u8>>>,
@@ -149,7 +150,7 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, record: Option<Arc<Mutex<Vec<u8>
             }
             if slow.as_ref().is_some_and(|s| s.load(Ordering::SeqCst)) {
                 for byte in &buf[..n] {
-                    thread::sleep(Duration::from_millis(700));
+                    thread::sleep(Duration::from_millis(1500));
                     if to.write_all(&[*byte]).is_err() {
                         return;
                     }
