@@ -55,6 +55,9 @@ fn main() -> std::process::ExitCode {
                 }
             }
             team.reduce_in_place_on_stream(Max, &mut src, &stream)?;
+            // In place, a xor (or a sum) must not meet a PE's value twice. NVSHMEM's segmented
+            // algorithm, which teams other than the world team use, would do that over three or
+            // more PEs, so the crate reduces such calls in pieces one round sends to every peer.
             team.reduce_in_place_on_stream(Xor, &mut ints, &stream)?;
             let max = (members.last().copied().unwrap_or(0) + 1) as f32;
             if let Some(i) = stream.clone_dtoh(&src)?.iter().position(|&v| v != max) {

@@ -512,6 +512,18 @@ pub enum Error {
         /// The refused call.
         what: &'static str,
     },
+    /// An in-place reduction that NVSHMEM's segmented algorithm would get wrong
+    /// ([`Team::reduce_in_place_on_stream`](crate::Team::reduce_in_place_on_stream)), with an
+    /// `NVSHMEM_REDUCE_SCRATCH_SIZE` too small to reduce one element per peer in a round.
+    #[error("an in-place sum, product or xor over {n_pes} PEs of {elem_size}-byte elements needs NVSHMEM_REDUCE_SCRATCH_SIZE of at least {needed} bytes, or two buffers (nothing was called)")]
+    ReduceScratchTooSmall {
+        /// PEs in the team.
+        n_pes: usize,
+        /// Bytes per element.
+        elem_size: usize,
+        /// The smallest scratch size that works.
+        needed: usize,
+    },
     /// `call` is one that NVSHMEM does not support when several PEs share one GPU without MPS (a
     /// limited-MPG run, [`crate::InitStatus::LIMITED_MPG`]) and exits the process in
     /// (`NVSHMEM_API_NOT_SUPPORTED_WITH_LIMITED_MPG_RUNS`): a team collective or barrier on a

@@ -13,6 +13,7 @@ use gpucomm_ordering::{tracked_device_ptr, DeviceBufferMut, Keep, StreamTracker,
 mod limit;
 
 pub use limit::HeapLimit;
+pub(crate) use limit::reduce_segment_bytes;
 
 use crate::agree::{Ask, Op};
 use crate::error::{Error, Result};

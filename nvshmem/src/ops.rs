@@ -20,7 +20,16 @@ use crate::error::Result;
 use crate::ffi::call;
 
 mod sealed {
-    pub trait Sealed {}
+    pub trait Sealed {
+        /// `x op x == x`: a value met twice leaves the result as it was (Min, Max, And, Or).
+        const IDEMPOTENT: bool;
+    }
+}
+
+/// Whether NVSHMEM may apply `Op` to a PE's value twice when one buffer is source and destination
+/// without changing the result: see [`crate::Team::reduce_in_place_on_stream`].
+pub(crate) const fn idempotent<T, Op: ReduceOp<T>>() -> bool {
+    <Op as sealed::Sealed>::IDEMPOTENT
 }
 
 /// A reduction NVSHMEM defines on elements of type `T`. Sealed: implemented exactly for the pairs
@@ -45,11 +54,13 @@ pub trait ReduceOp<T>: Copy + sealed::Sealed {
 }
 
 macro_rules! op_type {
-    ($(#[$doc:meta])* $name:ident) => {
+    ($(#[$doc:meta])* $name:ident, idempotent: $idempotent:literal) => {
         $(#[$doc])*
         #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
         pub struct $name;
-        impl sealed::Sealed for $name {}
+        impl sealed::Sealed for $name {
+            const IDEMPOTENT: bool = $idempotent;
+        }
     };
 }
 
@@ -85,7 +96,7 @@ op_type!(
     #[doc(alias = "nvshmemx_double_sum_reduce_on_stream")]
     #[doc(alias = "nvshmemx_half_sum_reduce_on_stream")]
     #[doc(alias = "nvshmemx_bfloat16_sum_reduce_on_stream")]
-    Sum
+    Sum, idempotent: false
 );
 
 op_type!(
@@ -102,7 +113,7 @@ op_type!(
     #[doc(alias = "nvshmemx_double_prod_reduce_on_stream")]
     #[doc(alias = "nvshmemx_half_prod_reduce_on_stream")]
     #[doc(alias = "nvshmemx_bfloat16_prod_reduce_on_stream")]
-    Prod
+    Prod, idempotent: false
 );
 
 op_type!(
@@ -119,7 +130,7 @@ op_type!(
     #[doc(alias = "nvshmemx_double_min_reduce_on_stream")]
     #[doc(alias = "nvshmemx_half_min_reduce_on_stream")]
     #[doc(alias = "nvshmemx_bfloat16_min_reduce_on_stream")]
-    Min
+    Min, idempotent: true
 );
 
 op_type!(
@@ -136,7 +147,7 @@ op_type!(
     #[doc(alias = "nvshmemx_double_max_reduce_on_stream")]
     #[doc(alias = "nvshmemx_half_max_reduce_on_stream")]
     #[doc(alias = "nvshmemx_bfloat16_max_reduce_on_stream")]
-    Max
+    Max, idempotent: true
 );
 
 op_type!(
@@ -149,7 +160,7 @@ op_type!(
     #[doc(alias = "nvshmemx_uint16_and_reduce_on_stream")]
     #[doc(alias = "nvshmemx_uint32_and_reduce_on_stream")]
     #[doc(alias = "nvshmemx_uint64_and_reduce_on_stream")]
-    And
+    And, idempotent: true
 );
 
 op_type!(
@@ -162,7 +173,7 @@ op_type!(
     #[doc(alias = "nvshmemx_uint16_or_reduce_on_stream")]
     #[doc(alias = "nvshmemx_uint32_or_reduce_on_stream")]
     #[doc(alias = "nvshmemx_uint64_or_reduce_on_stream")]
-    Or
+    Or, idempotent: true
 );
 
 op_type!(
@@ -175,7 +186,7 @@ op_type!(
     #[doc(alias = "nvshmemx_uint16_xor_reduce_on_stream")]
     #[doc(alias = "nvshmemx_uint32_xor_reduce_on_stream")]
     #[doc(alias = "nvshmemx_uint64_xor_reduce_on_stream")]
-    Xor
+    Xor, idempotent: false
 );
 
 reduce!(Sum:

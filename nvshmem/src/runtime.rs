@@ -124,6 +124,9 @@ pub struct Runtime {
     /// Several PEs share this GPU without MPS ([`InitStatus::LIMITED_MPG`], read once at start):
     /// NVSHMEM exits the process in the calls it does not support then.
     limited_mpg: bool,
+    /// The bytes NVSHMEM's segmented reduction exchanges with one peer per round, read at start
+    /// (see [`Team::reduce_in_place_on_stream`](crate::Team::reduce_in_place_on_stream)).
+    pub(crate) reduce_segment: usize,
     /// Set by the consuming teardown once the C resource is gone (NVSHMEM finalised, by
     /// [`Runtime::finalize`]): `Drop` then has nothing to do.
     released: bool,
@@ -307,6 +310,7 @@ impl Runtime {
             agreement: None,
             timeout: Cell::new(None),
             limited_mpg: false,
+            reduce_segment: 0,
             released: false,
             _not_sync: PhantomData,
         };
@@ -328,6 +332,7 @@ impl Runtime {
             }
         }
         rt.info.heap = HeapLimit::from_environment(rt.context(), rt.n_pes)?;
+        rt.reduce_segment = crate::heap::reduce_segment_bytes();
         rt.info.name = library_name()?;
         rt.info.spec_version = spec_version()?;
         rt.info.nccl = match (nccl::disabled(), nccl::in_process(), nccl_preload) {
@@ -504,6 +509,7 @@ impl Runtime {
             agreement: self.agreement.take(),
             timeout: self.timeout.clone(),
             limited_mpg: self.limited_mpg,
+            reduce_segment: self.reduce_segment,
             released: false,
             _not_sync: PhantomData,
         }

@@ -5,12 +5,13 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaStream, DeviceRepr};
 use gpucomm_ordering::{Access, Keep, Resource, Visitor};
-use nvshmem_sys::{nvshmem_team_id_t, nvshmem_team_t};
+use cudarc::driver::sys::CUdeviceptr;
+use nvshmem_sys::{cudaStream_t, nvshmem_team_id_t, nvshmem_team_t};
 
 use crate::agree::WORDS;
 use crate::error::{Error, Result};
 use crate::ffi::{call, call_unchecked};
-use crate::ops::ReduceOp;
+use crate::ops::{self, ReduceOp};
 use crate::overlap::{self, Span};
 use crate::quiesce;
 use crate::rma::expect_len;
@@ -102,6 +103,52 @@ impl Runtime {
 /// Converts to C's int; values were checked against a team size, which fits an int.
 fn int(v: usize) -> i32 {
     i32::try_from(v).unwrap_or(i32::MAX)
+}
+
+/// Elements per NVSHMEM call of an in-place reduction of `len` elements of `elem_size` bytes over
+/// `n_pes` PEs, for an operation that is `idempotent` or not, when NVSHMEM's segmented algorithm
+/// exchanges `segment` bytes with a peer per round: see [`Team::reduce_in_place_on_stream`].
+fn in_place_piece(len: usize, elem_size: usize, idempotent: bool, n_pes: usize, segment: usize) -> Result<usize> {
+    if n_pes <= 2 || idempotent {
+        return Ok(len.max(1));
+    }
+    match segment / (n_pes - 1) / elem_size {
+        0 => Err(Error::ReduceScratchTooSmall {
+            n_pes,
+            elem_size,
+            needed: (n_pes - 1).saturating_mul(elem_size).saturating_mul(16),
+        }),
+        piece => Ok(piece),
+    }
+}
+
+/// Enqueues `op` over the `len` elements of `T` at `dst` and `src`, in calls of at most `piece`
+/// elements (`piece` ≥ 1; one call of none when `len` is 0).
+///
+/// # Safety
+///
+/// As [`ReduceOp::reduce`] for the whole range.
+unsafe fn reduce_in_pieces<T, Op: ReduceOp<T>>(
+    op: Op,
+    team: nvshmem_team_t,
+    dst: CUdeviceptr,
+    src: CUdeviceptr,
+    len: usize,
+    piece: usize,
+    stream: cudaStream_t,
+) -> Result<()> {
+    let mut done = 0;
+    loop {
+        let n = piece.min(len - done);
+        // `done` elements lie inside both ranges, so the offset does not overflow.
+        let offset = (done * size_of::<T>()) as CUdeviceptr;
+        // SAFETY: `offset..offset + n` elements lie inside both ranges; the rest as the caller's.
+        unsafe { op.reduce(team, dst + offset, src + offset, n, stream) }?;
+        done += n;
+        if done == len {
+            return Ok(());
+        }
+    }
 }
 
 /// The arguments of a strided split of a team of `n_pes` PEs — the PEs `start, start + stride, …`,
@@ -341,9 +388,9 @@ impl<'rt> Team<'rt> {
 
     /// Reduces `src` over the team with `op` and writes the result to `dst` on every member
     /// (`nvshmemx_<type>_<op>_reduce_on_stream`): the all-reduce. Both are symmetric, of equal
-    /// length, and disjoint or the same range ([`Error::Overlap`] otherwise; for one buffer see
-    /// also [`Team::reduce_in_place_on_stream`]). Only the (type, operation) pairs NVSHMEM defines
-    /// compile: see [`crate::ops`]. Collective.
+    /// length, and disjoint or the same range ([`Error::Overlap`] otherwise; the same range is
+    /// reduced as [`Team::reduce_in_place_on_stream`] does). Only the (type, operation) pairs
+    /// NVSHMEM defines compile: see [`crate::ops`]. Collective.
     pub fn reduce_on_stream<T, Op: ReduceOp<T>>(
         &self,
         op: Op,
@@ -361,15 +408,29 @@ impl<'rt> Team<'rt> {
         let bytes = src.len() * size_of::<T>();
         overlap::disjoint_or_identical(Span::new("destination", d, bytes), Span::new("source", s, bytes))?;
         let len = src.len();
+        let piece = if d == s { self.in_place_piece::<T, Op>(len)? } else { len.max(1) };
         // SAFETY: both buffers are symmetric with `len` elements (checked), disjoint or the same
-        // range (checked); `Op::reduce` calls the C function for exactly `T`; the stream is on this
-        // device, its context current.
+        // range (checked; then in pieces NVSHMEM reduces right in place); `Op::reduce` calls the C
+        // function for exactly `T`; the stream is on this device, its context current.
         quiesce::collective(stream.cu_stream(), admitted.captured.then_some(stream), false, || unsafe {
-            op.reduce(self.raw, d, s, len, raw)
+            reduce_in_pieces(op, self.raw, d, s, len, piece, raw)
         })
     }
 
     /// [`Team::reduce_on_stream`] with one buffer as input and output.
+    ///
+    /// NVSHMEM (3.4.5) reduces over a team other than the world team, and large messages over the
+    /// world team, with a segmented algorithm that sends a PE's source to one peer per round and
+    /// reduces into the destination between rounds. With the source as destination a later round
+    /// sends a partly reduced value: over three or more PEs, an operation under which a value met
+    /// twice changes the result ([`Sum`](crate::ops::Sum), [`Prod`](crate::ops::Prod),
+    /// [`Xor`](crate::ops::Xor)) would count values twice. That algorithm is right in place when
+    /// one round reaches every peer, so such a reduction is made in NVSHMEM calls of at most
+    /// `NVSHMEM_REDUCE_SCRATCH_SIZE / 16 / (n_pes − 1)` bytes each (10 KiB over 4 PEs with the
+    /// default 512 KiB): right whichever algorithm NVSHMEM or NCCL picks, but one launch per
+    /// piece. For large messages reduce from one buffer into another instead. With a scratch too
+    /// small for one element per peer it fails with [`Error::ReduceScratchTooSmall`] (nothing is
+    /// called). Collective.
     pub fn reduce_in_place_on_stream<T, Op: ReduceOp<T>>(
         &self,
         op: Op,
@@ -381,12 +442,23 @@ impl<'rt> Team<'rt> {
         let admitted = Admitted::access(&access, self.resource())?;
         let raw = self.rt.enqueue_on(&admitted)?;
         let len = buf.len();
+        let piece = self.in_place_piece::<T, Op>(len)?;
         let (p, _p) = access.write(buf)?;
         // SAFETY: one symmetric buffer of `len` elements as source and destination, which
-        // OpenSHMEM reductions allow; otherwise as for `reduce_on_stream`.
+        // OpenSHMEM reductions allow, in pieces NVSHMEM reduces right in place; otherwise as for
+        // `reduce_on_stream`.
         quiesce::collective(stream.cu_stream(), admitted.captured.then_some(stream), false, || unsafe {
-            op.reduce(self.raw, p, p, len, raw)
+            reduce_in_pieces(op, self.raw, p, p, len, piece, raw)
         })
+    }
+
+    /// Elements per NVSHMEM call of a reduction of `len` elements with one buffer as source and
+    /// destination (see [`Team::reduce_in_place_on_stream`]): all of them (at least 1) over one
+    /// or two PEs or for an idempotent operation, otherwise what one round of NVSHMEM's segmented
+    /// algorithm sends to every peer. The same on every member: it depends on the team's size,
+    /// `T`, `Op` and the `NVSHMEM_REDUCE_SCRATCH_SIZE` every PE runs with.
+    fn in_place_piece<T, Op: ReduceOp<T>>(&self, len: usize) -> Result<usize> {
+        in_place_piece(len, size_of::<T>(), ops::idempotent::<T, Op>(), self.n_pes, self.rt.reduce_segment)
     }
 
     /// Copies `src` of team PE `root` into `dst` on every member (`nvshmemx_broadcastmem_on_stream`).
@@ -524,6 +596,24 @@ unsafe impl Keep for &Team<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn in_place_reductions_that_would_count_a_value_twice_go_in_pieces_one_round_can_send() {
+        // The default scratch (512 KiB) gives NVSHMEM 32 KiB segments.
+        let segment = (1 << 19) / 2 / 8;
+        assert_eq!(in_place_piece(1 << 20, 4, false, 2, segment).unwrap(), 1 << 20, "two PEs: one round");
+        assert_eq!(in_place_piece(1 << 20, 4, true, 8, segment).unwrap(), 1 << 20, "min, max, and, or");
+        assert_eq!(in_place_piece(0, 4, true, 8, segment).unwrap(), 1, "one call of none");
+        // Three PEs: 16 KiB per call, 4096 f32s; the remainder round then reaches both peers.
+        assert_eq!(in_place_piece(1 << 20, 4, false, 3, segment).unwrap(), 4096);
+        assert_eq!(in_place_piece(1 << 20, 2, false, 5, segment).unwrap(), 4096, "8 KiB of u16s over 5 PEs");
+        let piece = in_place_piece(1 << 20, 8, false, 7, segment).unwrap();
+        assert!(piece * 8 * 6 <= segment && (piece + 1) * 8 * 6 > segment, "{piece}");
+        // A scratch of 1 KiB (64-byte segments) cannot send one u64 to each of 16 peers a round.
+        let err = in_place_piece(10, 8, false, 17, 1024 / 2 / 8).unwrap_err();
+        assert!(matches!(err, Error::ReduceScratchTooSmall { n_pes: 17, elem_size: 8, needed: 2048 }), "{err}");
+        assert_eq!(in_place_piece(10, 8, false, 17, 2048 / 2 / 8).unwrap(), 1, "exactly enough");
+    }
 
     #[test]
     fn strided_splits_inside_the_team_pass_as_ints() {

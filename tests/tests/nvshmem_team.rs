@@ -229,3 +229,47 @@ fn collectives_over_teams() {
         println!("PE {me}: reductions, broadcast, fcollect and alltoall over {n} PEs correct");
     });
 }
+
+#[test]
+#[ignore = "needs 3 GPUs: run by the GPU bundle (./dev.sh bundle)"]
+fn in_place_reductions_over_three_pes_count_each_value_once() {
+    // NVSHMEM's segmented reduction (over a team that is not the world team, or a message too
+    // large for its other algorithms) sends a PE's source to one peer per round and reduces into
+    // the destination between rounds. With the source as destination, a later round sent a
+    // partly reduced value: over three PEs a sum of ones gave 4 and a xor lost the PE's own bit.
+    // In-place sums, products and xors are now reduced in pieces that one round sends to every
+    // peer.
+    multi_process("in_place_reductions_over_three_pes_count_each_value_once", 3, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let me = rt.my_pe();
+        let world = rt.world().unwrap();
+        // 128 KiB of u16s (no NCCL path for 16-bit integers): four of NVSHMEM's 32 KiB segments.
+        let len = 1 << 16;
+        let mut ones = rt.alloc::<u16>(len).unwrap();
+        stream.memcpy_htod(&vec![1u16; len], &mut ones).unwrap();
+        world.reduce_in_place_on_stream(Sum, &mut ones, &stream).unwrap();
+        let got = stream.clone_dtoh(&ones).unwrap();
+        assert!(got.iter().all(|&v| v == 3), "PE {me}: an in-place sum of ones gave {:?}", &got[..4]);
+        // The same range as reduce_on_stream's source and destination (xor has no NCCL path).
+        let bits = rt.alloc::<i32>(len).unwrap();
+        stream.memcpy_htod(&vec![1i32 << me; len], &mut bits.as_slice()).unwrap();
+        world.reduce_on_stream(Xor, &mut bits.slice(..).unwrap(), &bits.slice(..).unwrap(), &stream).unwrap();
+        let got = stream.clone_dtoh(&bits).unwrap();
+        assert!(got.iter().all(|&v| v == 0b111), "PE {me}: an in-place xor gave {:#b}", got[0]);
+        // An odd length: the last piece is shorter.
+        let odd = 3 * 4096 + 5;
+        let mut prods = rt.alloc::<i64>(odd).unwrap();
+        stream.memcpy_htod(&vec![me as i64 + 2; odd], &mut prods).unwrap();
+        world.reduce_in_place_on_stream(Prod, &mut prods, &stream).unwrap();
+        let got = stream.clone_dtoh(&prods).unwrap();
+        assert!(got.iter().all(|&v| v == 2 * 3 * 4), "PE {me}: an in-place product gave {:?}", &got[odd - 4..]);
+
+        rt.barrier_all_on_stream(&stream).unwrap();
+        prods.free().map_err(|(_, e)| e).unwrap();
+        bits.free().map_err(|(_, e)| e).unwrap();
+        ones.free().map_err(|(_, e)| e).unwrap();
+        drop(world);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+        println!("PE {me}: in-place sum, xor and product over 3 PEs count each value once");
+    });
+}

@@ -113,6 +113,12 @@ impl HeapLimit {
     }
 }
 
+/// The bytes NVSHMEM's segmented reduction (`gpu_rdxn_segment_threadgroup`, 3.4.5) exchanges with
+/// one peer per round: `NVSHMEM_REDUCE_SCRATCH_SIZE / 2 / sizeof(long)`, as NVSHMEM computes it.
+pub(crate) fn reduce_segment_bytes() -> usize {
+    OwnBuffers::from_environment().reduce_scratch / 2 / LONG
+}
+
 /// Bytes held back for `own` bytes of NVSHMEM's own buffers and this crate's scratch buffer: rounded
 /// up to the granularity, plus one granule (see [`HeapLimit::reserved`]).
 fn reserve(own: usize, granularity: usize) -> usize {
