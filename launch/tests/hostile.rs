@@ -259,7 +259,7 @@ fn two_jobs_on_one_port_fail_clearly_and_do_not_mix() {
     // Job B's rank 1 reaches job A's rank 0: refused at once, with what to do.
     let started = Instant::now();
     let err = Rendezvous::connect(&info(1, 2, port, "job-B"), &options(10.0)).unwrap_err();
-    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
     let message = err.to_string();
     assert!(message.starts_with(&format!("the store at 127.0.0.1:{port} belongs to another job")), "{message}");
     assert!(message.contains("give each job its own port"), "{message}");
@@ -303,7 +303,7 @@ fn a_late_joiner_fails_at_once() {
     let started = Instant::now();
     let opts = options(10.0).clone_instance(0);
     let err = Rendezvous::connect(&info(1, 2, port, token), &opts).unwrap_err();
-    assert!(started.elapsed() < Duration::from_secs(1), "{:?}", started.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
     assert!(matches!(err, RendezvousError::LateJoiner { rank: 1, .. }), "{err}");
     let message = err.to_string();
     let (held, rest) = message.split_once(". The keys").unwrap();
@@ -386,7 +386,7 @@ fn a_second_program_in_a_torchrun_worker_is_told_to_use_its_own_job_token() {
             )
         );
     }
-    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
     // With a token of its own, program b meets at the same store.
     for result in program("b", Some("program-b")) {
         assert_eq!(result.unwrap(), b"b");

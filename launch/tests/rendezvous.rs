@@ -196,8 +196,8 @@ fn a_taken_port_is_reported_with_what_to_do() {
     let holder = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = holder.local_addr().unwrap().port();
     let started = Instant::now();
-    let err = Rendezvous::connect(&info(0, 2, port, "taken-port"), &options(5.0)).unwrap_err();
-    assert!(started.elapsed() < Duration::from_secs(1));
+    let err = Rendezvous::connect(&info(0, 2, port, "taken-port"), &options(10.0)).unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
     assert!(matches!(err, RendezvousError::Bind { .. }), "{err}");
     let message = err.to_string();
     assert!(message.starts_with(&format!("rank 0 cannot listen on 127.0.0.1:{port}")), "{message}");
