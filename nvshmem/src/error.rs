@@ -289,6 +289,18 @@ pub enum Error {
         /// The lowest member (numbered in the parent team) whose split differs from member 0's.
         pe: usize,
     },
+    /// NVSHMEM could not make a member's row or column of a 2-D split ([`crate::Team::split_2d`]),
+    /// most often because `NVSHMEM_MAX_TEAMS` teams exist; it reports success all the same. The
+    /// members compare what they got: every member gets this error, and the teams that were made
+    /// are destroyed.
+    #[error("NVSHMEM made no {missing} team for member {pe} in the 2-D split (NVSHMEM_MAX_TEAMS reached? set NVSHMEM_DEBUG=WARN for NVSHMEM's explanation); no member kept a team of it")]
+    #[doc(alias = "nvshmem_team_split_2d")]
+    SplitIncomplete {
+        /// The lowest member (numbered in the parent team) left without a team.
+        pe: usize,
+        /// `"row"` or `"column"`: the team NVSHMEM did not make for it.
+        missing: &'static str,
+    },
     /// A 2-D team split with an x range of zero.
     #[error("a 2-D team split needs an x range of at least 1")]
     ZeroXRange,

@@ -35,7 +35,8 @@ use crate::{Runtime, SymmetricMemory};
 /// order differs between PEs on error paths, so a team dropped while a panic unwinds is leaked
 /// (with a warning through the `log` crate) instead of destroyed; otherwise, drop teams in the same
 /// order on every PE, or call [`Team::destroy`]. NVSHMEM has room for `NVSHMEM_MAX_TEAMS` teams
-/// (default 128, its internal ones included); a split beyond that fails with [`Error::Status`].
+/// (default 128, its internal ones included); a strided split beyond that fails with
+/// [`Error::Status`], a 2-D split with [`Error::SplitIncomplete`].
 ///
 /// Work queued on a stream that uses the team (a barrier, a collective) must finish before the team
 /// is destroyed: `nvshmem_team_destroy` clears the team's device state before it synchronises the
@@ -173,6 +174,8 @@ fn split_args(start: usize, stride: usize, size: usize, n_pes: usize) -> Result<
 const STRIDED: u64 = 1;
 /// What a split's words name it: a 2-D split.
 const TWO_D: u64 = 2;
+/// What the words after a 2-D split name: whether the member got its row and its column.
+const SPLIT_2D_MADE: u64 = 3;
 
 /// The words a member of team `parent` sends before a split of `kind` with `args` (as the caller
 /// gave them): the last word, 1, marks the slot as written.
@@ -268,11 +271,14 @@ impl<'rt> Team<'rt> {
     }
 
     /// Splits this team into a 2-D grid with `xrange` PEs per row (`nvshmem_team_split_2d`): the
-    /// first team holds this PE's row, the second its column. Collective over this team, with the
-    /// same `xrange` on every member (compared first, as for [`Team::split_strided`]); an `xrange`
-    /// larger than the team is clamped to it. [`Error::ZeroXRange`] for `xrange == 0`.
+    /// first team holds this PE's row, the second its column (every PE is in one of each).
+    /// Collective over this team, with the same `xrange` on every member (compared first, as for
+    /// [`Team::split_strided`]); an `xrange` larger than the team is clamped to it.
+    /// [`Error::ZeroXRange`] for `xrange == 0`. NVSHMEM reports success even when it could not
+    /// make one of the rows or columns (`NVSHMEM_MAX_TEAMS` reached): a PE left without its row or
+    /// column gets [`Error::SplitIncomplete`], and the team it did get is destroyed.
     #[doc(alias = "nvshmem_team_split_2d")]
-    pub fn split_2d(&self, xrange: usize) -> Result<(Option<Team<'rt>>, Option<Team<'rt>>)> {
+    pub fn split_2d(&self, xrange: usize) -> Result<(Team<'rt>, Team<'rt>)> {
         self.rt.check_not_limited_mpg("nvshmem_team_split_2d")?;
         let local = if xrange == 0 { Err(Error::ZeroXRange) } else { Ok(int(xrange.min(self.n_pes))) };
         let xrange = self.agree_split(TWO_D, [xrange, 0, 0], local)?;
@@ -286,8 +292,31 @@ impl<'rt> Team<'rt> {
             call!(nvshmem_team_split_2d(self.raw, xrange, std::ptr::null(), 0, &mut x, std::ptr::null(), 0, &mut y))
         }?;
         // Adopt both before reporting an error, so that neither leaks.
-        let (x, y) = (self.child(x), self.child(y));
-        Ok((x?, y?))
+        let (row, column) = (self.child(x), self.child(y));
+        // NVSHMEM (3.4.5) logs a failed inner split and returns 0, leaving the PEs of that row or
+        // column without it while the others got theirs. The members tell each other what they
+        // got; unless every one got both, every one drops what it got (rows first on every PE,
+        // then columns: each team that was made is destroyed by all of its members).
+        let made = |team: &Result<Option<Team<'rt>>>| u64::from(matches!(team, Ok(Some(_))));
+        let words = [SPLIT_2D_MADE, made(&row), made(&column), 0, u64::from(self.raw as u32), 1];
+        let members = self.members()?;
+        let all = self.rt.agreement()?.team_exchange(self.raw, &members, words)?;
+        let lacking = all.iter().position(|w| w[1] == 0 || w[2] == 0);
+        match (row?, column?, lacking) {
+            (Some(row), Some(column), None) => Ok((row, column)),
+            (row, column, lacking) => {
+                drop(row);
+                drop(column);
+                let pe = lacking.unwrap_or(self.my_pe);
+                let missing = if all.get(pe).is_some_and(|w| w[1] == 0) { "row" } else { "column" };
+                Err(Error::SplitIncomplete { pe, missing })
+            }
+        }
+    }
+
+    /// The world PE numbers of this team's members, in team order.
+    fn members(&self) -> Result<Vec<usize>> {
+        (0..self.n_pes).map(|pe| self.world_pe(pe)).collect()
     }
 
     /// Compares this member's split (`kind`, with the arguments `args` as given) with every other
@@ -299,7 +328,7 @@ impl<'rt> Team<'rt> {
     /// [`Error::AsymmetricSplit`].
     fn agree_split<T>(&self, kind: u64, args: [usize; 3], local: Result<T>) -> Result<T> {
         let agreement = self.rt.agreement()?;
-        let members = (0..self.n_pes).map(|pe| self.world_pe(pe)).collect::<Result<Vec<_>>>()?;
+        let members = self.members()?;
         // Not `bind_to_thread`, here or before the split: it would first fail with an unrelated
         // error recorded in the context (by any thread), and this member would leave the others
         // waiting in the comparison or in NVSHMEM's split.

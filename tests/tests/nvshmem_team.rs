@@ -58,7 +58,6 @@ fn teams_split_translate_and_synchronise() {
         }
         // Rows of 2 and columns: every PE is in one of each.
         let (row, column) = world.split_2d(2).unwrap();
-        let (row, column) = (row.expect("a row"), column.expect("a column"));
         assert_eq!((row.my_pe(), row.n_pes()), (me % 2, 2.min(n - me / 2 * 2)), "PE {me}: row");
         assert_eq!((column.my_pe(), column.n_pes()), (me / 2, (n - me % 2).div_ceil(2)), "PE {me}: column");
         row.barrier_on_stream(&stream).unwrap();
@@ -151,7 +150,6 @@ fn collectives_over_teams() {
         // Over a sub-team: rows of 2 (every PE is in one).
         let (row, column) = world.split_2d(2).unwrap();
         drop(column);
-        let row = row.expect("a row");
         let partner_sum: f64 = (me / 2 * 2..(me / 2 * 2 + 2).min(n)).map(|p| p as f64 * 0.5).sum();
         reduce_check(&rt, &row, Sum, me as f64 * 0.5, partner_sum, &stream);
 
@@ -271,5 +269,53 @@ fn in_place_reductions_over_three_pes_count_each_value_once() {
         drop(world);
         rt.finalize().map_err(|(_, e)| e).unwrap();
         println!("PE {me}: in-place sum, xor and product over 3 PEs count each value once");
+    });
+}
+
+#[test]
+#[ignore = "needs 2 GPUs: run by the GPU bundle"]
+fn a_2d_split_past_the_team_limit_fails_on_every_member() {
+    // NVSHMEM's 2-D split logs a failed inner split and reports success: past NVSHMEM_MAX_TEAMS
+    // (128 by default) the PEs left without a row or a column got `None` and the others their
+    // teams. Now every member gets SplitIncomplete at the same split and keeps no team of it.
+    multi_process("a_2d_split_past_the_team_limit_fails_on_every_member", pes(), |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let me = rt.my_pe();
+        let world = rt.world().unwrap();
+        let mut kept = Vec::new();
+        let err = loop {
+            match world.split_2d(1) {
+                Ok(teams) => kept.push(teams),
+                Err(e) => break e,
+            }
+            assert!(kept.len() < 200, "PE {me}: no split failed with NVSHMEM_MAX_TEAMS at its default of 128");
+        };
+        assert!(matches!(err, Error::SplitIncomplete { .. }), "PE {me}: expected SplitIncomplete, got {err}");
+        // Every member failed at the same split: the teams they kept pair up.
+        let mut count = rt.alloc::<u32>(1).unwrap();
+        stream.memcpy_htod(&[kept.len() as u32], &mut count).unwrap();
+        let mut most = rt.alloc::<u32>(1).unwrap();
+        world.reduce_on_stream(Max, &mut most, &count, &stream).unwrap();
+        world.reduce_in_place_on_stream(Min, &mut count, &stream).unwrap();
+        let (least, most_got) = (stream.clone_dtoh(&count).unwrap()[0], stream.clone_dtoh(&most).unwrap()[0]);
+        assert_eq!((least, most_got), (kept.len() as u32, kept.len() as u32), "PE {me}");
+        // The kept teams work and are destroyed in the same order on every PE; then a split works.
+        let (row, column) = kept.last().unwrap();
+        row.barrier_on_stream(&stream).unwrap();
+        column.sync_on_stream(&stream).unwrap();
+        stream.synchronize().unwrap();
+        for (row, column) in kept.into_iter().rev() {
+            row.destroy().map_err(|(_, e)| e).unwrap();
+            column.destroy().map_err(|(_, e)| e).unwrap();
+        }
+        let (row, column) = world.split_2d(1).unwrap();
+        assert_eq!((row.n_pes(), column.n_pes()), (1, rt.n_pes()), "PE {me}");
+        row.destroy().map_err(|(_, e)| e).unwrap();
+        column.destroy().map_err(|(_, e)| e).unwrap();
+        most.free().map_err(|(_, e)| e).unwrap();
+        count.free().map_err(|(_, e)| e).unwrap();
+        drop(world);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+        println!("PE {me}: a 2-D split past the team limit failed on every PE at split {least}");
     });
 }
