@@ -203,13 +203,18 @@ fn stopping_a_rank_stops_what_it_started() {
     let dir = std::env::temp_dir().join(format!("gpucomm-spawn-group-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let pid_file = dir.join("sleep.pid");
-    let script =
-        format!("if [ $RANK = 1 ]; then sleep 0.3; exit 3; fi; sleep 600 & echo $! > {}; wait $!", pid_file.display());
+    let _ = std::fs::remove_file(&pid_file);
+    // Rank 1 fails once rank 0's `sleep` is running (its pid written), or after 60 s.
+    let script = format!(
+        "if [ $RANK = 1 ]; then i=0; while [ ! -s {pid} ] && [ $i -lt 3000 ]; do sleep 0.02; i=$((i+1)); done; exit 3; \
+         fi; sleep 600 & echo $! > {pid}; wait $!",
+        pid = pid_file.display()
+    );
     let captured = Captured::new();
     let outcome = sh(2, &script, &[], Duration::from_secs(2), &captured);
     assert_eq!(outcome.first_failure, Some((1, "exited with code 3".to_string())), "{outcome}");
     let pid: u32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while runs(pid) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
