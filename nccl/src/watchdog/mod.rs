@@ -443,16 +443,23 @@ mod tests {
     fn the_idle_check_costs_nanoseconds() {
         // The only watchdog code on the call path while nothing is watched.
         assert!(!active(), "a unit test left a communicator watched");
-        const N: u32 = 10_000_000;
-        let start = Instant::now();
+        // The fastest of 10 batches: a batch that a loaded CI machine preempted counts for nothing.
+        const BATCHES: u32 = 10;
+        const N: u32 = 1_000_000;
         let mut seen = 0u32;
-        for _ in 0..N {
-            seen += u32::from(std::hint::black_box(active()));
-        }
-        let per_call = start.elapsed() / N;
-        println!("idle watchdog check: {per_call:?} per call");
+        let per_call = (0..BATCHES)
+            .map(|_| {
+                let start = Instant::now();
+                for _ in 0..N {
+                    seen += u32::from(std::hint::black_box(active()));
+                }
+                start.elapsed() / N
+            })
+            .min()
+            .unwrap();
+        println!("idle watchdog check: {per_call:?} per call (the fastest of {BATCHES} batches of {N})");
         assert_eq!(seen, 0);
-        // A relaxed load is ~1 ns; the bound leaves room for a loaded CI machine and debug builds.
+        // A relaxed load is ~1 ns; the bound leaves room for debug builds.
         assert!(per_call < Duration::from_nanos(50), "{per_call:?} per call");
     }
 
