@@ -134,8 +134,10 @@ mod tests {
     /// running) instead of the timeout that aborts it.
     #[test]
     fn an_overdue_call_wins_over_the_deadline() {
+        // Due in a second, so that the call is not overdue before the one wait starts (due in
+        // 20 ms, a thread preempted that long returned the timeout at once, without waiting).
         let start = Instant::now();
-        let due = start + Duration::from_millis(20);
+        let due = start + Duration::from_secs(1);
         let deadline = Some(due + Duration::from_micros(5));
         let mut bounds = Vec::new();
         let got = within(
@@ -150,7 +152,7 @@ mod tests {
         );
         assert!(matches!(got, Err(Error::Timeout { what: "ncclAllReduce", .. })), "{got:?}");
         assert_eq!(bounds.len(), 1, "one wait, bounded by the due time: {bounds:?}");
-        assert!(bounds[0].is_some_and(|b| b <= Duration::from_millis(20)), "{bounds:?}");
+        assert!(bounds[0].is_some_and(|b| b <= Duration::from_secs(1)), "{bounds:?}");
     }
 
     #[test]
