@@ -36,8 +36,8 @@ pub(crate) fn admit_call(access: &Access<'_>, comm: &Comm) -> Result<()> {
     Ok(())
 }
 
-// SAFETY: the borrow keeps the communicator alive and in place; an aborted one is reported
-// closed, so that no launch reaches it.
+// SAFETY: the borrow keeps the communicator alive and in place; an aborted or revoked one is
+// reported closed, so that no launch reaches it.
 unsafe impl Keep for &Comm {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
         self.report_kept(v);
@@ -46,13 +46,13 @@ unsafe impl Keep for &Comm {
 
 impl Comm {
     /// Reports this communicator to a graph's visitor as a resource the graph keeps, closed once
-    /// aborted: what `&Comm` in a keep set does, and what the [`Keep`] implementation of a type
+    /// aborted or revoked (a revoke frees the pools the captured calls' host nodes write): what `&Comm` in a keep set does, and what the [`Keep`] implementation of a type
     /// that holds a `&Comm` and makes calls on it (such as gpucomm-kernels' `AllReduce`) calls,
     /// so that a graph keeping that type keeps the communicator. (A graph whose captured calls
     /// used the communicator also holds it, which aborts and teardown heed: see
     /// [`Comm::abort`] and [`Error::GraphForgotten`].)
     pub fn report_kept<'k>(&'k self, v: &mut Visitor<'k>) {
-        v.resource(communicator(self), !self.is_aborted());
+        v.resource(communicator(self), !self.is_aborted() && !self.is_revoked());
     }
 }
 

@@ -34,7 +34,7 @@ use std::sync::{Arc, Barrier};
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUresult, CUstreamCaptureMode, CUstreamCaptureStatus};
 use cudarc::driver::{result, CudaContext, CudaStream, DevicePtr, DevicePtrMut, DriverError};
 use gpucomm_ordering::Guard;
-use gpucomm_tests::{multi_process, occupy, require_gpus};
+use gpucomm_tests::{multi_process, occupy, require_gpus, skip};
 use nccl::{group, Collectives, Comm, Error, MemBuffer, PreMulSum, ReduceOp};
 use nvshmem::SymmetricMemory;
 use nvshmem_support::start;
@@ -246,6 +246,33 @@ fn a_capture_keeps_what_its_calls_use_and_refuses_the_rest() {
     all_equal("the replacement, not launched on", &home.clone_dtoh(&graph.kept().2).unwrap(), 5.0);
     drop(graph);
     drop(double);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_graph_of_a_revoked_communicator_is_not_launched() {
+    // Comm::revoke left the communicator open to graphs: a graph that captured its calls was
+    // launched after the revoke, and the launch's host node wrote into the proxy pools that
+    // NCCL's revoke had unmapped (2.28.7 to 2.28.9). Now the launch is refused.
+    let test = "a_graph_of_a_revoked_communicator_is_not_launched";
+    let Some((comm, ctx)) = one_rank(test) else { return };
+    let loaded = nccl::version().unwrap();
+    if loaded < nccl::Version::new(2, 28, 7) {
+        return skip(test, &format!("ncclCommRevoke needs NCCL ≥ 2.28.7, loaded {loaded}"));
+    }
+    let side = ctx.new_stream().unwrap();
+    let kept = MemBuffer::from_host(&side, &[1.0f32; N]).unwrap();
+    let mut graph =
+        nccl::capture(&side, (&comm, kept), |(comm, buf)| comm.on(&side).all_reduce_in_place(buf, ReduceOp::SUM))
+            .unwrap();
+    graph.launch().unwrap();
+    all_equal("a launch before the revoke", &side.clone_dtoh(&graph.kept().1).unwrap(), 1.0);
+    comm.revoke().unwrap();
+    assert!(comm.is_revoked() && !comm.is_aborted());
+    let err = graph.launch().unwrap_err();
+    assert!(matches!(err, gpucomm_ordering::OrderError::ResourceClosed { .. }), "{err}");
+    drop(graph);
     comm.finalize().map_err(|(_, e)| e).unwrap();
 }
 

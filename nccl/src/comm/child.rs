@@ -109,7 +109,10 @@ impl Comm {
     /// collectives fail (`ncclInvalidUsage`), while [`Comm::split`], [`Comm::shrink`] and
     /// teardown still work ([`Comm::finalize`] then only destroys, as NCCL forbids finalizing a
     /// revoked communicator). Local: each rank revokes its own. Children of a revoked communicator
-    /// never share its resources.
+    /// never share its resources. Graphs that captured its calls are no longer launched
+    /// ([`gpucomm_ordering::OrderError::ResourceClosed`]): the revoke frees the pools their host
+    /// nodes write. Revoke once the graph launches already enqueued have finished (a launch
+    /// queued behind a hung call still runs its host node after the revoke).
     #[doc(alias = "ncclCommRevoke")]
     #[cfg(nccl_2_28_7)]
     #[cfg_attr(docsrs, doc(cfg(nccl_2_28_7)))]

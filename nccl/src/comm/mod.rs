@@ -335,6 +335,14 @@ impl Comm {
         self.health.is_closed()
     }
 
+    /// True once the communicator's work was stopped with `ncclCommRevoke` (by [`Comm::revoke`],
+    /// or by an abort deferred while graphs held its work): collectives on it fail, and graphs
+    /// that captured its calls can no longer be launched.
+    #[doc(alias = "ncclCommRevoke")]
+    pub fn is_revoked(&self) -> bool {
+        self.health.is_revoked()
+    }
+
     /// The raw handle, for `nccl-sys` calls this crate does not wrap. It stays owned by `self`.
     /// Null once the communicator was aborted: NCCL frees the communicator when it aborts, and
     /// passing either the freed handle or null to NCCL is undefined behaviour for most of its
