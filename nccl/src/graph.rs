@@ -28,12 +28,43 @@ fn communicator(comm: &Comm) -> Resource {
 /// teardown that finds one (a graph forgotten with `mem::forget`, or a teardown inside the
 /// capture) abandons the communicator ([`Error::GraphForgotten`](crate::Error::GraphForgotten)):
 /// NCCL's own destroy and abort would wait until every graph holding its work is destroyed.
+///
+/// A nonblocking communicator's calls are captured only where NCCL has `ncclCommRevoke`
+/// (2.28.7, in the headers and the loaded library): an abort while graphs hold the communicator
+/// stops its work with it, which also joins the background job of a call still in progress.
+/// Without it the abort would stop nothing, and a call that NCCL's background thread launches
+/// after this crate gave up waiting would run on buffers handed back meanwhile.
 #[inline(always)]
 pub(crate) fn admit_call(access: &Access<'_>, comm: &Comm) -> Result<()> {
     if access.capturing()? {
+        if comm.is_nonblocking() {
+            revocable()?;
+        }
         access.resource_held(communicator(comm), || comm.graph_hold())?;
     }
     Ok(())
+}
+
+/// `Ok` when the loaded library has `ncclCommRevoke`.
+#[cfg(nccl_2_28_7)]
+fn revocable() -> Result<()> {
+    crate::ffi::require(
+        nccl_sys::Version::new(2, 28, 7),
+        "capturing a nonblocking communicator's calls (an abort while a graph holds them stops them with ncclCommRevoke)",
+    )
+}
+
+/// Headers older than `ncclCommRevoke`: refused whatever the library.
+#[cfg(not(nccl_2_28_7))]
+fn revocable() -> Result<()> {
+    Err(Error::Unsupported {
+        what: concat!(
+            "capturing a nonblocking communicator's calls with this build's headers (older than NCCL 2.28.7: ",
+            "rebuild against newer ones; an abort while a graph holds them stops them with ncclCommRevoke)"
+        ),
+        needed: nccl_sys::Version::new(2, 28, 7),
+        loaded: crate::ffi::lib_version()?,
+    })
 }
 
 // SAFETY: the borrow keeps the communicator alive and in place; an aborted or revoked one is
