@@ -331,7 +331,10 @@ impl Comm {
     /// # Errors
     ///
     /// A refused registration hands the buffer back with the error, never still registered:
-    /// [`Error::InsideGroup`] inside a [`crate::group`] closure (use [`register_windows`]; the
+    /// `None` in its place only where NCCL made the window and can no longer be asked to release it
+    /// (the communicator was aborted meanwhile while graphs held its work, so NCCL keeps the window
+    /// until the communicator's teardown, or it was abandoned): the buffer is then leaked, since
+    /// peers may still map it. The refusals: [`Error::InsideGroup`] inside a [`crate::group`] closure (use [`register_windows`]; the
     /// refusal counts against the group like any refused direct call, so keep the buffer out of
     /// the closure's value, which a refused group drops), [`Error::Aborted`] after an abort, [`Error::WrongDevice`] for a buffer on another device,
     /// [`Error::Timeout`] when a nonblocking communicator does not settle in time (which aborts
@@ -345,7 +348,7 @@ impl Comm {
         &self,
         buf: MemBuffer<T>,
         flags: WindowFlags,
-    ) -> std::result::Result<Window<'_, T>, (MemBuffer<T>, Error)> {
+    ) -> std::result::Result<Window<'_, T>, (Option<MemBuffer<T>>, Error)> {
         let mut window = Window::unregistered(self, buf);
         match self.register_into(&mut window, flags) {
             Ok(()) => Ok(window),
@@ -377,7 +380,8 @@ impl Comm {
 ///
 /// # Errors
 ///
-/// A refusal hands every buffer back, in order, with the first error: [`Error::InsideGroup`]
+/// A refusal hands every buffer back, in order, with the first error (`None` in place of a
+/// buffer NCCL keeps registered, as for [`Comm::register_window`]): [`Error::InsideGroup`]
 /// inside a [`crate::group`] closure (counted against the group, as for
 /// [`Comm::register_window`]), and [`Error::Aborted`] or [`Error::WrongDevice`] for any
 /// pair, are found before NCCL is called, so nothing is registered. When NCCL fails (or a
@@ -395,7 +399,7 @@ impl Comm {
 pub fn register_windows<'c, T>(
     pairs: impl IntoIterator<Item = (&'c Comm, MemBuffer<T>)>,
     flags: WindowFlags,
-) -> std::result::Result<Vec<Window<'c, T>>, (Vec<MemBuffer<T>>, Error)> {
+) -> std::result::Result<Vec<Window<'c, T>>, (Vec<Option<MemBuffer<T>>>, Error)> {
     let mut windows: Vec<Window<'c, T>> =
         pairs.into_iter().map(|(comm, buf)| Window::unregistered(comm, buf)).collect();
     match register_all(&mut windows, flags) {
@@ -476,22 +480,35 @@ impl<'c, T> Window<'c, T> {
     /// window); if that fails, the communicator is aborted, which releases the window with it.
     /// Deregistration is local to this rank: in NCCL 2.28.9 (`src/dev_runtime.cc`,
     /// `ncclCommWindowDeregister` → `symWindowDestroy`) it unmaps and frees without a bootstrap
-    /// barrier, so undoing does not wait for peers that did not fail.
-    fn undo(mut self) -> MemBuffer<T> {
-        if let (false, Ok(c)) = (self.raw.is_null(), self.comm.live_raw()) {
-            // SAFETY: `raw` came from ncclCommWindowRegister on `c`, which is live (checked just
-            // above); it is deregistered once (the window is marked released below); no work used
-            // the memory through the window, which never left this crate.
-            let gone = unsafe { call!(ncclCommWindowDeregister(c, self.raw), comm = c) };
-            if let Err(e) = gone {
-                log::warn!("nccl: undoing a failed window registration failed ({e}); aborting the communicator");
-                self.comm.abort_quietly();
+    /// barrier, so undoing does not wait for peers that did not fail. `None`, the buffer leaked,
+    /// when NCCL keeps the window: the communicator is closed but not released by NCCL (an abort
+    /// deferred while graphs hold its work, or an abandoned one).
+    fn undo(mut self) -> Option<MemBuffer<T>> {
+        let held = !self.raw.is_null()
+            && match self.comm.live_raw() {
+                // SAFETY: `raw` came from ncclCommWindowRegister on `c`, which is live (checked
+                // just above); it is deregistered once (the window is marked released below); no
+                // work used the memory through the window, which never left this crate.
+                Ok(c) => match unsafe { call!(ncclCommWindowDeregister(c, self.raw), comm = c) } {
+                    Ok(()) => false,
+                    Err(e) => {
+                        log::warn!("nccl: undoing a failed window registration failed ({e}); aborting the communicator");
+                        self.comm.abort_quietly();
+                        true
+                    }
+                },
+                Err(_) => true,
+            };
+        self.released = true;
+        if held {
+            if let Err(e) = self.comm.released_by_nccl() {
+                log::warn!("nccl: NCCL keeps the window of a failed registration ({e}); its buffer is leaked");
+                return None;
             }
         }
-        self.released = true;
         // SAFETY: the buffer is taken once, and the window is marked released just above, so its
         // `Drop` never touches the emptied `ManuallyDrop`.
-        unsafe { ManuallyDrop::take(&mut self.buf) }
+        Some(unsafe { ManuallyDrop::take(&mut self.buf) })
     }
 
     /// The communicator the window belongs to.
