@@ -17,8 +17,8 @@ pub enum Fallback {
         loaded: Version,
     },
     /// The kernels were compiled against NCCL headers whose device-API structures the loaded
-    /// library does not share (2.28 and 2.29+ differ; the library must not be older than the
-    /// headers).
+    /// library does not share (2.28.3, 2.28.7 and 2.29.2 changed them; from 2.29.2 the library
+    /// must not be older than the headers).
     HeaderMismatch {
         /// The headers the kernels were compiled with.
         header: Version,

@@ -790,19 +790,14 @@ pub(crate) fn check_team(comm: &Comm) -> Result<(), Fallback> {
 }
 
 /// Whether kernels compiled against `header` can run with the `loaded` library: the device API
-/// exists from 2.28.3; kernels built against 2.28 headers run on 2.28 only (2.29 changed the
-/// device structures), and from 2.29 the library must not be older than the headers.
+/// exists from 2.28.3, and the headers' device structures must be the library's
+/// ([`nccl::device::check_layouts`]: 2.28.7 and 2.29.2 changed them, and from 2.29.2 the library
+/// must not be older than the headers).
 fn device_api(header: Version, loaded: Version) -> Result<(), Fallback> {
-    let v2_29 = Version::new(2, 29, 0);
     if loaded < Version::new(2, 28, 3) {
         return Err(Fallback::NoDeviceApi { loaded });
     }
-    let compatible = if header < v2_29 { loaded < v2_29 } else { loaded >= header };
-    if compatible {
-        Ok(())
-    } else {
-        Err(Fallback::HeaderMismatch { header, loaded })
-    }
+    nccl::device::check_layouts(header, loaded).map_err(|_| Fallback::HeaderMismatch { header, loaded })
 }
 
 /// Whether a communicator of `ranks` ranks whose LSA team has `lsa` ranks suits the kernels.
@@ -886,7 +881,13 @@ mod tests {
     fn the_device_api_must_match_the_headers() {
         let v = Version::new;
         assert_eq!(device_api(v(2, 28, 9), v(2, 28, 9)), Ok(()));
-        assert_eq!(device_api(v(2, 28, 9), v(2, 28, 3)), Ok(()));
+        assert_eq!(device_api(v(2, 28, 9), v(2, 28, 7)), Ok(()));
+        assert_eq!(device_api(v(2, 28, 3), v(2, 28, 6)), Ok(()));
+        assert_eq!(
+            device_api(v(2, 28, 9), v(2, 28, 3)),
+            Err(Fallback::HeaderMismatch { header: v(2, 28, 9), loaded: v(2, 28, 3) }),
+            "2.28.7 inserted barrierCount"
+        );
         assert_eq!(device_api(v(2, 28, 9), v(2, 27, 7)), Err(Fallback::NoDeviceApi { loaded: v(2, 27, 7) }));
         assert_eq!(
             device_api(v(2, 28, 9), v(2, 29, 2)),

@@ -68,9 +68,12 @@ const LAYOUTS: [(Version, Layout); 3] = [
     (Version::new(2, 29, 2), Layout::Versioned),
 ];
 
-/// `Ok` when a crate compiled against `header` can pass device-API structs to the library
-/// `library`; otherwise [`Error::DeviceApiLayout`] naming both and the difference.
-fn check_layouts(header: Version, library: Version) -> Result<()> {
+/// `Ok` when code compiled against NCCL `header` headers can pass device-API structs to the
+/// library `library`; otherwise [`Error::DeviceApiLayout`] naming both and the difference. What
+/// [`DevComm::new`] checks first, for crates that compile device code against the headers
+/// (gpucomm-kernels) to check before they launch it.
+#[doc(alias = "ncclDevCommCreate")]
+pub fn check_layouts(header: Version, library: Version) -> Result<()> {
     let era = |v: Version| LAYOUTS.iter().rposition(|(first, _)| *first <= v);
     let refuse = |reason| Err(Error::DeviceApiLayout { header, library, reason });
     match (era(header), era(library)) {
