@@ -492,7 +492,9 @@ impl<'c, T> Window<'c, T> {
                 Ok(c) => match unsafe { call!(ncclCommWindowDeregister(c, self.raw), comm = c) } {
                     Ok(()) => false,
                     Err(e) => {
-                        log::warn!("nccl: undoing a failed window registration failed ({e}); aborting the communicator");
+                        log::warn!(
+                            "nccl: undoing a failed window registration failed ({e}); aborting the communicator"
+                        );
                         self.comm.abort_quietly();
                         true
                     }

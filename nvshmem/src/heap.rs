@@ -12,8 +12,8 @@ use gpucomm_ordering::{tracked_device_ptr, DeviceBufferMut, Keep, StreamTracker,
 
 mod limit;
 
-pub use limit::HeapLimit;
 pub(crate) use limit::reduce_segment_bytes;
+pub use limit::HeapLimit;
 
 use crate::agree::{Ask, Op};
 use crate::error::{Error, Result};

@@ -3,9 +3,9 @@
 
 use std::sync::Arc;
 
+use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{CudaStream, DeviceRepr};
 use gpucomm_ordering::{Access, Keep, Resource, Visitor};
-use cudarc::driver::sys::CUdeviceptr;
 use nvshmem_sys::{cudaStream_t, nvshmem_team_id_t, nvshmem_team_t};
 
 use crate::agree::WORDS;
