@@ -14,9 +14,12 @@ use crate::Comm;
 /// What a graph calls a communicator.
 const KIND: &str = "communicator";
 
-/// The communicator as a resource a graph must keep.
+/// The communicator as a resource a graph must keep, named by its abort state's allocation
+/// (the address [`Comm::identity`] gives), not the `Comm`'s address: a capture's hold keeps that allocation alive,
+/// so a communicator torn down inside the capture's closure and another moved to its place are
+/// two resources, and a keep set that borrows the new one does not keep the old one's calls.
 fn communicator(comm: &Comm) -> Resource {
-    Resource::of(KIND, comm)
+    Resource::of(KIND, comm.identity_ref())
 }
 
 /// Admits a call on `comm` through `access`: refuses a capture this crate did not open (or one

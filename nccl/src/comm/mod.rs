@@ -324,6 +324,13 @@ impl Comm {
         Arc::as_ptr(&self.health) as usize
     }
 
+    /// The shared health state whose address [`Comm::identity`] is, for naming the communicator
+    /// as a graph's resource (a graph's hold keeps it alive).
+    #[inline]
+    pub(crate) fn identity_ref(&self) -> &impl Sized {
+        &*self.health
+    }
+
     /// True for a communicator created nonblocking ([`Config::blocking`]`(false)`).
     #[inline]
     pub fn is_nonblocking(&self) -> bool {
