@@ -77,6 +77,10 @@ pub enum OrderError {
     /// `CU_STREAM_PER_THREAD`): one handle that names a different stream on each thread, so that
     /// a use on it cannot be told from a use on another thread's, nor waited for from there.
     PerThreadStream,
+    /// The stream belongs to another CUDA context than the buffer's memory (another device, or
+    /// another context of the same device): the buffer's events cannot be recorded or waited for
+    /// there.
+    StreamOfOtherContext,
 }
 
 impl fmt::Display for OrderError {
@@ -139,6 +143,11 @@ impl fmt::Display for OrderError {
                 "the per-thread default stream (cudarc's per_thread_stream) names another stream on each \
                  thread, which the buffers' ordering cannot follow: use a stream of CudaContext::new_stream \
                  (or the default stream)"
+            ),
+            OrderError::StreamOfOtherContext => write!(
+                f,
+                "the stream belongs to another CUDA context than the buffer (another device, or another \
+                 context of it): use the buffer on a stream of its own context"
             ),
         }
     }

@@ -259,6 +259,11 @@ impl StreamTracker {
         if self.needs_nothing(stream, how) {
             return Ok(());
         }
+        // A stream of another context kept as the last use would have every later wait record
+        // the scratch event there, which CUDA refuses: the buffer could be ordered no more.
+        if context::placement(&self.home, stream.context()) != context::Placement::Same {
+            return Err(OrderError::StreamOfOtherContext);
+        }
         let mut state = self.lock();
         self.wait_conflicts(&mut state, stream, how)?;
         self.place(&mut state, End::Stream(stream.clone()), how);
@@ -425,6 +430,26 @@ impl StreamTracker {
             drop(state);
             return self.order_on_host(stream, to_driver(e));
         }
+        // A wait for an event recorded inside an open capture joins `stream` to that capture:
+        // the use would be captured into a graph that keeps nothing and is ordered with nothing.
+        // The capture is broken instead (as `Access::recheck` does for the crates' calls), so the
+        // use is refused by CUDA and the buffer keeps its earlier ends.
+        match capture::mode(stream) {
+            Ok(Mode::Eager) => {}
+            Ok(_) | Err(OrderError::ForeignCapture | OrderError::CaptureBroken(_)) => {
+                give_back(&mut state, event);
+                drop(state);
+                if !capture::invalidate(stream) {
+                    stream.context().record_err(Err::<(), _>(to_driver(OrderError::ForeignCapture)));
+                }
+                return SyncOnDrop::Record(None);
+            }
+            Err(e) => {
+                give_back(&mut state, event);
+                drop(state);
+                return self.order_on_host(stream, to_driver(e));
+            }
+        }
         // The event stands for this use from here on, and `place` forgets the uses a write
         // replaces: it is recorded now, after the waits for them, and again when the guard drops.
         // A guard can be forgotten (`mem::forget` is safe) and an event never recorded counts as
@@ -482,12 +507,18 @@ impl StreamTracker {
     /// An event for the end of a use on the plain stream `stream`: a reader's event of the same
     /// stream that holds nothing unfinished (its last record completed, or its guard has yet to
     /// record on that very stream, which its borrow keeps alive), else a spare or a new one; with
-    /// whether it was a reader's.
+    /// whether it was a reader's. While a capture scope is open no reader's event is asked
+    /// (`cuEventQuery` from the capturing thread, or of an event recorded into the capture, would
+    /// invalidate the capture): a spare or a new one serves.
     fn plain_event(&self, state: &mut State, stream: &CudaStream) -> Result<(Box<CudaEvent>, bool), DriverError> {
-        let reusable = state.readers.iter().position(|r| match r {
-            End::Event { event, stream: s } => *s == stream.cu_stream() as usize && event.is_complete(),
-            End::Stream(_) => false,
-        });
+        let reusable = if capture::any_scope_open() {
+            None
+        } else {
+            state.readers.iter().position(|r| match r {
+                End::Event { event, stream: s } => *s == stream.cu_stream() as usize && event.is_complete(),
+                End::Stream(_) => false,
+            })
+        };
         if let Some(i) = reusable {
             if let Some(event) = into_event(state.readers.swap_remove(i)) {
                 return Ok((event, true));

@@ -1067,6 +1067,61 @@ fn a_call_whose_tracked_wait_joins_a_capture_is_refused() {
 
 #[test]
 #[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_cudarc_copy_whose_tracked_wait_joins_a_capture_is_refused() {
+    // As above with cudarc's own memset on `side` instead of a call of the crates: the buffer's
+    // guard waited for the event recorded inside `origin`'s capture, which joined `side` into it,
+    // and was never asked again, so the memset went into a graph that keeps nothing and is
+    // ordered with nothing. The guard now asks after its waits and breaks the capture, so CUDA
+    // refuses the memset and no graph is made.
+    let test = "a_cudarc_copy_whose_tracked_wait_joins_a_capture_is_refused";
+    let Some(ctx) = one_gpu(test) else { return };
+    let (home, origin, side) = (ctx.new_stream().unwrap(), ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+    let mode = CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+    let mut buf = MemBuffer::from_host(&home, &[3.0f32; N]).unwrap();
+    home.synchronize().unwrap();
+    let (_, guard) = buf.device_ptr_mut(&origin);
+    origin.begin_capture(mode).unwrap();
+    drop(guard);
+    let refused = side.memset_zeros(&mut buf);
+    let _ = ctx.check_err();
+    end_joined_capture(&ctx, &origin, &side);
+    assert!(refused.is_err(), "a memset joined into a capture went into it");
+    // The buffer was not zeroed, and still works on every stream.
+    all_equal("the buffer after the refusal", &side.clone_dtoh(&buf).unwrap(), 3.0);
+    side.memset_zeros(&mut buf).unwrap();
+    all_equal("a memset after the refusal", &home.clone_dtoh(&buf).unwrap(), 0.0);
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_stream_of_another_context_never_becomes_a_buffers_last_use() {
+    // `wait_for_uses` (or an `Access`) with a stream of another context than the buffer's left
+    // that stream as the buffer's last use: every later wait recorded the tracker's scratch event
+    // there, which CUDA refuses, so the buffer's calls failed and its free leaked it. The stream
+    // is refused now, and the buffer is untouched.
+    use gpucomm_ordering::OrderError;
+    let test = "a_stream_of_another_context_never_becomes_a_buffers_last_use";
+    let Some(ctx) = one_gpu(test) else { return };
+    let home = ctx.new_stream().unwrap();
+    let mut buf = MemBuffer::from_host(&home, &[3.0f32; N]).unwrap();
+    let other = CudaContext::new_non_primary(ctx.ordinal(), 0).expect("a non-primary context");
+    // A second stream puts the context in cudarc's multi-stream mode, where the wait uses a
+    // stream of its own (of `other`, here).
+    let _second = other.new_stream().unwrap();
+    let refused = gpucomm_ordering::wait_for_uses(&mut buf, &other, None);
+    assert!(matches!(refused, Err(OrderError::StreamOfOtherContext)), "{refused:?}");
+    let _ = other.check_err();
+    drop((_second, other));
+    // The buffer still orders its uses, and frees.
+    let side = ctx.new_stream().unwrap();
+    side.memset_zeros(&mut buf).unwrap();
+    all_equal("a memset after the refusal", &home.clone_dtoh(&buf).unwrap(), 0.0);
+    assert!(gpucomm_ordering::wait_for_uses(&mut buf, &ctx, None).unwrap());
+    buf.free().map_err(|(_, e)| e).unwrap();
+}
+
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
 fn cudarc_end_capture_inside_a_capture_gets_no_graph() {
     // cudarc's safe `end_capture`, called on the scope's stream inside the closure. Before the fix
     // (the scope began the capture on that stream itself) it ended the scope's capture and
