@@ -13,6 +13,7 @@ use gpucomm_ordering::{DeviceBufferMut, Keep, PinnedMut, Visitor};
 use crate::error::{Error, Result};
 use crate::ffi::call;
 use crate::overlap::Span;
+use crate::quiesce;
 use crate::Runtime;
 
 /// Local device memory registered with NVSHMEM (`nvshmemx_buffer_register`), so that remote
@@ -60,6 +61,9 @@ impl Runtime {
     ///
     /// A refused registration hands the buffer back, untouched, with the error:
     /// [`Error::ZeroSize`] for an empty buffer, [`Error::WrongDevice`] for one on another device,
+    /// [`Error::HostCallInCapture`] while this thread has a capture scope open ([`crate::capture`])
+    /// and [`Error::CopyStreamsCaptured`] while a capture holds NVSHMEM's copy streams (NVSHMEM
+    /// updates its device state with a synchronous copy, which CUDA refuses inside a capture),
     /// a CUDA error, or NVSHMEM's error when `nvshmemx_buffer_register` fails (nothing stays
     /// registered: what some of NVSHMEM's transports took before another failed is unregistered).
     #[doc(alias = "nvshmemx_buffer_register")]
@@ -89,6 +93,12 @@ impl Runtime {
             return Err(empty);
         }
         self.check_device("buffer", buf.stream())?;
+        // NVSHMEM 3.4.5's `buffer_register` puts the new handles in its transport's cache, then
+        // updates the device state (with IBGDA, a synchronous `cudaMemcpy`, which CUDA refuses
+        // during this thread's capture); on that failure it frees the handles but leaves them in
+        // the cache, and the undoing below would free them again. Refused before NVSHMEM is
+        // called, as the unregistration is.
+        quiesce::host_call("registering a buffer (nvshmemx_buffer_register)")?;
         // Registration uses no stream: the guard is released at once.
         let addr = buf.device_ptr_mut(self.stream()).0;
         let ptr = NonNull::new(addr as *mut c_void).ok_or(empty)?;

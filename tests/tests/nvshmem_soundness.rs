@@ -476,6 +476,61 @@ fn unregistering_waits_for_queued_uses() {
     });
 }
 
+/// Audit: `Runtime::register` was not refused inside a capture, unlike the unregistration.
+/// NVSHMEM 3.4.5's `buffer_register` puts the buffer's handles in its transport's cache, then
+/// updates the device state (with IBGDA, a synchronous copy, which CUDA refuses during this
+/// thread's capture); on that failure it frees the handles but leaves them in the cache, and the
+/// crate's undoing (`nvshmemx_buffer_unregister`) freed them again. Now the registration is
+/// `Error::HostCallInCapture` naming the call, before NVSHMEM is called, and the buffer comes back
+/// untouched; the unregistration of an earlier registration is refused the same way and hands it
+/// back; after the capture both work.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn registering_and_unregistering_are_refused_inside_a_capture() {
+    multi_process("registering_and_unregistering_are_refused_inside_a_capture", 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let s = stream.context().new_stream().unwrap();
+        let buf = stream.clone_htod(&vec![7i32; 1 << 10]).unwrap();
+        let earlier = rt.register(stream.clone_htod(&vec![3i32; 16]).unwrap()).map_err(|(_, e)| e).unwrap();
+        let (mut refused, mut kept) = (None, None);
+        let graph = nvshmem::capture(&s, &rt, |keep| {
+            refused = Some(match rt.register(buf) {
+                Ok(_) => panic!("a buffer registered inside a capture"),
+                Err(back) => back,
+            });
+            kept = Some(match earlier.unregister() {
+                Ok(_) => panic!("a buffer unregistered inside a capture"),
+                Err(back) => back,
+            });
+            keep.quiet_on_stream(&s)
+        })
+        .map_err(|(_, e)| e)
+        .unwrap();
+        drop(graph);
+        let (buf, e) = refused.expect("the registration was tried");
+        match e {
+            Error::HostCallInCapture { what } => assert_eq!(what, "registering a buffer (nvshmemx_buffer_register)"),
+            other => panic!("a registration inside a capture: {other:?}"),
+        }
+        let (earlier, e) = kept.expect("the unregistration was tried");
+        match e {
+            Error::HostCallInCapture { what } => {
+                assert_eq!(what, "unregistering a buffer (nvshmemx_buffer_unregister)")
+            }
+            other => panic!("an unregistration inside a capture: {other:?}"),
+        }
+        assert_eq!(stream.clone_dtoh(&buf).unwrap(), vec![7; 1 << 10], "the refused buffer comes back untouched");
+        let registration = rt.register(buf).map_err(|(_, e)| e).expect("registering after the capture");
+        assert_eq!(registration.num_bytes(), (1 << 10) * size_of::<i32>());
+        let buf = registration.unregister().map_err(|(_, e)| e).unwrap();
+        assert_eq!(stream.clone_dtoh(&buf).unwrap(), vec![7; 1 << 10]);
+        let earlier = earlier.unregister().map_err(|(_, e)| e).expect("unregistering after the capture");
+        assert_eq!(stream.clone_dtoh(&earlier).unwrap(), vec![3; 16]);
+        still_works(&rt, &stream);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
 /// What the allocation check costs: 200 `alloc` + `free` pairs through the safe API (each
 /// allocation first agrees on its size with the other PEs) beside 200 raw `nvshmem_malloc` +
 /// `nvshmem_free`. Prints both means; the allocations must work and be symmetric.
