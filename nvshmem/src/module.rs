@@ -42,10 +42,12 @@ const DEVICE_STATE: &str = "nvshmemi_device_state_d";
 /// registered with NVSHMEM (`nvshmemx_cumodule_init`). Dropping it waits for the device (its
 /// kernels may run on any stream), within [`Runtime::set_timeout`], then unregisters
 /// (`nvshmemx_cumodule_finalize`) and unloads it; when the device does not become idle in time,
-/// the module stays loaded (with a warning) rather than be unloaded under a running kernel. So it
-/// does, without waiting, when it is dropped while this thread has a capture scope open
-/// ([`crate::capture`]): a wait for the device there would break the capture (CUDA refuses host
-/// waits inside it), and NVSHMEM can exit the process when a call of its own is refused so.
+/// the module stays loaded (with a warning) rather than be unloaded under a running kernel; it
+/// also stays loaded when unregistering fails (NVSHMEM may still hold the address of its device
+/// state, and would write there once the module's memory is freed). So it does, without waiting,
+/// when it is dropped while this thread has a capture scope open ([`crate::capture`]): a wait for
+/// the device there would break the capture (CUDA refuses host waits inside it), and NVSHMEM can
+/// exit the process when a call of its own is refused so.
 #[doc(alias = "nvshmemx_cumodule_finalize")]
 #[doc(alias = "cuModuleUnload")]
 pub struct Module<'rt> {
@@ -77,6 +79,10 @@ impl Runtime {
     /// [`Error::CopyStreamsCaptured`] while a capture holds NVSHMEM's copy streams:
     /// `nvshmemx_cumodule_init` makes a synchronous copy, which CUDA refuses inside a capture, and
     /// NVSHMEM exits the process on that refusal.
+    ///
+    /// When `nvshmemx_cumodule_init` fails, NVSHMEM may already hold the address of the module's
+    /// device state: the module is unregistered (`nvshmemx_cumodule_finalize`) before it is
+    /// unloaded, and stays loaded, with a warning, when that fails too.
     #[doc(alias = "nvshmemx_cumodule_init")]
     #[doc(alias = "cuModuleLoadData")]
     pub fn load_module(&self, image: &[u8]) -> Result<Module<'_>> {
@@ -120,7 +126,23 @@ impl Runtime {
         // SAFETY: NVSHMEM is initialised; the module is live, loaded in the current context, and
         // its two globals that NVSHMEM reads and writes have the sizes of the host library's
         // types (checked).
-        unsafe { call!(nvshmemx_cumodule_init(module.as_raw() as nvshmem_sys::CUmodule)) }?;
+        if let Err(e) = unsafe { call!(nvshmemx_cumodule_init(module.as_raw() as nvshmem_sys::CUmodule)) } {
+            // NVSHMEM 3.4.5's `nvshmemi_cuobject_init_common` registers the module's state address,
+            // then updates the device state and synchronises the device, and returns a failure of
+            // either with the address still registered: every later update of NVSHMEM's device
+            // state would copy into the module's memory once it is unloaded. Finalising
+            // unregisters it (where init failed before registering it, finalising finds nothing
+            // and changes nothing, but fails as well). When finalising fails, whether NVSHMEM still
+            // holds the address is unknown, and the module stays loaded.
+            if let Err(fe) = module.finalize() {
+                log::warn!(
+                    "nvshmem: nvshmemx_cumodule_init failed ({e}), and so did nvshmemx_cumodule_finalize ({fe}): \
+                     NVSHMEM may still update the module's device state, so the module stays loaded"
+                );
+                std::mem::forget(module);
+            }
+            return Err(e);
+        }
         module.registered = true;
         Ok(module)
     }
@@ -136,6 +158,17 @@ impl<'rt> Module<'rt> {
             Err(DriverError(sys::cudaError_enum::CUDA_ERROR_NOT_FOUND)) => Ok(None),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Unregisters the module from NVSHMEM (`nvshmemx_cumodule_finalize`): NVSHMEM forgets the
+    /// address of the module's device state and no longer updates it. The PE's context must be
+    /// current.
+    fn finalize(&self) -> Result<()> {
+        // SAFETY: NVSHMEM is initialised (the runtime is borrowed); the module is live and loaded
+        // in the current context (the callers'). NVSHMEM looks up the module's state global and
+        // removes its address from the ones it updates (NVSHMEM 3.4.5 `unregister_state_ptr`); an
+        // address it does not hold is left alone, and the call fails.
+        unsafe { call!(nvshmemx_cumodule_finalize(self.as_raw() as nvshmem_sys::CUmodule)) }
     }
 
     /// The raw module handle, for driver calls this crate does not wrap. It stays owned by `self`.
@@ -181,12 +214,12 @@ impl Drop for Module<'_> {
         if let Err(e) = gpucomm_ordering::make_current(ctx) {
             return log::warn!("nvshmem: making the PE's context current failed ({e}); a dropped module stays loaded");
         }
+        // The context is current (made so above) and no kernel runs (the device is idle).
         if self.registered {
-            // SAFETY: the module is live and registered with NVSHMEM; the context is current
-            // (made so above); no kernel runs (the device is idle).
-            let finalized = unsafe { call!(nvshmemx_cumodule_finalize(self.as_raw() as nvshmem_sys::CUmodule)) };
-            if let Err(e) = finalized {
-                log::warn!("nvshmem: nvshmemx_cumodule_finalize failed: {e}");
+            if let Err(e) = self.finalize() {
+                // NVSHMEM may still hold the module's state address, and would copy its device
+                // state into the module's memory once unloaded.
+                return log::warn!("nvshmem: nvshmemx_cumodule_finalize failed ({e}); a dropped module stays loaded");
             }
         }
         // SAFETY: the module is live and nothing runs in it any more; it is unloaded once.
