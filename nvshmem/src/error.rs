@@ -496,6 +496,8 @@ pub enum Error {
     },
     /// Teardown that must wait for queued GPU work gave up after the runtime's timeout
     /// ([`crate::Runtime::set_timeout`]): the work is still running, so what it uses was kept.
+    /// Also [`crate::Runtime::load_module`]'s wait for the device, which NVSHMEM's module init
+    /// synchronises: nothing was loaded.
     #[error("{what} is still in use by queued GPU work after {after:?}; it was kept, not released")]
     StillInUse {
         /// What was being released.

@@ -80,6 +80,13 @@ impl Runtime {
     /// `nvshmemx_cumodule_init` makes a synchronous copy, which CUDA refuses inside a capture, and
     /// NVSHMEM exits the process on that refusal.
     ///
+    /// Loading waits for the whole device: `nvshmemx_cumodule_init` ends with
+    /// `cudaDeviceSynchronize`, so work queued anywhere on the PE's device (on any stream, by any
+    /// library) holds it up. So that stuck work (a kernel waiting for a dead peer) does not hold it
+    /// up for ever, the device is first waited for within [`Runtime::set_timeout`], and the load
+    /// refused with [`Error::StillInUse`] (nothing loaded) when it is not idle in time; work that
+    /// other threads enqueue between that wait and NVSHMEM's is still waited for without bound.
+    ///
     /// When `nvshmemx_cumodule_init` fails, NVSHMEM may already hold the address of the module's
     /// device state: the module is unregistered (`nvshmemx_cumodule_finalize`) before it is
     /// unloaded, and stays loaded, with a warning, when that fails too.
@@ -98,6 +105,9 @@ impl Runtime {
             return Err(wrong());
         }
         ctx.bind_to_thread()?;
+        // `nvshmemx_cumodule_init` ends with `cudaDeviceSynchronize`, which waits without bound:
+        // wait for the device within the runtime's timeout first, before anything is loaded.
+        self.wait_for_device("the PE's device (loading a module waits for all of its work)")?;
         // SAFETY: `checked` is a cubin or fat binary whose parts lie within its bytes, or
         // NUL-terminated PTX text (`ModuleImage::new`), alive until after the call; the PE's
         // context is current.

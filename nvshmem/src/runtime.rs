@@ -455,8 +455,9 @@ impl Runtime {
     /// Bounds how long teardown waits for queued GPU work: [`Runtime::finalize`] and dropping the
     /// runtime (for the whole device, see [`Runtime`]), destroying or dropping a
     /// [`Team`](crate::Team) and dropping a [`Module`](crate::Module) (for the whole device), and
-    /// unregistering a [`Registration`](crate::Registration) (for its buffer). `None` (the default)
-    /// waits as long as it takes.
+    /// unregistering a [`Registration`](crate::Registration) (for its buffer); and how long
+    /// [`Runtime::load_module`] waits for the whole device before NVSHMEM synchronises it. `None`
+    /// (the default) waits as long as it takes.
     pub fn set_timeout(&self, timeout: Option<Duration>) {
         self.timeout.set(timeout);
     }
@@ -524,7 +525,8 @@ impl Runtime {
 
     /// Waits until the PE's device is idle, within the timeout ([`Error::StillInUse`] about `what`
     /// otherwise): before tearing down what work queued on streams this crate does not know may
-    /// still use (NVSHMEM itself, a team, a module).
+    /// still use (NVSHMEM itself, a team, a module), and before a call that NVSHMEM ends with an
+    /// unbounded wait for the device (loading a module).
     pub(crate) fn wait_for_device(&self, what: &'static str) -> Result<()> {
         let timeout = self.timeout.get();
         if gpucomm_ordering::device_idle_within(self.context(), timeout)? {

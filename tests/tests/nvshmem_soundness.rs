@@ -186,6 +186,40 @@ fn finalize_is_bounded_by_the_timeout() {
     });
 }
 
+/// Audit: `Runtime::load_module` waited for the whole device without bound: NVSHMEM's
+/// `nvshmemx_cumodule_init` ends with `cudaDeviceSynchronize`, so work stuck anywhere on the device
+/// (here 6 s on a stream NVSHMEM never saw) held the load up. Now the load first waits for the
+/// device within the runtime's timeout (1 s) and is `Error::StillInUse`, nothing loaded; once the
+/// device is idle, the module loads and its kernels are found.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn loading_a_module_is_bounded_by_the_timeout() {
+    multi_process("loading_a_module_is_bounded_by_the_timeout", 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        rt.set_timeout(Some(Duration::from_secs(1)));
+        let unrelated = stream.context().new_stream().unwrap();
+        occupy(&unrelated, Duration::from_secs(6));
+        let began = Instant::now();
+        let err = rt.load_module(RING).expect_err("a load while the device is busy");
+        let took = began.elapsed();
+        match &err {
+            Error::StillInUse { what, after } => {
+                assert_eq!(*what, "the PE's device (loading a module waits for all of its work)");
+                assert_eq!(*after, Duration::from_secs(1));
+            }
+            other => panic!("a load while the device is busy: {other:?}"),
+        }
+        assert!(took < Duration::from_secs(3), "the load gave up after {took:?}");
+        println!("the load gave up after {took:?}: {err}");
+        unrelated.synchronize().unwrap();
+        let module = rt.load_module(RING).expect("loading once the device is idle");
+        module.kernel("ring_put_plain").unwrap();
+        drop(module);
+        still_works(&rt, &stream);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
 /// An id for a start that must be refused: never used by NVSHMEM.
 fn unused_id() -> UniqueId {
     let mut bytes = nvshmem::sys::nvshmemx_uniqueid_t::initializer().version.to_ne_bytes().to_vec();
