@@ -22,7 +22,7 @@ pub const DEFAULT_PORT: u16 = 29500;
 /// section); the rendezvous never sends the identity itself, only a hash of it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct JobIdentity {
-    /// The identity, e.g. `slurm-4242.0` or `torchrun-5f3a…-attempt1`.
+    /// The identity, e.g. `slurm-4242.0` or `torchrun-5f3a…`.
     pub value: String,
     /// The variables it came from, for messages (e.g. `SLURM_JOB_ID and SLURM_STEP_ID`).
     pub source: &'static str,
@@ -33,7 +33,11 @@ pub struct JobIdentity {
 pub struct Torchelastic {
     /// `TORCHELASTIC_RUN_ID` (`none` unless `--rdzv-id` or `--standalone` sets one).
     pub run_id: String,
-    /// `TORCHELASTIC_RESTART_COUNT`: which attempt this is (0 first).
+    /// `TORCHELASTIC_RESTART_COUNT`: the restarts of this node's workers so far (0 first). Not
+    /// part of the job identity: torchrun counts only the restarts this node's workers caused
+    /// (pytorch/pytorch#108158), so the nodes of one attempt may disagree, and a membership
+    /// change restarts with it unchanged. The rendezvous tells attempts apart itself (see
+    /// [`Rendezvous`](crate::Rendezvous)).
     pub restart_count: u32,
     /// `TORCHELASTIC_USE_AGENT_STORE=True`: the agent hosts a TCPStore at
     /// `MASTER_ADDR:MASTER_PORT` and every worker, rank 0 included, is its client.
@@ -84,7 +88,7 @@ impl fmt::Display for Master {
 ///
 /// | Family ([`Launcher`]) | Rank, world size | Local rank, local world size | Job identity |
 /// |---|---|---|---|
-/// | `Torchrun` | `RANK`, `WORLD_SIZE` | `LOCAL_RANK`, `LOCAL_WORLD_SIZE` | `TORCHELASTIC_RUN_ID` + `TORCHELASTIC_RESTART_COUNT`¹ |
+/// | `Torchrun` | `RANK`, `WORLD_SIZE` | `LOCAL_RANK`, `LOCAL_WORLD_SIZE` | `TORCHELASTIC_RUN_ID`¹ |
 /// | `OpenMpi` | `OMPI_COMM_WORLD_RANK`, `OMPI_COMM_WORLD_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_SIZE` | `PMIX_NAMESPACE`, else `OMPI_MCA_ess_base_jobid` |
 /// | `Pmi` (MPICH / Hydra) | `PMI_RANK`, `PMI_SIZE` | `MPI_LOCALRANKID`, `MPI_LOCALNRANKS` | none² |
 /// | `Slurm` (`srun`) | `SLURM_PROCID`, `SLURM_STEP_NUM_TASKS` | `SLURM_LOCALID`, this node's entry of `SLURM_STEP_TASKS_PER_NODE` (picked with `SLURM_NODEID`) | `SLURM_JOB_ID` + `SLURM_STEP_ID` |
@@ -129,9 +133,7 @@ impl fmt::Display for Master {
 /// * No family present: [`Launcher::Single`], rank 0 of 1, no master.
 /// * GPUs per task: `SLURM_GPUS_PER_TASK` when Slurm gave the rank ([`RankInfo::gpus_per_task`]);
 ///   a malformed value is an error naming it.
-/// * Job identity: `GPUCOMM_JOB_TOKEN` when set (followed by `-attempt<N>` under torchrun, `N`
-///   its `TORCHELASTIC_RESTART_COUNT`, so that a restarted job never meets the keys of the
-///   attempt before); else the family's (table above); else, inside a
+/// * Job identity: `GPUCOMM_JOB_TOKEN` when set; else the family's (table above); else, inside a
 ///   Slurm step (`SLURM_JOB_ID` and `SLURM_STEP_ID` set, as under `srun` or an `mpirun` that
 ///   Slurm started), the step's ids; else none (set `GPUCOMM_JOB_TOKEN` to the same value on
 ///   every rank, e.g. `mpiexec -genv GPUCOMM_JOB_TOKEN $(uuidgen) …`).
@@ -238,21 +240,12 @@ impl RankInfo {
         let family_identity = match (&chosen.launcher, &torchelastic) {
             // The run id is the same (`none`) for every job unless set: an identity only
             // inside the agent's own store.
-            (Launcher::Torchrun, Some(t)) if t.run_id != "none" || t.use_agent_store => Some(JobIdentity {
-                value: attempt(&format!("torchrun-{}", t.run_id), t.restart_count),
-                source: "TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT",
-            }),
+            (Launcher::Torchrun, Some(t)) if t.run_id != "none" || t.use_agent_store => {
+                Some(JobIdentity { value: format!("torchrun-{}", t.run_id), source: "TORCHELASTIC_RUN_ID" })
+            }
             _ => chosen.identity,
         };
-        let job_identity = match (token_identity(&vars), &torchelastic) {
-            // torchrun restarts its workers with the same variables but the restart count, and
-            // each attempt is a job of its own: its keys must not meet the last attempt's.
-            (Some(token), Some(t)) => Some(JobIdentity {
-                value: attempt(&token.value, t.restart_count),
-                source: "GPUCOMM_JOB_TOKEN and TORCHELASTIC_RESTART_COUNT",
-            }),
-            (token, _) => token.or(family_identity).or_else(|| slurm_step(&vars)),
-        };
+        let job_identity = token_identity(&vars).or(family_identity).or_else(|| slurm_step(&vars));
         let addr = match vars.get("MASTER_ADDR") {
             Some(addr) => Some(addr),
             None => match chosen.host {
@@ -509,11 +502,6 @@ fn simple_family(
 
 fn torchrun(vars: &Vars) -> Option<Result<Found, EnvError>> {
     simple_family(vars, Launcher::Torchrun, ["RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"])
-}
-
-/// The identity of attempt `restart_count` of a torchrun job named `name`.
-pub(crate) fn attempt(name: &str, restart_count: u32) -> String {
-    format!("{name}-attempt{restart_count}")
 }
 
 fn token_identity(vars: &Vars) -> Option<JobIdentity> {

@@ -20,7 +20,8 @@
 //! Under `torchrun` (any rendezvous backend; `--no-python` runs a binary directly). Every rank,
 //! rank 0 included, is a client of the store torchrun's agent already hosts at
 //! `MASTER_ADDR:MASTER_PORT` (`TORCHELASTIC_USE_AGENT_STORE=True`), under keys scoped by the run
-//! id and the restart count, so a restarted job never reads the previous attempt's values:
+//! id; rank 0 opens a new generation of them at each start, so a restarted job (and each program
+//! a worker runs, `./a && ./b`) never reads an earlier one's values:
 //!
 //! ```text
 //! torchrun --nproc-per-node 2 --no-python ./prog
@@ -71,7 +72,7 @@
 //! |---|---|
 //! | `GPUCOMM_RENDEZVOUS_TIMEOUT` | seconds (fractions allowed, 0.001 to 604800; default 60) that bound joining and each broadcast and barrier ([`TIMEOUT_VAR`]) |
 //! | `GPUCOMM_JOB_KEY` | the secret that protects the rendezvous, at least 16 bytes, the same on every rank ([`JOB_KEY_VAR`]); see [Security](#security) |
-//! | `GPUCOMM_JOB_TOKEN` | the job identity, replacing what the launcher gives (under torchrun, with its restart count appended) ([`JOB_TOKEN_VAR`]); not secret |
+//! | `GPUCOMM_JOB_TOKEN` | the job identity, replacing what the launcher gives ([`JOB_TOKEN_VAR`]); not secret |
 //! | `GPUCOMM_STORE` | `auto` (default: torchrun's agent store when torchrun says so, else rank 0 hosts one), `rank0` or `external` (join a store someone else hosts at `MASTER_ADDR:MASTER_PORT`, e.g. a Python `TCPStore(is_master=True)`) ([`STORE_VAR`], [`StoreMode`]) |
 //!
 //! A malformed value is an error that names the variable (a timeout of `1e-12`, `NaN` or `-1`
@@ -80,8 +81,8 @@
 //! # Job identity
 //!
 //! Jobs that meet at one port or one store are kept apart by their identity
-//! ([`RankInfo::job_identity`]): `GPUCOMM_JOB_TOKEN`; else torchrun's run id and restart count
-//! (under its agent store), Open MPI's `PMIX_NAMESPACE`, Slurm's job and step ids; else, inside a
+//! ([`RankInfo::job_identity`]): `GPUCOMM_JOB_TOKEN`; else torchrun's run id (under its agent
+//! store, where the rendezvous also opens a generation per start of rank 0), Open MPI's `PMIX_NAMESPACE`, Slurm's job and step ids; else, inside a
 //! Slurm step, the step's ids. Keys live under a hash of the identity, and rank 0's store
 //! records it, so a rank of another job that reaches it fails at once ("belongs to another
 //! job"). The identity is not a secret and never travels (only its hash). Where the launcher

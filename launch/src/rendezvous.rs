@@ -2,6 +2,7 @@
 
 mod collective;
 mod error;
+mod generation;
 mod host;
 mod join;
 mod options;
@@ -38,10 +39,13 @@ pub const MAX_BROADCAST: usize = (1 << 20) - 64;
 /// IPv6 and IPv4 when it is a host name (which the other ranks may resolve to either).
 ///
 /// **Keys.** Everything lives under `/gpucomm/v1/<scope>/<n>/`, where the scope is a hash of the
-/// job identity ([`RankInfo::job_identity`]; torchrun's includes the restart count, so a
-/// restarted job never reads the previous attempt's values) and `n` counts this process's
-/// rendezvous (the n-th successful `Rendezvous::connect` of every rank meets the n-th of the
-/// others; [`Options::instance`] sets it).
+/// job identity ([`RankInfo::job_identity`]) and `n` counts this process's rendezvous (the n-th
+/// successful `Rendezvous::connect` of every rank meets the n-th of the others;
+/// [`Options::instance`] sets it). Under torchrun's agent store, which outlives the workers,
+/// each start of rank 0 opens a new generation below that (`g<k>/`), and the other ranks join
+/// the newest one not yet complete: a restarted job, and each program a worker runs
+/// (`./a && ./b`), never reads an earlier start's values, whatever restart count each node's
+/// agent gives its workers (torchrun counts a node's own restarts only).
 ///
 /// **Joining.** Each rank claims its rank with `COMPARE_SET` (a record naming its host, pid and
 /// address, with a MAC when the job has a key). A rank claimed twice fails the rendezvous on
@@ -121,11 +125,8 @@ impl Rendezvous {
             return Ok(rendezvous);
         }
         let master = info.master_or_err()?.clone();
-        let token = match &info.torchelastic {
-            Some(t) if !options.token.is_empty() => crate::env::attempt(&options.token, t.restart_count),
-            _ => options.token.clone(),
-        };
-        let identity = match (&token, &info.job_identity) {
+        let token = &options.token;
+        let identity = match (token, &info.job_identity) {
             (token, _) if !token.is_empty() => Some((token.as_str(), "Options::token")),
             (_, Some(identity)) => Some((identity.value.as_str(), identity.source)),
             (_, None) => None,
@@ -143,10 +144,18 @@ impl Rendezvous {
             instance,
             deadline,
         })?;
-        if let Err(error) = join::join(&mut s, deadline) {
-            s.failed = true;
-            return Err(error);
+        loop {
+            match generation::enter(&mut s, deadline).and_then(|()| join::join(&mut s, deadline)) {
+                Ok(()) => break,
+                // A later start of rank 0 opened the generation after this rank's: join that one.
+                Err(RendezvousError::Superseded { .. }) if s.rank != 0 => s.failed = false,
+                Err(error) => {
+                    s.failed = true;
+                    return Err(error);
+                }
+            }
         }
+        generation::joined(&mut s);
         plan::count_instance(&s.scope.hash, info.rank, instance);
         rendezvous.session = Some(Box::new(s));
         Ok(rendezvous)

@@ -331,15 +331,17 @@ fn a_late_joiner_fails_at_once() {
 }
 
 #[test]
-fn a_second_program_in_a_torchrun_worker_is_told_to_use_its_own_job_token() {
+fn a_second_program_in_a_torchrun_worker_meets_in_a_generation_of_its_own() {
     // `torchrun ... bash -c './a && ./b'`: both programs read the same torchrun variables, so
     // they have the same job identity, and the agent's store keeps program a's keys while b runs.
-    // Before: b failed with "rendezvous already complete", which blamed a second copy of the rank.
+    // Before: b failed with "rendezvous already complete" unless each program had its own
+    // GPUCOMM_JOB_TOKEN. Each start of rank 0 now opens a generation of its own, and b's rank 1,
+    // which comes first here, waits for it rather than taking a's for b's.
     let agent = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
     let port = agent.local_addr().port();
     let run_id = format!("two-programs-{}", std::process::id());
-    let worker = |rank: usize, token: Option<&str>| -> RankInfo {
-        let mut vars = vec![
+    let worker = |rank: usize| -> RankInfo {
+        let vars = [
             ("RANK", rank.to_string()),
             ("WORLD_SIZE", "2".into()),
             ("LOCAL_RANK", rank.to_string()),
@@ -350,46 +352,24 @@ fn a_second_program_in_a_torchrun_worker_is_told_to_use_its_own_job_token() {
             ("TORCHELASTIC_RESTART_COUNT", "0".into()),
             ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
         ];
-        vars.extend(token.map(|token| ("GPUCOMM_JOB_TOKEN", token.to_string())));
         RankInfo::from_vars(|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone())).unwrap()
     };
     // Each program is a process of its own in life: its first rendezvous is #0.
-    let program = |name: &'static str, token: Option<&str>| -> Vec<Result<Vec<u8>, RendezvousError>> {
-        let ranks: Vec<_> = (0..2)
-            .map(|rank| {
-                spawn(worker(rank, token), options(10.0).clone_instance(0), move |mut rv| {
-                    rv.broadcast(|| Ok(name.into()))
-                })
-            })
-            .collect();
-        ranks.into_iter().map(|r| r.join().unwrap()).collect()
+    let program = |name: &'static str| -> Vec<Vec<u8>> {
+        let rank1 =
+            spawn(worker(1), options(10.0).clone_instance(0), move |mut rv| rv.broadcast(|| Err("unused".into())));
+        thread::sleep(Duration::from_millis(300));
+        let rank0 = spawn(worker(0), options(10.0).clone_instance(0), move |mut rv| rv.broadcast(|| Ok(name.into())));
+        [rank0, rank1].into_iter().map(|r| r.join().unwrap().unwrap()).collect()
     };
-    for result in program("a", None) {
-        assert_eq!(result.unwrap(), b"a");
-    }
+    assert_eq!(program("a"), [b"a", b"a"]);
     let started = Instant::now();
-    for (rank, result) in program("b", None).into_iter().enumerate() {
-        let err = result.unwrap_err();
-        assert!(matches!(&err, RendezvousError::LateJoiner { rank: r, .. } if *r == rank), "{err}");
-        let message = err.to_string();
-        let (_, rest) = message.split_once(". The keys").unwrap();
-        assert_eq!(
-            rest,
-            format!(
-                " may be an earlier run's with the same job identity (from TORCHELASTIC_RUN_ID and \
-                 TORCHELASTIC_RESTART_COUNT) in torchrun's agent store at 127.0.0.1:{port}, which serves every \
-                 program that a worker runs, one after another (`./a && ./b`). Give each run its own \
-                 GPUCOMM_JOB_TOKEN, the same on all its ranks (e.g. `export GPUCOMM_JOB_TOKEN=$(uuidgen)` before \
-                 each launch, or one per program: `GPUCOMM_JOB_TOKEN=a ./a && GPUCOMM_JOB_TOKEN=b ./b`). Otherwise \
-                 this process is a second copy of rank {rank}: start each rank of a job once, and if the holder is \
-                 not of this job, protect the job with GPUCOMM_JOB_KEY"
-            )
-        );
-    }
+    assert_eq!(program("b"), [b"b", b"b"]);
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
-    // With a token of its own, program b meets at the same store.
-    for result in program("b", Some("program-b")) {
-        assert_eq!(result.unwrap(), b"b");
+    let mut c = store_client(port);
+    let base = prefix(&format!("torchrun-{run_id}"), 0);
+    for g in [1, 2] {
+        assert!(c.check(&[&format!("{base}/g{g}/op0/value")]).unwrap(), "generation {g}'s value");
     }
 }
 
@@ -442,23 +422,33 @@ fn bad_timeouts_are_refused_naming_the_variable() {
 
 #[test]
 fn torchrun_agent_store_restart_never_reads_the_previous_attempts_id() {
-    agent_store_restart(None);
+    agent_store_restart(None, [1, 1]);
 }
 
 #[test]
 fn torchrun_agent_store_restart_with_a_job_token_never_reads_the_previous_attempts_id() {
-    // The token names the job; the restart count still tells its attempts apart (before, every
-    // restarted attempt failed: attempt 0's completion and claims were still in the store).
-    agent_store_restart(Some("token-of-the-job"));
+    // Before, the restart count told attempts apart (with or without a token): every restarted
+    // attempt failed while attempt 0's completion and claims were still in the store.
+    agent_store_restart(Some("token-of-the-job"), [1, 1]);
+}
+
+#[test]
+fn torchrun_agent_store_restart_with_restart_counts_that_differ_between_nodes_joins() {
+    // torchrun counts the restarts that a node's own workers caused (pytorch/pytorch#108158):
+    // after a failure on rank 0's node only, its agent restarts its worker with count 1 while
+    // the other node's agent restarts rank 1 with count 0. Before, the count was part of the job
+    // identity, so the two ranks waited under different keys until their timeout.
+    agent_store_restart(None, [1, 0]);
 }
 
 /// Attempt 0 and then attempt 1 of a two-rank torchrun job under its agent's store (with
-/// `GPUCOMM_JOB_TOKEN=token` when given): attempt 1 joins and reads its own id, never attempt 0's.
-fn agent_store_restart(token: Option<&str>) {
+/// `GPUCOMM_JOB_TOKEN=token` when given; attempt 1's ranks with the restart counts `counts`):
+/// attempt 1 joins and reads its own id, never attempt 0's.
+fn agent_store_restart(token: Option<&str>, counts: [u32; 2]) {
     // A StoreServer plays the agent's store; the ranks read the variables torchrun sets.
     let agent = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
     let port = agent.local_addr().port().to_string();
-    let run_id = format!("agent-test-{}", std::process::id());
+    let run_id = format!("agent-test-{}-{}{}", std::process::id(), counts[0], counts[1]);
     let worker = |rank: usize, restart: u32| -> RankInfo {
         let mut vars = vec![
             ("RANK", rank.to_string()),
@@ -476,10 +466,12 @@ fn agent_store_restart(token: Option<&str>) {
         vars.extend(token.map(|t| ("GPUCOMM_JOB_TOKEN", t.to_string())));
         RankInfo::from_vars(|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone())).unwrap()
     };
+    // Each attempt is a process of its own in life: its first rendezvous is #0.
+    let opts = || options(10.0).clone_instance(0);
     // Attempt 0 completes.
     let attempt0: Vec<_> = (0..2)
         .map(|rank| {
-            spawn(worker(rank, 0), options(10.0), move |mut rv| {
+            spawn(worker(rank, 0), opts(), move |mut rv| {
                 assert!(rv.store_stats().is_none(), "under the agent store, rank 0 is a client too");
                 rv.broadcast(|| Ok(b"id of attempt 0".to_vec()))
             })
@@ -489,15 +481,65 @@ fn agent_store_restart(token: Option<&str>) {
         assert_eq!(rank.join().unwrap().unwrap(), b"id of attempt 0");
     }
     // Attempt 1: rank 1 comes first and must wait for attempt 1's id, though attempt 0's is there.
-    let rank1 = spawn(worker(1, 1), options(10.0), |mut rv| rv.broadcast(|| Err("unused".into())));
+    let rank1 = spawn(worker(1, counts[1]), opts(), |mut rv| rv.broadcast(|| Err("unused".into())));
     thread::sleep(Duration::from_millis(300));
-    let mut rank0 = Rendezvous::connect(&worker(0, 1), &options(10.0)).unwrap();
+    let mut rank0 = Rendezvous::connect(&worker(0, counts[0]), &opts()).unwrap();
     rank0.broadcast(|| Ok(b"id of attempt 1".to_vec())).unwrap();
     assert_eq!(rank1.join().unwrap().unwrap(), b"id of attempt 1");
     let mut c = store_client(agent.local_addr().port());
     let name = token.map_or(format!("torchrun-{run_id}"), str::to_string);
-    let old = format!("{}/op0/value", prefix(&format!("{name}-attempt0"), 0));
+    let old = format!("{}/g1/op0/value", prefix(&name, 0));
     assert!(c.check(&[&old]).unwrap(), "attempt 0's id is still in the store; it was not read");
+}
+
+#[test]
+fn a_restart_moves_on_from_a_generation_that_died_before_it_completed() {
+    // Attempt 0's rank 0 opened generation 1 and claimed its rank, then was killed (no abort
+    // notice) before rank 1 came. Attempt 1's rank 1 comes first, finds generation 1 neither
+    // complete nor given up, and joins it; attempt 1's rank 0 then opens generation 2, and rank 1
+    // moves there. A generation given up with an abort notice is skipped at once.
+    let agent = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
+    let port = agent.local_addr().port();
+    let run_id = format!("died-{}", std::process::id());
+    let worker = |rank: usize| -> RankInfo {
+        let vars = [
+            ("RANK", rank.to_string()),
+            ("WORLD_SIZE", "2".into()),
+            ("LOCAL_RANK", rank.to_string()),
+            ("LOCAL_WORLD_SIZE", "2".into()),
+            ("MASTER_ADDR", "127.0.0.1".into()),
+            ("MASTER_PORT", port.to_string()),
+            ("TORCHELASTIC_RUN_ID", run_id.clone()),
+            ("TORCHELASTIC_RESTART_COUNT", "0".into()),
+            ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
+        ];
+        RankInfo::from_vars(|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone())).unwrap()
+    };
+    let opts = || options(10.0).clone_instance(0);
+    let base = prefix(&format!("torchrun-{run_id}"), 0);
+    let mut c = store_client(port);
+    // What attempt 0's rank 0 left: generation 1 opened, its claim in.
+    assert_eq!(c.add(&format!("{base}/generations"), 1).unwrap(), 1);
+    c.set(&format!("{base}/g1/opened"), b"gpucomm generation opened").unwrap();
+    c.set(&format!("{base}/g1/rank/0"), &forged_claim(0, 2, "dead-host", "127.0.0.1:1")).unwrap();
+    let rank1 = spawn(worker(1), opts(), |mut rv| rv.broadcast(|| Err("unused".into())));
+    until(|| store_client(port).check(&[&format!("{base}/g1/rank/1")]).unwrap());
+    let started = Instant::now();
+    let mut rank0 = Rendezvous::connect(&worker(0), &opts()).unwrap();
+    rank0.broadcast(|| Ok(b"id of attempt 1".to_vec())).unwrap();
+    assert_eq!(rank1.join().unwrap().unwrap(), b"id of attempt 1");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(c.check(&[&format!("{base}/g2/complete")]).unwrap(), "the join completed in generation 2");
+    drop(rank0);
+    // A generation given up with an abort notice: rank 1 of the next start does not join it.
+    assert_eq!(c.add(&format!("{base}/generations"), 1).unwrap(), 3);
+    c.set(&format!("{base}/g3/opened"), b"gpucomm generation opened").unwrap();
+    c.set(&format!("{base}/g3/abort"), b"rank 0 (dead-host): timed out").unwrap();
+    let rank1 = spawn(worker(1), opts(), |mut rv| rv.broadcast(|| Err("unused".into())));
+    thread::sleep(Duration::from_millis(300));
+    let mut rank0 = Rendezvous::connect(&worker(0), &opts()).unwrap();
+    rank0.broadcast(|| Ok(b"id of attempt 2".to_vec())).unwrap();
+    assert_eq!(rank1.join().unwrap().unwrap(), b"id of attempt 2");
 }
 
 #[test]

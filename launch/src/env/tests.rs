@@ -54,10 +54,9 @@ fn torchrun_variables() {
             local_world_size: 2,
             master: Some(Master { addr: "10.0.0.7".into(), port: 1234 }),
             launcher: Launcher::Torchrun,
-            job_identity: Some(JobIdentity {
-                value: "torchrun-abc-attempt2".into(),
-                source: "TORCHELASTIC_RUN_ID and TORCHELASTIC_RESTART_COUNT"
-            }),
+            // Not the restart count: torchrun counts only this node's restarts, so the nodes of
+            // one attempt may disagree (the rendezvous tells attempts apart itself).
+            job_identity: Some(JobIdentity { value: "torchrun-abc".into(), source: "TORCHELASTIC_RUN_ID" }),
             torchelastic: Some(Torchelastic {
                 run_id: "abc".into(),
                 restart_count: 2,
@@ -72,11 +71,11 @@ fn torchrun_variables() {
         info.to_string(),
         "rank 1 of 2 (local 1 of 2) from torchrun-style variables, rendezvous at 10.0.0.7:1234"
     );
-    // The token replaces the run id, not the attempt: a restart is a job of its own.
+    // The token replaces the run id.
     vars.push(("GPUCOMM_JOB_TOKEN", "override"));
     let info = parse(&vars).unwrap();
-    assert_eq!(identity(&info), Some("override-attempt2"));
-    assert_eq!(info.job_identity.unwrap().source, "GPUCOMM_JOB_TOKEN and TORCHELASTIC_RESTART_COUNT");
+    assert_eq!(identity(&info), Some("override"));
+    assert_eq!(info.job_identity.unwrap().source, "GPUCOMM_JOB_TOKEN");
 }
 
 #[test]
@@ -88,7 +87,7 @@ fn torchruns_default_run_id_is_an_identity_only_under_the_agent_store() {
     assert!(!info.torchelastic.unwrap().use_agent_store);
     vars.push(("TORCHELASTIC_USE_AGENT_STORE", "True"));
     let info = parse(&vars).unwrap();
-    assert_eq!(identity(&info), Some("torchrun-none-attempt0"));
+    assert_eq!(identity(&info), Some("torchrun-none"));
     assert!(info.torchelastic.unwrap().use_agent_store);
     // torch.distributed checks for exactly "True".
     vars.pop();

@@ -94,6 +94,14 @@ pub enum RendezvousError {
         /// there.
         store: String,
     },
+    /// Rank 0, under torchrun's agent store: a later start of rank 0 of this job opened a newer
+    /// generation of the rendezvous while this one was joining (a second copy of rank 0, or a
+    /// restart of the job while this process was still joining); the other ranks went on to
+    /// the newer one.
+    Superseded {
+        /// The generation this process opened.
+        generation: i64,
+    },
     /// A record or value in the store is not what a process with this job's key wrote (an
     /// impostor, or ranks started with different keys); the rendezvous is aborted.
     Forged {
@@ -220,6 +228,14 @@ impl fmt::Display for RendezvousError {
                      the holder is not of this job, protect the job with GPUCOMM_JOB_KEY"
                 )
             }
+            RendezvousError::Superseded { generation } => write!(
+                f,
+                "a later start of rank 0 of this job opened the rendezvous again (generation {} after this \
+                 process's {generation}) in torchrun's agent store while this process was joining: a second copy of \
+                 rank 0, or a restart of the job while this process was still running; the other ranks joined the \
+                 later one",
+                generation.saturating_add(1)
+            ),
             RendezvousError::Forged { detail } => write!(f, "rendezvous aborted: {detail}"),
             RendezvousError::Aborted { reason } => write!(f, "rendezvous aborted by {reason}"),
             RendezvousError::TimedOut { during, waited, missing: _, waiting_for, store_notes } => {

@@ -84,8 +84,7 @@ pub struct Options {
     /// The bound on every wait (joining, each broadcast, each barrier), from
     /// [`MIN_TIMEOUT`] to [`MAX_TIMEOUT`]. Default 60 s.
     pub timeout: Duration,
-    /// Replaces [`RankInfo::job_identity`](crate::RankInfo::job_identity) when not empty (under
-    /// torchrun followed by `-attempt<N>`, `N` its restart count, as `GPUCOMM_JOB_TOKEN` is).
+    /// Replaces [`RankInfo::job_identity`](crate::RankInfo::job_identity) when not empty.
     pub token: String,
     /// The secret job key; `None`: the rendezvous is unprotected (see the crate's security
     /// section).

@@ -84,6 +84,7 @@ pub(super) fn count_instance(scope: &str, rank: usize, instance: u64) {
 }
 
 /// The store keys of one rendezvous.
+#[derive(Debug, Clone)]
 pub(super) struct Keys {
     prefix: String,
 }
@@ -94,6 +95,22 @@ impl Keys {
 
     pub(super) fn new(scope: &str, instance: u64) -> Keys {
         Keys { prefix: format!("/gpucomm/v1/{scope}/{instance}") }
+    }
+
+    /// The counter of the generations opened under these keys ([`Mode::Agent`]: see
+    /// `generation`).
+    pub(super) fn generations(&self) -> String {
+        format!("{}/generations", self.prefix)
+    }
+
+    /// The keys of generation `g` under these keys.
+    pub(super) fn generation(&self, g: i64) -> Keys {
+        Keys { prefix: format!("{}/g{g}", self.prefix) }
+    }
+
+    /// Rank 0's mark that it opened this generation.
+    pub(super) fn opened(&self) -> String {
+        format!("{}/opened", self.prefix)
     }
 
     pub(super) fn claim(&self, rank: usize) -> String {

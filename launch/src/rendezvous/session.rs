@@ -37,7 +37,15 @@ impl From<RendezvousError> for Waited {
 
 pub(super) struct Session {
     pub(super) client: StoreClient,
+    /// This rendezvous's keys: those of its generation under [`Mode::Agent`], once entered.
     pub(super) keys: Keys,
+    /// The keys the generations are opened under ([`Mode::Agent`]).
+    pub(super) base: Keys,
+    /// While joining under [`Mode::Agent`]: the mark of the generation after this one, whose
+    /// appearance means that a later start of rank 0 left this one (see `generation`).
+    pub(super) next_opened: Option<String>,
+    /// The generation this session joins ([`Mode::Agent`]; 0 in the other modes).
+    pub(super) generation: i64,
     pub(super) scope: Scope,
     pub(super) seal: Option<Seal>,
     pub(super) rank: usize,
@@ -80,9 +88,13 @@ impl Session {
             Mode::Agent | Mode::External => (connect(&master.addr, master.port)?, None),
         };
         let me = Claimant::this_process(client.local_addr());
+        let keys = Keys::new(&plan.scope.hash, plan.instance);
         Ok(Session {
             client,
-            keys: Keys::new(&plan.scope.hash, plan.instance),
+            base: keys.clone(),
+            keys,
+            next_opened: None,
+            generation: 0,
             scope: plan.scope,
             seal: plan.seal,
             rank: info.rank,
@@ -123,6 +135,7 @@ impl Session {
                     Err(error) => return Err(self.store_error(during, error).into()),
                 }
                 self.check_abort(deadline, during)?;
+                super::generation::check_superseded(self, deadline, during)?;
                 slice = (slice * 2).min(MAX_SLICE);
             }
         }

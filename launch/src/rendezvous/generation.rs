@@ -1,0 +1,146 @@
+//! Generations of a rendezvous in torchrun's agent store ([`Mode::Agent`]).
+//!
+//! The agent's store outlives the workers: every program a worker runs (`./a && ./b`) and every
+//! restart of the job meets it under the same job identity. torchrun's restart count cannot
+//! tell those apart: it counts the restarts that this node's workers caused
+//! (pytorch/pytorch#108158), so after one node's failure the nodes of one attempt disagree, and a
+//! membership change restarts the workers with it unchanged. So each start of rank 0 opens a new
+//! generation under the rendezvous's keys: it increments their counter (`ADD`), marks the
+//! generation opened (with a MAC when the job has a key), and claims its rank there. Every other
+//! rank joins the newest generation that is neither complete nor given up (an abort notice), or
+//! waits for rank 0 to open the next one when the newest is over (an earlier start's) or none is
+//! open yet. While it joins, each
+//! rank watches for the generation after its own: a later start of rank 0 opened it when this one
+//! was left by processes that stopped before it completed, and the other ranks move on to it.
+//!
+//! A generation's keys (claims, abort notice, values) are its own, so a restart never meets an
+//! earlier start's. One case is left: a rank that starts while an earlier start's processes are
+//! still joining the newest generation (a node whose old workers torchrun has not stopped yet)
+//! joins them; when the old rank 0 completes that join, the new ranks fail in the job that
+//! follows, and torchrun restarts them again.
+
+use super::plan::Mode;
+use super::session::{Session, Waited};
+use super::RendezvousError;
+use crate::deadline::Deadline;
+
+const DURING: &str = "the rendezvous (waiting for rank 0 to open it)";
+
+/// What rank 0 writes under a generation's `opened` key, before the MAC when the job has a key.
+const OPENED: &[u8] = b"gpucomm generation opened";
+
+/// True when generation `g` is over: complete, or given up (a rank wrote its abort notice).
+fn ended(s: &mut Session, g: i64, deadline: Deadline) -> Result<bool, RendezvousError> {
+    let keys = s.base.generation(g);
+    for key in [keys.complete(), keys.abort()] {
+        if s.client.check_by(&[&key], deadline).map_err(|e| s.store_error(DURING, e))? {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+/// Under [`Mode::Agent`], enters the generation this rank joins (see the module's
+/// documentation): sets the session's keys to it and watches the next one. Nothing in the other
+/// modes, whose stores do not outlive a start (rank 0's) or whose keys the job identity keeps
+/// apart (an external store).
+pub(super) fn enter(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
+    if s.mode != Mode::Agent {
+        return Ok(());
+    }
+    let counter = s.base.generations();
+    let add =
+        |s: &mut Session, delta: i64| s.client.add_by(&counter, delta, deadline).map_err(|e| s.store_error(DURING, e));
+    let generation = if s.rank == 0 {
+        let g = add(s, 1)?;
+        s.keys = s.base.generation(g);
+        let opened = s.keys.opened();
+        let mark = mark(s, &opened);
+        s.client.set_by(&opened, &mark, deadline).map_err(|e| s.store_error(DURING, e))?;
+        g
+    } else {
+        let newest = add(s, 0)?;
+        // Saturating: the counter is whatever the store holds, which anyone who reaches it can set.
+        let g = if newest < 1 || ended(s, newest, deadline)? { newest.saturating_add(1) } else { newest };
+        // Waiting under the generation's keys: its abort notice is the one that counts.
+        s.keys = s.base.generation(g);
+        s.next_opened = None;
+        let opened = s.keys.opened();
+        match s.wait_all(std::slice::from_ref(&opened), deadline, DURING) {
+            Ok(()) => {}
+            Err(Waited::Failed(error)) => return Err(error),
+            Err(Waited::TimedOut) => {
+                return Err(RendezvousError::TimedOut {
+                    during: DURING.into(),
+                    waited: deadline.limit(),
+                    missing: vec![0],
+                    waiting_for: format!(
+                        "rank 0 has not opened generation {g} of the rendezvous in torchrun's agent store{}",
+                        s.scope.hint()
+                    ),
+                    store_notes: Vec::new(),
+                })
+            }
+        }
+        verify_mark(s, &opened, deadline)?;
+        g
+    };
+    s.generation = generation;
+    s.next_opened = Some(s.base.generation(generation.saturating_add(1)).opened());
+    Ok(())
+}
+
+/// While joining under [`Mode::Agent`]: `Err(Superseded)` once a later start of rank 0 opened
+/// the generation after this one (a mark without this job's MAC is ignored: anyone who reaches
+/// the store can write one).
+pub(super) fn check_superseded(s: &mut Session, deadline: Deadline, during: &str) -> Result<(), RendezvousError> {
+    let Some(next) = s.next_opened.clone() else { return Ok(()) };
+    if !s.client.check_by(&[&next], deadline).map_err(|e| s.store_error(during, e))? {
+        return Ok(());
+    }
+    let value = s.client.get_by(&next, deadline).map_err(|e| s.store_error(during, e))?;
+    if !marked(s, &next, &value) {
+        return Ok(());
+    }
+    Err(RendezvousError::Superseded { generation: s.generation })
+}
+
+/// Stops watching for a later generation: the join is complete.
+pub(super) fn joined(s: &mut Session) {
+    s.next_opened = None;
+}
+
+/// Rank 0's mark for the `opened` key `label`.
+fn mark(s: &Session, label: &str) -> Vec<u8> {
+    let mut value = OPENED.to_vec();
+    if let Some(seal) = &s.seal {
+        value.extend_from_slice(&seal.tag(label, OPENED));
+    }
+    value
+}
+
+/// True when `value` is rank 0's mark for `label` (with this job's MAC when the job has a key).
+fn marked(s: &Session, label: &str, value: &[u8]) -> bool {
+    match (&s.seal, value.strip_prefix(OPENED)) {
+        (_, None) => false,
+        (Some(seal), Some(tag)) => seal.verify(label, OPENED, tag),
+        (None, Some(rest)) => rest.is_empty(),
+    }
+}
+
+/// Checks the mark under `label` (which exists): a generation opened by a process without this
+/// job's key is refused.
+fn verify_mark(s: &mut Session, label: &str, deadline: Deadline) -> Result<(), RendezvousError> {
+    let value = s.client.get_by(label, deadline).map_err(|e| s.store_error(DURING, e))?;
+    if marked(s, label, &value) {
+        return Ok(());
+    }
+    Err(RendezvousError::Forged {
+        detail: format!(
+            "the generation of the rendezvous this rank was to join was not opened by a rank 0 with this job's key \
+             ({} bytes under its mark): a process without GPUCOMM_JOB_KEY opened it, or the ranks were started with \
+             different keys",
+            value.len()
+        ),
+    })
+}
