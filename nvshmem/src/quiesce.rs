@@ -10,9 +10,14 @@
 //! process-global, as NVSHMEM's marks are):
 //!
 //! - **Chained quiescing calls.** A quiescing call that may clear marks (a `_nbi` operation was
-//!   issued since the last one) records an event after itself, and every later quiescing call on
-//!   another stream waits for that event first. Chained like this, a quiet on any stream completes
-//!   everything issued before it, on every stream.
+//!   issued since the last one) first clears them with a quiet on a private stream, which records
+//!   an event after itself, and every later quiescing call on another stream waits for that event
+//!   first. Chained like this, a quiet on any stream completes everything issued before it, on
+//!   every stream, and waits for no other user stream's work: an event recorded after a quiet on
+//!   a user stream would make every later quiet elsewhere wait for that stream's earlier work
+//!   too (a signal wait there that a peer satisfies only after this PE's next quiet on another
+//!   stream: a deadlock across PEs that NVSHMEM's own quiet, which waits for its copy streams
+//!   only, does not have).
 //! - **Captures start clean.** A quiet captured into a graph clears the marks when it is captured,
 //!   but waits only when (and if) the graph is launched. Before the first NVSHMEM operation of a
 //!   capture that could clear marks, eager copies still marked are completed on a private stream,
@@ -143,8 +148,12 @@ impl Chain {
 
     /// Enqueues the quiescing call `call` on `stream` (not being captured), chained: after the
     /// last quiescing call that may have cleared marks, and recorded as the last one when it may
-    /// clear marks itself.
+    /// clear marks itself. On any stream but the private one, marks are first cleared there
+    /// ([`Chain::flush`]), so that `call` clears none and the event stays on the private stream.
     fn chained(&mut self, stream: sys::CUstream, call: impl FnOnce() -> Result<()>) -> Result<()> {
+        if stream != self.flush {
+            self.flush()?;
+        }
         let key = stream as usize;
         if self.last.is_some_and(|last| last != key) {
             // SAFETY: the stream is alive (the caller's) and not being captured, the event is the
@@ -208,7 +217,8 @@ impl Chain {
     }
 
     /// Completes, eagerly on the private stream, the copies NVSHMEM may still have marked: before
-    /// a capture's first operation that could clear the marks.
+    /// a capture's first operation that could clear the marks, and before every eager quiescing
+    /// call on another stream ([`Chain::chained`]).
     fn flush(&mut self) -> Result<()> {
         if self.marked {
             let flush = self.flush;

@@ -291,3 +291,49 @@ fn a_captured_put_and_barrier_replay_correctly() {
         println!("PE {me}: a captured put + barrier replayed 3 times, correct");
     });
 }
+
+#[test]
+#[ignore = "needs 2 GPUs: run by the GPU bundle"]
+fn a_quiet_waits_for_no_other_streams_work() {
+    // PE 0 puts non-blocking on stream A, waits on stream B for a signal that PE 1 sets only
+    // after PE 0 has signalled it from A, quiets B, then completes the put (a quiet on A) and
+    // signals PE 1 from A. NVSHMEM's own quiet on A waits for its copy streams only. Before, the
+    // quiet chain recorded its event after the quiet on B, behind B's signal wait, and A's quiet
+    // waited for that event: A waited for PE 1, which waited for A. The chain now clears the
+    // copies' marks on a private stream and keeps its event there.
+    multi_process("a_quiet_waits_for_no_other_streams_work", 2, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let me = rt.my_pe();
+        let flags = rt.alloc_zeroed::<u64>(2).unwrap();
+        let (f0, f1) = (flags.slice(0..1).unwrap(), flags.slice(1..2).unwrap());
+        let dst = rt.alloc_zeroed::<i32>(COUNT).unwrap();
+        let mut src = rt.alloc::<i32>(COUNT).unwrap();
+        stream.memcpy_htod(&values(me, 0..COUNT), &mut src).unwrap();
+        stream.synchronize().unwrap();
+        rt.barrier_all_on_stream(&stream).unwrap();
+        stream.synchronize().unwrap();
+        let (a, b) = (stream.context().new_stream().unwrap(), stream.context().new_stream().unwrap());
+        if me == 0 {
+            let put = rt.put_nbi_on_stream(&dst, &src, 1, &a).unwrap();
+            rt.signal_wait_until_on_stream(&f0, Cmp::Ge, 1, &b).unwrap();
+            rt.quiet_on_stream(&b).unwrap();
+            put.quiet().unwrap();
+            rt.signal_op_on_stream(&f1, 1, SignalOp::Set, 1, &a).unwrap();
+        } else {
+            rt.signal_wait_until_on_stream(&f1, Cmp::Ge, 1, &a).unwrap();
+            rt.signal_op_on_stream(&f0, 1, SignalOp::Set, 0, &a).unwrap();
+        }
+        // Bounded: a deadlock fails the test instead of hanging it.
+        let done = [a.record_event(None).unwrap(), b.record_event(None).unwrap()];
+        let started = std::time::Instant::now();
+        while !done.iter().all(|e| e.is_complete()) {
+            assert!(started.elapsed() < std::time::Duration::from_secs(60), "PE {me}: the streams never finished");
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        rt.barrier_all_on_stream(&stream).unwrap();
+        if me == 1 {
+            assert_eq!(stream.clone_dtoh(&dst).unwrap(), values(0, 0..COUNT), "PE 1: PE 0's put");
+        }
+        println!("PE {me}: the quiet on one stream waited for no other stream's signal wait");
+    });
+}
