@@ -116,8 +116,9 @@
 //! * No reply, record or error message contains the key or the identity. The store rank 0
 //!   hosts bounds what any client can cost it ([`store::Limits`]): connections that do not
 //!   validate in time are closed, one address may hold only so many connections, a connection
-//!   left idle gives its place to a new one once all are taken, memory is bounded, accept errors
-//!   are reported, every request and reply has a deadline.
+//!   left idle without using the store gives its place to a new one once all are taken (a rank's
+//!   never does), memory is bounded, accept errors are reported, every request and reply has a
+//!   deadline.
 //! * Where rank 0 hosts the store it listens on `MASTER_ADDR` when that is one of the machine's
 //!   addresses (`127.0.0.1` keeps it on the machine, and so does `localhost`, served on the
 //!   loopback address it resolves to), on every interface otherwise (another host name, an

@@ -65,8 +65,8 @@ pub(super) fn serve(plan: &Plan) -> Result<(StoreServer, SocketAddr), Rendezvous
 
 /// The limits of rank 0's store for `world_size` ranks: `configured`, with `max_connections`,
 /// `max_store_keys` and `max_store_bytes` raised to what the ranks hold (each rank keeps one
-/// connection open for the whole rendezvous, and a connection waiting for a key is never
-/// evicted), never lowered. The others, `max_per_peer` among them, stay as configured.
+/// connection open for the whole rendezvous, and a connection that used the store, as a rank's
+/// does from its claim on, is never evicted), never lowered. The others, `max_per_peer` among them, stay as configured.
 fn limits_for(world_size: usize, configured: &Limits) -> Limits {
     let per_rank = |each: usize, spare: usize| world_size.saturating_mul(each).saturating_add(spare);
     Limits {

@@ -36,8 +36,8 @@ pub struct Limits {
     /// The most keys the store holds. Default 65 536.
     pub max_store_keys: usize,
     /// The most open connections, validated or not. Default 1024. When they are all open, a new
-    /// connection takes the place of one that has been idle for `evict_idle_after`, or is turned
-    /// away if none has. A rendezvous's rank 0 raises it (and `max_store_keys`,
+    /// connection takes the place of one that never used the store and has been idle for
+    /// `evict_idle_after`, or is turned away if none has (see `evict_idle_after`). A rendezvous's rank 0 raises it (and `max_store_keys`,
     /// `max_store_bytes`) for its store to what the world size needs: see
     /// [`Options::store_limits`](crate::Options::store_limits).
     pub max_connections: usize,
@@ -49,12 +49,16 @@ pub struct Limits {
     /// through one address (a NAT, a proxy), and on a rendezvous's rank 0 when a node starts more
     /// ranks than this: rank 0 does not raise it for the world size.
     pub max_per_peer: usize,
-    /// How long a validated connection must have been idle (no request received and no reply
-    /// sent since, nothing buffered, no pending `WAIT`) before the server may close it to make
-    /// room for a new connection once `max_connections` are open: of those idle that long, one
-    /// from the address with the most connections goes first, the longest idle of them. Default
-    /// 30 s. Idle connections are closed for nothing else: ranks may stay quiet for long between
-    /// barriers, and PyTorch's client does not reconnect.
+    /// How long a validated connection that never used the store (it sent nothing but
+    /// `VALIDATE` and `PING`) must have been idle (no request received and no reply sent since,
+    /// nothing buffered, no pending `WAIT`) before the server may close it to make room for a new
+    /// connection once `max_connections` are open: of those idle that long, one from the address
+    /// with the most connections goes first, the longest idle of them. Default 30 s. A connection
+    /// that sent any other request (a rank's writes its claim first, a PyTorch client at work
+    /// writes keys) is never evicted, however long it stays quiet: otherwise a stranger filling
+    /// the connections and keeping its own busy got the ranks that were quiet between barriers
+    /// evicted, failing their next barrier. Idle connections are closed for nothing else: ranks
+    /// may stay quiet for long between barriers, and PyTorch's client does not reconnect.
     pub evict_idle_after: Duration,
     /// The most connections that have not yet sent `VALIDATE`. Default 64.
     pub max_pending: usize,

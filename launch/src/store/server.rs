@@ -46,10 +46,11 @@ pub struct ServerStats {
     /// Connections accepted.
     pub accepted: u64,
     /// Connections closed at once because `max_pending` or `max_per_peer` was reached, or
-    /// `max_connections` with no connection idle long enough to make room.
+    /// `max_connections` with no connection that may be evicted to make room.
     pub turned_away: u64,
-    /// Idle connections closed to make room for a new one when `max_connections` was reached
-    /// (see [`Limits::evict_idle_after`]); not counted in `dropped`.
+    /// Idle connections that never used the store, closed to make room for a new one when
+    /// `max_connections` was reached (see [`Limits::evict_idle_after`]); not counted in
+    /// `dropped`.
     pub evicted: u64,
     /// Connections the server closed for a reason (no `VALIDATE` in time, a request over the
     /// limits or too slow, replies not read in time, …): see `events`.
@@ -71,10 +72,12 @@ pub struct ServerStats {
 /// [`Limits::validate_within`] and each request must arrive within [`Limits::request_within`];
 /// unvalidated connections are capped ([`Limits::max_pending`]), and so are one address's
 /// ([`Limits::max_per_peer`]) and all connections ([`Limits::max_connections`]); when all are
-/// open, a new connection takes the place of a validated one idle for
-/// [`Limits::evict_idle_after`], preferably one from the address with the most connections, so
-/// that connections opened and left idle cannot keep a job's ranks out for long (connections are
-/// never closed for idling otherwise: ranks may wait long between barriers); the bytes held for
+/// open, a new connection takes the place of one that has sent nothing but `VALIDATE` and `PING`
+/// and has been idle for [`Limits::evict_idle_after`], preferably one from the address with the
+/// most connections, so that connections opened and left idle cannot keep a job's ranks out for
+/// long, while a connection that used the store is never evicted (a stranger keeping its own
+/// connections busy cannot get quiet ranks evicted) nor closed for idling otherwise (ranks may
+/// wait long between barriers); the bytes held for
 /// connections stay below [`Limits::buffered_bound`] (a read whose reply does not fit waits for
 /// room, within its request deadline, rather than failing); the store's size is capped; a client that
 /// does not read its replies, or reads them too slowly to take them all within
@@ -407,13 +410,14 @@ impl Server {
     }
 
     /// The connection to close for a new one when all are open, and how long it has been idle:
-    /// of those idle for at least `evict_idle_after`, one from the address with the most
-    /// connections, the longest idle of them.
+    /// of those that never used the store ([`Conn::evictable_since`]) and have been idle for at
+    /// least `evict_idle_after`, one from the address with the most connections, the longest idle
+    /// of them.
     fn eviction_candidate(&self, now: Instant) -> Option<(u64, Duration)> {
         self.conns
             .iter()
             .filter_map(|(&id, conn)| {
-                let idle = now.saturating_duration_since(conn.idle_since()?);
+                let idle = now.saturating_duration_since(conn.evictable_since()?);
                 let from_peer = self.peers.get(&conn.peer.ip()).copied().unwrap_or(0);
                 (idle >= self.limits.evict_idle_after).then_some((from_peer, idle, id))
             })
@@ -559,6 +563,11 @@ impl Server {
     /// Serves one request of a validated connection; `Err` closes the connection.
     fn handle(&mut self, id: u64, request: Request<'_>, now: Instant) -> Result<(), String> {
         let refused = |refusal: table::Refusal| refusal.describe();
+        if !matches!(request, Request::Validate { .. } | Request::Ping { .. }) {
+            if let Some(conn) = self.conns.get_mut(&id) {
+                conn.used = true;
+            }
+        }
         match request {
             Request::Validate { .. } => Err("sent VALIDATE twice".into()),
             Request::Ping { nonce } => self.reply(id, &nonce.to_le_bytes(), now),

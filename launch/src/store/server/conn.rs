@@ -59,6 +59,9 @@ pub(super) struct Conn {
     /// The request at the front of `input` (a read, which changes nothing) waits for budget for
     /// its reply: nothing more is read or served until that fits.
     pub(super) stalled: bool,
+    /// It has been served a request other than `VALIDATE` and `PING` (it used the store): it is
+    /// never evicted.
+    pub(super) used: bool,
 }
 
 impl Conn {
@@ -79,6 +82,7 @@ impl Conn {
             reserved: 0,
             last_active: now,
             stalled: false,
+            used: false,
         }
     }
 
@@ -92,10 +96,12 @@ impl Conn {
         self.output.len() - self.sent
     }
 
-    /// When it became idle, if it is: validated, with no request under way, no pending wait and
-    /// no unsent reply (a connection that may be closed to make room for a new one).
-    pub(super) fn idle_since(&self) -> Option<Instant> {
-        let quiet = self.validated && self.wait.is_none() && self.held() == 0;
+    /// When it became idle, if it may be closed to make room for a new connection: validated, it
+    /// has sent nothing but `VALIDATE` and `PING`, and has no request under way, no pending wait
+    /// and no unsent reply. A connection that used the store (a rank's, which writes its claim
+    /// first; a PyTorch client's at work) keeps its place however long it stays quiet.
+    pub(super) fn evictable_since(&self) -> Option<Instant> {
+        let quiet = self.validated && !self.used && self.wait.is_none() && self.held() == 0;
         quiet.then_some(self.last_active)
     }
 

@@ -446,6 +446,47 @@ fn a_connection_waiting_for_a_key_is_never_evicted() {
     assert_eq!((stats.evicted, stats.turned_away), (1, 0));
 }
 
+#[test]
+fn a_connection_that_used_the_store_keeps_its_place_however_long_it_is_quiet() {
+    // A rank wrote its claim and went quiet (between barriers); a stranger holds the other three
+    // places with connections that only ping. Before: the rank, the longest idle, gave its place
+    // to the newcomer and its next request failed. Now a pinging one does, and once every place
+    // is held by a connection that used the store, a newcomer is turned away.
+    let limits = Limits { max_connections: 4, evict_idle_after: Duration::from_millis(300), ..Limits::default() };
+    let server = serve(limits);
+    let mut rank = client(&server);
+    rank.set("/claim", b"rank 1").unwrap();
+    let mut pinging = validated(&server, 3);
+    for stream in &mut pinging {
+        ping(stream);
+    }
+    thread::sleep(Duration::from_millis(400));
+    let mut newcomer = client(&server);
+    newcomer.set("/in", b"yes").unwrap();
+    assert_eq!(stats_until(&server, |s| s.evicted == 1).evicted, 1);
+    assert_eq!(rank.get("/claim").unwrap(), b"rank 1");
+    let mut left: Vec<TcpStream> = pinging.into_iter().filter_map(|mut s| still_open(&mut s).then_some(s)).collect();
+    assert_eq!(left.len(), 2);
+    // The two left use the store too (a GET): no place is free for another newcomer, however
+    // long they all stay quiet.
+    let mut get = Vec::new();
+    Request::Get { key: b"/in" }.encode(&mut get);
+    for stream in &mut left {
+        stream.write_all(&get).unwrap();
+        let mut reply = [0u8; 11];
+        stream.read_exact(&mut reply).unwrap();
+        assert_eq!(&reply[8..], b"yes");
+    }
+    thread::sleep(Duration::from_millis(400));
+    let mut refused = raw(&server, false);
+    let stats = stats_until(&server, |s| s.turned_away == 1);
+    assert_eq!((stats.turned_away, stats.evicted, stats.connections), (1, 1, 4));
+    assert!(!still_open(&mut refused));
+    assert!(left.iter_mut().all(still_open));
+    assert_eq!(rank.get("/claim").unwrap(), b"rank 1");
+    assert_eq!(newcomer.get("/in").unwrap(), b"yes");
+}
+
 /// Whether this host's loopback takes IPv6 and IPv4 connections on one `[::]` socket.
 fn dual_stack() -> bool {
     let Ok(listener) = TcpListener::bind("[::]:0") else { return false };
@@ -455,8 +496,8 @@ fn dual_stack() -> bool {
 
 #[test]
 fn the_address_with_the_most_connections_gives_up_one_first() {
-    // A rank (over IPv6) is the longest idle, but a host holding three connections (over IPv4,
-    // another address) loses one of its own to the newcomer.
+    // A connection that only validated (over IPv6) is the longest idle, but a host holding three
+    // (over IPv4, another address) loses one of its own to the newcomer.
     if !dual_stack() {
         eprintln!("skipped: the loopback does not take IPv6 and IPv4 on one socket here");
         return;
