@@ -30,7 +30,8 @@ const DELETE_CHUNK: usize = 512;
 ///
 /// After an operation fails in the middle of a message (a timeout, a closed connection), the
 /// connection is out of step and every later call fails with [`StoreError::Broken`]; a timed-out
-/// [`wait`](StoreClient::wait) is canceled cleanly and leaves it usable.
+/// [`wait`](StoreClient::wait) is canceled cleanly and leaves it usable, unless the cancellation
+/// itself cannot be sent and confirmed in time (the store may still answer the wait).
 #[derive(Debug)]
 pub struct StoreClient {
     stream: TcpStream,
@@ -197,7 +198,9 @@ impl StoreClient {
     /// `WAIT`: returns `true` once every key exists, or `false` when `timeout` passes first (the
     /// wait is then canceled with `CANCEL_WAIT`, as PyTorch's client does, and the connection
     /// stays usable). The whole operation, cancellation included, is bounded by `timeout` plus
-    /// the client's [`timeout`](StoreClient::timeout).
+    /// the client's [`timeout`](StoreClient::timeout): a cancellation that cannot be sent and
+    /// confirmed within it (a client timeout of zero, a stalled store) fails the call and leaves
+    /// the connection broken, since the store may still answer the wait.
     pub fn wait(&mut self, keys: &[&str], timeout: Duration) -> Result<bool, StoreError> {
         let io = Deadline::after(timeout.saturating_add(self.timeout));
         self.wait_by(keys, Deadline::after(timeout), io)
@@ -212,8 +215,12 @@ impl StoreClient {
             Err(error) if error.is_timeout() => {}
             Err(error) => return Err(error),
         }
-        // Not ready in time: cancel. The store may have ended the wait just before.
-        self.send("CANCEL_WAIT", &Request::CancelWait, io)?;
+        // Not ready in time: cancel. The store may have ended the wait just before. Until the
+        // cancellation is confirmed the store may still answer the WAIT, so a cancellation that
+        // cannot be sent leaves the connection out of step, as one that is not confirmed does.
+        if let Err(error) = self.send("CANCEL_WAIT", &Request::CancelWait, io) {
+            return Err(self.fail(error));
+        }
         match self.read_array::<1>("CANCEL_WAIT", io)?[0] {
             WAIT_CANCELED => Ok(false),
             WAIT_STOP => match self.read_array::<1>("CANCEL_WAIT", io)?[0] {

@@ -173,6 +173,29 @@ fn a_wait_ends_when_another_client_sets_the_key_or_is_canceled() {
 }
 
 #[test]
+fn a_timed_out_wait_whose_cancel_cannot_be_sent_leaves_the_client_broken() {
+    // A client timeout of zero leaves no time to send CANCEL_WAIT once the wait's own 2 s have
+    // passed, so the WAIT stays pending in the store. Before: the client stayed in step, and the
+    // WAIT_STOP the store sent once the key was set was read as the start of the next reply.
+    let server = serve(Limits::default());
+    let mut waiter = client(&server);
+    let mut setter = client(&server);
+    waiter.set_timeout(Duration::ZERO);
+    let error = waiter.wait(&["/k"], 2 * SECOND).unwrap_err();
+    assert!(error.is_timeout(), "{error}");
+    // The WAIT is pending: the store holds its key.
+    assert!(stats_until(&server, |s| s.buffered_bytes > 0).buffered_bytes > 0);
+    setter.set("/k", b"value").unwrap();
+    // Served in order: once the PING is answered, the SET has ended the wait.
+    setter.ping().unwrap();
+    assert_eq!(stats_until(&server, |s| s.buffered_bytes == 0).buffered_bytes, 0);
+    waiter.set_timeout(5 * SECOND);
+    assert!(matches!(waiter.get("/k"), Err(StoreError::Broken { .. })));
+    assert!(matches!(waiter.ping(), Err(StoreError::Broken { .. })));
+    assert_eq!(setter.get("/k").unwrap(), b"value");
+}
+
+#[test]
 fn connections_must_send_validate_first_and_in_time() {
     let limits = Limits { validate_within: Duration::from_millis(200), ..Limits::default() };
     let server = serve(limits);
