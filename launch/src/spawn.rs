@@ -56,6 +56,10 @@ const RELAY_LINGER: Duration = Duration::from_secs(2);
 /// printing).
 const RELAY_LIMIT: Duration = Duration::from_secs(30);
 
+/// How often the spawner looks for what exited ranks left running in their process groups
+/// (reading `/proc`), while there is some.
+const GROUP_LOOK: Duration = Duration::from_millis(50);
+
 /// How the ranks ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Outcome {
@@ -180,7 +184,10 @@ impl std::error::Error for SpawnError {}
 /// Every line a rank prints is re-printed on the parent's stdout or stderr as `[rank N] line`.
 /// Each rank runs in a process group of its own, so that stopping a rank stops what it started
 /// too (a shell's commands, Python's workers). When a rank fails (non-zero exit or a signal) the
-/// others' groups get `SIGTERM`, and `SIGKILL` after `grace`. `SIGINT`, `SIGTERM` and `SIGHUP`
+/// others' groups get `SIGTERM`, and `SIGKILL` after `grace`. On Linux, when a rank exits (fails
+/// or not), what it left running in its group (a shell's background command, a worker it did
+/// not wait for) gets `SIGTERM` too, and `SIGKILL` if it still runs `grace` later: the call
+/// returns once nothing of any rank's group runs. `SIGINT`, `SIGTERM` and `SIGHUP`
 /// sent to the spawner while the ranks run (Ctrl-C in a terminal reaches the spawner only) are
 /// passed on to every rank's group, and the ranks still running get `SIGKILL` after `grace`:
 /// meanwhile this process's own handlers of those signals are set aside, and put back when the
@@ -248,7 +255,7 @@ pub(crate) fn spawn_to(
             Ok(())
         });
         if let Err(error) = started {
-            kill_all(&mut children);
+            kill_all(children.iter_mut());
             return Err(SpawnError::Spawn { rank, program: program.to_path_buf(), error });
         }
     }
@@ -258,39 +265,82 @@ pub(crate) fn spawn_to(
 }
 
 /// Polls the children until all have exited, stopping the rest after the first failure, and
-/// passing on to every running rank's group a signal the spawner received (then stopping them
-/// like after a failure: `SIGKILL` after `grace`).
+/// passing on to every rank's group a signal the spawner received (then stopping them like after
+/// a failure: `SIGKILL` after `grace`). What a rank leaves running in its group when it exits
+/// gets `SIGTERM`, and `SIGKILL` once `grace` has passed since then (or since the ranks began to
+/// be stopped); the rank is reaped only once nothing of its group runs (Linux), so that until
+/// then its group's id cannot be reused.
 fn supervise(children: &mut [Child], grace: Duration, forwarding: &process::Forwarding) -> Result<Outcome, SpawnError> {
     let mut statuses: Vec<Option<ExitStatus>> = vec![None; children.len()];
+    // Exited, not reaped yet: since when what it left in its group is being stopped.
+    let mut lingering: Vec<Option<Instant>> = vec![None; children.len()];
+    let mut reaped = vec![false; children.len()];
     let mut first_failure: Option<(usize, String)> = None;
     let mut stopping_since: Option<Instant> = None;
     let mut killed = false;
+    let mut last_look: Option<Instant> = None;
     loop {
+        let mut exits = false;
         for (rank, child) in children.iter_mut().enumerate() {
             if statuses[rank].is_some() {
                 continue;
             }
-            match child.try_wait() {
-                Ok(Some(status)) => {
-                    statuses[rank] = Some(status);
-                    if !status.success() && first_failure.is_none() {
-                        first_failure = Some((rank, process::describe(status)));
+            match process::exited(child) {
+                Ok(Some(exit)) => {
+                    statuses[rank] = Some(exit.status);
+                    if !exit.status.success() && first_failure.is_none() {
+                        first_failure = Some((rank, process::describe(exit.status)));
+                    }
+                    if exit.held {
+                        // A shell's background commands, a program's workers: they go with it.
+                        #[cfg(unix)]
+                        process::signal_group(child, libc::SIGTERM);
+                        let now = Instant::now();
+                        lingering[rank] = Some(stopping_since.map_or(now, |since| since.min(now)));
+                        exits = true;
+                    } else {
+                        reaped[rank] = true;
                     }
                 }
                 Ok(None) => {}
                 Err(error) => {
-                    kill_all(children);
+                    kill_all(unreaped(children, &reaped));
                     return Err(SpawnError::Wait { rank, error });
                 }
             }
         }
-        let running = || children_running(&statuses);
-        if running().next().is_none() {
+        let look = exits || last_look.is_none_or(|at| at.elapsed() >= GROUP_LOOK);
+        if look && lingering.iter().any(Option::is_some) {
+            last_look = Some(Instant::now());
+            let live = process::live_groups();
+            for rank in 0..children.len() {
+                let Some(since) = lingering[rank] else { continue };
+                let child = &mut children[rank];
+                let left = live.contains(&child.id());
+                if left && since.elapsed() < grace {
+                    continue;
+                }
+                if left {
+                    process::kill(child);
+                }
+                match process::release(child) {
+                    Ok(status) => statuses[rank] = Some(status),
+                    Err(error) => {
+                        kill_all(unreaped(children, &reaped));
+                        return Err(SpawnError::Wait { rank, error });
+                    }
+                }
+                lingering[rank] = None;
+                reaped[rank] = true;
+            }
+        }
+        if reaped.iter().all(|&r| r) {
             break;
         }
+        let running = || children_running(&statuses);
         #[cfg(unix)]
         if let Some(signal) = forwarding.take() {
-            for rank in running() {
+            for rank in (0..children.len()).filter(|&rank| !reaped[rank]) {
                 process::signal_group(&children[rank], signal);
             }
             stopping_since.get_or_insert_with(Instant::now);
@@ -319,9 +369,14 @@ fn children_running(statuses: &[Option<ExitStatus>]) -> impl Iterator<Item = usi
     statuses.iter().enumerate().filter(|(_, s)| s.is_none()).map(|(rank, _)| rank)
 }
 
-/// Kills and reaps every child (error paths).
-fn kill_all(children: &mut [Child]) {
-    for child in children.iter_mut() {
+/// The children not reaped yet (whose groups may still be signaled).
+fn unreaped<'a>(children: &'a mut [Child], reaped: &'a [bool]) -> impl Iterator<Item = &'a mut Child> {
+    children.iter_mut().zip(reaped).filter(|(_, &reaped)| !reaped).map(|(child, _)| child)
+}
+
+/// Kills and reaps children that have not been reaped (error paths).
+fn kill_all<'a>(children: impl Iterator<Item = &'a mut Child>) {
+    for child in children {
         process::kill(child);
         let _ = child.wait();
     }

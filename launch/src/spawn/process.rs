@@ -1,5 +1,7 @@
 //! The operating-system side of child processes: process groups, signals and exit statuses.
 
+use std::collections::HashSet;
+use std::io;
 use std::process::{Child, Command, ExitStatus};
 #[cfg(unix)]
 use std::sync::atomic::{AtomicI32, Ordering};
@@ -29,9 +31,91 @@ pub(super) fn kill(child: &mut Child) {
 pub(super) fn signal_group(child: &Child, signal: libc::c_int) -> bool {
     let Ok(pid) = libc::pid_t::try_from(child.id()) else { return false };
     // SAFETY: kill(2) has no memory-safety preconditions. `pid` is a child of this process that
-    // has not been reaped (callers only signal children whose `try_wait` has not returned a
-    // status), so neither its id nor its group's (the same number) can have been reused.
+    // has not been reaped (callers only signal children that no wait has reaped: a rank seen
+    // exiting by [`exited`] stays a zombie until its group is released), so neither its id nor
+    // its group's (the same number) can have been reused.
     unsafe { libc::kill(-pid, signal) == 0 }
+}
+
+/// How a child that has exited ended, once it has; `held` when it is left unreaped (a zombie,
+/// Linux), so that its process group's id stays its own until [`release`], and what it left
+/// running in its group can still be signaled.
+pub(super) struct Exit {
+    pub(super) status: ExitStatus,
+    pub(super) held: bool,
+}
+
+/// The exit of `child`, if it has exited: on Linux seen with `waitid(WNOWAIT)`, which leaves it
+/// unreaped; elsewhere reaped at once (`held` false).
+pub(super) fn exited(child: &mut Child) -> io::Result<Option<Exit>> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        let pid = libc::id_t::try_from(child.id()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        loop {
+            // SAFETY: siginfo_t is plain C data, for which all zero bytes are a valid value.
+            let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+            let flags = libc::WEXITED | libc::WNOHANG | libc::WNOWAIT;
+            // SAFETY: waitid(2) gets a valid pointer to `info`, fills it in and keeps no pointer
+            // to it; WNOWAIT leaves the child waitable (unreaped), WNOHANG returns at once.
+            if unsafe { libc::waitid(libc::P_PID, pid, &mut info, flags) } != 0 {
+                let error = io::Error::last_os_error();
+                if error.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(error);
+            }
+            // SAFETY: waitid(2) filled in a SIGCHLD's fields (or left them zeroed: still running).
+            let (from, status) = unsafe { (info.si_pid(), info.si_status()) };
+            if from == 0 {
+                return Ok(None);
+            }
+            // The wait status that waitpid(2) would give.
+            let raw = match info.si_code {
+                libc::CLD_EXITED => (status & 0xff) << 8,
+                libc::CLD_KILLED => status & 0x7f,
+                libc::CLD_DUMPED => (status & 0x7f) | 0x80,
+                // Stopped or continued: not asked for (no WSTOPPED, WCONTINUED).
+                _ => return Ok(None),
+            };
+            return Ok(Some(Exit { status: ExitStatus::from_raw(raw), held: true }));
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    Ok(child.try_wait()?.map(|status| Exit { status, held: false }))
+}
+
+/// Reaps a child that [`exited`] left unreaped; its status.
+pub(super) fn release(child: &mut Child) -> io::Result<ExitStatus> {
+    child.wait()
+}
+
+/// The process groups of the processes running now, zombies left out (Linux, from `/proc`;
+/// empty where it cannot be read, or elsewhere).
+pub(super) fn live_groups() -> HashSet<u32> {
+    #[cfg(target_os = "linux")]
+    {
+        let mut groups = HashSet::new();
+        let Ok(entries) = std::fs::read_dir("/proc") else { return groups };
+        for entry in entries.flatten() {
+            if !entry.file_name().as_encoded_bytes().iter().all(u8::is_ascii_digit) {
+                continue;
+            }
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+            // After the command name, which is in parentheses: the state, the parent, the group.
+            let Some((_, rest)) = stat.rsplit_once(") ") else { continue };
+            let mut fields = rest.split(' ');
+            let (Some(state), Some(_), Some(group)) = (fields.next(), fields.next(), fields.next()) else { continue };
+            if !matches!(state, "Z" | "X") {
+                if let Ok(group) = group.parse() {
+                    groups.insert(group);
+                }
+            }
+        }
+        groups
+    }
+    #[cfg(not(target_os = "linux"))]
+    HashSet::new()
 }
 
 /// Puts the child in a process group of its own (Unix), so that stopping it reaches what it

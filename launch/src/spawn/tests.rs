@@ -227,6 +227,53 @@ fn stopping_a_rank_stops_what_it_started() {
     assert!(!survived, "the sleep rank 0 started outlived the job");
 }
 
+#[test]
+fn what_a_failed_rank_left_running_is_stopped_too() {
+    // Rank 0 starts a `sleep` in the background and fails at once. Before: only ranks still
+    // running were signaled, so the orphaned `sleep` (in rank 0's process group) ran on for ten
+    // minutes, holding the output pipes (and what a real rank holds: its GPU).
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("sleep.pid");
+    let script = format!("sleep 600 & echo $! > {pid}; exit 3", pid = pid_file.display());
+    let captured = Captured::new();
+    let outcome = sh(1, &script, &[], Duration::from_secs(2), &captured);
+    assert_eq!(outcome.first_failure, Some((0, "exited with code 3".to_string())), "{outcome}");
+    let pid: u32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while runs(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let survived = runs(pid);
+    if survived {
+        // SAFETY: kill(2) has no memory-safety preconditions; the test started this `sleep`.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    }
+    assert!(!survived, "the sleep the failed rank started outlived it");
+}
+
+#[test]
+fn what_a_rank_left_running_that_ignores_sigterm_is_killed_after_the_grace_period() {
+    // The rank succeeds, leaving a `sleep` that ignores SIGTERM in its group: it gets SIGKILL
+    // 0.3 s later, and the call returns once it is gone.
+    let dir = tempfile::tempdir().unwrap();
+    let pid_file = dir.path().join("sleep.pid");
+    let script = format!("(trap '' TERM; exec sleep 600) & echo $! > {pid}; exit 0", pid = pid_file.display());
+    let captured = Captured::new();
+    let outcome = sh(1, &script, &[], Duration::from_millis(300), &captured);
+    assert!(outcome.success(), "{outcome}");
+    let pid: u32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while runs(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let survived = runs(pid);
+    if survived {
+        // SAFETY: kill(2) has no memory-safety preconditions; the test started this `sleep`.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    }
+    assert!(!survived, "the sleep the rank started outlived it");
+}
+
 /// Set by [`a_signal_to_the_spawner_reaches_the_ranks_and_then_the_spawner`] for its child.
 const SPAWNER_CHILD: &str = "GPUCOMM_TEST_SPAWNER_CHILD";
 
