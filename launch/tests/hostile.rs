@@ -340,20 +340,7 @@ fn a_second_program_in_a_torchrun_worker_meets_in_a_generation_of_its_own() {
     let agent = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
     let port = agent.local_addr().port();
     let run_id = format!("two-programs-{}", std::process::id());
-    let worker = |rank: usize| -> RankInfo {
-        let vars = [
-            ("RANK", rank.to_string()),
-            ("WORLD_SIZE", "2".into()),
-            ("LOCAL_RANK", rank.to_string()),
-            ("LOCAL_WORLD_SIZE", "2".into()),
-            ("MASTER_ADDR", "127.0.0.1".into()),
-            ("MASTER_PORT", port.to_string()),
-            ("TORCHELASTIC_RUN_ID", run_id.clone()),
-            ("TORCHELASTIC_RESTART_COUNT", "0".into()),
-            ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
-        ];
-        RankInfo::from_vars(|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone())).unwrap()
-    };
+    let worker = |rank: usize| torchrun_worker(rank, 2, port, &run_id, 0, None);
     // Each program is a process of its own in life: its first rendezvous is #0.
     let program = |name: &'static str| -> Vec<Vec<u8>> {
         let rank1 =
@@ -447,25 +434,9 @@ fn torchrun_agent_store_restart_with_restart_counts_that_differ_between_nodes_jo
 fn agent_store_restart(token: Option<&str>, counts: [u32; 2]) {
     // A StoreServer plays the agent's store; the ranks read the variables torchrun sets.
     let agent = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
-    let port = agent.local_addr().port().to_string();
+    let port = agent.local_addr().port();
     let run_id = format!("agent-test-{}-{}{}", std::process::id(), counts[0], counts[1]);
-    let worker = |rank: usize, restart: u32| -> RankInfo {
-        let mut vars = vec![
-            ("RANK", rank.to_string()),
-            ("WORLD_SIZE", "2".into()),
-            ("LOCAL_RANK", rank.to_string()),
-            ("LOCAL_WORLD_SIZE", "2".into()),
-            ("GROUP_RANK", "0".into()),
-            ("ROLE_RANK", rank.to_string()),
-            ("MASTER_ADDR", "127.0.0.1".into()),
-            ("MASTER_PORT", port.clone()),
-            ("TORCHELASTIC_RUN_ID", run_id.clone()),
-            ("TORCHELASTIC_RESTART_COUNT", restart.to_string()),
-            ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
-        ];
-        vars.extend(token.map(|t| ("GPUCOMM_JOB_TOKEN", t.to_string())));
-        RankInfo::from_vars(|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone())).unwrap()
-    };
+    let worker = |rank: usize, restart: u32| torchrun_worker(rank, 2, port, &run_id, restart, token);
     // Each attempt is a process of its own in life: its first rendezvous is #0.
     let opts = || options(10.0).clone_instance(0);
     // Attempt 0 completes.
@@ -501,20 +472,7 @@ fn a_restart_moves_on_from_a_generation_that_died_before_it_completed() {
     let agent = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
     let port = agent.local_addr().port();
     let run_id = format!("died-{}", std::process::id());
-    let worker = |rank: usize| -> RankInfo {
-        let vars = [
-            ("RANK", rank.to_string()),
-            ("WORLD_SIZE", "2".into()),
-            ("LOCAL_RANK", rank.to_string()),
-            ("LOCAL_WORLD_SIZE", "2".into()),
-            ("MASTER_ADDR", "127.0.0.1".into()),
-            ("MASTER_PORT", port.to_string()),
-            ("TORCHELASTIC_RUN_ID", run_id.clone()),
-            ("TORCHELASTIC_RESTART_COUNT", "0".into()),
-            ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
-        ];
-        RankInfo::from_vars(|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone())).unwrap()
-    };
+    let worker = |rank: usize| torchrun_worker(rank, 2, port, &run_id, 0, None);
     let opts = || options(10.0).clone_instance(0);
     let base = prefix(&format!("torchrun-{run_id}"), 0);
     let mut c = store_client(port);

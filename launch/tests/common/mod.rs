@@ -42,6 +42,34 @@ pub fn info(rank: usize, world_size: usize, port: u16, token: &str) -> RankInfo 
     info
 }
 
+/// Rank `rank` of `world_size` as torchrun starts it under its agent's store at
+/// `127.0.0.1:port`, read from the variables torchrun sets (with `GPUCOMM_JOB_TOKEN=token` when
+/// given).
+pub fn torchrun_worker(
+    rank: usize,
+    world_size: usize,
+    port: u16,
+    run_id: &str,
+    restart_count: u32,
+    token: Option<&str>,
+) -> RankInfo {
+    let mut vars = vec![
+        ("RANK", rank.to_string()),
+        ("WORLD_SIZE", world_size.to_string()),
+        ("LOCAL_RANK", rank.to_string()),
+        ("LOCAL_WORLD_SIZE", world_size.to_string()),
+        ("GROUP_RANK", "0".into()),
+        ("ROLE_RANK", rank.to_string()),
+        ("MASTER_ADDR", "127.0.0.1".into()),
+        ("MASTER_PORT", port.to_string()),
+        ("TORCHELASTIC_RUN_ID", run_id.to_string()),
+        ("TORCHELASTIC_RESTART_COUNT", restart_count.to_string()),
+        ("TORCHELASTIC_USE_AGENT_STORE", "True".into()),
+    ];
+    vars.extend(token.map(|t| ("GPUCOMM_JOB_TOKEN", t.to_string())));
+    RankInfo::from_vars(|name| vars.iter().find(|(n, _)| *n == name).map(|(_, v)| v.clone())).unwrap()
+}
+
 pub fn options(seconds: f64) -> Options {
     Options::default().with_timeout(Duration::from_secs_f64(seconds))
 }
