@@ -319,6 +319,17 @@ pub enum Error {
         /// Its size in the NVSHMEM headers this crate was built with, in bytes.
         expected: usize,
     },
+    /// The module was device-linked with an NVSHMEM device library that the loaded host library
+    /// refuses: of another major version, or a newer minor one (`nvshmemx_cumodule_init` would
+    /// fail). Nothing was registered; the module was unloaded.
+    #[error("the module was device-linked with NVSHMEM {} but the loaded library is {library}, which takes modules of its own major version and of its minor version or older: device-link the module with the libnvshmem_device.a of the NVSHMEM that runs it", device.map_or_else(|| "of an unreadable version".to_string(), |v| v.to_string()))]
+    #[doc(alias = "nvshmemi_device_lib_version_d")]
+    ModuleVersion {
+        /// The device library's version, as the module records it (`None`: unreadable).
+        device: Option<nvshmem_sys::Version>,
+        /// The loaded host library's version.
+        library: nvshmem_sys::Version,
+    },
     /// A module image that is not a complete cubin, fat binary or PTX text (truncated, corrupt,
     /// or something else), refused before the driver saw it: `cuModuleLoadData` takes no length,
     /// and would read past the end of such an image.

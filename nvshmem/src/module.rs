@@ -133,6 +133,14 @@ impl Runtime {
                 return Err(Error::ModuleGlobalSize { global, size, expected });
             }
         }
+        // NVSHMEM refuses a device library of another major version, or of a newer minor one,
+        // than the host library's (`nvshmemi_is_version_compatible`), but then fails finalising
+        // too, which would leave the module loaded for good: refused here first.
+        let library = self.info().version;
+        match module.device_lib_version()? {
+            Some(device) if device.major == library.major && device.minor <= library.minor => {}
+            device => return Err(Error::ModuleVersion { device, library }),
+        }
         // SAFETY: NVSHMEM is initialised; the module is live, loaded in the current context, and
         // its two globals that NVSHMEM reads and writes have the sizes of the host library's
         // types (checked).
@@ -168,6 +176,23 @@ impl<'rt> Module<'rt> {
             Err(DriverError(sys::cudaError_enum::CUDA_ERROR_NOT_FOUND)) => Ok(None),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// The NVSHMEM version of the device library the module was linked with
+    /// (`nvshmemi_device_lib_version_d`, whose size was checked); `None` when a part is negative.
+    fn device_lib_version(&self) -> Result<Option<nvshmem_sys::Version>> {
+        let name = CString::new(DEVICE_LIB_VERSION).map_err(|_| Error::NotNvshmemModule)?;
+        // SAFETY: live module; the name is NUL-terminated.
+        let (ptr, _) = unsafe { result::module::get_global(self.as_raw(), name) }?;
+        let mut parts = [0i32; 3];
+        // SAFETY: the global is an `nvshmemi_version_t` (three ints, its size checked by the
+        // caller) in device memory of the current context; `parts` is as long.
+        unsafe { result::memcpy_dtoh_sync(&mut parts, ptr) }?;
+        let [major, minor, patch] = parts.map(u32::try_from);
+        Ok(match (major, minor, patch) {
+            (Ok(major), Ok(minor), Ok(patch)) => Some(nvshmem_sys::Version::new(major, minor, patch)),
+            _ => None,
+        })
     }
 
     /// Unregisters the module from NVSHMEM (`nvshmemx_cumodule_finalize`): NVSHMEM forgets the
