@@ -441,6 +441,8 @@ impl<'a> Fields<'a, '_> {
     /// A u64 length or count, checked against `max` before anything else is read.
     fn len(&mut self, field: &'static str, max: usize) -> Result<usize, Stop> {
         let len = u64::from_le_bytes(self.array::<LEN>()?);
+        #[cfg(test)]
+        LENGTHS_READ.with(|n| n.set(n.get() + 1));
         match usize::try_from(len) {
             Ok(n) if n <= max => Ok(n),
             _ => Err(CodecError::TooLong { field, len, max }.into()),
@@ -476,6 +478,90 @@ impl<'a> Fields<'a, '_> {
             pairs.push((key, self.value()?));
         }
         Ok(pairs)
+    }
+}
+
+#[cfg(test)]
+thread_local! {
+    /// Length and count fields read on this thread: how a test sees how often a server reads a
+    /// request's fields (on its own thread).
+    pub(crate) static LENGTHS_READ: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
+
+/// How far the request at the start of a buffer that grows has been checked, so that checking it
+/// again starts where the last look stopped: a request of many keys that arrives a few bytes at a
+/// time is read once, not once more for every piece (which cost a server the square of its
+/// keys). Only the keys or pairs of a `CHECK`, `WAIT`, `MULTI_GET` or `MULTI_SET` are resumed;
+/// the other requests have a few fields, read again each time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Scan {
+    /// Where the next key (or pair) starts; 0 before the count has been read.
+    pos: usize,
+    /// How many keys (or pairs) are still to come.
+    left: usize,
+}
+
+/// What [`Scan::advance`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Scanned {
+    /// The whole request is in the buffer, this many bytes long: decode it.
+    Whole(usize),
+    /// The start of a request.
+    Need {
+        /// Nothing more can be decided before the buffer holds this many bytes (the end of the
+        /// field it stopped in, as [`Decoded::Incomplete`] says).
+        needed: usize,
+        /// The request is at least this long: `needed` and, for a list, a length prefix for
+        /// each key (two for each pair) after the one it stopped in; never more than
+        /// [`Limits::max_request_len`].
+        least: usize,
+    },
+}
+
+impl Scan {
+    /// Checks the request at the start of `buf` as [`decode_request`] does (every length and
+    /// count against `limits`, as soon as it arrives), from where the last call stopped, without
+    /// building it. `buf` must be what the last call had, and maybe more; start with a new
+    /// `Scan` for every request.
+    pub(crate) fn advance(&mut self, buf: &[u8], limits: &Limits) -> Result<Scanned, CodecError> {
+        let Some(&first) = buf.first() else { return Ok(Scanned::Need { needed: 1, least: 1 }) };
+        let query = Query::from_byte(first).ok_or(CodecError::UnknownQuery { byte: first })?;
+        let pairs = match query {
+            Query::Check | Query::Wait | Query::MultiGet => false,
+            Query::MultiSet => true,
+            _ => {
+                return Ok(match decode_request(buf, limits)? {
+                    Decoded::Complete { len, .. } => Scanned::Whole(len),
+                    Decoded::Incomplete { needed } => Scanned::Need { needed, least: needed },
+                })
+            }
+        };
+        let mut f = Fields { buf, pos: self.pos.max(1), limits };
+        let stopped = loop {
+            if self.pos == 0 {
+                match f.len("key count", limits.max_keys_per_request) {
+                    Ok(count) => (self.pos, self.left) = (f.pos, count),
+                    Err(stop) => break stop,
+                }
+            }
+            if self.left == 0 {
+                return Ok(Scanned::Whole(self.pos));
+            }
+            let read = f.key().and_then(|_| if pairs { f.value().map(|_| ()) } else { Ok(()) });
+            match read {
+                Ok(()) => (self.pos, self.left) = (f.pos, self.left - 1),
+                Err(stop) => break stop,
+            }
+        };
+        match stopped {
+            Stop::Need(needed) => {
+                // Each key or pair after the one it stopped in takes at least its length prefixes.
+                let item = if pairs { 2 * LEN } else { LEN };
+                let rest = self.left.saturating_sub(1).saturating_mul(item);
+                Ok(Scanned::Need { needed, least: needed.saturating_add(rest).min(limits.max_request_len) })
+            }
+            Stop::Invalid(error) => Err(error),
+        }
     }
 }
 

@@ -15,7 +15,9 @@ use std::time::{Duration, Instant};
 use conn::{Conn, Wait, READ_CHUNK, VALIDATE_LEN};
 use table::Table;
 
-use super::codec::{self, decode_request, Decoded, Request, CHECK_NOT_READY, CHECK_READY, WAIT_CANCELED, WAIT_STOP};
+use super::codec::{
+    self, decode_request, Decoded, Request, Scanned, CHECK_NOT_READY, CHECK_READY, WAIT_CANCELED, WAIT_STOP,
+};
 use super::Limits;
 use crate::deadline::{later, secs};
 
@@ -68,7 +70,9 @@ pub struct ServerStats {
 /// can use.
 ///
 /// Built to face clients that may be hostile (an exposed port): every announced length is
-/// checked before anything is allocated; a connection must send `VALIDATE` within
+/// checked before anything is allocated, and a request is checked as it arrives, from where the
+/// last look stopped, and decoded once whole (a request of many keys sent a key at a time costs
+/// the server no more than one sent at once); a connection must send `VALIDATE` within
 /// [`Limits::validate_within`] and each request must arrive within [`Limits::request_within`];
 /// unvalidated connections are capped ([`Limits::max_pending`]), and so are one address's
 /// ([`Limits::max_per_peer`]) and all connections ([`Limits::max_connections`]); when all are
@@ -104,6 +108,9 @@ pub struct StoreServer {
 struct Shared {
     stats: ServerStats,
     stop: bool,
+    /// Length fields the server thread has read ([`codec::LENGTHS_READ`]).
+    #[cfg(test)]
+    lengths_read: u64,
 }
 
 impl std::fmt::Debug for StoreServer {
@@ -133,7 +140,12 @@ impl StoreServer {
         let (waker, wake) = UnixStream::pair()?;
         waker.set_nonblocking(true)?;
         wake.set_nonblocking(true)?;
-        let shared = Arc::new(Mutex::new(Shared { stats: ServerStats::default(), stop: false }));
+        let shared = Arc::new(Mutex::new(Shared {
+            stats: ServerStats::default(),
+            stop: false,
+            #[cfg(test)]
+            lengths_read: 0,
+        }));
         let server = Server {
             listener,
             wake,
@@ -331,6 +343,10 @@ impl Server {
         };
         let mut shared = lock(&self.shared);
         shared.stats = stats;
+        #[cfg(test)]
+        {
+            shared.lengths_read = codec::LENGTHS_READ.with(std::cell::Cell::get);
+        }
         shared.stop
     }
 
@@ -446,7 +462,7 @@ impl Server {
         if !conn.validated {
             return VALIDATE_LEN.saturating_sub(conn.input.len());
         }
-        let want = conn.held() - conn.input.len() + conn.needed.max(conn.input.len() + 1);
+        let want = conn.held() - conn.input.len() + conn.needed.max(conn.least).max(conn.input.len() + 1);
         let cap = allowance + conn.reserved;
         if want > cap {
             let extra = want - cap;
@@ -464,7 +480,7 @@ impl Server {
     fn settle(&mut self, id: u64) {
         let allowance = self.limits.connection_allowance;
         let Some(conn) = self.conns.get_mut(&id) else { return };
-        let pending = if conn.input.is_empty() { 0 } else { conn.needed.max(conn.input.len()) };
+        let pending = if conn.input.is_empty() { 0 } else { conn.needed.max(conn.least).max(conn.input.len()) };
         let keep = (conn.held() - conn.input.len() + pending).saturating_sub(allowance);
         if conn.reserved > keep {
             self.budget_used -= conn.reserved - keep;
@@ -522,6 +538,16 @@ impl Server {
             if !conn.validated && conn.input[0] != codec::Query::Validate.byte() {
                 let reason = format!("its first request was query byte {}, not VALIDATE", conn.input[0]);
                 return self.close(id, Some(reason));
+            }
+            // Checked from where the last look stopped, and decoded only once whole: a request
+            // of many keys arriving in many pieces is read twice, not once per piece.
+            match conn.scan.advance(&conn.input, &self.limits) {
+                Ok(Scanned::Whole(_)) => {}
+                Ok(Scanned::Need { needed, least }) => {
+                    (conn.needed, conn.least) = (needed, least);
+                    return;
+                }
+                Err(error) => return self.close(id, Some(error.to_string())),
             }
             let validated = conn.validated;
             // Served from a buffer of its own (still counted as held), so that serving can

@@ -242,3 +242,76 @@ fn fuzzed_requests_never_panic_and_decode_consistently() {
         }
     }
 }
+
+#[test]
+fn a_scan_resumed_piece_by_piece_agrees_with_decoding_from_the_start() {
+    // What the server does with a request arriving in pieces: `Scan::advance` whenever the
+    // buffer has grown to what the last call needed. Each call must say what decoding the
+    // whole buffer from its start says (the same request end, the same error as soon, the same
+    // bytes needed), and `least` must never pass the request's length.
+    let limits = Limits {
+        max_key_len: 64,
+        max_value_len: 256,
+        max_keys_per_request: 8,
+        max_request_len: 2048,
+        ..Limits::default()
+    };
+    let mut rng = Rng(0x0dd5_ca75_1ece_0001);
+    let valid: Vec<Vec<u8>> = torch_samples().into_iter().map(|(_, bytes)| bytes).collect();
+    let (mut whole_seen, mut errors_seen) = (0, 0);
+    for round in 0..20_000u32 {
+        let bytes = if round % 2 == 0 {
+            let mut b = valid[rng.below(valid.len())].clone();
+            if rng.below(3) == 0 {
+                let at = rng.below(b.len());
+                b[at] ^= (rng.next() as u8) | 1;
+            }
+            b
+        } else {
+            // A list with small counts and lengths, so that every field gets reached.
+            let mut b = vec![[5u8, 6, 10, 11][rng.below(4)]];
+            b.extend_from_slice(&(rng.below(10) as u64).to_le_bytes());
+            for _ in 0..rng.below(20) {
+                b.extend_from_slice(&(rng.below(6) as u64).to_le_bytes());
+                let n = rng.below(6);
+                b.extend(rng.bytes(n));
+            }
+            b
+        };
+        let whole = match decode_request(&bytes, &limits) {
+            Ok(Decoded::Complete { len, .. }) => Some(len),
+            _ => None,
+        };
+        let mut scan = Scan::default();
+        let (mut cut, mut needed) = (0, 1);
+        loop {
+            if cut >= needed {
+                let scanned = scan.advance(&bytes[..cut], &limits);
+                match (scanned, decode_request(&bytes[..cut], &limits)) {
+                    (Ok(Scanned::Whole(len)), Ok(Decoded::Complete { len: expected, .. })) => {
+                        assert_eq!(len, expected, "round {round}");
+                        whole_seen += 1;
+                        break;
+                    }
+                    (Ok(Scanned::Need { needed: n, least }), Ok(Decoded::Incomplete { needed: expected })) => {
+                        assert_eq!(n, expected, "round {round}");
+                        assert!(least >= n && least <= limits.max_request_len, "round {round}: {least}");
+                        assert!(whole.is_none_or(|len| least <= len), "round {round}: {least} > {whole:?}");
+                        needed = n;
+                    }
+                    (Err(error), Err(expected)) => {
+                        assert_eq!(error, expected, "round {round}");
+                        errors_seen += 1;
+                        break;
+                    }
+                    (scanned, decoded) => panic!("round {round} at {cut}: {scanned:?}, decoding says {decoded:?}"),
+                }
+            }
+            if cut == bytes.len() {
+                break;
+            }
+            cut = (cut + 1 + rng.below(12)).min(bytes.len());
+        }
+    }
+    assert!(whole_seen > 5000 && errors_seen > 1000, "{whole_seen} whole, {errors_seen} refused");
+}

@@ -4,6 +4,8 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Instant;
 
+use crate::store::codec::Scan;
+
 /// The length of the only request an unvalidated connection may send (`VALIDATE` + magic).
 pub(super) const VALIDATE_LEN: usize = 5;
 
@@ -42,6 +44,11 @@ pub(super) struct Conn {
     pub(super) borrowed: usize,
     /// How long `input` must be before decoding again is worth it.
     pub(super) needed: usize,
+    /// How long the request at the front of `input` is at least (budget is set aside for it, so
+    /// that a request of many keys is read in a few large reads, not a field at a time).
+    pub(super) least: usize,
+    /// How far the request at the front of `input` has been checked.
+    pub(super) scan: Scan,
     /// When the first byte of the request now in `input` arrived.
     pub(super) request_started: Option<Instant>,
     /// Replies queued: `output[sent..]` is not sent yet.
@@ -74,6 +81,8 @@ impl Conn {
             input: Vec::new(),
             borrowed: 0,
             needed: 1,
+            least: 1,
+            scan: Scan::default(),
             request_started: None,
             output: Vec::new(),
             sent: 0,
@@ -168,6 +177,8 @@ impl Conn {
     pub(super) fn consume(&mut self, len: usize, now: Instant) {
         self.input.drain(..len);
         self.needed = 1;
+        self.least = 1;
+        self.scan = Scan::default();
         self.last_active = now;
         self.request_started = (!self.input.is_empty()).then_some(now);
         if self.input.is_empty() && self.input.capacity() > READ_CHUNK {
