@@ -16,7 +16,8 @@ use std::time::Duration;
 /// `max_buffered + max_connections × connection_allowance` (with the defaults 32 MiB + 1024 ×
 /// 8 KiB = 40 MiB), and the store's keys and values at or below `max_store_bytes`. Beyond a
 /// pending `WAIT`'s keys, a connection cannot hold its share for long: a request must arrive,
-/// and queued replies must be read, within `request_within`.
+/// and queued replies must be read, within `request_within`; the pending `WAIT`s of one
+/// address hold at most `max_wait_bytes_per_peer`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Limits {
     /// The longest key, in bytes. Default 4 KiB.
@@ -60,6 +61,20 @@ pub struct Limits {
     /// evicted, failing their next barrier. Idle connections are closed for nothing else: ranks
     /// may stay quiet for long between barriers, and PyTorch's client does not reconnect.
     pub evict_idle_after: Duration,
+    /// The most bytes the pending `WAIT`s of one IP address's connections may hold, counted as
+    /// the memory bound counts them (each missing key's bytes twice and 256 more). Default
+    /// 4 MiB (an eighth of the default `max_buffered`): a rank waits for at most 512 keys at a
+    /// time (rank 0's 512 claims hold about 180 KB), a PyTorch client's wait for 100 keys of
+    /// 40 bytes about 34 KB. A `WAIT` that would pass it closes its connection (the ones before
+    /// it from that address keep waiting). A pending `WAIT` has no deadline, and a connection
+    /// that used the store is never evicted, so without this bound one stranger's connections
+    /// waiting for keys that never come held the whole `max_buffered` for good, and the ranks'
+    /// own waits were refused; holding it all now takes the waits of at least `max_buffered /
+    /// max_wait_bytes_per_peer` addresses, 8 with the defaults (a host with many addresses, such
+    /// as an IPv6 prefix, is not bounded by it).
+    /// Raise it, with `max_per_peer`, when many clients that wait for many keys reach the store
+    /// through one address.
+    pub max_wait_bytes_per_peer: usize,
     /// The most connections that have not yet sent `VALIDATE`. Default 64.
     pub max_pending: usize,
     /// How long a new connection has to send `VALIDATE` before it is closed. Default 5 s.
@@ -80,7 +95,7 @@ pub struct Limits {
     /// allowance is read only once its whole length can be set aside here, and a `GET` or
     /// `MULTI_GET` whose reply does not fit waits (its connection reading nothing more) until
     /// it does (otherwise the connection waits, and is dropped when its request deadline passes).
-    /// Default 32 MiB.
+    /// One address's pending `WAIT`s hold at most `max_wait_bytes_per_peer` of it. Default 32 MiB.
     pub max_buffered: usize,
 }
 
@@ -96,6 +111,7 @@ impl Default for Limits {
             max_store_keys: 65_536,
             max_connections: 1024,
             max_per_peer: 256,
+            max_wait_bytes_per_peer: 4 << 20,
             evict_idle_after: Duration::from_secs(30),
             max_pending: 64,
             validate_within: Duration::from_secs(5),

@@ -75,7 +75,9 @@ pub struct ServerStats {
 /// the server no more than one sent at once); a connection must send `VALIDATE` within
 /// [`Limits::validate_within`] and each request must arrive within [`Limits::request_within`];
 /// unvalidated connections are capped ([`Limits::max_pending`]), and so are one address's
-/// ([`Limits::max_per_peer`]) and all connections ([`Limits::max_connections`]); when all are
+/// ([`Limits::max_per_peer`]) and all connections ([`Limits::max_connections`]), and the bytes
+/// that one address's pending `WAIT`s hold ([`Limits::max_wait_bytes_per_peer`]: a wait has no
+/// deadline, so one stranger's waits could otherwise hold the shared budget for good); when all are
 /// open, a new connection takes the place of one that has sent nothing but `VALIDATE` and `PING`
 /// and has been idle for [`Limits::evict_idle_after`], preferably one from the address with the
 /// most connections, so that connections opened and left idle cannot keep a job's ranks out for
@@ -156,6 +158,7 @@ impl StoreServer {
             peers: HashMap::new(),
             next_id: 0,
             waiters: HashMap::new(),
+            waiting: HashMap::new(),
             budget_used: 0,
             stalled: Vec::new(),
             accept_paused_until: None,
@@ -220,6 +223,9 @@ struct Server {
     next_id: u64,
     /// Key → the connections waiting for it.
     waiters: HashMap<Vec<u8>, Vec<u64>>,
+    /// Peer address → the bytes its connections' pending waits hold ([`Wait::bytes`]), at most
+    /// [`Limits::max_wait_bytes_per_peer`].
+    waiting: HashMap<IpAddr, usize>,
     /// Bytes of `max_buffered` reserved by connections.
     budget_used: usize,
     /// Connections whose next request waits for budget for its reply ([`Conn::stalled`]), in the
@@ -708,25 +714,51 @@ impl Server {
         Ok(())
     }
 
+    /// Starts a wait for the keys still missing, within what one address's pending waits may
+    /// hold ([`Limits::max_wait_bytes_per_peer`]): a wait has no deadline, so without that bound
+    /// one stranger's waits could hold the whole shared budget for ever.
     fn start_wait(&mut self, id: u64, keys: &[&[u8]], now: Instant) -> Result<(), String> {
         self.clear_wait(id);
+        let Some(ip) = self.conns.get(&id).map(|c| c.peer.ip()) else { return Ok(()) };
         let mut seen = HashSet::new();
         let missing: Vec<Vec<u8>> =
             keys.iter().filter(|key| !self.table.contains(key) && seen.insert(**key)).map(|key| key.to_vec()).collect();
         if missing.is_empty() {
             return self.reply(id, &[WAIT_STOP], now);
         }
-        for key in &missing {
+        let wait = Wait::new(missing);
+        let held = self.waiting.get(&ip).copied().unwrap_or(0) + wait.bytes;
+        if held > self.limits.max_wait_bytes_per_peer {
+            return Err(format!(
+                "the pending WAITs of {ip} would hold {held} bytes, over the limit of {} for one address",
+                self.limits.max_wait_bytes_per_peer
+            ));
+        }
+        for key in &wait.keys {
             self.waiters.entry(key.clone()).or_default().push(id);
         }
+        self.waiting.insert(ip, held);
         if let Some(conn) = self.conns.get_mut(&id) {
-            conn.wait = Some(Wait { missing: missing.len(), keys: missing });
+            conn.wait = Some(wait);
         }
         self.ensure_budget(id)
     }
 
+    /// Takes a wait that ended off its address's count.
+    fn count_off(&mut self, ip: IpAddr, wait: &Wait) {
+        if let Some(held) = self.waiting.get_mut(&ip) {
+            *held -= wait.bytes;
+            if *held == 0 {
+                self.waiting.remove(&ip);
+            }
+        }
+    }
+
     fn clear_wait(&mut self, id: u64) {
-        let Some(wait) = self.conns.get_mut(&id).and_then(|c| c.wait.take()) else { return };
+        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let Some(wait) = conn.wait.take() else { return };
+        let ip = conn.peer.ip();
+        self.count_off(ip, &wait);
         for key in wait.keys {
             if let Some(ids) = self.waiters.get_mut(&key) {
                 ids.retain(|&w| w != id);
@@ -747,7 +779,10 @@ impl Server {
             if wait.missing > 0 {
                 continue;
             }
-            conn.wait = None;
+            let ip = conn.peer.ip();
+            if let Some(wait) = conn.wait.take() {
+                self.count_off(ip, &wait);
+            }
             match self.reply(id, &[WAIT_STOP], now) {
                 Ok(()) => self.flush(id, now),
                 Err(reason) => self.close(id, Some(reason)),

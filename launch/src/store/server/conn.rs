@@ -18,6 +18,8 @@ pub(super) struct Wait {
     pub(super) keys: Vec<Vec<u8>>,
     /// How many of them have not appeared yet.
     pub(super) missing: usize,
+    /// The bytes it holds, counted as [`Wait::new`] says.
+    pub(super) bytes: usize,
 }
 
 /// What one waited key costs the server beyond its bytes, which it holds twice (in the wait and
@@ -28,8 +30,11 @@ pub(super) struct Wait {
 const WAIT_KEY_COST: usize = 256;
 
 impl Wait {
-    fn bytes(&self) -> usize {
-        self.keys.iter().map(|key| 2 * key.len() + WAIT_KEY_COST).sum()
+    /// A wait for `keys` (distinct and missing), which holds each key's bytes twice and
+    /// [`WAIT_KEY_COST`] more.
+    pub(super) fn new(keys: Vec<Vec<u8>>) -> Wait {
+        let bytes = keys.iter().map(|key| 2 * key.len() + WAIT_KEY_COST).sum();
+        Wait { missing: keys.len(), keys, bytes }
     }
 }
 
@@ -97,7 +102,7 @@ impl Conn {
 
     /// Bytes held for this connection: unparsed input, unsent output, a pending wait's keys.
     pub(super) fn held(&self) -> usize {
-        self.input.len() + self.borrowed + self.unsent() + self.wait.as_ref().map_or(0, Wait::bytes)
+        self.input.len() + self.borrowed + self.unsent() + self.wait.as_ref().map_or(0, |wait| wait.bytes)
     }
 
     /// Bytes of replies not sent yet.

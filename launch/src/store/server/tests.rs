@@ -706,3 +706,115 @@ fn a_request_that_arrives_in_many_pieces_is_read_a_bounded_number_of_times() {
     }
     assert_eq!(server.stats().dropped, 0);
 }
+
+/// A connection to `to` from `from`, one of the loopback addresses (Linux's loopback takes every
+/// address of 127.0.0.0/8), so that one machine's test has clients of two addresses.
+#[cfg(target_os = "linux")]
+fn connect_from(from: Ipv4Addr, to: SocketAddr) -> TcpStream {
+    use std::os::fd::FromRawFd;
+    let sockaddr = |ip: Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from(ip).to_be() },
+        sin_zero: [0; 8],
+    };
+    let SocketAddr::V4(to) = to else { panic!("{to} is not an IPv4 address") };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: socket(2) takes no pointers.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0) };
+    assert!(fd >= 0, "socket: {}", io::Error::last_os_error());
+    // SAFETY: `fd` is a socket just opened here and owned by nothing else; the stream takes it
+    // over and closes it.
+    let stream = unsafe { TcpStream::from_raw_fd(fd) };
+    let (local, remote) = (sockaddr(from, 0), sockaddr(*to.ip(), to.port()));
+    // SAFETY: `local` is an initialized sockaddr_in of `len` bytes, read only during the call.
+    let bound = unsafe { libc::bind(fd, (&raw const local).cast(), len) };
+    assert_eq!(bound, 0, "bind {from}: {}", io::Error::last_os_error());
+    // SAFETY: as above, for `remote`.
+    let connected = unsafe { libc::connect(fd, (&raw const remote).cast(), len) };
+    assert_eq!(connected, 0, "connect {to} from {from}: {}", io::Error::last_os_error());
+    stream
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn one_address_s_waits_cannot_hold_the_budget_that_other_clients_need() {
+    if TcpListener::bind("127.0.0.2:0").is_err() {
+        eprintln!("skipped: the loopback does not take 127.0.0.2 here");
+        return;
+    }
+    // Before: a stranger's connections (from 127.0.0.2) waiting for keys that never come held
+    // the whole shared budget for ever (a pending WAIT has no deadline, and a connection that
+    // used the store is never evicted); an honest client's WAIT for 100 keys, and rank 0's for
+    // 512 claims, were then refused and their connections closed. Now one address's pending
+    // WAITs hold at most `max_wait_bytes_per_peer`: the stranger's excess connections are closed.
+    let limits = Limits::default();
+    let server = serve(limits.clone());
+    let stranger = Ipv4Addr::new(127, 0, 0, 2);
+    let keys: Vec<Vec<u8>> = (0..4096).map(|i| format!("/never/{i:06}").into_bytes()).collect();
+    // 40 connections, each waiting for `n` of the keys: how many of them the server kept.
+    let attack = |n: usize| {
+        let mut bytes = Vec::new();
+        Request::Validate { magic: codec::VALIDATION_MAGIC }.encode(&mut bytes);
+        Request::Wait { keys: keys[..n].iter().map(Vec::as_slice).collect() }.encode(&mut bytes);
+        Request::Ping { nonce: 7 }.encode(&mut bytes);
+        let mut streams: Vec<TcpStream> = (0..40)
+            .map(|_| {
+                let mut stream = connect_from(stranger, server.local_addr());
+                stream.write_all(&bytes).unwrap();
+                stream
+            })
+            .collect();
+        // Each is either served (its PING answered: its wait is pending) or closed.
+        let deadline = Instant::now() + 5 * SECOND;
+        streams.retain_mut(|stream| {
+            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+            stream.set_read_timeout(Some(left)).unwrap();
+            let mut reply = [0u8; 4];
+            stream.read_exact(&mut reply).is_ok_and(|()| u32::from_le_bytes(reply) == 7)
+        });
+        streams
+    };
+    // Waits of about 1.1 MiB (4096 keys of 13 bytes, each counting 2 × 13 + 256 bytes), then
+    // of 36 KB, to fill what is left.
+    let (large, small) = (4096 * (2 * 13 + 256), 128 * (2 * 13 + 256));
+    let mut kept = attack(4096);
+    kept.extend(attack(128));
+    // An honest client's wait for 100 keys of 41 bytes, and rank 0's for 512 claims, are served.
+    let port = server.local_addr().port();
+    let honest: Vec<String> = (0..100).map(|i| format!("/honest/{i:033}")).collect();
+    let claims: Vec<String> = (0..512).map(|i| format!("/gpucomm/v1/0123456789abcdef/0/g1/rank/{i}")).collect();
+    let mut waits = Vec::new();
+    for keys in [honest.clone(), claims.clone()] {
+        let mut c = StoreClient::connect("127.0.0.1", port, 5 * SECOND).unwrap();
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        assert!(!c.wait(&refs, Duration::from_millis(100)).unwrap(), "not yet set");
+        waits.push(thread::spawn(move || {
+            let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+            c.wait(&refs, 5 * SECOND).unwrap()
+        }));
+    }
+    let mut setter = client(&server);
+    for key in honest.iter().chain(&claims) {
+        setter.set(key, key.as_bytes()).unwrap();
+    }
+    for wait in waits {
+        assert!(wait.join().unwrap());
+    }
+    let mut rank_0 = client(&server);
+    let refs: Vec<&str> = claims.iter().map(String::as_str).collect();
+    assert_eq!(rank_0.multi_get(&refs).unwrap().len(), 512);
+    // Only the stranger's excess connections were closed: those whose waits passed its
+    // address's share.
+    let cap = limits.max_wait_bytes_per_peer;
+    let expected = cap / large + cap % large / small;
+    assert_eq!(kept.len(), expected);
+    let stats = server.stats();
+    assert_eq!(stats.dropped, 80 - expected as u64, "{:?}", stats.events);
+    let events = stats.events.join("\n");
+    assert!(events.contains("the pending WAITs of 127.0.0.2 would hold"), "{events}");
+    for stream in &mut kept {
+        stream.set_read_timeout(Some(5 * SECOND)).unwrap();
+        ping(stream);
+    }
+}
