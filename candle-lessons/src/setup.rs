@@ -84,8 +84,10 @@ pub fn split_hosts(flags: &Flags, info: &RankInfo) {
 }
 
 /// This rank's GPU, then a communicator over every rank of the job with the communication stream
-/// as its default stream (rank 0 creates the id, the rendezvous hands it out).
+/// as its default stream (rank 0 creates the id, the rendezvous hands it out). More ranks on a node
+/// than GPUs are refused first, unless each has its own `NCCL_HOSTID` ([`split_hosts`]).
 pub fn rank_gpu_comm(info: &RankInfo) -> Result<(Gpu, Comm), BoxError> {
+    gpucomm_examples::require_gpu_per_rank(info)?;
     let ordinal = info.device_ordinal(gpucomm_examples::cuda_devices()?)?;
     let gpu = Gpu::open(ordinal)?;
     let mut rendezvous = Rendezvous::connect(info, &Options::from_env()?)?;

@@ -37,6 +37,7 @@ fn main() -> std::process::ExitCode {
         let json = bench::flag("--json");
         let max: usize = bench::flag("--max").map(|m| m.parse()).transpose()?.unwrap_or(64 << 20);
 
+        gpucomm_examples::require_gpu_per_rank(&info)?;
         let ctx = cudarc::driver::CudaContext::new(info.device_ordinal(gpucomm_examples::cuda_devices()?)?)?;
         let stream = ctx.new_stream()?;
         let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;

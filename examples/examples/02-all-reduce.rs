@@ -13,9 +13,11 @@
 //!
 //! How to run it (two GPUs):
 //! * `cargo run -p gpucomm-examples --example 02-all-reduce -- --nproc 2`
-//! * by hand, in two shells: `RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2
-//!   MASTER_ADDR=127.0.0.1 MASTER_PORT=29500 target/debug/examples/02-all-reduce`, and the same
-//!   with `RANK=1 LOCAL_RANK=1`;
+//! * by hand: build it (`cargo build -p gpucomm-examples --example 02-all-reduce`), then in two
+//!   shells `RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1
+//!   MASTER_PORT=29500 GPUCOMM_JOB_TOKEN=job1 target/debug/examples/02-all-reduce`, and the same
+//!   with `RANK=1 LOCAL_RANK=1` (`GPUCOMM_JOB_TOKEN`: one value on every rank of the job, which
+//!   names it);
 //! * `torchrun --nproc-per-node 2 --no-python target/debug/examples/02-all-reduce` (also with
 //!   `--standalone` or `--rdzv-backend c10d --rdzv-endpoint HOST:PORT`);
 //! * `mpirun -np 2 target/debug/examples/02-all-reduce` or `srun -n 2 --gpus-per-task=1 …`.
@@ -34,6 +36,9 @@ const COUNT: usize = 1 << 20;
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
+        // One GPU per rank on a node: NCCL refuses two ranks on one GPU, so more ranks than GPUs
+        // are refused here first, with a message that says what to do.
+        gpucomm_examples::require_gpu_per_rank(&info)?;
         let stream = gpucomm_examples::rank_stream(&info)?;
         let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
         let comm = Comm::from_rendezvous(stream.clone(), &mut rendezvous)?;

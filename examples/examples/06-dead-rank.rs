@@ -24,6 +24,9 @@
 //!
 //! What you should see (N = 2, under the spawner's `[rank N]` prefix), in about 4 s:
 //! ```text
+//! [rank 0] rank 0 of 2: step 0: all-reduce correct (3)
+//! [rank 1] rank 1 of 2: step 0: all-reduce correct (3)
+//! … (steps 1 and 2 alike)
 //! [rank 1] rank 1 of 2: steps 0-2 correct; leaving the job now, without finalizing (a simulated crash)
 //! [rank 0] rank 0 of 2: step 3 failed after 3.0s: ncclAllReduce did not complete within 3s; the communicator was aborted
 //! [rank 0] rank 0 of 2: report: steps 0-2 correct; a peer stopped answering at step 3 (rank 1 left on purpose); ...
@@ -43,6 +46,7 @@ const TIMEOUT: Duration = Duration::from_secs(3);
 fn main() -> std::process::ExitCode {
     run_main(|info| {
         gpucomm_examples::require_ranks(&info, 2)?;
+        gpucomm_examples::require_gpu_per_rank(&info)?;
         let stream = gpucomm_examples::rank_stream(&info)?;
         let mut rendezvous = Rendezvous::connect(&info, &Options::from_env()?)?;
         // Nonblocking: no NCCL call ever blocks this thread. The timeout is set once everyone has

@@ -76,6 +76,27 @@ pub fn require_ranks(info: &RankInfo, n: usize) -> Result<(), Box<dyn Error>> {
     .into())
 }
 
+/// Refuses, before NCCL sees them, more ranks on this node than it has GPUs. Every rank would then
+/// open GPU 0 ([`RankInfo::device_ordinal`] gives the one visible GPU to every rank), and NCCL
+/// refuses two ranks of one communicator on one GPU of one host (`ncclInvalidUsage`, "Duplicate
+/// GPU detected" in its log). Let through are ranks that NCCL takes for separate hosts
+/// (`NCCL_HOSTID` set, a value of its own on each rank, as the candle lessons' `--split-hosts`
+/// sets it and the GPU bundle's `torchrun-2nodes` mode does) and ranks that may each see a GPU of
+/// their own (`CUDA_VISIBLE_DEVICES` set per rank, or Slurm's `--gpus-per-task`).
+pub fn require_gpu_per_rank(info: &RankInfo) -> Result<(), Box<dyn Error>> {
+    let gpus = cuda_devices()?;
+    let own_gpus = info.gpus_per_task == Some(gpus) || std::env::var_os("CUDA_VISIBLE_DEVICES").is_some();
+    if info.local_world_size <= gpus || own_gpus || std::env::var_os("NCCL_HOSTID").is_some() {
+        return Ok(());
+    }
+    Err(format!(
+        "{} ranks on this node but {gpus} GPU(s): NCCL needs one GPU per rank on a node (run with --nproc {gpus}, \
+         or give each rank its own NCCL_HOSTID as the candle lessons' --split-hosts does)",
+        info.local_world_size
+    )
+    .into())
+}
+
 /// Opens the GPU this rank should use (its local rank, see [`RankInfo::device_ordinal`]) and
 /// returns its default stream.
 pub fn rank_stream(info: &RankInfo) -> Result<Arc<CudaStream>, Box<dyn Error>> {
@@ -86,8 +107,10 @@ pub fn rank_stream(info: &RankInfo) -> Result<Arc<CudaStream>, Box<dyn Error>> {
 /// The start of every one-process-per-GPU NCCL lesson after lesson 2 (which shows it step by
 /// step): this rank's GPU, a stream of its own on it, the rendezvous, and a communicator over
 /// every rank on that stream. The stream is not the GPU's legacy default stream, which a CUDA
-/// graph cannot capture (lesson 15 captures one).
+/// graph cannot capture (lesson 15 captures one). More ranks on a node than GPUs are refused first
+/// ([`require_gpu_per_rank`]).
 pub fn rank_comm(info: &RankInfo) -> Result<(Arc<CudaStream>, nccl::Comm), Box<dyn Error>> {
+    require_gpu_per_rank(info)?;
     let stream = rank_stream(info)?.context().new_stream()?;
     let mut rendezvous = Rendezvous::connect(info, &Options::from_env()?)?;
     let comm = nccl::Comm::from_rendezvous(stream.clone(), &mut rendezvous)?;
