@@ -8,9 +8,10 @@
 //!   it complete and visible everywhere;
 //! * the same launchers and rendezvous as lesson 2 start NVSHMEM ([`nvshmem::Runtime::from_rendezvous`]).
 //!
-//! How to run it (two GPUs): `cargo run -p gpucomm-examples --example 07-nvshmem-put -- --nproc 2`,
-//! or under `torchrun --nproc-per-node 2 --no-python …`, with torchrun-style variables or
-//! `mpirun -np 2` as in lesson 2.
+//! How to run it (two GPUs; one GPU runs too, PE 0 putting to itself):
+//! `cargo run -p gpucomm-examples --example 07-nvshmem-put -- --nproc 2`, or under
+//! `torchrun --nproc-per-node 2 --no-python …`, with torchrun-style variables or `mpirun -np 2` as
+//! in lesson 2.
 //!
 //! What you should see, once per PE:
 //! `PE 1 of 2: received 65536 values from PE 0, all correct`.

@@ -11,10 +11,12 @@
 //!   slot `r` of the next PE's inbox, and adds 1 to the next PE's signal; it waits until its own
 //!   signal reaches `r + 1`, then copies slot `r` into what it sends next (a cudarc copy, which
 //!   accepts symmetric buffers). One slot per round means no slot is overwritten while a PE still
-//!   reads it.
+//!   reads it. Slot `r` is [`nvshmem::Symmetric::slice`] of the inbox: a sub-range of a symmetric
+//!   buffer is symmetric too (lesson 9 says more).
 //!
-//! How to run it (two or more GPUs): `cargo run -p gpucomm-examples --example 08-nvshmem-ring --
-//! --nproc 2`, or with torchrun-style variables / `mpirun` as in lesson 2.
+//! How to run it (two or more GPUs; one GPU runs too, a ring of one PE passing the token to
+//! itself): `cargo run -p gpucomm-examples --example 08-nvshmem-ring -- --nproc 2`, or with
+//! torchrun-style variables / `mpirun` as in lesson 2.
 //!
 //! What you should see, once per PE:
 //! `PE 0 of 2: 8 rounds of the ring, every slot held the token of the right PE`.

@@ -1,4 +1,4 @@
-//! # Lesson 09 — NVSHMEM: a one-sided get from the peers' heaps, and NVSHMEM's own launchers
+//! # Lesson 9 — NVSHMEM: a one-sided get from the peers' heaps, and NVSHMEM's own launchers
 //!
 //! What it teaches:
 //! * a *get* reads another PE's copy of a symmetric buffer without that PE doing anything
@@ -14,12 +14,13 @@
 //! * what [`nvshmem::Runtime::info`] reports: library, OpenSHMEM specification version, the heap
 //!   limit, and which NCCL NVSHMEM uses for its collectives.
 //!
-//! How to run it (two or more GPUs): `cargo run -p gpucomm-examples --example 09-nvshmem-get --
-//! --nproc 2`, or `mpirun -np 2 target/debug/examples/09-nvshmem-get` (NVSHMEM's MPI bootstrap; it
+//! How to run it (two or more GPUs; one GPU runs too, PE 0 getting from its own heap):
+//! `cargo run -p gpucomm-examples --example 09-nvshmem-get -- --nproc 2`, or `mpirun -np 2 target/debug/examples/09-nvshmem-get` (NVSHMEM's MPI bootstrap; it
 //! needs Open MPI's `libmpi.so.40`, and the error names what the loader missed otherwise).
 //!
 //! What you should see, once per PE: a line such as
-//! `PE 0 of 2 (bootstrap: MPI): NVSHMEM v3.4.5, OpenSHMEM 1.3, collectives through NCCL 2.28.9 from …`
+//! `PE 0 of 2 (bootstrap: MPI): NVSHMEM v3.4.5, OpenSHMEM 1.3, heap limit … GiB (from the
+//! device's memory), collectives through NCCL 2.28.9 from …`
 //! and then `PE 0 of 2: fetched 2 blocks of 65536 values, one from each PE, all correct`.
 
 use nvshmem::launch::{run_main, Launcher, Options, Rendezvous};
@@ -50,8 +51,13 @@ fn main() -> std::process::ExitCode {
         }
         let about = rt.info();
         println!(
-            "PE {me} of {n} (bootstrap: {how}): {}, OpenSHMEM {}.{}, collectives through {}",
-            about.name, about.spec_version.0, about.spec_version.1, about.nccl
+            "PE {me} of {n} (bootstrap: {how}): {}, OpenSHMEM {}.{}, heap limit {:.1} GiB (from {}), collectives through {}",
+            about.name,
+            about.spec_version.0,
+            about.spec_version.1,
+            about.heap.limit as f64 / (1u64 << 30) as f64,
+            about.heap.limit_from,
+            about.nccl
         );
 
         // Every PE's table: n blocks, all filled with this PE's values.

@@ -2,7 +2,7 @@
 //!
 //! What it teaches:
 //! * a *team* is a set of PEs that run collectives together; the world team has every PE, and
-//!   [`nvshmem::Team::split_strided`] makes sub-teams (here: the PEs with an even number). PEs
+//!   [`nvshmem::Team::split_strided`] makes sub-teams (here: the PEs with an even number). PE
 //!   numbers differ per team ([`nvshmem::Team::my_pe`], [`nvshmem::Team::translate_pe`]);
 //! * splitting is collective over the parent, so every PE calls it; PEs outside the new team get
 //!   `None`;
@@ -12,8 +12,9 @@
 //!   the element types NVSHMEM defines it on, so `Xor` over `f32` does not compile;
 //! * source and destination live on the symmetric heap, as NVSHMEM's collectives require.
 //!
-//! How to run it (two or more GPUs): `cargo run -p gpucomm-examples --example
-//! 10-nvshmem-team-reduce -- --nproc 2`, or with torchrun-style variables / `mpirun` as in lesson 2.
+//! How to run it (two or more GPUs; one GPU runs too, the world and the even team then being PE 0
+//! alone): `cargo run -p gpucomm-examples --example 10-nvshmem-team-reduce -- --nproc 2`, or with
+//! torchrun-style variables / `mpirun` as in lesson 2.
 //!
 //! What you should see, once per PE, e.g. with 2 PEs:
 //! `PE 0 of 2: world sum 3 correct; even team (PE 0 of 1): max 1 correct, xor correct`.
@@ -56,8 +57,10 @@ fn main() -> std::process::ExitCode {
             }
             team.reduce_in_place_on_stream(Max, &mut src, &stream)?;
             // In place, a xor (or a sum) must not meet a PE's value twice. NVSHMEM's segmented
-            // algorithm, which teams other than the world team use, would do that over three or
-            // more PEs, so the crate reduces such calls in pieces one round sends to every peer.
+            // algorithm, which teams other than the world team use, and the world team for large
+            // messages, would do that over three or more PEs, so the crate reduces such calls in
+            // pieces one round sends to every peer: one launch per piece. For a large message,
+            // reduce into a second buffer instead (one launch), as the world sum above does.
             team.reduce_in_place_on_stream(Xor, &mut ints, &stream)?;
             let max = (members.last().copied().unwrap_or(0) + 1) as f32;
             if let Some(i) = stream.clone_dtoh(&src)?.iter().position(|&v| v != max) {

@@ -16,8 +16,8 @@
 //! * kernel arguments are pushed in order; buffers go through the same stream ordering as every
 //!   other use.
 //!
-//! How to run it (two or more GPUs): `cargo run -p gpucomm-examples --example 11-nvshmem-kernel
-//! -- --nproc 2`.
+//! How to run it (two or more GPUs; one GPU runs too, PE 0's kernel putting to itself):
+//! `cargo run -p gpucomm-examples --example 11-nvshmem-kernel -- --nproc 2`.
 //!
 //! What you should see, once per PE (the block count is as many as the GPU holds at once, 264 on
 //! an H200 or H100 with its 132 SMs):

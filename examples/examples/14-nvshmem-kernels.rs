@@ -15,8 +15,9 @@
 //!   CTAs wait for the peers' CTAs, so every CTA of every PE must be resident at once.
 //!
 //! How to run it (2 to 8 GPUs of one machine that reach each other's memory by loads and stores:
-//! NVLink or PCIe P2P): `cargo run --release -p gpucomm-examples --example 14-nvshmem-kernels --
-//! --nproc 2`. Where a peer is not reachable that way the lesson says so and stops.
+//! NVLink or PCIe P2P; one GPU runs too, PE 0 sending to and loading from itself):
+//! `cargo run --release -p gpucomm-examples --example 14-nvshmem-kernels -- --nproc 2`. Where a
+//! peer is not reachable that way, or there are more than 8 PEs, the lesson says so and stops.
 //!
 //! What you should see, on every PE: `ring: 3 rounds … correct`, then one `one-shot … correct`
 //! line per (type, count), for f32 and bf16 and counts 1, 3, 1000 and 1000003.
@@ -35,10 +36,17 @@ const THREADS: u32 = 512;
 const MAX_CTAS: u32 = 32;
 /// The largest one-shot message, in elements.
 const MAX_COUNT: usize = 1_000_003;
+/// PEs the one-shot kernel sums at most (checked in `main`).
+const MAX_PES: usize = 8;
 
 fn main() -> std::process::ExitCode {
     run_main(|info| {
         let (_, rt) = gpucomm_examples::nvshmem_runtime(&info)?;
+        // The one-shot kernel sums at most 8 PEs: a larger job is refused before the ring runs.
+        let pes = rt.n_pes();
+        if pes > MAX_PES {
+            return Err(format!("the one-shot kernel sums at most {MAX_PES} PEs, and this job has {pes}").into());
+        }
         // A stream of our own for the kernels.
         let stream = rt.context().new_stream()?;
         let module = rt.load_module(kernels::NVSHMEM_ALLREDUCE)?;
@@ -103,12 +111,10 @@ struct OneShot<'rt> {
 impl<'rt> OneShot<'rt> {
     fn new(rt: &'rt Runtime, stream: &Arc<CudaStream>) -> Result<Self, BoxError> {
         let staging = rt.alloc_zeroed::<u8>(2 * MAX_COUNT * 4)?;
-        // The kernel loads every peer's staged share through `nvshmem_ptr` and sums at most 8
-        // PEs: what it cannot serve is refused here, before it would dereference a null pointer.
+        // The kernel loads every peer's staged share through `nvshmem_ptr` (and sums at most
+        // MAX_PES PEs, which `main` checked): a peer it cannot load from is refused here, before
+        // the kernel would dereference a null pointer.
         let (me, n) = (rt.my_pe(), rt.n_pes());
-        if n > 8 {
-            return Err(format!("the one-shot kernel sums at most 8 PEs, and this job has {n}").into());
-        }
         for pe in 0..n {
             if staging.peer(pe)?.is_none() {
                 return Err(format!(
@@ -148,8 +154,9 @@ impl<'rt> OneShot<'rt> {
             // *staging, size_t slot_elems, uint64_t *flags, uint64_t *calls)`; `send` and `recv`
             // hold `count` ≤ `slot` elements, `staging` 2 × `slot` (symmetric), `flags` MAX_CTAS ×
             // n_pes signals (symmetric), `calls` MAX_CTAS call counters; `ctas` ≤ MAX_CTAS; every PE
-            // launches the same grid with the same count; at most 8 PEs, each of whose staging the
-            // kernel can load through `nvshmem_ptr` (checked in `OneShot::new`).
+            // launches the same grid with the same count; at most MAX_PES PEs (checked in `main`),
+            // each of whose staging the kernel can load through `nvshmem_ptr` (checked in
+            // `OneShot::new`).
             unsafe {
                 kernel.launch_collective(cfg, stream, |a| {
                     a.buffer(&send)?.buffer_mut(&mut recv)?.value(count)?;

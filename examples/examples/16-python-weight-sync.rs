@@ -18,8 +18,10 @@
 //!
 //! How to run it: build it (`cargo build -p gpucomm-examples --example 16-python-weight-sync`),
 //! then in two shells (`--device N` picks this process's GPU, default 0), with NVLink multicast
-//! off in both (`export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1`; each side also sets these
-//! for itself before NCCL loads, and this one says so when it overrides a value):
+//! off in both
+//! (`export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1`; each
+//! side also sets these for itself before NCCL loads, and this one says so when it overrides a
+//! value):
 //! * this process hosts the store:
 //!   `MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 target/debug/examples/16-python-weight-sync`, and
 //!   `MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 python3 examples/python/weight_sync_trainer.py`;
