@@ -127,19 +127,32 @@ impl InFlight {
 fn main() -> std::process::ExitCode {
     run_main(|info| {
         let flags = Flags::from_env();
-        setup::split_hosts(&flags, &info);
-        let (gpu, comm) = setup::rank_gpu_comm(&info)?;
-        setup::banner("lesson 19 (tensor-parallel inference)", &comm)?;
-        let (rank, n) = (comm.rank(), comm.size());
         let dim: usize = flags.get("--dim", 2048)?;
         let hidden: usize = flags.get("--hidden", 8192)?;
         let nblocks: usize = flags.get("--blocks", 4)?;
         let tokens: usize = flags.get("--tokens", 8)?;
         let steps: usize = flags.get("--steps", 50)?;
         let log_every: usize = flags.get("--log-every", 10)?;
-        if hidden % n != 0 || dim == 0 || tokens == 0 || log_every == 0 {
-            return Err(format!("--hidden {hidden} must be a multiple of the {n} ranks; sizes must be positive").into());
+        // Refused before any GPU work: with a zero the check below would compare nothing and
+        // still report agreement.
+        let sizes = [
+            ("--dim", dim),
+            ("--hidden", hidden),
+            ("--blocks", nblocks),
+            ("--tokens", tokens),
+            ("--steps", steps),
+            ("--log-every", log_every),
+        ];
+        if let Some((name, _)) = sizes.iter().find(|(_, value)| *value == 0) {
+            return Err(format!("{name} 0: every size must be positive (nothing would be compared)").into());
         }
+        if hidden % info.world_size != 0 {
+            return Err(format!("--hidden {hidden} must be a multiple of the {} ranks", info.world_size).into());
+        }
+        setup::split_hosts(&flags, &info);
+        let (gpu, comm) = setup::rank_gpu_comm(&info)?;
+        setup::banner("lesson 19 (tensor-parallel inference)", &comm)?;
+        let (rank, n) = (comm.rank(), comm.size());
         let blocks =
             (0..nblocks).map(|k| Block::new(&gpu.device, k, dim, hidden, rank, n)).collect::<Result<Vec<_>, _>>()?;
 
