@@ -5,7 +5,7 @@
 use serde::Serialize;
 
 use super::report::{Check, Layer, Status};
-use super::source::{LinkErrors, Machine};
+use super::source::{normalize_bus_id, LinkErrors, Machine};
 
 const L: Layer = Layer::Live;
 
@@ -29,13 +29,21 @@ impl LinkGrowth {
     fn any(&self) -> bool {
         [self.crc, self.replay, self.recovery].iter().any(|v| v.unwrap_or(0) > 0)
     }
+
+    /// Every counter's growth is known.
+    fn read(&self) -> bool {
+        [self.crc, self.replay, self.recovery].iter().all(Option::is_some)
+    }
 }
 
-/// The growth of every link that both reads saw, GPU by GPU.
-pub fn growth(before: &Machine, after: &Machine) -> Vec<LinkGrowth> {
+/// The growth of every link that both reads saw, GPU by GPU, on the GPUs that carried the load:
+/// those at the PCI addresses `loaded` (the live ranks' devices). The other GPUs NVML sees ran
+/// nothing of the doctor's, so their counters say nothing about this load.
+pub fn growth(before: &Machine, after: &Machine, loaded: &[String]) -> Vec<LinkGrowth> {
     let delta = |a: Option<u64>, b: Option<u64>| b?.checked_sub(a?);
+    let loaded: Vec<String> = loaded.iter().map(|b| normalize_bus_id(b)).collect();
     let mut out = Vec::new();
-    for g in &before.gpus {
+    for g in before.gpus.iter().filter(|g| loaded.contains(&normalize_bus_id(&g.bus_id))) {
         let Some(g2) = after.gpu(g.index) else { continue };
         for l in &g.links {
             let Some(l2) = g2.links.iter().find(|x| x.link == l.link) else { continue };
@@ -60,8 +68,10 @@ fn counts(crc: Option<u64>, replay: Option<u64>, recovery: Option<u64>) -> Strin
     format!("CRC {}, replay {}, recovery {}", plus(crc), plus(replay), plus(recovery))
 }
 
-/// One check per GPU: ✓ no growth, ! CRC or replay errors grew (the link retransmitted: data is
-/// intact, bandwidth suffers), ✗ recoveries grew (the link retrained under load).
+/// One check per GPU: ✓ no growth on any link (every counter of every link read), • no growth on
+/// the links read while some could not be (unreadable, or reset in between), ! CRC or replay
+/// errors grew (the link retransmitted: data is intact, bandwidth suffers), ✗ recoveries grew (the
+/// link retrained under load).
 pub fn checks(growth: &[LinkGrowth]) -> Vec<Check> {
     let mut gpus: Vec<usize> = growth.iter().map(|g| g.gpu).collect();
     gpus.dedup();
@@ -84,14 +94,27 @@ pub fn checks(growth: &[LinkGrowth]) -> Vec<Check> {
         }
         let total = counts(crc, replay, recovery);
         if grew.is_empty() {
-            out.push(Check::new(
-                L,
-                Status::Pass,
-                format!(
-                    "GPU{gpu}: NVLink error counters did not grow during the live load ({} links: {total})",
-                    links.len()
-                ),
-            ));
+            let read = links.iter().filter(|l| l.read()).count();
+            out.push(if read == links.len() {
+                Check::new(
+                    L,
+                    Status::Pass,
+                    format!(
+                        "GPU{gpu}: NVLink error counters did not grow during the live load ({read} links: {total})"
+                    ),
+                )
+            } else {
+                Check::new(
+                    L,
+                    Status::Info,
+                    format!(
+                        "GPU{gpu}: NVLink error counters did not grow during the live load where read ({total}), \
+                         but {} of {} links had a counter unreadable before or after the load (or reset in between)",
+                        links.len() - read,
+                        links.len()
+                    ),
+                )
+            });
             continue;
         }
         let title = format!("GPU{gpu}: NVLink error counters grew during the live load: {total}");
@@ -123,7 +146,8 @@ mod tests {
         }
         let mut after = before.clone();
         let read = |f| Machine::read(&f).unwrap();
-        let quiet = growth(&read(before.clone()), &read(after.clone()));
+        let both = ["0000:00:06.0".to_string(), "00000000:00:07.0".to_string()];
+        let quiet = growth(&read(before.clone()), &read(after.clone()), &both);
         assert_eq!(quiet.len(), 36);
         let c = checks(&quiet);
         assert_eq!(c.len(), 2);
@@ -135,7 +159,7 @@ mod tests {
 
         after.gpus[1].links[3].errors.crc = Some(103 + 12);
         after.gpus[1].links[9].errors.replay = Some(2);
-        let c = checks(&growth(&read(before.clone()), &read(after.clone())));
+        let c = checks(&growth(&read(before.clone()), &read(after.clone()), &both));
         assert_eq!(c[0].status, Status::Pass);
         assert_eq!(c[1].status, Status::Warn);
         assert_eq!(
@@ -146,7 +170,7 @@ mod tests {
         assert_eq!(c[1].detail, ["link 3: CRC +12, replay +0, recovery +0", "link 9: CRC +0, replay +2, recovery +0"]);
 
         after.gpus[0].links[0].errors.recovery = Some(1);
-        let g = growth(&read(before.clone()), &read(after.clone()));
+        let g = growth(&read(before.clone()), &read(after.clone()), &both);
         let c = checks(&g);
         assert_eq!(c[0].status, Status::Fail);
         assert!(c[0].title.ends_with("recovery +1 — the link retrained under load"), "{}", c[0].title);
@@ -162,14 +186,61 @@ mod tests {
             l.errors = LinkErrors::default();
         }
         let m = Machine::read(&before).unwrap();
-        let c = checks(&growth(&m, &m));
+        let gpu0 = ["0000:00:06.0".to_string()];
+        let c = checks(&growth(&m, &m, &gpu0));
         assert_eq!(c[0].title, "GPU0: NVLink error counters unreadable before or after the live load");
         let mut after = h200_pair();
         after.gpus.truncate(1);
         let mut high = after.clone();
         high.gpus[0].links[5].errors.crc = Some(50);
-        let g = growth(&Machine::read(&high).unwrap(), &Machine::read(&after).unwrap());
+        let g = growth(&Machine::read(&high).unwrap(), &Machine::read(&after).unwrap(), &gpu0);
         assert_eq!(g[5].crc, None);
-        assert_eq!(checks(&g)[0].status, Status::Pass);
+        // A reset link's growth is unknown: no ✓ for all 18 links.
+        let c = checks(&g);
+        assert_eq!(c[0].status, Status::Info);
+        assert_eq!(
+            c[0].title,
+            "GPU0: NVLink error counters did not grow during the live load where read (CRC +0, replay +0, \
+             recovery +0), but 1 of 18 links had a counter unreadable before or after the load (or reset in between)"
+        );
+    }
+
+    #[test]
+    fn only_the_gpus_of_the_live_ranks_are_judged_and_unreadable_links_are_counted() {
+        // Four GPUs, the live layer ran on two of them (--nproc 2, or CUDA_VISIBLE_DEVICES=2,3).
+        let mut fake = h200_pair();
+        let links = fake.gpus[0].links.clone();
+        for (i, bus) in [(2, "0000:00:08.0"), (3, "0000:00:09.0")] {
+            let mut g = fake.gpus[0].clone();
+            (g.index, g.bus_id, g.links) = (i, bus.into(), links.clone());
+            fake.gpus.push(g);
+        }
+        let m = Machine::read(&fake).unwrap();
+        let ranks = ["00000000:00:08.0".to_string(), "0000:00:09.0".to_string()];
+        let g = growth(&m, &m, &ranks);
+        assert_eq!(g.len(), 36);
+        let c = checks(&g);
+        let titles: Vec<&str> = c.iter().map(|c| c.title.as_str()).collect();
+        assert_eq!(
+            titles,
+            [
+                "GPU2: NVLink error counters did not grow during the live load (18 links: CRC +0, replay +0, recovery +0)",
+                "GPU3: NVLink error counters did not grow during the live load (18 links: CRC +0, replay +0, recovery +0)",
+            ]
+        );
+        assert!(c.iter().all(|c| c.status == Status::Pass));
+        // Two links of GPU3 whose replay counter NVML does not give: not a ✓ over all 18.
+        fake.gpus[3].links[4].errors.replay = None;
+        fake.gpus[3].links[7].errors.replay = None;
+        let m = Machine::read(&fake).unwrap();
+        let c = checks(&growth(&m, &m, &ranks));
+        assert_eq!(c[1].status, Status::Info);
+        assert_eq!(
+            c[1].title,
+            "GPU3: NVLink error counters did not grow during the live load where read (CRC +0, replay +0, recovery \
+             +0), but 2 of 18 links had a counter unreadable before or after the load (or reset in between)"
+        );
+        // No rank reported its GPU: nothing is judged.
+        assert!(growth(&m, &m, &[]).is_empty());
     }
 }

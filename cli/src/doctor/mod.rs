@@ -34,7 +34,7 @@ struct Facts<'a> {
     live: Option<&'a live::LiveFacts>,
     /// The live run's bandwidths against the limits.
     bandwidth: &'a [live::Verdict],
-    /// How much each link's error counters grew during the live run.
+    /// How much each link's error counters grew during the live run, on the live ranks' GPUs.
     nvlink_error_growth: Option<&'a [counters::LinkGrowth]>,
     /// What each GPU's active NVLink links reach (GPUs named from the topology where the driver's
     /// far end is none).
@@ -94,10 +94,12 @@ pub fn run(args: &DoctorArgs, overridden: &[Overridden]) -> Result<()> {
             let peer_ok = |a: usize, b: usize| peer_between(machine.as_ref(), peers.as_deref().ok(), a, b);
             report.checks.extend(live::checks(&facts, machine.as_ref(), &peer_ok));
             bandwidth = live::verdicts(&facts, machine.as_ref(), &peer_ok);
-            // The counters again, after the load: their growth is the verdict.
+            // The counters again, after the load: their growth on the GPUs that carried it is the
+            // verdict.
             if let (Ok(source), Some(before)) = (&nvml, &machine) {
                 if let Ok(after) = Machine::read(source) {
-                    let g = counters::growth(before, &after);
+                    let loaded: Vec<String> = facts.nccl.iter().map(|r| r.bus_id.clone()).collect();
+                    let g = counters::growth(before, &after, &loaded);
                     report.checks.extend(counters::checks(&g));
                     growth = Some(g);
                 }
