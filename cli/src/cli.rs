@@ -75,7 +75,8 @@ pub struct DoctorArgs {
     /// Processes (GPUs) for the live layer; default: every GPU.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(2..))]
     pub nproc: Option<u32>,
-    /// Keep NCCL's logs and the ranks' results in DIR (default: a temporary directory, removed).
+    /// Keep NCCL's logs and the ranks' results in DIR (default: a temporary directory, removed); an
+    /// earlier run's results and NCCL logs there are removed before the ranks start.
     #[arg(long, value_name = "DIR")]
     pub logs: Option<PathBuf>,
     /// Also write the report as JSON (what `--json` prints) to FILE, from the same run: the text

@@ -46,6 +46,17 @@ pub struct LiveFacts {
 
 /// Runs both phases with `nproc` ranks, keeping logs in `dir`.
 pub fn gather(nproc: usize, dir: &Path) -> LiveFacts {
+    gather_with(nproc, dir, &spawn)
+}
+
+/// [`gather`] with the ranks started by `spawn(nproc, phase, dir, env)`. Each phase first removes
+/// the files it will read (`--logs DIR` may hold an earlier run's), so that only this run's
+/// results and logs are read back.
+fn gather_with(
+    nproc: usize,
+    dir: &Path,
+    spawn: &dyn Fn(usize, Phase, &Path, &[(String, String)]) -> Result<(), String>,
+) -> LiveFacts {
     let mut facts = LiveFacts { nproc, ..LiveFacts::default() };
     facts.reasons = envvars::transport_reasons(|n| std::env::var(n).ok());
     for phase in Phase::ALL {
@@ -55,6 +66,10 @@ pub fn gather(nproc: usize, dir: &Path) -> LiveFacts {
         env.push(("NCCL_DEBUG_FILE".into(), log_file.to_string_lossy().into_owned()));
         if phase == Phase::Nvshmem {
             env[1].1 = "INIT".into();
+        }
+        if let Err(e) = remove_earlier(dir, phase, nproc) {
+            facts.errors.push(format!("{name} phase not run: {e}"));
+            continue;
         }
         if let Err(e) = spawn(nproc, phase, dir, &env) {
             facts.errors.push(format!("{name} phase: {e}"));
@@ -80,6 +95,21 @@ pub fn gather(nproc: usize, dir: &Path) -> LiveFacts {
         }
     }
     facts
+}
+
+/// Removes what a phase reads back, as an earlier run left it in `dir`: the ranks' results and
+/// NCCL's logs.
+fn remove_earlier(dir: &Path, phase: Phase, nproc: usize) -> Result<(), String> {
+    let results = (0..nproc).map(|rank| result_path(dir, phase, rank));
+    for file in results.chain(logs(dir, &format!("{}-nccl.", phase.name()))) {
+        match std::fs::remove_file(&file) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                return Err(format!("cannot remove {} of an earlier run: {e}", file.display()))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 fn spawn(nproc: usize, phase: Phase, dir: &Path, env: &[(String, String)]) -> Result<(), String> {
@@ -665,6 +695,39 @@ vm:1:2 [0] NCCL INFO Channel 00/0 : 1[1] -> 0[0] [receive] via NET/Socket/0
             "{}",
             slow.title
         );
+    }
+
+    #[test]
+    fn an_earlier_runs_results_and_logs_in_the_logs_folder_are_not_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let earlier = facts(P2P, &[], 346.0);
+        for r in &earlier.nccl {
+            let path = result_path(dir.path(), Phase::Nccl, r.rank);
+            std::fs::write(path, serde_json::to_string(r).unwrap()).unwrap();
+        }
+        std::fs::write(dir.path().join("nccl-nccl.vm.1.log"), P2P).unwrap();
+        std::fs::write(dir.path().join("nvshmem-nccl.vm.1.log"), P2P).unwrap();
+        // This run's ranks all die before writing anything.
+        let died = |_: usize, _: Phase, _: &Path, _: &[(String, String)]| Err("rank 0 was killed by signal 9".into());
+        let f = gather_with(2, dir.path(), &died);
+        assert!(f.nccl.is_empty(), "{:?}", f.nccl);
+        assert!(f.log.versions.is_empty() && f.log.connections.is_empty(), "{:?}", f.log);
+        assert!(f.nvshmem_log.versions.is_empty());
+        assert_eq!(f.errors.len(), 2, "{:?}", f.errors);
+        // What this run writes is read.
+        let wrote = |n: usize, phase: Phase, d: &Path, _: &[(String, String)]| {
+            if phase == Phase::Nccl {
+                for r in earlier.nccl.iter().take(n) {
+                    std::fs::write(result_path(d, phase, r.rank), serde_json::to_string(r).unwrap()).unwrap();
+                }
+                std::fs::write(d.join("nccl-nccl.vm.2.log"), P2P).unwrap();
+            }
+            Ok(())
+        };
+        let f = gather_with(2, dir.path(), &wrote);
+        assert_eq!(f.nccl, earlier.nccl);
+        assert_eq!(f.log.connections.len(), 2);
+        assert!(f.errors.is_empty(), "{:?}", f.errors);
     }
 
     #[test]
