@@ -162,13 +162,43 @@ pub fn checks(f: &LiveFacts, machine: Option<&Machine>, peer_ok: &dyn Fn(usize, 
             "see the NCCL log lines above; rerun with NCCL_DEBUG=WARN",
         ));
     }
+    // The communicator stands only if every rank started reports it, without an error.
+    let ok = f.nccl.iter().filter(|r| r.error.is_none()).count();
+    let failed: Vec<String> = f.nccl.iter().filter(|r| r.error.is_some()).map(|r| r.rank.to_string()).collect();
+    let silent: Vec<String> =
+        (0..f.nproc).filter(|rank| !f.nccl.iter().any(|r| r.rank == *rank)).map(|r| r.to_string()).collect();
+    let stands = ok == f.nproc && failed.is_empty() && silent.is_empty();
+    if !stands {
+        let mut why = Vec::new();
+        if !failed.is_empty() {
+            why.push(format!("NCCL failed on rank(s) {}", failed.join(", ")));
+        }
+        if !silent.is_empty() {
+            why.push(format!("rank(s) {} wrote no result", silent.join(", ")));
+        }
+        out.push(Check::fail(
+            L,
+            format!(
+                "no communicator of {} ranks: {ok} of {} ranks reported one ({})",
+                f.nproc,
+                f.nproc,
+                why.join("; ")
+            ),
+            format!(
+                "see the failures above; run `gpucomm bench all_reduce -b 8 -e 8 --nproc {}` to see the ranks' errors",
+                f.nproc
+            ),
+        ));
+    }
     let Some(first) = f.nccl.first() else { return out };
     let version = first.nccl_version.as_deref().unwrap_or("?");
-    out.push(Check::new(
-        L,
-        Status::Pass,
-        format!("communicator of {} ranks, NCCL {version}, one process per GPU", f.nccl.len()),
-    ));
+    if stands {
+        out.push(Check::new(
+            L,
+            Status::Pass,
+            format!("communicator of {ok} ranks, NCCL {version}, one process per GPU"),
+        ));
+    }
     if f.log.versions.len() > 1 {
         out.push(Check::fail(
             L,
@@ -672,6 +702,42 @@ vm:1:2 [0] NCCL INFO Channel 00/0 : 1[1] -> 0[0] [receive] via NET/Socket/0
         assert!(two.fix.as_deref().unwrap().contains("NVSHMEM_DISABLE_NCCL=1"));
         let nothing = checks(&LiveFacts::default(), None, &|_, _| None);
         assert!(nothing.is_empty());
+    }
+
+    #[test]
+    fn no_communicator_when_a_rank_failed_or_wrote_nothing() {
+        let communicator = |c: &[Check]| -> Vec<(Status, String)> {
+            c.iter().filter(|c| c.title.contains("communicator")).map(|c| (c.status, c.title.clone())).collect()
+        };
+        // Every rank's init failed: each still wrote its result, with the error.
+        let mut f = facts(P2P, &[], 346.0);
+        for r in &mut f.nccl {
+            r.error = Some("ncclCommInitRank: unhandled system error".into());
+        }
+        let c = checks(&f, None, &|_, _| None);
+        assert_eq!(
+            communicator(&c),
+            [(
+                Status::Fail,
+                "no communicator of 2 ranks: 0 of 2 ranks reported one (NCCL failed on rank(s) 0, 1)".to_string()
+            )]
+        );
+        // Rank 1 wrote nothing (killed), rank 0 is fine.
+        let mut f = facts(P2P, &[], 346.0);
+        f.nccl.truncate(1);
+        let c = checks(&f, None, &|_, _| None);
+        assert_eq!(
+            communicator(&c),
+            [(
+                Status::Fail,
+                "no communicator of 2 ranks: 1 of 2 ranks reported one (rank(s) 1 wrote no result)".to_string()
+            )]
+        );
+        // No rank wrote anything.
+        f.nccl.clear();
+        let c = checks(&f, None, &|_, _| None);
+        assert_eq!(communicator(&c)[0].0, Status::Fail);
+        assert!(communicator(&c)[0].1.ends_with("(rank(s) 0, 1 wrote no result)"), "{c:#?}");
     }
 
     #[test]
