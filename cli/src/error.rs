@@ -157,9 +157,12 @@ impl CliError {
             | CliError::BadInput { .. }
             | CliError::WriteOutput { .. } => EXIT_USAGE,
             CliError::WrongResults(_) | CliError::DoctorFailed(_) => EXIT_FOUND_PROBLEM,
+            // A rank's own usage error or failed run keeps its status; anything else a rank ends
+            // with (a signal, which the spawner reports as 1, a panic's 101) is a failed run: 1
+            // would read as wrong elements, which the parent alone reports.
             CliError::RanksFailed(outcome) => match u8::try_from(outcome.exit_code()) {
-                Ok(0) | Err(_) => EXIT_RUN_FAILED,
-                Ok(code) => code,
+                Ok(code @ (EXIT_USAGE | EXIT_RUN_FAILED)) => code,
+                _ => EXIT_RUN_FAILED,
             },
             _ => EXIT_RUN_FAILED,
         }
@@ -198,5 +201,29 @@ mod tests {
         assert_eq!(e.to_string(), "/dev/zero: larger than 64 MiB: not a nccl-tests log");
         assert_eq!(e.exit_code(), EXIT_USAGE);
         assert_eq!(CliError::RunFailed("the spawner thread panicked".into()).exit_code(), EXIT_RUN_FAILED);
+    }
+
+    #[test]
+    fn a_failed_rank_gives_a_documented_status() {
+        use std::os::unix::process::ExitStatusExt;
+        let failed = |raw: i32, how: &str| {
+            CliError::RanksFailed(gpucomm_launch::Outcome {
+                statuses: vec![
+                    (0, std::process::ExitStatus::from_raw(0)),
+                    (1, std::process::ExitStatus::from_raw(raw)),
+                ],
+                first_failure: Some((1, how.to_string())),
+            })
+            .exit_code()
+        };
+        // Killed by SIGKILL: a failed run, not "validation found wrong elements".
+        assert_eq!(failed(9, "was killed by signal 9"), EXIT_RUN_FAILED);
+        // A panic (101), and a code the help does not define.
+        assert_eq!(failed(101 << 8, "exited with code 101"), EXIT_RUN_FAILED);
+        assert_eq!(failed(1 << 8, "exited with code 1"), EXIT_RUN_FAILED);
+        assert_eq!(failed(124 << 8, "exited with code 124"), EXIT_RUN_FAILED);
+        // The documented ones pass through.
+        assert_eq!(failed(2 << 8, "exited with code 2"), EXIT_USAGE);
+        assert_eq!(failed(3 << 8, "exited with code 3"), EXIT_RUN_FAILED);
     }
 }
