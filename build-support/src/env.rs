@@ -7,10 +7,12 @@
 //!
 //! For a variable `NAME`, the target-specific spelling `<TARGET>_NAME` is tried first (the target
 //! triple upper-cased with `-` and `.` turned into `_`, e.g. `X86_64_UNKNOWN_LINUX_GNU_NCCL_HOME`),
-//! then `NAME` itself. Empty values count as unset.
+//! then `NAME` itself. Empty values count as unset. Values are read as OS strings: a path need not
+//! be UTF-8, and a variable naming one is never taken for unset because it is not.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::ffi::{OsStr, OsString};
 use std::path::PathBuf;
 
 /// A variable that was found set: the exact name that matched, and its value.
@@ -18,14 +20,31 @@ use std::path::PathBuf;
 pub struct Var {
     /// The spelling that was set (possibly the target-prefixed one).
     pub name: String,
-    /// Its value.
+    /// Its value as text, for messages: bytes that are not UTF-8 are shown as `�`. Paths and
+    /// programs are taken from [`Self::value_os`] (through [`Self::path`]), never from this.
     pub value: String,
+    /// Its value exactly as the environment holds it (not necessarily UTF-8).
+    pub value_os: OsString,
 }
 
 impl Var {
+    fn new(name: String, value_os: OsString) -> Self {
+        Var { name, value: value_os.to_string_lossy().into_owned(), value_os }
+    }
+
     /// The value as a path.
     pub fn path(&self) -> PathBuf {
-        PathBuf::from(&self.value)
+        PathBuf::from(&self.value_os)
+    }
+
+    /// The value as text, for the variables that hold no path; `None` when it is not UTF-8.
+    pub fn text(&self) -> Option<&str> {
+        self.value_os.to_str()
+    }
+
+    /// Whether the value contains a `/`: a program named with one is not looked up on `PATH`.
+    pub fn has_slash(&self) -> bool {
+        self.value_os.as_encoded_bytes().contains(&b'/')
     }
 }
 
@@ -37,7 +56,7 @@ impl std::fmt::Display for Var {
 
 enum Source {
     Process,
-    Map(BTreeMap<String, String>),
+    Map(BTreeMap<String, OsString>),
 }
 
 /// A view of the environment that records which names were read.
@@ -62,12 +81,16 @@ impl Env {
     }
 
     /// A fixed set of variables, for tests. `target` is the triple whose prefixed names are tried.
-    pub fn from_pairs<'a>(target: Option<&str>, pairs: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
-        let map = pairs.into_iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+    /// Values may be any OS string (`&str`, `&OsStr`, `&Path`).
+    pub fn from_pairs<'a, V: AsRef<OsStr>>(
+        target: Option<&str>,
+        pairs: impl IntoIterator<Item = (&'a str, V)>,
+    ) -> Self {
+        let map = pairs.into_iter().map(|(k, v)| (k.to_string(), v.as_ref().to_os_string())).collect();
         Env { target_prefix: target.map(target_prefix), source: Source::Map(map), read: RefCell::default() }
     }
 
-    fn raw(&self, name: &str) -> Option<String> {
+    fn raw(&self, name: &str) -> Option<OsString> {
         self.note(name);
         self.cargo_var(name)
     }
@@ -85,21 +108,23 @@ impl Env {
         prefixed
             .into_iter()
             .chain(std::iter::once(name.to_string()))
-            .find_map(|n| self.raw(&n).map(|value| Var { name: n, value }))
+            .find_map(|n| self.raw(&n).map(|value| Var::new(n, value)))
     }
 
     /// Looks up exactly `name`, without the target-prefixed spelling, and records it: for variables
     /// that other programs read under their plain name (`PATH`, nvcc's `NVCC_APPEND_FLAGS`).
     pub fn get_exact(&self, name: &str) -> Option<Var> {
-        self.raw(name).map(|value| Var { name: name.to_string(), value })
+        self.raw(name).map(|value| Var::new(name.to_string(), value))
     }
 
     /// A variable that Cargo itself sets for build scripts (`OUT_DIR`, `CARGO_MANIFEST_DIR`,
     /// `NUM_JOBS`, `DEP_<LINKS>_<KEY>`): exact name, not recorded, since Cargo already knows when
     /// it changes.
-    pub fn cargo_var(&self, name: &str) -> Option<String> {
+    pub fn cargo_var(&self, name: &str) -> Option<OsString> {
         let value = match &self.source {
-            Source::Process => std::env::var(name).ok(),
+            // `var_os`, not `var`: a value that is not UTF-8 is still set (`var` would call it unset,
+            // and a variable naming a place would silently stop counting).
+            Source::Process => std::env::var_os(name),
             Source::Map(map) => map.get(name).cloned(),
         };
         value.filter(|v| !v.is_empty())
@@ -107,7 +132,9 @@ impl Env {
 
     /// True when `name` is set to `1`, `true`, `yes` or `on` (any case).
     pub fn flag(&self, name: &str) -> bool {
-        self.get(name).is_some_and(|v| matches!(v.value.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
+        self.get(name).is_some_and(|v| {
+            v.text().is_some_and(|t| matches!(t.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
+        })
     }
 
     /// Every spelling consulted so far, in first-read order.
@@ -124,6 +151,41 @@ fn target_prefix(target: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Path;
+
+    /// A process variable whose value is not UTF-8 is set, not unset (`std::env::var` called it
+    /// unset, and `NCCL_HOME=/tmp/\xffnccl` let the search fall through to other installs). Read
+    /// in a child run of this test, so that no test changes this process's environment.
+    #[test]
+    fn process_values_need_not_be_utf8() {
+        const NAME: &str = "GPUCOMM_ENV_TEST_NOT_UTF8";
+        let value = OsStr::from_bytes(b"/tmp/\xffnccl");
+        if std::env::var_os(NAME).is_some() {
+            let v = Env::running().get(NAME).expect("a value that is not UTF-8 counts as set");
+            assert_eq!(v.value_os, value);
+            assert_eq!(v.path(), Path::new(value));
+            assert_eq!(v.text(), None);
+            assert_eq!(v.to_string(), format!("{NAME}=/tmp/\u{fffd}nccl"));
+            return;
+        }
+        let test = "env::tests::process_values_need_not_be_utf8";
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([test, "--exact", "--test-threads=1"])
+            .env(NAME, value)
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success() && text.contains("1 passed"), "{text}{}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    #[test]
+    fn fixed_values_need_not_be_utf8() {
+        let value = OsStr::from_bytes(b"/tmp/\xffnccl");
+        let env = Env::from_pairs(None, [("NCCL_HOME", value), ("CUDA_ARCHS", OsStr::new("90"))]);
+        assert_eq!(env.get("NCCL_HOME").unwrap().path(), Path::new(value));
+        assert_eq!(env.get("CUDA_ARCHS").unwrap().text(), Some("90"));
+    }
 
     #[test]
     fn target_spelling_wins_and_both_are_recorded() {
@@ -149,7 +211,7 @@ mod tests {
             [("PATH", "/bin"), ("X86_64_UNKNOWN_LINUX_GNU_PATH", "/target"), ("OUT_DIR", "/out")],
         );
         assert_eq!(env.get_exact("PATH").unwrap().value, "/bin");
-        assert_eq!(env.cargo_var("OUT_DIR").as_deref(), Some("/out"));
+        assert_eq!(env.cargo_var("OUT_DIR").as_deref(), Some(OsStr::new("/out")));
         assert_eq!(env.names_read(), ["PATH"]);
     }
 

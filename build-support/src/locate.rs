@@ -29,6 +29,7 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -204,7 +205,7 @@ pub struct RuntimeCandidate {
 /// Runs the search for a set of variables; caches Python answers.
 pub struct Locator<'e> {
     env: &'e Env,
-    python_answers: RefCell<BTreeMap<String, NvidiaDirs>>,
+    python_answers: RefCell<BTreeMap<OsString, NvidiaDirs>>,
 }
 
 fn lib_dirs(root: &Path) -> Vec<PathBuf> {
@@ -217,18 +218,23 @@ impl<'e> Locator<'e> {
         Locator { env, python_answers: RefCell::default() }
     }
 
+    /// The interpreter asked for `spec`'s wheels: `X_SYS_PYTHON`, else `python3`.
+    fn interpreter(&self, spec: &Spec) -> OsString {
+        self.env.get(&format!("{}_SYS_PYTHON", spec.var)).map(|v| v.value_os).unwrap_or_else(|| "python3".into())
+    }
+
     /// The `nvidia` package directories of the interpreter chosen for `spec`, with its name.
     /// With `X_SYS_NO_PYTHON` set, no interpreter is started and the answer says why.
     pub fn nvidia_dirs(&self, spec: &Spec) -> (String, NvidiaDirs) {
-        let python =
-            self.env.get(&format!("{}_SYS_PYTHON", spec.var)).map(|v| v.value).unwrap_or_else(|| "python3".to_string());
+        let python = self.interpreter(spec);
+        let shown = python.display().to_string();
         let off = format!("{}_SYS_NO_PYTHON", spec.var);
         if self.env.flag(&off) {
-            return (python, NvidiaDirs::NoInterpreter(format!("not asked: {off} is set")));
+            return (shown, NvidiaDirs::NoInterpreter(format!("not asked: {off} is set")));
         }
         // A bare name is looked up on `PATH`, which then decides the install: recorded, so that
         // a build reruns when another environment (another venv's wheels) comes first.
-        if !python.contains('/') {
+        if !python.as_encoded_bytes().contains(&b'/') {
             self.env.get_exact("PATH");
         }
         let answer = self
@@ -237,7 +243,7 @@ impl<'e> Locator<'e> {
             .entry(python.clone())
             .or_insert_with(|| python::nvidia_dirs(&python))
             .clone();
-        (python, answer)
+        (shown, answer)
     }
 
     /// The project-local prefix, if configured.
@@ -389,7 +395,7 @@ impl<'e> Locator<'e> {
             NvidiaDirs::NoPackage(why) | NvidiaDirs::NoInterpreter(why) => {
                 return vec![RuntimeCandidate {
                     place: last_resort(format!("`{python}` NVIDIA wheels")),
-                    path: PathBuf::from(python),
+                    path: PathBuf::from(self.interpreter(spec)),
                     explicit: false,
                     unavailable: Some(why),
                 }]
@@ -406,7 +412,7 @@ impl<'e> Locator<'e> {
         if out.is_empty() {
             out.push(RuntimeCandidate {
                 place: last_resort(format!("`{python}` NVIDIA wheels")),
-                path: PathBuf::from(python),
+                path: PathBuf::from(self.interpreter(spec)),
                 explicit: false,
                 unavailable: Some(format!(
                     "no {} in its `nvidia/{}` folders",
@@ -655,6 +661,34 @@ mod tests {
             ]
         );
         assert_eq!(c.iter().map(|c| c.explicit).collect::<Vec<_>>(), [true, true, false, false, false]);
+    }
+
+    /// Paths need not be UTF-8: such a variable is used as it is, and binding like any other (it
+    /// was taken for unset, and the search went on to other installs without reporting it).
+    #[test]
+    fn variables_naming_paths_that_are_not_utf8_are_used_and_binding() {
+        use std::ffi::OsStr;
+        use std::os::unix::ffi::OsStrExt;
+        let tmp = tempfile::tempdir().unwrap();
+        fake_prefix(&tmp.path().join("prefix"));
+        let home = tmp.path().join(OsStr::from_bytes(b"home\xff"));
+        touch(&home.join("include/nccl.h"));
+        touch(&home.join("lib/libnccl.so.2"));
+        let prefix = tmp.path().join("prefix");
+        let env = Env::from_pairs(None, [("GPUCOMM_PREFIX", prefix.as_os_str()), ("NCCL_HOME", home.as_os_str())]);
+        assert_eq!(Locator::new(&env).find(&NCCL).unwrap().library.unwrap(), home.join("lib/libnccl.so.2"));
+
+        let missing = tmp.path().join(OsStr::from_bytes(b"\xffnccl"));
+        let env = Env::from_pairs(None, [("GPUCOMM_PREFIX", prefix.as_os_str()), ("NCCL_HOME", missing.as_os_str())]);
+        let err = Locator::new(&env).find(&NCCL).unwrap_err();
+        assert_eq!(err.stopped_by.as_deref(), Some("NCCL_HOME"));
+        assert_eq!(err.probes[0].place, format!("NCCL_HOME={}", missing.display()));
+
+        let library = OsStr::from_bytes(b"/tmp/\xffnccl/libnccl.so.2");
+        let env = Env::from_pairs(None, [("GPUCOMM_PREFIX", prefix.as_os_str()), ("NCCL_SYS_LIBRARY", library)]);
+        let c = Locator::new(&env).runtime_candidates_early(&NCCL, None);
+        assert_eq!((c[0].path.as_os_str(), c[0].explicit), (library, true));
+        assert!(c[0].place.starts_with("NCCL_SYS_LIBRARY=/tmp/"), "{}", c[0].place);
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! site-packages paths, the interpreter is asked for `nvidia.__path__`; every answer line carries a
 //! sentinel prefix so that anything else the interpreter prints (warnings, banners) is ignored.
 
+use std::ffi::OsStr;
 use std::path::PathBuf;
 use std::process::Command;
 
@@ -32,15 +33,15 @@ pub enum NvidiaDirs {
 }
 
 /// Runs `python` (a program name or path) and asks for `nvidia.__path__`.
-pub fn nvidia_dirs(python: &str) -> NvidiaDirs {
+pub fn nvidia_dirs(python: &OsStr) -> NvidiaDirs {
     let output = match Command::new(python).arg("-c").arg(SCRIPT).output() {
         Ok(o) => o,
-        Err(e) => return NvidiaDirs::NoInterpreter(format!("could not run `{python}`: {e}")),
+        Err(e) => return NvidiaDirs::NoInterpreter(format!("could not run `{}`: {e}", python.display())),
     };
     let stdout = String::from_utf8_lossy(&output.stdout);
     parse(&stdout).unwrap_or_else(|| {
         let stderr = String::from_utf8_lossy(&output.stderr);
-        NvidiaDirs::NoInterpreter(format!("`{python}` exited with {}: {}", output.status, stderr.trim()))
+        NvidiaDirs::NoInterpreter(format!("`{}` exited with {}: {}", python.display(), output.status, stderr.trim()))
     })
 }
 
@@ -77,7 +78,7 @@ mod tests {
 
     #[test]
     fn missing_interpreter_is_reported() {
-        match nvidia_dirs("/nonexistent/python-for-test") {
+        match nvidia_dirs(OsStr::new("/nonexistent/python-for-test")) {
             NvidiaDirs::NoInterpreter(msg) => assert!(msg.contains("/nonexistent/python-for-test"), "{msg}"),
             other => panic!("unexpected {other:?}"),
         }

@@ -65,8 +65,11 @@ impl Arch {
 
 /// Reads `CUDA_ARCHS` (default [`DEFAULT_ARCHS`]): `"80, sm_90a"` → `[80, 90a]`.
 pub fn archs_from(env: &Env) -> Result<Vec<Arch>, CuError> {
-    let text = env.get("CUDA_ARCHS").map(|v| v.value).unwrap_or_else(|| DEFAULT_ARCHS.to_string());
-    parse_archs(&text).ok_or(CuError::Archs { value: text })
+    let Some(var) = env.get("CUDA_ARCHS") else {
+        return parse_archs(DEFAULT_ARCHS).ok_or(CuError::Archs { value: DEFAULT_ARCHS.to_string() });
+    };
+    // Not UTF-8: refused like any other unreadable list, not taken for unset.
+    var.text().and_then(parse_archs).ok_or(CuError::Archs { value: var.value })
 }
 
 fn parse_archs(text: &str) -> Option<Vec<Arch>> {
@@ -162,7 +165,7 @@ impl Nvcc {
         let (program, found_via) = find_program(env, cuda)?;
         let mut flags: Vec<OsString> = vec!["-std=c++17".into()];
         if let Some(ccbin) = env.get("NVCC_CCBIN") {
-            flags.extend(["-ccbin".into(), ccbin.value.into()]);
+            flags.extend(["-ccbin".into(), ccbin.value_os]);
         }
         let toolkit_root = program.parent().and_then(Path::parent).map(Path::to_path_buf);
         let cccl = toolkit_root
@@ -273,7 +276,7 @@ impl Nvcc {
     }
 
     fn command_line(&self, args: &[OsString]) -> String {
-        let vars = self.own_vars.iter().map(|v| format!("{}={}", v.name, quote(OsStr::new(&v.value))));
+        let vars = self.own_vars.iter().map(|v| format!("{}={}", v.name, quote(&v.value_os)));
         let words = std::iter::once(quote(self.program.as_os_str())).chain(args.iter().map(|a| quote(a)));
         vars.chain(words).collect::<Vec<_>>().join(" ")
     }
@@ -287,7 +290,7 @@ impl Nvcc {
             for name in NVCC_OWN_VARS {
                 command.env_remove(name);
             }
-            command.envs(self.own_vars.iter().map(|v| (&v.name, &v.value)));
+            command.envs(self.own_vars.iter().map(|v| (&v.name, &v.value_os)));
             let output = self.runner.output(&mut command).map_err(|error| CuError::NvccNotRunnable {
                 program: self.program.clone(),
                 found_via: self.found_via.clone(),
@@ -373,12 +376,12 @@ fn cuda_root(cuda: &Install) -> Option<PathBuf> {
 fn find_program(env: &Env, cuda: Option<&Install>) -> Result<(PathBuf, String), CuError> {
     let not_found = |searched, stopped_by| CuError::NvccNotFound { searched, vars: env.names_read(), stopped_by };
     if let Some(var) = env.get("NVCC") {
-        let (found, reason) = if var.value.contains('/') {
+        let (found, reason) = if var.has_slash() {
             let path = var.path();
             (path.is_file().then_some(path), "no such file".to_string())
         } else {
-            let dirs = env.get_exact("PATH").map(|v| v.value).unwrap_or_default();
-            (search_path(&dirs, &var.value), format!("not found in any directory of PATH ({dirs})"))
+            let dirs = env.get_exact("PATH").map(|v| v.value_os).unwrap_or_default();
+            (search_path(&dirs, &var.value_os), format!("not found in any directory of PATH ({})", dirs.display()))
         };
         return match found {
             Some(path) => Ok((path, var.to_string())),
@@ -400,15 +403,18 @@ fn find_program(env: &Env, cuda: Option<&Install>) -> Result<(PathBuf, String), 
             reason: "none found (CUDA_HOME, CUDA_PATH, the project prefix, the Python wheels, /usr/local/cuda)".into(),
         }),
     }
-    let dirs = env.get_exact("PATH").map(|v| v.value).unwrap_or_default();
-    if let Some(path) = search_path(&dirs, "nvcc") {
+    let dirs = env.get_exact("PATH").map(|v| v.value_os).unwrap_or_default();
+    if let Some(path) = search_path(&dirs, OsStr::new("nvcc")) {
         return Ok((path, "PATH".into()));
     }
-    searched.push(Probe { place: format!("PATH ({dirs})"), reason: "no nvcc in any of its directories".into() });
+    searched.push(Probe {
+        place: format!("PATH ({})", dirs.display()),
+        reason: "no nvcc in any of its directories".into(),
+    });
     Err(not_found(searched, None))
 }
 
-fn search_path(dirs: &str, name: &str) -> Option<PathBuf> {
+fn search_path(dirs: &OsStr, name: &OsStr) -> Option<PathBuf> {
     std::env::split_paths(dirs).map(|d| d.join(name)).find(|p| p.is_file())
 }
 
@@ -441,6 +447,10 @@ mod tests {
             archs_from(&env).unwrap_err().to_string(),
             "CUDA_ARCHS=\"volta\" is not a list of compute capabilities such as `90` or `80,90a`"
         );
+        // Not UTF-8: refused, not taken for unset (which built the default list).
+        use std::os::unix::ffi::OsStrExt;
+        let env = Env::from_pairs(None, [("CUDA_ARCHS", OsStr::from_bytes(b"90\xff"))]);
+        assert!(archs_from(&env).unwrap_err().to_string().starts_with("CUDA_ARCHS=\"90\u{fffd}\" is not"));
     }
 
     #[test]

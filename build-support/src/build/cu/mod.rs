@@ -492,7 +492,7 @@ fn in_parallel<T: Sync, R: Send>(items: &[T], jobs: usize, f: impl Fn(&T) -> R +
 /// Cargo's `NUM_JOBS`, else the machine's parallelism.
 fn jobs(env: &Env) -> usize {
     env.cargo_var("NUM_JOBS")
-        .and_then(|j| j.parse().ok())
+        .and_then(|j| j.to_str()?.parse().ok())
         .or_else(|| std::thread::available_parallelism().ok().map(usize::from))
         .unwrap_or(1)
 }
