@@ -98,6 +98,11 @@ fn bench_command_line_errors() {
         "error: invalid size range: no size from -b 8 to -e 32 (8, 16, 32 bytes) gives each of 4 ranks one float \
          element for all_gather: the smallest that does is 64 bytes; raise -e\n",
     );
+    // So is the root of a rooted collective.
+    for ranks in [&["--nproc", "2"][..], &["-g", "2"]] {
+        let args = [&["bench", "broadcast", "-r", "5"][..], ranks].concat();
+        fails_with(&args, 2, "error: -r 5: broadcast needs a root among the 2 ranks (0 to 1)\n");
+    }
     // The measurement knobs are checked before any GPU work.
     fails_with(&["bench", "alltoall", "--api", "raw"], 2, "error: --api raw runs all_reduce only, not alltoall");
     fails_with(&["bench", "broadcast", "--impl", "ll"], 2, "error: --impl runs all_reduce only, not broadcast");

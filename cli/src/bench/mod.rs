@@ -82,10 +82,18 @@ pub fn run(args: &BenchArgs) -> Result<()> {
     present(args, &spec, reference.as_deref(), spawn_ranks(args, nproc)?, json)
 }
 
-/// The checks that need the rank count, made before any GPU work: a size range that gives no
-/// rank an element, and an nccl-tests log (`--compare`) measured with another rank count, data
-/// type, operator or root.
+/// The checks that need the rank count, made before any GPU work: a root (`-r`) of a rooted
+/// collective that is no rank, a size range that gives no rank an element, and an nccl-tests log
+/// (`--compare`) measured with another rank count, data type, operator or root.
 fn check_plan(spec: &Spec, reference: Option<&[Run]>, nranks: usize) -> Result<()> {
+    if spec.coll.rooted() && spec.root >= nranks {
+        return Err(CliError::Usage(format!(
+            "-r {}: {} needs a root among the {nranks} ranks (0 to {})",
+            spec.root,
+            spec.coll,
+            nranks.saturating_sub(1)
+        )));
+    }
     spec.check_sizes(nranks)?;
     if let Some(c) = reference {
         compare::Setup::planned(spec, nranks).check(&compare::Setup::of(c), spec.coll)?;
@@ -366,5 +374,31 @@ mod tests {
             ["all_reduce", "--nproc", "2", "-b", "8", "--nproc=4", "--json"].iter().map(OsString::from).collect();
         let got: Vec<String> = child_args(args).into_iter().map(|a| a.into_string().unwrap()).collect();
         assert_eq!(got, ["all_reduce", "-b", "8", "--json"]);
+    }
+
+    #[test]
+    fn a_root_that_is_no_rank_is_a_usage_error() {
+        let mut spec = Spec {
+            coll: coll::Collective::Broadcast,
+            dtype: elem::DType::F32,
+            op: elem::Op::Sum,
+            root: 5,
+            min: 1 << 20,
+            max: 1 << 20,
+            factor: 2,
+            warmup: 1,
+            iters: 1,
+            check: true,
+            knobs: Default::default(),
+        };
+        let e = check_plan(&spec, None, 2).unwrap_err();
+        assert_eq!(e.to_string(), "-r 5: broadcast needs a root among the 2 ranks (0 to 1)");
+        assert_eq!(e.exit_code(), crate::error::EXIT_USAGE);
+        spec.root = 2;
+        assert!(check_plan(&spec, None, 2).is_err());
+        assert!(check_plan(&spec, None, 3).is_ok());
+        // Collectives without a root ignore -r, as nccl-tests does.
+        spec.coll = coll::Collective::AllReduce;
+        assert!(check_plan(&spec, None, 2).is_ok());
     }
 }
