@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use gpucomm_build_support::runtime::{Library, LoadError};
+use gpucomm_build_support::version::Version;
 use serde::Serialize;
 
 use super::envvars;
@@ -41,6 +42,8 @@ pub struct LoadFailure {
 pub struct SoftwareFacts {
     /// NCCL as `nccl-sys` loaded it, or why it could not.
     pub nccl: Result<Loaded, LoadFailure>,
+    /// The version of the `nccl.h` gpucomm was built with.
+    pub nccl_headers: String,
     /// NVSHMEM as `nvshmem-sys` loaded it, or why it could not.
     pub nvshmem: Result<Loaded, LoadFailure>,
     /// NCCL copies on the machine.
@@ -115,6 +118,7 @@ pub fn gather(overridden: &[Overridden]) -> SoftwareFacts {
     notes.dedup();
     SoftwareFacts {
         nccl,
+        nccl_headers: nccl::header_version().to_string(),
         nvshmem,
         nccl_copies,
         nvshmem_copies,
@@ -172,6 +176,7 @@ pub fn checks(f: &SoftwareFacts) -> Vec<Check> {
             Check::fail(L, "NCCL could not be loaded", e.fix.clone()).with_detail(e.report.lines().map(str::to_string)),
         ),
     }
+    out.extend(headers_check(f));
     match &f.nvshmem {
         Ok(l) => out.push(Check::new(
             L,
@@ -204,6 +209,24 @@ pub fn checks(f: &SoftwareFacts) -> Vec<Check> {
         out.push(Check::new(L, Status::Info, n.clone()));
     }
     out
+}
+
+/// The loaded NCCL against the `nccl.h` gpucomm was built with: an older library may lack
+/// functions (or behaviours) the headers promised.
+fn headers_check(f: &SoftwareFacts) -> Option<Check> {
+    let loaded = f.nccl.as_ref().ok()?;
+    let (lib, headers) = (loaded.version.parse::<Version>().ok()?, f.nccl_headers.parse::<Version>().ok()?);
+    (lib < headers).then(|| {
+        Check::warn(
+            L,
+            format!(
+                "the loaded NCCL {lib} is older than the nccl.h {headers} gpucomm was built with: functions it uses may be missing"
+            ),
+            format!(
+                "load NCCL {headers} or newer (NCCL_LIB_DIR=<its dir>), or rebuild gpucomm against the headers of NCCL {lib}"
+            ),
+        )
+    })
 }
 
 fn copies_check(f: &SoftwareFacts) -> Option<Check> {
@@ -305,6 +328,7 @@ mod tests {
         let system = PathBuf::from("/lib/x86_64-linux-gnu/libnccl.so.2");
         SoftwareFacts {
             nccl: Ok(Loaded { path: wheel.clone(), version: "2.28.9".into(), place: "NCCL_LIB_DIR".into() }),
+            nccl_headers: "2.28.9".into(),
             nvshmem: Err(LoadFailure {
                 report: "could not load the NVSHMEM library. Tried, in order:\n  1. …".into(),
                 fix: NVSHMEM_INSTALL.into(),
@@ -349,6 +373,29 @@ mod tests {
         assert!(find("NVLink multicast stays off")
             .title
             .ends_with("does not set NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1"));
+    }
+
+    #[test]
+    fn a_library_older_than_the_headers_is_a_warning() {
+        let older = |f: &SoftwareFacts| -> Vec<Check> {
+            checks(f).into_iter().filter(|c| c.title.contains("older than the nccl.h")).collect()
+        };
+        let mut f = facts();
+        assert!(older(&f).is_empty(), "the same version");
+        f.nccl_headers = "2.27.3".into();
+        assert!(older(&f).is_empty(), "a newer library");
+        f.nccl_headers = "2.29.1".into();
+        let c = older(&f);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].status, Status::Warn);
+        assert_eq!(
+            c[0].title,
+            "the loaded NCCL 2.28.9 is older than the nccl.h 2.29.1 gpucomm was built with: functions it uses may be missing"
+        );
+        assert_eq!(
+            c[0].fix.as_deref(),
+            Some("load NCCL 2.29.1 or newer (NCCL_LIB_DIR=<its dir>), or rebuild gpucomm against the headers of NCCL 2.28.9")
+        );
     }
 
     #[test]
