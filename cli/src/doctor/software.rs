@@ -235,6 +235,24 @@ fn copies_check(f: &SoftwareFacts) -> Option<Check> {
     }
     let versions: BTreeSet<&str> = f.nccl_copies.iter().filter_map(|c| c.version.as_deref()).collect();
     let lines = copy_lines(&f.nccl_copies);
+    let unknown: Vec<String> =
+        f.nccl_copies.iter().filter(|c| c.version.is_none()).map(|c| c.path.display().to_string()).collect();
+    if versions.len() <= 1 && !unknown.is_empty() {
+        // One version among those known says nothing about the others.
+        let known = versions.first().map_or(String::new(), |v| format!("{v} where known; "));
+        return Some(
+            Check::new(
+                L,
+                Status::Info,
+                format!(
+                    "{} NCCL copy/copies on this machine: {known}version unknown for {} (the probe could not ask them)",
+                    f.nccl_copies.len(),
+                    unknown.join(", ")
+                ),
+            )
+            .with_detail(lines),
+        );
+    }
     if versions.len() <= 1 {
         return Some(
             Check::new(
@@ -395,6 +413,35 @@ mod tests {
         assert_eq!(
             c[0].fix.as_deref(),
             Some("load NCCL 2.29.1 or newer (NCCL_LIB_DIR=<its dir>), or rebuild gpucomm against the headers of NCCL 2.28.9")
+        );
+    }
+
+    #[test]
+    fn copies_of_unknown_version_are_named_not_passed() {
+        let mut f = facts();
+        f.nccl_copies[1].version = None;
+        f.nccl_copies.push(LibCopy {
+            path: PathBuf::from("/opt/old/libnccl.so.2"),
+            found: vec!["LD_LIBRARY_PATH".into()],
+            version: None,
+        });
+        let c = checks(&f);
+        let copies = c.iter().find(|c| c.title.contains("NCCL copy/copies")).unwrap();
+        assert_eq!(copies.status, Status::Info);
+        assert_eq!(
+            copies.title,
+            "3 NCCL copy/copies on this machine: 2.28.9 where known; version unknown for \
+             /lib/x86_64-linux-gnu/libnccl.so.2, /opt/old/libnccl.so.2 (the probe could not ask them)"
+        );
+        assert_eq!(copies.detail[2], "?        /opt/old/libnccl.so.2  (LD_LIBRARY_PATH)");
+        // Every version known and one: a ✓.
+        f.nccl_copies[1].version = Some("2.28.9".into());
+        f.nccl_copies.pop();
+        let c = checks(&f);
+        let copies = c.iter().find(|c| c.title.contains("NCCL copy/copies")).unwrap();
+        assert_eq!(
+            (copies.status, copies.title.as_str()),
+            (Status::Pass, "2 NCCL copy/copies on this machine, one version")
         );
     }
 
