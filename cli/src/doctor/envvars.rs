@@ -78,7 +78,11 @@ pub fn meaning(name: &str, value: &str) -> Option<String> {
         "NVSHMEM_BOOTSTRAP" => format!("NVSHMEM bootstraps through {v:?}"),
         "NVSHMEM_DEBUG" => format!("NVSHMEM log level {v}"),
         "TORCH_SYMM_MEM_DISABLE_MULTICAST" if on(v) => "PyTorch symmetric memory does not use multicast".into(),
-        "LD_LIBRARY_PATH" => "searched before the ldconfig cache for libnccl.so.2 and libnvshmem_host.so.3".into(),
+        "LD_LIBRARY_PATH" => "the dynamic loader searches it before the ldconfig cache for libnccl.so.2 and \
+                              libnvshmem_host.so.3 (programs linked with them, PyTorch, NVSHMEM's own dlopen of \
+                              libnccl.so.2); gpucomm-rs gets there only after X_SYS_LIBRARY, X_LIB_DIR, X_HOME, the \
+                              directory its build used and GPUCOMM_PREFIX (X = NCCL, NVSHMEM) found nothing"
+            .into(),
         "LD_PRELOAD" => "loaded into every process first (an NCCL here wins over every other)".into(),
         "CUDA_VISIBLE_DEVICES" => format!("only GPUs {v} are visible to CUDA (and renumbered from 0)"),
         "CUDA_DEVICE_ORDER" => format!("CUDA numbers GPUs in {v} order"),
@@ -207,6 +211,12 @@ mod tests {
         assert!(!meaning("NCCL_ALGO", "^NVLS").unwrap().contains("multicast"));
         assert_eq!(meaning("NCCL_NVLS_ENABLE", "0").unwrap(), "NVLink SHARP (multicast) off");
         assert_eq!(meaning("HOME", "/root"), None);
+        // gpucomm's own loader reaches LD_LIBRARY_PATH only at the soname step, after these.
+        let ld = meaning("LD_LIBRARY_PATH", "/opt/nccl/lib").unwrap();
+        let order = ["X_SYS_LIBRARY", "X_LIB_DIR", "X_HOME", "the directory its build used", "GPUCOMM_PREFIX"];
+        let at: Vec<usize> = order.iter().map(|w| ld.find(w).unwrap_or_else(|| panic!("{w} not in {ld:?}"))).collect();
+        assert!(at.windows(2).all(|w| w[0] < w[1]), "{ld}");
+        assert!(ld.starts_with("the dynamic loader searches it before the ldconfig cache"), "{ld}");
     }
 
     #[test]
