@@ -103,7 +103,8 @@ pub struct BenchArgs {
     /// Timed iterations per size.
     #[arg(short = 'n', long = "iters", default_value_t = 20, value_parser = clap::value_parser!(u32).range(1..))]
     pub iters: u32,
-    /// Warm-up iterations per size (before any timing, over every size).
+    /// Warm-up iterations at each of -b, 2·-b, 4·-b … up to -e, before any timing (doubling
+    /// whatever -f is, as nccl-tests does).
     #[arg(short = 'w', long = "warmup_iters", default_value_t = 1)]
     pub warmup: u32,
     /// Data type: int8, uint8, int32, uint32, int64, uint64, half, bfloat16, float, double.

@@ -58,6 +58,9 @@ fn help_reads_well() {
     ] {
         assert!(bench.contains(word), "{word} not in bench --help:\n{bench}");
     }
+    // The warm-up doubles from -b to -e, as nccl-tests' does; it does not visit every -f step.
+    assert!(bench.contains("Warm-up iterations at each of -b, 2·-b, 4·-b … up to -e"), "{bench}");
+    assert!(!bench.contains("over every size"), "{bench}");
     let doctor = text(&gpucomm(&["doctor", "--help"]).stdout);
     assert!(doctor.contains("--skip-live") && doctor.contains("Exit status"), "{doctor}");
 }
