@@ -423,6 +423,32 @@ fn doctor_tells_python_without_wheels_from_python_not_run() {
     assert!(!report.contains("Python wheels not searched"), "{report}");
     let report = run("/nonexistent/python3");
     assert!(report.contains("\n  • Python wheels not searched: could not run `/nonexistent/python3`: "), "{report}");
+    // NVSHMEM's copies are searched with NVSHMEM's interpreter, as nvshmem-sys asks it.
+    let out = Command::new(env!("CARGO_BIN_EXE_gpucomm"))
+        .args(["doctor", "--skip-live"])
+        .env("NCCL_SYS_PYTHON", p)
+        .env("NVSHMEM_SYS_PYTHON", "/nonexistent/nvshmem-python3")
+        .output();
+    let report = text(&out.unwrap().stdout);
+    assert!(report.contains(&format!("\n  • no NVIDIA wheels in {p} (")), "{report}");
+    assert!(
+        report.contains("\n  • Python wheels not searched: could not run `/nonexistent/nvshmem-python3`: "),
+        "{report}"
+    );
+}
+
+#[test]
+fn doctor_lists_the_loaded_nvshmem_among_its_copies() {
+    let out = gpucomm(&["doctor", "--skip-live", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("doctor --json is JSON");
+    let Some(loaded) = v["facts"]["software"]["nvshmem"].get("Ok") else {
+        eprintln!("SKIPPED: no NVSHMEM loads here");
+        return;
+    };
+    let real = std::fs::canonicalize(loaded["path"].as_str().unwrap()).unwrap();
+    let copies = v["facts"]["software"]["nvshmem_copies"].as_array().unwrap();
+    let copy = copies.iter().find(|c| c["path"] == real.to_str().unwrap()).unwrap_or_else(|| panic!("{copies:?}"));
+    assert_eq!(copy["version"], loaded["version"]);
 }
 
 #[test]

@@ -8,6 +8,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use gpucomm_build_support::locate::Spec;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{CliError, Result};
@@ -63,16 +64,16 @@ fn files_in(dir: &Path, stem: &str) -> Vec<PathBuf> {
 }
 
 /// Where to look for copies, as `(how found, directory or file)`: wheels and `torch/lib` (asking
-/// `python3`, or `NCCL_SYS_PYTHON`, as the -sys crates do), `LD_LIBRARY_PATH`, the ldconfig cache.
-/// `notes` collects what could not be searched.
-fn places(stem: &str, wheel: &str, notes: &mut Vec<String>) -> Vec<(String, PathBuf)> {
+/// `python3`, or `X_SYS_PYTHON` for the library `spec` names, as its -sys crate does),
+/// `LD_LIBRARY_PATH`, the ldconfig cache. `notes` collects what could not be searched.
+fn places(spec: &Spec, stem: &str, wheel: &str, notes: &mut Vec<String>) -> Vec<(String, PathBuf)> {
     use gpucomm_build_support::env::Env;
-    use gpucomm_build_support::locate::{Locator, NCCL};
+    use gpucomm_build_support::locate::Locator;
     use gpucomm_build_support::python::NvidiaDirs;
 
     let mut out = Vec::new();
     let env = Env::running();
-    let (python, dirs) = Locator::new(&env).nvidia_dirs(&NCCL);
+    let (python, dirs) = Locator::new(&env).nvidia_dirs(spec);
     match dirs {
         NvidiaDirs::Found(dirs) => {
             for d in dirs {
@@ -98,10 +99,11 @@ fn places(stem: &str, wheel: &str, notes: &mut Vec<String>) -> Vec<(String, Path
 }
 
 /// Every copy of the library `stem` found, merged by real path, in the order first found.
-/// `wheel` is the wheel's folder under `nvidia/` (`nccl`, `nvshmem`).
-pub fn find_copies(stem: &str, wheel: &str, notes: &mut Vec<String>) -> Vec<LibCopy> {
+/// `spec` is the library's search (`locate::NCCL`, `locate::NVSHMEM`: which `X_SYS_PYTHON` names
+/// the interpreter); `wheel` is the wheel's folder under `nvidia/` (`nccl`, `nvshmem`).
+pub fn find_copies(spec: &Spec, stem: &str, wheel: &str, notes: &mut Vec<String>) -> Vec<LibCopy> {
     let mut copies: Vec<LibCopy> = Vec::new();
-    for (how, place) in places(stem, wheel, notes) {
+    for (how, place) in places(spec, stem, wheel, notes) {
         let files = if place.is_dir() { files_in(&place, stem) } else { vec![place] };
         for f in files {
             add_copy(&mut copies, &how, &f);

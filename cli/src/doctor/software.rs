@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
+use gpucomm_build_support::locate::{NCCL, NVSHMEM};
 use gpucomm_build_support::runtime::{Library, LoadError};
 use gpucomm_build_support::version::Version;
 use serde::Serialize;
@@ -98,14 +99,8 @@ pub fn gather(overridden: &[Overridden]) -> SoftwareFacts {
     let nccl = loaded(nccl_sys::library(), NCCL_INSTALL);
     let nvshmem = loaded(nvshmem_sys::library(), NVSHMEM_INSTALL);
     let mut notes = Vec::new();
-    let mut nccl_copies = libs::find_copies(NCCL_STEM, "nccl", &mut notes);
-    if let Ok(l) = &nccl {
-        if let Ok(real) = std::fs::canonicalize(&l.path) {
-            if !nccl_copies.iter().any(|c| c.path == real) {
-                nccl_copies.push(LibCopy { path: real, found: vec![l.place.clone()], version: None });
-            }
-        }
-    }
+    let mut nccl_copies = libs::find_copies(&NCCL, NCCL_STEM, "nccl", &mut notes);
+    add_loaded(&mut nccl_copies, &nccl);
     let known: BTreeMap<PathBuf, String> = nccl
         .as_ref()
         .ok()
@@ -113,7 +108,8 @@ pub fn gather(overridden: &[Overridden]) -> SoftwareFacts {
         .into_iter()
         .collect();
     libs::add_versions(&mut nccl_copies, &known);
-    let nvshmem_copies = libs::find_copies(NVSHMEM_STEM, "nvshmem", &mut notes);
+    let mut nvshmem_copies = libs::find_copies(&NVSHMEM, NVSHMEM_STEM, "nvshmem", &mut notes);
+    add_loaded(&mut nvshmem_copies, &nvshmem);
     notes.sort();
     notes.dedup();
     SoftwareFacts {
@@ -126,6 +122,17 @@ pub fn gather(overridden: &[Overridden]) -> SoftwareFacts {
         cuda_driver: cuda::driver_version(),
         env: user_env(overridden),
         notes,
+    }
+}
+
+/// Adds the library this process loaded to `copies` when no search found it (a directory the
+/// build used, `X_LIB_DIR`), and gives its copy the loaded version.
+fn add_loaded(copies: &mut Vec<LibCopy>, loaded: &Result<Loaded, LoadFailure>) {
+    let Ok(l) = loaded else { return };
+    let Ok(real) = std::fs::canonicalize(&l.path) else { return };
+    match copies.iter_mut().find(|c| c.path == real) {
+        Some(c) => c.version = Some(l.version.clone()),
+        None => copies.push(LibCopy { path: real, found: vec![l.place.clone()], version: Some(l.version.clone()) }),
     }
 }
 
