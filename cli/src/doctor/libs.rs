@@ -151,12 +151,36 @@ pub fn probe(library: &str) -> Probe {
 
 /// Files of `stem` mapped into this process (`/proc/self/maps`).
 pub fn mapped(stem: &str) -> Vec<PathBuf> {
-    let maps = std::fs::read_to_string("/proc/self/maps").unwrap_or_default();
+    parse_maps(&std::fs::read("/proc/self/maps").unwrap_or_default(), stem)
+}
+
+/// `path`, with any bytes that are not UTF-8 replaced (U+FFFD), so that it goes into JSON (which
+/// refuses such a path) as near to itself as JSON can carry.
+pub fn json_safe(path: PathBuf) -> PathBuf {
+    match path.to_str() {
+        Some(_) => path,
+        None => PathBuf::from(path.to_string_lossy().into_owned()),
+    }
+}
+
+/// The files of `stem` in a `/proc/PID/maps` text, sorted, each once. The path is all of a line
+/// after its fifth field (address, permissions, offset, device, inode), as bytes: a path may hold
+/// spaces, or bytes that are not UTF-8.
+fn parse_maps(maps: &[u8], stem: &str) -> Vec<PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    let path_of = |line: &[u8]| -> Option<PathBuf> {
+        let mut rest = line;
+        for _ in 0..5 {
+            rest = rest.trim_ascii_start();
+            rest = &rest[rest.iter().position(u8::is_ascii_whitespace)?..];
+        }
+        let path = rest.trim_ascii_start();
+        (!path.is_empty()).then(|| PathBuf::from(std::ffi::OsStr::from_bytes(path)))
+    };
     let mut out: Vec<PathBuf> = maps
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(5))
-        .filter(|p| Path::new(p).file_name().is_some_and(|n| n.to_string_lossy().starts_with(stem)))
-        .map(PathBuf::from)
+        .split(|&b| b == b'\n')
+        .filter_map(path_of)
+        .filter(|p| p.file_name().is_some_and(|n| n.as_bytes().starts_with(stem.as_bytes())))
         .collect();
     out.sort();
     out.dedup();
@@ -181,7 +205,7 @@ fn probe_here(library: &str) -> Probe {
         Ok(l) => l,
         Err(e) => return Probe { path: None, version: None, error: Some(e.to_string()) },
     };
-    let path = mapped(NCCL_STEM).into_iter().next();
+    let path = mapped(NCCL_STEM).into_iter().next().map(json_safe);
     type GetVersion = unsafe extern "C" fn(*mut i32) -> i32;
     // SAFETY: `ncclGetVersion` has this signature in every NCCL release.
     let version = match unsafe { lib.get::<GetVersion>(b"ncclGetVersion\0") } {
@@ -253,6 +277,32 @@ mod tests {
         assert_eq!(copies.len(), 1);
         assert_eq!(copies[0].path, std::fs::canonicalize(&real).unwrap());
         assert_eq!(copies[0].found, ["LD_LIBRARY_PATH", "ldconfig cache"]);
+    }
+
+    #[test]
+    fn maps_paths_keep_spaces_and_bytes_that_are_not_utf8() {
+        use std::os::unix::ffi::OsStrExt;
+        let maps: &[u8] = b"\
+7f0000000000-7f0000001000 r--p 00000000 fd:01 1234                       /opt/my envs/nccl/lib/libnccl.so.2
+7f0000001000-7f0000002000 r-xp 00001000 fd:01 1234                       /opt/my envs/nccl/lib/libnccl.so.2
+7f0000002000-7f0000003000 r--p 00000000 fd:01 99                         /opt/caf\xe9/libnccl.so.2
+7f0000003000-7f0000004000 rw-p 00000000 00:00 0 
+7f0000004000-7f0000005000 rw-p 00000000 00:00 0                          [heap]
+7f0000005000-7f0000006000 r--p 00000000 fd:01 77                         /usr/lib/libnvshmem_host.so.3
+7f0000006000-7f0000007000 r--p 00000000 fd:01 78                         /usr/lib/libnccl.so.2 (deleted)
+";
+        let got = parse_maps(maps, NCCL_STEM);
+        let want = [
+            PathBuf::from(std::ffi::OsStr::from_bytes(b"/opt/caf\xe9/libnccl.so.2")),
+            PathBuf::from("/opt/my envs/nccl/lib/libnccl.so.2"),
+            PathBuf::from("/usr/lib/libnccl.so.2 (deleted)"),
+        ];
+        assert_eq!(got, want);
+        assert_eq!(parse_maps(maps, NVSHMEM_STEM), [PathBuf::from("/usr/lib/libnvshmem_host.so.3")]);
+        // The worker's and the probe's JSON still carry such a path.
+        assert!(serde_json::to_string(&got[0]).is_err());
+        assert_eq!(serde_json::to_string(&json_safe(got[0].clone())).unwrap(), "\"/opt/caf\u{fffd}/libnccl.so.2\"");
+        assert_eq!(json_safe(got[1].clone()), got[1]);
     }
 
     #[test]

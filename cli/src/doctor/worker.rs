@@ -171,7 +171,7 @@ fn nvshmem_phase(info: &RankInfo, ordinal: usize, rendezvous: &mut Rendezvous) -
     let result = (|| -> std::result::Result<(), String> {
         let stream = cudarc::driver::CudaContext::new(ordinal).map_err(|e| e.to_string())?.default_stream();
         let rt = nvshmem::Runtime::from_rendezvous(stream.clone(), rendezvous).map_err(|e| chain(&e))?;
-        out.nccl_mapped = libs::mapped(NCCL_STEM);
+        out.nccl_mapped = libs::mapped(NCCL_STEM).into_iter().map(libs::json_safe).collect();
         let (me, n) = (rt.my_pe(), rt.n_pes());
         let buf = rt.alloc::<u8>(PUT_BYTES).map_err(|e| chain(&e))?;
         let measured = (|| -> std::result::Result<(), String> {
