@@ -49,14 +49,13 @@ pub fn gather(nproc: usize, dir: &Path) -> LiveFacts {
     gather_with(nproc, dir, &spawn)
 }
 
+/// What starts a phase's ranks: `spawn(nproc, phase, dir, env)`.
+type Spawn<'a> = dyn Fn(usize, Phase, &Path, &[(String, String)]) -> Result<(), String> + 'a;
+
 /// [`gather`] with the ranks started by `spawn(nproc, phase, dir, env)`. Each phase first removes
 /// the files it will read (`--logs DIR` may hold an earlier run's), so that only this run's
 /// results and logs are read back.
-fn gather_with(
-    nproc: usize,
-    dir: &Path,
-    spawn: &dyn Fn(usize, Phase, &Path, &[(String, String)]) -> Result<(), String>,
-) -> LiveFacts {
+fn gather_with(nproc: usize, dir: &Path, spawn: &Spawn) -> LiveFacts {
     let mut facts = LiveFacts { nproc, ..LiveFacts::default() };
     facts.reasons = envvars::transport_reasons(|n| std::env::var(n).ok());
     for phase in Phase::ALL {
