@@ -187,6 +187,22 @@ fn output_still_draining_when_the_ranks_exit_is_all_relayed() {
 }
 
 /// True while process `pid` runs (gone, or a zombie waiting for its parent, counts as ended).
+/// Whether the process whose pid `pid_file` holds still runs 10 s from now (it is killed then,
+/// so that a failing test leaves nothing behind).
+fn survives(pid_file: &std::path::Path) -> bool {
+    let pid: u32 = std::fs::read_to_string(pid_file).unwrap().trim().parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while runs(pid) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let survived = runs(pid);
+    if survived {
+        // SAFETY: kill(2) has no memory-safety preconditions; the test started this process.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+    }
+    survived
+}
+
 fn runs(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         // The state follows the command name, which is in parentheses.
@@ -213,16 +229,7 @@ fn stopping_a_rank_stops_what_it_started() {
     let captured = Captured::new();
     let outcome = sh(2, &script, &[], Duration::from_secs(2), &captured);
     assert_eq!(outcome.first_failure, Some((1, "exited with code 3".to_string())), "{outcome}");
-    let pid: u32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while runs(pid) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let survived = runs(pid);
-    if survived {
-        // SAFETY: kill(2) has no memory-safety preconditions; the test started this `sleep`.
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-    }
+    let survived = survives(&pid_file);
     let _ = std::fs::remove_dir_all(&dir);
     assert!(!survived, "the sleep rank 0 started outlived the job");
 }
@@ -238,16 +245,7 @@ fn what_a_failed_rank_left_running_is_stopped_too() {
     let captured = Captured::new();
     let outcome = sh(1, &script, &[], Duration::from_secs(2), &captured);
     assert_eq!(outcome.first_failure, Some((0, "exited with code 3".to_string())), "{outcome}");
-    let pid: u32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while runs(pid) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let survived = runs(pid);
-    if survived {
-        // SAFETY: kill(2) has no memory-safety preconditions; the test started this `sleep`.
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-    }
+    let survived = survives(&pid_file);
     assert!(!survived, "the sleep the failed rank started outlived it");
 }
 
@@ -261,16 +259,7 @@ fn what_a_rank_left_running_that_ignores_sigterm_is_killed_after_the_grace_perio
     let captured = Captured::new();
     let outcome = sh(1, &script, &[], Duration::from_millis(300), &captured);
     assert!(outcome.success(), "{outcome}");
-    let pid: u32 = std::fs::read_to_string(&pid_file).unwrap().trim().parse().unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while runs(pid) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let survived = runs(pid);
-    if survived {
-        // SAFETY: kill(2) has no memory-safety preconditions; the test started this `sleep`.
-        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
-    }
+    let survived = survives(&pid_file);
     assert!(!survived, "the sleep the rank started outlived it");
 }
 
