@@ -302,6 +302,15 @@ fn main() -> std::process::ExitCode {
             row(&format!("{} buckets, reverse layer order, right after backward()", trainer.buckets.len()), &b);
             row("one all-reduce after the whole backward pass", &a);
         }
+        // The overlap steps trained too (both ways of averaging): still bitwise identical.
+        let differ = trainer.differing_from_rank0()?;
+        if differ != 0 {
+            return Err(format!(
+                "rank {}: after the overlap steps {differ} parameter elements differ from rank 0's",
+                comm.rank()
+            )
+            .into());
+        }
         drop(trainer);
         comm.finalize().map_err(|(_, e)| e)?;
 

@@ -19,6 +19,21 @@
 //! recorded on candle's stream after the kernels that wrote it (`stream.wait(&event)`, no
 //! `synchronize()`). The other way round is covered: what the lessons write here (NCCL, copies)
 //! records its write event, and candle's kernels wait for it.
+//!
+//! Two more gaps, which the lessons' order of operations avoids, and which code built on these
+//! helpers must mind (session 20 audit):
+//!
+//! * cudarc keeps one read event per buffer: once candle reads a tensor on its stream after the
+//!   communication stream did (NCCL's send buffer), a free or in-place write of it waits for
+//!   candle's read only. Keep the tensor (a clone) until candle's stream has waited for an event
+//!   recorded on the communication stream after the NCCL call, or send from a copy the
+//!   communication owns (lesson 17's buckets).
+//! * candle assumes a storage's buffer belongs to candle's stream: some of its kernels (`cat`,
+//!   `slice_set`, the index arguments of gather, index-select, scatter, where) record their read
+//!   on the buffer's own stream. On a tensor from [`from_slice`] of a buffer allocated on the
+//!   communication stream, such a read is recorded there and a later NCCL write into the buffer,
+//!   or its free, does not wait for it. The lessons use only matmuls and elementwise operations
+//!   on such tensors; allocate NCCL receive buffers on candle's stream when others follow.
 
 use std::sync::Arc;
 

@@ -7,8 +7,11 @@ pub use gpucomm_launch::RankInfo;
 pub use gpucomm_ordering::is_capturing;
 pub use nvshmem::Runtime;
 
-/// Averages the f32 elements of a candle CUDA storage across `comm` (the pattern of the candle
-/// lessons): the storage's `CudaSlice` goes to NCCL as it is — the same cudarc type.
+/// Averages the f32 elements of a candle CUDA storage across `comm`: the storage's `CudaSlice`
+/// goes to NCCL as it is — the same cudarc type. A type check of the two crates together, not a
+/// pattern to copy: it takes the whole storage, ignoring the tensor's layout (a view's storage is
+/// shared with other tensors); the candle lessons' `with_slice` takes exactly the tensor's
+/// elements.
 #[cfg(feature = "candle")]
 pub fn all_reduce_storage(
     comm: &nccl::Comm,
@@ -26,6 +29,7 @@ pub type Backend = (burn_cuda::Cuda, nccl::Comm);
 
 /// Sums the f32 elements of a candle CUDA storage across the ranks with gpucomm-kernels'
 /// dispatching all-reduce (on candle's cudarc stream type): the same buffer, through the kernels.
+/// A type check, like [`all_reduce_storage`]: the whole storage, whatever the tensor's layout.
 #[cfg(feature = "candle")]
 pub fn sum_storage(
     all_reduce: &AllReduce<'_>,
