@@ -323,6 +323,15 @@ pub enum Error {
         /// How many calls were refused.
         refused: usize,
     },
+    /// A call in a [`crate::group`] on a communicator whose mode (blocking or not,
+    /// [`Config::blocking`](crate::Config::blocking)) differs from the group's first
+    /// communicator's. NCCL gives a group one mode, its last call's communicator's, and a
+    /// nonblocking group leaves its blocking members "in progress" for good, so their settling
+    /// would wait for ever (or abort them on their timeout). The call counts as refused: nothing
+    /// in the group is launched. Group the communicators of each mode apart.
+    #[error("a group mixes blocking and nonblocking communicators, which NCCL cannot settle: group each kind apart (nothing in the group was launched)")]
+    #[doc(alias = "ncclGroupEnd")]
+    MixedBlocking,
     /// A point-to-point call (send, receive, or all-to-all, gather and scatter, which NCCL turns
     /// into sends and receives) in a [`crate::simulate`]d group. NCCL (2.28) leaves simulated
     /// point-to-point operations queued on the communicator, where a later group would launch

@@ -182,6 +182,14 @@ impl<'a> Group<'a> {
         take: impl FnOnce(&Access<'a>, &mut [Guard<'a>; N]) -> Result<Buffers>,
     ) -> Result<()> {
         let mut recorded = self.recorded.borrow_mut();
+        // NCCL gives a group the mode of its last call's communicator and, when that is
+        // nonblocking, leaves blocking members "in progress" for good (2.28.9 `group.cc`): their
+        // settling would wait for ever, or their timeout would abort a healthy communicator.
+        if let Some((first, _)) = recorded.settle.first() {
+            if first.is_nonblocking() != comm.is_nonblocking() {
+                return Err(Error::MixedBlocking);
+            }
+        }
         let accesses = &mut recorded.accesses;
         let i = match accesses.iter().position(|a| same_stream(a.stream(), stream)) {
             Some(i) => i,
