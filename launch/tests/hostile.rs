@@ -352,7 +352,7 @@ fn a_second_program_in_a_torchrun_worker_meets_in_a_generation_of_its_own() {
     assert_eq!(program("a"), [b"a", b"a"]);
     let started = Instant::now();
     assert_eq!(program("b"), [b"b", b"b"]);
-    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(8), "{:?}", started.elapsed());
     let mut c = store_client(port);
     let base = prefix(&format!("torchrun-{run_id}"), 0);
     for g in [1, 2] {
@@ -486,7 +486,7 @@ fn a_restart_moves_on_from_a_generation_that_died_before_it_completed() {
     let mut rank0 = Rendezvous::connect(&worker(0), &opts()).unwrap();
     rank0.broadcast(|| Ok(b"id of attempt 1".to_vec())).unwrap();
     assert_eq!(rank1.join().unwrap().unwrap(), b"id of attempt 1");
-    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(started.elapsed() < Duration::from_secs(8), "{:?}", started.elapsed());
     assert!(c.check(&[&format!("{base}/g2/complete")]).unwrap(), "the join completed in generation 2");
     drop(rank0);
     // A generation given up with an abort notice: rank 1 of the next start does not join it.
