@@ -178,7 +178,8 @@ const TWO_D: u64 = 2;
 const SPLIT_2D_MADE: u64 = 3;
 
 /// The words a member of team `parent` sends before a split of `kind` with `args` (as the caller
-/// gave them): the last word, 1, marks the slot as written.
+/// gave them), or after a 2-D split with what it got ([`SPLIT_2D_MADE`]): the last word, 1, marks
+/// the slot as written.
 fn split_words(kind: u64, args: [usize; 3], parent: nvshmem_team_t) -> [u64; WORDS] {
     // `as u64` is exact for usize on the 64-bit targets CUDA runs on; the handle is an `int`.
     [kind, args[0] as u64, args[1] as u64, args[2] as u64, u64::from(parent as u32), 1]
@@ -297,8 +298,8 @@ impl<'rt> Team<'rt> {
         // column without it while the others got theirs. The members tell each other what they
         // got; unless every one got both, every one drops what it got (rows first on every PE,
         // then columns: each team that was made is destroyed by all of its members).
-        let made = |team: &Result<Option<Team<'rt>>>| u64::from(matches!(team, Ok(Some(_))));
-        let words = [SPLIT_2D_MADE, made(&row), made(&column), 0, u64::from(self.raw as u32), 1];
+        let made = |team: &Result<Option<Team<'rt>>>| usize::from(matches!(team, Ok(Some(_))));
+        let words = split_words(SPLIT_2D_MADE, [made(&row), made(&column), 0], self.raw);
         let members = self.members()?;
         let all = self.rt.agreement()?.team_exchange(self.raw, &members, words)?;
         let lacking = all.iter().position(|w| w[1] == 0 || w[2] == 0);
