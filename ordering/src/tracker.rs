@@ -196,34 +196,42 @@ impl StreamTracker {
         Ok(())
     }
 
-    /// Makes `stream` wait for the end `end` (nothing when it is on `stream` itself).
-    fn wait_for(&self, end: &End, stream: &CudaStream) -> Result<(), OrderError> {
+    /// Makes `stream` wait for the end `end` (nothing when it is on `stream` itself). True when
+    /// it waited for an event recorded on another stream: the one kind of wait that can join
+    /// `stream` to a capture open there (a stream end is refused while it is captured).
+    fn wait_for(&self, end: &End, stream: &CudaStream) -> Result<bool, OrderError> {
         match end {
-            End::Stream(s) if same(s, stream) => Ok(()),
+            End::Stream(s) if same(s, stream) => Ok(false),
             End::Stream(s) => {
                 if is_capturing(s)? {
                     return Err(OrderError::CaptureOpen);
                 }
                 self.scratch.record(s)?;
-                Ok(stream.wait(&self.scratch)?)
+                stream.wait(&self.scratch)?;
+                Ok(false)
             }
-            End::Event { event, .. } => Ok(stream.wait(event)?),
+            End::Event { event, stream: on } => {
+                stream.wait(event)?;
+                Ok(*on != stream.cu_stream() as usize)
+            }
         }
     }
 
     /// Makes `stream` wait for the uses a use `how` conflicts with (after enqueuing a pending
-    /// completion). Call with the lock held, before the use is enqueued.
-    fn wait_conflicts(&self, state: &mut State, stream: &CudaStream, how: Use) -> Result<(), OrderError> {
+    /// completion). Call with the lock held, before the use is enqueued. True when one of the
+    /// waits was for an event of another stream ([`Self::wait_for`]).
+    fn wait_conflicts(&self, state: &mut State, stream: &CudaStream, how: Use) -> Result<bool, OrderError> {
         self.complete_pending(state)?;
+        let mut other_events = false;
         if let Some(w) = &state.writer {
-            self.wait_for(w, stream)?;
+            other_events |= self.wait_for(w, stream)?;
         }
         if how == Use::Write {
             for r in &state.readers {
-                self.wait_for(r, stream)?;
+                other_events |= self.wait_for(r, stream)?;
             }
         }
-        Ok(())
+        Ok(other_events)
     }
 
     /// Makes the use ending at `end` the last use of its kind, once [`Self::wait_conflicts`] has
@@ -425,16 +433,20 @@ impl StreamTracker {
                 state.spare.push(event);
             }
         };
-        if let Err(e) = self.wait_conflicts(&mut state, stream, how) {
-            give_back(&mut state, event);
-            drop(state);
-            return self.order_on_host(stream, to_driver(e));
-        }
+        let other_events = match self.wait_conflicts(&mut state, stream, how) {
+            Ok(other_events) => other_events,
+            Err(e) => {
+                give_back(&mut state, event);
+                drop(state);
+                return self.order_on_host(stream, to_driver(e));
+            }
+        };
         // A wait for an event recorded inside an open capture joins `stream` to that capture:
         // the use would be captured into a graph that keeps nothing and is ordered with nothing.
         // The capture is broken instead (as `Access::recheck` does for the crates' calls), so the
-        // use is refused by CUDA and the buffer keeps its earlier ends.
-        match capture::mode(stream) {
+        // use is refused by CUDA and the buffer keeps its earlier ends. Only a wait for another
+        // stream's event can do that, so the driver is asked again only after one.
+        match if other_events { capture::mode(stream) } else { Ok(Mode::Eager) } {
             Ok(Mode::Eager) => {}
             Ok(_) | Err(OrderError::ForeignCapture | OrderError::CaptureBroken(_)) => {
                 give_back(&mut state, event);
