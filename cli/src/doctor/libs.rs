@@ -3,7 +3,6 @@
 //! gives for a soname. Versions come from a fresh child process (`gpucomm __probe-nccl`) that
 //! opens one library and asks it, so this process never holds two NCCLs.
 
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -222,19 +221,20 @@ fn probe_here(library: &str) -> Probe {
     Probe { path, version, error }
 }
 
-/// Probes every copy (in parallel, each in its own process), filling in versions; `known` gives
-/// versions already known by path (the library this process loaded).
-pub fn add_versions(copies: &mut [LibCopy], known: &BTreeMap<PathBuf, String>) {
+/// Probes every copy whose version is not known yet (in parallel, each in its own process; the
+/// library this process loaded has its version already), filling in versions.
+pub fn add_versions(copies: &mut [LibCopy]) {
     let handles: Vec<_> = copies
         .iter()
         .map(|c| {
             let path = c.path.clone();
-            let known = known.get(&path).cloned();
-            std::thread::spawn(move || known.or_else(|| probe(&path.to_string_lossy()).version))
+            c.version.is_none().then(|| std::thread::spawn(move || probe(&path.to_string_lossy()).version))
         })
         .collect();
     for (c, h) in copies.iter_mut().zip(handles) {
-        c.version = h.join().ok().flatten();
+        if let Some(h) = h {
+            c.version = h.join().ok().flatten();
+        }
     }
 }
 

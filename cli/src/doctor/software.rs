@@ -2,7 +2,7 @@
 //! process that opens `libnccl.so.2` by name gets (NVSHMEM's host library does), the CUDA driver,
 //! and the environment.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 
 use gpucomm_build_support::locate::{NCCL, NVSHMEM};
@@ -101,13 +101,7 @@ pub fn gather(overridden: &[Overridden]) -> SoftwareFacts {
     let mut notes = Vec::new();
     let mut nccl_copies = libs::find_copies(&NCCL, NCCL_STEM, "nccl", &mut notes);
     add_loaded(&mut nccl_copies, &nccl);
-    let known: BTreeMap<PathBuf, String> = nccl
-        .as_ref()
-        .ok()
-        .and_then(|l| Some((std::fs::canonicalize(&l.path).ok()?, l.version.clone())))
-        .into_iter()
-        .collect();
-    libs::add_versions(&mut nccl_copies, &known);
+    libs::add_versions(&mut nccl_copies);
     let mut nvshmem_copies = libs::find_copies(&NVSHMEM, NVSHMEM_STEM, "nvshmem", &mut notes);
     add_loaded(&mut nvshmem_copies, &nvshmem);
     notes.sort();
