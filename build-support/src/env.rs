@@ -44,8 +44,13 @@ impl Var {
 
     /// Whether the value contains a `/`: a program named with one is not looked up on `PATH`.
     pub fn has_slash(&self) -> bool {
-        self.value_os.as_encoded_bytes().contains(&b'/')
+        names_a_path(&self.value_os)
     }
+}
+
+/// Whether the program name `program` contains a `/`, so that it is not looked up on `PATH`.
+pub(crate) fn names_a_path(program: &OsStr) -> bool {
+    program.as_encoded_bytes().contains(&b'/')
 }
 
 impl std::fmt::Display for Var {

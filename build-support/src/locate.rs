@@ -223,18 +223,17 @@ impl<'e> Locator<'e> {
         self.env.get(&format!("{}_SYS_PYTHON", spec.var)).map(|v| v.value_os).unwrap_or_else(|| "python3".into())
     }
 
-    /// The `nvidia` package directories of the interpreter chosen for `spec`, with its name.
-    /// With `X_SYS_NO_PYTHON` set, no interpreter is started and the answer says why.
-    pub fn nvidia_dirs(&self, spec: &Spec) -> (String, NvidiaDirs) {
+    /// The `nvidia` package directories of the interpreter chosen for `spec`, with the
+    /// interpreter. With `X_SYS_NO_PYTHON` set, no interpreter is started and the answer says why.
+    pub fn nvidia_dirs(&self, spec: &Spec) -> (OsString, NvidiaDirs) {
         let python = self.interpreter(spec);
-        let shown = python.display().to_string();
         let off = format!("{}_SYS_NO_PYTHON", spec.var);
         if self.env.flag(&off) {
-            return (shown, NvidiaDirs::NoInterpreter(format!("not asked: {off} is set")));
+            return (python, NvidiaDirs::NoInterpreter(format!("not asked: {off} is set")));
         }
         // A bare name is looked up on `PATH`, which then decides the install: recorded, so that
         // a build reruns when another environment (another venv's wheels) comes first.
-        if !python.as_encoded_bytes().contains(&b'/') {
+        if !crate::env::names_a_path(&python) {
             self.env.get_exact("PATH");
         }
         let answer = self
@@ -243,7 +242,7 @@ impl<'e> Locator<'e> {
             .entry(python.clone())
             .or_insert_with(|| python::nvidia_dirs(&python))
             .clone();
-        (shown, answer)
+        (python, answer)
     }
 
     /// The project-local prefix, if configured.
@@ -294,6 +293,7 @@ impl<'e> Locator<'e> {
     fn places_from_python(&self, spec: &Spec, probes: &mut Vec<Probe>) -> Vec<Place> {
         let mut places = Vec::new();
         let (python, answer) = self.nvidia_dirs(spec);
+        let python = python.display();
         match answer {
             NvidiaDirs::Found(dirs) => {
                 for dir in dirs {
@@ -388,14 +388,15 @@ impl<'e> Locator<'e> {
     /// The last resort at run time: the Python wheels (this starts the interpreter, unless
     /// `X_SYS_NO_PYTHON` is set, in which case the answer is one failed attempt saying so).
     pub fn runtime_candidates_late(&self, spec: &Spec) -> Vec<RuntimeCandidate> {
-        let (python, answer) = self.nvidia_dirs(spec);
+        let (interpreter, answer) = self.nvidia_dirs(spec);
+        let python = interpreter.display();
         let last_resort = |what: String| format!("last resort: {what} (set {}_SYS_NO_PYTHON=1 to skip)", spec.var);
         let dirs = match answer {
             NvidiaDirs::Found(dirs) => dirs,
             NvidiaDirs::NoPackage(why) | NvidiaDirs::NoInterpreter(why) => {
                 return vec![RuntimeCandidate {
                     place: last_resort(format!("`{python}` NVIDIA wheels")),
-                    path: PathBuf::from(self.interpreter(spec)),
+                    path: PathBuf::from(&interpreter),
                     explicit: false,
                     unavailable: Some(why),
                 }]
@@ -412,7 +413,7 @@ impl<'e> Locator<'e> {
         if out.is_empty() {
             out.push(RuntimeCandidate {
                 place: last_resort(format!("`{python}` NVIDIA wheels")),
-                path: PathBuf::from(self.interpreter(spec)),
+                path: PathBuf::from(&interpreter),
                 explicit: false,
                 unavailable: Some(format!(
                     "no {} in its `nvidia/{}` folders",

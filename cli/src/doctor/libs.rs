@@ -73,6 +73,7 @@ fn places(spec: &Spec, stem: &str, wheel: &str, notes: &mut Vec<String>) -> Vec<
     let mut out = Vec::new();
     let env = Env::running();
     let (python, dirs) = Locator::new(&env).nvidia_dirs(spec);
+    let python = python.display();
     match dirs {
         NvidiaDirs::Found(dirs) => {
             for d in dirs {
