@@ -274,7 +274,6 @@ fn supervise(children: &mut [Child], grace: Duration, forwarding: &process::Forw
     let mut statuses: Vec<Option<ExitStatus>> = vec![None; children.len()];
     // Exited, not reaped yet: since when what it left in its group is being stopped.
     let mut lingering: Vec<Option<Instant>> = vec![None; children.len()];
-    let mut reaped = vec![false; children.len()];
     let mut first_failure: Option<(usize, String)> = None;
     let mut stopping_since: Option<Instant> = None;
     let mut killed = false;
@@ -298,13 +297,11 @@ fn supervise(children: &mut [Child], grace: Duration, forwarding: &process::Forw
                         let now = Instant::now();
                         lingering[rank] = Some(stopping_since.map_or(now, |since| since.min(now)));
                         exits = true;
-                    } else {
-                        reaped[rank] = true;
                     }
                 }
                 Ok(None) => {}
                 Err(error) => {
-                    kill_all(unreaped(children, &reaped));
+                    kill_all(unreaped(children, &statuses, &lingering));
                     return Err(SpawnError::Wait { rank, error });
                 }
             }
@@ -323,24 +320,20 @@ fn supervise(children: &mut [Child], grace: Duration, forwarding: &process::Forw
                 if left {
                     process::kill(child);
                 }
-                match process::release(child) {
-                    Ok(status) => statuses[rank] = Some(status),
-                    Err(error) => {
-                        kill_all(unreaped(children, &reaped));
-                        return Err(SpawnError::Wait { rank, error });
-                    }
+                if let Err(error) = process::release(child) {
+                    kill_all(unreaped(children, &statuses, &lingering));
+                    return Err(SpawnError::Wait { rank, error });
                 }
                 lingering[rank] = None;
-                reaped[rank] = true;
             }
         }
-        if reaped.iter().all(|&r| r) {
+        if (0..children.len()).all(|rank| is_reaped(&statuses, &lingering, rank)) {
             break;
         }
         let running = || children_running(&statuses);
         #[cfg(unix)]
         if let Some(signal) = forwarding.take() {
-            for rank in (0..children.len()).filter(|&rank| !reaped[rank]) {
+            for rank in (0..children.len()).filter(|&rank| !is_reaped(&statuses, &lingering, rank)) {
                 process::signal_group(&children[rank], signal);
             }
             stopping_since.get_or_insert_with(Instant::now);
@@ -369,9 +362,19 @@ fn children_running(statuses: &[Option<ExitStatus>]) -> impl Iterator<Item = usi
     statuses.iter().enumerate().filter(|(_, s)| s.is_none()).map(|(rank, _)| rank)
 }
 
+/// Whether rank `rank` has been reaped: it exited, and nothing it left in its group is being
+/// stopped any more.
+fn is_reaped(statuses: &[Option<ExitStatus>], lingering: &[Option<Instant>], rank: usize) -> bool {
+    statuses[rank].is_some() && lingering[rank].is_none()
+}
+
 /// The children not reaped yet (whose groups may still be signaled).
-fn unreaped<'a>(children: &'a mut [Child], reaped: &'a [bool]) -> impl Iterator<Item = &'a mut Child> {
-    children.iter_mut().zip(reaped).filter(|(_, &reaped)| !reaped).map(|(child, _)| child)
+fn unreaped<'a>(
+    children: &'a mut [Child],
+    statuses: &'a [Option<ExitStatus>],
+    lingering: &'a [Option<Instant>],
+) -> impl Iterator<Item = &'a mut Child> {
+    children.iter_mut().enumerate().filter(move |(rank, _)| !is_reaped(statuses, lingering, *rank)).map(|(_, c)| c)
 }
 
 /// Kills and reaps children that have not been reaped (error paths).

@@ -85,9 +85,9 @@ pub(super) fn exited(child: &mut Child) -> io::Result<Option<Exit>> {
     Ok(child.try_wait()?.map(|status| Exit { status, held: false }))
 }
 
-/// Reaps a child that [`exited`] left unreaped; its status.
-pub(super) fn release(child: &mut Child) -> io::Result<ExitStatus> {
-    child.wait()
+/// Reaps a child that [`exited`] left unreaped (its status is the one `exited` gave).
+pub(super) fn release(child: &mut Child) -> io::Result<()> {
+    child.wait().map(drop)
 }
 
 /// The process groups of the processes running now, zombies left out (Linux, from `/proc`;
