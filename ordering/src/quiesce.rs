@@ -95,7 +95,7 @@ pub fn device_idle_within(ctx: &Arc<CudaContext>, timeout: Option<Duration>) -> 
 }
 
 /// `cuCtxSynchronize` on `ctx`, made current on this thread without looking at its recorded error.
-fn synchronize_device(ctx: &CudaContext) -> Result<(), DriverError> {
+pub(crate) fn synchronize_device(ctx: &CudaContext) -> Result<(), DriverError> {
     crate::context::make_current(ctx)?;
     result::ctx::synchronize()
 }

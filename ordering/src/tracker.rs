@@ -211,10 +211,23 @@ impl StreamTracker {
                 Ok(false)
             }
             End::Event { event, stream: on } => {
-                stream.wait(event)?;
+                if let Err(e) = stream.wait(event) {
+                    self.replace_captured_record(event, stream).map_err(|_| e)?;
+                    return Ok(false);
+                }
                 Ok(*on != stream.cu_stream() as usize)
             }
         }
+    }
+
+    /// Recovers an end whose event CUDA no longer lets anyone wait for: one last recorded inside
+    /// a capture that has ended (a cudarc guard dropped after its stream's capture began; the
+    /// capture was then refused). The work that event stood for is somewhere in the context:
+    /// the whole context is waited for, and the event recorded again, eagerly, on `stream`, so
+    /// that it stands for that finished work from now on. Any error leaves the end as it was.
+    fn replace_captured_record(&self, event: &CudaEvent, stream: &CudaStream) -> Result<(), DriverError> {
+        crate::quiesce::synchronize_device(&self.home)?;
+        event.record(stream)
     }
 
     /// Makes `stream` wait for the uses a use `how` conflicts with (after enqueuing a pending
@@ -295,7 +308,13 @@ impl StreamTracker {
                     self.scratch.record(s)?;
                     self.scratch.synchronize()?;
                 }
-                End::Event { event, .. } => event.synchronize()?,
+                // An event last recorded inside a capture that has ended cannot be waited for
+                // (see `replace_captured_record`): the context can, and it covers that use.
+                End::Event { event, .. } => {
+                    if let Err(e) = event.synchronize() {
+                        crate::quiesce::synchronize_device(&self.home).map_err(|_| e)?;
+                    }
+                }
             }
         }
         self.refresh(&state);
