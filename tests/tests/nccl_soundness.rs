@@ -216,7 +216,8 @@ fn abort_while_holding(stream: &Arc<CudaStream>, held: Held) {
 #[ignore = "needs 1 GPU: run by the GPU bundle"]
 fn a_group_launches_nothing_for_a_communicator_aborted_inside_it() {
     let Some(stream) = stream_of("a_group_launches_nothing_for_a_communicator_aborted_inside_it") else { return };
-    let healthy = one_rank(&stream, &Config::new());
+    // Both nonblocking: a group that mixes the two kinds is refused (`Error::MixedBlocking`).
+    let healthy = one_rank(&stream, &Config::new().blocking(false));
     let doomed = one_rank(&stream, &Config::new().blocking(false));
     let handle = doomed.abort_handle().unwrap();
     let send: Vec<f32> = (0..N).map(|i| i as f32).collect();
@@ -592,15 +593,60 @@ fn init_all_with_nccl_comm_blocking_0_waits_for_the_creation() {
 /// [`ENV_BLOCKING_CHILD`] set, and fails when the child does.
 fn in_child_with_nccl_comm_blocking_0(test: &str) {
     let exe = std::env::current_exe().unwrap();
-    let out = std::process::Command::new(exe)
+    let mut child = std::process::Command::new(exe);
+    child.env("NCCL_COMM_BLOCKING", "0");
+    run_blocking_child(test, child, "NCCL_COMM_BLOCKING=0");
+}
+
+/// Runs `test` alone in `child` (this test binary, its environment set by the caller) with
+/// [`ENV_BLOCKING_CHILD`] set, and fails unless it passes there (`how`: what the child has).
+fn run_blocking_child(test: &str, mut child: std::process::Command, how: &str) {
+    let out = child
         .args(["--exact", test, "--include-ignored", "--nocapture", "--test-threads=1"])
-        .env("NCCL_COMM_BLOCKING", "0")
         .env(ENV_BLOCKING_CHILD, "1")
         .output()
         .expect("run the child");
     print!("{}", String::from_utf8_lossy(&out.stdout));
     eprint!("{}", String::from_utf8_lossy(&out.stderr));
-    assert!(out.status.success(), "{test}: the child with NCCL_COMM_BLOCKING=0: {:?}", out.status);
+    assert!(out.status.success(), "{test}: the child with {how}: {:?}", out.status);
+}
+
+/// Session 21: `NCCL_COMM_BLOCKING=0` in an NCCL config file (`NCCL_CONF_FILE`). NCCL copies the
+/// file's settings into the environment when it first reads a variable: inside the creating call
+/// on a rank that got its unique id from another process (every rank but the one that made it).
+/// Before: the crate read the variable before that call, counted the communicator as blocking,
+/// and let a capture of it skip the `ncclCommRevoke` check and a group mix it with blocking ones.
+/// Now it reads the variable after the call, as NCCL saw it. The child is such a rank: the parent
+/// makes the id (its NCCL thread serves the child's bootstrap) and the child makes no NCCL call
+/// before the creating one.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn nccl_comm_blocking_0_in_a_config_file_makes_the_communicator_nonblocking() {
+    const TEST: &str = "nccl_comm_blocking_0_in_a_config_file_makes_the_communicator_nonblocking";
+    const ID: &str = "GPUCOMM_TEST_UNIQUE_ID";
+    if std::env::var_os(ENV_BLOCKING_CHILD).is_some() {
+        assert!(std::env::var_os("NCCL_COMM_BLOCKING").is_none(), "the child has the variable from the file only");
+        let hex = std::env::var(ID).expect("the parent's unique id");
+        let bytes: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+        let id = UniqueId::from_bytes(&bytes).unwrap();
+        let stream = CudaContext::new(0).unwrap().new_stream().unwrap();
+        let comm = Comm::init_rank_config(stream.clone(), &id, 0, 1, &Config::new()).expect("a one-rank communicator");
+        assert!(comm.is_nonblocking(), "NCCL_COMM_BLOCKING=0 from NCCL_CONF_FILE makes the communicator nonblocking");
+        let mut buf = stream.clone_htod(&[1.5f32; 1024]).unwrap();
+        comm.all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
+        comm.wait(None).unwrap();
+        assert_eq!(stream.clone_dtoh(&buf).unwrap(), vec![1.5f32; 1024]);
+        comm.finalize().map_err(|(_, e)| e).unwrap();
+        return println!("NCCL_COMM_BLOCKING=0 from a config file: the communicator counted as nonblocking");
+    }
+    let Some(_) = require_gpus(TEST, 1) else { return };
+    let file = std::env::temp_dir().join(format!("gpucomm-nccl-{}.conf", std::process::id()));
+    std::fs::write(&file, "NCCL_COMM_BLOCKING=0\n").unwrap();
+    let hex: String = UniqueId::new().unwrap().to_bytes().iter().map(|b| format!("{b:02x}")).collect();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child.env_remove("NCCL_COMM_BLOCKING").env("NCCL_CONF_FILE", &file).env(ID, hex);
+    run_blocking_child(TEST, child, "NCCL_COMM_BLOCKING=0 in NCCL_CONF_FILE");
+    let _ = std::fs::remove_file(&file);
 }
 
 /// Audit finding 1, `Comm::from_raw`: it cannot know the blocking mode and counts the

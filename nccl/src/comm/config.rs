@@ -8,7 +8,7 @@
 
 use std::ffi::{c_int, CString};
 use std::mem::{align_of, offset_of, size_of};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use nccl_sys::{ncclConfig_t, Version};
@@ -238,8 +238,8 @@ int_fields! {
     /// communicators never block the host inside NCCL: calls NCCL answers with "in progress" are
     /// polled to completion by this crate, a [timeout](Config::timeout) can bound every wait, and
     /// an [`AbortHandle`](crate::AbortHandle) can abort them from a watchdog thread.
-    /// `NCCL_COMM_BLOCKING=0` or `1` in the environment overrides this in NCCL; with `0` this crate
-    /// counts the communicator as nonblocking too.
+    /// `NCCL_COMM_BLOCKING=0` or `1` in the environment (or in an NCCL config file) overrides this
+    /// in NCCL; with `0` this crate counts the communicator as nonblocking too.
     blocking since (2, 14, 3): fn blocking(on: bool) => i64::from(on);
     /// CGA cluster size of NCCL's kernels, 0–8 (NCCL's default: 4 on sm90 and newer).
     cgaClusterSize since (2, 17, 1): fn cga_cluster_size(size: u32) => i64::from(size);
@@ -402,11 +402,11 @@ impl Config {
     }
 
     /// What a communicator created with this config keeps on this crate's side. Nonblocking when
-    /// the config says so, or when `NCCL_COMM_BLOCKING` reads as 0: NCCL then makes the
-    /// communicator nonblocking whatever the config says.
+    /// the config says so, or when `NCCL_COMM_BLOCKING` reads as 0 ([`comm_blocking_env`]): NCCL
+    /// then makes the communicator nonblocking whatever the config says. Call it once NCCL has
+    /// created a communicator in this process (after the creating call returns).
     pub(crate) fn settings(&self, strings: Option<Arc<ConfigStrings>>) -> Settings {
-        let env = std::env::var("NCCL_COMM_BLOCKING").ok();
-        let nonblocking = self.ints.blocking == Some(0) || env_forces_nonblocking(env.as_deref());
+        let nonblocking = self.ints.blocking == Some(0) || env_forces_nonblocking(comm_blocking_env());
         #[cfg(nccl_2_27)]
         let shrink = self.ints.shrinkShare == Some(1);
         #[cfg(not(nccl_2_27))]
@@ -416,16 +416,27 @@ impl Config {
     }
 }
 
+/// `NCCL_COMM_BLOCKING` as NCCL reads it: once per process (NCCL caches the number it read), after
+/// NCCL has copied its config file's settings (`NCCL_CONF_FILE`, else `~/.nccl.conf`, then
+/// `/etc/nccl.conf`) into the environment where the variable is not set (`setenv` without
+/// overwriting, before its first read of any variable). Read here once too, the first time a
+/// communicator's creating call has returned, by which time NCCL read it, so that both see the
+/// same value: a variable changed later changes neither. A value that is not UTF-8 is read up to
+/// its first byte that is not, as NCCL's `strtoll` stops at its first non-digit.
+fn comm_blocking_env() -> Option<&'static str> {
+    static VALUE: OnceLock<Option<String>> = OnceLock::new();
+    VALUE
+        .get_or_init(|| std::env::var_os("NCCL_COMM_BLOCKING").map(|v| v.to_string_lossy().into_owned()))
+        .as_deref()
+}
+
 /// True when `NCCL_COMM_BLOCKING` (`value`) makes NCCL create nonblocking communicators whatever
 /// the config says: NCCL reads it with `strtoll(value, NULL, 0)` (leading white space, a sign, a
 /// `0x` or `0` prefix, as many digits as there are, 0 when there are none) and overrides the
 /// config's `blocking` when the number is 0 or 1 (`envConfigOverride` in NCCL's `src/init.cc`).
 ///
 /// Only 0 is taken into account: counting a communicator that is really blocking as nonblocking
-/// costs polls, while the converse would trust results NCCL gives before it is done. (NCCL reads
-/// the variable once per process, possibly from `NCCL_CONF_FILE`, `~/.nccl.conf` or
-/// `/etc/nccl.conf`, which this cannot see: calls whose results NCCL writes in the background
-/// wait for the communicator whatever it is counted as.)
+/// costs polls, while the converse would trust results NCCL gives before it is done.
 fn env_forces_nonblocking(value: Option<&str>) -> bool {
     value.filter(|v| !v.is_empty()).is_some_and(reads_as_zero)
 }

@@ -82,7 +82,6 @@ impl PendingComm {
             return Err(Error::InvalidRank { what: "rank", rank, size: nranks });
         }
         let mut raw_config = config.to_raw(lib_version()?)?;
-        let settings = config.settings(Some(raw_config.strings()));
         // NCCL creates the communicator on the current device.
         stream.context().bind_to_thread()?;
         let mut raw: ncclComm_t = ptr::null_mut();
@@ -102,6 +101,8 @@ impl PendingComm {
                 (start_scalable(&mut raw, n, ids, rank, nranks, &mut raw_config)?, "ncclCommInitRankScalable")
             }
         };
+        // After the call: NCCL has read `NCCL_COMM_BLOCKING` (and its config files) by now.
+        let settings = config.settings(Some(raw_config.strings()));
         match NonNull::new(raw) {
             None => {
                 check(call, rc, None)?;

@@ -129,8 +129,9 @@ impl Comm {
     /// window handle or the device communicator through the caller's out-pointer. Only
     /// `ncclCommGetAsyncError` says when it is done; one query when it already is.
     ///
-    /// `nonblocking` can be wrong, though ([`Comm::from_raw`] assumes blocking; a job started with
-    /// `NCCL_COMM_BLOCKING` set differently, or with an NCCL config file, overrides the config), so
+    /// `nonblocking` can be wrong, though ([`Comm::from_raw`] assumes blocking; NCCL reads
+    /// `NCCL_COMM_BLOCKING` once per process, so a value changed before this crate first read it
+    /// is seen differently by the two), so
     /// callers whose out-parameter NCCL's background job writes do not rely on this: after it
     /// they call [`Comm::await_ready`] whatever `nonblocking` says.
     pub(crate) fn complete(&self, call: &'static str, rc: ncclResult_t) -> Result<()> {
