@@ -649,21 +649,37 @@ fn nccl_comm_blocking_0_in_a_config_file_makes_the_communicator_nonblocking() {
     let _ = std::fs::remove_file(&file);
 }
 
-/// Audit finding 1, `Comm::from_raw`: it cannot know the blocking mode and counts the
-/// communicator as blocking. Before: a nonblocking one adopted that way had `register_window` and
-/// `DevComm::new` trust NCCL's early `ncclSuccess`. Now both wait for the communicator whatever it
-/// counts as.
+/// Audit finding 1, `Comm::from_raw`: NCCL cannot be asked the blocking mode. Before: a
+/// nonblocking one adopted that way had `register_window` and `DevComm::new` trust NCCL's early
+/// `ncclSuccess`. Now both wait for the communicator whatever it counts as; since session 21 the
+/// caller states the mode (`from_raw_nonblocking`), and the adopted communicator counts as
+/// nonblocking: a group refuses to mix it with a blocking one, which NCCL would leave "in
+/// progress" for good.
 #[test]
 #[ignore = "needs 1 GPU: run by the GPU bundle"]
 fn an_adopted_nonblocking_communicator_is_waited_for() {
     const TEST: &str = "an_adopted_nonblocking_communicator_is_waited_for";
     let Some(stream) = stream_of(TEST) else { return };
     let raw = one_rank(&stream, &Config::new().blocking(false)).into_raw();
-    // SAFETY: `raw` is a live, ready communicator that nothing else owns (given up just above).
-    let comm = unsafe { Comm::from_raw(raw, stream.clone()) }.unwrap();
-    assert!(!comm.is_nonblocking(), "from_raw counts an adopted communicator as blocking");
+    // SAFETY: `raw` is a live, ready, nonblocking communicator that nothing else owns (given up
+    // just above).
+    let comm = unsafe { Comm::from_raw_nonblocking(raw, stream.clone()) }.unwrap();
+    assert!(comm.is_nonblocking(), "from_raw_nonblocking adopts a nonblocking communicator");
     window_and_device_communicator_are_complete(&comm, &stream, TEST);
+    let blocking = one_rank(&stream.context().new_stream().unwrap(), &Config::new());
+    let mut a = MemBuffer::from_host(blocking.stream(), &[1.0f32; N]).unwrap();
+    let mut b = MemBuffer::from_host(comm.stream(), &[2.0f32; N]).unwrap();
+    let mut second = None;
+    let err = group(|g| {
+        g.with(&blocking).all_reduce_in_place(&mut a, ReduceOp::SUM)?;
+        second = Some(g.with(&comm).all_reduce_in_place(&mut b, ReduceOp::SUM));
+        Ok(())
+    })
+    .unwrap_err();
+    assert!(matches!(second, Some(Err(Error::MixedBlocking))), "{second:?}");
+    assert!(matches!(err, Error::GroupRefused { refused: 1 }), "{err}");
     comm.finalize().map_err(|(_, e)| e).unwrap();
+    blocking.finalize().map_err(|(_, e)| e).unwrap();
 }
 
 /// Audit finding 3. Before: aborting began with cudarc's `bind_to_thread`, which first returns

@@ -508,8 +508,9 @@ pub fn join(stream: Arc<CudaStream>, rendezvous: &mut gpucomm_launch::Rendezvous
             if let Some(rc) = rcs.iter().find(|rc| **rc != ncclResult_t::ncclSuccess) {
                 return Err(CliError::RunFailed(format!("ncclCommInitRank in a group returned {}", rc.0)));
             }
-            // SAFETY: `raw` is the live, ready communicator just created (blocking, the group
-            // ended), owned by nothing else and used from this thread only.
+            // SAFETY: `raw` is the live, ready communicator just created, owned by nothing else
+            // and used from this thread only; blocking (made without a config: with
+            // `NCCL_COMM_BLOCKING=0` NCCL's group end answers "in progress", refused above).
             Ok(unsafe { Comm::from_raw(raw, stream) }?)
         }
     }

@@ -75,12 +75,43 @@ impl<'a> BorrowedComm<'a> {
     /// returns: the buffers could then be freed or reused before NCCL's kernels run on them (a
     /// use after free). This crate knows its own [groups](crate::group()) only, and cannot tell
     /// that another is open.
+    ///
+    /// `raw` must be blocking, as for [`Comm::from_raw`]: borrow a nonblocking one (PyTorch's,
+    /// with `TORCH_NCCL_USE_COMM_NONBLOCKING=1`) with [`BorrowedComm::from_raw_borrowed_nonblocking`].
     pub unsafe fn from_raw_borrowed<O: ?Sized>(raw: ncclComm_t, stream: Arc<CudaStream>, owner: &'a O) -> Result<Self> {
         let _ = owner;
-        // SAFETY: forwarded; `Comm::from_raw`'s ownership is never exercised: the communicator is
-        // given back with `into_raw` in `drop`, and nothing reachable from a `BorrowedComm` can
-        // finalize, abort or time it out (no `&Comm` is handed out).
-        let comm = unsafe { Comm::from_raw(raw, stream) }?;
+        // SAFETY: forwarded (the caller's contract, `raw` blocking included).
+        unsafe { Self::borrow(raw, stream, false) }
+    }
+
+    /// [`BorrowedComm::from_raw_borrowed`] for a nonblocking communicator: calls that NCCL answers
+    /// with "in progress" are polled to completion.
+    ///
+    /// # Safety
+    ///
+    /// As for [`BorrowedComm::from_raw_borrowed`], except that `raw` must be nonblocking.
+    pub unsafe fn from_raw_borrowed_nonblocking<O: ?Sized>(
+        raw: ncclComm_t,
+        stream: Arc<CudaStream>,
+        owner: &'a O,
+    ) -> Result<Self> {
+        let _ = owner;
+        // SAFETY: forwarded (the caller's contract, `raw` nonblocking included).
+        unsafe { Self::borrow(raw, stream, true) }
+    }
+
+    /// Wraps `raw`, of the stated mode, for the caller's borrow. `Comm`'s ownership is never
+    /// exercised: the communicator is given back with `into_raw` in `drop`, and nothing reachable
+    /// from a `BorrowedComm` can finalize, abort or time it out (no `&Comm` is handed out).
+    ///
+    /// # Safety
+    ///
+    /// As for [`BorrowedComm::from_raw_borrowed`], with `raw` nonblocking exactly when
+    /// `nonblocking` is true.
+    unsafe fn borrow(raw: ncclComm_t, stream: Arc<CudaStream>, nonblocking: bool) -> Result<Self> {
+        // SAFETY: the caller's contract covers `Comm::from_raw`'s for as long as the value lives,
+        // and the ownership it gives is never exercised (see above).
+        let comm = unsafe { Comm::adopt(raw, stream, nonblocking) }?;
         Ok(BorrowedComm { comm: Some(comm), _owner: PhantomData })
     }
 

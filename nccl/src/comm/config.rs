@@ -35,10 +35,11 @@ impl Settings {
         }
     }
 
-    /// For a communicator made elsewhere, whose config this crate cannot see: blocking, no
-    /// timeout, and counted as sharing its resources with the communicators made from it.
-    pub(super) fn unknown() -> Self {
-        Settings { nonblocking: false, timeout: None, strings: None, sharing: Sharing { split: true, shrink: true } }
+    /// For a communicator made elsewhere, whose config this crate cannot see: of the mode the
+    /// caller states, no timeout, and counted as sharing its resources with the communicators
+    /// made from it.
+    pub(super) fn unknown(nonblocking: bool) -> Self {
+        Settings { nonblocking, timeout: None, strings: None, sharing: Sharing { split: true, shrink: true } }
     }
 }
 

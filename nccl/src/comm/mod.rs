@@ -200,17 +200,22 @@ impl Comm {
     /// binding, a framework), so that the safe API can drive it. Rank, size and device are queried
     /// from NCCL; the communicator must live on `stream`'s device, which becomes its default
     /// stream. It is finalized or aborted by this `Comm` unless given back with [`Comm::into_raw`].
-    /// Its blocking mode is unknown to this crate, so [`Comm::abort_handle`] refuses it; calls that
-    /// NCCL answers with "in progress" are still polled to completion. Its config is unknown too,
-    /// so it counts as sharing its resources with the communicators split or shrunk from it
-    /// ([`Comm::allow_shared_resources`]). On error the communicator is left untouched, still the
-    /// caller's.
+    /// A blocking communicator: adopt a nonblocking one with [`Comm::from_raw_nonblocking`]. Its
+    /// config is unknown to this crate, so it counts as sharing its resources with the
+    /// communicators split or shrunk from it ([`Comm::allow_shared_resources`]). On error the
+    /// communicator is left untouched, still the caller's.
     ///
     /// # Safety
     ///
     /// `raw` must be a live, ready communicator that nothing else will destroy, finalize or abort
     /// while this `Comm` owns it, and that no other thread operates while this `Comm` does — nor
     /// any communicator that shares its resources (NCCL's `splitShare`).
+    ///
+    /// `raw` must be blocking (NCCL's default: created without a config or with `blocking = 1`,
+    /// and without `NCCL_COMM_BLOCKING=0`). NCCL cannot be asked, and this crate relies on the
+    /// mode: a group that mixes blocking and nonblocking communicators leaves the blocking ones
+    /// "in progress" in NCCL for good ([`Error::MixedBlocking`] refuses such groups only for
+    /// modes it knows), and capturing a nonblocking communicator's calls needs `ncclCommRevoke`.
     ///
     /// No NCCL group opened outside this crate (`ncclGroupStart` called by the caller, by C code
     /// or by a framework — PyTorch's coalescing manager, say) may be open on a thread while it
@@ -220,8 +225,31 @@ impl Comm {
     /// freed or reused before NCCL's kernels run on them (a use after free). This crate knows
     /// its own [groups](crate::group()) only, and cannot tell that another is open.
     pub unsafe fn from_raw(raw: ncclComm_t, stream: Arc<CudaStream>) -> Result<Self> {
+        // SAFETY: forwarded (the caller's contract, `raw` blocking included).
+        unsafe { Self::adopt(raw, stream, false) }
+    }
+
+    /// [`Comm::from_raw`] for a nonblocking communicator (created with `blocking = 0` in its
+    /// config, or with `NCCL_COMM_BLOCKING=0`): calls that NCCL answers with "in progress" are
+    /// polled to completion, and [`Comm::abort_handle`] works.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Comm::from_raw`], except that `raw` must be nonblocking.
+    pub unsafe fn from_raw_nonblocking(raw: ncclComm_t, stream: Arc<CudaStream>) -> Result<Self> {
+        // SAFETY: forwarded (the caller's contract, `raw` nonblocking included).
+        unsafe { Self::adopt(raw, stream, true) }
+    }
+
+    /// Wraps `raw`, whose blocking mode the caller states (`nonblocking`), asking NCCL its rank,
+    /// size and device; hands it back untouched on error.
+    ///
+    /// # Safety
+    ///
+    /// As for [`Comm::from_raw`], with `raw` nonblocking exactly when `nonblocking` is true.
+    pub(crate) unsafe fn adopt(raw: ncclComm_t, stream: Arc<CudaStream>, nonblocking: bool) -> Result<Self> {
         let raw = NonNull::new(raw).ok_or(Error::NullCommunicator)?;
-        let mut comm = Comm::unready(raw, stream, 0, 0, Settings::unknown());
+        let mut comm = Comm::unready(raw, stream, 0, 0, Settings::unknown(nonblocking));
         match comm.identify() {
             Ok(()) => Ok(comm),
             Err(e) => {
