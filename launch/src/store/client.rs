@@ -41,11 +41,34 @@ pub struct StoreClient {
     broken: bool,
 }
 
+/// The addresses of `host` (a name or an address literal), asked of the system's resolver
+/// (`getaddrinfo`) on a thread of its own, so that a slow resolver cannot stretch `deadline` by
+/// its own timeouts: past the deadline that thread is left to finish alone and the connection
+/// fails. An address literal needs no resolver.
+fn resolve_by(host: &str, port: u16, deadline: Deadline) -> Result<Vec<SocketAddr>, String> {
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    let (tx, rx) = std::sync::mpsc::channel();
+    let name = host.to_string();
+    std::thread::Builder::new()
+        .name("gpucomm-resolve".into())
+        .spawn(move || {
+            let _ = tx.send((name.as_str(), port).to_socket_addrs().map(Iterator::collect::<Vec<_>>));
+        })
+        .map_err(|e| format!("cannot start a thread to resolve it: {e}"))?;
+    match rx.recv_timeout(deadline.remaining().unwrap_or(Duration::ZERO)) {
+        Ok(resolved) => resolved.map_err(|e| e.to_string()),
+        Err(_) => Err(format!("the resolver gave no answer within {:?}", deadline.limit())),
+    }
+}
+
 impl StoreClient {
     /// Connects to the store at `host:port` and sends what PyTorch's client sends first
     /// (`VALIDATE`, then `PING`), retrying refused or failed attempts with a growing pause until
     /// `timeout` has passed (the store may start later). A host that does not resolve fails at
-    /// once. `timeout` also becomes the limit of each later operation.
+    /// once, and so does one the resolver has not answered for within `timeout`. `timeout` also
+    /// becomes the limit of each later operation.
     pub fn connect(host: &str, port: u16, timeout: Duration) -> Result<StoreClient, StoreError> {
         StoreClient::connect_with(host, port, timeout, Limits::default())
     }
@@ -65,10 +88,7 @@ impl StoreClient {
     ) -> Result<StoreClient, StoreError> {
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         let shown = if bare.contains(':') { format!("[{bare}]:{port}") } else { format!("{bare}:{port}") };
-        let addrs: Vec<SocketAddr> = (bare, port)
-            .to_socket_addrs()
-            .map_err(|e| StoreError::Resolve { host: host.to_string(), error: e.to_string() })?
-            .collect();
+        let addrs = resolve_by(bare, port, deadline).map_err(|error| StoreError::Resolve { host: host.to_string(), error })?;
         if addrs.is_empty() {
             return Err(StoreError::Resolve { host: host.to_string(), error: "it resolves to no address".into() });
         }
@@ -443,4 +463,23 @@ impl StoreClient {
 
 fn bytes_of<'a>(keys: &[&'a str]) -> Vec<&'a [u8]> {
     keys.iter().map(|key| key.as_bytes()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_address_literal_is_not_handed_to_the_resolver() {
+        // No thread, no wait: even a deadline that has passed gets the address back.
+        let passed = Deadline::after(Duration::ZERO);
+        assert_eq!(resolve_by("127.0.0.1", 29500, passed).unwrap(), vec!["127.0.0.1:29500".parse().unwrap()]);
+        assert_eq!(resolve_by("::1", 7, passed).unwrap(), vec!["[::1]:7".parse().unwrap()]);
+    }
+
+    #[test]
+    fn a_name_the_resolver_refuses_is_an_error_naming_why() {
+        let err = resolve_by("no-such-host.invalid", 1, Deadline::after(Duration::from_secs(60))).unwrap_err();
+        assert!(!err.is_empty());
+    }
 }
