@@ -627,7 +627,8 @@ fn nccl_comm_blocking_0_in_a_config_file_makes_the_communicator_nonblocking() {
     if std::env::var_os(ENV_BLOCKING_CHILD).is_some() {
         assert!(std::env::var_os("NCCL_COMM_BLOCKING").is_none(), "the child has the variable from the file only");
         let hex = std::env::var(ID).expect("the parent's unique id");
-        let bytes: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+        let bytes: Vec<u8> =
+            (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
         let id = UniqueId::from_bytes(&bytes).unwrap();
         let stream = CudaContext::new(0).unwrap().new_stream().unwrap();
         let comm = Comm::init_rank_config(stream.clone(), &id, 0, 1, &Config::new()).expect("a one-rank communicator");

@@ -88,7 +88,8 @@ impl StoreClient {
     ) -> Result<StoreClient, StoreError> {
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         let shown = if bare.contains(':') { format!("[{bare}]:{port}") } else { format!("{bare}:{port}") };
-        let addrs = resolve_by(bare, port, deadline).map_err(|error| StoreError::Resolve { host: host.to_string(), error })?;
+        let addrs =
+            resolve_by(bare, port, deadline).map_err(|error| StoreError::Resolve { host: host.to_string(), error })?;
         if addrs.is_empty() {
             return Err(StoreError::Resolve { host: host.to_string(), error: "it resolves to no address".into() });
         }

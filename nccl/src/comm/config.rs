@@ -426,9 +426,7 @@ impl Config {
 /// its first byte that is not, as NCCL's `strtoll` stops at its first non-digit.
 fn comm_blocking_env() -> Option<&'static str> {
     static VALUE: OnceLock<Option<String>> = OnceLock::new();
-    VALUE
-        .get_or_init(|| std::env::var_os("NCCL_COMM_BLOCKING").map(|v| v.to_string_lossy().into_owned()))
-        .as_deref()
+    VALUE.get_or_init(|| std::env::var_os("NCCL_COMM_BLOCKING").map(|v| v.to_string_lossy().into_owned())).as_deref()
 }
 
 /// True when `NCCL_COMM_BLOCKING` (`value`) makes NCCL create nonblocking communicators whatever
