@@ -491,7 +491,11 @@ mod tests {
         assert!(set.split && !set.shrink);
         assert_eq!(Config::new().settings(None).sharing, Sharing::default(), "NCCL's default: no sharing");
         assert_eq!(Config::new().split_share(false).settings(None).sharing, Sharing::default());
-        assert_eq!(Settings::unknown().sharing, Sharing { split: true, shrink: true }, "an adopted communicator");
+        for nonblocking in [false, true] {
+            let adopted = Settings::unknown(nonblocking);
+            assert_eq!(adopted.sharing, Sharing { split: true, shrink: true }, "an adopted communicator");
+            assert_eq!(adopted.nonblocking, nonblocking, "of the mode its caller stated");
+        }
         // The environment wins, and any value that does not read as 0 counts as sharing.
         assert_eq!(env_may_share(None), None);
         assert_eq!(env_may_share(Some("")), None);
