@@ -102,7 +102,8 @@ impl<T> fmt::Debug for MemBuffer<T> {
 impl<T: DeviceRepr> MemBuffer<T> {
     /// Allocates `len` elements on `stream`'s device with `ncclMemAlloc`, without initialising
     /// them. `stream` becomes the buffer's home ([`DeviceSlice::stream`](cudarc::driver::DeviceSlice::stream))
-    /// and its first "last use". Zero elements are [`Error::ZeroSize`].
+    /// and its first "last use". Zero elements, or an element type of size zero, are
+    /// [`Error::ZeroSize`].
     ///
     /// # Safety
     ///
@@ -110,7 +111,9 @@ impl<T: DeviceRepr> MemBuffer<T> {
     /// read as a `T` (on the host or by a kernel that relies on valid values).
     #[doc(alias = "ncclMemAlloc")]
     pub unsafe fn uninit(stream: &Arc<CudaStream>, len: usize) -> Result<Self> {
-        if len == 0 {
+        // A zero-sized `T` (a user's `DeviceRepr`) would make zero bytes too, which `ncclMemAlloc`
+        // answers with a null pointer and success.
+        if len == 0 || size_of::<T>() == 0 {
             return Err(Error::ZeroSize { call: "ncclMemAlloc" });
         }
         let bytes = len.checked_mul(size_of::<T>()).ok_or(Error::CountOverflow {

@@ -917,3 +917,19 @@ fn a_group_of_blocking_and_nonblocking_communicators_is_refused() {
     nonblocking.finalize().map_err(|(_, e)| e).unwrap();
     blocking.finalize().map_err(|(_, e)| e).unwrap();
 }
+
+/// Session 21 audit: `MemBuffer::<T>::uninit` of a zero-sized `T` (a user's `DeviceRepr`) asked
+/// `ncclMemAlloc` for zero bytes, which answers with a null pointer and success, and made a
+/// buffer of `len` elements at address 0. It is refused now, before NCCL is called.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_membuffer_of_a_zero_sized_type_is_refused() {
+    #[derive(Clone, Copy)]
+    struct Nothing;
+    // SAFETY: a zero-sized type has no bytes to be invalid.
+    unsafe impl cudarc::driver::DeviceRepr for Nothing {}
+    let Some(stream) = stream_of("a_membuffer_of_a_zero_sized_type_is_refused") else { return };
+    // SAFETY: nothing is read: the allocation is refused.
+    let refused = unsafe { MemBuffer::<Nothing>::uninit(&stream, 4) };
+    assert!(matches!(refused, Err(Error::ZeroSize { call: "ncclMemAlloc" })), "{:?}", refused.err());
+}
