@@ -43,6 +43,11 @@ pub enum Error {
         /// The device both contexts belong to.
         device: usize,
     },
+    /// The communicator was revoked ([`nccl::Comm::revoke`]): NCCL's collectives on it fail, and
+    /// so do these kernels' launches (the peers have stopped; a kernel would wait for them for
+    /// ever).
+    #[error("the communicator was revoked: its kernels are not launched")]
+    Revoked,
     /// A message too large (or empty) for a kernel that has a fixed staging area.
     #[error("the {path} kernel takes 1 to {max} bytes per call; this call has {got}")]
     Size {

@@ -605,17 +605,20 @@ impl<'c> LsaKernels<'c> {
     /// Reports the kernels to a graph's visitor: the resource, and the window's memory (read
     /// through this shared member; its tracker orders every use as a write).
     pub(crate) fn visit_members<'k>(&'k self, v: &mut Visitor<'k>) {
-        v.resource(self.resource(), !self.comm.is_aborted());
+        v.resource(self.resource(), !self.comm.is_aborted() && !self.comm.is_revoked());
         v.read(&self.window);
     }
 
     /// Admits one launch on `access`'s stream: the communicator must be live (the device
-    /// communicator and the window die with it) and the stream on its device; inside a capture
-    /// opened through [`nccl::capture`] the launch records the kernels, which the graph must keep,
-    /// and a capture opened by anything else is refused.
+    /// communicator and the window die with it) and not revoked ([`Error::Revoked`]), and the
+    /// stream on its device; inside a capture opened through [`nccl::capture`] the launch records
+    /// the kernels, which the graph must keep, and a capture opened by anything else is refused.
     fn admit(&self, access: &Access<'_>) -> Result<()> {
         self.check_stream(access.stream())?;
         self.comm.live_raw()?;
+        if self.comm.is_revoked() {
+            return Err(Error::Revoked);
+        }
         access.resource(self.resource())?;
         Ok(())
     }

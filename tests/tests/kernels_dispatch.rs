@@ -591,3 +591,37 @@ fn ll_words_left_from_2_pow_32_launches_earlier_are_not_taken_for_new_ones() {
         println!("rank {rank}: LL after a wrapped call number: every sum right");
     });
 }
+
+/// Session 21 audit: a revoked communicator's kernels were still launched. The kernels checked
+/// only that the communicator was not aborted, so after `Comm::revoke` (NCCL's calls on it fail)
+/// an eager call on a kernel path returned `Ok` and launched a kernel that waits for peers that
+/// have stopped, and a graph that kept the dispatcher was still launched. Both are refused now.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle (./dev.sh bundle)"]
+fn a_revoked_communicators_kernels_are_not_launched() {
+    let test = "a_revoked_communicators_kernels_are_not_launched";
+    let Some((stream, comm)) = one_rank(test) else { return };
+    let mut ar = AllReduce::new(&comm, options()).unwrap();
+    ar.force(Some(Path::Ll)).unwrap();
+    let count = 1000;
+    let side = stream.context().new_stream().unwrap();
+    let send = stream.clone_htod(&input(0, count, |x| x)).unwrap();
+    let recv = MemBuffer::<f32>::zeroed(&stream, count).unwrap();
+    let mut graph = nccl::capture(&side, (&ar, send, recv), |(ar, send, recv)| {
+        ar.all_reduce(&side, &*send, recv, ReduceOp::SUM).map_err(in_nccl)?;
+        Ok(())
+    })
+    .unwrap();
+    graph.launch().unwrap();
+    assert_eq!(stream.clone_dtoh(&graph.kept().2).unwrap(), input(0, count, |x| x), "a launch before the revoke");
+    comm.revoke().unwrap();
+    let err = graph.launch().unwrap_err();
+    assert!(matches!(err, OrderError::ResourceClosed { .. }), "{err}");
+    let (_, send, mut recv) = graph.into_kept();
+    stream.memset_zeros(&mut recv).unwrap();
+    let refused = ar.all_reduce(&stream, &send, &mut recv, ReduceOp::SUM);
+    assert!(matches!(refused, Err(gpucomm_kernels::Error::Revoked)), "{refused:?}");
+    assert!(stream.clone_dtoh(&recv).unwrap().iter().all(|&x| x == 0.0), "nothing was launched");
+    drop((send, recv, ar));
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
