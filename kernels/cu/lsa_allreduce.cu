@@ -259,8 +259,10 @@ __device__ __forceinline__ uint64_t ld_pair(const uint64_t* at) {
 
 // Whether the communicator was aborted or revoked, looked at once every 10 000 calls (`steps`
 // counts them): a wait for a peer's words ends then, since the peer may be gone. NCCL's device
-// communicator carries the abort flag from 2.29.7 on (its barriers watch it themselves); built
-// against older headers, the LL kernel waits for its peers regardless.
+// communicator has the abort flag from 2.29.7 on (its barriers watch it themselves), but NCCL
+// fills it only for its internal device communicators: one from ncclDevCommCreate has it null,
+// which testAbort reads as "not aborted" (README, "Known gaps"). Built against older headers the
+// LL kernel waits for its peers regardless.
 __device__ __forceinline__ bool aborted(const ncclDevComm& comm, uint32_t& steps) {
 #if NCCL_VERSION_CODE >= NCCL_VERSION(2, 29, 7)
   return nccl::utility::testAbort(comm.abortFlag, steps);

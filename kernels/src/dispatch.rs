@@ -343,6 +343,12 @@ impl<'c> AllReduce<'c> {
     /// All-reduces elements `send_at..send_at + count` of `send` into `recv_at..recv_at + count` of
     /// `recv` (buffers from [`AllReduce::alloc`]) with `op` on `stream`, without staging copies:
     /// the two-shot kernel and NCCL work in the peers' buffers directly. Returns the decision.
+    ///
+    /// Every rank passes the same `send_at`, `recv_at` and `count` (as NCCL's symmetric windows
+    /// require, `WindowFlags::COLL_SYMMETRIC`): each rank addresses the peers' buffers with its
+    /// own offsets, so ranks that differ read and write other elements of the peers' buffers
+    /// than those the peers asked for (within the buffers, whose lengths are agreed: the
+    /// results are wrong, not out of bounds). Nothing checks it.
     pub fn all_reduce_symmetric<T: NcclType>(
         &self,
         stream: &Arc<CudaStream>,
@@ -386,7 +392,8 @@ impl<'c> AllReduce<'c> {
         Ok(d)
     }
 
-    /// [`AllReduce::all_reduce_symmetric`] in place, on elements `at..at + count` of `buf`.
+    /// [`AllReduce::all_reduce_symmetric`] in place, on elements `at..at + count` of `buf` (the
+    /// same `at` and `count` on every rank).
     pub fn all_reduce_symmetric_in_place<T: NcclType>(
         &self,
         stream: &Arc<CudaStream>,
