@@ -203,7 +203,8 @@ impl Runtime {
 /// overflow, zero bytes, and the heap's `limit` with `in_use` bytes already allocated (see
 /// [`HeapLimit`]). An aligned allocation counts its alignment too: `nvshmem_align` may need up to
 /// size + alignment bytes of the heap (it grows the dynamic heap by as much, rounded up, when they
-/// are not there).
+/// are not there). With [`HeapLimit::aligned_malloc`] NVSHMEM aligns `nvshmem_malloc` to the
+/// granularity, which counts as that alignment.
 fn check_size<T>(len: usize, how: &Alloc, in_use: usize, limit: HeapLimit) -> Result<usize> {
     let align = match *how {
         Alloc::Align(align) => {
@@ -213,6 +214,7 @@ fn check_size<T>(len: usize, how: &Alloc, in_use: usize, limit: HeapLimit) -> Re
             }
             align
         }
+        Alloc::Malloc | Alloc::Zeroed if limit.aligned_malloc => limit.granularity,
         Alloc::Malloc | Alloc::Zeroed => 0,
     };
     let elem_size = size_of::<T>();
@@ -531,8 +533,14 @@ mod tests {
     use super::*;
 
     const GIB: usize = 1 << 30;
-    const STATIC: HeapLimit =
-        HeapLimit { dynamic: false, limit: GIB, limit_from: "NVSHMEM_SYMMETRIC_SIZE", reserved: 0, granularity: 1 };
+    const STATIC: HeapLimit = HeapLimit {
+        dynamic: false,
+        limit: GIB,
+        limit_from: "NVSHMEM_SYMMETRIC_SIZE",
+        reserved: 0,
+        granularity: 1,
+        aligned_malloc: false,
+    };
     const GRANULE: usize = 512 << 20;
     /// An 8 GiB dynamic heap with 1 GiB reserved for NVSHMEM.
     const DYNAMIC: HeapLimit = HeapLimit {
@@ -541,7 +549,24 @@ mod tests {
         limit_from: "NVSHMEM_MAX_MEMORY_PER_GPU",
         reserved: 2 * GRANULE,
         granularity: GRANULE,
+        aligned_malloc: false,
     };
+
+    /// Session 21 audit: with `NVSHMEM_ENABLE_ALIGNED_MALLOC` NVSHMEM 3.4.5 aligns every
+    /// `nvshmem_malloc` to the granularity (`heap_malloc`), which the check did not count: a
+    /// request it passed could grow the dynamic heap past its size, which tears the heap down.
+    #[test]
+    fn aligned_malloc_counts_the_granularity() {
+        let aligned = HeapLimit { aligned_malloc: true, ..DYNAMIC };
+        // 6.5 GiB of the 7 after the reserve: fits plainly, not with a granule of alignment more.
+        let bytes = 13 * GRANULE;
+        assert_eq!(check_size::<u8>(bytes, &Alloc::Malloc, 0, DYNAMIC).unwrap(), bytes);
+        for how in [Alloc::Malloc, Alloc::Zeroed] {
+            let e = check_size::<u8>(bytes, &how, 0, aligned).unwrap_err();
+            assert!(matches!(e, Error::HeapExhausted { bytes: b, .. } if b == 14 * GRANULE), "{e}");
+        }
+        assert_eq!(check_size::<u8>(12 * GRANULE, &Alloc::Malloc, 0, aligned).unwrap(), 12 * GRANULE);
+    }
 
     #[test]
     fn an_alignment_counts_against_the_heap_limit() {

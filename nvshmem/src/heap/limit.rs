@@ -58,6 +58,10 @@ pub struct HeapLimit {
     /// least the 2 MiB CUDA recommends for VMM allocations and at most NVSHMEM's 2 GiB cap.
     /// Requests are counted rounded up to it. 1 on the static heap.
     pub granularity: usize,
+    /// `NVSHMEM_ENABLE_ALIGNED_MALLOC` (a hidden NVSHMEM option): `nvshmem_malloc` then aligns
+    /// every allocation to the heap's granularity, which the check counts as an alignment of that
+    /// many bytes (as for `nvshmem_align`).
+    pub aligned_malloc: bool,
 }
 
 /// NVSHMEM's default `NVSHMEM_SYMMETRIC_SIZE`.
@@ -81,9 +85,10 @@ impl HeapLimit {
             // An unreadable value makes NVSHMEM's own initialisation fail; the default is moot.
             Some(None) | None => (default, name),
         };
+        let aligned_malloc = config::flag("NVSHMEM_ENABLE_ALIGNED_MALLOC");
         if config::flag("NVSHMEM_DISABLE_CUDA_VMM") {
             let (limit, limit_from) = sized("NVSHMEM_SYMMETRIC_SIZE", DEFAULT_SYMMETRIC_SIZE);
-            return Ok(HeapLimit { dynamic: false, limit, limit_from, reserved: 0, granularity: 1 });
+            return Ok(HeapLimit { dynamic: false, limit, limit_from, reserved: 0, granularity: 1, aligned_malloc });
         }
         let granularity = sized("NVSHMEM_CUMEM_GRANULARITY", DEFAULT_GRANULARITY).0;
         let granularity = granularity.clamp(MIN_GRANULARITY, MAX_GRANULARITY);
@@ -92,7 +97,7 @@ impl HeapLimit {
         let reserved = reserve(own, granularity);
         let device = ctx.total_mem()?;
         let (limit, limit_from) = if device < size { (device, "the device's memory") } else { (size, size_from) };
-        Ok(HeapLimit { dynamic: true, limit, limit_from, reserved, granularity })
+        Ok(HeapLimit { dynamic: true, limit, limit_from, reserved, granularity, aligned_malloc })
     }
 
     /// What a request of `bytes` takes of the limit: rounded up to the granularity (saturating).
@@ -222,7 +227,14 @@ mod tests {
     const GIB: usize = 1 << 30;
 
     fn dynamic(limit: usize, reserved: usize, granularity: usize) -> HeapLimit {
-        HeapLimit { dynamic: true, limit, limit_from: "NVSHMEM_MAX_MEMORY_PER_GPU", reserved, granularity }
+        HeapLimit {
+            dynamic: true,
+            limit,
+            limit_from: "NVSHMEM_MAX_MEMORY_PER_GPU",
+            reserved,
+            granularity,
+            aligned_malloc: false,
+        }
     }
 
     /// NVSHMEM 3.4.5's own buffers with its defaults: a psync pool of 128 teams of
@@ -281,8 +293,14 @@ mod tests {
     /// filled exactly.
     #[test]
     fn the_static_heap_may_be_filled() {
-        let heap =
-            HeapLimit { dynamic: false, limit: GIB, limit_from: "NVSHMEM_SYMMETRIC_SIZE", reserved: 0, granularity: 1 };
+        let heap = HeapLimit {
+            dynamic: false,
+            limit: GIB,
+            limit_from: "NVSHMEM_SYMMETRIC_SIZE",
+            reserved: 0,
+            granularity: 1,
+            aligned_malloc: false,
+        };
         assert_eq!(heap.charge(12345), 12345);
         assert!(heap.fits(GIB - 8, heap.charge(8)));
         assert!(!heap.fits(GIB - 8, heap.charge(9)));
