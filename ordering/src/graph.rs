@@ -33,7 +33,10 @@
 //!   ([`OrderError::CaptureBroken`]): give such buffers to the communication calls instead, which
 //!   take them without waiting. A slice allocated inside `f` has no earlier event; its
 //!   stream-ordered allocation is captured with it, so the graph's launches allocate that memory
-//!   themselves. The per-thread default stream is refused ([`OrderError::PerThreadStream`]): in a
+//!   themselves: free it inside `f` too. One that leaves `f` (in `keep` or in a variable outside)
+//!   names graph memory that is only backed from a launch of the graph until the slice's free,
+//!   and that CUDA may share with other graphs' allocations: cudarc allocates on a capturing
+//!   stream without refusing, and this crate cannot see it (README, "Known gaps"). The per-thread default stream is refused ([`OrderError::PerThreadStream`]): in a
 //!   context with that stream only, cudarc orders nothing by events, and its work on a slice would
 //!   be captured without a trace.
 //! * What a kernel reaches through raw addresses (a window handle, a pointer passed by value) is
