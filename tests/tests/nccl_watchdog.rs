@@ -216,6 +216,53 @@ fn graph_rank(info: RankInfo, device: &Arc<CudaStream>, stop: Stop) {
 }
 
 #[test]
+#[ignore = "needs 1 GPU (2 processes share it): run by the GPU bundle"]
+fn a_timeout_of_a_call_in_progress_while_a_graph_holds_the_communicator_abandons_it() {
+    // Session 21 audit. A deferred abort revokes the communicator (ncclCommRevoke), which aborts
+    // the background job of a nonblocking call still in progress and frees it, but leaves NCCL's
+    // pointer to it (`comm->groupJob`, 2.28.9): the crate's polling of the revoke
+    // (`ncclCommGetAsyncError`, once the revoke succeeds) and the teardown's `ncclCommAbort` then
+    // used the freed job. Now NCCL is asked first: with a call in progress the revoke still stops
+    // it, and the communicator is abandoned — never passed to NCCL again, its registrations kept.
+    let test = "a_timeout_of_a_call_in_progress_while_a_graph_holds_the_communicator_abandons_it";
+    multi_node_on_one_gpu(test, 2, |info, device| {
+        let (stream, mut rendezvous, comm) = join(&info, &device);
+        let mut buf = stream.clone_htod(&vec![(info.rank + 1) as f32; COUNT]).unwrap();
+        comm.all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
+        comm.wait(None).unwrap();
+        let graph = nccl::capture(&stream, (&comm, buf), |(comm, buf)| comm.all_reduce_in_place(buf, ReduceOp::SUM))
+            .map_err(|(_, e)| e)
+            .expect("capture");
+        rendezvous.barrier().expect("both ranks captured");
+        if info.rank == 1 {
+            // Never receives: rank 0's send stays in NCCL's background job, connecting.
+            rendezvous.barrier().expect("rank 0 done");
+            drop(graph);
+            return comm.abort().expect("abort");
+        }
+        let registration = comm.register(stream.clone_htod(&[7.0f32; 256]).unwrap()).map_err(|(_, e)| e).unwrap();
+        let data = stream.clone_htod(&[1.0f32; 1024]).unwrap();
+        comm.set_timeout(Some(TIMEOUT));
+        let start = Instant::now();
+        let sent = comm.send(&data, 1);
+        let took = start.elapsed();
+        assert!(matches!(sent, Err(Error::Timeout { .. })), "{sent:?}");
+        assert!(took < TIMEOUT + Duration::from_secs(5), "the send returned after {took:?}");
+        assert!(comm.is_aborted());
+        // Abandoned: NCCL is not called on it again, so what it holds stays with it.
+        let (registration, kept) =
+            registration.deregister().expect_err("deregistered an abandoned communicator's buffer");
+        assert!(matches!(kept, Error::Abandoned { .. }), "{kept:?}");
+        drop(registration);
+        drop(graph);
+        comm.abort().expect("an abandoned communicator's teardown calls nothing");
+        drop(data);
+        rendezvous.barrier().expect("tell rank 1");
+        println!("a send in progress timed out while a graph held the communicator: revoked and abandoned");
+    });
+}
+
+#[test]
 #[ignore = "needs 1 GPU: run by the GPU bundle"]
 fn the_flight_recorder_numbers_and_completes_calls_groups_included() {
     let Some(streams) = require_gpus("the_flight_recorder_numbers_and_completes_calls_groups_included", 1) else {

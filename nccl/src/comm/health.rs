@@ -17,7 +17,9 @@
 //! * `ABANDONED`: an abort that could not call `ncclCommAbort` (its CUDA context could not be made
 //!   current), or an owner's teardown that found graphs still holding the communicator's work
 //!   (one forgotten with `mem::forget`, or the capture open around the teardown), which NCCL's
-//!   destroy and abort would wait for for ever: its work is stopped as in `DEFERRED`. The handle
+//!   destroy and abort would wait for for ever: its work is stopped as in `DEFERRED`; or a
+//!   deferred abort whose revoke found a call in progress or failed, after which NCCL must not
+//!   be called on the communicator again (`Health::revoke`). The handle
 //!   must not be used again, like a closed one, but NCCL may still own and use what the
 //!   communicator was given — its background jobs' out-pointers, config strings, registered
 //!   memory — so none of it is freed: it is leaked ([`Health::is_abandoned`]).
@@ -78,6 +80,18 @@ impl Drop for GraphHold {
     fn drop(&mut self) {
         self.0.graphs.fetch_sub(1, Ordering::AcqRel);
     }
+}
+
+/// What stopping a communicator's work ([`Health::stop_work`]) came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stopped {
+    /// Revoked (now or before): its work is stopped.
+    Yes,
+    /// Not stopped: the library has no `ncclCommRevoke`.
+    No,
+    /// Revoked while a call's background job may have been linked to it: NCCL freed the job
+    /// and keeps a pointer to it, so the communicator must never be passed to NCCL again.
+    Abandon,
 }
 
 /// The abort state of one communicator, shared by its [`Comm`](crate::Comm) and its [`AbortHandle`](crate::AbortHandle)s.
@@ -264,47 +278,82 @@ impl Health {
     /// An abort while graphs that captured the communicator may be alive (module docs): stops its
     /// work (`ncclCommRevoke`, where the library has it) and ends `ABORTING` in `DEFERRED`, for
     /// [`Health::finish`] to call `ncclCommAbort`. The communicator is closed for use either way.
+    /// When the revoke left NCCL unusable for this communicator ([`Stopped::Abandon`]) the state
+    /// ends in `ABANDONED` instead: its teardown leaks it.
     fn defer(&self) -> Result<()> {
         let stopped = self.stop_work();
-        self.state.store(DEFERRED, Ordering::Release);
-        stopped
+        if let Ok(Stopped::Abandon) = stopped {
+            self.state.store(ABANDONED, Ordering::Release);
+            log::error!(
+                "nccl: a communicator aborted while a call of it was in progress or had failed, and while graphs                  held its work, was revoked and is abandoned: NCCL keeps a pointer to the call's job that the                  revoke freed, so the communicator is never passed to NCCL again, and what it holds is leaked"
+            );
+        } else {
+            self.state.store(DEFERRED, Ordering::Release);
+        }
+        stopped.map(|_| ())
     }
 
     /// Stops the communicator's work without waiting for the graphs that hold it
-    /// (`ncclCommRevoke`), for whoever moved the state to `ABORTING`. `Ok` also when the library
-    /// is older than the call: its kernels then run on until an abort.
-    fn stop_work(&self) -> Result<()> {
+    /// (`ncclCommRevoke`), for whoever moved the state to `ABORTING` (or the owner's teardown).
+    /// [`Stopped::No`] when the library is older than the call: its kernels then run on until an
+    /// abort.
+    fn stop_work(&self) -> Result<Stopped> {
         // Revoked already (NCCL would refuse a second revoke with ncclInvalidArgument): stopped.
-        if self.revoked.swap(true, Ordering::AcqRel) {
-            return Ok(());
+        if self.revoked.load(Ordering::Acquire) {
+            return Ok(Stopped::Yes);
         }
         match gpucomm_ordering::make_current(&self.context).map_err(Error::from).and_then(|()| self.revoke()) {
-            Err(Error::MissingFunction(_)) => Ok(()),
+            Err(Error::MissingFunction(_)) => Ok(Stopped::No),
             other => other,
         }
     }
 
-    /// `ncclCommRevoke`, polled until NCCL has stopped the communicator's work.
+    /// `ncclCommRevoke`. NCCL's revoke aborts the background job of a nonblocking call still
+    /// linked to the communicator (`ncclCommEnsureReady` → `ncclGroupJobAbort`, which joins and
+    /// frees it) but leaves `comm->groupJob` pointing at it (2.28.9 to 2.30.7), and every later
+    /// NCCL call that looks at that pointer (`ncclCommGetAsyncError` once the revoke's own job
+    /// succeeds, `ncclCommAbort`'s `ncclCommEnsureReady`) uses freed memory. Only an
+    /// `ncclCommGetAsyncError` that answers success unlinks the job; so NCCL is asked first:
+    ///
+    /// * success: nothing is linked; the revoke is polled until NCCL has stopped the work
+    ///   ([`Stopped::Yes`]).
+    /// * in progress, or an error: a job may be linked (and may still launch the call's kernels,
+    ///   which is what the revoke stops: it joins the job before returning). The revoke is made
+    ///   and not polled, and the communicator must never be passed to NCCL again
+    ///   ([`Stopped::Abandon`]).
     #[cfg(nccl_2_28_7)]
-    fn revoke(&self) -> Result<()> {
+    fn revoke(&self) -> Result<Stopped> {
         let raw = self.raw.as_ptr();
-        let flags = nccl_sys::NCCL_REVOKE_DEFAULT as i32;
+        let mut before = ncclResult_t::ncclSuccess;
         // SAFETY: the caller moved the state to ABORTING, which only happens once and only while
-        // the owner is outside NCCL (module docs), so the handle is live and nothing else uses it;
-        // the flags are the only value NCCL accepts; the context is current.
+        // the owner is outside NCCL (module docs), so the handle is live and nothing else uses it
+        // (or it is the owner, tearing down); the out-pointer is a live local of a newtype over an
+        // integer; the context is current.
+        unsafe { call!(ncclCommGetAsyncError(raw, &mut before)) }?;
+        let flags = nccl_sys::NCCL_REVOKE_DEFAULT as i32;
+        self.revoked.store(true, Ordering::Release);
+        // SAFETY: as above; the flags are the only value NCCL accepts.
         let mut state = unsafe { call_unchecked!(ncclCommRevoke(raw, flags)) }?;
+        if before != ncclResult_t::ncclSuccess {
+            if state != ncclResult_t::ncclInProgress {
+                if let Err(e) = check("ncclCommRevoke", state, None) {
+                    log::warn!("nccl: revoking a communicator being abandoned: {e}");
+                }
+            }
+            return Ok(Stopped::Abandon);
+        }
         while state == ncclResult_t::ncclInProgress {
             std::thread::sleep(Duration::from_micros(200));
-            // SAFETY: as above; the out-pointer is a live local of a newtype over an integer.
+            // SAFETY: as above; no job was linked before the revoke (asked above).
             unsafe { call!(ncclCommGetAsyncError(raw, &mut state)) }?;
         }
-        check("ncclCommRevoke", state, Some(raw))
+        check("ncclCommRevoke", state, Some(raw)).map(|()| Stopped::Yes)
     }
 
     /// Without `ncclCommRevoke` in the headers, the work runs on until the teardown aborts.
     #[cfg(not(nccl_2_28_7))]
-    fn revoke(&self) -> Result<()> {
-        Ok(())
+    fn revoke(&self) -> Result<Stopped> {
+        Ok(Stopped::No)
     }
 
     /// Calls `ncclCommAbort` for whoever moved the state to `ABORTING`, and ends that state:
