@@ -331,9 +331,10 @@ impl Health {
         // integer; the context is current.
         unsafe { call!(ncclCommGetAsyncError(raw, &mut before)) }?;
         let flags = nccl_sys::NCCL_REVOKE_DEFAULT as i32;
-        self.revoked.store(true, Ordering::Release);
         // SAFETY: as above; the flags are the only value NCCL accepts.
         let mut state = unsafe { call_unchecked!(ncclCommRevoke(raw, flags)) }?;
+        // Called (a library without it is `MissingFunction` above): NCCL refuses a second one.
+        self.revoked.store(true, Ordering::Release);
         if before != ncclResult_t::ncclSuccess {
             if state != ncclResult_t::ncclInProgress {
                 if let Err(e) = check("ncclCommRevoke", state, None) {
