@@ -533,14 +533,7 @@ mod tests {
     use super::*;
 
     const GIB: usize = 1 << 30;
-    const STATIC: HeapLimit = HeapLimit {
-        dynamic: false,
-        limit: GIB,
-        limit_from: "NVSHMEM_SYMMETRIC_SIZE",
-        reserved: 0,
-        granularity: 1,
-        aligned_malloc: false,
-    };
+    const STATIC: HeapLimit = HeapLimit::static_of(GIB);
     const GRANULE: usize = 512 << 20;
     /// An 8 GiB dynamic heap with 1 GiB reserved for NVSHMEM.
     const DYNAMIC: HeapLimit = HeapLimit {

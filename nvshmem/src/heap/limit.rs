@@ -118,6 +118,21 @@ impl HeapLimit {
     }
 }
 
+#[cfg(test)]
+impl HeapLimit {
+    /// A static heap of `limit` bytes (`NVSHMEM_SYMMETRIC_SIZE`), for tests.
+    pub(crate) const fn static_of(limit: usize) -> Self {
+        HeapLimit {
+            dynamic: false,
+            limit,
+            limit_from: "NVSHMEM_SYMMETRIC_SIZE",
+            reserved: 0,
+            granularity: 1,
+            aligned_malloc: false,
+        }
+    }
+}
+
 /// The bytes NVSHMEM's segmented reduction (`gpu_rdxn_segment_threadgroup`, 3.4.5) exchanges with
 /// one peer per round: `NVSHMEM_REDUCE_SCRATCH_SIZE / 2 / sizeof(long)`, as NVSHMEM computes it.
 pub(crate) fn reduce_segment_bytes() -> usize {
@@ -293,14 +308,7 @@ mod tests {
     /// filled exactly.
     #[test]
     fn the_static_heap_may_be_filled() {
-        let heap = HeapLimit {
-            dynamic: false,
-            limit: GIB,
-            limit_from: "NVSHMEM_SYMMETRIC_SIZE",
-            reserved: 0,
-            granularity: 1,
-            aligned_malloc: false,
-        };
+        let heap = HeapLimit::static_of(GIB);
         assert_eq!(heap.charge(12345), 12345);
         assert!(heap.fits(GIB - 8, heap.charge(8)));
         assert!(!heap.fits(GIB - 8, heap.charge(9)));
