@@ -82,6 +82,11 @@ pub(crate) fn report(ordered: Result<(), OrderError>) {
 ///   graph would not keep the buffers alive;
 /// * **a capture that CUDA invalidated** (whoever opened it): refused with
 ///   [`OrderError::CaptureBroken`], before the library is called.
+///
+/// The answer holds for one call: make an `Access` per call, and never keep one across the start
+/// or end of a capture (its later pointers would follow the earlier answer: an eager use not
+/// recorded for a graph, or a captured one not ordered). A call issued after other code ran since
+/// its admission asks again with [`Access::recheck`].
 pub struct Access<'s> {
     stream: &'s Arc<CudaStream>,
     mode: Cell<Option<Mode>>,
