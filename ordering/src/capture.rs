@@ -211,14 +211,29 @@ impl Drop for Exec {
 /// Runs `f` with this thread's capture interaction mode set to relaxed
 /// (`cuThreadExchangeStreamCaptureMode`), then restores the previous mode. Host-side waits for
 /// streams that are *not* being captured are harmless to a capture, but the default (global) mode
-/// would refuse them while any capture is open.
+/// would refuse them while any capture is open. The mode is restored when `f` panics too.
 pub fn relaxed<R>(f: impl FnOnce() -> Result<R, DriverError>) -> Result<R, DriverError> {
+    /// The mode to put back, on the way out of `relaxed` however it leaves.
+    struct Restore(Option<sys::CUstreamCaptureMode>);
+    impl Restore {
+        fn now(&mut self) -> Result<(), DriverError> {
+            let Some(mut mode) = self.0.take() else { return Ok(()) };
+            // SAFETY: the call swaps a plain enum through a valid pointer; this restores the mode
+            // read by the first exchange.
+            unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }.result()
+        }
+    }
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = self.now();
+        }
+    }
     let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
     // SAFETY: the call swaps a plain enum through a valid pointer.
     unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }.result()?;
+    let mut restore = Restore(Some(mode));
     let out = f();
-    // SAFETY: as above; this restores the mode read by the first call.
-    let restored = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }.result();
+    let restored = restore.now();
     let out = out?;
     restored.map(|()| out)
 }
