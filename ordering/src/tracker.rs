@@ -210,13 +210,14 @@ impl StreamTracker {
                 stream.wait(&self.scratch)?;
                 Ok(false)
             }
-            End::Event { event, stream: on } => {
-                if let Err(e) = stream.wait(event) {
+            End::Event { event, stream: on } => match stream.wait(event) {
+                Ok(()) => Ok(*on != stream.cu_stream() as usize),
+                Err(e) if captured_record(&e) => {
                     self.replace_captured_record(event, stream).map_err(|_| e)?;
-                    return Ok(false);
+                    Ok(false)
                 }
-                Ok(*on != stream.cu_stream() as usize)
-            }
+                Err(e) => Err(e.into()),
+            },
         }
     }
 
@@ -225,8 +226,12 @@ impl StreamTracker {
     /// capture was then refused). The work that event stood for is somewhere in the context:
     /// the whole context is waited for, and the event recorded again, eagerly, on `stream`, so
     /// that it stands for that finished work from now on. Any error leaves the end as it was.
+    /// The wait is for the whole device, with the tracker's lock held, and without a bound: work
+    /// of other libraries that waits for this process's later work would hang it (README, "Known
+    /// gaps"); the thread's capture mode is relaxed for it, so that another thread's capture does
+    /// not refuse it.
     fn replace_captured_record(&self, event: &CudaEvent, stream: &CudaStream) -> Result<(), DriverError> {
-        crate::quiesce::synchronize_device(&self.home)?;
+        capture::relaxed(|| crate::quiesce::synchronize_device(&self.home))?;
         event.record(stream)
     }
 
@@ -310,11 +315,12 @@ impl StreamTracker {
                 }
                 // An event last recorded inside a capture that has ended cannot be waited for
                 // (see `replace_captured_record`): the context can, and it covers that use.
-                End::Event { event, .. } => {
-                    if let Err(e) = event.synchronize() {
-                        crate::quiesce::synchronize_device(&self.home).map_err(|_| e)?;
+                End::Event { event, .. } => match event.synchronize() {
+                    Err(e) if captured_record(&e) => {
+                        capture::relaxed(|| crate::quiesce::synchronize_device(&self.home)).map_err(|_| e)?;
                     }
-                }
+                    done => done?,
+                },
             }
         }
         self.refresh(&state);
@@ -560,6 +566,13 @@ impl StreamTracker {
             None => Ok((Box::new(self.events.new_event(None)?), false)),
         }
     }
+}
+
+/// True for what CUDA answers about an event last recorded inside a capture that has ended: a
+/// wait for it is `CUDA_ERROR_INVALID_VALUE` (seen on an H100, CUDA 13), a host wait or query
+/// `CUDA_ERROR_CAPTURED_EVENT`.
+fn captured_record(e: &DriverError) -> bool {
+    matches!(e.0, sys::CUresult::CUDA_ERROR_INVALID_VALUE | sys::CUresult::CUDA_ERROR_CAPTURED_EVENT)
 }
 
 /// The event of a plain-stream end, to be reused.
