@@ -459,8 +459,8 @@ impl<'comm> DevComm<'comm> {
         // `dev` and `handles` stay allocated until NCCL has written them (below).
         let rc = unsafe { call_unchecked!(ncclDevCommCreate(raw, &raw_reqs, &mut *dev)) }?;
         // NCCL 2.28 answers `ncclSuccess` while a nonblocking communicator's background job still
-        // writes `dev`, and `comm.is_nonblocking()` can be wrong (`Comm::from_raw`,
-        // `NCCL_COMM_BLOCKING`): wait for the communicator to be ready whatever it is known as
+        // writes `dev`, and `comm.is_nonblocking()` can be wrong (an adopter's word for
+        // `Comm::from_raw`, `NCCL_COMM_BLOCKING` as this crate read it): wait for the communicator to be ready whatever it is known as
         // (one `ncclCommGetAsyncError` for a ready one) before `dev` is read and freed.
         let done = comm.complete("ncclDevCommCreate", rc).and_then(|()| comm.await_ready("ncclDevCommCreate", None));
         let failed = match done {

@@ -367,7 +367,8 @@ impl Comm {
         // Outside a group a blocking communicator registers before returning; a nonblocking one
         // fills `raw` in from a background job, by the time it is ready. NCCL 2.28 answers that
         // job `ncclSuccess`, and whether the communicator is nonblocking is not certain here
-        // (`Comm::from_raw`, `NCCL_COMM_BLOCKING`): wait for it to be ready in every case (one
+        // (an adopter's word for `Comm::from_raw`, `NCCL_COMM_BLOCKING` as this crate read it):
+        // wait for it to be ready in every case (one
         // `ncclCommGetAsyncError` when it already is) before `raw` is read or moved.
         self.settle("ncclCommWindowRegister", rc, self.stream(), None)?;
         self.await_ready("ncclCommWindowRegister", None)

@@ -114,9 +114,10 @@ impl Comm {
     /// nodes write. Revoke once the graph launches already enqueued have finished (a launch
     /// queued behind a hung call still runs its host node after the revoke).
     ///
-    /// Refused with NCCL's asynchronous error ([`Error::Nccl`] for `ncclCommGetAsyncError`) when
-    /// the communicator has one: NCCL's revoke would free the failed call's background job and
-    /// keep using it (2.28.9 to 2.30.7, see the crate's README); abort the communicator instead.
+    /// A nonblocking communicator is refused with NCCL's asynchronous error ([`Error::Nccl`] for
+    /// `ncclCommGetAsyncError`) while it has one, or while a call of it is still in progress:
+    /// NCCL's revoke would free that call's background job and keep using it (2.28.9 to 2.30.7,
+    /// see the crate's README); abort the communicator instead.
     #[doc(alias = "ncclCommRevoke")]
     #[cfg(nccl_2_28_7)]
     #[cfg_attr(docsrs, doc(cfg(nccl_2_28_7)))]
@@ -126,10 +127,12 @@ impl Comm {
         self.context().bind_to_thread()?;
         // Only an `ncclCommGetAsyncError` that answers success unlinks a nonblocking call's
         // background job from the communicator, which the revoke would free and NCCL use again.
-        let mut before = ncclResult_t::ncclSuccess;
-        // SAFETY: `raw` is live and owned; the out-pointer is a live local.
-        unsafe { crate::ffi::call!(ncclCommGetAsyncError(raw, &mut before), comm = raw) }?;
-        crate::ffi::check("ncclCommGetAsyncError", before, Some(raw))?;
+        if self.nonblocking {
+            let mut before = ncclResult_t::ncclSuccess;
+            // SAFETY: `raw` is live and owned; the out-pointer is a live local.
+            unsafe { crate::ffi::call!(ncclCommGetAsyncError(raw, &mut before), comm = raw) }?;
+            crate::ffi::check("ncclCommGetAsyncError", before, Some(raw))?;
+        }
         let flags = nccl_sys::NCCL_REVOKE_DEFAULT as i32;
         // SAFETY: `raw` is live and owned; the flags are the only value NCCL accepts.
         let rc = unsafe { call_unchecked!(ncclCommRevoke(raw, flags)) }?;

@@ -417,7 +417,9 @@ impl Config {
     }
 }
 
-/// `NCCL_COMM_BLOCKING` as NCCL reads it: once per process (NCCL caches the number it read), after
+/// `NCCL_COMM_BLOCKING` as NCCL's default environment plugin reads it (a plugin of its own,
+/// `NCCL_ENV_PLUGIN`, may answer from elsewhere; a creating call that answers "in progress"
+/// proves the mode anyway): once per process (NCCL caches the number it read), after
 /// NCCL has copied its config file's settings (`NCCL_CONF_FILE`, else `~/.nccl.conf`, then
 /// `/etc/nccl.conf`) into the environment where the variable is not set (`setenv` without
 /// overwriting, before its first read of any variable). Read here once too, the first time a

@@ -101,8 +101,11 @@ impl PendingComm {
                 (start_scalable(&mut raw, n, ids, rank, nranks, &mut raw_config)?, "ncclCommInitRankScalable")
             }
         };
-        // After the call: NCCL has read `NCCL_COMM_BLOCKING` (and its config files) by now.
-        let settings = config.settings(Some(raw_config.strings()));
+        // After the call: NCCL has read `NCCL_COMM_BLOCKING` (and its config files) by now. An
+        // answer "in progress" outside a group proves the communicator nonblocking, whatever the
+        // environment seemed to say (an NCCL environment plugin can answer from elsewhere).
+        let mut settings = config.settings(Some(raw_config.strings()));
+        settings.nonblocking |= rc == ncclResult_t::ncclInProgress;
         match NonNull::new(raw) {
             None => {
                 check(call, rc, None)?;
@@ -325,8 +328,11 @@ impl Comm {
             check(call, rc, None)?;
             return Err(Error::NullCommunicator);
         };
-        // NCCL's defaults, which `NCCL_COMM_BLOCKING=0` makes nonblocking.
-        let mut comm = Comm::unready(raw, stream, rank, nranks, Config::new().settings(None));
+        // NCCL's defaults, which `NCCL_COMM_BLOCKING=0` makes nonblocking ("in progress" proves
+        // it, as in `PendingComm::start`).
+        let mut settings = Config::new().settings(None);
+        settings.nonblocking |= rc == ncclResult_t::ncclInProgress;
+        let mut comm = Comm::unready(raw, stream, rank, nranks, settings);
         if let Err(e) = comm.complete(call, rc).and_then(|()| comm.identify()) {
             comm.health.abort_quietly();
             return Err(e);

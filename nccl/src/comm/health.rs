@@ -106,6 +106,9 @@ pub(crate) struct Health {
     /// Set once `ncclCommRevoke` was called (by the owner, [`Health::note_revoked`], or by a
     /// deferred abort): NCCL refuses a second revoke, and `ncclCommFinalize` after one.
     revoked: AtomicBool,
+    /// Whether the communicator is nonblocking: only a nonblocking one has background jobs that
+    /// NCCL links to it ([`Health::revoke`]).
+    nonblocking: bool,
 }
 
 // SAFETY: `raw` is only passed to `ncclCommAbort`, and only by whoever moved `state` to
@@ -118,13 +121,14 @@ unsafe impl Send for Health {}
 unsafe impl Sync for Health {}
 
 impl Health {
-    pub(crate) fn new(raw: NonNull<ncclComm>, context: Arc<CudaContext>) -> Self {
+    pub(crate) fn new(raw: NonNull<ncclComm>, context: Arc<CudaContext>, nonblocking: bool) -> Self {
         Health {
             state: AtomicU8::new(LIVE),
             raw,
             context,
             graphs: AtomicUsize::new(0),
             revoked: AtomicBool::new(false),
+            nonblocking,
         }
     }
 
@@ -285,7 +289,10 @@ impl Health {
         if let Ok(Stopped::Abandon) = stopped {
             self.state.store(ABANDONED, Ordering::Release);
             log::error!(
-                "nccl: a communicator aborted while a call of it was in progress or had failed, and while graphs                  held its work, was revoked and is abandoned: NCCL keeps a pointer to the call's job that the                  revoke freed, so the communicator is never passed to NCCL again, and what it holds is leaked"
+                "nccl: a nonblocking communicator aborted while a call of it was in progress or had failed, \
+                 and while graphs held its work, was revoked and is abandoned: NCCL keeps a pointer to the \
+                 call's job that the revoke freed, so the communicator is never passed to NCCL again, and what \
+                 it holds is leaked"
             );
         } else {
             self.state.store(DEFERRED, Ordering::Release);
@@ -320,18 +327,26 @@ impl Health {
     /// * in progress, or an error: a job may be linked (and may still launch the call's kernels,
     ///   which is what the revoke stops: it joins the job before returning). The revoke is made
     ///   and not polled, and the communicator must never be passed to NCCL again
-    ///   ([`Stopped::Abandon`]).
+    ///   ([`Stopped::Abandon`]). A window remains inside NCCL: its revoke ends with its own
+    ///   `ncclCommGetAsyncError`, which would use the freed job if the revoke's background job
+    ///   (stream synchronisations, the proxy's stop) had already succeeded by then.
+    ///
+    /// A blocking communicator never has a job linked (NCCL links them in nonblocking groups
+    /// only): it is revoked and polled whatever its error state.
     #[cfg(nccl_2_28_7)]
     fn revoke(&self) -> Result<Stopped> {
         let raw = self.raw.as_ptr();
         let mut before = ncclResult_t::ncclSuccess;
-        // SAFETY: the caller moved the state to ABORTING, which only happens once and only while
-        // the owner is outside NCCL (module docs), so the handle is live and nothing else uses it
-        // (or it is the owner, tearing down); the out-pointer is a live local of a newtype over an
-        // integer; the context is current.
-        unsafe { call!(ncclCommGetAsyncError(raw, &mut before)) }?;
+        if self.nonblocking {
+            // SAFETY: the caller moved the state to ABORTING, which only happens once and only
+            // while the owner is outside NCCL (module docs), so the handle is live and nothing
+            // else uses it (or it is the owner, tearing down); the out-pointer is a live local of
+            // a newtype over an integer; the context is current.
+            unsafe { call!(ncclCommGetAsyncError(raw, &mut before)) }?;
+        }
         let flags = nccl_sys::NCCL_REVOKE_DEFAULT as i32;
-        // SAFETY: as above; the flags are the only value NCCL accepts.
+        // SAFETY: as for the query above (the handle is live and nothing else uses it; the
+        // context is current); the flags are the only value NCCL accepts.
         let mut state = unsafe { call_unchecked!(ncclCommRevoke(raw, flags)) }?;
         // Called (a library without it is `MissingFunction` above): NCCL refuses a second one.
         self.revoked.store(true, Ordering::Release);

@@ -160,7 +160,7 @@ impl Comm {
         let device = stream.context().ordinal();
         Comm {
             raw,
-            health: Arc::new(Health::new(raw, stream.context().clone())),
+            health: Arc::new(Health::new(raw, stream.context().clone(), settings.nonblocking)),
             stream,
             rank,
             size,

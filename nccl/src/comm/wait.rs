@@ -129,9 +129,10 @@ impl Comm {
     /// window handle or the device communicator through the caller's out-pointer. Only
     /// `ncclCommGetAsyncError` says when it is done; one query when it already is.
     ///
-    /// `nonblocking` can be wrong, though ([`Comm::from_raw`] assumes blocking; NCCL reads
-    /// `NCCL_COMM_BLOCKING` once per process, so a value changed before this crate first read it
-    /// is seen differently by the two), so
+    /// `nonblocking` can be wrong, though (an adopted communicator's mode is its adopter's word,
+    /// [`Comm::from_raw`]; NCCL reads `NCCL_COMM_BLOCKING` once per process, through its
+    /// environment plugin, so a value changed before this crate first read it, or a plugin that
+    /// answers from elsewhere, is seen differently by the two), so
     /// callers whose out-parameter NCCL's background job writes do not rely on this: after it
     /// they call [`Comm::await_ready`] whatever `nonblocking` says.
     pub(crate) fn complete(&self, call: &'static str, rc: ncclResult_t) -> Result<()> {
