@@ -203,8 +203,7 @@ impl Runtime {
 /// overflow, zero bytes, and the heap's `limit` with `in_use` bytes already allocated (see
 /// [`HeapLimit`]). An aligned allocation counts its alignment too: `nvshmem_align` may need up to
 /// size + alignment bytes of the heap (it grows the dynamic heap by as much, rounded up, when they
-/// are not there). With [`HeapLimit::aligned_malloc`] NVSHMEM aligns `nvshmem_malloc` to the
-/// granularity, which counts as that alignment.
+/// are not there). [`HeapLimit::malloc_alignment`] counts the same way for `nvshmem_malloc`.
 fn check_size<T>(len: usize, how: &Alloc, in_use: usize, limit: HeapLimit) -> Result<usize> {
     let align = match *how {
         Alloc::Align(align) => {
@@ -214,8 +213,7 @@ fn check_size<T>(len: usize, how: &Alloc, in_use: usize, limit: HeapLimit) -> Re
             }
             align
         }
-        Alloc::Malloc | Alloc::Zeroed if limit.aligned_malloc => limit.granularity,
-        Alloc::Malloc | Alloc::Zeroed => 0,
+        Alloc::Malloc | Alloc::Zeroed => limit.malloc_alignment,
     };
     let elem_size = size_of::<T>();
     let bytes = len.checked_mul(elem_size).ok_or(Error::SizeOverflow { len, elem_size })?;
@@ -542,15 +540,16 @@ mod tests {
         limit_from: "NVSHMEM_MAX_MEMORY_PER_GPU",
         reserved: 2 * GRANULE,
         granularity: GRANULE,
-        aligned_malloc: false,
+        malloc_alignment: 0,
     };
 
     /// Session 21 audit: with `NVSHMEM_ENABLE_ALIGNED_MALLOC` NVSHMEM 3.4.5 aligns every
-    /// `nvshmem_malloc` to the granularity (`heap_malloc`), which the check did not count: a
-    /// request it passed could grow the dynamic heap past its size, which tears the heap down.
+    /// `nvshmem_malloc` to its granularity (`heap_malloc`), which the check did not count: a
+    /// request it passed could grow the dynamic heap past its size, which tears the heap down
+    /// (and on the static heap, 512 MiB of alignment by default, get no buffer).
     #[test]
     fn aligned_malloc_counts_the_granularity() {
-        let aligned = HeapLimit { aligned_malloc: true, ..DYNAMIC };
+        let aligned = HeapLimit { malloc_alignment: GRANULE, ..DYNAMIC };
         // 6.5 GiB of the 7 after the reserve: fits plainly, not with a granule of alignment more.
         let bytes = 13 * GRANULE;
         assert_eq!(check_size::<u8>(bytes, &Alloc::Malloc, 0, DYNAMIC).unwrap(), bytes);
@@ -559,6 +558,11 @@ mod tests {
             assert!(matches!(e, Error::HeapExhausted { bytes: b, .. } if b == 14 * GRANULE), "{e}");
         }
         assert_eq!(check_size::<u8>(12 * GRANULE, &Alloc::Malloc, 0, aligned).unwrap(), 12 * GRANULE);
+        // The static heap of 1 GiB with NVSHMEM's default 512 MiB granularity: half of it and one
+        // byte no longer fits.
+        let aligned = HeapLimit { malloc_alignment: GRANULE, ..STATIC };
+        assert_eq!(check_size::<u8>(GIB / 2, &Alloc::Malloc, 0, aligned).unwrap(), GIB / 2);
+        assert!(matches!(check_size::<u8>(GIB / 2 + 1, &Alloc::Malloc, 0, aligned), Err(Error::HeapExhausted { .. })));
     }
 
     #[test]

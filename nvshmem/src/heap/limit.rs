@@ -58,10 +58,11 @@ pub struct HeapLimit {
     /// least the 2 MiB CUDA recommends for VMM allocations and at most NVSHMEM's 2 GiB cap.
     /// Requests are counted rounded up to it. 1 on the static heap.
     pub granularity: usize,
-    /// `NVSHMEM_ENABLE_ALIGNED_MALLOC` (a hidden NVSHMEM option): `nvshmem_malloc` then aligns
-    /// every allocation to the heap's granularity, which the check counts as an alignment of that
-    /// many bytes (as for `nvshmem_align`).
-    pub aligned_malloc: bool,
+    /// The alignment NVSHMEM gives every `nvshmem_malloc`, which the check counts as for
+    /// `nvshmem_align`: 0, unless `NVSHMEM_ENABLE_ALIGNED_MALLOC` (a hidden NVSHMEM option) is
+    /// set; then NVSHMEM's memory granularity (`NVSHMEM_CUMEM_GRANULARITY`, at most 2 GiB, on the
+    /// static heap too).
+    pub malloc_alignment: usize,
 }
 
 /// NVSHMEM's default `NVSHMEM_SYMMETRIC_SIZE`.
@@ -85,19 +86,27 @@ impl HeapLimit {
             // An unreadable value makes NVSHMEM's own initialisation fail; the default is moot.
             Some(None) | None => (default, name),
         };
-        let aligned_malloc = config::flag("NVSHMEM_ENABLE_ALIGNED_MALLOC");
+        let asked = sized("NVSHMEM_CUMEM_GRANULARITY", DEFAULT_GRANULARITY).0;
+        let aligned = |granularity: usize| {
+            if config::flag("NVSHMEM_ENABLE_ALIGNED_MALLOC") {
+                granularity
+            } else {
+                0
+            }
+        };
         if config::flag("NVSHMEM_DISABLE_CUDA_VMM") {
             let (limit, limit_from) = sized("NVSHMEM_SYMMETRIC_SIZE", DEFAULT_SYMMETRIC_SIZE);
-            return Ok(HeapLimit { dynamic: false, limit, limit_from, reserved: 0, granularity: 1, aligned_malloc });
+            let malloc_alignment = aligned(asked.min(MAX_GRANULARITY));
+            return Ok(HeapLimit { dynamic: false, limit, limit_from, reserved: 0, granularity: 1, malloc_alignment });
         }
-        let granularity = sized("NVSHMEM_CUMEM_GRANULARITY", DEFAULT_GRANULARITY).0;
-        let granularity = granularity.clamp(MIN_GRANULARITY, MAX_GRANULARITY);
+        let granularity = asked.clamp(MIN_GRANULARITY, MAX_GRANULARITY);
+        let malloc_alignment = aligned(granularity);
         let (size, size_from) = sized("NVSHMEM_MAX_MEMORY_PER_GPU", DEFAULT_MAX_MEMORY_PER_GPU);
         let own = OwnBuffers::from_environment().bytes(n_pes).saturating_add(agree::scratch_bytes(n_pes));
         let reserved = reserve(own, granularity);
         let device = ctx.total_mem()?;
         let (limit, limit_from) = if device < size { (device, "the device's memory") } else { (size, size_from) };
-        Ok(HeapLimit { dynamic: true, limit, limit_from, reserved, granularity, aligned_malloc })
+        Ok(HeapLimit { dynamic: true, limit, limit_from, reserved, granularity, malloc_alignment })
     }
 
     /// What a request of `bytes` takes of the limit: rounded up to the granularity (saturating).
@@ -128,7 +137,7 @@ impl HeapLimit {
             limit_from: "NVSHMEM_SYMMETRIC_SIZE",
             reserved: 0,
             granularity: 1,
-            aligned_malloc: false,
+            malloc_alignment: 0,
         }
     }
 }
@@ -248,7 +257,7 @@ mod tests {
             limit_from: "NVSHMEM_MAX_MEMORY_PER_GPU",
             reserved,
             granularity,
-            aligned_malloc: false,
+            malloc_alignment: 0,
         }
     }
 
