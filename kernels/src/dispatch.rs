@@ -481,7 +481,7 @@ unsafe impl<T> Keep for SymmetricBuffer<'_, T> {
 
 // SAFETY: the borrow keeps the dispatcher — its communicator borrow, and its kernels' device
 // communicator, module and window — alive and in place for as long as the graph holds it; an
-// aborted communicator is reported closed, so that no launch reaches it. Reported in the same
+// aborted or revoked communicator is reported closed, so that no launch reaches it. Reported in the same
 // order every time (whether the kernels exist never changes).
 unsafe impl Keep for &AllReduce<'_> {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {

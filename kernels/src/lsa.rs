@@ -769,8 +769,8 @@ impl<'c> LsaKernels<'c> {
 }
 
 // SAFETY: the borrow keeps the kernels — their device communicator, module and window — alive
-// and in place for as long as the graph holds it; an aborted communicator is reported closed, so
-// that no launch reaches its freed device communicator.
+// and in place for as long as the graph holds it; an aborted or revoked communicator is reported
+// closed, so that no launch reaches its freed device communicator (or peers that have stopped).
 unsafe impl Keep for &LsaKernels<'_> {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
         let kernels: &'k LsaKernels<'_> = self;
