@@ -614,9 +614,22 @@ fn a_revoked_communicators_kernels_are_not_launched() {
     .unwrap();
     graph.launch().unwrap();
     assert_eq!(stream.clone_dtoh(&graph.kept().2).unwrap(), input(0, count, |x| x), "a launch before the revoke");
+    // A graph that keeps the kernels alone (what a kernel path uses): before the fix the kernels
+    // reported themselves open after a revoke, and this one launched.
+    let kernels = ar.kernels().expect("the kernels are set up on one rank");
+    let (send_k, recv_k) =
+        (stream.clone_htod(&input(0, count, |x| x)).unwrap(), MemBuffer::<f32>::zeroed(&stream, count).unwrap());
+    let mut kernels_graph = nccl::capture(&side, (kernels, send_k, recv_k), |(kernels, send, recv)| {
+        kernels.ll(&side, &*send, recv).map_err(in_nccl)
+    })
+    .unwrap();
+    kernels_graph.launch().unwrap();
     comm.revoke().unwrap();
     let err = graph.launch().unwrap_err();
     assert!(matches!(err, OrderError::ResourceClosed { .. }), "{err}");
+    let err = kernels_graph.launch().unwrap_err();
+    assert!(matches!(err, OrderError::ResourceClosed { .. }), "a graph keeping the kernels: {err}");
+    drop(kernels_graph);
     let (_, send, mut recv) = graph.into_kept();
     stream.memset_zeros(&mut recv).unwrap();
     let refused = ar.all_reduce(&stream, &send, &mut recv, ReduceOp::SUM);
