@@ -116,8 +116,9 @@ impl Comm {
     ///
     /// A nonblocking communicator is refused with NCCL's asynchronous error ([`Error::Nccl`] for
     /// `ncclCommGetAsyncError`) while it has one, or while a call of it is still in progress:
-    /// NCCL's revoke would free that call's background job and keep using it (2.28.9 to 2.30.7,
-    /// see the crate's README); abort the communicator instead.
+    /// NCCL's revoke would free that call's background job and keep using it (2.28.9 to 2.30.7:
+    /// its `ncclCommEnsureReady` frees the job and keeps `comm->groupJob`); abort the
+    /// communicator instead.
     #[doc(alias = "ncclCommRevoke")]
     #[cfg(nccl_2_28_7)]
     #[cfg_attr(docsrs, doc(cfg(nccl_2_28_7)))]
