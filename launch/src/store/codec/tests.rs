@@ -181,17 +181,21 @@ fn reply_lengths_are_checked() {
     assert!(check_reply_len(u64::MAX, usize::MAX).is_err() || usize::BITS == 64);
 }
 
+/// Small limits for the fuzz tests, so that random lengths cross them often.
+fn fuzz_limits() -> Limits {
+    Limits { max_key_len: 64, max_value_len: 256, max_keys_per_request: 8, max_request_len: 2048, ..Limits::default() }
+}
+
+/// The bytes of [`torch_samples`], the fuzz tests' seeds.
+fn torch_sample_bytes() -> Vec<Vec<u8>> {
+    torch_samples().into_iter().map(|(_, bytes)| bytes).collect()
+}
+
 #[test]
 fn fuzzed_requests_never_panic_and_decode_consistently() {
-    let limits = Limits {
-        max_key_len: 64,
-        max_value_len: 256,
-        max_keys_per_request: 8,
-        max_request_len: 2048,
-        ..Limits::default()
-    };
+    let limits = fuzz_limits();
     let mut rng = Rng(0x5eed_1234_abcd_ef01);
-    let valid: Vec<Vec<u8>> = torch_samples().into_iter().map(|(_, bytes)| bytes).collect();
+    let valid = torch_sample_bytes();
     for round in 0..100_000u32 {
         let mut bytes = match round % 3 {
             // Noise after a plausible query byte.
@@ -249,15 +253,9 @@ fn a_scan_resumed_piece_by_piece_agrees_with_decoding_from_the_start() {
     // buffer has grown to what the last call needed. Each call must say what decoding the
     // whole buffer from its start says (the same request end, the same error as soon, the same
     // bytes needed), and `least` must never pass the request's length.
-    let limits = Limits {
-        max_key_len: 64,
-        max_value_len: 256,
-        max_keys_per_request: 8,
-        max_request_len: 2048,
-        ..Limits::default()
-    };
+    let limits = fuzz_limits();
     let mut rng = Rng(0x0dd5_ca75_1ece_0001);
-    let valid: Vec<Vec<u8>> = torch_samples().into_iter().map(|(_, bytes)| bytes).collect();
+    let valid = torch_sample_bytes();
     let (mut whole_seen, mut errors_seen) = (0, 0);
     for round in 0..20_000u32 {
         let bytes = if round % 2 == 0 {
