@@ -128,7 +128,7 @@ impl Comm {
         self.context().bind_to_thread()?;
         // Only an `ncclCommGetAsyncError` that answers success unlinks a nonblocking call's
         // background job from the communicator, which the revoke would free and NCCL use again.
-        if self.nonblocking {
+        if self.is_nonblocking() {
             let mut before = ncclResult_t::ncclSuccess;
             // SAFETY: `raw` is live and owned; the out-pointer is a live local.
             unsafe { crate::ffi::call!(ncclCommGetAsyncError(raw, &mut before), comm = raw) }?;

@@ -106,8 +106,8 @@ pub(crate) struct Health {
     /// Set once `ncclCommRevoke` was called (by the owner, [`Health::note_revoked`], or by a
     /// deferred abort): NCCL refuses a second revoke, and `ncclCommFinalize` after one.
     revoked: AtomicBool,
-    /// Whether the communicator is nonblocking: only a nonblocking one has background jobs that
-    /// NCCL links to it ([`Health::revoke`]).
+    /// Whether the communicator is nonblocking (what [`Comm::is_nonblocking`](crate::Comm::is_nonblocking)
+    /// says): only a nonblocking one has background jobs that NCCL links to it ([`Health::revoke`]).
     nonblocking: bool,
 }
 
@@ -130,6 +130,12 @@ impl Health {
             revoked: AtomicBool::new(false),
             nonblocking,
         }
+    }
+
+    /// Whether the communicator is nonblocking (fixed at its creation or adoption).
+    #[inline]
+    pub(crate) fn is_nonblocking(&self) -> bool {
+        self.nonblocking
     }
 
     /// The owner revoked the communicator (`Comm::revoke`): its work is stopped already.

@@ -113,7 +113,6 @@ pub struct Comm {
     health: Arc<Health>,
     stream: Arc<CudaStream>,
     device: usize,
-    nonblocking: bool,
     watch: RefCell<Watch>,
     rank: usize,
     size: usize,
@@ -146,7 +145,7 @@ impl std::fmt::Debug for Comm {
             .field("rank", &self.rank)
             .field("size", &self.size)
             .field("device", &self.device)
-            .field("nonblocking", &self.nonblocking)
+            .field("nonblocking", &self.is_nonblocking())
             .field("aborted", &self.health.is_closed())
             .finish()
     }
@@ -165,7 +164,6 @@ impl Comm {
             rank,
             size,
             device,
-            nonblocking: settings.nonblocking,
             watch: RefCell::new(Watch::new(settings.timeout)),
             _strings: settings.strings,
             sharing: settings.sharing,
@@ -337,7 +335,7 @@ impl Comm {
     /// Hands out an [`AbortHandle`] for a watchdog thread. Nonblocking communicators only
     /// ([`Error::NeedsNonblocking`] otherwise): a blocking NCCL call cannot be interrupted.
     pub fn abort_handle(&self) -> Result<AbortHandle> {
-        if !self.nonblocking {
+        if !self.is_nonblocking() {
             return Err(Error::NeedsNonblocking);
         }
         Ok(AbortHandle::new(self.health.clone()))
@@ -359,10 +357,12 @@ impl Comm {
         &*self.health
     }
 
-    /// True for a communicator created nonblocking ([`Config::blocking`]`(false)`).
+    /// True for a communicator created nonblocking ([`Config::blocking`]`(false)`,
+    /// `NCCL_COMM_BLOCKING=0`, or NCCL answering its creation "in progress"), or adopted with
+    /// [`Comm::from_raw_nonblocking`].
     #[inline]
     pub fn is_nonblocking(&self) -> bool {
-        self.nonblocking
+        self.health.is_nonblocking()
     }
 
     /// True once the communicator was aborted (by its timeout, an [`AbortHandle`] or a failure).
@@ -489,7 +489,7 @@ impl Comm {
         // Only the owner (this thread) aborts a blocking communicator — abort handles, and so
         // watchdogs, need a nonblocking one — so a blocking one that succeeded is as live as when
         // the call checked it.
-        if rc != ncclResult_t::ncclSuccess || self.nonblocking {
+        if rc != ncclResult_t::ncclSuccess || self.is_nonblocking() {
             self.health.check()?;
             self.complete(call, rc)?;
         }
@@ -530,7 +530,7 @@ impl Comm {
         match config {
             Some(config) => config.settings(strings),
             None => Settings {
-                nonblocking: self.nonblocking,
+                nonblocking: self.is_nonblocking(),
                 timeout: self.timeout(),
                 strings: self._strings.clone(),
                 sharing: self.sharing,

@@ -137,7 +137,7 @@ impl Comm {
     /// they call [`Comm::await_ready`] whatever `nonblocking` says.
     pub(crate) fn complete(&self, call: &'static str, rc: ncclResult_t) -> Result<()> {
         match rc {
-            ncclResult_t::ncclSuccess if !self.nonblocking => Ok(()),
+            ncclResult_t::ncclSuccess if !self.is_nonblocking() => Ok(()),
             ncclResult_t::ncclSuccess | ncclResult_t::ncclInProgress => {
                 self.poll(call, Deadline::after(self.timeout()), |c| c.nccl_ready(call))
             }
