@@ -12,18 +12,24 @@
 //! refused — and each PE decides from the same list.
 //!
 //! The exchange uses only what NVSHMEM supports in every mode, "limited MPG" included (several
-//! PEs on one GPU without MPS, where NVSHMEM refuses team splits, reductions and team
-//! collectives and exits the process): each PE puts its words into its own slot of every PE's copy
-//! of a small symmetric scratch buffer (`nvshmemx_putmem_on_stream`), then a barrier over all PEs
-//! (`nvshmemx_barrier_all_on_stream`, which completes the puts) lets each read the whole list
-//! locally. That barrier uses the world team's barrier state, which the allocation that follows
-//! uses anyway (`nvshmem_malloc` ends with a barrier over all PEs), so the check adds no new
-//! interaction with collectives the caller has in flight. It runs on a private stream, which is
-//! synchronised before the verdict.
+//! PEs on one GPU without MPS, where NVSHMEM refuses team splits, reductions, team collectives
+//! and stream waits, and exits the process), and no collective at all: each PE puts its words
+//! into its own slot of every PE's copy of a small symmetric scratch buffer with a signal
+//! (`nvshmemx_putmem_signal_on_stream`, the signal setting the slot's last word, the check's
+//! number, after the other words have landed), then reads its own copy of the list on the host
+//! until every slot holds this check's number. A barrier would pair with whatever barrier the
+//! other PEs make next: PEs that make their collectives in different orders (one frees while
+//! another first makes a barrier) then read each other's words at different times, one finding
+//! them stale and refusing while another agrees and frees, and the heaps part for good. Waiting
+//! for the words themselves pairs a check only with the same check on every PE; PEs whose
+//! collectives are in different orders wait for each other, as in any collective, instead of
+//! parting. It runs on a private stream, which is synchronised before the verdict.
 //!
 //! Consecutive checks alternate between two lists, so that a PE that is one check ahead never
-//! overwrites a list another PE is still reading: it can only write the list of check `r + 2` after
-//! the barrier of check `r + 1`, which every PE enters only after reading check `r`'s list.
+//! overwrites a list another PE is still reading: it can only write the list of check `r + 2`
+//! after finishing check `r + 1`, which needs every PE's words of check `r + 1`, which each PE
+//! puts only after reading check `r`'s list. So a slot of check `r`'s list holds words of check
+//! `r` or of check `r - 2` (zeros before a list's first check): never of a later one.
 //!
 //! The same scratch buffer serves collectives over a team (team splits, which NVSHMEM computes
 //! from each member's own arguments): [`Agreement::team_exchange`] puts each member's words into
@@ -54,6 +60,53 @@ use crate::quiesce;
 pub(crate) const WORDS: usize = 6;
 /// Bytes of one PE's words.
 const WORD_BYTES: usize = WORDS * size_of::<u64>();
+/// Offset in a slot of its last word, the check's number, which the put's signal sets once the
+/// words before it have landed.
+const SIGNAL_OFFSET: usize = (WORDS - 1) * size_of::<u64>();
+
+/// What a PE's copy of a check's list shows of the other PEs' words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Arrival {
+    /// Every slot holds the check's words.
+    All,
+    /// Some slot still holds an earlier check's words (or zeros).
+    Waiting,
+    /// A slot holds words of a later check, the number given.
+    Later(u64),
+}
+
+/// How far the words of check `check` have arrived in `all` (`WORDS` per PE, in PE order).
+fn arrived(all: &[u64], check: u64) -> Arrival {
+    let mut arrival = Arrival::All;
+    for slot in all.chunks_exact(WORDS) {
+        match slot[WORDS - 1] {
+            c if c == check => {}
+            c if c > check => return Arrival::Later(c),
+            _ => arrival = Arrival::Waiting,
+        }
+    }
+    arrival
+}
+
+/// The host's pauses between two looks at a list: a yield for the first looks (the words of
+/// PEs that check at the same time arrive within microseconds), then sleeps growing to 1 ms (a PE
+/// that is late, or busy with other collectives first, may take seconds).
+#[derive(Default)]
+struct Backoff {
+    looks: u32,
+}
+
+impl Backoff {
+    fn pause(&mut self) {
+        self.looks += 1;
+        if self.looks <= 64 {
+            std::thread::yield_now();
+        } else {
+            let micros = 10u64 << (self.looks - 64).min(7);
+            std::thread::sleep(std::time::Duration::from_micros(micros.min(1000)));
+        }
+    }
+}
 
 /// The collective heap operation a PE is about to make.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -265,10 +318,11 @@ impl Agreement {
         let scratch = NonNull::new(scratch).ok_or(Error::OutOfMemory { bytes })?;
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)?;
         let agreement = Agreement { layout, scratch, stream, rounds: Cell::new(0), out_of_step: Cell::new(None) };
-        // The team exchanges' list starts zeroed on every PE, before any PE can write to it (its
-        // first exchange follows this barrier): a slot no member wrote reads as zeros.
-        let list = agreement.at(layout.team_list());
-        match agreement.zero(list, n_pes * WORD_BYTES) {
+        // The three lists start zeroed on every PE, before any PE can write to them (the first
+        // check and exchange follow this barrier): a slot nobody wrote reads as zeros, never as
+        // words of a check (a heap's memory may hold anything).
+        let lists = agreement.at(layout.list(0));
+        match agreement.zero(lists, 3 * n_pes * WORD_BYTES) {
             Ok(()) => Ok(agreement),
             Err(e) => {
                 agreement.close();
@@ -290,10 +344,10 @@ impl Agreement {
     }
 
     /// What all PEs ask for, given what this one asks for. Collective over all PEs, in the order
-    /// of their allocations and frees; blocks until every PE has asked. The PE's context must be
-    /// current. Refused, before anything is enqueued, while a capture holds NVSHMEM's copy
-    /// streams (its barrier would quiesce them) or this thread captures, and for good once a check
-    /// found the PEs out of step.
+    /// of their allocations and frees; blocks until every PE has asked (for ever if a PE never
+    /// does, as any collective). The PE's context must be current. Refused, before anything is
+    /// enqueued, while a capture holds NVSHMEM's copy streams or this thread captures, and for
+    /// good once a check found the PEs out of step.
     pub(crate) fn agree(&self, ask: Ask) -> Result<Agreed> {
         if let Some((min_check, max_check)) = self.out_of_step.get() {
             return Err(Error::HeapCollectivesOutOfStep { min_check, max_check });
@@ -303,40 +357,61 @@ impl Agreement {
         let parity = self.rounds.get() % 2;
         self.rounds.set(self.rounds.get() + 1);
         let check = self.rounds.get();
-        let base = self.scratch.as_ptr() as CUdeviceptr;
-        let at = |offset: usize| base + offset as CUdeviceptr;
-        let outbox = at(self.layout.outbox());
+        let outbox = self.at(self.layout.outbox());
+        let slot = self.at(self.layout.my_slot(parity));
+        let list = self.at(self.layout.list(parity));
         let words = ask.words(check);
+        let stream = self.stream as nvshmem_sys::cudaStream_t;
+        let set = nvshmem_sys::nvshmemx_signal_op_t::NVSHMEM_SIGNAL_SET.0 as i32;
         let mut all = vec![0u64; n_pes * WORDS];
         // SAFETY: the outbox, this PE's slot of list `parity` and the whole list are ranges of the
         // symmetric scratch buffer (`Layout::bytes` covers them), which only this type's functions
         // (this one and `team_exchange`) use, one call at a time (`Runtime` is not `Sync`, and the
-        // stream is synchronised before returning, so none of this PE's earlier copies, puts or
-        // barriers is still running); the outbox and the slots are disjoint; the slot exists on
-        // every PE (symmetric, same layout); no other PE writes this list before every PE has
-        // passed this check's barrier (module docs); `words` and `all` outlive the synchronisation; the stream is this context's and
-        // every PE makes the same puts and barrier in the same order (allocation is collective).
+        // stream is synchronised before returning, so none of this PE's earlier copies and puts is
+        // still running); the outbox and the slots are disjoint, and a slot's data words and its
+        // last word (the signal, one aligned u64) are too; the slot exists on every PE
+        // (symmetric, same layout); no other PE writes this list before this PE has read it
+        // (module docs); `words` and `all` outlive the synchronisations; the stream is this
+        // context's and never captured (nothing but this type has its handle).
         unsafe {
             result::memcpy_htod_async(outbox, &words, self.stream)?;
-            let slot = at(self.layout.my_slot(parity)) as *mut c_void;
-            let stream = self.stream as nvshmem_sys::cudaStream_t;
+            let signal = (slot + SIGNAL_OFFSET as CUdeviceptr) as *mut u64;
             for pe in 0..n_pes {
                 // `n_pes` came from `nvshmem_n_pes`, an `int`.
                 let pe = pe as i32;
-                call!(nvshmemx_putmem_on_stream(slot, outbox as *const c_void, WORD_BYTES, pe, stream))?;
+                call!(nvshmemx_putmem_signal_on_stream(
+                    slot as *mut c_void,
+                    outbox as *const c_void,
+                    SIGNAL_OFFSET,
+                    signal,
+                    check,
+                    set,
+                    pe,
+                    stream
+                ))?;
             }
-            // The private stream is never captured: nothing but this type has its handle.
-            quiesce::collective(self.stream, None, true, || call!(nvshmemx_barrier_all_on_stream(stream)))?;
-            result::memcpy_dtoh_async(&mut all, at(self.layout.list(parity)), self.stream)?;
-            result::stream::synchronize(self.stream)?;
+            let mut wait = Backoff::default();
+            loop {
+                result::memcpy_dtoh_async(&mut all, list, self.stream)?;
+                result::stream::synchronize(self.stream)?;
+                match arrived(&all, check) {
+                    Arrival::All => break,
+                    Arrival::Waiting => wait.pause(),
+                    Arrival::Later(later) => {
+                        // Impossible while every PE checks alike (module docs): a PE that
+                        // allocated or freed without the others.
+                        self.out_of_step.set(Some((check, later)));
+                        return Err(Error::HeapCollectivesOutOfStep { min_check: check, max_check: later });
+                    }
+                }
+            }
         }
-        let agreed = Agreed::from_words(&all);
-        if agreed.min_check != agreed.max_check {
-            // Out of step once, out of step for good: a PE one check behind would read, at its
-            // next check, words of the same number and take them for an agreement.
-            self.out_of_step.set(Some((agreed.min_check, agreed.max_check)));
-        }
-        Ok(agreed)
+        // The allocation or free that follows makes a barrier over all PEs inside NVSHMEM, which
+        // must not run beside a collective this PE enqueued on a stream before (the same team
+        // state). Waited for only now: that collective may pair with a peer's barrier inside the
+        // same allocation or free, which the peer makes only once this PE's words have reached it.
+        quiesce::collectives_finished()?;
+        Ok(Agreed::from_words(&all))
     }
 
     /// Zeroes `bytes` at `ptr` (this PE's copy of a symmetric buffer just allocated) on the private
@@ -488,6 +563,39 @@ mod tests {
         assert!(matches!(mixed.check(Op::AllocZeroed, None), Err(Error::MixedHeapCollectives)));
         assert!(matches!(mixed.check(Op::Alloc, None), Err(Error::MixedHeapCollectives)));
         assert!(combine(&[zeroed, zeroed]).check(Op::AllocZeroed, None).is_ok());
+    }
+
+    #[test]
+    fn a_check_waits_for_every_pes_words_of_that_check() {
+        let words = |check| ask(4096, 0, false).words(check);
+        let list = |checks: &[u64]| checks.iter().flat_map(|&c| words(c)).collect::<Vec<u64>>();
+        assert_eq!(arrived(&list(&[7, 7, 7]), 7), Arrival::All);
+        // A slot of the list's earlier check (two before), or never written (zeros): not yet.
+        assert_eq!(arrived(&list(&[7, 5, 7]), 7), Arrival::Waiting);
+        let mut fresh = list(&[1]);
+        fresh.extend([0; WORDS]);
+        assert_eq!(arrived(&fresh, 1), Arrival::Waiting);
+        // Words of a later check: a PE allocated or freed without this one.
+        assert_eq!(arrived(&list(&[7, 9, 5]), 7), Arrival::Later(9));
+        // The signal is the slot's last word, apart from the data the put carries.
+        assert_eq!(SIGNAL_OFFSET + size_of::<u64>(), WORD_BYTES);
+        assert_eq!(words(7)[SIGNAL_OFFSET / size_of::<u64>()], 7);
+    }
+
+    #[test]
+    fn the_host_looks_often_at_first_then_at_most_every_millisecond() {
+        let mut wait = Backoff::default();
+        let start = std::time::Instant::now();
+        for _ in 0..64 {
+            wait.pause();
+        }
+        assert!(start.elapsed() < std::time::Duration::from_millis(500), "64 yields took {:?}", start.elapsed());
+        let start = std::time::Instant::now();
+        for _ in 0..20 {
+            wait.pause();
+        }
+        // 20, 40, ... µs, then 1 ms each: at least 14 ms in all.
+        assert!(start.elapsed() >= std::time::Duration::from_millis(14), "{:?}", start.elapsed());
     }
 
     #[test]

@@ -457,12 +457,10 @@ pub enum Error {
     )]
     MixedHeapCollectives,
     /// The PEs' collective allocations and frees are out of step: the check before an allocation
-    /// or a free read another PE's words of another check (numbers `min_check..=max_check`; a slot
-    /// never written holds whatever the heap held). A PE allocated or freed without the others
-    /// (or refused its part alone, see [`Error::HostCallInCapture`]), or a barrier of the check
-    /// met another barrier of that PE. Nothing was allocated or freed on this PE, and every later
-    /// allocation and free of this PE is refused the same way: the heaps can no longer be trusted
-    /// to be symmetric.
+    /// or a free read another PE's words of another check (numbers `min_check..=max_check`). A PE
+    /// allocated or freed without the others (outside these crates). Nothing was allocated or
+    /// freed on this PE, and every later allocation and free of this PE is refused the same way:
+    /// the heaps can no longer be trusted to be symmetric.
     #[error("the PEs' symmetric allocations and frees are out of step (this check read words of checks {min_check} to {max_check}): a PE allocated or freed without the others; nothing was allocated or freed on this PE")]
     HeapCollectivesOutOfStep {
         /// The lowest check number read.

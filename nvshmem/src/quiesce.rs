@@ -25,7 +25,7 @@
 //! - **Captured copies own the internal streams.** A `_nbi` operation captured into a graph joins
 //!   NVSHMEM's internal streams to that capture until it ends. Until then every other NVSHMEM
 //!   call that uses them (a `_nbi` operation or quiescing call outside that capture, the host
-//!   barrier, a team split or destroy; allocations and frees, through their agreement's barrier)
+//!   barrier, a team split or destroy; allocations and frees, through NVSHMEM's own barrier)
 //!   is refused with [`Error::CopyStreamsCaptured`].
 //!
 //! A quiet captured for an operation issued outside the capture does not complete that operation
@@ -48,15 +48,16 @@
 //! and the PEs' counters drift apart for good (later collectives wait for ever or pass early). The
 //! host calls that run a collective on NVSHMEM's own stream (the host barrier, and the barriers
 //! and reductions inside allocation, free and team split) are no different. So every eager
-//! collective this crate enqueues (the user's, and the allocation checks' and the team splits'
-//! on the private stream of [`crate::agree`]) goes through [`collective`]: it waits for an event
+//! collective this crate enqueues (the user's, and the zeroing barrier of an allocation and the
+//! team splits' on the private stream of [`crate::agree`]) goes through [`collective`]: it waits for an event
 //! recorded after the last collective enqueued on another stream, and records that event after
 //! itself. Each PE's collectives then run one at a time in the order they were enqueued, which
 //! means that collectives over teams that share PEs must be enqueued in the same order on every
 //! PE, as blocking collectives would need. Host calls that make a collective wait for that event
-//! on the host first ([`host_collective`]); those whose own agreement enqueues a chained
-//! collective and synchronises it (allocation, free, split) need no more, and team destroy and
-//! finalize wait for the whole device.
+//! on the host first ([`host_collective`]); allocation and free wait so once their agreement,
+//! which makes no collective, has ended ([`collectives_finished`]), a team split's exchange
+//! enqueues chained collectives and synchronises them, and team destroy and finalize wait for the
+//! whole device.
 //!
 //! Collectives captured into a graph cannot wait for an eager event inside the capture; the graph
 //! joins the chain instead ([`gpucomm_ordering::join_launches`]): each launch of a graph with a
@@ -383,6 +384,13 @@ fn graph_launch(
 /// (see the module docs) has finished. The PE's context must be current.
 pub(crate) fn host_collective(what: &'static str) -> Result<()> {
     host_call(what)?;
+    collectives_finished()
+}
+
+/// Waits on the host until the collectives enqueued on streams so far have finished: before a
+/// host call that makes a collective of its own inside NVSHMEM (its host barrier, an allocation's
+/// or a free's), which would otherwise run beside them with the same per-team state.
+pub(crate) fn collectives_finished() -> Result<()> {
     with_chain(None, |chain| {
         if chain.collective_on.is_some() {
             // SAFETY: the event is the chain's and was recorded (on a stream of the PE's context);

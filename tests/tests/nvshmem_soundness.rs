@@ -678,6 +678,48 @@ fn every_pe_must_free_the_same_buffer() {
     });
 }
 
+/// Session 21 audit, closed in session 22: the check before a free was one exchange and one
+/// barrier over all PEs, and that barrier paired with whatever barrier the other PE made at the
+/// time. Before: PE 0 enqueueing a barrier and freeing a second later, while PE 1 freed at once
+/// and made its barrier after, had PE 1's check barrier pair with PE 0's stream barrier: PE 1
+/// read PE 0's slot before PE 0 wrote it and refused (`HeapCollectivesOutOfStep`, and every later
+/// allocation too), while PE 0's check then met PE 1's barrier, agreed and freed — heaps apart.
+/// Now a check waits for every PE's words of that check, and no barrier of the check can pair
+/// with another: PE 1 waits for PE 0, both free, later allocations and a ring of puts work. Two
+/// GPUs (in a limited-MPG run NVSHMEM's stream barrier waits on the host for the other PE's, which
+/// waits in its free for this one: a program whose PEs order their collectives differently
+/// waits for ever there, as it would in any collective).
+#[test]
+#[ignore = "needs 2 GPUs: run by the GPU bundle"]
+fn a_free_that_one_pe_makes_after_a_barrier_and_another_before_is_agreed_on_both() {
+    multi_process(
+        "a_free_that_one_pe_makes_after_a_barrier_and_another_before_is_agreed_on_both",
+        2,
+        |info, stream| {
+            let (_rdzv, rt) = start(&info, &stream);
+            let me = rt.my_pe();
+            let a = rt.alloc::<i32>(1024).unwrap();
+            let started = Instant::now();
+            if me == 0 {
+                rt.barrier_all_on_stream(&stream).unwrap();
+                std::thread::sleep(Duration::from_secs(1));
+                a.free().map_err(|(_, e)| e).expect("PE 0 frees after its barrier");
+            } else {
+                a.free().map_err(|(_, e)| e).expect("PE 1 frees before its barrier");
+                // It waited for PE 0's words, which PE 0 sent a second after the start.
+                assert!(started.elapsed() >= Duration::from_millis(900), "PE 1 freed after {:?}", started.elapsed());
+                rt.barrier_all_on_stream(&stream).unwrap();
+            }
+            stream.synchronize().unwrap();
+            // The heaps are in step: later allocations and frees agree, and puts land where they should.
+            let b = rt.alloc_zeroed::<i32>(256).unwrap();
+            b.free().map_err(|(_, e)| e).unwrap();
+            ring_still_works(&rt, &stream, "after frees made in different orders");
+            rt.finalize().map_err(|(_, e)| e).unwrap();
+        },
+    );
+}
+
 /// Audit: destroying a team did not wait for collectives queued on it. NVSHMEM 3.4.5's
 /// `nvshmemi_team_destroy` clears the team's device state (a plain `cudaMemset`) and resets its
 /// psync before it synchronises, so a team barrier still queued on a non-blocking stream read a
