@@ -517,36 +517,55 @@ impl<'comm> DevComm<'comm> {
     }
 }
 
-impl Drop for DevComm<'_> {
-    fn drop(&mut self) {
+impl DevComm<'_> {
+    /// Destroys the device communicator (`ncclDevCommDestroy`) once no kernel of the device runs,
+    /// waiting for the device within the communicator's timeout: what dropping it does, with the
+    /// outcome. Refused, and handed back with the error, inside a capture scope
+    /// ([`Error::ReleaseInCapture`]: a wait for the device would invalidate the capture), when
+    /// the device stays busy past the timeout ([`Error::StillInUse`]: a kernel that received it
+    /// may be spinning behind a dead peer), or when that wait fails; dropping it then keeps it
+    /// until NCCL frees it with the communicator. After an abort NCCL has freed it with the
+    /// communicator: `Ok`, and nothing is called.
+    #[doc(alias = "ncclDevCommDestroy")]
+    // The device communicator comes back on failure, as fallible teardown does throughout the family.
+    #[allow(clippy::result_large_err)]
+    pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
+        let mut this = std::mem::ManuallyDrop::new(self);
+        match this.release() {
+            Ok(()) => Ok(()),
+            Err(e) => Err((std::mem::ManuallyDrop::into_inner(this), e)),
+        }
+    }
+
+    /// [`DevComm::destroy`]'s work, on a device communicator that is not used after success.
+    fn release(&mut self) -> Result<()> {
         // After an abort NCCL freed the device communicator with the communicator.
         if self.comm.live_raw().is_err() {
-            return;
+            return Ok(());
         }
         // A wait for the device inside a capture scope would invalidate the capture.
         if gpucomm_ordering::scope_open() {
-            return log::warn!("nccl: a DevComm dropped inside a capture is kept; NCCL frees it with the communicator");
+            return Err(Error::ReleaseInCapture { what: "a DevComm" });
         }
         // No kernel that received this device communicator may still run when it is destroyed;
         // kernels are launched by the caller on streams this crate does not know, hence the whole
         // device, within the communicator's timeout.
         let timeout = self.comm.timeout();
-        match gpucomm_ordering::device_idle_within(self.comm.context(), timeout) {
-            Ok(true) => {}
-            Ok(false) => {
-                let e = Error::StillInUse { what: "a DevComm", after: timeout.unwrap_or_default() };
-                return log::warn!("nccl: {e}; NCCL frees it with the communicator");
-            }
-            Err(e) => {
-                return log::warn!("nccl: waiting for kernels before destroying a DevComm failed ({e}); it is kept");
-            }
+        if !gpucomm_ordering::device_idle_within(self.comm.context(), timeout)? {
+            return Err(Error::StillInUse { what: "a DevComm", after: timeout.unwrap_or_default() });
         }
-        let Ok(raw) = self.comm.live_raw() else { return };
+        let Ok(raw) = self.comm.live_raw() else { return Ok(()) };
         // SAFETY: `raw` is live (checked just above, and only this thread can abort it) and the
         // device communicator was created from it; no kernel that received it is still running (the
-        // device is idle), and it is not used after this.
-        if let Err(e) = unsafe { call!(ncclDevCommDestroy(raw, &self.raw), comm = raw) } {
-            log::warn!("nccl: ncclDevCommDestroy failed: {e}");
+        // device is idle), and it is not used after this (the caller's contract).
+        unsafe { call!(ncclDevCommDestroy(raw, &self.raw), comm = raw) }
+    }
+}
+
+impl Drop for DevComm<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.release() {
+            log::warn!("nccl: {e}; the DevComm is kept until NCCL frees it with the communicator");
         }
     }
 }

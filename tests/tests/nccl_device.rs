@@ -73,3 +73,58 @@ fn requirements_whose_sizes_overflow_in_nccl_are_refused() {
     // Nothing reached NCCL: the communicator is as good as new.
     comm.finalize().map_err(|(_, e)| e).unwrap();
 }
+
+/// Session 22: `DevComm::destroy` tells what dropping a device communicator only logged, and
+/// hands it back. Inside a capture scope it is refused (`Error::ReleaseInCapture`: its wait for
+/// the device would invalidate the capture); with the device busy past the communicator's
+/// timeout it is `Error::StillInUse` after about the timeout (a kernel that received it may still
+/// run); once the device is idle it is destroyed.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle (./dev.sh bundle)"]
+fn destroying_a_device_communicator_reports_why_it_is_kept() {
+    const TEST: &str = "destroying_a_device_communicator_reports_why_it_is_kept";
+    let Some((stream, comm)) = one_rank(TEST) else { return };
+    let created = match DevComm::new(&comm, &DevCommRequirements::default().lsa_barriers(1)) {
+        Ok(dev) => Some(dev),
+        Err(Error::Nccl { code: ResultCode::INVALID_USAGE, detail, .. }) => {
+            skip(TEST, &format!("no device API on this communicator ({detail:?})"));
+            None
+        }
+        Err(e) => panic!("DevComm::new: {e}"),
+    };
+    if created.is_none() {
+        drop(created);
+        return comm.finalize().map_err(|(_, e)| e).unwrap();
+    }
+    let dev = created.unwrap();
+    let mut kept = None;
+    let graph = nccl::capture(&stream, (), |_| match dev_destroy_in(&mut kept, dev) {
+        Error::ReleaseInCapture { what: "a DevComm" } => Ok(()),
+        other => panic!("destroying inside a capture: {other}"),
+    });
+    drop(graph.map_err(|(_, e)| e).expect("the capture"));
+    let dev = kept.expect("handed back");
+
+    comm.set_timeout(Some(std::time::Duration::from_secs(1)));
+    let side = stream.context().new_stream().unwrap();
+    gpucomm_tests::occupy(&side, std::time::Duration::from_secs(4));
+    let started = std::time::Instant::now();
+    let (dev, e) = dev.destroy().expect_err("destroying while the device is busy");
+    let took = started.elapsed();
+    assert!(matches!(e, Error::StillInUse { what: "a DevComm", .. }), "{e}");
+    assert!(
+        took >= std::time::Duration::from_millis(900) && took < std::time::Duration::from_secs(3),
+        "gave up after {took:?}"
+    );
+    side.synchronize().unwrap();
+    dev.destroy().map_err(|(_, e)| e).expect("destroying once the device is idle");
+    comm.set_timeout(None);
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
+
+/// Destroys `dev` (expected to be refused), keeps what comes back in `kept`, and returns the error.
+fn dev_destroy_in<'c>(kept: &mut Option<DevComm<'c>>, dev: DevComm<'c>) -> Error {
+    let (dev, e) = dev.destroy().expect_err("refused");
+    *kept = Some(dev);
+    e
+}
