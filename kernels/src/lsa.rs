@@ -255,8 +255,9 @@ const KIND: &str = "LSA all-reduce kernels";
 /// opened through that scope is refused (`OrderError::ForeignCapture`), as by every call.
 pub struct LsaKernels<'c> {
     comm: &'c Comm,
-    // Dropped first: destroying the device communicator waits for every kernel of the device.
-    dev: DevComm<'c>,
+    // Destroyed first (`Drop`): destroying the device communicator waits for every kernel of the
+    // device.
+    dev: ManuallyDrop<DevComm<'c>>,
     window: KernelWindow<'c>,
     sizes: Sizes,
     cta: CtaBytes,
@@ -265,28 +266,44 @@ pub struct LsaKernels<'c> {
 }
 
 /// The module's kernels, one per (kernel, element type), and the communicator they run on.
-/// Dropped after the device communicator and the window, whose drops wait for the kernels —
+/// Dropped after the device communicator and the window, whose teardowns wait for the kernels —
 /// except behind an abort (a watchdog's, an abort handle's, a timeout's, which those waits can
-/// make themselves) or inside a capture scope: then they return at once, and kernels may still run
-/// (spinning behind a dead peer), so the module is leaked rather than unloaded under them. (A
-/// device communicator whose wait for the device ran out of its timeout without an abort does not
-/// say so here: the module is unloaded then; see README, "Known and not closed".)
+/// make themselves), inside a capture scope, or when the device stayed busy past the
+/// communicator's timeout: then kernels may still run (spinning behind a dead peer), so the
+/// module is leaked rather than unloaded under them.
 struct Functions<'c> {
     comm: &'c Comm,
     list: ManuallyDrop<Vec<(Kernel, &'static str, CudaFunction)>>,
+    /// The device communicator's destruction did not see the device idle: kernels may still run.
+    may_run: bool,
 }
 
 impl Drop for Functions<'_> {
     fn drop(&mut self) {
-        if self.comm.is_aborted() || gpucomm_ordering::scope_open() {
+        if self.may_run || self.comm.is_aborted() || gpucomm_ordering::scope_open() {
             log::warn!(
-                "gpucomm-kernels: the communicator was aborted, or a capture is open; the kernels' module is leaked, \
-                 not unloaded"
+                "gpucomm-kernels: the communicator was aborted, a capture is open, or the device stayed busy past \
+                 the communicator's timeout; the kernels' module is leaked, not unloaded"
             );
             return;
         }
         // SAFETY: dropped once, here, as `self` is.
         unsafe { ManuallyDrop::drop(&mut self.list) }
+    }
+}
+
+impl Drop for LsaKernels<'_> {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here, as `self` is dropped; not used after.
+        let dev = unsafe { ManuallyDrop::take(&mut self.dev) };
+        if let Err((dev, e)) = dev.destroy() {
+            log::warn!(
+                "gpucomm-kernels: {e}; the device communicator is kept until NCCL frees it with the communicator"
+            );
+            // Its drop would wait for the device again, for a second timeout.
+            std::mem::forget(dev);
+            self.functions.may_run = true;
+        }
     }
 }
 
@@ -336,8 +353,8 @@ impl<'c> LsaKernels<'c> {
         };
         let dev = DevComm::new(comm, &DevCommRequirements::default().lsa_barriers(MAX_CTAS))?;
         let window = KernelWindow(comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e)?);
-        let functions = Functions { comm, list: ManuallyDrop::new(functions) };
-        Ok(LsaKernels { comm, dev, window, sizes, cta: CtaBytes::default(), functions })
+        let functions = Functions { comm, list: ManuallyDrop::new(functions), may_run: false };
+        Ok(LsaKernels { comm, dev: ManuallyDrop::new(dev), window, sizes, cta: CtaBytes::default(), functions })
     }
 
     /// [`LsaKernels::create`]'s steps on this rank alone: the kernels, and the window's memory,

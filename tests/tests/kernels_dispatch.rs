@@ -638,3 +638,36 @@ fn a_revoked_communicators_kernels_are_not_launched() {
     drop((send, recv, ar));
     comm.finalize().map_err(|(_, e)| e).unwrap();
 }
+
+/// Session 22 (a known gap of session 18): when the device communicator's destruction gave up
+/// waiting for the device within the communicator's timeout (no abort), the kernels' module was
+/// unloaded anyway, and unloading waits for every kernel the module launched: a kernel queued
+/// behind other work (or spinning behind a dead peer) held the drop past the timeout, for ever
+/// behind a dead peer. Now the module is leaked then. Here an LL launch waits behind 6 s of
+/// other work on its stream, and the communicator's timeout is 1 s: before, dropping the
+/// dispatcher took about 6 s (1 s for the device communicator, 1 s for the window, the rest in
+/// the unload); now about 2 s, and the queued kernel still runs and sums correctly.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle (./dev.sh bundle)"]
+fn dropping_the_kernels_while_one_is_queued_past_the_timeout_leaks_the_module() {
+    let test = "dropping_the_kernels_while_one_is_queued_past_the_timeout_leaks_the_module";
+    let Some((stream, comm)) = one_rank(test) else { return };
+    let mut ar = AllReduce::new(&comm, options()).unwrap();
+    ar.force(Some(Path::Ll)).unwrap();
+    let count = 1000;
+    let send = stream.clone_htod(&input(0, count, |x| x)).unwrap();
+    let mut recv = MemBuffer::<f32>::zeroed(&stream, count).unwrap();
+    stream.synchronize().unwrap();
+    comm.set_timeout(Some(std::time::Duration::from_secs(1)));
+    gpucomm_tests::occupy(&stream, std::time::Duration::from_secs(6));
+    ar.all_reduce(&stream, &send, &mut recv, ReduceOp::SUM).unwrap();
+    let started = std::time::Instant::now();
+    drop(ar);
+    let took = started.elapsed();
+    assert!(took < std::time::Duration::from_secs(4), "dropping the dispatcher took {took:?}");
+    stream.synchronize().unwrap();
+    assert_eq!(stream.clone_dtoh(&recv).unwrap(), summed(1, count, |x| x), "the queued kernel's sum");
+    comm.set_timeout(None);
+    drop((send, recv));
+    comm.finalize().map_err(|(_, e)| e).unwrap();
+}
