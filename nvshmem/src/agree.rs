@@ -47,7 +47,7 @@ use std::cell::Cell;
 use std::ffi::c_void;
 use std::ptr::NonNull;
 
-use cudarc::driver::{result, sys::CUdeviceptr, sys::CUstream};
+use cudarc::driver::{result, sys, sys::CUdeviceptr, sys::CUstream};
 use nvshmem_sys::nvshmem_team_t;
 
 use crate::error::{Error, Result};
@@ -98,7 +98,7 @@ struct Backoff {
 
 impl Backoff {
     fn pause(&mut self) {
-        self.looks += 1;
+        self.looks = self.looks.saturating_add(1);
         if self.looks <= 64 {
             std::thread::yield_now();
         } else {
@@ -293,6 +293,9 @@ pub(crate) struct Agreement {
     /// The check numbers a check read when it found the PEs out of step: every later check is
     /// refused with them.
     out_of_step: Cell<Option<(u64, u64)>>,
+    /// The number of a check that failed on this PE after the other PEs could count it as made
+    /// (a CUDA error): every later check is refused with it.
+    failed: Cell<Option<u64>>,
 }
 
 // SAFETY: the scratch pointer is device memory that NVSHMEM owns, with no tie to a thread, and
@@ -317,7 +320,14 @@ impl Agreement {
         let scratch = unsafe { call!(nvshmem_malloc(bytes)) }?;
         let scratch = NonNull::new(scratch).ok_or(Error::OutOfMemory { bytes })?;
         let stream = result::stream::create(result::stream::StreamKind::NonBlocking)?;
-        let agreement = Agreement { layout, scratch, stream, rounds: Cell::new(0), out_of_step: Cell::new(None) };
+        let agreement = Agreement {
+            layout,
+            scratch,
+            stream,
+            rounds: Cell::new(0),
+            out_of_step: Cell::new(None),
+            failed: Cell::new(None),
+        };
         // The three lists start zeroed on every PE, before any PE can write to them (the first
         // check and exchange follow this barrier): a slot nobody wrote reads as zeros, never as
         // words of a check (a heap's memory may hold anything).
@@ -347,16 +357,36 @@ impl Agreement {
     /// of their allocations and frees; blocks until every PE has asked (for ever if a PE never
     /// does, as any collective). The PE's context must be current. Refused, before anything is
     /// enqueued, while a capture holds NVSHMEM's copy streams or this thread captures, and for
-    /// good once a check found the PEs out of step.
+    /// good once a check found the PEs out of step ([`Error::HeapCollectivesOutOfStep`]) or failed
+    /// after this PE had sent its words ([`Error::HeapCheckFailed`]).
     pub(crate) fn agree(&self, ask: Ask) -> Result<Agreed> {
         if let Some((min_check, max_check)) = self.out_of_step.get() {
             return Err(Error::HeapCollectivesOutOfStep { min_check, max_check });
         }
         quiesce::host_call("a symmetric allocation or free")?;
-        let Layout { n_pes, .. } = self.layout;
+        if let Some(check) = self.failed.get() {
+            return Err(Error::HeapCheckFailed { check });
+        }
         let parity = self.rounds.get() % 2;
         self.rounds.set(self.rounds.get() + 1);
         let check = self.rounds.get();
+        // Past this point the other PEs count this check as made: a failure leaves them waiting
+        // in it (or inside NVSHMEM's allocation), and this PE can no longer tell where they are.
+        match self.exchange(parity, check, ask) {
+            Ok(all) => Ok(Agreed::from_words(&all)),
+            Err(e) => {
+                if !matches!(e, Error::HeapCollectivesOutOfStep { .. }) {
+                    self.failed.set(Some(check));
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Check number `check`'s exchange on list `parity` (see [`Agreement::agree`] and the module
+    /// docs): every PE's words, in PE order, once every PE has sent them.
+    fn exchange(&self, parity: u64, check: u64, ask: Ask) -> Result<Vec<u64>> {
+        let n_pes = self.layout.n_pes;
         let outbox = self.at(self.layout.outbox());
         let slot = self.at(self.layout.my_slot(parity));
         let list = self.at(self.layout.list(parity));
@@ -366,13 +396,14 @@ impl Agreement {
         let mut all = vec![0u64; n_pes * WORDS];
         // SAFETY: the outbox, this PE's slot of list `parity` and the whole list are ranges of the
         // symmetric scratch buffer (`Layout::bytes` covers them), which only this type's functions
-        // (this one and `team_exchange`) use, one call at a time (`Runtime` is not `Sync`, and the
-        // stream is synchronised before returning, so none of this PE's earlier copies and puts is
-        // still running); the outbox and the slots are disjoint, and a slot's data words and its
-        // last word (the signal, one aligned u64) are too; the slot exists on every PE
-        // (symmetric, same layout); no other PE writes this list before this PE has read it
-        // (module docs); `words` and `all` outlive the synchronisations; the stream is this
-        // context's and never captured (nothing but this type has its handle).
+        // (this one and `team_exchange`) use, one call at a time on the private stream (`Runtime`
+        // is not `Sync`; each call's copies and puts are enqueued behind the earlier ones on that
+        // stream); the outbox and the slots are disjoint, and a slot's data words and its last
+        // word (the signal, one aligned u64) are too; the slot exists on every PE (symmetric,
+        // same layout); no other PE writes this list before this PE has read it (module docs);
+        // `words` is staged by the copy before it returns and `all` is pageable, so each copy
+        // into it has finished when the copy returns; the stream is this context's and never
+        // captured (nothing but this type has its handle).
         unsafe {
             result::memcpy_htod_async(outbox, &words, self.stream)?;
             let signal = (slot + SIGNAL_OFFSET as CUdeviceptr) as *mut u64;
@@ -398,20 +429,34 @@ impl Agreement {
                     Arrival::All => break,
                     Arrival::Waiting => wait.pause(),
                     Arrival::Later(later) => {
-                        // Impossible while every PE checks alike (module docs): a PE that
-                        // allocated or freed without the others.
+                        // Never seen while every PE runs this protocol (module docs): kept as a
+                        // check on it.
                         self.out_of_step.set(Some((check, later)));
                         return Err(Error::HeapCollectivesOutOfStep { min_check: check, max_check: later });
                     }
                 }
             }
+            // One copy read the whole list, and may have read a slot's words before they landed
+            // and its number after: the words are read again, now that every number is in (and
+            // cannot change before this PE's next check). A remote peer's words arrive through
+            // GPUDirect RDMA, which may make them visible after the signal (relaxed ordering):
+            // flushed first, as NVSHMEM's own waits do. Not every platform has or needs the flush.
+            let flushed = sys::cuFlushGPUDirectRDMAWrites(
+                sys::CUflushGPUDirectRDMAWritesTarget::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
+                sys::CUflushGPUDirectRDMAWritesScope::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER,
+            );
+            if flushed != sys::CUresult::CUDA_SUCCESS {
+                log::debug!("nvshmem: cuFlushGPUDirectRDMAWrites: {flushed:?} (the heap check reads its list again)");
+            }
+            result::memcpy_dtoh_async(&mut all, list, self.stream)?;
+            result::stream::synchronize(self.stream)?;
         }
         // The allocation or free that follows makes a barrier over all PEs inside NVSHMEM, which
         // must not run beside a collective this PE enqueued on a stream before (the same team
         // state). Waited for only now: that collective may pair with a peer's barrier inside the
         // same allocation or free, which the peer makes only once this PE's words have reached it.
         quiesce::collectives_finished()?;
-        Ok(Agreed::from_words(&all))
+        Ok(all)
     }
 
     /// Zeroes `bytes` at `ptr` (this PE's copy of a symmetric buffer just allocated) on the private

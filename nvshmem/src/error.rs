@@ -457,16 +457,26 @@ pub enum Error {
     )]
     MixedHeapCollectives,
     /// The PEs' collective allocations and frees are out of step: the check before an allocation
-    /// or a free read another PE's words of another check (numbers `min_check..=max_check`). A PE
-    /// allocated or freed without the others (outside these crates). Nothing was allocated or
-    /// freed on this PE, and every later allocation and free of this PE is refused the same way:
-    /// the heaps can no longer be trusted to be symmetric.
+    /// or a free read another PE's words of a later check (numbers `min_check..=max_check`), which
+    /// the check's protocol rules out while every PE follows it (kept as a check on it). Nothing
+    /// was allocated or freed on this PE, and every later allocation and free of this PE is
+    /// refused the same way: the heaps can no longer be trusted to be symmetric.
     #[error("the PEs' symmetric allocations and frees are out of step (this check read words of checks {min_check} to {max_check}): a PE allocated or freed without the others; nothing was allocated or freed on this PE")]
     HeapCollectivesOutOfStep {
         /// The lowest check number read.
         min_check: u64,
         /// The highest check number read.
         max_check: u64,
+    },
+    /// An earlier check before a collective allocation or free (number `check`) failed on this PE
+    /// after it had sent its words (a CUDA error): the other PEs may have gone on to allocate or
+    /// free, or wait for this PE inside that check, and this PE cannot tell which. Nothing was
+    /// allocated or freed on this PE, and every later allocation and free of this PE is refused
+    /// the same way.
+    #[error("an earlier symmetric-heap check (number {check}) failed on this PE after it had sent its words; the PEs can no longer be trusted to allocate and free in step, so nothing more is allocated or freed on this PE")]
+    HeapCheckFailed {
+        /// The number of the check that failed.
+        check: u64,
     },
     /// A [`crate::UniqueId`] was created in this process before NVSHMEM was started with another
     /// bootstrap. Creating the id loads NVSHMEM's unique-id plugin and NVSHMEM keeps it: it would

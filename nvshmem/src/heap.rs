@@ -52,9 +52,10 @@ element!(half::f16, half::bf16);
 /// Allocation checks the sizes: before NVSHMEM allocates, the PEs compare what they ask for, and
 /// when one asked for another size or alignment ([`Error::AsymmetricAlloc`]), or refused its part
 /// (then [`Error::PeerRefusedAlloc`] on the others), no PE allocates — a mismatched allocation
-/// would leave every later buffer at another offset on some PE. The check costs one small put to
-/// each PE and one barrier over all PEs per allocation (it works where NVSHMEM supports no
-/// reductions, several PEs on one GPU without MPS included). [`Symmetric::free`] is checked the
+/// would leave every later buffer at another offset on some PE. The check costs one small put with
+/// a signal to each PE and a wait on the host for every PE's words (no collective: it pairs with
+/// nothing but the same check on the other PEs, and works where NVSHMEM supports no reductions,
+/// several PEs on one GPU without MPS included). [`Symmetric::free`] is checked the
 /// same way: the PEs compare the freed buffer's offset on the heap and its size, and none frees
 /// when they differ ([`Error::AsymmetricFree`]), when some allocate while others free
 /// ([`Error::MixedHeapCollectives`]), or when one cannot take its part.
