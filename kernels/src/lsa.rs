@@ -274,7 +274,8 @@ pub struct LsaKernels<'c> {
 struct Functions<'c> {
     comm: &'c Comm,
     list: ManuallyDrop<Vec<(Kernel, &'static str, CudaFunction)>>,
-    /// The device communicator's destruction did not see the device idle: kernels may still run.
+    /// The device communicator could not be destroyed (the device stayed busy, or the wait or
+    /// the destroy failed): kernels may still run.
     may_run: bool,
 }
 
@@ -282,8 +283,8 @@ impl Drop for Functions<'_> {
     fn drop(&mut self) {
         if self.may_run || self.comm.is_aborted() || gpucomm_ordering::scope_open() {
             log::warn!(
-                "gpucomm-kernels: the communicator was aborted, a capture is open, or the device stayed busy past \
-                 the communicator's timeout; the kernels' module is leaked, not unloaded"
+                "gpucomm-kernels: the communicator was aborted, a capture is open, or the device communicator \
+                 could not be destroyed (see the warning before); the kernels' module is leaked, not unloaded"
             );
             return;
         }
@@ -297,12 +298,13 @@ impl Drop for LsaKernels<'_> {
         // SAFETY: taken once, here, as `self` is dropped; not used after.
         let dev = unsafe { ManuallyDrop::take(&mut self.dev) };
         if let Err((dev, e)) = dev.destroy() {
+            // First, so that nothing below (a logger that panics) can undo it: its drop would wait
+            // for the device again, for a second timeout.
+            std::mem::forget(dev);
+            self.functions.may_run = true;
             log::warn!(
                 "gpucomm-kernels: {e}; the device communicator is kept until NCCL frees it with the communicator"
             );
-            // Its drop would wait for the device again, for a second timeout.
-            std::mem::forget(dev);
-            self.functions.may_run = true;
         }
     }
 }

@@ -378,13 +378,16 @@ impl DevCommRequirements {
 /// [timeout](Comm::timeout): when it expires (a kernel stuck on another stream of the device), the
 /// device communicator is kept, not destroyed, and NCCL frees it with the communicator. After the
 /// communicator was aborted there is nothing left to destroy: NCCL freed it with the
-/// communicator.
+/// communicator. [`DevComm::destroy`] does the same and tells the outcome.
 #[doc(alias = "ncclDevComm")]
 #[doc(alias = "ncclDevComm_t")]
 pub struct DevComm<'comm> {
     raw: ncclDevComm,
     comm: &'comm Comm,
     resources: Vec<ncclDevResourceHandle_t>,
+    /// Set once there is nothing left to destroy: destroyed (or handed to `ncclDevCommDestroy`,
+    /// whether or not it succeeded), or freed by NCCL with the aborted communicator.
+    spent: bool,
 }
 
 /// The value a kernel takes as its `ncclDevComm` parameter, borrowed from a [`DevComm`]
@@ -464,7 +467,7 @@ impl<'comm> DevComm<'comm> {
         // (one `ncclCommGetAsyncError` for a ready one) before `dev` is read and freed.
         let done = comm.complete("ncclDevCommCreate", rc).and_then(|()| comm.await_ready("ncclDevCommCreate", None));
         let failed = match done {
-            Ok(()) => return Ok(DevComm { raw: *dev, comm, resources: handles }),
+            Ok(()) => return Ok(DevComm { raw: *dev, comm, resources: handles, spent: false }),
             Err(e) => e,
         };
         if matches!(rc, nccl_sys::ncclResult_t::ncclInProgress | nccl_sys::ncclResult_t::ncclSuccess) {
@@ -523,24 +526,31 @@ impl DevComm<'_> {
     /// outcome. Refused, and handed back with the error, inside a capture scope
     /// ([`Error::ReleaseInCapture`]: a wait for the device would invalidate the capture), when
     /// the device stays busy past the timeout ([`Error::StillInUse`]: a kernel that received it
-    /// may be spinning behind a dead peer), or when that wait fails; dropping it then keeps it
-    /// until NCCL frees it with the communicator. After an abort NCCL has freed it with the
-    /// communicator: `Ok`, and nothing is called.
+    /// may be spinning behind a dead peer), or when that wait fails: destroy it again later, or
+    /// drop it, which tries once more and otherwise keeps it until NCCL frees it with the
+    /// communicator. When `ncclDevCommDestroy` itself fails the error comes back with a device
+    /// communicator that is spent: NCCL may have freed part of it, so neither dropping it nor
+    /// destroying it again calls NCCL. After an abort there is nothing to destroy (NCCL frees it
+    /// with the communicator, at once or when a deferred abort is carried out): `Ok`.
     #[doc(alias = "ncclDevCommDestroy")]
     // The device communicator comes back on failure, as fallible teardown does throughout the family.
     #[allow(clippy::result_large_err)]
-    pub fn destroy(self) -> std::result::Result<(), (Self, Error)> {
-        let mut this = std::mem::ManuallyDrop::new(self);
-        match this.release() {
+    pub fn destroy(mut self) -> std::result::Result<(), (Self, Error)> {
+        match self.release() {
+            // Spent: its drop calls nothing.
             Ok(()) => Ok(()),
-            Err(e) => Err((std::mem::ManuallyDrop::into_inner(this), e)),
+            Err(e) => Err((self, e)),
         }
     }
 
-    /// [`DevComm::destroy`]'s work, on a device communicator that is not used after success.
+    /// [`DevComm::destroy`]'s work; marks the device communicator spent before NCCL is called.
     fn release(&mut self) -> Result<()> {
-        // After an abort NCCL freed the device communicator with the communicator.
+        if self.spent {
+            return Ok(());
+        }
+        // After an abort NCCL freed the device communicator with the communicator (or will).
         if self.comm.live_raw().is_err() {
+            self.spent = true;
             return Ok(());
         }
         // A wait for the device inside a capture scope would invalidate the capture.
@@ -554,10 +564,11 @@ impl DevComm<'_> {
         if !gpucomm_ordering::device_idle_within(self.comm.context(), timeout)? {
             return Err(Error::StillInUse { what: "a DevComm", after: timeout.unwrap_or_default() });
         }
+        self.spent = true;
         let Ok(raw) = self.comm.live_raw() else { return Ok(()) };
         // SAFETY: `raw` is live (checked just above, and only this thread can abort it) and the
         // device communicator was created from it; no kernel that received it is still running (the
-        // device is idle), and it is not used after this (the caller's contract).
+        // device is idle); it is marked spent, so NCCL never gets it again.
         unsafe { call!(ncclDevCommDestroy(raw, &self.raw), comm = raw) }
     }
 }
@@ -565,7 +576,9 @@ impl DevComm<'_> {
 impl Drop for DevComm<'_> {
     fn drop(&mut self) {
         if let Err(e) = self.release() {
-            log::warn!("nccl: {e}; the DevComm is kept until NCCL frees it with the communicator");
+            log::warn!(
+                "nccl: dropping a DevComm: {e}; what is left of it stays until NCCL frees it with the communicator"
+            );
         }
     }
 }

@@ -412,10 +412,11 @@ pub enum Error {
         /// The timeout that expired.
         after: Duration,
     },
-    /// A registration or window released while this thread has a capture scope open
-    /// ([`crate::capture`]): calls captured earlier in the scope may use it, and their graph
-    /// cannot keep it any more once the closure let it go. Nothing was released (a dropped one is
-    /// kept, its memory leaked, until the communicator goes).
+    /// A registration, window or device communicator released while this thread has a capture
+    /// scope open ([`crate::capture`]): calls captured earlier in the scope may use it, and their
+    /// graph cannot keep it any more once the closure let it go (a device communicator's release
+    /// would also wait for the device, which invalidates the capture). Nothing was released (a
+    /// dropped one is kept, its memory leaked, until the communicator goes).
     #[error("{what} inside a capture: calls captured into the graph may use it; release it after the capture (nothing was released)")]
     ReleaseInCapture {
         /// What was being released.
