@@ -78,8 +78,9 @@ impl Default for Options {
 ///
 /// Every rank must make the same calls with the same counts, as for any collective; the decision
 /// depends only on what every rank agrees on (the table, the size, the type, capture), so all
-/// ranks take the same path. Drop it on every rank (destroying the device communicator and the
-/// window is collective).
+/// ranks take the same path. Drop it on every rank once no rank launches on it any more (the
+/// peers' kernels read this rank's window until then; NCCL 2.28.9 destroys the device
+/// communicator and deregisters the window locally).
 ///
 /// ```no_run
 /// # fn demo(comm: &nccl::Comm, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> gpucomm_kernels::Result<()> {

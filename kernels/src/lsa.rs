@@ -247,7 +247,8 @@ const KIND: &str = "LSA all-reduce kernels";
 ///
 /// Every launch is collective: every rank makes the same calls, in the same order, with the same
 /// counts. The window's uses are ordered across streams like a buffer that every launch writes, so
-/// launches on several streams run one after the other. Creation and drop are collective too.
+/// launches on several streams run one after the other. Creation is collective; drop it on every
+/// rank once no rank launches on it any more (the peers' kernels read this rank's window).
 ///
 /// Inside [`nccl::capture`] a launch records its buffers, the kernels and their window: the keep
 /// set holds `&kernels` (or the [`crate::AllReduce`] they belong to) besides the buffers, so
