@@ -32,23 +32,26 @@
 //! `r` or of check `r - 2` (zeros before a list's first check): never of a later one.
 //!
 //! The same scratch buffer serves collectives over a team (team splits, which NVSHMEM computes
-//! from each member's own arguments): [`Agreement::team_exchange`] puts each member's words into
-//! its slot, numbered by world PE, of a third list on every member, a barrier over the team
-//! completes the puts, each member reads the members' slots and zeroes them (so that a member
-//! that did not take part shows as a zeroed slot, not as stale words), and a sync over the team
-//! keeps every member from writing the next exchange's words before all have read and zeroed.
-//! A PE outside the team may write its own slot early, for a later exchange over another team;
-//! that slot is neither read nor zeroed here.
+//! from each member's own arguments), in two more lists with one slot per world PE:
+//! [`Agreement::team_exchange`] puts each member's words, with a signal, into its slot on every
+//! member, and each member waits on the host until every member's words have arrived, as for
+//! allocations. Members make different exchanges (a PE belongs to several teams), so an
+//! exchange is not numbered for the whole job: each PE counts the exchanges it made with each
+//! other PE (every exchange over a team that holds both), and its words for PE `q` carry their
+//! count and go to the list of that count's parity. Two PEs that split their common teams in
+//! the same order count alike; a PE can write its words of count `c + 2` for `q` only once it
+//! has `q`'s words of count `c + 1`, which `q` sends after reading count `c`'s. Members that split
+//! in different orders read each other's words of another split (which the callers' comparison
+//! refuses on both) or wait for each other, never a barrier of something else.
 //!
 //! The check before [`crate::Runtime::alloc_zeroed`] returns a buffer uses the private stream
 //! too ([`Agreement::zero`]): every PE zeroes its copy there, then a barrier over all PEs.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::ffi::c_void;
 use std::ptr::NonNull;
 
 use cudarc::driver::{result, sys, sys::CUdeviceptr, sys::CUstream};
-use nvshmem_sys::nvshmem_team_t;
 
 use crate::error::{Error, Result};
 use crate::ffi::call;
@@ -58,6 +61,9 @@ use crate::quiesce;
 /// number (counted from 1 on each PE: words left in a slot by an earlier check, or never
 /// written, are told apart). A team exchange sends as many words of its caller's.
 pub(crate) const WORDS: usize = 6;
+/// Values a team exchange carries for its caller: a slot's words but the last, which is the
+/// exchange's number (module docs).
+pub(crate) const DATA_WORDS: usize = WORDS - 1;
 /// Bytes of one PE's words.
 const WORD_BYTES: usize = WORDS * size_of::<u64>();
 /// Offset in a slot of its last word, the check's number, which the put's signal sets once the
@@ -86,6 +92,44 @@ fn arrived(all: &[u64], check: u64) -> Arrival {
         }
     }
     arrival
+}
+
+/// Where world PE `pe`'s words of its exchange count `count` with this PE start, in words, in a
+/// copy of both team lists of a job of `n_pes` PEs.
+fn team_word(n_pes: usize, pe: usize, count: u64) -> usize {
+    ((count % 2) as usize * n_pes + pe) * WORDS
+}
+
+/// Whether every member's words of this exchange (`counts[i]` with `members[i]`) are in `all`, a
+/// copy of both team lists; [`Error::TeamCheckFailed`] for words of a later exchange, which the
+/// protocol rules out (module docs).
+fn team_arrived(all: &[u64], n_pes: usize, members: &[usize], counts: &[u64]) -> Result<bool> {
+    let mut every = true;
+    for (&pe, &count) in members.iter().zip(counts) {
+        match all[team_word(n_pes, pe, count) + WORDS - 1] {
+            c if c == count => {}
+            c if c > count => return Err(Error::TeamCheckFailed),
+            _ => every = false,
+        }
+    }
+    Ok(every)
+}
+
+/// Makes the words that remote peers put into this PE's memory through GPUDirect RDMA visible to
+/// its next read: they may become visible after the signal that announced them (relaxed
+/// ordering), and NVSHMEM's own waits flush them the same way. Not every platform has or needs
+/// the flush; a failure only means there is nothing to flush. The PE's context must be current.
+fn flush_remote_writes() {
+    // SAFETY: no pointers; the current context is the PE's (the callers' contract).
+    let flushed = unsafe {
+        sys::cuFlushGPUDirectRDMAWrites(
+            sys::CUflushGPUDirectRDMAWritesTarget::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
+            sys::CUflushGPUDirectRDMAWritesScope::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER,
+        )
+    };
+    if flushed != sys::CUresult::CUDA_SUCCESS {
+        log::debug!("nvshmem: cuFlushGPUDirectRDMAWrites: {flushed:?}");
+    }
 }
 
 /// The host's pauses between two looks at a list: a yield for the first looks (the words of
@@ -237,7 +281,7 @@ impl Agreed {
 }
 
 /// Where things sit in the scratch buffer: this PE's outgoing words, then two lists of every PE's
-/// words for allocations and frees, then one for team exchanges (one slot of `WORDS` per PE
+/// words for allocations and frees, then two for team exchanges (one slot of `WORDS` per PE
 /// each).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Layout {
@@ -248,7 +292,7 @@ struct Layout {
 impl Layout {
     /// Size of the scratch buffer in bytes.
     fn bytes(self) -> usize {
-        (1 + 3 * self.n_pes) * WORD_BYTES
+        (1 + 4 * self.n_pes) * WORD_BYTES
     }
 
     /// Offset of this PE's outgoing words.
@@ -256,7 +300,7 @@ impl Layout {
         0
     }
 
-    /// Offset of list `parity` (0 or 1).
+    /// Offset of list `parity` (0 or 1; 2 and 3 are the team exchanges').
     fn list(self, parity: u64) -> usize {
         WORD_BYTES + parity as usize * self.n_pes * WORD_BYTES
     }
@@ -266,14 +310,14 @@ impl Layout {
         self.list(parity) + self.my_pe * WORD_BYTES
     }
 
-    /// Offset of the team exchanges' list.
-    fn team_list(self) -> usize {
-        self.list(2)
+    /// Offset of the team exchanges' list `parity` (0 or 1).
+    fn team_list(self, parity: u64) -> usize {
+        self.list(2 + parity)
     }
 
-    /// Offset of world PE `pe`'s slot in the team exchanges' list, on every PE.
-    fn team_slot(self, pe: usize) -> usize {
-        self.team_list() + pe * WORD_BYTES
+    /// Offset of world PE `pe`'s slot in the team exchanges' list `parity`, on every PE.
+    fn team_slot(self, parity: u64, pe: usize) -> usize {
+        self.team_list(parity) + pe * WORD_BYTES
     }
 }
 
@@ -296,6 +340,10 @@ pub(crate) struct Agreement {
     /// The number of a check that failed on this PE after the other PEs could count it as made
     /// (a CUDA error): every later check is refused with it.
     failed: Cell<Option<u64>>,
+    /// The team exchanges made with each world PE so far (module docs).
+    pairs: RefCell<Vec<u64>>,
+    /// A team exchange failed after this PE had sent its words: every later one is refused.
+    team_failed: Cell<bool>,
 }
 
 // SAFETY: the scratch pointer is device memory that NVSHMEM owns, with no tie to a thread, and
@@ -327,12 +375,14 @@ impl Agreement {
             rounds: Cell::new(0),
             out_of_step: Cell::new(None),
             failed: Cell::new(None),
+            pairs: RefCell::new(vec![0; n_pes]),
+            team_failed: Cell::new(false),
         };
-        // The three lists start zeroed on every PE, before any PE can write to them (the first
+        // The four lists start zeroed on every PE, before any PE can write to them (the first
         // check and exchange follow this barrier): a slot nobody wrote reads as zeros, never as
-        // words of a check (a heap's memory may hold anything).
+        // words of a check or exchange (a heap's memory may hold anything).
         let lists = agreement.at(layout.list(0));
-        match agreement.zero(lists, 3 * n_pes * WORD_BYTES) {
+        match agreement.zero(lists, 4 * n_pes * WORD_BYTES) {
             Ok(()) => Ok(agreement),
             Err(e) => {
                 agreement.close();
@@ -438,16 +488,8 @@ impl Agreement {
             }
             // One copy read the whole list, and may have read a slot's words before they landed
             // and its number after: the words are read again, now that every number is in (and
-            // cannot change before this PE's next check). A remote peer's words arrive through
-            // GPUDirect RDMA, which may make them visible after the signal (relaxed ordering):
-            // flushed first, as NVSHMEM's own waits do. Not every platform has or needs the flush.
-            let flushed = sys::cuFlushGPUDirectRDMAWrites(
-                sys::CUflushGPUDirectRDMAWritesTarget::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
-                sys::CUflushGPUDirectRDMAWritesScope::CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER,
-            );
-            if flushed != sys::CUresult::CUDA_SUCCESS {
-                log::debug!("nvshmem: cuFlushGPUDirectRDMAWrites: {flushed:?} (the heap check reads its list again)");
-            }
+            // cannot change before this PE's next check).
+            flush_remote_writes();
             result::memcpy_dtoh_async(&mut all, list, self.stream)?;
             result::stream::synchronize(self.stream)?;
         }
@@ -483,57 +525,109 @@ impl Agreement {
         Ok(waited?)
     }
 
-    /// Every member's words for a team split over `team`, given this PE's (`words`, whose last
-    /// word must not be 0): collective over the members of `team`, whose world PE numbers
-    /// `members` lists in team order, at the same step of the team's collectives. Blocks until
-    /// every member has sent its words, and returns them in team order; a member that did not
-    /// take part in this exchange (out of step) shows as zeros. The PE's context must be current.
-    /// Refused, before anything is enqueued, while a capture holds NVSHMEM's copy streams (the
-    /// barrier would quiesce them) or this thread captures.
-    pub(crate) fn team_exchange(
-        &self,
-        team: nvshmem_team_t,
-        members: &[usize],
-        words: [u64; WORDS],
-    ) -> Result<Vec<[u64; WORDS]>> {
-        let Layout { my_pe, n_pes } = self.layout;
+    /// Every member's words for a team split, given this PE's (`words`): collective over the
+    /// members of the team, whose world PE numbers `members` lists in team order (this PE among
+    /// them), at the same step of their splits. Blocks until every member has sent its words (for
+    /// ever if one never does, as any collective), and returns them in team order. The PE's
+    /// context must be current. Refused, before anything is enqueued, while a capture holds
+    /// NVSHMEM's copy streams or this thread captures, and for good once an exchange failed
+    /// after this PE had sent its words ([`Error::TeamCheckFailed`]).
+    pub(crate) fn team_exchange(&self, members: &[usize], words: [u64; DATA_WORDS]) -> Result<Vec<[u64; DATA_WORDS]>> {
+        let n_pes = self.layout.n_pes;
         if let Some(&pe) = members.iter().find(|&&pe| pe >= n_pes) {
             return Err(Error::InvalidPe { what: "a team member's world PE", pe, n_pes });
         }
         quiesce::host_call("a team split")?;
+        if self.team_failed.get() {
+            return Err(Error::TeamCheckFailed);
+        }
+        let counts: Vec<u64> = {
+            let pairs = self.pairs.borrow();
+            members.iter().map(|&pe| pairs[pe] + 1).collect()
+        };
+        match self.team_round(members, &counts, words) {
+            Ok(all) => {
+                let mut pairs = self.pairs.borrow_mut();
+                for (&pe, &count) in members.iter().zip(&counts) {
+                    pairs[pe] = count;
+                }
+                Ok(all)
+            }
+            // The members count this exchange as made with this PE, or wait for its words.
+            Err(e) => {
+                self.team_failed.set(true);
+                Err(e)
+            }
+        }
+    }
+
+    /// [`Agreement::team_exchange`]'s puts and wait: `counts[i]` is the count of this exchange
+    /// between this PE and `members[i]`.
+    fn team_round(
+        &self,
+        members: &[usize],
+        counts: &[u64],
+        words: [u64; DATA_WORDS],
+    ) -> Result<Vec<[u64; DATA_WORDS]>> {
+        let Layout { my_pe, n_pes } = self.layout;
         let outbox = self.at(self.layout.outbox());
-        let mine = self.at(self.layout.team_slot(my_pe)) as *mut c_void;
+        let lists = self.at(self.layout.team_list(0));
         let stream = self.stream as nvshmem_sys::cudaStream_t;
-        let mut all = vec![0u64; n_pes * WORDS];
-        // SAFETY: the outbox, the team list and its slots are ranges of the symmetric scratch
-        // buffer (`Layout::bytes` covers them), which only this type uses, one call at a time
-        // (`Runtime` is not `Sync`, and the stream is synchronised before returning, so none of
-        // this PE's earlier copies, puts or barriers is still running); every member PE is below
-        // `n_pes` (checked) and has the same layout; a member writes only its own slot, and writes
-        // it for the next exchange only after the closing sync, which every member enters after
-        // reading and zeroing (module docs); `words` and `all` outlive the synchronisation; the
-        // stream is this context's and never captured; `team` is a valid team of this runtime
-        // (members out of step pair these barriers with other collectives of the team, which
-        // shows as zeroed slots, not as a write outside the scratch buffer).
+        let set = nvshmem_sys::nvshmemx_signal_op_t::NVSHMEM_SIGNAL_SET.0 as i32;
+        let mut out = [0u64; WORDS];
+        out[..DATA_WORDS].copy_from_slice(&words);
+        // Both team lists, read at once.
+        let mut all = vec![0u64; 2 * n_pes * WORDS];
+        let at = |pe: usize, count: u64| team_word(n_pes, pe, count);
+        // SAFETY: the outbox and the team lists are ranges of the symmetric scratch buffer
+        // (`Layout::bytes` covers them), which only this type's functions use, one call at a time
+        // on the private stream (`Runtime` is not `Sync`; each call's copies and puts are enqueued
+        // behind the earlier ones on that stream); every member PE is below `n_pes` (checked by
+        // the caller) and has the same layout; this PE writes only its own slot of each member's
+        // lists, a slot's data words apart from its last word (the signal, one aligned u64); no
+        // member writes a slot this PE has yet to read (module docs); `out` is staged by the copy
+        // before it returns and `all` is pageable, so each copy into it has finished when the copy
+        // returns; the stream is this context's and never captured.
         unsafe {
-            result::memcpy_htod_async(outbox, &words, self.stream)?;
-            for &pe in members {
+            result::memcpy_htod_async(outbox, &out, self.stream)?;
+            for (&pe, &count) in members.iter().zip(counts) {
+                let slot = self.at(self.layout.team_slot(count % 2, my_pe));
+                let signal = (slot + SIGNAL_OFFSET as CUdeviceptr) as *mut u64;
                 // World PEs came from NVSHMEM's `int`s.
-                call!(nvshmemx_putmem_on_stream(mine, outbox as *const c_void, WORD_BYTES, pe as i32, stream))?;
+                call!(nvshmemx_putmem_signal_on_stream(
+                    slot as *mut c_void,
+                    outbox as *const c_void,
+                    SIGNAL_OFFSET,
+                    signal,
+                    count,
+                    set,
+                    pe as i32,
+                    stream
+                ))?;
             }
-            quiesce::collective(self.stream, None, true, || call!(nvshmemx_barrier_on_stream(team, stream)))?;
-            result::memcpy_dtoh_async(&mut all, self.at(self.layout.team_list()), self.stream)?;
-            for &pe in members {
-                result::memset_d8_async(self.at(self.layout.team_slot(pe)), 0, WORD_BYTES, self.stream)?;
+            let mut wait = Backoff::default();
+            loop {
+                result::memcpy_dtoh_async(&mut all, lists, self.stream)?;
+                result::stream::synchronize(self.stream)?;
+                if team_arrived(&all, n_pes, members, counts)? {
+                    break;
+                }
+                wait.pause();
             }
-            quiesce::collective(self.stream, None, false, || call!(nvshmemx_team_sync_on_stream(team, stream)))?;
+            // Read again once every number is in, as for allocations (see `exchange`).
+            flush_remote_writes();
+            result::memcpy_dtoh_async(&mut all, lists, self.stream)?;
             result::stream::synchronize(self.stream)?;
         }
+        // NVSHMEM's split makes collectives over the parent team, which must not run beside one
+        // this PE enqueued on a stream before (see `exchange`).
+        quiesce::collectives_finished()?;
         Ok(members
             .iter()
-            .map(|&pe| {
-                let mut slot = [0; WORDS];
-                slot.copy_from_slice(&all[pe * WORDS..(pe + 1) * WORDS]);
+            .zip(counts)
+            .map(|(&pe, &count)| {
+                let mut slot = [0; DATA_WORDS];
+                slot.copy_from_slice(&all[at(pe, count)..at(pe, count) + DATA_WORDS]);
                 slot
             })
             .collect())
@@ -628,6 +722,34 @@ mod tests {
     }
 
     #[test]
+    fn a_team_exchange_waits_for_each_members_words_of_its_own_count() {
+        // Three PEs; this one (PE 1) exchanges with PEs 0 and 1 (count 3 with PE 0, 5 with
+        // itself) and PE 2 is not a member: its slots are never looked at.
+        let n_pes = 3;
+        let (members, counts) = ([0, 1], [3, 5]);
+        let mut all = vec![0u64; 2 * n_pes * WORDS];
+        let put = |all: &mut Vec<u64>, pe: usize, count: u64| {
+            let at = team_word(n_pes, pe, count);
+            all[at..at + WORDS].copy_from_slice(&[7, 7, 7, 7, 7, count]);
+        };
+        assert!(!team_arrived(&all, n_pes, &members, &counts).unwrap());
+        // Counts of the other parity, and earlier counts of the same parity, are not this exchange.
+        put(&mut all, 0, 4);
+        put(&mut all, 0, 1);
+        put(&mut all, 1, 5);
+        put(&mut all, 2, 9);
+        assert!(!team_arrived(&all, n_pes, &members, &counts).unwrap());
+        put(&mut all, 0, 3);
+        assert!(team_arrived(&all, n_pes, &members, &counts).unwrap());
+        // Each count has its own list: count 3 (odd) with PE 0, count 5 (odd) with PE 1.
+        assert_eq!(team_word(n_pes, 0, 3), n_pes * WORDS);
+        assert_eq!(team_word(n_pes, 1, 4), WORDS);
+        // A member's words of a later count of the same parity: refused, not awaited.
+        put(&mut all, 0, 5);
+        assert!(matches!(team_arrived(&all, n_pes, &members, &counts), Err(Error::TeamCheckFailed)));
+    }
+
+    #[test]
     fn the_host_looks_often_at_first_then_at_most_every_millisecond() {
         let mut wait = Backoff::default();
         let start = std::time::Instant::now();
@@ -695,15 +817,17 @@ mod tests {
             }
             // The two lists do not overlap: a PE one check ahead writes the other one.
             assert_eq!(layouts[0].list(1), layouts[0].list(0) + n_pes * WORD_BYTES);
-            // The team exchanges' list follows, with one slot per world PE, up to the end.
-            let team = layouts[0].team_list();
-            assert_eq!(team, layouts[0].list(1) + n_pes * WORD_BYTES);
-            assert!(layouts.iter().all(|l| l.team_list() == team));
-            assert_eq!(
-                (0..n_pes).map(|pe| layouts[0].team_slot(pe)).collect::<Vec<_>>(),
-                (0..n_pes).map(|pe| team + pe * WORD_BYTES).collect::<Vec<_>>()
-            );
-            assert_eq!(layouts[0].team_slot(n_pes - 1) + WORD_BYTES, bytes);
+            // The team exchanges' two lists follow, with one slot per world PE, up to the end.
+            for parity in [0, 1] {
+                let team = layouts[0].team_list(parity);
+                assert_eq!(team, layouts[0].list(1) + (1 + parity as usize) * n_pes * WORD_BYTES);
+                assert!(layouts.iter().all(|l| l.team_list(parity) == team));
+                assert_eq!(
+                    (0..n_pes).map(|pe| layouts[0].team_slot(parity, pe)).collect::<Vec<_>>(),
+                    (0..n_pes).map(|pe| team + pe * WORD_BYTES).collect::<Vec<_>>()
+                );
+            }
+            assert_eq!(layouts[0].team_slot(1, n_pes - 1) + WORD_BYTES, bytes);
             assert_eq!(scratch_bytes(n_pes), bytes);
         }
     }

@@ -478,6 +478,12 @@ pub enum Error {
         /// The number of the check that failed.
         check: u64,
     },
+    /// An earlier comparison of team-split arguments failed on this PE after it had sent its
+    /// words (a CUDA error), or read a member's words of a later comparison (which its protocol
+    /// rules out): the members may wait for this PE, or have split without it. No team was split
+    /// on this PE, and every later split of this PE is refused the same way.
+    #[error("an earlier comparison of team splits failed on this PE after it had sent its words; the members can no longer be trusted to split in step, so no team is split on this PE any more")]
+    TeamCheckFailed,
     /// A [`crate::UniqueId`] was created in this process before NVSHMEM was started with another
     /// bootstrap. Creating the id loads NVSHMEM's unique-id plugin and NVSHMEM keeps it: it would
     /// then start `requested` through that plugin, which dereferences the missing unique-id

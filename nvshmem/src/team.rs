@@ -8,7 +8,7 @@ use cudarc::driver::{CudaStream, DeviceRepr};
 use gpucomm_ordering::{Access, Keep, Resource, Visitor};
 use nvshmem_sys::{cudaStream_t, nvshmem_team_id_t, nvshmem_team_t};
 
-use crate::agree::WORDS;
+use crate::agree::DATA_WORDS;
 use crate::error::{Error, Result};
 use crate::ffi::{call, call_unchecked};
 use crate::ops::{self, ReduceOp};
@@ -28,8 +28,8 @@ use crate::{Runtime, SymmetricMemory};
 ///
 /// Splitting is collective over the parent team and destroying is collective over the team:
 /// every member must do it, in the same order relative to the team's other collectives. Before
-/// NVSHMEM splits, the members compare their splits (one barrier and one sync over the parent
-/// team), and when they differ every member gets [`Error::AsymmetricSplit`] and no team is made:
+/// NVSHMEM splits, the members compare their splits (each member puts its arguments to every
+/// other and waits for theirs: no collective), and when they differ every member gets [`Error::AsymmetricSplit`] and no team is made:
 /// NVSHMEM computes each member's new team from that member's own arguments, and would otherwise
 /// wait for ever or give members teams that share its per-team state. Drop
 /// order differs between PEs on error paths, so a team dropped while a panic unwinds is leaked
@@ -178,17 +178,16 @@ const TWO_D: u64 = 2;
 const SPLIT_2D_MADE: u64 = 3;
 
 /// The words a member of team `parent` sends before a split of `kind` with `args` (as the caller
-/// gave them), or after a 2-D split with what it got ([`SPLIT_2D_MADE`]): the last word, 1, marks
-/// the slot as written.
-fn split_words(kind: u64, args: [usize; 3], parent: nvshmem_team_t) -> [u64; WORDS] {
+/// gave them), or after a 2-D split with what it got ([`SPLIT_2D_MADE`]).
+fn split_words(kind: u64, args: [usize; 3], parent: nvshmem_team_t) -> [u64; DATA_WORDS] {
     // `as u64` is exact for usize on the 64-bit targets CUDA runs on; the handle is an `int`.
-    [kind, args[0] as u64, args[1] as u64, args[2] as u64, u64::from(parent as u32), 1]
+    [kind, args[0] as u64, args[1] as u64, args[2] as u64, u64::from(parent as u32)]
 }
 
 /// `Ok` when every member's split words (in team order) are member 0's, else
-/// [`Error::AsymmetricSplit`] naming the lowest member whose words differ (zeros for a member that
-/// made no split at this step).
-fn split_verdict(all: &[[u64; WORDS]]) -> Result<()> {
+/// [`Error::AsymmetricSplit`] naming the lowest member whose words differ (another split's, of a
+/// member that splits its teams in another order).
+fn split_verdict(all: &[[u64; DATA_WORDS]]) -> Result<()> {
     match all.iter().position(|words| Some(words) != all.first()) {
         Some(pe) => Err(Error::AsymmetricSplit { pe }),
         None => Ok(()),
@@ -301,7 +300,7 @@ impl<'rt> Team<'rt> {
         let made = |team: &Result<Option<Team<'rt>>>| usize::from(matches!(team, Ok(Some(_))));
         let words = split_words(SPLIT_2D_MADE, [made(&row), made(&column), 0], self.raw);
         let members = self.members()?;
-        let all = self.rt.agreement()?.team_exchange(self.raw, &members, words)?;
+        let all = self.rt.agreement()?.team_exchange(&members, words)?;
         let lacking = all.iter().position(|w| w[1] == 0 || w[2] == 0);
         match (row?, column?, lacking) {
             (Some(row), Some(column), None) => Ok((row, column)),
@@ -321,8 +320,8 @@ impl<'rt> Team<'rt> {
     }
 
     /// Compares this member's split (`kind`, with the arguments `args` as given) with every other
-    /// member's, before NVSHMEM is asked: collective over this team (a barrier and a sync over it
-    /// on the agreement's private stream). `local` is this member's own verdict on its arguments;
+    /// member's, before NVSHMEM is asked: collective over this team (puts with signals and a wait
+    /// on the host, on the agreement's private stream; no collective). `local` is this member's own verdict on its arguments;
     /// the member takes part whatever it is, since the others would wait for it otherwise (equal
     /// arguments give every member the same verdict). Gives `local`'s value when every member
     /// made the same split and this member's arguments are valid; `local`'s error first, then
@@ -334,7 +333,7 @@ impl<'rt> Team<'rt> {
         // error recorded in the context (by any thread), and this member would leave the others
         // waiting in the comparison or in NVSHMEM's split.
         gpucomm_ordering::make_current(self.rt.context())?;
-        let all = agreement.team_exchange(self.raw, &members, split_words(kind, args, self.raw))?;
+        let all = agreement.team_exchange(&members, split_words(kind, args, self.raw))?;
         let local = local?;
         split_verdict(&all)?;
         Ok(local)
@@ -664,8 +663,8 @@ mod tests {
     /// member's new team from its own. Now each member's words must equal member 0's.
     #[test]
     fn members_must_make_the_same_split() {
-        assert_eq!(split_words(TWO_D, [4, 0, 0], 7), [2, 4, 0, 0, 7, 1]);
-        assert_eq!(split_words(STRIDED, [0, 1, 2], 0), [1, 0, 1, 2, 0, 1]);
+        assert_eq!(split_words(TWO_D, [4, 0, 0], 7), [2, 4, 0, 0, 7]);
+        assert_eq!(split_words(STRIDED, [0, 1, 2], 0), [1, 0, 1, 2, 0]);
         let a = split_words(STRIDED, [0, 1, 2], 0);
         assert!(split_verdict(&[a]).is_ok(), "one member");
         assert!(split_verdict(&[a, a, a]).is_ok());
@@ -680,8 +679,9 @@ mod tests {
             split_verdict(&[a, split_words(STRIDED, [0, 1, 2], 3)]),
             Err(Error::AsymmetricSplit { pe: 1 })
         ));
-        // A member that made no split at this step left its slot zeroed.
-        assert!(matches!(split_verdict(&[a, [0; WORDS]]), Err(Error::AsymmetricSplit { pe: 1 })));
+        // A member that made another kind of exchange at this step (its words after a 2-D split).
+        let made = split_words(SPLIT_2D_MADE, [1, 1, 0], 0);
+        assert!(matches!(split_verdict(&[a, made]), Err(Error::AsymmetricSplit { pe: 1 })));
         let e = Error::AsymmetricSplit { pe: 1 };
         assert_eq!(
             e.to_string(),
