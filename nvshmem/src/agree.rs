@@ -436,69 +436,84 @@ impl Agreement {
     /// Check number `check`'s exchange on list `parity` (see [`Agreement::agree`] and the module
     /// docs): every PE's words, in PE order, once every PE has sent them.
     fn exchange(&self, parity: u64, check: u64, ask: Ask) -> Result<Vec<u64>> {
-        let n_pes = self.layout.n_pes;
-        let outbox = self.at(self.layout.outbox());
         let slot = self.at(self.layout.my_slot(parity));
-        let list = self.at(self.layout.list(parity));
-        let words = ask.words(check);
-        let stream = self.stream as nvshmem_sys::cudaStream_t;
-        let set = nvshmem_sys::nvshmemx_signal_op_t::NVSHMEM_SIGNAL_SET.0 as i32;
-        let mut all = vec![0u64; n_pes * WORDS];
-        // SAFETY: the outbox, this PE's slot of list `parity` and the whole list are ranges of the
-        // symmetric scratch buffer (`Layout::bytes` covers them), which only this type's functions
-        // (this one and `team_exchange`) use, one call at a time on the private stream (`Runtime`
-        // is not `Sync`; each call's copies and puts are enqueued behind the earlier ones on that
-        // stream); the outbox and the slots are disjoint, and a slot's data words and its last
-        // word (the signal, one aligned u64) are too; the slot exists on every PE (symmetric,
-        // same layout); no other PE writes this list before this PE has read it (module docs);
-        // `words` is staged by the copy before it returns and `all` is pageable, so each copy
-        // into it has finished when the copy returns; the stream is this context's and never
-        // captured (nothing but this type has its handle).
-        unsafe {
-            result::memcpy_htod_async(outbox, &words, self.stream)?;
-            let signal = (slot + SIGNAL_OFFSET as CUdeviceptr) as *mut u64;
-            for pe in 0..n_pes {
-                // `n_pes` came from `nvshmem_n_pes`, an `int`.
-                let pe = pe as i32;
-                call!(nvshmemx_putmem_signal_on_stream(
-                    slot as *mut c_void,
-                    outbox as *const c_void,
-                    SIGNAL_OFFSET,
-                    signal,
-                    check,
-                    set,
-                    pe,
-                    stream
-                ))?;
+        self.send(ask.words(check), (0..self.layout.n_pes).map(|pe| (pe, slot, check)))?;
+        let mut all = vec![0u64; self.layout.n_pes * WORDS];
+        self.read_until(&mut all, self.at(self.layout.list(parity)), |all| match arrived(all, check) {
+            Arrival::All => Ok(true),
+            Arrival::Waiting => Ok(false),
+            Arrival::Later(later) => {
+                // Never seen while every PE runs this protocol (module docs): kept as a check on it.
+                self.out_of_step.set(Some((check, later)));
+                Err(Error::HeapCollectivesOutOfStep { min_check: check, max_check: later })
             }
-            let mut wait = Backoff::default();
-            loop {
-                result::memcpy_dtoh_async(&mut all, list, self.stream)?;
-                result::stream::synchronize(self.stream)?;
-                match arrived(&all, check) {
-                    Arrival::All => break,
-                    Arrival::Waiting => wait.pause(),
-                    Arrival::Later(later) => {
-                        // Never seen while every PE runs this protocol (module docs): kept as a
-                        // check on it.
-                        self.out_of_step.set(Some((check, later)));
-                        return Err(Error::HeapCollectivesOutOfStep { min_check: check, max_check: later });
-                    }
-                }
-            }
-            // One copy read the whole list, and may have read a slot's words before they landed
-            // and its number after: the words are read again, now that every number is in (and
-            // cannot change before this PE's next check).
-            flush_remote_writes();
-            result::memcpy_dtoh_async(&mut all, list, self.stream)?;
-            result::stream::synchronize(self.stream)?;
-        }
+        })?;
         // The allocation or free that follows makes a barrier over all PEs inside NVSHMEM, which
         // must not run beside a collective this PE enqueued on a stream before (the same team
         // state). Waited for only now: that collective may pair with a peer's barrier inside the
         // same allocation or free, which the peer makes only once this PE's words have reached it.
         quiesce::collectives_finished()?;
         Ok(all)
+    }
+
+    /// Copies `words` into the outbox, then, for each `(pe, slot, number)` of `to`, puts all of
+    /// them but the last into `slot` on PE `pe` and sets the slot's last word to `number` once they
+    /// have landed there (`nvshmemx_putmem_signal_on_stream` on the private stream). `slot` is one
+    /// of this PE's own slots of a list (the same address on every PE).
+    fn send(&self, words: [u64; WORDS], to: impl Iterator<Item = (usize, CUdeviceptr, u64)>) -> Result<()> {
+        let outbox = self.at(self.layout.outbox());
+        let stream = self.stream as nvshmem_sys::cudaStream_t;
+        let set = nvshmem_sys::nvshmemx_signal_op_t::NVSHMEM_SIGNAL_SET.0 as i32;
+        // SAFETY: the outbox and every slot given are ranges of the symmetric scratch buffer
+        // (`Layout::bytes` covers them; the callers pass this PE's own slots), which only this
+        // type's functions use, one call at a time on the private stream (`Runtime` is not `Sync`;
+        // each call's copies and puts are enqueued behind the earlier ones on that stream, so the
+        // outbox is not overwritten before the earlier puts have read it); the outbox and the slots
+        // are disjoint, and a slot's data words and its last word (the signal, one aligned u64) are
+        // too; each slot exists on every PE (symmetric, same layout), and no PE reads it for this
+        // number before the signal says the words have landed (module docs); every `pe` is below
+        // `n_pes` (the callers'); `words` is staged by the copy before it returns; the stream is
+        // this context's and never captured (nothing but this type has its handle).
+        unsafe {
+            result::memcpy_htod_async(outbox, &words, self.stream)?;
+            for (pe, slot, number) in to {
+                let signal = (slot + SIGNAL_OFFSET as CUdeviceptr) as *mut u64;
+                // World PEs came from NVSHMEM's `int`s.
+                let pe = pe as i32;
+                let (slot, outbox) = (slot as *mut c_void, outbox as *const c_void);
+                call!(nvshmemx_putmem_signal_on_stream(slot, outbox, SIGNAL_OFFSET, signal, number, set, pe, stream))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies `all.len()` words from `from` (a range of this PE's scratch buffer) into `all` until
+    /// `done` finds every number it waits for in (pausing between looks), then once more, after
+    /// flushing remote writes: one copy may read a slot's words before they landed and its number
+    /// after, and the numbers a caller waits for cannot change before its next exchange (module
+    /// docs). What the caller decides from is the second copy.
+    fn read_until(&self, all: &mut [u64], from: CUdeviceptr, done: impl Fn(&[u64]) -> Result<bool>) -> Result<()> {
+        let mut wait = Backoff::default();
+        let copy = |all: &mut [u64]| -> Result<()> {
+            // SAFETY: `from` and `all.len()` words after it lie in the scratch buffer (the
+            // callers'); `all` is pageable host memory, so the copy has finished when it returns,
+            // and the synchronisation waits for the puts enqueued before it; the stream is this
+            // context's and never captured.
+            unsafe {
+                result::memcpy_dtoh_async(all, from, self.stream)?;
+                result::stream::synchronize(self.stream)?;
+            }
+            Ok(())
+        };
+        loop {
+            copy(all)?;
+            if done(all)? {
+                break;
+            }
+            wait.pause();
+        }
+        flush_remote_writes();
+        copy(all)
     }
 
     /// Zeroes `bytes` at `ptr` (this PE's copy of a symmetric buffer just allocated) on the private
@@ -570,55 +585,13 @@ impl Agreement {
         words: [u64; DATA_WORDS],
     ) -> Result<Vec<[u64; DATA_WORDS]>> {
         let Layout { my_pe, n_pes } = self.layout;
-        let outbox = self.at(self.layout.outbox());
-        let lists = self.at(self.layout.team_list(0));
-        let stream = self.stream as nvshmem_sys::cudaStream_t;
-        let set = nvshmem_sys::nvshmemx_signal_op_t::NVSHMEM_SIGNAL_SET.0 as i32;
         let mut out = [0u64; WORDS];
         out[..DATA_WORDS].copy_from_slice(&words);
+        let slot = |count: u64| self.at(self.layout.team_slot(count % 2, my_pe));
+        self.send(out, members.iter().zip(counts).map(|(&pe, &count)| (pe, slot(count), count)))?;
         // Both team lists, read at once.
         let mut all = vec![0u64; 2 * n_pes * WORDS];
-        let at = |pe: usize, count: u64| team_word(n_pes, pe, count);
-        // SAFETY: the outbox and the team lists are ranges of the symmetric scratch buffer
-        // (`Layout::bytes` covers them), which only this type's functions use, one call at a time
-        // on the private stream (`Runtime` is not `Sync`; each call's copies and puts are enqueued
-        // behind the earlier ones on that stream); every member PE is below `n_pes` (checked by
-        // the caller) and has the same layout; this PE writes only its own slot of each member's
-        // lists, a slot's data words apart from its last word (the signal, one aligned u64); no
-        // member writes a slot this PE has yet to read (module docs); `out` is staged by the copy
-        // before it returns and `all` is pageable, so each copy into it has finished when the copy
-        // returns; the stream is this context's and never captured.
-        unsafe {
-            result::memcpy_htod_async(outbox, &out, self.stream)?;
-            for (&pe, &count) in members.iter().zip(counts) {
-                let slot = self.at(self.layout.team_slot(count % 2, my_pe));
-                let signal = (slot + SIGNAL_OFFSET as CUdeviceptr) as *mut u64;
-                // World PEs came from NVSHMEM's `int`s.
-                call!(nvshmemx_putmem_signal_on_stream(
-                    slot as *mut c_void,
-                    outbox as *const c_void,
-                    SIGNAL_OFFSET,
-                    signal,
-                    count,
-                    set,
-                    pe as i32,
-                    stream
-                ))?;
-            }
-            let mut wait = Backoff::default();
-            loop {
-                result::memcpy_dtoh_async(&mut all, lists, self.stream)?;
-                result::stream::synchronize(self.stream)?;
-                if team_arrived(&all, n_pes, members, counts)? {
-                    break;
-                }
-                wait.pause();
-            }
-            // Read again once every number is in, as for allocations (see `exchange`).
-            flush_remote_writes();
-            result::memcpy_dtoh_async(&mut all, lists, self.stream)?;
-            result::stream::synchronize(self.stream)?;
-        }
+        self.read_until(&mut all, self.at(self.layout.team_list(0)), |all| team_arrived(all, n_pes, members, counts))?;
         // NVSHMEM's split makes collectives over the parent team, which must not run beside one
         // this PE enqueued on a stream before (see `exchange`).
         quiesce::collectives_finished()?;
@@ -626,8 +599,9 @@ impl Agreement {
             .iter()
             .zip(counts)
             .map(|(&pe, &count)| {
+                let at = team_word(n_pes, pe, count);
                 let mut slot = [0; DATA_WORDS];
-                slot.copy_from_slice(&all[at(pe, count)..at(pe, count) + DATA_WORDS]);
+                slot.copy_from_slice(&all[at..at + DATA_WORDS]);
                 slot
             })
             .collect())
