@@ -102,9 +102,11 @@
 //! * **With a key** (the spawner always makes one): every claim of a rank carries an
 //!   HMAC-SHA256, broadcast values are encrypted and authenticated (ChaCha20-Poly1305), barrier
 //!   releases carry a MAC, all with keys derived by HKDF-SHA256 from the job key and the job's
-//!   identity, and bound to the run: rank 0's release of the join names the run (a random
-//!   number) and welcomes each rank's claim by its random nonce in that run, so values kept from
-//!   another run with the same key and identity are refused. A process without the key never
+//!   identity, and bound to the run: every claim's MAC covers a random value that this start of
+//!   rank 0 published (a claim kept from another run is ignored until its rank replaces it), and
+//!   rank 0's release of the join names the run (a random number) and welcomes each rank's claim
+//!   by its random nonce in that run, so values kept from another run with the same key and
+//!   identity are refused. A process without the key never
 //!   receives a unique id in the clear and cannot take a rank unnoticed: a claim it makes fails
 //!   the rendezvous on every rank, naming both claimants. It can still disrupt a job (abort it,
 //!   fill the store up to its limits, hold its connections): that is true of any service on an

@@ -50,7 +50,11 @@ pub const MAX_BROADCAST: usize = (1 << 20) - 64;
 /// **Joining.** Each rank claims its rank with `COMPARE_SET` (a record naming its host, pid and
 /// address, with a MAC when the job has a key). A rank claimed twice fails the rendezvous on
 /// every rank, naming both claimants; a process that comes after every rank joined fails at
-/// once ("rendezvous already complete"). Rank 0 checks every claim (world size, key) and then
+/// once ("rendezvous already complete"). With a key, each start of rank 0 publishes a random
+/// value that the other ranks read before they claim, and every claim's MAC covers it: a claim
+/// made with the key in another start (kept from an earlier run and written again) is ignored
+/// until its rank replaces it, so rank 0 never completes the join with a rank of another run.
+/// Rank 0 checks every claim (world size, key, start) and then
 /// releases the others; with a key, the release names the run (a random number under a MAC)
 /// after rank 0 has welcomed each claim by its random nonce in that run (a MAC of both), each
 /// rank checks its welcome, and every later value is bound to the run, so values kept from

@@ -504,9 +504,9 @@ fn a_restart_moves_on_from_a_generation_that_died_before_it_completed() {
 fn values_replayed_from_an_earlier_run_with_the_same_key_and_identity_are_refused() {
     // Two runs with the same job key and identity (a key kept in a file, a fixed
     // GPUCOMM_JOB_TOKEN, torchrun's default run id): whoever reads run A's store keeps rank 0's
-    // claim, the join's release (and rank 0's welcome of rank 1) and broadcast #0's value, and
-    // writes them into run B's store once run B's rank 1 has claimed its rank, before run B's
-    // rank 0 comes. Before, rank 1 took them for run B's and returned run A's id. Rank 0's
+    // start value and claim, the join's release (and rank 0's welcome of rank 1) and broadcast
+    // #0's value, and writes them into run B's store once run B's rank 1 has claimed its rank,
+    // before run B's rank 0 comes. Before, rank 1 took them for run B's and returned run A's id. Rank 0's
     // release now names the run, and welcomes each rank's claim by its random nonce in that run;
     // the values after it are bound to the run.
     let token = "replayed-run";
@@ -525,7 +525,7 @@ fn values_replayed_from_an_earlier_run_with_the_same_key_and_identity_are_refuse
     }
     let p = prefix(token, 0);
     let mut spy = store_client(port_a);
-    let kept: Vec<(String, Vec<u8>)> = ["rank/0", "welcome/1", "complete", "op0/value"]
+    let kept: Vec<(String, Vec<u8>)> = ["start", "rank/0", "welcome/1", "complete", "op0/value"]
         .iter()
         .map(|name| {
             let key = format!("{p}/{name}");
@@ -536,11 +536,14 @@ fn values_replayed_from_an_earlier_run_with_the_same_key_and_identity_are_refuse
 
     let run_b = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
     let port_b = run_b.local_addr().port();
-    let rank1 = spawn(info(1, 2, port_b, token), keyed_external(), |mut rv| rv.broadcast(|| Err("unused".into())));
+    // Rank 1 claims its rank once it has read the start's random value: run A's, written first.
     let attacker = Mutex::new(store_client(port_b));
+    let (start, rest) = kept.split_first().unwrap();
+    attacker.lock().unwrap().set(&start.0, &start.1).unwrap();
+    let rank1 = spawn(info(1, 2, port_b, token), keyed_external(), |mut rv| rv.broadcast(|| Err("unused".into())));
     let claimed = format!("{p}/rank/1");
     until(|| attacker.lock().unwrap().check(&[&claimed]).unwrap());
-    for (key, value) in &kept {
+    for (key, value) in rest {
         attacker.lock().unwrap().set(key, value).unwrap();
     }
     let error = rank1.join().unwrap().unwrap_err();
@@ -582,4 +585,68 @@ fn acknowledgements_written_without_the_key_do_not_end_rank_0s_linger() {
     assert_eq!(rank0.join().unwrap().unwrap(), b"the id");
     assert_eq!(rank1.join().unwrap().unwrap(), b"the id");
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+}
+
+#[test]
+fn a_claim_replayed_from_an_earlier_run_is_ignored_and_the_real_rank_joins() {
+    // Before: a claim's MAC covered its key and contents only. Whoever read rank 1's claim in run
+    // A's store (the same job key and identity) wrote it into run B's store, and run B's rank 0
+    // completed the join with a rank 1 that did not exist; the real rank 1 then came too late.
+    // Each start of rank 0 now publishes a random value that every claim's MAC covers: a claim
+    // of another start counts as not there yet, and the rank it names replaces it.
+    replayed_claim(StoreMode::Rank0);
+    replayed_claim(StoreMode::Auto);
+}
+
+/// Run A, then run B of a two-rank job with the same key and identity (`Rank0`: rank 0 hosts
+/// each run's store; `Auto`: under a torchrun agent's store, a fresh one for run B, where the
+/// generations count from 1 again), with run A's claim of rank 1 written into run B's store
+/// while run B's rank 0 waits for rank 1.
+fn replayed_claim(mode: StoreMode) {
+    let agent = mode == StoreMode::Auto;
+    let token = if agent { "replayed-claim-agent" } else { "replayed-claim-hosted" };
+    let run_id = format!("{token}-{}", std::process::id());
+    // A store for each run: torchrun's agent's, or rank 0's own on a free port.
+    let serve = || agent.then(|| StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap());
+    let rank = move |rank: usize, port: u16| {
+        if agent {
+            torchrun_worker(rank, 2, port, &run_id, 0, Some(token))
+        } else {
+            info(rank, 2, port, token)
+        }
+    };
+    // Each run is a process of its own in life: its first rendezvous is #0.
+    let opts = || keyed(10.0, KEY).clone_instance(0);
+    let p = if agent { format!("{}/g1", prefix(token, 0)) } else { prefix(token, 0) };
+    let claim = format!("{p}/rank/1");
+
+    let store_a = serve();
+    let port_a = store_a.as_ref().map_or_else(free_port, |s| s.local_addr().port());
+    let (read, kept) = std::sync::mpsc::channel::<()>();
+    let rank0 = spawn(rank(0, port_a), opts(), move |mut rv| {
+        let id = rv.broadcast(|| Ok(b"id of run A".to_vec()))?;
+        kept.recv().unwrap();
+        Ok(id)
+    });
+    let rank1 = spawn(rank(1, port_a), opts(), |mut rv| rv.broadcast(|| Err("unused".into())));
+    assert_eq!(rank1.join().unwrap().unwrap(), b"id of run A");
+    let replayed = store_client(port_a).get(&claim).unwrap();
+    assert!(replayed.starts_with(b"gpcm1C"), "rank 1's claim in run A");
+    read.send(()).unwrap();
+    assert_eq!(rank0.join().unwrap().unwrap(), b"id of run A");
+    drop(store_a);
+
+    let store_b = serve();
+    let port_b = store_b.as_ref().map_or_else(free_port, |s| s.local_addr().port());
+    let rank0 = spawn(rank(0, port_b), opts(), |mut rv| rv.broadcast(|| Ok(b"id of run B".to_vec())));
+    let attacker = Mutex::new(store_client(port_b));
+    let first = format!("{p}/rank/0");
+    until(|| attacker.lock().unwrap().check(&[&first]).unwrap());
+    let mut attacker = attacker.into_inner().unwrap();
+    attacker.set(&claim, &replayed).unwrap();
+    // Rank 0 does not take the replayed claim for rank 1's.
+    assert!(!attacker.wait(&[&format!("{p}/complete")], 2 * SECOND).unwrap(), "rank 0 completed the join");
+    let rank1 = spawn(rank(1, port_b), opts(), |mut rv| rv.broadcast(|| Err("unused".into())));
+    assert_eq!(rank1.join().unwrap().unwrap(), b"id of run B");
+    assert_eq!(rank0.join().unwrap().unwrap(), b"id of run B");
 }

@@ -24,11 +24,11 @@ const SPARE_CONNECTIONS: usize = 64;
 /// barriers (a rank may arrive at the next one before rank 0 has deleted the arrivals at the
 /// last).
 const STORE_KEYS_PER_RANK: usize = 6;
-/// Keys beyond the ranks' own: the owner record, the completion, the abort notice, barrier
-/// releases and broadcast values.
+/// Keys beyond the ranks' own: the owner record, the start's random value, the completion, the
+/// abort notice, barrier releases and broadcast values.
 const SPARE_STORE_KEYS: usize = 1024;
-/// Bytes of keys and values one rank has in rank 0's store, rounded up from at most 1080: a
-/// claim (a key of up to 62 bytes, a record of up to 581), a welcome (65 + 32), an
+/// Bytes of keys and values one rank has in rank 0's store, rounded up from at most 1096: a
+/// claim (a key of up to 62 bytes, a record of up to 597), a welcome (65 + 32), an
 /// acknowledgement (62 + 40) and two arrivals (87 + 32 each); see the test
 /// `a_ranks_keys_fit_its_share_of_the_store`.
 const STORE_BYTES_PER_RANK: usize = 1536;
@@ -42,8 +42,10 @@ const OWN_DESCRIPTORS: usize = 4;
 /// Binds the master port (see [`listen`]) and starts a store whose owner record says which job,
 /// world size and rendezvous it serves, with limits that fit the world size ([`limits_for`]),
 /// once this process may open a descriptor for every connection ([`ensure_descriptors`]);
-/// returns it with the address rank 0 reaches it at.
-pub(super) fn serve(plan: &Plan) -> Result<(StoreServer, SocketAddr), RendezvousError> {
+/// returns it with the address rank 0 reaches it at. With a job key the store also holds this
+/// start's random value (`start`, see `join`) from the first, so that no client can meet the
+/// store without it.
+pub(super) fn serve(plan: &Plan, start: Option<[u8; 16]>) -> Result<(StoreServer, SocketAddr), RendezvousError> {
     let world_size = plan.info.world_size;
     let limits = limits_for(world_size, &plan.options.store_limits);
     ensure_descriptors(world_size, limits.max_connections)?;
@@ -56,7 +58,11 @@ pub(super) fn serve(plan: &Plan) -> Result<(StoreServer, SocketAddr), Rendezvous
         tag: None,
     };
     let record = owner.encode(plan.seal.as_ref(), Keys::OWNER);
-    let initial = vec![(Keys::OWNER.as_bytes().to_vec(), record)];
+    let mut initial = vec![(Keys::OWNER.as_bytes().to_vec(), record)];
+    if let Some(start) = start {
+        let key = Keys::new(&plan.scope.hash, plan.instance).start();
+        initial.push((key.into_bytes(), start.to_vec()));
+    }
     let server = StoreServer::start(listener, limits, initial)
         .map_err(|error| RendezvousError::Io { context: "rank 0: starting the store".into(), error })?;
     let port = server.local_addr().port();
@@ -433,16 +439,23 @@ mod tests {
         let rank = MAX_WORLD_SIZE - 1;
         let seal = Seal::new(&JobKey::new(vec![7; 32]).unwrap(), "0123456789abcdef");
         let who = Claimant { host: "h".repeat(300), pid: u32::MAX, addr: "a".repeat(300) };
-        let mut claim = Claim { rank: rank as u32, world_size: MAX_WORLD_SIZE as u32, who, nonce: [1; 16], tag: None };
+        let mut claim = Claim {
+            rank: rank as u32,
+            world_size: MAX_WORLD_SIZE as u32,
+            who,
+            nonce: [1; 16],
+            start: [2; 16],
+            tag: None,
+        };
         let label = keys.claim(rank);
         let claim_len = claim.encode(Some(&seal), &label).len();
-        assert_eq!((label.len(), claim_len), (62, 581));
+        assert_eq!((label.len(), claim_len), (62, 597));
         let welcome = keys.welcome(rank).len() + TAG_LEN;
         let acknowledgement = keys.done(rank).len() + 8 + TAG_LEN;
         let arrival = keys.arrive(u64::MAX, rank).len() + TAG_LEN;
         assert_eq!((welcome, acknowledgement, arrival), (97, 102, 119));
         let total = label.len() + claim_len + welcome + acknowledgement + 2 * arrival;
-        assert_eq!(total, 1080);
+        assert_eq!(total, 1096);
         assert!(total <= STORE_BYTES_PER_RANK);
     }
 

@@ -1,17 +1,83 @@
 //! Joining: every rank claims its rank with `COMPARE_SET`; rank 0 checks every claim and
 //! releases the others.
+//!
+//! With a job key, each start of rank 0 makes a random value and publishes it under `start`
+//! (rank 0's store holds it from the first), every other rank reads it before it claims, and
+//! each claim carries it under its MAC. Rank 0 takes only claims of its own start: a claim made
+//! with the key in another start (kept from an earlier run with the same key and identity and
+//! written again, or left in a store that outlives a start) counts as not there yet, and the
+//! rank it names replaces it when it claims. Without that, a claim copied from an earlier run's
+//! store let rank 0 complete the join with a rank that did not exist.
+
+use std::time::Duration;
 
 use super::plan::Mode;
-use super::record::{verified, Claim};
+use super::record::{verified, Claim, Claimant};
 use super::seal::TAG_LEN;
 use super::session::{Session, Waited};
 use super::RendezvousError;
 use crate::deadline::Deadline;
 
-/// Bytes of a claim's nonce.
+/// Bytes of a claim's nonce, and of a start's random value.
 const NONCE_LEN: usize = 16;
 
+/// How many times a rank may find its key holding a claim of another start (or emptied) and
+/// try again, before it takes the key's holder for a duplicate: only someone rewriting such
+/// claims as fast as the rank replaces them gets that far.
+const MAX_CLAIM_TRIES: usize = 16;
+
+/// The first pause while a key holds a claim of another start, or a start value that is not
+/// one; pauses double up to [`MAX_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(10);
+const MAX_PAUSE: Duration = Duration::from_millis(200);
+
 const DURING: &str = "the rendezvous (joining)";
+
+/// A fresh random value for a start of the rendezvous (see the module's documentation).
+pub(super) fn fresh_start() -> Result<[u8; NONCE_LEN], RendezvousError> {
+    let mut start = [0u8; NONCE_LEN];
+    crate::random::fill(&mut start)
+        .map_err(|error| RendezvousError::Io { context: "getting random bytes for the start".into(), error })?;
+    Ok(start)
+}
+
+/// With a job key, before claiming: rank 0 makes this start's random value and publishes it
+/// (rank 0 of [`Mode::Hosted`] made it with its store, which holds it already); the others wait
+/// for it and read it. A value that is not one (of another length: anyone who reaches the store
+/// can write there) is not taken; rank 0 writes its own over it.
+fn enter_start(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
+    let key = s.keys.start();
+    if s.rank == 0 {
+        if s.start.is_none() {
+            let start = fresh_start()?;
+            s.client.set_by(&key, &start, deadline).map_err(|e| s.store_error(DURING, e))?;
+            s.start = Some(start);
+        }
+        // Every rank has read it once the join is complete: it goes at the first barrier.
+        s.stale.push(key);
+        return Ok(());
+    }
+    s.start = None;
+    let mut pause = FIRST_PAUSE;
+    loop {
+        wait_for(s, &key, deadline, "rank 0 has not started the rendezvous")?;
+        let value = s.client.get_by(&key, deadline).map_err(|e| s.store_error(DURING, e))?;
+        if let Ok(start) = <[u8; NONCE_LEN]>::try_from(value.as_slice()) {
+            s.start = Some(start);
+            return Ok(());
+        }
+        if deadline.remaining().is_none_or(|left| left <= pause) {
+            let waiting_for = format!(
+                "rank 0 has not started the rendezvous ({key} holds {} bytes, not rank 0's value){}",
+                value.len(),
+                s.scope.hint()
+            );
+            return Err(timed_out(s, deadline, waiting_for));
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(MAX_PAUSE);
+    }
+}
 
 /// Claims this rank and waits until every rank has (rank 0 checks the claims and says so).
 pub(super) fn join(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
@@ -27,16 +93,39 @@ fn claim(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
     if s.client.check_by(&[&complete], deadline).map_err(|e| s.store_error(DURING, e))? {
         return Err(late(s, deadline));
     }
+    if s.seal.is_some() {
+        enter_start(s, deadline)?;
+    }
     let label = s.keys.claim(s.rank);
     let mut nonce = [0u8; NONCE_LEN];
     crate::random::fill(&mut nonce)
         .map_err(|error| RendezvousError::Io { context: "getting random bytes for a claim".into(), error })?;
     s.nonce = nonce;
-    let mut claim = Claim { rank: s.rank as u32, world_size: s.world_size as u32, who: s.me.clone(), nonce, tag: None };
+    let mut claim = Claim {
+        rank: s.rank as u32,
+        world_size: s.world_size as u32,
+        who: s.me.clone(),
+        nonce,
+        start: s.start.unwrap_or_default(),
+        tag: None,
+    };
     let mine = claim.encode(s.seal.as_ref(), &label);
-    let current = s.client.compare_set_by(&label, b"", &mine, deadline).map_err(|e| s.store_error(DURING, e))?;
-    if current == mine {
-        return Ok(());
+    let mut expected = Vec::new();
+    let mut current = Vec::new();
+    for _ in 0..MAX_CLAIM_TRIES {
+        current = s.client.compare_set_by(&label, &expected, &mine, deadline).map_err(|e| s.store_error(DURING, e))?;
+        if current == mine {
+            return Ok(());
+        }
+        if !expected.is_empty() && current == expected {
+            // Gone since it was read (a store answers `expected` for a missing key): claim afresh.
+            expected.clear();
+        } else if of_another_start(s, s.rank, &current) {
+            // Made with the key in another start: not a rival in this one. Replace it.
+            expected.clone_from(&current);
+        } else {
+            break;
+        }
     }
     // Taken: by a process of a rendezvous already complete, or by a duplicate.
     if s.client.check_by(&[&complete], deadline).map_err(|e| s.store_error(DURING, e))? {
@@ -90,9 +179,27 @@ fn describe(s: &Session, label: &str, value: &[u8]) -> String {
     }
 }
 
-/// Checks a claim read from rank `rank`'s key: the rank, the world size and the key. Returns the
-/// claim's nonce.
-fn check_claim(s: &Session, rank: usize, value: &[u8]) -> Result<[u8; NONCE_LEN], RendezvousError> {
+/// With a job key: whether `value`, read from rank `rank`'s key, is a claim of that rank made
+/// with this key in another start of the rendezvous than this rank's.
+fn of_another_start(s: &Session, rank: usize, value: &[u8]) -> bool {
+    let (Some(seal), Some(start)) = (&s.seal, s.start) else { return false };
+    let Some((claim, body)) = Claim::decode(value) else { return false };
+    claim.rank as usize == rank
+        && claim.start != start
+        && verified(Some(seal), &s.keys.claim(rank), body, claim.tag.as_ref()) == Some(true)
+}
+
+/// A claim that [`check_claim`] let through.
+enum Checked {
+    /// A claim of this start, with its nonce.
+    Current([u8; NONCE_LEN]),
+    /// A claim made with this job's key in another start: not there yet.
+    Stale(Claimant),
+}
+
+/// Checks a claim read from rank `rank`'s key: the rank, the key, the start (with a key) and the
+/// world size.
+fn check_claim(s: &Session, rank: usize, value: &[u8]) -> Result<Checked, RendezvousError> {
     let label = s.keys.claim(rank);
     let Some((claim, body)) = Claim::decode(value) else {
         return Err(RendezvousError::Forged {
@@ -124,6 +231,9 @@ fn check_claim(s: &Session, rank: usize, value: &[u8]) -> Result<[u8; NONCE_LEN]
         }
         _ => {}
     }
+    if s.seal.is_some() && Some(claim.start) != s.start {
+        return Ok(Checked::Stale(claim.who));
+    }
     if claim.world_size as usize != s.world_size {
         return Err(RendezvousError::Forged {
             detail: format!(
@@ -132,20 +242,90 @@ fn check_claim(s: &Session, rank: usize, value: &[u8]) -> Result<[u8; NONCE_LEN]
             ),
         });
     }
-    Ok(claim.nonce)
+    Ok(Checked::Current(claim.nonce))
+}
+
+/// What [`gather`] found.
+enum Gathered {
+    /// Every claim is of this start: their nonces.
+    Claims(Vec<[u8; NONCE_LEN]>),
+    /// The deadline came first; these ranks' keys held claims of another start at the last look.
+    TimedOut { stale: Vec<(usize, Claimant)> },
+}
+
+/// Waits until the keys of `ranks` hold claims of this start and checks them ([`check_claim`]:
+/// a claim that fails aborts the rendezvous). A claim of another start counts as not there yet:
+/// its rank replaces it when it claims, so its key is read again (pausing between looks, since a
+/// store cannot wait for a key to change) until then.
+fn gather(s: &mut Session, ranks: &[usize], deadline: Deadline) -> Result<Gathered, RendezvousError> {
+    let mut nonces = vec![[0u8; NONCE_LEN]; ranks.len()];
+    let mut pending: Vec<usize> = (0..ranks.len()).collect();
+    let mut stale = Vec::new();
+    let mut pause = FIRST_PAUSE;
+    loop {
+        let keys: Vec<String> = pending.iter().map(|&i| s.keys.claim(ranks[i])).collect();
+        match s.wait_all(&keys, deadline, DURING) {
+            Ok(()) => {}
+            Err(Waited::Failed(error)) => return Err(error),
+            Err(Waited::TimedOut) => return Ok(Gathered::TimedOut { stale }),
+        }
+        let values = s.get_all(&keys, deadline, DURING)?;
+        stale.clear();
+        let mut left = Vec::new();
+        for (&i, value) in pending.iter().zip(&values) {
+            match check_claim(s, ranks[i], value).map_err(|error| s.fail(error))? {
+                Checked::Current(nonce) => nonces[i] = nonce,
+                Checked::Stale(who) => {
+                    left.push(i);
+                    stale.push((ranks[i], who));
+                }
+            }
+        }
+        pending = left;
+        if pending.is_empty() {
+            return Ok(Gathered::Claims(nonces));
+        }
+        if deadline.remaining().is_none_or(|left| left <= pause) {
+            return Ok(Gathered::TimedOut { stale });
+        }
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(MAX_PAUSE);
+    }
+}
+
+/// For timeout messages: the claims of another start that were ignored.
+fn stale_note(stale: &[(usize, Claimant)]) -> String {
+    if stale.is_empty() {
+        return String::new();
+    }
+    let ranks: Vec<usize> = stale.iter().map(|(rank, _)| *rank).collect();
+    let who: Vec<String> = stale.iter().take(4).map(|(_, who)| who.to_string()).collect();
+    format!(
+        "; the keys of ranks {ranks:?} hold claims made with this job's key in another start of the rendezvous \
+         ({}{}), kept from an earlier run with the same key and identity and written again: they were ignored",
+        who.join(", "),
+        if stale.len() > who.len() { ", …" } else { "" }
+    )
 }
 
 /// Rank 0: waits for every claim, checks them all, then marks the rendezvous complete.
 fn release(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
-    let keys: Vec<String> = (0..s.world_size).map(|rank| s.keys.claim(rank)).collect();
-    match s.wait_all(&keys, deadline, DURING) {
-        Ok(()) => {}
-        Err(Waited::Failed(error)) => return Err(error),
-        Err(Waited::TimedOut) => {
-            let missing = s.missing(&keys);
+    let ranks: Vec<usize> = (0..s.world_size).collect();
+    let nonces = match gather(s, &ranks, deadline)? {
+        Gathered::Claims(nonces) => nonces,
+        Gathered::TimedOut { stale } => {
+            let keys: Vec<String> = ranks.iter().map(|&rank| s.keys.claim(rank)).collect();
+            let mut missing = s.missing(&keys);
+            missing.extend(stale.iter().map(|(rank, _)| *rank));
+            missing.sort_unstable();
+            missing.dedup();
             let joined = s.world_size - missing.len();
-            let waiting_for =
-                format!("ranks {missing:?} have not joined ({joined} of {} joined){}", s.world_size, s.scope.hint());
+            let waiting_for = format!(
+                "ranks {missing:?} have not joined ({joined} of {} joined){}{}",
+                s.world_size,
+                stale_note(&stale),
+                s.scope.hint()
+            );
             let store_notes = s.store_notes();
             let error = RendezvousError::TimedOut {
                 during: DURING.into(),
@@ -156,12 +336,7 @@ fn release(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
             };
             return Err(s.fail(error));
         }
-    }
-    let claims = s.get_all(&keys, deadline, DURING)?;
-    let mut nonces = Vec::with_capacity(claims.len());
-    for (rank, value) in claims.iter().enumerate() {
-        nonces.push(check_claim(s, rank, value).map_err(|error| s.fail(error))?);
-    }
+    };
     let complete = s.keys.complete();
     let value = match &s.seal {
         // With a key, the release names this run: a random number under a MAC, and for each rank
@@ -246,10 +421,10 @@ fn check_join_release(s: &mut Session, complete: &str, value: &[u8], mark: &[u8]
 
 /// The other ranks: check rank 0's claim (same world size and key), then wait for the release.
 fn wait(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
-    let first = s.keys.claim(0);
-    wait_for(s, &first, deadline, "rank 0 has not joined")?;
-    let value = s.client.get_by(&first, deadline).map_err(|e| s.store_error(DURING, e))?;
-    check_claim(s, 0, &value).map_err(|error| s.fail(error))?;
+    if let Gathered::TimedOut { stale } = gather(s, &[0], deadline)? {
+        let waiting_for = format!("rank 0 has not joined{}{}", stale_note(&stale), s.scope.hint());
+        return Err(timed_out(s, deadline, waiting_for));
+    }
     let complete = s.keys.complete();
     wait_for(s, &complete, deadline, "rank 0 has not confirmed that every rank joined")?;
     let value = s.client.get_by(&complete, deadline).map_err(|e| s.store_error(DURING, e))?;
@@ -263,14 +438,21 @@ fn wait_for(s: &mut Session, key: &str, deadline: Deadline, waiting_for: &str) -
         Ok(()) => Ok(()),
         Err(Waited::Failed(error)) => Err(error),
         Err(Waited::TimedOut) => {
-            s.failed = true;
-            Err(RendezvousError::TimedOut {
-                during: DURING.into(),
-                waited: deadline.limit(),
-                missing: Vec::new(),
-                waiting_for: format!("{waiting_for}{}", s.scope.hint()),
-                store_notes: Vec::new(),
-            })
+            let waiting_for = format!("{waiting_for}{}", s.scope.hint());
+            Err(timed_out(s, deadline, waiting_for))
         }
+    }
+}
+
+/// The error of a rank other than 0 that waited for rank 0 until `deadline` (rank 0 knows who is
+/// missing and says so; this rank only stops).
+fn timed_out(s: &mut Session, deadline: Deadline, waiting_for: String) -> RendezvousError {
+    s.failed = true;
+    RendezvousError::TimedOut {
+        during: DURING.into(),
+        waited: deadline.limit(),
+        missing: Vec::new(),
+        waiting_for,
+        store_notes: Vec::new(),
     }
 }

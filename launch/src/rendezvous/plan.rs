@@ -113,6 +113,12 @@ impl Keys {
         format!("{}/opened", self.prefix)
     }
 
+    /// Rank 0's random value for this start of the rendezvous (with a job key), which every
+    /// claim's MAC covers: see `join`.
+    pub(super) fn start(&self) -> String {
+        format!("{}/start", self.prefix)
+    }
+
     pub(super) fn claim(&self, rank: usize) -> String {
         format!("{}/rank/{rank}", self.prefix)
     }

@@ -76,6 +76,10 @@ pub(super) struct Claim {
     pub(super) who: Claimant,
     /// Random, so that two claims by the same process never look alike.
     pub(super) nonce: [u8; 16],
+    /// Rank 0's random value for the start of the rendezvous the claim was made in (zeros
+    /// without a job key): under the MAC, it tells a claim of this start from one kept from an
+    /// earlier run (the same key and identity) and written again.
+    pub(super) start: [u8; 16],
     pub(super) tag: Option<[u8; TAG_LEN]>,
 }
 
@@ -199,6 +203,7 @@ impl Claim {
         w.text(&self.who.host);
         w.text(&self.who.addr);
         w.raw(&self.nonce);
+        w.raw(&self.start);
         let (bytes, tag) = w.finish(seal, label);
         self.tag = tag;
         bytes
@@ -210,9 +215,10 @@ impl Claim {
         let (rank, world_size, pid) = (r.u32()?, r.u32()?, r.u32()?);
         let (host, addr) = (r.text()?, r.text()?);
         let nonce = r.take(16)?.try_into().ok()?;
+        let start = r.take(16)?.try_into().ok()?;
         let body = r.body();
         let tag = r.finish()?;
-        Some((Claim { rank, world_size, who: Claimant { host, pid, addr }, nonce, tag }, body))
+        Some((Claim { rank, world_size, who: Claimant { host, pid, addr }, nonce, start, tag }, body))
     }
 }
 
@@ -259,6 +265,7 @@ mod tests {
             world_size: 8,
             who: Claimant { host: "node-7".into(), pid: 4242, addr: "10.0.0.7:5555".into() },
             nonce: [9; 16],
+            start: [4; 16],
             tag: None,
         }
     }
@@ -281,6 +288,13 @@ mod tests {
         assert_eq!(decoded.tag, signed.tag);
         assert_eq!(verified(Some(&seal()), "/x/rank/3", body, decoded.tag.as_ref()), Some(true));
         assert_eq!(verified(Some(&seal()), "/x/rank/4", body, decoded.tag.as_ref()), Some(false));
+        // The start's value is under the MAC: a claim cannot be moved to another start.
+        let mut moved = bytes.clone();
+        let at = body.len() - 1;
+        moved[at] ^= 1;
+        let (decoded, body) = Claim::decode(&moved).unwrap();
+        assert_eq!(decoded.start[15], 4 ^ 1);
+        assert_eq!(verified(Some(&seal()), "/x/rank/3", body, decoded.tag.as_ref()), Some(false));
         assert_eq!(decoded.who.to_string(), "pid 4242 on node-7 (10.0.0.7:5555)");
     }
 

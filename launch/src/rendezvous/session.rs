@@ -64,6 +64,10 @@ pub(super) struct Session {
     pub(super) failed: bool,
     /// The random nonce of this rank's claim.
     pub(super) nonce: [u8; 16],
+    /// With a job key: rank 0's random value for this start of the rendezvous, which the MAC of
+    /// every claim covers (see `join`); `None` until rank 0 has made it or this rank has read it,
+    /// and without a key.
+    pub(super) start: Option<[u8; 16]>,
     /// With a job key, once joined: the run's random number that rank 0's release of the join
     /// carries (see `join`), which binds the values of the operations after the join to this
     /// run; empty before, and without a key.
@@ -79,9 +83,13 @@ impl Session {
             StoreClient::connect_by(host, port, plan.deadline, options.timeout, limits.clone())
                 .map_err(|e| connect_error(master, e))
         };
+        let mut start = None;
         let (client, server) = match plan.mode {
             Mode::Hosted if info.rank == 0 => {
-                let (server, own) = host::serve(&plan)?;
+                if plan.seal.is_some() {
+                    start = Some(super::join::fresh_start()?);
+                }
+                let (server, own) = host::serve(&plan, start)?;
                 (connect(&own.ip().to_string(), own.port())?, Some(server))
             }
             Mode::Hosted => (host::join(&plan)?, None),
@@ -108,6 +116,7 @@ impl Session {
             stale: Vec::new(),
             failed: false,
             nonce: [0; 16],
+            start,
             binding: Vec::new(),
         })
     }

@@ -116,7 +116,9 @@ pub fn forged_claim(rank: u32, world_size: u32, host: &str, addr: &str) -> Vec<u
         bytes.extend_from_slice(&(text.len() as u16).to_le_bytes());
         bytes.extend_from_slice(text.as_bytes());
     }
+    // The nonce, then the start's random value (zeros: what a claim without a key carries).
     bytes.extend_from_slice(&[7; 16]);
+    bytes.extend_from_slice(&[0; 16]);
     bytes.push(0);
     bytes
 }
