@@ -70,7 +70,8 @@ pub const MAX_BROADCAST: usize = (1 << 20) - 64;
 /// [`Limits::max_store_bytes`](crate::store::Limits::max_store_bytes), so about 60 broadcasts of
 /// [`MAX_BROADCAST`] bytes); call `barrier` between long runs of broadcasts. A
 /// rank that gives up (a timeout, a failed check, rank 0's closure failing) writes an abort
-/// notice that every waiting rank sees within about 200 ms. A failure poisons the
+/// notice that every waiting rank sees within about 200 ms (with a key, a notice without its MAC
+/// is ignored, with a warning on stderr: anyone who reaches the store can write one). A failure poisons the
 /// [`Rendezvous`]: every later call returns [`RendezvousError::Poisoned`].
 ///
 /// **Rank 0's store outlives its last use**: dropping rank 0's `Rendezvous` waits (within the

@@ -650,3 +650,56 @@ fn replayed_claim(mode: StoreMode) {
     assert_eq!(rank1.join().unwrap().unwrap(), b"id of run B");
     assert_eq!(rank0.join().unwrap().unwrap(), b"id of run B");
 }
+
+#[test]
+fn an_abort_notice_without_the_key_does_not_end_a_keyed_job() {
+    // Before: with a job key, a rank gave up on any notice under the abort key, signed or not, and
+    // the owner record of rank 0's store gives the key's path (the scope hash) to anyone who
+    // connects: one SET by a stranger failed every rank. Under torchrun's agent store it also
+    // made the ranks skip the generation rank 0 had opened. Such notices are now ignored; a
+    // rank's own notice takes their place and still stops every rank.
+    let port = free_port();
+    let token = "unsigned-abort";
+    let abort = format!("{}/abort", prefix(token, 0));
+    let rank0 = spawn(info(0, 2, port, token), keyed(10.0, KEY), |mut rv| {
+        let id = rv.broadcast(|| Ok(b"the id".to_vec()))?;
+        rv.barrier()?;
+        Ok((id, rv.broadcast(|| Err("ncclGetUniqueId failed".into())).unwrap_err()))
+    });
+    let mut stranger = store_client(port);
+    stranger.set(&abort, b"rank 0 (pid 1 on nowhere): stop").unwrap();
+    assert!(stranger.check(&[&abort]).unwrap());
+    let rank1 = spawn(info(1, 2, port, token), keyed(10.0, KEY), |mut rv| {
+        let id = rv.broadcast(|| Err("unused".into()))?;
+        rv.barrier()?;
+        Ok((id, rv.broadcast(|| Err("unused".into())).unwrap_err()))
+    });
+    let (id0, failed0) = rank0.join().unwrap().unwrap();
+    let (id1, failed1) = rank1.join().unwrap().unwrap();
+    assert_eq!((id0.as_slice(), id1.as_slice()), (&b"the id"[..], &b"the id"[..]));
+    assert!(matches!(failed0, RendezvousError::Make { .. }), "{failed0}");
+    assert!(matches!(failed1, RendezvousError::Aborted { .. }), "{failed1}");
+    let message = failed1.to_string();
+    let by = format!("rendezvous aborted by rank 0 (pid {} on ", std::process::id());
+    assert!(message.starts_with(&by), "{message}");
+    assert!(
+        message.ends_with(": rank 0 could not produce the bytes to broadcast: ncclGetUniqueId failed"),
+        "{message}"
+    );
+
+    // Under torchrun's agent store: a notice written once rank 0 opened generation 1.
+    let agent = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
+    let port = agent.local_addr().port();
+    let run_id = format!("unsigned-abort-{}", std::process::id());
+    let token = "unsigned-abort-agent";
+    let worker = |rank: usize| torchrun_worker(rank, 2, port, &run_id, 0, Some(token));
+    let opts = || keyed(10.0, KEY).clone_instance(0);
+    let g1 = format!("{}/g1", prefix(token, 0));
+    let rank0 = spawn(worker(0), opts(), |mut rv| rv.broadcast(|| Ok(b"the agent's id".to_vec())));
+    let stranger = Mutex::new(store_client(port));
+    until(|| stranger.lock().unwrap().check(&[&format!("{g1}/opened")]).unwrap());
+    stranger.lock().unwrap().set(&format!("{g1}/abort"), b"rank 0 (pid 1 on nowhere): stop").unwrap();
+    let rank1 = spawn(worker(1), opts(), |mut rv| rv.broadcast(|| Err("unused".into())));
+    assert_eq!(rank1.join().unwrap().unwrap(), b"the agent's id");
+    assert_eq!(rank0.join().unwrap().unwrap(), b"the agent's id");
+}

@@ -29,15 +29,15 @@ const DURING: &str = "the rendezvous (waiting for rank 0 to open it)";
 /// What rank 0 writes under a generation's `opened` key, before the MAC when the job has a key.
 const OPENED: &[u8] = b"gpucomm generation opened";
 
-/// True when generation `g` is over: complete, or given up (a rank wrote its abort notice).
+/// True when generation `g` is over: complete, or given up (a rank wrote its abort notice; with
+/// a job key, one with its MAC: a stranger's notice no more ends a generation than it aborts
+/// a job).
 fn ended(s: &mut Session, g: i64, deadline: Deadline) -> Result<bool, RendezvousError> {
     let keys = s.base.generation(g);
-    for key in [keys.complete(), keys.abort()] {
-        if s.client.check_by(&[&key], deadline).map_err(|e| s.store_error(DURING, e))? {
-            return Ok(true);
-        }
+    if s.client.check_by(&[&keys.complete()], deadline).map_err(|e| s.store_error(DURING, e))? {
+        return Ok(true);
     }
-    Ok(false)
+    Ok(s.abort_notice(&keys.abort(), deadline, DURING)?.is_some())
 }
 
 /// Under [`Mode::Agent`], enters the generation this rank joins (see the module's

@@ -68,6 +68,8 @@ pub(super) struct Session {
     /// every claim covers (see `join`); `None` until rank 0 has made it or this rank has read it,
     /// and without a key.
     pub(super) start: Option<[u8; 16]>,
+    /// Whether this rank has warned of an abort notice it ignored (once is enough).
+    pub(super) warned_of_abort: bool,
     /// With a job key, once joined: the run's random number that rank 0's release of the join
     /// carries (see `join`), which binds the values of the operations after the join to this
     /// run; empty before, and without a key.
@@ -117,6 +119,7 @@ impl Session {
             failed: false,
             nonce: [0; 16],
             start,
+            warned_of_abort: false,
             binding: Vec::new(),
         })
     }
@@ -156,12 +159,40 @@ impl Session {
     /// Fails with the abort reason once some rank has given up.
     pub(super) fn check_abort(&mut self, deadline: Deadline, during: &str) -> Result<(), RendezvousError> {
         let abort = self.keys.abort();
-        let aborted = self.client.check_by(&[&abort], deadline).map_err(|e| self.store_error(during, e))?;
-        if !aborted {
-            return Ok(());
+        match self.abort_notice(&abort, deadline, during)? {
+            Some(reason) => Err(RendezvousError::Aborted { reason }),
+            None => Ok(()),
         }
-        let notice = self.client.get_by(&abort, deadline).map_err(|e| self.store_error(during, e))?;
-        Err(RendezvousError::Aborted { reason: self.read_abort(&abort, &notice) })
+    }
+
+    /// The reason of the abort notice under `label`, if there is one that counts: with a job key
+    /// only a notice with its MAC does (a rank's). Anyone who reaches the store can write the key
+    /// (when rank 0 hosts the store, its owner record gives the path away), so without this one
+    /// `SET` by a stranger failed every rank of a job that has a key; such a notice is ignored,
+    /// with a warning.
+    pub(super) fn abort_notice(
+        &mut self,
+        label: &str,
+        deadline: Deadline,
+        during: &str,
+    ) -> Result<Option<String>, RendezvousError> {
+        if !self.client.check_by(&[label], deadline).map_err(|e| self.store_error(during, e))? {
+            return Ok(None);
+        }
+        let notice = self.client.get_by(label, deadline).map_err(|e| self.store_error(during, e))?;
+        let (reason, signed) = self.read_abort(label, &notice);
+        if signed {
+            return Ok(Some(reason));
+        }
+        if !self.warned_of_abort {
+            self.warned_of_abort = true;
+            eprintln!(
+                "warning: rank {}: ignoring {label}, an abort notice without this job's MAC (written by a process \
+                 without GPUCOMM_JOB_KEY): {reason}",
+                self.rank
+            );
+        }
+        Ok(None)
     }
 
     /// Passes `error` on, first telling the other ranks about it when it arose here (a failed
@@ -190,12 +221,19 @@ impl Session {
             let tag = seal.tag(&abort, &notice);
             notice.extend_from_slice(&tag);
         }
-        let _ = self.client.compare_set_by(&abort, b"", &notice, Deadline::after(GIVE_UP_WITHIN));
+        let deadline = Deadline::after(GIVE_UP_WITHIN);
+        let Ok(current) = self.client.compare_set_by(&abort, b"", &notice, deadline) else { return };
+        // With a key, a notice without its MAC (a stranger's, which the others ignore) must not
+        // keep this rank's own out: it takes that one's place.
+        if current != notice && self.seal.is_some() && !self.read_abort(&abort, &current).1 {
+            let _ = self.client.compare_set_by(&abort, &current, &notice, deadline);
+        }
     }
 
-    /// An abort notice as text: at most 1000 characters, no control characters, marked when it
-    /// does not carry this job's MAC (anyone who reaches the store can write one).
-    fn read_abort(&self, label: &str, notice: &[u8]) -> String {
+    /// An abort notice as text (at most 1000 characters, no control characters), and whether it
+    /// carries this job's MAC (always, for a job without a key). A notice without it is marked as
+    /// such in the text.
+    fn read_abort(&self, label: &str, notice: &[u8]) -> (String, bool) {
         let (text, verified) = match &self.seal {
             Some(seal) if notice.len() >= TAG_LEN => {
                 let (text, tag) = notice.split_at(notice.len() - TAG_LEN);
@@ -214,7 +252,7 @@ impl Session {
             clean =
                 format!("an abort notice without this job's MAC (written by a process without the job key): {clean}");
         }
-        clean
+        (clean, verified)
     }
 
     /// The values of `keys` (which must exist), in order.
