@@ -117,7 +117,8 @@
 //!   or a trusted network.
 //! * No reply, record or error message contains the key or the identity. The store rank 0
 //!   hosts bounds what any client can cost it ([`store::Limits`]): connections that do not
-//!   validate in time are closed, one address may hold only so many connections (and its
+//!   validate in time are closed (a newcomer takes the place of the oldest once their cap is
+//!   reached, and one address may hold only 8), one address may hold only so many connections (and its
 //!   pending waits, which have no deadline, only so much memory), a connection
 //!   left idle without using the store gives its place to a new one once all are taken (a rank's
 //!   never does), memory is bounded, accept errors are reported, every request and reply has a

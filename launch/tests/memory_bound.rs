@@ -16,12 +16,14 @@ use gpucomm_launch::store::{Limits, StoreServer};
 
 #[test]
 fn memory_stays_bounded_under_200_unfinished_1mib_messages() {
-    // All 200 connect at once: more than the default cap on connections that have not validated
-    // yet (64, which would turn most away before they could validate).
+    // All 200 connect at once: more than the default caps on connections that have not validated
+    // yet (64, 8 from one address: most would be closed or turned away before they could
+    // validate).
     let limits = Limits {
         max_buffered: 16 << 20,
         request_within: Duration::from_secs(3),
         max_pending: 256,
+        max_pending_per_peer: 256,
         ..Limits::default()
     };
     let bound = limits.buffered_bound();

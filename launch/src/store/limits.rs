@@ -75,9 +75,19 @@ pub struct Limits {
     /// Raise it, with `max_per_peer`, when many clients that wait for many keys reach the store
     /// through one address.
     pub max_wait_bytes_per_peer: usize,
-    /// The most connections that have not yet sent `VALIDATE`. Default 64.
+    /// The most connections that have not yet sent `VALIDATE`. Default 64. When they are all
+    /// open, a new connection takes the place of the oldest of them (once those whose `VALIDATE`
+    /// has arrived are counted as validated), rather than being turned away: a client sends
+    /// `VALIDATE` as soon as it connects, so connections opened and left silent cannot keep
+    /// clients out.
     pub max_pending: usize,
-    /// How long a new connection has to send `VALIDATE` before it is closed. Default 5 s.
+    /// The most connections from one IP address that have not yet sent `VALIDATE`; more are
+    /// turned away. Default 8: before it, one address holding `max_pending` silent connections
+    /// (and reopening each as soon as it was closed) kept every other client out.
+    pub max_pending_per_peer: usize,
+    /// How long a new connection has to send `VALIDATE` before it is closed. Default 2 s (a
+    /// client sends it as soon as it connects; what arrived is read before a connection is
+    /// closed, however late the server looks).
     pub validate_within: Duration,
     /// How long a request may take to arrive, from its first byte to its last; and how long a
     /// connection's replies may take to be read: once a reply is queued for a connection that had
@@ -114,7 +124,8 @@ impl Default for Limits {
             max_wait_bytes_per_peer: 4 << 20,
             evict_idle_after: Duration::from_secs(30),
             max_pending: 64,
-            validate_within: Duration::from_secs(5),
+            max_pending_per_peer: 8,
+            validate_within: Duration::from_secs(2),
             request_within: Duration::from_secs(10),
             connection_allowance: 8 << 10,
             max_buffered: 32 << 20,

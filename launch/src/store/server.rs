@@ -47,9 +47,12 @@ pub struct ServerStats {
     pub store_bytes: usize,
     /// Connections accepted.
     pub accepted: u64,
-    /// Connections closed at once because `max_pending` or `max_per_peer` was reached, or
-    /// `max_connections` with no connection that may be evicted to make room.
+    /// Connections closed at once because `max_pending_per_peer` or `max_per_peer` was reached,
+    /// or `max_connections` with no connection that may be evicted to make room.
     pub turned_away: u64,
+    /// Connections without `VALIDATE` closed to make room for a newer one when `max_pending` was
+    /// reached (the oldest of them); not counted in `dropped`.
+    pub displaced: u64,
     /// Idle connections that never used the store, closed to make room for a new one when
     /// `max_connections` was reached (see [`Limits::evict_idle_after`]); not counted in
     /// `dropped`.
@@ -74,7 +77,9 @@ pub struct ServerStats {
 /// last look stopped, and decoded once whole (a request of many keys sent a key at a time costs
 /// the server no more than one sent at once); a connection must send `VALIDATE` within
 /// [`Limits::validate_within`] and each request must arrive within [`Limits::request_within`];
-/// unvalidated connections are capped ([`Limits::max_pending`]), and so are one address's
+/// unvalidated connections are capped ([`Limits::max_pending`]: a newcomer takes the place of the
+/// oldest, so silent connections cannot keep clients out; [`Limits::max_pending_per_peer`] for
+/// one address), and so are one address's
 /// ([`Limits::max_per_peer`]) and all connections ([`Limits::max_connections`]), and the bytes
 /// that one address's pending `WAIT`s hold ([`Limits::max_wait_bytes_per_peer`]: a wait has no
 /// deadline, so one stranger's waits could otherwise hold the shared budget for good); when all are
@@ -165,6 +170,7 @@ impl StoreServer {
             scratch: vec![0; READ_CHUNK],
             accepted: 0,
             turned_away: 0,
+            displaced: 0,
             evicted: 0,
             dropped: 0,
             peak: 0,
@@ -235,6 +241,7 @@ struct Server {
     scratch: Vec<u8>,
     accepted: u64,
     turned_away: u64,
+    displaced: u64,
     evicted: u64,
     dropped: u64,
     peak: usize,
@@ -342,6 +349,7 @@ impl Server {
             store_bytes: self.table.bytes(),
             accepted: self.accepted,
             turned_away: self.turned_away,
+            displaced: self.displaced,
             evicted: self.evicted,
             dropped: self.dropped,
             accept_errors: self.accept_errors.iter().map(|(e, n)| format!("{e} (×{n})")).collect(),
@@ -402,20 +410,33 @@ impl Server {
         }
     }
 
-    /// Whether a new connection from `ip` may be accepted, closing an idle connection when all
-    /// are open; `Err`: the limit that turns it away.
+    /// Whether a new connection from `ip` may be accepted, closing the oldest connection without
+    /// `VALIDATE` when `max_pending` are open, and an idle connection when all are open; `Err`:
+    /// the limit that turns it away.
     fn make_room(&mut self, ip: IpAddr, now: Instant) -> Result<(), String> {
+        if self.peers.get(&ip).is_some_and(|&n| n >= self.limits.max_per_peer) {
+            return Err(format!("the limit of {} connections from one address ({ip})", self.limits.max_per_peer));
+        }
+        let (mut pending, mut from_peer) = self.pending(ip);
+        if pending >= self.limits.max_pending || from_peer >= self.limits.max_pending_per_peer {
+            // Accepted in a burst, they have not been read yet: their VALIDATE may be in.
+            self.read_pending(now);
+            (pending, from_peer) = self.pending(ip);
+        }
         let limits = &self.limits;
-        if self.peers.get(&ip).is_some_and(|&n| n >= limits.max_per_peer) {
-            return Err(format!("the limit of {} connections from one address ({ip})", limits.max_per_peer));
+        if from_peer >= limits.max_pending_per_peer {
+            return Err(format!(
+                "the limit of {} connections without VALIDATE from one address ({ip})",
+                limits.max_pending_per_peer
+            ));
         }
-        if self.conns.values().filter(|c| !c.validated).count() >= limits.max_pending {
-            return Err(format!("the limit of connections without VALIDATE ({})", limits.max_pending));
+        if pending >= limits.max_pending {
+            self.displace_oldest_pending(now);
         }
-        if self.conns.len() < limits.max_connections {
+        if self.conns.len() < self.limits.max_connections {
             return Ok(());
         }
-        let full = format!("the connection limit ({})", limits.max_connections);
+        let full = format!("the connection limit ({})", self.limits.max_connections);
         let Some((id, idle)) = self.eviction_candidate(now) else { return Err(full) };
         if let Some(conn) = self.remove(id) {
             self.evicted += 1;
@@ -429,6 +450,39 @@ impl Server {
             }
         }
         Ok(())
+    }
+
+    /// Connections without `VALIDATE`: all of them, and those from `ip`.
+    fn pending(&self, ip: IpAddr) -> (usize, usize) {
+        let unvalidated = self.conns.values().filter(|c| !c.validated);
+        unvalidated.fold((0, 0), |(all, peer), c| (all + 1, peer + usize::from(c.peer.ip() == ip)))
+    }
+
+    /// Reads what the connections without `VALIDATE` have sent (their `VALIDATE`, at most), and
+    /// serves it.
+    fn read_pending(&mut self, now: Instant) {
+        let ids: Vec<u64> = self.conns.iter().filter(|(_, c)| !c.validated).map(|(&id, _)| id).collect();
+        for id in ids {
+            self.service(id, libc::POLLIN, now);
+        }
+    }
+
+    /// Closes the oldest connection without `VALIDATE`, to make room for a new one.
+    fn displace_oldest_pending(&mut self, now: Instant) {
+        let oldest = self.conns.iter().filter(|(_, c)| !c.validated).min_by_key(|(&id, c)| (c.accepted_at, id));
+        let Some(id) = oldest.map(|(&id, _)| id) else { return };
+        let Some(conn) = self.remove(id) else { return };
+        self.displaced += 1;
+        if is_power_of_ten(self.displaced) {
+            let n = self.displaced;
+            self.event(format!(
+                "closed {n} connection(s) without VALIDATE so far to make room for newer ones: the limit of \
+                 connections without VALIDATE ({}) was reached; this one: {}, open for {}",
+                self.limits.max_pending,
+                conn.peer,
+                secs(now.saturating_duration_since(conn.accepted_at))
+            ));
+        }
     }
 
     /// The connection to close for a new one when all are open, and how long it has been idle:
@@ -822,6 +876,18 @@ impl Server {
     /// together with the connection whose closing gave that budget back.
     fn expire(&mut self, now: Instant) {
         let past = |t: Instant, limit| later(t, limit).is_some_and(|at| now >= at);
+        // What a connection past its time for VALIDATE sent is read first: a server that looks
+        // late (a loaded machine) does not close a client whose VALIDATE came in time.
+        let validate_within = self.limits.validate_within;
+        let unread: Vec<u64> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.validated && past(c.accepted_at, validate_within))
+            .map(|(&id, _)| id)
+            .collect();
+        for id in unread {
+            self.service(id, libc::POLLIN, now);
+        }
         let limits = &self.limits;
         let late: Vec<(u64, String)> = self
             .conns

@@ -299,21 +299,111 @@ fn requests_over_the_limits_close_only_their_connection() {
 }
 
 #[test]
-fn the_pending_cap_turns_new_connections_away() {
-    // The idle ones have 2 s to send VALIDATE: a slow machine's stall of a few hundred ms
-    // between the connections and the count must not expire them first.
-    let limits = Limits { max_pending: 4, validate_within: 2 * SECOND, ..Limits::default() };
+fn the_pending_cap_closes_the_oldest_connection_without_validate() {
+    // Before: once `max_pending` connections had not sent VALIDATE, newcomers were turned away
+    // until those timed out, and whoever reopened each as soon as it was closed kept every
+    // client out. Now a newcomer takes the place of the oldest. The idle ones have 10 s to send
+    // VALIDATE: none of them is closed for that during the test.
+    let limits = Limits { max_pending: 4, validate_within: 10 * SECOND, ..Limits::default() };
     let server = serve(limits);
-    let idle: Vec<TcpStream> = (0..10).map(|_| raw(&server, false)).collect();
-    let stats = stats_until(&server, |s| s.turned_away >= 6);
-    assert_eq!((stats.turned_away, stats.connections), (6, 4));
-    assert!(stats.events.iter().any(|e| e.contains("limit of connections without VALIDATE (4)")), "{:?}", stats.events);
-    // A real client gets in once the idle ones are gone (it retries meanwhile), about 2 s in.
-    let started = Instant::now();
-    let mut c = StoreClient::connect("127.0.0.1", server.local_addr().port(), 10 * SECOND).unwrap();
+    let mut idle: Vec<TcpStream> = Vec::new();
+    for n in 1..=10 {
+        idle.push(raw(&server, false));
+        // One at a time, so that "the oldest" is the order they were opened in.
+        stats_until(&server, |s| s.accepted == n);
+    }
+    let stats = stats_until(&server, |s| s.displaced == 6);
+    assert_eq!((stats.displaced, stats.turned_away, stats.dropped, stats.connections), (6, 0, 0, 4));
+    let events = stats.events.join("\n");
+    assert!(
+        events.contains(
+            "closed 1 connection(s) without VALIDATE so far to make room for newer ones: the limit of connections \
+             without VALIDATE (4) was reached; this one: 127.0.0.1:"
+        ),
+        "{events}"
+    );
+    let (oldest, newest) = idle.split_at_mut(6);
+    assert!(oldest.iter_mut().all(closed_by_server));
+    assert!(newest.iter_mut().all(still_open));
+    // A real client gets in at once, long before the idle ones' 10 s are over.
+    let mut c = StoreClient::connect("127.0.0.1", server.local_addr().port(), 2 * SECOND).unwrap();
     c.set("/in", b"yes").unwrap();
-    assert!(started.elapsed() < 8 * SECOND, "{:?}", started.elapsed());
-    drop(idle);
+    assert_eq!(c.get("/in").unwrap(), b"yes");
+    assert_eq!(server.stats().displaced, 7);
+}
+
+/// Whether this machine's loopback takes the addresses 127.0.0.2 and up (Linux's takes all of
+/// 127.0.0.0/8), for tests with clients of several addresses.
+#[cfg(target_os = "linux")]
+fn more_loopback_addresses() -> bool {
+    let ok = TcpListener::bind("127.0.0.2:0").is_ok();
+    if !ok {
+        eprintln!("skipped: the loopback does not take 127.0.0.2 here");
+    }
+    ok
+}
+
+/// `n` connections to `server` from `from` that never send anything, once the server has
+/// accepted them (or turned them away).
+#[cfg(target_os = "linux")]
+fn silent_from(server: &StoreServer, from: Ipv4Addr, n: usize) -> Vec<TcpStream> {
+    let before = server.stats().accepted;
+    let streams: Vec<TcpStream> = (0..n).map(|_| connect_from(from, server.local_addr())).collect();
+    stats_until(server, |s| s.accepted == before + n as u64);
+    streams
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn one_address_holds_at_most_8_connections_without_validate() {
+    // Before: one address held all 64 places of connections without VALIDATE, and every other
+    // client was turned away until they timed out (here 10 s: the client below gives up after 2).
+    if !more_loopback_addresses() {
+        return;
+    }
+    let limits = Limits { validate_within: 10 * SECOND, ..Limits::default() };
+    let server = serve(limits);
+    let stranger = Ipv4Addr::new(127, 0, 0, 2);
+    let mut silent = silent_from(&server, stranger, 64);
+    let stats = stats_until(&server, |s| s.turned_away == 56);
+    assert_eq!((stats.turned_away, stats.displaced, stats.connections), (56, 0, 8));
+    let events = stats.events.join("\n");
+    assert!(
+        events.contains(
+            "turned away 1 connection(s) so far: the limit of 8 connections without VALIDATE from one address \
+             (127.0.0.2) was reached"
+        ),
+        "{events}"
+    );
+    let mut c = StoreClient::connect("127.0.0.1", server.local_addr().port(), 2 * SECOND).unwrap();
+    c.set("/in", b"yes").unwrap();
+    assert_eq!(c.get("/in").unwrap(), b"yes");
+    assert_eq!(silent.iter_mut().map(still_open).filter(|&open| open).count(), 8);
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn a_newcomer_takes_the_place_of_the_oldest_connection_without_validate() {
+    // Eight addresses hold eight silent connections each: all 64 places. Before: every other
+    // client was turned away until they timed out (10 s here). Now the oldest gives its place.
+    if !more_loopback_addresses() {
+        return;
+    }
+    let limits = Limits { validate_within: 10 * SECOND, ..Limits::default() };
+    let server = serve(limits);
+    let mut silent: Vec<TcpStream> =
+        (2..10).flat_map(|host| silent_from(&server, Ipv4Addr::new(127, 0, 0, host), 8)).collect();
+    let stats = server.stats();
+    assert_eq!((stats.connections, stats.validated, stats.turned_away), (64, 0, 0));
+    let started = Instant::now();
+    let mut c = StoreClient::connect("127.0.0.1", server.local_addr().port(), 2 * SECOND).unwrap();
+    c.set("/in", b"yes").unwrap();
+    assert!(started.elapsed() < 2 * SECOND, "{:?}", started.elapsed());
+    let stats = server.stats();
+    assert_eq!((stats.displaced, stats.turned_away, stats.connections, stats.validated), (1, 0, 64, 1));
+    // The first opened, from 127.0.0.2, was the one closed.
+    assert!(closed_by_server(&mut silent[0]));
+    assert!(still_open(&mut silent[1]));
 }
 
 #[test]
