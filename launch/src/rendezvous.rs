@@ -234,3 +234,6 @@ impl Rendezvous {
         result
     }
 }
+
+#[cfg(test)]
+mod tests;

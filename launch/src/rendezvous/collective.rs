@@ -32,8 +32,7 @@ pub(super) fn broadcast(
         s.stale.push(label);
         return Ok(bytes);
     }
-    wait(s, &label, deadline, &during, format!("rank 0's value for {during}"))?;
-    let value = s.client.get_by(&label, deadline).map_err(|e| s.store_error(&during, e))?;
+    let value = wait(s, &label, deadline, &during, format!("rank 0's value for {during}"))?;
     let bytes = decode(s, &label, &value).map_err(|error| s.fail(error))?;
     s.acknowledge(deadline, &during)?;
     Ok(bytes)
@@ -80,14 +79,13 @@ pub(super) fn barrier(s: &mut Session, seq: u64, deadline: Deadline) -> Result<(
         let mark = s.release_value(&arrive);
         s.client.set_by(&arrive, &mark, deadline).map_err(|e| s.store_error(&during, e))?;
         let waiting_for = format!("rank 0's release of {during} (rank 0 releases once every rank has arrived)");
-        wait(s, &release, deadline, &during, waiting_for)?;
-        let value = s.client.get_by(&release, deadline).map_err(|e| s.store_error(&during, e))?;
+        let value = wait(s, &release, deadline, &during, waiting_for)?;
         s.check_release(&release, &value).map_err(|error| s.fail(error))?;
         return s.acknowledge(deadline, &during);
     }
     let arrivals: Vec<String> = (1..s.world_size).map(|rank| s.keys.arrive(seq, rank)).collect();
-    match s.wait_all(&arrivals, deadline, &during) {
-        Ok(()) => {}
+    let marks = match s.wait_values(&arrivals, deadline, &during) {
+        Ok(marks) => marks,
         Err(Waited::Failed(error)) => return Err(error),
         Err(Waited::TimedOut) => {
             let missing: Vec<usize> = s.missing(&arrivals).into_iter().map(|index| index + 1).collect();
@@ -97,8 +95,7 @@ pub(super) fn barrier(s: &mut Session, seq: u64, deadline: Deadline) -> Result<(
                 RendezvousError::TimedOut { during, waited: deadline.limit(), missing, waiting_for, store_notes };
             return Err(s.fail(error));
         }
-    }
-    let marks = s.get_all(&arrivals, deadline, &during)?;
+    };
     for (key, mark) in arrivals.iter().zip(&marks) {
         s.check_release(key, mark).map_err(|error| s.fail(error))?;
     }
@@ -123,15 +120,16 @@ pub(super) fn barrier(s: &mut Session, seq: u64, deadline: Deadline) -> Result<(
     Ok(())
 }
 
+/// Waits for `key` ([`Session::wait_values`]) and returns its value.
 fn wait(
     s: &mut Session,
     key: &str,
     deadline: Deadline,
     during: &str,
     waiting_for: String,
-) -> Result<(), RendezvousError> {
-    match s.wait_all(&[key.to_string()], deadline, during) {
-        Ok(()) => Ok(()),
+) -> Result<Vec<u8>, RendezvousError> {
+    match s.wait_values(&[key.to_string()], deadline, during) {
+        Ok(mut values) => Ok(values.pop().unwrap_or_default()),
         Err(Waited::Failed(error)) => Err(error),
         // Rank 0 knows who is missing and says so; this rank only stops.
         Err(Waited::TimedOut) => {

@@ -66,8 +66,8 @@ pub(super) fn enter(s: &mut Session, deadline: Deadline) -> Result<(), Rendezvou
         s.keys = s.base.generation(g);
         s.next_opened = None;
         let opened = s.keys.opened();
-        match s.wait_all(std::slice::from_ref(&opened), deadline, DURING) {
-            Ok(()) => {}
+        let value = match s.wait_values(std::slice::from_ref(&opened), deadline, DURING) {
+            Ok(mut values) => values.pop().unwrap_or_default(),
             Err(Waited::Failed(error)) => return Err(error),
             Err(Waited::TimedOut) => {
                 return Err(RendezvousError::TimedOut {
@@ -81,8 +81,8 @@ pub(super) fn enter(s: &mut Session, deadline: Deadline) -> Result<(), Rendezvou
                     store_notes: Vec::new(),
                 })
             }
-        }
-        verify_mark(s, &opened, deadline)?;
+        };
+        verify_mark(s, &opened, &value)?;
         g
     };
     s.generation = generation;
@@ -128,11 +128,10 @@ fn marked(s: &Session, label: &str, value: &[u8]) -> bool {
     }
 }
 
-/// Checks the mark under `label` (which exists): a generation opened by a process without this
+/// Checks the mark `value` read from `label`: a generation opened by a process without this
 /// job's key is refused.
-fn verify_mark(s: &mut Session, label: &str, deadline: Deadline) -> Result<(), RendezvousError> {
-    let value = s.client.get_by(label, deadline).map_err(|e| s.store_error(DURING, e))?;
-    if marked(s, label, &value) {
+fn verify_mark(s: &Session, label: &str, value: &[u8]) -> Result<(), RendezvousError> {
+    if marked(s, label, value) {
         return Ok(());
     }
     Err(RendezvousError::Forged {

@@ -60,8 +60,7 @@ fn enter_start(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousErro
     s.start = None;
     let mut pause = FIRST_PAUSE;
     loop {
-        wait_for(s, &key, deadline, "rank 0 has not started the rendezvous")?;
-        let value = s.client.get_by(&key, deadline).map_err(|e| s.store_error(DURING, e))?;
+        let value = wait_for(s, &key, deadline, "rank 0 has not started the rendezvous")?;
         if let Ok(start) = <[u8; NONCE_LEN]>::try_from(value.as_slice()) {
             s.start = Some(start);
             return Ok(());
@@ -264,12 +263,11 @@ fn gather(s: &mut Session, ranks: &[usize], deadline: Deadline) -> Result<Gather
     let mut pause = FIRST_PAUSE;
     loop {
         let keys: Vec<String> = pending.iter().map(|&i| s.keys.claim(ranks[i])).collect();
-        match s.wait_all(&keys, deadline, DURING) {
-            Ok(()) => {}
+        let values = match s.wait_values(&keys, deadline, DURING) {
+            Ok(values) => values,
             Err(Waited::Failed(error)) => return Err(error),
             Err(Waited::TimedOut) => return Ok(Gathered::TimedOut { stale }),
-        }
-        let values = s.get_all(&keys, deadline, DURING)?;
+        };
         stale.clear();
         let mut left = Vec::new();
         for (&i, value) in pending.iter().zip(&values) {
@@ -426,16 +424,16 @@ fn wait(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
         return Err(timed_out(s, deadline, waiting_for));
     }
     let complete = s.keys.complete();
-    wait_for(s, &complete, deadline, "rank 0 has not confirmed that every rank joined")?;
-    let value = s.client.get_by(&complete, deadline).map_err(|e| s.store_error(DURING, e))?;
+    let value = wait_for(s, &complete, deadline, "rank 0 has not confirmed that every rank joined")?;
     let mark = if s.seal.is_some() { read_welcome(s, deadline)? } else { Vec::new() };
     check_join_release(s, &complete, &value, &mark).map_err(|error| s.fail(error))?;
     s.acknowledge(deadline, DURING)
 }
 
-fn wait_for(s: &mut Session, key: &str, deadline: Deadline, waiting_for: &str) -> Result<(), RendezvousError> {
-    match s.wait_all(&[key.to_string()], deadline, DURING) {
-        Ok(()) => Ok(()),
+/// Waits for `key` ([`Session::wait_values`]) and returns its value.
+fn wait_for(s: &mut Session, key: &str, deadline: Deadline, waiting_for: &str) -> Result<Vec<u8>, RendezvousError> {
+    match s.wait_values(&[key.to_string()], deadline, DURING) {
+        Ok(mut values) => Ok(values.pop().unwrap_or_default()),
         Err(Waited::Failed(error)) => Err(error),
         Err(Waited::TimedOut) => {
             let waiting_for = format!("{waiting_for}{}", s.scope.hint());

@@ -156,6 +156,57 @@ impl Session {
         Ok(self.check_abort(deadline, during)?)
     }
 
+    /// Waits until every key exists ([`wait_all`](Session::wait_all)) and reads their values.
+    /// A value that reads empty is checked: PyTorch's libuv store (its default since 2.4) ends a
+    /// `WAIT` for a key when a `COMPARE_SET` names it with a non-empty expected value, though the
+    /// key does not exist (and it stores nothing), so anyone who reaches the store can end a
+    /// rank's wait early. Before, the rank read the missing key as an empty value, took it for a
+    /// forged one and aborted the job; now a key that does not exist yet is waited for again,
+    /// within the same deadline.
+    pub(super) fn wait_values(
+        &mut self,
+        keys: &[String],
+        deadline: Deadline,
+        during: &str,
+    ) -> Result<Vec<Vec<u8>>, Waited> {
+        loop {
+            self.wait_all(keys, deadline, during)?;
+            let values = self.read_values(keys, deadline, during)?;
+            let empty: Vec<&str> =
+                keys.iter().zip(&values).filter(|(_, value)| value.is_empty()).map(|(key, _)| key.as_str()).collect();
+            if empty.is_empty() {
+                return Ok(values);
+            }
+            if self.all_exist(&empty, deadline, during)? {
+                // They exist now, and may have been written since they were read.
+                return Ok(self.read_values(keys, deadline, during)?);
+            }
+        }
+    }
+
+    /// The values of `keys` (a missing key reads as empty from the stores this crate meets).
+    fn read_values(
+        &mut self,
+        keys: &[String],
+        deadline: Deadline,
+        during: &str,
+    ) -> Result<Vec<Vec<u8>>, RendezvousError> {
+        match keys {
+            [key] => Ok(vec![self.client.get_by(key, deadline).map_err(|e| self.store_error(during, e))?]),
+            _ => self.get_all(keys, deadline, during),
+        }
+    }
+
+    /// Whether every one of `keys` exists (`CHECK`, in chunks).
+    fn all_exist(&mut self, keys: &[&str], deadline: Deadline, during: &str) -> Result<bool, RendezvousError> {
+        for chunk in keys.chunks(CHUNK) {
+            if !self.client.check_by(chunk, deadline).map_err(|e| self.store_error(during, e))? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
     /// Fails with the abort reason once some rank has given up.
     pub(super) fn check_abort(&mut self, deadline: Deadline, during: &str) -> Result<(), RendezvousError> {
         let abort = self.keys.abort();

@@ -222,6 +222,11 @@ impl StoreClient {
     /// the client's [`timeout`](StoreClient::timeout): a cancellation that cannot be sent and
     /// confirmed within it (a client timeout of zero, a stalled store) fails the call and leaves
     /// the connection broken, since the store may still answer the wait.
+    ///
+    /// `true` may come early from PyTorch's libuv server (its default since 2.4): it ends the
+    /// waits for a key when a `COMPARE_SET` with a non-empty expected value names the key, though
+    /// the key does not exist (and it stores nothing). Check a key that reads empty before taking
+    /// it for one that exists, as the rendezvous does.
     pub fn wait(&mut self, keys: &[&str], timeout: Duration) -> Result<bool, StoreError> {
         let io = Deadline::after(timeout.saturating_add(self.timeout));
         self.wait_by(keys, Deadline::after(timeout), io)

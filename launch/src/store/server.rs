@@ -118,6 +118,9 @@ struct Shared {
     /// Length fields the server thread has read ([`codec::LENGTHS_READ`]).
     #[cfg(test)]
     lengths_read: u64,
+    /// `WAIT`s that a `COMPARE_SET` of a missing key woke ([`StoreServer::bind_like_libuv`]).
+    #[cfg(test)]
+    false_wakes: u64,
 }
 
 impl std::fmt::Debug for StoreServer {
@@ -135,6 +138,31 @@ impl StoreServer {
     /// Serves on `listener`, starting with the keys and values of `initial` in the store (so
     /// that they exist before any client can connect). Fails if `initial` breaks `limits`.
     pub fn start(listener: TcpListener, limits: Limits, initial: Vec<(Vec<u8>, Vec<u8>)>) -> io::Result<StoreServer> {
+        StoreServer::launch(listener, limits, initial, false)
+    }
+
+    /// A server that ends the `WAIT`s for a key when a `COMPARE_SET` with a non-empty expected
+    /// value names it while it does not exist, as PyTorch's libuv server does (and it still
+    /// stores nothing, as that one does): for the tests of the clients that meet such a store.
+    #[cfg(test)]
+    pub(crate) fn bind_like_libuv(addr: SocketAddr) -> io::Result<StoreServer> {
+        StoreServer::launch(TcpListener::bind(addr)?, Limits::default(), Vec::new(), true)
+    }
+
+    /// The `WAIT`s that a `COMPARE_SET` of a missing key woke ([`StoreServer::bind_like_libuv`]).
+    #[cfg(test)]
+    pub(crate) fn false_wakes(&self) -> u64 {
+        lock(&self.shared).false_wakes
+    }
+
+    fn launch(
+        listener: TcpListener,
+        limits: Limits,
+        initial: Vec<(Vec<u8>, Vec<u8>)>,
+        like_libuv: bool,
+    ) -> io::Result<StoreServer> {
+        #[cfg(not(test))]
+        let _ = like_libuv;
         let mut table = Table::new(&limits);
         for (key, value) in initial {
             if key.len() > limits.max_key_len {
@@ -152,6 +180,8 @@ impl StoreServer {
             stop: false,
             #[cfg(test)]
             lengths_read: 0,
+            #[cfg(test)]
+            false_wakes: 0,
         }));
         let server = Server {
             listener,
@@ -176,6 +206,10 @@ impl StoreServer {
             peak: 0,
             accept_errors: Vec::new(),
             events: VecDeque::new(),
+            #[cfg(test)]
+            like_libuv,
+            #[cfg(test)]
+            false_wakes: 0,
         };
         let thread = std::thread::Builder::new().name("gpucomm-store".into()).spawn(move || server.run())?;
         Ok(StoreServer { addr, shared, waker, thread: Some(thread) })
@@ -248,6 +282,11 @@ struct Server {
     /// Distinct accept errors and their counts.
     accept_errors: Vec<(String, u64)>,
     events: VecDeque<String>,
+    /// Whether a `COMPARE_SET` of a missing key wakes its waiters ([`StoreServer::bind_like_libuv`]).
+    #[cfg(test)]
+    like_libuv: bool,
+    #[cfg(test)]
+    false_wakes: u64,
 }
 
 impl Server {
@@ -360,6 +399,7 @@ impl Server {
         #[cfg(test)]
         {
             shared.lengths_read = codec::LENGTHS_READ.with(std::cell::Cell::get);
+            shared.false_wakes = self.false_wakes;
         }
         shared.stop
     }
@@ -663,6 +703,11 @@ impl Server {
                 Ok(())
             }
             Request::CompareSet { key, expected, desired } => {
+                #[cfg(test)]
+                if self.like_libuv && !expected.is_empty() && !self.table.contains(key) {
+                    self.false_wakes += self.waiters.get(key).map_or(0, Vec::len) as u64;
+                    self.wake(key, now);
+                }
                 let current = self.table.compare_set(key, expected, desired).map_err(refused)?;
                 if self.table.contains(key) {
                     self.wake(key, now);
