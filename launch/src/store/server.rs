@@ -28,6 +28,10 @@ const ACCEPT_PAUSE: Duration = Duration::from_millis(100);
 const MAX_ACCEPT_ERRORS: usize = 16;
 /// Recent events kept.
 const MAX_EVENTS: usize = 32;
+/// The most requests of one connection served at one wake-up: a connection with more buffered
+/// (thousands of small requests in one read) is served the rest after the others, instead of
+/// making them all wait.
+const REQUESTS_PER_WAKE: usize = 64;
 
 /// What a [`StoreServer`] has seen; read it with [`StoreServer::stats`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -75,7 +79,8 @@ pub struct ServerStats {
 /// Built to face clients that may be hostile (an exposed port): every announced length is
 /// checked before anything is allocated, and a request is checked as it arrives, from where the
 /// last look stopped, and decoded once whole (a request of many keys sent a key at a time costs
-/// the server no more than one sent at once); a connection must send `VALIDATE` within
+/// the server no more than one sent at once), and a connection is served at most 64 requests
+/// at a time, so that thousands sent at once do not hold the others up; a connection must send `VALIDATE` within
 /// [`Limits::validate_within`] and each request must arrive within [`Limits::request_within`];
 /// unvalidated connections are capped ([`Limits::max_pending`]: a newcomer takes the place of the
 /// oldest, so silent connections cannot keep clients out; [`Limits::max_pending_per_peer`] for
@@ -121,6 +126,12 @@ struct Shared {
     /// `WAIT`s that a `COMPARE_SET` of a missing key woke ([`StoreServer::bind_like_libuv`]).
     #[cfg(test)]
     false_wakes: u64,
+    /// Bytes moved to drop served requests from the connections' input.
+    #[cfg(test)]
+    bytes_moved: u64,
+    /// The most requests of one connection served at one wake-up.
+    #[cfg(test)]
+    most_served_at_once: usize,
 }
 
 impl std::fmt::Debug for StoreServer {
@@ -182,6 +193,10 @@ impl StoreServer {
             lengths_read: 0,
             #[cfg(test)]
             false_wakes: 0,
+            #[cfg(test)]
+            bytes_moved: 0,
+            #[cfg(test)]
+            most_served_at_once: 0,
         }));
         let server = Server {
             listener,
@@ -196,6 +211,7 @@ impl StoreServer {
             waiting: HashMap::new(),
             budget_used: 0,
             stalled: Vec::new(),
+            backlog: Vec::new(),
             accept_paused_until: None,
             scratch: vec![0; READ_CHUNK],
             accepted: 0,
@@ -210,6 +226,10 @@ impl StoreServer {
             like_libuv,
             #[cfg(test)]
             false_wakes: 0,
+            #[cfg(test)]
+            bytes_moved: 0,
+            #[cfg(test)]
+            most_served_at_once: 0,
         };
         let thread = std::thread::Builder::new().name("gpucomm-store".into()).spawn(move || server.run())?;
         Ok(StoreServer { addr, shared, waker, thread: Some(thread) })
@@ -271,6 +291,9 @@ struct Server {
     /// Connections whose next request waits for budget for its reply ([`Conn::stalled`]), in the
     /// order they stalled.
     stalled: Vec<u64>,
+    /// Connections with whole requests left after their share of a wake-up
+    /// ([`Conn::backlogged`]), in the order they were served.
+    backlog: Vec<u64>,
     accept_paused_until: Option<Instant>,
     scratch: Vec<u8>,
     accepted: u64,
@@ -287,6 +310,12 @@ struct Server {
     like_libuv: bool,
     #[cfg(test)]
     false_wakes: u64,
+    /// Bytes moved to drop served requests from the connections' input.
+    #[cfg(test)]
+    bytes_moved: u64,
+    /// The most requests of one connection served by one call of `process`.
+    #[cfg(test)]
+    most_served_at_once: usize,
 }
 
 impl Server {
@@ -333,6 +362,7 @@ impl Server {
                 }
             }
             self.unstall(now);
+            self.serve_backlog(now);
         }
     }
 
@@ -400,6 +430,8 @@ impl Server {
         {
             shared.lengths_read = codec::LENGTHS_READ.with(std::cell::Cell::get);
             shared.false_wakes = self.false_wakes;
+            shared.bytes_moved = self.bytes_moved;
+            shared.most_served_at_once = self.most_served_at_once;
         }
         shared.stop
     }
@@ -544,7 +576,7 @@ impl Server {
     /// The poll events a connection waits for.
     fn interest(&mut self, id: u64) -> libc::c_short {
         let mut events = 0;
-        if !self.conns.get(&id).is_some_and(|c| c.stalled) && self.read_room(id) > 0 {
+        if !self.conns.get(&id).is_some_and(|c| c.stalled || c.backlogged) && self.read_room(id) > 0 {
             events |= libc::POLLIN;
         }
         if self.conns.get(&id).is_some_and(|c| c.unsent() > 0) {
@@ -595,6 +627,11 @@ impl Server {
         if revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) == 0 || !self.conns.contains_key(&id) {
             return;
         }
+        // A connection with requests left to serve reads nothing more until they are served
+        // (`serve_backlog`), nor its end: what it sent before closing is served.
+        if self.conns.get(&id).is_some_and(|c| c.backlogged) {
+            return;
+        }
         // A stalled connection reads nothing until `unstall` has served its waiting request.
         if self.conns.get(&id).is_some_and(|c| c.stalled) {
             if revents & (libc::POLLHUP | libc::POLLERR) != 0 {
@@ -628,20 +665,46 @@ impl Server {
         }
     }
 
-    /// Decodes and serves every whole request in the connection's input.
+    /// Decodes and serves the whole requests in the connection's input, at most
+    /// [`REQUESTS_PER_WAKE`] (the rest wait for the next wake-up: [`Conn::backlogged`]); once
+    /// none is left, drops the served ones from the input at once (so each byte moves at most
+    /// once: only the start of a request still arriving is moved).
     fn process(&mut self, id: u64, now: Instant) {
+        self.serve_input(id, now);
+        if let Some(conn) = self.conns.get_mut(&id).filter(|conn| !conn.backlogged) {
+            let moved = conn.compact();
+            #[cfg(test)]
+            {
+                self.bytes_moved += moved as u64;
+            }
+            #[cfg(not(test))]
+            let _ = moved;
+        }
+    }
+
+    fn serve_input(&mut self, id: u64, now: Instant) {
+        let mut served = 0;
         loop {
             let Some(conn) = self.conns.get_mut(&id) else { return };
-            if conn.input.len() < conn.needed {
+            let pos = conn.pos;
+            if conn.input.len() - pos < conn.needed {
                 return;
             }
-            if !conn.validated && conn.input[0] != codec::Query::Validate.byte() {
-                let reason = format!("its first request was query byte {}, not VALIDATE", conn.input[0]);
+            if served == REQUESTS_PER_WAKE {
+                // Its share for now: the others are served before its next requests.
+                if !conn.backlogged {
+                    conn.backlogged = true;
+                    self.backlog.push(id);
+                }
+                return;
+            }
+            if !conn.validated && conn.input[pos] != codec::Query::Validate.byte() {
+                let reason = format!("its first request was query byte {}, not VALIDATE", conn.input[pos]);
                 return self.close(id, Some(reason));
             }
             // Checked from where the last look stopped, and decoded only once whole: a request
             // of many keys arriving in many pieces is read twice, not once per piece.
-            match conn.scan.advance(&conn.input, &self.limits) {
+            match conn.scan.advance(&conn.input[pos..], &self.limits) {
                 Ok(Scanned::Whole(_)) => {}
                 Ok(Scanned::Need { needed, least }) => {
                     (conn.needed, conn.least) = (needed, least);
@@ -654,7 +717,7 @@ impl Server {
             // touch any connection.
             let input = std::mem::take(&mut conn.input);
             conn.borrowed = input.len();
-            let step = match decode_request(&input, &self.limits) {
+            let step = match decode_request(&input[pos..], &self.limits) {
                 Ok(Decoded::Complete { request, len }) => {
                     let served = if validated { self.handle(id, request, now) } else { validate(request) };
                     served.map(|()| Step::Served(len))
@@ -677,12 +740,32 @@ impl Server {
                 Step::Served(len) => {
                     conn.validated = true;
                     conn.consume(len, now);
+                    served += 1;
+                    #[cfg(test)]
+                    {
+                        self.most_served_at_once = self.most_served_at_once.max(served);
+                    }
                 }
                 Step::Need(needed) => {
                     conn.needed = needed;
                     return;
                 }
             }
+        }
+    }
+
+    /// Serves the connections that had more requests buffered than their share at their last
+    /// wake-up, another share each.
+    fn serve_backlog(&mut self, now: Instant) {
+        for id in std::mem::take(&mut self.backlog) {
+            let Some(conn) = self.conns.get_mut(&id) else { continue };
+            conn.backlogged = false;
+            if conn.stalled {
+                continue;
+            }
+            self.process(id, now);
+            self.settle(id);
+            self.flush(id, now);
         }
     }
 
@@ -985,8 +1068,12 @@ impl Server {
         }
     }
 
-    /// Milliseconds until the next deadline (-1: none).
+    /// Milliseconds until the next deadline (-1: none; 0 while connections have requests left
+    /// to serve).
     fn poll_timeout(&self, now: Instant) -> i32 {
+        if !self.backlog.is_empty() {
+            return 0;
+        }
         let limits = &self.limits;
         let next = self
             .conns

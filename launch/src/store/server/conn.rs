@@ -43,18 +43,22 @@ pub(super) struct Conn {
     pub(super) peer: SocketAddr,
     pub(super) validated: bool,
     pub(super) accepted_at: Instant,
-    /// Received bytes not yet decoded.
+    /// Received bytes: `input[pos..]` is not served yet. What was served is dropped once every
+    /// whole request is ([`Conn::compact`]), not once per request (which moved the rest of the
+    /// buffer for every request: the square of a buffer of small requests).
     pub(super) input: Vec<u8>,
+    /// Where the request being served starts in `input`.
+    pub(super) pos: usize,
     /// The length of `input` while it is out being served (still counted as held).
     pub(super) borrowed: usize,
-    /// How long `input` must be before decoding again is worth it.
+    /// How long `input[pos..]` must be before decoding again is worth it.
     pub(super) needed: usize,
-    /// How long the request at the front of `input` is at least (budget is set aside for it, so
+    /// How long the request at `input[pos..]` is at least (budget is set aside for it, so
     /// that a request of many keys is read in a few large reads, not a field at a time).
     pub(super) least: usize,
-    /// How far the request at the front of `input` has been checked.
+    /// How far the request at `input[pos..]` has been checked.
     pub(super) scan: Scan,
-    /// When the first byte of the request now in `input` arrived.
+    /// When the first byte of the request at `input[pos..]` arrived.
     pub(super) request_started: Option<Instant>,
     /// Replies queued: `output[sent..]` is not sent yet.
     output: Vec<u8>,
@@ -74,6 +78,9 @@ pub(super) struct Conn {
     /// It has been served a request other than `VALIDATE` and `PING` (it used the store): it is
     /// never evicted.
     pub(super) used: bool,
+    /// It was served its share of requests for one wake-up while more were buffered: the rest
+    /// are served at the next one, after the other connections' (nothing more is read before).
+    pub(super) backlogged: bool,
 }
 
 impl Conn {
@@ -84,6 +91,7 @@ impl Conn {
             validated: false,
             accepted_at: now,
             input: Vec::new(),
+            pos: 0,
             borrowed: 0,
             needed: 1,
             least: 1,
@@ -97,6 +105,7 @@ impl Conn {
             last_active: now,
             stalled: false,
             used: false,
+            backlogged: false,
         }
     }
 
@@ -178,16 +187,28 @@ impl Conn {
         self.output.extend_from_slice(bytes);
     }
 
-    /// Removes a decoded request of `len` bytes from the input.
+    /// Moves past a served request of `len` bytes ([`Conn::compact`] drops it).
     pub(super) fn consume(&mut self, len: usize, now: Instant) {
-        self.input.drain(..len);
+        self.pos += len;
         self.needed = 1;
         self.least = 1;
         self.scan = Scan::default();
         self.last_active = now;
-        self.request_started = (!self.input.is_empty()).then_some(now);
+        self.request_started = (self.pos < self.input.len()).then_some(now);
+    }
+
+    /// Drops the served requests from the input; returns how many bytes that moved (those not
+    /// served yet).
+    pub(super) fn compact(&mut self) -> usize {
+        if self.pos == 0 {
+            return 0;
+        }
+        let moved = self.input.len() - self.pos;
+        self.input.drain(..self.pos);
+        self.pos = 0;
         if self.input.is_empty() && self.input.capacity() > READ_CHUNK {
             self.input = Vec::new();
         }
+        moved
     }
 }

@@ -908,3 +908,42 @@ fn one_address_s_waits_cannot_hold_the_budget_that_other_clients_need() {
         ping(stream);
     }
 }
+
+/// Bytes the server moved to drop served requests from the connections' input, and the most
+/// requests of one connection it served at one wake-up.
+fn drain_counts(server: &StoreServer) -> (u64, usize) {
+    let shared = lock(&server.shared);
+    (shared.bytes_moved, shared.most_served_at_once)
+}
+
+#[test]
+fn many_small_requests_at_once_are_served_a_share_at_a_time_each_byte_moved_at_most_once() {
+    // Before: the server served every request a read brought (1,600 PINGs fit in the 8 KiB a
+    // connection holds) before any other connection's, and each one served moved the rest of the
+    // buffer (about 7 MB moved for each 8 KiB read: the square of its requests). Now a
+    // connection is served 64 requests at a wake-up, the rest after the others, and what was
+    // served is dropped at once when none is left.
+    let server = serve(Limits::default());
+    let mut flood = validated(&server, 1).remove(0);
+    let mut other = validated(&server, 1).remove(0);
+    const N: u32 = 20_000;
+    let mut pings = Vec::new();
+    for nonce in 0..N {
+        Request::Ping { nonce }.encode(&mut pings);
+    }
+    let mut replies = flood.try_clone().unwrap();
+    replies.set_read_timeout(Some(30 * SECOND)).unwrap();
+    let reader = thread::spawn(move || {
+        let mut bytes = vec![0u8; 4 * N as usize];
+        replies.read_exact(&mut bytes).unwrap();
+        bytes.chunks(4).map(|b| u32::from_le_bytes(b.try_into().unwrap())).collect::<Vec<u32>>()
+    });
+    flood.write_all(&pings).unwrap();
+    // Served meanwhile, and the last requests without any new byte after them.
+    ping(&mut other);
+    assert_eq!(reader.join().unwrap(), (0..N).collect::<Vec<u32>>());
+    let (moved, most) = drain_counts(&server);
+    assert!(most <= 64, "{most} requests of one connection served at one wake-up");
+    assert!(moved <= pings.len() as u64, "{moved} bytes moved for {} bytes of requests", pings.len());
+    assert_eq!(server.stats().dropped, 0);
+}
