@@ -75,6 +75,14 @@ pub struct Limits {
     /// Raise it, with `max_per_peer`, when many clients that wait for many keys reach the store
     /// through one address.
     pub max_wait_bytes_per_peer: usize,
+    /// The most bytes of `max_buffered` that the connections of one IP address may have set
+    /// aside for reading the requests they are receiving (their replies and pending `WAIT`s do
+    /// not count): a connection of an address at its share reads nothing more (within
+    /// `request_within`) until the address's others give some back. Default 4 MiB (an eighth of
+    /// the default `max_buffered`). Budget is set aside in step with what arrives (at most one
+    /// read of 64 KiB ahead of it), never for the length a request announces. Keep it at least
+    /// `max_request_len`, or the largest requests cannot be read.
+    pub max_reserved_per_peer: usize,
     /// The most connections that have not yet sent `VALIDATE`. Default 64. When they are all
     /// open, a new connection takes the place of the oldest of them (once those whose `VALIDATE`
     /// has arrived are counted as validated), rather than being turned away: a client sends
@@ -101,8 +109,9 @@ pub struct Limits {
     /// Bytes every connection may hold without drawing on `max_buffered`. Default 8 KiB (a key,
     /// its length prefixes and a small value).
     pub connection_allowance: usize,
-    /// Bytes shared by all connections beyond their allowance: a request larger than the
-    /// allowance is read only once its whole length can be set aside here, and a `GET` or
+    /// Bytes shared by all connections beyond their allowance: the rest of a request larger than
+    /// the allowance is read as budget can be set aside here for it, a read at a time (one
+    /// address's connections at most `max_reserved_per_peer`), and a `GET` or
     /// `MULTI_GET` whose reply does not fit waits (its connection reading nothing more) until
     /// it does (otherwise the connection waits, and is dropped when its request deadline passes).
     /// One address's pending `WAIT`s hold at most `max_wait_bytes_per_peer` of it. Default 32 MiB.
@@ -122,6 +131,7 @@ impl Default for Limits {
             max_connections: 1024,
             max_per_peer: 256,
             max_wait_bytes_per_peer: 4 << 20,
+            max_reserved_per_peer: 4 << 20,
             evict_idle_after: Duration::from_secs(30),
             max_pending: 64,
             max_pending_per_peer: 8,

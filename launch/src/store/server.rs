@@ -45,6 +45,9 @@ pub struct ServerStats {
     pub buffered_bytes: usize,
     /// The most `buffered_bytes` has been.
     pub peak_buffered_bytes: usize,
+    /// Bytes of [`Limits::max_buffered`] set aside for the connections now (for the requests they
+    /// are receiving, their replies and their waits beyond their allowance).
+    pub reserved_bytes: usize,
     /// Keys in the store.
     pub keys: usize,
     /// Bytes of keys and values in the store.
@@ -210,6 +213,7 @@ impl StoreServer {
             waiters: HashMap::new(),
             waiting: HashMap::new(),
             budget_used: 0,
+            reading_by_peer: HashMap::new(),
             stalled: Vec::new(),
             backlog: Vec::new(),
             accept_paused_until: None,
@@ -288,6 +292,9 @@ struct Server {
     waiting: HashMap<IpAddr, usize>,
     /// Bytes of `max_buffered` reserved by connections.
     budget_used: usize,
+    /// Peer address → the bytes of `budget_used` its connections set aside for reading their
+    /// requests ([`Conn::reading`]), at most [`Limits::max_reserved_per_peer`].
+    reading_by_peer: HashMap<IpAddr, usize>,
     /// Connections whose next request waits for budget for its reply ([`Conn::stalled`]), in the
     /// order they stalled.
     stalled: Vec<u64>,
@@ -414,6 +421,7 @@ impl Server {
             validated,
             buffered_bytes: buffered,
             peak_buffered_bytes: self.peak,
+            reserved_bytes: self.budget_used,
             keys: self.table.len(),
             store_bytes: self.table.bytes(),
             accepted: self.accepted,
@@ -585,39 +593,78 @@ impl Server {
         events
     }
 
-    /// How many bytes the connection may read now, reserving budget for a request larger than
-    /// its allowance when the whole request fits (0: it waits).
+    /// How many bytes the connection may read now (0: it waits). Beyond its allowance, budget is
+    /// set aside in step with what arrives: once what it holds fills what it may hold, one more
+    /// read of the request it is receiving (at most [`READ_CHUNK`], and never past the request's
+    /// length as far as it is known), if the shared budget and its address's share
+    /// ([`Limits::max_reserved_per_peer`]) allow. Before, a request's whole announced length was
+    /// set aside as soon as its header arrived: 18-byte requests announcing 1 MiB each held the
+    /// whole budget, and the next large `WAIT` (rank 0's for the claims) closed its connection.
     fn read_room(&mut self, id: u64) -> usize {
         let allowance = self.limits.connection_allowance;
-        let max_buffered = self.limits.max_buffered;
-        let Some(conn) = self.conns.get_mut(&id) else { return 0 };
+        let Some(conn) = self.conns.get(&id) else { return 0 };
         if !conn.validated {
             return VALIDATE_LEN.saturating_sub(conn.input.len());
         }
-        let want = conn.held() - conn.input.len() + conn.needed.max(conn.least).max(conn.input.len() + 1);
-        let cap = allowance + conn.reserved;
-        if want > cap {
-            let extra = want - cap;
-            if self.budget_used + extra > max_buffered {
-                return 0;
-            }
-            conn.reserved += extra;
-            self.budget_used += extra;
+        let room = (allowance + conn.reserved).saturating_sub(conn.held());
+        if room > 0 {
+            return room.min(READ_CHUNK);
         }
-        (allowance + conn.reserved).saturating_sub(conn.held()).min(READ_CHUNK)
+        let request = conn.needed.max(conn.least).max(conn.input.len() + 1);
+        let extra = (request - conn.input.len()).min(READ_CHUNK);
+        let ip = conn.peer.ip();
+        let peer = self.reading_by_peer.get(&ip).copied().unwrap_or(0);
+        if self.budget_used + extra > self.limits.max_buffered || peer + extra > self.limits.max_reserved_per_peer {
+            return 0;
+        }
+        self.reserve(id, extra);
+        self.set_reading(id, |reading| reading + extra);
+        extra
     }
 
-    /// Gives back the budget a connection no longer needs (keeping what a request it is
-    /// receiving will need).
+    /// Sets `extra` bytes of the shared budget aside for a connection.
+    fn reserve(&mut self, id: u64, extra: usize) {
+        let Some(conn) = self.conns.get_mut(&id) else { return };
+        conn.reserved += extra;
+        self.budget_used += extra;
+    }
+
+    /// Gives back `amount` bytes of what a connection set aside.
+    fn unreserve(&mut self, id: u64, amount: usize) {
+        let Some(conn) = self.conns.get_mut(&id) else { return };
+        conn.reserved -= amount;
+        self.budget_used -= amount;
+        let reading = conn.reading.min(conn.reserved);
+        self.set_reading(id, |_| reading);
+    }
+
+    /// Changes what a connection set aside for reading ([`Conn::reading`]), and its address's
+    /// count.
+    fn set_reading(&mut self, id: u64, change: impl FnOnce(usize) -> usize) {
+        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let (before, ip) = (conn.reading, conn.peer.ip());
+        conn.reading = change(before);
+        let held = self.reading_by_peer.entry(ip).or_default();
+        *held = *held + conn.reading - before;
+        if *held == 0 {
+            self.reading_by_peer.remove(&ip);
+        }
+    }
+
+    /// Gives back the budget a connection no longer needs (keeping what the request it is
+    /// receiving holds, and one read more); what it set aside for reading shrinks to what that
+    /// request still holds beyond the allowance.
     fn settle(&mut self, id: u64) {
         let allowance = self.limits.connection_allowance;
-        let Some(conn) = self.conns.get_mut(&id) else { return };
-        let pending = if conn.input.is_empty() { 0 } else { conn.needed.max(conn.least).max(conn.input.len()) };
-        let keep = (conn.held() - conn.input.len() + pending).saturating_sub(allowance);
+        let Some(conn) = self.conns.get(&id) else { return };
+        let input = conn.input.len();
+        let pending = if input == 0 { 0 } else { conn.needed.max(conn.least).max(input).min(input + READ_CHUNK) };
+        let keep = (conn.held() - input + pending).saturating_sub(allowance);
         if conn.reserved > keep {
-            self.budget_used -= conn.reserved - keep;
-            conn.reserved = keep;
+            self.unreserve(id, conn.reserved - keep);
         }
+        let reading = pending.saturating_sub(allowance);
+        self.set_reading(id, |before| before.min(reading));
     }
 
     fn service(&mut self, id: u64, revents: libc::c_short, now: Instant) {
@@ -891,8 +938,7 @@ impl Server {
                 over, self.limits.max_buffered
             ));
         }
-        conn.reserved += over;
-        self.budget_used += over;
+        self.reserve(id, over);
         Ok(())
     }
 
@@ -985,8 +1031,9 @@ impl Server {
     /// only way one leaves. Dropping what it returns closes the socket.
     fn remove(&mut self, id: u64) -> Option<Conn> {
         self.clear_wait(id);
+        let reserved = self.conns.get(&id)?.reserved;
+        self.unreserve(id, reserved);
         let conn = self.conns.remove(&id)?;
-        self.budget_used -= conn.reserved;
         let ip = conn.peer.ip();
         if let Some(count) = self.peers.get_mut(&ip) {
             *count -= 1;

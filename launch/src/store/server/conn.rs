@@ -53,8 +53,8 @@ pub(super) struct Conn {
     pub(super) borrowed: usize,
     /// How long `input[pos..]` must be before decoding again is worth it.
     pub(super) needed: usize,
-    /// How long the request at `input[pos..]` is at least (budget is set aside for it, so
-    /// that a request of many keys is read in a few large reads, not a field at a time).
+    /// How long the request at `input[pos..]` is at least (so that a request of many keys is
+    /// read in reads of up to [`READ_CHUNK`], not a field at a time).
     pub(super) least: usize,
     /// How far the request at `input[pos..]` has been checked.
     pub(super) scan: Scan,
@@ -69,6 +69,9 @@ pub(super) struct Conn {
     pub(super) wait: Option<Wait>,
     /// Bytes of the shared budget this connection may hold beyond its allowance.
     pub(super) reserved: usize,
+    /// The part of `reserved` set aside for reading the request it is receiving, which counts
+    /// toward its address's share ([`Limits::max_reserved_per_peer`](crate::store::Limits)).
+    pub(super) reading: usize,
     /// When it was accepted, a request of it was last received whole, or its replies were last
     /// all sent.
     pub(super) last_active: Instant,
@@ -102,6 +105,7 @@ impl Conn {
             queued_at: now,
             wait: None,
             reserved: 0,
+            reading: 0,
             last_active: now,
             stalled: false,
             used: false,

@@ -947,3 +947,73 @@ fn many_small_requests_at_once_are_served_a_share_at_a_time_each_byte_moved_at_m
     assert!(moved <= pings.len() as u64, "{moved} bytes moved for {} bytes of requests", pings.len());
     assert_eq!(server.stats().dropped, 0);
 }
+
+#[test]
+#[cfg(target_os = "linux")]
+fn announced_lengths_hold_no_budget_and_one_address_holds_at_most_its_share() {
+    // Before: the server set the whole announced length of a request aside as soon as its
+    // header arrived. A stranger's 18-byte requests announcing 1 MiB each held the whole budget,
+    // and an honest client's large WAIT (rank 0's for the claims) closed its connection. Now
+    // budget is set aside as bytes arrive, a read at a time, and one address's connections hold
+    // at most `max_reserved_per_peer` of it.
+    if !more_loopback_addresses() {
+        return;
+    }
+    let limits = Limits {
+        max_buffered: 8 << 20,
+        max_reserved_per_peer: 2 << 20,
+        max_pending_per_peer: 256,
+        request_within: 30 * SECOND,
+        ..Limits::default()
+    };
+    let server = serve(limits.clone());
+    let stranger = Ipv4Addr::new(127, 0, 0, 2);
+    let value = vec![7u8; 1 << 20];
+    let mut set = Vec::new();
+    Request::Set { key: b"/k", value: &value }.encode(&mut set);
+    let header = 1 + 8 + 2 + 8;
+    assert_eq!(u64::from_le_bytes(set[header - 8..header].try_into().unwrap()), 1 << 20);
+    let attack = |n: usize, sent: usize| -> Vec<TcpStream> {
+        let mut bytes = Vec::new();
+        Request::Validate { magic: codec::VALIDATION_MAGIC }.encode(&mut bytes);
+        bytes.extend_from_slice(&set[..sent]);
+        (0..n)
+            .map(|_| {
+                let mut stream = connect_from(stranger, server.local_addr());
+                stream.write_all(&bytes).unwrap();
+                stream
+            })
+            .collect()
+    };
+    // 32 connections send a header announcing 1 MiB, and nothing more: no budget is set aside.
+    let headers = attack(32, header);
+    let stats = stats_until(&server, |s| s.validated == 32 && s.buffered_bytes == 32 * header);
+    assert_eq!((stats.validated, stats.buffered_bytes, stats.reserved_bytes), (32, 32 * header, 0));
+    // 64 more send 16 KiB of the value: each sets a read (64 KiB) aside once its allowance is
+    // full, until its address's share is taken.
+    let partial = attack(64, header + (16 << 10));
+    let share = limits.max_reserved_per_peer;
+    let stats = stats_until(&server, |s| s.reserved_bytes == share);
+    assert_eq!(stats.reserved_bytes, share, "{stats:?}");
+    // An honest client's WAIT for 4096 keys holds about 1.1 MiB beyond its allowance: it fits.
+    let port = server.local_addr().port();
+    let keys: Vec<String> = (0..4096).map(|i| format!("/claim/{i:06}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let mut honest = StoreClient::connect("127.0.0.1", port, 5 * SECOND).unwrap();
+    assert!(!honest.wait(&refs, Duration::from_millis(100)).unwrap(), "not yet set");
+    let waiter = thread::spawn(move || {
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        honest.wait(&refs, 10 * SECOND).unwrap()
+    });
+    let mut setter = client(&server);
+    setter.set("/big", &value).unwrap();
+    for i in 0..4096 {
+        setter.set(&format!("/claim/{i:06}"), b"c").unwrap();
+    }
+    assert!(waiter.join().unwrap());
+    assert_eq!(setter.get("/big").unwrap(), value);
+    let stats = server.stats();
+    assert_eq!(stats.dropped, 0, "{:?}", stats.events);
+    assert!(stats.reserved_bytes <= share, "{stats:?}");
+    drop((headers, partial));
+}
