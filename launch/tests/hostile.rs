@@ -701,3 +701,73 @@ fn an_abort_notice_without_the_key_does_not_end_a_keyed_job() {
     assert_eq!(rank1.join().unwrap().unwrap(), b"the agent's id");
     assert_eq!(rank0.join().unwrap().unwrap(), b"the agent's id");
 }
+
+#[test]
+fn a_rank_that_read_an_earlier_starts_value_follows_rank_0s_claim_and_joins() {
+    // Before: a rank other than 0 read the start's random value once. In a store that outlives
+    // runs, a start of rank 0 that was killed leaves its value; a rank 1 that came before the new
+    // rank 0 claimed with it, rank 0 ignored that claim as one of another start, and both waited
+    // for the timeout. Rank 1 now takes the start from rank 0's claim while it waits, and claims
+    // again with it.
+    let token = "earlier-start-value";
+    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
+    let port = store.local_addr().port();
+    let keyed_external = || Options { instance: Some(0), ..keyed(10.0, KEY).with_store(StoreMode::External) };
+    store_client(port).set(&format!("{}/start", prefix(token, 0)), &[0x55; 16]).unwrap();
+    let started = Instant::now();
+    let rank1 = spawn(info(1, 2, port, token), keyed_external(), |mut rv| rv.broadcast(|| Err("unused".into())));
+    thread::sleep(Duration::from_millis(500));
+    let rank0 = spawn(info(0, 2, port, token), keyed_external(), |mut rv| rv.broadcast(|| Ok(b"the id".to_vec())));
+    assert_eq!(rank0.join().unwrap().unwrap(), b"the id");
+    assert_eq!(rank1.join().unwrap().unwrap(), b"the id");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+}
+
+#[test]
+fn a_start_value_rewritten_by_a_stranger_does_not_keep_a_rank_out() {
+    // Anyone who reaches rank 0's store can write its start key: a rank that read a stranger's
+    // value claimed with it, and rank 0 ignored that claim until the timeout. The rank now takes
+    // the start from rank 0's claim, which carries the key's MAC.
+    let port = free_port();
+    let token = "stranger-start-value";
+    let p = prefix(token, 0);
+    let rank0 = spawn(info(0, 2, port, token), keyed(10.0, KEY), |mut rv| rv.broadcast(|| Ok(b"the id".to_vec())));
+    let stranger = Mutex::new(store_client(port));
+    let first = format!("{p}/rank/0");
+    until(|| stranger.lock().unwrap().check(&[&first]).unwrap());
+    let mut stranger = stranger.into_inner().unwrap();
+    stranger.set(&format!("{p}/start"), &[0xaa; 16]).unwrap();
+    let started = Instant::now();
+    let rank1 = spawn(info(1, 2, port, token), keyed(10.0, KEY), |mut rv| rv.broadcast(|| Err("unused".into())));
+    assert_eq!(rank1.join().unwrap().unwrap(), b"the id");
+    assert_eq!(rank0.join().unwrap().unwrap(), b"the id");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+}
+
+#[test]
+fn two_rank_0s_on_a_store_that_outlives_runs_fail_at_once_as_a_duplicate() {
+    // Before: each rank 0 made a start of its own and replaced the other's claim as a leftover;
+    // one pair completed, the other rank 0 timed out saying the claims were kept from an earlier
+    // run, and its abort then failed the pair that had completed. A rank 0 now replaces a claim
+    // of another start only when it is a leftover of a killed start, and one whose own claim is
+    // replaced takes the other for a duplicate.
+    let token = "two-rank-0s";
+    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
+    let port = store.local_addr().port();
+    let keyed_external = || Options { instance: Some(0), ..keyed(10.0, KEY).with_store(StoreMode::External) };
+    let started = Instant::now();
+    let a = spawn(info(0, 2, port, token), keyed_external(), |mut rv| rv.broadcast(|| Ok(b"A".to_vec())));
+    thread::sleep(Duration::from_millis(200));
+    let b = spawn(info(0, 2, port, token), keyed_external(), |mut rv| rv.broadcast(|| Ok(b"B".to_vec())));
+    thread::sleep(Duration::from_millis(200));
+    let rank1 = spawn(info(1, 2, port, token), keyed_external(), |mut rv| rv.broadcast(|| Err("unused".into())));
+    let results = [a.join().unwrap(), b.join().unwrap(), rank1.join().unwrap()];
+    let errors: Vec<String> = results.iter().filter_map(|r| r.as_ref().err()).map(|e| e.to_string()).collect();
+    assert!(results.iter().any(|r| matches!(r, Err(RendezvousError::Duplicate { rank: 0, .. }))), "{errors:#?}");
+    // The others are told, unless one rank 0 and rank 1 completed the join before the notice came.
+    for error in &errors {
+        assert!(error.contains("rank 0 was claimed twice"), "{errors:#?}");
+        assert!(!error.contains("earlier run"), "{errors:#?}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+}

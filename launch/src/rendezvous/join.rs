@@ -8,6 +8,24 @@
 //! written again, or left in a store that outlives a start) counts as not there yet, and the
 //! rank it names replaces it when it claims. Without that, a claim copied from an earlier run's
 //! store let rank 0 complete the join with a rank that did not exist.
+//!
+//! The other ranks do not trust the value they read once: in a store that outlives runs it may be
+//! an earlier start's (killed before it could clean up, and read before the new rank 0 wrote its
+//! own), rank 0 may start again while they wait, and anyone who reaches the store can write
+//! `start`. Until the join is released, each of them reads rank 0's claim again after every slice
+//! of its wait and takes the start from there (a claim with this key's MAC: a stranger cannot
+//! make one), replacing its own claim (`COMPARE_SET` against it) with one of that start.
+//!
+//! Rank 0 replaces a claim of another start under its own key only when it is a leftover: in a
+//! store that outlives starts, the claim must be of the start that `start` held when this rank 0
+//! began, and `start` must still hold this rank 0's own value. Otherwise, or when its own claim
+//! is later replaced by one of another start, another rank 0 is live, and it fails with the
+//! duplicate error naming both. The trade-off: a rank 0 killed after it wrote `start` and before
+//! it claimed, with an older start's claim still under rank 0's key, looks like a live second
+//! rank 0, and the next start of rank 0 fails once as a duplicate (the one after it sees a
+//! consistent leftover, or a fresh store, and goes on); a second rank 0 started at the very moment
+//! a first one's claim is read may also be seen only by the first one, which then fails and
+//! aborts the job.
 
 use std::time::Duration;
 
@@ -41,21 +59,35 @@ pub(super) fn fresh_start() -> Result<[u8; NONCE_LEN], RendezvousError> {
     Ok(start)
 }
 
+/// Which claims of another start under its own key a rank replaces (see the module's
+/// documentation).
+enum Replaces {
+    /// Any: the other ranks, and rank 0 of a store it hosts or of a later join of its process.
+    Any,
+    /// Rank 0 of a store that outlives starts: only a claim of the start that `start` held when
+    /// this rank 0 began (empty: none), left by a start that was killed.
+    Leftover(Vec<u8>),
+}
+
 /// With a job key, before claiming: rank 0 makes this start's random value and publishes it
 /// (rank 0 of [`Mode::Hosted`] made it with its store, which holds it already); the others wait
 /// for it and read it. A value that is not one (of another length: anyone who reaches the store
 /// can write there) is not taken; rank 0 writes its own over it.
-fn enter_start(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
+fn enter_start(s: &mut Session, deadline: Deadline) -> Result<Replaces, RendezvousError> {
     let key = s.keys.start();
     if s.rank == 0 {
+        let mut replaces = Replaces::Any;
         if s.start.is_none() {
+            // A missing key reads as empty.
+            let previous = s.client.get_by(&key, deadline).map_err(|e| s.store_error(DURING, e))?;
             let start = fresh_start()?;
             s.client.set_by(&key, &start, deadline).map_err(|e| s.store_error(DURING, e))?;
             s.start = Some(start);
+            replaces = Replaces::Leftover(previous);
         }
         // Every rank has read it once the join is complete: it goes at the first barrier.
         s.stale.push(key);
-        return Ok(());
+        return Ok(replaces);
     }
     s.start = None;
     let mut pause = FIRST_PAUSE;
@@ -63,7 +95,7 @@ fn enter_start(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousErro
         let value = wait_for(s, &key, deadline, "rank 0 has not started the rendezvous")?;
         if let Ok(start) = <[u8; NONCE_LEN]>::try_from(value.as_slice()) {
             s.start = Some(start);
-            return Ok(());
+            return Ok(Replaces::Any);
         }
         if deadline.remaining().is_none_or(|left| left <= pause) {
             let waiting_for = format!(
@@ -80,21 +112,22 @@ fn enter_start(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousErro
 
 /// Claims this rank and waits until every rank has (rank 0 checks the claims and says so).
 pub(super) fn join(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
-    let result = claim(s, deadline).and_then(|()| if s.rank == 0 { release(s, deadline) } else { wait(s, deadline) });
+    let result =
+        claim(s, deadline)
+            .and_then(|mut mine| if s.rank == 0 { release(s, deadline) } else { wait(s, &mut mine, deadline) });
     if result.is_ok() {
         s.acknowledged += 1;
     }
     result
 }
 
-fn claim(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
+/// Claims this rank; returns the claim as written.
+fn claim(s: &mut Session, deadline: Deadline) -> Result<Vec<u8>, RendezvousError> {
     let complete = s.keys.complete();
     if s.client.check_by(&[&complete], deadline).map_err(|e| s.store_error(DURING, e))? {
         return Err(late(s, deadline));
     }
-    if s.seal.is_some() {
-        enter_start(s, deadline)?;
-    }
+    let replaces = if s.seal.is_some() { enter_start(s, deadline)? } else { Replaces::Any };
     let label = s.keys.claim(s.rank);
     let mut nonce = [0u8; NONCE_LEN];
     crate::random::fill(&mut nonce)
@@ -114,26 +147,48 @@ fn claim(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
     for _ in 0..MAX_CLAIM_TRIES {
         current = s.client.compare_set_by(&label, &expected, &mine, deadline).map_err(|e| s.store_error(DURING, e))?;
         if current == mine {
-            return Ok(());
+            return Ok(mine);
         }
         if !expected.is_empty() && current == expected {
             // Gone since it was read (a store answers `expected` for a missing key): claim afresh.
             expected.clear();
-        } else if of_another_start(s, s.rank, &current) {
+        } else if of_another_start(s, s.rank, &current) && leftover(s, &replaces, &current, deadline)? {
             // Made with the key in another start: not a rival in this one. Replace it.
             expected.clone_from(&current);
         } else {
             break;
         }
     }
-    // Taken: by a process of a rendezvous already complete, or by a duplicate.
-    if s.client.check_by(&[&complete], deadline).map_err(|e| s.store_error(DURING, e))? {
-        return Err(late(s, deadline));
+    Err(taken(s, &label, &current, deadline))
+}
+
+/// Whether `current`, a claim of another start under this rank's key, is one that `replaces`
+/// lets this rank replace: for rank 0 of a store that outlives starts, one of the start that
+/// `start` held when this rank 0 began, while `start` still holds this rank 0's value (else
+/// another rank 0 is live).
+fn leftover(s: &mut Session, replaces: &Replaces, current: &[u8], deadline: Deadline) -> Result<bool, RendezvousError> {
+    let Replaces::Leftover(previous) = replaces else { return Ok(true) };
+    let Some((claim, _)) = Claim::decode(current) else { return Ok(false) };
+    if claim.start.as_slice() != previous.as_slice() {
+        return Ok(false);
     }
-    let first = describe(s, &label, &current);
+    let now = s.client.get_by(&s.keys.start(), deadline).map_err(|e| s.store_error(DURING, e))?;
+    Ok(s.start.is_some_and(|start| now == start))
+}
+
+/// The error for a rank whose key another process holds (`current`, read from `label`): a
+/// process of a rendezvous already complete, or a duplicate (then every rank is told).
+fn taken(s: &mut Session, label: &str, current: &[u8], deadline: Deadline) -> RendezvousError {
+    let complete = s.keys.complete();
+    match s.client.check_by(&[&complete], deadline) {
+        Err(e) => return s.store_error(DURING, e),
+        Ok(true) => return late(s, deadline),
+        Ok(false) => {}
+    }
+    let first = describe(s, label, current);
     let error = RendezvousError::Duplicate { rank: s.rank, first: first.clone(), me: s.me.to_string() };
     s.give_up(&format!("rank {} was claimed twice: first by {first}, then by {}{}", s.rank, s.me, s.scope.hint()));
-    Err(error)
+    error
 }
 
 /// The error for a process that came after every rank had joined: a second copy of its rank, or
@@ -263,7 +318,21 @@ fn gather(s: &mut Session, ranks: &[usize], deadline: Deadline) -> Result<Gather
     let mut pause = FIRST_PAUSE;
     loop {
         let keys: Vec<String> = pending.iter().map(|&i| s.keys.claim(ranks[i])).collect();
-        let values = match s.wait_values(&keys, deadline, DURING) {
+        // Rank 0 watches its own claim while it waits: replaced by one of another start, by a
+        // second rank 0 that took it for a leftover, it is a duplicate (see the module's
+        // documentation), told at once rather than when the last rank comes.
+        let mut between = |s: &mut Session| {
+            if s.seal.is_none() || !ranks.contains(&s.rank) {
+                return Ok(());
+            }
+            let label = s.keys.claim(s.rank);
+            let value = s.client.get_by(&label, deadline).map_err(|e| s.store_error(DURING, e))?;
+            match of_another_start(s, s.rank, &value) {
+                true => Err(taken(s, &label, &value, deadline)),
+                false => Ok(()),
+            }
+        };
+        let values = match s.wait_values_between(&keys, deadline, DURING, &mut between) {
             Ok(values) => values,
             Err(Waited::Failed(error)) => return Err(error),
             Err(Waited::TimedOut) => return Ok(Gathered::TimedOut { stale }),
@@ -273,6 +342,12 @@ fn gather(s: &mut Session, ranks: &[usize], deadline: Deadline) -> Result<Gather
         for (&i, value) in pending.iter().zip(&values) {
             match check_claim(s, ranks[i], value).map_err(|error| s.fail(error))? {
                 Checked::Current(nonce) => nonces[i] = nonce,
+                // This rank's own claim, replaced by one of another start: another copy of this
+                // rank is live (a leftover's replacement never replaces a live claim back).
+                Checked::Stale(_) if ranks[i] == s.rank => {
+                    let label = s.keys.claim(s.rank);
+                    return Err(taken(s, &label, value, deadline));
+                }
                 Checked::Stale(who) => {
                     left.push(i);
                     stale.push((ranks[i], who));
@@ -418,16 +493,76 @@ fn check_join_release(s: &mut Session, complete: &str, value: &[u8], mark: &[u8]
 }
 
 /// The other ranks: check rank 0's claim (same world size and key), then wait for the release.
-fn wait(s: &mut Session, deadline: Deadline) -> Result<(), RendezvousError> {
-    if let Gathered::TimedOut { stale } = gather(s, &[0], deadline)? {
-        let waiting_for = format!("rank 0 has not joined{}{}", stale_note(&stale), s.scope.hint());
-        return Err(timed_out(s, deadline, waiting_for));
+/// With a job key, rank 0's claim gives the start: while it names another start than `mine`,
+/// this rank's claim, this rank claims again with that one (see the module's documentation).
+fn wait(s: &mut Session, mine: &mut Vec<u8>, deadline: Deadline) -> Result<(), RendezvousError> {
+    let first = s.keys.claim(0);
+    loop {
+        let value = wait_for(s, &first, deadline, "rank 0 has not joined")?;
+        match check_claim(s, 0, &value).map_err(|error| s.fail(error))? {
+            Checked::Current(_) => break,
+            Checked::Stale(_) if deadline.remaining().is_none() => {
+                let waiting_for = format!("rank 0 has not joined{}", s.scope.hint());
+                return Err(timed_out(s, deadline, waiting_for));
+            }
+            Checked::Stale(_) => follow(s, &value, mine, deadline)?,
+        }
     }
     let complete = s.keys.complete();
-    let value = wait_for(s, &complete, deadline, "rank 0 has not confirmed that every rank joined")?;
+    let keys = [complete.clone()];
+    let mut between = |s: &mut Session| {
+        if s.seal.is_none() {
+            return Ok(());
+        }
+        let value = s.client.get_by(&first, deadline).map_err(|e| s.store_error(DURING, e))?;
+        if of_another_start(s, 0, &value) {
+            follow(s, &value, mine, deadline)?;
+        }
+        Ok(())
+    };
+    let value = match s.wait_values_between(&keys, deadline, DURING, &mut between) {
+        Ok(mut values) => values.pop().unwrap_or_default(),
+        Err(Waited::Failed(error)) => return Err(error),
+        Err(Waited::TimedOut) => {
+            let waiting_for = format!("rank 0 has not confirmed that every rank joined{}", s.scope.hint());
+            return Err(timed_out(s, deadline, waiting_for));
+        }
+    };
     let mark = if s.seal.is_some() { read_welcome(s, deadline)? } else { Vec::new() };
     check_join_release(s, &complete, &value, &mark).map_err(|error| s.fail(error))?;
     s.acknowledge(deadline, DURING)
+}
+
+/// The other ranks, with a job key: rank 0's claim (`first`, verified) names another start than
+/// this rank's claim (`mine`): claims again with rank 0's start, in place of `mine`.
+fn follow(s: &mut Session, first: &[u8], mine: &mut Vec<u8>, deadline: Deadline) -> Result<(), RendezvousError> {
+    let Some((rank0, _)) = Claim::decode(first) else { return Ok(()) };
+    let label = s.keys.claim(s.rank);
+    let mut claim = Claim {
+        rank: s.rank as u32,
+        world_size: s.world_size as u32,
+        who: s.me.clone(),
+        nonce: s.nonce,
+        start: rank0.start,
+        tag: None,
+    };
+    let new = claim.encode(s.seal.as_ref(), &label);
+    let mut expected = mine.clone();
+    for _ in 0..2 {
+        let current =
+            s.client.compare_set_by(&label, &expected, &new, deadline).map_err(|e| s.store_error(DURING, e))?;
+        if current == new {
+            s.start = Some(rank0.start);
+            *mine = new;
+            return Ok(());
+        }
+        if current != expected || expected.is_empty() {
+            return Err(taken(s, &label, &current, deadline));
+        }
+        // Gone (a store answers `expected` for a missing key): claim afresh.
+        expected.clear();
+    }
+    Err(taken(s, &label, mine, deadline))
 }
 
 /// Waits for `key` ([`Session::wait_values`]) and returns its value.

@@ -130,7 +130,14 @@ impl Session {
 
     /// Waits until every key exists, checking the abort key between slices and at the end. Each
     /// slice ends early enough for its cancellation to finish within `deadline`.
-    pub(super) fn wait_all(&mut self, keys: &[String], deadline: Deadline, during: &str) -> Result<(), Waited> {
+    /// After each slice that ended without the keys (past the abort check), it calls `between`.
+    fn wait_all(
+        &mut self,
+        keys: &[String],
+        deadline: Deadline,
+        during: &str,
+        between: &mut dyn FnMut(&mut Session) -> Result<(), RendezvousError>,
+    ) -> Result<(), Waited> {
         let grace = (deadline.limit() / 4).min(MAX_SLICE);
         for chunk in keys.chunks(CHUNK) {
             let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
@@ -148,6 +155,7 @@ impl Session {
                 }
                 self.check_abort(deadline, during)?;
                 super::generation::check_superseded(self, deadline, during)?;
+                between(self)?;
                 slice = (slice * 2).min(MAX_SLICE);
             }
         }
@@ -169,8 +177,20 @@ impl Session {
         deadline: Deadline,
         during: &str,
     ) -> Result<Vec<Vec<u8>>, Waited> {
+        self.wait_values_between(keys, deadline, during, &mut |_| Ok(()))
+    }
+
+    /// [`wait_values`](Session::wait_values), calling `between` after each slice of the wait that
+    /// ended without the keys ([`wait_all`](Session::wait_all)).
+    pub(super) fn wait_values_between(
+        &mut self,
+        keys: &[String],
+        deadline: Deadline,
+        during: &str,
+        between: &mut dyn FnMut(&mut Session) -> Result<(), RendezvousError>,
+    ) -> Result<Vec<Vec<u8>>, Waited> {
         loop {
-            self.wait_all(keys, deadline, during)?;
+            self.wait_all(keys, deadline, during, between)?;
             let values = self.read_values(keys, deadline, during)?;
             let empty: Vec<&str> =
                 keys.iter().zip(&values).filter(|(_, value)| value.is_empty()).map(|(key, _)| key.as_str()).collect();
