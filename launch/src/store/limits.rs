@@ -89,9 +89,12 @@ pub struct Limits {
     /// `VALIDATE` as soon as it connects, so connections opened and left silent cannot keep
     /// clients out.
     pub max_pending: usize,
-    /// The most connections from one IP address that have not yet sent `VALIDATE`; more are
-    /// turned away. Default 8: before it, one address holding `max_pending` silent connections
-    /// (and reopening each as soon as it was closed) kept every other client out.
+    /// The most connections from one IP address that have not yet sent `VALIDATE`; a new one
+    /// takes the place of that address's oldest (which has not sent `VALIDATE` yet after what it
+    /// sent was read), rather than being turned away, so that a process sharing an address with
+    /// clients cannot keep them out with silent connections. Default 8: before it, one address
+    /// holding `max_pending` silent connections (and reopening each as soon as it was closed) kept
+    /// every other client out.
     pub max_pending_per_peer: usize,
     /// How long a new connection has to send `VALIDATE` before it is closed. Default 2 s (a
     /// client sends it as soon as it connects; what arrived is read before a connection is

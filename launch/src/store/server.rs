@@ -54,11 +54,12 @@ pub struct ServerStats {
     pub store_bytes: usize,
     /// Connections accepted.
     pub accepted: u64,
-    /// Connections closed at once because `max_pending_per_peer` or `max_per_peer` was reached,
-    /// or `max_connections` with no connection that may be evicted to make room.
+    /// Connections closed at once because `max_per_peer` was reached, or `max_connections` with
+    /// no connection that may be evicted to make room.
     pub turned_away: u64,
     /// Connections without `VALIDATE` closed to make room for a newer one when `max_pending` was
-    /// reached (the oldest of them); not counted in `dropped`.
+    /// reached (the oldest of them), or `max_pending_per_peer` (the oldest of that address's);
+    /// not counted in `dropped`.
     pub displaced: u64,
     /// Idle connections that never used the store, closed to make room for a new one when
     /// `max_connections` was reached (see [`Limits::evict_idle_after`]); not counted in
@@ -87,7 +88,7 @@ pub struct ServerStats {
 /// [`Limits::validate_within`] and each request must arrive within [`Limits::request_within`];
 /// unvalidated connections are capped ([`Limits::max_pending`]: a newcomer takes the place of the
 /// oldest, so silent connections cannot keep clients out; [`Limits::max_pending_per_peer`] for
-/// one address), and so are one address's
+/// one address, where a newcomer takes the place of that address's oldest), and so are one address's
 /// ([`Limits::max_per_peer`]) and all connections ([`Limits::max_connections`]), and the bytes
 /// that one address's pending `WAIT`s hold ([`Limits::max_wait_bytes_per_peer`]: a wait has no
 /// deadline, so one stranger's waits could otherwise hold the shared budget for good); when all are
@@ -503,15 +504,12 @@ impl Server {
             self.read_pending(now);
             (pending, from_peer) = self.pending(ip);
         }
-        let limits = &self.limits;
-        if from_peer >= limits.max_pending_per_peer {
-            return Err(format!(
-                "the limit of {} connections without VALIDATE from one address ({ip})",
-                limits.max_pending_per_peer
-            ));
-        }
-        if pending >= limits.max_pending {
-            self.displace_oldest_pending(now);
+        if from_peer >= self.limits.max_pending_per_peer {
+            // The newcomer takes the place of the address's oldest, as for `max_pending`: turned
+            // away, a process sharing the ranks' address kept them out with 8 silent connections.
+            self.displace_oldest_pending(now, Some(ip));
+        } else if pending >= self.limits.max_pending {
+            self.displace_oldest_pending(now, None);
         }
         if self.conns.len() < self.limits.max_connections {
             return Ok(());
@@ -547,18 +545,29 @@ impl Server {
         }
     }
 
-    /// Closes the oldest connection without `VALIDATE`, to make room for a new one.
-    fn displace_oldest_pending(&mut self, now: Instant) {
-        let oldest = self.conns.iter().filter(|(_, c)| !c.validated).min_by_key(|(&id, c)| (c.accepted_at, id));
+    /// Closes the oldest connection without `VALIDATE` (of address `from`, if given), to make
+    /// room for a new one.
+    fn displace_oldest_pending(&mut self, now: Instant, from: Option<IpAddr>) {
+        let oldest = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.validated && from.is_none_or(|ip| c.peer.ip() == ip))
+            .min_by_key(|(&id, c)| (c.accepted_at, id));
         let Some(id) = oldest.map(|(&id, _)| id) else { return };
         let Some(conn) = self.remove(id) else { return };
         self.displaced += 1;
         if is_power_of_ten(self.displaced) {
             let n = self.displaced;
+            let limit = match from {
+                Some(ip) => format!(
+                    "the limit of {} connections without VALIDATE from one address ({ip})",
+                    self.limits.max_pending_per_peer
+                ),
+                None => format!("the limit of connections without VALIDATE ({})", self.limits.max_pending),
+            };
             self.event(format!(
-                "closed {n} connection(s) without VALIDATE so far to make room for newer ones: the limit of \
-                 connections without VALIDATE ({}) was reached; this one: {}, open for {}",
-                self.limits.max_pending,
+                "closed {n} connection(s) without VALIDATE so far to make room for newer ones: {limit} was reached; \
+                 this one: {}, open for {}",
                 conn.peer,
                 secs(now.saturating_duration_since(conn.accepted_at))
             ));
