@@ -127,14 +127,20 @@ struct Shared {
     /// Length fields the server thread has read ([`codec::LENGTHS_READ`]).
     #[cfg(test)]
     lengths_read: u64,
-    /// `WAIT`s that a `COMPARE_SET` of a missing key woke ([`StoreServer::bind_like_libuv`]).
+    /// What the server thread counted for the tests, as of its last publication.
     #[cfg(test)]
+    counts: TestCounts,
+}
+
+/// What the server thread counts for the tests.
+#[cfg(test)]
+#[derive(Clone, Copy, Default)]
+struct TestCounts {
+    /// `WAIT`s that a `COMPARE_SET` of a missing key woke ([`StoreServer::bind_like_libuv`]).
     false_wakes: u64,
     /// Bytes moved to drop served requests from the connections' input.
-    #[cfg(test)]
     bytes_moved: u64,
-    /// The most requests of one connection served at one wake-up.
-    #[cfg(test)]
+    /// The most requests of one connection served by one call of `process`.
     most_served_at_once: usize,
 }
 
@@ -167,7 +173,7 @@ impl StoreServer {
     /// The `WAIT`s that a `COMPARE_SET` of a missing key woke ([`StoreServer::bind_like_libuv`]).
     #[cfg(test)]
     pub(crate) fn false_wakes(&self) -> u64 {
-        lock(&self.shared).false_wakes
+        lock(&self.shared).counts.false_wakes
     }
 
     fn launch(
@@ -196,11 +202,7 @@ impl StoreServer {
             #[cfg(test)]
             lengths_read: 0,
             #[cfg(test)]
-            false_wakes: 0,
-            #[cfg(test)]
-            bytes_moved: 0,
-            #[cfg(test)]
-            most_served_at_once: 0,
+            counts: TestCounts::default(),
         }));
         let server = Server {
             listener,
@@ -230,11 +232,7 @@ impl StoreServer {
             #[cfg(test)]
             like_libuv,
             #[cfg(test)]
-            false_wakes: 0,
-            #[cfg(test)]
-            bytes_moved: 0,
-            #[cfg(test)]
-            most_served_at_once: 0,
+            counts: TestCounts::default(),
         };
         let thread = std::thread::Builder::new().name("gpucomm-store".into()).spawn(move || server.run())?;
         Ok(StoreServer { addr, shared, waker, thread: Some(thread) })
@@ -317,13 +315,7 @@ struct Server {
     #[cfg(test)]
     like_libuv: bool,
     #[cfg(test)]
-    false_wakes: u64,
-    /// Bytes moved to drop served requests from the connections' input.
-    #[cfg(test)]
-    bytes_moved: u64,
-    /// The most requests of one connection served by one call of `process`.
-    #[cfg(test)]
-    most_served_at_once: usize,
+    counts: TestCounts,
 }
 
 impl Server {
@@ -438,9 +430,7 @@ impl Server {
         #[cfg(test)]
         {
             shared.lengths_read = codec::LENGTHS_READ.with(std::cell::Cell::get);
-            shared.false_wakes = self.false_wakes;
-            shared.bytes_moved = self.bytes_moved;
-            shared.most_served_at_once = self.most_served_at_once;
+            shared.counts = self.counts;
         }
         shared.stop
     }
@@ -731,7 +721,7 @@ impl Server {
             let moved = conn.compact();
             #[cfg(test)]
             {
-                self.bytes_moved += moved as u64;
+                self.counts.bytes_moved += moved as u64;
             }
             #[cfg(not(test))]
             let _ = moved;
@@ -799,7 +789,7 @@ impl Server {
                     served += 1;
                     #[cfg(test)]
                     {
-                        self.most_served_at_once = self.most_served_at_once.max(served);
+                        self.counts.most_served_at_once = self.counts.most_served_at_once.max(served);
                     }
                 }
                 Step::Need(needed) => {
@@ -844,7 +834,7 @@ impl Server {
             Request::CompareSet { key, expected, desired } => {
                 #[cfg(test)]
                 if self.like_libuv && !expected.is_empty() && !self.table.contains(key) {
-                    self.false_wakes += self.waiters.get(key).map_or(0, Vec::len) as u64;
+                    self.counts.false_wakes += self.waiters.get(key).map_or(0, Vec::len) as u64;
                     self.wake(key, now);
                 }
                 let current = self.table.compare_set(key, expected, desired).map_err(refused)?;

@@ -936,7 +936,7 @@ fn one_address_s_waits_cannot_hold_the_budget_that_other_clients_need() {
 /// requests of one connection it served at one wake-up.
 fn drain_counts(server: &StoreServer) -> (u64, usize) {
     let shared = lock(&server.shared);
-    (shared.bytes_moved, shared.most_served_at_once)
+    (shared.counts.bytes_moved, shared.counts.most_served_at_once)
 }
 
 #[test]
