@@ -40,9 +40,12 @@
 //! other PE (every exchange over a team that holds both), and its words for PE `q` carry their
 //! count and go to the list of that count's parity. Two PEs that split their common teams in
 //! the same order count alike; a PE can write its words of count `c + 2` for `q` only once it
-//! has `q`'s words of count `c + 1`, which `q` sends after reading count `c`'s. Members that split
-//! in different orders read each other's words of another split (which the callers' comparison
-//! refuses on both) or wait for each other, never a barrier of something else.
+//! has `q`'s words of count `c + 1`, which `q` sends after reading count `c`'s. Splits must come in
+//! the same order on every member of the teams involved, as for any collective: two members that
+//! split in different orders read each other's words of another split (which the callers'
+//! comparison refuses on both) or wait for each other, never a barrier of something else; with
+//! three or more PEs a third member may still find every member's words alike and enter
+//! NVSHMEM's split alone, where it waits.
 //!
 //! The check before [`crate::Runtime::alloc_zeroed`] returns a buffer uses the private stream
 //! too ([`Agreement::zero`]): every PE zeroes its copy there, then a barrier over all PEs.

@@ -278,10 +278,11 @@ pub enum Error {
         n_pes: usize,
     },
     /// The members of the parent team made different team splits at the same step: other
-    /// arguments, another kind of split, or none (a member at another collective of the team).
-    /// NVSHMEM computes each member's new team from that member's own arguments, so it would wait
-    /// for ever or give members teams that share NVSHMEM's per-team state. The members compare
-    /// their splits first: no team was created, on any member.
+    /// arguments, or another kind of split. NVSHMEM computes each member's new team from that
+    /// member's own arguments, so it would wait for ever or give members teams that share
+    /// NVSHMEM's per-team state. The members compare their splits first: no team was created, on
+    /// any member. (Splits made in different orders on different members break the collective
+    /// order itself: members may wait for each other instead, see [`crate::Team`].)
     #[error("the members of the parent team made different team splits (member {pe}'s differs from member 0's); no team was created on any member")]
     #[doc(alias = "nvshmem_team_split_strided")]
     #[doc(alias = "nvshmem_team_split_2d")]

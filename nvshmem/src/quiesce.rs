@@ -48,16 +48,15 @@
 //! and the PEs' counters drift apart for good (later collectives wait for ever or pass early). The
 //! host calls that run a collective on NVSHMEM's own stream (the host barrier, and the barriers
 //! and reductions inside allocation, free and team split) are no different. So every eager
-//! collective this crate enqueues (the user's, and the zeroing barrier of an allocation and the
-//! team splits' on the private stream of [`crate::agree`]) goes through [`collective`]: it waits for an event
+//! collective this crate enqueues (the user's, and the zeroing barrier of an allocation on the
+//! private stream of [`crate::agree`]) goes through [`collective`]: it waits for an event
 //! recorded after the last collective enqueued on another stream, and records that event after
 //! itself. Each PE's collectives then run one at a time in the order they were enqueued, which
 //! means that collectives over teams that share PEs must be enqueued in the same order on every
 //! PE, as blocking collectives would need. Host calls that make a collective wait for that event
-//! on the host first ([`host_collective`]); allocation and free wait so once their agreement,
-//! which makes no collective, has ended ([`collectives_finished`]), a team split's exchange
-//! enqueues chained collectives and synchronises them, and team destroy and finalize wait for the
-//! whole device.
+//! on the host first ([`host_collective`]); allocation, free and team split wait so once their
+//! exchange of words, which makes no collective, has ended ([`collectives_finished`]), and team
+//! destroy and finalize wait for the whole device.
 //!
 //! Collectives captured into a graph cannot wait for an eager event inside the capture; the graph
 //! joins the chain instead ([`gpucomm_ordering::join_launches`]): each launch of a graph with a

@@ -29,9 +29,12 @@ use crate::{Runtime, SymmetricMemory};
 /// Splitting is collective over the parent team and destroying is collective over the team:
 /// every member must do it, in the same order relative to the team's other collectives. Before
 /// NVSHMEM splits, the members compare their splits (each member puts its arguments to every
-/// other and waits for theirs: no collective), and when they differ every member gets [`Error::AsymmetricSplit`] and no team is made:
-/// NVSHMEM computes each member's new team from that member's own arguments, and would otherwise
-/// wait for ever or give members teams that share its per-team state. Drop
+/// other and waits for theirs: no collective), and when they differ every member gets
+/// [`Error::AsymmetricSplit`] and no team is made: NVSHMEM computes each member's new team from
+/// that member's own arguments, and would otherwise wait for ever or give members teams that
+/// share its per-team state. Splits made in different orders on different members (over teams
+/// that share PEs) break the collective order itself, which nothing can compare: the members
+/// wait for each other, or, with three PEs or more, one may enter NVSHMEM's split alone. Drop
 /// order differs between PEs on error paths, so a team dropped while a panic unwinds is leaked
 /// (with a warning through the `log` crate) instead of destroyed; otherwise, drop teams in the same
 /// order on every PE, or call [`Team::destroy`]. NVSHMEM has room for `NVSHMEM_MAX_TEAMS` teams
@@ -282,33 +285,41 @@ impl<'rt> Team<'rt> {
         self.rt.check_not_limited_mpg("nvshmem_team_split_2d")?;
         let local = if xrange == 0 { Err(Error::ZeroXRange) } else { Ok(int(xrange.min(self.n_pes))) };
         let xrange = self.agree_split(TWO_D, [xrange, 0, 0], local)?;
+        // Everything the second exchange needs, before NVSHMEM splits: past the split this member
+        // must send its words whatever happens, or the others wait for them.
+        let members = self.members()?;
+        let agreement = self.rt.agreement()?;
         let invalid = nvshmem_team_id_t::NVSHMEM_TEAM_INVALID.0;
         let (mut x, mut y) = (invalid, invalid);
         // SAFETY: `self.raw` is a valid team, `xrange` is at least 1 (NVSHMEM divides by it), fits
         // an int after clamping and is the same on every member (compared above); no
         // configurations (masks 0); both outputs are live locals; the PE's context is current
         // (made so before the comparison, which makes no other current).
-        unsafe {
+        let split = unsafe {
             call!(nvshmem_team_split_2d(self.raw, xrange, std::ptr::null(), 0, &mut x, std::ptr::null(), 0, &mut y))
-        }?;
+        };
         // Adopt both before reporting an error, so that neither leaks.
-        let (row, column) = (self.child(x), self.child(y));
+        let (row, column) = match split {
+            Ok(()) => (self.child(x), self.child(y)),
+            Err(e) => (Err(e), Ok(None)),
+        };
         // NVSHMEM (3.4.5) logs a failed inner split and returns 0, leaving the PEs of that row or
         // column without it while the others got theirs. The members tell each other what they
         // got; unless every one got both, every one drops what it got (rows first on every PE,
-        // then columns: each team that was made is destroyed by all of its members).
+        // then columns: each team that was made is destroyed by all of its members). Words that
+        // are not this exchange's (a member whose splits come in another order) count as neither.
         let made = |team: &Result<Option<Team<'rt>>>| usize::from(matches!(team, Ok(Some(_))));
         let words = split_words(SPLIT_2D_MADE, [made(&row), made(&column), 0], self.raw);
-        let members = self.members()?;
-        let all = self.rt.agreement()?.team_exchange(&members, words)?;
-        let lacking = all.iter().position(|w| w[1] == 0 || w[2] == 0);
+        let all = agreement.team_exchange(&members, words)?;
+        let ours = |w: &[u64; DATA_WORDS]| w[0] == SPLIT_2D_MADE && w[4] == words[4];
+        let lacking = all.iter().position(|w| !ours(w) || w[1] == 0 || w[2] == 0);
         match (row?, column?, lacking) {
             (Some(row), Some(column), None) => Ok((row, column)),
             (row, column, lacking) => {
                 drop(row);
                 drop(column);
                 let pe = lacking.unwrap_or(self.my_pe);
-                let missing = if all.get(pe).is_some_and(|w| w[1] == 0) { "row" } else { "column" };
+                let missing = if all.get(pe).is_some_and(|w| !ours(w) || w[1] == 0) { "row" } else { "column" };
                 Err(Error::SplitIncomplete { pe, missing })
             }
         }
