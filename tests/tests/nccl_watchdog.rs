@@ -18,12 +18,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaSlice, CudaStream};
 use gpucomm_launch::{Options, RankInfo, Rendezvous};
 use gpucomm_ordering::OrderError;
 use gpucomm_tests::{multi_node_on_one_gpu, require_gpus};
 use nccl::watchdog::{CallRecord, CallState, Cause};
-use nccl::{AbortStatus, BorrowedComm, Collectives, Comm, Config, Error, ReduceOp, UniqueId, Watchdog};
+use nccl::{AbortStatus, BorrowedComm, Collectives, Comm, Config, Error, Graph, ReduceOp, UniqueId, Watchdog};
 
 const TIMEOUT: Duration = Duration::from_secs(2);
 const POLL: Duration = Duration::from_millis(50);
@@ -158,11 +158,28 @@ enum Stop {
 /// (`ncclCommRevoke`), the wait returns, the graph refuses to launch again, a registration stays
 /// with NCCL, and the communicator is freed by `Comm::abort` once the graph is gone.
 fn graph_rank(info: RankInfo, device: &Arc<CudaStream>, stop: Stop) {
+    let abort = "the abort, completed once the graph is gone";
+    with_a_captured_all_reduce(info, device, abort, |stream, comm, graph| graph_rank_0(stream, comm, graph, stop));
+}
+
+/// The all-reduce graph both ranks capture in [`with_a_captured_all_reduce`].
+type AllReduceGraph<'c> = Graph<(&'c Comm, CudaSlice<f32>)>;
+
+/// Both ranks join, make one all-reduce and capture another into a graph. Rank 1 then waits until
+/// rank 0 is done and aborts, never taking part in the graph's work; rank 0 runs `rank_0` with
+/// its stream, communicator and graph (which `rank_0` drops), aborts (`abort` says what that must
+/// do), drops what `rank_0` returned, and tells rank 1.
+fn with_a_captured_all_reduce<R>(
+    info: RankInfo,
+    device: &Arc<CudaStream>,
+    abort: &str,
+    rank_0: impl FnOnce(&Arc<CudaStream>, &Comm, AllReduceGraph<'_>) -> R,
+) {
     let (stream, mut rendezvous, comm) = join(&info, device);
     let mut buf = stream.clone_htod(&vec![(info.rank + 1) as f32; COUNT]).unwrap();
     comm.all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
     comm.wait(None).unwrap();
-    let mut graph = nccl::capture(&stream, (&comm, buf), |(comm, buf)| comm.all_reduce_in_place(buf, ReduceOp::SUM))
+    let graph = nccl::capture(&stream, (&comm, buf), |(comm, buf)| comm.all_reduce_in_place(buf, ReduceOp::SUM))
         .map_err(|(_, e)| e)
         .expect("capture");
     rendezvous.barrier().expect("both ranks captured");
@@ -171,6 +188,15 @@ fn graph_rank(info: RankInfo, device: &Arc<CudaStream>, stop: Stop) {
         drop(graph);
         return comm.abort().expect("abort");
     }
+    let kept = rank_0(&stream, &comm, graph);
+    comm.abort().expect(abort);
+    drop(kept);
+    rendezvous.barrier().expect("tell rank 1");
+}
+
+/// Rank 0 of [`graph_rank`]: launches the graph, which waits for rank 1 for ever, and stops it
+/// with `stop`.
+fn graph_rank_0(stream: &Arc<CudaStream>, comm: &Comm, mut graph: AllReduceGraph<'_>, stop: Stop) {
     let registration = comm.register(stream.clone_htod(&[7.0f32; 256]).unwrap()).map_err(|(_, e)| e).unwrap();
     graph.launch().expect("the launch is enqueued");
     let start = Instant::now();
@@ -211,8 +237,6 @@ fn graph_rank(info: RankInfo, device: &Arc<CudaStream>, stop: Stop) {
     assert!(matches!(kept, Error::AbortPending), "{kept:?}");
     drop(registration);
     drop(graph);
-    comm.abort().expect("the abort, completed once the graph is gone");
-    rendezvous.barrier().expect("tell rank 1");
 }
 
 #[test]
@@ -225,40 +249,29 @@ fn a_timeout_of_a_call_in_progress_while_a_graph_holds_the_communicator_abandons
     // used the freed job. Now NCCL is asked first: with a call in progress the revoke still stops
     // it, and the communicator is abandoned — never passed to NCCL again, its registrations kept.
     let test = "a_timeout_of_a_call_in_progress_while_a_graph_holds_the_communicator_abandons_it";
+    // Rank 1 never receives: rank 0's send stays in NCCL's background job, connecting.
     multi_node_on_one_gpu(test, 2, |info, device| {
-        let (stream, mut rendezvous, comm) = join(&info, &device);
-        let mut buf = stream.clone_htod(&vec![(info.rank + 1) as f32; COUNT]).unwrap();
-        comm.all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
-        comm.wait(None).unwrap();
-        let graph = nccl::capture(&stream, (&comm, buf), |(comm, buf)| comm.all_reduce_in_place(buf, ReduceOp::SUM))
-            .map_err(|(_, e)| e)
-            .expect("capture");
-        rendezvous.barrier().expect("both ranks captured");
-        if info.rank == 1 {
-            // Never receives: rank 0's send stays in NCCL's background job, connecting.
-            rendezvous.barrier().expect("rank 0 done");
+        let abort = "an abandoned communicator's teardown calls nothing";
+        with_a_captured_all_reduce(info, &device, abort, |stream, comm, graph| {
+            let registration = comm.register(stream.clone_htod(&[7.0f32; 256]).unwrap()).map_err(|(_, e)| e).unwrap();
+            let data = stream.clone_htod(&[1.0f32; 1024]).unwrap();
+            comm.set_timeout(Some(TIMEOUT));
+            let start = Instant::now();
+            let sent = comm.send(&data, 1);
+            let took = start.elapsed();
+            assert!(matches!(sent, Err(Error::Timeout { .. })), "{sent:?}");
+            assert!(took < TIMEOUT + Duration::from_secs(5), "the send returned after {took:?}");
+            assert!(comm.is_aborted());
+            // Abandoned: NCCL is not called on it again, so what it holds stays with it.
+            let (registration, kept) =
+                registration.deregister().expect_err("deregistered an abandoned communicator's buffer");
+            assert!(matches!(kept, Error::Abandoned { .. }), "{kept:?}");
+            drop(registration);
             drop(graph);
-            return comm.abort().expect("abort");
-        }
-        let registration = comm.register(stream.clone_htod(&[7.0f32; 256]).unwrap()).map_err(|(_, e)| e).unwrap();
-        let data = stream.clone_htod(&[1.0f32; 1024]).unwrap();
-        comm.set_timeout(Some(TIMEOUT));
-        let start = Instant::now();
-        let sent = comm.send(&data, 1);
-        let took = start.elapsed();
-        assert!(matches!(sent, Err(Error::Timeout { .. })), "{sent:?}");
-        assert!(took < TIMEOUT + Duration::from_secs(5), "the send returned after {took:?}");
-        assert!(comm.is_aborted());
-        // Abandoned: NCCL is not called on it again, so what it holds stays with it.
-        let (registration, kept) =
-            registration.deregister().expect_err("deregistered an abandoned communicator's buffer");
-        assert!(matches!(kept, Error::Abandoned { .. }), "{kept:?}");
-        drop(registration);
-        drop(graph);
-        comm.abort().expect("an abandoned communicator's teardown calls nothing");
-        drop(data);
-        rendezvous.barrier().expect("tell rank 1");
-        println!("a send in progress timed out while a graph held the communicator: revoked and abandoned");
+            println!("a send in progress timed out while a graph held the communicator: revoked and abandoned");
+            // Kept until after the abort.
+            data
+        });
     });
 }
 
