@@ -282,7 +282,8 @@ struct Functions<'c> {
 
 impl Drop for Functions<'_> {
     fn drop(&mut self) {
-        if self.may_run || self.comm.is_aborted() || gpucomm_ordering::scope_open() {
+        // Inside a capture scope the device communicator's destruction is refused: `may_run`.
+        if self.may_run || self.comm.is_aborted() {
             log::warn!(
                 "gpucomm-kernels: the communicator was aborted, a capture is open, or the device communicator \
                  could not be destroyed (see the warning before); the kernels' module is leaked, not unloaded"
