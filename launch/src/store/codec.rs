@@ -404,6 +404,9 @@ struct Fields<'a, 'l> {
     buf: &'a [u8],
     pos: usize,
     limits: &'l Limits,
+    /// Keys and values that have not arrived yet are skipped (read as empty) rather than waited
+    /// for: decoding then completes once every length is known ([`whole_len`]).
+    skim: bool,
 }
 
 impl<'a> Fields<'a, '_> {
@@ -451,12 +454,24 @@ impl<'a> Fields<'a, '_> {
 
     fn key(&mut self) -> Result<&'a [u8], Stop> {
         let n = self.len("key length", self.limits.max_key_len)?;
-        self.take(n)
+        self.body(n)
     }
 
     fn value(&mut self) -> Result<&'a [u8], Stop> {
         let n = self.len("value length", self.limits.max_value_len)?;
-        self.take(n)
+        self.body(n)
+    }
+
+    /// A key's or value's `n` bytes (checked against their limit); skipped when they have not
+    /// arrived yet and `skim` is set.
+    fn body(&mut self, n: usize) -> Result<&'a [u8], Stop> {
+        match self.take(n) {
+            Err(Stop::Need(end)) if self.skim => {
+                self.pos = end;
+                Ok(&[])
+            }
+            taken => taken,
+        }
     }
 
     fn keys(&mut self) -> Result<Vec<&'a [u8]>, Stop> {
@@ -536,7 +551,7 @@ impl Scan {
                 })
             }
         };
-        let mut f = Fields { buf, pos: self.pos.max(1), limits };
+        let mut f = Fields { buf, pos: self.pos.max(1), limits, skim: false };
         let stopped = loop {
             if self.pos == 0 {
                 match f.len("key count", limits.max_keys_per_request) {
@@ -568,9 +583,23 @@ impl Scan {
 /// Decodes the request at the start of `buf`. Total: never panics, and checks every length,
 /// count and the request's total length against `limits` before relying on it.
 pub fn decode_request<'a>(buf: &'a [u8], limits: &Limits) -> Result<Decoded<'a>, CodecError> {
+    decode(buf, limits, false)
+}
+
+/// The whole length of the request at the start of `buf`, once every length field of it has
+/// arrived (its last key or value may still be on its way); `None` before that, or when it is
+/// invalid.
+pub(crate) fn whole_len(buf: &[u8], limits: &Limits) -> Option<usize> {
+    match decode(buf, limits, true) {
+        Ok(Decoded::Complete { len, .. }) => Some(len),
+        _ => None,
+    }
+}
+
+fn decode<'a>(buf: &'a [u8], limits: &Limits, skim: bool) -> Result<Decoded<'a>, CodecError> {
     let Some(&first) = buf.first() else { return Ok(Decoded::Incomplete { needed: 1 }) };
     let query = Query::from_byte(first).ok_or(CodecError::UnknownQuery { byte: first })?;
-    let mut f = Fields { buf, pos: 1, limits };
+    let mut f = Fields { buf, pos: 1, limits, skim };
     let parsed = (|| -> Result<Request<'a>, Stop> {
         Ok(match query {
             Query::Validate => Request::Validate { magic: f.u32()? },

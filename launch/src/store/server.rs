@@ -1,6 +1,7 @@
 //! [`StoreServer`]: a TCPStore server on one thread, written for clients that may be hostile.
 
 mod conn;
+mod line;
 mod table;
 
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -13,6 +14,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use conn::{Conn, Wait, READ_CHUNK, VALIDATE_LEN};
+use line::{Line, Place};
 use table::Table;
 
 use super::codec::{
@@ -217,6 +219,7 @@ impl StoreServer {
             waiting: HashMap::new(),
             budget_used: 0,
             reading_by_peer: HashMap::new(),
+            line: Line::default(),
             stalled: Vec::new(),
             backlog: Vec::new(),
             accept_paused_until: None,
@@ -294,6 +297,9 @@ struct Server {
     /// Peer address → the bytes of `budget_used` its connections set aside for reading their
     /// requests ([`Conn::reading`]), at most [`Limits::max_reserved_per_peer`].
     reading_by_peer: HashMap<IpAddr, usize>,
+    /// The connections with bytes set aside for reading ([`Conn::reading`]), in the order they
+    /// began to: what those ahead still need is kept free for them.
+    line: Line,
     /// Connections whose next request waits for budget for its reply ([`Conn::stalled`]), in the
     /// order they stalled.
     stalled: Vec<u64>,
@@ -596,9 +602,20 @@ impl Server {
     /// set aside in step with what arrives: once what it holds fills what it may hold, one more
     /// read of the request it is receiving (at most [`READ_CHUNK`], and never past the request's
     /// length as far as it is known), if the shared budget and its address's share
-    /// ([`Limits::max_reserved_per_peer`]) allow. Before, a request's whole announced length was
-    /// set aside as soon as its header arrived: 18-byte requests announcing 1 MiB each held the
-    /// whole budget, and the next large `WAIT` (rank 0's for the claims) closed its connection.
+    /// ([`Limits::max_reserved_per_peer`]) allow with what the connections ahead of it in the
+    /// [`Line`] still need ([`Conn::owed`]) kept free. Before, a request's whole announced length
+    /// was set aside as soon as its header arrived: 18-byte requests announcing 1 MiB each held
+    /// the whole budget, and the next large `WAIT` (rank 0's for the claims) closed its
+    /// connection. Then, with budget set aside a read at a time for every connection at once,
+    /// several large requests arriving together (from one address, or from many) each held part
+    /// of the budget and none could finish before `request_within` closed them all.
+    ///
+    /// The first in line can always finish: every connection behind it, and every one that set
+    /// budget aside before taking a place, did so only while what the first may still need
+    /// fitted beside it, and what the first sets aside comes off that. A request whose length
+    /// fields have not all arrived (a list learns its lengths as they come) counts as the longest
+    /// request allowed until they have, so what a request may need never grows; a place is given
+    /// up with its request.
     fn read_room(&mut self, id: u64) -> usize {
         let allowance = self.limits.connection_allowance;
         let Some(conn) = self.conns.get(&id) else { return 0 };
@@ -609,16 +626,48 @@ impl Server {
         if room > 0 {
             return room.min(READ_CHUNK);
         }
-        let request = conn.needed.max(conn.least).max(conn.input.len() + 1);
-        let extra = (request - conn.input.len()).min(READ_CHUNK);
-        let ip = conn.peer.ip();
+        let extra = (conn.request_len() - conn.input.len()).min(READ_CHUNK);
+        // A place is the request's: one taken for an earlier request is given up (the next may
+        // need more than the connections behind it counted), and a connection that has not
+        // begun its next request does not take one (what it will need is not known yet).
+        let started = conn.input.len() > conn.pos;
+        let (ip, served, place) = (conn.peer.ip(), conn.served, conn.place);
+        let place = match place {
+            Some(place) if started && place.request() == served => Some(place),
+            Some(place) => {
+                self.line.leave(place);
+                if let Some(conn) = self.conns.get_mut(&id) {
+                    conn.place = None;
+                }
+                None
+            }
+            None => None,
+        };
+        let (ahead, ahead_of_peer) = self.owed_ahead(place, ip);
         let peer = self.reading_by_peer.get(&ip).copied().unwrap_or(0);
-        if self.budget_used + extra > self.limits.max_buffered || peer + extra > self.limits.max_reserved_per_peer {
+        if self.budget_used + extra + ahead > self.limits.max_buffered
+            || peer + extra + ahead_of_peer > self.limits.max_reserved_per_peer
+        {
             return 0;
+        }
+        if place.is_none() && started {
+            let joined = self.line.join(id, served);
+            if let Some(conn) = self.conns.get_mut(&id) {
+                conn.place = Some(joined);
+            }
         }
         self.reserve(id, extra);
         self.set_reading(id, |reading| reading + extra);
         extra
+    }
+
+    /// What the connections ahead of `place` in the [`Line`] still need ([`Conn::owed`]): all of
+    /// them, and those of address `ip`.
+    fn owed_ahead(&self, place: Option<Place>, ip: IpAddr) -> (usize, usize) {
+        self.line.ahead(place).filter_map(|id| self.conns.get(&id)).fold((0, 0), |(all, of_peer), conn| {
+            let owed = conn.owed(&self.limits);
+            (all + owed, of_peer + if conn.peer.ip() == ip { owed } else { 0 })
+        })
     }
 
     /// Sets `extra` bytes of the shared budget aside for a connection.
@@ -643,6 +692,11 @@ impl Server {
         let Some(conn) = self.conns.get_mut(&id) else { return };
         let (before, ip) = (conn.reading, conn.peer.ip());
         conn.reading = change(before);
+        if conn.reading == 0 {
+            if let Some(place) = conn.place.take() {
+                self.line.leave(place);
+            }
+        }
         let held = self.reading_by_peer.entry(ip).or_default();
         *held = *held + conn.reading - before;
         if *held == 0 {

@@ -4,7 +4,9 @@ use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Instant;
 
-use crate::store::codec::Scan;
+use super::line::Place;
+use crate::store::codec::{self, Scan};
+use crate::store::Limits;
 
 /// The length of the only request an unvalidated connection may send (`VALIDATE` + magic).
 pub(super) const VALIDATE_LEN: usize = 5;
@@ -84,6 +86,11 @@ pub(super) struct Conn {
     /// It was served its share of requests for one wake-up while more were buffered: the rest
     /// are served at the next one, after the other connections' (nothing more is read before).
     pub(super) backlogged: bool,
+    /// Its place in the line of connections reading beyond their allowance, for the request it
+    /// is receiving, while [`Conn::reading`] is not 0.
+    pub(super) place: Option<Place>,
+    /// How many of its requests were served.
+    pub(super) served: u64,
 }
 
 impl Conn {
@@ -110,12 +117,30 @@ impl Conn {
             stalled: false,
             used: false,
             backlogged: false,
+            place: None,
+            served: 0,
         }
     }
 
     /// Bytes held for this connection: unparsed input, unsent output, a pending wait's keys.
     pub(super) fn held(&self) -> usize {
         self.input.len() + self.borrowed + self.unsent() + self.wait.as_ref().map_or(0, |wait| wait.bytes)
+    }
+
+    /// How long the request it is receiving is, as far as is known (one byte of the next when
+    /// none is under way).
+    pub(super) fn request_len(&self) -> usize {
+        self.needed.max(self.least).max(self.input.len() + 1)
+    }
+
+    /// The most budget, beyond what it set aside, that it may need to hold the rest of that
+    /// request: for the request's whole length once every length field of it has arrived, for
+    /// the longest request `limits` allow before.
+    pub(super) fn owed(&self, limits: &Limits) -> usize {
+        let input = &self.input[self.pos..];
+        let whole =
+            codec::whole_len(input, limits).unwrap_or(limits.max_request_len).max(self.request_len() - self.pos);
+        (self.held() - input.len() + whole).saturating_sub(limits.connection_allowance + self.reserved)
     }
 
     /// Bytes of replies not sent yet.
@@ -194,6 +219,7 @@ impl Conn {
     /// Moves past a served request of `len` bytes ([`Conn::compact`] drops it).
     pub(super) fn consume(&mut self, len: usize, now: Instant) {
         self.pos += len;
+        self.served += 1;
         self.needed = 1;
         self.least = 1;
         self.scan = Scan::default();

@@ -1012,12 +1012,15 @@ fn announced_lengths_hold_no_budget_and_one_address_holds_at_most_its_share() {
     let headers = attack(32, header);
     let stats = stats_until(&server, |s| s.validated == 32 && s.buffered_bytes == 32 * header);
     assert_eq!((stats.validated, stats.buffered_bytes, stats.reserved_bytes), (32, 32 * header, 0));
-    // 64 more send 16 KiB of the value: each sets a read (64 KiB) aside once its allowance is
-    // full, until its address's share is taken.
+    // 64 more send 16 KiB of the value: once its allowance is full, each would set a read
+    // (64 KiB) aside, but only while what the connections ahead of it still need (about 1 MiB
+    // each) fits in its address's share beside it: two do, the others wait behind them.
     let partial = attack(64, header + (16 << 10));
     let share = limits.max_reserved_per_peer;
-    let stats = stats_until(&server, |s| s.reserved_bytes == share);
-    assert_eq!(stats.reserved_bytes, share, "{stats:?}");
+    let stats = stats_until(&server, |s| s.reserved_bytes == 2 * (64 << 10));
+    assert_eq!(stats.reserved_bytes, 2 * (64 << 10), "{stats:?}");
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(server.stats().reserved_bytes, 2 * (64 << 10));
     // An honest client's WAIT for 4096 keys holds about 1.1 MiB beyond its allowance: it fits.
     let port = server.local_addr().port();
     let keys: Vec<String> = (0..4096).map(|i| format!("/claim/{i:06}")).collect();
@@ -1039,4 +1042,77 @@ fn announced_lengths_hold_no_budget_and_one_address_holds_at_most_its_share() {
     assert_eq!(stats.dropped, 0, "{:?}", stats.events);
     assert!(stats.reserved_bytes <= share, "{stats:?}");
     drop((headers, partial));
+}
+
+/// Sets `key` to `value` through a raw validated connection from `from` (with one `SET`, or with a
+/// `MULTI_SET` of its eight parts under `key/0` to `key/7` when `multi`), then pings it, so that
+/// the request has been served when it returns; `Err` when the server closed the connection.
+#[cfg(target_os = "linux")]
+fn set_from(from: Ipv4Addr, to: SocketAddr, key: &str, value: &[u8], multi: bool) -> io::Result<()> {
+    let mut stream = connect_from(from, to);
+    stream.set_read_timeout(Some(20 * SECOND))?;
+    let mut bytes = Vec::new();
+    Request::Validate { magic: codec::VALIDATION_MAGIC }.encode(&mut bytes);
+    if multi {
+        let keys: Vec<String> = (0..8).map(|i| format!("{key}/{i}")).collect();
+        let pairs = keys.iter().zip(value.chunks(value.len() / 8)).map(|(k, v)| (k.as_bytes(), v)).collect();
+        Request::MultiSet { pairs }.encode(&mut bytes);
+    } else {
+        Request::Set { key: key.as_bytes(), value }.encode(&mut bytes);
+    }
+    Request::Ping { nonce: 9 }.encode(&mut bytes);
+    stream.write_all(&bytes)?;
+    let mut reply = [0u8; 4];
+    stream.read_exact(&mut reply)?;
+    assert_eq!(u32::from_le_bytes(reply), 9);
+    Ok(())
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn large_sets_arriving_together_from_one_address_or_many_all_finish() {
+    // Before: each large request read beyond its allowance set a read at a time aside, all at
+    // once, so six 1 MiB `SET`s from one address split its 2 MiB share (or, from six addresses,
+    // the shared 4 MiB) between them, none could finish, and all were closed when their
+    // `request_within` passed (torch clients of one node writing large values together). Now
+    // the connections reading beyond their allowance form a line: a later one sets budget aside
+    // only while what the earlier ones still need fits beside it, so the first always finishes.
+    // A `MULTI_SET` learns its length a value at a time, going to the back of the line each
+    // time it turns out longer: six of them from one address finish too.
+    let multi = more_loopback_addresses();
+    let limits = Limits {
+        max_buffered: 4 << 20,
+        max_reserved_per_peer: 2 << 20,
+        max_request_len: 2 << 20,
+        request_within: 4 * SECOND,
+        ..Limits::default()
+    };
+    let server = serve(limits);
+    let to = server.local_addr();
+    let value = |i: usize| vec![i as u8; 1 << 20];
+    let one = Ipv4Addr::LOCALHOST;
+    let senders: Vec<Ipv4Addr> =
+        (0..6).map(|_| one).chain((0..if multi { 6 } else { 0 }).map(|i| Ipv4Addr::new(127, 0, 0, 2 + i))).collect();
+    for (round, multi) in [(&senders[..6], false), (&senders[6..], false), (&senders[..6], true)] {
+        let threads: Vec<_> = round
+            .iter()
+            .enumerate()
+            .map(|(i, &from)| {
+                let key = format!("/{from}/{i}/{multi}");
+                thread::spawn(move || set_from(from, to, &key, &value(i), multi).map(|()| key))
+            })
+            .collect();
+        for (i, thread) in threads.into_iter().enumerate() {
+            let key = thread.join().unwrap().unwrap_or_else(|e| panic!("set {i}: {e}: {:?}", server.stats().events));
+            let mut c = client(&server);
+            let got = if multi {
+                (0..8).map(|part| c.get(&format!("{key}/{part}")).unwrap()).collect::<Vec<_>>().concat()
+            } else {
+                c.get(&key).unwrap()
+            };
+            assert_eq!(got, value(i));
+        }
+    }
+    let stats = stats_until(&server, |s| s.reserved_bytes == 0);
+    assert_eq!((stats.dropped, stats.reserved_bytes), (0, 0), "{:?}", stats.events);
 }
