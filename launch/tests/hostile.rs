@@ -669,8 +669,10 @@ fn an_abort_notice_without_the_key_does_not_end_a_keyed_job() {
     assert!(stranger.check(&[&abort]).unwrap());
     let rank1 = spawn(info(1, 2, port, token), keyed(10.0, KEY), |mut rv| {
         let id = rv.broadcast(|| Err("unused".into()))?;
-        rv.barrier()?;
-        Ok((id, rv.broadcast(|| Err("unused".into())).unwrap_err()))
+        // Rank 0's notice may come while this rank leaves the barrier (which never goes on past
+        // one), or in the broadcast after it.
+        let failed = rv.barrier().and_then(|()| rv.broadcast(|| Err("unused".into()))).unwrap_err();
+        Ok((id, failed))
     });
     let (id0, failed0) = rank0.join().unwrap().unwrap();
     let (id1, failed1) = rank1.join().unwrap().unwrap();
@@ -700,6 +702,31 @@ fn an_abort_notice_without_the_key_does_not_end_a_keyed_job() {
     let rank1 = spawn(worker(1), opts(), |mut rv| rv.broadcast(|| Err("unused".into())));
     assert_eq!(rank1.join().unwrap().unwrap(), b"the agent's id");
     assert_eq!(rank0.join().unwrap().unwrap(), b"the agent's id");
+}
+
+#[test]
+fn a_large_abort_notice_without_the_key_is_emptied_not_read_at_every_wait() {
+    // Before: the ranks ignored a stranger's unsigned notice but left it in the store, and read it
+    // whole again at every slice of every wait (up to the store's 1 MiB value limit each time,
+    // on every rank, for the whole job). The first rank to read it now empties it, unless a
+    // rank's own notice took its place meanwhile.
+    let port = free_port();
+    let token = "large-unsigned-abort";
+    let abort = format!("{}/abort", prefix(token, 0));
+    let rank0 = spawn(info(0, 2, port, token), keyed(10.0, KEY), |mut rv| {
+        rv.barrier()?;
+        rv.broadcast(|| Ok(b"the id".to_vec()))
+    });
+    let stranger = Mutex::new(store_client(port));
+    stranger.lock().unwrap().set(&abort, &vec![b'x'; 512 << 10]).unwrap();
+    // Rank 0 waits for rank 1's claim meanwhile: one of its wait slices finds the notice.
+    until(|| stranger.lock().unwrap().get(&abort).unwrap().is_empty());
+    let rank1 = spawn(info(1, 2, port, token), keyed(10.0, KEY), |mut rv| {
+        rv.barrier()?;
+        rv.broadcast(|| Err("unused".into()))
+    });
+    assert_eq!(rank1.join().unwrap().unwrap(), b"the id");
+    assert_eq!(rank0.join().unwrap().unwrap(), b"the id");
 }
 
 #[test]

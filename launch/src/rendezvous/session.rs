@@ -240,7 +240,9 @@ impl Session {
     /// only a notice with its MAC does (a rank's). Anyone who reaches the store can write the key
     /// (when rank 0 hosts the store, its owner record gives the path away), so without this one
     /// `SET` by a stranger failed every rank of a job that has a key; such a notice is ignored,
-    /// with a warning.
+    /// with a warning, and emptied (unless a rank's notice replaced it meanwhile), so that the
+    /// ranks do not read a large one again at every slice of their waits. An empty value is no
+    /// notice.
     pub(super) fn abort_notice(
         &mut self,
         label: &str,
@@ -251,6 +253,9 @@ impl Session {
             return Ok(None);
         }
         let notice = self.client.get_by(label, deadline).map_err(|e| self.store_error(during, e))?;
+        if notice.is_empty() {
+            return Ok(None);
+        }
         let (reason, signed) = self.read_abort(label, &notice);
         if signed {
             return Ok(Some(reason));
@@ -262,6 +267,15 @@ impl Session {
                  without GPUCOMM_JOB_KEY): {reason}",
                 self.rank
             );
+        }
+        // Emptied only if it is still the notice just read: the store answers with the value it
+        // holds after the swap (a rank's notice that came in between), or with `notice` itself
+        // when the key is gone.
+        let now = self.client.compare_set_by(label, &notice, b"", deadline).map_err(|e| self.store_error(during, e))?;
+        if !now.is_empty() && now != notice {
+            if let (reason, true) = self.read_abort(label, &now) {
+                return Ok(Some(reason));
+            }
         }
         Ok(None)
     }
