@@ -219,7 +219,7 @@ impl StoreServer {
             waiting: HashMap::new(),
             budget_used: 0,
             reading_by_peer: HashMap::new(),
-            line: Line::default(),
+            lines: HashMap::new(),
             stalled: Vec::new(),
             backlog: Vec::new(),
             accept_paused_until: None,
@@ -297,9 +297,10 @@ struct Server {
     /// Peer address → the bytes of `budget_used` its connections set aside for reading their
     /// requests ([`Conn::reading`]), at most [`Limits::max_reserved_per_peer`].
     reading_by_peer: HashMap<IpAddr, usize>,
-    /// The connections with bytes set aside for reading ([`Conn::reading`]), in the order they
-    /// began to: what those ahead still need is kept free for them.
-    line: Line,
+    /// Peer address → its connections with bytes set aside for reading a started request
+    /// ([`Conn::reading`]), in the order they began to: what those ahead may still need is kept
+    /// free for them in the address's share.
+    lines: HashMap<IpAddr, Line>,
     /// Connections whose next request waits for budget for its reply ([`Conn::stalled`]), in the
     /// order they stalled.
     stalled: Vec<u64>,
@@ -601,21 +602,24 @@ impl Server {
     /// How many bytes the connection may read now (0: it waits). Beyond its allowance, budget is
     /// set aside in step with what arrives: once what it holds fills what it may hold, one more
     /// read of the request it is receiving (at most [`READ_CHUNK`], and never past the request's
-    /// length as far as it is known), if the shared budget and its address's share
-    /// ([`Limits::max_reserved_per_peer`]) allow with what the connections ahead of it in the
-    /// [`Line`] still need ([`Conn::owed`]) kept free. Before, a request's whole announced length
-    /// was set aside as soon as its header arrived: 18-byte requests announcing 1 MiB each held
-    /// the whole budget, and the next large `WAIT` (rank 0's for the claims) closed its
-    /// connection. Then, with budget set aside a read at a time for every connection at once,
-    /// several large requests arriving together (from one address, or from many) each held part
-    /// of the budget and none could finish before `request_within` closed them all.
+    /// length as far as it is known), if the shared budget allows, and its address's share
+    /// ([`Limits::max_reserved_per_peer`]) with what the connections of that address ahead of it
+    /// in their [`Line`] may still need ([`Conn::owed`]) kept free. Before, a request's whole
+    /// announced length was set aside as soon as its header arrived: 18-byte requests announcing
+    /// 1 MiB each held the whole budget, and the next large `WAIT` (rank 0's for the claims)
+    /// closed its connection. Then, with budget set aside a read at a time for every connection
+    /// at once, several large requests of one address arriving together (the ranks of a node
+    /// writing large values) each held part of its share and none could finish before
+    /// `request_within` closed them all.
     ///
-    /// The first in line can always finish: every connection behind it, and every one that set
-    /// budget aside before taking a place, did so only while what the first may still need
-    /// fitted beside it, and what the first sets aside comes off that. A request whose length
-    /// fields have not all arrived (a list learns its lengths as they come) counts as the longest
-    /// request allowed until they have, so what a request may need never grows; a place is given
-    /// up with its request.
+    /// The first in its address's line can always finish within the share: every connection of
+    /// that address behind it, and every one that set some aside before taking a place, did so
+    /// only while what the first may still need fitted beside it, and what the first sets aside
+    /// comes off that. A request whose length fields have not all arrived (a list learns its
+    /// lengths as they come) counts as the longest request allowed until they have, so what a
+    /// request may need never grows; a place is given up with its request ([`Server::settle`]).
+    /// The shared budget is not shared out this way: counting what requests announce against it
+    /// would let a few addresses hold it with a few bytes sent each.
     fn read_room(&mut self, id: u64) -> usize {
         let allowance = self.limits.connection_allowance;
         let Some(conn) = self.conns.get(&id) else { return 0 };
@@ -627,31 +631,19 @@ impl Server {
             return room.min(READ_CHUNK);
         }
         let extra = (conn.request_len() - conn.input.len()).min(READ_CHUNK);
-        // A place is the request's: one taken for an earlier request is given up (the next may
-        // need more than the connections behind it counted), and a connection that has not
-        // begun its next request does not take one (what it will need is not known yet).
+        // A connection that has not begun its next request takes no place: what it will need is
+        // not known yet.
         let started = conn.input.len() > conn.pos;
-        let (ip, served, place) = (conn.peer.ip(), conn.served, conn.place);
-        let place = match place {
-            Some(place) if started && place.request() == served => Some(place),
-            Some(place) => {
-                self.line.leave(place);
-                if let Some(conn) = self.conns.get_mut(&id) {
-                    conn.place = None;
-                }
-                None
-            }
-            None => None,
-        };
-        let (ahead, ahead_of_peer) = self.owed_ahead(place, ip);
+        let (ip, place) = (conn.peer.ip(), conn.place);
+        let ahead = self.owed_ahead(place, ip);
         let peer = self.reading_by_peer.get(&ip).copied().unwrap_or(0);
-        if self.budget_used + extra + ahead > self.limits.max_buffered
-            || peer + extra + ahead_of_peer > self.limits.max_reserved_per_peer
+        if self.budget_used + extra > self.limits.max_buffered
+            || peer + extra + ahead > self.limits.max_reserved_per_peer
         {
             return 0;
         }
         if place.is_none() && started {
-            let joined = self.line.join(id, served);
+            let joined = self.lines.entry(ip).or_default().join(id, conn.served);
             if let Some(conn) = self.conns.get_mut(&id) {
                 conn.place = Some(joined);
             }
@@ -661,13 +653,24 @@ impl Server {
         extra
     }
 
-    /// What the connections ahead of `place` in the [`Line`] still need ([`Conn::owed`]): all of
-    /// them, and those of address `ip`.
-    fn owed_ahead(&self, place: Option<Place>, ip: IpAddr) -> (usize, usize) {
-        self.line.ahead(place).filter_map(|id| self.conns.get(&id)).fold((0, 0), |(all, of_peer), conn| {
-            let owed = conn.owed(&self.limits);
-            (all + owed, of_peer + if conn.peer.ip() == ip { owed } else { 0 })
-        })
+    /// What the connections of address `ip` ahead of `place` in its [`Line`] may still need
+    /// ([`Conn::owed`]; every one in line for `None`).
+    fn owed_ahead(&self, place: Option<Place>, ip: IpAddr) -> usize {
+        let Some(line) = self.lines.get(&ip) else { return 0 };
+        line.ahead(place).filter_map(|id| self.conns.get(&id)).map(|conn| conn.owed(&self.limits)).sum()
+    }
+
+    /// Takes a connection out of its address's line.
+    fn leave_line(&mut self, id: u64) {
+        let Some(conn) = self.conns.get_mut(&id) else { return };
+        let Some(place) = conn.place.take() else { return };
+        let ip = conn.peer.ip();
+        if let Some(line) = self.lines.get_mut(&ip) {
+            line.leave(place);
+            if line.is_empty() {
+                self.lines.remove(&ip);
+            }
+        }
     }
 
     /// Sets `extra` bytes of the shared budget aside for a connection.
@@ -692,23 +695,28 @@ impl Server {
         let Some(conn) = self.conns.get_mut(&id) else { return };
         let (before, ip) = (conn.reading, conn.peer.ip());
         conn.reading = change(before);
-        if conn.reading == 0 {
-            if let Some(place) = conn.place.take() {
-                self.line.leave(place);
-            }
-        }
+        let after = conn.reading;
         let held = self.reading_by_peer.entry(ip).or_default();
-        *held = *held + conn.reading - before;
+        *held = *held + after - before;
         if *held == 0 {
             self.reading_by_peer.remove(&ip);
+        }
+        if after == 0 {
+            self.leave_line(id);
         }
     }
 
     /// Gives back the budget a connection no longer needs (keeping what the request it is
     /// receiving holds, and one read more); what it set aside for reading shrinks to what that
-    /// request still holds beyond the allowance.
+    /// request still holds beyond the allowance. A place in its address's line taken for a
+    /// request served since is given up: the next request may need more than the connections
+    /// behind it counted.
     fn settle(&mut self, id: u64) {
         let allowance = self.limits.connection_allowance;
+        let Some(conn) = self.conns.get(&id) else { return };
+        if conn.place.is_some_and(|place| place.request() != conn.served) {
+            self.leave_line(id);
+        }
         let Some(conn) = self.conns.get(&id) else { return };
         let input = conn.input.len();
         let pending = if input == 0 { 0 } else { conn.needed.max(conn.least).max(input).min(input + READ_CHUNK) };

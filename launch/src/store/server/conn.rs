@@ -1,5 +1,6 @@
 //! One client connection of the server: its buffers, its pending wait, its deadlines.
 
+use std::cell::Cell;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Instant;
@@ -91,6 +92,9 @@ pub(super) struct Conn {
     pub(super) place: Option<Place>,
     /// How many of its requests were served.
     pub(super) served: u64,
+    /// The length [`Conn::owed`] last found for the request it is receiving (or its bound), and
+    /// how much of that request had arrived then.
+    whole: Cell<Option<(usize, usize)>>,
 }
 
 impl Conn {
@@ -119,6 +123,7 @@ impl Conn {
             backlogged: false,
             place: None,
             served: 0,
+            whole: Cell::new(None),
         }
     }
 
@@ -135,12 +140,23 @@ impl Conn {
 
     /// The most budget, beyond what it set aside, that it may need to hold the rest of that
     /// request: for the request's whole length once every length field of it has arrived, for
-    /// the longest request `limits` allow before.
+    /// the longest request `limits` allow before. The length is decoded again only when more of
+    /// the request has arrived since it was last asked ([`Conn::whole`]).
     pub(super) fn owed(&self, limits: &Limits) -> usize {
-        let input = &self.input[self.pos..];
-        let whole =
-            codec::whole_len(input, limits).unwrap_or(limits.max_request_len).max(self.request_len() - self.pos);
-        (self.held() - input.len() + whole).saturating_sub(limits.connection_allowance + self.reserved)
+        let input = self.input.get(self.pos..).unwrap_or_default();
+        let whole = match self.whole.get() {
+            Some((arrived, whole)) if arrived == input.len() => whole,
+            _ => {
+                let whole = codec::whole_len(input, limits).unwrap_or(limits.max_request_len);
+                self.whole.set(Some((input.len(), whole)));
+                whole
+            }
+        };
+        let whole = whole.max(self.request_len() - self.pos);
+        self.held()
+            .saturating_sub(input.len())
+            .saturating_add(whole)
+            .saturating_sub(limits.connection_allowance + self.reserved)
     }
 
     /// Bytes of replies not sent yet.
@@ -220,6 +236,7 @@ impl Conn {
     pub(super) fn consume(&mut self, len: usize, now: Instant) {
         self.pos += len;
         self.served += 1;
+        self.whole.set(None);
         self.needed = 1;
         self.least = 1;
         self.scan = Scan::default();

@@ -1,6 +1,7 @@
-//! The line of connections reading requests longer than their allowance, oldest first: a
-//! connection sets budget aside for its request only while what the connections ahead of it
-//! still need fits beside it, so the first in line can always finish its request.
+//! The line of one address's connections reading requests longer than their allowance, oldest
+//! first: a connection sets its address's share of the budget aside for its request only while
+//! what the connections ahead of it may still need fits beside it, so the first in line can
+//! always finish its request.
 
 use std::collections::BTreeMap;
 
@@ -37,6 +38,11 @@ impl Line {
     /// Takes a place out of the line.
     pub(super) fn leave(&mut self, place: Place) {
         self.order.remove(&place.seq);
+    }
+
+    /// True when no connection is in line.
+    pub(super) fn is_empty(&self) -> bool {
+        self.order.is_empty()
     }
 
     /// The connections ahead of `place` (every one in line for `None`).
