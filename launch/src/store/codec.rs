@@ -405,7 +405,8 @@ struct Fields<'a, 'l> {
     pos: usize,
     limits: &'l Limits,
     /// Keys and values that have not arrived yet are skipped (read as empty) rather than waited
-    /// for: decoding then completes once every length is known ([`whole_len`]).
+    /// for: decoding then completes once every field but the last key or value has arrived
+    /// ([`whole_len`]).
     skim: bool,
 }
 
@@ -586,10 +587,16 @@ pub fn decode_request<'a>(buf: &'a [u8], limits: &Limits) -> Result<Decoded<'a>,
     decode(buf, limits, false)
 }
 
-/// The whole length of the request at the start of `buf`, once every length field of it has
-/// arrived (its last key or value may still be on its way); `None` before that, or when it is
-/// invalid.
+/// The whole length of the request at the start of `buf`, once every field before its last key
+/// or value has arrived (that key or value may still be on its way); `None` before that, when it
+/// is invalid, and always for a list (`CHECK`, `WAIT`, `MULTI_GET`, `MULTI_SET`): a list's
+/// lengths arrive all through it, and decoding it from its start at every arrival would cost the
+/// square of its keys (a list waits for nothing once whole: it is served).
 pub(crate) fn whole_len(buf: &[u8], limits: &Limits) -> Option<usize> {
+    let list = |q| matches!(q, Query::Check | Query::Wait | Query::MultiGet | Query::MultiSet);
+    if buf.first().and_then(|&b| Query::from_byte(b)).is_none_or(list) {
+        return None;
+    }
     match decode(buf, limits, true) {
         Ok(Decoded::Complete { len, .. }) => Some(len),
         _ => None,

@@ -80,14 +80,15 @@ pub struct Limits {
     /// not count): a connection of an address at its share reads nothing more (within
     /// `request_within`) until the address's others give some back. Default 4 MiB (an eighth of
     /// the default `max_buffered`). Budget is set aside in step with what arrives (at most one
-    /// read of 64 KiB ahead of it), never for the length a request announces; but an address's
-    /// connections that read beyond their allowance form a line, and one sets the share aside
-    /// only while what those ahead of it may still need (a request's whole length once its length
-    /// fields have arrived, `max_request_len` before) fits beside it, so that several large
-    /// requests of one address arriving together finish one after another instead of each
-    /// holding part of the share until `request_within` closes them all. So one connection of an
-    /// address whose request announces much (or has not told its length yet) holds up the
-    /// address's other large requests, within `request_within`. Keep it at least
+    /// read of 64 KiB ahead of it), never for the length a request announces; but what a request
+    /// announces holds up the address's later ones: an address's connections that read beyond
+    /// their allowance form a line, and one sets the share aside only while what those ahead of
+    /// it may still need (a request's whole length once the fields before its last key or value
+    /// have arrived; `max_request_len` before that, and for lists) fits beside it, so that
+    /// several large requests of one address arriving together finish one after another instead
+    /// of each holding part of the share until `request_within` closes them all. So one
+    /// connection of an address whose request announces much (or has not told its length yet)
+    /// holds up the address's other large requests, for up to `request_within`. Keep it at least
     /// `max_request_len`, or the largest requests cannot be read.
     pub max_reserved_per_peer: usize,
     /// The most connections that have not yet sent `VALIDATE`. Default 64. When they are all

@@ -612,14 +612,20 @@ impl Server {
     /// writing large values) each held part of its share and none could finish before
     /// `request_within` closed them all.
     ///
-    /// The first in its address's line can always finish within the share: every connection of
-    /// that address behind it, and every one that set some aside before taking a place, did so
-    /// only while what the first may still need fitted beside it, and what the first sets aside
-    /// comes off that. A request whose length fields have not all arrived (a list learns its
-    /// lengths as they come) counts as the longest request allowed until they have, so what a
-    /// request may need never grows; a place is given up with its request ([`Server::settle`]).
-    /// The shared budget is not shared out this way: counting what requests announce against it
-    /// would let a few addresses hold it with a few bytes sent each.
+    /// The first in its address's line can finish within the share: every connection of that
+    /// address behind it did so only while what the first may still need fitted beside it, and
+    /// what the first sets aside comes off that. Connections without a request under way set some
+    /// aside without a place (what they will need is not known yet), counting the whole line;
+    /// one that set a byte aside so before the first joined keeps it while it waits for its
+    /// next request: a byte per connection, which the share leaves room for with the default
+    /// limits (a request's first `connection_allowance` bytes need none of it). A
+    /// request whose length is not known yet (a list, whose lengths come all through it, or the
+    /// header of another) counts as the longest request allowed until it is, so what a request
+    /// may need never grows; a place is given up with its request ([`Server::settle`]) and when
+    /// what the connection set aside for reading runs out (it joins again at the back). The
+    /// shared budget is not shared out this way: counting what requests announce against it
+    /// would let a few addresses hold it with a few bytes sent each, so the first in a line can
+    /// still wait there for budget that other addresses' requests, replies and waits hold.
     fn read_room(&mut self, id: u64) -> usize {
         let allowance = self.limits.connection_allowance;
         let Some(conn) = self.conns.get(&id) else { return 0 };

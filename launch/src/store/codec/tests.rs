@@ -313,3 +313,31 @@ fn a_scan_resumed_piece_by_piece_agrees_with_decoding_from_the_start() {
     }
     assert!(whole_seen > 5000 && errors_seen > 1000, "{whole_seen} whole, {errors_seen} refused");
 }
+
+#[test]
+fn a_requests_whole_length_is_known_once_the_fields_before_its_last_body_arrived() {
+    // What the server's line counts for a request still arriving: a `SET`'s whole length once
+    // its value's length has arrived, a `COMPARE_SET`'s once its desired value's has; never a
+    // list's (its lengths come all through it), nor an invalid or unknown request's.
+    let limits = Limits::default();
+    let value = vec![5u8; 1000];
+    let cases: Vec<(Request<'_>, Option<usize>)> = vec![
+        (Request::Set { key: b"/k", value: &value }, Some(1 + 8 + 2 + 8)),
+        (Request::CompareSet { key: b"/k", expected: &value, desired: &value }, Some(1 + 8 + 2 + 8 + 1000 + 8)),
+        (Request::Get { key: b"/k" }, Some(1 + 8)),
+        (Request::MultiSet { pairs: vec![(&b"/a"[..], &value[..]), (&b"/b"[..], &value[..])] }, None),
+        (Request::Wait { keys: vec![&b"/a"[..], &b"/b"[..]] }, None),
+    ];
+    for (request, known_from) in cases {
+        let mut bytes = Vec::new();
+        request.encode(&mut bytes);
+        for arrived in 0..=bytes.len() {
+            let expected = known_from.filter(|&from| arrived >= from).map(|_| bytes.len());
+            assert_eq!(whole_len(&bytes[..arrived], &limits), expected, "{request:?} with {arrived} bytes");
+        }
+    }
+    assert_eq!(whole_len(&[0xee, 1, 2], &limits), None);
+    let mut set = Vec::new();
+    Request::Set { key: b"/k", value: &value }.encode(&mut set);
+    assert_eq!(whole_len(&set[..19], &Limits { max_value_len: 999, ..Limits::default() }), None, "over the limit");
+}

@@ -1,7 +1,7 @@
 //! The line of one address's connections reading requests longer than their allowance, oldest
 //! first: a connection sets its address's share of the budget aside for its request only while
 //! what the connections ahead of it may still need fits beside it, so the first in line can
-//! always finish its request.
+//! finish its request within the share.
 
 use std::collections::BTreeMap;
 

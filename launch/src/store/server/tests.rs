@@ -1076,9 +1076,9 @@ fn large_requests_of_one_address_arriving_together_all_finish() {
     // finish, and all were closed when their `request_within` passed (the ranks of one node
     // writing large values together). Now an address's connections reading beyond their
     // allowance form a line: a later one sets the share aside only while what the earlier ones
-    // may still need fits beside it, so the first always finishes. A `MULTI_SET`, whose length
-    // is known once its last value's length has arrived, counts as the longest request allowed
-    // until then: six of them finish too, one after another.
+    // may still need fits beside it, so the first always finishes. A `MULTI_SET`, a list whose
+    // lengths come all through it, counts as the longest request allowed: six of them finish
+    // too, one after another.
     let limits = Limits {
         max_buffered: 8 << 20,
         max_reserved_per_peer: 2 << 20,
