@@ -123,9 +123,10 @@ pub struct Limits {
     /// Bytes shared by all connections beyond their allowance: the rest of a request larger than
     /// the allowance is read as budget can be set aside here for it, a read at a time (one
     /// address's connections at most `max_reserved_per_peer`), and a `GET` or
-    /// `MULTI_GET` whose reply does not fit waits (its connection reading nothing more) until
-    /// it does (otherwise the connection waits, and is dropped when its request deadline passes).
-    /// One address's pending `WAIT`s hold at most `max_wait_bytes_per_peer` of it. Default 32 MiB.
+    /// `MULTI_GET` whose reply does not fit, or a `WAIT` whose keys do not, waits (its connection
+    /// reading nothing more) until it does, or until its request deadline passes (then its
+    /// connection is dropped). One address's pending `WAIT`s hold at most
+    /// `max_wait_bytes_per_peer` of it. Default 32 MiB.
     pub max_buffered: usize,
 }
 

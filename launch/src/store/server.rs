@@ -388,12 +388,13 @@ impl Server {
         }
     }
 
-    /// Whether a reply of `bytes` more fits the connection's allowance and the shared budget.
-    /// When it does not, and other connections hold budget that their replies' sending or their
-    /// closing gives back, the request waits ([`Conn::stalled`]: `Ok(false)`); when only this
-    /// connection holds any, it is refused as before (a client that sends reads without taking
-    /// their replies is dropped once its unsent replies pass `max_reply_len`, in `reply`).
-    fn room_for_reply(&mut self, id: u64, bytes: usize) -> Result<bool, String> {
+    /// Whether `bytes` more (`what`: a reply, a `WAIT`'s keys) fit the connection's allowance and
+    /// the shared budget. When they do not, and other connections hold budget that their
+    /// replies' sending or their closing gives back, the request waits ([`Conn::stalled`]:
+    /// `Ok(false)`) and is served again, whole, once they fit; when only this connection holds
+    /// any, it is refused as before (a client that sends reads without taking their replies is
+    /// dropped once its unsent replies pass `max_reply_len`, in `reply`).
+    fn room_for(&mut self, id: u64, bytes: usize, what: &str) -> Result<bool, String> {
         let allowance = self.limits.connection_allowance;
         let Some(conn) = self.conns.get_mut(&id) else { return Ok(true) };
         let over = (conn.held() + bytes).saturating_sub(allowance + conn.reserved);
@@ -402,7 +403,7 @@ impl Server {
         }
         if self.budget_used == conn.reserved {
             return Err(format!(
-                "a reply of {bytes} bytes would pass the server's buffer budget ({} bytes)",
+                "{what} of {bytes} bytes would pass the server's buffer budget ({} bytes)",
                 self.limits.max_buffered
             ));
         }
@@ -913,7 +914,7 @@ impl Server {
             }
             Request::Get { key } => {
                 let len = self.table.get(key).map_or(0, <[u8]>::len);
-                if !self.room_for_reply(id, 8 + len)? {
+                if !self.room_for(id, 8 + len, "a reply")? {
                     return Ok(());
                 }
                 let value = self.table.get(key).unwrap_or_default().to_vec();
@@ -941,7 +942,7 @@ impl Server {
             }
             Request::MultiGet { keys } => {
                 let len: usize = keys.iter().map(|key| 8 + self.table.get(key).map_or(0, <[u8]>::len)).sum();
-                if len <= self.limits.max_reply_len && !self.room_for_reply(id, len)? {
+                if len <= self.limits.max_reply_len && !self.room_for(id, len, "a reply")? {
                     return Ok(());
                 }
                 let mut reply = Vec::new();
@@ -1011,7 +1012,10 @@ impl Server {
 
     /// Starts a wait for the keys still missing, within what one address's pending waits may
     /// hold ([`Limits::max_wait_bytes_per_peer`]): a wait has no deadline, so without that bound
-    /// one stranger's waits could hold the whole shared budget for ever.
+    /// one stranger's waits could hold the whole shared budget for ever. A wait that fits its
+    /// address's share but not the shared budget waits for room, as a large reply does
+    /// ([`Server::room_for`]), within `request_within`: before, it closed its connection at once
+    /// (rank 0's wait for the claims, while other addresses' waits held the budget).
     fn start_wait(&mut self, id: u64, keys: &[&[u8]], now: Instant) -> Result<(), String> {
         self.clear_wait(id);
         let Some(ip) = self.conns.get(&id).map(|c| c.peer.ip()) else { return Ok(()) };
@@ -1028,6 +1032,9 @@ impl Server {
                 "the pending WAITs of {ip} would hold {held} bytes, over the limit of {} for one address",
                 self.limits.max_wait_bytes_per_peer
             ));
+        }
+        if !self.room_for(id, wait.bytes, "a WAIT's keys")? {
+            return Ok(());
         }
         for key in &wait.keys {
             self.waiters.entry(key.clone()).or_default().push(id);
@@ -1171,7 +1178,8 @@ impl Server {
         let closed_stalled = !late.is_empty();
         for id in late {
             let reason = format!(
-                "its request waited longer than {} for room in the server's buffer budget for its reply",
+                "its request waited longer than {} for room in the server's buffer budget (for its reply, or its \
+                 WAIT's keys)",
                 secs(self.limits.request_within)
             );
             self.close(id, Some(reason));

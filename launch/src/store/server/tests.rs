@@ -1111,3 +1111,68 @@ fn large_requests_of_one_address_arriving_together_all_finish() {
     let stats = stats_until(&server, |s| s.reserved_bytes == 0);
     assert_eq!((stats.dropped, stats.reserved_bytes), (0, 0), "{:?}", stats.events);
 }
+
+#[test]
+#[cfg(target_os = "linux")]
+fn a_wait_that_does_not_fit_the_shared_budget_waits_for_room() {
+    // Before: a WAIT whose keys fitted its address's share but not the shared budget closed its
+    // connection at once: a stranger's wait and another's half-sent `SET` (from two addresses,
+    // each within its share) held the budget, and rank 0's wait for the claims failed the
+    // rendezvous. Now it waits for room as a large reply does, within `request_within`: here
+    // until the stranger sending the `SET` leaves.
+    if TcpListener::bind("127.0.0.3:0").is_err() {
+        eprintln!("skipped: the loopback does not take 127.0.0.3 here");
+        return;
+    }
+    let limits = Limits {
+        max_buffered: 4 << 20,
+        max_wait_bytes_per_peer: 2 << 20,
+        max_value_len: 2 << 20,
+        request_within: 10 * SECOND,
+        ..Limits::default()
+    };
+    let server = serve(limits);
+    let validate = |bytes: &mut Vec<u8>| Request::Validate { magic: codec::VALIDATION_MAGIC }.encode(bytes);
+    // A wait for 4096 keys of 121 bytes (each counts 2 × 121 + 256 bytes: 1.95 MiB in all), and
+    // 1.9 MiB of a 2 MiB value: less than 112 KiB of the budget is left.
+    let keys: Vec<Vec<u8>> = (0..4096).map(|i| format!("/never/{i:0115}").into_bytes()).collect();
+    let mut wait = Vec::new();
+    validate(&mut wait);
+    Request::Wait { keys: keys.iter().map(Vec::as_slice).collect() }.encode(&mut wait);
+    let mut waiting = connect_from(Ipv4Addr::new(127, 0, 0, 2), server.local_addr());
+    waiting.write_all(&wait).unwrap();
+    let wait_bytes = 4096 * (2 * 121 + 256);
+    assert!(
+        stats_until(&server, |s| s.reserved_bytes >= wait_bytes - (8 << 10)).reserved_bytes >= wait_bytes - (8 << 10)
+    );
+    let value = vec![1u8; 2 << 20];
+    let mut set = Vec::new();
+    validate(&mut set);
+    Request::Set { key: b"/half", value: &value }.encode(&mut set);
+    let sent = set.len() - (100 << 10);
+    let mut half = connect_from(Ipv4Addr::new(127, 0, 0, 3), server.local_addr());
+    half.write_all(&set[..sent]).unwrap();
+    let held = wait_bytes + sent - (16 << 10) - 64;
+    let reserved = stats_until(&server, |s| s.reserved_bytes >= held).reserved_bytes;
+    // Rank 0's wait for 512 claims (about 170 KB) does not fit beside them.
+    let claims: Vec<String> = (0..512).map(|i| format!("/gpucomm/v1/0123456789abcdef/0/g1/rank/{i}")).collect();
+    let claim_bytes: usize = claims.iter().map(|claim| 2 * claim.len() + 256).sum();
+    assert!(reserved >= held && reserved + claim_bytes > 4 << 20, "{reserved} bytes set aside");
+    let mut rank_0 = client(&server);
+    let waiter = thread::spawn(move || {
+        let refs: Vec<&str> = claims.iter().map(String::as_str).collect();
+        rank_0.wait(&refs, 8 * SECOND)
+    });
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(server.stats().dropped, 0, "{:?}", server.stats().events);
+    // The stranger sending the `SET` leaves: the wait is registered, and the claims end it.
+    drop(half);
+    assert_eq!(stats_until(&server, |s| s.connections == 2).connections, 2);
+    let mut setter = client(&server);
+    for i in 0..512 {
+        setter.set(&format!("/gpucomm/v1/0123456789abcdef/0/g1/rank/{i}"), b"c").unwrap();
+    }
+    assert!(waiter.join().unwrap().unwrap());
+    assert_eq!(server.stats().dropped, 0, "{:?}", server.stats().events);
+    drop(waiting);
+}
