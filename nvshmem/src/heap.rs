@@ -18,6 +18,7 @@ pub use limit::HeapLimit;
 use crate::agree::{Ask, Op};
 use crate::error::{Error, Result};
 use crate::ffi::call;
+use crate::quiesce;
 use crate::Runtime;
 
 mod sealed {
@@ -148,6 +149,7 @@ impl Runtime {
     }
 
     fn allocate<T>(&self, len: usize, how: Alloc) -> Result<Symmetric<'_, T>> {
+        let _relaxed = quiesce::relaxed_host();
         let align = match how {
             Alloc::Align(align) => align as u64,
             Alloc::Malloc | Alloc::Zeroed => 0,
@@ -312,6 +314,7 @@ impl<'rt, T> Symmetric<'rt, T> {
     #[allow(clippy::result_large_err)]
     pub fn free(mut self) -> std::result::Result<(), (Self, Error)> {
         let freed = (|| -> Result<()> {
+            let _relaxed = quiesce::relaxed_host();
             // Every PE takes part in the check, whether or not it could wait for its streams, so
             // that every PE reaches the same verdict.
             let refusal = self.tracker.synchronize().err().map(Error::from);

@@ -95,6 +95,7 @@ impl Runtime {
     pub fn load_module(&self, image: &[u8]) -> Result<Module<'_>> {
         let checked = ModuleImage::new(image)?;
         quiesce::host_call("loading a module (nvshmemx_cumodule_init)")?;
+        let _relaxed = quiesce::relaxed_host();
         let ctx = self.context();
         let major = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?;
         let minor = ctx.attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?;
@@ -238,6 +239,7 @@ impl Drop for Module<'_> {
                  the capture)"
             );
         }
+        let _relaxed = quiesce::relaxed_host();
         let ctx = self.rt.context();
         // Kernels of the module may still be running, on streams this crate does not know: wait
         // for the device, within the runtime's timeout, and keep the module loaded otherwise.

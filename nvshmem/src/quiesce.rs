@@ -417,6 +417,17 @@ pub(crate) fn host_call(what: &'static str) -> Result<()> {
     Ok(())
 }
 
+/// This thread's capture interaction mode relaxed, for a host call of NVSHMEM's that copies
+/// synchronously or waits on the host inside (allocating, freeing, loading and unloading a
+/// module, registering, splitting and destroying teams, the host barrier, starting and
+/// finalising): another thread's capture in CUDA's global mode (PyTorch's default) would make CUDA
+/// refuse those copies, and NVSHMEM exits the process on such a refusal. Best effort, so that a
+/// collective call never fails on one PE alone for it: `None` when the mode could not be changed.
+/// The caller keeps the guard for the whole call.
+pub(crate) fn relaxed_host() -> Option<gpucomm_ordering::RelaxedMode> {
+    gpucomm_ordering::relax().ok()
+}
+
 /// Forgets the capture of `stream` if it ended: run once the capture scope of a captured
 /// non-blocking operation closed ([`nonblocking`], through `gpucomm_ordering::after_scope`).
 pub(crate) fn capture_ended(stream: &CudaStream) {

@@ -212,30 +212,51 @@ impl Drop for Exec {
 /// (`cuThreadExchangeStreamCaptureMode`), then restores the previous mode. Host-side waits for
 /// streams that are *not* being captured are harmless to a capture, but the default (global) mode
 /// would refuse them while any capture is open. The mode is restored when `f` panics too.
-pub fn relaxed<R>(f: impl FnOnce() -> Result<R, DriverError>) -> Result<R, DriverError> {
-    /// The mode to put back, on the way out of `relaxed` however it leaves.
-    struct Restore(Option<sys::CUstreamCaptureMode>);
-    impl Restore {
-        fn now(&mut self) -> Result<(), DriverError> {
-            let Some(mut mode) = self.0.take() else { return Ok(()) };
-            // SAFETY: the call swaps a plain enum through a valid pointer; this restores the mode
-            // read by the first exchange.
-            unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }.result()
-        }
-    }
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            let _ = self.now();
-        }
-    }
+pub fn relaxed<R, E: From<DriverError>>(f: impl FnOnce() -> Result<R, E>) -> Result<R, E> {
+    let mut mode = relax()?;
+    let out = f();
+    let restored = mode.restore();
+    let out = out?;
+    restored.map(|()| out).map_err(E::from)
+}
+
+/// This thread's capture interaction mode set to relaxed (`cuThreadExchangeStreamCaptureMode`)
+/// until the guard is dropped, which puts the previous mode back: for host calls of a library
+/// that waits on the host or copies synchronously inside (NVSHMEM's allocation, module loading,
+/// host barrier), which the default (global) mode makes CUDA refuse while another thread
+/// captures in global mode (PyTorch's default), and which such a library may answer by exiting
+/// the process. What the thread does meanwhile must not touch a stream being captured.
+#[doc(alias = "cuThreadExchangeStreamCaptureMode")]
+pub fn relax() -> Result<RelaxedMode, DriverError> {
     let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
     // SAFETY: the call swaps a plain enum through a valid pointer.
     unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }.result()?;
-    let mut restore = Restore(Some(mode));
-    let out = f();
-    let restored = restore.now();
-    let out = out?;
-    restored.map(|()| out)
+    Ok(RelaxedMode { earlier: Some(mode), _thread: std::marker::PhantomData })
+}
+
+/// The guard of [`relax`]: puts this thread's earlier capture interaction mode back when dropped.
+/// Not `Send`: the mode is the thread's.
+#[must_use = "the mode is relaxed only while the guard lives"]
+pub struct RelaxedMode {
+    earlier: Option<sys::CUstreamCaptureMode>,
+    _thread: std::marker::PhantomData<*const ()>,
+}
+
+impl RelaxedMode {
+    /// Puts the earlier mode back now (once).
+    fn restore(&mut self) -> Result<(), DriverError> {
+        let Some(mut mode) = self.earlier.take() else { return Ok(()) };
+        // SAFETY: the call swaps a plain enum through a valid pointer; this restores the mode
+        // the first exchange read.
+        unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }.result()
+    }
+}
+
+impl Drop for RelaxedMode {
+    fn drop(&mut self) {
+        // A failure cannot be acted on in a drop.
+        let _ = self.restore();
+    }
 }
 
 /// One use of device memory by a captured call, on the scope's stream (a scope records uses on

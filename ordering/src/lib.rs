@@ -43,8 +43,8 @@ mod usage;
 pub use access::{Access, Guard};
 pub use buffer::{DeviceBuffer, DeviceBufferMut, DeviceMemory};
 pub use capture::{
-    admit, after_scope, captured_completion, capturing, is_capturing, join_launches, relaxed, scope_open, Complete,
-    LaunchChain,
+    admit, after_scope, captured_completion, capturing, is_capturing, join_launches, relax, relaxed, scope_open,
+    Complete, LaunchChain, RelaxedMode,
 };
 pub use context::{make_current, placement, Placement};
 pub use error::OrderError;

@@ -1075,6 +1075,57 @@ fn starting_and_loading_a_module_are_refused_inside_a_capture() {
     });
 }
 
+/// NVSHMEM's host calls that copy synchronously inside (allocating, zeroing, freeing, loading and
+/// unloading a module, splitting and destroying a team, the host barrier), made while another
+/// thread captures a stream in CUDA's global mode (what PyTorch's `torch.cuda.graph` uses by
+/// default). Before: such a capture makes CUDA refuse those copies on every thread whose mode is
+/// global, and NVSHMEM exits the process on the refusal; the crate refused them only inside its
+/// own capture scope. Now each relaxes this thread's capture mode for the call, and works.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn host_calls_work_while_another_thread_captures_in_global_mode() {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    multi_process("host_calls_work_while_another_thread_captures_in_global_mode", 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let ctx = stream.context().clone();
+        let (began, capturing) = std::sync::mpsc::channel();
+        let (finish, finished) = std::sync::mpsc::channel::<()>();
+        let capturer = std::thread::spawn(move || {
+            let side = ctx.new_stream().unwrap();
+            side.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL).unwrap();
+            began.send(side.capture_status().unwrap()).unwrap();
+            finished.recv().unwrap();
+            let status = side.capture_status();
+            (status, side.end_capture(CUgraphInstantiate_flags(0)).map(|graph| graph.is_some()))
+        });
+        let status = capturing.recv().unwrap();
+        assert_eq!(status, cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE);
+        let me = rt.my_pe();
+        let buf = rt.alloc::<i32>(1024).unwrap();
+        let zeroed = rt.alloc_zeroed::<i32>(1024).unwrap();
+        let module = rt.load_module(RING).unwrap();
+        module.kernel("ring_put_plain").unwrap();
+        drop(module);
+        rt.barrier_all().unwrap();
+        let world = rt.world().unwrap();
+        let team = world.split_strided(0, 1, 1).unwrap().expect("this PE is in the team");
+        team.destroy().map_err(|(_, e)| e).unwrap();
+        drop(world);
+        rt.put_on_stream(&buf, &zeroed, me, &stream).unwrap();
+        rt.barrier_all_on_stream(&stream).unwrap();
+        assert_eq!(stream.clone_dtoh(&buf).unwrap(), vec![0; 1024]);
+        zeroed.free().map_err(|(_, e)| e).unwrap();
+        buf.free().map_err(|(_, e)| e).unwrap();
+        finish.send(()).unwrap();
+        let (status, ended) = capturer.join().unwrap();
+        // The other thread's capture saw nothing of these calls.
+        assert_eq!(status.unwrap(), cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE);
+        ended.expect("the other thread's capture ends");
+        still_works(&rt, &stream);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
 /// Audit: an allocation made its buffer's tracker after the PEs agreed, and the tracker
 /// refuses the per-thread default stream. Before: PE 0, whose runtime stream is the per-thread
 /// default stream, agreed with PE 1, then failed alone (`OrderError::PerThreadStream`), while PE 1

@@ -37,7 +37,7 @@ fn is_idle(stream: &CudaStream) -> bool {
     gpucomm_ordering::relaxed(|| {
         // SAFETY: the stream is alive (borrowed); the call only reads its state.
         let status = unsafe { cudarc::driver::sys::cuStreamQuery(stream.cu_stream()) };
-        Ok(status == cudarc::driver::sys::CUresult::CUDA_SUCCESS)
+        Ok::<_, cudarc::driver::DriverError>(status == cudarc::driver::sys::CUresult::CUDA_SUCCESS)
     })
     .unwrap_or(false)
 }
