@@ -314,7 +314,6 @@ impl<'rt, T> Symmetric<'rt, T> {
     #[allow(clippy::result_large_err)]
     pub fn free(mut self) -> std::result::Result<(), (Self, Error)> {
         let freed = (|| -> Result<()> {
-            let _relaxed = quiesce::relaxed_host();
             // Every PE takes part in the check, whether or not it could wait for its streams, so
             // that every PE reaches the same verdict.
             let refusal = self.tracker.synchronize().err().map(Error::from);

@@ -239,7 +239,6 @@ impl Drop for Module<'_> {
                  the capture)"
             );
         }
-        let _relaxed = quiesce::relaxed_host();
         let ctx = self.rt.context();
         // Kernels of the module may still be running, on streams this crate does not know: wait
         // for the device, within the runtime's timeout, and keep the module loaded otherwise.

@@ -417,13 +417,18 @@ pub(crate) fn host_call(what: &'static str) -> Result<()> {
     Ok(())
 }
 
-/// This thread's capture interaction mode relaxed, for a host call of NVSHMEM's that copies
-/// synchronously or waits on the host inside (allocating, freeing, loading and unloading a
-/// module, registering, splitting and destroying teams, the host barrier, starting and
-/// finalising): another thread's capture in CUDA's global mode (PyTorch's default) would make CUDA
-/// refuse those copies, and NVSHMEM exits the process on such a refusal. Best effort, so that a
-/// collective call never fails on one PE alone for it: `None` when the mode could not be changed.
-/// The caller keeps the guard for the whole call.
+/// This thread's capture interaction mode relaxed, for a host call of NVSHMEM's that copies or
+/// waits synchronously inside: another thread's capture in CUDA's global mode (PyTorch's default)
+/// makes CUDA refuse those copies on this thread, and NVSHMEM exits the process on such a
+/// refusal. Used where NVSHMEM's own work then went through (seen on one H100 with NVSHMEM 3.4.5):
+/// allocating (zeroed or not) and the host barrier; and for loading a module, which CUDA refuses
+/// anyway meanwhile (`cuModuleLoadData`), before NVSHMEM is called. Not for team splits: relaxed,
+/// a split reached NVSHMEM, whose team set-up CUDA refused inside, and NVSHMEM exited; in the
+/// default mode this crate's own copies before it fail first, with an error. The other host calls
+/// (freeing, registering, destroying a team, starting, finalising) were not tried that way and
+/// keep the default mode.
+/// Best effort, so that a collective call never fails on one PE alone for it: `None` when the
+/// mode could not be changed. The caller keeps the guard for the whole call.
 pub(crate) fn relaxed_host() -> Option<gpucomm_ordering::RelaxedMode> {
     gpucomm_ordering::relax().ok()
 }

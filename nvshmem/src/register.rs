@@ -99,7 +99,6 @@ impl Runtime {
         // the cache, and the undoing below would free them again. Refused before NVSHMEM is
         // called, as the unregistration is.
         quiesce::host_call("registering a buffer (nvshmemx_buffer_register)")?;
-        let _relaxed = quiesce::relaxed_host();
         // Registration uses no stream: the guard is released at once.
         let addr = buf.device_ptr_mut(self.stream()).0;
         let ptr = NonNull::new(addr as *mut c_void).ok_or(empty)?;
@@ -205,7 +204,6 @@ impl<T, B: DeviceBufferMut<T>> Registration<'_, T, B> {
         if gpucomm_ordering::scope_open() {
             return Err(Error::HostCallInCapture { what: "unregistering a buffer (nvshmemx_buffer_unregister)" });
         }
-        let _relaxed = quiesce::relaxed_host();
         let timeout = self.rt.timeout();
         if !gpucomm_ordering::wait_for_uses(&mut *self.buf, self.rt.context(), timeout)? {
             return Err(Error::StillInUse { what: "a registered buffer", after: timeout.unwrap_or_default() });

@@ -283,7 +283,6 @@ impl Runtime {
                 Bootstrap::Pmi | Bootstrap::Environment => (0, std::ptr::null_mut()),
             };
             reached_c.set(true);
-            let _relaxed = quiesce::relaxed_host();
             // SAFETY: `attr_ptr` is null or points at the initialised `attr` (unique-id arguments
             // set where the flag says so), which outlives the call; the PE's CUDA context is
             // current on this thread.
@@ -442,9 +441,9 @@ impl Runtime {
     /// [`crate::Team`]).
     #[doc(alias = "nvshmem_barrier_all")]
     pub fn barrier_all(&self) -> Result<()> {
+        let _relaxed = quiesce::relaxed_host();
         gpucomm_ordering::make_current(self.context())?;
         quiesce::host_collective("the host barrier (nvshmem_barrier_all)")?;
-        let _relaxed = quiesce::relaxed_host();
         // SAFETY: NVSHMEM is initialised and the PE's context is current.
         unsafe { call!(nvshmem_barrier_all()) }
     }
@@ -550,7 +549,6 @@ impl Runtime {
         }
         // No other thread reads NVSHMEM's state meanwhile (`init_status` takes this lock too).
         let _serial = unique_id::plugin();
-        let _relaxed = quiesce::relaxed_host();
         // SAFETY: NVSHMEM was initialised by this runtime, which is the only one, and is
         // finalised exactly once (it is marked released above); the device is idle (both callers waited
         // for it successfully), so nothing uses the heap that finalising releases.

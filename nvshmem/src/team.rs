@@ -259,7 +259,6 @@ impl<'rt> Team<'rt> {
     /// [`Error::InvalidSplit`] when the PEs do not all lie in this team.
     #[doc(alias = "nvshmem_team_split_strided")]
     pub fn split_strided(&self, start: usize, stride: usize, size: usize) -> Result<Option<Team<'rt>>> {
-        let _relaxed = quiesce::relaxed_host();
         self.rt.check_not_limited_mpg("nvshmem_team_split_strided")?;
         let local = split_args(start, stride, size, self.n_pes);
         let (start, stride, size) = self.agree_split(STRIDED, [start, stride, size], local)?;
@@ -283,7 +282,6 @@ impl<'rt> Team<'rt> {
     /// column gets [`Error::SplitIncomplete`], and the team it did get is destroyed.
     #[doc(alias = "nvshmem_team_split_2d")]
     pub fn split_2d(&self, xrange: usize) -> Result<(Team<'rt>, Team<'rt>)> {
-        let _relaxed = quiesce::relaxed_host();
         self.rt.check_not_limited_mpg("nvshmem_team_split_2d")?;
         let local = if xrange == 0 { Err(Error::ZeroXRange) } else { Ok(int(xrange.min(self.n_pes))) };
         let xrange = self.agree_split(TWO_D, [xrange, 0, 0], local)?;
@@ -363,13 +361,10 @@ impl<'rt> Team<'rt> {
     /// Waits until the PE's device is idle, within the runtime's timeout: team collectives may
     /// still be queued on any stream, and `nvshmem_team_destroy` clears the team's device state
     /// before it synchronises. Refused while a capture holds NVSHMEM's copy streams (destroying
-    /// quiesces them). Hands back this thread's capture mode relaxed for the destruction (as
-    /// for a split).
-    fn wait_for_device(&self) -> Result<Option<gpucomm_ordering::RelaxedMode>> {
+    /// quiesces them).
+    fn wait_for_device(&self) -> Result<()> {
         quiesce::host_call("destroying a team")?;
-        let relaxed = quiesce::relaxed_host();
-        self.rt.wait_for_device("a team (its collectives may still be queued on the PE's device)")?;
-        Ok(relaxed)
+        self.rt.wait_for_device("a team (its collectives may still be queued on the PE's device)")
     }
 
     fn child(&self, raw: nvshmem_team_t) -> Result<Option<Team<'rt>>> {
@@ -390,7 +385,7 @@ impl<'rt> Team<'rt> {
             return Ok(());
         }
         let destroyed = (|| {
-            let _relaxed = self.wait_for_device()?;
+            self.wait_for_device()?;
             // Not `bind_to_thread`: an error something else recorded in the context would keep
             // this member's team while the others destroy theirs.
             gpucomm_ordering::make_current(self.rt.context())?;
@@ -607,10 +602,9 @@ impl Drop for Team<'_> {
         }
         // Collectives on the team may still be queued, on streams this crate does not know: wait
         // for the device, within the runtime's timeout, and leak the team otherwise.
-        let _relaxed = match self.wait_for_device() {
-            Ok(relaxed) => relaxed,
-            Err(e) => return log::warn!("nvshmem: {e}; dropped team {} is leaked", self.raw),
-        };
+        if let Err(e) = self.wait_for_device() {
+            return log::warn!("nvshmem: {e}; dropped team {} is leaked", self.raw);
+        }
         if let Err(e) = gpucomm_ordering::make_current(self.rt.context()) {
             return log::warn!(
                 "nvshmem: making the PE's context current failed ({e}); dropped team {} is leaked",
