@@ -427,8 +427,8 @@ pub(crate) fn host_call(what: &'static str) -> Result<()> {
 /// default mode this crate's own copies before it fail first, with an error. The other host calls
 /// (freeing, registering, destroying a team, starting, finalising) were not tried that way and
 /// keep the default mode.
-/// Best effort, so that a collective call never fails on one PE alone for it: `None` when the
-/// mode could not be changed. The caller keeps the guard for the whole call.
+/// Best effort, so that changing the mode never makes a collective call fail on one PE alone:
+/// `None` when the mode could not be changed. The caller keeps the guard for the whole call.
 pub(crate) fn relaxed_host() -> Option<gpucomm_ordering::RelaxedMode> {
     gpucomm_ordering::relax().ok()
 }

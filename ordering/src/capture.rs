@@ -222,10 +222,13 @@ pub fn relaxed<R, E: From<DriverError>>(f: impl FnOnce() -> Result<R, E>) -> Res
 
 /// This thread's capture interaction mode set to relaxed (`cuThreadExchangeStreamCaptureMode`)
 /// until the guard is dropped, which puts the previous mode back: for host calls of a library
-/// that waits on the host or copies synchronously inside (NVSHMEM's allocation, module loading,
-/// host barrier), which the default (global) mode makes CUDA refuse while another thread
-/// captures in global mode (PyTorch's default), and which such a library may answer by exiting
-/// the process. What the thread does meanwhile must not touch a stream being captured.
+/// that waits on the host or copies synchronously inside (NVSHMEM's allocation and host
+/// barrier), which the default (global) mode makes CUDA refuse while another thread captures in
+/// global mode (PyTorch's default), and which such a library may answer by exiting the process.
+/// What the thread does meanwhile must not touch a stream being captured. Drop guards in the
+/// reverse order of taking them: one dropped before a guard taken after it, or forgotten, leaves
+/// the thread relaxed (CUDA then lets its calls that could break a capture through, instead of
+/// refusing them).
 #[doc(alias = "cuThreadExchangeStreamCaptureMode")]
 pub fn relax() -> Result<RelaxedMode, DriverError> {
     let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;

@@ -392,7 +392,7 @@ impl Server {
     /// the shared budget. When they do not, and other connections hold budget that their
     /// replies' sending or their closing gives back, the request waits ([`Conn::stalled`]:
     /// `Ok(false)`) and is served again, whole, once they fit; when only this connection holds
-    /// any, it is refused as before (a client that sends reads without taking their replies is
+    /// any, or they would not fit even in the whole budget, it is refused as before (a client that sends reads without taking their replies is
     /// dropped once its unsent replies pass `max_reply_len`, in `reply`).
     fn room_for(&mut self, id: u64, bytes: usize, what: &str) -> Result<bool, String> {
         let allowance = self.limits.connection_allowance;
@@ -401,7 +401,9 @@ impl Server {
         if over == 0 || self.budget_used + over <= self.limits.max_buffered {
             return Ok(true);
         }
-        if self.budget_used == conn.reserved {
+        // Refused at once when it would not fit even if every other connection gave its budget
+        // back (nothing to wait for).
+        if self.budget_used == conn.reserved || conn.reserved + over > self.limits.max_buffered {
             return Err(format!(
                 "{what} of {bytes} bytes would pass the server's buffer budget ({} bytes)",
                 self.limits.max_buffered
@@ -1020,22 +1022,25 @@ impl Server {
         self.clear_wait(id);
         let Some(ip) = self.conns.get(&id).map(|c| c.peer.ip()) else { return Ok(()) };
         let mut seen = HashSet::new();
-        let missing: Vec<Vec<u8>> =
-            keys.iter().filter(|key| !self.table.contains(key) && seen.insert(**key)).map(|key| key.to_vec()).collect();
+        let missing: Vec<&[u8]> =
+            keys.iter().copied().filter(|key| !self.table.contains(key) && seen.insert(*key)).collect();
         if missing.is_empty() {
             return self.reply(id, &[WAIT_STOP], now);
         }
-        let wait = Wait::new(missing);
-        let held = self.waiting.get(&ip).copied().unwrap_or(0) + wait.bytes;
+        // Counted before the keys are copied: a wait that waits for room is served again at
+        // every wake-up until it fits.
+        let bytes = Wait::bytes(missing.iter().copied());
+        let held = self.waiting.get(&ip).copied().unwrap_or(0) + bytes;
         if held > self.limits.max_wait_bytes_per_peer {
             return Err(format!(
                 "the pending WAITs of {ip} would hold {held} bytes, over the limit of {} for one address",
                 self.limits.max_wait_bytes_per_peer
             ));
         }
-        if !self.room_for(id, wait.bytes, "a WAIT's keys")? {
+        if !self.room_for(id, bytes, "a WAIT's keys")? {
             return Ok(());
         }
+        let wait = Wait::new(missing.into_iter().map(<[u8]>::to_vec).collect());
         for key in &wait.keys {
             self.waiters.entry(key.clone()).or_default().push(id);
         }

@@ -36,8 +36,13 @@ impl Wait {
     /// A wait for `keys` (distinct and missing), which holds each key's bytes twice and
     /// [`WAIT_KEY_COST`] more.
     pub(super) fn new(keys: Vec<Vec<u8>>) -> Wait {
-        let bytes = keys.iter().map(|key| 2 * key.len() + WAIT_KEY_COST).sum();
+        let bytes = Wait::bytes(keys.iter().map(Vec::as_slice));
         Wait { missing: keys.len(), keys, bytes }
+    }
+
+    /// What a wait for `keys` holds, counted as [`Wait::new`] counts it.
+    pub(super) fn bytes<'k>(keys: impl Iterator<Item = &'k [u8]>) -> usize {
+        keys.map(|key| 2 * key.len() + WAIT_KEY_COST).sum()
     }
 }
 
