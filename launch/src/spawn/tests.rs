@@ -303,6 +303,11 @@ fn spawner_child() {
     }
     // In the foreground, so that the SIGINT reaches the `sleep` too (a shell's background
     // commands ignore it) and nothing outlives the test.
+    // SIGINT's default action, which the spawner puts back and raises again: a shell that starts
+    // the tests in the background without job control hands them SIGINT ignored.
+    // SAFETY: signal(2) with SIG_DFL installs no handler; nothing else in this process (one
+    // test, run by the test above) relies on SIGINT's disposition.
+    unsafe { libc::signal(libc::SIGINT, libc::SIG_DFL) };
     let script = "trap 'echo got SIGINT; exit 5' INT; echo trap set; while :; do sleep 0.1; done";
     let args = [OsString::from("-c"), OsString::from(script)];
     let _ = spawn_local(1, Path::new("/bin/sh"), &args, &[], Duration::from_secs(2));
