@@ -424,7 +424,8 @@ pub(crate) fn host_call(what: &'static str) -> Result<()> {
 /// allocating (zeroed or not) and the host barrier; and for loading a module, which CUDA refuses
 /// anyway meanwhile (`cuModuleLoadData`), before NVSHMEM is called. Not for team splits: relaxed,
 /// a split reached NVSHMEM, whose team set-up CUDA refused inside, and NVSHMEM exited; in the
-/// default mode this crate's own copies before it fail first, with an error. The other host calls
+/// default mode this crate's own copies before it are expected to fail first, with an error (not
+/// run). The other host calls
 /// (freeing, registering, destroying a team, starting, finalising) were not tried that way and
 /// keep the default mode.
 /// Best effort, so that changing the mode never makes a collective call fail on one PE alone:
