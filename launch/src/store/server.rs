@@ -392,8 +392,9 @@ impl Server {
     /// the shared budget. When they do not, and other connections hold budget that their
     /// replies' sending or their closing gives back, the request waits ([`Conn::stalled`]:
     /// `Ok(false)`) and is served again, whole, once they fit; when only this connection holds
-    /// any, or they would not fit even in the whole budget, it is refused as before (a client that sends reads without taking their replies is
-    /// dropped once its unsent replies pass `max_reply_len`, in `reply`).
+    /// any, or they would not fit even in the whole budget, it is refused as before (a client
+    /// that sends reads without taking their replies is dropped once its unsent replies pass
+    /// `max_reply_len`, in `reply`).
     fn room_for(&mut self, id: u64, bytes: usize, what: &str) -> Result<bool, String> {
         let allowance = self.limits.connection_allowance;
         let Some(conn) = self.conns.get_mut(&id) else { return Ok(true) };
