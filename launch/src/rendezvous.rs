@@ -1,5 +1,6 @@
 //! The rendezvous over a TCPStore: [`Rendezvous`], its [`Options`] and errors.
 
+mod abort;
 mod collective;
 mod error;
 mod generation;

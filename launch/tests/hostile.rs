@@ -730,6 +730,75 @@ fn a_large_abort_notice_without_the_key_is_emptied_not_read_at_every_wait() {
 }
 
 #[test]
+fn a_signed_abort_notice_copied_from_an_earlier_run_does_not_end_a_later_one() {
+    // Before: a notice's MAC covered its key and text only. Whoever read run A's notice (rank 0's
+    // store, or torchrun's agent store, is readable by anyone who reaches it) wrote it into run
+    // B's store (the same job key and identity), and every rank of run B gave up with run A's
+    // reason; under torchrun the ranks also skipped the generation rank 0 had opened. The MAC now
+    // covers the start's random value too, which the notice carries: one of another start is
+    // ignored (and left in place: a rank's own notice takes its place).
+    replayed_abort(StoreMode::Rank0);
+    replayed_abort(StoreMode::Auto);
+}
+
+/// Run A fails (rank 0 cannot produce its broadcast), then run B of the same two-rank job (the
+/// same key and identity; `Rank0`: rank 0 hosts each run's store; `Auto`: a fresh torchrun agent
+/// store for each run, where the generations count from 1 again) gets run A's abort notice
+/// written into its store before rank 1 comes, and must work.
+fn replayed_abort(mode: StoreMode) {
+    let agent = mode == StoreMode::Auto;
+    let token = if agent { "replayed-abort-agent" } else { "replayed-abort-hosted" };
+    let run_id = format!("{token}-{}", std::process::id());
+    let serve = || agent.then(|| StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap());
+    let rank = move |rank: usize, port: u16| {
+        if agent {
+            torchrun_worker(rank, 2, port, &run_id, 0, Some(token))
+        } else {
+            info(rank, 2, port, token)
+        }
+    };
+    let opts = || keyed(10.0, KEY).clone_instance(0);
+    let p = if agent { format!("{}/g1", prefix(token, 0)) } else { prefix(token, 0) };
+    let abort = format!("{p}/abort");
+
+    let store_a = serve();
+    let port_a = store_a.as_ref().map_or_else(free_port, |s| s.local_addr().port());
+    let rank0 = spawn(rank(0, port_a), opts(), |mut rv| rv.broadcast(|| Err("run A's rank 0 failed".into())));
+    // Connected before rank 1 comes, so that rank 0's store stays up while this reads the notice.
+    let spy = Mutex::new(store_client(port_a));
+    let rank1 = spawn(rank(1, port_a), opts(), |mut rv| rv.broadcast(|| Err("unused".into())));
+    let failed = rank1.join().unwrap().unwrap_err().to_string();
+    assert!(failed.ends_with("run A's rank 0 failed"), "{failed}");
+    let notice = spy.lock().unwrap().get(&abort).unwrap();
+    assert!(notice.starts_with(b"rank 0 ("), "run A's notice: {}", String::from_utf8_lossy(&notice));
+    drop(spy);
+    assert!(matches!(rank0.join().unwrap(), Err(RendezvousError::Make { .. })));
+    drop(store_a);
+
+    let store_b = serve();
+    let port_b = store_b.as_ref().map_or_else(free_port, |s| s.local_addr().port());
+    let started = Instant::now();
+    let rank0 = spawn(rank(0, port_b), opts(), |mut rv| {
+        let id = rv.broadcast(|| Ok(b"id of run B".to_vec()))?;
+        rv.barrier()?;
+        Ok(id)
+    });
+    let attacker = Mutex::new(store_client(port_b));
+    until(|| attacker.lock().unwrap().check(&[&format!("{p}/rank/0")]).unwrap());
+    attacker.lock().unwrap().set(&abort, &notice).unwrap();
+    // Rank 0 waits for rank 1 meanwhile, reading the abort key at each slice of its wait.
+    thread::sleep(Duration::from_millis(300));
+    let rank1 = spawn(rank(1, port_b), opts(), |mut rv| {
+        let id = rv.broadcast(|| Err("unused".into()))?;
+        rv.barrier()?;
+        Ok(id)
+    });
+    assert_eq!(rank1.join().unwrap().unwrap(), b"id of run B");
+    assert_eq!(rank0.join().unwrap().unwrap(), b"id of run B");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+}
+
+#[test]
 fn a_rank_that_read_an_earlier_starts_value_follows_rank_0s_claim_and_joins() {
     // Before: a rank other than 0 read the start's random value once. In a store that outlives
     // runs, a start of rank 0 that was killed leaves its value; a rank 1 that came before the new

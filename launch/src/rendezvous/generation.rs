@@ -30,14 +30,17 @@ const DURING: &str = "the rendezvous (waiting for rank 0 to open it)";
 const OPENED: &[u8] = b"gpucomm generation opened";
 
 /// True when generation `g` is over: complete, or given up (a rank wrote its abort notice; with
-/// a job key, one with its MAC: a stranger's notice no more ends a generation than it aborts
-/// a job).
+/// a job key, one with its MAC, of the start whose value the generation's `start` key holds: a
+/// stranger's notice, or one copied from a generation of an earlier agent store, no more ends a
+/// generation than it aborts a job).
 fn ended(s: &mut Session, g: i64, deadline: Deadline) -> Result<bool, RendezvousError> {
     let keys = s.base.generation(g);
     if s.client.check_by(&[&keys.complete()], deadline).map_err(|e| s.store_error(DURING, e))? {
         return Ok(true);
     }
-    Ok(s.abort_notice(&keys.abort(), deadline, DURING)?.is_some())
+    // A missing key reads as empty: no start.
+    let start = s.client.get_by(&keys.start(), deadline).map_err(|e| s.store_error(DURING, e))?;
+    Ok(s.abort_notice(&keys.abort(), start.try_into().ok(), deadline, DURING)?.is_some())
 }
 
 /// Under [`Mode::Agent`], enters the generation this rank joins (see the module's

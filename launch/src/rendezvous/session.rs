@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use super::abort::{self, Verdict};
 use super::host;
 use super::plan::{connect_error, Keys, Mode, Plan, Scope};
 use super::record::Claimant;
@@ -230,22 +231,25 @@ impl Session {
     /// Fails with the abort reason once some rank has given up.
     pub(super) fn check_abort(&mut self, deadline: Deadline, during: &str) -> Result<(), RendezvousError> {
         let abort = self.keys.abort();
-        match self.abort_notice(&abort, deadline, during)? {
+        match self.abort_notice(&abort, self.start, deadline, during)? {
             Some(reason) => Err(RendezvousError::Aborted { reason }),
             None => Ok(()),
         }
     }
 
-    /// The reason of the abort notice under `label`, if there is one that counts: with a job key
-    /// only a notice with its MAC does (a rank's). Anyone who reaches the store can write the key
-    /// (when rank 0 hosts the store, its owner record gives the path away), so without this one
-    /// `SET` by a stranger failed every rank of a job that has a key; such a notice is ignored,
-    /// with a warning, and emptied (unless a rank's notice replaced it meanwhile), so that the
-    /// ranks do not read a large one again at every slice of their waits. An empty value is no
-    /// notice.
+    /// The reason of the abort notice under `label`, if there is one that counts for a rank of
+    /// `start` (see `abort`): with a job key only a notice of that start with the key's MAC does
+    /// (a rank's). Anyone who reaches the store can write the key (when rank 0 hosts the store,
+    /// its owner record gives the path away), so without this one `SET` by a stranger failed
+    /// every rank of a job that has a key, and one copied from an earlier run of the job failed
+    /// a later one. Such a notice is ignored, with a warning. One without the MAC is also
+    /// emptied (unless a rank's notice replaced it meanwhile), so that the ranks do not read a
+    /// large one again at every slice of their waits; one of another start is left (a key holder
+    /// wrote it, and a rank that gives up takes its place). An empty value is no notice.
     pub(super) fn abort_notice(
         &mut self,
         label: &str,
+        start: Option<[u8; 16]>,
         deadline: Deadline,
         during: &str,
     ) -> Result<Option<String>, RendezvousError> {
@@ -256,24 +260,23 @@ impl Session {
         if notice.is_empty() {
             return Ok(None);
         }
-        let (reason, signed) = self.read_abort(label, &notice);
-        if signed {
+        let (reason, verdict) = abort::read(self.seal.as_ref(), label, start, &notice);
+        if verdict == Verdict::Counts {
             return Ok(Some(reason));
         }
         if !self.warned_of_abort {
             self.warned_of_abort = true;
-            eprintln!(
-                "warning: rank {}: ignoring {label}, an abort notice without this job's MAC (written by a process \
-                 without GPUCOMM_JOB_KEY): {reason}",
-                self.rank
-            );
+            eprintln!("warning: rank {}: ignoring {label}, {reason}", self.rank);
+        }
+        if verdict == Verdict::OtherStart {
+            return Ok(None);
         }
         // Emptied only if it is still the notice just read: the store answers with the value it
         // holds after the swap (a rank's notice that came in between), or with `notice` itself
         // when the key is gone.
         let now = self.client.compare_set_by(label, &notice, b"", deadline).map_err(|e| self.store_error(during, e))?;
         if !now.is_empty() && now != notice {
-            if let (reason, true) = self.read_abort(label, &now) {
+            if let (reason, Verdict::Counts) = abort::read(self.seal.as_ref(), label, start, &now) {
                 return Ok(Some(reason));
             }
         }
@@ -301,43 +304,21 @@ impl Session {
     pub(super) fn give_up(&mut self, reason: &str) {
         self.failed = true;
         let abort = self.keys.abort();
-        let mut notice = format!("rank {} ({}): {reason}", self.rank, self.me).into_bytes();
-        if let Some(seal) = &self.seal {
-            let tag = seal.tag(&abort, &notice);
-            notice.extend_from_slice(&tag);
-        }
+        let text = format!("rank {} ({}): {reason}", self.rank, self.me);
+        let notice = abort::encode(self.seal.as_ref(), &abort, self.start, &text);
         let deadline = Deadline::after(GIVE_UP_WITHIN);
         let Ok(current) = self.client.compare_set_by(&abort, b"", &notice, deadline) else { return };
-        // With a key, a notice without its MAC (a stranger's, which the others ignore) must not
-        // keep this rank's own out: it takes that one's place.
-        if current != notice && self.seal.is_some() && !self.read_abort(&abort, &current).1 {
+        // With a key, a notice that the others ignore (a stranger's, or one of another start when
+        // this rank knows its own) must not keep this rank's own out: it takes that one's place.
+        let replace = current != notice
+            && match abort::read(self.seal.as_ref(), &abort, self.start, &current).1 {
+                Verdict::Counts => false,
+                Verdict::OtherStart => self.start.is_some(),
+                Verdict::Unsigned => true,
+            };
+        if replace {
             let _ = self.client.compare_set_by(&abort, &current, &notice, deadline);
         }
-    }
-
-    /// An abort notice as text (at most 1000 characters, no control characters), and whether it
-    /// carries this job's MAC (always, for a job without a key). A notice without it is marked as
-    /// such in the text.
-    fn read_abort(&self, label: &str, notice: &[u8]) -> (String, bool) {
-        let (text, verified) = match &self.seal {
-            Some(seal) if notice.len() >= TAG_LEN => {
-                let (text, tag) = notice.split_at(notice.len() - TAG_LEN);
-                if seal.verify(label, text, tag) {
-                    (text, true)
-                } else {
-                    (notice, false)
-                }
-            }
-            Some(_) => (notice, false),
-            None => (notice, true),
-        };
-        let mut clean: String =
-            String::from_utf8_lossy(text).chars().map(|c| if c.is_control() { ' ' } else { c }).take(1000).collect();
-        if !verified {
-            clean =
-                format!("an abort notice without this job's MAC (written by a process without the job key): {clean}");
-        }
-        (clean, verified)
     }
 
     /// The values of `keys` (which must exist), in order.
