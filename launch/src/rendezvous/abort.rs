@@ -1,76 +1,115 @@
 //! Abort notices: what a rank that gives up writes under the abort key, so that the others stop
 //! at once, and what a notice read there is to a rank.
 //!
-//! With a job key a notice is `text ‖ start ‖ MAC`: the MAC, bound to the abort key's name,
-//! covers the text and the random value of the start of the rendezvous the writer took part in
-//! (see `join`). Anyone who reaches the store can read a notice and write it again, also into
-//! a later run of the job (the same key and identity, so the same key names): such a notice is of
-//! another start there, and does not count. Without a job key a notice is its text, and every
-//! notice counts.
+//! With a job key a notice is `text ‖ starts ‖ count ‖ MAC`: the random values (see `join`) of
+//! the starts of the rendezvous whose ranks it is for, at most four, 16 bytes each, then their
+//! count in a byte, and the MAC, bound to the abort key's name, over all of it. A notice counts
+//! for a rank whose start it names. Anyone who reaches the store can read a notice and write it
+//! again, also into a later run of the job (the same key and identity, so the same key names):
+//! there it names another start, and does not count. A rank that finds a notice of another start
+//! in place when it gives up writes one that names both (so that it still counts for the ranks
+//! it was for), and a rank that gives up because of another start's claim names that start too.
+//! Without a job key a notice is its text, and every notice counts.
 
 use super::seal::{Seal, TAG_LEN};
 
 /// Bytes of a start's random value.
 const START_LEN: usize = 16;
+/// The most starts a notice names.
+const MAX_STARTS: usize = 4;
 /// Characters of a notice's text shown at most.
 const SHOWN: usize = 1000;
+
+/// A start's random value.
+pub(super) type Start = [u8; START_LEN];
 
 /// What a notice read from the store is to a rank.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Verdict {
-    /// A rank of the reader's start gave up (without a job key: any notice).
+    /// For the reader's start: a rank of it gave up (without a job key: any notice).
     Counts,
-    /// Written with the job key for another start: an earlier run's notice written again, or a
-    /// rank's that had not read the start's value yet (or the reader has not).
+    /// Written with the job key for other starts only: an earlier run's notice written again, or
+    /// a rank's that had read another start's value than the reader.
     OtherStart,
     /// Without the job key's MAC: written by a process without the key.
     Unsigned,
 }
 
-/// The notice under `label` that says `text`, for the ranks of `start` when the job has a key
-/// (`None`, not read yet: a notice that counts for no start).
-pub(super) fn encode(seal: Option<&Seal>, label: &str, start: Option<[u8; START_LEN]>, text: &str) -> Vec<u8> {
+/// A notice as a rank reads it.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Notice {
+    /// Its text as shown: no control characters, at most 1000 of them; one that does not count
+    /// says why.
+    pub(super) text: String,
+    pub(super) verdict: Verdict,
+    /// The starts a notice with the job's MAC names (empty otherwise).
+    pub(super) starts: Vec<Start>,
+}
+
+/// The notice under `label` that says `text`, for the ranks of `starts` (the first
+/// [`MAX_STARTS`] different ones) when the job has a key.
+pub(super) fn encode(seal: Option<&Seal>, label: &str, starts: &[Start], text: &str) -> Vec<u8> {
     let mut notice = text.as_bytes().to_vec();
     if let Some(seal) = seal {
-        notice.extend_from_slice(&start.unwrap_or_default());
+        let mut named: Vec<&Start> = Vec::with_capacity(MAX_STARTS);
+        for start in starts {
+            if named.len() < MAX_STARTS && !named.contains(&start) {
+                named.push(start);
+            }
+        }
+        for start in &named {
+            notice.extend_from_slice(&start[..]);
+        }
+        notice.push(named.len() as u8);
         let tag = seal.tag(label, &notice);
         notice.extend_from_slice(&tag);
     }
     notice
 }
 
-/// A notice read from `label`: its text as shown (no control characters, at most 1000 of them;
-/// one that does not count says why) and what it is to a rank of `start` (`None`: the rank has
-/// not read its start's value yet, and no signed notice counts).
-pub(super) fn read(
-    seal: Option<&Seal>,
-    label: &str,
-    start: Option<[u8; START_LEN]>,
-    notice: &[u8],
-) -> (String, Verdict) {
-    let Some(seal) = seal else { return (shown(notice), Verdict::Counts) };
-    let signed = notice.len().checked_sub(TAG_LEN).filter(|&body| body >= START_LEN).and_then(|body| {
-        let (body, tag) = notice.split_at(body);
-        seal.verify(label, body, tag).then(|| body.split_at(body.len() - START_LEN))
-    });
-    match signed {
-        Some((text, of)) if start.is_some_and(|start| start == of) => (shown(text), Verdict::Counts),
-        Some((text, _)) => (
-            format!(
-                "an abort notice of another start of this job (signed with its key, but an earlier run's \
-                 written again, or a rank's that had not read this start's value): {}",
-                shown(text)
-            ),
-            Verdict::OtherStart,
-        ),
-        None => (
-            format!(
+/// A notice read from `label`, and what it is to a rank of `start` (`None`: the rank has not
+/// read its start's value yet, and no signed notice counts).
+pub(super) fn read(seal: Option<&Seal>, label: &str, start: Option<Start>, notice: &[u8]) -> Notice {
+    let Some(seal) = seal else {
+        return Notice { text: shown(notice), verdict: Verdict::Counts, starts: Vec::new() };
+    };
+    let Some((text, starts)) = signed(seal, label, notice) else {
+        return Notice {
+            text: format!(
                 "an abort notice without this job's MAC (written by a process without the job key): {}",
                 shown(notice)
             ),
-            Verdict::Unsigned,
-        ),
+            verdict: Verdict::Unsigned,
+            starts: Vec::new(),
+        };
+    };
+    if start.is_some_and(|start| starts.contains(&start)) {
+        return Notice { text: shown(text), verdict: Verdict::Counts, starts };
     }
+    Notice {
+        text: format!(
+            "an abort notice of another start of this job (signed with its key, but an earlier run's written              again, or a rank's that had read another start's value than this one): {}",
+            shown(text)
+        ),
+        verdict: Verdict::OtherStart,
+        starts,
+    }
+}
+
+/// The text and starts of `notice`, if it carries the MAC of `label` under `seal`.
+fn signed<'n>(seal: &Seal, label: &str, notice: &'n [u8]) -> Option<(&'n [u8], Vec<Start>)> {
+    let (body, tag) = notice.split_at_checked(notice.len().checked_sub(TAG_LEN)?)?;
+    if !seal.verify(label, body, tag) {
+        return None;
+    }
+    let (&count, rest) = body.split_last()?;
+    let count = usize::from(count);
+    if count > MAX_STARTS {
+        return None;
+    }
+    let (text, starts) = rest.split_at_checked(rest.len().checked_sub(count * START_LEN)?)?;
+    let starts = starts.chunks_exact(START_LEN).map(|start| start.try_into().unwrap_or_default()).collect();
+    Some((text, starts))
 }
 
 fn shown(text: &[u8]) -> String {
@@ -83,61 +122,76 @@ mod tests {
     use crate::rendezvous::options::JobKey;
 
     const LABEL: &str = "/gpucomm/v1/scope/0/abort";
+    const TEXT: &str = "rank 1 (pid 2 on h): timed out";
 
     fn seal(key: &str) -> Seal {
         Seal::new(&JobKey::new(key.as_bytes().to_vec()).unwrap(), "scope")
     }
 
     #[test]
-    fn a_notice_counts_for_the_ranks_of_its_start_only() {
-        let (seal, start, other) = (seal("a job key of enough length"), [7; START_LEN], [8; START_LEN]);
-        let notice = encode(Some(&seal), LABEL, Some(start), "rank 1 (pid 2 on h): timed out");
-        assert_eq!(
-            read(Some(&seal), LABEL, Some(start), &notice),
-            ("rank 1 (pid 2 on h): timed out".into(), Verdict::Counts)
-        );
-        for (reader, note) in [(Some(other), "another start"), (None, "a reader without a start")] {
-            let (text, verdict) = read(Some(&seal), LABEL, reader, &notice);
-            assert_eq!(verdict, Verdict::OtherStart, "{note}");
-            assert!(text.starts_with("an abort notice of another start of this job"), "{text}");
-            assert!(text.ends_with(": rank 1 (pid 2 on h): timed out"), "{text}");
+    fn a_notice_counts_for_the_ranks_of_the_starts_it_names_only() {
+        let seal = seal("a job key of enough length");
+        let (a, b, other) = ([7; START_LEN], [8; START_LEN], [9; START_LEN]);
+        let notice = encode(Some(&seal), LABEL, &[a, b, a], TEXT);
+        for start in [a, b] {
+            let read = read(Some(&seal), LABEL, Some(start), &notice);
+            assert_eq!(read, Notice { text: TEXT.into(), verdict: Verdict::Counts, starts: vec![a, b] });
         }
-        // A writer that had not read the start: counts for no start.
-        let early = encode(Some(&seal), LABEL, None, "rank 1: no start");
-        assert_eq!(read(Some(&seal), LABEL, Some(start), &early).1, Verdict::OtherStart);
+        for (reader, note) in [(Some(other), "another start"), (None, "a reader without a start")] {
+            let read = read(Some(&seal), LABEL, reader, &notice);
+            assert_eq!((read.verdict, read.starts), (Verdict::OtherStart, vec![a, b]), "{note}");
+            assert!(read.text.starts_with("an abort notice of another start of this job"), "{}", read.text);
+            assert!(read.text.ends_with(&format!(": {TEXT}")), "{}", read.text);
+        }
+        // A writer that knows no start: for no one.
+        let none = encode(Some(&seal), LABEL, &[], TEXT);
+        assert_eq!(read(Some(&seal), LABEL, Some(a), &none).verdict, Verdict::OtherStart);
+        // At most four starts are named.
+        let many: Vec<Start> = (0..6).map(|i| [i; START_LEN]).collect();
+        let notice = encode(Some(&seal), LABEL, &many, TEXT);
+        assert_eq!(read(Some(&seal), LABEL, Some(many[0]), &notice).starts, many[..MAX_STARTS]);
+        assert_eq!(read(Some(&seal), LABEL, Some(many[5]), &notice).verdict, Verdict::OtherStart);
     }
 
     #[test]
     fn a_notice_without_the_keys_mac_does_not_count() {
         let (seal, start) = (seal("a job key of enough length"), [7; START_LEN]);
-        let signed = encode(Some(&seal), LABEL, Some(start), "stop");
-        let mut flipped = signed.clone();
-        flipped[0] ^= 1;
-        let mut new_start = signed.clone();
-        new_start[4] ^= 1;
-        let other_key = encode(Some(&self::seal("another job key of enough length")), LABEL, Some(start), "stop");
-        let other_label = encode(Some(&seal), "/gpucomm/v1/scope/1/abort", Some(start), "stop");
+        let signed = encode(Some(&seal), LABEL, &[start], "stop");
+        let flip = |at: usize| {
+            let mut notice = signed.clone();
+            notice[at] ^= 1;
+            notice
+        };
+        let other_key = encode(Some(&self::seal("another job key of enough length")), LABEL, &[start], "stop");
+        let other_label = encode(Some(&seal), "/gpucomm/v1/scope/1/abort", &[start], "stop");
+        // A MAC over a count larger than the starts that precede it.
+        let mut overcount = b"stop".to_vec();
+        overcount.push(1);
+        overcount.extend_from_slice(&seal.tag(LABEL, &overcount));
         for (notice, note) in [
-            (&b"rank 0: stop"[..], "plain text"),
-            (&b""[..], "empty"),
-            (&signed[..TAG_LEN + START_LEN - 1], "too short"),
-            (&flipped, "text changed"),
-            (&new_start, "start changed"),
-            (&other_key, "another key"),
-            (&other_label, "another label"),
+            (b"rank 0: stop".to_vec(), "plain text"),
+            (Vec::new(), "empty"),
+            (signed[..TAG_LEN].to_vec(), "the MAC alone"),
+            (flip(0), "text changed"),
+            (flip(5), "start changed"),
+            (flip(4 + START_LEN), "count changed"),
+            (other_key, "another key"),
+            (other_label, "another label"),
+            (overcount, "a count past the notice's start"),
         ] {
-            let (text, verdict) = read(Some(&seal), LABEL, Some(start), notice);
-            assert_eq!(verdict, Verdict::Unsigned, "{note}");
-            assert!(text.starts_with("an abort notice without this job's MAC"), "{note}: {text}");
+            let read = read(Some(&seal), LABEL, Some(start), &notice);
+            assert_eq!(read.verdict, Verdict::Unsigned, "{note}");
+            assert!(read.text.starts_with("an abort notice without this job's MAC"), "{note}: {}", read.text);
         }
     }
 
     #[test]
     fn without_a_key_every_notice_counts_and_is_shown_clean() {
-        let notice = encode(None, LABEL, Some([1; START_LEN]), "line\none");
+        let notice = encode(None, LABEL, &[[1; START_LEN]], "line\none");
         assert_eq!(notice, b"line\none");
-        assert_eq!(read(None, LABEL, None, &notice), ("line one".into(), Verdict::Counts));
+        let read = read(None, LABEL, None, &notice);
+        assert_eq!((read.text.as_str(), read.verdict), ("line one", Verdict::Counts));
         let long = vec![b'x'; 5000];
-        assert_eq!(read(None, LABEL, None, &long).0.len(), SHOWN);
+        assert_eq!(super::read(None, LABEL, None, &long).text.len(), SHOWN);
     }
 }

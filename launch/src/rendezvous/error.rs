@@ -199,9 +199,10 @@ impl fmt::Display for RendezvousError {
             RendezvousError::WrongStore { master, detail } => write!(f, "the store at {master} {detail}"),
             RendezvousError::Duplicate { rank, first, me } => write!(
                 f,
-                "rank {rank} was claimed twice: first by {first}, then by this process, {me}; the rendezvous is \
-                 aborted on every rank. Start each rank once; if the first is not a process of this job, someone \
-                 else joined in its place: protect the job with GPUCOMM_JOB_KEY"
+                "rank {rank} was claimed twice: first by {first}, then by this process, {me}; the other ranks are \
+                 told to stop. Start each rank once. In a store that outlives runs the first may be a process of an \
+                 earlier run, killed while it joined; if it is no process of this job, someone else joined in its \
+                 place (GPUCOMM_JOB_KEY keeps processes without the key out)"
             ),
             RendezvousError::LateJoiner { rank, holder, identity, store } => {
                 write!(

@@ -7,11 +7,12 @@
 //! membership change restarts the workers with it unchanged. So each start of rank 0 opens a new
 //! generation under the rendezvous's keys: it increments their counter (`ADD`), marks the
 //! generation opened (with a MAC when the job has a key), and claims its rank there. Every other
-//! rank joins the newest generation that is neither complete nor given up (an abort notice), or
-//! waits for rank 0 to open the next one when the newest is over (an earlier start's) or none is
-//! open yet. While it joins, each
-//! rank watches for the generation after its own: a later start of rank 0 opened it when this one
-//! was left by processes that stopped before it completed, and the other ranks move on to it.
+//! rank joins the newest generation that is neither complete nor given up (an abort notice) nor
+//! holds a claim of its rank already (a process of an earlier start, which torchrun killed while
+//! it joined), or waits for rank 0 to open the next one when the newest is over or none is open
+//! yet. While it joins, each rank watches for the generation after its own: a later start of
+//! rank 0 opened it when this one was left by processes that stopped before it completed, and the
+//! other ranks move on to it.
 //!
 //! A generation's keys (claims, abort notice, values) are its own, so a restart never meets an
 //! earlier start's. One case is left: a rank that starts while an earlier start's processes are
@@ -20,6 +21,7 @@
 //! follows, and torchrun restarts them again.
 
 use super::plan::Mode;
+use super::record::{verified, Claim};
 use super::session::{Session, Waited};
 use super::RendezvousError;
 use crate::deadline::Deadline;
@@ -43,6 +45,29 @@ fn ended(s: &mut Session, g: i64, deadline: Deadline) -> Result<bool, Rendezvous
     Ok(s.abort_notice(&keys.abort(), start.try_into().ok(), deadline, DURING)?.is_some())
 }
 
+/// True when this rank's key in generation `g` holds a claim (with a job key, one with its MAC
+/// of the start whose value the generation's `start` key holds): a process of an earlier start,
+/// killed while it joined (torchrun stops workers without an abort notice, so the generation is
+/// neither complete nor given up), or a second process of this rank. This rank would meet that
+/// claim there as a duplicate, and waits for the next generation instead: a later start of rank 0
+/// opens it. A claim without the key's MAC (a stranger's) is met as a duplicate, which names it;
+/// one of another start (copied from an earlier agent store) is replaced when this rank claims.
+fn claimed(s: &mut Session, g: i64, deadline: Deadline) -> Result<bool, RendezvousError> {
+    let keys = s.base.generation(g);
+    let label = keys.claim(s.rank);
+    // A missing key reads as empty, which no claim is.
+    let value = s.client.get_by(&label, deadline).map_err(|e| s.store_error(DURING, e))?;
+    if value.is_empty() || s.seal.is_none() {
+        return Ok(!value.is_empty());
+    }
+    let Some((claim, body)) = Claim::decode(&value) else { return Ok(false) };
+    if verified(s.seal.as_ref(), &label, body, claim.tag.as_ref()) != Some(true) {
+        return Ok(false);
+    }
+    let start = s.client.get_by(&keys.start(), deadline).map_err(|e| s.store_error(DURING, e))?;
+    Ok(start == claim.start)
+}
+
 /// Under [`Mode::Agent`], enters the generation this rank joins (see the module's
 /// documentation): sets the session's keys to it and watches the next one. Nothing in the other
 /// modes, whose stores do not outlive a start (rank 0's) or whose keys the job identity keeps
@@ -64,7 +89,9 @@ pub(super) fn enter(s: &mut Session, deadline: Deadline) -> Result<(), Rendezvou
     } else {
         let newest = add(s, 0)?;
         // Saturating: the counter is whatever the store holds, which anyone who reaches it can set.
-        let g = if newest < 1 || ended(s, newest, deadline)? { newest.saturating_add(1) } else { newest };
+        let over = newest < 1 || ended(s, newest, deadline)?;
+        let held = !over && claimed(s, newest, deadline)?;
+        let g = if over || held { newest.saturating_add(1) } else { newest };
         // Waiting under the generation's keys: its abort notice is the one that counts.
         s.keys = s.base.generation(g);
         s.next_opened = None;
@@ -78,7 +105,16 @@ pub(super) fn enter(s: &mut Session, deadline: Deadline) -> Result<(), Rendezvou
                     waited: deadline.limit(),
                     missing: vec![0],
                     waiting_for: format!(
-                        "rank 0 has not opened generation {g} of the rendezvous in torchrun's agent store{}",
+                        "rank 0 has not opened generation {g} of the rendezvous in torchrun's agent store{}{}",
+                        if held {
+                            format!(
+                                " (generation {newest}, which it had not completed, already held a claim of rank {}: \
+                                 an earlier start's process, or a second process of this rank)",
+                                s.rank
+                            )
+                        } else {
+                            String::new()
+                        },
                         s.scope.hint()
                     ),
                     store_notes: Vec::new(),

@@ -177,7 +177,9 @@ fn leftover(s: &mut Session, replaces: &Replaces, current: &[u8], deadline: Dead
 }
 
 /// The error for a rank whose key another process holds (`current`, read from `label`): a
-/// process of a rendezvous already complete, or a duplicate (then every rank is told).
+/// process of a rendezvous already complete, or a duplicate (then every rank is told: those of
+/// this rank's start, and with a job key those of the holder's start, when its claim is of
+/// another).
 fn taken(s: &mut Session, label: &str, current: &[u8], deadline: Deadline) -> RendezvousError {
     let complete = s.keys.complete();
     match s.client.check_by(&[&complete], deadline) {
@@ -187,7 +189,9 @@ fn taken(s: &mut Session, label: &str, current: &[u8], deadline: Deadline) -> Re
     }
     let first = describe(s, label, current);
     let error = RendezvousError::Duplicate { rank: s.rank, first: first.clone(), me: s.me.to_string() };
-    s.give_up(&format!("rank {} was claimed twice: first by {first}, then by {}{}", s.rank, s.me, s.scope.hint()));
+    let reason = format!("rank {} was claimed twice: first by {first}, then by {}{}", s.rank, s.me, s.scope.hint());
+    let holders = start_of(s, label, current);
+    s.give_up_naming(&reason, holders);
     error
 }
 
@@ -231,6 +235,13 @@ fn describe(s: &Session, label: &str, value: &[u8]) -> String {
         },
         None => format!("an unreadable claim of {} bytes (not a gpucomm process)", value.len()),
     }
+}
+
+/// With a job key: the start of `value`, read from `label`, when it is a claim with this key's
+/// MAC.
+fn start_of(s: &Session, label: &str, value: &[u8]) -> Option<[u8; NONCE_LEN]> {
+    let (claim, body) = Claim::decode(value)?;
+    (verified(s.seal.as_ref(), label, body, claim.tag.as_ref()) == Some(true)).then_some(claim.start)
 }
 
 /// With a job key: whether `value`, read from rank `rank`'s key, is a claim of that rank made

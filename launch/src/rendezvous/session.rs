@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::abort::{self, Verdict};
+use super::abort::{self, Start, Verdict};
 use super::host;
 use super::plan::{connect_error, Keys, Mode, Plan, Scope};
 use super::record::Claimant;
@@ -249,7 +249,7 @@ impl Session {
     pub(super) fn abort_notice(
         &mut self,
         label: &str,
-        start: Option<[u8; 16]>,
+        start: Option<Start>,
         deadline: Deadline,
         during: &str,
     ) -> Result<Option<String>, RendezvousError> {
@@ -260,15 +260,15 @@ impl Session {
         if notice.is_empty() {
             return Ok(None);
         }
-        let (reason, verdict) = abort::read(self.seal.as_ref(), label, start, &notice);
-        if verdict == Verdict::Counts {
-            return Ok(Some(reason));
+        let read = abort::read(self.seal.as_ref(), label, start, &notice);
+        if read.verdict == Verdict::Counts {
+            return Ok(Some(read.text));
         }
         if !self.warned_of_abort {
             self.warned_of_abort = true;
-            eprintln!("warning: rank {}: ignoring {label}, {reason}", self.rank);
+            eprintln!("warning: rank {}: ignoring {label}, {}", self.rank, read.text);
         }
-        if verdict == Verdict::OtherStart {
+        if read.verdict == Verdict::OtherStart {
             return Ok(None);
         }
         // Emptied only if it is still the notice just read: the store answers with the value it
@@ -276,8 +276,9 @@ impl Session {
         // when the key is gone.
         let now = self.client.compare_set_by(label, &notice, b"", deadline).map_err(|e| self.store_error(during, e))?;
         if !now.is_empty() && now != notice {
-            if let (reason, Verdict::Counts) = abort::read(self.seal.as_ref(), label, start, &now) {
-                return Ok(Some(reason));
+            let read = abort::read(self.seal.as_ref(), label, start, &now);
+            if read.verdict == Verdict::Counts {
+                return Ok(Some(read.text));
             }
         }
         Ok(None)
@@ -302,23 +303,35 @@ impl Session {
 
     /// Tells every rank why this one gives up (best effort, briefly): the first notice wins.
     pub(super) fn give_up(&mut self, reason: &str) {
+        self.give_up_naming(reason, None);
+    }
+
+    /// [`give_up`](Session::give_up) with a notice that also counts for the ranks of `other`: the
+    /// start of another process's claim that made this rank give up (a second rank 0's).
+    pub(super) fn give_up_naming(&mut self, reason: &str, other: Option<Start>) {
         self.failed = true;
         let abort = self.keys.abort();
         let text = format!("rank {} ({}): {reason}", self.rank, self.me);
-        let notice = abort::encode(self.seal.as_ref(), &abort, self.start, &text);
+        let mut starts: Vec<Start> = self.start.into_iter().chain(other).collect();
+        let notice = abort::encode(self.seal.as_ref(), &abort, &starts, &text);
         let deadline = Deadline::after(GIVE_UP_WITHIN);
         let Ok(current) = self.client.compare_set_by(&abort, b"", &notice, deadline) else { return };
-        // With a key, a notice that the others ignore (a stranger's, or one of another start when
-        // this rank knows its own) must not keep this rank's own out: it takes that one's place.
-        let replace = current != notice
-            && match abort::read(self.seal.as_ref(), &abort, self.start, &current).1 {
-                Verdict::Counts => false,
-                Verdict::OtherStart => self.start.is_some(),
-                Verdict::Unsigned => true,
-            };
-        if replace {
-            let _ = self.client.compare_set_by(&abort, &current, &notice, deadline);
+        if current == notice || self.seal.is_none() {
+            return;
         }
+        // With a key, a notice that this rank's start ignores must not keep this rank's own out:
+        // it takes the place of a stranger's, and of one of other starts, whose starts it names
+        // too (a rank that read a stale start's value may be the one that is wrong).
+        let read = abort::read(self.seal.as_ref(), &abort, self.start, &current);
+        let replacement = match read.verdict {
+            Verdict::Counts => return,
+            Verdict::Unsigned => notice,
+            Verdict::OtherStart => {
+                starts.extend(read.starts);
+                abort::encode(self.seal.as_ref(), &abort, &starts, &text)
+            }
+        };
+        let _ = self.client.compare_set_by(&abort, &current, &replacement, deadline);
     }
 
     /// The values of `keys` (which must exist), in order.
