@@ -122,10 +122,10 @@ pub struct Limits {
     pub connection_allowance: usize,
     /// Bytes shared by all connections beyond their allowance: the rest of a request larger than
     /// the allowance is read as budget can be set aside here for it, a read at a time (one
-    /// address's connections at most `max_reserved_per_peer`), and a `GET` or
-    /// `MULTI_GET` whose reply does not fit, or a `WAIT` whose keys do not, waits (its connection
-    /// reading nothing more) until it does, or until its request deadline passes (then its
-    /// connection is dropped). One address's pending `WAIT`s hold at most
+    /// address's connections at most `max_reserved_per_peer`), and a request whose reply does not
+    /// fit (a `GET`, a `MULTI_GET`, a `COMPARE_SET`, which changes nothing before it fits), or a
+    /// `WAIT` whose keys do not, waits (its connection reading nothing more) until it does, or
+    /// until its request deadline passes (then its connection is dropped). One address's pending `WAIT`s hold at most
     /// `max_wait_bytes_per_peer` of it. Default 32 MiB.
     pub max_buffered: usize,
 }

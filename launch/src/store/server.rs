@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use conn::{Conn, Wait, READ_CHUNK, VALIDATE_LEN};
+use conn::{Conn, Stall, Wait, READ_CHUNK, VALIDATE_LEN};
 use line::{Line, Place};
 use table::Table;
 
@@ -144,6 +144,8 @@ struct TestCounts {
     bytes_moved: u64,
     /// The most requests of one connection served by one call of `process`.
     most_served_at_once: usize,
+    /// Stalled requests served again ([`Server::unstall`]).
+    stalled_tries: u64,
 }
 
 impl std::fmt::Debug for StoreServer {
@@ -221,6 +223,7 @@ impl StoreServer {
             reading_by_peer: HashMap::new(),
             lines: HashMap::new(),
             stalled: Vec::new(),
+            changes: 0,
             backlog: Vec::new(),
             accept_paused_until: None,
             scratch: vec![0; READ_CHUNK],
@@ -304,6 +307,9 @@ struct Server {
     /// Connections whose next request waits for budget for its reply ([`Conn::stalled`]), in the
     /// order they stalled.
     stalled: Vec<u64>,
+    /// How many times the store's keys changed (written, deleted): a stalled request is served
+    /// again once the store changed since it stalled, or the room it lacked is there.
+    changes: u64,
     /// Connections with whole requests left after their share of a wake-up
     /// ([`Conn::backlogged`]), in the order they were served.
     backlog: Vec<u64>,
@@ -374,18 +380,44 @@ impl Server {
     }
 
     /// Serves again the stalled connections' waiting requests, first stalled first, as far as
-    /// the budget that replies sent and connections closed gave back allows.
+    /// the budget that replies sent and connections closed gave back allows. A request is
+    /// decoded and served again only when the room it lacked is there now, or the store changed
+    /// since it stalled (which may change what it needs: a `WAIT`'s keys appeared, a value
+    /// shrank); before, every stalled request was decoded again at every wake-up of the server,
+    /// so that many connections' stalled `WAIT`s of many keys made each request of anyone cost
+    /// milliseconds.
     fn unstall(&mut self, now: Instant) {
         if self.stalled.is_empty() {
             return;
         }
         for id in std::mem::take(&mut self.stalled) {
-            let Some(conn) = self.conns.get_mut(&id) else { continue };
-            conn.stalled = false;
+            let Some(stall) = self.conns.get(&id).and_then(|conn| conn.stalled) else { continue };
+            if stall.changes == self.changes && !self.fits(id, stall.bytes) {
+                self.stalled.push(id);
+                continue;
+            }
+            if let Some(conn) = self.conns.get_mut(&id) {
+                conn.stalled = None;
+            }
+            #[cfg(test)]
+            {
+                self.counts.stalled_tries += 1;
+            }
             self.process(id, now);
             self.settle(id);
             self.flush(id, now);
         }
+    }
+
+    /// Whether `bytes` more fit the connection's allowance and the shared budget now, or could
+    /// never fit better (no other connection holds budget: [`Server::room_for`] then refuses).
+    fn fits(&self, id: u64, bytes: usize) -> bool {
+        let Some(conn) = self.conns.get(&id) else { return true };
+        let over = (conn.held() + bytes).saturating_sub(self.limits.connection_allowance + conn.reserved);
+        over == 0
+            || self.budget_used + over <= self.limits.max_buffered
+            || self.budget_used == conn.reserved
+            || conn.reserved + over > self.limits.max_buffered
     }
 
     /// Whether `bytes` more (`what`: a reply, a `WAIT`'s keys) fit the connection's allowance and
@@ -410,7 +442,7 @@ impl Server {
                 self.limits.max_buffered
             ));
         }
-        conn.stalled = true;
+        conn.stalled = Some(Stall { bytes, changes: self.changes });
         self.stalled.push(id);
         Ok(false)
     }
@@ -594,7 +626,7 @@ impl Server {
     /// The poll events a connection waits for.
     fn interest(&mut self, id: u64) -> libc::c_short {
         let mut events = 0;
-        if !self.conns.get(&id).is_some_and(|c| c.stalled || c.backlogged) && self.read_room(id) > 0 {
+        if !self.conns.get(&id).is_some_and(|c| c.stalled.is_some() || c.backlogged) && self.read_room(id) > 0 {
             events |= libc::POLLIN;
         }
         if self.conns.get(&id).is_some_and(|c| c.unsent() > 0) {
@@ -751,7 +783,7 @@ impl Server {
             return;
         }
         // A stalled connection reads nothing until `unstall` has served its waiting request.
-        if self.conns.get(&id).is_some_and(|c| c.stalled) {
+        if self.conns.get(&id).is_some_and(|c| c.stalled.is_some()) {
             if revents & (libc::POLLHUP | libc::POLLERR) != 0 {
                 self.close(id, None);
             }
@@ -850,8 +882,13 @@ impl Server {
             let Some(conn) = self.conns.get_mut(&id) else { return };
             conn.input = input;
             conn.borrowed = 0;
-            if conn.stalled {
-                // Served again, whole, once its reply fits (`unstall`).
+            if conn.stalled.is_some() {
+                // Served again, whole, once its reply fits (`unstall`). Its length is known now:
+                // what its address's line counts for it (`Conn::owed`), a list's too, which is
+                // not known before it is whole (and it reads nothing more meanwhile).
+                if let Step::Served(len) = step {
+                    conn.whole.set(Some((conn.input.len() - pos, len)));
+                }
                 return;
             }
             match step {
@@ -878,7 +915,7 @@ impl Server {
         for id in std::mem::take(&mut self.backlog) {
             let Some(conn) = self.conns.get_mut(&id) else { continue };
             conn.backlogged = false;
-            if conn.stalled {
+            if conn.stalled.is_some() {
                 continue;
             }
             self.process(id, now);
@@ -909,6 +946,13 @@ impl Server {
                     self.counts.false_wakes += self.waiters.get(key).map_or(0, Vec::len) as u64;
                     self.wake(key, now);
                 }
+                // Room for the reply first: one that does not fit waits before the store changes
+                // (before, the swap was made, and the connection closed for its reply: the
+                // client could not tell whether it had happened).
+                let len = 8 + self.table.compare_set_reply_len(key, expected, desired);
+                if !self.room_for(id, len, "a reply")? {
+                    return Ok(());
+                }
                 let current = self.table.compare_set(key, expected, desired).map_err(refused)?;
                 if self.table.contains(key) {
                     self.wake(key, now);
@@ -924,6 +968,9 @@ impl Server {
                 self.reply_value(id, &value, now)
             }
             Request::Add { key, delta } => {
+                if !self.room_for(id, 8, "a reply")? {
+                    return Ok(());
+                }
                 let sum = self.table.add(key, delta).map_err(refused)?;
                 self.wake(key, now);
                 self.reply(id, &sum.to_le_bytes(), now)
@@ -935,7 +982,11 @@ impl Server {
             Request::Wait { keys } => self.start_wait(id, &keys, now),
             Request::GetNumKeys => self.reply(id, &(self.table.len() as i64).to_le_bytes(), now),
             Request::DeleteKey { key } => {
+                if !self.room_for(id, 8, "a reply")? {
+                    return Ok(());
+                }
                 let deleted = i64::from(self.table.delete(key));
+                self.changes += 1;
                 self.reply(id, &deleted.to_le_bytes(), now)
             }
             Request::Append { key, value } => {
@@ -945,18 +996,18 @@ impl Server {
             }
             Request::MultiGet { keys } => {
                 let len: usize = keys.iter().map(|key| 8 + self.table.get(key).map_or(0, <[u8]>::len)).sum();
-                if len <= self.limits.max_reply_len && !self.room_for(id, len, "a reply")? {
+                if len > self.limits.max_reply_len {
+                    return Err(format!(
+                        "a MULTI_GET reply of {len} bytes would be over the limit of {} bytes",
+                        self.limits.max_reply_len
+                    ));
+                }
+                if !self.room_for(id, len, "a reply")? {
                     return Ok(());
                 }
-                let mut reply = Vec::new();
+                let mut reply = Vec::with_capacity(len);
                 for key in &keys {
                     codec::put_bytes(&mut reply, self.table.get(key).unwrap_or_default());
-                    if reply.len() > self.limits.max_reply_len {
-                        return Err(format!(
-                            "a MULTI_GET reply would be over the limit of {} bytes",
-                            self.limits.max_reply_len
-                        ));
-                    }
                 }
                 self.reply(id, &reply, now)
             }
@@ -1079,6 +1130,7 @@ impl Server {
 
     /// `key` now exists: answers the waits it completes.
     fn wake(&mut self, key: &[u8], now: Instant) {
+        self.changes += 1;
         let Some(ids) = self.waiters.remove(key) else { return };
         for id in ids {
             let Some(conn) = self.conns.get_mut(&id) else { continue };
@@ -1150,7 +1202,7 @@ impl Server {
             .filter_map(|(&id, c)| {
                 let reason = if !c.validated && past(c.accepted_at, limits.validate_within) {
                     format!("no VALIDATE within {}", secs(limits.validate_within))
-                } else if !c.stalled && c.request_started.is_some_and(|t| past(t, limits.request_within)) {
+                } else if c.stalled.is_none() && c.request_started.is_some_and(|t| past(t, limits.request_within)) {
                     format!(
                         "a request did not arrive within {} ({} bytes so far)",
                         secs(limits.request_within),
@@ -1178,7 +1230,7 @@ impl Server {
         let late: Vec<u64> = self
             .conns
             .iter()
-            .filter(|(_, c)| c.stalled && c.request_started.is_some_and(|t| past(t, limits.request_within)))
+            .filter(|(_, c)| c.stalled.is_some() && c.request_started.is_some_and(|t| past(t, limits.request_within)))
             .map(|(&id, _)| id)
             .collect();
         let closed_stalled = !late.is_empty();

@@ -83,9 +83,10 @@ pub(super) struct Conn {
     /// When it was accepted, a request of it was last received whole, or its replies were last
     /// all sent.
     pub(super) last_active: Instant,
-    /// The request at the front of `input` (a read, which changes nothing) waits for budget for
-    /// its reply: nothing more is read or served until that fits.
-    pub(super) stalled: bool,
+    /// The request at the front of `input` waits for budget for its reply (or a `WAIT` for its
+    /// keys; a request that changes the store waits before it changes anything): nothing more is
+    /// read or served until that fits.
+    pub(super) stalled: Option<Stall>,
     /// It has been served a request other than `VALIDATE` and `PING` (it used the store): it is
     /// never evicted.
     pub(super) used: bool,
@@ -99,7 +100,16 @@ pub(super) struct Conn {
     pub(super) served: u64,
     /// The length [`Conn::owed`] last found for the request it is receiving (or its bound), and
     /// how much of that request had arrived then.
-    whole: Cell<Option<(usize, usize)>>,
+    pub(super) whole: Cell<Option<(usize, usize)>>,
+}
+
+/// What a stalled request ([`Conn::stalled`]) needed room for, and the store's count of changes
+/// then ([`Server::changes`](super::Server)): until the store changes, it needs the same.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Stall {
+    /// The bytes of its reply, or of its `WAIT`'s keys.
+    pub(super) bytes: usize,
+    pub(super) changes: u64,
 }
 
 impl Conn {
@@ -123,7 +133,7 @@ impl Conn {
             reserved: 0,
             reading: 0,
             last_active: now,
-            stalled: false,
+            stalled: None,
             used: false,
             backlogged: false,
             place: None,

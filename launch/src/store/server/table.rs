@@ -63,13 +63,7 @@ impl Table {
 
     /// Stores `value` under `key` if the caps allow it.
     pub(super) fn set(&mut self, key: &[u8], value: Vec<u8>) -> Result<(), Refusal> {
-        if value.len() > self.max_value {
-            return Err(Refusal::Full(format!(
-                "a value of {} bytes is over the limit of {}",
-                value.len(),
-                self.max_value
-            )));
-        }
+        self.check_value_len(value.len())?;
         let old = self.map.get(key).map(|old| key.len() + old.len());
         if old.is_none() && self.map.len() >= self.max_keys {
             return Err(Refusal::Full(format!("the store holds its limit of {} keys", self.max_keys)));
@@ -84,6 +78,17 @@ impl Table {
         self.bytes = bytes;
         self.map.insert(key.to_vec(), value);
         Ok(())
+    }
+
+    /// The length of [`Table::compare_set`]'s reply, without changing anything: known before the
+    /// swap, so that a reply that must wait for room waits before the store changes.
+    pub(super) fn compare_set_reply_len(&self, key: &[u8], expected: &[u8], desired: &[u8]) -> usize {
+        match self.map.get(key) {
+            None if expected.is_empty() => desired.len(),
+            None => expected.len(),
+            Some(current) if current.as_slice() == expected => desired.len(),
+            Some(current) => current.len(),
+        }
     }
 
     /// PyTorch's compare-and-set: returns the reply (the value afterwards; `expected` when the
@@ -114,11 +119,37 @@ impl Table {
         Ok(sum)
     }
 
-    /// Appends `value` to the value under `key` (creating it).
+    fn check_value_len(&self, len: usize) -> Result<(), Refusal> {
+        if len > self.max_value {
+            return Err(Refusal::Full(format!("a value of {len} bytes is over the limit of {}", self.max_value)));
+        }
+        Ok(())
+    }
+
+    /// Appends `value` to the value under `key` (creating it), in place: before, each `APPEND`
+    /// copied the whole value, so 20-byte requests appending nothing to a 1 MiB value cost the
+    /// server a 1 MiB copy each. The value grows by at least an eighth of its length at a time
+    /// (so a byte appended moves about eight bytes on average), which it may hold unused (at
+    /// most an eighth of `max_value_len` beyond what the store counts).
     pub(super) fn append(&mut self, key: &[u8], value: &[u8]) -> Result<(), Refusal> {
-        let mut joined = self.map.get(key).cloned().unwrap_or_default();
-        joined.extend_from_slice(value);
-        self.set(key, joined)
+        let Some(old) = self.map.get(key) else { return self.set(key, value.to_vec()) };
+        self.check_value_len(old.len() + value.len())?;
+        let bytes = self.bytes + value.len();
+        if bytes > self.max_bytes {
+            return Err(Refusal::Full(format!(
+                "the store would hold {bytes} bytes, over its limit of {}",
+                self.max_bytes
+            )));
+        }
+        let max_value = self.max_value;
+        let Some(old) = self.map.get_mut(key) else { return Ok(()) };
+        if old.capacity() - old.len() < value.len() {
+            let grow = value.len().max(old.len() / 8).min(max_value - old.len());
+            old.reserve_exact(grow);
+        }
+        old.extend_from_slice(value);
+        self.bytes = bytes;
+        Ok(())
     }
 
     /// Removes `key`; true if it existed.
@@ -163,6 +194,48 @@ mod tests {
         assert_eq!(t.bytes(), 32);
         assert!(matches!(t.append(b"bb", b"x"), Err(Refusal::Full(m)) if m.contains("33 bytes")));
         assert_eq!(t.get(b"bb").map(<[u8]>::len), Some(13));
+    }
+
+    #[test]
+    fn append_grows_the_value_in_place() {
+        // Before: each APPEND copied the whole value into a new one (20-byte requests appending
+        // nothing to a 1 MiB value cost a 1 MiB copy each).
+        const HALF: usize = 1 << 19;
+        let mut t = Table::new(&Limits::default());
+        t.set(b"v", vec![1; HALF]).unwrap();
+        let before = (t.get(b"v").unwrap().as_ptr(), t.bytes());
+        t.append(b"v", b"").unwrap();
+        assert_eq!((t.get(b"v").unwrap().as_ptr(), t.bytes()), before, "appending nothing moved the value");
+        // Growing makes room for an eighth more: the next appends move nothing.
+        t.append(b"v", b"ab").unwrap();
+        let grown = t.get(b"v").unwrap().as_ptr();
+        for _ in 0..1000 {
+            t.append(b"v", b"c").unwrap();
+        }
+        assert_eq!(t.get(b"v").unwrap().as_ptr(), grown);
+        assert_eq!(t.bytes(), 1 + HALF + 1002);
+        let value = t.get(b"v").unwrap();
+        assert_eq!((value.len(), &value[HALF..HALF + 3]), (HALF + 1002, &b"abc"[..]));
+        // A missing key is created; the value limit holds.
+        t.append(b"new", b"x").unwrap();
+        assert_eq!(t.get(b"new"), Some(&b"x"[..]));
+        let err = t.append(b"v", &vec![0; HALF]).unwrap_err();
+        assert!(matches!(err, Refusal::Full(m) if m.contains("over the limit of 1048576")));
+        assert_eq!(t.get(b"v").unwrap().len(), HALF + 1002);
+        // Up to the limit exactly.
+        t.append(b"v", &vec![0; HALF - 1002]).unwrap();
+        assert_eq!(t.get(b"v").unwrap().len(), 1 << 20);
+    }
+
+    #[test]
+    fn compare_set_reply_len_is_the_length_of_compare_sets_reply() {
+        let mut t = Table::new(&Limits::default());
+        for (expected, desired) in
+            [(&b"x"[..], &b"yy"[..]), (b"", b"v1"), (b"", b"v22"), (b"v1", b"v333"), (b"no", b"")]
+        {
+            let len = t.compare_set_reply_len(b"k", expected, desired);
+            assert_eq!(t.compare_set(b"k", expected, desired).unwrap().len(), len, "{expected:?} {desired:?}");
+        }
     }
 
     #[test]

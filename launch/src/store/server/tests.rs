@@ -1176,3 +1176,122 @@ fn a_wait_that_does_not_fit_the_shared_budget_waits_for_room() {
     assert_eq!(server.stats().dropped, 0, "{:?}", server.stats().events);
     drop(waiting);
 }
+
+/// The stalled requests served again so far ([`Server::unstall`]).
+fn stalled_tries(server: &StoreServer) -> u64 {
+    lock(&server.shared).counts.stalled_tries
+}
+
+/// A stranger's `WAIT` from 127.0.0.2 for 4096 missing keys of 80 bytes (each counts
+/// 2 × 80 + 256 bytes: 1.7 MB of the shared budget), once the server holds it.
+fn strangers_wait(server: &StoreServer) -> TcpStream {
+    let keys: Vec<Vec<u8>> = (0..4096).map(|i| format!("/never/{i:073}").into_bytes()).collect();
+    let mut bytes = Vec::new();
+    Request::Validate { magic: codec::VALIDATION_MAGIC }.encode(&mut bytes);
+    Request::Wait { keys: keys.iter().map(Vec::as_slice).collect() }.encode(&mut bytes);
+    let mut stranger = connect_from(Ipv4Addr::new(127, 0, 0, 2), server.local_addr());
+    stranger.write_all(&bytes).unwrap();
+    let held = 4096 * (2 * 80 + 256) - (8 << 10);
+    assert!(stats_until(server, |s| s.reserved_bytes >= held).reserved_bytes >= held);
+    stranger
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn a_compare_set_whose_reply_must_wait_for_room_changes_nothing_until_it_fits() {
+    // Before: COMPARE_SET swapped the value and then closed its connection when the reply did
+    // not fit the shared budget (a GET of the same value waited for room): the client could not
+    // tell whether its swap had happened. Its reply's room is now asked for first.
+    if !more_loopback_addresses() {
+        return;
+    }
+    let limits = Limits { max_buffered: 5 << 19, ..Limits::default() };
+    let server = serve(limits);
+    let mut c = client(&server);
+    c.set("/big", &[5u8; 1 << 20]).unwrap();
+    let stranger = strangers_wait(&server);
+    // Of 2.5 MiB, the stranger holds 1.7 MB: a swap that creates a key of 800 KiB (its reply is
+    // the new value) can be read but not answered, nor can one that fails and answers with the
+    // 1 MiB value in place.
+    let create = thread::spawn({
+        let mut c = client(&server);
+        move || c.compare_set("/new", b"", &[9u8; 800 << 10]).map(|v| v.len())
+    });
+    let fail = thread::spawn({
+        let mut c = client(&server);
+        move || c.compare_set("/big", b"x", b"y").map(|v| v.len())
+    });
+    thread::sleep(Duration::from_millis(300));
+    assert!(!c.check(&["/new"]).unwrap(), "the swap happened before its reply had room");
+    drop(stranger);
+    assert_eq!(create.join().unwrap().unwrap(), 800 << 10);
+    assert_eq!(fail.join().unwrap().unwrap(), 1 << 20);
+    assert_eq!(c.get("/new").unwrap().len(), 800 << 10);
+    assert_eq!(server.stats().dropped, 0, "{:?}", server.stats().events);
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn a_stalled_request_is_not_served_again_at_every_wake_up() {
+    // Before: every stalled request was decoded and served again at each wake-up of the server
+    // (any byte from anyone): many connections' stalled WAITs of many keys made each request of
+    // an honest client cost milliseconds. One is now served again when the room it lacked is
+    // there, or the store changed.
+    if !more_loopback_addresses() {
+        return;
+    }
+    let server = serve(Limits { max_buffered: 5 << 19, ..Limits::default() });
+    let mut c = client(&server);
+    c.set("/big", &[5u8; 1 << 20]).unwrap();
+    let stranger = strangers_wait(&server);
+    let getter = thread::spawn({
+        let mut c = client(&server);
+        move || c.get("/big").map(|v| v.len())
+    });
+    thread::sleep(Duration::from_millis(300));
+    let before = stalled_tries(&server);
+    let mut honest = raw(&server, true);
+    for _ in 0..50 {
+        ping(&mut honest);
+    }
+    assert_eq!(stalled_tries(&server), before, "the stalled GET was served again for others' pings");
+    // A change of the store serves it again (it may need less now), and room serves it.
+    c.set("/other", b"x").unwrap();
+    let deadline = Instant::now() + 5 * SECOND;
+    while stalled_tries(&server) == before {
+        assert!(Instant::now() < deadline, "a change of the store did not serve the stalled GET again");
+        thread::sleep(Duration::from_millis(10));
+    }
+    drop(stranger);
+    assert_eq!(getter.join().unwrap().unwrap(), 1 << 20);
+}
+
+#[test]
+#[cfg(target_os = "linux")]
+fn a_stalled_list_counts_its_length_in_its_addresss_line() {
+    // Before: a MULTI_GET (or WAIT) that waited for room for its reply counted in its address's
+    // line as the longest request allowed (a list's length is not known before it is whole),
+    // although it had arrived whole: another connection of the address could read no more than
+    // its allowance until the stall ended, or `request_within` closed it.
+    if !more_loopback_addresses() {
+        return;
+    }
+    let limits = Limits { max_buffered: 2 << 20, max_reserved_per_peer: 4 << 20, ..Limits::default() };
+    let server = serve(limits);
+    let mut c = client(&server);
+    c.set("/v", &[1u8; 100]).unwrap();
+    let stranger = strangers_wait(&server);
+    // 41 KB asking for a 442 KB reply, which does not fit beside the stranger's 1.7 MB.
+    let mut bytes = Vec::new();
+    Request::Validate { magic: codec::VALIDATION_MAGIC }.encode(&mut bytes);
+    Request::MultiGet { keys: vec![&b"/v"[..]; 4096] }.encode(&mut bytes);
+    let mut stalled = raw(&server, false);
+    stalled.write_all(&bytes).unwrap();
+    thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    set_from(Ipv4Addr::LOCALHOST, server.local_addr(), "/w", &[2u8; 100_000], false).unwrap();
+    assert!(started.elapsed() < 2 * SECOND, "the SET waited {:?} behind the stalled list", started.elapsed());
+    drop(stranger);
+    let mut reply = vec![0u8; 4096 * 108];
+    stalled.read_exact(&mut reply).unwrap();
+}
