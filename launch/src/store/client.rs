@@ -212,7 +212,7 @@ impl StoreClient {
         match self.read_array::<1>("CHECK", deadline)?[0] {
             CHECK_READY => Ok(true),
             CHECK_NOT_READY => Ok(false),
-            other => Err(self.protocol("CHECK", format!("reply byte {other}, expected 0 or 1"))),
+            other => Err(self.out_of_step("CHECK", format!("reply byte {other}, expected 0 or 1"))),
         }
     }
 
@@ -237,7 +237,7 @@ impl StoreClient {
         self.send("WAIT", &Request::Wait { keys: bytes_of(keys) }, io)?;
         match self.read_byte_by("WAIT", until.min(io)) {
             Ok(WAIT_STOP) => return Ok(true),
-            Ok(other) => return Err(self.protocol("WAIT", format!("reply byte {other}, expected 0"))),
+            Ok(other) => return Err(self.out_of_step("WAIT", format!("reply byte {other}, expected 0"))),
             Err(error) if error.is_timeout() => {}
             Err(error) => return Err(error),
         }
@@ -251,9 +251,9 @@ impl StoreClient {
             WAIT_CANCELED => Ok(false),
             WAIT_STOP => match self.read_array::<1>("CANCEL_WAIT", io)?[0] {
                 WAIT_CANCELED => Ok(true),
-                other => Err(self.protocol("CANCEL_WAIT", format!("reply byte {other}, expected 1"))),
+                other => Err(self.out_of_step("CANCEL_WAIT", format!("reply byte {other}, expected 1"))),
             },
-            other => Err(self.protocol("CANCEL_WAIT", format!("reply byte {other}, expected 0 or 1"))),
+            other => Err(self.out_of_step("CANCEL_WAIT", format!("reply byte {other}, expected 0 or 1"))),
         }
     }
 
@@ -286,7 +286,7 @@ impl StoreClient {
                 match i64::from_le_bytes(self.read_array("DELETE_KEY", deadline)?) {
                     0 => {}
                     1 => deleted += 1,
-                    other => return Err(self.protocol("DELETE_KEY", format!("reply {other}, expected 0 or 1"))),
+                    other => return Err(self.out_of_step("DELETE_KEY", format!("reply {other}, expected 0 or 1"))),
                 }
             }
         }
@@ -334,7 +334,7 @@ impl StoreClient {
         self.send("PING", &Request::Ping { nonce }, deadline)?;
         let got = u32::from_le_bytes(self.read_array("PING", deadline)?);
         if got != nonce {
-            return Err(self.protocol("PING", format!("echoed {got:#x}, sent {nonce:#x}")));
+            return Err(self.out_of_step("PING", format!("echoed {got:#x}, sent {nonce:#x}")));
         }
         Ok(())
     }
@@ -451,6 +451,14 @@ impl StoreClient {
 
     fn protocol(&self, op: &'static str, detail: String) -> StoreError {
         StoreError::Protocol { addr: self.addr.clone(), op, detail }
+    }
+
+    /// A reply that is not what the protocol allows: the replies after it cannot be trusted to
+    /// line up with the requests (before, a wrong reply in a batch of `DELETE_KEY`s left the
+    /// batch's other replies to be read by the next call), so the connection is out of step.
+    fn out_of_step(&mut self, op: &'static str, detail: String) -> StoreError {
+        let error = self.protocol(op, detail);
+        self.fail(error)
     }
 
     fn io(&self, op: &'static str, error: io::Error) -> StoreError {

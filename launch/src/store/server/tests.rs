@@ -1295,3 +1295,30 @@ fn a_stalled_list_counts_its_length_in_its_addresss_line() {
     let mut reply = vec![0u8; 4096 * 108];
     stalled.read_exact(&mut reply).unwrap();
 }
+
+#[test]
+fn a_reply_the_protocol_does_not_allow_leaves_the_client_out_of_step() {
+    // Before: a wrong reply in a batch of DELETE_KEYs failed the call but left the connection
+    // usable, and the batch's other replies were read as the next call's.
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let fake = thread::spawn(move || {
+        let (mut stream, _) = listener.accept().unwrap();
+        // VALIDATE (5 bytes) and PING (5 bytes): the nonce echoed.
+        let mut hello = [0u8; 10];
+        stream.read_exact(&mut hello).unwrap();
+        stream.write_all(&hello[6..]).unwrap();
+        // Two DELETE_KEYs: a reply no store gives, then one that looks like the next call's.
+        let mut deletes = vec![0u8; 2 * (1 + 8 + 2)];
+        stream.read_exact(&mut deletes).unwrap();
+        stream.write_all(&7i64.to_le_bytes()).unwrap();
+        stream.write_all(&7u32.to_le_bytes()).unwrap();
+        stream.write_all(&[0; 4]).unwrap();
+        thread::sleep(Duration::from_millis(500));
+    });
+    let mut c = StoreClient::connect("127.0.0.1", port, 5 * SECOND).unwrap();
+    let error = c.delete_keys(&["/a", "/b"]).unwrap_err();
+    assert!(matches!(error, StoreError::Protocol { op: "DELETE_KEY", .. }), "{error}");
+    assert!(matches!(c.ping(), Err(StoreError::Broken { .. })));
+    fake.join().unwrap();
+}
