@@ -652,30 +652,62 @@ fn a_claim_replayed_from_an_earlier_run_is_ignored_and_the_real_rank_joins() {
     replayed_claim(StoreMode::Auto);
 }
 
+/// Two runs of a two-rank job with the same key and identity, each with a store of its own
+/// (`Rank0`: rank 0 hosts each run's; `Auto`: torchrun's agent's, a fresh one for each run, where
+/// the generations count from 1 again).
+struct TwoRuns {
+    agent: bool,
+    token: String,
+    run_id: String,
+}
+
+impl TwoRuns {
+    fn new(mode: StoreMode, name: &str) -> TwoRuns {
+        let agent = mode == StoreMode::Auto;
+        let token = format!("{name}-{}", if agent { "agent" } else { "hosted" });
+        TwoRuns { agent, run_id: format!("{token}-{}", std::process::id()), token }
+    }
+
+    /// A run's store (torchrun's agent's, or none: rank 0's own on a free port) and its port.
+    fn serve(&self) -> (Option<StoreServer>, u16) {
+        let store = self.agent.then(|| StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap());
+        let port = store.as_ref().map_or_else(free_port, |s| s.local_addr().port());
+        (store, port)
+    }
+
+    fn rank(&self, rank: usize, port: u16) -> RankInfo {
+        match self.agent {
+            true => torchrun_worker(rank, 2, port, &self.run_id, 0, Some(&self.token)),
+            false => info(rank, 2, port, &self.token),
+        }
+    }
+
+    /// Each run is a process of its own in life: its first rendezvous is #0.
+    fn opts() -> Options {
+        keyed(10.0, KEY).clone_instance(0)
+    }
+
+    /// The prefix of the join's keys (generation 1's under the agent's store).
+    fn prefix(&self) -> String {
+        let p = prefix(&self.token, 0);
+        if self.agent {
+            format!("{p}/g1")
+        } else {
+            p
+        }
+    }
+}
+
 /// Run A, then run B of a two-rank job with the same key and identity (`Rank0`: rank 0 hosts
 /// each run's store; `Auto`: under a torchrun agent's store, a fresh one for run B, where the
 /// generations count from 1 again), with run A's claim of rank 1 written into run B's store
 /// while run B's rank 0 waits for rank 1.
 fn replayed_claim(mode: StoreMode) {
-    let agent = mode == StoreMode::Auto;
-    let token = if agent { "replayed-claim-agent" } else { "replayed-claim-hosted" };
-    let run_id = format!("{token}-{}", std::process::id());
-    // A store for each run: torchrun's agent's, or rank 0's own on a free port.
-    let serve = || agent.then(|| StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap());
-    let rank = move |rank: usize, port: u16| {
-        if agent {
-            torchrun_worker(rank, 2, port, &run_id, 0, Some(token))
-        } else {
-            info(rank, 2, port, token)
-        }
-    };
-    // Each run is a process of its own in life: its first rendezvous is #0.
-    let opts = || keyed(10.0, KEY).clone_instance(0);
-    let p = if agent { format!("{}/g1", prefix(token, 0)) } else { prefix(token, 0) };
+    let runs = TwoRuns::new(mode, "replayed-claim");
+    let (rank, opts, p) = (|rank, port| runs.rank(rank, port), TwoRuns::opts, runs.prefix());
     let claim = format!("{p}/rank/1");
 
-    let store_a = serve();
-    let port_a = store_a.as_ref().map_or_else(free_port, |s| s.local_addr().port());
+    let (store_a, port_a) = runs.serve();
     let (read, kept) = std::sync::mpsc::channel::<()>();
     let rank0 = spawn(rank(0, port_a), opts(), move |mut rv| {
         let id = rv.broadcast(|| Ok(b"id of run A".to_vec()))?;
@@ -690,8 +722,7 @@ fn replayed_claim(mode: StoreMode) {
     assert_eq!(rank0.join().unwrap().unwrap(), b"id of run A");
     drop(store_a);
 
-    let store_b = serve();
-    let port_b = store_b.as_ref().map_or_else(free_port, |s| s.local_addr().port());
+    let (_store_b, port_b) = runs.serve();
     let rank0 = spawn(rank(0, port_b), opts(), |mut rv| rv.broadcast(|| Ok(b"id of run B".to_vec())));
     let attacker = Mutex::new(store_client(port_b));
     let first = format!("{p}/rank/0");
@@ -802,23 +833,11 @@ fn a_signed_abort_notice_copied_from_an_earlier_run_does_not_end_a_later_one() {
 /// store for each run, where the generations count from 1 again) gets run A's abort notice
 /// written into its store before rank 1 comes, and must work.
 fn replayed_abort(mode: StoreMode) {
-    let agent = mode == StoreMode::Auto;
-    let token = if agent { "replayed-abort-agent" } else { "replayed-abort-hosted" };
-    let run_id = format!("{token}-{}", std::process::id());
-    let serve = || agent.then(|| StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap());
-    let rank = move |rank: usize, port: u16| {
-        if agent {
-            torchrun_worker(rank, 2, port, &run_id, 0, Some(token))
-        } else {
-            info(rank, 2, port, token)
-        }
-    };
-    let opts = || keyed(10.0, KEY).clone_instance(0);
-    let p = if agent { format!("{}/g1", prefix(token, 0)) } else { prefix(token, 0) };
+    let runs = TwoRuns::new(mode, "replayed-abort");
+    let (rank, opts, p) = (|rank, port| runs.rank(rank, port), TwoRuns::opts, runs.prefix());
     let abort = format!("{p}/abort");
 
-    let store_a = serve();
-    let port_a = store_a.as_ref().map_or_else(free_port, |s| s.local_addr().port());
+    let (store_a, port_a) = runs.serve();
     let rank0 = spawn(rank(0, port_a), opts(), |mut rv| rv.broadcast(|| Err("run A's rank 0 failed".into())));
     // Connected before rank 1 comes, so that rank 0's store stays up while this reads the notice.
     let spy = Mutex::new(store_client(port_a));
@@ -831,8 +850,7 @@ fn replayed_abort(mode: StoreMode) {
     assert!(matches!(rank0.join().unwrap(), Err(RendezvousError::Make { .. })));
     drop(store_a);
 
-    let store_b = serve();
-    let port_b = store_b.as_ref().map_or_else(free_port, |s| s.local_addr().port());
+    let (_store_b, port_b) = runs.serve();
     let started = Instant::now();
     let rank0 = spawn(rank(0, port_b), opts(), |mut rv| {
         let id = rv.broadcast(|| Ok(b"id of run B".to_vec()))?;
