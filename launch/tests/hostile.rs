@@ -463,21 +463,17 @@ fn agent_store_restart(token: Option<&str>, counts: [u32; 2]) {
 
 #[test]
 fn a_restarted_rank_does_not_join_a_generation_that_holds_its_killed_processs_claim() {
-    // Attempt 0 of a three-rank torchrun job: ranks 0 and 1 claimed in generation 1, rank 2 never
-    // came, and torchrun killed them (no abort notice). Before: attempt 1's rank 1, first to
-    // come, joined generation 1 (neither complete nor given up), met its killed process's claim
-    // there and failed as a duplicate, and ranks 0 and 2 waited in generation 2 until their
-    // timeout. A rank now waits for the next generation when the newest holds its rank's claim.
-    killed_mid_join(true);
-    killed_mid_join(false);
-}
-
-/// The scenario above, with or without a job key; attempt 0's keys are copied from the store it
-/// ran in into a fresh one, as its processes left them when killed.
-fn killed_mid_join(keyed_job: bool) {
-    let token = if keyed_job { "killed-mid-join-keyed" } else { "killed-mid-join-plain" };
+    // Attempt 0 of a three-rank torchrun job with a job key: ranks 0 and 1 claimed in generation
+    // 1, rank 2 never came, and torchrun killed them (no abort notice). Before: attempt 1's rank
+    // 1, first to come, joined generation 1 (neither complete nor given up), met its killed
+    // process's claim there and failed as a duplicate, and ranks 0 and 2 waited in generation 2
+    // until their timeout. A rank now waits for the next generation when the newest holds its
+    // rank's claim with the key's MAC by a process of its host that runs no more (here: the killed
+    // ranks were threads of this process, which counts as an earlier attempt of it). Without a
+    // job key such a claim cannot be told from a stranger's, and is met as a duplicate, as before.
+    let token = "killed-mid-join";
     let run_id = format!("{token}-{}", std::process::id());
-    let opts = |seconds: f64| if keyed_job { keyed(seconds, KEY) } else { options(seconds) }.clone_instance(0);
+    let opts = |seconds: f64| keyed(seconds, KEY).clone_instance(0);
     let base = prefix(token, 0);
     let left: Vec<String> = ["opened", "start", "rank/0", "rank/1"].iter().map(|k| format!("{base}/g1/{k}")).collect();
     let attempt_0 = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
@@ -508,13 +504,40 @@ fn killed_mid_join(keyed_job: bool) {
     let rank0 = spawn(worker(0), opts(10.0), |mut rv| rv.broadcast(|| Ok(b"attempt 1".to_vec())));
     for (rank, result) in [rank0, rank1, rank2].into_iter().enumerate() {
         let result = result.join().unwrap().map_err(|e| e.to_string());
-        assert_eq!(result.as_deref(), Ok(&b"attempt 1"[..]), "rank {rank}, keyed: {keyed_job}");
+        assert_eq!(result.as_deref(), Ok(&b"attempt 1"[..]), "rank {rank}");
     }
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
     assert!(new.check(&[&format!("{base}/g2/complete")]).unwrap(), "the join completed in generation 2");
     for process in killed {
         let _ = process.join();
     }
+}
+
+#[test]
+fn a_strangers_claim_in_an_open_generation_is_a_duplicate_under_torchrun() {
+    // Without a job key, a claim of a rank written by a stranger into the generation rank 0
+    // opened fails every rank as a duplicate when the real rank comes, and the stranger gets
+    // nothing. A review of session 24's first version of the generation skip found that the real
+    // rank then waited for the next generation instead, and rank 0 completed the join with the
+    // stranger as rank 1.
+    let agent = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
+    let port = agent.local_addr().port();
+    let run_id = format!("stranger-in-generation-{}", std::process::id());
+    let worker = |rank: usize| torchrun_worker(rank, 3, port, &run_id, 0, None);
+    let opts = || options(10.0).clone_instance(0);
+    let g1 = format!("{}/g1", prefix(&format!("torchrun-{run_id}"), 0));
+    let started = Instant::now();
+    let rank0 = spawn(worker(0), opts(), |mut rv| rv.broadcast(|| Ok(b"the id".to_vec())));
+    let mut stranger = store_client(port);
+    until(|| store_client(port).check(&[&format!("{g1}/rank/0")]).unwrap());
+    stranger.set(&format!("{g1}/rank/1"), &forged_claim(1, 3, "impostor", "6.6.6.6:666")).unwrap();
+    let rank1 = Rendezvous::connect(&worker(1), &opts()).unwrap_err();
+    assert!(matches!(rank1, RendezvousError::Duplicate { rank: 1, .. }), "{rank1}");
+    assert!(rank1.to_string().contains("first by pid 999 on impostor (6.6.6.6:666)"), "{rank1}");
+    let rank0 = rank0.join().unwrap().unwrap_err().to_string();
+    assert!(rank0.contains("rank 1 was claimed twice"), "{rank0}");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert!(!stranger.check(&[&format!("{g1}/op0/value")]).unwrap(), "rank 0 broadcast the id");
 }
 
 #[test]

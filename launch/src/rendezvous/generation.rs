@@ -21,7 +21,7 @@
 //! follows, and torchrun restarts them again.
 
 use super::plan::Mode;
-use super::record::{verified, Claim};
+use super::record::{verified, Claim, Claimant};
 use super::session::{Session, Waited};
 use super::RendezvousError;
 use crate::deadline::Deadline;
@@ -45,27 +45,50 @@ fn ended(s: &mut Session, g: i64, deadline: Deadline) -> Result<bool, Rendezvous
     Ok(s.abort_notice(&keys.abort(), start.try_into().ok(), deadline, DURING)?.is_some())
 }
 
-/// True when this rank's key in generation `g` holds a claim (with a job key, one with its MAC
-/// of the start whose value the generation's `start` key holds): a process of an earlier start,
-/// killed while it joined (torchrun stops workers without an abort notice, so the generation is
-/// neither complete nor given up), or a second process of this rank. This rank would meet that
+/// With a job key: true when this rank's key in generation `g` holds a claim with the key's MAC,
+/// of the start whose value the generation's `start` key holds, by a process that is gone (see
+/// [`gone`]): one of an earlier start, killed while it joined (torchrun stops workers without an
+/// abort notice, so the generation is neither complete nor given up). This rank would meet that
 /// claim there as a duplicate, and waits for the next generation instead: a later start of rank 0
-/// opens it. A claim without the key's MAC (a stranger's) is met as a duplicate, which names it;
-/// one of another start (copied from an earlier agent store) is replaced when this rank claims.
-fn claimed(s: &mut Session, g: i64, deadline: Deadline) -> Result<bool, RendezvousError> {
+/// opens it. Every other claim is met as a duplicate, which fails every rank at once and names
+/// its holder: a live second process of this rank, a stranger's (without the key's MAC; and
+/// without a job key, where a stranger could write a claim of a gone process to take the rank
+/// unseen), or one of another start (copied from an earlier agent store: replaced when this rank
+/// claims).
+fn claimed_by_a_gone_process(s: &mut Session, g: i64, deadline: Deadline) -> Result<bool, RendezvousError> {
+    if s.seal.is_none() {
+        return Ok(false);
+    }
     let keys = s.base.generation(g);
     let label = keys.claim(s.rank);
     // A missing key reads as empty, which no claim is.
     let value = s.client.get_by(&label, deadline).map_err(|e| s.store_error(DURING, e))?;
-    if value.is_empty() || s.seal.is_none() {
-        return Ok(!value.is_empty());
-    }
     let Some((claim, body)) = Claim::decode(&value) else { return Ok(false) };
-    if verified(s.seal.as_ref(), &label, body, claim.tag.as_ref()) != Some(true) {
+    if verified(s.seal.as_ref(), &label, body, claim.tag.as_ref()) != Some(true) || !gone(&claim.who, &s.me, alive) {
         return Ok(false);
     }
     let start = s.client.get_by(&keys.start(), deadline).map_err(|e| s.store_error(DURING, e))?;
     Ok(start == claim.start)
+}
+
+/// Whether `who`, a claim's holder, is a process that runs no more, as `me` can tell: one of
+/// this host whose process id no process has now (`alive`), or this very process (an earlier
+/// attempt of it that failed). Another host's processes cannot be told apart from live ones.
+fn gone(who: &Claimant, me: &Claimant, alive: impl Fn(u32) -> bool) -> bool {
+    who.host == me.host && (who.pid == me.pid || !alive(who.pid))
+}
+
+/// Whether a process with id `pid` exists on this host (in this process's namespace).
+fn alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    if pid <= 0 {
+        // 0 and negative ids name process groups: no claim's holder.
+        return false;
+    }
+    // SAFETY: signal 0 is not sent: `kill` only checks that the process exists and may be
+    // signalled; it touches no memory of this process.
+    let found = unsafe { libc::kill(pid, 0) } == 0;
+    found || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// Under [`Mode::Agent`], enters the generation this rank joins (see the module's
@@ -90,7 +113,7 @@ pub(super) fn enter(s: &mut Session, deadline: Deadline) -> Result<(), Rendezvou
         let newest = add(s, 0)?;
         // Saturating: the counter is whatever the store holds, which anyone who reaches it can set.
         let over = newest < 1 || ended(s, newest, deadline)?;
-        let held = !over && claimed(s, newest, deadline)?;
+        let held = !over && claimed_by_a_gone_process(s, newest, deadline)?;
         let g = if over || held { newest.saturating_add(1) } else { newest };
         // Waiting under the generation's keys: its abort notice is the one that counts.
         s.keys = s.base.generation(g);
@@ -108,8 +131,8 @@ pub(super) fn enter(s: &mut Session, deadline: Deadline) -> Result<(), Rendezvou
                         "rank 0 has not opened generation {g} of the rendezvous in torchrun's agent store{}{}",
                         if held {
                             format!(
-                                " (generation {newest}, which it had not completed, already held a claim of rank {}: \
-                                 an earlier start's process, or a second process of this rank)",
+                                " (generation {newest}, which it had not completed, held a claim of rank {} by a process \
+                                 that runs no more)",
                                 s.rank
                             )
                         } else {
@@ -181,4 +204,35 @@ fn verify_mark(s: &Session, label: &str, value: &[u8]) -> Result<(), RendezvousE
             value.len()
         ),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn who(host: &str, pid: u32) -> Claimant {
+        Claimant { host: host.into(), pid, addr: "127.0.0.1:1".into() }
+    }
+
+    #[test]
+    fn a_claim_is_of_a_gone_process_only_when_this_host_can_tell() {
+        let me = who("node-a", 100);
+        let alive = |pid: u32| pid == 200;
+        assert!(gone(&who("node-a", 300), &me, alive), "a dead process of this host");
+        assert!(gone(&who("node-a", 100), &me, alive), "an earlier attempt of this process");
+        assert!(!gone(&who("node-a", 200), &me, alive), "a live process of this host: a duplicate");
+        assert!(!gone(&who("node-b", 300), &me, alive), "another host's process cannot be told");
+        assert!(!gone(&who("node-b", 100), &me, alive), "the same pid on another host is another process");
+    }
+
+    #[test]
+    fn alive_finds_this_process_and_not_a_process_that_ended() {
+        assert!(alive(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(!alive(pid));
+        assert!(!alive(0));
+        assert!(!alive(u32::MAX));
+    }
 }

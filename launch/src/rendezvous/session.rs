@@ -319,14 +319,15 @@ impl Session {
         if current == notice || self.seal.is_none() {
             return;
         }
-        // With a key, a notice that this rank's start ignores must not keep this rank's own out:
-        // it takes the place of a stranger's, and of one of other starts, whose starts it names
-        // too (a rank that read a stale start's value may be the one that is wrong).
+        // With a key, a notice that the ranks this one tells ignore must not keep its own out: it
+        // takes the place of a stranger's, and of one that names other starts (or not `other`),
+        // naming theirs too (a rank that read a stale start's value may be the one that is
+        // wrong).
         let read = abort::read(self.seal.as_ref(), &abort, self.start, &current);
         let replacement = match read.verdict {
-            Verdict::Counts => return,
+            Verdict::Counts if other.is_none_or(|other| read.starts.contains(&other)) => return,
             Verdict::Unsigned => notice,
-            Verdict::OtherStart => {
+            Verdict::Counts | Verdict::OtherStart => {
                 starts.extend(read.starts);
                 abort::encode(self.seal.as_ref(), &abort, &starts, &text)
             }

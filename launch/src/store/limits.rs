@@ -14,7 +14,8 @@ use std::time::Duration;
 /// replies, the keys of a pending `WAIT`, counted with what the server keeps for each key)
 /// stay at or below
 /// `max_buffered + max_connections × connection_allowance` (with the defaults 32 MiB + 1024 ×
-/// 8 KiB = 40 MiB), and the store's keys and values at or below `max_store_bytes`. Beyond a
+/// 8 KiB = 40 MiB), and the store's keys and values at or below `max_store_bytes` (a value that
+/// `APPEND`s grow may keep up to an eighth of its length more allocated, unused). Beyond a
 /// pending `WAIT`'s keys, a connection cannot hold its share for long: a request must arrive,
 /// and queued replies must be read, within `request_within`; the pending `WAIT`s of one
 /// address hold at most `max_wait_bytes_per_peer`.
