@@ -514,6 +514,46 @@ fn a_restarted_rank_does_not_join_a_generation_that_holds_its_killed_processs_cl
 }
 
 #[test]
+fn a_rank_replaces_its_killed_processs_claim_in_a_store_that_outlives_runs() {
+    // The same in a store of the user's (`GPUCOMM_STORE=external`) with a job key: the killed
+    // run left its start's value and the claims of ranks 0 and 1. Before: the next run's rank 1,
+    // first to come, read that value, met its killed process's claim of the same start and
+    // failed as a duplicate, and ranks 0 and 2 waited until their timeout. A claim with the key's
+    // MAC by a process of this host that runs no more (here a thread of this process: an earlier
+    // attempt of it) is now replaced; rank 1 then follows rank 0's claim to the new start.
+    let token = "killed-mid-join-external";
+    let opts = |seconds: f64| Options { instance: Some(0), ..keyed(seconds, KEY).with_store(StoreMode::External) };
+    let p = prefix(token, 0);
+    let left: Vec<String> = ["start", "rank/0", "rank/1"].iter().map(|k| format!("{p}/{k}")).collect();
+    let killed_run = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
+    let port = killed_run.local_addr().port();
+    let killed: Vec<_> = (0..2)
+        .map(|rank| spawn(info(rank, 3, port, token), opts(3.0), |mut rv| rv.broadcast(|| Ok(b"killed".to_vec()))))
+        .collect();
+    until(|| store_client(port).check(&[&left[1], &left[2]]).unwrap());
+    let mut old = store_client(port);
+    let store = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
+    let port = store.local_addr().port();
+    let mut new = store_client(port);
+    for key in &left {
+        new.set(key, &old.get(key).unwrap()).unwrap();
+    }
+    let started = Instant::now();
+    let rank1 = spawn(info(1, 3, port, token), opts(10.0), |mut rv| rv.broadcast(|| Err("unused".into())));
+    thread::sleep(Duration::from_millis(300));
+    let rank2 = spawn(info(2, 3, port, token), opts(10.0), |mut rv| rv.broadcast(|| Err("unused".into())));
+    let rank0 = spawn(info(0, 3, port, token), opts(10.0), |mut rv| rv.broadcast(|| Ok(b"next run".to_vec())));
+    for (rank, result) in [rank0, rank1, rank2].into_iter().enumerate() {
+        let result = result.join().unwrap().map_err(|e| e.to_string());
+        assert_eq!(result.as_deref(), Ok(&b"next run"[..]), "rank {rank}");
+    }
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    for process in killed {
+        let _ = process.join();
+    }
+}
+
+#[test]
 fn a_strangers_claim_in_an_open_generation_is_a_duplicate_under_torchrun() {
     // Without a job key, a claim of a rank written by a stranger into the generation rank 0
     // opened fails every rank as a duplicate when the real rank comes, and the stranger gets

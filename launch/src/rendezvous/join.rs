@@ -30,7 +30,7 @@
 use std::time::Duration;
 
 use super::plan::Mode;
-use super::record::{verified, Claim, Claimant};
+use super::record::{alive, gone, verified, Claim, Claimant};
 use super::seal::TAG_LEN;
 use super::session::{Session, Waited};
 use super::RendezvousError;
@@ -155,6 +155,10 @@ fn claim(s: &mut Session, deadline: Deadline) -> Result<Vec<u8>, RendezvousError
         } else if of_another_start(s, s.rank, &current) && leftover(s, &replaces, &current, deadline)? {
             // Made with the key in another start: not a rival in this one. Replace it.
             expected.clone_from(&current);
+        } else if held_by_a_gone_process(s, &label, &current) {
+            // Made with the key by a process of this host that runs no more (killed while it
+            // joined, in a store that outlives runs): not a rival either.
+            expected.clone_from(&current);
         } else {
             break;
         }
@@ -235,6 +239,17 @@ fn describe(s: &Session, label: &str, value: &[u8]) -> String {
         },
         None => format!("an unreadable claim of {} bytes (not a gpucomm process)", value.len()),
     }
+}
+
+/// With a job key: whether `value`, read from this rank's key `label`, is a claim of this rank
+/// with this key's MAC made by a process that runs no more ([`gone`]). Without a key a claim
+/// of a gone process cannot be told from a stranger's, who would take the rank unseen: it is a
+/// duplicate.
+fn held_by_a_gone_process(s: &Session, label: &str, value: &[u8]) -> bool {
+    let Some((claim, body)) = Claim::decode(value) else { return false };
+    claim.rank as usize == s.rank
+        && verified(s.seal.as_ref(), label, body, claim.tag.as_ref()) == Some(true)
+        && gone(&claim.who, &s.me, alive)
 }
 
 /// With a job key: the start of `value`, read from `label`, when it is a claim with this key's

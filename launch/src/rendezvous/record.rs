@@ -56,6 +56,26 @@ impl fmt::Display for Printable<'_> {
     }
 }
 
+/// Whether `who`, a claim's holder, is a process that runs no more, as `me` can tell: one of
+/// this host whose process id no process has now (`alive`), or this very process (an earlier
+/// attempt of it that failed). Another host's processes cannot be told apart from live ones.
+pub(super) fn gone(who: &Claimant, me: &Claimant, alive: impl Fn(u32) -> bool) -> bool {
+    who.host == me.host && (who.pid == me.pid || !alive(who.pid))
+}
+
+/// Whether a process with id `pid` exists on this host (in this process's namespace).
+pub(super) fn alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
+    if pid <= 0 {
+        // 0 and negative ids name process groups: no claim's holder.
+        return false;
+    }
+    // SAFETY: signal 0 is not sent: `kill` only checks that the process exists and may be
+    // signalled; it touches no memory of this process.
+    let found = unsafe { libc::kill(pid, 0) } == 0;
+    found || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
 /// This machine's host name, or `unknown host`.
 fn hostname() -> String {
     let mut buf = [0u8; 256];
@@ -358,5 +378,31 @@ mod tests {
                 assert!(body.len() < bytes.len() && o.scope.len() <= u16::MAX as usize);
             }
         }
+    }
+
+    fn who(host: &str, pid: u32) -> Claimant {
+        Claimant { host: host.into(), pid, addr: "127.0.0.1:1".into() }
+    }
+
+    #[test]
+    fn a_claim_is_of_a_gone_process_only_when_this_host_can_tell() {
+        let me = who("node-a", 100);
+        let alive = |pid: u32| pid == 200;
+        assert!(gone(&who("node-a", 300), &me, alive), "a dead process of this host");
+        assert!(gone(&who("node-a", 100), &me, alive), "an earlier attempt of this process");
+        assert!(!gone(&who("node-a", 200), &me, alive), "a live process of this host: a duplicate");
+        assert!(!gone(&who("node-b", 300), &me, alive), "another host's process cannot be told");
+        assert!(!gone(&who("node-b", 100), &me, alive), "the same pid on another host is another process");
+    }
+
+    #[test]
+    fn alive_finds_this_process_and_not_a_process_that_ended() {
+        assert!(alive(std::process::id()));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert!(!alive(pid));
+        assert!(!alive(0));
+        assert!(!alive(u32::MAX));
     }
 }
