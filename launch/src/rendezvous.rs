@@ -8,6 +8,7 @@ mod host;
 mod join;
 mod options;
 mod plan;
+mod process;
 mod record;
 mod seal;
 mod session;

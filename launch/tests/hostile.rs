@@ -468,9 +468,11 @@ fn a_restarted_rank_does_not_join_a_generation_that_holds_its_killed_processs_cl
     // 1, first to come, joined generation 1 (neither complete nor given up), met its killed
     // process's claim there and failed as a duplicate, and ranks 0 and 2 waited in generation 2
     // until their timeout. A rank now waits for the next generation when the newest holds its
-    // rank's claim with the key's MAC by a process of its host that runs no more (here: the killed
-    // ranks were threads of this process, which counts as an earlier attempt of it). Without a
-    // job key such a claim cannot be told from a stranger's, and is met as a duplicate, as before.
+    // rank's claim with the key's MAC by another process that runs no more, and replaces one of
+    // an earlier attempt of its own process (here the killed ranks are threads of this process
+    // whose sessions ended), then moves on with the others when rank 0 opens the next
+    // generation. Without a job key such a claim cannot be told from a stranger's, and is met as
+    // a duplicate, as before.
     let token = "killed-mid-join";
     let run_id = format!("{token}-{}", std::process::id());
     let opts = |seconds: f64| keyed(seconds, KEY).clone_instance(0);
@@ -480,7 +482,7 @@ fn a_restarted_rank_does_not_join_a_generation_that_holds_its_killed_processs_cl
     let port = attempt_0.local_addr().port();
     let killed: Vec<_> = (0..2)
         .map(|rank| {
-            spawn(torchrun_worker(rank, 3, port, &run_id, 0, Some(token)), opts(3.0), |mut rv| {
+            spawn(torchrun_worker(rank, 3, port, &run_id, 0, Some(token)), opts(1.0), |mut rv| {
                 rv.broadcast(|| Ok(b"attempt 0".to_vec()))
             })
         })
@@ -496,6 +498,9 @@ fn a_restarted_rank_does_not_join_a_generation_that_holds_its_killed_processs_cl
             new.set(key, &old.get(key).unwrap()).unwrap();
         }
     }
+    for process in killed {
+        assert!(process.join().unwrap().is_err());
+    }
     let started = Instant::now();
     let worker = |rank: usize| torchrun_worker(rank, 3, port, &run_id, 1, Some(token));
     let rank1 = spawn(worker(1), opts(10.0), |mut rv| rv.broadcast(|| Err("unused".into())));
@@ -508,9 +513,6 @@ fn a_restarted_rank_does_not_join_a_generation_that_holds_its_killed_processs_cl
     }
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
     assert!(new.check(&[&format!("{base}/g2/complete")]).unwrap(), "the join completed in generation 2");
-    for process in killed {
-        let _ = process.join();
-    }
 }
 
 #[test]
@@ -519,8 +521,8 @@ fn a_rank_replaces_its_killed_processs_claim_in_a_store_that_outlives_runs() {
     // run left its start's value and the claims of ranks 0 and 1. Before: the next run's rank 1,
     // first to come, read that value, met its killed process's claim of the same start and
     // failed as a duplicate, and ranks 0 and 2 waited until their timeout. A claim with the key's
-    // MAC by a process of this host that runs no more (here a thread of this process: an earlier
-    // attempt of it) is now replaced; rank 1 then follows rank 0's claim to the new start.
+    // MAC by a process that runs no more, or by an earlier attempt of this process (here threads
+    // whose sessions ended), is now replaced; rank 1 then follows rank 0's claim to the new start.
     let token = "killed-mid-join-external";
     let opts = |seconds: f64| Options { instance: Some(0), ..keyed(seconds, KEY).with_store(StoreMode::External) };
     let p = prefix(token, 0);
@@ -528,7 +530,7 @@ fn a_rank_replaces_its_killed_processs_claim_in_a_store_that_outlives_runs() {
     let killed_run = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
     let port = killed_run.local_addr().port();
     let killed: Vec<_> = (0..2)
-        .map(|rank| spawn(info(rank, 3, port, token), opts(3.0), |mut rv| rv.broadcast(|| Ok(b"killed".to_vec()))))
+        .map(|rank| spawn(info(rank, 3, port, token), opts(1.0), |mut rv| rv.broadcast(|| Ok(b"killed".to_vec()))))
         .collect();
     until(|| store_client(port).check(&[&left[1], &left[2]]).unwrap());
     let mut old = store_client(port);
@@ -537,6 +539,9 @@ fn a_rank_replaces_its_killed_processs_claim_in_a_store_that_outlives_runs() {
     let mut new = store_client(port);
     for key in &left {
         new.set(key, &old.get(key).unwrap()).unwrap();
+    }
+    for process in killed {
+        assert!(process.join().unwrap().is_err());
     }
     let started = Instant::now();
     let rank1 = spawn(info(1, 3, port, token), opts(10.0), |mut rv| rv.broadcast(|| Err("unused".into())));
@@ -548,9 +553,6 @@ fn a_rank_replaces_its_killed_processs_claim_in_a_store_that_outlives_runs() {
         assert_eq!(result.as_deref(), Ok(&b"next run"[..]), "rank {rank}");
     }
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
-    for process in killed {
-        let _ = process.join();
-    }
 }
 
 #[test]

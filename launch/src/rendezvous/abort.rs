@@ -16,7 +16,7 @@ use super::seal::{Seal, TAG_LEN};
 /// Bytes of a start's random value.
 const START_LEN: usize = 16;
 /// The most starts a notice names.
-const MAX_STARTS: usize = 4;
+pub(super) const MAX_STARTS: usize = 4;
 /// Characters of a notice's text shown at most.
 const SHOWN: usize = 1000;
 

@@ -21,7 +21,8 @@
 //! follows, and torchrun restarts them again.
 
 use super::plan::Mode;
-use super::record::{alive, gone, verified, Claim};
+use super::process;
+use super::record::{verified, Claim};
 use super::session::{Session, Waited};
 use super::RendezvousError;
 use crate::deadline::Deadline;
@@ -46,29 +47,34 @@ fn ended(s: &mut Session, g: i64, deadline: Deadline) -> Result<bool, Rendezvous
 }
 
 /// With a job key: true when this rank's key in generation `g` holds a claim with the key's MAC,
-/// of the start whose value the generation's `start` key holds, by a process that is gone (see
-/// [`gone`]): one of an earlier start, killed while it joined (torchrun stops workers without an
-/// abort notice, so the generation is neither complete nor given up). This rank would meet that
-/// claim there as a duplicate, and waits for the next generation instead: a later start of rank 0
-/// opens it. Every other claim is met as a duplicate, which fails every rank at once and names
-/// its holder: a live second process of this rank, a stranger's (without the key's MAC; and
-/// without a job key, where a stranger could write a claim of a gone process to take the rank
-/// unseen), or one of another start (copied from an earlier agent store: replaced when this rank
-/// claims).
+/// of the start of rank 0's claim there (also with the MAC), by another process that runs no
+/// more (see `process`): one of an earlier start, killed while it joined (torchrun stops workers
+/// without an abort notice, so the generation is neither complete nor given up). This rank
+/// would meet that claim there, and waits for the next generation instead: a later start of
+/// rank 0 opens it. Every other claim is met when this rank claims: a live second process of
+/// this rank, or a stranger's (without the key's MAC; and without a job key, where a stranger
+/// could write a claim of a gone process to take the rank unseen), fails every rank as a
+/// duplicate; one of another start (copied from an earlier agent store) or of an earlier
+/// attempt of this process is replaced.
 fn claimed_by_a_gone_process(s: &mut Session, g: i64, deadline: Deadline) -> Result<bool, RendezvousError> {
     if s.seal.is_none() {
         return Ok(false);
     }
     let keys = s.base.generation(g);
-    let label = keys.claim(s.rank);
-    // A missing key reads as empty, which no claim is.
-    let value = s.client.get_by(&label, deadline).map_err(|e| s.store_error(DURING, e))?;
-    let Some((claim, body)) = Claim::decode(&value) else { return Ok(false) };
-    if verified(s.seal.as_ref(), &label, body, claim.tag.as_ref()) != Some(true) || !gone(&claim.who, &s.me, alive) {
+    let Some(claim) = signed_claim(s, &keys.claim(s.rank), deadline)? else { return Ok(false) };
+    if !process::gone(&claim.who, &claim.nonce, &s.me, false) {
         return Ok(false);
     }
-    let start = s.client.get_by(&keys.start(), deadline).map_err(|e| s.store_error(DURING, e))?;
-    Ok(start == claim.start)
+    Ok(signed_claim(s, &keys.claim(0), deadline)?.is_some_and(|rank0| rank0.start == claim.start))
+}
+
+/// The claim under `label`, if it carries the job key's MAC.
+fn signed_claim(s: &mut Session, label: &str, deadline: Deadline) -> Result<Option<Claim>, RendezvousError> {
+    // A missing key reads as empty, which no claim is.
+    let value = s.client.get_by(label, deadline).map_err(|e| s.store_error(DURING, e))?;
+    Ok(Claim::decode(&value)
+        .filter(|(claim, body)| verified(s.seal.as_ref(), label, body, claim.tag.as_ref()) == Some(true))
+        .map(|(claim, _)| claim))
 }
 
 /// Under [`Mode::Agent`], enters the generation this rank joins (see the module's

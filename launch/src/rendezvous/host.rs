@@ -27,8 +27,8 @@ const STORE_KEYS_PER_RANK: usize = 6;
 /// Keys beyond the ranks' own: the owner record, the start's random value, the completion, the
 /// abort notice, barrier releases and broadcast values.
 const SPARE_STORE_KEYS: usize = 1024;
-/// Bytes of keys and values one rank has in rank 0's store, rounded up from at most 1096: a
-/// claim (a key of up to 62 bytes, a record of up to 597), a welcome (65 + 32), an
+/// Bytes of keys and values one rank has in rank 0's store, rounded up from at most 1369: a
+/// claim (a key of up to 62 bytes, a record of up to 870), a welcome (65 + 32), an
 /// acknowledgement (62 + 40) and two arrivals (87 + 32 each); see the test
 /// `a_ranks_keys_fit_its_share_of_the_store`.
 const STORE_BYTES_PER_RANK: usize = 1536;
@@ -424,6 +424,7 @@ fn read_owner(client: &mut StoreClient, deadline: Deadline) -> Result<Option<Vec
 mod tests {
     use std::net::TcpStream;
 
+    use super::super::process::Identity;
     use super::super::record::{Claim, Claimant};
     use super::super::seal::{Seal, TAG_LEN};
     use super::*;
@@ -433,12 +434,17 @@ mod tests {
     #[test]
     fn a_ranks_keys_fit_its_share_of_the_store() {
         // The longest of everything: the scope hash (16 hex digits), the instance and the
-        // operation number (20 digits each), the rank (7), host and address (cut to 255 bytes),
-        // and a MAC on every value.
+        // operation number (20 digits each), the rank (7), host, address and boot id (cut to 255
+        // bytes), and a MAC on every value.
         let keys = Keys::new("0123456789abcdef", u64::MAX);
         let rank = MAX_WORLD_SIZE - 1;
         let seal = Seal::new(&JobKey::new(vec![7; 32]).unwrap(), "0123456789abcdef");
-        let who = Claimant { host: "h".repeat(300), pid: u32::MAX, addr: "a".repeat(300) };
+        let who = Claimant {
+            host: "h".repeat(300),
+            pid: u32::MAX,
+            addr: "a".repeat(300),
+            id: Identity { boot: "b".repeat(300), pidns: u64::MAX, started: u64::MAX },
+        };
         let mut claim = Claim {
             rank: rank as u32,
             world_size: MAX_WORLD_SIZE as u32,
@@ -449,13 +455,13 @@ mod tests {
         };
         let label = keys.claim(rank);
         let claim_len = claim.encode(Some(&seal), &label).len();
-        assert_eq!((label.len(), claim_len), (62, 597));
+        assert_eq!((label.len(), claim_len), (62, 870));
         let welcome = keys.welcome(rank).len() + TAG_LEN;
         let acknowledgement = keys.done(rank).len() + 8 + TAG_LEN;
         let arrival = keys.arrive(u64::MAX, rank).len() + TAG_LEN;
         assert_eq!((welcome, acknowledgement, arrival), (97, 102, 119));
         let total = label.len() + claim_len + welcome + acknowledgement + 2 * arrival;
-        assert_eq!(total, 1096);
+        assert_eq!(total, 1369);
         assert!(total <= STORE_BYTES_PER_RANK);
     }
 

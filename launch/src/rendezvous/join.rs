@@ -30,7 +30,8 @@
 use std::time::Duration;
 
 use super::plan::Mode;
-use super::record::{alive, gone, verified, Claim, Claimant};
+use super::process;
+use super::record::{verified, Claim, Claimant};
 use super::seal::TAG_LEN;
 use super::session::{Session, Waited};
 use super::RendezvousError;
@@ -133,6 +134,7 @@ fn claim(s: &mut Session, deadline: Deadline) -> Result<Vec<u8>, RendezvousError
     crate::random::fill(&mut nonce)
         .map_err(|error| RendezvousError::Io { context: "getting random bytes for a claim".into(), error })?;
     s.nonce = nonce;
+    s.live = Some(process::Live::hold(nonce));
     let mut claim = Claim {
         rank: s.rank as u32,
         world_size: s.world_size as u32,
@@ -242,14 +244,14 @@ fn describe(s: &Session, label: &str, value: &[u8]) -> String {
 }
 
 /// With a job key: whether `value`, read from this rank's key `label`, is a claim of this rank
-/// with this key's MAC made by a process that runs no more ([`gone`]). Without a key a claim
-/// of a gone process cannot be told from a stranger's, who would take the rank unseen: it is a
-/// duplicate.
+/// with this key's MAC made by a process that runs no more, or by an earlier attempt of this
+/// process (see `process`). Without a key a claim of a gone process cannot be told from a
+/// stranger's, who would take the rank unseen: it is a duplicate.
 fn held_by_a_gone_process(s: &Session, label: &str, value: &[u8]) -> bool {
     let Some((claim, body)) = Claim::decode(value) else { return false };
     claim.rank as usize == s.rank
         && verified(s.seal.as_ref(), label, body, claim.tag.as_ref()) == Some(true)
-        && gone(&claim.who, &s.me, alive)
+        && process::gone(&claim.who, &claim.nonce, &s.me, true)
 }
 
 /// With a job key: the start of `value`, read from `label`, when it is a claim with this key's

@@ -8,6 +8,7 @@
 
 use std::fmt;
 
+use super::process::Identity;
 use super::seal::{Seal, TAG_LEN};
 
 const MAGIC: &[u8; 5] = b"gpcm1";
@@ -16,13 +17,14 @@ const OWNER: u8 = b'O';
 /// Strings longer than this are cut when written (a host name is at most 255 bytes).
 const MAX_TEXT: usize = 255;
 
-/// Who made a claim, for messages: host, process id and the address its store connection came
-/// from.
+/// Who made a claim: for messages, host, process id and the address its store connection came
+/// from; and what tells whether it still runs ([`Identity`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Claimant {
     pub(super) host: String,
     pub(super) pid: u32,
     pub(super) addr: String,
+    pub(super) id: Identity,
 }
 
 impl Claimant {
@@ -32,6 +34,7 @@ impl Claimant {
             host: hostname(),
             pid: std::process::id(),
             addr: addr.map_or_else(|| "an unknown address".to_string(), |a| a.to_string()),
+            id: Identity::of_this_process(),
         }
     }
 }
@@ -54,26 +57,6 @@ impl fmt::Display for Printable<'_> {
         }
         Ok(())
     }
-}
-
-/// Whether `who`, a claim's holder, is a process that runs no more, as `me` can tell: one of
-/// this host whose process id no process has now (`alive`), or this very process (an earlier
-/// attempt of it that failed). Another host's processes cannot be told apart from live ones.
-pub(super) fn gone(who: &Claimant, me: &Claimant, alive: impl Fn(u32) -> bool) -> bool {
-    who.host == me.host && (who.pid == me.pid || !alive(who.pid))
-}
-
-/// Whether a process with id `pid` exists on this host (in this process's namespace).
-pub(super) fn alive(pid: u32) -> bool {
-    let Ok(pid) = libc::pid_t::try_from(pid) else { return false };
-    if pid <= 0 {
-        // 0 and negative ids name process groups: no claim's holder.
-        return false;
-    }
-    // SAFETY: signal 0 is not sent: `kill` only checks that the process exists and may be
-    // signalled; it touches no memory of this process.
-    let found = unsafe { libc::kill(pid, 0) } == 0;
-    found || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
 }
 
 /// This machine's host name, or `unknown host`.
@@ -224,6 +207,9 @@ impl Claim {
         w.text(&self.who.addr);
         w.raw(&self.nonce);
         w.raw(&self.start);
+        w.text(&self.who.id.boot);
+        w.u64(self.who.id.pidns);
+        w.u64(self.who.id.started);
         let (bytes, tag) = w.finish(seal, label);
         self.tag = tag;
         bytes
@@ -236,9 +222,10 @@ impl Claim {
         let (host, addr) = (r.text()?, r.text()?);
         let nonce = r.take(16)?.try_into().ok()?;
         let start = r.take(16)?.try_into().ok()?;
+        let id = Identity { boot: r.text()?, pidns: r.u64()?, started: r.u64()? };
         let body = r.body();
         let tag = r.finish()?;
-        Some((Claim { rank, world_size, who: Claimant { host, pid, addr }, nonce, start, tag }, body))
+        Some((Claim { rank, world_size, who: Claimant { host, pid, addr, id }, nonce, start, tag }, body))
     }
 }
 
@@ -283,7 +270,12 @@ mod tests {
         Claim {
             rank: 3,
             world_size: 8,
-            who: Claimant { host: "node-7".into(), pid: 4242, addr: "10.0.0.7:5555".into() },
+            who: Claimant {
+                host: "node-7".into(),
+                pid: 4242,
+                addr: "10.0.0.7:5555".into(),
+                id: Identity { boot: "b".into(), pidns: 5, started: 6 },
+            },
             nonce: [9; 16],
             start: [4; 16],
             tag: None,
@@ -308,13 +300,20 @@ mod tests {
         assert_eq!(decoded.tag, signed.tag);
         assert_eq!(verified(Some(&seal()), "/x/rank/3", body, decoded.tag.as_ref()), Some(true));
         assert_eq!(verified(Some(&seal()), "/x/rank/4", body, decoded.tag.as_ref()), Some(false));
-        // The start's value is under the MAC: a claim cannot be moved to another start.
-        let mut moved = bytes.clone();
-        let at = body.len() - 1;
-        moved[at] ^= 1;
-        let (decoded, body) = Claim::decode(&moved).unwrap();
-        assert_eq!(decoded.start[15], 4 ^ 1);
-        assert_eq!(verified(Some(&seal()), "/x/rank/3", body, decoded.tag.as_ref()), Some(false));
+        // The start's value is under the MAC: a claim cannot be moved to another start; nor is
+        // its holder's identity (what tells whether it still runs) to be changed.
+        let identity = 2 + signed.who.id.boot.len() + 8 + 8;
+        for (at, changed) in [(body.len() - identity - 1, "start"), (body.len() - 1, "identity")] {
+            let mut moved = bytes.clone();
+            moved[at] ^= 1;
+            let (decoded, body) = Claim::decode(&moved).unwrap();
+            assert_eq!(
+                (decoded.start[15] != 4, decoded.who.id.started != 6),
+                (changed == "start", changed == "identity")
+            );
+            assert_eq!(verified(Some(&seal()), "/x/rank/3", body, decoded.tag.as_ref()), Some(false), "{changed}");
+        }
+        let (decoded, _) = Claim::decode(&bytes).unwrap();
         assert_eq!(decoded.who.to_string(), "pid 4242 on node-7 (10.0.0.7:5555)");
     }
 
@@ -378,31 +377,5 @@ mod tests {
                 assert!(body.len() < bytes.len() && o.scope.len() <= u16::MAX as usize);
             }
         }
-    }
-
-    fn who(host: &str, pid: u32) -> Claimant {
-        Claimant { host: host.into(), pid, addr: "127.0.0.1:1".into() }
-    }
-
-    #[test]
-    fn a_claim_is_of_a_gone_process_only_when_this_host_can_tell() {
-        let me = who("node-a", 100);
-        let alive = |pid: u32| pid == 200;
-        assert!(gone(&who("node-a", 300), &me, alive), "a dead process of this host");
-        assert!(gone(&who("node-a", 100), &me, alive), "an earlier attempt of this process");
-        assert!(!gone(&who("node-a", 200), &me, alive), "a live process of this host: a duplicate");
-        assert!(!gone(&who("node-b", 300), &me, alive), "another host's process cannot be told");
-        assert!(!gone(&who("node-b", 100), &me, alive), "the same pid on another host is another process");
-    }
-
-    #[test]
-    fn alive_finds_this_process_and_not_a_process_that_ended() {
-        assert!(alive(std::process::id()));
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let pid = child.id();
-        child.wait().unwrap();
-        assert!(!alive(pid));
-        assert!(!alive(0));
-        assert!(!alive(u32::MAX));
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::abort::{self, Start, Verdict};
 use super::host;
 use super::plan::{connect_error, Keys, Mode, Plan, Scope};
+use super::process::Live;
 use super::record::Claimant;
 use super::seal::{Seal, TAG_LEN};
 use super::RendezvousError;
@@ -65,6 +66,8 @@ pub(super) struct Session {
     pub(super) failed: bool,
     /// The random nonce of this rank's claim.
     pub(super) nonce: [u8; 16],
+    /// The claim registered as this process's session in progress (see `process`), once made.
+    pub(super) live: Option<Live>,
     /// With a job key: rank 0's random value for this start of the rendezvous, which the MAC of
     /// every claim covers (see `join`); `None` until rank 0 has made it or this rank has read it,
     /// and without a key.
@@ -119,6 +122,7 @@ impl Session {
             stale: Vec::new(),
             failed: false,
             nonce: [0; 16],
+            live: None,
             start,
             warned_of_abort: false,
             binding: Vec::new(),
@@ -325,9 +329,17 @@ impl Session {
         // wrong).
         let read = abort::read(self.seal.as_ref(), &abort, self.start, &current);
         let replacement = match read.verdict {
-            Verdict::Counts if other.is_none_or(|other| read.starts.contains(&other)) => return,
             Verdict::Unsigned => notice,
-            Verdict::Counts | Verdict::OtherStart => {
+            // It counts for this rank's start: `other` is added after the starts it names, with its
+            // text, unless that would push one of them out.
+            Verdict::Counts => match other {
+                Some(other) if !read.starts.contains(&other) && read.starts.len() < abort::MAX_STARTS => {
+                    let starts: Vec<Start> = read.starts.into_iter().chain([other]).collect();
+                    abort::encode(self.seal.as_ref(), &abort, &starts, &read.text)
+                }
+                _ => return,
+            },
+            Verdict::OtherStart => {
                 starts.extend(read.starts);
                 abort::encode(self.seal.as_ref(), &abort, &starts, &text)
             }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::*;
 use crate::env::{JobIdentity, Master};
-use crate::store::{StoreClient, StoreServer};
+use crate::store::{Limits, StoreClient, StoreServer};
 
 const SECOND: Duration = Duration::from_secs(1);
 
@@ -75,4 +75,144 @@ fn a_wait_ended_by_a_compare_set_of_a_missing_key_waits_again() {
         stranger.join().unwrap();
         assert!(server.false_wakes() >= 3);
     }
+}
+
+/// A process of this host that runs (`sleep`, killed when dropped), or one that ran and ended.
+struct Other {
+    child: Option<std::process::Child>,
+    pid: u32,
+    started: u64,
+}
+
+impl Other {
+    fn running() -> Other {
+        let child = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+        let pid = child.id();
+        Other { pid, started: process::started(pid).unwrap(), child: Some(child) }
+    }
+
+    fn ended() -> Other {
+        let mut other = Other::running();
+        if let Some(mut child) = other.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+        assert_eq!(process::started(other.pid), None);
+        other
+    }
+
+    /// A claim of `rank` of 2 that this process made with `seal` under `label` for `start`.
+    fn claim(&self, rank: u32, start: [u8; 16], seal: &seal::Seal, label: &str) -> Vec<u8> {
+        let me = record::Claimant::this_process(None);
+        let id = process::Identity { started: self.started, ..me.id.clone() };
+        let who = record::Claimant { pid: self.pid, addr: "127.0.0.1:1".into(), id, ..me };
+        let mut claim = record::Claim { rank, world_size: 2, who, nonce: [rank as u8; 16], start, tag: None };
+        claim.encode(Some(seal), label)
+    }
+}
+
+impl Drop for Other {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+const KEY: &[u8] = b"a job key for the claims of other processes";
+
+/// The keys and seal of the job `token` with [`KEY`], as its ranks make them.
+fn job(token: &str) -> (plan::Keys, seal::Seal) {
+    let scope = plan::Scope::new(Some((token, "GPUCOMM_JOB_TOKEN")));
+    (plan::Keys::new(&scope.hash, 0), seal::Seal::new(&JobKey::new(KEY.to_vec()).unwrap(), &scope.hash))
+}
+
+fn keyed_external() -> Options {
+    Options {
+        store: StoreMode::External,
+        job_key: Some(JobKey::new(KEY.to_vec()).unwrap()),
+        instance: Some(0),
+        ..Options::default().with_timeout(5 * SECOND)
+    }
+}
+
+#[test]
+fn a_claim_of_a_process_that_runs_is_a_duplicate_and_one_of_an_ended_process_is_replaced() {
+    // With a job key, in a store that outlives runs: rank 1's key holds a claim of the start in
+    // place by another process of this host. While that process runs it is a second rank 1 (a
+    // duplicate, told at once); once it ended (a run killed while it joined), the claim is
+    // replaced and the job joins. A review of session 24's first version found a live process of
+    // another PID namespace taken for gone: the claim's identity now names the namespace, the boot
+    // and the start time.
+    for running in [true, false] {
+        let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
+        let port = server.local_addr().port();
+        let token = format!("other-process-{running}");
+        let (keys, seal) = job(&token);
+        let other = if running { Other::running() } else { Other::ended() };
+        let mut c = StoreClient::connect("127.0.0.1", port, 5 * SECOND).unwrap();
+        c.set(&keys.start(), &[5; 16]).unwrap();
+        c.set(&keys.claim(1), &other.claim(1, [5; 16], &seal, &keys.claim(1))).unwrap();
+        let started = Instant::now();
+        let (info, opts) = (rank_of_two(1, port, &token), keyed_external());
+        let rank1 = thread::spawn(move || Rendezvous::connect(&info, &opts)?.broadcast(|| Err("unused".into())));
+        if running {
+            let error = rank1.join().unwrap().unwrap_err();
+            assert!(matches!(error, RendezvousError::Duplicate { rank: 1, .. }), "{error}");
+            assert!(error.to_string().contains(&format!("first by pid {} on ", other.pid)), "{error}");
+            assert!(started.elapsed() < 2 * SECOND, "{:?}", started.elapsed());
+            continue;
+        }
+        thread::sleep(Duration::from_millis(300));
+        let mut rank0 = Rendezvous::connect(&rank_of_two(0, port, &token), &keyed_external()).unwrap();
+        assert_eq!(rank0.broadcast(|| Ok(b"the id".to_vec())).unwrap(), b"the id");
+        assert_eq!(rank1.join().unwrap().unwrap(), b"the id");
+    }
+}
+
+#[test]
+fn under_torchrun_a_rank_skips_a_generation_that_holds_an_ended_processs_claim() {
+    // Generation 1 of a torchrun job with a job key holds rank 0's and rank 1's claims of its
+    // start, by processes that ended (killed while they joined). Attempt 1's rank 1 comes first:
+    // it waits for generation 2, which its rank 0 opens, leaving generation 1 as it was.
+    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
+    let port = server.local_addr().port();
+    let token = "ended-processes-generation";
+    let (base, seal) = job(token);
+    let g1 = base.generation(1);
+    let (rank0, rank1) = (Other::ended(), Other::ended());
+    let mut c = StoreClient::connect("127.0.0.1", port, 5 * SECOND).unwrap();
+    assert_eq!(c.add(&base.generations(), 1).unwrap(), 1);
+    let opened = g1.opened();
+    let mut mark = b"gpucomm generation opened".to_vec();
+    mark.extend_from_slice(&seal.tag(&opened, &mark.clone()));
+    c.set(&opened, &mark).unwrap();
+    c.set(&g1.start(), &[5; 16]).unwrap();
+    c.set(&g1.claim(0), &rank0.claim(0, [5; 16], &seal, &g1.claim(0))).unwrap();
+    let left = rank1.claim(1, [5; 16], &seal, &g1.claim(1));
+    c.set(&g1.claim(1), &left).unwrap();
+    let worker = |rank: usize| {
+        let mut info = rank_of_two(rank, port, token);
+        info.torchelastic = Some(crate::env::Torchelastic {
+            run_id: "ended".into(),
+            restart_count: 1,
+            use_agent_store: true,
+            group_rank: Some(0),
+            role_rank: Some(rank),
+        });
+        info
+    };
+    let opts = Options { job_key: Some(JobKey::new(KEY.to_vec()).unwrap()), instance: Some(0), ..Options::default() }
+        .with_timeout(5 * SECOND);
+    let (info, o) = (worker(1), opts.clone());
+    let started = Instant::now();
+    let joiner = thread::spawn(move || Rendezvous::connect(&info, &o)?.broadcast(|| Err("unused".into())));
+    thread::sleep(Duration::from_millis(300));
+    let mut first = Rendezvous::connect(&worker(0), &opts).unwrap();
+    assert_eq!(first.broadcast(|| Ok(b"the id".to_vec())).unwrap(), b"the id");
+    assert_eq!(joiner.join().unwrap().unwrap(), b"the id");
+    assert!(started.elapsed() < 3 * SECOND, "{:?}", started.elapsed());
+    assert!(c.check(&[&base.generation(2).complete()]).unwrap());
+    assert_eq!(c.get(&g1.claim(1)).unwrap(), left, "generation 1 was joined");
 }

@@ -116,9 +116,11 @@ pub fn forged_claim(rank: u32, world_size: u32, host: &str, addr: &str) -> Vec<u
         bytes.extend_from_slice(&(text.len() as u16).to_le_bytes());
         bytes.extend_from_slice(text.as_bytes());
     }
-    // The nonce, then the start's random value (zeros: what a claim without a key carries).
+    // The nonce, the start's random value (zeros: what a claim without a key carries), then the
+    // holder's boot id, PID namespace and start time (none).
     bytes.extend_from_slice(&[7; 16]);
     bytes.extend_from_slice(&[0; 16]);
+    bytes.extend_from_slice(&[0; 2 + 8 + 8]);
     bytes.push(0);
     bytes
 }

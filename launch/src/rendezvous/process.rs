@@ -1,0 +1,163 @@
+//! Whether the process that holds a claim still runs.
+//!
+//! A claim names its holder by host name, process id and store address (for messages), and,
+//! under its MAC, by what sets a process apart from every other one on its machine
+//! ([`Identity`]): the running kernel's boot id, the PID namespace it lives in and the time it
+//! started. Only a process of the same boot and PID namespace can be looked up; another host's,
+//! or another container's on the same host (which, with host networking, has the same host
+//! name, and may even have the same process id), is never taken for gone. Within them a process
+//! id can be reused: a holder is gone when no process has its id now, or one that started at
+//! another time does.
+//!
+//! A claim of this very process is gone once the session that made it ended (an earlier attempt
+//! of the rendezvous that failed): the sessions in progress register the nonces of their claims
+//! ([`Live`]).
+
+use std::os::unix::fs::MetadataExt;
+use std::sync::{Mutex, OnceLock};
+
+use super::record::Claimant;
+
+/// Characters of a boot id kept (the kernel's is a 36-character UUID).
+const MAX_BOOT: usize = 64;
+
+/// What sets a process apart from every other one on its machine; empty (an empty boot id, a
+/// namespace of 0) where `/proc` does not say, and then it is never taken for gone.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) struct Identity {
+    /// `/proc/sys/kernel/random/boot_id`: random at each boot of the kernel.
+    pub(super) boot: String,
+    /// The inode of `/proc/self/ns/pid`: the PID namespace.
+    pub(super) pidns: u64,
+    /// When the process started, in clock ticks after boot (`/proc/<pid>/stat`, field 22).
+    pub(super) started: u64,
+}
+
+impl Identity {
+    /// This process's (read once).
+    pub(super) fn of_this_process() -> Identity {
+        static THIS: OnceLock<Identity> = OnceLock::new();
+        THIS.get_or_init(|| Identity {
+            boot: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .map(|boot| boot.trim().chars().take(MAX_BOOT).collect())
+                .unwrap_or_default(),
+            pidns: std::fs::metadata("/proc/self/ns/pid").map_or(0, |ns| ns.ino()),
+            started: started(std::process::id()).unwrap_or(0),
+        })
+        .clone()
+    }
+
+    fn known(&self) -> bool {
+        !self.boot.is_empty() && self.pidns != 0
+    }
+}
+
+/// When process `pid` of this PID namespace started, in clock ticks after boot; `None` when no
+/// process has that id.
+pub(super) fn started(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid …`: the command name may hold spaces and parentheses, so the fields
+    // are counted after its last `)`; the start time is field 22, the 20th after it.
+    let (_, fields) = stat.rsplit_once(')')?;
+    fields.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Whether `who`, holding a claim with nonce `nonce`, runs no more as far as `me` can tell (see
+/// the module's documentation). A claim of this very process counts only when `own` is set.
+pub(super) fn gone(who: &Claimant, nonce: &[u8; 16], me: &Claimant, own: bool) -> bool {
+    gone_by(who, nonce, me, own, started, Live::holds)
+}
+
+fn gone_by(
+    who: &Claimant,
+    nonce: &[u8; 16],
+    me: &Claimant,
+    own: bool,
+    started: impl Fn(u32) -> Option<u64>,
+    live: impl Fn(&[u8; 16]) -> bool,
+) -> bool {
+    let (theirs, mine) = (&who.id, &me.id);
+    if !theirs.known() || theirs.boot != mine.boot || theirs.pidns != mine.pidns {
+        return false;
+    }
+    if who.pid == me.pid && theirs.started == mine.started {
+        return own && !live(nonce);
+    }
+    started(who.pid) != Some(theirs.started)
+}
+
+/// The nonces of the claims of this process's sessions in progress.
+static LIVE: Mutex<Vec<[u8; 16]>> = Mutex::new(Vec::new());
+
+/// A session's claim, registered as live while the value lives.
+pub(super) struct Live([u8; 16]);
+
+impl Live {
+    pub(super) fn hold(nonce: [u8; 16]) -> Live {
+        LIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(nonce);
+        Live(nonce)
+    }
+
+    fn holds(nonce: &[u8; 16]) -> bool {
+        LIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).contains(nonce)
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        let mut live = LIVE.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(at) = live.iter().position(|nonce| *nonce == self.0) {
+            live.swap_remove(at);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder(pid: u32, boot: &str, pidns: u64, started: u64) -> Claimant {
+        let id = Identity { boot: boot.into(), pidns, started };
+        Claimant { host: "node".into(), pid, addr: "127.0.0.1:1".into(), id }
+    }
+
+    #[test]
+    fn a_holder_is_gone_only_when_this_process_can_look_it_up() {
+        let me = holder(100, "boot-a", 7, 5000);
+        // Processes 200 (started at 900) and 1 (this test's "other namespace" pid) run.
+        let started = |pid: u32| match pid {
+            200 => Some(900),
+            1 => Some(1),
+            _ => None,
+        };
+        let gone = |who: &Claimant, own: bool, live: bool| gone_by(who, &[3; 16], &me, own, started, |_| live);
+        assert!(gone(&holder(300, "boot-a", 7, 800), false, false), "no process has its id");
+        assert!(gone(&holder(200, "boot-a", 7, 800), false, false), "its id was reused by a later process");
+        assert!(!gone(&holder(200, "boot-a", 7, 900), false, false), "it runs: a duplicate");
+        assert!(!gone(&holder(300, "boot-a", 8, 800), false, false), "another PID namespace (a container)");
+        assert!(!gone(&holder(1, "boot-a", 8, 1), false, false), "pid 1 of another namespace");
+        assert!(!gone(&holder(300, "boot-b", 7, 800), false, false), "another machine, or an earlier boot");
+        assert!(!gone(&holder(300, "", 0, 0), false, false), "an identity /proc did not give");
+        // This very process: gone once the session that claimed has ended, where that counts.
+        let this = holder(100, "boot-a", 7, 5000);
+        assert!(gone(&this, true, false));
+        assert!(!gone(&this, true, true), "a session of this process in progress");
+        assert!(!gone(&this, false, false));
+    }
+
+    #[test]
+    fn this_processs_identity_and_start_time_are_read_from_proc() {
+        let me = Identity::of_this_process();
+        assert_eq!(me.boot.len(), 36, "{me:?}");
+        assert!(me.pidns != 0 && me.started != 0, "{me:?}");
+        assert_eq!(started(std::process::id()), Some(me.started));
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        assert_eq!(started(pid), None);
+        let live = Live::hold([9; 16]);
+        assert!(Live::holds(&[9; 16]));
+        drop(live);
+        assert!(!Live::holds(&[9; 16]));
+    }
+}
