@@ -6,8 +6,9 @@
 //! started. Only a process of the same boot and PID namespace can be looked up; another host's,
 //! or another container's on the same host (which, with host networking, has the same host
 //! name, and may even have the same process id), is never taken for gone. Within them a process
-//! id can be reused: a holder is gone when no process has its id now, or one that started at
-//! another time does.
+//! id can be reused: a holder is gone when no process has its id now (`kill(pid, 0)`, which sees
+//! other users' processes too), or one that started at another time does; one whose start time
+//! cannot be read (another user's, with `/proc` mounted `hidepid`) is taken to run.
 //!
 //! A claim of this very process is gone once the session that made it ended (an earlier attempt
 //! of the rendezvous that failed): the sessions in progress register the nonces of their claims
@@ -52,9 +53,37 @@ impl Identity {
     }
 }
 
-/// When process `pid` of this PID namespace started, in clock ticks after boot; `None` when no
-/// process has that id.
-pub(super) fn started(pid: u32) -> Option<u64> {
+/// What looking up a process id in this PID namespace finds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Found {
+    /// No process has it.
+    Nothing,
+    /// A process that started at this time (clock ticks after boot).
+    Started(u64),
+    /// A process whose start time cannot be read (another user's, with `/proc` mounted
+    /// `hidepid`).
+    Unreadable,
+}
+
+/// Looks up process `pid`: `kill(pid, 0)` tells whether it exists (another user's too), and
+/// `/proc/<pid>/stat` when it started.
+pub(super) fn look_up(pid: u32) -> Found {
+    let Ok(id) = libc::pid_t::try_from(pid) else { return Found::Nothing };
+    if id <= 0 {
+        // 0 and negative ids name process groups: no process.
+        return Found::Nothing;
+    }
+    // SAFETY: signal 0 is not sent: `kill` only checks that the process exists and may be
+    // signalled; it touches no memory of this process.
+    if unsafe { libc::kill(id, 0) } != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH) {
+        return Found::Nothing;
+    }
+    started(pid).map_or(Found::Unreadable, Found::Started)
+}
+
+/// When process `pid` of this PID namespace started, in clock ticks after boot, as
+/// `/proc/<pid>/stat` says (`None` when it cannot be read).
+fn started(pid: u32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // `pid (comm) state ppid …`: the command name may hold spaces and parentheses, so the fields
     // are counted after its last `)`; the start time is field 22, the 20th after it.
@@ -65,7 +94,7 @@ pub(super) fn started(pid: u32) -> Option<u64> {
 /// Whether `who`, holding a claim with nonce `nonce`, runs no more as far as `me` can tell (see
 /// the module's documentation). A claim of this very process counts only when `own` is set.
 pub(super) fn gone(who: &Claimant, nonce: &[u8; 16], me: &Claimant, own: bool) -> bool {
-    gone_by(who, nonce, me, own, started, Live::holds)
+    gone_by(who, nonce, me, own, look_up, Live::holds)
 }
 
 fn gone_by(
@@ -73,7 +102,7 @@ fn gone_by(
     nonce: &[u8; 16],
     me: &Claimant,
     own: bool,
-    started: impl Fn(u32) -> Option<u64>,
+    look_up: impl Fn(u32) -> Found,
     live: impl Fn(&[u8; 16]) -> bool,
 ) -> bool {
     let (theirs, mine) = (&who.id, &me.id);
@@ -83,7 +112,11 @@ fn gone_by(
     if who.pid == me.pid && theirs.started == mine.started {
         return own && !live(nonce);
     }
-    started(who.pid) != Some(theirs.started)
+    match look_up(who.pid) {
+        Found::Nothing => true,
+        Found::Started(started) => started != theirs.started,
+        Found::Unreadable => false,
+    }
 }
 
 /// The nonces of the claims of this process's sessions in progress.
@@ -124,16 +157,18 @@ mod tests {
     #[test]
     fn a_holder_is_gone_only_when_this_process_can_look_it_up() {
         let me = holder(100, "boot-a", 7, 5000);
-        // Processes 200 (started at 900) and 1 (this test's "other namespace" pid) run.
-        let started = |pid: u32| match pid {
-            200 => Some(900),
-            1 => Some(1),
-            _ => None,
+        // Processes 200 (started at 900) and 1 run, and 400, another user's under `hidepid`.
+        let look_up = |pid: u32| match pid {
+            200 => Found::Started(900),
+            1 => Found::Started(1),
+            400 => Found::Unreadable,
+            _ => Found::Nothing,
         };
-        let gone = |who: &Claimant, own: bool, live: bool| gone_by(who, &[3; 16], &me, own, started, |_| live);
+        let gone = |who: &Claimant, own: bool, live: bool| gone_by(who, &[3; 16], &me, own, look_up, |_| live);
         assert!(gone(&holder(300, "boot-a", 7, 800), false, false), "no process has its id");
         assert!(gone(&holder(200, "boot-a", 7, 800), false, false), "its id was reused by a later process");
         assert!(!gone(&holder(200, "boot-a", 7, 900), false, false), "it runs: a duplicate");
+        assert!(!gone(&holder(400, "boot-a", 7, 800), false, false), "a process that runs, its start unseen");
         assert!(!gone(&holder(300, "boot-a", 8, 800), false, false), "another PID namespace (a container)");
         assert!(!gone(&holder(1, "boot-a", 8, 1), false, false), "pid 1 of another namespace");
         assert!(!gone(&holder(300, "boot-b", 7, 800), false, false), "another machine, or an earlier boot");
@@ -150,11 +185,12 @@ mod tests {
         let me = Identity::of_this_process();
         assert_eq!(me.boot.len(), 36, "{me:?}");
         assert!(me.pidns != 0 && me.started != 0, "{me:?}");
-        assert_eq!(started(std::process::id()), Some(me.started));
+        assert_eq!(look_up(std::process::id()), Found::Started(me.started));
         let mut child = std::process::Command::new("true").spawn().unwrap();
         let pid = child.id();
         child.wait().unwrap();
-        assert_eq!(started(pid), None);
+        assert_eq!(look_up(pid), Found::Nothing);
+        assert_eq!((look_up(0), look_up(u32::MAX)), (Found::Nothing, Found::Nothing));
         let live = Live::hold([9; 16]);
         assert!(Live::holds(&[9; 16]));
         drop(live);

@@ -88,7 +88,8 @@ impl Other {
     fn running() -> Other {
         let child = std::process::Command::new("sleep").arg("60").spawn().unwrap();
         let pid = child.id();
-        Other { pid, started: process::started(pid).unwrap(), child: Some(child) }
+        let process::Found::Started(started) = process::look_up(pid) else { panic!("no start time for {pid}") };
+        Other { pid, started, child: Some(child) }
     }
 
     fn ended() -> Other {
@@ -97,7 +98,7 @@ impl Other {
             child.kill().unwrap();
             child.wait().unwrap();
         }
-        assert_eq!(process::started(other.pid), None);
+        assert_eq!(process::look_up(other.pid), process::Found::Nothing);
         other
     }
 
