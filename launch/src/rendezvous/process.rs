@@ -15,7 +15,7 @@
 //! ([`Live`]).
 
 use std::os::unix::fs::MetadataExt;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 use super::record::Claimant;
 
@@ -35,21 +35,26 @@ pub(super) struct Identity {
 }
 
 impl Identity {
-    /// This process's (read once).
+    /// This process's, read at each call (a child forked without `exec` is another process).
+    /// Unknown when `/proc` is not this PID namespace's (`unshare -p` without a `/proc` of its
+    /// own, a sandbox showing the host's): its process ids would name other processes.
     pub(super) fn of_this_process() -> Identity {
-        static THIS: OnceLock<Identity> = OnceLock::new();
-        THIS.get_or_init(|| Identity {
+        let pid = std::process::id();
+        let own_proc = std::fs::read_link("/proc/self").is_ok_and(|link| link.as_os_str() == pid.to_string().as_str());
+        if !own_proc {
+            return Identity::default();
+        }
+        Identity {
             boot: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
                 .map(|boot| boot.trim().chars().take(MAX_BOOT).collect())
                 .unwrap_or_default(),
             pidns: std::fs::metadata("/proc/self/ns/pid").map_or(0, |ns| ns.ino()),
-            started: started(std::process::id()).unwrap_or(0),
-        })
-        .clone()
+            started: started(pid).unwrap_or(0),
+        }
     }
 
     fn known(&self) -> bool {
-        !self.boot.is_empty() && self.pidns != 0
+        !self.boot.is_empty() && self.pidns != 0 && self.started != 0
     }
 }
 
@@ -84,10 +89,12 @@ pub(super) fn look_up(pid: u32) -> Found {
 /// When process `pid` of this PID namespace started, in clock ticks after boot, as
 /// `/proc/<pid>/stat` says (`None` when it cannot be read).
 fn started(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // `pid (comm) state ppid …`: the command name may hold spaces and parentheses, so the fields
-    // are counted after its last `)`; the start time is field 22, the 20th after it.
-    let (_, fields) = stat.rsplit_once(')')?;
+    let stat = std::fs::read(format!("/proc/{pid}/stat")).ok()?;
+    // `pid (comm) state ppid …`: the command name may hold spaces, parentheses and bytes that are
+    // not UTF-8 (the kernel cuts it to 15 bytes, inside a character too), so the fields are
+    // counted after its last `)`; the start time is field 22, the 20th after it.
+    let after = stat.iter().rposition(|&b| b == b')')?;
+    let fields = std::str::from_utf8(&stat[after + 1..]).ok()?;
     fields.split_whitespace().nth(19)?.parse().ok()
 }
 
@@ -106,7 +113,10 @@ fn gone_by(
     live: impl Fn(&[u8; 16]) -> bool,
 ) -> bool {
     let (theirs, mine) = (&who.id, &me.id);
-    if !theirs.known() || theirs.boot != mine.boot || theirs.pidns != mine.pidns {
+    // The host name too: machines started from one snapshot of a running VM share a boot id, and
+    // the first PID namespace has the same number everywhere.
+    let here = who.host == me.host && theirs.boot == mine.boot && theirs.pidns == mine.pidns;
+    if !here || !theirs.known() || !mine.known() {
         return false;
     }
     if who.pid == me.pid && theirs.started == mine.started {
@@ -173,11 +183,30 @@ mod tests {
         assert!(!gone(&holder(1, "boot-a", 8, 1), false, false), "pid 1 of another namespace");
         assert!(!gone(&holder(300, "boot-b", 7, 800), false, false), "another machine, or an earlier boot");
         assert!(!gone(&holder(300, "", 0, 0), false, false), "an identity /proc did not give");
+        assert!(!gone(&holder(300, "boot-a", 7, 0), false, false), "a start time /proc did not give");
+        let mut elsewhere = holder(300, "boot-a", 7, 800);
+        elsewhere.host = "a clone of this VM".into();
+        assert!(!gone(&elsewhere, false, false), "another host with this boot id");
         // This very process: gone once the session that claimed has ended, where that counts.
         let this = holder(100, "boot-a", 7, 5000);
         assert!(gone(&this, true, false));
         assert!(!gone(&this, true, true), "a session of this process in progress");
         assert!(!gone(&this, false, false));
+    }
+
+    #[test]
+    fn a_start_time_is_read_after_a_command_name_of_any_bytes() {
+        let dir = std::env::temp_dir().join(format!("gpucomm-comm-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        // 15 bytes of a name cut inside a character, with a space and a parenthesis.
+        let name = dir.join("ab (训练模型程序");
+        std::fs::copy("/bin/sleep", &name).unwrap();
+        let mut child = std::process::Command::new(&name).arg("60").spawn().unwrap();
+        let found = look_up(child.id());
+        child.kill().unwrap();
+        child.wait().unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(matches!(found, Found::Started(t) if t > 0), "{found:?}");
     }
 
     #[test]
