@@ -7,10 +7,10 @@
 //! membership change restarts the workers with it unchanged. So each start of rank 0 opens a new
 //! generation under the rendezvous's keys: it increments their counter (`ADD`), marks the
 //! generation opened (with a MAC when the job has a key), and claims its rank there. Every other
-//! rank joins the newest generation that is neither complete nor given up (an abort notice) nor
-//! holds a claim of its rank already (a process of an earlier start, which torchrun killed while
-//! it joined), or waits for rank 0 to open the next one when the newest is over or none is open
-//! yet. While it joins, each rank watches for the generation after its own: a later start of
+//! rank joins the newest generation that is neither complete nor given up (an abort notice) nor,
+//! with a job key, holds a claim of its rank by another process that runs no more (one of an
+//! earlier start, which torchrun killed while it joined), or waits for rank 0 to open the next
+//! one when the newest is over or none is open yet. While it joins, each rank watches for the generation after its own: a later start of
 //! rank 0 opened it when this one was left by processes that stopped before it completed, and the
 //! other ranks move on to it.
 //!

@@ -158,8 +158,8 @@ fn claim(s: &mut Session, deadline: Deadline) -> Result<Vec<u8>, RendezvousError
             // Made with the key in another start: not a rival in this one. Replace it.
             expected.clone_from(&current);
         } else if held_by_a_gone_process(s, &label, &current) {
-            // Made with the key by a process of this host that runs no more (killed while it
-            // joined, in a store that outlives runs): not a rival either.
+            // Made with the key by a process that runs no more (killed while it joined, in a
+            // store that outlives runs) or an earlier attempt of this one: not a rival either.
             expected.clone_from(&current);
         } else {
             break;

@@ -198,9 +198,11 @@ mod tests {
     fn a_start_time_is_read_after_a_command_name_of_any_bytes() {
         let dir = std::env::temp_dir().join(format!("gpucomm-comm-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        // 15 bytes of a name cut inside a character, with a space and a parenthesis.
+        // A name of 22 bytes with a space and a parenthesis, which the kernel cuts to 15 inside a
+        // character (a link: the name a program is started by is its command name; a copy of the
+        // program could be busy, still open for writing in a child another test forks).
         let name = dir.join("ab (训练模型程序");
-        std::fs::copy("/bin/sleep", &name).unwrap();
+        std::os::unix::fs::symlink("/bin/sleep", &name).unwrap();
         let mut child = std::process::Command::new(&name).arg("60").spawn().unwrap();
         let found = look_up(child.id());
         child.kill().unwrap();
