@@ -22,7 +22,7 @@
 
 use super::plan::Mode;
 use super::process;
-use super::record::{verified, Claim};
+use super::record::Claim;
 use super::session::{Session, Waited};
 use super::RendezvousError;
 use crate::deadline::Deadline;
@@ -72,9 +72,7 @@ fn claimed_by_a_gone_process(s: &mut Session, g: i64, deadline: Deadline) -> Res
 fn signed_claim(s: &mut Session, label: &str, deadline: Deadline) -> Result<Option<Claim>, RendezvousError> {
     // A missing key reads as empty, which no claim is.
     let value = s.client.get_by(label, deadline).map_err(|e| s.store_error(DURING, e))?;
-    Ok(Claim::decode(&value)
-        .filter(|(claim, body)| verified(s.seal.as_ref(), label, body, claim.tag.as_ref()) == Some(true))
-        .map(|(claim, _)| claim))
+    Ok(Claim::signed(&value, s.seal.as_ref(), label))
 }
 
 /// Under [`Mode::Agent`], enters the generation this rank joins (see the module's

@@ -248,27 +248,22 @@ fn describe(s: &Session, label: &str, value: &[u8]) -> String {
 /// process (see `process`). Without a key a claim of a gone process cannot be told from a
 /// stranger's, who would take the rank unseen: it is a duplicate.
 fn held_by_a_gone_process(s: &Session, label: &str, value: &[u8]) -> bool {
-    let Some((claim, body)) = Claim::decode(value) else { return false };
-    claim.rank as usize == s.rank
-        && verified(s.seal.as_ref(), label, body, claim.tag.as_ref()) == Some(true)
-        && process::gone(&claim.who, &claim.nonce, &s.me, true)
+    Claim::signed(value, s.seal.as_ref(), label)
+        .is_some_and(|claim| claim.rank as usize == s.rank && process::gone(&claim.who, &claim.nonce, &s.me, true))
 }
 
 /// With a job key: the start of `value`, read from `label`, when it is a claim with this key's
 /// MAC.
 fn start_of(s: &Session, label: &str, value: &[u8]) -> Option<[u8; NONCE_LEN]> {
-    let (claim, body) = Claim::decode(value)?;
-    (verified(s.seal.as_ref(), label, body, claim.tag.as_ref()) == Some(true)).then_some(claim.start)
+    Claim::signed(value, s.seal.as_ref(), label).map(|claim| claim.start)
 }
 
 /// With a job key: whether `value`, read from rank `rank`'s key, is a claim of that rank made
 /// with this key in another start of the rendezvous than this rank's.
 fn of_another_start(s: &Session, rank: usize, value: &[u8]) -> bool {
-    let (Some(seal), Some(start)) = (&s.seal, s.start) else { return false };
-    let Some((claim, body)) = Claim::decode(value) else { return false };
-    claim.rank as usize == rank
-        && claim.start != start
-        && verified(Some(seal), &s.keys.claim(rank), body, claim.tag.as_ref()) == Some(true)
+    let Some(start) = s.start else { return false };
+    Claim::signed(value, s.seal.as_ref(), &s.keys.claim(rank))
+        .is_some_and(|claim| claim.rank as usize == rank && claim.start != start)
 }
 
 /// A claim that [`check_claim`] let through.

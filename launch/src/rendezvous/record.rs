@@ -215,6 +215,13 @@ impl Claim {
         bytes
     }
 
+    /// The claim in `value`, read from `label`, when it carries the MAC of `seal`'s key (never
+    /// without a seal).
+    pub(super) fn signed(value: &[u8], seal: Option<&Seal>, label: &str) -> Option<Claim> {
+        let (claim, body) = Claim::decode(value)?;
+        (verified(seal, label, body, claim.tag.as_ref()) == Some(true)).then_some(claim)
+    }
+
     /// A claim and the bytes its MAC covers.
     pub(super) fn decode(bytes: &[u8]) -> Option<(Claim, &[u8])> {
         let mut r = Reader::new(bytes, CLAIM)?;

@@ -331,6 +331,14 @@ struct Server {
     counts: TestCounts,
 }
 
+/// What [`Server::room`] finds for more bytes of a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Room {
+    Now,
+    Never,
+    Later,
+}
+
 impl Server {
     fn run(mut self) {
         loop {
@@ -392,7 +400,7 @@ impl Server {
         }
         for id in std::mem::take(&mut self.stalled) {
             let Some(stall) = self.conns.get(&id).and_then(|conn| conn.stalled) else { continue };
-            if stall.changes == self.changes && !self.fits(id, stall.bytes) {
+            if stall.changes == self.changes && self.room(id, stall.bytes) == Room::Later {
                 self.stalled.push(id);
                 continue;
             }
@@ -409,15 +417,18 @@ impl Server {
         }
     }
 
-    /// Whether `bytes` more fit the connection's allowance and the shared budget now, or could
-    /// never fit better (no other connection holds budget: [`Server::room_for`] then refuses).
-    fn fits(&self, id: u64, bytes: usize) -> bool {
-        let Some(conn) = self.conns.get(&id) else { return true };
+    /// Whether `bytes` more fit the connection's allowance and the shared budget now, never can
+    /// (they would not fit even if every other connection gave its budget back), or may later.
+    fn room(&self, id: u64, bytes: usize) -> Room {
+        let Some(conn) = self.conns.get(&id) else { return Room::Now };
         let over = (conn.held() + bytes).saturating_sub(self.limits.connection_allowance + conn.reserved);
-        over == 0
-            || self.budget_used + over <= self.limits.max_buffered
-            || self.budget_used == conn.reserved
-            || conn.reserved + over > self.limits.max_buffered
+        if over == 0 || self.budget_used + over <= self.limits.max_buffered {
+            Room::Now
+        } else if self.budget_used == conn.reserved || conn.reserved + over > self.limits.max_buffered {
+            Room::Never
+        } else {
+            Room::Later
+        }
     }
 
     /// Whether `bytes` more (`what`: a reply, a `WAIT`'s keys) fit the connection's allowance and
@@ -428,23 +439,20 @@ impl Server {
     /// that sends reads without taking their replies is dropped once its unsent replies pass
     /// `max_reply_len`, in `reply`).
     fn room_for(&mut self, id: u64, bytes: usize, what: &str) -> Result<bool, String> {
-        let allowance = self.limits.connection_allowance;
-        let Some(conn) = self.conns.get_mut(&id) else { return Ok(true) };
-        let over = (conn.held() + bytes).saturating_sub(allowance + conn.reserved);
-        if over == 0 || self.budget_used + over <= self.limits.max_buffered {
-            return Ok(true);
-        }
-        // Refused at once when it would not fit even if every other connection gave its budget
-        // back (nothing to wait for).
-        if self.budget_used == conn.reserved || conn.reserved + over > self.limits.max_buffered {
-            return Err(format!(
+        match self.room(id, bytes) {
+            Room::Now => Ok(true),
+            Room::Never => Err(format!(
                 "{what} of {bytes} bytes would pass the server's buffer budget ({} bytes)",
                 self.limits.max_buffered
-            ));
+            )),
+            Room::Later => {
+                if let Some(conn) = self.conns.get_mut(&id) {
+                    conn.stalled = Some(Stall { bytes, changes: self.changes });
+                    self.stalled.push(id);
+                }
+                Ok(false)
+            }
         }
-        conn.stalled = Some(Stall { bytes, changes: self.changes });
-        self.stalled.push(id);
-        Ok(false)
     }
 
     /// Publishes the stats; true when the owner asked the server to stop.
