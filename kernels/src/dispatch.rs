@@ -283,7 +283,8 @@ impl<'c> AllReduce<'c> {
 
     /// All-reduces `send` into `recv` (the same length) with `op` on `stream` (a stream of the
     /// communicator's device), through the path the table picks for its size. Returns the
-    /// decision. Inside [`nccl::capture`] the keep set must hold this dispatcher (`&ar`) and the
+    /// decision. Buffers that share bytes without being the same range are [`Error::Overlap`]
+    /// on every path. Inside [`nccl::capture`] the keep set must hold this dispatcher (`&ar`) and the
     /// buffers (see the [type docs](AllReduce)).
     pub fn all_reduce<T: NcclType>(
         &self,
@@ -298,7 +299,12 @@ impl<'c> AllReduce<'c> {
         let access = Access::new(stream);
         let d = self.decide_on::<T>(&access, send.len(), op)?;
         match Kernel::for_path(d.path) {
-            None => self.comm.on(stream).all_reduce(send, recv, op)?,
+            // NCCL's check of the buffers' overlap answers as the kernels' does, so that the
+            // error does not depend on the path the size picked.
+            None => self.comm.on(stream).all_reduce(send, recv, op).map_err(|e| match e {
+                nccl::Error::Overlap { .. } => Error::Overlap,
+                e => Error::Nccl(e),
+            })?,
             Some(kernel) => self.lsa()?.pair(kernel, &access, send, recv)?,
         }
         Ok(d)

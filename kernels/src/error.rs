@@ -23,6 +23,12 @@ pub enum Error {
         /// Its length.
         got: usize,
     },
+    /// The send and receive buffers share bytes without being the same range (views taken
+    /// through `&self`, such as NVSHMEM's `Symmetric::slice`, can name the same memory, which
+    /// Rust's borrows cannot see): every path would read bytes it had already overwritten. Pass
+    /// separate buffers, or one buffer to [`AllReduce::all_reduce_in_place`](crate::AllReduce::all_reduce_in_place).
+    #[error("the send and receive buffers share bytes without being the same range: pass separate buffers, or one buffer to all_reduce_in_place")]
+    Overlap,
     /// A buffer or stream is not on the communicator's device.
     #[error("{what} is on device {got}, the communicator on device {expected}")]
     WrongDevice {

@@ -20,6 +20,7 @@ use cudarc::driver::sys::CUdeviceptr;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaStream, DevicePtr, DeviceSlice, LaunchConfig, PushKernelArg, SyncOnDrop,
 };
+use gpucomm_ordering::range::{self, Meeting};
 use gpucomm_ordering::{Access, DeviceMemory, Keep, Placement, Resource, Use, Visitor};
 use nccl::device::{DevComm, DevCommRequirements};
 use nccl::{
@@ -692,10 +693,16 @@ impl<'c> LsaKernels<'c> {
         self.admit(access)?;
         let (src, _read) = access.read(send)?;
         let (dst, _write) = access.write(recv)?;
+        let bytes = count * size_of::<T>();
+        // The same range is `single`'s in-place call; a partial overlap would have the kernels
+        // read elements they (or a peer's kernel) already wrote.
+        if range::meet((src, bytes), (dst, bytes)) == Meeting::Partly {
+            return Err(Error::Overlap);
+        }
         let (_, _window) = access.read(&self.window)?;
         // SAFETY: `src` and `dst` address `count` elements of T on the communicator's device (the
-        // buffers' `DeviceMemory` promise; lengths and devices checked), borrowed (their guards
-        // alive) until the launches are enqueued; the buffers and the window were ordered on the
+        // buffers' `DeviceMemory` promise; lengths and devices checked), the same range or apart
+        // (checked just above), borrowed (their guards alive) until the launches are enqueued; the buffers and the window were ordered on the
         // stream, or recorded for the capture scope's graph, by `access`; the communicator is live.
         unsafe { self.launch::<T>(kernel, function, access.stream(), src, dst, count) }
     }

@@ -8,6 +8,7 @@
 //! builds a [`Call`], and hands it to its target, which takes the buffers' pointers through
 //! [`gpucomm_ordering::Access`] and issues or records it.
 
+use gpucomm_ordering::range::{self, Meeting};
 use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut, Guard};
 
 use crate::call::{Call, Kind};
@@ -90,8 +91,59 @@ fn op_guard<'b, T>(op: &Option<OpUse<'b, T>>, access: &Access<'b>) -> Result<Gua
     }
 }
 
+/// `Ok` unless a call's send range (`s`, `send_len` elements of `T`) and receive range (`r`,
+/// `recv_len` elements) share bytes in another way than NCCL's in-place form of `kind`. Views
+/// taken through `&self` (NVSHMEM's `Symmetric::slice`, a peer view of this PE, a framework's
+/// tensors) can name the same memory, which the borrows of `&send` and `&mut recv` cannot see,
+/// and NCCL would then read bytes it has already overwritten.
+#[inline]
+fn apart<T>(
+    call: &'static str,
+    kind: Kind,
+    rank: usize,
+    (s, send_len): (u64, usize),
+    (r, recv_len): (u64, usize),
+) -> Result<()> {
+    let (send_bytes, recv_bytes) = (send_len * size_of::<T>(), recv_len * size_of::<T>());
+    match range::meet((s, send_bytes), (r, recv_bytes)) {
+        Meeting::Apart => Ok(()),
+        Meeting::Same | Meeting::Partly => in_place_form(call, kind, rank, (s, send_bytes), (r, recv_bytes)),
+    }
+}
+
+/// `Ok` when overlapping send and receive ranges (address, bytes) are NCCL's in-place form of
+/// `kind` for `rank`, the form the `_in_place` methods pass; [`Error::Overlap`] otherwise.
+#[cold]
+fn in_place_form(
+    call: &'static str,
+    kind: Kind,
+    rank: usize,
+    (s, send_bytes): (u64, usize),
+    (r, recv_bytes): (u64, usize),
+) -> Result<()> {
+    let at = |base: u64, block: usize| rank.checked_mul(block).and_then(|o| base.checked_add(o as u64));
+    let (rule, holds) = match kind {
+        Kind::AllReduce(_) | Kind::Broadcast(_) | Kind::Reduce(..) => ("sendbuff == recvbuff", s == r),
+        Kind::AllGather => ("sendbuff == recvbuff + rank × sendcount", Some(s) == at(r, send_bytes)),
+        #[cfg(nccl_2_28)]
+        Kind::Gather(_) => ("sendbuff == recvbuff + rank × sendcount", Some(s) == at(r, send_bytes)),
+        Kind::ReduceScatter(_) => ("recvbuff == sendbuff + rank × recvcount", Some(r) == at(s, recv_bytes)),
+        #[cfg(nccl_2_28)]
+        Kind::Scatter(_) => ("recvbuff == sendbuff + rank × recvcount", Some(r) == at(s, recv_bytes)),
+        #[cfg(nccl_2_28)]
+        Kind::AlltoAll => ("none", false),
+        Kind::Send(_) | Kind::Recv(_) => ("none", false),
+    };
+    if holds {
+        Ok(())
+    } else {
+        Err(Error::Overlap { call, in_place: rule })
+    }
+}
+
 /// The end of every call with a send and a receive buffer (lengths already checked): both on the
-/// communicator's device, then `kind` over `count` elements from `send` to `recv`.
+/// communicator's device, then `kind` over `count` elements from `send` to `recv`, whose ranges
+/// must not overlap but in NCCL's in-place form.
 #[inline]
 fn two_buffers<'b, T: NcclType>(
     p: Plan<'_, 'b>,
@@ -104,11 +156,13 @@ fn two_buffers<'b, T: NcclType>(
     p.check_device("send buffer", send)?;
     p.check_device("recv buffer", &*recv)?;
     let call = Call::new::<T>(kind, count, p.comm, p.stream)?;
+    let (name, rank, lens) = (call.name(), p.comm.rank(), (send.len(), recv.len()));
     p.submit(call, |a, kept: &mut [_; 3]| {
         let (s, gs) = a.read(send)?;
         kept[0] = gs;
         let (r, gr) = a.write(recv)?;
         kept[1] = gr;
+        apart::<T>(name, kind, rank, (s, lens.0), (r, lens.1))?;
         kept[2] = op_guard(&op, a)?;
         Ok((s, r))
     })
@@ -147,7 +201,10 @@ fn one_buffer<'b, T: NcclType>(
 /// taken through [`gpucomm_ordering::Access`], so every call is ordered after earlier uses of its
 /// buffers on other streams. Inside [`crate::capture`] calls are captured into the graph; on a
 /// stream captured by anything else they are refused. Every buffer, and the stream, must be on the
-/// communicator's device. Buffers of zero elements are accepted: NCCL does nothing with them.
+/// communicator's device. Buffers of zero elements are accepted: NCCL does nothing with them. A
+/// send and a receive buffer that share bytes (views of one buffer taken through `&self`, such as
+/// `nvshmem`'s `Symmetric::slice`) are refused, [`Error::Overlap`](crate::Error::Overlap), unless
+/// they are NCCL's in-place form of the call (prefer the `_in_place` methods).
 ///
 /// Each method returns once NCCL has enqueued the work (direct calls) or recorded the call (in a
 /// group). A refused call has no effect on any buffer and leaves the communicator usable. Every
@@ -203,13 +260,19 @@ pub trait Collectives<'b>: Target<'b> {
                 p.check_device("send buffer", send)?;
             }
             p.check_device("recv buffer", &*recv)?;
-            let call = Call::new::<T>(Kind::Broadcast(root), recv.len(), p.comm, p.stream)?;
+            let kind = Kind::Broadcast(root);
+            let call = Call::new::<T>(kind, recv.len(), p.comm, p.stream)?;
+            let (name, rank, len) = (call.name(), p.comm.rank(), recv.len());
             p.submit(call, |a, kept| {
                 let (r, gr) = a.write(recv)?;
                 // Off the root NCCL does not read the send buffer; passing the receive buffer
                 // there is what the in-place `ncclBcast` does.
                 let (s, gs) = match send {
-                    Some(send) => a.read::<T>(send)?,
+                    Some(send) => {
+                        let (s, gs) = a.read::<T>(send)?;
+                        apart::<T>(name, kind, rank, (s, len), (r, len))?;
+                        (s, gs)
+                    }
                     None => (r, unused()),
                 };
                 *kept = [gs, gr];
@@ -247,7 +310,9 @@ pub trait Collectives<'b>: Target<'b> {
             }
             p.check_device("send buffer", send)?;
             let op = op.resolve(p.comm)?;
-            let call = Call::new::<T>(Kind::Reduce(op.raw(), root), send.len(), p.comm, p.stream)?;
+            let kind = Kind::Reduce(op.raw(), root);
+            let call = Call::new::<T>(kind, send.len(), p.comm, p.stream)?;
+            let (name, rank) = (call.name(), p.comm.rank());
             p.submit(call, |a, kept| {
                 let (s, gs) = a.read(send)?;
                 // NCCL: "recvbuff may be NULL on all calls except for root device".
@@ -255,6 +320,9 @@ pub trait Collectives<'b>: Target<'b> {
                     Some(recv) => a.write::<T>(recv)?,
                     None => (0, unused()),
                 };
+                if r != 0 {
+                    apart::<T>(name, kind, rank, (s, send.len()), (r, send.len()))?;
+                }
                 *kept = [gs, gr, op.guard(a)?];
                 Ok((s, r))
             })
@@ -459,3 +527,40 @@ pub trait Collectives<'b>: Target<'b> {
 }
 
 impl<'b, X: Target<'b>> Collectives<'b> for X {}
+
+#[cfg(test)]
+mod tests {
+    use nccl_sys::ncclRedOp_t;
+
+    use super::{apart, Kind};
+    use crate::Error;
+
+    fn rule(r: crate::Result<()>) -> Option<&'static str> {
+        match r {
+            Ok(()) => None,
+            Err(Error::Overlap { in_place, .. }) => Some(in_place),
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+
+    #[test]
+    fn only_nccls_in_place_forms_may_overlap() {
+        let sum = ncclRedOp_t(0);
+        // Rank 1 of blocks of 4 f32 (16 bytes), buffers at 1000 and up.
+        let ar = |s, r| rule(apart::<f32>("ncclAllReduce", Kind::AllReduce(sum), 1, (s, 4), (r, 4)));
+        assert_eq!(ar(1000, 1016), None, "apart");
+        assert_eq!(ar(1000, 1000), None, "in place");
+        assert_eq!(ar(1000, 1004), Some("sendbuff == recvbuff"));
+        let ag = |s, r| rule(apart::<f32>("ncclAllGather", Kind::AllGather, 1, (s, 4), (r, 8)));
+        assert_eq!(ag(1016, 1000), None, "own block of the receive buffer");
+        assert_eq!(ag(1000, 1000), Some("sendbuff == recvbuff + rank × sendcount"), "rank 0's block");
+        let rs = |s, r| rule(apart::<f32>("ncclReduceScatter", Kind::ReduceScatter(sum), 1, (s, 8), (r, 4)));
+        assert_eq!(rs(1000, 1016), None, "own block of the send buffer");
+        assert_eq!(rs(1000, 1008), Some("recvbuff == sendbuff + rank × recvcount"));
+        let p2p = rule(apart::<f32>("ncclSend", Kind::Send(0), 1, (1000, 4), (1000, 4)));
+        assert_eq!(p2p, Some("none"));
+        // An offset past the address space is no in-place form.
+        let far = rule(apart::<u8>("ncclAllGather", Kind::AllGather, 3, (u64::MAX - 1, 1), (u64::MAX - 2, 3)));
+        assert_eq!(far, Some("sendbuff == recvbuff + rank × sendcount"));
+    }
+}

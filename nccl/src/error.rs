@@ -112,6 +112,17 @@ pub enum Error {
         /// Elements the buffer has.
         got: usize,
     },
+    /// A call's send and receive buffers share bytes in another way than NCCL's in-place form of
+    /// the call. Views taken through `&self` (NVSHMEM's `Symmetric::slice`, a peer view of this
+    /// PE, a framework's tensors) can name the same memory, which Rust's borrows cannot see; NCCL
+    /// would read bytes it had already overwritten. Nothing was enqueued.
+    #[error("the send and receive buffers of {call} share bytes, which NCCL allows only in its in-place form ({in_place}): pass separate buffers, or one buffer to the call's `_in_place` method")]
+    Overlap {
+        /// The NCCL function.
+        call: &'static str,
+        /// NCCL's in-place rule for the call (`"none"` where it has none).
+        in_place: &'static str,
+    },
     /// A rank (root, peer, own rank) outside `0..size`.
     #[error("{what} {rank} is out of range for {size} ranks")]
     InvalidRank {

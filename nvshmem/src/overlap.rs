@@ -12,6 +12,7 @@
 use std::ffi::c_void;
 
 use cudarc::driver::sys::CUdeviceptr;
+use gpucomm_ordering::range::{self, Meeting};
 
 use crate::error::{Error, Result};
 use crate::ffi::call;
@@ -29,12 +30,8 @@ impl Span {
         Span { what, addr, bytes }
     }
 
-    fn end(&self) -> CUdeviceptr {
-        self.addr.saturating_add(self.bytes as CUdeviceptr)
-    }
-
-    fn shares_a_byte_with(&self, other: &Span) -> bool {
-        self.bytes > 0 && other.bytes > 0 && self.addr < other.end() && other.addr < self.end()
+    fn meet(&self, other: &Span) -> Meeting {
+        range::meet((self.addr, self.bytes), (other.addr, other.bytes))
     }
 
     /// True when every byte of the range lies in `outer` (and neither runs past the end of the
@@ -47,7 +44,7 @@ impl Span {
 
 /// `Ok` when the ranges share no byte.
 pub(crate) fn disjoint(a: Span, b: Span) -> Result<()> {
-    if a.shares_a_byte_with(&b) {
+    if a.meet(&b) != Meeting::Apart {
         Err(Error::Overlap { first: a.what, second: b.what, needed: "disjoint" })
     } else {
         Ok(())
@@ -56,7 +53,7 @@ pub(crate) fn disjoint(a: Span, b: Span) -> Result<()> {
 
 /// `Ok` when the ranges share no byte or are the same range (what reductions allow).
 pub(crate) fn disjoint_or_identical(a: Span, b: Span) -> Result<()> {
-    if a.shares_a_byte_with(&b) && (a.addr, a.bytes) != (b.addr, b.bytes) {
+    if a.meet(&b) == Meeting::Partly {
         Err(Error::Overlap { first: a.what, second: b.what, needed: "disjoint or identical" })
     } else {
         Ok(())

@@ -99,6 +99,101 @@ fn overlapping_ranges_are_refused() {
     });
 }
 
+/// Views taken through `&self` (`Symmetric::slice`) can hand NCCL a send and a receive buffer that
+/// share bytes, which the borrows of `&send` and `&mut recv` cannot see. Every call with two
+/// buffers refuses them with `nccl::Error::Overlap`, naming NCCL's in-place rule, and writes
+/// nothing; the in-place forms NCCL documents still work through two views, and so do views apart.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn nccl_refuses_overlapping_views_of_one_symmetric_buffer() {
+    use nccl::{Collectives, DeviceBuffer, DeviceBufferMut, ReduceOp, Root};
+    multi_process("nccl_refuses_overlapping_views_of_one_symmetric_buffer", 1, |info, stream| {
+        let (mut rdzv, rt) = start(&info, &stream);
+        let comm = nccl::Comm::from_rendezvous(stream.context().new_stream().unwrap(), &mut rdzv).unwrap();
+        let me = rt.my_pe();
+        let buf = rt.alloc::<i32>(64).unwrap();
+        let initial: Vec<i32> = (0..64).map(|i| value(me, i)).collect();
+        stream.memcpy_htod(&initial, &mut buf.as_slice()).unwrap();
+        stream.synchronize().unwrap();
+        let view = |r: std::ops::Range<usize>| buf.slice(r).unwrap();
+        let refused = |e: nccl::Error, call: &str, rule: &str| match e {
+            nccl::Error::Overlap { call: c, in_place: r } => assert_eq!((c, r), (call, rule)),
+            other => panic!("expected an overlap of {call}, got {other:?}"),
+        };
+        let same = "sendbuff == recvbuff";
+        let e = comm.all_reduce(&view(0..32), &mut view(16..48), ReduceOp::SUM).unwrap_err();
+        refused(e, "ncclAllReduce", same);
+        let e = comm.all_gather(&view(4..12), &mut view(0..8)).unwrap_err();
+        refused(e, "ncclAllGather", "sendbuff == recvbuff + rank × sendcount");
+        let e = comm.reduce_scatter(&view(0..8), &mut view(4..12), ReduceOp::SUM).unwrap_err();
+        refused(e, "ncclReduceScatter", "recvbuff == sendbuff + rank × recvcount");
+        let send = view(0..32);
+        let e = comm.broadcast(Root::Here(&send as &dyn DeviceBuffer<i32>), &mut view(8..40)).unwrap_err();
+        refused(e, "ncclBroadcast", same);
+        let mut recv = view(1..33);
+        let e = comm.reduce(&view(0..32), Root::Here(&mut recv as &mut dyn DeviceBufferMut<i32>), ReduceOp::SUM);
+        refused(e.unwrap_err(), "ncclReduce", same);
+        let e = comm.all_to_all(&view(0..32), &mut view(0..32)).unwrap_err();
+        refused(e, "ncclAlltoAll", "none");
+        // Refused inside a group too, when the call is recorded.
+        let (send, mut recv) = (view(0..32), view(8..40));
+        let e = nccl::group(|g| g.with(&comm).all_reduce(&send, &mut recv, ReduceOp::SUM)).unwrap_err();
+        refused(e, "ncclAllReduce", same);
+        comm.stream().synchronize().unwrap();
+        assert_eq!(stream.clone_dtoh(&buf).unwrap(), initial, "a refused call changed the buffer");
+
+        // NCCL's in-place forms through two views (one rank: the values stay), and views apart.
+        comm.all_reduce(&view(0..32), &mut view(0..32), ReduceOp::SUM).unwrap();
+        comm.all_gather(&view(8..16), &mut view(8..16)).unwrap();
+        comm.all_gather(&view(0..8), &mut view(32..40)).unwrap();
+        comm.stream().synchronize().unwrap();
+        let mut expected = initial.clone();
+        expected.copy_within(0..8, 32);
+        assert_eq!(stream.clone_dtoh(&buf).unwrap(), expected);
+        buf.free().map_err(|(_, e)| e).unwrap();
+        comm.finalize().map_err(|(_, e)| e).unwrap();
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
+/// The same views handed to the LSA kernels' dispatcher (`gpucomm_kernels::AllReduce`): a send
+/// and a receive range that share bytes without being the same range are `Error::Overlap` on the
+/// kernels' path and on NCCL's alike; the same range through two views is the in-place call.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn the_kernels_refuse_overlapping_views_of_one_symmetric_buffer() {
+    use gpucomm_kernels::{AllReduce, Error as KernelError, Options, Path};
+    use nccl::ReduceOp;
+    multi_process("the_kernels_refuse_overlapping_views_of_one_symmetric_buffer", 1, |info, stream| {
+        let (mut rdzv, rt) = start(&info, &stream);
+        let cs = stream.context().new_stream().unwrap();
+        let comm = nccl::Comm::from_rendezvous(cs.clone(), &mut rdzv).unwrap();
+        let me = rt.my_pe();
+        let buf = rt.alloc::<f32>(64).unwrap();
+        let initial: Vec<f32> = (0..64).map(|i| value(me, i) as f32).collect();
+        stream.memcpy_htod(&initial, &mut buf.as_slice()).unwrap();
+        stream.synchronize().unwrap();
+        let view = |r: std::ops::Range<usize>| buf.slice(r).unwrap();
+        let mut ar = AllReduce::new(&comm, Options::default()).unwrap();
+        assert_eq!(ar.fallback(), None, "the kernels must be usable here: {:?}", ar.setup_error());
+        for path in [Path::Ll, Path::OneShot, Path::TwoShot, Path::Nccl] {
+            ar.force(Some(path)).unwrap();
+            let e = ar.all_reduce(&cs, &view(0..32), &mut view(16..48), ReduceOp::SUM).unwrap_err();
+            assert!(matches!(e, KernelError::Overlap), "{path}: expected an overlap, got {e:?}");
+            cs.synchronize().unwrap();
+            assert_eq!(stream.clone_dtoh(&buf).unwrap(), initial, "{path}: a refused call changed the buffer");
+            // One rank: the sum in place leaves the values.
+            ar.all_reduce(&cs, &view(0..32), &mut view(0..32), ReduceOp::SUM).unwrap();
+            cs.synchronize().unwrap();
+            assert_eq!(stream.clone_dtoh(&buf).unwrap(), initial, "{path}: the same range through two views");
+        }
+        drop(ar);
+        buf.free().map_err(|(_, e)| e).unwrap();
+        comm.finalize().map_err(|(_, e)| e).unwrap();
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
 /// Issue 19 suspected "`UniqueId::new` while a runtime runs rewrites the live bootstrap state"; an
 /// earlier session refuted it for the runtime's own thread, but the audit of 2026-12 confirmed it
 /// across threads: NVSHMEM 3.4.5's `nvshmemx_get_uniqueid` re-runs the unique-id plugin's pre-init,
