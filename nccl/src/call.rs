@@ -124,6 +124,8 @@ pub(crate) struct Call {
     recv: CUdeviceptr,
     count: usize,
     dtype: ncclDataType_t,
+    /// Bytes per element.
+    elem: usize,
     comm: ncclComm_t,
     stream: cudaStream_t,
 }
@@ -159,6 +161,7 @@ impl Call {
             recv: 0,
             count,
             dtype: T::DATA_TYPE.raw(),
+            elem: size_of::<T>(),
             comm: comm.live_raw()?,
             stream: stream.cu_stream() as cudaStream_t,
         })
@@ -168,6 +171,21 @@ impl Call {
     #[inline]
     pub(crate) fn set_buffers(&mut self, (send, recv): Buffers) {
         (self.send, self.recv) = (send, recv);
+    }
+
+    /// The ranges `(address, bytes)` the call reads (its send buffer) and writes (its receive
+    /// buffer) on a communicator of `ranks` ranks; empty for a buffer it does not take (address 0).
+    /// A rooted call's buffers count on every rank, as its checks sized them.
+    pub(crate) fn spans(&self, ranks: usize) -> [(CUdeviceptr, usize); 2] {
+        let (send_blocks, recv_blocks) = match self.name {
+            "ncclAllGather" | "ncclGather" => (1, ranks),
+            "ncclReduceScatter" | "ncclScatter" => (ranks, 1),
+            "ncclAlltoAll" => (ranks, ranks),
+            _ => (1, 1),
+        };
+        // The buffers exist with these sizes (the calls checked them), so no product overflows.
+        let side = |addr, blocks: usize| (addr, if addr == 0 { 0 } else { self.count * self.elem * blocks });
+        [side(self.send, send_blocks), side(self.recv, recv_blocks)]
     }
 
     /// The C function's name, for errors and [`Comm::settle`].

@@ -123,6 +123,20 @@ pub enum Error {
         /// NCCL's in-place rule for the call (`"none"` where it has none).
         in_place: &'static str,
     },
+    /// Two calls of one group share bytes and one of them writes them: the calls of a group run
+    /// together, so the result would depend on their timing. Views taken through `&self` can name
+    /// the same memory in two calls, which the group's borrows cannot see. Nothing was launched.
+    #[error("calls {first} ({first_call}) and {second} ({second_call}) of one group share bytes that one of them writes; the calls of a group run together: pass disjoint buffers, or make the calls in two groups")]
+    GroupOverlap {
+        /// The index of the first call in the group (from 0).
+        first: usize,
+        /// Its NCCL function.
+        first_call: &'static str,
+        /// The index of the second call.
+        second: usize,
+        /// Its NCCL function.
+        second_call: &'static str,
+    },
     /// A rank (root, peer, own rank) outside `0..size`.
     #[error("{what} {rank} is out of range for {size} ranks")]
     InvalidRank {

@@ -10,7 +10,9 @@
 //! waiting forever for a peer that never joins.
 //!
 //! Every buffer given to a [`Member`] stays borrowed until [`group`] returns, so no buffer can be
-//! moved, freed or written before the kernels that use it are enqueued. Direct calls on a thread
+//! moved, freed or written before the kernels that use it are enqueued. The calls of a group run
+//! together: a group in which one call writes bytes another reads or writes (views of one buffer
+//! taken through `&self` can name the same memory) launches nothing, [`Error::GroupOverlap`]. Direct calls on a thread
 //! that has a group open are refused ([`Error::InsideGroup`]) and count as refused calls of the
 //! group, and groups do not nest. A finalize refused inside a group hands its communicator back
 //! and does not count: the group's value, which carries the communicator out, is not dropped.
@@ -32,6 +34,7 @@ use gpucomm_ordering::{Access, Guard};
 use nccl_sys::ncclResult_t;
 
 pub(crate) mod open;
+mod overlap;
 
 use crate::call::{Buffers, Call};
 use crate::error::{Error, Result};
@@ -57,6 +60,8 @@ struct Recorded<'a> {
     accesses: Vec<Access<'a>>,
     /// The recorded calls' stream guards, released after the group is settled.
     guards: Vec<Guard<'a>>,
+    /// The bytes each recorded call reads and writes, compared before the launch.
+    spans: Vec<overlap::Span>,
     /// Calls refused inside the group.
     refused: usize,
     /// Every access was rechecked after the closure, and nothing but this crate ran since (a
@@ -72,6 +77,7 @@ struct Spare {
     settle: Vec<(&'static Comm, &'static Arc<CudaStream>)>,
     accesses: Vec<Access<'static>>,
     guards: Vec<Guard<'static>>,
+    spans: Vec<overlap::Span>,
 }
 
 thread_local! {
@@ -101,6 +107,7 @@ impl Recorded<'_> {
             settle: recycle(spare.settle),
             accesses: recycle(spare.accesses),
             guards: recycle(spare.guards),
+            spans: recycle(spare.spans),
             refused: 0,
             rechecked: false,
         }
@@ -128,6 +135,7 @@ impl Drop for Recorded<'_> {
             settle: recycle(std::mem::take(&mut self.settle)),
             accesses: recycle(std::mem::take(&mut self.accesses)),
             guards: recycle(std::mem::take(&mut self.guards)),
+            spans: recycle(std::mem::take(&mut self.spans)),
         };
         // During the thread's teardown the thread-local may be gone: the vectors are then freed.
         let _ = SPARE.try_with(|s| s.set(Some(spare)));
@@ -206,6 +214,9 @@ impl<'a> Group<'a> {
         let mut guards = [const { Guard::NONE }; N];
         let buffers = take(&accesses[i], &mut guards)?;
         call.set_buffers(buffers);
+        let [read, write] = call.spans(comm.size());
+        let index = recorded.calls.len();
+        overlap::add(&mut recorded.spans, index, read, write);
         recorded.calls.push(call);
         for guard in guards {
             guard.keep_in(&mut recorded.guards);
@@ -226,6 +237,10 @@ impl<'a> Group<'a> {
         let recorded = self.recorded.get_mut();
         if recorded.calls.is_empty() {
             return Ok(());
+        }
+        if let Some((first, second)) = overlap::clash(&mut recorded.spans) {
+            let name = |i: usize| recorded.calls[i].name();
+            return Err(Error::GroupOverlap { first, first_call: name(first), second, second_call: name(second) });
         }
         // Every recorded call's communicator is in `settle`. None can be aborted between this check
         // and the issue below: only this thread carries out aborts, and it does not wait in between.

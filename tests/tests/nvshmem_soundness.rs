@@ -102,7 +102,9 @@ fn overlapping_ranges_are_refused() {
 /// Views taken through `&self` (`Symmetric::slice`) can hand NCCL a send and a receive buffer that
 /// share bytes, which the borrows of `&send` and `&mut recv` cannot see. Every call with two
 /// buffers refuses them with `nccl::Error::Overlap`, naming NCCL's in-place rule, and writes
-/// nothing; the in-place forms NCCL documents still work through two views, and so do views apart.
+/// nothing, and a group whose calls write bytes another of its calls uses launches nothing
+/// (`nccl::Error::GroupOverlap`); the in-place forms NCCL documents still work through two views,
+/// and so do views apart.
 #[test]
 #[ignore = "needs 1 GPU: run by the GPU bundle"]
 fn nccl_refuses_overlapping_views_of_one_symmetric_buffer() {
@@ -139,16 +141,39 @@ fn nccl_refuses_overlapping_views_of_one_symmetric_buffer() {
         let (send, mut recv) = (view(0..32), view(8..40));
         let e = nccl::group(|g| g.with(&comm).all_reduce(&send, &mut recv, ReduceOp::SUM)).unwrap_err();
         refused(e, "ncclAllReduce", same);
+        // Two calls of one group, each whole, of which one writes what the other reads: a
+        // receive into bytes a send of the same group (to this rank itself) reads.
+        let (send, mut recv) = (view(0..16), view(8..24));
+        let e = nccl::group(|g| {
+            g.with(&comm).send(&send, 0)?;
+            g.with(&comm).recv(&mut recv, 0)
+        })
+        .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                nccl::Error::GroupOverlap { first: 0, first_call: "ncclSend", second: 1, second_call: "ncclRecv" }
+            ),
+            "expected the send and the receive to clash, got {e:?}"
+        );
         comm.stream().synchronize().unwrap();
         assert_eq!(stream.clone_dtoh(&buf).unwrap(), initial, "a refused call changed the buffer");
 
-        // NCCL's in-place forms through two views (one rank: the values stay), and views apart.
+        // NCCL's in-place forms through two views (one rank: the values stay), and views apart:
+        // in one call, and in two calls of a group (a send to this rank itself and its receive).
         comm.all_reduce(&view(0..32), &mut view(0..32), ReduceOp::SUM).unwrap();
         comm.all_gather(&view(8..16), &mut view(8..16)).unwrap();
         comm.all_gather(&view(0..8), &mut view(32..40)).unwrap();
+        let (send, mut recv) = (view(16..24), view(48..56));
+        nccl::group(|g| {
+            g.with(&comm).send(&send, 0)?;
+            g.with(&comm).recv(&mut recv, 0)
+        })
+        .unwrap();
         comm.stream().synchronize().unwrap();
         let mut expected = initial.clone();
         expected.copy_within(0..8, 32);
+        expected.copy_within(16..24, 48);
         assert_eq!(stream.clone_dtoh(&buf).unwrap(), expected);
         buf.free().map_err(|(_, e)| e).unwrap();
         comm.finalize().map_err(|(_, e)| e).unwrap();
