@@ -1207,31 +1207,19 @@ fn starting_and_loading_a_module_are_refused_inside_a_capture() {
 #[test]
 #[ignore = "needs 1 GPU: run by the GPU bundle"]
 fn host_calls_work_while_another_thread_captures_in_global_mode() {
-    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
     multi_process("host_calls_work_while_another_thread_captures_in_global_mode", 1, |info, stream| {
         let (_rdzv, rt) = start(&info, &stream);
-        let ctx = stream.context().clone();
-        let (began, capturing) = std::sync::mpsc::channel();
-        let (finish, finished) = std::sync::mpsc::channel::<()>();
-        let capturer = std::thread::spawn(move || {
-            let side = ctx.new_stream().unwrap();
-            side.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL).unwrap();
-            began.send(side.capture_status().unwrap()).unwrap();
-            finished.recv().unwrap();
-            let status = side.capture_status();
-            (status, side.end_capture(CUgraphInstantiate_flags(0)).map(|graph| graph.is_some()))
-        });
-        let status = capturing.recv().unwrap();
-        assert_eq!(status, cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE);
         let me = rt.my_pe();
-        let buf = rt.alloc::<i32>(1024).unwrap();
-        let zeroed = rt.alloc_zeroed::<i32>(1024).unwrap();
-        rt.barrier_all().unwrap();
-        finish.send(()).unwrap();
-        // The other thread's capture is still whole, and ends with its graph.
-        let (status, ended) = capturer.join().unwrap();
-        assert_eq!(status.unwrap(), cudarc::driver::sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE);
-        ended.expect("the other thread's capture ends");
+        let (buf, zeroed) = under_another_threads_global_capture(
+            &stream,
+            || (),
+            |()| {
+                let buf = rt.alloc::<i32>(1024).unwrap();
+                let zeroed = rt.alloc_zeroed::<i32>(1024).unwrap();
+                rt.barrier_all().unwrap();
+                (buf, zeroed)
+            },
+        );
         // The buffers allocated meanwhile work.
         rt.put_on_stream(&buf, &zeroed, me, &stream).unwrap();
         rt.barrier_all_on_stream(&stream).unwrap();
@@ -1243,6 +1231,102 @@ fn host_calls_work_while_another_thread_captures_in_global_mode() {
         drop(module);
         still_works(&rt, &stream);
         rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
+/// Runs `step` on this thread while another thread of the process captures a stream of the same
+/// device in CUDA's global mode (PyTorch's default), then checks that the capture is still whole
+/// and ends with its graph. `before` makes what the step consumes, before the capture begins; the
+/// step's value is returned.
+fn under_another_threads_global_capture<S, R>(
+    stream: &Arc<CudaStream>,
+    before: impl FnOnce() -> S,
+    step: impl FnOnce(S) -> R,
+) -> R {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode, CUstreamCaptureStatus};
+    let made = before();
+    let ctx = stream.context().clone();
+    let (began, capturing) = std::sync::mpsc::channel();
+    let (finish, finished) = std::sync::mpsc::channel::<()>();
+    let capturer = std::thread::spawn(move || {
+        let side = ctx.new_stream().unwrap();
+        side.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL).unwrap();
+        began.send(side.capture_status().unwrap()).unwrap();
+        finished.recv().unwrap();
+        let status = side.capture_status();
+        (status, side.end_capture(CUgraphInstantiate_flags(0)).map(|graph| graph.is_some()))
+    });
+    assert_eq!(capturing.recv().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    let made = step(made);
+    finish.send(()).unwrap();
+    let (status, ended) = capturer.join().unwrap();
+    assert_eq!(status.unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_ACTIVE, "the capture was broken");
+    ended.expect("the other thread's capture ends");
+    made
+}
+
+/// Session 25: the host calls that session 23's global-capture test left out (a free, a
+/// registration and its release, a team's destroy, a module's unload, finalising), each in a
+/// process of its own, while another thread captures in CUDA's global mode. Each must work (or
+/// fail with an error), leave the capture whole, and never make NVSHMEM exit the process.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_free_works_while_another_thread_captures_in_global_mode() {
+    multi_process("a_free_works_while_another_thread_captures_in_global_mode", 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let step = |buf: nvshmem::Symmetric<'_, i32>| buf.free().map_err(|(_, e)| e).unwrap();
+        under_another_threads_global_capture(&stream, || rt.alloc::<i32>(1024).unwrap(), step);
+        still_works(&rt, &stream);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
+/// See [`a_free_works_while_another_thread_captures_in_global_mode`].
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn registering_works_while_another_thread_captures_in_global_mode() {
+    multi_process("registering_works_while_another_thread_captures_in_global_mode", 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let made = || stream.clone_htod(&vec![9i32; 1 << 16]).unwrap();
+        let registration =
+            under_another_threads_global_capture(&stream, made, |buf| rt.register(buf).map_err(|(_, e)| e).unwrap());
+        under_another_threads_global_capture(
+            &stream,
+            || registration,
+            |r| {
+                let buf = r.unregister().map_err(|(_, e)| e).unwrap();
+                assert_eq!(stream.clone_dtoh(&buf).unwrap(), vec![9; 1 << 16]);
+            },
+        );
+        still_works(&rt, &stream);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
+/// See [`a_free_works_while_another_thread_captures_in_global_mode`].
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_teams_destroy_and_a_modules_unload_work_while_another_thread_captures_in_global_mode() {
+    let test = "a_teams_destroy_and_a_modules_unload_work_while_another_thread_captures_in_global_mode";
+    multi_process(test, 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let made = || rt.world().unwrap().split_strided(0, 1, 1).unwrap().expect("this PE is in its own team");
+        under_another_threads_global_capture(&stream, made, |team| team.destroy().map_err(|(_, e)| e).unwrap());
+        let module = rt.load_module(RING).unwrap();
+        under_another_threads_global_capture(&stream, || module, drop);
+        still_works(&rt, &stream);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
+/// See [`a_free_works_while_another_thread_captures_in_global_mode`].
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn finalizing_works_while_another_thread_captures_in_global_mode() {
+    multi_process("finalizing_works_while_another_thread_captures_in_global_mode", 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        still_works(&rt, &stream);
+        under_another_threads_global_capture(&stream, || rt, |rt| rt.finalize().map_err(|(_, e)| e).unwrap());
     });
 }
 
