@@ -113,6 +113,26 @@ pub(crate) enum Kind {
     Recv(c_int),
 }
 
+impl Kind {
+    /// Whether the send and the receive buffer hold one block of the call's count per rank.
+    #[inline(always)]
+    fn per_rank(self) -> [bool; 2] {
+        match self {
+            Kind::AllGather => [false, true],
+            #[cfg(nccl_2_28)]
+            Kind::Gather(_) => [false, true],
+            Kind::ReduceScatter(_) => [true, false],
+            #[cfg(nccl_2_28)]
+            Kind::Scatter(_) => [true, false],
+            #[cfg(nccl_2_28)]
+            Kind::AlltoAll => [true, true],
+            Kind::AllReduce(_) | Kind::Broadcast(_) | Kind::Reduce(..) | Kind::Send(_) | Kind::Recv(_) => {
+                [false, false]
+            }
+        }
+    }
+}
+
 /// One NCCL call, every argument checked: what [`Call::issue`] passes to NCCL. Copyable, so a
 /// group can record it and issue it later; the buffers it points to are kept borrowed (and their
 /// stream guards kept) by whoever holds it until the call has been settled.
@@ -125,7 +145,9 @@ pub(crate) struct Call {
     count: usize,
     dtype: ncclDataType_t,
     /// Bytes per element.
-    elem: usize,
+    elem: u32,
+    /// Whether the send and the receive buffer hold a block of `count` elements per rank.
+    per_rank: [bool; 2],
     comm: ncclComm_t,
     stream: cudaStream_t,
 }
@@ -161,7 +183,8 @@ impl Call {
             recv: 0,
             count,
             dtype: T::DATA_TYPE.raw(),
-            elem: size_of::<T>(),
+            elem: size_of::<T>() as u32,
+            per_rank: kind.per_rank(),
             comm: comm.live_raw()?,
             stream: stream.cu_stream() as cudaStream_t,
         })
@@ -177,15 +200,12 @@ impl Call {
     /// buffer) on a communicator of `ranks` ranks; empty for a buffer it does not take (address 0).
     /// A rooted call's buffers count on every rank, as its checks sized them.
     pub(crate) fn spans(&self, ranks: usize) -> [(CUdeviceptr, usize); 2] {
-        let (send_blocks, recv_blocks) = match self.name {
-            "ncclAllGather" | "ncclGather" => (1, ranks),
-            "ncclReduceScatter" | "ncclScatter" => (ranks, 1),
-            "ncclAlltoAll" => (ranks, ranks),
-            _ => (1, 1),
-        };
         // The buffers exist with these sizes (the calls checked them), so no product overflows.
-        let side = |addr, blocks: usize| (addr, if addr == 0 { 0 } else { self.count * self.elem * blocks });
-        [side(self.send, send_blocks), side(self.recv, recv_blocks)]
+        let side = |addr, per_rank: bool| {
+            let blocks = if per_rank { ranks } else { 1 };
+            (addr, if addr == 0 { 0 } else { self.count * self.elem as usize * blocks })
+        };
+        [side(self.send, self.per_rank[0]), side(self.recv, self.per_rank[1])]
     }
 
     /// The C function's name, for errors and [`Comm::settle`].
