@@ -74,6 +74,18 @@ per_call() {
     echo $(((many[0] - none[0]) / calls)) "$(awk -v d=$((many[1] - none[1])) -v n="$calls" 'BEGIN { printf "%.2f", d / n }')"
 }
 
+# Every path must run whole against the stand-ins: one that fails (a function the crates call that
+# a stand-in lacks) would count as 0 instructions.
+for scope in $scopes; do
+    for path in $(paths_of "$scope"); do
+        if ! "$bin" "$path" 16 >/dev/null 2>"$standins/check.err" || grep -q 'not implemented' "$standins/check.err"; then
+            echo "host-instructions: path '$path' does not run against the stand-ins:" >&2
+            cat "$standins/check.err" >&2
+            exit 1
+        fi
+    done
+done
+
 echo "host instructions per 256-byte all_reduce (put: per 64-byte put), $calls calls per path, CPU stand-ins (tools/cpu-standins),"
 echo "and the driver calls the safe call makes per call beyond the raw one's"
 printf '  %-8s %8s %8s %9s %13s\n' scope raw safe overhead "driver calls"

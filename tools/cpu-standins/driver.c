@@ -43,6 +43,8 @@ CUresult cuStreamCreateWithPriority(struct stream **s, unsigned f, int p) { (voi
 CUresult cuStreamDestroy(struct stream *s) { free(s); return 0; }
 CUresult cuStreamDestroy_v2(struct stream *s) { free(s); return 0; }
 CUresult cuStreamSynchronize(struct stream *s) { (void)s; return 0; }
+/* The NVSHMEM heap agreement's flush of remote writes: nothing to flush on the host. */
+CUresult cuFlushGPUDirectRDMAWrites(int target, int scope) { (void)target; (void)scope; return 0; }
 CUresult cuStreamQuery(struct stream *s) { (void)s; return 0; }
 static int live(struct stream *s) { return (uintptr_t)s > 16; }
 CUresult cuStreamIsCapturing(struct stream *s, int *st) { *st = live(s) ? s->capturing : 0; return 0; }

@@ -3,7 +3,8 @@
    (pe 0 of 1; no bootstrap plugin is loaded, nothing listens); the symmetric heap is host memory
    (malloc), so PE 0's copy is the address itself (nvshmem_ptr); nvshmemx_putmem_on_stream copies
    at once, on the host; barriers and finalize do nothing. Only the functions that starting, a
-   symmetric allocation and free, a put and finalizing call through the nvshmem crate are here; the
+   symmetric allocation and free (with the PEs' agreement on them), a put and finalizing call through
+   the nvshmem crate are here; the
    crate reports any other as missing. Built with -DEVICT, each put first evicts the caller's caches
    (evict.h). */
 #include <stdlib.h>
@@ -27,4 +28,6 @@ void *nvshmem_malloc(size_t bytes) { return bytes ? malloc(bytes) : NULL; }
 void nvshmem_free(void *p) { free(p); }
 void *nvshmem_ptr(const void *p, int pe) { return pe == 0 ? (void *)p : NULL; }
 void nvshmemx_putmem_on_stream(void *dst, const void *src, size_t bytes, int pe, void *stream) { (void)pe; (void)stream; evict(); memcpy(dst, src, bytes); }
+/* The heap agreement's puts (nvshmem::agree): the words, then the signal word, at once. */
+void nvshmemx_putmem_signal_on_stream(void *dst, const void *src, size_t bytes, unsigned long long *sig, unsigned long long value, int op, int pe, void *stream) { (void)op; (void)pe; (void)stream; memcpy(dst, src, bytes); *sig = value; }
 void nvshmemx_barrier_all_on_stream(void *stream) { (void)stream; }
