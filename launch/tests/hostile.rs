@@ -782,7 +782,7 @@ fn replayed_claim(mode: StoreMode) {
     let rank1 = spawn(rank(1, port_a), opts(), |mut rv| rv.broadcast(|| Err("unused".into())));
     assert_eq!(rank1.join().unwrap().unwrap(), b"id of run A");
     let replayed = store_client(port_a).get(&claim).unwrap();
-    assert!(replayed.starts_with(b"gpcm1C"), "rank 1's claim in run A");
+    assert!(replayed.starts_with(b"gpcm2C"), "rank 1's claim in run A");
     read.send(()).unwrap();
     assert_eq!(rank0.join().unwrap().unwrap(), b"id of run A");
     drop(store_a);
@@ -1008,4 +1008,24 @@ fn two_rank_0s_on_a_store_that_outlives_runs_fail_at_once_as_a_duplicate() {
         assert!(!error.contains("kept from an earlier run"), "{errors:#?}");
     }
     assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+}
+
+#[test]
+fn a_claim_of_another_builds_format_is_named_as_such() {
+    // A rank of another build of this crate (its claims in the format before session 24, magic
+    // `gpcm1`) holds rank 1: this build cannot read its claim, and says that the builds differ
+    // rather than that something other than gpucomm wrote it.
+    let port = free_port();
+    let token = "another-build";
+    let rank0 = spawn(info(0, 2, port, token), options(10.0), |mut rv| rv.broadcast(make_id));
+    let mut older = store_client(port);
+    let mut claim = forged_claim(1, 2, "older-build", "10.0.0.9:4000");
+    claim[..5].copy_from_slice(b"gpcm1");
+    older.set(&format!("{}/rank/1", prefix(token, 0)), &claim).unwrap();
+    let rank1 = Rendezvous::connect(&info(1, 2, port, token), &options(10.0)).unwrap_err().to_string();
+    let named = "a claim in another version's format (gpcm1, where this build writes gpcm2): every rank of a job must \
+                 run the same build of gpucomm-launch";
+    assert!(rank1.contains(named), "{rank1}");
+    let rank0 = rank0.join().unwrap().unwrap_err().to_string();
+    assert!(rank0.contains("rank 1"), "{rank0}");
 }

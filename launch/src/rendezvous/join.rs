@@ -31,7 +31,7 @@ use std::time::Duration;
 
 use super::plan::Mode;
 use super::process;
-use super::record::{verified, Claim, Claimant};
+use super::record::{other_version, verified, Claim, Claimant};
 use super::seal::TAG_LEN;
 use super::session::{Session, Waited};
 use super::RendezvousError;
@@ -239,7 +239,13 @@ fn describe(s: &Session, label: &str, value: &[u8]) -> String {
             Some(false) => format!("{} (without a valid MAC of this job's key)", claim.who),
             _ => claim.who.to_string(),
         },
-        None => format!("an unreadable claim of {} bytes (not a gpucomm process)", value.len()),
+        None => match other_version(value) {
+            Some((theirs, ours)) => format!(
+                "a claim in another version's format ({theirs}, where this build writes {ours}): every rank of a job \
+                 must run the same build of gpucomm-launch"
+            ),
+            None => format!("an unreadable claim of {} bytes (not a gpucomm process)", value.len()),
+        },
     }
 }
 

@@ -1,7 +1,8 @@
 //! The records the ranks leave in the store: claims of ranks, the store's owner, and the values
 //! of broadcasts and releases, each with a MAC or sealed when the job has a key.
 //!
-//! A record is a magic (`gpcm1`), a kind byte, fields (u8, u32 and u64 little-endian; strings as
+//! A record is a magic (`gpcm2`; `gpcm1` before claims named their holder's process, session 24),
+//! a kind byte, fields (u8, u32 and u64 little-endian; strings as
 //! a u16 length and bytes), then a MAC flag (0 or 1) and, with 1, the 32-byte MAC of everything
 //! before the flag under the record's label (its store key). Decoding is total: any bytes give a
 //! record or `None`.
@@ -11,7 +12,9 @@ use std::fmt;
 use super::process::Identity;
 use super::seal::{Seal, TAG_LEN};
 
-const MAGIC: &[u8; 5] = b"gpcm1";
+const MAGIC: &[u8; 5] = b"gpcm2";
+/// What every version's magic begins with; a digit follows.
+const FAMILY: &[u8; 4] = b"gpcm";
 const CLAIM: u8 = b'C';
 const OWNER: u8 = b'O';
 /// Strings longer than this are cut when written (a host name is at most 255 bytes).
@@ -101,6 +104,16 @@ pub(super) struct Owner {
     /// Which rendezvous of rank 0's process this store serves (0 for an external store).
     pub(super) instance: u64,
     pub(super) tag: Option<[u8; TAG_LEN]>,
+}
+
+/// The magic of a record in another version of this format (written by another build of this
+/// crate), and this build's, for messages: `None` for this version's records and for bytes that
+/// are no record of any version.
+pub(super) fn other_version(value: &[u8]) -> Option<(String, String)> {
+    let magic = value.get(..MAGIC.len())?;
+    let versioned = magic.starts_with(FAMILY) && magic[FAMILY.len()].is_ascii_digit();
+    let text = |m: &[u8]| String::from_utf8_lossy(m).into_owned();
+    (versioned && magic != MAGIC).then(|| (text(magic), text(MAGIC)))
 }
 
 /// Writes fields.
@@ -273,6 +286,19 @@ mod tests {
     use crate::rendezvous::options::JobKey;
     use crate::store::codec::tests::Rng;
 
+    #[test]
+    fn a_record_of_another_version_is_told_from_bytes_of_no_record() {
+        let ours = claim().encode(None, "l");
+        assert_eq!(other_version(&ours), None);
+        let mut older = ours.clone();
+        older[..5].copy_from_slice(b"gpcm1");
+        assert!(Claim::decode(&older).is_none());
+        assert_eq!(other_version(&older), Some(("gpcm1".into(), "gpcm2".into())));
+        for stranger in [&b"gpcmX C"[..], b"gpcm", b"", b"hello world"] {
+            assert_eq!(other_version(stranger), None, "{stranger:?}");
+        }
+    }
+
     fn claim() -> Claim {
         Claim {
             rank: 3,
@@ -370,7 +396,7 @@ mod tests {
                 b.truncate(rng.below(b.len() + 1));
                 b
             } else {
-                let mut b = b"gpcm1".to_vec();
+                let mut b = MAGIC.to_vec();
                 b.push(if rng.below(2) == 0 { b'C' } else { b'O' });
                 let n = rng.below(80);
                 b.extend(rng.bytes(n));

@@ -108,7 +108,7 @@ pub fn prefix(token: &str, instance: u64) -> String {
 /// A claim record without a MAC, in the documented layout (what a process without the key can
 /// write).
 pub fn forged_claim(rank: u32, world_size: u32, host: &str, addr: &str) -> Vec<u8> {
-    let mut bytes = b"gpcm1C".to_vec();
+    let mut bytes = b"gpcm2C".to_vec();
     for v in [rank, world_size, 999] {
         bytes.extend_from_slice(&v.to_le_bytes());
     }
