@@ -1265,18 +1265,24 @@ fn under_another_threads_global_capture<S, R>(
     made
 }
 
-/// What a teardown or registration made during another thread's global capture did: `Ok` with
-/// its value, or refused with its error and what it hands back, to be tried again after the capture.
-/// Prints which, for the GPU log (what CUDA lets through depends on the driver).
-fn outcome<T, B, E: std::fmt::Debug>(what: &str, r: Result<T, (B, E)>) -> Result<T, B> {
+/// What a teardown or registration made during another thread's global capture did.
+enum Outcome<T, B> {
+    /// It worked, with this value.
+    Worked(T),
+    /// It was refused and handed this back, to be tried again after the capture.
+    HandedBack(B),
+}
+
+/// The [`Outcome`] of `r`, printed for the GPU log (what CUDA lets through depends on the driver).
+fn outcome<T, B, E: std::fmt::Debug>(what: &str, r: Result<T, (B, E)>) -> Outcome<T, B> {
     match r {
         Ok(v) => {
             println!("during the other thread's global capture: {what} worked");
-            Ok(v)
+            Outcome::Worked(v)
         }
         Err((back, e)) => {
             println!("during the other thread's global capture: {what} was refused ({e:?}); tried again after it");
-            Err(back)
+            Outcome::HandedBack(back)
         }
     }
 }
@@ -1293,7 +1299,9 @@ fn a_free_during_another_threads_global_capture_works_or_hands_the_buffer_back()
     multi_process("a_free_during_another_threads_global_capture_works_or_hands_the_buffer_back", 1, |info, stream| {
         let (_rdzv, rt) = start(&info, &stream);
         let made = || rt.alloc::<i32>(1024).unwrap();
-        if let Err(buf) = under_another_threads_global_capture(&stream, made, |buf| outcome("a free", buf.free())) {
+        if let Outcome::HandedBack(buf) =
+            under_another_threads_global_capture(&stream, made, |buf| outcome("a free", buf.free()))
+        {
             buf.free().map_err(|(_, e)| e).unwrap();
         }
         still_works(&rt, &stream);
@@ -1309,15 +1317,20 @@ fn registering_during_another_threads_global_capture_works_or_hands_the_buffer_b
     multi_process(test, 1, |info, stream| {
         let (_rdzv, rt) = start(&info, &stream);
         let made = || stream.clone_htod(&vec![9i32; 1 << 16]).unwrap();
-        let registered =
-            under_another_threads_global_capture(&stream, made, |buf| outcome("a registration", rt.register(buf)));
-        let registration = registered.unwrap_or_else(|buf| rt.register(buf).map_err(|(_, e)| e).unwrap());
-        let released = under_another_threads_global_capture(
+        let registration = match under_another_threads_global_capture(&stream, made, |buf| {
+            outcome("a registration", rt.register(buf))
+        }) {
+            Outcome::Worked(registration) => registration,
+            Outcome::HandedBack(buf) => rt.register(buf).map_err(|(_, e)| e).unwrap(),
+        };
+        let buf = match under_another_threads_global_capture(
             &stream,
             || registration,
             |r| outcome("an unregistration", r.unregister()),
-        );
-        let buf = released.unwrap_or_else(|r| r.unregister().map_err(|(_, e)| e).unwrap());
+        ) {
+            Outcome::Worked(buf) => buf,
+            Outcome::HandedBack(r) => r.unregister().map_err(|(_, e)| e).unwrap(),
+        };
         assert_eq!(stream.clone_dtoh(&buf).unwrap(), vec![9; 1 << 16]);
         still_works(&rt, &stream);
         rt.finalize().map_err(|(_, e)| e).unwrap();
@@ -1333,7 +1346,7 @@ fn a_teams_destroy_and_a_modules_drop_during_another_threads_global_capture_lose
     multi_process(test, 1, |info, stream| {
         let (_rdzv, rt) = start(&info, &stream);
         let made = || rt.world().unwrap().split_strided(0, 1, 1).unwrap().expect("this PE is in its own team");
-        if let Err(team) =
+        if let Outcome::HandedBack(team) =
             under_another_threads_global_capture(&stream, made, |team| outcome("a team's destroy", team.destroy()))
         {
             team.destroy().map_err(|(_, e)| e).unwrap();
@@ -1354,7 +1367,7 @@ fn finalizing_during_another_threads_global_capture_works_or_hands_the_runtime_b
         let (_rdzv, rt) = start(&info, &stream);
         still_works(&rt, &stream);
         let finalized = under_another_threads_global_capture(&stream, || rt, |rt| outcome("finalising", rt.finalize()));
-        if let Err(rt) = finalized {
+        if let Outcome::HandedBack(rt) = finalized {
             still_works(&rt, &stream);
             rt.finalize().map_err(|(_, e)| e).unwrap();
         }
