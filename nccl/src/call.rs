@@ -133,6 +133,26 @@ impl Kind {
     }
 }
 
+/// The ranges `(address, bytes)` of a call's send and receive buffers `(send, recv)`, of one
+/// `block` of bytes each, or one per rank of `ranks` where `per_rank` says so; empty for a buffer
+/// the call does not take (address 0), and for the buffer of one block per rank of a rooted call
+/// off its root (`off_root`): NCCL's gather uses the receive buffer, and its scatter the send
+/// buffer, on the root only.
+fn sides(
+    (send, recv): (CUdeviceptr, CUdeviceptr),
+    block: usize,
+    ranks: usize,
+    per_rank: [bool; 2],
+    off_root: bool,
+) -> [(CUdeviceptr, usize); 2] {
+    let side = |addr: CUdeviceptr, per_rank: bool| match (addr, per_rank, off_root) {
+        (0, ..) | (_, true, true) => (addr, 0),
+        (_, true, false) => (addr, block * ranks),
+        (_, false, _) => (addr, block),
+    };
+    [side(send, per_rank[0]), side(recv, per_rank[1])]
+}
+
 /// One NCCL call, every argument checked: what [`Call::issue`] passes to NCCL. Copyable, so a
 /// group can record it and issue it later; the buffers it points to are kept borrowed (and their
 /// stream guards kept) by whoever holds it until the call has been settled.
@@ -197,15 +217,12 @@ impl Call {
     }
 
     /// The ranges `(address, bytes)` the call reads (its send buffer) and writes (its receive
-    /// buffer) on a communicator of `ranks` ranks; empty for a buffer it does not take (address 0).
-    /// A rooted call's buffers count on every rank, as its checks sized them.
-    pub(crate) fn spans(&self, ranks: usize) -> [(CUdeviceptr, usize); 2] {
+    /// buffer) on rank `rank` of a communicator of `ranks` ranks ([`sides`]).
+    pub(crate) fn spans(&self, rank: usize, ranks: usize) -> [(CUdeviceptr, usize); 2] {
+        let off_root = matches!(self.entry, Entry::Rooted(_, root) if root as usize != rank);
         // The buffers exist with these sizes (the calls checked them), so no product overflows.
-        let side = |addr, per_rank: bool| {
-            let blocks = if per_rank { ranks } else { 1 };
-            (addr, if addr == 0 { 0 } else { self.count * self.elem as usize * blocks })
-        };
-        [side(self.send, self.per_rank[0]), side(self.recv, self.per_rank[1])]
+        let block = self.count * self.elem as usize;
+        sides((self.send, self.recv), block, ranks, self.per_rank, off_root)
     }
 
     /// The C function's name, for errors and [`Comm::settle`].
@@ -266,5 +283,22 @@ impl Call {
                 Entry::Recv(f, peer) => f(recv, n, t, peer, c, s),
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::sides;
+
+    #[test]
+    fn a_rooted_calls_buffer_of_a_block_per_rank_counts_on_the_root_only() {
+        // Blocks of 16 bytes, 4 ranks: a gather's receive buffer, a scatter's send buffer.
+        assert_eq!(sides((100, 200), 16, 4, [false, true], false), [(100, 16), (200, 64)], "gather on the root");
+        assert_eq!(sides((100, 200), 16, 4, [false, true], true), [(100, 16), (200, 0)], "gather off the root");
+        assert_eq!(sides((100, 200), 16, 4, [true, false], true), [(100, 0), (200, 16)], "scatter off the root");
+        assert_eq!(sides((100, 200), 16, 4, [true, true], false), [(100, 64), (200, 64)], "all-to-all");
+        // A broadcast off the root reads nothing, but its send address is its receive buffer's.
+        assert_eq!(sides((200, 200), 16, 4, [false, false], true), [(200, 16), (200, 16)], "broadcast off the root");
+        assert_eq!(sides((100, 0), 16, 4, [false, false], true), [(100, 16), (0, 0)], "a reduce off the root");
     }
 }

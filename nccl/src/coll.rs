@@ -125,11 +125,17 @@ fn in_place_form(
     let (rule, holds) = match kind {
         Kind::AllReduce(_) | Kind::Broadcast(_) | Kind::Reduce(..) => ("sendbuff == recvbuff", s == r),
         Kind::AllGather => ("sendbuff == recvbuff + rank × sendcount", Some(s) == at(r, send_bytes)),
+        // Off the root NCCL uses neither a gather's receive buffer nor a scatter's send buffer
+        // (its rules name the root, which is this rank on the root).
         #[cfg(nccl_2_28)]
-        Kind::Gather(_) => ("sendbuff == recvbuff + rank × sendcount", Some(s) == at(r, send_bytes)),
+        Kind::Gather(root) => {
+            ("sendbuff == recvbuff + root × sendcount", root as usize != rank || Some(s) == at(r, send_bytes))
+        }
         Kind::ReduceScatter(_) => ("recvbuff == sendbuff + rank × recvcount", Some(r) == at(s, recv_bytes)),
         #[cfg(nccl_2_28)]
-        Kind::Scatter(_) => ("recvbuff == sendbuff + rank × recvcount", Some(r) == at(s, recv_bytes)),
+        Kind::Scatter(root) => {
+            ("recvbuff == sendbuff + root × recvcount", root as usize != rank || Some(r) == at(s, recv_bytes))
+        }
         #[cfg(nccl_2_28)]
         Kind::AlltoAll => ("none", false),
         Kind::Send(_) | Kind::Recv(_) => ("none", false),
@@ -557,6 +563,19 @@ mod tests {
         let rs = |s, r| rule(apart::<f32>("ncclReduceScatter", Kind::ReduceScatter(sum), 1, (s, 8), (r, 4)));
         assert_eq!(rs(1000, 1016), None, "own block of the send buffer");
         assert_eq!(rs(1000, 1008), Some("recvbuff == sendbuff + rank × recvcount"));
+        #[cfg(nccl_2_28)]
+        {
+            // Rank 1 of 2: off the root a gather does not use its receive buffer, nor a scatter
+            // its send buffer; on the root the rule names the root's block.
+            let gather = |root, s, r| rule(apart::<f32>("ncclGather", Kind::Gather(root), 1, (s, 4), (r, 8)));
+            assert_eq!(gather(0, 1000, 1000), None, "off the root");
+            assert_eq!(gather(1, 1016, 1000), None, "the root's own block");
+            assert_eq!(gather(1, 1000, 1000), Some("sendbuff == recvbuff + root × sendcount"));
+            let scatter = |root, s, r| rule(apart::<f32>("ncclScatter", Kind::Scatter(root), 1, (s, 8), (r, 4)));
+            assert_eq!(scatter(0, 1000, 1004), None, "off the root");
+            assert_eq!(scatter(1, 1000, 1016), None, "the root's own block");
+            assert_eq!(scatter(1, 1000, 1004), Some("recvbuff == sendbuff + root × recvcount"));
+        }
         let p2p = rule(apart::<f32>("ncclSend", Kind::Send(0), 1, (1000, 4), (1000, 4)));
         assert_eq!(p2p, Some("none"));
         // An offset past the address space is no in-place form.

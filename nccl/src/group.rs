@@ -12,7 +12,9 @@
 //! Every buffer given to a [`Member`] stays borrowed until [`group`] returns, so no buffer can be
 //! moved, freed or written before the kernels that use it are enqueued. The calls of a group run
 //! together: a group in which one call writes bytes another reads or writes (views of one buffer
-//! taken through `&self` can name the same memory) launches nothing, [`Error::GroupOverlap`]. Direct calls on a thread
+//! taken through `&self` can name the same memory) launches nothing, [`Error::GroupOverlap`]. An
+//! in-place call's buffer counts as written whole, and a gather's receive buffer (a scatter's
+//! send buffer) on its root only. Direct calls on a thread
 //! that has a group open are refused ([`Error::InsideGroup`]) and count as refused calls of the
 //! group, and groups do not nest. A finalize refused inside a group hands its communicator back
 //! and does not count: the group's value, which carries the communicator out, is not dropped.
@@ -214,7 +216,7 @@ impl<'a> Group<'a> {
         let mut guards = [const { Guard::NONE }; N];
         let buffers = take(&accesses[i], &mut guards)?;
         call.set_buffers(buffers);
-        let [read, write] = call.spans(comm.size());
+        let [read, write] = call.spans(comm.rank(), comm.size());
         let index = recorded.calls.len();
         overlap::add(&mut recorded.spans, index, read, write);
         recorded.calls.push(call);
