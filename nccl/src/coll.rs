@@ -8,7 +8,7 @@
 //! builds a [`Call`], and hands it to its target, which takes the buffers' pointers through
 //! [`gpucomm_ordering::Access`] and issues or records it.
 
-use gpucomm_ordering::range::{self, Meeting};
+use gpucomm_ordering::range;
 use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut, Guard};
 
 use crate::call::{Call, Kind};
@@ -105,9 +105,10 @@ fn apart<T>(
     (r, recv_len): (u64, usize),
 ) -> Result<()> {
     let (send_bytes, recv_bytes) = (send_len * size_of::<T>(), recv_len * size_of::<T>());
-    match range::meet((s, send_bytes), (r, recv_bytes)) {
-        Meeting::Apart => Ok(()),
-        Meeting::Same | Meeting::Partly => in_place_form(call, kind, rank, (s, send_bytes), (r, recv_bytes)),
+    if range::share_a_byte((s, send_bytes), (r, recv_bytes)) {
+        in_place_form(call, kind, rank, (s, send_bytes), (r, recv_bytes))
+    } else {
+        Ok(())
     }
 }
 

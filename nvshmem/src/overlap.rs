@@ -44,7 +44,7 @@ impl Span {
 
 /// `Ok` when the ranges share no byte.
 pub(crate) fn disjoint(a: Span, b: Span) -> Result<()> {
-    if a.meet(&b) != Meeting::Apart {
+    if range::share_a_byte((a.addr, a.bytes), (b.addr, b.bytes)) {
         Err(Error::Overlap { first: a.what, second: b.what, needed: "disjoint" })
     } else {
         Ok(())

@@ -18,11 +18,18 @@ pub enum Meeting {
     Partly,
 }
 
+/// True when the ranges `(address, bytes)` `a` and `b` share a byte (they do not meet
+/// [`Apart`](Meeting::Apart)). Ends past the address space saturate.
+#[inline]
+pub fn share_a_byte(a: (CUdeviceptr, usize), b: (CUdeviceptr, usize)) -> bool {
+    let end = |(addr, bytes): (CUdeviceptr, usize)| addr.saturating_add(bytes as CUdeviceptr);
+    a.1 != 0 && b.1 != 0 && a.0 < end(b) && b.0 < end(a)
+}
+
 /// How the ranges `(address, bytes)` `a` and `b` meet. Ends past the address space saturate.
 #[inline]
 pub fn meet(a: (CUdeviceptr, usize), b: (CUdeviceptr, usize)) -> Meeting {
-    let end = |(addr, bytes): (CUdeviceptr, usize)| addr.saturating_add(bytes as CUdeviceptr);
-    if a.1 == 0 || b.1 == 0 || a.0 >= end(b) || b.0 >= end(a) {
+    if !share_a_byte(a, b) {
         Meeting::Apart
     } else if a == b {
         Meeting::Same
@@ -55,7 +62,7 @@ pub fn resolve(range: impl RangeBounds<usize>, len: usize) -> Result<(usize, usi
 
 #[cfg(test)]
 mod tests {
-    use super::{meet, resolve, Meeting};
+    use super::{meet, resolve, share_a_byte, Meeting};
 
     #[test]
     fn ranges_meet_apart_the_same_or_partly() {
@@ -69,6 +76,7 @@ mod tests {
         assert_eq!(meet((8, 16), (0, 16)), Meeting::Partly, "other order");
         assert_eq!(meet((0, 64), (16, 8)), Meeting::Partly, "inside");
         assert_eq!(meet((u64::MAX - 4, 16), (u64::MAX - 1, 1)), Meeting::Partly, "saturated end");
+        assert!(share_a_byte((0, 16), (15, 1)) && !share_a_byte((0, 16), (16, 1)) && !share_a_byte((0, 0), (0, 0)));
     }
 
     #[test]
