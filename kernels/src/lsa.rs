@@ -702,8 +702,9 @@ impl<'c> LsaKernels<'c> {
         let (_, _window) = access.read(&self.window)?;
         // SAFETY: `src` and `dst` address `count` elements of T on the communicator's device (the
         // buffers' `DeviceMemory` promise; lengths and devices checked), the same range or apart
-        // (checked just above), borrowed (their guards alive) until the launches are enqueued; the buffers and the window were ordered on the
-        // stream, or recorded for the capture scope's graph, by `access`; the communicator is live.
+        // (checked just above), borrowed (their guards alive) until the launches are enqueued;
+        // the buffers and the window were ordered on the stream, or recorded for the capture
+        // scope's graph, by `access`; the communicator is live.
         unsafe { self.launch::<T>(kernel, function, access.stream(), src, dst, count) }
     }
 

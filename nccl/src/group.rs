@@ -14,9 +14,8 @@
 //! together: a group in which one call writes bytes another reads or writes (views of one buffer
 //! taken through `&self` can name the same memory) launches nothing, [`Error::GroupOverlap`]. An
 //! in-place call's buffer counts as written whole, and a gather's receive buffer (a scatter's
-//! send buffer) on its root only. Direct calls on a thread
-//! that has a group open are refused ([`Error::InsideGroup`]) and count as refused calls of the
-//! group, and groups do not nest. A finalize refused inside a group hands its communicator back
+//! send buffer) on its root only. Direct calls on a thread that has a group open are refused
+//! ([`Error::InsideGroup`]) and count as refused calls of the group, and groups do not nest. A finalize refused inside a group hands its communicator back
 //! and does not count: the group's value, which carries the communicator out, is not dropped.
 //!
 //! A call records its communicator's handle; the closure can still abort that communicator after
