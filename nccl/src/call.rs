@@ -114,43 +114,96 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    /// Whether the send and the receive buffer hold one block of the call's count per rank.
+    /// The layout of the call's two buffers, as NCCL's header describes it: the one table both
+    /// overlap checks (a call's own, [`Shape::in_place_rule`], and a group's, [`Shape::sides`])
+    /// derive from.
     #[inline(always)]
-    fn per_rank(self) -> [bool; 2] {
+    pub(crate) fn shape(self) -> Shape {
+        let shape = |per_rank, root, in_place| Shape { per_rank, root, in_place };
         match self {
-            Kind::AllGather => [false, true],
+            Kind::AllReduce(_) => shape([false, false], None, true),
+            Kind::Broadcast(root) | Kind::Reduce(_, root) => shape([false, false], Some(root), true),
+            Kind::AllGather => shape([false, true], None, true),
+            Kind::ReduceScatter(_) => shape([true, false], None, true),
             #[cfg(nccl_2_28)]
-            Kind::Gather(_) => [false, true],
-            Kind::ReduceScatter(_) => [true, false],
+            Kind::Gather(root) => shape([false, true], Some(root), true),
             #[cfg(nccl_2_28)]
-            Kind::Scatter(_) => [true, false],
+            Kind::Scatter(root) => shape([true, false], Some(root), true),
             #[cfg(nccl_2_28)]
-            Kind::AlltoAll => [true, true],
-            Kind::AllReduce(_) | Kind::Broadcast(_) | Kind::Reduce(..) | Kind::Send(_) | Kind::Recv(_) => {
-                [false, false]
-            }
+            Kind::AlltoAll => shape([true, true], None, false),
+            Kind::Send(_) | Kind::Recv(_) => shape([false, false], None, false),
         }
     }
 }
 
-/// The ranges `(address, bytes)` of a call's send and receive buffers `(send, recv)`, of one
-/// `block` of bytes each, or one per rank of `ranks` where `per_rank` says so; empty for a buffer
-/// the call does not take (address 0), and for the buffer of one block per rank of a rooted call
-/// off its root (`off_root`): NCCL's gather uses the receive buffer, and its scatter the send
-/// buffer, on the root only.
-fn sides(
-    (send, recv): (CUdeviceptr, CUdeviceptr),
-    block: usize,
-    ranks: usize,
+/// How a call's send and receive buffers are laid out ([`Kind::shape`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shape {
+    /// Whether the send and the receive buffer hold one block of the call's count per rank (the
+    /// other holds one block).
     per_rank: [bool; 2],
-    off_root: bool,
-) -> [(CUdeviceptr, usize); 2] {
-    let side = |addr: CUdeviceptr, per_rank: bool| match (addr, per_rank, off_root) {
-        (0, ..) | (_, true, true) => (addr, 0),
-        (_, true, false) => (addr, block * ranks),
-        (_, false, _) => (addr, block),
-    };
-    [side(send, per_rank[0]), side(recv, per_rank[1])]
+    /// The root of a rooted call. Off it, NCCL uses neither a gather's receive buffer nor a
+    /// scatter's send buffer: the buffer of one block per rank.
+    root: Option<c_int>,
+    /// Whether NCCL has an in-place form of the call (the buffers may then meet in one way).
+    in_place: bool,
+}
+
+impl Shape {
+    /// Whether `rank` is not the root of a rooted call.
+    #[inline]
+    fn off_root(self, rank: usize) -> bool {
+        self.root.is_some_and(|root| root as usize != rank)
+    }
+
+    /// The ranges `(address, bytes)` of a call's send and receive buffers `(send, recv)` on rank
+    /// `rank` of `ranks`: one `block` of bytes each, or one per rank where `per_rank` says so;
+    /// empty for a buffer the call does not take (address 0), and for the buffer of one block per
+    /// rank of a rooted call off its root.
+    #[inline]
+    pub(crate) fn sides(
+        self,
+        (send, recv): (CUdeviceptr, CUdeviceptr),
+        block: usize,
+        rank: usize,
+        ranks: usize,
+    ) -> [(CUdeviceptr, usize); 2] {
+        let off_root = self.off_root(rank);
+        let side = |addr: CUdeviceptr, per_rank: bool| match (addr, per_rank, off_root) {
+            (0, ..) | (_, true, true) => (addr, 0),
+            (_, true, false) => (addr, block * ranks),
+            (_, false, _) => (addr, block),
+        };
+        [side(send, self.per_rank[0]), side(recv, self.per_rank[1])]
+    }
+
+    /// NCCL's in-place rule for the call on `rank`, as its header words it, and whether send and
+    /// receive ranges `(address, bytes)` that share bytes follow it: the same address where both
+    /// buffers hold one block; where one holds a block per rank, the other at this rank's block
+    /// of it (the root's, for a rooted call: off the root, NCCL does not use that buffer, so any
+    /// overlap is its in-place form); never for a call without one.
+    #[cold]
+    pub(crate) fn in_place_rule(
+        self,
+        rank: usize,
+        (s, send_bytes): (u64, usize),
+        (r, recv_bytes): (u64, usize),
+    ) -> (&'static str, bool) {
+        let at = |base: u64, block: usize| rank.checked_mul(block).and_then(|o| base.checked_add(o as u64));
+        let off_root = self.off_root(rank);
+        match (self.in_place, self.per_rank, self.root.is_some()) {
+            (false, ..) | (_, [true, true], _) => ("none", false),
+            (true, [false, false], _) => ("sendbuff == recvbuff", s == r),
+            (true, [false, true], false) => ("sendbuff == recvbuff + rank × sendcount", Some(s) == at(r, send_bytes)),
+            (true, [false, true], true) => {
+                ("sendbuff == recvbuff + root × sendcount", off_root || Some(s) == at(r, send_bytes))
+            }
+            (true, [true, false], false) => ("recvbuff == sendbuff + rank × recvcount", Some(r) == at(s, recv_bytes)),
+            (true, [true, false], true) => {
+                ("recvbuff == sendbuff + root × recvcount", off_root || Some(r) == at(s, recv_bytes))
+            }
+        }
+    }
 }
 
 /// One NCCL call, every argument checked: what [`Call::issue`] passes to NCCL. Copyable, so a
@@ -166,8 +219,8 @@ pub(crate) struct Call {
     dtype: ncclDataType_t,
     /// Bytes per element.
     elem: u32,
-    /// Whether the send and the receive buffer hold a block of `count` elements per rank.
-    per_rank: [bool; 2],
+    /// The layout of the two buffers.
+    shape: Shape,
     comm: ncclComm_t,
     stream: cudaStream_t,
 }
@@ -204,7 +257,7 @@ impl Call {
             count,
             dtype: T::DATA_TYPE.raw(),
             elem: size_of::<T>() as u32,
-            per_rank: kind.per_rank(),
+            shape: kind.shape(),
             comm: comm.live_raw()?,
             stream: stream.cu_stream() as cudaStream_t,
         })
@@ -217,12 +270,12 @@ impl Call {
     }
 
     /// The ranges `(address, bytes)` the call reads (its send buffer) and writes (its receive
-    /// buffer) on rank `rank` of a communicator of `ranks` ranks ([`sides`]).
+    /// buffer) on rank `rank` of a communicator of `ranks` ranks ([`Shape::sides`]).
+    #[inline]
     pub(crate) fn spans(&self, rank: usize, ranks: usize) -> [(CUdeviceptr, usize); 2] {
-        let off_root = matches!(self.entry, Entry::Rooted(_, root) if root as usize != rank);
         // The buffers exist with these sizes (the calls checked them), so no product overflows.
         let block = self.count * self.elem as usize;
-        sides((self.send, self.recv), block, ranks, self.per_rank, off_root)
+        self.shape.sides((self.send, self.recv), block, rank, ranks)
     }
 
     /// The C function's name, for errors and [`Comm::settle`].
@@ -288,17 +341,25 @@ impl Call {
 
 #[cfg(test)]
 mod tests {
-    use super::sides;
+    use super::Kind;
 
     #[test]
+    #[cfg(nccl_2_28)]
     fn a_rooted_calls_buffer_of_a_block_per_rank_counts_on_the_root_only() {
-        // Blocks of 16 bytes, 4 ranks: a gather's receive buffer, a scatter's send buffer.
-        assert_eq!(sides((100, 200), 16, 4, [false, true], false), [(100, 16), (200, 64)], "gather on the root");
-        assert_eq!(sides((100, 200), 16, 4, [false, true], true), [(100, 16), (200, 0)], "gather off the root");
-        assert_eq!(sides((100, 200), 16, 4, [true, false], true), [(100, 0), (200, 16)], "scatter off the root");
-        assert_eq!(sides((100, 200), 16, 4, [true, true], false), [(100, 64), (200, 64)], "all-to-all");
+        // Blocks of 16 bytes, 4 ranks, this rank 1: a gather's receive buffer, a scatter's send
+        // buffer.
+        let sides = |kind: Kind, buffers| kind.shape().sides(buffers, 16, 1, 4);
+        assert_eq!(sides(Kind::Gather(1), (100, 200)), [(100, 16), (200, 64)], "gather on the root");
+        assert_eq!(sides(Kind::Gather(0), (100, 200)), [(100, 16), (200, 0)], "gather off the root");
+        assert_eq!(sides(Kind::Scatter(3), (100, 200)), [(100, 0), (200, 16)], "scatter off the root");
+        assert_eq!(sides(Kind::AlltoAll, (100, 200)), [(100, 64), (200, 64)], "all-to-all");
+        assert_eq!(sides(Kind::AllGather, (100, 200)), [(100, 16), (200, 64)], "all-gather");
         // A broadcast off the root reads nothing, but its send address is its receive buffer's.
-        assert_eq!(sides((200, 200), 16, 4, [false, false], true), [(200, 16), (200, 16)], "broadcast off the root");
-        assert_eq!(sides((100, 0), 16, 4, [false, false], true), [(100, 16), (0, 0)], "a reduce off the root");
+        assert_eq!(sides(Kind::Broadcast(0), (200, 200)), [(200, 16), (200, 16)], "broadcast off the root");
+        assert_eq!(
+            sides(Kind::Reduce(nccl_sys::ncclRedOp_t(0), 0), (100, 0)),
+            [(100, 16), (0, 0)],
+            "a reduce off the root"
+        );
     }
 }

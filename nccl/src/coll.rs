@@ -115,36 +115,10 @@ fn apart<T>(
 /// `Ok` when overlapping send and receive ranges (address, bytes) are NCCL's in-place form of
 /// `kind` for `rank`, the form the `_in_place` methods pass; [`Error::Overlap`] otherwise.
 #[cold]
-fn in_place_form(
-    call: &'static str,
-    kind: Kind,
-    rank: usize,
-    (s, send_bytes): (u64, usize),
-    (r, recv_bytes): (u64, usize),
-) -> Result<()> {
-    let at = |base: u64, block: usize| rank.checked_mul(block).and_then(|o| base.checked_add(o as u64));
-    let (rule, holds) = match kind {
-        Kind::AllReduce(_) | Kind::Broadcast(_) | Kind::Reduce(..) => ("sendbuff == recvbuff", s == r),
-        Kind::AllGather => ("sendbuff == recvbuff + rank × sendcount", Some(s) == at(r, send_bytes)),
-        // Off the root NCCL uses neither a gather's receive buffer nor a scatter's send buffer
-        // (its rules name the root, which is this rank on the root).
-        #[cfg(nccl_2_28)]
-        Kind::Gather(root) => {
-            ("sendbuff == recvbuff + root × sendcount", root as usize != rank || Some(s) == at(r, send_bytes))
-        }
-        Kind::ReduceScatter(_) => ("recvbuff == sendbuff + rank × recvcount", Some(r) == at(s, recv_bytes)),
-        #[cfg(nccl_2_28)]
-        Kind::Scatter(root) => {
-            ("recvbuff == sendbuff + root × recvcount", root as usize != rank || Some(r) == at(s, recv_bytes))
-        }
-        #[cfg(nccl_2_28)]
-        Kind::AlltoAll => ("none", false),
-        Kind::Send(_) | Kind::Recv(_) => ("none", false),
-    };
-    if holds {
-        Ok(())
-    } else {
-        Err(Error::Overlap { call, in_place: rule })
+fn in_place_form(call: &'static str, kind: Kind, rank: usize, send: (u64, usize), recv: (u64, usize)) -> Result<()> {
+    match kind.shape().in_place_rule(rank, send, recv) {
+        (_, true) => Ok(()),
+        (rule, false) => Err(Error::Overlap { call, in_place: rule }),
     }
 }
 
