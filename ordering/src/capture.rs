@@ -147,8 +147,10 @@ fn destroy_graph(graph: sys::CUgraph) {
 }
 
 /// Ends the capture of `stream` ([`begin`] on `origin`, then [`open`]) whatever happened inside
-/// it, and instantiates its graph (`None` when CUDA returned none).
-pub(crate) fn end(stream: &CudaStream, origin: &Origin) -> Result<Option<Exec>, DriverError> {
+/// it, and instantiates its graph (`None` when CUDA returned none). CUDA's failures are
+/// [`OrderError::CaptureBroken`]; a graph that allocates memory it does not free is
+/// [`OrderError::AllocationLeft`].
+pub(crate) fn end(stream: &CudaStream, origin: &Origin) -> Result<Option<Exec>, OrderError> {
     let ended = end_capture(stream, origin);
     OPEN.fetch_sub(1, Ordering::AcqRel);
     ended
@@ -159,25 +161,72 @@ pub(crate) fn end(stream: &CudaStream, origin: &Origin) -> Result<Option<Exec>, 
 /// own guards, inside the capture or on another thread) *before* ending the capture, which would
 /// leave the stream capturing for good. The capture is ended even when the join fails (a capture
 /// CUDA invalidated refuses it): ending it then fails, and every stream leaves the capture.
-fn end_capture(stream: &CudaStream, origin: &Origin) -> Result<Option<Exec>, DriverError> {
+fn end_capture(stream: &CudaStream, origin: &Origin) -> Result<Option<Exec>, OrderError> {
     let joined = crate::make_current(stream.context()).and_then(|()| follow(origin.stream, stream.cu_stream()));
     // SAFETY: the origin is alive and being captured by this thread (`begin`).
-    let graph = unsafe { result::stream::end_capture(origin.stream) }?;
+    let graph = unsafe { result::stream::end_capture(origin.stream) }.map_err(OrderError::CaptureBroken)?;
     if let Err(e) = joined {
         destroy_graph(graph);
-        return Err(e);
+        return Err(OrderError::CaptureBroken(e));
     }
     if graph.is_null() {
         return Ok(None);
+    }
+    match allocation_left(graph) {
+        Ok(None) => {}
+        // The graph is left alive (leaked): while it lives its allocations' addresses stay
+        // reserved, unbacked, so that the slice that names one faults when used instead of
+        // reaching memory a later graph allocates there.
+        Ok(Some((ptr, bytes))) => return Err(OrderError::AllocationLeft { ptr, bytes }),
+        Err(e) => {
+            destroy_graph(graph);
+            return Err(OrderError::CaptureBroken(e));
+        }
     }
     // SAFETY: `graph` was just returned by CUDA and is owned here.
     match unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) } {
         Ok(exec) => Ok(Some(Exec { graph, exec })),
         Err(e) => {
             destroy_graph(graph);
-            Err(e)
+            Err(OrderError::CaptureBroken(e))
         }
     }
+}
+
+/// The first allocation (address, bytes) that `graph` makes and does not free, if any. cudarc
+/// allocates on a stream being captured without refusing: the allocation becomes a node of the
+/// graph, backed only while a launch of the graph holds it, so a `CudaSlice` made inside a
+/// capture and kept past it names memory that nothing backs before the graph's first launch and
+/// that other graphs may share. One driver call per node, once per capture.
+fn allocation_left(graph: sys::CUgraph) -> Result<Option<(sys::CUdeviceptr, usize)>, DriverError> {
+    use sys::CUgraphNodeType::{CU_GRAPH_NODE_TYPE_MEM_ALLOC, CU_GRAPH_NODE_TYPE_MEM_FREE};
+    let mut count = 0;
+    // SAFETY: `graph` is alive (the caller owns it); a null array asks for the count only.
+    unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count) }.result()?;
+    let mut nodes = vec![std::ptr::null_mut(); count];
+    // SAFETY: the array holds `count` nodes, and CUDA writes at most that many (and says how many).
+    unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count) }.result()?;
+    nodes.truncate(count);
+    let (mut made, mut freed) = (Vec::new(), Vec::new());
+    for node in nodes {
+        let mut kind = sys::CUgraphNodeType::CU_GRAPH_NODE_TYPE_EMPTY;
+        // SAFETY: `node` is a node of the live graph; CUDA writes its type.
+        unsafe { sys::cuGraphNodeGetType(node, &mut kind) }.result()?;
+        if kind == CU_GRAPH_NODE_TYPE_MEM_ALLOC {
+            // SAFETY: an all-zero parameter block is valid (plain integers and a null pointer);
+            // CUDA fills it for an allocation node.
+            let mut params: sys::CUDA_MEM_ALLOC_NODE_PARAMS = unsafe { std::mem::zeroed() };
+            // SAFETY: `node` is an allocation node of the live graph.
+            unsafe { sys::cuGraphMemAllocNodeGetParams(node, &mut params) }.result()?;
+            made.push((params.dptr, params.bytesize));
+        } else if kind == CU_GRAPH_NODE_TYPE_MEM_FREE {
+            let mut ptr = 0;
+            // SAFETY: `node` is a free node of the live graph; CUDA writes the address it frees.
+            unsafe { sys::cuGraphMemFreeNodeGetParams(node, &mut ptr) }.result()?;
+            freed.push(ptr);
+        }
+    }
+    Ok(made.into_iter().find(|(ptr, _)| !freed.contains(ptr)))
 }
 
 /// A captured graph and its executable instance, owned (cudarc's `CudaGraph` cannot be made from a

@@ -38,6 +38,18 @@ pub enum OrderError {
     /// kernel on a `CudaSlice` whose events were recorded before the capture, an event of another
     /// stream), or a stream joined into it was not joined back.
     CaptureBroken(DriverError),
+    /// The capture allocated device memory that it did not free: a cudarc allocation on the
+    /// captured stream (`alloc_zeros`, `clone_htod`, …) inside the closure, whose slice outlives
+    /// it. Such memory is a node of the graph, backed only while a launch of the graph holds it:
+    /// the slice names memory that nothing backs now. The graph is refused (and kept, unlaunched,
+    /// so that the address stays reserved): drop such slices inside the closure, or allocate them
+    /// before the capture.
+    AllocationLeft {
+        /// The address the graph allocated.
+        ptr: u64,
+        /// Its size in bytes.
+        bytes: usize,
+    },
     /// A captured call used device memory that none of the graph's kept buffers holds.
     NotKept {
         /// The device.
@@ -119,6 +131,12 @@ impl fmt::Display for OrderError {
                 f,
                 "CUDA broke the capture ({e}): something inside it waited for work outside it (a cudarc copy \
                  or kernel on a CudaSlice, an event recorded before the capture) or left a stream unjoined"
+            ),
+            OrderError::AllocationLeft { ptr, bytes } => write!(
+                f,
+                "the capture allocated {bytes} bytes at {ptr:#x} and did not free them: memory allocated on a \
+                 captured stream belongs to the graph, and the slice that names it is not usable outside it; \
+                 drop it inside the capture, or allocate it before"
             ),
             OrderError::NotKept { ordinal, ptr, bytes } => write!(
                 f,

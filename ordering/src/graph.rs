@@ -33,10 +33,13 @@
 //!   ([`OrderError::CaptureBroken`]): give such buffers to the communication calls instead, which
 //!   take them without waiting. A slice allocated inside `f` has no earlier event; its
 //!   stream-ordered allocation is captured with it, so the graph's launches allocate that memory
-//!   themselves: free it inside `f` too. One that leaves `f` (in `keep` or in a variable outside)
-//!   names graph memory that is only backed from a launch of the graph until the slice's free,
-//!   and that CUDA may share with other graphs' allocations: cudarc allocates on a capturing
-//!   stream without refusing, and this crate cannot see it (README, "Known gaps"). The per-thread default stream is refused ([`OrderError::PerThreadStream`]): in a
+//!   themselves: free it inside `f` too. A capture whose graph allocates memory it does not free
+//!   (a slice that leaves `f`, in `keep` or in a variable outside) is refused
+//!   ([`OrderError::AllocationLeft`]): such a slice names graph memory that nothing backs outside
+//!   a launch of the graph, and that CUDA may share with other graphs' allocations (cudarc
+//!   allocates on a capturing stream without refusing). The refused graph is kept, never
+//!   launched, so that the slice's address stays reserved; do not use the slice (forget it).
+//!   The per-thread default stream is refused ([`OrderError::PerThreadStream`]): in a
 //!   context with that stream only, cudarc orders nothing by events, and its work on a slice would
 //!   be captured without a trace.
 //! * What a kernel reaches through raw addresses (a window handle, a pointer passed by value) is
@@ -470,7 +473,7 @@ struct Capturing<'a> {
 
 /// What ending a capture gives: what the scope recorded, with the closing completion's outcome,
 /// and the graph.
-type Ended = ((Option<capture::Scope>, Result<(), String>), Result<Option<Exec>, DriverError>);
+type Ended = ((Option<capture::Scope>, Result<(), String>), Result<Option<Exec>, OrderError>);
 
 impl Capturing<'_> {
     /// Closes the scope (enqueuing a pending completion) and ends the capture. The guard stays
@@ -520,7 +523,8 @@ impl Drop for Capturing<'_> {
 /// capturing, [`OrderError::PerThreadStream`] for the per-thread default stream,
 /// [`OrderError::ForeignCapture`] when `stream` is already being captured, `f`'s own
 /// error (the capture is discarded), [`OrderError::Pending`] when the closing completion could
-/// not be enqueued, the keep set's refusals ([`OrderError::NotKept`] and friends), and CUDA's.
+/// not be enqueued, [`OrderError::AllocationLeft`] when the graph allocates memory it does not
+/// free, the keep set's refusals ([`OrderError::NotKept`] and friends), and CUDA's.
 #[doc(alias = "cuStreamBeginCapture")]
 #[doc(alias = "cuStreamEndCapture")]
 pub fn capture<K: Keep, E: From<OrderError>>(
@@ -561,7 +565,7 @@ pub fn capture<K: Keep, E: From<OrderError>>(
         (Ok(Some(graph)), Some(scope), None) => (graph, scope),
         (graph, scope, refused) => {
             let e = refused.unwrap_or_else(|| match (&scope, &graph) {
-                (Some(_), Err(e)) => OrderError::CaptureBroken(*e).into(),
+                (Some(_), Err(e)) => e.clone().into(),
                 _ => capture::broken().into(),
             });
             drop(graph);

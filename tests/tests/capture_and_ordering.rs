@@ -1120,6 +1120,49 @@ fn a_stream_of_another_context_never_becomes_a_buffers_last_use() {
     buf.free().map_err(|(_, e)| e).unwrap();
 }
 
+/// Session 26 (a known gap of the session 21 audit): cudarc allocates on a stream being captured
+/// without refusing, so a `CudaSlice` made inside a capture's closure is a node of the graph,
+/// backed only while a launch of the graph holds it. Before: a slice kept past the closure came
+/// out beside a working graph, naming memory that nothing backed before the graph's first launch
+/// (and that other graphs could share). Now the capture is refused with
+/// `OrderError::AllocationLeft`, naming the allocation, and its buffers are handed back; a
+/// slice made and dropped inside the closure is freed by the graph itself, which works.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_capture_that_keeps_memory_it_allocated_is_refused() {
+    use gpucomm_ordering::OrderError;
+    let Some((comm, ctx)) = one_rank("a_capture_that_keeps_memory_it_allocated_is_refused") else { return };
+    let side = ctx.new_stream().unwrap();
+    let mem = MemBuffer::from_host(&side, &[1.0f32; N]).unwrap();
+    let mut graph = nccl::capture(&side, (&comm, mem), |(comm, mem)| {
+        let scratch = side.alloc_zeros::<f32>(N)?;
+        drop(scratch);
+        comm.on(&side).all_reduce_in_place(mem, ReduceOp::SUM)
+    })
+    .expect("a slice allocated and dropped inside the capture is the graph's own business");
+    graph.launch().unwrap();
+    graph.launch().unwrap();
+    all_equal("a graph that allocates and frees, launched twice", &side.clone_dtoh(&graph.kept().1).unwrap(), 1.0);
+    let mem = graph.into_kept().1;
+
+    let mut kept = None;
+    let captured = nccl::capture(&side, (&comm, mem), |(comm, mem)| {
+        kept = Some(side.alloc_zeros::<f32>(N)?);
+        comm.on(&side).all_reduce_in_place(mem, ReduceOp::SUM)
+    });
+    match captured {
+        Err(((_, mem), Error::Ordering(OrderError::AllocationLeft { bytes, .. }))) => {
+            assert!(bytes >= N * size_of::<f32>(), "the allocation's size: {bytes}");
+            all_equal("the buffer handed back", &side.clone_dtoh(&mem).unwrap(), 1.0);
+        }
+        Err((_, e)) => panic!("a capture that keeps a slice it allocated: {e}"),
+        Ok(_) => panic!("a capture that keeps a slice it allocated gave a graph"),
+    }
+    // Its memory is the refused graph's, never backed: freeing it would fail.
+    std::mem::forget(kept);
+    assert_eq!(side.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+}
+
 #[test]
 #[ignore = "needs 1 GPU: run by the GPU bundle"]
 fn cudarc_end_capture_inside_a_capture_gets_no_graph() {
