@@ -1374,6 +1374,34 @@ fn finalizing_during_another_threads_global_capture_works_or_hands_the_runtime_b
     });
 }
 
+/// Session 26: starting NVSHMEM while another thread captures in CUDA's global mode, which
+/// session 25's tests left out. NVSHMEM's start allocates its heap and copies to the device,
+/// partly on threads of its own whose capture mode this crate cannot relax. It either works or
+/// fails with an error; either way NVSHMEM does not exit the process and the other thread's
+/// capture stays whole. Prints which, for the GPU log: the start keeps the default mode until
+/// this shows what CUDA lets through.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn starting_during_another_threads_global_capture_works_or_fails_with_an_error() {
+    let test = "starting_during_another_threads_global_capture_works_or_fails_with_an_error";
+    multi_process(test, 1, |info, stream| {
+        let mut rdzv = Rendezvous::connect(&info, &Options::from_env().unwrap()).unwrap();
+        let started = under_another_threads_global_capture(
+            &stream,
+            || (),
+            |()| Runtime::from_rendezvous(stream.clone(), &mut rdzv),
+        );
+        match started {
+            Ok(rt) => {
+                println!("during the other thread's global capture: starting worked");
+                still_works(&rt, &stream);
+                rt.finalize().map_err(|(_, e)| e).unwrap();
+            }
+            Err(e) => println!("during the other thread's global capture: starting failed ({e:?})"),
+        }
+    });
+}
+
 /// Audit: an allocation made its buffer's tracker after the PEs agreed, and the tracker
 /// refuses the per-thread default stream. Before: PE 0, whose runtime stream is the per-thread
 /// default stream, agreed with PE 1, then failed alone (`OrderError::PerThreadStream`), while PE 1
