@@ -105,6 +105,8 @@ fi
 # alone are ~45 MiB each before compression).
 mkdir -p bundle-carry
 tar -cf - bundle | xz -T0 -6 >bundle-carry/bundle.tar.xz
+# The first device command of a session, outside the archive that it unpacks.
+cp tools/gpu-first-call.sh bundle-carry/first-call.sh
 end=$(date +%s)
 echo "bundle: $(du -sh bundle | cut -f1) in $(find bundle -type f | wc -l) files, carried as" \
     "bundle-carry/bundle.tar.xz ($(du -sh bundle-carry/bundle.tar.xz | cut -f1)); built in $((end - start)) s"
