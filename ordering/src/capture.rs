@@ -203,6 +203,12 @@ fn allocation_left(graph: sys::CUgraph) -> Result<Option<(sys::CUdeviceptr, usiz
     let mut count = 0;
     // SAFETY: `graph` is alive (the caller owns it); a null array asks for the count only.
     unsafe { sys::cuGraphGetNodes(graph, std::ptr::null_mut(), &mut count) }.result()?;
+    if count == 0 {
+        // An empty graph (a one-rank communicator's in-place call captures nothing): CUDA
+        // answers a second call with an array and a count of 0 with CUDA_ERROR_INVALID_VALUE
+        // (one H100, CUDA 13).
+        return Ok(None);
+    }
     let mut nodes = vec![std::ptr::null_mut(); count];
     // SAFETY: the array holds `count` nodes, and CUDA writes at most that many (and says how many).
     unsafe { sys::cuGraphGetNodes(graph, nodes.as_mut_ptr(), &mut count) }.result()?;
