@@ -313,6 +313,7 @@ impl<'rt, T> Symmetric<'rt, T> {
     // The buffer comes back on failure, as fallible teardown does throughout the family.
     #[allow(clippy::result_large_err)]
     pub fn free(mut self) -> std::result::Result<(), (Self, Error)> {
+        let _relaxed = quiesce::relaxed_host();
         let freed = (|| -> Result<()> {
             // Every PE takes part in the check, whether or not it could wait for its streams, so
             // that every PE reaches the same verdict.

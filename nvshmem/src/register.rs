@@ -204,6 +204,7 @@ impl<T, B: DeviceBufferMut<T>> Registration<'_, T, B> {
         if gpucomm_ordering::scope_open() {
             return Err(Error::HostCallInCapture { what: "unregistering a buffer (nvshmemx_buffer_unregister)" });
         }
+        let _relaxed = crate::quiesce::relaxed_host();
         let timeout = self.rt.timeout();
         if !gpucomm_ordering::wait_for_uses(&mut *self.buf, self.rt.context(), timeout)? {
             return Err(Error::StillInUse { what: "a registered buffer", after: timeout.unwrap_or_default() });

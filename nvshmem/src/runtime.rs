@@ -262,6 +262,7 @@ impl Runtime {
         STATE.compare_exchange(NEVER, RUNNING, Ordering::AcqRel, Ordering::Acquire).map_err(state_error)?;
         // NVSHMEM binds the PE to the current device; the context must exist before init.
         let reached_c = Cell::new(false);
+        let relaxed = quiesce::relaxed_host();
         let started = (|| {
             stream.context().bind_to_thread()?;
             let nccl = if nccl::disabled() { Ok(()) } else { nccl::preload_for_nvshmem() };
@@ -289,6 +290,7 @@ impl Runtime {
             unsafe { call!(nvshmemx_hostlib_init_attr(flags as u32, attr_ptr)) }?;
             Ok::<_, Error>(nccl)
         })();
+        drop(relaxed);
         drop(plugin);
         let nccl_preload = match started {
             Ok(n) => n,
@@ -491,6 +493,7 @@ impl Runtime {
         if let Err(e) = quiesce::host_call("finalising NVSHMEM (nvshmemx_hostlib_finalize)") {
             return Err((self, e));
         }
+        let _relaxed = quiesce::relaxed_host();
         if let Err(e) = self.wait_for_device("the PE's device (NVSHMEM's finalize waits for all of its work)") {
             return Err((self, e));
         }
@@ -613,6 +616,7 @@ impl Drop for Runtime {
             let _ = gpucomm_ordering::after_scope(Box::new(move || drop(moved)));
             return;
         }
+        let _relaxed = quiesce::relaxed_host();
         // Pending kernels may still use the symmetric heap that finalize releases, and NVSHMEM's
         // finalize would wait for the whole device anyway.
         if let Err(e) = self.wait_for_device("the PE's device (NVSHMEM's finalize waits for all of its work)") {
