@@ -419,15 +419,15 @@ pub(crate) fn host_call(what: &'static str) -> Result<()> {
 
 /// This thread's capture interaction mode relaxed, for a host call of NVSHMEM's that copies or
 /// waits synchronously inside: another thread's capture in CUDA's global mode (PyTorch's default)
-/// makes CUDA refuse those copies and waits on this thread, and a refused call also invalidates
-/// that other thread's capture (seen on one H100 in session 26: a free, an unregistration, a
-/// team's destroy and finalising were refused by this crate's own waits, and the capture was
-/// broken); NVSHMEM exits the process on such a refusal (its start did). Used where NVSHMEM's own
-/// work then went through (one H100, NVSHMEM 3.4.5): allocating (zeroed or not) and the host
-/// barrier; and for loading a module, which CUDA refuses anyway meanwhile (`cuModuleLoadData`),
-/// before NVSHMEM is called. Since session 26 also for starting, freeing, unregistering,
-/// destroying or dropping a team, dropping a module and finalising (not yet GPU-run relaxed). Not
-/// for team splits: relaxed, a split reached NVSHMEM, whose team set-up CUDA refused inside, and
+/// makes CUDA refuse those copies and waits on this thread, a refused call also invalidates that
+/// other thread's capture, and NVSHMEM exits the process on such a refusal. Relaxed, allocating
+/// (zeroed or not), the host barrier (session 23), freeing and unregistering (session 26) went
+/// through on one H100 with NVSHMEM 3.4.5 and left the other capture whole. Loading a module is
+/// refused by CUDA anyway meanwhile (`cuModuleLoadData`), before NVSHMEM is called. What waits
+/// for the whole device (destroying or dropping a team, dropping a module, finalising, and the
+/// probe before starting) conflicts with any capture even relaxed: CUDA refuses the wait with an
+/// error, the object is handed back, and the other capture is invalidated (session 26). Not for
+/// team splits: relaxed, a split reached NVSHMEM, whose team set-up CUDA refused inside, and
 /// NVSHMEM exited; in the default mode this crate's own copies before it are expected to fail
 /// first, with an error (not run).
 /// Best effort, so that changing the mode never makes a collective call fail on one PE alone:

@@ -265,6 +265,12 @@ impl Runtime {
         let relaxed = quiesce::relaxed_host();
         let started = (|| {
             stream.context().bind_to_thread()?;
+            // NVSHMEM's start makes calls that conflict with any capture in the context, relaxed
+            // or not, and exits the process when CUDA refuses one (one H100, session 26, while
+            // another thread captured in global mode). Synchronising the device conflicts the
+            // same way, so CUDA refuses it here first, with an error (and invalidates that other
+            // capture, as it would on NVSHMEM's call).
+            gpucomm_ordering::device_idle_within(stream.context(), None)?;
             let nccl = if nccl::disabled() { Ok(()) } else { nccl::preload_for_nvshmem() };
             let mut attr = nvshmemx_init_attr_t::initializer();
             let (flags, attr_ptr) = match bootstrap {
