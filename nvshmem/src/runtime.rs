@@ -244,7 +244,10 @@ impl Runtime {
     ///
     /// Refused with [`Error::HostCallInCapture`] while this thread has a capture scope open
     /// ([`crate::capture`]): NVSHMEM's start waits on the host, which CUDA refuses inside a
-    /// capture, and NVSHMEM exits the process on that refusal.
+    /// capture, and NVSHMEM exits the process on that refusal. Before NVSHMEM is called the start
+    /// waits for the device's queued work: while another thread captures (PyTorch's graphs),
+    /// CUDA refuses that wait with [`Error::Cuda`] (and invalidates that capture), and nothing was
+    /// started; start again once the capture has ended.
     pub fn with_bootstrap(stream: Arc<CudaStream>, bootstrap: Bootstrap<'_>) -> Result<Self> {
         let expected = bootstrap.expected_pes()?;
         check_start()?;
