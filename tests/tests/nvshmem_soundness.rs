@@ -1274,6 +1274,8 @@ fn under_another_threads_global_capture<S, R>(
             "during the other thread's global capture: the refusal left its capture {}",
             if whole { "whole" } else { "invalidated" }
         );
+        // An error cudarc may have recorded in the context meanwhile is not the next call's.
+        let _ = stream.context().check_err();
     }
     made
 }
