@@ -240,7 +240,6 @@ impl Drop for Module<'_> {
             );
         }
         let ctx = self.rt.context();
-        let _relaxed = quiesce::relaxed_host();
         // Kernels of the module may still be running, on streams this crate does not know: wait
         // for the device, within the runtime's timeout, and keep the module loaded otherwise.
         if let Err(e) = self.rt.wait_for_device("a module (its kernels may still run on the PE's device)") {

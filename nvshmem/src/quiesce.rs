@@ -423,10 +423,11 @@ pub(crate) fn host_call(what: &'static str) -> Result<()> {
 /// other thread's capture, and NVSHMEM exits the process on such a refusal. Relaxed, allocating
 /// (zeroed or not), the host barrier (session 23), freeing and unregistering (session 26) went
 /// through on one H100 with NVSHMEM 3.4.5 and left the other capture whole. Loading a module is
-/// refused by CUDA anyway meanwhile (`cuModuleLoadData`), before NVSHMEM is called. What waits
-/// for the whole device (destroying or dropping a team, dropping a module, finalising, and the
-/// probe before starting) conflicts with any capture even relaxed: CUDA refuses the wait with an
-/// error, the object is handed back, and the other capture is invalidated (session 26). Not for
+/// refused by CUDA anyway meanwhile (`cuModuleLoadData`), before NVSHMEM is called. Not for what
+/// waits for the whole device first (destroying or dropping a team, dropping a module,
+/// finalising, starting): that wait conflicts with any capture, relaxed or not (CUDA refused it
+/// both ways, with an error, and invalidated the other capture both ways; session 26), and once
+/// it has passed no capture was running for the mode to matter. Not for
 /// team splits: relaxed, a split reached NVSHMEM, whose team set-up CUDA refused inside, and
 /// NVSHMEM exited; in the default mode this crate's own copies before it are expected to fail
 /// first, with an error (not run).

@@ -265,7 +265,6 @@ impl Runtime {
         STATE.compare_exchange(NEVER, RUNNING, Ordering::AcqRel, Ordering::Acquire).map_err(state_error)?;
         // NVSHMEM binds the PE to the current device; the context must exist before init.
         let reached_c = Cell::new(false);
-        let relaxed = quiesce::relaxed_host();
         let started = (|| {
             stream.context().bind_to_thread()?;
             // NVSHMEM's start makes calls that conflict with any capture in the context, relaxed
@@ -299,7 +298,6 @@ impl Runtime {
             unsafe { call!(nvshmemx_hostlib_init_attr(flags as u32, attr_ptr)) }?;
             Ok::<_, Error>(nccl)
         })();
-        drop(relaxed);
         drop(plugin);
         let nccl_preload = match started {
             Ok(n) => n,
@@ -502,7 +500,6 @@ impl Runtime {
         if let Err(e) = quiesce::host_call("finalising NVSHMEM (nvshmemx_hostlib_finalize)") {
             return Err((self, e));
         }
-        let _relaxed = quiesce::relaxed_host();
         if let Err(e) = self.wait_for_device("the PE's device (NVSHMEM's finalize waits for all of its work)") {
             return Err((self, e));
         }
@@ -625,7 +622,6 @@ impl Drop for Runtime {
             let _ = gpucomm_ordering::after_scope(Box::new(move || drop(moved)));
             return;
         }
-        let _relaxed = quiesce::relaxed_host();
         // Pending kernels may still use the symmetric heap that finalize releases, and NVSHMEM's
         // finalize would wait for the whole device anyway.
         if let Err(e) = self.wait_for_device("the PE's device (NVSHMEM's finalize waits for all of its work)") {

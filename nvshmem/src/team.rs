@@ -384,7 +384,6 @@ impl<'rt> Team<'rt> {
         if self.released {
             return Ok(());
         }
-        let _relaxed = quiesce::relaxed_host();
         let destroyed = (|| {
             self.wait_for_device()?;
             // Not `bind_to_thread`: an error something else recorded in the context would keep
@@ -601,7 +600,6 @@ impl Drop for Team<'_> {
             log::warn!("nvshmem: team {} dropped during a panic is leaked (destroying is collective)", self.raw);
             return;
         }
-        let _relaxed = quiesce::relaxed_host();
         // Collectives on the team may still be queued, on streams this crate does not know: wait
         // for the device, within the runtime's timeout, and leak the team otherwise.
         if let Err(e) = self.wait_for_device() {
