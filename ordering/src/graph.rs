@@ -482,7 +482,9 @@ impl Capturing<'_> {
     fn end(&mut self) -> Ended {
         let closed = capture::close(self.stream);
         self.open = false;
-        (closed, capture::end(self.stream, &self.origin))
+        let holds = closed.0.as_ref().map_or(&[][..], |scope| &scope.held[..]);
+        let graph = capture::end(self.stream, &self.origin, holds);
+        (closed, graph)
     }
 }
 

@@ -5,6 +5,7 @@
 //!   [`PendingComm`].
 //! * [`child`]: split, shrink, revoke.
 //! * [`health`]: who may abort a communicator and when ([`AbortHandle`]).
+//! * [`gate`]: NCCL's host nodes in captured graphs, closed off before a revoke.
 //! * [`wait`]: [`Comm::wait`], polling NCCL with deadlines.
 //! * [`watch`]: the opt-in timeout's record of enqueued work.
 //! * [`teardown`]: finalize, abort, drop.
@@ -16,6 +17,7 @@ mod borrowed;
 mod child;
 mod config;
 mod create;
+mod gate;
 mod health;
 mod parked;
 mod teardown;
@@ -436,7 +438,7 @@ impl Comm {
 
     /// What a capture of this communicator's calls, and the graph made of it, hold while they
     /// live (see `health`).
-    pub(crate) fn graph_hold(&self) -> Box<dyn Send + Sync> {
+    pub(crate) fn graph_hold(&self) -> Box<dyn gpucomm_ordering::Hold> {
         Box::new(health::GraphHold::new(&self.health))
     }
 
