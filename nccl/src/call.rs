@@ -114,24 +114,26 @@ pub(crate) enum Kind {
 }
 
 impl Kind {
-    /// The layout of the call's two buffers, as NCCL's header describes it: the one table both
-    /// overlap checks (a call's own, [`Shape::in_place_rule`], and a group's, [`Shape::sides`])
+    /// The layout of the call's two buffers, as NCCL's header describes it, and how NCCL plans
+    /// it: the one table both overlap checks (a call's own, [`Shape::in_place_rule`], and a
+    /// group's, [`Shape::sides`]) and a simulated group's refusal ([`Shape::point_to_point`])
     /// derive from.
     #[inline(always)]
     pub(crate) fn shape(self) -> Shape {
-        let shape = |per_rank, root, in_place| Shape { per_rank, root, in_place };
+        let coll = |per_rank, root, in_place| Shape { per_rank, root, in_place, point_to_point: false };
+        let p2p = |per_rank, root, in_place| Shape { per_rank, root, in_place, point_to_point: true };
         match self {
-            Kind::AllReduce(_) => shape([false, false], None, true),
-            Kind::Broadcast(root) | Kind::Reduce(_, root) => shape([false, false], Some(root), true),
-            Kind::AllGather => shape([false, true], None, true),
-            Kind::ReduceScatter(_) => shape([true, false], None, true),
+            Kind::AllReduce(_) => coll([false, false], None, true),
+            Kind::Broadcast(root) | Kind::Reduce(_, root) => coll([false, false], Some(root), true),
+            Kind::AllGather => coll([false, true], None, true),
+            Kind::ReduceScatter(_) => coll([true, false], None, true),
             #[cfg(nccl_2_28)]
-            Kind::Gather(root) => shape([false, true], Some(root), true),
+            Kind::Gather(root) => p2p([false, true], Some(root), true),
             #[cfg(nccl_2_28)]
-            Kind::Scatter(root) => shape([true, false], Some(root), true),
+            Kind::Scatter(root) => p2p([true, false], Some(root), true),
             #[cfg(nccl_2_28)]
-            Kind::AlltoAll => shape([true, true], None, false),
-            Kind::Send(_) | Kind::Recv(_) => shape([false, false], None, false),
+            Kind::AlltoAll => p2p([true, true], None, false),
+            Kind::Send(_) | Kind::Recv(_) => p2p([false, false], None, false),
         }
     }
 }
@@ -147,9 +149,17 @@ pub(crate) struct Shape {
     root: Option<c_int>,
     /// Whether NCCL has an in-place form of the call (the buffers may then meet in one way).
     in_place: bool,
+    /// Whether NCCL carries the call out as sends and receives (its point-to-point planner).
+    point_to_point: bool,
 }
 
 impl Shape {
+    /// Whether NCCL carries the call out as sends and receives (its point-to-point planner),
+    /// which a simulated group cannot plan.
+    pub(crate) fn point_to_point(self) -> bool {
+        self.point_to_point
+    }
+
     /// Whether `rank` is not the root of a rooted call.
     #[inline]
     fn off_root(self, rank: usize) -> bool {
@@ -283,10 +293,9 @@ impl Call {
         self.name
     }
 
-    /// True for calls NCCL carries out as sends and receives (its point-to-point planner).
+    /// True for calls NCCL carries out as sends and receives ([`Shape::point_to_point`]).
     pub(crate) fn is_point_to_point(&self) -> bool {
-        matches!(self.entry, Entry::Send(..) | Entry::Recv(..))
-            || matches!(self.name, "ncclAlltoAll" | "ncclGather" | "ncclScatter")
+        self.shape.point_to_point()
     }
 
     /// The communicator the call goes to.
