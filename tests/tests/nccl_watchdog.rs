@@ -168,13 +168,19 @@ fn graph_rank(info: RankInfo, device: &Arc<CudaStream>, stop: Stop) {
 fn a_graph_launch_queued_behind_other_work_skips_nccls_host_node_after_a_revoke() {
     // Session 27. A captured NCCL call with proxy work (here sockets) puts a host node before its
     // kernel, NCCL's callback that writes the call into the proxy's pools; `ncclCommRevoke`
-    // stops the proxy and unmaps those pools. A launch enqueued before the revoke and held back
-    // (here by a stream wait the test releases after the revoke) ran that callback afterwards,
-    // into the unmapped pools. NCCL's host nodes are gated now, closed before a revoke: the
-    // launch skips the callback, its kernel waits for proxy work that never comes, and the
-    // communicator's abort ends it.
+    // stops the proxy and unmaps those pools. With NCCL's graph mixing on (its default), the
+    // revoke first waits for every graph launch enqueued before it (the graphs record NCCL's
+    // stream event), so a launch held back behind other work holds the revoke too (a first
+    // version of this test hung there, on one H100). With it off (`NCCL_GRAPH_MIXING_SUPPORT=0`,
+    // as here) the revoke does not wait, and a launch enqueued before it and held back (here by
+    // a stream wait the test releases after the revoke) ran that callback afterwards, into the
+    // unmapped pools. NCCL's host nodes are gated now, closed before a revoke: the launch skips
+    // the callback, its kernel waits for proxy work that never comes, and the communicator's
+    // abort ends it.
     let test = "a_graph_launch_queued_behind_other_work_skips_nccls_host_node_after_a_revoke";
     multi_node_on_one_gpu(test, 2, |info, device| {
+        // Read by NCCL when the communicator is made, after this (no NCCL thread exists yet).
+        std::env::set_var("NCCL_GRAPH_MIXING_SUPPORT", "0");
         let abort = "the abort ends the graph's kernel";
         let stream = with_a_captured_all_reduce(info, &device, abort, |stream, comm, mut graph| {
             let release = HostFlag::new();
