@@ -39,21 +39,6 @@ pub(crate) fn check_version(what: &'static str, needed: Version, loaded: Version
     }
 }
 
-/// True when the function at `f` lies in the loaded NCCL library: the object `dladdr` finds it in
-/// is the one that holds `ncclGetVersion`. False when either is not found.
-pub(crate) fn in_library(f: *const std::ffi::c_void) -> bool {
-    let Ok(get_version) = resolve!(ncclGetVersion) else { return false };
-    let base = |at: *const std::ffi::c_void| {
-        // SAFETY: an all-zero `Dl_info` (null pointers) is valid; `dladdr` only reads `at`'s
-        // address and fills the struct.
-        let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
-        // SAFETY: as above; a return of 0 means not found.
-        let found = unsafe { libc::dladdr(at, &mut info) } != 0;
-        (found && !info.dli_fbase.is_null()).then_some(info.dli_fbase as usize)
-    };
-    matches!((base(f), base(get_version as *const std::ffi::c_void)), (Some(a), Some(b)) if a == b)
-}
-
 /// Resolves one NCCL function in the loaded library: a missing one is [`Error::MissingFunction`],
 /// naming the version that added it.
 macro_rules! resolve {

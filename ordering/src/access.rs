@@ -157,14 +157,13 @@ impl<'s> Access<'s> {
     /// `resource`, keeps what `hold` makes until the capture's graph is destroyed (or, when the
     /// capture fails, until its partial graph is): how the resource's owner learns that captured
     /// work holds it, from the moment the work is captured and whatever becomes of the graph
-    /// (`mem::forget` included), and sees the graph before it is made executable
-    /// ([`Hold::captured`](crate::Hold::captured)). An NCCL communicator counts these: NCCL's
-    /// destroy and abort wait until every graph holding its work is destroyed.
+    /// (`mem::forget` included). An NCCL communicator counts these: NCCL's destroy and abort wait
+    /// until every graph holding its work is destroyed.
     #[inline]
     pub fn resource_held(
         &self,
         resource: Resource,
-        hold: impl FnOnce() -> Box<dyn capture::Hold>,
+        hold: impl FnOnce() -> Box<dyn Send + Sync>,
     ) -> Result<(), OrderError> {
         if self.mode()? == Mode::Captured {
             capture::record_resource(self.stream, resource, Some(hold));

@@ -147,11 +147,11 @@ fn destroy_graph(graph: sys::CUgraph) {
 }
 
 /// Ends the capture of `stream` ([`begin`] on `origin`, then [`open`]) whatever happened inside
-/// it, shows its graph to `holds` ([`Hold::captured`]) and instantiates it (`None` when CUDA
-/// returned none). CUDA's failures and the holds' are [`OrderError::CaptureBroken`]; a graph
-/// that allocates memory it does not free is [`OrderError::AllocationLeft`].
-pub(crate) fn end(stream: &CudaStream, origin: &Origin, holds: &[Held]) -> Result<Option<Exec>, OrderError> {
-    let ended = end_capture(stream, origin, holds);
+/// it, and instantiates its graph (`None` when CUDA returned none). CUDA's failures are
+/// [`OrderError::CaptureBroken`]; a graph that allocates memory it does not free is
+/// [`OrderError::AllocationLeft`].
+pub(crate) fn end(stream: &CudaStream, origin: &Origin) -> Result<Option<Exec>, OrderError> {
+    let ended = end_capture(stream, origin);
     OPEN.fetch_sub(1, Ordering::AcqRel);
     ended
 }
@@ -161,7 +161,7 @@ pub(crate) fn end(stream: &CudaStream, origin: &Origin, holds: &[Held]) -> Resul
 /// own guards, inside the capture or on another thread) *before* ending the capture, which would
 /// leave the stream capturing for good. The capture is ended even when the join fails (a capture
 /// CUDA invalidated refuses it): ending it then fails, and every stream leaves the capture.
-fn end_capture(stream: &CudaStream, origin: &Origin, holds: &[Held]) -> Result<Option<Exec>, OrderError> {
+fn end_capture(stream: &CudaStream, origin: &Origin) -> Result<Option<Exec>, OrderError> {
     let joined = crate::make_current(stream.context()).and_then(|()| follow(origin.stream, stream.cu_stream()));
     // SAFETY: the origin is alive and being captured by this thread (`begin`).
     let graph = unsafe { result::stream::end_capture(origin.stream) }.map_err(OrderError::CaptureBroken)?;
@@ -182,10 +182,6 @@ fn end_capture(stream: &CudaStream, origin: &Origin, holds: &[Held]) -> Result<O
             destroy_graph(graph);
             return Err(OrderError::CaptureBroken(e));
         }
-    }
-    if let Err(e) = holds.iter().try_for_each(|h| h.captured(graph)) {
-        destroy_graph(graph);
-        return Err(OrderError::CaptureBroken(e));
     }
     // SAFETY: `graph` was just returned by CUDA and is owned here.
     match unsafe { result::graph::instantiate(graph, sys::CUgraphInstantiate_flags(0)) } {
@@ -541,23 +537,7 @@ pub(crate) fn record_tracked_use(stream: &CudaStream, local: usize, ptr: sys::CU
 }
 
 /// What a graph holds for a resource its captured calls use ([`Scope::held`]).
-pub(crate) type Held = Box<dyn Hold>;
-
-/// What a graph keeps for a resource its captured calls use, from the first captured call on
-/// until the graph is destroyed ([`Access::resource_held`](crate::Access::resource_held)): how the
-/// resource's owner learns that captured work holds it, and sees the graph before it is made
-/// executable.
-pub trait Hold: Send + Sync {
-    /// Called once with the captured graph (`CUgraph`), before it is instantiated, so that the
-    /// resource's owner can adapt the nodes its library captured: the `nccl` crate gates NCCL's
-    /// host nodes (its `comm::gate` module), so that graph launches already enqueued do not call
-    /// into the pools a revoke unmaps. Called with the capture's context current; an error
-    /// refuses the capture ([`OrderError::CaptureBroken`]). The default does nothing.
-    fn captured(&self, graph: sys::CUgraph) -> Result<(), DriverError> {
-        let _ = graph;
-        Ok(())
-    }
-}
+pub(crate) type Held = Box<dyn Send + Sync>;
 
 /// Records that a captured call uses `resource`, and the first time the scope records it, what
 /// `hold` makes, if given.
@@ -724,10 +704,8 @@ mod tests {
         use std::sync::Arc;
         let (comm, team) = (1u8, 2u8);
         let (comm, team) = (Resource::of("communicator", &comm), Resource::of("team", &team));
-        struct Counted(#[allow(dead_code)] Arc<()>);
-        impl Hold for Counted {}
         let count = Arc::new(());
-        let hold = || -> Held { Box::new(Counted(count.clone())) };
+        let hold = || -> Held { Box::new(count.clone()) };
         let mut s = scope();
         for _ in 0..3 {
             s.note_resource(comm, Some(hold));

@@ -482,9 +482,7 @@ impl Capturing<'_> {
     fn end(&mut self) -> Ended {
         let closed = capture::close(self.stream);
         self.open = false;
-        let holds = closed.0.as_ref().map_or(&[][..], |scope| &scope.held[..]);
-        let graph = capture::end(self.stream, &self.origin, holds);
-        (closed, graph)
+        (closed, capture::end(self.stream, &self.origin))
     }
 }
 

@@ -44,7 +44,7 @@ pub use access::{Access, Guard};
 pub use buffer::{DeviceBuffer, DeviceBufferMut, DeviceMemory};
 pub use capture::{
     admit, after_scope, captured_completion, capturing, is_capturing, join_launches, relax, relaxed, scope_open,
-    Complete, Hold, LaunchChain, RelaxedMode,
+    Complete, LaunchChain, RelaxedMode,
 };
 pub use context::{make_current, placement, Placement};
 pub use error::OrderError;

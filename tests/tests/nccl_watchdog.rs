@@ -10,8 +10,7 @@
 //! * A timeout, or an `AbortHandle`, while a CUDA graph that captured the communicator is alive
 //!   (2 processes, as above): the wait returns, the communicator's work is stopped, and NCCL's
 //!   abort, which waits for every such graph, runs when the owner drops or aborts the
-//!   communicator. A launch of such a graph held back until after the abort's revoke skips
-//!   NCCL's host node (which would write into the proxy pools the revoke unmapped).
+//!   communicator.
 //! * One GPU, one rank: the recorder numbers and completes the calls of a watched communicator,
 //!   groups included; a borrowed communicator is used (directly, in a group, captured into a graph
 //!   that must keep it) and left to its owner, alive.
@@ -163,108 +162,19 @@ fn graph_rank(info: RankInfo, device: &Arc<CudaStream>, stop: Stop) {
     with_a_captured_all_reduce(info, device, abort, |stream, comm, graph| graph_rank_0(stream, comm, graph, stop));
 }
 
-#[test]
-#[ignore = "needs 1 GPU (2 processes share it): run by the GPU bundle"]
-fn a_graph_launch_queued_behind_other_work_skips_nccls_host_node_after_a_revoke() {
-    // Session 27. A captured NCCL call with proxy work (here sockets) puts a host node before its
-    // kernel, NCCL's callback that writes the call into the proxy's pools; `ncclCommRevoke`
-    // stops the proxy and unmaps those pools. With NCCL's graph mixing on (its default), the
-    // revoke first waits for every graph launch enqueued before it (the graphs record NCCL's
-    // stream event), so a launch held back behind other work holds the revoke too (a first
-    // version of this test hung there, on one H100). With it off (`NCCL_GRAPH_MIXING_SUPPORT=0`,
-    // as here) the revoke does not wait, and a launch enqueued before it and held back (here by
-    // a stream wait the test releases after the revoke) ran that callback afterwards, into the
-    // unmapped pools. NCCL's host nodes are gated now, closed before a revoke: the launch skips
-    // the callback, its kernel waits for proxy work that never comes, and the communicator's
-    // abort ends it.
-    let test = "a_graph_launch_queued_behind_other_work_skips_nccls_host_node_after_a_revoke";
-    multi_node_on_one_gpu(test, 2, |info, device| {
-        // Read by NCCL when the communicator is made, after this (no NCCL thread exists yet).
-        std::env::set_var("NCCL_GRAPH_MIXING_SUPPORT", "0");
-        let abort = "the abort ends the graph's kernel";
-        let stream = with_a_captured_all_reduce(info, &device, abort, |stream, comm, mut graph| {
-            let release = HostFlag::new();
-            release.hold(stream);
-            graph.launch().expect("the launch is enqueued behind the held stream");
-            let outcome = comm.wait(Some(TIMEOUT));
-            assert!(matches!(outcome, Err(Error::Timeout { .. })), "{outcome:?}");
-            assert!(comm.is_aborted());
-            // Revoked (the abort is deferred: the graph holds the communicator). Now the launch runs.
-            release.set();
-            std::thread::sleep(Duration::from_secs(1));
-            let refused = graph.launch().expect_err("a graph of an aborted communicator launched");
-            assert!(matches!(refused, OrderError::ResourceClosed { kind: "communicator" }), "{refused:?}");
-            drop(graph);
-            (stream.clone(), release)
-        });
-        if let Some((stream, _release)) = stream {
-            // The communicator's abort (`ncclCommAbort`, after the graph went) ended the kernel.
-            let drained = stream.record_event(None).unwrap();
-            let stopped = Instant::now();
-            while !drained.try_is_complete().unwrap() {
-                assert!(stopped.elapsed() < Duration::from_secs(10), "the graph's kernel still runs after the abort");
-                std::thread::sleep(POLL);
-            }
-            println!("a graph launch queued behind a revoke ran without NCCL's host node, and the abort ended it");
-        }
-    });
-}
-
-/// A word of pinned host memory that a stream can wait for (`cuStreamWaitValue32`): holds a
-/// stream's later work back until the host sets it.
-struct HostFlag(*mut u32);
-
-impl HostFlag {
-    fn new() -> Self {
-        let mut word = std::ptr::null_mut();
-        let flags = cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP;
-        // SAFETY: CUDA writes the address of 4 new bytes of pinned memory into `word`.
-        unsafe { cudarc::driver::sys::cuMemHostAlloc(&mut word, 4, flags) }.result().expect("pinned memory");
-        let word = word as *mut u32;
-        // SAFETY: `word` is 4 bytes of pinned memory, just allocated and aligned.
-        unsafe { word.write_volatile(0) };
-        HostFlag(word)
-    }
-
-    /// Makes `stream` wait until the word is set.
-    fn hold(&self, stream: &CudaStream) {
-        let wait = cudarc::driver::sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32;
-        // SAFETY: the stream is alive; with unified addressing the pinned word's host address is
-        // its device address, and the word outlives the wait (freed only after the stream drained).
-        unsafe { cudarc::driver::sys::cuStreamWaitValue32_v2(stream.cu_stream(), self.0 as u64, 1, wait) }
-            .result()
-            .expect("a stream wait");
-    }
-
-    /// Sets the word: the held streams go on.
-    fn set(&self) {
-        // SAFETY: the word is alive (freed in `drop`); the GPU only reads it.
-        unsafe { self.0.write_volatile(1) };
-    }
-}
-
-impl Drop for HostFlag {
-    fn drop(&mut self) {
-        self.set();
-        // SAFETY: allocated by `cuMemHostAlloc` in `new`, freed once; the streams that waited for
-        // it drained before it is dropped.
-        let _ = unsafe { cudarc::driver::sys::cuMemFreeHost(self.0 as *mut std::ffi::c_void) };
-    }
-}
-
 /// The all-reduce graph both ranks capture in [`with_a_captured_all_reduce`].
 type AllReduceGraph<'c> = Graph<(&'c Comm, CudaSlice<f32>)>;
 
 /// Both ranks join, make one all-reduce and capture another into a graph. Rank 1 then waits until
 /// rank 0 is done and aborts, never taking part in the graph's work; rank 0 runs `rank_0` with
 /// its stream, communicator and graph (which `rank_0` drops), aborts (`abort` says what that must
-/// do), tells rank 1, and returns what `rank_0` returned (`None` on rank 1).
+/// do), drops what `rank_0` returned, and tells rank 1.
 fn with_a_captured_all_reduce<R>(
     info: RankInfo,
     device: &Arc<CudaStream>,
     abort: &str,
     rank_0: impl FnOnce(&Arc<CudaStream>, &Comm, AllReduceGraph<'_>) -> R,
-) -> Option<R> {
+) {
     let (stream, mut rendezvous, comm) = join(&info, device);
     let mut buf = stream.clone_htod(&vec![(info.rank + 1) as f32; COUNT]).unwrap();
     comm.all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
@@ -276,13 +186,12 @@ fn with_a_captured_all_reduce<R>(
     if info.rank == 1 {
         rendezvous.barrier().expect("rank 0 done");
         drop(graph);
-        comm.abort().expect("abort");
-        return None;
+        return comm.abort().expect("abort");
     }
     let kept = rank_0(&stream, &comm, graph);
     comm.abort().expect(abort);
+    drop(kept);
     rendezvous.barrier().expect("tell rank 1");
-    Some(kept)
 }
 
 /// Rank 0 of [`graph_rank`]: launches the graph, which waits for rank 1 for ever, and stops it

@@ -110,13 +110,9 @@ impl Comm {
     /// teardown still work ([`Comm::finalize`] then only destroys, as NCCL forbids finalizing a
     /// revoked communicator). Local: each rank revokes its own. Children of a revoked communicator
     /// never share its resources. Graphs that captured its calls are no longer launched
-    /// ([`gpucomm_ordering::OrderError::ResourceClosed`]): the revoke unmaps the proxy pools
-    /// that NCCL's host nodes in those graphs write. Launches enqueued before the revoke skip
-    /// those host nodes from the revoke on (each graph's NCCL host nodes are gated when its
-    /// capture ends); their later NCCL kernels then find no work posted for the proxy and wait
-    /// until the communicator is aborted or destroyed, which ends them. A host node that stays
-    /// inside NCCL for a second (NCCL waits for room in a stuck proxy's pools) makes the revoke
-    /// fail with [`Error::StillInUse`], revoking nothing.
+    /// ([`gpucomm_ordering::OrderError::ResourceClosed`]): the revoke frees the pools their host
+    /// nodes write. Revoke once the graph launches already enqueued have finished (a launch
+    /// queued behind a hung call still runs its host node after the revoke).
     ///
     /// A nonblocking communicator is refused with NCCL's asynchronous error ([`Error::Nccl`] for
     /// `ncclCommGetAsyncError`) while it has one, or while a call of it is still in progress:
@@ -137,12 +133,6 @@ impl Comm {
             // SAFETY: `raw` is live and owned; the out-pointer is a live local.
             unsafe { crate::ffi::call!(ncclCommGetAsyncError(raw, &mut before), comm = raw) }?;
             crate::ffi::check("ncclCommGetAsyncError", before, Some(raw))?;
-        }
-        if !self.health.close_gates() {
-            return Err(Error::StillInUse {
-                what: "the communicator (NCCL's host node in a graph launch; it was not revoked)",
-                after: super::gate::HOST_NODE_WAIT,
-            });
         }
         let flags = nccl_sys::NCCL_REVOKE_DEFAULT as i32;
         // SAFETY: `raw` is live and owned; the flags are the only value NCCL accepts.

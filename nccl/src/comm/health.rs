@@ -49,7 +49,6 @@ use std::time::Duration;
 use cudarc::driver::CudaContext;
 use nccl_sys::{ncclComm, ncclResult_t};
 
-use super::gate::{self, Gates};
 use crate::error::{Error, Result};
 use crate::ffi::{call, call_unchecked, check};
 
@@ -70,13 +69,6 @@ const DEFERRED: u8 = 7;
 /// [`Access::resource_held`]: gpucomm_ordering::Access::resource_held
 pub(crate) struct GraphHold(Arc<Health>);
 
-impl gpucomm_ordering::Hold for GraphHold {
-    /// Gates the graph's NCCL host nodes behind this communicator's revoke (`gate`).
-    fn captured(&self, graph: cudarc::driver::sys::CUgraph) -> std::result::Result<(), cudarc::driver::DriverError> {
-        gate::gate_host_nodes(graph, &self.0.gates, crate::ffi::in_library)
-    }
-}
-
 impl GraphHold {
     pub(crate) fn new(health: &Arc<Health>) -> Self {
         health.graphs.fetch_add(1, Ordering::AcqRel);
@@ -95,8 +87,7 @@ impl Drop for GraphHold {
 enum Stopped {
     /// Revoked (now or before): its work is stopped.
     Yes,
-    /// Not stopped: the library has no `ncclCommRevoke`, or a graph's NCCL host node stayed
-    /// inside NCCL (`gate`), so that revoking would unmap the pools it writes.
+    /// Not stopped: the library has no `ncclCommRevoke`.
     No,
     /// Revoked while a call's background job may have been linked to it: NCCL freed the job
     /// and keeps a pointer to it, so the communicator must never be passed to NCCL again.
@@ -118,9 +109,6 @@ pub(crate) struct Health {
     /// Whether the communicator is nonblocking (what [`Comm::is_nonblocking`](crate::Comm::is_nonblocking)
     /// says): only a nonblocking one has background jobs that NCCL links to it ([`Health::revoke`]).
     nonblocking: bool,
-    /// The gates of the NCCL host nodes of graphs that hold the communicator's work, closed
-    /// before a revoke (`gate`).
-    gates: Gates,
 }
 
 // SAFETY: `raw` is only passed to `ncclCommAbort`, and only by whoever moved `state` to
@@ -141,7 +129,6 @@ impl Health {
             graphs: AtomicUsize::new(0),
             revoked: AtomicBool::new(false),
             nonblocking,
-            gates: Gates::default(),
         }
     }
 
@@ -149,14 +136,6 @@ impl Health {
     #[inline]
     pub(crate) fn is_nonblocking(&self) -> bool {
         self.nonblocking
-    }
-
-    /// Closes the gates of the NCCL host nodes of every graph that holds the communicator's work
-    /// (`gate`): called before `ncclCommRevoke`, which unmaps the pools those nodes write.
-    /// `false` (every gate left open) while a host node stays inside NCCL's callback for
-    /// [`gate::HOST_NODE_WAIT`]: the communicator must not be revoked then.
-    pub(crate) fn close_gates(&self) -> bool {
-        self.gates.close(gate::HOST_NODE_WAIT)
     }
 
     /// The owner revoked the communicator (`Comm::revoke`): its work is stopped already.
@@ -329,8 +308,7 @@ impl Health {
 
     /// Stops the communicator's work without waiting for the graphs that hold it
     /// (`ncclCommRevoke`), for whoever moved the state to `ABORTING` (or the owner's teardown).
-    /// [`Stopped::No`] when the library is older than the call (or a graph's host node stays
-    /// inside NCCL, see [`Health::close_gates`]): its kernels then run on until an
+    /// [`Stopped::No`] when the library is older than the call: its kernels then run on until an
     /// abort.
     fn stop_work(&self) -> Result<Stopped> {
         // Revoked already (NCCL would refuse a second revoke with ncclInvalidArgument): stopped.
@@ -363,14 +341,6 @@ impl Health {
     /// only): it is revoked and polled whatever its error state.
     #[cfg(nccl_2_28_7)]
     fn revoke(&self) -> Result<Stopped> {
-        if !self.close_gates() {
-            log::warn!(
-                "nccl: a graph's NCCL host node stayed inside NCCL for {:?}: the communicator is not revoked \
-                 (that would unmap the pools the node writes), so its work runs on until its teardown aborts it",
-                gate::HOST_NODE_WAIT
-            );
-            return Ok(Stopped::No);
-        }
         let raw = self.raw.as_ptr();
         let mut before = ncclResult_t::ncclSuccess;
         if self.nonblocking {

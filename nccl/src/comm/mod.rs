@@ -5,7 +5,6 @@
 //!   [`PendingComm`].
 //! * [`child`]: split, shrink, revoke.
 //! * [`health`]: who may abort a communicator and when ([`AbortHandle`]).
-//! * [`gate`]: NCCL's host nodes in captured graphs, closed off before a revoke.
 //! * [`wait`]: [`Comm::wait`], polling NCCL with deadlines.
 //! * [`watch`]: the opt-in timeout's record of enqueued work.
 //! * [`teardown`]: finalize, abort, drop.
@@ -17,7 +16,6 @@ mod borrowed;
 mod child;
 mod config;
 mod create;
-mod gate;
 mod health;
 mod parked;
 mod teardown;
@@ -438,7 +436,7 @@ impl Comm {
 
     /// What a capture of this communicator's calls, and the graph made of it, hold while they
     /// live (see `health`).
-    pub(crate) fn graph_hold(&self) -> Box<dyn gpucomm_ordering::Hold> {
+    pub(crate) fn graph_hold(&self) -> Box<dyn Send + Sync> {
         Box::new(health::GraphHold::new(&self.health))
     }
 
