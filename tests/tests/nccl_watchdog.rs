@@ -10,7 +10,8 @@
 //! * A timeout, or an `AbortHandle`, while a CUDA graph that captured the communicator is alive
 //!   (2 processes, as above): the wait returns, the communicator's work is stopped, and NCCL's
 //!   abort, which waits for every such graph, runs when the owner drops or aborts the
-//!   communicator.
+//!   communicator. When a launch of such a graph is held back behind other work, NCCL's revoke
+//!   waits for it: the abort gives up after 10 s and abandons the communicator.
 //! * One GPU, one rank: the recorder numbers and completes the calls of a watched communicator,
 //!   groups included; a borrowed communicator is used (directly, in a group, captured into a graph
 //!   that must keep it) and left to its owner, alive.
@@ -237,6 +238,91 @@ fn graph_rank_0(stream: &Arc<CudaStream>, comm: &Comm, mut graph: AllReduceGraph
     assert!(matches!(kept, Error::AbortPending), "{kept:?}");
     drop(registration);
     drop(graph);
+}
+
+#[test]
+#[ignore = "needs 1 GPU (2 processes share it): run by the GPU bundle"]
+fn a_timeout_while_a_graph_launch_is_held_behind_other_work_abandons_the_communicator_in_bounded_time() {
+    // Session 27. An abort deferred while a graph holds the communicator revokes it, and NCCL's
+    // revoke first waits for the work enqueued before it, graph launches included (the graphs
+    // record NCCL's stream event, which it synchronises). A launch held back behind work that
+    // never ends (here a stream wait that the test releases only afterwards) held the revoke, and
+    // with it the timed-out wait, for ever (one H100: the first form of this test hung on rank 0).
+    // The crate now waits 10 s for the revoke and then abandons the communicator: never passed
+    // to NCCL again (its revoke runs on in NCCL's background job), leaked at teardown.
+    let test = "a_timeout_while_a_graph_launch_is_held_behind_other_work_abandons_the_communicator_in_bounded_time";
+    multi_node_on_one_gpu(test, 2, |info, device| {
+        let abort = "an abandoned communicator's teardown calls nothing";
+        with_a_captured_all_reduce(info, &device, abort, |stream, comm, mut graph| {
+            let release = HostFlag::new();
+            release.hold(stream);
+            graph.launch().expect("the launch is enqueued behind the held stream");
+            let start = Instant::now();
+            let outcome = comm.wait(Some(TIMEOUT));
+            let took = start.elapsed();
+            assert!(matches!(outcome, Err(Error::Timeout { .. })), "{outcome:?}");
+            let revoke_wait = Duration::from_secs(10);
+            assert!(
+                took >= TIMEOUT + revoke_wait && took < TIMEOUT + revoke_wait + Duration::from_secs(5),
+                "the wait returned after {took:?}"
+            );
+            assert!(comm.is_aborted());
+            let refused = graph.launch().expect_err("a graph of an aborted communicator launched");
+            assert!(matches!(refused, OrderError::ResourceClosed { kind: "communicator" }), "{refused:?}");
+            // The held launch runs now: its kernel finds the abort flag the revoke set, and ends.
+            release.set();
+            let drained = stream.record_event(None).unwrap();
+            let released = Instant::now();
+            while !drained.try_is_complete().unwrap() {
+                assert!(released.elapsed() < Duration::from_secs(10), "the held launch still runs");
+                std::thread::sleep(POLL);
+            }
+            drop(graph);
+            println!("a graph launch held behind other work held the revoke: abandoned after {took:?}");
+        });
+    });
+}
+
+/// A word of pinned host memory that a stream can wait for (`cuStreamWaitValue32`): holds a
+/// stream's later work back until the host sets it.
+struct HostFlag(*mut u32);
+
+impl HostFlag {
+    fn new() -> Self {
+        let mut word = std::ptr::null_mut();
+        let flags = cudarc::driver::sys::CU_MEMHOSTALLOC_DEVICEMAP;
+        // SAFETY: CUDA writes the address of 4 new bytes of pinned memory into `word`.
+        unsafe { cudarc::driver::sys::cuMemHostAlloc(&mut word, 4, flags) }.result().expect("pinned memory");
+        let word = word as *mut u32;
+        // SAFETY: `word` is 4 bytes of pinned memory, just allocated and aligned.
+        unsafe { word.write_volatile(0) };
+        HostFlag(word)
+    }
+
+    /// Makes `stream` wait until the word is set.
+    fn hold(&self, stream: &CudaStream) {
+        let wait = cudarc::driver::sys::CUstreamWaitValue_flags::CU_STREAM_WAIT_VALUE_EQ as u32;
+        // SAFETY: the stream is alive; with unified addressing the pinned word's host address is
+        // its device address, and the word outlives the wait (the test drains the stream first).
+        unsafe { cudarc::driver::sys::cuStreamWaitValue32_v2(stream.cu_stream(), self.0 as u64, 1, wait) }
+            .result()
+            .expect("a stream wait");
+    }
+
+    /// Sets the word: the held streams go on.
+    fn set(&self) {
+        // SAFETY: the word is alive (freed in `drop`); the GPU only reads it.
+        unsafe { self.0.write_volatile(1) };
+    }
+}
+
+impl Drop for HostFlag {
+    fn drop(&mut self) {
+        self.set();
+        // SAFETY: allocated by `cuMemHostAlloc` in `new`, freed once, after the streams that
+        // waited for it went on.
+        let _ = unsafe { cudarc::driver::sys::cuMemFreeHost(self.0 as *mut std::ffi::c_void) };
+    }
 }
 
 #[test]

@@ -82,6 +82,11 @@ impl Drop for GraphHold {
     }
 }
 
+/// How long stopping a communicator's work waits for NCCL's revoke to complete ([`Health::revoke`]):
+/// normally milliseconds, once the abort flag it sets has ended the kernels.
+#[cfg(nccl_2_28_7)]
+const REVOKE_WAIT: Duration = Duration::from_secs(10);
+
 /// What stopping a communicator's work ([`Health::stop_work`]) came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Stopped {
@@ -89,8 +94,9 @@ enum Stopped {
     Yes,
     /// Not stopped: the library has no `ncclCommRevoke`.
     No,
-    /// Revoked while a call's background job may have been linked to it: NCCL freed the job
-    /// and keeps a pointer to it, so the communicator must never be passed to NCCL again.
+    /// Revoked while a call's background job may have been linked to it (NCCL freed the job
+    /// and keeps a pointer to it), or revoked without completing within [`REVOKE_WAIT`] (the
+    /// revoke runs on in NCCL's background): the communicator must never be passed to NCCL again.
     Abandon,
 }
 
@@ -339,6 +345,13 @@ impl Health {
     ///
     /// A blocking communicator never has a job linked (NCCL links them in nonblocking groups
     /// only): it is revoked and polled whatever its error state.
+    ///
+    /// The polling is bounded by [`REVOKE_WAIT`]. NCCL's revoke first waits for the work
+    /// enqueued before it, graph launches included (with NCCL's graph mixing on, its default, the
+    /// graphs record NCCL's stream event, which the revoke synchronises), so a launch held back
+    /// behind work that never ends holds it as long (one H100, session 27: a launch held by a
+    /// stream wait). Past the bound the revoke is left running in NCCL's background job, which
+    /// still uses the communicator: it is never passed to NCCL again ([`Stopped::Abandon`]).
     #[cfg(nccl_2_28_7)]
     fn revoke(&self) -> Result<Stopped> {
         let raw = self.raw.as_ptr();
@@ -364,7 +377,17 @@ impl Health {
             }
             return Ok(Stopped::Abandon);
         }
+        let start = std::time::Instant::now();
         while state == ncclResult_t::ncclInProgress {
+            if start.elapsed() >= REVOKE_WAIT {
+                log::error!(
+                    "nccl: revoking a communicator did not complete within {REVOKE_WAIT:?} (NCCL's revoke waits \
+                     for the work enqueued before it, such as a graph launch held behind other work); the \
+                     revoke runs on in NCCL's background, so the communicator is never passed to NCCL again, \
+                     and what it holds is leaked"
+                );
+                return Ok(Stopped::Abandon);
+            }
             std::thread::sleep(Duration::from_micros(200));
             // SAFETY: as above; no job was linked before the revoke (asked above).
             unsafe { call!(ncclCommGetAsyncError(raw, &mut state)) }?;

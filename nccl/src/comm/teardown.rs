@@ -126,7 +126,10 @@ impl Comm {
     /// communicator is freed anyway, or [`Error::Abandoned`] when NCCL could not be called (what
     /// NCCL may still use is then leaked). A communicator aborted earlier while CUDA graphs that
     /// captured it were alive (by a timeout or an [`AbortHandle`](crate::AbortHandle)) was only
-    /// stopped then; it is freed here. [`Error::GraphForgotten`] when a CUDA graph that captured it
+    /// stopped then (`ncclCommRevoke`); it is freed here. That stop waits at most 10 s for NCCL,
+    /// whose revoke first waits for the work enqueued before it: past that (a graph launch held
+    /// behind work that never ends) the communicator was abandoned, and is leaked here, as is
+    /// one whose call was still in progress. [`Error::GraphForgotten`] when a CUDA graph that captured it
     /// was forgotten: NCCL's abort would wait for it for ever, so the communicator is leaked.
     #[doc(alias = "ncclCommAbort")]
     pub fn abort(self) -> Result<()> {
