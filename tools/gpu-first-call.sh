@@ -12,6 +12,12 @@
 # FILTERS: passed to bundle/run.sh (`none`: skip the runner). LIMIT (default 560 s): the whole
 # command's bound; the runner gets what the explored tests leave (RUN_BUDGET).
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
+# Everything comes from the environment: an argument (a filter meant for the runner) would be
+# ignored and the whole runner run instead, as happened once.
+if [ $# -gt 0 ]; then
+    echo "first-call.sh takes no arguments (got: $*): set FILTERS=\"...\" for the runner" >&2
+    exit 2
+fi
 LIMIT=${LIMIT:-560}
 SECONDS=0
 tar xJf bundle-carry/bundle.tar.xz

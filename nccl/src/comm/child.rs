@@ -111,8 +111,9 @@ impl Comm {
     /// revoked communicator). Local: each rank revokes its own. Children of a revoked communicator
     /// never share its resources. Graphs that captured its calls are no longer launched
     /// ([`gpucomm_ordering::OrderError::ResourceClosed`]): the revoke frees the pools their host
-    /// nodes write. Revoke once the graph launches already enqueued have finished (a launch
-    /// queued behind a hung call still runs its host node after the revoke).
+    /// nodes write. NCCL's revoke first waits for the work enqueued before it, graph launches
+    /// included: a launch held back behind work that never ends holds the revoke as long (on a
+    /// nonblocking communicator, until its timeout, if it has one: see [`Comm::set_timeout`]).
     ///
     /// A nonblocking communicator is refused with NCCL's asynchronous error ([`Error::Nccl`] for
     /// `ncclCommGetAsyncError`) while it has one, or while a call of it is still in progress:
