@@ -225,12 +225,7 @@ fn graph_rank_0(stream: &Arc<CudaStream>, comm: &Comm, mut graph: AllReduceGraph
     assert!(took < TIMEOUT + Duration::from_secs(3), "{stop:?}: the wait returned after {took:?}");
     assert!(comm.is_aborted());
     // The graph's kernel was stopped: the stream drains although the peer never joined.
-    let drained = stream.record_event(None).unwrap();
-    let stopped = Instant::now();
-    while !drained.try_is_complete().unwrap() {
-        assert!(stopped.elapsed() < Duration::from_secs(10), "the graph's work still runs after the abort");
-        std::thread::sleep(POLL);
-    }
+    drains(stream, "the graph's work still runs after the abort");
     let refused = graph.launch().expect_err("a graph of an aborted communicator launched");
     assert!(matches!(refused, OrderError::ResourceClosed { kind: "communicator" }), "{refused:?}");
     // NCCL keeps the registration until the communicator is freed: the buffer is not given back.
@@ -271,16 +266,22 @@ fn a_timeout_while_a_graph_launch_is_held_behind_other_work_abandons_the_communi
             assert!(matches!(refused, OrderError::ResourceClosed { kind: "communicator" }), "{refused:?}");
             // The held launch runs now: its kernel finds the abort flag the revoke set, and ends.
             release.set();
-            let drained = stream.record_event(None).unwrap();
-            let released = Instant::now();
-            while !drained.try_is_complete().unwrap() {
-                assert!(released.elapsed() < Duration::from_secs(10), "the held launch still runs");
-                std::thread::sleep(POLL);
-            }
+            drains(stream, "the held launch still runs");
             drop(graph);
             println!("a graph launch held behind other work held the revoke: abandoned after {took:?}");
         });
     });
+}
+
+/// Asserts that the work enqueued on `stream` so far completes within 10 s (`still_runs` says
+/// what it means when it does not).
+fn drains(stream: &CudaStream, still_runs: &str) {
+    let drained = stream.record_event(None).unwrap();
+    let start = Instant::now();
+    while !drained.try_is_complete().unwrap() {
+        assert!(start.elapsed() < Duration::from_secs(10), "{still_runs}");
+        std::thread::sleep(POLL);
+    }
 }
 
 /// A word of pinned host memory that a stream can wait for (`cuStreamWaitValue32`): holds a
