@@ -299,13 +299,8 @@ impl Health {
     fn defer(&self) -> Result<()> {
         let stopped = self.stop_work();
         if let Ok(Stopped::Abandon) = stopped {
+            // `revoke` logged why.
             self.state.store(ABANDONED, Ordering::Release);
-            log::error!(
-                "nccl: a nonblocking communicator aborted while a call of it was in progress or had failed, \
-                 and while graphs held its work, was revoked and is abandoned: NCCL keeps a pointer to the \
-                 call's job that the revoke freed, so the communicator is never passed to NCCL again, and what \
-                 it holds is leaked"
-            );
         } else {
             self.state.store(DEFERRED, Ordering::Release);
         }
@@ -375,6 +370,12 @@ impl Health {
                     log::warn!("nccl: revoking a communicator being abandoned: {e}");
                 }
             }
+            log::error!(
+                "nccl: a nonblocking communicator stopped while a call of it was in progress or had failed, \
+                 and while graphs held its work, was revoked and is abandoned: NCCL keeps a pointer to the \
+                 call's job that the revoke freed, so the communicator is never passed to NCCL again, and what \
+                 it holds is leaked"
+            );
             return Ok(Stopped::Abandon);
         }
         let start = std::time::Instant::now();
