@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::{result, sys, CudaSlice, CudaStream, DevicePtr, DevicePtrMut};
-use gpucomm_examples::bench::{flag, switch, RawAllReduce};
+use gpucomm_examples::bench::{flag, pin, switch, RawAllReduce};
 use gpucomm_ordering::Access;
 use nccl::launch::run_main;
 use nccl::{Collectives, Comm, DeviceBufferMut, MemBuffer, ReduceOp};
@@ -110,39 +110,6 @@ impl Options {
         }
         Ok(Options { reps, pin: !switch("--no-pin") })
     }
-}
-
-/// Pins this thread to one CPU of its own, so that the scheduler cannot move it between the
-/// timed calls (a move costs its caches, and shows as microseconds in a sample). The CPUs this
-/// process may use are split into one block per rank; rank `r` takes the second CPU of block `r`
-/// (the first of block 0 is usually CPU 0, which takes most interrupts), or the block's only one.
-/// Called after NCCL's setup, whose own threads keep the affinity they were started with.
-fn pin(rank: usize, size: usize) -> Result<usize, Box<dyn Error>> {
-    // SAFETY: `cpu_set_t` is plain bits, for which all zeroes is the empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `set` is a valid, writable `cpu_set_t` of the size passed.
-    if unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) } != 0 {
-        return Err(format!("sched_getaffinity: {}", std::io::Error::last_os_error()).into());
-    }
-    // SAFETY: `CPU_ISSET` reads the set, for CPU numbers below its capacity.
-    let allowed: Vec<usize> =
-        (0..libc::CPU_SETSIZE as usize).filter(|&c| unsafe { libc::CPU_ISSET(c, &set) }).collect();
-    if allowed.is_empty() {
-        return Err("sched_getaffinity returned no CPU".into());
-    }
-    let block = (allowed.len() / size.max(1)).max(1);
-    let first = rank * block;
-    let cpu = allowed[(first + usize::from(block > 1)).min(allowed.len() - 1)];
-    // SAFETY: as above; the set is then handed to the kernel, which copies it.
-    unsafe {
-        libc::CPU_ZERO(&mut set);
-        libc::CPU_SET(cpu, &mut set);
-    }
-    // SAFETY: `set` is a valid `cpu_set_t` of the size passed; 0 is the calling thread.
-    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
-        return Err(format!("sched_setaffinity(CPU {cpu}): {}", std::io::Error::last_os_error()).into());
-    }
-    Ok(cpu)
 }
 
 /// The buffers of one row: one send buffer and `GROUP` receive buffers, as cudarc or NCCL memory.

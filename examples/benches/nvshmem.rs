@@ -6,7 +6,12 @@
 //!   with CUDA events after a warm-up, through the raw `nvshmem-sys` function and through
 //!   [`nvshmem::Runtime::put_on_stream`], interleaved;
 //! * host time per call: 64-byte puts through both, batches of each in turn, with the median of
-//!   the paired differences;
+//!   the paired differences; beside them, batches of raw puts each preceded by the library calls
+//!   a safe put makes beyond the raw one (`cuStreamIsCapturing`, `cuCtxGetCurrent`,
+//!   `nvshmem_ptr`), which split the safe put's extra time into those calls and the crate's own
+//!   code, and each of those calls timed alone (with `cuCtxSetCurrent`, which a safe call makes
+//!   only when another context was current). Like `host-cost`, the thread is pinned to one CPU
+//!   of its own for these;
 //! * latency: a device-side ping-pong (`examples/kernels/nvshmem_bench.cu`): one thread on each of
 //!   PEs 0 and 1 bouncing a counter with `nvshmem_int_p` and `nvshmem_int_wait_until`.
 //!
@@ -34,6 +39,9 @@
 //! | device p ping-pong, half round trip, µs | 1.23 | — | 1.23 | goal 1.23 ± 0.05 |
 //! ```
 //!
+//! followed by two lines on where a safe put's extra host time goes (the raw put after the safe
+//! put's library calls, and each call alone, in nanoseconds).
+//!
 //! The program fails only when a result is wrong (the data a put delivered, the ping-pong
 //! counter); the figures are reported, not enforced.
 
@@ -42,7 +50,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use cudarc::driver::sys::CUevent_flags;
-use cudarc::driver::{CudaStream, LaunchConfig};
+use cudarc::driver::{result, CudaStream, LaunchConfig};
+use gpucomm_examples::bench::pin;
 use nvshmem::launch::run_main;
 use nvshmem::sys::function;
 use nvshmem::{Runtime, Symmetric};
@@ -62,11 +71,13 @@ const C_HALF_RTT: f64 = 1.23;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-/// One way of issuing `nvshmemx_putmem_on_stream`: through the safe crate or the raw function.
+/// One way of issuing `nvshmemx_putmem_on_stream`: through the safe crate or the raw function
+/// (in the host-time batches also the raw function after the safe put's library calls).
 #[derive(Clone, Copy)]
 enum Way {
     Safe,
     Raw,
+    RawAfterCalls,
 }
 
 /// Puts of `src` into the next PE's `dst`, on `stream`.
@@ -84,7 +95,7 @@ impl Puts<'_> {
         let (dst, src) = (self.dst.slice(..bytes)?, self.src.slice(..bytes)?);
         match way {
             Way::Safe => self.rt.put_on_stream(&dst, &src, self.pe, self.stream)?,
-            Way::Raw => {
+            Way::Raw | Way::RawAfterCalls => {
                 let f = function!(nvshmem::sys::library()?, nvshmemx_putmem_on_stream)?;
                 // SAFETY: both ranges are live symmetric memory of `bytes` bytes on this PE's
                 // device, `pe` is in range, the stream belongs to this device, whose context the
@@ -123,43 +134,55 @@ impl Puts<'_> {
     }
 
     /// Host time of one `SMALL`-byte put, in µs: `BATCHES` rounds, each timing a batch of `BATCH`
-    /// raw calls and a batch of `BATCH` safe ones (which goes first alternates), the stream
-    /// drained before every batch so that its queue never fills. Returns the medians of the raw
-    /// and the safe batches and the median of the paired differences (safe − raw of one round).
-    /// The raw calls resolve the function and the addresses once, outside the timed loop.
+    /// raw calls, a batch of `BATCH` safe ones and a batch of `BATCH` raw calls each preceded by
+    /// the library calls a safe put makes beyond the raw one (which goes first rotates), the
+    /// stream drained before every batch so that its queue never fills. Returns the medians of
+    /// each way and the median of the paired differences (safe − raw of one round). The raw calls
+    /// resolve the functions and the addresses once, outside the timed loop.
     fn host_cost(&self) -> Res<HostCost> {
         let (dst, src) = (self.dst.slice(..SMALL)?, self.src.slice(..SMALL)?);
         let raw = function!(nvshmem::sys::library()?, nvshmemx_putmem_on_stream)?;
+        let calls = SafeCalls::new(self.stream)?;
         let (d, s, pe, stream) = (dst.device_address(), src.device_address(), self.pe, self.stream);
         let batch = |way: Way| -> Res<f64> {
             stream.synchronize()?;
             let t = Instant::now();
             for _ in 0..BATCH {
-                match way {
-                    Way::Safe => self.rt.put_on_stream(&dst, &src, pe, stream)?,
-                    // SAFETY: as in `put`, for `SMALL` bytes.
-                    Way::Raw => unsafe {
-                        raw(d as *mut c_void, s as *const c_void, SMALL, pe as i32, stream.cu_stream() as _)
-                    },
+                if let Way::Safe = way {
+                    self.rt.put_on_stream(&dst, &src, pe, stream)?;
+                    continue;
                 }
+                if let Way::RawAfterCalls = way {
+                    calls.capturing()?;
+                    calls.current()?;
+                    calls.ptr(d, pe);
+                }
+                // SAFETY: as in `put`, for `SMALL` bytes.
+                unsafe { raw(d as *mut c_void, s as *const c_void, SMALL, pe as i32, stream.cu_stream() as _) };
             }
             Ok(t.elapsed().as_secs_f64() * 1e6 / BATCH as f64)
         };
-        let (mut raws, mut safes, mut pairs) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut raws, mut safes, mut after_calls, mut pairs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let ways = [Way::Raw, Way::Safe, Way::RawAfterCalls];
         for round in 0..BATCHES {
-            let (r, s) = if round % 2 == 0 {
-                let r = batch(Way::Raw)?;
-                (r, batch(Way::Safe)?)
-            } else {
-                let s = batch(Way::Safe)?;
-                (batch(Way::Raw)?, s)
-            };
-            raws.push(r);
-            safes.push(s);
-            pairs.push(s - r);
+            let mut times = [0.0; 3];
+            for k in 0..3 {
+                let i = (round + k) % 3;
+                times[i] = batch(ways[i])?;
+            }
+            raws.push(times[0]);
+            safes.push(times[1]);
+            after_calls.push(times[2]);
+            pairs.push(times[1] - times[0]);
         }
         stream.synchronize()?;
-        Ok(HostCost { raw: median(raws), safe: median(safes), paired: median(pairs) })
+        Ok(HostCost {
+            raw: median(raws),
+            safe: median(safes),
+            paired: median(pairs),
+            raw_after_calls: median(after_calls),
+            alone: calls.alone(d, pe)?,
+        })
     }
 }
 
@@ -168,6 +191,71 @@ struct HostCost {
     raw: f64,
     safe: f64,
     paired: f64,
+    /// The raw put after the library calls a safe put makes beyond it.
+    raw_after_calls: f64,
+    /// Each of those calls alone, and `cuCtxSetCurrent`, ns: see [`SafeCalls::alone`].
+    alone: [f64; 4],
+}
+
+/// The library calls a safe put makes beyond the raw one, made directly: the capture query of its
+/// stream, the check that the PE's context is current, and the target's address for the
+/// source/destination overlap check.
+struct SafeCalls<'a> {
+    stream: &'a CudaStream,
+    ptr: unsafe extern "C" fn(*const c_void, i32) -> *mut c_void,
+}
+
+impl<'a> SafeCalls<'a> {
+    fn new(stream: &'a CudaStream) -> Res<Self> {
+        Ok(SafeCalls { stream, ptr: *function!(nvshmem::sys::library()?, nvshmem_ptr)? })
+    }
+
+    /// `cuStreamIsCapturing` on the stream.
+    fn capturing(&self) -> Res<()> {
+        // SAFETY: the stream is alive (borrowed).
+        unsafe { result::stream::is_capturing(self.stream.cu_stream()) }?;
+        Ok(())
+    }
+
+    /// `cuCtxGetCurrent`, compared with the stream's context.
+    fn current(&self) -> Res<bool> {
+        Ok(result::ctx::get_current()? == Some(self.stream.context().cu_ctx()))
+    }
+
+    /// `nvshmem_ptr` of `addr` (symmetric) on `pe`.
+    fn ptr(&self, addr: u64, pe: usize) -> *mut c_void {
+        // SAFETY: NVSHMEM is initialised, `addr` lies in a live symmetric allocation and `pe` is
+        // in range; nvshmem_ptr only computes an address.
+        unsafe { (self.ptr)(addr as *const c_void, pe as i32) }
+    }
+
+    /// Median ns per call, over `BATCHES` batches of `BATCH` calls, of each call alone, warm:
+    /// `cuStreamIsCapturing`, `cuCtxGetCurrent`, `nvshmem_ptr` and `cuCtxSetCurrent` of the
+    /// context already current (which a safe call skips).
+    fn alone(&self, addr: u64, pe: usize) -> Res<[f64; 4]> {
+        let ctx = self.stream.context().cu_ctx();
+        let each = |call: &mut dyn FnMut() -> Res<()>| -> Res<f64> {
+            let mut batches = Vec::with_capacity(BATCHES);
+            for _ in 0..BATCHES {
+                let t = Instant::now();
+                for _ in 0..BATCH {
+                    call()?;
+                }
+                batches.push(t.elapsed().as_secs_f64() * 1e9 / BATCH as f64);
+            }
+            Ok(median(batches))
+        };
+        Ok([
+            each(&mut || self.capturing())?,
+            each(&mut || self.current().map(drop))?,
+            each(&mut || {
+                std::hint::black_box(self.ptr(addr, pe));
+                Ok(())
+            })?,
+            // SAFETY: the stream's context is alive (the stream holds it) and current already.
+            each(&mut || Ok(unsafe { result::ctx::set_current(ctx) }?))?,
+        ])
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -237,6 +325,9 @@ fn main() -> std::process::ExitCode {
         if stream.clone_dtoh(&dst)?.into_iter().zip(pattern(prev)).any(|(a, b)| a != b) {
             return Err(format!("PE {me}: the 256 MiB buffer from PE {prev} is wrong").into());
         }
+        // The host times are taken on one CPU, as host-cost takes them: a thread the scheduler
+        // moves pays for cold caches in the samples of both ways.
+        let cpu = pin(me, n)?;
         let cost = puts.host_cost()?;
         rt.barrier_all_on_stream(&stream)?;
         // With one PE there is no one to bounce the counter with.
@@ -264,6 +355,18 @@ fn main() -> std::process::ExitCode {
         let met =
             bw[1] >= 0.98 * C_BANDWIDTH && cost.paired <= 0.15 && (!active || (half_rtt - C_HALF_RTT).abs() <= 0.05);
         println!("{table}PE {me}: goals {}", if met { "met" } else { "missed (see the table)" });
+        println!(
+            "PE {me}: where a safe put's host time goes (pinned to CPU {cpu}), median µs per put: raw {:.2}, raw after the safe put's library calls (cuStreamIsCapturing, cuCtxGetCurrent, nvshmem_ptr) {:.2}, safe {:.2}: the calls add {:+.2}, the crate's own code {:+.2}",
+            cost.raw,
+            cost.raw_after_calls,
+            cost.safe,
+            cost.raw_after_calls - cost.raw,
+            cost.safe - cost.raw_after_calls
+        );
+        let [capturing, current, ptr, set] = cost.alone;
+        println!(
+            "PE {me}: each alone, warm, ns per call: cuStreamIsCapturing {capturing:.0}, cuCtxGetCurrent {current:.0}, nvshmem_ptr {ptr:.0}; cuCtxSetCurrent of the current context {set:.0} (a safe call makes it only when another context is current)"
+        );
         if n == 1 {
             println!("PE 0 of 1: the puts went to this PE itself (a copy inside the GPU); the ping-pong needs 2 PEs");
         }

@@ -41,7 +41,15 @@ pub fn placement(own: &Arc<CudaContext>, arg: &Arc<CudaContext>) -> Placement {
 /// recorded in it: for the calls that must not fail for that — an abort, a collective step the
 /// other ranks or PEs take too, a completion that must not be skipped, the end of a capture — and
 /// that leave the error recorded for cudarc's next checked call.
+///
+/// Like `bind_to_thread`, it asks which context is current first (`cuCtxGetCurrent`, a read of
+/// the thread's state) and sets only another one (`cuCtxSetCurrent`, which the driver validates):
+/// every NVSHMEM call makes its PE's context current, and the thread almost always has it already.
+/// Setting the current context again would change nothing.
 pub fn make_current(ctx: &CudaContext) -> Result<(), DriverError> {
+    if result::ctx::get_current()? == Some(ctx.cu_ctx()) {
+        return Ok(());
+    }
     // SAFETY: `cu_ctx` is the context `ctx` owns, alive as long as `ctx` (borrowed here); making a
     // live context current has no other precondition.
     unsafe { result::ctx::set_current(ctx.cu_ctx()) }
