@@ -229,12 +229,12 @@ impl<'a> Group<'a> {
     }
 
     /// Issues every recorded call between `ncclGroupStart` and `end` (which calls `ncclGroupEnd`
-    /// or, when `simulated`, `ncclGroupSimulateEnd`, and is named `name`), then settles each
-    /// communicator's work; the guards are released afterwards, when the group is dropped.
+    /// or `ncclGroupSimulateEnd` and is named `name`), then settles each communicator's work; the
+    /// guards are released afterwards, when the group is dropped.
     ///
     /// Nothing is issued unless every communicator in the group is still live: a call records its
     /// communicator's handle, and a communicator aborted since (later in the closure) is freed.
-    fn launch(&mut self, name: &'static str, end: impl FnOnce() -> ncclResult_t, simulated: bool) -> Result<()> {
+    fn launch(&mut self, name: &'static str, end: impl FnOnce() -> ncclResult_t) -> Result<()> {
         let recorded = self.recorded.get_mut();
         if recorded.calls.is_empty() {
             return Ok(());
@@ -283,10 +283,7 @@ impl<'a> Group<'a> {
                 settled = s;
             }
         }
-        // A simulated group launched nothing, unless its communicators are nonblocking (NCCL runs
-        // the group then): the flight recorders list only work that was enqueued.
-        let launched = !simulated || recorded.settle.first().is_some_and(|(c, _)| c.is_nonblocking());
-        if launched && issued.is_ok() && settled.is_ok() && crate::watchdog::active() {
+        if issued.is_ok() && settled.is_ok() && crate::watchdog::active() {
             recorded.note_calls();
         }
         // Joined whatever happened: a group that failed after `ncclGroupEnd` may have launched
@@ -376,7 +373,7 @@ fn run<'a, R>(
             return Err(Error::NotSimulable { call: c.name() });
         }
     }
-    group.launch(name, end, simulated)?;
+    group.launch(name, end)?;
     // `group` is dropped here: the stream guards record "in use until here" after the settling.
     Ok(value)
 }
