@@ -1636,7 +1636,8 @@ fn an_unrelated_cuda_error_does_not_stop_a_teardown() {
 /// Before: a buffer or stream of another CUDA context of the PE's device (cudarc's safe
 /// `CudaContext::new_non_primary`) passed the device check, as the ordinals matched, and NVSHMEM,
 /// in the PE's context, would have used memory that context does not map. Now each is
-/// `Error::WrongContext`, and the runtime keeps working.
+/// `Error::WrongContext`, and the runtime keeps working; a put made while that other context is
+/// current runs in the PE's context and leaves it current.
 #[test]
 #[ignore = "needs 1 GPU: run by the GPU bundle"]
 fn a_buffer_or_stream_of_another_context_of_the_device_is_refused() {
@@ -1652,6 +1653,16 @@ fn a_buffer_or_stream_of_another_context_of_the_device_is_refused() {
         let src = rt.alloc::<i32>(16).unwrap();
         let refused = rt.put_on_stream(&dst, &src, me, &elsewhere).unwrap_err();
         assert!(matches!(refused, Error::WrongContext { what: "stream", .. }), "{refused:?}");
+        // A put made while the other context is current makes the PE's current first (the one
+        // case in which `make_current` sets a context rather than finding it current already).
+        let values: Vec<i32> = (0..16).map(|i| value(me, i)).collect();
+        stream.memcpy_htod(&values, &mut src.as_slice()).unwrap();
+        other.bind_to_thread().unwrap();
+        rt.put_on_stream(&dst, &src, me, &stream).unwrap();
+        let current = cudarc::driver::result::ctx::get_current().unwrap();
+        assert_eq!(current, Some(rt.context().cu_ctx()), "the put left the PE's context current");
+        rt.barrier_all_on_stream(&stream).unwrap();
+        assert_eq!(stream.clone_dtoh(&dst).unwrap(), values, "the put with another context current");
         dst.free().map_err(|(_, e)| e).unwrap();
         src.free().map_err(|(_, e)| e).unwrap();
         still_works(&rt, &stream);
