@@ -71,10 +71,17 @@ const C_HALF_RTT: f64 = 1.23;
 
 type Res<T> = Result<T, Box<dyn std::error::Error>>;
 
-/// One way of issuing `nvshmemx_putmem_on_stream`: through the safe crate or the raw function
-/// (in the host-time batches also the raw function after the safe put's library calls).
+/// One way of issuing `nvshmemx_putmem_on_stream`: through the safe crate or the raw function.
 #[derive(Clone, Copy)]
 enum Way {
+    Safe,
+    Raw,
+}
+
+/// The host-time batches' ways: [`Way`]'s, and the raw function after the library calls a safe put
+/// makes beyond it.
+#[derive(Clone, Copy)]
+enum Batch {
     Safe,
     Raw,
     RawAfterCalls,
@@ -95,7 +102,7 @@ impl Puts<'_> {
         let (dst, src) = (self.dst.slice(..bytes)?, self.src.slice(..bytes)?);
         match way {
             Way::Safe => self.rt.put_on_stream(&dst, &src, self.pe, self.stream)?,
-            Way::Raw | Way::RawAfterCalls => {
+            Way::Raw => {
                 let f = function!(nvshmem::sys::library()?, nvshmemx_putmem_on_stream)?;
                 // SAFETY: both ranges are live symmetric memory of `bytes` bytes on this PE's
                 // device, `pe` is in range, the stream belongs to this device, whose context the
@@ -144,15 +151,15 @@ impl Puts<'_> {
         let raw = function!(nvshmem::sys::library()?, nvshmemx_putmem_on_stream)?;
         let calls = SafeCalls::new(self.stream)?;
         let (d, s, pe, stream) = (dst.device_address(), src.device_address(), self.pe, self.stream);
-        let batch = |way: Way| -> Res<f64> {
+        let batch = |way: Batch| -> Res<f64> {
             stream.synchronize()?;
             let t = Instant::now();
             for _ in 0..BATCH {
-                if let Way::Safe = way {
+                if let Batch::Safe = way {
                     self.rt.put_on_stream(&dst, &src, pe, stream)?;
                     continue;
                 }
-                if let Way::RawAfterCalls = way {
+                if let Batch::RawAfterCalls = way {
                     calls.capturing()?;
                     calls.current()?;
                     calls.ptr(d, pe);
@@ -163,7 +170,7 @@ impl Puts<'_> {
             Ok(t.elapsed().as_secs_f64() * 1e6 / BATCH as f64)
         };
         let (mut raws, mut safes, mut after_calls, mut pairs) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
-        let ways = [Way::Raw, Way::Safe, Way::RawAfterCalls];
+        let ways = [Batch::Raw, Batch::Safe, Batch::RawAfterCalls];
         for round in 0..BATCHES {
             let mut times = [0.0; 3];
             for k in 0..3 {
