@@ -186,10 +186,11 @@ pub enum Error {
     )]
     HeapExhausted {
         /// What the request takes of the limit: its size (plus its alignment for an aligned
-        /// allocation, which `nvshmem_align` may need), rounded up to the heap's granularity
-        /// ([`crate::HeapLimit::granularity`]).
+        /// allocation, which `nvshmem_align` may need), rounded up to NVSHMEM's 512-byte chunks
+        /// and to the heap's granularity ([`crate::HeapLimit::granularity`]).
         bytes: usize,
-        /// Bytes of this process's live symmetric buffers.
+        /// Bytes of the heap that this process's live symmetric buffers hold: each one's size
+        /// plus its alignment (for an aligned one), rounded up to NVSHMEM's 512-byte chunks.
         in_use: usize,
         /// Bytes of the limit held back for NVSHMEM's own symmetric buffers
         /// ([`crate::HeapLimit::reserved`]).

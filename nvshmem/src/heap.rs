@@ -87,6 +87,9 @@ pub struct Symmetric<'rt, T> {
     len: usize,
     rt: &'rt Runtime,
     tracker: StreamTracker,
+    /// What the buffer holds of the heap ([`Request::held`]): counted in the runtime's bytes in
+    /// use from its allocation to its free.
+    held: usize,
     /// Set by the consuming teardown once the C resource is gone: `Drop` then has nothing to do.
     released: bool,
     _elem: PhantomData<T>,
@@ -156,7 +159,7 @@ impl Runtime {
         };
         // Every PE asks, whether or not it refuses, so that every PE reaches the same verdict.
         let local = self.local_check::<T>(len, &how);
-        let bytes = local.as_ref().map_or(0, |(bytes, _)| *bytes as u64);
+        let bytes = local.as_ref().map_or(0, |(request, _)| request.bytes as u64);
         let op = if let Alloc::Zeroed = how { Op::AllocZeroed } else { Op::Alloc };
         let ask = Ask { op, bytes, align, offset: 0, refused: local.is_err() };
         let agreement = self.agreement()?;
@@ -167,7 +170,7 @@ impl Runtime {
         // This PE's refusal, decided before the agreement and told to the others through it:
         // nothing after the agreement may fail on one PE alone, which would leave the others
         // waiting inside `nvshmem_malloc`.
-        let (bytes, tracker) = local?;
+        let (Request { bytes, held }, tracker) = local?;
         agreed.check(op, None)?;
         // SAFETY: NVSHMEM is initialised (the runtime exists) and its context is current (made so
         // before the agreement, which makes no other current); the sizes are non-zero and, with the
@@ -180,8 +183,8 @@ impl Runtime {
             }
         }?;
         let ptr = NonNull::new(ptr).ok_or(Error::OutOfMemory { bytes })?;
-        self.heap_in_use.set(self.heap_in_use.get() + bytes);
-        let buffer = Symmetric { ptr, len, rt: self, tracker, released: false, _elem: PhantomData };
+        self.heap_in_use.set(self.heap_in_use.get() + held);
+        let buffer = Symmetric { ptr, len, rt: self, tracker, held, released: false, _elem: PhantomData };
         if let Alloc::Zeroed = how {
             // Zeroed, on every PE, before this returns: the tracker, which knows no use of the
             // buffer, needs nothing recorded. On failure the buffer is dropped, and so leaked (with
@@ -193,21 +196,37 @@ impl Runtime {
 }
 
 impl Runtime {
-    /// This PE's own verdict on an allocation of `len` elements of `T`: its size in bytes and the
-    /// buffer's tracker, or why it is refused. Every refusal is decided here, so that a PE that
-    /// refuses still takes part in the agreement (the others would wait for it otherwise).
-    fn local_check<T>(&self, len: usize, how: &Alloc) -> Result<(usize, StreamTracker)> {
-        let bytes = check_size::<T>(len, how, self.heap_in_use.get(), self.info().heap)?;
-        Ok((bytes, StreamTracker::new(self.stream())?))
+    /// This PE's own verdict on an allocation of `len` elements of `T`: its size and the buffer's
+    /// tracker, or why it is refused. Every refusal is decided here, so that a PE that refuses
+    /// still takes part in the agreement (the others would wait for it otherwise).
+    fn local_check<T>(&self, len: usize, how: &Alloc) -> Result<(Request, StreamTracker)> {
+        let request = check_size::<T>(len, how, self.heap_in_use.get(), self.info().heap)?;
+        Ok((request, StreamTracker::new(self.stream())?))
     }
 }
 
-/// The size in bytes of an allocation of `len` elements of `T` made `how`, checked: alignment,
-/// overflow, zero bytes, and the heap's `limit` with `in_use` bytes already allocated (see
-/// [`HeapLimit`]). An aligned allocation counts its alignment too: `nvshmem_align` may need up to
-/// size + alignment bytes of the heap (it grows the dynamic heap by as much, rounded up, when they
-/// are not there). [`HeapLimit::malloc_alignment`] counts the same way for `nvshmem_malloc`.
-fn check_size<T>(len: usize, how: &Alloc, in_use: usize, limit: HeapLimit) -> Result<usize> {
+/// The granule of NVSHMEM's heap allocator (3.4.5 `NVSHMEMI_MALLOC_ALIGNMENT`): every request is
+/// rounded up to it.
+const CHUNK: usize = 512;
+
+/// An allocation that passed [`check_size`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Request {
+    /// Its size in bytes, as NVSHMEM is asked for it.
+    bytes: usize,
+    /// What it holds of the heap while it lives, at most: NVSHMEM's allocator (3.4.5
+    /// `mspace::allocate_aligned`) serves an aligned request by taking size + alignment bytes
+    /// and giving back only the part before the aligned address, and rounds every request up to
+    /// [`CHUNK`] bytes. So a 1-byte buffer aligned to 256 MiB holds up to 256 MiB of the heap.
+    held: usize,
+}
+
+/// An allocation of `len` elements of `T` made `how`, checked: alignment, overflow, zero bytes,
+/// and the heap's `limit` with `in_use` bytes held by live buffers (see [`HeapLimit`]). An aligned
+/// allocation counts its alignment too: `nvshmem_align` may hold up to size + alignment bytes of
+/// the heap (and grows the dynamic heap by as much, rounded up, when they are not there).
+/// [`HeapLimit::malloc_alignment`] counts the same way for `nvshmem_malloc`.
+fn check_size<T>(len: usize, how: &Alloc, in_use: usize, limit: HeapLimit) -> Result<Request> {
     let align = match *how {
         Alloc::Align(align) => {
             let min = align_of::<T>();
@@ -224,7 +243,8 @@ fn check_size<T>(len: usize, how: &Alloc, in_use: usize, limit: HeapLimit) -> Re
         return Err(Error::ZeroSize { len, elem_size });
     }
     let needed = bytes.checked_add(align).ok_or(Error::AlignedSizeOverflow { bytes, align })?;
-    let charged = limit.charge(needed);
+    let held = needed.checked_next_multiple_of(CHUNK).unwrap_or(usize::MAX);
+    let charged = limit.charge(held);
     if !limit.fits(in_use, charged) {
         return Err(Error::HeapExhausted {
             bytes: charged,
@@ -234,7 +254,7 @@ fn check_size<T>(len: usize, how: &Alloc, in_use: usize, limit: HeapLimit) -> Re
             limit_from: limit.limit_from,
         });
     }
-    Ok(bytes)
+    Ok(Request { bytes, held })
 }
 
 /// The resolved bounds of `range` within `len` elements, or [`Error::OutOfBounds`].
@@ -341,7 +361,7 @@ impl<'rt, T> Symmetric<'rt, T> {
         })();
         match freed {
             Ok(()) => {
-                self.rt.heap_in_use.set(self.rt.heap_in_use.get() - self.num_bytes());
+                self.rt.heap_in_use.set(self.rt.heap_in_use.get() - self.held);
                 self.released = true;
                 Ok(())
             }
@@ -556,34 +576,34 @@ mod tests {
         let aligned = HeapLimit { malloc_alignment: GRANULE, ..DYNAMIC };
         // 6.5 GiB of the 7 after the reserve: fits plainly, not with a granule of alignment more.
         let bytes = 13 * GRANULE;
-        assert_eq!(check_size::<u8>(bytes, &Alloc::Malloc, 0, DYNAMIC).unwrap(), bytes);
+        assert_eq!(check_size::<u8>(bytes, &Alloc::Malloc, 0, DYNAMIC).unwrap().bytes, bytes);
         for how in [Alloc::Malloc, Alloc::Zeroed] {
             let e = check_size::<u8>(bytes, &how, 0, aligned).unwrap_err();
             assert!(matches!(e, Error::HeapExhausted { bytes: b, .. } if b == 14 * GRANULE), "{e}");
         }
-        assert_eq!(check_size::<u8>(12 * GRANULE, &Alloc::Malloc, 0, aligned).unwrap(), 12 * GRANULE);
+        assert_eq!(check_size::<u8>(12 * GRANULE, &Alloc::Malloc, 0, aligned).unwrap().bytes, 12 * GRANULE);
         // The static heap of 1 GiB with NVSHMEM's default 512 MiB granularity: half of it and one
         // byte no longer fits.
         let aligned = HeapLimit { malloc_alignment: GRANULE, ..STATIC };
-        assert_eq!(check_size::<u8>(GIB / 2, &Alloc::Malloc, 0, aligned).unwrap(), GIB / 2);
+        assert_eq!(check_size::<u8>(GIB / 2, &Alloc::Malloc, 0, aligned).unwrap().bytes, GIB / 2);
         assert!(matches!(check_size::<u8>(GIB / 2 + 1, &Alloc::Malloc, 0, aligned), Err(Error::HeapExhausted { .. })));
     }
 
     #[test]
     fn an_alignment_counts_against_the_heap_limit() {
-        // One byte aligned to 1 TiB: NVSHMEM may need 1 TiB + 1 of the heap, which exits the
-        // process on a static heap of 1 GiB.
+        // One byte aligned to 1 TiB: NVSHMEM may need 1 TiB + 1 of the heap (a 512-byte chunk
+        // more), which exits the process on a static heap of 1 GiB.
         let e = check_size::<u8>(1, &Alloc::Align(1 << 40), 0, STATIC).unwrap_err();
         assert!(
-            matches!(e, Error::HeapExhausted { bytes, in_use: 0, limit: GIB, .. } if bytes == (1 << 40) + 1),
+            matches!(e, Error::HeapExhausted { bytes, in_use: 0, limit: GIB, .. } if bytes == (1 << 40) + 512),
             "{e}"
         );
         // Size plus alignment must fit what is left: exactly fits, one byte more does not.
-        assert_eq!(check_size::<u32>(1024, &Alloc::Align(4096), GIB - 8192, STATIC).unwrap(), 4096);
+        assert_eq!(check_size::<u32>(1024, &Alloc::Align(4096), GIB - 8192, STATIC).unwrap().bytes, 4096);
         let e = check_size::<u32>(1025, &Alloc::Align(4096), GIB - 8192, STATIC).unwrap_err();
-        assert!(matches!(e, Error::HeapExhausted { bytes: 8196, .. }), "{e}");
+        assert!(matches!(e, Error::HeapExhausted { bytes: 8704, .. }), "{e}");
         // Without an alignment only the size counts.
-        assert_eq!(check_size::<u8>(GIB, &Alloc::Malloc, 0, STATIC).unwrap(), GIB);
+        assert_eq!(check_size::<u8>(GIB, &Alloc::Malloc, 0, STATIC).unwrap().bytes, GIB);
         assert!(matches!(check_size::<u8>(GIB + 1, &Alloc::Zeroed, 0, STATIC), Err(Error::HeapExhausted { .. })));
     }
 
@@ -600,15 +620,47 @@ mod tests {
                 if (bytes, reserved, limit) == (7 * GIB, GIB, 8 * GIB)),
             "{e}"
         );
-        assert_eq!(check_size::<u8>(7 * GIB - GRANULE, &Alloc::Malloc, 0, DYNAMIC).unwrap(), 7 * GIB - GRANULE);
+        assert_eq!(check_size::<u8>(7 * GIB - GRANULE, &Alloc::Malloc, 0, DYNAMIC).unwrap().bytes, 7 * GIB - GRANULE);
         // One byte takes a granule: it does not fit next to 6.5 GiB of buffers.
-        assert_eq!(check_size::<u8>(1, &Alloc::Zeroed, 13 * GRANULE - 1, DYNAMIC).unwrap(), 1);
+        assert_eq!(check_size::<u8>(1, &Alloc::Zeroed, 13 * GRANULE - 1, DYNAMIC).unwrap().bytes, 1);
         let e = check_size::<u8>(1, &Alloc::Zeroed, 13 * GRANULE, DYNAMIC).unwrap_err();
         assert!(matches!(e, Error::HeapExhausted { bytes: GRANULE, .. }), "{e}");
         // Size plus alignment, rounded up: 4 KiB aligned to 512 MiB takes two granules.
         let e = check_size::<u32>(1024, &Alloc::Align(GRANULE), 12 * GRANULE, DYNAMIC).unwrap_err();
         assert!(matches!(e, Error::HeapExhausted { bytes, .. } if bytes == 2 * GRANULE), "{e}");
-        assert_eq!(check_size::<u32>(1024, &Alloc::Align(GRANULE), 12 * GRANULE - 1, DYNAMIC).unwrap(), 4096);
+        assert_eq!(check_size::<u32>(1024, &Alloc::Align(GRANULE), 12 * GRANULE - 1, DYNAMIC).unwrap().bytes, 4096);
+    }
+
+    /// Session 29 audit: the bytes in use counted each live buffer by its size, while NVSHMEM's
+    /// allocator holds size + alignment of an aligned one (it gives back only the part before
+    /// the aligned address) and rounds every request up to 512 bytes. Live buffers of one byte
+    /// aligned to 256 MiB each grew the dynamic heap by up to 256 MiB and counted 1 byte: every
+    /// request passed until NVSHMEM's `mapped + step >= size` tore the heap down, every live
+    /// buffer with it. Now a buffer counts what it holds, and the 27th such request is refused.
+    #[test]
+    fn live_buffers_count_what_they_hold_of_the_heap() {
+        let align = 256 << 20;
+        let mut in_use = 0;
+        let mut granted = 0;
+        let refused = loop {
+            match check_size::<u8>(1, &Alloc::Align(align), in_use, DYNAMIC) {
+                Ok(Request { bytes, held }) => {
+                    assert_eq!((bytes, held), (1, align + CHUNK));
+                    in_use += held;
+                    granted += 1;
+                    assert!(granted <= 64, "never refused: {in_use} bytes counted in use");
+                }
+                Err(e) => break e,
+            }
+        };
+        // 7 GiB after the reserve; each request takes a granule (512 MiB) beyond what is held.
+        assert_eq!(granted, 26);
+        assert!(matches!(refused, Error::HeapExhausted { bytes: GRANULE, in_use: u, .. } if u == 26 * (align + CHUNK)));
+        // Plain buffers hold whole chunks: 1 byte holds 512, 513 bytes hold 1024.
+        let plain = |len| check_size::<u8>(len, &Alloc::Malloc, 0, DYNAMIC).unwrap();
+        assert_eq!(plain(1), Request { bytes: 1, held: CHUNK });
+        assert_eq!(plain(513), Request { bytes: 513, held: 2 * CHUNK });
+        assert_eq!(plain(GRANULE), Request { bytes: GRANULE, held: GRANULE });
     }
 
     #[test]

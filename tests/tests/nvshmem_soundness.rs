@@ -717,6 +717,38 @@ fn what_the_allocation_check_costs() {
     });
 }
 
+/// Session 29 audit: the heap check counted each live buffer by its size, while NVSHMEM's
+/// allocator holds an aligned buffer's size plus its alignment and rounds every buffer up to 512
+/// bytes, so that buffers of one byte aligned to 256 MiB grew the dynamic heap by 256 MiB each and
+/// counted one byte, until NVSHMEM tore the heap down with every live buffer. Before: the bytes
+/// in use below read 514 (1 + 513). Now each buffer counts what it holds, and its free gives it
+/// back.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_live_buffer_counts_what_it_holds_of_the_heap() {
+    multi_process("a_live_buffer_counts_what_it_holds_of_the_heap", 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let heap = rt.info().heap;
+        // The bytes in use, as a refusal reports them (a request beyond the limit is refused
+        // before NVSHMEM is asked).
+        let in_use = |rt: &Runtime| match rt.alloc::<u8>(heap.limit + 1) {
+            Err(Error::HeapExhausted { in_use, .. }) => in_use,
+            other => panic!("expected HeapExhausted, got {other:?}"),
+        };
+        assert_eq!(in_use(&rt), 0);
+        let aligned = rt.alloc_aligned::<u8>(1, 1 << 20).unwrap();
+        assert_eq!(aligned.device_address() % (1 << 20), 0);
+        let plain = rt.alloc::<u8>(513).unwrap();
+        let held = ((1 << 20) + 512) + (513 + heap.malloc_alignment).next_multiple_of(512);
+        assert_eq!(in_use(&rt), held, "{heap:?}");
+        aligned.free().map_err(|(_, e)| e).unwrap();
+        plain.free().map_err(|(_, e)| e).unwrap();
+        assert_eq!(in_use(&rt), 0);
+        still_works(&rt, &stream);
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
 /// Issue 17: symmetric allocation did not check that every PE asked for the same size. Before:
 /// PE 0 allocating 1024 ints while PE 1 allocated 2048 succeeded on both and left the heaps out of
 /// step (the next buffers at different offsets; puts landing in the wrong place). Now both get

@@ -21,10 +21,13 @@ use crate::error::Result;
 ///   place gives no buffer ([`Error::OutOfMemory`](crate::Error::OutOfMemory)).
 ///
 /// So before calling NVSHMEM this crate refuses ([`Error::HeapExhausted`](crate::Error::HeapExhausted))
-/// any allocation for which [`HeapLimit::reserved`] plus the bytes of this process's live
-/// symmetric buffers plus the request (its size, plus its alignment for an aligned one) rounded up
-/// to the granularity is not below [`HeapLimit::limit`] on the dynamic heap, or exceeds it on the
-/// static one (whose limit, `NVSHMEM_SYMMETRIC_SIZE`, NVSHMEM sizes the heap beyond).
+/// any allocation for which [`HeapLimit::reserved`] plus the bytes that this process's live
+/// symmetric buffers hold plus the request rounded up to the granularity is not below
+/// [`HeapLimit::limit`] on the dynamic heap, or exceeds it on the static one (whose limit,
+/// `NVSHMEM_SYMMETRIC_SIZE`, NVSHMEM sizes the heap beyond). A buffer or a request counts as
+/// NVSHMEM's allocator (3.4.5) holds it: its size plus its alignment for an aligned one (that
+/// allocator takes both and gives back only the part before the aligned address), rounded up to
+/// its 512-byte chunks.
 ///
 /// The check is an estimate of what NVSHMEM has mapped, and on the dynamic heap a request that
 /// passes it can still make NVSHMEM tear the heap down: it cannot see memory that other
