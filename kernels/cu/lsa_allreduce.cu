@@ -454,19 +454,22 @@ __device__ void twoshot_staged(ncclDevComm comm, ncclWindow_t win, size_t in_off
   // Every rank's input is staged (release ours, acquire the peers').
   bar.sync(ncclCoopCta(), cuda::memory_order_acq_rel);
 
-  // 2. Reduce this rank's share: its own input from `send`, the peers' from their input regions;
-  //    the sum goes to `recv` and to every peer's output region.
+  // 2. Reduce this rank's share: its own input from `send`, the peers' from their input regions,
+  //    added in rank order like every other kernel's sums (the same bits whichever kernel runs);
+  //    the sum goes to `recv` and to every peer's output region. `term(p)` is rank p's input: a
+  //    select per unrolled step (indexing `at` with the run-time `r` would move it to local memory).
   const size_t lo = lo_of(r), hi = hi_of(r);
   const Peers<T> in(win, in_off, n), out(win, out_off, n);
+  auto term = [&](int p) -> const T* { return p == r ? send : in.at[p]; };
   size_t i = lo;
   if (aligned16(send + lo) && aligned16(recv + lo) && in.aligned(lo) && out.aligned(lo)) {
     const size_t nvec = (hi - lo) / lanes<T>();
     for (size_t v = threadIdx.x; v < nvec; v += blockDim.x) {
       PackedSum<T, uint4> acc;
-      acc.load(reinterpret_cast<const uint4*>(send + lo)[v]);
+      acc.load(reinterpret_cast<const uint4*>(term(0) + lo)[v]);
 #pragma unroll
-      for (int p = 0; p < MAX_PEERS; p++)
-        if (p < n && p != r) acc.add(reinterpret_cast<const uint4*>(in.at[p] + lo)[v]);
+      for (int p = 1; p < MAX_PEERS; p++)
+        if (p < n) acc.add(reinterpret_cast<const uint4*>(term(p) + lo)[v]);
       const uint4 sum = acc.get();
       reinterpret_cast<uint4*>(recv + lo)[v] = sum;
 #pragma unroll
@@ -476,10 +479,10 @@ __device__ void twoshot_staged(ncclDevComm comm, ncclWindow_t win, size_t in_off
     i = lo + nvec * lanes<T>();
   }
   for (size_t e = i + threadIdx.x; e < hi; e += blockDim.x) {
-    typename Acc<T>::Type acc = widen(send[e]);
+    typename Acc<T>::Type acc = widen(term(0)[e]);
 #pragma unroll
-    for (int p = 0; p < MAX_PEERS; p++)
-      if (p < n && p != r) acc += widen(in.at[p][e]);
+    for (int p = 1; p < MAX_PEERS; p++)
+      if (p < n) acc += widen(term(p)[e]);
     const T sum = narrow<T>(acc);
     recv[e] = sum;
 #pragma unroll
