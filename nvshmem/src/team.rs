@@ -430,7 +430,11 @@ impl<'rt> Team<'rt> {
     /// (`nvshmemx_<type>_<op>_reduce_on_stream`): the all-reduce. Both are symmetric, of equal
     /// length, and disjoint or the same range ([`Error::Overlap`] otherwise; the same range is
     /// reduced as [`Team::reduce_in_place_on_stream`] does). Only the (type, operation) pairs
-    /// NVSHMEM defines compile: see [`crate::ops`]. Collective.
+    /// NVSHMEM defines compile: see [`crate::ops`]. Collective: every member passes the same
+    /// length, and either one range as both or two ranges — a reduction in place may take
+    /// several NVSHMEM calls where one between two buffers takes one, and members that made
+    /// different numbers of calls would leave the team's later collectives paired with the
+    /// wrong ones (nothing compares them).
     pub fn reduce_on_stream<T, Op: ReduceOp<T>>(
         &self,
         op: Op,
