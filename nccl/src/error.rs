@@ -350,10 +350,11 @@ pub enum Error {
     },
     /// A call in a [`crate::group`] on a communicator whose mode (blocking or not,
     /// [`Config::blocking`](crate::Config::blocking)) differs from the group's first
-    /// communicator's. NCCL gives a group one mode, its last call's communicator's, and a
-    /// nonblocking group leaves its blocking members "in progress" for good, so their settling
-    /// would wait for ever (or abort them on their timeout). The call counts as refused: nothing
-    /// in the group is launched. Group the communicators of each mode apart.
+    /// communicator's, or [`crate::register_windows`] over communicators of both modes. NCCL
+    /// gives a group one mode, its last call's communicator's, and a nonblocking group leaves its
+    /// blocking members "in progress" for good, so their settling would wait for ever (or abort
+    /// them on their timeout). The call counts as refused: nothing in the group is launched (no
+    /// window is registered). Group the communicators of each mode apart.
     #[error("a group mixes blocking and nonblocking communicators, which NCCL cannot settle: group each kind apart (nothing in the group was launched)")]
     #[doc(alias = "ncclGroupEnd")]
     MixedBlocking,

@@ -384,8 +384,9 @@ impl Comm {
 /// A refusal hands every buffer back, in order, with the first error (`None` in place of a
 /// buffer NCCL keeps registered, as for [`Comm::register_window`]): [`Error::InsideGroup`]
 /// inside a [`crate::group`] closure (counted against the group, as for
-/// [`Comm::register_window`]), and [`Error::Aborted`] or [`Error::WrongDevice`] for any
-/// pair, are found before NCCL is called, so nothing is registered. When NCCL fails (or a
+/// [`Comm::register_window`]), [`Error::Aborted`] or [`Error::WrongDevice`] for any pair, and
+/// [`Error::MixedBlocking`] for blocking and nonblocking communicators among the pairs (NCCL
+/// could not settle the group), are found before NCCL is called, so nothing is registered. When NCCL fails (or a
 /// nonblocking communicator times out, which aborts it), the windows NCCL did make are
 /// deregistered first, one by one in order; where deregistering one fails, its communicator is
 /// aborted, which releases the window with it (the failure is logged), so that no buffer comes back
@@ -419,6 +420,13 @@ fn register_all<T>(windows: &mut [Window<'_, T>], flags: WindowFlags) -> Result<
     for w in windows.iter() {
         handles.push(w.comm.live_raw()?);
         w.comm.check_device("window buffer", w.buf.stream())?;
+    }
+    // As in `crate::group`: NCCL gives the group the mode of its last communicator and, when that
+    // is nonblocking, leaves the blocking members "in progress" for good (2.28.9 `group.cc`).
+    if let Some(first) = windows.first() {
+        if windows.iter().any(|w| w.comm.is_nonblocking() != first.comm.is_nonblocking()) {
+            return Err(Error::MixedBlocking);
+        }
     }
     let end = crate::ffi::resolve!(ncclGroupEnd)?;
     // SAFETY: no NCCL group is open on this thread: this crate opens NCCL groups only in its own

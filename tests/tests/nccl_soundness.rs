@@ -377,7 +377,22 @@ fn a_refused_registration_gives_the_buffer_back() {
     };
     assert_eq!(stream.clone_dtoh(&first).unwrap(), contents, "the first buffer");
     assert_eq!(stream.clone_dtoh(&other).unwrap(), second, "the second buffer, in order");
+
+    // A blocking and a live nonblocking communicator among the pairs (session 29 audit): NCCL
+    // would give the group the nonblocking mode and leave the blocking one "in progress" for
+    // good. Before: registered, after which settling the blocking communicator waited for ever.
+    // Now refused before NCCL is called, every buffer back in order.
+    let nonblocking = one_rank(&stream, &Config::new().blocking(false));
+    let (bufs, e) = nccl::register_windows([(&comm, first), (&nonblocking, other)], WindowFlags::COLL_SYMMETRIC)
+        .expect_err("windows of a blocking and a nonblocking communicator");
+    assert!(matches!(e, Error::MixedBlocking), "{e}");
+    let [Some(first), Some(other)]: [Option<MemBuffer<f32>>; 2] = bufs.try_into().expect("two places") else {
+        panic!("both buffers back from the mixed registration");
+    };
+    assert_eq!(stream.clone_dtoh(&first).unwrap(), contents, "the first buffer of the mixed registration");
+    assert_eq!(stream.clone_dtoh(&other).unwrap(), second, "the second buffer of the mixed registration");
     other.free().map_err(|(_, e)| e).unwrap();
+    nonblocking.finalize().map_err(|(_, e)| e).unwrap();
 
     // Nothing was left registered: the buffer handed back registers, and the communicator works.
     let window = comm.register_window(first, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e).unwrap();
