@@ -9,7 +9,7 @@ use cudarc::driver::{sys, CudaContext, CudaEvent, CudaStream, DriverError, SyncO
 use crate::access;
 use crate::capture::{self, is_capturing, Complete};
 use crate::context;
-use crate::usage::{Mode, Use};
+use crate::usage::{ElemType, Mode, Use};
 use crate::OrderError;
 
 /// Where a use ends.
@@ -360,9 +360,10 @@ impl StreamTracker {
         }
     }
 
-    /// The guard for a use of `bytes` bytes at `ptr` (inside this tracker's allocation) through
-    /// cudarc's [`DevicePtr`](cudarc::driver::DevicePtr) protocol on `stream`:
-    /// [`tracked_device_ptr!`](crate::tracked_device_ptr) calls it.
+    /// The guard for a use of `bytes` bytes at `ptr` (inside this tracker's allocation), as
+    /// elements of `T`, through cudarc's [`DevicePtr`](cudarc::driver::DevicePtr) protocol on
+    /// `stream`: [`tracked_device_ptr!`](crate::tracked_device_ptr) calls it. A graph keeps a
+    /// captured use only in a buffer of elements of `T`.
     ///
     /// Inside an [`Access`](crate::Access) (a call of the communication crates) the access has
     /// already decided: the use is ordered on its stream, which the tracker keeps, or recorded by
@@ -383,7 +384,7 @@ impl StreamTracker {
     /// write racing a read on another thread (between the read's ordering and its enqueue) would
     /// be waited for by nobody, and the memory could be freed under the read. A [`Use::Read`]
     /// needs nothing more than the tracker's own promise.
-    pub unsafe fn device_ptr_guard<'a>(
+    pub unsafe fn device_ptr_guard<'a, T>(
         &'a self,
         stream: &'a CudaStream,
         ptr: sys::CUdeviceptr,
@@ -405,7 +406,7 @@ impl StreamTracker {
         match capture::mode(stream) {
             Ok(Mode::Captured) => {
                 capture::complete_before_use(stream, self.key());
-                capture::record_use(stream, ptr, bytes, how);
+                capture::record_use(stream, capture::Used { ptr, bytes, how, elem: ElemType::of::<T>() });
                 return SyncOnDrop::Record(None);
             }
             Err(OrderError::ForeignCapture) => {
@@ -519,9 +520,16 @@ impl StreamTracker {
     /// instead. Every recorded use is waited for before it, and the guard synchronises `stream`
     /// once cudarc has enqueued it, so nothing of it is left running for later uses or the free
     /// to wait for. Nothing is recorded in the context then: cudarc's synchronisation in the guard
-    /// would take a recorded error for its own and skip the wait. Only when the host cannot wait
-    /// (a use on a stream that is being captured) is `why` recorded, as cudarc does in its own
-    /// guards.
+    /// would take a recorded error for its own and skip the wait.
+    ///
+    /// Only when the host cannot wait for the earlier uses (one of them on a stream that is being
+    /// captured) is `why` recorded, as cudarc does in its own guards: the use races them. Its own
+    /// end is then remembered as an event that the guard records after it ([`Self::end_after`]),
+    /// through the tracker's own handle of the context, where nothing records errors, so that
+    /// later uses and the free still wait for it. (Before session 29 the guard synchronised the
+    /// stream through its own handle, whose recorded `why` made cudarc skip the wait: a buffer
+    /// read by a cudarc copy on a busy stream while its last use's stream was captured could be
+    /// freed under the copy.)
     ///
     /// The guard synchronises the per-thread default stream through the tracker's own handle of
     /// the context (the stream's handle names the same stream there, on the thread that drops the
@@ -533,12 +541,35 @@ impl StreamTracker {
     fn order_on_host<'a>(&'a self, stream: &'a CudaStream, why: DriverError) -> SyncOnDrop<'a> {
         if self.synchronize().is_err() {
             stream.context().record_err(Err::<(), _>(why));
+            if let Some(guard) = self.end_after(stream) {
+                return guard;
+            }
         }
         if capture::is_per_thread(stream) {
             let unchecked = self.per_thread.get_or_init(|| self.events.per_thread_stream());
             return SyncOnDrop::Sync(Some(unchecked));
         }
         SyncOnDrop::Sync(Some(stream))
+    }
+
+    /// For a use on `stream` that could not be ordered after the earlier uses: an event among the
+    /// readers' ends that the returned guard records once cudarc has enqueued the use, so that
+    /// later uses and the free wait for it (recorded as a read, which replaces no earlier end: the
+    /// use was not ordered after them). `None` where an event cannot serve: the per-thread default
+    /// stream, a context out of cudarc's multi-stream mode (whose guards record nothing), or no
+    /// event to be had.
+    fn end_after<'a>(&'a self, stream: &'a CudaStream) -> Option<SyncOnDrop<'a>> {
+        if capture::is_per_thread(stream) || !stream.context().is_managing_stream_synchronization() {
+            return None;
+        }
+        let mut state = self.lock();
+        let (event, _) = self.plain_event(&mut state, stream).ok()?;
+        let event_ptr: *const CudaEvent = &*event;
+        self.place(&mut state, End::Event { event, stream: stream.cu_stream() as usize }, Use::Read);
+        // SAFETY: as in `device_ptr`: the event is boxed and owned by this tracker (as an end or a
+        // spare) until the tracker is dropped, which the borrow `'a` of `self` rules out while
+        // the guard lives; boxes never move their contents.
+        Some(SyncOnDrop::Record(Some((unsafe { &*event_ptr }, stream))))
     }
 
     /// An event for the end of a use on the plain stream `stream`: a reader's event of the same
@@ -686,7 +717,7 @@ macro_rules! tracked_device_ptr {
                 let parts: $crate::Tracked<'__a> = $parts;
                 let bytes = parts.len() * ::std::mem::size_of::<T>();
                 // SAFETY: `&mut self` is exclusive access to the memory for the guard's life.
-                let guard = unsafe { parts.tracker().device_ptr_guard(stream, parts.ptr(), bytes, $crate::Use::Write) };
+                let guard = unsafe { parts.tracker().device_ptr_guard::<T>(stream, parts.ptr(), bytes, $crate::Use::Write) };
                 (parts.ptr(), guard)
             }
         }
@@ -713,7 +744,7 @@ macro_rules! tracked_device_ptr {
                 let parts: $crate::Tracked<'__a> = $parts;
                 let bytes = parts.len() * ::std::mem::size_of::<T>();
                 // SAFETY: a read, which needs nothing more.
-                let guard = unsafe { parts.tracker().device_ptr_guard(stream, parts.ptr(), bytes, $crate::Use::Read) };
+                let guard = unsafe { parts.tracker().device_ptr_guard::<T>(stream, parts.ptr(), bytes, $crate::Use::Read) };
                 (parts.ptr(), guard)
             }
         }

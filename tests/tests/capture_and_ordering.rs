@@ -30,6 +30,7 @@
 mod nvshmem_support;
 
 use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
 
 use cudarc::driver::sys::{CUgraphInstantiate_flags, CUresult, CUstreamCaptureMode, CUstreamCaptureStatus};
 use cudarc::driver::{result, CudaContext, CudaStream, DevicePtr, DevicePtrMut, DriverError};
@@ -1161,6 +1162,38 @@ fn a_capture_that_keeps_memory_it_allocated_is_refused() {
     // Its memory is the refused graph's, never backed: freeing it would fail.
     std::mem::forget(kept);
     assert_eq!(side.capture_status().unwrap(), CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE);
+}
+
+/// Session 29 audit: a cudarc copy on another stream that reads a `MemBuffer` whose last use is on
+/// the stream being captured cannot be ordered after that use (the error is recorded in the
+/// context, as cudarc does). The tracker then ordered the copy's end on the host through the
+/// copy stream's own handle, where that very error made cudarc skip the synchronisation, and
+/// recorded nothing of the copy. Before: the buffer was freed at once while the copy still
+/// waited behind 2 s of work on its stream (then read freed memory). Now the copy's end is an
+/// event among the buffer's readers, which the free waits for.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_copy_that_could_not_be_ordered_is_still_waited_for_by_the_free() {
+    let Some(ctx) = one_gpu("a_copy_that_could_not_be_ordered_is_still_waited_for_by_the_free") else { return };
+    let side = ctx.new_stream().unwrap();
+    let busy = ctx.new_stream().unwrap();
+    let buf = MemBuffer::from_host(&side, &[2.0f32; N]).unwrap();
+    side.synchronize().unwrap();
+    let mut out = busy.alloc_zeros::<f32>(N).unwrap();
+    busy.synchronize().unwrap();
+    occupy(&busy, Duration::from_secs(2));
+    let captured = nccl::capture(&side, (), |_| Ok(busy.memcpy_dtod(&buf, &mut out)?));
+    // The copy is not ordered after the buffer's use on `side`: the error says so, in the context
+    // (or returned by cudarc's copy, and with it by the capture).
+    let reported = ctx.check_err().is_err() | captured.is_err();
+    assert!(reported, "the copy that could not be ordered was not reported");
+    drop(captured);
+    let freeing = Instant::now();
+    buf.free().map_err(|(_, e)| e).unwrap();
+    let waited = freeing.elapsed();
+    assert!(waited >= Duration::from_secs(1), "the free returned after {waited:?}, before the copy queued behind 2 s of work");
+    assert_eq!(busy.clone_dtoh(&out).unwrap(), vec![2.0f32; N], "the copy read the buffer before its free");
+    println!("the free waited {waited:?} for the copy it could not order");
 }
 
 #[test]
