@@ -227,7 +227,7 @@ impl DevicePtr<u8> for KernelWindow<'_> {
         // SAFETY: the window is private to its `LsaKernels`, which is not `Sync` (it holds a
         // `&Comm`): its uses come from one thread, one call at a time, so this write through `&`
         // excludes every other use as a `&mut` would.
-        let guard = unsafe { buf.tracker().device_ptr_guard(stream, ptr, buf.num_bytes(), Use::Write) };
+        let guard = unsafe { buf.tracker().device_ptr_guard::<u8>(stream, ptr, buf.num_bytes(), Use::Write) };
         (ptr, guard)
     }
 }

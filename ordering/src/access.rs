@@ -7,8 +7,8 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{result, sys, CudaContext, CudaEvent, CudaStream, DriverError, SyncOnDrop};
 
-use crate::capture::{self, relaxed};
-use crate::usage::{Mode, Resource, Use};
+use crate::capture::{self, relaxed, Used};
+use crate::usage::{ElemType, Mode, Resource, Use};
 use crate::{DeviceBuffer, DeviceBufferMut, OrderError, Tracked};
 
 /// The call being prepared on this thread, so that a tracked buffer reached through cudarc's
@@ -227,10 +227,11 @@ impl<'s> Access<'s> {
         's: 'a,
     {
         let bytes = buf.num_bytes();
-        if let Some(ptr) = self.tracked_only(buf.tracked(), bytes, Use::Read)? {
+        let elem = ElemType::of::<T>();
+        if let Some(ptr) = self.tracked_only(buf.tracked(), bytes, Use::Read, elem)? {
             return Ok((ptr, Guard::NONE));
         }
-        self.take(bytes, Use::Read, |stream| buf.device_ptr(stream))
+        self.take(bytes, Use::Read, elem, |stream| buf.device_ptr(stream))
     }
 
     /// The pointer of `buf` for writing on the call's stream, and the guard to drop after enqueue.
@@ -243,14 +244,15 @@ impl<'s> Access<'s> {
         's: 'a,
     {
         let bytes = buf.num_bytes();
-        if let Some(ptr) = self.tracked_only(buf.tracked(), bytes, Use::Write)? {
+        let elem = ElemType::of::<T>();
+        if let Some(ptr) = self.tracked_only(buf.tracked(), bytes, Use::Write, elem)? {
             return Ok((ptr, Guard::NONE));
         }
-        self.take(bytes, Use::Write, |stream| buf.device_ptr_mut(stream))
+        self.take(bytes, Use::Write, elem, |stream| buf.device_ptr_mut(stream))
     }
 
     /// The address of a buffer with a tracker (`tracked`: its parts) when the tracker alone orders
-    /// a use `how` of `bytes` bytes, reading only its first cache line: an eager use on the stream
+    /// a use `how` of `bytes` bytes of elements `elem`, reading only its first cache line: an eager use on the stream
     /// the memory was last used on (nothing to wait for, nothing to record), a use captured by
     /// this thread's scope (recorded for the graph), a survey. `None` when the use must go through
     /// the buffer's `device_ptr`.
@@ -260,12 +262,13 @@ impl<'s> Access<'s> {
         tracked: Option<Tracked<'_>>,
         bytes: usize,
         how: Use,
+        elem: ElemType,
     ) -> Result<Option<sys::CUdeviceptr>, OrderError> {
         let Some(t) = tracked else { return Ok(None) };
         Ok(match self.mode()? {
             Mode::Eager => t.tracker().needs_nothing(self.stream, how).then_some(t.ptr()),
             Mode::Captured => {
-                capture::record_tracked_use(self.stream, t.tracker().key(), t.ptr(), bytes, how);
+                capture::record_tracked_use(self.stream, t.tracker().key(), Used { ptr: t.ptr(), bytes, how, elem });
                 Some(t.ptr())
             }
             Mode::Survey => Some(t.ptr()),
@@ -283,6 +286,7 @@ impl<'s> Access<'s> {
         &self,
         bytes: usize,
         how: Use,
+        elem: ElemType,
         get: impl FnOnce(&'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>),
     ) -> Result<(sys::CUdeviceptr, Guard<'a>), OrderError>
     where
@@ -302,7 +306,7 @@ impl<'s> Access<'s> {
                 let (ptr, guard) = get(idle);
                 std::mem::forget(guard);
                 if mode == Mode::Captured {
-                    capture::record_use(self.stream, ptr, bytes, how);
+                    capture::record_use(self.stream, Used { ptr, bytes, how, elem });
                 }
                 (ptr, Guard::NONE)
             }

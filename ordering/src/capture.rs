@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use cudarc::driver::{result, sys, CudaStream, DriverError};
 
-use crate::usage::{Mode, Resource, Use};
+use crate::usage::{ElemType, Mode, Resource, Use};
 use crate::OrderError;
 
 /// True while `stream` is being captured into a CUDA graph (`cuStreamIsCapturing`).
@@ -325,6 +325,8 @@ pub(crate) struct Used {
     pub(crate) ptr: sys::CUdeviceptr,
     pub(crate) bytes: usize,
     pub(crate) how: Use,
+    /// The element type of the buffer the use was made through.
+    pub(crate) elem: ElemType,
 }
 
 /// The device and CUDA context (`CUcontext` as a number) of a scope's stream, where all of the
@@ -524,13 +526,13 @@ fn with_scope<R>(stream: &CudaStream, f: impl FnOnce(&mut Scope) -> R) -> Option
     .flatten()
 }
 
-/// Records a captured use of `bytes` bytes at `ptr` on `stream`'s device.
-pub(crate) fn record_use(stream: &CudaStream, ptr: sys::CUdeviceptr, bytes: usize, how: Use) {
-    with_scope(stream, |s| s.note(Used { ptr, bytes, how }));
+/// Records a captured use (`used`) on `stream`'s device.
+pub(crate) fn record_use(stream: &CudaStream, used: Used) {
+    with_scope(stream, |s| s.note(used));
 }
 
-/// Records a captured use of `bytes` bytes at `ptr` on `stream`'s device, in memory whose tracker
-/// has the key `local`: after the completion of a pending non-blocking operation on that memory,
+/// Records a captured use (`used`) on `stream`'s device, in memory whose tracker has the key
+/// `local`: after the completion of a pending non-blocking operation on that memory,
 /// as [`complete_before_use`] enqueues it, then as [`record_use`] records it (one look at the
 /// scope for both).
 ///
@@ -540,22 +542,21 @@ pub(crate) fn record_use(stream: &CudaStream, ptr: sys::CUdeviceptr, bytes: usiz
 /// here: a captured `all_reduce` costs 483 instructions over the raw call this way, 513 with
 /// everything in one function, `tools/host-instructions.sh`; inlining this one made the eager,
 /// grouped and captured calls dearer).
-pub(crate) fn record_tracked_use(stream: &CudaStream, local: usize, ptr: sys::CUdeviceptr, bytes: usize, how: Use) {
-    let used = Used { ptr, bytes, how };
+pub(crate) fn record_tracked_use(stream: &CudaStream, local: usize, used: Used) {
     let done =
         on_scope(|s| s.try_borrow().is_ok_and(|s| s.pending.is_none() && s.captures(stream) && s.has_recent(used)));
     if done == Some(false) {
-        record_tracked_use_slow(stream, local, ptr, bytes, how);
+        record_tracked_use_slow(stream, local, used);
     }
 }
 
 /// [`record_tracked_use`] of a use not found among the latest, or with an operation pending.
 #[cold]
 #[inline(never)]
-fn record_tracked_use_slow(stream: &CudaStream, local: usize, ptr: sys::CUdeviceptr, bytes: usize, how: Use) {
+fn record_tracked_use_slow(stream: &CudaStream, local: usize, used: Used) {
     let due = with_scope(stream, |s| {
         let due = take_pending_use(s, local);
-        s.note(Used { ptr, bytes, how });
+        s.note(used);
         due
     });
     complete_now(stream, due.flatten());
@@ -765,21 +766,24 @@ mod tests {
     #[test]
     fn a_repeated_use_is_recorded_once() {
         let mut s = scope();
-        let read = Used { ptr: 0x1000, bytes: 256, how: Use::Read };
+        let read = Used { ptr: 0x1000, bytes: 256, how: Use::Read, elem: ElemType::of::<f32>() };
         let write = Used { ptr: 0x2000, how: Use::Write, ..read };
         for _ in 0..100 {
             s.note(read);
             s.note(write);
         }
         assert_eq!(s.used, [read, write]);
-        // A use that differs in anything is recorded: here only in how the memory is used.
+        // A use that differs in anything is recorded: here only in how the memory is used, then
+        // only in the element type it was made through.
         s.note(Used { how: Use::Write, ..read });
         assert_eq!(s.used.len(), 3);
+        s.note(Used { elem: ElemType::of::<u32>(), ..read });
+        assert_eq!(s.used.len(), 4);
         // Beyond the latest RECENT_USES, a repeat is recorded again (the plan is the same).
         for i in 0..RECENT_USES as u64 {
             s.note(Used { ptr: 0x10_000 + i, ..read });
         }
         s.note(read);
-        assert_eq!(s.used.len(), 4 + RECENT_USES);
+        assert_eq!(s.used.len(), 5 + RECENT_USES);
     }
 }

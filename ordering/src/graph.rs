@@ -86,7 +86,7 @@ use cudarc::driver::{sys, CudaStream, DevicePtr, DevicePtrMut, DriverError};
 use crate::access::{Access, Guard};
 use crate::capture::{self, is_capturing, Exec, Held, LaunchChain, Place, Used};
 pub use crate::usage::Resource;
-use crate::usage::{Mode, Use};
+use crate::usage::{ElemType, Mode, Use};
 use crate::{DeviceMemory, OrderError};
 
 /// What a [`Graph`] keeps: buffers (by value, `&` or `&mut`) and the resources its calls use, in
@@ -118,22 +118,6 @@ enum Member {
         writable: bool,
     },
     Resource(Resource),
-}
-
-/// A buffer's element type as a graph compares it: a buffer of another type swapped in (through
-/// `Graph::kept_mut`) at the same address and size is another buffer, whose elements the
-/// captured calls would write with bytes of the old type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct ElemType {
-    name: &'static str,
-    size: usize,
-    align: usize,
-}
-
-impl ElemType {
-    fn of<T>() -> Self {
-        ElemType { name: std::any::type_name::<T>(), size: size_of::<T>(), align: align_of::<T>() }
-    }
 }
 
 /// What the graph does with each member: `None` for members no captured call uses.
@@ -306,16 +290,9 @@ fn order_members<'k, K: Keep>(
 
 /// Which member holds each use (all made at `place`, the captured stream's device and context):
 /// every use must lie inside a kept buffer (a writable one for a write) and every resource must
-/// be kept. Planned again (`before`: the last plan) after members changed, a use must also lie in
-/// a buffer of the element type that held it before: the captured calls write their own type's
-/// bytes.
-fn plan(
-    members: Vec<Member>,
-    place: Place,
-    used: &[Used],
-    resources: &[Resource],
-    before: Option<&Plan>,
-) -> Result<Plan, OrderError> {
+/// be kept, and a use lies only in a buffer of the element type it was made through (see
+/// [`ElemType`]), whether planned at the end of the capture or again after members changed.
+fn plan(members: Vec<Member>, place: Place, used: &[Used], resources: &[Resource]) -> Result<Plan, OrderError> {
     let mut plan: Plan = members.into_iter().map(|m| (m, None)).collect();
     for u in used.iter().filter(|u| u.bytes > 0) {
         let contains = |m: &Member| match *m {
@@ -332,8 +309,7 @@ fn plan(
             Member::Buffer { elem, .. } => Some(elem),
             Member::Resource(_) => None,
         };
-        let was = before.and_then(|b| b.iter().find(|(m, _)| contains(m))).and_then(|(m, _)| elem(m));
-        let holds = |m: &Member| contains(m) && was.is_none_or(|e| elem(m) == Some(e));
+        let holds = |m: &Member| contains(m) && elem(m) == Some(u.elem);
         let writable = |m: &Member| matches!(m, Member::Buffer { writable: true, .. });
         let found = match u.how {
             Use::Write => plan.iter().position(|(m, _)| holds(m) && writable(m)),
@@ -418,7 +394,7 @@ impl<K: Keep> Graph<K> {
             // nothing (no launch follows them), which is harmless.
             drop(guards);
             let members = survey(keep, stream)?;
-            *plan = self::plan(members, Place::of(stream), used, resources, Some(plan))?;
+            *plan = self::plan(members, Place::of(stream), used, resources)?;
         }
         Err(OrderError::Cuda(DriverError(sys::cudaError_enum::CUDA_ERROR_INVALID_VALUE)))
     }
@@ -575,7 +551,7 @@ pub fn capture<K: Keep, E: From<OrderError>>(
     };
     let planned = survey(&mut keep, stream).and_then(|members| {
         pin_numbered(&members, &mut scope.resources);
-        plan(members, Place::of(stream), &scope.used, &scope.resources, None)
+        plan(members, Place::of(stream), &scope.used, &scope.resources)
     });
     match planned {
         Err(e) => {
@@ -732,7 +708,7 @@ mod tests {
     }
 
     fn used(ptr: u64, bytes: usize, how: Use) -> Used {
-        Used { ptr, bytes, how }
+        Used { ptr, bytes, how, elem: ElemType::of::<f32>() }
     }
 
     /// The device and context of `buffer`'s members.
@@ -755,37 +731,64 @@ mod tests {
         // Planned again after the swap, the write the graph captured into the f32 buffer finds
         // no buffer of its type: refused, where it used to be planned into the bools.
         let write = [used(0x1000, 256, Use::Write)];
-        let before = plan(vec![planned], HERE, &write, &[], None).unwrap();
-        let err = plan(vec![bools], HERE, &write, &[], Some(&before)).unwrap_err();
+        assert!(plan(vec![planned], HERE, &write, &[]).is_ok());
+        let err = plan(vec![bools], HERE, &write, &[]).unwrap_err();
         assert_eq!(err, OrderError::NotKept { ordinal: 0, ptr: 0x1000, bytes: 256 });
-        assert!(plan(vec![buffer(0x1000, 256, true)], HERE, &write, &[], Some(&before)).is_ok());
+        assert!(plan(vec![buffer(0x1000, 256, true)], HERE, &write, &[]).is_ok());
+    }
+
+    /// Session 29 audit: the first plan, made when the capture ends, looked at addresses only, so
+    /// a closure that freed the buffer its captured call wrote, and kept in its place a buffer of
+    /// `bool`s that the allocator put at the freed address, got a graph writing `f32` bytes into
+    /// those bools (invalid values for safe code to read). Every use now records the element type
+    /// it was made through, and every plan, the first included, keeps it only in a buffer of that
+    /// type.
+    #[test]
+    fn the_first_plan_keeps_a_use_only_in_a_buffer_of_its_element_type() {
+        let Member::Buffer { ordinal, ctx, ptr, bytes, writable, .. } = buffer(0x1000, 1024, true) else {
+            unreachable!()
+        };
+        let bools = Member::Buffer { ordinal, ctx, ptr, bytes, elem: ElemType::of::<bool>(), writable };
+        let f32_write = used(0x1000, 256, Use::Write);
+        let err = plan(vec![bools], HERE, &[f32_write], &[]).unwrap_err();
+        assert_eq!(err, OrderError::NotKept { ordinal: 0, ptr: 0x1000, bytes: 256 });
+        // A read is kept by type as well; the use made through bools is kept in the bools.
+        let f32_read = used(0x1000, 256, Use::Read);
+        assert!(matches!(plan(vec![bools], HERE, &[f32_read], &[]), Err(OrderError::NotKept { .. })));
+        let bool_write = Used { elem: ElemType::of::<bool>(), ..f32_write };
+        let kept = plan(vec![bools], HERE, &[bool_write], &[]).unwrap();
+        assert_eq!(kept, [(bools, Some(Use::Write))]);
+        // With both kept, each use finds its own type's buffer at the same place.
+        let floats = buffer(0x1000, 1024, true);
+        let both = plan(vec![bools, floats], HERE, &[f32_write], &[]).unwrap();
+        assert_eq!(both, [(bools, None), (floats, Some(Use::Write))]);
     }
 
     #[test]
     fn every_use_must_lie_in_a_kept_buffer() {
         let members = vec![buffer(0x1000, 256, false), buffer(0x2000, 256, true)];
         let plan =
-            plan(members.clone(), HERE, &[used(0x1010, 16, Use::Read), used(0x2000, 256, Use::Write)], &[], None)
+            plan(members.clone(), HERE, &[used(0x1010, 16, Use::Read), used(0x2000, 256, Use::Write)], &[])
                 .unwrap();
         assert_eq!(plan.iter().map(|p| p.1).collect::<Vec<_>>(), [Some(Use::Read), Some(Use::Write)]);
 
         // Past the end of the buffer by one byte.
-        let err = self::plan(members.clone(), HERE, &[used(0x2001, 256, Use::Read)], &[], None).unwrap_err();
+        let err = self::plan(members.clone(), HERE, &[used(0x2001, 256, Use::Read)], &[]).unwrap_err();
         assert_eq!(err, OrderError::NotKept { ordinal: 0, ptr: 0x2001, bytes: 256 });
         // Another device.
         let other = Place { ordinal: 1, ..HERE };
-        let err = self::plan(members.clone(), other, &[used(0x1000, 4, Use::Read)], &[], None);
+        let err = self::plan(members.clone(), other, &[used(0x1000, 4, Use::Read)], &[]);
         assert!(matches!(err, Err(OrderError::NotKept { ordinal: 1, .. })));
         // Another context of the same device, at the same address (the audit: a kept buffer
         // swapped for one of another context that got the freed address).
         let other = Place { ctx: 2, ..HERE };
-        let err = self::plan(members.clone(), other, &[used(0x1000, 4, Use::Read)], &[], None);
+        let err = self::plan(members.clone(), other, &[used(0x1000, 4, Use::Read)], &[]);
         assert!(matches!(err, Err(OrderError::NotKept { ordinal: 0, .. })));
         // Written, but kept only shared.
-        let err = self::plan(members.clone(), HERE, &[used(0x1000, 4, Use::Write)], &[], None).unwrap_err();
+        let err = self::plan(members.clone(), HERE, &[used(0x1000, 4, Use::Write)], &[]).unwrap_err();
         assert_eq!(err, OrderError::KeptShared { ordinal: 0, ptr: 0x1000, bytes: 4 });
         // Empty uses touch nothing.
-        assert!(self::plan(members, HERE, &[used(0x9000, 0, Use::Write)], &[], None).is_ok());
+        assert!(self::plan(members, HERE, &[used(0x9000, 0, Use::Write)], &[]).is_ok());
     }
 
     #[test]
@@ -798,11 +801,11 @@ mod tests {
         pin_numbered(&members, &mut resources);
         pin_numbered(&members, &mut resources);
         assert_eq!(resources, [window], "pinned once");
-        assert!(plan(members, HERE, &uses, &resources, None).is_ok());
+        assert!(plan(members, HERE, &uses, &resources).is_ok());
         // The same memory, kept with another registration of it: the re-plan is refused.
         let swapped = vec![buffer(0x1000, 64, true), Member::Resource(Resource::numbered("window", again))];
         assert_eq!(
-            plan(swapped, HERE, &uses, &resources, None).unwrap_err(),
+            plan(swapped, HERE, &uses, &resources).unwrap_err(),
             OrderError::ResourceNotKept { kind: "window" }
         );
         // Resources named by address are not pinned: only the captured calls' own count.
@@ -818,11 +821,11 @@ mod tests {
         let r = Resource::of("communicator", &comm);
         let members = vec![buffer(0x1000, 64, true), Member::Resource(r)];
         let uses = [used(0x1000, 8, Use::Write), used(0x1008, 8, Use::Read)];
-        let plan = plan(members.clone(), HERE, &uses, &[r], None).unwrap();
+        let plan = plan(members.clone(), HERE, &uses, &[r]).unwrap();
         assert_eq!(plan[0].1, Some(Use::Write));
         assert_eq!(plan[1].1, Some(Use::Read));
         let other = 8u8;
-        let err = self::plan(members, HERE, &[], &[Resource::of("team", &other)], None).unwrap_err();
+        let err = self::plan(members, HERE, &[], &[Resource::of("team", &other)]).unwrap_err();
         assert_eq!(err, OrderError::ResourceNotKept { kind: "team" });
         assert_eq!(err.to_string(), "a captured call used a team that the graph does not keep: give it to the capture");
     }

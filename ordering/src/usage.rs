@@ -24,6 +24,27 @@ pub(crate) enum Mode {
     Survey,
 }
 
+/// The element type of the buffer a use was made through, as graphs compare it (its name, size
+/// and alignment): the captured calls write their own type's bytes, so a graph plans a captured
+/// use only into a kept buffer of the same type. A buffer of another type at the same address
+/// (swapped in through `Graph::kept_mut`, or inside the capture's closure after the captured
+/// buffer was freed) would have its elements written with bytes of the use's type: `bool`s with
+/// `f32` bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ElemType {
+    name: &'static str,
+    size: usize,
+    align: usize,
+}
+
+impl ElemType {
+    /// The element type `T`.
+    #[inline]
+    pub(crate) fn of<T>() -> Self {
+        ElemType { name: std::any::type_name::<T>(), size: size_of::<T>(), align: align_of::<T>() }
+    }
+}
+
 /// Something a captured call uses besides device memory (a communicator, a team, an NVSHMEM
 /// runtime, a module, a custom operator), named by its kind and the address of the Rust value:
 /// a graph must keep a borrow of that very value.
