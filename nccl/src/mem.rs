@@ -8,7 +8,7 @@ use std::ops::RangeBounds;
 use std::sync::Arc;
 
 use cudarc::driver::{sys::CUdeviceptr, CudaStream, DeviceRepr, ValidAsZeroBits};
-use gpucomm_ordering::{Keep, StreamTracker, Tracked, Visitor};
+use gpucomm_ordering::{Keep, Resource, StreamTracker, Tracked, Visitor};
 
 use crate::error::{Error, Result};
 use crate::ffi::call;
@@ -49,6 +49,8 @@ pub struct MemBuffer<T> {
     tracker: StreamTracker,
     /// Set by the consuming teardown once the C resource is gone: `Drop` then has nothing to do.
     released: bool,
+    /// Names this allocation in the graphs that keep it ([`MemBuffer::KIND`]).
+    serial: usize,
     _elements: PhantomData<T>,
 }
 
@@ -57,7 +59,7 @@ gpucomm_ordering::tracked_device_ptr!([T] MemBuffer<T>, |b| {
     // the buffer and freed only after `tracker.synchronize()` (`release`); every use goes through
     // `tracker`.
     unsafe { Tracked::new(b.ptr, b.len, &b.tracker, &b.home) }
-});
+}, registration |b| Resource::numbered(MemBuffer::<()>::KIND, b.serial));
 
 /// A read-only view of part of a [`MemBuffer`] ([`MemBuffer::slice`]): a cudarc
 /// [`DevicePtr`](cudarc::driver::DevicePtr) ordered with the buffer's own stream tracking.
@@ -99,6 +101,17 @@ impl<T> fmt::Debug for MemBuffer<T> {
     }
 }
 
+impl MemBuffer<()> {
+    /// What a graph that keeps a `MemBuffer` names its allocation ([`Resource::numbered`]): NCCL
+    /// registers the `ncclMemAlloc` memory of the calls it captures (`NCCL_GRAPH_REGISTER`, on
+    /// by default), and the other ranks' captured kernels then reach this memory through that
+    /// registration, not by its address. A launch after the buffer was swapped out (through
+    /// `Graph::kept_mut`) for another allocation, even one made at the freed address, is refused
+    /// ([`OrderError::ResourceNotKept`](gpucomm_ordering::OrderError::ResourceNotKept)): the
+    /// peers would still write into the freed allocation, which their imports keep alive.
+    pub const KIND: &'static str = "ncclMemAlloc buffer";
+}
+
 impl<T: DeviceRepr> MemBuffer<T> {
     /// Allocates `len` elements on `stream`'s device with `ncclMemAlloc`, without initialising
     /// them. `stream` becomes the buffer's home ([`DeviceSlice::stream`](cudarc::driver::DeviceSlice::stream))
@@ -135,6 +148,7 @@ impl<T: DeviceRepr> MemBuffer<T> {
             tracker,
             home: stream.clone(),
             released: false,
+            serial: Resource::next_serial(),
             _elements: PhantomData,
         })
     }
@@ -271,7 +285,9 @@ impl<T> Drop for MemBuffer<T> {
 // SAFETY: an owned buffer keeps its memory alive; it is reported writable, as it is.
 unsafe impl<T> Keep for MemBuffer<T> {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
+        let allocation = Resource::numbered(MemBuffer::<()>::KIND, self.serial);
         v.write(self);
+        v.resource(allocation, true);
     }
 }
 

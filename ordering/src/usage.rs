@@ -30,11 +30,22 @@ pub(crate) enum Mode {
 /// (swapped in through `Graph::kept_mut`, or inside the capture's closure after the captured
 /// buffer was freed) would have its elements written with bytes of the use's type: `bool`s with
 /// `f32` bits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Eq)]
 pub(crate) struct ElemType {
     name: &'static str,
     size: usize,
     align: usize,
+}
+
+impl PartialEq for ElemType {
+    /// Same size, alignment and name; the names, static strings, are compared by address before
+    /// their text (a captured call compares its uses with the scope's latest ones each time).
+    #[inline]
+    fn eq(&self, other: &Self) -> bool {
+        self.size == other.size
+            && self.align == other.align
+            && (std::ptr::eq(self.name, other.name) || self.name == other.name)
+    }
 }
 
 impl ElemType {

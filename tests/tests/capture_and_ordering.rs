@@ -246,6 +246,37 @@ fn a_capture_keeps_what_its_calls_use_and_refuses_the_rest() {
     assert!(matches!(err, gpucomm_ordering::OrderError::NotKept { .. }), "{err}");
     all_equal("the replacement, not launched on", &home.clone_dtoh(&graph.kept().2).unwrap(), 5.0);
     drop(graph);
+
+    // Session 29 audit: the captured buffer swapped out and freed, and a new one swapped in,
+    // which `ncclMemAlloc` often places at the freed address. Before: such a replacement passed
+    // for the captured buffer (same address, size and type), although NCCL registers the memory
+    // of captured calls for the graph (`NCCL_GRAPH_REGISTER`) and other ranks' kernels reach it
+    // through that registration, whose peers keep the freed memory. Now each allocation is a
+    // numbered member of the graphs that keep it: the launch is refused either way.
+    let kept = MemBuffer::from_host(&home, &[1.0f32; N]).unwrap();
+    let mut graph = nccl::capture(&side, (&comm, &double, kept), |(comm, double, buf)| {
+        comm.on(&side).all_reduce_in_place(buf, *double)
+    })
+    .unwrap();
+    graph.launch().unwrap();
+    let captured_at = graph.kept().2.as_raw();
+    let captured = std::mem::replace(&mut graph.kept_mut().2, MemBuffer::from_host(&home, &[3.0f32; N]).unwrap());
+    drop(captured);
+    let again = MemBuffer::from_host(&home, &[4.0f32; N]).unwrap();
+    let reused = again.as_raw() == captured_at;
+    drop(std::mem::replace(&mut graph.kept_mut().2, again));
+    let refused = graph.launch().unwrap_err();
+    use gpucomm_ordering::OrderError::{NotKept, ResourceNotKept};
+    assert!(
+        matches!(refused, ResourceNotKept { kind: MemBuffer::<()>::KIND } | NotKept { .. }),
+        "{refused:?}"
+    );
+    if reused {
+        assert!(matches!(refused, ResourceNotKept { kind: MemBuffer::<()>::KIND }), "{refused:?}");
+    }
+    all_equal("the buffer swapped in, not launched on", &home.clone_dtoh(&graph.kept().2).unwrap(), 4.0);
+    println!("a MemBuffer swapped for another allocation: launch refused ({refused}); the address was reused: {reused}");
+    drop(graph);
     drop(double);
     comm.finalize().map_err(|(_, e)| e).unwrap();
 }
