@@ -30,21 +30,34 @@ pub(crate) enum Mode {
 /// (swapped in through `Graph::kept_mut`, or inside the capture's closure after the captured
 /// buffer was freed) would have its elements written with bytes of the use's type: `bool`s with
 /// `f32` bits.
-#[derive(Debug, Clone, Copy, Eq)]
-pub(crate) struct ElemType {
-    name: &'static str,
+#[derive(Clone, Copy)]
+pub(crate) struct ElemType(&'static ElemInfo);
+
+/// What [`ElemType`] compares, one constant per type: a captured use carries a reference to it
+/// (one word, a constant address), so that a captured call moves and compares little more than
+/// before it carried a type.
+pub(crate) struct ElemInfo {
     size: usize,
     align: usize,
+    name: fn() -> &'static str,
+}
+
+/// The [`ElemInfo`] of each type.
+trait Described {
+    const INFO: &'static ElemInfo;
+}
+
+impl<T> Described for T {
+    const INFO: &'static ElemInfo =
+        &ElemInfo { size: size_of::<T>(), align: align_of::<T>(), name: std::any::type_name::<T> };
 }
 
 impl PartialEq for ElemType {
-    /// Same size, alignment and name; the names, static strings, are compared by address before
-    /// their text (a captured call compares its uses with the scope's latest ones each time).
+    /// The same constant, or (a type's constant may be copied into several parts of a program)
+    /// the same size, alignment and name.
     #[inline]
     fn eq(&self, other: &Self) -> bool {
-        self.size == other.size
-            && self.align == other.align
-            && (std::ptr::eq(self.name, other.name) || self.name == other.name)
+        std::ptr::eq(self.0, other.0) || self.same_type(other)
     }
 }
 
@@ -52,7 +65,21 @@ impl ElemType {
     /// The element type `T`.
     #[inline]
     pub(crate) fn of<T>() -> Self {
-        ElemType { name: std::any::type_name::<T>(), size: size_of::<T>(), align: align_of::<T>() }
+        ElemType(<T as Described>::INFO)
+    }
+
+    #[cold]
+    fn same_type(&self, other: &Self) -> bool {
+        let (a, b) = (self.0, other.0);
+        a.size == b.size && a.align == b.align && (a.name)() == (b.name)()
+    }
+}
+
+impl Eq for ElemType {}
+
+impl std::fmt::Debug for ElemType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str((self.0.name)())
     }
 }
 
