@@ -768,8 +768,7 @@ mod tests {
     fn every_use_must_lie_in_a_kept_buffer() {
         let members = vec![buffer(0x1000, 256, false), buffer(0x2000, 256, true)];
         let plan =
-            plan(members.clone(), HERE, &[used(0x1010, 16, Use::Read), used(0x2000, 256, Use::Write)], &[])
-                .unwrap();
+            plan(members.clone(), HERE, &[used(0x1010, 16, Use::Read), used(0x2000, 256, Use::Write)], &[]).unwrap();
         assert_eq!(plan.iter().map(|p| p.1).collect::<Vec<_>>(), [Some(Use::Read), Some(Use::Write)]);
 
         // Past the end of the buffer by one byte.
@@ -804,10 +803,7 @@ mod tests {
         assert!(plan(members, HERE, &uses, &resources).is_ok());
         // The same memory, kept with another registration of it: the re-plan is refused.
         let swapped = vec![buffer(0x1000, 64, true), Member::Resource(Resource::numbered("window", again))];
-        assert_eq!(
-            plan(swapped, HERE, &uses, &resources).unwrap_err(),
-            OrderError::ResourceNotKept { kind: "window" }
-        );
+        assert_eq!(plan(swapped, HERE, &uses, &resources).unwrap_err(), OrderError::ResourceNotKept { kind: "window" });
         // Resources named by address are not pinned: only the captured calls' own count.
         let comm = 7u8;
         let mut resources = Vec::new();

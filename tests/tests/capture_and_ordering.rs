@@ -267,15 +267,14 @@ fn a_capture_keeps_what_its_calls_use_and_refuses_the_rest() {
     drop(std::mem::replace(&mut graph.kept_mut().2, again));
     let refused = graph.launch().unwrap_err();
     use gpucomm_ordering::OrderError::{NotKept, ResourceNotKept};
-    assert!(
-        matches!(refused, ResourceNotKept { kind: MemBuffer::<()>::KIND } | NotKept { .. }),
-        "{refused:?}"
-    );
+    assert!(matches!(refused, ResourceNotKept { kind: MemBuffer::<()>::KIND } | NotKept { .. }), "{refused:?}");
     if reused {
         assert!(matches!(refused, ResourceNotKept { kind: MemBuffer::<()>::KIND }), "{refused:?}");
     }
     all_equal("the buffer swapped in, not launched on", &home.clone_dtoh(&graph.kept().2).unwrap(), 4.0);
-    println!("a MemBuffer swapped for another allocation: launch refused ({refused}); the address was reused: {reused}");
+    println!(
+        "a MemBuffer swapped for another allocation: launch refused ({refused}); the address was reused: {reused}"
+    );
     drop(graph);
     drop(double);
     comm.finalize().map_err(|(_, e)| e).unwrap();
@@ -1222,7 +1221,10 @@ fn a_copy_that_could_not_be_ordered_is_still_waited_for_by_the_free() {
     let freeing = Instant::now();
     buf.free().map_err(|(_, e)| e).unwrap();
     let waited = freeing.elapsed();
-    assert!(waited >= Duration::from_secs(1), "the free returned after {waited:?}, before the copy queued behind 2 s of work");
+    assert!(
+        waited >= Duration::from_secs(1),
+        "the free returned after {waited:?}, before the copy queued behind 2 s of work"
+    );
     assert_eq!(busy.clone_dtoh(&out).unwrap(), vec![2.0f32; N], "the copy read the buffer before its free");
     println!("the free waited {waited:?} for the copy it could not order");
 }

@@ -369,28 +369,19 @@ fn a_refused_registration_gives_the_buffer_back() {
     assert!(matches!(doomed.async_error(), Err(Error::Aborted)));
     let second: Vec<f32> = contents.iter().map(|v| -v).collect();
     let other = MemBuffer::from_host(&stream, &second).unwrap();
-    let (bufs, e) = nccl::register_windows([(&comm, buf), (&doomed, other)], WindowFlags::COLL_SYMMETRIC)
-        .expect_err("windows with an aborted communicator among them");
+    let want = (contents.as_slice(), second.as_slice());
+    let what = "windows with an aborted communicator among them";
+    let (e, first, other) = refused_windows((&comm, buf), (&doomed, other), want, what);
     assert!(matches!(e, Error::Aborted), "{e}");
-    let [Some(first), Some(other)]: [Option<MemBuffer<f32>>; 2] = bufs.try_into().expect("two places") else {
-        panic!("both buffers back");
-    };
-    assert_eq!(stream.clone_dtoh(&first).unwrap(), contents, "the first buffer");
-    assert_eq!(stream.clone_dtoh(&other).unwrap(), second, "the second buffer, in order");
 
     // A blocking and a live nonblocking communicator among the pairs (session 29 audit): NCCL
     // would give the group the nonblocking mode and leave the blocking one "in progress" for
     // good. Before: registered, after which settling the blocking communicator waited for ever.
     // Now refused before NCCL is called, every buffer back in order.
     let nonblocking = one_rank(&stream, &Config::new().blocking(false));
-    let (bufs, e) = nccl::register_windows([(&comm, first), (&nonblocking, other)], WindowFlags::COLL_SYMMETRIC)
-        .expect_err("windows of a blocking and a nonblocking communicator");
+    let what = "windows of a blocking and a nonblocking communicator";
+    let (e, first, other) = refused_windows((&comm, first), (&nonblocking, other), want, what);
     assert!(matches!(e, Error::MixedBlocking), "{e}");
-    let [Some(first), Some(other)]: [Option<MemBuffer<f32>>; 2] = bufs.try_into().expect("two places") else {
-        panic!("both buffers back from the mixed registration");
-    };
-    assert_eq!(stream.clone_dtoh(&first).unwrap(), contents, "the first buffer of the mixed registration");
-    assert_eq!(stream.clone_dtoh(&other).unwrap(), second, "the second buffer of the mixed registration");
     other.free().map_err(|(_, e)| e).unwrap();
     nonblocking.finalize().map_err(|(_, e)| e).unwrap();
 
@@ -403,6 +394,24 @@ fn a_refused_registration_gives_the_buffer_back() {
     drop(doomed);
     comm.finalize().map_err(|(_, e)| e).unwrap();
     println!("every refused registration handed its buffer back, contents intact");
+}
+
+/// `register_windows` over two pairs, which must be refused (`what` it is): the error, and both
+/// buffers back, in order, holding `want`.
+fn refused_windows(
+    a: (&Comm, MemBuffer<f32>),
+    b: (&Comm, MemBuffer<f32>),
+    want: (&[f32], &[f32]),
+    what: &str,
+) -> (Error, MemBuffer<f32>, MemBuffer<f32>) {
+    let stream = a.1.stream().clone();
+    let (bufs, e) = nccl::register_windows([a, b], WindowFlags::COLL_SYMMETRIC).expect_err(what);
+    let [Some(first), Some(second)]: [Option<MemBuffer<f32>>; 2] = bufs.try_into().expect("two places") else {
+        panic!("{what}: both buffers back");
+    };
+    assert_eq!(stream.clone_dtoh(&first).unwrap(), want.0, "{what}: the first buffer");
+    assert_eq!(stream.clone_dtoh(&second).unwrap(), want.1, "{what}: the second buffer, in order");
+    (e, first, second)
 }
 
 /// Issue 17: `Comm::wait` without a timeout. Before: it waited for the communicator's own stream
