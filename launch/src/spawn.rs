@@ -191,7 +191,8 @@ impl std::error::Error for SpawnError {}
 /// sent to the spawner while the ranks run (Ctrl-C in a terminal reaches the spawner only) are
 /// passed on to every rank's group, and the ranks still running get `SIGKILL` after `grace`:
 /// meanwhile this process's own handlers of those signals are set aside, and put back when the
-/// call returns. On Linux the ranks also get `SIGTERM` if the spawner itself dies.
+/// call returns (when the last returns, of calls made by several threads at once; each of their
+/// jobs gets every signal). On Linux the ranks also get `SIGTERM` if the spawner itself dies.
 pub fn spawn_local(
     nproc: usize,
     program: &Path,

@@ -4,7 +4,9 @@ use std::collections::HashSet;
 use std::io;
 use std::process::{Child, Command, ExitStatus};
 #[cfg(unix)]
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
+#[cfg(unix)]
+use std::sync::Mutex;
 
 /// Asks a child to stop: `SIGTERM` to its process group on Unix (so that it, and what it
 /// started, can clean up), a hard kill elsewhere.
@@ -132,9 +134,35 @@ pub(super) fn own_group(command: &mut Command) {
     let _ = command;
 }
 
-/// The signal most recently received for the job and not yet forwarded (0: none).
+/// The signal most recently received for the jobs (0: none yet).
 #[cfg(unix)]
 static RECEIVED: AtomicI32 = AtomicI32::new(0);
+
+/// How many signals the handler has received: each [`Forwarding`] passes on those received
+/// since it last looked, so that jobs spawned at the same time by several threads each get them.
+#[cfg(unix)]
+static SIGNALS: AtomicUsize = AtomicUsize::new(0);
+
+/// The handlers' installation, shared by the [`Forwarding`]s alive at one time (`spawn_local`
+/// called by several threads at once): installed by the first, put back by the last, so that
+/// the process's own handlers come back whatever order the calls end in.
+#[cfg(unix)]
+struct Installed {
+    /// The live `Forwarding`s.
+    calls: usize,
+    /// The actions the handlers replaced.
+    earlier: Vec<(libc::c_int, libc::sigaction)>,
+    /// [`SIGNALS`] when the handlers were installed.
+    signals_then: usize,
+}
+
+// SAFETY: `sigaction` is plain C data (numbers, a handler address, a signal set), valid on any
+// thread.
+#[cfg(unix)]
+unsafe impl Send for Installed {}
+
+#[cfg(unix)]
+static INSTALLED: Mutex<Option<Installed>> = Mutex::new(None);
 
 /// The signals a job's ranks get when the spawner gets them.
 #[cfg(unix)]
@@ -143,42 +171,61 @@ const FORWARDED: [libc::c_int; 3] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP];
 #[cfg(unix)]
 extern "C" fn received(signal: libc::c_int) {
     RECEIVED.store(signal, Ordering::Relaxed);
+    SIGNALS.fetch_add(1, Ordering::Release);
 }
 
 /// While it lives, `SIGINT`, `SIGTERM` and `SIGHUP` to this process are caught for the ranks
-/// ([`Forwarding::take`]) instead of ending it; dropping it puts the earlier handlers back and,
-/// if one of those signals was caught, raises it again, so that the spawner then ends (or runs
-/// its own handler) as it would have without the ranks: a `timeout` or a batch system that
-/// stops the spawner still stops it, once its ranks are stopped.
+/// ([`Forwarding::take`]) instead of ending it. When the last `Forwarding` alive is dropped
+/// (several threads may spawn jobs at once: each job gets every signal), the earlier handlers
+/// come back and, if one of those signals was caught meanwhile, it is raised again, so that the
+/// spawner then ends (or runs its own handler) as it would have without the ranks: a `timeout`
+/// or a batch system that stops the spawner still stops it, once its ranks are stopped.
 pub(super) struct Forwarding {
+    /// [`SIGNALS`] when this one last passed a signal on (or started).
     #[cfg(unix)]
-    earlier: Vec<(libc::c_int, libc::sigaction)>,
-    #[cfg(unix)]
-    caught: std::cell::Cell<Option<libc::c_int>>,
+    seen: std::cell::Cell<usize>,
+}
+
+#[cfg(unix)]
+fn installed() -> std::sync::MutexGuard<'static, Option<Installed>> {
+    // The state is consistent between statements, so a poisoned lock is still usable.
+    INSTALLED.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Catches the forwarded signals, and returns the actions they had.
+#[cfg(unix)]
+fn install() -> Vec<(libc::c_int, libc::sigaction)> {
+    let mut earlier = Vec::new();
+    for signal in FORWARDED {
+        // SAFETY: the structs are plain C data, zeroed then filled in; the handler only stores to
+        // atomics, which is async-signal-safe; sigaction(2) is given valid pointers and keeps the
+        // earlier action in `old`, put back by the last `Forwarding`.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = received as extern "C" fn(libc::c_int) as libc::sighandler_t;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            let mut old: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(signal, &action, &mut old) == 0 {
+                earlier.push((signal, old));
+            }
+        }
+    }
+    earlier
 }
 
 impl Forwarding {
     pub(super) fn start() -> Forwarding {
         #[cfg(unix)]
         {
-            RECEIVED.store(0, Ordering::Relaxed);
-            let mut earlier = Vec::new();
-            for signal in FORWARDED {
-                // SAFETY: the structs are plain C data, zeroed then filled in; the handler only
-                // stores to an atomic, which is async-signal-safe; sigaction(2) is given valid
-                // pointers and keeps the earlier action in `old`, put back on drop.
-                unsafe {
-                    let mut action: libc::sigaction = std::mem::zeroed();
-                    action.sa_sigaction = received as extern "C" fn(libc::c_int) as libc::sighandler_t;
-                    action.sa_flags = libc::SA_RESTART;
-                    libc::sigemptyset(&mut action.sa_mask);
-                    let mut old: libc::sigaction = std::mem::zeroed();
-                    if libc::sigaction(signal, &action, &mut old) == 0 {
-                        earlier.push((signal, old));
-                    }
-                }
-            }
-            Forwarding { earlier, caught: std::cell::Cell::new(None) }
+            let mut installed = installed();
+            let state = installed.get_or_insert_with(|| Installed {
+                calls: 0,
+                signals_then: SIGNALS.load(Ordering::Acquire),
+                earlier: install(),
+            });
+            state.calls += 1;
+            Forwarding { seen: std::cell::Cell::new(SIGNALS.load(Ordering::Acquire)) }
         }
         #[cfg(not(unix))]
         Forwarding {}
@@ -187,11 +234,11 @@ impl Forwarding {
     /// The signal received since the last call, if any, to send on to the ranks.
     #[cfg(unix)]
     pub(super) fn take(&self) -> Option<libc::c_int> {
-        let signal = Some(RECEIVED.swap(0, Ordering::Relaxed)).filter(|&signal| signal != 0);
-        if signal.is_some() {
-            self.caught.set(signal);
+        let now = SIGNALS.load(Ordering::Acquire);
+        if now == self.seen.replace(now) {
+            return None;
         }
-        signal
+        Some(RECEIVED.load(Ordering::Relaxed)).filter(|&signal| signal != 0)
     }
 }
 
@@ -199,19 +246,31 @@ impl Drop for Forwarding {
     fn drop(&mut self) {
         #[cfg(unix)]
         {
-            for (signal, old) in &self.earlier {
-                // SAFETY: `old` is the action sigaction(2) reported for `signal` in `start`.
+            let mut installed = installed();
+            let Some(state) = installed.as_mut() else { return };
+            state.calls -= 1;
+            if state.calls > 0 {
+                // The others keep the handlers, and pass on what comes.
+                return;
+            }
+            let Some(state) = installed.take() else { return };
+            drop(installed);
+            for (signal, old) in &state.earlier {
+                // SAFETY: `old` is the action sigaction(2) reported for `signal` when the handlers
+                // were installed.
                 unsafe {
                     libc::sigaction(*signal, old, std::ptr::null_mut());
                 }
             }
-            // One that came after the ranks were gone was never passed on: it is this process's.
-            let caught = self.caught.get().or_else(|| self.take());
-            if let Some(signal) = caught {
-                // SAFETY: raise(3) has no memory-safety preconditions; the earlier action of
-                // `signal` is back in place.
-                unsafe {
-                    libc::raise(signal);
+            // A signal caught while the handlers were in place was meant for this process too.
+            if SIGNALS.load(Ordering::Acquire) != state.signals_then {
+                let signal = RECEIVED.load(Ordering::Relaxed);
+                if signal != 0 {
+                    // SAFETY: raise(3) has no memory-safety preconditions; the earlier action
+                    // of `signal` is back in place.
+                    unsafe {
+                        libc::raise(signal);
+                    }
                 }
             }
         }

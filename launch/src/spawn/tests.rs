@@ -313,3 +313,61 @@ fn spawner_child() {
     let _ = spawn_local(1, Path::new("/bin/sh"), &args, &[], Duration::from_secs(2));
     unreachable!("the SIGINT passed on to the rank ends the spawner too");
 }
+
+/// Set by [`concurrent_spawns_put_the_signal_handlers_back`] for its child.
+const CONCURRENT_CHILD: &str = "GPUCOMM_TEST_CONCURRENT_CHILD";
+
+/// Session 29 audit: two threads in `spawn_local` at once left `SIGINT`, `SIGTERM` and `SIGHUP`
+/// caught and ignored for the rest of the process: each call saved the actions it found and put
+/// them back when it returned, so the call that returned last put back the other's catching
+/// handler (Ctrl-C or a batch system's `SIGTERM` no longer stopped the process). Now the first
+/// call alive installs the handlers and the last puts the earlier actions back. Run in a child
+/// process of its own (this test binary, running only `concurrent_child`): it changes the
+/// process's signal actions.
+#[test]
+fn concurrent_spawns_put_the_signal_handlers_back() {
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args(["spawn::tests::concurrent_child", "--exact", "--nocapture", "--test-threads=1"])
+        .env(CONCURRENT_CHILD, "1")
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{:?}\n{printed}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
+    assert!(printed.contains("every action back"), "{printed}");
+}
+
+/// Child half: does nothing unless started by the test above. The first call returns while the
+/// second still runs; then every forwarded signal must have its default action again.
+#[test]
+fn concurrent_child() {
+    if std::env::var_os(CONCURRENT_CHILD).is_none() {
+        return;
+    }
+    let action = |signal| {
+        // SAFETY: sigaction(2) with a null new action only reads the current one into `old`.
+        unsafe {
+            let mut old: libc::sigaction = std::mem::zeroed();
+            assert_eq!(libc::sigaction(signal, std::ptr::null(), &mut old), 0);
+            old.sa_sigaction
+        }
+    };
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        // SAFETY: signal(2) with SIG_DFL installs no handler; nothing else runs in this process.
+        unsafe { libc::signal(signal, libc::SIG_DFL) };
+    }
+    let run = |seconds: &str| {
+        let args = [OsString::from("-c"), OsString::from(format!("sleep {seconds}"))];
+        spawn_local(1, Path::new("/bin/sh"), &args, &[], Duration::from_secs(2)).unwrap()
+    };
+    let second = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(100));
+        run("1")
+    });
+    assert!(run("0.3").success());
+    assert!(second.join().unwrap().success());
+    for signal in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP] {
+        assert_eq!(action(signal), libc::SIG_DFL, "signal {signal}: the action after both calls returned");
+    }
+    println!("every action back");
+}
