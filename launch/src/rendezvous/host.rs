@@ -186,7 +186,7 @@ fn listen(master: &Master) -> Result<(TcpListener, IpAddr), RendezvousError> {
     if let Some(ip) = loopback_name(bare, port) {
         return Ok((bind(SocketAddr::new(ip, port))?, ip));
     }
-    let Ok(ip) = bare.parse::<IpAddr>() else {
+    let Some(ip) = bare.parse::<IpAddr>().ok().or_else(|| ipv4_other_form(bare).map(IpAddr::V4)) else {
         let listener = match dual_stack(port) {
             Ok(listener) => listener,
             // This machine has no IPv6.
@@ -239,6 +239,38 @@ fn loopback_name(name: &str, port: u16) -> Option<IpAddr> {
         return None;
     }
     ips.iter().find(|ip| ip.is_ipv4()).or(ips.first()).copied()
+}
+
+/// An IPv4 address written in one of the other numeric forms that the C resolver reads as one
+/// (`inet_aton`: one to four parts, each decimal, octal after a leading `0` or hexadecimal after
+/// `0x`, the last filling the bytes left: `127.1`, `2130706433`, `0x7f.0.0.1`, `127.0.0.01`), which
+/// Rust's parser refuses. The other ranks' resolver reads them as that address, so rank 0 must
+/// too: taken for a host name, `127.1` was served on every interface.
+fn ipv4_other_form(text: &str) -> Option<Ipv4Addr> {
+    let parts: Vec<&str> = text.split('.').collect();
+    if parts.len() > 4 {
+        return None;
+    }
+    let mut value: u32 = 0;
+    for (i, part) in parts.iter().enumerate() {
+        let (digits, radix) = match part.strip_prefix("0x").or_else(|| part.strip_prefix("0X")) {
+            Some(hex) => (hex, 16),
+            None if part.len() > 1 && part.starts_with('0') => (&part[1..], 8),
+            None => (*part, 10),
+        };
+        if digits.is_empty() || !digits.chars().all(|c| c.is_digit(radix)) {
+            return None;
+        }
+        let number = u32::from_str_radix(digits, radix).ok()?;
+        let last = i + 1 == parts.len();
+        // The last part fills the bytes the earlier ones left; each earlier part is one byte.
+        let bits = if last { 32 - 8 * i as u32 } else { 8 };
+        if bits < 32 && number >> bits != 0 {
+            return None;
+        }
+        value |= if last { number } else { number << (24 - 8 * i as u32) };
+    }
+    Some(Ipv4Addr::from(value))
 }
 
 fn bind(addr: SocketAddr) -> Result<TcpListener, RendezvousError> {
@@ -572,6 +604,25 @@ mod tests {
         assert!(listener.local_addr().unwrap().ip().is_loopback());
         assert_eq!(loopback_name("db.example.com", 0), None);
         assert_eq!(loopback_name("localhostx", 0), None);
+    }
+
+    /// Session 29 audit: `MASTER_ADDR=127.1` (or `2130706433`, `127.0.0.01`), which the other
+    /// ranks' resolver reads as 127.0.0.1, was taken for a host name and served on every
+    /// interface. Now every numeric form the C resolver reads is that address here too.
+    #[test]
+    fn a_loopback_address_in_another_numeric_form_is_served_on_loopback_only() {
+        for form in ["127.1", "2130706433", "127.0.0.01", "0x7f.0.0.1", "0177.0.1"] {
+            assert_eq!(ipv4_other_form(form), Some(Ipv4Addr::LOCALHOST), "{form}");
+            let (listener, own) = listen(&master(form)).unwrap();
+            let bound = listener.local_addr().unwrap();
+            assert_eq!(bound.ip(), IpAddr::V4(Ipv4Addr::LOCALHOST), "{form}: bound {bound}");
+            assert_eq!(own, IpAddr::V4(Ipv4Addr::LOCALHOST));
+        }
+        assert_eq!(ipv4_other_form("10.1.2"), Some(Ipv4Addr::new(10, 1, 0, 2)));
+        assert_eq!(ipv4_other_form("1.2.3.4"), Some(Ipv4Addr::new(1, 2, 3, 4)));
+        for name in ["node7", "127.1.x", "256.1", "1.2.3.4.5", "127..1", "", "09", "+1", "1.65536.0", "0x"] {
+            assert_eq!(ipv4_other_form(name), None, "{name}");
+        }
     }
 
     #[test]
