@@ -55,6 +55,16 @@ impl JobKey {
     /// A key from its bytes; fails (without showing them) when shorter than [`MIN_KEY_LEN`].
     pub fn new(bytes: impl Into<Vec<u8>>) -> Result<JobKey, RendezvousError> {
         let bytes = bytes.into();
+        if bytes.is_empty() {
+            // Set, but to nothing: most likely a key file that could not be read
+            // (`GPUCOMM_JOB_KEY=$(cat ~/.job-key)`), which must not run the job unprotected.
+            return Err(RendezvousError::BadOptions {
+                detail: format!(
+                    "{JOB_KEY_VAR} is set but empty (a key file that could not be read?): set it to at least \
+                     {MIN_KEY_LEN} random bytes, or unset it to run without a key"
+                ),
+            });
+        }
         if bytes.len() < MIN_KEY_LEN {
             return Err(RendezvousError::BadOptions {
                 detail: format!(
@@ -149,7 +159,7 @@ impl Options {
     pub fn from_os_vars(lookup: impl Fn(&str) -> Option<std::ffi::OsString>) -> Result<Options, RendezvousError> {
         use std::os::unix::ffi::OsStringExt;
         let mut options = Options::from_vars(|name| (name != JOB_KEY_VAR).then(|| lookup(name)).flatten().map(lossy))?;
-        if let Some(key) = lookup(JOB_KEY_VAR).filter(|k| !k.is_empty()) {
+        if let Some(key) = lookup(JOB_KEY_VAR) {
             options.job_key = Some(JobKey::new(key.into_vec())?);
         }
         Ok(options)
@@ -168,7 +178,7 @@ impl Options {
                 ),
             })?;
         }
-        if let Some(key) = lookup(JOB_KEY_VAR).filter(|k| !k.is_empty()) {
+        if let Some(key) = lookup(JOB_KEY_VAR) {
             options.job_key = Some(JobKey::new(key.into_bytes())?);
         }
         if let Some(mode) = get(STORE_VAR) {
@@ -255,6 +265,17 @@ mod tests {
         assert_ne!(a.bytes(), b.bytes());
         let e = key_of(&[0xff; 6]).unwrap_err().to_string();
         assert!(e.contains("GPUCOMM_JOB_KEY is 6 bytes long"), "{e}");
-        assert!(key_of(b"").unwrap().is_none());
+    }
+
+    /// Session 29 audit: a key set to nothing — `GPUCOMM_JOB_KEY=$(cat ~/.job-key)` with the file
+    /// missing on every node — ran the job with no key, and said nothing. Now it is refused; only
+    /// an unset variable means no key.
+    #[test]
+    fn a_key_set_to_nothing_is_refused() {
+        let e = key_of(b"").unwrap_err().to_string();
+        assert!(e.contains("GPUCOMM_JOB_KEY is set but empty"), "{e}");
+        let e = Options::from_vars(|name| (name == JOB_KEY_VAR).then(String::new)).unwrap_err().to_string();
+        assert!(e.contains("unset it to run without a key"), "{e}");
+        assert!(Options::from_os_vars(|_| None).unwrap().job_key.is_none());
     }
 }
