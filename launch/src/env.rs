@@ -200,7 +200,8 @@ impl RankInfo {
         if let Some(token) = lookup(JOB_TOKEN_VAR).filter(|t| t.to_str().is_none()) {
             return Err(invalid(
                 JOB_TOKEN_VAR,
-                token.to_string_lossy().into_owned(),
+                // Not the token itself: no error message shows a job's identity.
+                format!("<{} bytes, not UTF-8>", token.len()),
                 "UTF-8 text (tokens that differ only in other bytes would name one job)",
             ));
         }

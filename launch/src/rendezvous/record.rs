@@ -89,11 +89,10 @@ pub(super) struct Claim {
     pub(super) tag: Option<[u8; TAG_LEN]>,
 }
 
-/// The owner of a store: the job that hosts it (rank 0 of a [`StoreMode::Rank0`] rendezvous)
-/// or the first job to use it ([`StoreMode::External`]).
+/// The owner of a store rank 0 hosts ([`StoreMode::Rank0`]): the job it serves. An external
+/// store has no owner record.
 ///
 /// [`StoreMode::Rank0`]: super::StoreMode::Rank0
-/// [`StoreMode::External`]: super::StoreMode::External
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(super) struct Owner {
     /// A hash of the job's identity (never the identity itself).
