@@ -21,8 +21,10 @@
 //! an explicit variable (1, 2) are binding: if they lack the library, the search stops with an error
 //! instead of silently using something else.
 //!
-//! At run time ([`Locator::runtime_candidates_early`], then [`Locator::runtime_candidates_late`]) the
-//! order is: `X_SYS_LIBRARY` (a file), `X_LIB_DIR`, `X_HOME`, the directory the build used, the
+//! At run time a copy that the process has loaded already is taken first, when it is a supported
+//! version (`runtime`: two copies in one process would not share a communicator). Then
+//! ([`Locator::runtime_candidates_early`], then [`Locator::runtime_candidates_late`]) the order
+//! is: `X_SYS_LIBRARY` (a file), `X_LIB_DIR`, `X_HOME`, the directory the build used, the
 //! project-local prefix, the bare soname (`libnccl.so.2`), which the dynamic loader resolves through
 //! `LD_LIBRARY_PATH`, rpaths and the ldconfig cache, and only as the last resort the Python wheels
 //! (which starts `python3`; `X_SYS_NO_PYTHON=1` turns that step off).

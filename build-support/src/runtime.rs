@@ -430,6 +430,10 @@ unsafe fn open<T>(
     let env = Env::running();
     let locator = Locator::new(&env);
     let mut attempts = Vec::new();
+    // SAFETY: forwarded from this function's contract.
+    if let Some(found) = unsafe { already_loaded(spec, &make, &mut attempts) } {
+        return Ok(found);
+    }
     let early = locator.runtime_candidates_early(spec, build_lib_dir);
     // SAFETY: forwarded from this function's contract.
     let mut outcome = unsafe { try_all(&early, &make, &mut attempts) };
@@ -450,6 +454,35 @@ unsafe fn open<T>(
             stopped_by_variable: matches!(outcome, Outcome::Stopped),
         }),
     }
+}
+
+/// The copy of `spec`'s library that this process has loaded already (by another library, or by
+/// Python: PyTorch's NCCL), when `make` accepts it. Opening another file by its path would put a
+/// second copy in the process — glibc matches a path by file, not by soname — and a communicator
+/// made by one copy, handed to the other (`BorrowedComm::from_raw_borrowed` of PyTorch's), would
+/// be read with another build's layout. A copy that `make` refuses is listed among the attempts,
+/// and the search goes on.
+///
+/// # Safety
+///
+/// As for [`open`].
+unsafe fn already_loaded<T>(
+    spec: &Spec,
+    make: &impl Fn(libloading::Library) -> Result<T, String>,
+    attempts: &mut Vec<Attempt>,
+) -> Option<(T, PathBuf, String)> {
+    const PLACE: &str = "already loaded in this process";
+    for name in spec.libraries {
+        let flags = libc::RTLD_LAZY | libc::RTLD_NOLOAD;
+        // SAFETY: with RTLD_NOLOAD nothing new is loaded and no initialiser runs: the handle is
+        // that of a library the process holds already, or the call fails.
+        let Ok(lib) = (unsafe { libloading::os::unix::Library::open(Some(name), flags) }) else { continue };
+        match make(lib.into()) {
+            Ok(value) => return Some((value, PathBuf::from(name), PLACE.into())),
+            Err(error) => attempts.push(Attempt { place: PLACE.into(), path: PathBuf::from(name), error }),
+        }
+    }
+    None
 }
 
 enum Outcome<T> {
@@ -553,10 +586,13 @@ mod tests {
         // SAFETY: libm's initialisers are trivial; `fixed_version` does not call into it.
         let got = unsafe { preload(&LIBM, None, Version::new(2, 18, 1), fixed_version) }.unwrap();
         assert_eq!(got.path, PathBuf::from("libm.so.6"));
-        assert!(got.place.starts_with("dynamic loader search path"), "{}", got.place);
+        // Loaded by the soname, unless another test of this process loaded it first.
+        let places = ["dynamic loader search path", "already loaded in this process"];
+        assert!(places.iter().any(|p| got.place.starts_with(p)), "{}", got.place);
         assert_eq!(got.version, Version::new(2, 28, 9));
         // SAFETY: as above.
         let err = unsafe { preload(&LIBM, None, Version::new(3, 0, 0), fixed_version) }.unwrap_err();
+        assert_eq!(err.attempts[0].place, "already loaded in this process");
         assert_eq!(err.attempts[0].error, "libm 2.28.9 is older than 3.0.0, the oldest release these bindings support");
         // A newer major version is refused too (before, anything from the minimum up was taken).
         // SAFETY: as above.
@@ -566,6 +602,32 @@ mod tests {
             "libm 2.28.9 is of another major version than these bindings (1.x): its functions may differ from the \
              headers they were generated from"
         );
+    }
+
+    /// Session 29 audit: a library the process had loaded already (PyTorch's NCCL, say) did not
+    /// stop the search, which opened the file of an earlier step by its path: a second copy in
+    /// the process, beside the first. Here the "build directory" holds another file of libm's
+    /// soname; the copy already loaded is taken, and the other file is never mapped.
+    #[test]
+    fn a_copy_already_loaded_is_taken_before_any_file() {
+        // What another library (PyTorch's NCCL, here libm) does first: load it by its soname.
+        // SAFETY: libm's initialisers are trivial.
+        let first = unsafe { libloading::Library::new("libm.so.6") }.unwrap();
+        let maps = || std::fs::read_to_string("/proc/self/maps").unwrap();
+        let real = maps()
+            .lines()
+            .find_map(|l| l.split_whitespace().nth(5).filter(|p| p.ends_with("/libm.so.6")).map(String::from))
+            .expect("libm is mapped once loaded");
+        let dir = std::env::temp_dir().join(format!("gpucomm-already-loaded-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let copy = dir.join("libm.so.6");
+        std::fs::copy(&real, &copy).unwrap();
+        // SAFETY: libm's initialisers are trivial; `fixed_version` does not call into it.
+        let got = unsafe { preload(&LIBM, Some(&dir), Version::new(2, 18, 1), fixed_version) }.unwrap();
+        assert_eq!((got.path, got.place.as_str()), (PathBuf::from("libm.so.6"), "already loaded in this process"));
+        assert!(!maps().contains(copy.to_str().unwrap()), "a second libm was mapped from {}", copy.display());
+        std::fs::remove_dir_all(&dir).unwrap();
+        drop(first);
     }
 
     #[test]
