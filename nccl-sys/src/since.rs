@@ -1,6 +1,7 @@
 //! The NCCL release that added each function newer than the oldest supported one (2.18.1), so
 //! that a function missing from an older library is reported with the version it needs.
-//! Source: the NCCL headers of each release (`nccl.h`, and `nccl_device.h` from 2.28).
+//! Source: the NCCL headers of each release (`nccl.h`, and `nccl_device.h` from 2.28); the CFT
+//! functions of 2.31 from NCCL's Device API documentation ("available starting with NCCL 2.31").
 
 const SINCE: &[(&str, &str)] = &[
     ("ncclMemAlloc", "2.19.1"),
@@ -37,6 +38,8 @@ const SINCE: &[(&str, &str)] = &[
     ("ncclCommQueryProperties", "2.29.2"),
     ("ncclGetLsaDevicePointer", "2.29.2"),
     ("ncclGetPeerDevicePointer", "2.29.2"),
+    ("ncclGetLsaMultimemDevicePointer", "2.29.2"),
+    ("ncclGetMultimemDevicePointer", "2.29.2"),
     ("ncclCommSuspend", "2.29.7"),
     ("ncclCommResume", "2.29.7"),
     ("ncclCommMemStats", "2.29.7"),
@@ -56,6 +59,12 @@ const SINCE: &[(&str, &str)] = &[
     ("ncclAlltoAllConfig", "2.31"),
     ("ncclGatherConfig", "2.31"),
     ("ncclScatterConfig", "2.31"),
+    // Compute Fabric Transport and its logical endpoints ("available starting with NCCL 2.31").
+    ("ncclTeamCft", "2.31"),
+    ("ncclTeamCftMultimem", "2.31"),
+    ("ncclGetCftDeviceLeInfo", "2.31"),
+    ("ncclGetPeerDeviceLeInfo", "2.31"),
+    ("ncclGetMultimemDeviceLeInfo", "2.31"),
     ("ncclSetEncryption", "2.32"),
 ];
 
@@ -75,5 +84,8 @@ mod tests {
         assert_eq!(super::since("ncclCommShrink"), Some("2.27.3"));
         assert_eq!(super::since("ncclParamGetU64"), Some("2.30.4"));
         assert_eq!(super::since("ncclAllReduce"), None);
+        // Session 29 audit: bound from newer headers, missing in 2.18.1, and not listed.
+        assert_eq!(super::since("ncclGetMultimemDevicePointer"), Some("2.29.2"));
+        assert_eq!(super::since("ncclTeamCft"), Some("2.31"));
     }
 }
