@@ -208,6 +208,9 @@ pub struct RuntimeCandidate {
 pub struct Locator<'e> {
     env: &'e Env,
     python_answers: RefCell<BTreeMap<OsString, NvidiaDirs>>,
+    /// The library whose `X_SYS_PYTHON` and `X_SYS_NO_PYTHON` also apply to the other searches
+    /// ([`Locator::python_of`]).
+    python_of: Option<&'static Spec>,
 }
 
 fn lib_dirs(root: &Path) -> Vec<PathBuf> {
@@ -217,20 +220,38 @@ fn lib_dirs(root: &Path) -> Vec<PathBuf> {
 impl<'e> Locator<'e> {
     /// A locator over `env`.
     pub fn new(env: &'e Env) -> Self {
-        Locator { env, python_answers: RefCell::default() }
+        Locator { env, python_answers: RefCell::default(), python_of: None }
+    }
+
+    /// A locator whose searches for other libraries (the CUDA headers a -sys crate's build looks
+    /// for beside its own library) also follow `spec`'s `X_SYS_PYTHON` and `X_SYS_NO_PYTHON`, when
+    /// their own variables are not set: `NCCL_SYS_NO_PYTHON=1` starts no interpreter at all, and
+    /// `NCCL_SYS_PYTHON` takes the CUDA headers from the same environment as NCCL.
+    pub fn python_of(mut self, spec: &'static Spec) -> Self {
+        self.python_of = Some(spec);
+        self
+    }
+
+    /// The specs whose Python variables apply to a search for `spec`: its own, then
+    /// [`Locator::python_of`]'s.
+    fn python_vars<'s>(&self, spec: &'s Spec) -> impl Iterator<Item = &'s str> + use<'s, 'e> {
+        std::iter::once(spec.var).chain(self.python_of.map(|p| p.var).filter(|&v| v != spec.var))
     }
 
     /// The interpreter asked for `spec`'s wheels: `X_SYS_PYTHON`, else `python3`.
     fn interpreter(&self, spec: &Spec) -> OsString {
-        self.env.get(&format!("{}_SYS_PYTHON", spec.var)).map(|v| v.value_os).unwrap_or_else(|| "python3".into())
+        self.python_vars(spec)
+            .find_map(|var| self.env.get(&format!("{var}_SYS_PYTHON")))
+            .map(|v| v.value_os)
+            .unwrap_or_else(|| "python3".into())
     }
 
     /// The `nvidia` package directories of the interpreter chosen for `spec`, with the
     /// interpreter. With `X_SYS_NO_PYTHON` set, no interpreter is started and the answer says why.
     pub fn nvidia_dirs(&self, spec: &Spec) -> (OsString, NvidiaDirs) {
         let python = self.interpreter(spec);
-        let off = format!("{}_SYS_NO_PYTHON", spec.var);
-        if self.env.flag(&off) {
+        let off = self.python_vars(spec).map(|var| format!("{var}_SYS_NO_PYTHON")).find(|off| self.env.flag(off));
+        if let Some(off) = off {
             return (python, NvidiaDirs::NoInterpreter(format!("not asked: {off} is set")));
         }
         // A bare name is looked up on `PATH`, which then decides the install: recorded, so that
@@ -517,6 +538,24 @@ mod tests {
     fn fake_prefix(root: &Path) {
         touch(&root.join("py/nvidia/nccl/include/nccl.h"));
         touch(&root.join("py/nvidia/nccl/lib/libnccl.so.2"));
+    }
+
+    /// Session 29 audit: nccl-sys's build searches the CUDA headers too, and that search read
+    /// `CUDA_SYS_*` only: `NCCL_SYS_NO_PYTHON=1` still started `python3` for them, and
+    /// `NCCL_SYS_PYTHON` took NCCL from one environment and the CUDA headers from another. A
+    /// locator made for NCCL now applies NCCL's variables to the CUDA search where CUDA's own are
+    /// not set.
+    #[test]
+    fn a_librarys_python_variables_apply_to_its_cuda_search() {
+        let env = Env::from_pairs(None, [("NCCL_SYS_NO_PYTHON", "1")]);
+        let (_, answer) = Locator::new(&env).python_of(&NCCL).nvidia_dirs(&CUDA);
+        assert_eq!(answer, NvidiaDirs::NoInterpreter("not asked: NCCL_SYS_NO_PYTHON is set".into()));
+        assert!(!env.names_read().iter().any(|n| n == "PATH"), "{:?}", env.names_read());
+        let env = Env::from_pairs(None, [("NCCL_SYS_PYTHON", "/venv/bin/python")]);
+        assert_eq!(Locator::new(&env).python_of(&NCCL).interpreter(&CUDA), "/venv/bin/python");
+        assert_eq!(Locator::new(&env).interpreter(&CUDA), "python3", "only for the library it was made for");
+        let env = Env::from_pairs(None, [("NCCL_SYS_PYTHON", "/venv/bin/python"), ("CUDA_SYS_PYTHON", "/cuda/python")]);
+        assert_eq!(Locator::new(&env).python_of(&NCCL).interpreter(&CUDA), "/cuda/python", "CUDA's own comes first");
     }
 
     #[test]

@@ -116,7 +116,7 @@ impl SysBuild {
             return self.use_snapshot(&snapshot, &out_dir, out);
         }
 
-        let locator = Locator::new(env);
+        let locator = Locator::new(env).python_of(self.spec);
         let cuda = locator.find(&CUDA).map_err(|e| e.to_string())?;
         let install = locator.find(self.spec).map_err(|e| e.to_string())?;
         let version = (self.read_version)(&install.include_dir)?;
