@@ -107,7 +107,9 @@ mod tests {
         let answer = nvidia_dirs_from(OsStr::new("python3"), Some(&dir));
         std::fs::remove_dir_all(&dir).unwrap();
         match answer {
-            NvidiaDirs::Found(dirs) => assert!(!dirs.iter().any(|d| d.ends_with(&planted) || d == Path::new("nvidia")), "{dirs:?}"),
+            NvidiaDirs::Found(dirs) => {
+                assert!(!dirs.iter().any(|d| d.ends_with(&planted) || d == Path::new("nvidia")), "{dirs:?}")
+            }
             NvidiaDirs::NoPackage(_) => {}
             NvidiaDirs::NoInterpreter(why) => panic!("this test needs python3 on PATH: {why}"),
         }
