@@ -244,16 +244,13 @@ mod tests {
     fn run_main_turns_nvlink_multicast_off_for_its_process() {
         // Before: only ranks the spawner started had the variables; a rank started by torchrun,
         // mpirun or srun left NCCL's and NVSHMEM's multicast defaults on.
-        let exe = std::env::current_exe().unwrap();
-        let out = std::process::Command::new(exe)
-            .args(["entry::tests::safety_child", "--exact", "--nocapture", "--test-threads=1"])
-            .env(SAFETY_CHILD, "1")
-            .env("NCCL_NVLS_ENABLE", "1")
-            .env_remove("NVSHMEM_DISABLE_NVLS")
-            .env_remove("TORCH_SYMM_MEM_DISABLE_MULTICAST")
-            .envs([("RANK", "0"), ("WORLD_SIZE", "1")])
-            .output()
-            .unwrap();
+        let out = crate::test_child::run("entry::tests::safety_child", SAFETY_CHILD, |command| {
+            command
+                .env("NCCL_NVLS_ENABLE", "1")
+                .env_remove("NVSHMEM_DISABLE_NVLS")
+                .env_remove("TORCH_SYMM_MEM_DISABLE_MULTICAST")
+                .envs([("RANK", "0"), ("WORLD_SIZE", "1")]);
+        });
         let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert!(out.status.success(), "{stdout}\n{stderr}");
         assert!(

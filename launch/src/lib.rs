@@ -175,6 +175,8 @@ mod rendezvous;
 pub mod safety;
 mod spawn;
 pub mod store;
+#[cfg(test)]
+mod test_child;
 
 pub use entry::{run_main, NPROC_FLAG};
 pub use env::{

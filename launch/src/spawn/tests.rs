@@ -326,12 +326,7 @@ const CONCURRENT_CHILD: &str = "GPUCOMM_TEST_CONCURRENT_CHILD";
 /// process's signal actions.
 #[test]
 fn concurrent_spawns_put_the_signal_handlers_back() {
-    let exe = std::env::current_exe().unwrap();
-    let out = std::process::Command::new(exe)
-        .args(["spawn::tests::concurrent_child", "--exact", "--nocapture", "--test-threads=1"])
-        .env(CONCURRENT_CHILD, "1")
-        .output()
-        .unwrap();
+    let out = crate::test_child::run("spawn::tests::concurrent_child", CONCURRENT_CHILD, |_| {});
     let printed = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success(), "{:?}\n{printed}\n{}", out.status, String::from_utf8_lossy(&out.stderr));
     assert!(printed.contains("every action back"), "{printed}");
