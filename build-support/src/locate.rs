@@ -136,6 +136,23 @@ pub struct Install {
     pub library: Option<PathBuf>,
 }
 
+impl Install {
+    /// The install with absolute paths, a relative one (`NCCL_HOME=../nccl`) taken from the
+    /// current directory: a build publishes them to its dependents' builds and to run time
+    /// (`NCCL_SYS_BUILD_LIB_DIR`), which would read a relative one from other directories, miss
+    /// the install, and fall through to another library than the headers'.
+    fn absolute(self) -> Install {
+        let absolute = |p: PathBuf| std::path::absolute(&p).unwrap_or(p);
+        Install {
+            origin: self.origin,
+            root: self.root.map(absolute),
+            include_dir: absolute(self.include_dir),
+            lib_dir: self.lib_dir.map(absolute),
+            library: self.library.map(absolute),
+        }
+    }
+}
+
 /// One place that was looked at and why it was not used.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Probe {
@@ -349,7 +366,7 @@ impl<'e> Locator<'e> {
         let early = self.places_before_python(spec);
         for place in early {
             match check_place(spec, &place) {
-                Ok(install) => return Ok(install),
+                Ok(install) => return Ok(install.absolute()),
                 Err(reason) => {
                     let stop = place.explicit.clone();
                     probes.push(Probe { place: place.label, reason });
@@ -362,7 +379,7 @@ impl<'e> Locator<'e> {
         let late = self.places_from_python(spec, &mut probes);
         for place in late {
             match check_place(spec, &place) {
-                Ok(install) => return Ok(install),
+                Ok(install) => return Ok(install.absolute()),
                 Err(reason) => probes.push(Probe { place: place.label, reason }),
             }
         }
@@ -584,6 +601,27 @@ mod tests {
         let install = Locator::new(&env).find(&NCCL).unwrap();
         assert_eq!(install.origin, format!("NCCL_HOME={}", home.display()));
         assert_eq!(install.library.unwrap(), home.join("lib64/libnccl.so"));
+    }
+
+    /// Session 29 audit: a relative `NCCL_HOME` gave relative directories, which the build
+    /// publishes to its dependents and to run time, where they are read from other directories.
+    #[test]
+    fn a_relative_home_gives_absolute_directories() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().join("home");
+        touch(&home.join("include/nccl.h"));
+        touch(&home.join("lib/libnccl.so.2"));
+        // The same directory, written relative to this process's current directory.
+        let cwd = std::env::current_dir().unwrap();
+        let up = "../".repeat(cwd.components().count() - 1);
+        let relative = PathBuf::from(up).join(home.strip_prefix("/").unwrap());
+        assert!(relative.is_relative() && relative.join("include/nccl.h").exists(), "{}", relative.display());
+        let env = Env::from_pairs(None, [("NCCL_HOME", relative.as_os_str())]);
+        let install = Locator::new(&env).find(&NCCL).unwrap();
+        for dir in [&install.include_dir, install.lib_dir.as_ref().unwrap(), install.library.as_ref().unwrap()] {
+            assert!(dir.is_absolute(), "{}", dir.display());
+            assert!(dir.exists(), "{}", dir.display());
+        }
     }
 
     #[test]
