@@ -551,10 +551,15 @@ mod tests {
         fs::write(p, b"").unwrap();
     }
 
+    /// An NCCL install: `<root>/{include/nccl.h, lib/libnccl.so.2}`.
+    fn fake_nccl(root: &Path) {
+        touch(&root.join("include/nccl.h"));
+        touch(&root.join("lib/libnccl.so.2"));
+    }
+
     /// A wheel-shaped tree: `<root>/py/nvidia/nccl/{include/nccl.h, lib/libnccl.so.2}`.
     fn fake_prefix(root: &Path) {
-        touch(&root.join("py/nvidia/nccl/include/nccl.h"));
-        touch(&root.join("py/nvidia/nccl/lib/libnccl.so.2"));
+        fake_nccl(&root.join("py/nvidia/nccl"));
     }
 
     /// Session 29 audit: nccl-sys's build searches the CUDA headers too, and that search read
@@ -609,8 +614,7 @@ mod tests {
     fn a_relative_home_gives_absolute_directories() {
         let tmp = tempfile::tempdir().unwrap();
         let home = tmp.path().join("home");
-        touch(&home.join("include/nccl.h"));
-        touch(&home.join("lib/libnccl.so.2"));
+        fake_nccl(&home);
         // The same directory, written relative to this process's current directory.
         let cwd = std::env::current_dir().unwrap();
         let up = "../".repeat(cwd.components().count() - 1);
@@ -690,8 +694,7 @@ mod tests {
     fn python_wheels_are_found_through_the_interpreter() {
         let tmp = tempfile::tempdir().unwrap();
         let site = tmp.path().join("site");
-        touch(&site.join("nvidia/nccl/include/nccl.h"));
-        touch(&site.join("nvidia/nccl/lib/libnccl.so.2"));
+        fake_nccl(&site.join("nvidia/nccl"));
         // A stand-in interpreter: prints the sentinel line whatever it is asked.
         let script = tmp.path().join("fake-python");
         fs::write(&script, format!("#!/bin/sh\necho noise\necho GPUCOMM_NVIDIA_DIR={}/nvidia\n", site.display()))
