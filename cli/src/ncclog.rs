@@ -98,7 +98,8 @@ pub struct NcclLog {
     pub ib_absent: bool,
     /// `NVLS multicast support is [not ]available`.
     pub nvls_available: Option<bool>,
-    /// `NAME set by environment to VALUE`, as NCCL read them.
+    /// `NAME set by environment to VALUE`, as NCCL read them (a secret's value redacted, as
+    /// [`crate::doctor::envvars::shown`] shows it).
     pub environment: Vec<(String, String)>,
     /// `P2P is disabled between connected GPUs …` and similar notes on P2P.
     pub p2p_notes: Vec<String>,
@@ -142,7 +143,9 @@ impl NcclLog {
         } else if let Some(rest) = msg.strip_prefix("NVLS multicast support is ") {
             self.nvls_available.get_or_insert(!rest.starts_with("not "));
         } else if let Some((name, value)) = msg.split_once(" set by environment to ") {
-            let pair = (name.trim().to_string(), value.trim().trim_end_matches('.').to_string());
+            // Kept as a report shows it: a secret's value redacted, as in the doctor's own list.
+            let (name, value) = (name.trim(), value.trim().trim_end_matches('.').to_string());
+            let pair = (name.to_string(), crate::doctor::envvars::shown(name, value));
             if !self.environment.contains(&pair) {
                 self.environment.push(pair);
             }
@@ -336,6 +339,21 @@ vm:51000:51050 [0] misc/socket.cc:50 NCCL WARN socket timeout
         assert_eq!(log.gin_plugin.as_deref(), Some("IB"));
         assert_eq!(log.warnings, ["socket timeout"]);
         assert!(log.environment.contains(&("NCCL_P2P_DISABLE".to_string(), "1".to_string())));
+    }
+
+    /// Session 29 audit: the variables NCCL logged went into `doctor --json` as logged, a
+    /// secret's value included, while the doctor's own list redacted it.
+    #[test]
+    fn a_secret_nccl_logged_is_redacted() {
+        let mut log = NcclLog::default();
+        log.read("h:1:1 [0] NCCL INFO NCCL_IB_PKEY set by environment to 7.\nh:1:1 [0] NCCL INFO NCCL_FOO_TOKEN set by environment to s3cret.\n");
+        assert_eq!(
+            log.environment,
+            [
+                ("NCCL_IB_PKEY".to_string(), "<redacted, 1 bytes>".to_string()),
+                ("NCCL_FOO_TOKEN".to_string(), "<redacted, 6 bytes>".to_string())
+            ]
+        );
     }
 
     #[test]

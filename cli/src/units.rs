@@ -5,8 +5,8 @@ use crate::error::CliError;
 const KIB: u64 = 1 << 10;
 
 /// Parses a byte count the way nccl-tests' `-b`/`-e` do: a number, optionally followed by `K`, `M`
-/// or `G` (powers of 1024, either case), optionally followed by `B` or `iB`. `flag` names the option
-/// in the error.
+/// or `G` (powers of 1024, either case), optionally followed by `B` or `iB` (either case). A whole
+/// number is read exactly; `flag` names the option in the error.
 pub fn parse_size(flag: &'static str, text: &str) -> Result<u64, CliError> {
     let bad = |why: &str| CliError::BadSize { flag, value: text.to_string(), why: why.to_string() };
     let t = text.trim();
@@ -17,7 +17,7 @@ pub fn parse_size(flag: &'static str, text: &str) -> Result<u64, CliError> {
     }
     let value: f64 = number.parse().map_err(|_| bad("not a number"))?;
     let unit = unit.trim();
-    let unit = unit.strip_suffix("iB").or_else(|| unit.strip_suffix('B')).unwrap_or(unit);
+    let unit = ["iB", "ib", "B", "b"].iter().find_map(|s| unit.strip_suffix(s)).unwrap_or(unit);
     let scale = match unit {
         "" => 1,
         "K" | "k" => KIB,
@@ -26,6 +26,10 @@ pub fn parse_size(flag: &'static str, text: &str) -> Result<u64, CliError> {
         "T" | "t" => KIB * KIB * KIB * KIB,
         _ => return Err(bad("unknown unit: use K, M, G or T (powers of 1024)")),
     };
+    // A whole number, scaled exactly: as an `f64`, 2^53 + 1 bytes would round to 2^53.
+    if let Ok(whole) = number.parse::<u64>() {
+        return whole.checked_mul(scale).ok_or_else(|| bad("too large"));
+    }
     let bytes = value * scale as f64;
     if !(bytes.is_finite() && bytes < u64::MAX as f64) {
         return Err(bad("too large"));
@@ -88,6 +92,11 @@ mod tests {
         assert_eq!(parse_size("-e", "64MB").unwrap(), 64 << 20);
         assert_eq!(parse_size("-e", "64MiB").unwrap(), 64 << 20);
         assert_eq!(parse_size("-e", " 2 G ").unwrap(), 2 << 30);
+        // Session 29 audit: a lowercase `b` was refused, and whole numbers past 2^53 were rounded.
+        assert_eq!(parse_size("-b", "8kb").unwrap(), 8192);
+        assert_eq!(parse_size("-b", "8mib").unwrap(), 8 << 20);
+        assert_eq!(parse_size("-b", "9007199254740993").unwrap(), 9_007_199_254_740_993);
+        assert!(parse_size("-e", "18446744073709551615K").is_err());
     }
 
     #[test]

@@ -103,7 +103,9 @@ impl Partial {
             let after = |key: &str| words.iter().position(|w| *w == key).and_then(|i| words.get(i + 1));
             let threads: usize = words.first().and_then(|w| w.parse().ok()).unwrap_or(1);
             let gpus: usize = after("nGpus").and_then(|w| w.parse().ok()).unwrap_or(1);
-            self.per_process = Some(threads * gpus);
+            let per_process =
+                threads.checked_mul(gpus).ok_or_else(|| format!("nThread {threads} nGpus {gpus}: too many"))?;
+            self.per_process = Some(per_process);
             self.run.mode = Some(format!("nThread {threads} nGpus {gpus}"));
             self.run.warmup = find_after(&words, "warmup", 1);
             // "warmup iters: 5 iters: 20 agg iters: 1": the plain "iters:".
@@ -206,6 +208,15 @@ mod tests {
 [1,0]<stdout>:#
 [1,0]<stdout>:# Collective test concluded: all_reduce_perf
 ";
+
+    /// Session 29 audit: thread and GPU counts from the log were multiplied unchecked (a panic in
+    /// a debug build, a silent 0 in a release one).
+    #[test]
+    fn counts_too_large_to_multiply_are_an_error() {
+        let log = MPI_LOG.replace("# nThread 1 nGpus 1", "# nThread 4294967296 nGpus 4294967296");
+        let e = parse(Path::new("c.log"), &log).unwrap_err().to_string();
+        assert!(e.contains("nThread 4294967296 nGpus 4294967296: too many"), "{e}");
+    }
 
     #[test]
     fn reads_an_mpirun_log() {
