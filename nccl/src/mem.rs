@@ -59,7 +59,7 @@ gpucomm_ordering::tracked_device_ptr!([T] MemBuffer<T>, |b| {
     // the buffer and freed only after `tracker.synchronize()` (`release`); every use goes through
     // `tracker`.
     unsafe { Tracked::new(b.ptr, b.len, &b.tracker, &b.home) }
-}, registration |b| Resource::numbered(MemBuffer::<()>::KIND, b.serial));
+}, registration |b| b.allocation());
 
 /// A read-only view of part of a [`MemBuffer`] ([`MemBuffer::slice`]): a cudarc
 /// [`DevicePtr`](cudarc::driver::DevicePtr) ordered with the buffer's own stream tracking.
@@ -110,6 +110,13 @@ impl MemBuffer<()> {
     /// ([`OrderError::ResourceNotKept`](gpucomm_ordering::OrderError::ResourceNotKept)): the
     /// peers would still write into the freed allocation, which their imports keep alive.
     pub const KIND: &'static str = "ncclMemAlloc buffer";
+}
+
+impl<T> MemBuffer<T> {
+    /// This allocation as the graphs that keep the buffer name it ([`MemBuffer::KIND`]).
+    fn allocation(&self) -> Resource {
+        Resource::numbered(MemBuffer::<()>::KIND, self.serial)
+    }
 }
 
 impl<T: DeviceRepr> MemBuffer<T> {
@@ -285,7 +292,7 @@ impl<T> Drop for MemBuffer<T> {
 // SAFETY: an owned buffer keeps its memory alive; it is reported writable, as it is.
 unsafe impl<T> Keep for MemBuffer<T> {
     fn visit<'k>(&'k mut self, v: &mut Visitor<'k>) {
-        let allocation = Resource::numbered(MemBuffer::<()>::KIND, self.serial);
+        let allocation = self.allocation();
         v.write(self);
         v.resource(allocation, true);
     }
