@@ -6,7 +6,10 @@
 //! (pytorch/pytorch#108158), so after one node's failure the nodes of one attempt disagree, and a
 //! membership change restarts the workers with it unchanged. So each start of rank 0 opens a new
 //! generation under the rendezvous's keys: it increments their counter (`ADD`), marks the
-//! generation opened (with a MAC when the job has a key), and claims its rank there. Every other
+//! generation opened (with a MAC when the job has a key), and claims its rank there. With a job
+//! key the mark also carries a random value of its own and names the previous generation's, so
+//! that a mark copied from an earlier agent store of the same job key and run id (whose previous
+//! generation had another value) moves no rank of this one on. Every other
 //! rank joins the newest generation that is neither complete nor given up (an abort notice) nor,
 //! with a job key, holds a claim of its rank by another process that runs no more (one of an
 //! earlier start, which torchrun killed while it joined), or waits for rank 0 to open the next
@@ -29,8 +32,31 @@ use crate::deadline::Deadline;
 
 const DURING: &str = "the rendezvous (waiting for rank 0 to open it)";
 
-/// What rank 0 writes under a generation's `opened` key, before the MAC when the job has a key.
+/// What rank 0 writes under a generation's `opened` key; with a job key, its random value, the
+/// previous generation's and the MAC of the three follow (see [`Mark`]).
 const OPENED: &[u8] = b"gpucomm generation opened";
+
+/// Bytes of a mark's random value.
+const VALUE_LEN: usize = 16;
+
+/// A generation's `opened` mark, checked: with a job key, rank 0's random value for the
+/// generation and the one of the previous generation's mark when rank 0 opened it (zeros where
+/// there was none it could read); zeros without a key.
+#[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
+struct Mark {
+    own: [u8; VALUE_LEN],
+    previous: [u8; VALUE_LEN],
+}
+
+/// While joining under [`Mode::Agent`]: the generation after this one, whose mark, naming this
+/// generation's value, means that a later start of rank 0 left this one.
+#[derive(Clone, Debug)]
+pub(super) struct Next {
+    /// The next generation's `opened` key.
+    label: String,
+    /// This generation's random value, which the next generation's mark names.
+    previous: [u8; VALUE_LEN],
+}
 
 /// True when generation `g` is over: complete, or given up (a rank wrote its abort notice; with
 /// a job key, one with its MAC, of the start whose value the generation's `start` key holds: a
@@ -86,13 +112,30 @@ pub(super) fn enter(s: &mut Session, deadline: Deadline) -> Result<(), Rendezvou
     let counter = s.base.generations();
     let add =
         |s: &mut Session, delta: i64| s.client.add_by(&counter, delta, deadline).map_err(|e| s.store_error(DURING, e));
-    let generation = if s.rank == 0 {
+    let (generation, own) = if s.rank == 0 {
         let g = add(s, 1)?;
+        // The previous generation's value, for the next start's ranks to see that this mark was
+        // made after it (zeros when there is none or it does not verify).
+        let previous = match g.checked_sub(1).filter(|&p| p >= 1) {
+            Some(p) => {
+                let label = s.base.generation(p).opened();
+                let value = s.client.get_by(&label, deadline).map_err(|e| s.store_error(DURING, e))?;
+                read_mark(s, &label, &value).map(|m| m.own).unwrap_or_default()
+            }
+            None => [0; VALUE_LEN],
+        };
+        let mut own = [0; VALUE_LEN];
+        if s.seal.is_some() {
+            crate::random::fill(&mut own).map_err(|error| RendezvousError::Io {
+                context: "getting random bytes for the generation's mark".into(),
+                error,
+            })?;
+        }
         s.keys = s.base.generation(g);
         let opened = s.keys.opened();
-        let mark = mark(s, &opened);
-        s.client.set_by(&opened, &mark, deadline).map_err(|e| s.store_error(DURING, e))?;
-        g
+        let value = write_mark(s, &opened, Mark { own, previous });
+        s.client.set_by(&opened, &value, deadline).map_err(|e| s.store_error(DURING, e))?;
+        (g, own)
     } else {
         let newest = add(s, 0)?;
         // Saturating: the counter is whatever the store holds, which anyone who reaches it can set.
@@ -101,7 +144,7 @@ pub(super) fn enter(s: &mut Session, deadline: Deadline) -> Result<(), Rendezvou
         let g = if over || held { newest.saturating_add(1) } else { newest };
         // Waiting under the generation's keys: its abort notice is the one that counts.
         s.keys = s.base.generation(g);
-        s.next_opened = None;
+        s.next = None;
         let opened = s.keys.opened();
         let value = match s.wait_values(std::slice::from_ref(&opened), deadline, DURING) {
             Ok(mut values) => values.pop().unwrap_or_default(),
@@ -128,24 +171,25 @@ pub(super) fn enter(s: &mut Session, deadline: Deadline) -> Result<(), Rendezvou
                 })
             }
         };
-        verify_mark(s, &opened, &value)?;
-        g
+        (g, verify_mark(s, &opened, &value)?.own)
     };
     s.generation = generation;
-    s.next_opened = Some(s.base.generation(generation.saturating_add(1)).opened());
+    s.next = Some(Next { label: s.base.generation(generation.saturating_add(1)).opened(), previous: own });
     Ok(())
 }
 
 /// While joining under [`Mode::Agent`]: `Err(Superseded)` once a later start of rank 0 opened
-/// the generation after this one (a mark without this job's MAC is ignored: anyone who reaches
-/// the store can write one).
+/// the generation after this one. A mark without this job's MAC is ignored (anyone who reaches
+/// the store can write one), and so is one that names another previous value than this
+/// generation's (copied from an earlier agent store: someone who could read that store would
+/// send the ranks away from their generation until their timeout).
 pub(super) fn check_superseded(s: &mut Session, deadline: Deadline, during: &str) -> Result<(), RendezvousError> {
-    let Some(next) = s.next_opened.clone() else { return Ok(()) };
-    if !s.client.check_by(&[&next], deadline).map_err(|e| s.store_error(during, e))? {
+    let Some(next) = s.next.clone() else { return Ok(()) };
+    if !s.client.check_by(&[&next.label], deadline).map_err(|e| s.store_error(during, e))? {
         return Ok(());
     }
-    let value = s.client.get_by(&next, deadline).map_err(|e| s.store_error(during, e))?;
-    if !marked(s, &next, &value) {
+    let value = s.client.get_by(&next.label, deadline).map_err(|e| s.store_error(during, e))?;
+    if read_mark(s, &next.label, &value).is_none_or(|mark| mark.previous != next.previous) {
         return Ok(());
     }
     Err(RendezvousError::Superseded { generation: s.generation })
@@ -153,32 +197,39 @@ pub(super) fn check_superseded(s: &mut Session, deadline: Deadline, during: &str
 
 /// Stops watching for a later generation: the join is complete.
 pub(super) fn joined(s: &mut Session) {
-    s.next_opened = None;
+    s.next = None;
 }
 
-/// Rank 0's mark for the `opened` key `label`.
-fn mark(s: &Session, label: &str) -> Vec<u8> {
+/// Rank 0's mark `mark` for the `opened` key `label` (only [`OPENED`] without a job key).
+fn write_mark(s: &Session, label: &str, mark: Mark) -> Vec<u8> {
     let mut value = OPENED.to_vec();
     if let Some(seal) = &s.seal {
-        value.extend_from_slice(&seal.tag(label, OPENED));
+        value.extend_from_slice(&mark.own);
+        value.extend_from_slice(&mark.previous);
+        let tag = seal.tag(label, &value);
+        value.extend_from_slice(&tag);
     }
     value
 }
 
-/// True when `value` is rank 0's mark for `label` (with this job's MAC when the job has a key).
-fn marked(s: &Session, label: &str, value: &[u8]) -> bool {
-    match (&s.seal, value.strip_prefix(OPENED)) {
-        (_, None) => false,
-        (Some(seal), Some(tag)) => seal.verify(label, OPENED, tag),
-        (None, Some(rest)) => rest.is_empty(),
+/// The mark in `value` if it is rank 0's mark for `label` (with this job's MAC when the job has
+/// a key).
+fn read_mark(s: &Session, label: &str, value: &[u8]) -> Option<Mark> {
+    let Some(seal) = &s.seal else { return (value == OPENED).then(Mark::default) };
+    let (signed, tag) = value.split_at_checked(OPENED.len() + 2 * VALUE_LEN)?;
+    let values = signed.strip_prefix(OPENED)?;
+    if !seal.verify(label, signed, tag) {
+        return None;
     }
+    let (own, previous) = values.split_at(VALUE_LEN);
+    Some(Mark { own: own.try_into().ok()?, previous: previous.try_into().ok()? })
 }
 
 /// Checks the mark `value` read from `label`: a generation opened by a process without this
 /// job's key is refused.
-fn verify_mark(s: &Session, label: &str, value: &[u8]) -> Result<(), RendezvousError> {
-    if marked(s, label, value) {
-        return Ok(());
+fn verify_mark(s: &Session, label: &str, value: &[u8]) -> Result<Mark, RendezvousError> {
+    if let Some(mark) = read_mark(s, label, value) {
+        return Ok(mark);
     }
     Err(RendezvousError::Forged {
         detail: format!(

@@ -43,9 +43,9 @@ pub(super) struct Session {
     pub(super) keys: Keys,
     /// The keys the generations are opened under ([`Mode::Agent`]).
     pub(super) base: Keys,
-    /// While joining under [`Mode::Agent`]: the mark of the generation after this one, whose
-    /// appearance means that a later start of rank 0 left this one (see `generation`).
-    pub(super) next_opened: Option<String>,
+    /// While joining under [`Mode::Agent`]: the generation after this one, whose mark means
+    /// that a later start of rank 0 left this one (see `generation`).
+    pub(super) next: Option<super::generation::Next>,
     /// The generation this session joins ([`Mode::Agent`]; 0 in the other modes).
     pub(super) generation: i64,
     pub(super) scope: Scope,
@@ -107,7 +107,7 @@ impl Session {
             client,
             base: keys.clone(),
             keys,
-            next_opened: None,
+            next: None,
             generation: 0,
             scope: plan.scope,
             seal: plan.seal,

@@ -22,7 +22,7 @@ fn rank_of_two(rank: usize, port: u16, token: &str) -> RankInfo {
 }
 
 /// Waits (at most 10 s) until `cond` holds.
-fn until(cond: impl Fn() -> bool) {
+fn until(mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + 10 * SECOND;
     while !cond() {
         assert!(Instant::now() < deadline, "condition not met within 10 s");
@@ -75,6 +75,32 @@ fn a_wait_ended_by_a_compare_set_of_a_missing_key_waits_again() {
         stranger.join().unwrap();
         assert!(server.false_wakes() >= 3);
     }
+}
+
+/// Rank 0's mark that it opened a generation, with the values `own` and `previous`, as a rank 0
+/// with [`KEY`] writes it under `label`.
+fn opened_mark(seal: &seal::Seal, label: &str, own: [u8; 16], previous: [u8; 16]) -> Vec<u8> {
+    let mut mark = [b"gpucomm generation opened".as_slice(), &own, &previous].concat();
+    mark.extend_from_slice(&seal.tag(label, &mark.clone()));
+    mark
+}
+
+/// Rank `rank` of 2 of the torchrun job `token`, whose agent store listens on `port`.
+fn torchrun_worker(rank: usize, port: u16, token: &str) -> RankInfo {
+    let mut info = rank_of_two(rank, port, token);
+    info.torchelastic = Some(crate::env::Torchelastic {
+        run_id: "ended".into(),
+        restart_count: 1,
+        use_agent_store: true,
+        group_rank: Some(0),
+        role_rank: Some(rank),
+    });
+    info
+}
+
+fn torchrun_options() -> Options {
+    Options { job_key: Some(JobKey::new(KEY.to_vec()).unwrap()), instance: Some(0), ..Options::default() }
+        .with_timeout(5 * SECOND)
 }
 
 /// A process of this host that runs (`sleep`, killed when dropped), or one that ran and ended.
@@ -185,27 +211,12 @@ fn under_torchrun_a_rank_skips_a_generation_that_holds_an_ended_processs_claim()
     let (rank0, rank1) = (Other::ended(), Other::ended());
     let mut c = StoreClient::connect("127.0.0.1", port, 5 * SECOND).unwrap();
     assert_eq!(c.add(&base.generations(), 1).unwrap(), 1);
-    let opened = g1.opened();
-    let mut mark = b"gpucomm generation opened".to_vec();
-    mark.extend_from_slice(&seal.tag(&opened, &mark.clone()));
-    c.set(&opened, &mark).unwrap();
+    c.set(&g1.opened(), &opened_mark(&seal, &g1.opened(), [1; 16], [0; 16])).unwrap();
     c.set(&g1.start(), &[5; 16]).unwrap();
     c.set(&g1.claim(0), &rank0.claim(0, [5; 16], &seal, &g1.claim(0))).unwrap();
     let left = rank1.claim(1, [5; 16], &seal, &g1.claim(1));
     c.set(&g1.claim(1), &left).unwrap();
-    let worker = |rank: usize| {
-        let mut info = rank_of_two(rank, port, token);
-        info.torchelastic = Some(crate::env::Torchelastic {
-            run_id: "ended".into(),
-            restart_count: 1,
-            use_agent_store: true,
-            group_rank: Some(0),
-            role_rank: Some(rank),
-        });
-        info
-    };
-    let opts = Options { job_key: Some(JobKey::new(KEY.to_vec()).unwrap()), instance: Some(0), ..Options::default() }
-        .with_timeout(5 * SECOND);
+    let (worker, opts) = (|rank| torchrun_worker(rank, port, token), torchrun_options());
     let (info, o) = (worker(1), opts.clone());
     let started = Instant::now();
     let joiner = thread::spawn(move || Rendezvous::connect(&info, &o)?.broadcast(|| Err("unused".into())));
@@ -216,4 +227,56 @@ fn under_torchrun_a_rank_skips_a_generation_that_holds_an_ended_processs_claim()
     assert!(started.elapsed() < 3 * SECOND, "{:?}", started.elapsed());
     assert!(c.check(&[&base.generation(2).complete()]).unwrap());
     assert_eq!(c.get(&g1.claim(1)).unwrap(), left, "generation 1 was joined");
+}
+
+#[test]
+fn under_torchrun_a_mark_copied_from_an_earlier_store_moves_no_rank_on() {
+    // A torchrun job with a job key: rank 0 opens generation 1 and waits for rank 1. Someone who
+    // read the agent store of an earlier run with the same job key and run id writes that run's
+    // mark of generation 2 (which names that run's generation 1). Before, it verified (its MAC
+    // covered only its key's name): rank 0 took its generation for left by a later start and
+    // failed with `Superseded`, and rank 1 went round from generation 1 to itself until its
+    // timeout. Now both ignore it and the job completes in generation 1.
+    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
+    let port = server.local_addr().port();
+    let token = "copied-mark";
+    let (base, seal) = job(token);
+    let (g1, g2) = (base.generation(1), base.generation(2));
+    let mut c = StoreClient::connect("127.0.0.1", port, 5 * SECOND).unwrap();
+    let (info, opts) = (torchrun_worker(0, port, token), torchrun_options());
+    let first = thread::spawn(move || Rendezvous::connect(&info, &opts)?.broadcast(|| Ok(b"the id".to_vec())));
+    until(|| c.check(&[&g1.claim(0)]).unwrap());
+    let mark = c.get(&g1.opened()).unwrap();
+    let copied = opened_mark(&seal, &g2.opened(), [7; 16], [6; 16]);
+    assert_ne!(&mark[25..41], &[6; 16]);
+    c.set(&g2.opened(), &copied).unwrap();
+    thread::sleep(Duration::from_millis(600));
+    assert!(!first.is_finished(), "{:?}", first.join().unwrap());
+    let mut second = Rendezvous::connect(&torchrun_worker(1, port, token), &torchrun_options()).unwrap();
+    assert_eq!(second.broadcast(|| Err("unused".into())).unwrap(), b"the id");
+    assert_eq!(first.join().unwrap().unwrap(), b"the id");
+    assert!(c.check(&[&g1.complete()]).unwrap());
+    assert_eq!(c.add(&base.generations(), 0).unwrap(), 1);
+}
+
+#[test]
+fn under_torchrun_the_next_generations_mark_names_the_previous_ones_value() {
+    // The mark that makes the ranks of generation 1 move on: rank 0 of the next start names
+    // generation 1's value in generation 2's mark, and rank 1, waiting in generation 1, follows.
+    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
+    let port = server.local_addr().port();
+    let token = "next-mark";
+    let (base, seal) = job(token);
+    let (g1, g2) = (base.generation(1), base.generation(2));
+    let mut c = StoreClient::connect("127.0.0.1", port, 5 * SECOND).unwrap();
+    assert_eq!(c.add(&base.generations(), 1).unwrap(), 1);
+    c.set(&g1.opened(), &opened_mark(&seal, &g1.opened(), [1; 16], [0; 16])).unwrap();
+    let (info, opts) = (torchrun_worker(1, port, token), torchrun_options());
+    let joiner = thread::spawn(move || Rendezvous::connect(&info, &opts)?.broadcast(|| Err("unused".into())));
+    thread::sleep(Duration::from_millis(300));
+    let mut rank0 = Rendezvous::connect(&torchrun_worker(0, port, token), &torchrun_options()).unwrap();
+    assert_eq!(rank0.broadcast(|| Ok(b"the id".to_vec())).unwrap(), b"the id");
+    assert_eq!(joiner.join().unwrap().unwrap(), b"the id");
+    assert!(c.check(&[&g2.complete()]).unwrap());
+    assert_eq!(&c.get(&g2.opened()).unwrap()[25 + 16..25 + 32], &[1; 16]);
 }
