@@ -358,6 +358,18 @@ pub enum Error {
     #[error("a group mixes blocking and nonblocking communicators, which NCCL cannot settle: group each kind apart (nothing in the group was launched)")]
     #[doc(alias = "ncclGroupEnd")]
     MixedBlocking,
+    /// A call captured into a CUDA graph on a communicator made with NCCL's graph mixing off
+    /// (`setting`: `NCCL_GRAPH_MIXING_SUPPORT=0`, or a config's `graphUsageMode` 0 or 1 or
+    /// `graphStreamOrdering` 0, NCCL ≥ 2.29). NCCL then does not order eager calls after an
+    /// outstanding launch of a graph of the same communicator, on which this crate's graphs rely
+    /// (a graph's launch and a later eager call would run together on the communicator's
+    /// resources). The call is refused before NCCL is called, and the capture fails; leave the
+    /// setting at NCCL's default to capture.
+    #[error("{setting} turns off NCCL's ordering of eager calls after a graph launch of the same communicator, which this crate's graphs rely on: its calls are not captured (leave the setting at NCCL's default)")]
+    GraphMixingOff {
+        /// The variable or config field that turned it off.
+        setting: &'static str,
+    },
     /// A point-to-point call (send, receive, or all-to-all, gather and scatter, which NCCL turns
     /// into sends and receives) in a [`crate::simulate`]d group. NCCL (2.28) leaves simulated
     /// point-to-point operations queued on the communicator, where a later group would launch

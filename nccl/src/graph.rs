@@ -40,6 +40,9 @@ fn communicator(comm: &Comm) -> Resource {
 #[inline(always)]
 pub(crate) fn admit_call(access: &Access<'_>, comm: &Comm) -> Result<()> {
     if access.capturing()? {
+        if let Some(setting) = comm.graphs_unmixed() {
+            return Err(Error::GraphMixingOff { setting });
+        }
         if comm.is_nonblocking() {
             revocable()?;
         }
@@ -113,6 +116,11 @@ impl Comm {
 /// * Only the calls on `stream` are captured; calls on other streams inside `f` run at once. A
 ///   call on a stream captured by anything else — cudarc's `begin_capture` included — is refused,
 ///   inside or outside `f`.
+///
+/// A call on a communicator made with NCCL's graph mixing off (`NCCL_GRAPH_MIXING_SUPPORT=0`,
+/// or the config fields of NCCL ≥ 2.29 that turn it off) is refused with
+/// [`crate::Error::GraphMixingOff`]: these graphs rely on NCCL ordering eager calls after their
+/// launches.
 ///
 /// Refused with [`crate::Error::InsideGroup`] inside a [`crate::group`], which counts as a refused
 /// call of that group (it then launches nothing, as for any direct call inside it); a group inside

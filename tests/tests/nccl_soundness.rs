@@ -613,6 +613,40 @@ fn init_all_with_nccl_comm_blocking_0_waits_for_the_creation() {
     in_child_with_nccl_comm_blocking_0(TEST);
 }
 
+/// Session 29 audit: `NCCL_GRAPH_MIXING_SUPPORT=0` (and, with NCCL 2.29 headers, a config's
+/// `graph_usage_mode` 0 or 1) turns off NCCL's ordering of eager calls after an outstanding graph
+/// launch of the same communicator, on which these crates' graphs rely. Before: nothing refused
+/// a capture on such a communicator, so a graph's launch and a later eager call could run
+/// together on its resources. Now the captured call is refused before NCCL is called, the capture
+/// fails with that error, and eager calls work. Runs a child process with the variable set (NCCL
+/// and this crate read it once).
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_communicator_without_nccls_graph_mixing_refuses_captures() {
+    const TEST: &str = "a_communicator_without_nccls_graph_mixing_refuses_captures";
+    if std::env::var_os(ENV_BLOCKING_CHILD).is_some() {
+        let stream = CudaContext::new(0).unwrap().new_stream().unwrap();
+        let comm = one_rank(&stream, &Config::new());
+        let side = stream.context().new_stream().unwrap();
+        let mut buf = MemBuffer::from_host(&stream, &[1.5f32; N]).unwrap();
+        let (_, err) = nccl::capture(&side, (&comm, &mut buf), |(comm, buf)| {
+            comm.on(&side).all_reduce_in_place(*buf, ReduceOp::SUM)
+        })
+        .unwrap_err();
+        assert!(matches!(err, Error::GraphMixingOff { setting: "NCCL_GRAPH_MIXING_SUPPORT=0" }), "{err}");
+        let mut buf = MemBuffer::from_host(&stream, &[2.5f32; N]).unwrap();
+        comm.all_reduce_in_place(&mut buf, ReduceOp::SUM).unwrap();
+        comm.wait(None).unwrap();
+        assert_eq!(stream.clone_dtoh(&buf).unwrap(), vec![2.5f32; N]);
+        comm.finalize().map_err(|(_, e)| e).unwrap();
+        return println!("with NCCL_GRAPH_MIXING_SUPPORT=0 the capture was refused: {err}");
+    }
+    let Some(_) = require_gpus(TEST, 1) else { return };
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+    child.env("NCCL_GRAPH_MIXING_SUPPORT", "0");
+    run_blocking_child(TEST, child, "NCCL_GRAPH_MIXING_SUPPORT=0");
+}
+
 /// Runs `test` of this binary again in a child process with `NCCL_COMM_BLOCKING=0` and
 /// [`ENV_BLOCKING_CHILD`] set, and fails when the child does.
 fn in_child_with_nccl_comm_blocking_0(test: &str) {

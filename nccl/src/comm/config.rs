@@ -23,6 +23,9 @@ pub(crate) struct Settings {
     pub(super) timeout: Option<Duration>,
     pub(super) strings: Option<Arc<ConfigStrings>>,
     pub(super) sharing: Sharing,
+    /// What turned off NCCL's support for eager calls while a graph launch of the communicator is
+    /// outstanding (see [`Error::GraphMixingOff`]); `None` at NCCL's default.
+    pub(super) graphs_unmixed: Option<&'static str>,
 }
 
 impl Settings {
@@ -39,7 +42,13 @@ impl Settings {
     /// caller states, no timeout, and counted as sharing its resources with the communicators
     /// made from it.
     pub(super) fn unknown(nonblocking: bool) -> Self {
-        Settings { nonblocking, timeout: None, strings: None, sharing: Sharing { split: true, shrink: true } }
+        Settings {
+            nonblocking,
+            timeout: None,
+            strings: None,
+            sharing: Sharing { split: true, shrink: true },
+            graphs_unmixed: env_unmixes_graphs(),
+        }
     }
 }
 
@@ -278,7 +287,9 @@ int_fields! {
     #[cfg(nccl_2_28)]
     nvlinkCentricSched since (2, 28, 3): fn nvlink_centric_sched(on: bool) => i64::from(on);
     /// How the communicator is used with CUDA graphs: 0 never, 1 a single graph, 2 mixed (NCCL's
-    /// default).
+    /// default). With 0 or 1 NCCL no longer orders eager calls after a graph's launch, on which
+    /// [`crate::capture`]'s graphs rely: calls on such a communicator are not captured
+    /// ([`Error::GraphMixingOff`]).
     #[cfg(nccl_2_29)]
     graphUsageMode since (2, 29, 2): fn graph_usage_mode(mode: u32) => i64::from(mode);
     /// Number of RMA contexts (one-sided operations).
@@ -288,7 +299,8 @@ int_fields! {
     #[cfg(nccl_2_30)]
     maxP2pPeers since (2, 30, 3): fn max_p2p_peers(peers: u32) => i64::from(peers);
     /// Capture-time serialisation of graph streams (0 is valid only with `graph_usage_mode` 0
-    /// or 1).
+    /// or 1, and likewise keeps the communicator's calls out of captures:
+    /// [`Error::GraphMixingOff`]).
     #[cfg(nccl_2_30_5)]
     graphStreamOrdering since (2, 30, 5): fn graph_stream_ordering(mode: u32) => i64::from(mode);
     /// Implicit launch order of operations.
@@ -407,13 +419,29 @@ impl Config {
     /// then makes the communicator nonblocking whatever the config says. Call it once NCCL has
     /// created a communicator in this process (after the creating call returns).
     pub(crate) fn settings(&self, strings: Option<Arc<ConfigStrings>>) -> Settings {
-        let nonblocking = self.ints.blocking == Some(0) || env_forces_nonblocking(comm_blocking_env());
+        let nonblocking = self.ints.blocking == Some(0) || set_to_zero(comm_blocking_env());
         #[cfg(nccl_2_27)]
         let shrink = self.ints.shrinkShare == Some(1);
         #[cfg(not(nccl_2_27))]
         let shrink = false;
         let sharing = Sharing { split: self.ints.splitShare == Some(1), shrink };
-        Settings { nonblocking, timeout: self.timeout, strings, sharing }
+        let graphs_unmixed = self.unmixed_graphs().or_else(env_unmixes_graphs);
+        Settings { nonblocking, timeout: self.timeout, strings, sharing, graphs_unmixed }
+    }
+
+    /// The field of this config that turns off NCCL's graph mixing, if one does: `graphUsageMode`
+    /// 0 (no graphs) or 1 (one graph, no eager calls beside its launches), or
+    /// `graphStreamOrdering` 0 (valid only with those).
+    fn unmixed_graphs(&self) -> Option<&'static str> {
+        #[cfg(nccl_2_29)]
+        if matches!(self.ints.graphUsageMode, Some(0 | 1)) {
+            return Some("Config::graph_usage_mode 0 or 1");
+        }
+        #[cfg(nccl_2_30_5)]
+        if self.ints.graphStreamOrdering == Some(0) {
+            return Some("Config::graph_stream_ordering(0)");
+        }
+        None
     }
 }
 
@@ -428,17 +456,33 @@ impl Config {
 /// its first byte that is not, as NCCL's `strtoll` stops at its first non-digit.
 fn comm_blocking_env() -> Option<&'static str> {
     static VALUE: OnceLock<Option<String>> = OnceLock::new();
-    VALUE.get_or_init(|| std::env::var_os("NCCL_COMM_BLOCKING").map(|v| v.to_string_lossy().into_owned())).as_deref()
+    read_once(&VALUE, "NCCL_COMM_BLOCKING")
 }
 
-/// True when `NCCL_COMM_BLOCKING` (`value`) makes NCCL create nonblocking communicators whatever
-/// the config says: NCCL reads it with `strtoll(value, NULL, 0)` (leading white space, a sign, a
-/// `0x` or `0` prefix, as many digits as there are, 0 when there are none) and overrides the
-/// config's `blocking` when the number is 0 or 1 (`envConfigOverride` in NCCL's `src/init.cc`).
+/// The variable `name` as `cell` first read it (`None` when unset; lossy where not UTF-8).
+fn read_once(cell: &'static OnceLock<Option<String>>, name: &str) -> Option<&'static str> {
+    cell.get_or_init(|| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())).as_deref()
+}
+
+/// `Some("NCCL_GRAPH_MIXING_SUPPORT=0")` when that variable turns NCCL's graph mixing off: NCCL
+/// reads it once per process (`NCCL_PARAM`, with `strtoll`; a config file's value counts as for
+/// [`comm_blocking_env`]), and so does this crate, the first time a communicator's creating
+/// call has returned.
+fn env_unmixes_graphs() -> Option<&'static str> {
+    static VALUE: OnceLock<Option<String>> = OnceLock::new();
+    set_to_zero(read_once(&VALUE, "NCCL_GRAPH_MIXING_SUPPORT")).then_some("NCCL_GRAPH_MIXING_SUPPORT=0")
+}
+
+/// True when a variable whose value is `value` is set to something NCCL reads as 0 (an empty one
+/// leaves NCCL's default).
 ///
-/// Only 0 is taken into account: counting a communicator that is really blocking as nonblocking
-/// costs polls, while the converse would trust results NCCL gives before it is done.
-fn env_forces_nonblocking(value: Option<&str>) -> bool {
+/// `NCCL_COMM_BLOCKING` so set makes NCCL create nonblocking communicators whatever the config
+/// says: NCCL reads it with `strtoll(value, NULL, 0)` (leading white space, a sign, a `0x` or `0`
+/// prefix, as many digits as there are, 0 when there are none) and overrides the config's
+/// `blocking` when the number is 0 or 1 (`envConfigOverride` in NCCL's `src/init.cc`). Only 0 is
+/// taken into account: counting a communicator that is really blocking as nonblocking costs
+/// polls, while the converse would trust results NCCL gives before it is done.
+fn set_to_zero(value: Option<&str>) -> bool {
     value.filter(|v| !v.is_empty()).is_some_and(reads_as_zero)
 }
 
@@ -536,13 +580,33 @@ mod tests {
     fn nccl_comm_blocking_0_counts_as_nonblocking() {
         // What NCCL's strtoll reads as 0: the communicator is nonblocking whatever the config says.
         for zero in ["0", "00", " 0", "+0", "-0", "0x0", "0x", "0abc", "false", "no", "08"] {
-            assert!(env_forces_nonblocking(Some(zero)), "{zero:?}");
+            assert!(set_to_zero(Some(zero)), "{zero:?}");
         }
         // Unset, empty (NCCL's default), 1 (blocking) and other numbers (ignored by NCCL).
         for other in [None, Some(""), Some("1"), Some(" 1"), Some("0x1"), Some("01"), Some("2"), Some("-1"), Some("10")]
         {
-            assert!(!env_forces_nonblocking(other), "{other:?}");
+            assert!(!set_to_zero(other), "{other:?}");
         }
+    }
+
+    #[test]
+    fn graph_mixing_is_off_where_the_config_or_environment_turns_it_off() {
+        // NCCL's defaults leave it on. (The variable is read once per process: only checked
+        // where the test's environment leaves it unset.)
+        if std::env::var_os("NCCL_GRAPH_MIXING_SUPPORT").is_none() {
+            assert_eq!(Config::new().settings(None).graphs_unmixed, None);
+            assert_eq!(Settings::unknown(true).graphs_unmixed, None);
+        }
+        #[cfg(nccl_2_29)]
+        {
+            for mode in [0, 1] {
+                let settings = Config::new().graph_usage_mode(mode).settings(None);
+                assert_eq!(settings.graphs_unmixed, Some("Config::graph_usage_mode 0 or 1"));
+            }
+            assert_eq!(Config::new().graph_usage_mode(2).unmixed_graphs(), None);
+        }
+        #[cfg(nccl_2_30_5)]
+        assert_eq!(Config::new().graph_stream_ordering(0).unmixed_graphs(), Some("Config::graph_stream_ordering(0)"));
     }
 
     #[cfg(nccl_2_27)]

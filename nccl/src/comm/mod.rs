@@ -120,6 +120,8 @@ pub struct Comm {
     _strings: Option<Arc<ConfigStrings>>,
     /// Whether its children share its resources, as its config says.
     sharing: Sharing,
+    /// What turned NCCL's graph mixing off for it, if anything: its calls are not captured.
+    graphs_unmixed: Option<&'static str>,
     /// Set by [`Comm::allow_shared_resources`]: children that share its resources may be made.
     sharing_allowed: Cell<bool>,
     /// The out-pointers given to `ncclCommSplit`/`ncclCommShrink`, which NCCL's background job
@@ -167,6 +169,7 @@ impl Comm {
             watch: RefCell::new(Watch::new(settings.timeout)),
             _strings: settings.strings,
             sharing: settings.sharing,
+            graphs_unmixed: settings.graphs_unmixed,
             sharing_allowed: Cell::new(false),
             child_slots: RefCell::default(),
         }
@@ -365,6 +368,12 @@ impl Comm {
         self.health.is_nonblocking()
     }
 
+    /// What turned NCCL's graph mixing off for this communicator, if anything (its calls are then
+    /// not captured: [`Error::GraphMixingOff`]).
+    pub(crate) fn graphs_unmixed(&self) -> Option<&'static str> {
+        self.graphs_unmixed
+    }
+
     /// True once the communicator was aborted (by its timeout, an [`AbortHandle`] or a failure).
     pub fn is_aborted(&self) -> bool {
         self.health.is_closed()
@@ -534,6 +543,7 @@ impl Comm {
                 timeout: self.timeout(),
                 strings: self._strings.clone(),
                 sharing: self.sharing,
+                graphs_unmixed: self.graphs_unmixed,
             },
         }
     }
