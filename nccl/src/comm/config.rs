@@ -25,7 +25,34 @@ pub(crate) struct Settings {
     pub(super) sharing: Sharing,
     /// What turned off NCCL's support for eager calls while a graph launch of the communicator is
     /// outstanding (see [`Error::GraphMixingOff`]); `None` at NCCL's default.
-    pub(super) graphs_unmixed: Option<&'static str>,
+    pub(super) graphs_unmixed: Option<Unmixed>,
+}
+
+/// What turned off NCCL's graph mixing for a communicator (see [`Error::GraphMixingOff`]): one
+/// byte in the communicator, whose size frameworks' enums feel.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Unmixed {
+    /// `NCCL_GRAPH_MIXING_SUPPORT=0`.
+    Env,
+    /// `graphUsageMode` 0 or 1.
+    #[cfg(nccl_2_29)]
+    UsageMode,
+    /// `graphStreamOrdering` 0.
+    #[cfg(nccl_2_30_5)]
+    StreamOrdering,
+}
+
+impl Unmixed {
+    /// The variable or config field, as [`Error::GraphMixingOff`] names it.
+    pub(crate) fn setting(self) -> &'static str {
+        match self {
+            Unmixed::Env => "NCCL_GRAPH_MIXING_SUPPORT=0",
+            #[cfg(nccl_2_29)]
+            Unmixed::UsageMode => "Config::graph_usage_mode 0 or 1",
+            #[cfg(nccl_2_30_5)]
+            Unmixed::StreamOrdering => "Config::graph_stream_ordering(0)",
+        }
+    }
 }
 
 impl Settings {
@@ -432,14 +459,14 @@ impl Config {
     /// The field of this config that turns off NCCL's graph mixing, if one does: `graphUsageMode`
     /// 0 (no graphs) or 1 (one graph, no eager calls beside its launches), or
     /// `graphStreamOrdering` 0 (valid only with those).
-    fn unmixed_graphs(&self) -> Option<&'static str> {
+    fn unmixed_graphs(&self) -> Option<Unmixed> {
         #[cfg(nccl_2_29)]
         if matches!(self.ints.graphUsageMode, Some(0 | 1)) {
-            return Some("Config::graph_usage_mode 0 or 1");
+            return Some(Unmixed::UsageMode);
         }
         #[cfg(nccl_2_30_5)]
         if self.ints.graphStreamOrdering == Some(0) {
-            return Some("Config::graph_stream_ordering(0)");
+            return Some(Unmixed::StreamOrdering);
         }
         None
     }
@@ -464,13 +491,13 @@ fn read_once(cell: &'static OnceLock<Option<String>>, name: &str) -> Option<&'st
     cell.get_or_init(|| std::env::var_os(name).map(|v| v.to_string_lossy().into_owned())).as_deref()
 }
 
-/// `Some("NCCL_GRAPH_MIXING_SUPPORT=0")` when that variable turns NCCL's graph mixing off: NCCL
+/// `Some(Unmixed::Env)` when `NCCL_GRAPH_MIXING_SUPPORT` turns NCCL's graph mixing off: NCCL
 /// reads it once per process (`NCCL_PARAM`, with `strtoll`; a config file's value counts as for
 /// [`comm_blocking_env`]), and so does this crate, the first time a communicator's creating
 /// call has returned.
-fn env_unmixes_graphs() -> Option<&'static str> {
+fn env_unmixes_graphs() -> Option<Unmixed> {
     static VALUE: OnceLock<Option<String>> = OnceLock::new();
-    set_to_zero(read_once(&VALUE, "NCCL_GRAPH_MIXING_SUPPORT")).then_some("NCCL_GRAPH_MIXING_SUPPORT=0")
+    set_to_zero(read_once(&VALUE, "NCCL_GRAPH_MIXING_SUPPORT")).then_some(Unmixed::Env)
 }
 
 /// True when a variable whose value is `value` is set to something NCCL reads as 0 (an empty one
@@ -601,12 +628,15 @@ mod tests {
         {
             for mode in [0, 1] {
                 let settings = Config::new().graph_usage_mode(mode).settings(None);
-                assert_eq!(settings.graphs_unmixed, Some("Config::graph_usage_mode 0 or 1"));
+                assert_eq!(settings.graphs_unmixed.map(Unmixed::setting), Some("Config::graph_usage_mode 0 or 1"));
             }
             assert_eq!(Config::new().graph_usage_mode(2).unmixed_graphs(), None);
         }
         #[cfg(nccl_2_30_5)]
-        assert_eq!(Config::new().graph_stream_ordering(0).unmixed_graphs(), Some("Config::graph_stream_ordering(0)"));
+        assert_eq!(
+            Config::new().graph_stream_ordering(0).unmixed_graphs().map(Unmixed::setting),
+            Some("Config::graph_stream_ordering(0)")
+        );
     }
 
     #[cfg(nccl_2_27)]

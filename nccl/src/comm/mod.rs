@@ -49,7 +49,7 @@ pub use teardown::Finalizing;
 pub(crate) use config::MAGIC as API_MAGIC;
 #[cfg(nccl_2_30)]
 pub(crate) use config::UNDEF_INT;
-use config::{ConfigStrings, Settings, Sharing};
+use config::{ConfigStrings, Settings, Sharing, Unmixed};
 use health::Health;
 use watch::Watch;
 
@@ -121,7 +121,7 @@ pub struct Comm {
     /// Whether its children share its resources, as its config says.
     sharing: Sharing,
     /// What turned NCCL's graph mixing off for it, if anything: its calls are not captured.
-    graphs_unmixed: Option<&'static str>,
+    graphs_unmixed: Option<Unmixed>,
     /// Set by [`Comm::allow_shared_resources`]: children that share its resources may be made.
     sharing_allowed: Cell<bool>,
     /// The out-pointers given to `ncclCommSplit`/`ncclCommShrink`, which NCCL's background job
@@ -371,7 +371,7 @@ impl Comm {
     /// What turned NCCL's graph mixing off for this communicator, if anything (its calls are then
     /// not captured: [`Error::GraphMixingOff`]).
     pub(crate) fn graphs_unmixed(&self) -> Option<&'static str> {
-        self.graphs_unmixed
+        self.graphs_unmixed.map(Unmixed::setting)
     }
 
     /// True once the communicator was aborted (by its timeout, an [`AbortHandle`] or a failure).
