@@ -33,7 +33,7 @@ WHEELS=(
     nvidia-cuda-nvcc==13.0.88
     nvidia-nvvm==13.0.88
 )
-# The ends of the supported ranges (gpucomm_build_support::version): the oldest and the newest
+# The ends of the supported ranges (build_support::version): the oldest and the newest
 # release the package index offers. build-support/tests/version_range.rs builds and loads the -sys
 # crates against each (and against the pins above) and checks that these ends are the ranges'.
 RANGE_WHEELS=(
@@ -285,7 +285,7 @@ print(" ".join(p["name"] + "-" + p["version"] for p in json.load(sys.stdin)["pac
 # Rust (tools/msrv-deps.py); clippy's incompatible_msrv lint, in `lint`, checks the code's uses of
 # the standard library against rust-version.
 msrv() {
-    local version libs=(gpucomm-build-support nccl-sys nvshmem-sys nccl-rs nvshmem gpucomm-ordering
+    local version libs=(build-support nccl-sys nvshmem-sys nccl-rs nvshmem gpucomm-ordering
         gpucomm-launch gpucomm-kernels)
     version=$(sed -n 's/^rust-version = "\(.*\)"/\1/p' Cargo.toml | head -1)
     [ -n "$version" ] || die "no rust-version in Cargo.toml"
@@ -321,7 +321,7 @@ cmd=${1:-}
 shift || true
 case "$cmd" in
     setup) setup; setup_range_wheels; setup_candle ;;
-    run) setup; exec cargo run -q -p gpucomm-examples --example 01-hello -- "$@" ;;
+    run) setup; exec cargo run -q -p examples --example 01-hello -- "$@" ;;
     test)
         setup
         setup_range_wheels

@@ -4,10 +4,10 @@
 //! `LSA_ONE_SHOT`) and NVSHMEM device code device-linked with the `libnvshmem_device.a` that
 //! nvshmem-sys found (`NVSHMEM_RING`, `NVSHMEM_BENCH`, `NVSHMEM_ALLREDUCE`). The fast LSA all-reduce
 //! kernels of lessons 13 and 15 and the custom-kernels bench live in the gpucomm-kernels crate
-//! (`kernels/cu/lsa_allreduce.cu`). No CUDA install is needed (the pinned nvcc wheels); the
+//! (`gpucomm-kernels/cu/lsa_allreduce.cu`). No CUDA install is needed (the pinned nvcc wheels); the
 //! architecture comes from `CUDA_ARCHS` (default sm_90).
 
-use gpucomm_build_support::build::cu::{Flavour, Kernels};
+use build_support::build::cu::{Flavour, Kernels};
 
 fn main() -> std::process::ExitCode {
     Kernels::new()

@@ -1,10 +1,10 @@
 //! Finds NCCL and the CUDA headers, publishes the NCCL version, and generates the bindings.
 //! The shared flow (search, version cfgs, docs.rs snapshot, `link` feature) is in
-//! `gpucomm_build_support::build::SysBuild`; this file only says what to bind.
+//! `build_support::build::SysBuild`; this file only says what to bind.
 
-use gpucomm_build_support::build::{bindgen_builder, SysBuild};
-use gpucomm_build_support::locate::NCCL;
-use gpucomm_build_support::version::{nccl_header_version, Version, NCCL_SUPPORT};
+use build_support::build::{bindgen_builder, SysBuild};
+use build_support::locate::NCCL;
+use build_support::version::{nccl_header_version, Version, NCCL_SUPPORT};
 
 fn main() -> std::process::ExitCode {
     SysBuild {

@@ -7,8 +7,8 @@
 //! `ncclDevCommRequirements.ginStrongSignalsRequired` (2.30.7) and `ncclConfig_t.hostCftMode`
 //! (2.31.1).
 
-use gpucomm_build_support::emit::Emitter;
-use gpucomm_build_support::version::{Version, NCCL_SUPPORT};
+use build_support::emit::Emitter;
+use build_support::version::{Version, NCCL_SUPPORT};
 
 /// The patch releases this crate gates on, beyond the minor cfgs.
 const PATCH_CFGS: [Version; 4] =

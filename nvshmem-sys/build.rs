@@ -1,11 +1,11 @@
 //! Finds NVSHMEM and the CUDA headers, publishes the NVSHMEM version, and generates bindings for
 //! exactly the functions that `libnvshmem_host.so.3` exports. The shared flow is in
-//! `gpucomm_build_support::build::SysBuild`.
+//! `build_support::build::SysBuild`.
 
-use gpucomm_build_support::build::{bindgen_builder, exports::exported_functions, SysBuild};
-use gpucomm_build_support::emit::Emitter;
-use gpucomm_build_support::locate::NVSHMEM;
-use gpucomm_build_support::version::{nvshmem_header_version, NVSHMEM_SUPPORT};
+use build_support::build::{bindgen_builder, exports::exported_functions, SysBuild};
+use build_support::emit::Emitter;
+use build_support::locate::NVSHMEM;
+use build_support::version::{nvshmem_header_version, NVSHMEM_SUPPORT};
 
 /// Exported, but never bound: the NVLink multicast functions (`_mc_` in the name, such as the
 /// multicast pointer query), because multicast can take shared GPUs out of service.

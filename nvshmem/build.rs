@@ -5,9 +5,9 @@
 //! It reruns when `nccl-sys`'s build would: when a variable of the search changes, and when the
 //! found install's header (which `nccl-sys`'s bindings track) or library changes.
 
-use gpucomm_build_support::emit::Emitter;
-use gpucomm_build_support::env::Env;
-use gpucomm_build_support::locate::{Locator, NCCL};
+use build_support::emit::Emitter;
+use build_support::env::Env;
+use build_support::locate::{Locator, NCCL};
 
 fn main() {
     let env = Env::process();

@@ -6,11 +6,11 @@
 
 use std::process::ExitCode;
 
-use gpucomm_build_support::build::cu::{CuError, Kernels};
-use gpucomm_build_support::build::nvcc::Nvcc;
-use gpucomm_build_support::emit::Emitter;
-use gpucomm_build_support::env::Env;
-use gpucomm_build_support::locate::{Locator, CUDA};
+use build_support::build::cu::{CuError, Kernels};
+use build_support::build::nvcc::Nvcc;
+use build_support::emit::Emitter;
+use build_support::env::Env;
+use build_support::locate::{Locator, CUDA};
 
 const OTHER_ARCHS: &str = "80,100";
 

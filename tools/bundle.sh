@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Builds the GPU bundle into bundle/ (git-ignored): every test binary of the `gpucomm-tests`
+# Builds the GPU bundle into bundle/ (git-ignored): every test binary of the `tests`
 # package (each file in tests/tests/ is a GPU suite), every lesson (example) and measuring program
-# (bench) of `gpucomm-examples`, the candle lessons (candle-lessons/, a workspace of its own, built
+# (bench) of `examples`, the candle lessons (candle-lessons/, a workspace of its own, built
 # with candle's CUDA environment: ./dev.sh bundle sets it), and the `gpucomm` tool when the
 # workspace has it, all stripped, plus
 # bundle/run.sh (tools/gpu-run.sh) with bundle/lib.sh and bundle/sanitize.sh, bundle/examples.tsv,
@@ -21,12 +21,12 @@ mkdir -p bundle/tests bundle/examples bundle/benches bundle/bin
 
 # The lessons and measuring programs, and the launch crate's store-interop example (for
 # bundle/store-interop.sh) and barrier-skew (how far apart two ranks leave a barrier: no GPU).
-bins=(-p gpucomm-examples --examples --benches -p gpucomm-launch --example store-interop --example barrier-skew)
+bins=(-p examples --examples --benches -p gpucomm-launch --example store-interop --example barrier-skew)
 cargo metadata --no-deps --format-version 1 | python3 -c 'import json,sys; sys.exit(0 if any(p["name"]=="gpucomm" for p in json.load(sys.stdin)["packages"]) else 1)' \
     && bins+=(-p gpucomm --bins)
 candle=(--manifest-path candle-lessons/Cargo.toml --target-dir target)
 {
-    cargo test --profile bundle --no-run --message-format=json -p gpucomm-tests --tests
+    cargo test --profile bundle --no-run --message-format=json -p tests --tests
     cargo build --profile bundle --message-format=json "${bins[@]}"
     if [ -f candle-lessons/Cargo.toml ]; then
         cargo build --profile bundle --message-format=json "${candle[@]}" --examples
@@ -66,7 +66,7 @@ fi
     fi
 } | python3 -c '
 import json, sys
-lessons = ("gpucomm-examples", "gpucomm-candle-lessons")
+lessons = ("examples", "candle-lessons")
 with open("bundle/examples.tsv", "w") as runs_out, open("bundle/lessons.tsv", "w") as needs_out, \
         open("bundle/sanitize-args.tsv", "w") as sanitize_out:
     for line in sys.stdin:
@@ -92,9 +92,9 @@ cp tools/gpu-nccl-tests.sh tools/gpu-custom-bench.sh tools/custom-vs-nccl-tests.
     tools/host-cost-summary.py bundle/
 cp tools/variants-table.py tools/dispatch-vs-nccl-tests.py bundle/
 cp tools/gpu-candle.sh tools/candle-loss-plot.py bundle/
-cp cli/gpu/*.sh bundle/
+cp gpucomm/gpu/*.sh bundle/
 # The store's interop check against PyTorch, and lesson 16's Python half.
-cp launch/gpu/store-interop.sh launch/gpu/store_interop.py bundle/
+cp gpucomm-launch/gpu/store-interop.sh gpucomm-launch/gpu/store_interop.py bundle/
 mkdir -p bundle/python && cp examples/python/*.py bundle/python/
 chmod +x bundle/*.sh
 # The reference benchmark's source, built on the GPU machine for side-by-side runs.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 16's dispatcher table: reads the runs of cli/gpu/dispatch-vs-nccl-tests.sh (a folder with
+"""Issue 16's dispatcher table: reads the runs of gpucomm/gpu/dispatch-vs-nccl-tests.sh (a folder with
 c.<variant>.<range>.<repeat>.log from nccl-tests and r.<buffers>.<range>.<repeat>.json from
 `gpucomm bench --impl dispatch`) and prints, as Markdown, per mode (eager, graph) and size the
 dispatching all-reduce's time and path on ordinary buffers and on its symmetric buffers, the best

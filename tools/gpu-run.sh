@@ -294,7 +294,7 @@ fi
 # 3. The gpucomm tool's bench, a quick pass with every result checked (-c 1: wrong elements make it
 #    exit non-zero) in each way of starting its ranks: its spawner, mpirun, one process driving
 #    every GPU (-g), and the dispatching all-reduce. The committed figures come from the scripts
-#    of cli/gpu (issue16.sh); this pass makes sure those scripts do not trip over the tool.
+#    of gpucomm/gpu (issue16.sh); this pass makes sure those scripts do not trip over the tool.
 GPUCOMM_BIN=$HERE/bin/gpucomm
 QUICK=(-b 8 -e 1M -f 16 -n 5 -w 2 -c 1)
 if [ -x "$GPUCOMM_BIN" ] && [ -z "$SUITES_ONLY" ] && wanted gpucomm-bench; then

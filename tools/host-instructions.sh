@@ -36,7 +36,7 @@ cc -O2 -shared -fPIC -o "$standins/libnvshmem_host.so.3" -Wl,-soname,libnvshmem_
 mkdir -p "$standins/evict"
 cc -O2 -DEVICT -shared -fPIC -o "$standins/evict/libnccl.so.2" -Wl,-soname,libnccl.so.2 tools/cpu-standins/nccl.c
 cc -O2 -DEVICT -shared -fPIC -o "$standins/evict/libnvshmem_host.so.3" -Wl,-soname,libnvshmem_host.so.3 tools/cpu-standins/nvshmem.c
-bin=$(cargo build --profile bundle -p gpucomm-examples --bench host-instructions --message-format=json |
+bin=$(cargo build --profile bundle -p examples --bench host-instructions --message-format=json |
     python3 -c 'import json, sys
 for line in sys.stdin:
     msg = json.loads(line)

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# Assembles docs/bench/ from the parts of cli/gpu/issue16.sh (run on the GPU machine; pass their
+# Assembles docs/bench/ from the parts of gpucomm/gpu/issue16.sh (run on the GPU machine; pass their
 # output folders, e.g. the device tool's files_at for each part):
 #
 #   bash tools/issue16-report.sh /path/to/mpirun /path/to/spawn /path/to/variants /path/to/dispatch
 #
 # docs/bench/summary.md: the mpirun part's tables, then the spawner's (and -g 2's);
 # docs/bench/<mode>/<collective>.{md,svg}; docs/bench/variants.md; docs/bench/dispatch.md and
-# dispatch-table.txt, and the measured crossover table into kernels/tables/h200-2.txt (the
+# dispatch-table.txt, and the measured crossover table into gpucomm-kernels/tables/h200-2.txt (the
 # dispatcher's committed table). Prints what it copied and every goal line.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,20 +28,20 @@ for d in "$@"; do
     [ -f "$d/variants.md" ] && cp "$d/variants.md" "$docs/variants.md" && echo "copied $docs/variants.md"
     if [ -f "$d/dispatch.md" ]; then
         cp "$d/dispatch.md" "$docs/dispatch.md" && echo "copied $docs/dispatch.md"
-        # The committed table is the H200 one (kernels/src/table.rs): a calibration on other GPUs
+        # The committed table is the H200 one (gpucomm-kernels/src/table.rs): a calibration on other GPUs
         # (a two-GPU call may land on H100s) goes to docs only.
         gpu=$(sed -n 's/^gpu: *//p' "$d/dispatch/table.txt" 2>/dev/null | head -1)
         if [ -s "$d/dispatch/table.txt" ] && [[ "$gpu" != *H200* ]]; then
             cp "$d/dispatch/table.txt" "$docs/dispatch-table.txt"
-            echo "kernels/tables/h200-2.txt left as it is: the calibration ran on ${gpu:-an unnamed GPU}, not an H200"
+            echo "gpucomm-kernels/tables/h200-2.txt left as it is: the calibration ran on ${gpu:-an unnamed GPU}, not an H200"
         elif [ -s "$d/dispatch/table.txt" ]; then
             cp "$d/dispatch/table.txt" "$docs/dispatch-table.txt"
             {
                 echo "# Crossovers of the dispatching all-reduce (gpucomm-kernels), calibrated on the GPU machine by"
-                echo "# cli/gpu/issue16.sh dispatch (gpucomm bench --impl dispatch --calibrate), $(date -u +%F)."
+                echo "# gpucomm/gpu/issue16.sh dispatch (gpucomm bench --impl dispatch --calibrate), $(date -u +%F)."
                 cat "$d/dispatch/table.txt"
-            } >kernels/tables/h200-2.txt
-            echo "wrote kernels/tables/h200-2.txt from the calibration"
+            } >gpucomm-kernels/tables/h200-2.txt
+            echo "wrote gpucomm-kernels/tables/h200-2.txt from the calibration"
         fi
     fi
 done

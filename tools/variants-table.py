@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 16's variant table: reads the runs of cli/gpu/variants.sh (a folder with variants.txt and
+"""Issue 16's variant table: reads the runs of gpucomm/gpu/variants.sh (a folder with variants.txt and
 <variant>.<repeat>.log for nccl-tests, <variant>.<repeat>.json for gpucomm bench) and prints, as
 Markdown, per variant the median out-of-place time per call at each size, the mean over the sizes
 with its spread over the repeats, the difference to nccl-tests' default run (of the medians, and
@@ -97,7 +97,7 @@ def main(root):
     n_rep = max((len(p) for p in runs.values()), default=0)
     print("# Small-message variants: gpucomm bench vs nccl-tests 2.19.6 (all_reduce, f32 sum, one process per GPU)")
     print()
-    print(f"Medians over up to {n_rep} repeats, interleaved (cli/gpu/variants.sh). Times are µs per call, out of place; "
+    print(f"Medians over up to {n_rep} repeats, interleaved (gpucomm/gpu/variants.sh). Times are µs per call, out of place; "
           f"**mean** is the mean over {label(sizes[0])} – {label(sizes[-1])} (median over repeats, [min–max] of the "
           "repeats); **Δ** is that mean minus nccl-tests' default run's; **Δ paired** is the median over the repeats of "
           "the same difference taken within each repeat (the two runs minutes apart at most), [min–max]; **host** is "

@@ -76,7 +76,7 @@ pub const CUDA: Spec = Spec {
     system: &[("/usr/local/cuda/include", ""), ("/opt/cuda/include", ""), ("/usr/include", "")],
     install_hint: "pip install nvidia-cuda-runtime nvidia-cuda-crt nvidia-cuda-cccl nvidia-cuda-nvcc nvidia-nvvm \
                    (CUDA 13 wheels), or install the CUDA toolkit and set CUDA_HOME",
-    docs: "gpucomm-build-support",
+    docs: "build-support",
 };
 
 /// NCCL: `nccl.h` and `libnccl.so.2`.

@@ -574,7 +574,7 @@ mod tests {
         wheel_dirs: &[],
         system: &[],
         install_hint: "install glibc",
-        docs: "gpucomm-build-support",
+        docs: "build-support",
     };
 
     unsafe fn fixed_version(_: &libloading::Library) -> Result<Version, String> {

@@ -11,9 +11,9 @@ use std::process::Command;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use gpucomm_build_support::build::cu::{CuError, Flavour, Kernels};
-use gpucomm_build_support::emit::Emitter;
-use gpucomm_build_support::env::Env;
+use build_support::build::cu::{CuError, Flavour, Kernels};
+use build_support::emit::Emitter;
+use build_support::env::Env;
 use object::{Object, ObjectSymbol};
 
 /// The wheels' prefix: `GPUCOMM_PREFIX` as Cargo sets it, else the repository's `.deps`.

@@ -22,7 +22,7 @@ use std::process::{Command, Output};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use gpucomm_build_support::version::{
+use build_support::version::{
     nccl_header_version, nvshmem_header_version, Support, Version, NCCL_SUPPORT, NVSHMEM_SUPPORT,
 };
 

@@ -10,7 +10,7 @@
 //!   layout);
 //! * decoding moves small messages (`tokens × dim` values per block: 64 KiB with the defaults),
 //!   where an all-reduce's latency, not bandwidth, counts. The gpucomm-kernels crate's one-shot
-//!   kernel over NCCL's device API (`kernels/cu/lsa_allreduce.cu`, the production form of lesson
+//!   kernel over NCCL's device API (`gpucomm-kernels/cu/lsa_allreduce.cu`, the production form of lesson
 //!   12's, used through `examples/src/lsa.rs`) does it in one launch with one barrier, reading the peers'
 //!   partial sums straight over NVLink; candle's tensors go to it as they are (`src/tensor.rs`).
 //!   It needs every rank to reach every other by loads and stores (one NVLink domain); otherwise

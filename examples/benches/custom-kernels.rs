@@ -9,7 +9,7 @@
 //! `ncclAllReduce` both on ordinary buffers and on symmetric windows (where NCCL uses its own
 //! symmetric-memory kernels).
 //!
-//! How to run it (2 or more GPUs): `cargo bench -p gpucomm-examples --bench custom-kernels --
+//! How to run it (2 or more GPUs): `cargo bench -p examples --bench custom-kernels --
 //! --nproc 2 [--json FILE] [--max BYTES]`. The GPU bundle runs it beside nccl-tests'
 //! `all_reduce_perf` variants (`tools/gpu-custom-bench.sh`, which writes `ours.json` with
 //! `--json`), and `tools/custom-vs-nccl-tests.py` draws the side-by-side table and plot committed

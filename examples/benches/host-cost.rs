@@ -22,7 +22,7 @@
 //!   the ordering adds and what the `nccl` crate's own checks add.
 //!
 //! How to run it (2 GPUs, one process each):
-//! `cargo bench -p gpucomm-examples --bench host-cost -- --nproc 2`; in the GPU bundle,
+//! `cargo bench -p examples --bench host-cost -- --nproc 2`; in the GPU bundle,
 //! `bundle/benches/host-cost --nproc 2` (`bash bundle/gpu-host-cost.sh` runs it with the NVSHMEM
 //! bench for `docs/host-cost.md`). `--reps N` takes N batches per cell instead of 100 (the medians
 //! settle with more; 500 untimed batches of every cell come first); after NCCL's setup each rank pins its thread to a CPU of its own (`--no-pin`

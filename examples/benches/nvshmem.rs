@@ -23,7 +23,7 @@
 //! raw call.
 //!
 //! How to run it (two GPUs; with more, PEs put to the next PE and only PEs 0 and 1 ping-pong):
-//! `cargo bench -p gpucomm-examples --bench nvshmem -- --nproc 2`; in the GPU bundle,
+//! `cargo bench -p examples --bench nvshmem -- --nproc 2`; in the GPU bundle,
 //! `bundle/benches/nvshmem --nproc 2` (`bash bundle/gpu-host-cost.sh` runs it with the host-cost
 //! bench for `docs/host-cost.md`). With one GPU (one PE) it still runs, but the puts go to the PE
 //! itself (a copy inside the GPU, not comparable with the baseline) and the ping-pong, which

@@ -9,7 +9,7 @@
 //!   communicators driven from one thread must be issued together, inside [`nccl::group`].
 //!
 //! How to run it: `./dev.sh run` (installs what is missing, then runs this example), or
-//! `cargo run -p gpucomm-examples --example 01-hello`.
+//! `cargo run -p examples --example 01-hello`.
 //!
 //! What you should see: the NCCL and NVSHMEM versions and where they were loaded from, one line per
 //! GPU, then `all-reduce over N GPU(s): every element is S (expected S)`. On a machine without a

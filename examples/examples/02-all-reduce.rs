@@ -12,8 +12,8 @@
 //! * an all-reduce where rank `r` contributes `r + 1`, checked on every rank.
 //!
 //! How to run it (two GPUs):
-//! * `cargo run -p gpucomm-examples --example 02-all-reduce -- --nproc 2`
-//! * by hand: build it (`cargo build -p gpucomm-examples --example 02-all-reduce`), then in two
+//! * `cargo run -p examples --example 02-all-reduce -- --nproc 2`
+//! * by hand: build it (`cargo build -p examples --example 02-all-reduce`), then in two
 //!   shells `RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1
 //!   MASTER_PORT=29500 GPUCOMM_JOB_TOKEN=job1 target/debug/examples/02-all-reduce`, and the same
 //!   with `RANK=1 LOCAL_RANK=1` (`GPUCOMM_JOB_TOKEN`: one value on every rank of the job, which

@@ -11,7 +11,7 @@
 //!   same steps).
 //!
 //! How to run it (any number of GPUs ≥ 2, one process each):
-//! `cargo run -p gpucomm-examples --example 03-ring -- --nproc 2` (or with `mpirun -np N`, or the
+//! `cargo run -p examples --example 03-ring -- --nproc 2` (or with `mpirun -np N`, or the
 //! launcher variables of lesson 2).
 //!
 //! What you should see, once per rank: `rank r of N: after N−1 steps around the ring this rank

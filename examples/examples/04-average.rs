@@ -14,7 +14,7 @@
 //!   recommends for communication (see its documentation).
 //!
 //! How to run it (any number of GPUs ≥ 2, one process each):
-//! `cargo run -p gpucomm-examples --example 04-average -- --nproc 2`.
+//! `cargo run -p examples --example 04-average -- --nproc 2`.
 //!
 //! What you should see, once per rank: the three averages (AVG, PreMulSum with a host scalar,
 //! PreMulSum with a device scalar), equal, and a non-zero exit status if they are not.

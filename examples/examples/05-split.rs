@@ -10,7 +10,7 @@
 //!   over its members only, then the whole world does the same, and every rank checks both sums.
 //!
 //! How to run it (any number of GPUs N ≥ 2; with 2, each half has one rank):
-//! * `cargo run -p gpucomm-examples --example 05-split -- --nproc 4`
+//! * `cargo run -p examples --example 05-split -- --nproc 4`
 //! * or any launcher of lesson 2 (torchrun-style variables by hand, `mpirun -np N`, `srun`).
 //!
 //! What you should see, once per rank (here N = 4, under the spawner's `[rank N]` prefix):

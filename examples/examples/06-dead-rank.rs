@@ -20,7 +20,7 @@
 //! other outcome (a wrong sum, an error before step 3, no error at all) exits non-zero.
 //!
 //! How to run it (any number of GPUs N ≥ 2):
-//! * `cargo run -p gpucomm-examples --example 06-dead-rank -- --nproc 2`
+//! * `cargo run -p examples --example 06-dead-rank -- --nproc 2`
 //!
 //! What you should see (N = 2, under the spawner's `[rank N]` prefix), in about 4 s:
 //! ```text

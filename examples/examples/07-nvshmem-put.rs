@@ -9,7 +9,7 @@
 //! * the same launchers and rendezvous as lesson 2 start NVSHMEM ([`nvshmem::Runtime::from_rendezvous`]).
 //!
 //! How to run it (two GPUs; one GPU runs too, PE 0 putting to itself):
-//! `cargo run -p gpucomm-examples --example 07-nvshmem-put -- --nproc 2`, or under
+//! `cargo run -p examples --example 07-nvshmem-put -- --nproc 2`, or under
 //! `torchrun --nproc-per-node 2 --no-python …`, with torchrun-style variables or `mpirun -np 2` as
 //! in lesson 2.
 //!

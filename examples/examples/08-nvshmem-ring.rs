@@ -15,7 +15,7 @@
 //!   buffer is symmetric too (lesson 9 says more).
 //!
 //! How to run it (two or more GPUs; one GPU runs too, a ring of one PE passing the token to
-//! itself): `cargo run -p gpucomm-examples --example 08-nvshmem-ring -- --nproc 2`, or with
+//! itself): `cargo run -p examples --example 08-nvshmem-ring -- --nproc 2`, or with
 //! torchrun-style variables / `mpirun` as in lesson 2.
 //!
 //! What you should see, once per PE:

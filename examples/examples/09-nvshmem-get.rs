@@ -15,7 +15,7 @@
 //!   limit, and which NCCL NVSHMEM uses for its collectives.
 //!
 //! How to run it (two or more GPUs; one GPU runs too, PE 0 getting from its own heap):
-//! `cargo run -p gpucomm-examples --example 09-nvshmem-get -- --nproc 2`, or `mpirun -np 2 target/debug/examples/09-nvshmem-get` (NVSHMEM's MPI bootstrap; it
+//! `cargo run -p examples --example 09-nvshmem-get -- --nproc 2`, or `mpirun -np 2 target/debug/examples/09-nvshmem-get` (NVSHMEM's MPI bootstrap; it
 //! needs Open MPI's `libmpi.so.40`, and the error names what the loader missed otherwise).
 //!
 //! What you should see, once per PE: a line such as

@@ -13,7 +13,7 @@
 //! * source and destination live on the symmetric heap, as NVSHMEM's collectives require.
 //!
 //! How to run it (two or more GPUs; one GPU runs too, the world and the even team then being PE 0
-//! alone): `cargo run -p gpucomm-examples --example 10-nvshmem-team-reduce -- --nproc 2`, or with
+//! alone): `cargo run -p examples --example 10-nvshmem-team-reduce -- --nproc 2`, or with
 //! torchrun-style variables / `mpirun` as in lesson 2.
 //!
 //! What you should see, once per PE, e.g. with 2 PEs:

@@ -4,7 +4,7 @@
 //! * kernels can call NVSHMEM themselves (`nvshmem_int_p`, `nvshmem_barrier_all`, …): see
 //!   `examples/kernels/nvshmem_ring.cu`. Such code is compiled with relocatable device code and
 //!   device-linked against NVSHMEM's `libnvshmem_device.a` into one cubin — this package's
-//!   `build.rs` does it with `gpucomm_build_support`'s `nvcc` helper, for `CUDA_ARCHS` (default
+//!   `build.rs` does it with `build_support`'s `nvcc` helper, for `CUDA_ARCHS` (default
 //!   sm_90) — and embedded as `gpucomm_examples::kernels::NVSHMEM_RING`;
 //! * [`nvshmem::Runtime::load_module`] loads the cubin and registers it with NVSHMEM
 //!   (`nvshmemx_cumodule_init`); a cubin for another GPU, or one not linked with NVSHMEM, is
@@ -17,7 +17,7 @@
 //!   other use.
 //!
 //! How to run it (two or more GPUs; one GPU runs too, PE 0's kernel putting to itself):
-//! `cargo run -p gpucomm-examples --example 11-nvshmem-kernel -- --nproc 2`.
+//! `cargo run -p examples --example 11-nvshmem-kernel -- --nproc 2`.
 //!
 //! What you should see, once per PE (the block count is as many as the GPU holds at once, 264 on
 //! an H200 or H100 with its 132 SMs):

@@ -25,7 +25,7 @@
 //! against NCCL.
 //!
 //! How to run it (GPUs in one NVLink domain, one process each):
-//! `cargo run -p gpucomm-examples --example 12-lsa-one-shot -- --nproc 2` (or under
+//! `cargo run -p examples --example 12-lsa-one-shot -- --nproc 2` (or under
 //! `mpirun -np 2` / torchrun-style variables, as in lesson 2). One GPU works too: a team of one.
 //!
 //! What you should see, on every rank, for each count:

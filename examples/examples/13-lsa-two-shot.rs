@@ -8,7 +8,7 @@
 //!   byte crosses NVLink once in each direction, like NCCL's ring, at the price of a second LSA
 //!   barrier (the stores must land before anyone reads the output).
 //! * the input and the output are symmetric windows ([`nccl::Window`]): peers write into this
-//!   rank's output directly. Kernel in `kernels/cu/lsa_allreduce.cu` (the gpucomm-kernels crate),
+//!   rank's output directly. Kernel in `gpucomm-kernels/cu/lsa_allreduce.cu` (the gpucomm-kernels crate),
 //!   used through `examples/src/lsa.rs` (`LsaAllReduce::two_shot`). Since the kernel writes into
 //!   the peers' windows, whose sizes this rank cannot see, the call is `unsafe`: every rank must
 //!   allocate its windows alike (gpucomm-kernels' `AllReduce::alloc` checks that for you).
@@ -16,11 +16,11 @@
 //!   bf16, odd counts and an input at an odd offset inside the window included.
 //!
 //! Where two-shot overtakes one-shot is a measurement, not part of this lesson: the custom-kernels
-//! bench times both, and NCCL, from 8 B to 64 MiB (`cargo bench -p gpucomm-examples --bench
+//! bench times both, and NCCL, from 8 B to 64 MiB (`cargo bench -p examples --bench
 //! custom-kernels -- --nproc 2`; on 2×H200 two-shot is the faster from 1 MiB up, see
 //! `docs/custom-kernels/`).
 //!
-//! How to run it (GPUs in one NVLink domain, one process each): `cargo run -p gpucomm-examples
+//! How to run it (GPUs in one NVLink domain, one process each): `cargo run -p examples
 //! --example 13-lsa-two-shot -- --nproc 2`.
 //!
 //! What you should see: `two-shot … correct` lines for f32 and bf16 and odd counts on every rank.

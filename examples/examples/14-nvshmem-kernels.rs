@@ -16,7 +16,7 @@
 //!
 //! How to run it (2 to 8 GPUs of one machine that reach each other's memory by loads and stores:
 //! NVLink or PCIe P2P; one GPU runs too, PE 0 sending to and loading from itself):
-//! `cargo run --release -p gpucomm-examples --example 14-nvshmem-kernels -- --nproc 2`. Where a
+//! `cargo run --release -p examples --example 14-nvshmem-kernels -- --nproc 2`. Where a
 //! peer is not reachable that way, or there are more than 8 PEs, the lesson says so and stops.
 //!
 //! What you should see, on every PE: `ring: 3 rounds … correct`, then one `one-shot … correct`

@@ -21,7 +21,7 @@
 //! * the per-step time, eager (three launches per step) against replayed from the graph.
 //!
 //! How to run it (2 or more GPUs; one GPU runs too, the all-reduce then over a team of one):
-//! `cargo run --release -p gpucomm-examples --example 15-graph-step -- --nproc 2`.
+//! `cargo run --release -p examples --example 15-graph-step -- --nproc 2`.
 //!
 //! What you should see, on every rank: `1000 graph replays correct`, then on rank 0 the µs per step
 //! for 4 KiB and 256 KiB messages, eager and from the graph.

@@ -16,7 +16,7 @@
 //!   checksum and an error count (an all-reduce to which the trainer adds zeros), which the
 //!   trainer checks in turn — the values are checked on both sides.
 //!
-//! How to run it: build it (`cargo build -p gpucomm-examples --example 16-python-weight-sync`),
+//! How to run it: build it (`cargo build -p examples --example 16-python-weight-sync`),
 //! then in two shells (`--device N` picks this process's GPU, default 0), with NVLink multicast
 //! off in both
 //! (`export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1`; each

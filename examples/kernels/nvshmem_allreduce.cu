@@ -30,7 +30,7 @@ extern "C" __global__ void ring_put_signal(int* dst, const int* src, size_t n, u
 // `staging`: symmetric, 2 slots of `slot_elems` elements. `flags`: symmetric, gridDim.x × npes
 // uint64 signals. `calls`: local, ONESHOT_MAX_CTAS uint64 call counters kept equal to the number
 // of launches so far (64 bits: the signals compare call numbers with "≥", which a 32-bit number
-// wrapping to 0 after 2^32 launches would pass at once), as in the LSA kernels (kernels/cu/lsa_allreduce.cu): CTA b reads counter b,
+// wrapping to 0 after 2^32 launches would pass at once), as in the LSA kernels (gpucomm-kernels/cu/lsa_allreduce.cu): CTA b reads counter b,
 // and at the end advances counters b, b + gridDim.x, b + 2·gridDim.x, ..., so every counter moves
 // once per launch whatever grid each call uses and all CTAs of a launch agree on the call number.
 // No atomic and no fence: each counter has one writer per launch, and launches on one stream do

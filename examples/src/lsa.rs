@@ -1,4 +1,4 @@
-//! The LSA all-reduce kernels of gpucomm-kernels (`kernels/cu/lsa_allreduce.cu`) as lessons 13,
+//! The LSA all-reduce kernels of gpucomm-kernels (`gpucomm-kernels/cu/lsa_allreduce.cu`) as lessons 13,
 //! 15 and 19 and the custom-kernels bench use them: [`LsaAllReduce`] creates the device
 //! communicator and the staging window once and launches the LL, one-shot and two-shot kernels;
 //! [`pattern`] and [`compare`] are the test input and three-way result check of lessons 12 and 13

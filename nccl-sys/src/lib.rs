@@ -7,7 +7,7 @@
 //! # Loading
 //!
 //! By default `libnccl.so.2` is loaded at run time by [`library()`], along the search order of
-//! `gpucomm_build_support::locate` (`NCCL_SYS_LIBRARY`, `NCCL_LIB_DIR`, `NCCL_HOME`, the directory the
+//! `build_support::locate` (`NCCL_SYS_LIBRARY`, `NCCL_LIB_DIR`, `NCCL_HOME`, the directory the
 //! build used, the project prefix, the soname through the dynamic loader, then, as a last resort,
 //! `python3`'s NVIDIA wheels; a library of another major version is refused). With the `link`
 //! feature the library is linked at build time instead and [`library()`] reads the same table from
@@ -59,10 +59,10 @@ fn version_of(api: &Nccl) -> Result<Version, String> {
     Version::from_nccl_code(code.into()).ok_or_else(|| format!("ncclGetVersion gave an invalid version {code}"))
 }
 
-gpucomm_build_support::sys_crate!(
+build_support::sys_crate!(
     Nccl,
-    gpucomm_build_support::locate::NCCL,
-    gpucomm_build_support::version::NCCL_SUPPORT,
+    build_support::locate::NCCL,
+    build_support::version::NCCL_SUPPORT,
     "NCCL",
     version_of,
     since,

@@ -1,12 +1,12 @@
-//! NCCL device-API kernels built by `gpucomm_build_support::build::cu` against the headers this
+//! NCCL device-API kernels built by `build_support::build::cu` against the headers this
 //! crate was built with, passed the way a dependent's build script gets them
 //! (`DEP_NCCL_INCLUDE`). Real nvcc from the pinned wheels; no GPU.
 
 use std::path::Path;
 
-use gpucomm_build_support::build::cu::{Flavour, Kernels};
-use gpucomm_build_support::emit::Emitter;
-use gpucomm_build_support::env::Env;
+use build_support::build::cu::{Flavour, Kernels};
+use build_support::emit::Emitter;
+use build_support::env::Env;
 
 /// A one-shot LSA all-reduce for NCCL 2.28's device API, the pattern the lessons build on:
 /// one LSA barrier per CTA (the host asks for `lsaBarrierCount` ≥ the grid), every rank sums an

@@ -4,9 +4,9 @@
 use std::path::Path;
 use std::process::Command;
 
-use gpucomm_build_support::build::nvcc::Nvcc;
-use gpucomm_build_support::env::Env;
-use gpucomm_build_support::locate::{Locator, CUDA};
+use build_support::build::nvcc::Nvcc;
+use build_support::env::Env;
+use build_support::locate::{Locator, CUDA};
 
 const WORKSPACE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
 

@@ -6,5 +6,5 @@
 fn snapshot_matches_generated_bindings() {
     let generated = include_str!(concat!(env!("OUT_DIR"), "/bindings.rs"));
     let snapshot = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("snapshot/bindings.rs");
-    gpucomm_build_support::build::check_snapshot(generated, &snapshot).unwrap_or_else(|e| panic!("{e}"));
+    build_support::build::check_snapshot(generated, &snapshot).unwrap_or_else(|e| panic!("{e}"));
 }

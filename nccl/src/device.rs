@@ -605,7 +605,7 @@ impl<T> crate::Window<'_, T> {
 }
 
 /// Loads a module of kernels (a cubin or fat binary, e.g. one that
-/// `gpucomm_build_support::build` compiled and the crate embedded, or PTX text) on `ctx`'s device
+/// `build_support::build` compiled and the crate embedded, or PTX text) on `ctx`'s device
 /// (`cuModuleLoadData`), after checking the image, before the driver sees it:
 ///
 /// * that it is a complete cubin, fat binary or PTX text ([`Error::ModuleImage`] otherwise): the
@@ -617,7 +617,7 @@ impl<T> crate::Window<'_, T> {
 pub fn load_module(ctx: &Arc<CudaContext>, image: &[u8]) -> Result<Arc<CudaModule>> {
     let checked = ModuleImage::new(image)?;
     let (major, minor) = ctx.compute_capability()?;
-    gpucomm_build_support::cubin::check_arch(image, major as u32, minor as u32)
+    build_support::cubin::check_arch(image, major as u32, minor as u32)
         .map_err(|reason| Error::KernelImage { reason })?;
     Ok(ctx.load_module(cudarc::nvrtc::Ptx::from_binary(checked.into_bytes()))?)
 }

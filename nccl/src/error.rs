@@ -501,7 +501,7 @@ pub enum Error {
     },
 }
 
-gpucomm_build_support::family_error_conversions!(Error);
+build_support::family_error_conversions!(Error);
 
 /// Shorthand for this crate's results.
 pub type Result<T, E = Error> = std::result::Result<T, E>;

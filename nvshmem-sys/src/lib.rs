@@ -65,10 +65,10 @@ fn version_of(api: &Nvshmem) -> Result<Version, String> {
     Ok(Version::new(part(major)?, part(minor)?, part(patch)?))
 }
 
-gpucomm_build_support::sys_crate!(
+build_support::sys_crate!(
     Nvshmem,
-    gpucomm_build_support::locate::NVSHMEM,
-    gpucomm_build_support::version::NVSHMEM_SUPPORT,
+    build_support::locate::NVSHMEM,
+    build_support::version::NVSHMEM_SUPPORT,
     "NVSHMEM",
     version_of,
     since,

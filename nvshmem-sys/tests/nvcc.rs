@@ -1,12 +1,12 @@
-//! NVSHMEM kernels built by `gpucomm_build_support::build::cu` with nothing but the pinned wheels,
+//! NVSHMEM kernels built by `build_support::build::cu` with nothing but the pinned wheels,
 //! against the headers and `libnvshmem_device.a` of the install this crate was built with, passed
 //! the way a dependent's build script gets them (`DEP_NVSHMEM_INCLUDE`, `DEP_NVSHMEM_LIB_DIR`).
 
 use std::path::Path;
 
-use gpucomm_build_support::build::cu::{Flavour, Kernels};
-use gpucomm_build_support::emit::Emitter;
-use gpucomm_build_support::env::Env;
+use build_support::build::cu::{Flavour, Kernels};
+use build_support::emit::Emitter;
+use build_support::env::Env;
 
 /// The NVSHMEM flavour compiles with relocatable device code and device-links against the wheel's
 /// `libnvshmem_device.a` into one self-contained cubin (the recipe NVSHMEM needs): it exports the

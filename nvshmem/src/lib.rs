@@ -68,8 +68,8 @@ mod team;
 mod unique_id;
 
 pub use bootstrap::Bootstrap;
+pub use build_support::cubin::cubin_arch;
 pub use error::{Error, Result, Status};
-pub use gpucomm_build_support::cubin::cubin_arch;
 pub use gpucomm_ordering::{Captured, DeviceBuffer, DeviceBufferMut, DeviceMemory, Graph, Keep};
 pub use graph::capture;
 pub use heap::{Element, HeapLimit, PeerView, Symmetric, SymmetricMemory, SymmetricSlice};

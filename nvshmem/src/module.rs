@@ -9,7 +9,7 @@
 //! nvcc -arch=sm_90 -dlink -cubin kern.o $NVSHMEM/lib/libnvshmem_device.a -o kern.cubin
 //! ```
 //!
-//! (`gpucomm_build_support::build::nvcc::Nvcc::device_linked_module` does both from a build
+//! (`build_support::build::nvcc::Nvcc::device_linked_module` does both from a build
 //! script.) [`Runtime::load_module`] loads the image into the PE's context, refuses one that is
 //! truncated or corrupt, was not device-linked or was built for another GPU, and runs
 //! `nvshmemx_cumodule_init` on it, which points the module's copy of NVSHMEM's device state at the
@@ -20,9 +20,9 @@ use std::ffi::{c_void, CString};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
+use build_support::cubin;
 use cudarc::driver::sys::{self, CUdevice_attribute, CUfunction, CUmodule};
 use cudarc::driver::{result, CudaStream, DeviceRepr, DriverError, LaunchConfig};
-use gpucomm_build_support::cubin;
 use gpucomm_ordering::{Access, DeviceBuffer, DeviceBufferMut, Guard, Keep, ModuleImage, Resource, Visitor};
 
 use crate::error::{Error, Result};

@@ -12,9 +12,9 @@
 use std::ffi::{c_int, c_void, CStr};
 use std::path::PathBuf;
 
-use gpucomm_build_support::locate::NCCL;
-use gpucomm_build_support::runtime::preload;
-use gpucomm_build_support::version::NCCL_SUPPORT;
+use build_support::locate::NCCL;
+use build_support::runtime::preload;
+use build_support::version::NCCL_SUPPORT;
 use nvshmem_sys::Version;
 
 use crate::config;

@@ -29,13 +29,13 @@
 //! nvshmem-sys = "=0.1.0"
 //!
 //! [build-dependencies]
-//! gpucomm-build-support = { version = "=0.1.0", features = ["build"] }
+//! build-support = { version = "=0.1.0", features = ["build"] }
 //! ```
 //!
 //! `build.rs`:
 //!
 //! ```no_run
-//! use gpucomm_build_support::build::cu::Kernels;
+//! use build_support::build::cu::Kernels;
 //!
 //! fn main() -> std::process::ExitCode {
 //!     Kernels::new()
@@ -63,8 +63,8 @@
 //! [`CuError::report`]:
 //!
 //! ```no_run
-//! # use gpucomm_build_support::build::cu::Kernels;
-//! # use gpucomm_build_support::emit::Emitter;
+//! # use build_support::build::cu::Kernels;
+//! # use build_support::emit::Emitter;
 //! # fn main() -> std::process::ExitCode {
 //! if let Err(e) = Kernels::new().cuda("kernels/scale.cu").build() {
 //!     e.report(&mut Emitter::stdout());

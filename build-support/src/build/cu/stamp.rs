@@ -10,7 +10,7 @@ use std::time::UNIX_EPOCH;
 
 use super::CuError;
 
-const FIRST_LINE: &str = "gpucomm-build-support .cu stamp, version 1";
+const FIRST_LINE: &str = "build-support .cu stamp, version 1";
 const INPUT: &str = "input ";
 
 /// The stamp text for `commands` (nvcc's exact command lines) over `inputs`, as they are now.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# gpucomm's TCPStore against PyTorch's, both ways (launch/gpu/store_interop.py), with the
+# gpucomm's TCPStore against PyTorch's, both ways (gpucomm-launch/gpu/store_interop.py), with the
 # store-interop example built into the bundle. Runs on the GPU machine (python3 with torch; no
 # GPU is touched). Last line: `store interop: N passed, N failed, N skipped`.
 #

@@ -1,8 +1,8 @@
 // All-reduce kernels over NCCL's device API (LSA: load/store access to every peer's memory over
 // NVLink), for gpucomm-kernels' dispatching all-reduce, the course's lessons 13, 15 and 19 and
 // its custom-kernels bench (lesson 12 shows a minimal one-shot kernel of its own).
-// Compiled by kernels/build.rs into a cubin; launched from Rust through cudarc with an
-// `nccl::DevComm` and an `nccl::Window` as arguments (kernels/src/lsa.rs).
+// Compiled by gpucomm-kernels/build.rs into a cubin; launched from Rust through cudarc with an
+// `nccl::DevComm` and an `nccl::Window` as arguments (gpucomm-kernels/src/lsa.rs).
 //
 // Four kernels, all summing elements of type T:
 //
@@ -164,7 +164,7 @@ __device__ __forceinline__ void sum_from_peers(const Peers<T>& in, T* out, size_
 // a slot holds `count` elements.
 constexpr size_t CTRL_BYTES = 4096;
 
-// Call counters: one u32 per possible CTA (MAX_CTAS, as in kernels/src/lsa.rs), kept equal to the
+// Call counters: one u32 per possible CTA (MAX_CTAS, as in gpucomm-kernels/src/lsa.rs), kept equal to the
 // number of launches so far of the kernels that share them (the host passes their offset as
 // `base`: the one-shot's at 0, the LL kernel's after them). CTA b reads counter b; at the end CTA b advances counters b,
 // b + gridDim.x, b + 2·gridDim.x, ..., so every counter moves once per launch whatever grid each

@@ -1,4 +1,4 @@
-# Sourced by the side-by-side scripts of cli/gpu/ (bench-vs-nccl-tests.sh, variants.sh,
+# Sourced by the side-by-side scripts of gpucomm/gpu/ (bench-vs-nccl-tests.sh, variants.sh,
 # dispatch-vs-nccl-tests.sh; copied next to them into the bundle). It exports the safety
 # variables, finds the gpucomm binary and the nccl-tests builder, names the NCCL both tools load
 # (the python3 wheel's), builds nccl-tests (MPI=1, and MPI=0 when NT_MPI0=1), and defines:

@@ -27,19 +27,19 @@
 //!   driver reads is NUL-terminated.
 //!
 //! Anything else is refused (PTX is recognised by its `.version` or `.target` directive in the
-//! first 4 KiB, as [`gpucomm_build_support::cubin`] does). What the checks do not reach is the
+//! first 4 KiB, as [`build_support::cubin`] does). What the checks do not reach is the
 //! inside of the contents: a relocation's type, width and addend (only its offset's start is
 //! bounded), a cubin's attributes and NVIDIA-specific sections (`SHT_LOPROC` and above), the PTX
 //! of a fat-binary entry beyond its NUL, and the other fields of a fat-binary entry's header (its
 //! name offset and length, architecture, the bytes past its first 64). The images `nvcc` writes
 //! pass (uncompressed: `--compress-mode=none`, no `-Xfatbin -compress-all`); their architecture is read by
-//! [`gpucomm_build_support::cubin`].
+//! [`build_support::cubin`].
 
 use std::ffi::c_void;
 use std::fmt;
 
-use gpucomm_build_support::cubin::image_kind;
-pub use gpucomm_build_support::cubin::ImageKind;
+use build_support::cubin::image_kind;
+pub use build_support::cubin::ImageKind;
 
 /// `\x7fELF`.
 const ELF_MAGIC: &[u8] = b"\x7fELF";
@@ -175,7 +175,7 @@ impl ModuleImage {
         } else if image.starts_with(&FATBIN_MAGIC.to_le_bytes()) {
             check_fatbin(image)?;
         }
-        // Classified like `gpucomm_build_support::cubin` does for the architecture checks: an
+        // Classified like `build_support::cubin` does for the architecture checks: an
         // ELF or fat-binary magic is checked above, anything else must look like PTX.
         let kind = image_kind(image).map_err(|_| ImageError::NotAnImage)?;
         let ptx = kind == ImageKind::Ptx;

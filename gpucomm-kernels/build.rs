@@ -4,7 +4,7 @@
 //! those nccl-sys found (`DEP_NCCL_INCLUDE`), so the kernels and the bindings agree on the
 //! device-API structures.
 
-use gpucomm_build_support::build::cu::Kernels;
+use build_support::build::cu::Kernels;
 
 fn main() -> std::process::ExitCode {
     Kernels::new().nccl("cu/lsa_allreduce.cu").run()

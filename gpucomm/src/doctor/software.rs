@@ -5,9 +5,9 @@
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use gpucomm_build_support::locate::{NCCL, NVSHMEM};
-use gpucomm_build_support::runtime::{Library, LoadError};
-use gpucomm_build_support::version::Version;
+use build_support::locate::{NCCL, NVSHMEM};
+use build_support::runtime::{Library, LoadError};
+use build_support::version::Version;
 use serde::Serialize;
 
 use super::envvars;
@@ -466,7 +466,7 @@ mod tests {
     fn stopped_at(place: &str, path: &std::path::Path, error: &str) -> LoadError {
         LoadError {
             name: "NCCL",
-            attempts: vec![gpucomm_build_support::runtime::Attempt {
+            attempts: vec![build_support::runtime::Attempt {
                 place: place.into(),
                 path: path.into(),
                 error: error.into(),

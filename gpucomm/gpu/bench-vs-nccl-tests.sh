@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpucomm bench side by side with NVIDIA's nccl-tests 2.19.6, on the GPU machine.
 #
-#   bash cli/gpu/bench-vs-nccl-tests.sh            # from the bundle: bin/gpucomm next to it or above
+#   bash gpucomm/gpu/bench-vs-nccl-tests.sh            # from the bundle: bin/gpucomm next to it or above
 #   GPUCOMM=/path/to/gpucomm REPEATS=3 FACTOR=4 MODES="mpirun spawn" bash bench-vs-nccl-tests.sh
 #
 # Builds nccl-tests (MPI=1, and MPI=0 for the g mode) from shared/ref against the same

@@ -6,7 +6,7 @@
 # (or ./doctor-out). With one GPU the live layer cannot run: only the first run is made (physical and
 # software layers), and the other two are counted as skipped.
 #
-#   GPUCOMM=/path/to/gpucomm bash cli/gpu/doctor.sh
+#   GPUCOMM=/path/to/gpucomm bash gpucomm/gpu/doctor.sh
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0 NVSHMEM_DISABLE_NVLS=1 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 HERE=$(cd "$(dirname "$0")" && pwd)

@@ -1,5 +1,5 @@
 //! `gpucomm`: `doctor` (is NVLink really used, layer by layer) and `bench` (nccl-tests in Rust,
-//! with plots). See `cli/README.md`.
+//! with plots). See `gpucomm/README.md`.
 #![deny(missing_docs)]
 
 mod bench;

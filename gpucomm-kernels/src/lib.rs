@@ -29,7 +29,7 @@
 //! The build script compiles `cu/lsa_allreduce.cu` with **nvcc** (no GPU needed; NVIDIA's
 //! `nvidia-cuda-nvcc` wheel is enough): `NVCC`, or the `bin/nvcc` of the CUDA install that
 //! `CUDA_HOME`, `CUDA_PATH` or `GPUCOMM_PREFIX` names, or `nvcc` on `PATH` (the search of
-//! gpucomm-build-support's `build::cu`). It needs NCCL headers with the device API (≥ 2.28; the
+//! build-support's `build::cu`). It needs NCCL headers with the device API (≥ 2.28; the
 //! workspace's pinned 2.28.9), those nccl-sys found. Without nvcc the build fails and says where it
 //! looked; `GPUCOMM_SKIP_CU=1` builds the crate without kernels instead (as docs.rs does), and every
 //! call then takes NCCL's path ([`Fallback::NotCompiled`]). At run time any NCCL works, the kernels

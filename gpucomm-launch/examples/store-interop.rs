@@ -1,4 +1,4 @@
-//! This crate's TCPStore against PyTorch's, both ways (driven by `launch/gpu/store_interop.py`
+//! This crate's TCPStore against PyTorch's, both ways (driven by `gpucomm-launch/gpu/store_interop.py`
 //! on a machine with PyTorch; needs no GPU).
 //!
 //! * `store-interop serve PORT [SECONDS]`: hosts a [`StoreServer`] on 127.0.0.1:PORT until a

@@ -7,7 +7,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use gpucomm_build_support::locate::Spec;
+use build_support::locate::Spec;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{CliError, Result};
@@ -66,9 +66,9 @@ fn files_in(dir: &Path, stem: &str) -> Vec<PathBuf> {
 /// `python3`, or `X_SYS_PYTHON` for the library `spec` names, as its -sys crate does),
 /// `LD_LIBRARY_PATH`, the ldconfig cache. `notes` collects what could not be searched.
 fn places(spec: &Spec, stem: &str, wheel: &str, notes: &mut Vec<String>) -> Vec<(String, PathBuf)> {
-    use gpucomm_build_support::env::Env;
-    use gpucomm_build_support::locate::Locator;
-    use gpucomm_build_support::python::NvidiaDirs;
+    use build_support::env::Env;
+    use build_support::locate::Locator;
+    use build_support::python::NvidiaDirs;
 
     let mut out = Vec::new();
     let env = Env::running();
