@@ -77,6 +77,16 @@ fn a_wait_ended_by_a_compare_set_of_a_missing_key_waits_again() {
     }
 }
 
+/// A store (the port it listens on and a client of it) for the job `token` with [`KEY`], whose
+/// keys and seal it gives too.
+fn job_store(token: &str) -> (StoreServer, u16, StoreClient, plan::Keys, seal::Seal) {
+    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
+    let port = server.local_addr().port();
+    let client = StoreClient::connect("127.0.0.1", port, 5 * SECOND).unwrap();
+    let (keys, seal) = job(token);
+    (server, port, client, keys, seal)
+}
+
 /// Rank 0's mark that it opened a generation, with the values `own` and `previous`, as a rank 0
 /// with [`KEY`] writes it under `label`.
 fn opened_mark(seal: &seal::Seal, label: &str, own: [u8; 16], previous: [u8; 16]) -> Vec<u8> {
@@ -173,12 +183,9 @@ fn a_claim_of_a_process_that_runs_is_a_duplicate_and_one_of_an_ended_process_is_
     // another PID namespace taken for gone: the claim's identity now names the namespace, the boot
     // and the start time.
     for running in [true, false] {
-        let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
-        let port = server.local_addr().port();
         let token = format!("other-process-{running}");
-        let (keys, seal) = job(&token);
+        let (_server, port, mut c, keys, seal) = job_store(&token);
         let other = if running { Other::running() } else { Other::ended() };
-        let mut c = StoreClient::connect("127.0.0.1", port, 5 * SECOND).unwrap();
         c.set(&keys.start(), &[5; 16]).unwrap();
         c.set(&keys.claim(1), &other.claim(1, [5; 16], &seal, &keys.claim(1))).unwrap();
         let started = Instant::now();
@@ -203,13 +210,10 @@ fn under_torchrun_a_rank_skips_a_generation_that_holds_an_ended_processs_claim()
     // Generation 1 of a torchrun job with a job key holds rank 0's and rank 1's claims of its
     // start, by processes that ended (killed while they joined). Attempt 1's rank 1 comes first:
     // it waits for generation 2, which its rank 0 opens, leaving generation 1 as it was.
-    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
-    let port = server.local_addr().port();
     let token = "ended-processes-generation";
-    let (base, seal) = job(token);
+    let (_server, port, mut c, base, seal) = job_store(token);
     let g1 = base.generation(1);
     let (rank0, rank1) = (Other::ended(), Other::ended());
-    let mut c = StoreClient::connect("127.0.0.1", port, 5 * SECOND).unwrap();
     assert_eq!(c.add(&base.generations(), 1).unwrap(), 1);
     c.set(&g1.opened(), &opened_mark(&seal, &g1.opened(), [1; 16], [0; 16])).unwrap();
     c.set(&g1.start(), &[5; 16]).unwrap();
@@ -237,12 +241,9 @@ fn under_torchrun_a_mark_copied_from_an_earlier_store_moves_no_rank_on() {
     // covered only its key's name): rank 0 took its generation for left by a later start and
     // failed with `Superseded`, and rank 1 went round from generation 1 to itself until its
     // timeout. Now both ignore it and the job completes in generation 1.
-    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
-    let port = server.local_addr().port();
     let token = "copied-mark";
-    let (base, seal) = job(token);
+    let (_server, port, mut c, base, seal) = job_store(token);
     let (g1, g2) = (base.generation(1), base.generation(2));
-    let mut c = StoreClient::connect("127.0.0.1", port, 5 * SECOND).unwrap();
     let (info, opts) = (torchrun_worker(0, port, token), torchrun_options());
     let first = thread::spawn(move || Rendezvous::connect(&info, &opts)?.broadcast(|| Ok(b"the id".to_vec())));
     until(|| c.check(&[&g1.claim(0)]).unwrap());
@@ -263,12 +264,9 @@ fn under_torchrun_a_mark_copied_from_an_earlier_store_moves_no_rank_on() {
 fn under_torchrun_the_next_generations_mark_names_the_previous_ones_value() {
     // The mark that makes the ranks of generation 1 move on: rank 0 of the next start names
     // generation 1's value in generation 2's mark, and rank 1, waiting in generation 1, follows.
-    let server = StoreServer::bind("127.0.0.1:0".parse().unwrap(), Limits::default()).unwrap();
-    let port = server.local_addr().port();
     let token = "next-mark";
-    let (base, seal) = job(token);
+    let (_server, port, mut c, base, seal) = job_store(token);
     let (g1, g2) = (base.generation(1), base.generation(2));
-    let mut c = StoreClient::connect("127.0.0.1", port, 5 * SECOND).unwrap();
     assert_eq!(c.add(&base.generations(), 1).unwrap(), 1);
     c.set(&g1.opened(), &opened_mark(&seal, &g1.opened(), [1; 16], [0; 16])).unwrap();
     let (info, opts) = (torchrun_worker(1, port, token), torchrun_options());
