@@ -2,7 +2,7 @@
 //! variables), so that at run time this crate preloads for NVSHMEM the very NCCL the `nccl` crate
 //! would load (see `src/nccl.rs`). Nothing fails here: without NCCL the directory is empty.
 //!
-//! It reruns when `nccl-sys`'s build would: when a variable of the search changes, and when the
+//! It reruns when a variable of the search changes (as `nccl-sys`'s build does), and when the
 //! found install's header (which `nccl-sys`'s bindings track) or library changes.
 
 use build_support::emit::Emitter;

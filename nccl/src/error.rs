@@ -370,6 +370,16 @@ pub enum Error {
         /// The variable or config field that turned it off.
         setting: &'static str,
     },
+    /// A split or shrink that would share the parent's resources (`splitShare`, `shrinkShare`)
+    /// with a config whose graph mixing differs from the parent's (NCCL ≥ 2.29's
+    /// `graphUsageMode` 0 or 1, or `graphStreamOrdering` 0, on one side only). Communicators that
+    /// share resources share NCCL's internal streams, and one whose eager calls do not wait for
+    /// graph launches would run beside the other's graphs. Refused before NCCL is called.
+    #[error("{call} would make a communicator that shares this one's resources with another graph-mixing setting (graphUsageMode or graphStreamOrdering) than this one's: give the child the parent's setting, or do not share resources (nothing was called)")]
+    GraphMixingDiffers {
+        /// The C function.
+        call: &'static str,
+    },
     /// A point-to-point call (send, receive, or all-to-all, gather and scatter, which NCCL turns
     /// into sends and receives) in a [`crate::simulate`]d group. NCCL (2.28) leaves simulated
     /// point-to-point operations queued on the communicator, where a later group would launch

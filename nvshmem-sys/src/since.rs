@@ -1,7 +1,8 @@
 //! The NVSHMEM release that added functions newer than the oldest supported one (3.3.9), so that a
 //! function missing from an older library is reported with the version it needs.
 //!
-//! Taken from the functions `libnvshmem_host.so.3` exports (`nm -D --defined-only`) in every
+//! Taken from the symbols (functions, and the globals `nvshmem_error` and
+//! `nvshmem_selected_device_transport`) `libnvshmem_host.so.3` exports (`nm -D --defined-only`) in every
 //! release of the `nvidia-nvshmem-cu12` wheel from 3.3.9 to 3.8.0 (3.3.9, 3.3.20, 3.3.24, 3.4.5,
 //! 3.5.19, 3.5.21, 3.6.5, 3.7.0, 3.7.1, 3.7.2, 3.8.0): each function 3.8.0 exports and 3.3.9 does
 //! not, with the first of those releases that exports it. None was removed.

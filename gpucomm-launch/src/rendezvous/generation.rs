@@ -9,7 +9,14 @@
 //! generation opened (with a MAC when the job has a key), and claims its rank there. With a job
 //! key the mark also carries a random value of its own and names the previous generation's, so
 //! that a mark copied from an earlier agent store of the same job key and run id (whose previous
-//! generation had another value) moves no rank of this one on. Every other
+//! generation had another value) does not take a generation for left: rank 0 stays, and the
+//! other ranks stay unless the copied marks of both generations were written over this run's
+//! (then they go round until rank 0's own mark comes). What no MAC prevents: someone who can
+//! write the store can still steer a rank that is about to enter (by adding to the counter, with
+//! or without copied marks) into a generation where no rank 0 comes, so that the job stops at
+//! its timeout; and a rank 0 that reads the previous generation's mark before that generation's
+//! rank 0 wrote it (two rank 0 processes alive at once) names zeros, so that the ranks of that
+//! generation wait for their timeout instead of moving on. Every other
 //! rank joins the newest generation that is neither complete nor given up (an abort notice) nor,
 //! with a job key, holds a claim of its rank by another process that runs no more (one of an
 //! earlier start, which torchrun killed while it joined), or waits for rank 0 to open the next
@@ -114,22 +121,22 @@ pub(super) fn enter(s: &mut Session, deadline: Deadline) -> Result<(), Rendezvou
         |s: &mut Session, delta: i64| s.client.add_by(&counter, delta, deadline).map_err(|e| s.store_error(DURING, e));
     let (generation, own) = if s.rank == 0 {
         let g = add(s, 1)?;
-        // The previous generation's value, for the next start's ranks to see that this mark was
-        // made after it (zeros when there is none or it does not verify).
-        let previous = match g.checked_sub(1).filter(|&p| p >= 1) {
-            Some(p) => {
-                let label = s.base.generation(p).opened();
-                let value = s.client.get_by(&label, deadline).map_err(|e| s.store_error(DURING, e))?;
-                read_mark(s, &label, &value).map(|m| m.own).unwrap_or_default()
-            }
-            None => [0; VALUE_LEN],
-        };
-        let mut own = [0; VALUE_LEN];
+        let (mut own, mut previous) = ([0; VALUE_LEN], [0; VALUE_LEN]);
         if s.seal.is_some() {
             crate::random::fill(&mut own).map_err(|error| RendezvousError::Io {
                 context: "getting random bytes for the generation's mark".into(),
                 error,
             })?;
+            // The previous generation's value, for its ranks to see that this mark was made after
+            // it (zeros when there is none, or it does not verify). Asked for with CHECK first:
+            // PyTorch's older server closes the connection on a GET of a missing key.
+            if let Some(p) = g.checked_sub(1).filter(|&p| p >= 1) {
+                let label = s.base.generation(p).opened();
+                if s.client.check_by(&[&label], deadline).map_err(|e| s.store_error(DURING, e))? {
+                    let value = s.client.get_by(&label, deadline).map_err(|e| s.store_error(DURING, e))?;
+                    previous = read_mark(s, &label, &value).map(|m| m.own).unwrap_or_default();
+                }
+            }
         }
         s.keys = s.base.generation(g);
         let opened = s.keys.opened();

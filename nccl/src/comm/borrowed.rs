@@ -78,6 +78,7 @@ impl<'a> BorrowedComm<'a> {
     ///
     /// `raw` must be blocking, as for [`Comm::from_raw`]: borrow a nonblocking one (PyTorch's,
     /// with `TORCH_NCCL_USE_COMM_NONBLOCKING=1`) with [`BorrowedComm::from_raw_borrowed_nonblocking`].
+    /// Its graph mixing must be NCCL's default, as for [`Comm::from_raw`].
     pub unsafe fn from_raw_borrowed<O: ?Sized>(raw: ncclComm_t, stream: Arc<CudaStream>, owner: &'a O) -> Result<Self> {
         let _ = owner;
         // SAFETY: forwarded (the caller's contract, `raw` blocking included).

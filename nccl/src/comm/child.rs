@@ -185,6 +185,12 @@ impl Comm {
         self.check_device("the child's stream", &stream)?;
         let mut raw_config = config.map(|c| c.to_raw(lib_version()?)).transpose()?;
         let settings = self.child_settings(config, raw_config.as_ref().map(|c| c.strings()));
+        // NCCL decides per communicator whether its eager calls wait for graph launches, but
+        // communicators that share resources share the streams those waits are on: one that
+        // does not wait would run beside another's graph. So they must agree.
+        if shares && settings.graphs_unmixed != self.graphs_unmixed {
+            return Err(Error::GraphMixingDiffers { call });
+        }
         let config_ptr = raw_config.as_mut().map_or(ptr::null_mut(), |c| c.as_mut_ptr());
         self.context().bind_to_thread()?;
         let slot = Box::new(AtomicPtr::<ncclComm>::new(ptr::null_mut()));

@@ -452,7 +452,8 @@ impl Config {
         #[cfg(not(nccl_2_27))]
         let shrink = false;
         let sharing = Sharing { split: self.ints.splitShare == Some(1), shrink };
-        let graphs_unmixed = self.unmixed_graphs().or_else(env_unmixes_graphs);
+        // The variable first: with it at 0 NCCL's mixing is off whatever the config says.
+        let graphs_unmixed = env_unmixes_graphs().or_else(|| self.unmixed_graphs());
         Settings { nonblocking, timeout: self.timeout, strings, sharing, graphs_unmixed }
     }
 

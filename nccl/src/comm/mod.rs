@@ -225,6 +225,12 @@ impl Comm {
     /// ends its buffers' stream bookkeeping when the call returns: the buffers could then be
     /// freed or reused before NCCL's kernels run on them (a use after free). This crate knows
     /// its own [groups](crate::group()) only, and cannot tell that another is open.
+    ///
+    /// Its graph mixing must be NCCL's default: not created with a config whose
+    /// `graphUsageMode` is 0 or 1 or whose `graphStreamOrdering` is 0 (NCCL ≥ 2.29). NCCL cannot
+    /// be asked, and this crate captures its calls into graphs that rely on NCCL ordering eager
+    /// calls after their launches (`NCCL_GRAPH_MIXING_SUPPORT=0` it sees, and refuses captures:
+    /// [`Error::GraphMixingOff`]).
     pub unsafe fn from_raw(raw: ncclComm_t, stream: Arc<CudaStream>) -> Result<Self> {
         // SAFETY: forwarded (the caller's contract, `raw` blocking included).
         unsafe { Self::adopt(raw, stream, false) }
