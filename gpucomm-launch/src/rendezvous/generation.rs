@@ -14,9 +14,8 @@
 //! (then they go round until rank 0's own mark comes). What no MAC prevents: someone who can
 //! write the store can still steer a rank that is about to enter (by adding to the counter, with
 //! or without copied marks) into a generation where no rank 0 comes, so that the job stops at
-//! its timeout; and a rank 0 that reads the previous generation's mark before that generation's
-//! rank 0 wrote it (two rank 0 processes alive at once) names zeros, so that the ranks of that
-//! generation wait for their timeout instead of moving on. Every other
+//! its timeout; and a rank 0 that finds the previous generation counted but its mark not written
+//! after a second (its rank 0 died between the two) names zeros. Every other
 //! rank joins the newest generation that is neither complete nor given up (an abort notice) nor,
 //! with a job key, holds a claim of its rank by another process that runs no more (one of an
 //! earlier start, which torchrun killed while it joined), or waits for rank 0 to open the next
@@ -29,6 +28,8 @@
 //! still joining the newest generation (a node whose old workers torchrun has not stopped yet)
 //! joins them; when the old rank 0 completes that join, the new ranks fail in the job that
 //! follows, and torchrun restarts them again.
+
+use std::time::Duration;
 
 use super::plan::Mode;
 use super::process;
@@ -45,6 +46,12 @@ const OPENED: &[u8] = b"gpucomm generation opened";
 
 /// Bytes of a mark's random value.
 const VALUE_LEN: usize = 16;
+
+/// How long rank 0 waits for the previous generation's mark when that generation's rank 0 has
+/// counted it but not written its mark yet (two rank 0 processes alive at once, a restart that
+/// overtakes a start): long enough for one store round trip, short enough not to hold up a
+/// restart after a rank 0 that died between the two.
+const PREVIOUS_MARK_WAIT: Duration = Duration::from_secs(1);
 
 /// A generation's `opened` mark, checked: with a job key, rank 0's random value for the
 /// generation and the one of the previous generation's mark when rank 0 opened it (zeros where
@@ -128,11 +135,10 @@ pub(super) fn enter(s: &mut Session, deadline: Deadline) -> Result<(), Rendezvou
                 error,
             })?;
             // The previous generation's value, for its ranks to see that this mark was made after
-            // it (zeros when there is none, or it does not verify). Asked for with CHECK first:
-            // PyTorch's older server closes the connection on a GET of a missing key.
+            // it (zeros when there is none, or it does not verify).
             if let Some(p) = g.checked_sub(1).filter(|&p| p >= 1) {
                 let label = s.base.generation(p).opened();
-                if s.client.check_by(&[&label], deadline).map_err(|e| s.store_error(DURING, e))? {
+                if previous_mark_written(s, &label, deadline)? {
                     let value = s.client.get_by(&label, deadline).map_err(|e| s.store_error(DURING, e))?;
                     previous = read_mark(s, &label, &value).map(|m| m.own).unwrap_or_default();
                 }
@@ -183,6 +189,24 @@ pub(super) fn enter(s: &mut Session, deadline: Deadline) -> Result<(), Rendezvou
     s.generation = generation;
     s.next = Some(Next { label: s.base.generation(generation.saturating_add(1)).opened(), previous: own });
     Ok(())
+}
+
+/// True once the previous generation's mark `label` exists, waiting for it up to
+/// [`PREVIOUS_MARK_WAIT`] (within `deadline`): its rank 0 counts the generation and then writes
+/// the mark, and one that has done the first only would otherwise be named with zeros, and its
+/// ranks would wait for their timeout instead of moving on. Asked with CHECK: PyTorch's older
+/// server closes the connection on a GET of a missing key.
+fn previous_mark_written(s: &mut Session, label: &str, deadline: Deadline) -> Result<bool, RendezvousError> {
+    let until = deadline.slice(PREVIOUS_MARK_WAIT);
+    loop {
+        if s.client.check_by(&[label], deadline).map_err(|e| s.store_error(DURING, e))? {
+            return Ok(true);
+        }
+        if until.passed() {
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
 }
 
 /// While joining under [`Mode::Agent`]: `Err(Superseded)` once a later start of rank 0 opened

@@ -278,3 +278,28 @@ fn under_torchrun_the_next_generations_mark_names_the_previous_ones_value() {
     assert!(c.check(&[&g2.complete()]).unwrap());
     assert_eq!(&c.get(&g2.opened()).unwrap()[25 + 16..25 + 32], &[1; 16]);
 }
+
+#[test]
+fn under_torchrun_rank_0_waits_briefly_for_the_previous_generations_mark() {
+    // Generation 1 is counted, and its rank 0 writes its mark 200 ms after this start's rank 0
+    // counted generation 2 (two rank 0 processes alive at once). Before (session 30's review),
+    // rank 0 of generation 2 found no mark and named zeros, so that generation 1's ranks would
+    // never have moved on; now it waits up to a second for the mark and names its value.
+    let token = "late-previous-mark";
+    let (_server, port, mut c, base, seal) = job_store(token);
+    let (g1, g2) = (base.generation(1), base.generation(2));
+    assert_eq!(c.add(&base.generations(), 1).unwrap(), 1);
+    let (info, opts) = (torchrun_worker(0, port, token), torchrun_options());
+    let rank0 = thread::spawn(move || Rendezvous::connect(&info, &opts)?.broadcast(|| Ok(b"the id".to_vec())));
+    until(|| c.add(&base.generations(), 0).unwrap() == 2);
+    thread::sleep(Duration::from_millis(200));
+    c.set(&g1.opened(), &opened_mark(&seal, &g1.opened(), [3; 16], [0; 16])).unwrap();
+    let mut rank1 = Rendezvous::connect(&torchrun_worker(1, port, token), &torchrun_options()).unwrap();
+    assert_eq!(rank1.broadcast(|| Err("unused".into())).unwrap(), b"the id");
+    assert_eq!(rank0.join().unwrap().unwrap(), b"the id");
+    assert_eq!(
+        &c.get(&g2.opened()).unwrap()[25 + 16..25 + 32],
+        &[3; 16],
+        "generation 2's mark names generation 1's value"
+    );
+}
