@@ -56,6 +56,7 @@ mod error;
 mod ffi;
 mod graph;
 mod heap;
+mod lifecycle;
 mod module;
 mod nccl;
 pub mod ops;

@@ -4,7 +4,6 @@
 use std::cell::Cell;
 use std::ffi::{c_char, CStr};
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,49 +16,18 @@ use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
 use crate::ffi::{call, call_unchecked, lib};
 use crate::heap::HeapLimit;
+use crate::lifecycle;
 use crate::nccl::{self, NcclUse};
 use crate::quiesce;
 use crate::register::Registered;
 use crate::unique_id::{self, UniqueId};
 use crate::Version;
 
-/// NVSHMEM's process state: never started, running, or finished. NVSHMEM keeps process-global
-/// state and does not reset its bootstrap on finalize (NVIDIA/nvshmem#68), so one process gets
-/// one runtime.
-static STATE: AtomicU8 = AtomicU8::new(NEVER);
-const NEVER: u8 = 0;
-const RUNNING: u8 = 1;
-const FINISHED: u8 = 2;
-
-fn state_error(state: u8) -> Error {
-    match state {
-        RUNNING => Error::AlreadyInitialized,
-        _ => Error::Finalized,
-    }
-}
-
-/// True while NVSHMEM runs in this process (started by a [`Runtime`], neither finalised nor
-/// left running by a dropped one). Stable while the lock of [`unique_id::plugin`] is held: a start
-/// sets it under that lock.
-pub(crate) fn running() -> bool {
-    STATE.load(Ordering::Acquire) == RUNNING
-}
-
-/// Makes the process look as if a runtime runs (`true`) or never started (`false`), for unit tests
-/// of what is refused meanwhile, which need no GPU.
-#[cfg(test)]
-pub(crate) fn pretend_running(running: bool) {
-    STATE.store(if running { RUNNING } else { NEVER }, Ordering::Release);
-}
-
 /// `Ok` when NVSHMEM can be started now: never started in this process, and no capture scope
 /// open on this thread ([`Error::HostCallInCapture`]: NVSHMEM's start waits on the host, which
 /// CUDA refuses inside a capture, and NVSHMEM exits the process on that refusal).
 fn check_start() -> Result<()> {
-    match STATE.load(Ordering::Acquire) {
-        NEVER => {}
-        state => return Err(state_error(state)),
-    }
+    lifecycle::never_started()?;
     if gpucomm_ordering::scope_open() {
         return Err(Error::HostCallInCapture { what: "starting NVSHMEM (nvshmemx_hostlib_init_attr)" });
     }
@@ -262,7 +230,7 @@ impl Runtime {
         // Read before NVSHMEM starts, so that a failure leaves it untouched; NVSHMEM's own buffers
         // grow with the PE count, which only NVSHMEM knows for every bootstrap: read again below.
         let heap = HeapLimit::from_environment(stream.context(), 1)?;
-        STATE.compare_exchange(NEVER, RUNNING, Ordering::AcqRel, Ordering::Acquire).map_err(state_error)?;
+        lifecycle::start()?;
         // NVSHMEM binds the PE to the current device; the context must exist before init.
         let reached_c = Cell::new(false);
         let started = (|| {
@@ -303,7 +271,7 @@ impl Runtime {
             Ok(n) => n,
             Err(e) => {
                 // Once NVSHMEM has been entered its process state is no longer pristine.
-                STATE.store(if reached_c.get() { FINISHED } else { NEVER }, Ordering::Release);
+                lifecycle::failed_start(reached_c.get());
                 return Err(e);
             }
         };
@@ -530,7 +498,7 @@ impl Runtime {
     /// the process cannot start it again.
     fn leak(&self, why: &str) {
         log::warn!("nvshmem: {why}: NVSHMEM stays initialised (not finalised) in this process");
-        STATE.store(FINISHED, Ordering::Release);
+        lifecycle::finish();
     }
 
     /// Waits until the PE's device is idle, within the timeout ([`Error::StillInUse`] about `what`
@@ -564,7 +532,7 @@ impl Runtime {
         if let Err(e) = unsafe { call!(nvshmemx_hostlib_finalize()) } {
             log::warn!("nvshmem: finalising failed: {e}");
         }
-        STATE.store(FINISHED, Ordering::Release);
+        lifecycle::finish();
     }
 }
 

@@ -7,7 +7,7 @@ use nvshmem_sys::nvshmemx_uniqueid_t;
 
 use crate::error::{Error, Result};
 use crate::ffi::{resolve, Returned};
-use crate::runtime;
+use crate::lifecycle;
 
 /// True once this process asked NVSHMEM for a unique id. `nvshmemx_get_uniqueid` loads NVSHMEM's
 /// unique-id bootstrap plugin and leaves it loaded; NVSHMEM's loader then reuses that plugin for
@@ -55,7 +55,7 @@ impl UniqueId {
     pub fn new() -> Result<Self> {
         let mut plugin = plugin();
         // Stable while `plugin` is held: a start changes it under that lock.
-        if runtime::running() {
+        if lifecycle::running() {
             return Err(Error::UniqueIdWhileRunning);
         }
         // Resolved first: a library that does not load, or lacks the function, loads no plugin,
@@ -144,9 +144,9 @@ mod tests {
     fn an_id_is_refused_while_nvshmem_runs() {
         let _serial = serial();
         let loaded = *plugin();
-        runtime::pretend_running(true);
+        lifecycle::pretend_running(true);
         let made = UniqueId::new();
-        runtime::pretend_running(false);
+        lifecycle::pretend_running(false);
         assert!(matches!(made, Err(Error::UniqueIdWhileRunning)), "{made:?}");
         assert_eq!(*plugin(), loaded, "a refused id changed the plugin flag");
     }
