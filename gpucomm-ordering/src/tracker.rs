@@ -37,11 +37,12 @@ struct State {
     writer: Option<End>,
     /// Where the reads since the last write end, on streams other than the writer's.
     readers: Vec<End>,
-    /// Events no end uses any more, for the next uses on plain streams. They are only freed with
-    /// the tracker, so a guard that still holds one never sees it freed; boxed, because guards
-    /// hold their addresses while the vector grows.
-    #[allow(clippy::vec_box)]
-    spare: Vec<Box<CudaEvent>>,
+    /// Events no end uses any more, for the next uses on plain streams, each with the handle of
+    /// the stream (as a number) that a guard may still record it on. They are only freed with the
+    /// tracker, so a guard that still holds one never sees it freed; boxed, because guards hold
+    /// their addresses while the vector grows. One is handed out again only for a use on its
+    /// stream ([`StreamTracker::plain_event`]).
+    spare: Vec<(Box<CudaEvent>, usize)>,
     pending: Option<Pending>,
 }
 
@@ -257,8 +258,11 @@ impl StreamTracker {
     fn place(&self, state: &mut State, end: End, how: Use) {
         match how {
             Use::Write => {
-                // No guard of an earlier use is alive (a write borrows the memory exclusively),
-                // so every event has been recorded and can serve again.
+                // The write waited for every earlier use, so later uses need not. A guard of an
+                // earlier use may still be alive, though, and record its event again when dropped
+                // (views taken through `&self`, such as nvshmem's `Symmetric::as_slice`, let a
+                // write through one view happen while a read's guard through another is kept):
+                // the events stay tied to their streams among the spares.
                 let old = state.writer.replace(end).into_iter().chain(state.readers.drain(..));
                 let freed: Vec<_> = old.filter_map(into_event).collect();
                 state.spare.extend(freed);
@@ -269,9 +273,8 @@ impl StreamTracker {
                     (End::Stream(s), _) => state.readers.iter().any(|r| matches!(r, End::Stream(o) if same(o, s))),
                     _ => false,
                 };
-                if known {
-                    state.spare.extend(into_event(end));
-                } else {
+                // A known stream end needs nothing more: later writes already wait for it.
+                if !known {
                     state.readers.push(end);
                 }
             }
@@ -378,12 +381,14 @@ impl StreamTracker {
     ///
     /// # Safety
     ///
-    /// A [`Use::Write`] needs exclusive access to the memory until the guard is dropped, as a
-    /// `&mut` to the buffer gives ([`DevicePtrMut`](cudarc::driver::DevicePtrMut)): a write
-    /// forgets the earlier readers, since later uses wait for the write, which waits for them. A
-    /// write racing a read on another thread (between the read's ordering and its enqueue) would
-    /// be waited for by nobody, and the memory could be freed under the read. A [`Use::Read`]
-    /// needs nothing more than the tracker's own promise.
+    /// A [`Use::Write`] needs that no other thread uses the memory until the guard is dropped, as
+    /// a `&mut` to the buffer gives ([`DevicePtrMut`](cudarc::driver::DevicePtrMut)), or a buffer
+    /// whose views all stay on one thread: a write forgets the earlier readers, since later uses
+    /// wait for the write, which waits for them, so a read that another thread has ordered but not
+    /// yet enqueued would be waited for by nobody, and the memory could be freed under it. Guards
+    /// of earlier uses on this thread may still be alive (views taken through `&self`): their
+    /// events are handed out again only for uses on their own streams. A [`Use::Read`] needs
+    /// nothing more than the tracker's own promise.
     pub unsafe fn device_ptr_guard<'a, T>(
         &'a self,
         stream: &'a CudaStream,
@@ -453,10 +458,11 @@ impl StreamTracker {
         // back among the readers: that reader's guard may yet record it, and later uses must
         // still wait for it.
         let give_back = |state: &mut State, event: Box<CudaEvent>| {
+            let on = stream.cu_stream() as usize;
             if was_reader {
-                state.readers.push(End::Event { event, stream: stream.cu_stream() as usize });
+                state.readers.push(End::Event { event, stream: on });
             } else {
-                state.spare.push(event);
+                state.spare.push((event, on));
             }
         };
         let other_events = match self.wait_conflicts(&mut state, stream, how) {
@@ -574,10 +580,15 @@ impl StreamTracker {
 
     /// An event for the end of a use on the plain stream `stream`: a reader's event of the same
     /// stream that holds nothing unfinished (its last record completed, or its guard has yet to
-    /// record on that very stream, which its borrow keeps alive), else a spare or a new one; with
-    /// whether it was a reader's. While a capture scope is open no reader's event is asked
-    /// (`cuEventQuery` from the capturing thread, or of an event recorded into the capture, would
-    /// invalidate the capture): a spare or a new one serves.
+    /// record on that very stream, which its borrow keeps alive), else a spare of the same stream
+    /// or a new one; with whether it was a reader's. While a capture scope is open no reader's
+    /// event is asked (`cuEventQuery` from the capturing thread, or of an event recorded into the
+    /// capture, would invalidate the capture): a spare or a new one serves.
+    ///
+    /// A spare of another stream never serves: a guard of the use it stood for may still be alive
+    /// and record it on its own stream when dropped, after which the event would stand for a point
+    /// there instead of this use, and later uses and the free would not wait for this use (session
+    /// 29 audit). On its own stream that later record stands for a point after this use too.
     fn plain_event(&self, state: &mut State, stream: &CudaStream) -> Result<(Box<CudaEvent>, bool), DriverError> {
         let reusable = if capture::any_scope_open() {
             None
@@ -588,12 +599,13 @@ impl StreamTracker {
             })
         };
         if let Some(i) = reusable {
-            if let Some(event) = into_event(state.readers.swap_remove(i)) {
+            if let Some((event, _)) = into_event(state.readers.swap_remove(i)) {
                 return Ok((event, true));
             }
         }
-        match state.spare.pop() {
-            Some(event) => Ok((event, false)),
+        let on = stream.cu_stream() as usize;
+        match state.spare.iter().rposition(|(_, s)| *s == on) {
+            Some(i) => Ok((state.spare.swap_remove(i).0, false)),
             None => Ok((Box::new(self.events.new_event(None)?), false)),
         }
     }
@@ -606,10 +618,10 @@ fn captured_record(e: &DriverError) -> bool {
     matches!(e.0, sys::CUresult::CUDA_ERROR_INVALID_VALUE | sys::CUresult::CUDA_ERROR_CAPTURED_EVENT)
 }
 
-/// The event of a plain-stream end, to be reused.
-fn into_event(end: End) -> Option<Box<CudaEvent>> {
+/// The event of a plain-stream end, to be reused, with its stream's handle.
+fn into_event(end: End) -> Option<(Box<CudaEvent>, usize)> {
     match end {
-        End::Event { event, .. } => Some(event),
+        End::Event { event, stream } => Some((event, stream)),
         End::Stream(_) => None,
     }
 }
@@ -645,7 +657,10 @@ impl<'a> Tracked<'a> {
     /// memory is ordered through it, and the allocation is freed only after
     /// [`StreamTracker::synchronize`] has returned. This is the promise of
     /// [`DeviceMemory`](crate::DeviceMemory) that [`tracked_device_ptr!`](crate::tracked_device_ptr)
-    /// makes for the type.
+    /// makes for the type. For a type that macro makes writable, also: while a `&mut` to the value
+    /// lives, no other thread uses the memory — the value is the buffer or a view taken through
+    /// `&mut` to it, or the buffer and all its views stay on one thread (neither `Send` nor
+    /// `Sync`, as nvshmem's are).
     pub unsafe fn new(
         ptr: sys::CUdeviceptr,
         len: usize,
@@ -716,7 +731,8 @@ macro_rules! tracked_device_ptr {
                 let $b = &*self;
                 let parts: $crate::Tracked<'__a> = $parts;
                 let bytes = parts.len() * ::std::mem::size_of::<T>();
-                // SAFETY: `&mut self` is exclusive access to the memory for the guard's life.
+                // SAFETY: no other thread uses the memory while `&mut self` (borrowed for the
+                // guard's life) lives, as the invoker promised through `Tracked::new`.
                 let guard = unsafe { parts.tracker().device_ptr_guard::<T>(stream, parts.ptr(), bytes, $crate::Use::Write) };
                 (parts.ptr(), guard)
             }

@@ -384,7 +384,8 @@ impl<T> Drop for Symmetric<'_, T> {
 
 tracked_device_ptr!(['rt, T] Symmetric<'rt, T>, |b| {
     // SAFETY: `len` elements from nvshmem_malloc on the runtime's device, freed only by `free`
-    // after `tracker.synchronize()`; every use goes through `tracker`.
+    // after `tracker.synchronize()`; every use goes through `tracker`; the buffer and its views
+    // borrow the runtime, which is not `Sync`, so they all stay on one thread.
     unsafe { Tracked::new(b.device_address(), b.len, &b.tracker, b.rt.stream()) }
 });
 
@@ -446,7 +447,8 @@ impl<'a, T> SymmetricSlice<'a, T> {
 }
 
 tracked_device_ptr!(['v, T] SymmetricSlice<'v, T>, |b| {
-    // SAFETY: a checked range of a symmetric buffer that the slice borrows; its tracker orders it.
+    // SAFETY: a checked range of a symmetric buffer that the slice borrows; its tracker orders it;
+    // like the buffer, the slice stays on the runtime's thread (it borrows the runtime).
     unsafe { Tracked::new(b.ptr, b.len, b.tracker, b.rt.stream()) }
 });
 
@@ -490,7 +492,7 @@ impl<T> PeerView<'_, T> {
 tracked_device_ptr!(['v, T] PeerView<'v, T>, |b| {
     // SAFETY: `nvshmem_ptr`'s mapping of a peer's copy of a range the view borrows (so the
     // allocation lives), valid on this device for `len` elements; this process's uses are ordered
-    // by the buffer's tracker.
+    // by the buffer's tracker; the view stays on the runtime's thread (neither `Send` nor `Sync`).
     unsafe { Tracked::new(b.ptr, b.len, b.tracker, b.home) }
 });
 

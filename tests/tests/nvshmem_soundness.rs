@@ -99,6 +99,55 @@ fn overlapping_ranges_are_refused() {
     });
 }
 
+/// Session 29 audit (README "Known gaps"), closed in session 31. A buffer's tracker forgot the
+/// reads a write replaced and handed their events out again for any later use, which is right
+/// only while no guard of those reads is alive, as `&mut` to the buffer would ensure; but
+/// `Symmetric::as_slice` hands out writable views through `&self`. Here a read's guard, kept
+/// through one view, outlives a write through another; a copy on a third stream, queued behind
+/// 2 s of work, then took the read's event, and the kept guard, dropped, recorded that event
+/// again on its own idle stream. Before: the free waited for that idle stream and returned at
+/// once, with the copy still queued. Now an event a write replaced is handed out again only for a
+/// use on the stream its guard records on, and the free waits for the copy.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_read_guard_kept_across_a_write_through_another_view_leaves_the_free_ordered() {
+    use cudarc::driver::DevicePtr;
+    multi_process(
+        "a_read_guard_kept_across_a_write_through_another_view_leaves_the_free_ordered",
+        1,
+        |info, stream| {
+            let (_rdzv, rt) = start(&info, &stream);
+            let ctx = stream.context();
+            let (reader, writer, copier) =
+                (ctx.new_stream().unwrap(), ctx.new_stream().unwrap(), ctx.new_stream().unwrap());
+            let len = 1 << 20;
+            let buf = rt.alloc::<i32>(len).unwrap();
+            stream.memcpy_htod(&vec![1; len], &mut buf.as_slice()).unwrap();
+            let mut out = copier.alloc_zeros::<i32>(len).unwrap();
+            stream.synchronize().unwrap();
+            copier.synchronize().unwrap();
+
+            let view = buf.as_slice();
+            let (_, kept) = view.device_ptr(&reader);
+            writer.memcpy_htod(&vec![2; len], &mut buf.as_slice()).unwrap();
+            occupy(&copier, Duration::from_secs(2));
+            copier.memcpy_dtod(&buf.as_slice(), &mut out).unwrap();
+            drop(kept);
+
+            let freeing = Instant::now();
+            buf.free().map_err(|(_, e)| e).unwrap();
+            let waited = freeing.elapsed();
+            assert!(
+                waited >= Duration::from_secs(1),
+                "the free returned after {waited:?}, before the copy queued behind 2 s of work"
+            );
+            assert_eq!(copier.clone_dtoh(&out).unwrap(), vec![2; len], "the copy read the buffer before the write");
+            println!("the free waited {waited:?} for the copy");
+            rt.finalize().map_err(|(_, e)| e).unwrap();
+        },
+    );
+}
+
 /// Views taken through `&self` (`Symmetric::slice`) can hand NCCL a send and a receive buffer that
 /// share bytes, which the borrows of `&send` and `&mut recv` cannot see. Every call with two
 /// buffers refuses them with `nccl::Error::Overlap`, naming NCCL's in-place rule, and writes
