@@ -34,7 +34,7 @@ use std::time::Duration;
 use super::plan::Mode;
 use super::process;
 use super::record::Claim;
-use super::session::{Session, Waited};
+use super::session::{Next, Session, Waited};
 use super::RendezvousError;
 use crate::deadline::Deadline;
 
@@ -59,16 +59,6 @@ const PREVIOUS_MARK_WAIT: Duration = Duration::from_secs(1);
 #[derive(Default, Clone, Copy, PartialEq, Eq, Debug)]
 struct Mark {
     own: [u8; VALUE_LEN],
-    previous: [u8; VALUE_LEN],
-}
-
-/// While joining under [`Mode::Agent`]: the generation after this one, whose mark, naming this
-/// generation's value, means that a later start of rank 0 left this one.
-#[derive(Clone, Debug)]
-pub(super) struct Next {
-    /// The next generation's `opened` key.
-    label: String,
-    /// This generation's random value, which the next generation's mark names.
     previous: [u8; VALUE_LEN],
 }
 
@@ -210,7 +200,7 @@ fn previous_mark_written(s: &mut Session, label: &str, deadline: Deadline) -> Re
 }
 
 /// While joining under [`Mode::Agent`]: `Err(Superseded)` once a later start of rank 0 opened
-/// the generation after this one. A mark without this job's MAC is ignored (anyone who reaches
+/// the generation after this one (the join's waits ask between their slices). A mark without this job's MAC is ignored (anyone who reaches
 /// the store can write one), and so is one that names another previous value than this
 /// generation's (copied from an earlier agent store: someone who could read that store would
 /// send the ranks away from their generation until their timeout).

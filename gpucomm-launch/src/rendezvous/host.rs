@@ -456,8 +456,9 @@ fn read_owner(client: &mut StoreClient, deadline: Deadline) -> Result<Option<Vec
 mod tests {
     use std::net::TcpStream;
 
+    use super::super::process::Claimant;
     use super::super::process::Identity;
-    use super::super::record::{Claim, Claimant};
+    use super::super::record::Claim;
     use super::super::seal::{Seal, TAG_LEN};
     use super::*;
     use crate::rendezvous::JobKey;

@@ -29,16 +29,14 @@
 
 use std::time::Duration;
 
+use super::generation;
 use super::plan::Mode;
-use super::process;
-use super::record::{other_version, verified, Claim, Claimant};
+use super::process::{self, Claimant};
+use super::record::{other_version, verified, Claim};
 use super::seal::TAG_LEN;
-use super::session::{Session, Waited};
+use super::session::{fresh_start, Session, Waited, NONCE_LEN};
 use super::RendezvousError;
 use crate::deadline::Deadline;
-
-/// Bytes of a claim's nonce, and of a start's random value.
-const NONCE_LEN: usize = 16;
 
 /// How many times a rank may find its key holding a claim of another start (or emptied) and
 /// try again, before it takes the key's holder for a duplicate: only someone rewriting such
@@ -51,14 +49,6 @@ const FIRST_PAUSE: Duration = Duration::from_millis(10);
 const MAX_PAUSE: Duration = Duration::from_millis(200);
 
 const DURING: &str = "the rendezvous (joining)";
-
-/// A fresh random value for a start of the rendezvous (see the module's documentation).
-pub(super) fn fresh_start() -> Result<[u8; NONCE_LEN], RendezvousError> {
-    let mut start = [0u8; NONCE_LEN];
-    crate::random::fill(&mut start)
-        .map_err(|error| RendezvousError::Io { context: "getting random bytes for the start".into(), error })?;
-    Ok(start)
-}
 
 /// Which claims of another start under its own key a rank replaces (see the module's
 /// documentation).
@@ -351,6 +341,7 @@ fn gather(s: &mut Session, ranks: &[usize], deadline: Deadline) -> Result<Gather
         // second rank 0 that took it for a leftover, it is a duplicate (see the module's
         // documentation), told at once rather than when the last rank comes.
         let mut between = |s: &mut Session| {
+            generation::check_superseded(s, deadline, DURING)?;
             if s.seal.is_none() || !ranks.contains(&s.rank) {
                 return Ok(());
             }
@@ -540,6 +531,7 @@ fn wait(s: &mut Session, mine: &mut Vec<u8>, deadline: Deadline) -> Result<(), R
     let complete = s.keys.complete();
     let keys = [complete.clone()];
     let mut between = |s: &mut Session| {
+        generation::check_superseded(s, deadline, DURING)?;
         if s.seal.is_none() {
             return Ok(());
         }
@@ -594,9 +586,11 @@ fn follow(s: &mut Session, first: &[u8], mine: &mut Vec<u8>, deadline: Deadline)
     Err(taken(s, &label, mine, deadline))
 }
 
-/// Waits for `key` ([`Session::wait_values`]) and returns its value.
+/// Waits for `key` ([`Session::wait_values`]), watching for a later generation, and returns its
+/// value.
 fn wait_for(s: &mut Session, key: &str, deadline: Deadline, waiting_for: &str) -> Result<Vec<u8>, RendezvousError> {
-    match s.wait_values(&[key.to_string()], deadline, DURING) {
+    let mut between = |s: &mut Session| generation::check_superseded(s, deadline, DURING);
+    match s.wait_values_between(&[key.to_string()], deadline, DURING, &mut between) {
         Ok(mut values) => Ok(values.pop().unwrap_or_default()),
         Err(Waited::Failed(error)) => Err(error),
         Err(Waited::TimedOut) => {

@@ -17,8 +17,6 @@
 use std::os::unix::fs::MetadataExt;
 use std::sync::Mutex;
 
-use super::record::Claimant;
-
 /// Characters of a boot id kept (the kernel's is a 36-character UUID).
 const MAX_BOOT: usize = 64;
 
@@ -55,6 +53,40 @@ impl Identity {
 
     fn known(&self) -> bool {
         !self.boot.is_empty() && self.pidns != 0 && self.started != 0
+    }
+}
+
+/// Who made a claim: for messages, host, process id and the address its store connection came
+/// from; and what tells whether it still runs ([`Identity`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Claimant {
+    pub(super) host: String,
+    pub(super) pid: u32,
+    pub(super) addr: String,
+    pub(super) id: Identity,
+}
+
+impl Claimant {
+    /// This process, connected from `addr`.
+    pub(super) fn this_process(addr: Option<std::net::SocketAddr>) -> Claimant {
+        Claimant {
+            host: hostname(),
+            pid: std::process::id(),
+            addr: addr.map_or_else(|| "an unknown address".to_string(), |a| a.to_string()),
+            id: Identity::of_this_process(),
+        }
+    }
+}
+
+/// This machine's host name, or `unknown host`.
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname(2) writes at most `buf.len()` bytes into `buf`, a live local array.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    match (rc, std::str::from_utf8(&buf[..end])) {
+        (0, Ok(name)) if !name.is_empty() => name.to_string(),
+        _ => "unknown host".to_string(),
     }
 }
 

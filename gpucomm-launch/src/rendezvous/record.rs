@@ -9,7 +9,7 @@
 
 use std::fmt;
 
-use super::process::Identity;
+use super::process::{Claimant, Identity};
 use super::seal::{Seal, TAG_LEN};
 
 const MAGIC: &[u8; 5] = b"gpcm2";
@@ -20,28 +20,7 @@ const OWNER: u8 = b'O';
 /// Strings longer than this are cut when written (a host name is at most 255 bytes).
 const MAX_TEXT: usize = 255;
 
-/// Who made a claim: for messages, host, process id and the address its store connection came
-/// from; and what tells whether it still runs ([`Identity`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(super) struct Claimant {
-    pub(super) host: String,
-    pub(super) pid: u32,
-    pub(super) addr: String,
-    pub(super) id: Identity,
-}
-
-impl Claimant {
-    /// This process, connected from `addr`.
-    pub(super) fn this_process(addr: Option<std::net::SocketAddr>) -> Claimant {
-        Claimant {
-            host: hostname(),
-            pid: std::process::id(),
-            addr: addr.map_or_else(|| "an unknown address".to_string(), |a| a.to_string()),
-            id: Identity::of_this_process(),
-        }
-    }
-}
-
+// Here rather than beside the type: the host and address are text read from the store.
 impl fmt::Display for Claimant {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "pid {} on {} ({})", self.pid, Printable(&self.host), Printable(&self.addr))
@@ -59,18 +38,6 @@ impl fmt::Display for Printable<'_> {
             fmt::Write::write_char(f, if c.is_control() { '?' } else { c })?;
         }
         Ok(())
-    }
-}
-
-/// This machine's host name, or `unknown host`.
-fn hostname() -> String {
-    let mut buf = [0u8; 256];
-    // SAFETY: gethostname(2) writes at most `buf.len()` bytes into `buf`, a live local array.
-    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
-    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
-    match (rc, std::str::from_utf8(&buf[..end])) {
-        (0, Ok(name)) if !name.is_empty() => name.to_string(),
-        _ => "unknown host".to_string(),
     }
 }
 

@@ -6,8 +6,7 @@ use std::time::Duration;
 use super::abort::{self, Start, Verdict};
 use super::host;
 use super::plan::{connect_error, Keys, Mode, Plan, Scope};
-use super::process::Live;
-use super::record::Claimant;
+use super::process::{Claimant, Live};
 use super::seal::{Seal, TAG_LEN};
 use super::RendezvousError;
 use crate::deadline::Deadline;
@@ -24,6 +23,27 @@ const CHUNK: usize = 512;
 const GIVE_UP_WITHIN: Duration = Duration::from_secs(1);
 /// How long rank 0 keeps its store up after a failure, for the others to read why.
 const LINGER_AFTER_FAILURE: Duration = Duration::from_secs(2);
+
+/// Bytes of a claim's nonce, and of a start's random value.
+pub(super) const NONCE_LEN: usize = 16;
+
+/// A fresh random value for a start of the rendezvous (see `join`).
+pub(super) fn fresh_start() -> Result<[u8; NONCE_LEN], RendezvousError> {
+    let mut start = [0u8; NONCE_LEN];
+    crate::random::fill(&mut start)
+        .map_err(|error| RendezvousError::Io { context: "getting random bytes for the start".into(), error })?;
+    Ok(start)
+}
+
+/// While joining under [`Mode::Agent`]: the generation after this one, whose mark, naming this
+/// generation's value, means that a later start of rank 0 left this one (see `generation`).
+#[derive(Clone, Debug)]
+pub(super) struct Next {
+    /// The next generation's `opened` key.
+    pub(super) label: String,
+    /// This generation's random value, which the next generation's mark names.
+    pub(super) previous: [u8; 16],
+}
 
 /// Why a wait ended without its keys.
 pub(super) enum Waited {
@@ -45,7 +65,7 @@ pub(super) struct Session {
     pub(super) base: Keys,
     /// While joining under [`Mode::Agent`]: the generation after this one, whose mark means
     /// that a later start of rank 0 left this one (see `generation`).
-    pub(super) next: Option<super::generation::Next>,
+    pub(super) next: Option<Next>,
     /// The generation this session joins ([`Mode::Agent`]; 0 in the other modes).
     pub(super) generation: i64,
     pub(super) scope: Scope,
@@ -65,13 +85,13 @@ pub(super) struct Session {
     pub(super) stale: Vec<String>,
     pub(super) failed: bool,
     /// The random nonce of this rank's claim.
-    pub(super) nonce: [u8; 16],
+    pub(super) nonce: [u8; NONCE_LEN],
     /// The claim registered as this process's session in progress (see `process`), once made.
     pub(super) live: Option<Live>,
     /// With a job key: rank 0's random value for this start of the rendezvous, which the MAC of
     /// every claim covers (see `join`); `None` until rank 0 has made it or this rank has read it,
     /// and without a key.
-    pub(super) start: Option<[u8; 16]>,
+    pub(super) start: Option<[u8; NONCE_LEN]>,
     /// Whether this rank has warned of an abort notice it ignored (once is enough).
     pub(super) warned_of_abort: bool,
     /// With a job key, once joined: the run's random number that rank 0's release of the join
@@ -93,7 +113,7 @@ impl Session {
         let (client, server) = match plan.mode {
             Mode::Hosted if info.rank == 0 => {
                 if plan.seal.is_some() {
-                    start = Some(super::join::fresh_start()?);
+                    start = Some(fresh_start()?);
                 }
                 let (server, own) = host::serve(&plan, start)?;
                 (connect(&own.ip().to_string(), own.port())?, Some(server))
@@ -159,7 +179,6 @@ impl Session {
                     Err(error) => return Err(self.store_error(during, error).into()),
                 }
                 self.check_abort(deadline, during)?;
-                super::generation::check_superseded(self, deadline, during)?;
                 between(self)?;
                 slice = (slice * 2).min(MAX_SLICE);
             }

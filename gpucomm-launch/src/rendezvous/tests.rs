@@ -140,9 +140,9 @@ impl Other {
 
     /// A claim of `rank` of 2 that this process made with `seal` under `label` for `start`.
     fn claim(&self, rank: u32, start: [u8; 16], seal: &seal::Seal, label: &str) -> Vec<u8> {
-        let me = record::Claimant::this_process(None);
+        let me = process::Claimant::this_process(None);
         let id = process::Identity { started: self.started, ..me.id.clone() };
-        let who = record::Claimant { pid: self.pid, addr: "127.0.0.1:1".into(), id, ..me };
+        let who = process::Claimant { pid: self.pid, addr: "127.0.0.1:1".into(), id, ..me };
         let mut claim = record::Claim { rank, world_size: 2, who, nonce: [rank as u8; 16], start, tag: None };
         claim.encode(Some(seal), label)
     }
