@@ -200,6 +200,20 @@ pub enum Error {
         /// Where the limit comes from (the variable, or the device's memory).
         limit_from: &'static str,
     },
+    /// On the dynamic heap, the allocation takes this process's symmetric buffers past the most
+    /// they have held at once, so that NVSHMEM maps more of the GPU's memory for it, and the GPU
+    /// has less free than that (memory other allocators hold, which the heap's limit cannot see):
+    /// NVSHMEM (3.4.5) would tear the whole heap down and exit the process. NVSHMEM was not asked.
+    #[error(
+        "{bytes} more bytes would make the symmetric heap grow, but the GPU has only {free} bytes free (other allocators hold the rest), and NVSHMEM would tear the heap down and exit the process: free device memory first, or start NVSHMEM with a static heap (NVSHMEM_DISABLE_CUDA_VMM=1, sized by NVSHMEM_SYMMETRIC_SIZE)"
+    )]
+    DeviceMemoryShort {
+        /// What the heap would grow by: the request's size (plus its alignment for an aligned
+        /// allocation), rounded up to the heap's granularity ([`crate::HeapLimit::granularity`]).
+        bytes: usize,
+        /// The GPU's free memory when it was asked (`cuMemGetInfo`).
+        free: usize,
+    },
     /// NVSHMEM returned no buffer (heap exhausted or fragmented).
     #[error("the symmetric heap could not provide {bytes} bytes")]
     OutOfMemory {
@@ -619,6 +633,11 @@ mod tests {
             e.to_string(),
             "8 more bytes do not fit the symmetric heap: 1073741824 bytes in use and 0 reserved for NVSHMEM's own buffers, limit 1073741824 bytes (NVSHMEM_SYMMETRIC_SIZE)"
         );
+        let e = Error::DeviceMemoryShort { bytes: 1 << 29, free: 1 << 28 };
+        assert!(e.to_string().starts_with(
+            "536870912 more bytes would make the symmetric heap grow, but the GPU has only 268435456 bytes free"
+        ));
+        assert!(e.to_string().ends_with("(NVSHMEM_DISABLE_CUDA_VMM=1, sized by NVSHMEM_SYMMETRIC_SIZE)"));
         let e = Error::WrongArchitecture { module: Some(80), device: 1, arch: 90 };
         assert_eq!(e.to_string(), "the module holds code for sm_80 but device 1 is sm_90");
         assert_eq!(

@@ -12,8 +12,8 @@ use gpucomm_ordering::{tracked_device_ptr, DeviceBufferMut, Keep, StreamTracker,
 
 mod limit;
 
-pub(crate) use limit::reduce_segment_bytes;
 pub use limit::HeapLimit;
+pub(crate) use limit::{reduce_segment_bytes, HeapUse};
 
 use crate::agree::{Ask, Op};
 use crate::error::{Error, Result};
@@ -118,8 +118,9 @@ impl Runtime {
     /// whatever the heap held (hence [`Element`]: types valid for any bits).
     ///
     /// Refused before NVSHMEM is called, on every PE: zero bytes ([`Error::ZeroSize`]), sizes that
-    /// do not fit the heap's limit ([`Error::HeapExhausted`], see [`HeapLimit`]), PEs asking for
-    /// different sizes ([`Error::AsymmetricAlloc`]), and another PE's refusal
+    /// do not fit the heap's limit ([`Error::HeapExhausted`], see [`HeapLimit`]), on the dynamic
+    /// heap a growth the GPU's free memory cannot back ([`Error::DeviceMemoryShort`]), PEs asking
+    /// for different sizes ([`Error::AsymmetricAlloc`]), and another PE's refusal
     /// ([`Error::PeerRefusedAlloc`]).
     #[doc(alias = "nvshmem_malloc")]
     pub fn alloc<T: Element>(&self, len: usize) -> Result<Symmetric<'_, T>> {
@@ -183,7 +184,7 @@ impl Runtime {
             }
         }?;
         let ptr = NonNull::new(ptr).ok_or(Error::OutOfMemory { bytes })?;
-        self.heap_in_use.set(self.heap_in_use.get() + held);
+        self.heap_use.add(held);
         let buffer = Symmetric { ptr, len, rt: self, tracker, held, released: false, _elem: PhantomData };
         if let Alloc::Zeroed = how {
             // Zeroed, on every PE, before this returns: the tracker, which knows no use of the
@@ -200,7 +201,16 @@ impl Runtime {
     /// tracker, or why it is refused. Every refusal is decided here, so that a PE that refuses
     /// still takes part in the agreement (the others would wait for it otherwise).
     fn local_check<T>(&self, len: usize, how: &Alloc) -> Result<(Request, StreamTracker)> {
-        let request = check_size::<T>(len, how, self.heap_in_use.get(), self.info().heap)?;
+        let limit = self.info().heap;
+        let request = check_size::<T>(len, how, self.heap_use.in_use(), limit)?;
+        if limit.dynamic && self.heap_use.grows(request.held) {
+            let step = limit.charge(request.held);
+            gpucomm_ordering::make_current(self.context())?;
+            let (free, _) = cudarc::driver::result::mem_get_info()?;
+            if free < step {
+                return Err(Error::DeviceMemoryShort { bytes: step, free });
+            }
+        }
         Ok((request, StreamTracker::new(self.stream())?))
     }
 }
@@ -361,7 +371,7 @@ impl<'rt, T> Symmetric<'rt, T> {
         })();
         match freed {
             Ok(()) => {
-                self.rt.heap_in_use.set(self.rt.heap_in_use.get() - self.held);
+                self.rt.heap_use.remove(self.held);
                 self.released = true;
                 Ok(())
             }

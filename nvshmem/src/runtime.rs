@@ -15,7 +15,7 @@ use crate::agree::Agreement;
 use crate::bootstrap::Bootstrap;
 use crate::error::{Error, Result};
 use crate::ffi::{call, call_unchecked, lib};
-use crate::heap::HeapLimit;
+use crate::heap::{HeapLimit, HeapUse};
 use crate::lifecycle;
 use crate::nccl::{self, NcclUse};
 use crate::quiesce;
@@ -80,8 +80,8 @@ pub struct Runtime {
     my_pe: usize,
     n_pes: usize,
     info: Box<Info>,
-    /// Bytes of this process's symmetric buffers that are still allocated (leaked ones included).
-    pub(crate) heap_in_use: Cell<usize>,
+    /// What this process's symmetric buffers hold of the heap, and the most they have held.
+    pub(crate) heap_use: HeapUse,
     /// The ranges of this PE's live registrations, which transfers over a network transport
     /// check their local buffers against.
     pub(crate) registered: Registered,
@@ -282,7 +282,7 @@ impl Runtime {
             my_pe: 0,
             n_pes: 0,
             info: Box::new(placeholder),
-            heap_in_use: Cell::new(0),
+            heap_use: HeapUse::default(),
             registered: Registered::default(),
             agreement: None,
             timeout: Cell::new(None),
@@ -483,7 +483,7 @@ impl Runtime {
             my_pe: self.my_pe,
             n_pes: self.n_pes,
             info: self.info.clone(),
-            heap_in_use: self.heap_in_use.clone(),
+            heap_use: self.heap_use.clone(),
             registered: std::mem::take(&mut self.registered),
             agreement: self.agreement.take(),
             timeout: self.timeout.clone(),

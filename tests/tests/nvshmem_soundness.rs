@@ -798,6 +798,54 @@ fn a_live_buffer_counts_what_it_holds_of_the_heap() {
     });
 }
 
+/// README "Known gaps" (nvshmem, dynamic heap), narrowed in session 31: the heap check cannot see
+/// memory other allocators hold on the GPU, and a growth step the GPU cannot back makes NVSHMEM
+/// 3.4.5 tear the heap down and exit the process inside `nvshmem_malloc`. Here cudarc takes all
+/// but half a granule of the GPU's free memory, and one granule is asked for. Before: the PE's
+/// process ended inside the allocation. Now a request that takes the buffers past the most they
+/// have held (where the heap grows) first asks the GPU for its free memory, and is refused with
+/// `Error::DeviceMemoryShort`; once cudarc's memory is freed the heap works.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle"]
+fn a_heap_growth_the_gpu_cannot_back_is_refused_before_nvshmem_is_asked() {
+    multi_process("a_heap_growth_the_gpu_cannot_back_is_refused_before_nvshmem_is_asked", 1, |info, stream| {
+        let (_rdzv, rt) = start(&info, &stream);
+        let heap = rt.info().heap;
+        if !heap.dynamic {
+            skip("a_heap_growth_the_gpu_cannot_back_is_refused_before_nvshmem_is_asked", "NVSHMEM runs a static heap");
+            return;
+        }
+        let step = heap.granularity;
+        let free = || stream.context().mem_get_info().unwrap().0;
+        let (mut taken, mut chunk) = (Vec::new(), 8usize << 30);
+        while free() > step / 2 && chunk >= 2 << 20 {
+            match stream.alloc_zeros::<u8>(chunk.min(free() - step / 2)) {
+                Ok(buf) => {
+                    taken.push(buf);
+                    stream.synchronize().unwrap();
+                }
+                Err(_) => chunk /= 2,
+            }
+        }
+        let left = free();
+        assert!(left < step, "the test's premise: only {left} bytes free, less than one step of {step}");
+        match rt.alloc::<u8>(step) {
+            Err(Error::DeviceMemoryShort { bytes, free }) => {
+                assert_eq!(bytes, step);
+                assert!(free < step, "refused with {free} bytes free");
+            }
+            other => panic!("expected DeviceMemoryShort, got {other:?}"),
+        }
+        drop(taken);
+        stream.synchronize().unwrap();
+        let buf = rt.alloc::<u8>(step).unwrap();
+        buf.free().map_err(|(_, e)| e).unwrap();
+        still_works(&rt, &stream);
+        println!("refused with {left} bytes free, one step being {step} bytes");
+        rt.finalize().map_err(|(_, e)| e).unwrap();
+    });
+}
+
 /// Issue 17: symmetric allocation did not check that every PE asked for the same size. Before:
 /// PE 0 allocating 1024 ints while PE 1 allocated 2048 succeeded on both and left the heaps out of
 /// step (the next buffers at different offsets; puts landing in the wrong place). Now both get

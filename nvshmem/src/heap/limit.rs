@@ -1,5 +1,7 @@
 //! The symmetric heap's limit, which allocations are checked against before NVSHMEM sees them.
 
+use std::cell::Cell;
+
 use cudarc::driver::CudaContext;
 
 use crate::agree;
@@ -66,6 +68,43 @@ pub struct HeapLimit {
     /// set; then NVSHMEM's memory granularity (`NVSHMEM_CUMEM_GRANULARITY`, at most 2 GiB, on the
     /// static heap too).
     pub malloc_alignment: usize,
+}
+
+/// What this process's live symmetric buffers hold of the heap (each one's size plus its
+/// alignment, in NVSHMEM's 512-byte chunks; leaked ones included), and the most they have held at
+/// once. NVSHMEM's dynamic heap (3.4.5) keeps what it has mapped, so a request that keeps the
+/// buffers within that peak finds mapped memory (unless holes left by freed buffers keep it from
+/// fitting: see [`HeapLimit`]), and one past it makes the heap grow by the request's step
+/// ([`HeapLimit::charge`]), which the GPU must have free.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct HeapUse {
+    in_use: Cell<usize>,
+    peak: Cell<usize>,
+}
+
+impl HeapUse {
+    /// The bytes live buffers hold.
+    pub(crate) fn in_use(&self) -> usize {
+        self.in_use.get()
+    }
+
+    /// A buffer holding `held` bytes was allocated.
+    pub(crate) fn add(&self, held: usize) {
+        let now = self.in_use.get().saturating_add(held);
+        self.in_use.set(now);
+        self.peak.set(self.peak.get().max(now));
+    }
+
+    /// A buffer holding `held` bytes was freed.
+    pub(crate) fn remove(&self, held: usize) {
+        self.in_use.set(self.in_use.get().saturating_sub(held));
+    }
+
+    /// Whether a request holding `held` bytes takes the buffers past their peak, where the
+    /// dynamic heap grows.
+    pub(crate) fn grows(&self, held: usize) -> bool {
+        self.in_use.get().saturating_add(held) > self.peak.get()
+    }
 }
 
 /// NVSHMEM's default `NVSHMEM_SYMMETRIC_SIZE`.
@@ -252,6 +291,23 @@ mod tests {
 
     const MIB: usize = 1 << 20;
     const GIB: usize = 1 << 30;
+
+    /// Only a request past the most the buffers have held makes the dynamic heap grow, so only
+    /// such a request asks the GPU for its free memory (`Error::DeviceMemoryShort`).
+    #[test]
+    fn only_requests_past_the_peak_grow_the_heap() {
+        let heap = HeapUse::default();
+        assert!(heap.grows(512), "the first request maps memory beyond NVSHMEM's own buffers");
+        heap.add(GIB);
+        heap.add(GIB);
+        heap.remove(GIB);
+        assert_eq!(heap.in_use(), GIB);
+        assert!(!heap.grows(GIB), "1 GiB in use, 2 GiB held at the peak: the heap has room");
+        assert!(heap.grows(GIB + 512));
+        heap.remove(GIB);
+        assert!(!heap.grows(2 * GIB));
+        assert!(heap.grows(2 * GIB + 1));
+    }
 
     fn dynamic(limit: usize, reserved: usize, granularity: usize) -> HeapLimit {
         HeapLimit {
