@@ -174,6 +174,8 @@ impl<'c> AllReduce<'c> {
                         k.use_cta_bytes(options.cta_bytes);
                         Ok(k)
                     }
+                    // Another rank's setup failed: every rank falls back (see `create`).
+                    Err(Error::Unavailable(why)) => Err(why),
                     Err(e) => {
                         setup_error = Some(e.to_string());
                         Err(Fallback::SetupFailed)

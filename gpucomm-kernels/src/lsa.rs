@@ -54,6 +54,10 @@ const LL_BYTES: usize = 2 * MAX_PEERS * LL_REGION;
 /// Window areas are multiples of this, so that every area starts 16-byte aligned (and more).
 const AREA_ALIGN: usize = 4096;
 
+/// Set by [`LsaKernels::fail_next_setup`] (feature `test-hooks`).
+#[cfg(feature = "test-hooks")]
+static FAIL_NEXT_SETUP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 mod sealed {
     pub trait Sealed {}
     impl Sealed for f32 {}
@@ -356,8 +360,26 @@ impl<'c> LsaKernels<'c> {
             Ok(_) => return Err(Error::Unavailable(Fallback::PeerCannot)),
             Err(e) => return Err(e),
         };
-        let dev = DevComm::new(comm, &DevCommRequirements::default().lsa_barriers(MAX_CTAS))?;
-        let window = KernelWindow(comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e)?);
+        let made = (|| -> Result<_> {
+            let dev = DevComm::new(comm, &DevCommRequirements::default().lsa_barriers(MAX_CTAS))?;
+            let window = KernelWindow(comm.register_window(buf, WindowFlags::COLL_SYMMETRIC).map_err(|(_, e)| e)?);
+            Ok((dev, window))
+        })();
+        #[cfg(feature = "test-hooks")]
+        let made = made.and_then(|made| match FAIL_NEXT_SETUP.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            true => Err(cudarc::driver::DriverError(cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY).into()),
+            false => Ok(made),
+        });
+        // The collective steps can fail on one rank alone after the others are through (a window
+        // registration that fails there): every rank learns whether every rank made its parts, and
+        // lets them go (locally) unless all did, or its kernels would wait for ever at barriers
+        // that the failed rank's CTAs never reach.
+        let everyone = min_max(comm, &[u64::from(made.is_ok())], ReduceOp::MIN)?[0] == 1;
+        let (dev, window) = match made {
+            Ok(made) if everyone => made,
+            Ok(_) => return Err(Error::Unavailable(Fallback::PeerCannot)),
+            Err(e) => return Err(e),
+        };
         let functions = Functions { comm, list: ManuallyDrop::new(functions), may_run: false };
         Ok(LsaKernels { comm, dev: ManuallyDrop::new(dev), window, sizes, cta: CtaBytes::default(), functions })
     }
@@ -384,6 +406,16 @@ impl<'c> LsaKernels<'c> {
     /// The communicator.
     pub fn comm(&self) -> &'c Comm {
         self.comm
+    }
+
+    /// For tests only (feature `test-hooks`): the next setup of the kernels in this process
+    /// ([`LsaKernels::new`], [`crate::AllReduce::new`]) fails on this rank after its collective
+    /// steps, with `CUDA_ERROR_OUT_OF_MEMORY`, as a window registration that fails on one rank
+    /// alone does.
+    #[cfg(feature = "test-hooks")]
+    #[doc(hidden)]
+    pub fn fail_next_setup() {
+        FAIL_NEXT_SETUP.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Collective, for tests only (feature `test-hooks`): sets the launch count that every

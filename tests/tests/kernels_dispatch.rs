@@ -492,6 +492,63 @@ fn disagreeing_setters_are_refused_between_nodes() {
     });
 }
 
+/// One rank of [`a_setup_that_fails_on_one_rank_takes_every_rank_to_nccl`]: a setup made to fail
+/// after its collective steps lets the device communicator and window it made go, falls back to
+/// NCCL (which sums), and the next setup on the same communicator gets the kernels.
+#[test]
+#[ignore = "needs 1 GPU: run by the GPU bundle (./dev.sh bundle)"]
+fn a_setup_that_failed_lets_its_parts_go_and_the_next_one_works() {
+    let Some((stream, comm)) = one_rank("a_setup_that_failed_lets_its_parts_go_and_the_next_one_works") else {
+        return;
+    };
+    gpucomm_kernels::lsa::LsaKernels::fail_next_setup();
+    let ar = AllReduce::new(&comm, options()).unwrap();
+    assert_eq!(ar.fallback(), Some(Fallback::SetupFailed));
+    assert!(ar.setup_error().is_some_and(|e| e.contains("CUDA_ERROR_OUT_OF_MEMORY")), "{:?}", ar.setup_error());
+    let send = stream.clone_htod(&input(0, 1000, |x| x)).unwrap();
+    let mut recv = stream.alloc_zeros::<f32>(1000).unwrap();
+    let d = ar.all_reduce(&stream, &send, &mut recv, ReduceOp::SUM).unwrap();
+    assert_eq!(d.path, Path::Nccl);
+    assert_eq!(stream.clone_dtoh(&recv).unwrap(), summed(1, 1000, |x| x));
+    drop(ar);
+    let mut ar = AllReduce::new(&comm, options()).unwrap();
+    assert_eq!(ar.fallback(), None, "{:?}", ar.setup_error());
+    check_path(&mut ar, &stream, Path::OneShot, |x| x);
+}
+
+/// README "Known gaps" (gpucomm-kernels), closed in session 31 for failures after the collective
+/// steps: a setup that failed on one rank alone (a window registration, here made to fail on rank
+/// 1 with `CUDA_ERROR_OUT_OF_MEMORY` through the `test-hooks` feature) left that rank on NCCL and
+/// the others on the kernels, which wait at their barriers for CTAs that never come. Before: rank
+/// 0's dispatcher had its kernels (`fallback()` was `None`). Now every rank learns it and falls
+/// back, and an all-reduce sums both ranks through NCCL; the next setup, which nothing makes
+/// fail, gives both ranks the kernels.
+#[test]
+#[ignore = "needs 2 GPUs: run by the GPU bundle (./dev.sh bundle)"]
+fn a_setup_that_fails_on_one_rank_takes_every_rank_to_nccl() {
+    multi_process("a_setup_that_fails_on_one_rank_takes_every_rank_to_nccl", 2, |info, stream| {
+        let stream = stream.context().new_stream().unwrap();
+        let mut rdzv = Rendezvous::connect(&info, &RdzvOptions::from_env().unwrap()).unwrap();
+        let comm = Comm::from_rendezvous(stream.clone(), &mut rdzv).unwrap();
+        if info.rank == 1 {
+            gpucomm_kernels::lsa::LsaKernels::fail_next_setup();
+        }
+        let ar = AllReduce::new(&comm, options()).unwrap();
+        let expected = [Fallback::PeerCannot, Fallback::SetupFailed][info.rank];
+        assert_eq!(ar.fallback(), Some(expected), "rank {}: {:?}", info.rank, ar.setup_error());
+        let count = 1000;
+        let send = stream.clone_htod(&input(info.rank, count, |x| x)).unwrap();
+        let mut recv = stream.alloc_zeros::<f32>(count).unwrap();
+        let d = ar.all_reduce(&stream, &send, &mut recv, ReduceOp::SUM).unwrap();
+        assert_eq!((d.path, d.why), (Path::Nccl, Why::Fallback(expected)));
+        assert_eq!(stream.clone_dtoh(&recv).unwrap(), summed(2, count, |x| x));
+        drop(ar);
+        let ar = AllReduce::new(&comm, options()).unwrap();
+        assert_eq!(ar.fallback(), None, "{:?}", ar.setup_error());
+        println!("rank {}: fell back with {expected:?}, then set up again", info.rank);
+    });
+}
+
 #[test]
 #[ignore = "needs 2 GPUs: run by the GPU bundle (./dev.sh bundle)"]
 fn disagreeing_options_and_setters_are_refused_on_two_gpus() {
