@@ -130,9 +130,16 @@ impl<'c> AllReduce<'c> {
         how: &Calibration,
     ) -> Result<(Vec<(u64, Path, f64)>, Vec<(u64, Path, f64)>)> {
         let len = how.max_bytes / size_of::<f32>();
-        let send = MemBuffer::<f32>::zeroed(stream, len.max(1))?;
-        let mut recv = MemBuffer::<f32>::zeroed(stream, len.max(1))?;
-        let mut scratch = MemBuffer::<f32>::zeroed(stream, 1)?;
+        // Whether every rank could allocate its buffers is compared before anything is measured:
+        // a rank out of memory alone would leave the others waiting in the first measurement.
+        let buffers = (|| -> Result<_> {
+            let send = MemBuffer::<f32>::zeroed(stream, len.max(1))?;
+            Ok((send, MemBuffer::<f32>::zeroed(stream, len.max(1))?, MemBuffer::<f32>::zeroed(stream, 1)?))
+        })();
+        let agreed =
+            lsa::agree(self.comm(), "calibration buffers (allocated on every rank)", &[u64::from(buffers.is_ok())]);
+        let (send, mut recv, mut scratch) = buffers?;
+        agreed?;
         let mut runs = Vec::new();
         for bytes in how.sizes() {
             let count = (bytes / size_of::<f32>()).max(1);

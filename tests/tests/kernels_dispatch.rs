@@ -328,6 +328,47 @@ fn calibration_makes_a_table() {
     assert!(err.to_string().contains("legacy default stream cannot be captured"), "{err}");
 }
 
+/// README "Known gaps" (gpucomm-kernels), narrowed in session 31: a rank that could not allocate
+/// its calibration buffers (here rank 1, whose GPU other allocations fill) returned at once, and
+/// the other waited in the first measurement for ever. Now the allocations are compared before
+/// anything is measured: rank 1 gets its own error, rank 0 `Error::Mismatch`, and once rank 1's
+/// memory is back both calibrate.
+#[test]
+#[ignore = "needs 2 GPUs: run by the GPU bundle (./dev.sh bundle)"]
+fn a_rank_that_cannot_allocate_its_calibration_buffers_stops_every_rank() {
+    multi_process("a_rank_that_cannot_allocate_its_calibration_buffers_stops_every_rank", 2, |info, stream| {
+        let stream = stream.context().new_stream().unwrap();
+        let mut rdzv = Rendezvous::connect(&info, &RdzvOptions::from_env().unwrap()).unwrap();
+        let comm = Comm::from_rendezvous(stream.clone(), &mut rdzv).unwrap();
+        let mut ar = AllReduce::new(&comm, options()).unwrap();
+        assert_eq!(ar.fallback(), None, "{:?}", ar.setup_error());
+        let how = Calibration { max_bytes: 1 << 30, iters: 2, ..Calibration::default() };
+        let free = || stream.context().mem_get_info().unwrap().0;
+        let (mut taken, mut chunk) = (Vec::new(), 8usize << 30);
+        while info.rank == 1 && free() > 256 << 20 && chunk >= 2 << 20 {
+            match stream.alloc_zeros::<u8>(chunk.min(free() - (256 << 20))) {
+                Ok(buf) => {
+                    taken.push(buf);
+                    stream.synchronize().unwrap();
+                }
+                Err(_) => chunk /= 2,
+            }
+        }
+        match (info.rank, ar.calibrate(&stream, &how)) {
+            (0, Err(gpucomm_kernels::Error::Mismatch { what, .. })) => {
+                assert_eq!(what, "calibration buffers (allocated on every rank)")
+            }
+            (1, Err(e)) => assert!(!matches!(e, gpucomm_kernels::Error::Mismatch { .. }), "{e}"),
+            (rank, other) => panic!("rank {rank}: expected the calibration to fail, got {other:?}"),
+        }
+        drop(taken);
+        stream.synchronize().unwrap();
+        let how = Calibration { max_bytes: 1 << 20, iters: 2, ..Calibration::default() };
+        assert!(ar.calibrate(&stream, &how).unwrap().source().starts_with("calibrated on this machine: 2 ranks"));
+        println!("rank {}: a calibration one rank could not allocate for failed on both", info.rank);
+    });
+}
+
 #[test]
 #[ignore = "needs 1 GPU: run by the GPU bundle (./dev.sh bundle)"]
 fn ranks_that_cannot_load_from_each_other_fall_back_to_nccl() {
