@@ -4,7 +4,8 @@
 //! symmetric buffers, a calibration, the capture scope's refusals (a capture opened by cudarc, a
 //! keep set without the dispatcher), and — with two processes on the one GPU that NCCL takes for
 //! two nodes — the fallback to NCCL when the ranks cannot reach each other by loads and stores.
-//! Two GPUs: every path summing two ranks' inputs.
+//! Two GPUs: every path summing two ranks' inputs, and a setup or calibration that fails on one
+//! rank alone, which every rank must learn (one GPU runs the failed setup's letting-go on one rank).
 
 use std::sync::Arc;
 
