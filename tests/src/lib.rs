@@ -16,7 +16,7 @@ use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use gpucomm_launch::{self as launch, RankInfo};
 
@@ -51,6 +51,25 @@ pub fn occupy(stream: &Arc<CudaStream>, time: Duration) {
             "occupy: the stream is not busy right after launching {time:?} of work"
         );
     }
+}
+
+/// Takes the free memory of `stream`'s GPU with cudarc allocations until at most `leave` bytes
+/// are free (or no allocation of 2 MiB succeeds), as other allocators filling a GPU would: for
+/// tests of what runs out of memory. Dropping the buffers and synchronising the stream gives the
+/// memory back.
+pub fn fill_gpu(stream: &Arc<CudaStream>, leave: usize) -> Vec<CudaSlice<u8>> {
+    let free = || stream.context().mem_get_info().expect("cuMemGetInfo").0;
+    let (mut taken, mut chunk) = (Vec::new(), 8usize << 30);
+    while free() > leave && chunk >= 2 << 20 {
+        match stream.alloc_zeros::<u8>(chunk.min(free() - leave)) {
+            Ok(buf) => {
+                taken.push(buf);
+                stream.synchronize().expect("synchronize");
+            }
+            Err(_) => chunk /= 2,
+        }
+    }
+    taken
 }
 
 /// The `busy_for` kernel in `ctx`, loaded once per context and kept loaded (see [`occupy`]).

@@ -13,7 +13,7 @@ use cudarc::driver::{sys, CudaStream, DeviceRepr, ValidAsZeroBits};
 use gpucomm_kernels::{AllReduce, Calibration, Decision, Fallback, Mode, Options, Path, Table, Why};
 use gpucomm_launch::{Options as RdzvOptions, Rendezvous};
 use gpucomm_ordering::OrderError;
-use gpucomm_tests::{multi_node_on_one_gpu, multi_process, require_gpus};
+use gpucomm_tests::{fill_gpu, multi_node_on_one_gpu, multi_process, require_gpus};
 use nccl::{Comm, MemBuffer, NcclType, ReduceOp, UniqueId};
 
 /// A small integer pattern, exact in every element type: rank `r` contributes (r + 1)(i mod 13).
@@ -344,17 +344,7 @@ fn a_rank_that_cannot_allocate_its_calibration_buffers_stops_every_rank() {
         let mut ar = AllReduce::new(&comm, options()).unwrap();
         assert_eq!(ar.fallback(), None, "{:?}", ar.setup_error());
         let how = Calibration { max_bytes: 1 << 30, iters: 2, ..Calibration::default() };
-        let free = || stream.context().mem_get_info().unwrap().0;
-        let (mut taken, mut chunk) = (Vec::new(), 8usize << 30);
-        while info.rank == 1 && free() > 256 << 20 && chunk >= 2 << 20 {
-            match stream.alloc_zeros::<u8>(chunk.min(free() - (256 << 20))) {
-                Ok(buf) => {
-                    taken.push(buf);
-                    stream.synchronize().unwrap();
-                }
-                Err(_) => chunk /= 2,
-            }
-        }
+        let taken = if info.rank == 1 { fill_gpu(&stream, 256 << 20) } else { Vec::new() };
         match (info.rank, ar.calibrate(&stream, &how)) {
             (0, Err(gpucomm_kernels::Error::Mismatch { what, .. })) => {
                 assert_eq!(what, "calibration buffers (allocated on every rank)")

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cudarc::driver::{CudaEvent, CudaStream};
-use gpucomm_tests::{multi_node_on_one_gpu, multi_process, occupy, skip};
+use gpucomm_tests::{fill_gpu, multi_node_on_one_gpu, multi_process, occupy, skip};
 use nvshmem::launch::{Options, Rendezvous};
 use nvshmem::ops::Sum;
 use nvshmem::{Bootstrap, Cmp, Error, InitStatus, Pending, Runtime, SignalOp, UniqueId};
@@ -817,16 +817,7 @@ fn a_heap_growth_the_gpu_cannot_back_is_refused_before_nvshmem_is_asked() {
         }
         let step = heap.granularity;
         let free = || stream.context().mem_get_info().unwrap().0;
-        let (mut taken, mut chunk) = (Vec::new(), 8usize << 30);
-        while free() > step / 2 && chunk >= 2 << 20 {
-            match stream.alloc_zeros::<u8>(chunk.min(free() - step / 2)) {
-                Ok(buf) => {
-                    taken.push(buf);
-                    stream.synchronize().unwrap();
-                }
-                Err(_) => chunk /= 2,
-            }
-        }
+        let taken = fill_gpu(&stream, step / 2);
         let left = free();
         assert!(left < step, "the test's premise: only {left} bytes free, less than one step of {step}");
         match rt.alloc::<u8>(step) {
